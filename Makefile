@@ -1,0 +1,68 @@
+# One entry point for people and CI. `make run` and `make test` create .venv on their own.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+PROTOS := $(wildcard proto/sessionlog/v1/*.proto)
+SERVICE_PROTOS := $(wildcard proto/sessionlog/v1/*_service.proto)
+
+.PHONY: run test check lint format gen gen-check bench clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+
+$(VENV)/.run-stamp: pyproject.toml | $(BIN)/python
+	$(BIN)/pip install -q -e .
+	touch $@
+
+$(VENV)/.dev-stamp: pyproject.toml | $(BIN)/python
+	$(BIN)/pip install -q -e '.[dev]'
+	touch $@ $(VENV)/.run-stamp
+
+## run: start the server on ./sessionlog-data, listening on 127.0.0.1:50051
+run: $(VENV)/.run-stamp
+	$(BIN)/sessionlog serve
+
+## test: install everything and run the whole suite
+test: $(VENV)/.dev-stamp
+	$(BIN)/python -m pytest
+
+## check: formatting, lint, types, proto lint, generated code up to date, then the tests
+check: lint gen-check test
+
+lint: $(VENV)/.dev-stamp
+	$(BIN)/ruff format --check .
+	$(BIN)/ruff check .
+	$(BIN)/mypy
+	$(BIN)/buf lint
+	$(BIN)/buf format --diff --exit-code
+
+format: $(VENV)/.dev-stamp
+	$(BIN)/ruff format .
+	$(BIN)/ruff check --fix .
+	$(BIN)/buf format -w
+
+## gen: regenerate server/sessionlog/v1 from proto/
+gen: $(VENV)/.dev-stamp
+	rm -f server/sessionlog/v1/*_pb2*.py server/sessionlog/v1/*_pb2.pyi
+	$(BIN)/python -m grpc_tools.protoc -Iproto --python_out=server --pyi_out=server $(PROTOS)
+	$(BIN)/python -m grpc_tools.protoc -Iproto --grpc_python_out=server $(SERVICE_PROTOS)
+
+## gen-check: fail when the generated code is stale
+gen-check: $(VENV)/.dev-stamp
+	@tmp=$$(mktemp -d) && \
+	$(BIN)/python -m grpc_tools.protoc -Iproto --python_out=$$tmp --pyi_out=$$tmp $(PROTOS) && \
+	$(BIN)/python -m grpc_tools.protoc -Iproto --grpc_python_out=$$tmp $(SERVICE_PROTOS) && \
+	for f in $$tmp/sessionlog/v1/*; do \
+	  cmp -s $$f server/sessionlog/v1/$$(basename $$f) || { echo "stale: server/sessionlog/v1/$$(basename $$f); run make gen"; exit 1; }; \
+	done; \
+	extra=$$(cd server/sessionlog/v1 && ls *_pb2*.py* | while read f; do [ -e $$tmp/sessionlog/v1/$$f ] || echo $$f; done); \
+	[ -z "$$extra" ] || { echo "not generated from proto/: $$extra"; exit 1; }; \
+	rm -rf $$tmp; echo "generated code is up to date"
+
+## bench: run the benchmarks and print the table
+bench: $(VENV)/.dev-stamp
+	$(BIN)/python -m bench
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,141 @@
+"""The `sessionlog` command.
+
+    sessionlog serve [--data DIR] [--listen HOST:PORT] [--map-size SIZE] [--durability MODE]
+
+Every flag also reads an environment variable (SESSIONLOG_DATA, SESSIONLOG_LISTEN, ...); a flag
+given on the command line wins over the variable. Errors are one line on stderr, never a
+traceback: exit 2 for bad usage, 1 when the server cannot start.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import re
+import sys
+from collections.abc import Sequence
+
+import lmdb
+
+from sessionlog.service.app import DEFAULT_DATA_DIR, DEFAULT_LISTEN, BindError, ServerConfig, serve
+from sessionlog.storage.store import DEFAULT_MAP_SIZE
+
+_SIZE = re.compile(r"^\s*(\d+)\s*([KMGT]i?B?|B)?\s*$", re.IGNORECASE)
+_UNITS = {"": 1, "B": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+
+
+def parse_size(text: str) -> int:
+    """A byte count: plain bytes, or with a K/M/G/T suffix (KiB, MB... all mean powers of 1024)."""
+    match = _SIZE.match(text)
+    if not match:
+        raise argparse.ArgumentTypeError(f"not a size: {text!r} (try 8GiB, 512MiB or bytes)")
+    unit = (match.group(2) or "").upper()[:1]
+    return int(match.group(1)) * _UNITS[unit]
+
+
+def _env(name: str, default: str) -> str:
+    return os.environ.get(f"SESSIONLOG_{name}", default)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="sessionlog",
+        description="A gRPC event-log server for LLM agent sessions, stored in LMDB.",
+    )
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    serve_cmd = commands.add_parser(
+        "serve",
+        help="run the server",
+        description="Run the sessionlog server until SIGTERM or SIGINT (then stop gracefully).",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    serve_cmd.add_argument(
+        "--data",
+        default=_env("DATA", DEFAULT_DATA_DIR),
+        help="folder holding the LMDB environment; created if missing [env SESSIONLOG_DATA]",
+    )
+    serve_cmd.add_argument(
+        "--listen",
+        default=_env("LISTEN", DEFAULT_LISTEN),
+        help="address to serve gRPC on, HOST:PORT ([::]:PORT for every interface) "
+        "[env SESSIONLOG_LISTEN]",
+    )
+    serve_cmd.add_argument(
+        "--map-size",
+        type=parse_size,
+        default=_env("MAP_SIZE", str(DEFAULT_MAP_SIZE)),
+        help="largest size the data file may reach (e.g. 8GiB); a full map answers "
+        "STORAGE_FULL, raise it and restart [env SESSIONLOG_MAP_SIZE]",
+    )
+    serve_cmd.add_argument(
+        "--durability",
+        choices=("sync", "nosync"),
+        default=_env("DURABILITY", "sync"),
+        help="sync: acknowledge an append only after it is synced to disk. nosync: faster, but a "
+        "machine crash may lose recently acknowledged appends [env SESSIONLOG_DURABILITY]",
+    )
+    serve_cmd.add_argument(
+        "--log-level",
+        default=_env("LOG_LEVEL", "info"),
+        choices=("debug", "info", "warning", "error"),
+        help="least severe log level printed [env SESSIONLOG_LOG_LEVEL]",
+    )
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command == "serve":
+        return _serve(args)
+    parser.error(f"unknown command {args.command}")
+    return 2
+
+
+def _serve(args: argparse.Namespace) -> int:
+    logging.basicConfig(
+        level=args.log_level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s%(context)s",
+        stream=sys.stderr,
+    )
+    _install_context_filter()
+    map_size = args.map_size if isinstance(args.map_size, int) else parse_size(args.map_size)
+    config = ServerConfig(
+        data_dir=args.data,
+        listen=args.listen,
+        map_size=map_size,
+        durable=args.durability == "sync",
+    )
+    try:
+        asyncio.run(serve(config))
+    except BindError as exc:
+        print(f"sessionlog: {exc}", file=sys.stderr)
+        return 1
+    except (lmdb.Error, OSError) as exc:
+        print(f"sessionlog: cannot open the data folder {args.data!r}: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+    return 0
+
+
+_STANDARD = set(logging.LogRecord("", 0, "", 0, "", None, None).__dict__) | {"message", "asctime"}
+
+
+def _install_context_filter() -> None:
+    """Render the ``extra`` fields of a log call as key=value after the message."""
+
+    def add_context(record: logging.LogRecord) -> bool:
+        extra = {k: v for k, v in record.__dict__.items() if k not in _STANDARD}
+        extra.pop("context", None)
+        record.context = "".join(f" {k}={v}" for k, v in extra.items())
+        return True
+
+    for handler in logging.getLogger().handlers:
+        handler.addFilter(add_context)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,164 @@
+"""The one vocabulary of sessionlog errors.
+
+Every failure a client can see is one of these classes, each with a stable UPPER_SNAKE ``reason``
+(SPEC §9). The domain raises them; ``sessionlog.service.errors`` is the single table that turns
+them into gRPC status codes with a ``google.rpc.ErrorInfo`` detail, and a client can turn such a
+status back into the same class with :func:`from_reason`.
+
+    SessionLogError
+    ├── InvalidArgument                     INVALID_ARGUMENT
+    │   ├── UnknownEventType                UNKNOWN_EVENT_TYPE
+    │   ├── SurfaceOpOnNonSurfaceEvent      SURFACE_OP_ON_NON_SURFACE_EVENT
+    │   ├── InvalidSurfaceOp                INVALID_SURFACE_OP
+    │   ├── UnserializableEventData         UNSERIALIZABLE_EVENT_DATA
+    │   ├── MalformedRequest                MALFORMED_REQUEST
+    │   ├── InvalidMessageField             INVALID_MESSAGE_FIELD
+    │   ├── RequestIdReused                 REQUEST_ID_REUSED
+    │   ├── EventTooLarge                   EVENT_TOO_LARGE
+    │   ├── SeqAssignedByServer             SEQ_ASSIGNED_BY_SERVER
+    │   ├── InvalidSessionId                INVALID_SESSION_ID
+    │   └── BoundaryOutOfRange              BOUNDARY_OUT_OF_RANGE
+    ├── SessionAlreadyExists                ALREADY_EXISTS
+    ├── FailedPrecondition                  FAILED_PRECONDITION
+    │   ├── OpenTurn                        OPEN_TURN
+    │   ├── LeaseHeld                       LEASE_HELD
+    │   ├── LeaseLost                       LEASE_LOST
+    │   └── NotPrimary                      NOT_PRIMARY
+    ├── SeqConflict                         ABORTED
+    ├── StorageFull                         RESOURCE_EXHAUSTED
+    └── Unavailable                         UNAVAILABLE (shutting down; reconnect)
+
+Metadata values are strings, as ``ErrorInfo.metadata`` requires.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+DOMAIN = "sessionlog"
+
+
+class SessionLogError(Exception):
+    """Base of every sessionlog error: a reason, a sentence for people, and metadata."""
+
+    reason: ClassVar[str] = "INTERNAL"
+
+    def __init__(self, message: str, **metadata: object) -> None:
+        super().__init__(message)
+        self.message = message
+        self.metadata: dict[str, str] = {k: str(v) for k, v in metadata.items()}
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.message!r}, reason={self.reason}, {self.metadata})"
+
+
+class InvalidArgument(SessionLogError):
+    """The request is wrong in itself; retrying it unchanged fails the same way."""
+
+    reason = "INVALID_ARGUMENT"
+
+
+class UnknownEventType(InvalidArgument):
+    reason = "UNKNOWN_EVENT_TYPE"
+
+
+class SurfaceOpOnNonSurfaceEvent(InvalidArgument):
+    reason = "SURFACE_OP_ON_NON_SURFACE_EVENT"
+
+
+class InvalidSurfaceOp(InvalidArgument):
+    reason = "INVALID_SURFACE_OP"
+
+
+class UnserializableEventData(InvalidArgument):
+    reason = "UNSERIALIZABLE_EVENT_DATA"
+
+
+class MalformedRequest(InvalidArgument):
+    reason = "MALFORMED_REQUEST"
+
+
+class InvalidMessageField(InvalidArgument):
+    reason = "INVALID_MESSAGE_FIELD"
+
+
+class RequestIdReused(InvalidArgument):
+    reason = "REQUEST_ID_REUSED"
+
+
+class EventTooLarge(InvalidArgument):
+    reason = "EVENT_TOO_LARGE"
+
+
+class SeqAssignedByServer(InvalidArgument):
+    reason = "SEQ_ASSIGNED_BY_SERVER"
+
+
+class InvalidSessionId(InvalidArgument):
+    reason = "INVALID_SESSION_ID"
+
+
+class BoundaryOutOfRange(InvalidArgument):
+    reason = "BOUNDARY_OUT_OF_RANGE"
+
+
+class SessionAlreadyExists(SessionLogError):
+    reason = "SESSION_ALREADY_EXISTS"
+
+
+class FailedPrecondition(SessionLogError):
+    """The request is valid but the session's state refuses it."""
+
+    reason = "FAILED_PRECONDITION"
+
+
+class OpenTurn(FailedPrecondition):
+    reason = "OPEN_TURN"
+
+
+class LeaseHeld(FailedPrecondition):
+    reason = "LEASE_HELD"
+
+
+class LeaseLost(FailedPrecondition):
+    reason = "LEASE_LOST"
+
+
+class NotPrimary(FailedPrecondition):
+    reason = "NOT_PRIMARY"
+
+
+class SeqConflict(SessionLogError):
+    """expected_seq did not match; re-read and retry with the reported next_seq."""
+
+    reason = "SEQ_CONFLICT"
+
+
+class StorageFull(SessionLogError):
+    """The LMDB map is full; reads keep working, writes need a larger --map-size."""
+
+    reason = "STORAGE_FULL"
+
+
+class Unavailable(SessionLogError):
+    """The server is shutting down; reconnect (a follower resumes from its next seq)."""
+
+    reason = "UNAVAILABLE"
+
+
+def _all_subclasses(cls: type[SessionLogError]) -> list[type[SessionLogError]]:
+    found: list[type[SessionLogError]] = []
+    for sub in cls.__subclasses__():
+        found.append(sub)
+        found.extend(_all_subclasses(sub))
+    return found
+
+
+_ALL: list[type[SessionLogError]] = [SessionLogError, *_all_subclasses(SessionLogError)]
+BY_REASON: dict[str, type[SessionLogError]] = {cls.reason: cls for cls in _ALL}
+
+
+def from_reason(reason: str, message: str, metadata: dict[str, str]) -> SessionLogError:
+    """Rebuild the error a server raised from its ErrorInfo reason (unknown reasons: the base)."""
+    cls = BY_REASON.get(reason, SessionLogError)
+    return cls(message, **metadata)

@@ -1,0 +1,425 @@
+"""The pure core: validate events, shadow by position, order the surface, project to messages.
+
+No grpc, no lmdb, no clock, no I/O: events in, surface and messages out. Everything here works on
+the generated protobuf messages and is deterministic, so the whole of SPEC §3-6 is testable in
+memory.
+
+Invariants the fold relies on (the writer guarantees them):
+- events arrive in seq order, dense from 0;
+- a replace event at seq n has start_seq <= stop_seq and start_seq <= n.
+
+Shadowing (SPEC §4). The position of a replace is its start_seq, of any other event its seq. A
+replace R with range [a, b] hides every earlier event (seq < R.seq) whose position is in [a, b].
+The surface is the unshadowed surface events, stably sorted by position.
+
+Why the memo can be extended event by event: a plain event at seq n has position n, greater than
+every position before it (positions never exceed seqs), so it goes at the end. A replace at seq n
+hides exactly the currently visible events with position in [a, b], which, the surface being sorted
+by position, is one contiguous slice; the replace takes that slice's place. Events already hidden
+stay hidden (shadowing is a union), so nothing ever needs to come back.
+"""
+
+from __future__ import annotations
+
+import math
+import unicodedata
+from bisect import bisect_left, bisect_right
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import NamedTuple
+
+from google.protobuf.struct_pb2 import ListValue, Struct
+
+from sessionlog import errors
+from sessionlog.v1.event_pb2 import Event, EventType
+from sessionlog.v1.message_pb2 import Message, Role
+
+SURFACE_TYPES = frozenset(
+    {
+        EventType.EVENT_TYPE_SYSTEM_MESSAGE,
+        EventType.EVENT_TYPE_USER_MESSAGE,
+        EventType.EVENT_TYPE_ASSISTANT_MESSAGE,
+        EventType.EVENT_TYPE_TOOL_RESULT,
+    }
+)
+KNOWN_TYPES = frozenset(v for v in EventType.values() if v != EventType.EVENT_TYPE_UNSPECIFIED)
+ROLE_OF_TYPE = {
+    EventType.EVENT_TYPE_SYSTEM_MESSAGE: Role.ROLE_SYSTEM,
+    EventType.EVENT_TYPE_USER_MESSAGE: Role.ROLE_USER,
+    EventType.EVENT_TYPE_ASSISTANT_MESSAGE: Role.ROLE_ASSISTANT,
+    EventType.EVENT_TYPE_TOOL_RESULT: Role.ROLE_TOOL,
+}
+TYPE_OF_ROLE = {role: type_ for type_, role in ROLE_OF_TYPE.items()}
+
+STRING_FIELDS = ("content", "reasoning_content", "tool_call_id", "name")
+MAX_SESSION_ID_BYTES = 235
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Per-event limits checked at append (SPEC §3 rule 4)."""
+
+    max_event_bytes: int = 1 << 20
+    """Largest serialized Event accepted, counted as sent with its time (seq adds at most 11)."""
+    max_data_depth: int = 24
+    """Deepest nesting of objects and lists in data; data itself is level 1."""
+
+
+DEFAULT_LIMITS = Limits()
+
+
+class Violation(NamedTuple):
+    """The first rule an event breaks, with the rule's number so later checks keep SPEC order."""
+
+    rule: int
+    error: errors.SessionLogError
+
+
+# -- session ids --------------------------------------------------------------------------------
+
+
+def check_session_id(session_id: str) -> None:
+    """Raise InvalidSessionId unless the id follows SPEC §7. The message never echoes the id."""
+    size = len(session_id.encode("utf-8", "surrogatepass"))
+    if not 1 <= size <= MAX_SESSION_ID_BYTES:
+        raise errors.InvalidSessionId(
+            f"a session id must be 1 to {MAX_SESSION_ID_BYTES} bytes of UTF-8; this one has {size}",
+            length=size,
+        )
+    first = session_id[0]
+    if not (first == "_" or unicodedata.category(first)[0] in "LN"):
+        raise errors.InvalidSessionId(
+            "a session id must start with a letter, a number or '_'", position=0
+        )
+    for i, ch in enumerate(session_id[1:], start=1):
+        if ch in "_.-" or unicodedata.category(ch)[0] in "LNM":
+            continue
+        raise errors.InvalidSessionId(
+            "a session id may hold only letters, numbers, combining marks, '_', '.' and '-'; "
+            f"character {i} is not one of them",
+            position=i,
+        )
+
+
+# -- validation (SPEC §3) -----------------------------------------------------------------------
+
+
+def replace_range(event: Event) -> tuple[int, int] | None:
+    """The (start_seq, stop_seq) an event replaces, or None for an append."""
+    if event.surface_op.WhichOneof("kind") == "replace":
+        r = event.surface_op.replace
+        return r.start_seq, r.stop_seq
+    return None
+
+
+def position(event: Event) -> int:
+    """Where an event stands on the surface: a replace at its start_seq, anything else at seq."""
+    rng = replace_range(event)
+    return event.seq if rng is None else rng[0]
+
+
+def check_event(event: Event, index: int, limits: Limits = DEFAULT_LIMITS) -> Violation | None:
+    """Check every rule of SPEC §3 that does not depend on the seq the event will get.
+
+    Returns the first violation in rule order, or None. Rule 3's "start_seq must not point past
+    the event's own seq" needs the seq and is checked by :func:`admit`.
+    """
+    if event.type not in KNOWN_TYPES:
+        return Violation(
+            1,
+            errors.UnknownEventType(
+                f"event {index} has type {event.type}, which is not a known event type",
+                index=index,
+                type=event.type,
+            ),
+        )
+    surface = event.type in SURFACE_TYPES
+    if event.HasField("surface_op") and event.surface_op.WhichOneof("kind") and not surface:
+        return Violation(
+            2,
+            errors.SurfaceOpOnNonSurfaceEvent(
+                f"event {index} is a {EventType.Name(event.type)}, a bookkeeping type, and may not "
+                "carry a surface_op; only message and tool-result events may",
+                index=index,
+            ),
+        )
+    rng = replace_range(event)
+    if rng is not None and rng[0] > rng[1]:
+        return Violation(
+            3,
+            errors.InvalidSurfaceOp(
+                f"event {index} replaces [{rng[0]}, {rng[1]}]: start_seq must not exceed stop_seq",
+                index=index,
+                start_seq=rng[0],
+                stop_seq=rng[1],
+            ),
+        )
+    problem = _time_problem(event) or _data_problem(event.data, limits.max_data_depth)
+    if problem:
+        return Violation(
+            4,
+            errors.UnserializableEventData(
+                f"event {index} cannot be stored as JSON: {problem}", index=index
+            ),
+        )
+    size = event.ByteSize()
+    if size > limits.max_event_bytes:
+        return Violation(
+            4,
+            errors.EventTooLarge(
+                f"event {index} is {size} bytes; the limit is {limits.max_event_bytes} bytes",
+                index=index,
+                size=size,
+                limit=limits.max_event_bytes,
+            ),
+        )
+    if surface:
+        field = _misshapen_field(event.data)
+        if field:
+            return Violation(
+                5,
+                errors.InvalidMessageField(
+                    f"event {index}: data.{field} has the wrong type ({_FIELD_SHAPES[field]})",
+                    index=index,
+                    field=field,
+                ),
+            )
+    if event.seq != 0:
+        return Violation(
+            6,
+            errors.SeqAssignedByServer(
+                f"event {index} carries seq {event.seq}; leave seq 0, the server assigns it",
+                index=index,
+                seq=event.seq,
+            ),
+        )
+    return None
+
+
+def admit(
+    events: Sequence[Event],
+    prechecked: Sequence[Violation | None],
+    next_seq: int,
+    *,
+    lenient: bool,
+) -> tuple[list[int], list[tuple[int, errors.SessionLogError]]]:
+    """Decide which events of an append are written, given the seq the first one would get.
+
+    Strict: raise the first failure (SPEC order: rules 1-2, then rule 3 with the seq, then 4-6).
+    Lenient: drop each failing event (later events then take the freed seqs) and report it.
+    Returns the indices kept and the (index, error) of each drop.
+    """
+    kept: list[int] = []
+    drops: list[tuple[int, errors.SessionLogError]] = []
+    seq = next_seq
+    for index, (event, pre) in enumerate(zip(events, prechecked, strict=True)):
+        failure = _first_failure(event, pre, seq, index)
+        if failure is None:
+            kept.append(index)
+            seq += 1
+        elif lenient:
+            drops.append((index, failure))
+        else:
+            raise failure
+    return kept, drops
+
+
+def _first_failure(
+    event: Event, pre: Violation | None, seq: int, index: int
+) -> errors.SessionLogError | None:
+    if pre is not None and pre.rule < 3:
+        return pre.error
+    rng = replace_range(event)
+    if rng is not None and rng[0] > seq:
+        return errors.InvalidSurfaceOp(
+            f"event {index} would get seq {seq} but replaces from {rng[0]}: a replace cannot "
+            "point at the future",
+            index=index,
+            start_seq=rng[0],
+            seq=seq,
+        )
+    return None if pre is None else pre.error
+
+
+def _time_problem(event: Event) -> str | None:
+    if not event.HasField("time"):
+        return None
+    t = event.time
+    # RFC 3339 covers years 0001 to 9999.
+    if not -62135596800 <= t.seconds <= 253402300799 or not 0 <= t.nanos <= 999_999_999:
+        return "time is outside the range of a valid timestamp (years 0001 to 9999)"
+    return None
+
+
+def _data_problem(data: Struct, max_depth: int) -> str | None:
+    """Why data cannot round-trip as JSON, or None. data itself is level 1."""
+    stack: list[tuple[Struct | ListValue, int]] = [(data, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if depth > max_depth:
+            return f"objects and lists are nested deeper than {max_depth} levels"
+        values = node.fields.values() if isinstance(node, Struct) else node.values
+        for value in values:
+            kind = value.WhichOneof("kind")
+            if kind == "number_value":
+                if not math.isfinite(value.number_value):
+                    return "a number is NaN or infinite"
+            elif kind == "struct_value":
+                stack.append((value.struct_value, depth + 1))
+            elif kind == "list_value":
+                stack.append((value.list_value, depth + 1))
+            elif kind is None:
+                return "a value has no kind set (not null, number, string, bool, object or list)"
+    return None
+
+
+_FIELD_SHAPES = {
+    **dict.fromkeys(STRING_FIELDS, "a string or null"),
+    "tool_calls": "a list of objects",
+    "metadata": "an object",
+}
+
+
+def _misshapen_field(data: Struct) -> str | None:
+    fields = data.fields
+    for key in STRING_FIELDS:
+        if key in fields and fields[key].WhichOneof("kind") not in ("string_value", "null_value"):
+            return key
+    if "tool_calls" in fields:
+        value = fields["tool_calls"]
+        if value.WhichOneof("kind") != "list_value" or any(
+            item.WhichOneof("kind") != "struct_value" for item in value.list_value.values
+        ):
+            return "tool_calls"
+    if "metadata" in fields and fields["metadata"].WhichOneof("kind") != "struct_value":
+        return "metadata"
+    return None
+
+
+# -- the fold (SPEC §4, §6) ---------------------------------------------------------------------
+
+
+def fold_surface(events: Iterable[Event]) -> list[Event]:
+    """The surface by the definition in SPEC §4, computed from scratch.
+
+    The reference the memoized :class:`SurfaceFold` must always agree with; O(events x replaces).
+    """
+    log = list(events)
+    replaces = [(e.seq, *rng) for e in log if (rng := replace_range(e)) is not None]
+    visible = [
+        e
+        for e in log
+        if e.type in SURFACE_TYPES
+        and not any(r_seq > e.seq and a <= position(e) <= b for r_seq, a, b in replaces)
+    ]
+    return sorted(visible, key=position)
+
+
+class SurfaceFold:
+    """The surface of one session, extended one event at a time.
+
+    ``count`` and ``replace_generation`` are the memo key of SPEC §6: a plain append adds to the
+    end in O(1); a replace splices the slice it hides in O(log n + moved). Each surface entry also
+    memoizes its projected, serialized Message, so deriving again after nothing changed projects
+    nothing.
+    """
+
+    __slots__ = ("_events", "_positions", "_projected", "count", "replace_generation")
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.replace_generation = 0
+        self._positions: list[int] = []
+        self._events: list[Event] = []
+        self._projected: list[bytes | None] = []
+
+    def extend(self, events: Iterable[Event]) -> None:
+        for event in events:
+            self.add(event)
+
+    def add(self, event: Event) -> None:
+        """Fold in the next event of the log; its seq must equal ``count``."""
+        if event.seq != self.count:
+            raise ValueError(f"fold expected seq {self.count}, got {event.seq}")
+        self.count += 1
+        if event.type not in SURFACE_TYPES:
+            return
+        rng = replace_range(event)
+        if rng is None:
+            self._positions.append(event.seq)
+            self._events.append(event)
+            self._projected.append(None)
+            return
+        self.replace_generation += 1
+        start, stop = rng
+        lo = bisect_left(self._positions, start)
+        hi = bisect_right(self._positions, stop)
+        self._positions[lo:hi] = [start]
+        self._events[lo:hi] = [event]
+        self._projected[lo:hi] = [None]
+
+    @property
+    def surface(self) -> list[Event]:
+        return list(self._events)
+
+    @property
+    def seqs(self) -> list[int]:
+        return [e.seq for e in self._events]
+
+    def messages(self) -> list[Message]:
+        return [project(e) for e in self._events]
+
+    def projected(self) -> list[bytes]:
+        """Each surface entry's Message, serialized; projected once per entry and memoized."""
+        out = self._projected
+        for i, cached in enumerate(out):
+            if cached is None:
+                out[i] = project(self._events[i]).SerializeToString()
+        return out  # type: ignore[return-value]  # every entry is filled above
+
+
+# -- projection (SPEC §5) -----------------------------------------------------------------------
+
+
+def project(event: Event) -> Message:
+    """The message a surface event shows the model, field for field from its data."""
+    message = Message(role=ROLE_OF_TYPE[event.type])
+    message.created_at.CopyFrom(event.time)
+    fields = event.data.fields
+    for key in STRING_FIELDS:
+        if key in fields and fields[key].WhichOneof("kind") == "string_value":
+            setattr(message, key, fields[key].string_value)
+    if "tool_calls" in fields:
+        message.tool_calls.extend(v.struct_value for v in fields["tool_calls"].list_value.values)
+    if "metadata" in fields:
+        message.metadata.CopyFrom(fields["metadata"].struct_value)
+    return message
+
+
+def derive_messages(events: Iterable[Event]) -> list[Message]:
+    """The messages of a log, folded from scratch."""
+    return [project(e) for e in fold_surface(events)]
+
+
+def event_from_message(message: Message) -> Event | None:
+    """The surface event that seeds a message (SPEC §5 Seed), or None for an unknown role.
+
+    The event's time is the message's created_at, so seeding then deriving is lossless.
+    """
+    type_ = TYPE_OF_ROLE.get(message.role)
+    if type_ is None:
+        return None
+    event = Event(type=type_)
+    if message.HasField("created_at"):
+        event.time.CopyFrom(message.created_at)
+    fields = event.data.fields
+    for key in STRING_FIELDS:
+        if message.HasField(key):
+            fields[key].string_value = getattr(message, key)
+    if message.tool_calls:
+        calls = fields["tool_calls"].list_value
+        for call in message.tool_calls:
+            calls.values.add().struct_value.CopyFrom(call)
+    if message.HasField("metadata"):
+        fields["metadata"].struct_value.CopyFrom(message.metadata)
+    return event

@@ -1,0 +1,139 @@
+"""Assemble the gRPC server: store, notifier, servicer, health, reflection; start and stop it."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1._async import HealthServicer
+from grpc_reflection.v1alpha import reflection
+
+from sessionlog import fold
+from sessionlog.service.notifier import Notifier
+from sessionlog.service.servicer import SERVICE_NAME, SessionLogServicer
+from sessionlog.storage.store import DEFAULT_MAP_SIZE, Store, StoreConfig
+
+log = logging.getLogger(__name__)
+
+DEFAULT_DATA_DIR = "./sessionlog-data"
+DEFAULT_LISTEN = "127.0.0.1:50051"
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """Everything `sessionlog serve` can be told; the defaults are the embedded set-up."""
+
+    data_dir: str = DEFAULT_DATA_DIR
+    listen: str = DEFAULT_LISTEN
+    map_size: int = DEFAULT_MAP_SIZE
+    durable: bool = True
+    limits: fold.Limits = field(default_factory=fold.Limits)
+    max_message_bytes: int = 64 << 20
+    """Largest gRPC message accepted or sent (a whole Append batch must fit)."""
+    heartbeat_seconds: float = 15.0
+    """An idle follow stream gets a response carrying next_seq this often."""
+    shutdown_grace_seconds: float = 10.0
+    """On stop, in-flight calls get this long to finish before they are cancelled."""
+
+    def store_config(self) -> StoreConfig:
+        return StoreConfig(map_size=self.map_size, durable=self.durable, limits=self.limits)
+
+
+class BindError(RuntimeError):
+    """The listen address could not be bound (in use, or not an address of this host)."""
+
+
+class SessionLogServer:
+    """One running sessionlog server. ``start`` binds and serves; ``stop`` drains and closes."""
+
+    def __init__(self, config: ServerConfig) -> None:
+        self.config = config
+        self.port = 0
+        self.store: Store | None = None
+        self._server: grpc.aio.Server | None = None
+        self._notifier = Notifier()
+        self._health = HealthServicer()
+        self._stopped = asyncio.Event()
+
+    async def start(self) -> int:
+        """Open the store, bind, and start serving. Returns the bound port."""
+        loop = asyncio.get_running_loop()
+        notifier = self._notifier
+
+        def wake(session_ids: set[str]) -> None:
+            if not loop.is_closed():
+                loop.call_soon_threadsafe(notifier.notify, session_ids)
+
+        self.store = Store(Path(self.config.data_dir), self.config.store_config(), on_commit=wake)
+        limit = self.config.max_message_bytes
+        server = grpc.aio.server(
+            options=[
+                ("grpc.so_reuseport", 0),
+                ("grpc.max_receive_message_length", limit),
+                ("grpc.max_send_message_length", limit),
+            ]
+        )
+        servicer = SessionLogServicer(
+            self.store, notifier, heartbeat_seconds=self.config.heartbeat_seconds
+        )
+        server.add_generic_rpc_handlers((servicer.handlers(),))
+        health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
+        reflection.enable_server_reflection(
+            (
+                SERVICE_NAME,
+                health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+                reflection.SERVICE_NAME,
+            ),
+            server,
+        )
+        try:
+            self.port = server.add_insecure_port(self.config.listen)
+        except RuntimeError as exc:
+            self.store.close()
+            raise BindError(f"cannot listen on {self.config.listen}: {exc}") from None
+        if self.port == 0:
+            self.store.close()
+            raise BindError(f"cannot listen on {self.config.listen}: the address is in use")
+        await server.start()
+        self._server = server
+        for service in ("", SERVICE_NAME):
+            await self._health.set(service, health_pb2.HealthCheckResponse.SERVING)
+        log.info(
+            "sessionlog serving",
+            extra={"listen": self.config.listen, "port": self.port, "data": self.config.data_dir},
+        )
+        return self.port
+
+    async def stop(self, grace: float | None = None) -> None:
+        """Stop: followers end with UNAVAILABLE, in-flight appends finish, LMDB closes."""
+        if self._server is None:
+            return
+        server, self._server = self._server, None
+        await self._health.enter_graceful_shutdown()
+        self._notifier.close()
+        await server.stop(self.config.shutdown_grace_seconds if grace is None else grace)
+        if self.store is not None:
+            await asyncio.to_thread(self.store.close)
+        self._stopped.set()
+        log.info("sessionlog stopped")
+
+    async def wait(self) -> None:
+        await self._stopped.wait()
+
+
+async def serve(config: ServerConfig) -> None:
+    """Run until SIGTERM or SIGINT, then stop gracefully."""
+    server = SessionLogServer(config)
+    await server.start()
+    loop = asyncio.get_running_loop()
+    stop_requested = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop_requested.set)
+    await stop_requested.wait()
+    log.info("stopping on signal")
+    await server.stop()

@@ -1,0 +1,46 @@
+"""The one table from sessionlog errors to gRPC status codes (SPEC §9).
+
+Every error leaves the server as a status with exactly one ``google.rpc.ErrorInfo`` detail:
+domain ``sessionlog``, the error's reason, its metadata.
+"""
+
+from __future__ import annotations
+
+import grpc
+from google.protobuf import any_pb2
+from google.rpc import code_pb2, error_details_pb2, status_pb2
+from grpc_status import rpc_status
+
+from sessionlog import errors
+
+_CODES: dict[type[errors.SessionLogError], grpc.StatusCode] = {
+    errors.InvalidArgument: grpc.StatusCode.INVALID_ARGUMENT,
+    errors.SessionAlreadyExists: grpc.StatusCode.ALREADY_EXISTS,
+    errors.FailedPrecondition: grpc.StatusCode.FAILED_PRECONDITION,
+    errors.SeqConflict: grpc.StatusCode.ABORTED,
+    errors.StorageFull: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    errors.Unavailable: grpc.StatusCode.UNAVAILABLE,
+}
+
+
+def status_code(error: errors.SessionLogError) -> grpc.StatusCode:
+    """The gRPC code of an error: the entry of its nearest class in the table."""
+    for cls in type(error).__mro__:
+        code = _CODES.get(cls)
+        if code is not None:
+            return code
+    return grpc.StatusCode.INTERNAL
+
+
+def to_grpc_status(error: errors.SessionLogError) -> grpc.Status:
+    """The status (code, message, trailing ErrorInfo) a client receives for ``error``."""
+    code = status_code(error)
+    info = error_details_pb2.ErrorInfo(
+        reason=error.reason, domain=errors.DOMAIN, metadata=error.metadata
+    )
+    detail = any_pb2.Any()
+    detail.Pack(info)
+    status = status_pb2.Status(
+        code=getattr(code_pb2, code.name), message=error.message, details=[detail]
+    )
+    return rpc_status.to_status(status)

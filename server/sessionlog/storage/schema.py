@@ -1,0 +1,106 @@
+"""Every LMDB database sessionlog uses, and the format of every key and value, in one place.
+
+One environment holds every session. Named databases:
+
+    sessions   session id (UTF-8)            -> SessionMeta (JSON)
+               Ordered by id, so listing and prefix filters are a cursor range.
+    ids        sid (u64 BE)                  -> session id (UTF-8)
+               The reverse map of the fixed-width internal id.
+    events     sid (u64 BE) + seq (u64 BE)   -> serialized sessionlog.v1.Event
+               A session's events are one contiguous, seq-ordered key range: Since is a cursor
+               walk over exactly the events it returns.
+    requests   sid (u64 BE) + request id     -> RequestRecord (JSON)
+               Idempotency: what an append with a request_id wrote, for replays.
+    counters   name (ASCII)                  -> u64 BE
+               next_sid: the internal id the next new session gets.
+
+Invariants (the single writer thread keeps them; every change commits in one transaction):
+- seq is dense from 0 per session: events holds exactly the keys (sid, 0) .. (sid, next_seq - 1);
+- an event's stored bytes never change after commit;
+- SessionMeta.next_seq and .replace_generation match the events stored for that session;
+- sid values are never reused, so a session id maps to one key prefix for all time.
+
+Variable-length session ids are never used as a key prefix: "ab" and "abc" would interleave. The
+fixed-width sid keeps each session's events contiguous.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from dataclasses import asdict, dataclass
+
+SESSIONS = b"sessions"
+IDS = b"ids"
+EVENTS = b"events"
+REQUESTS = b"requests"
+COUNTERS = b"counters"
+ALL_DBS = (SESSIONS, IDS, EVENTS, REQUESTS, COUNTERS)
+
+NEXT_SID = b"next_sid"
+
+_U64 = struct.Struct(">Q")
+_EVENT_KEY = struct.Struct(">QQ")
+
+
+def u64(value: int) -> bytes:
+    return _U64.pack(value)
+
+
+def read_u64(raw: bytes | memoryview) -> int:
+    value: int = _U64.unpack(raw)[0]
+    return value
+
+
+def event_key(sid: int, seq: int) -> bytes:
+    return _EVENT_KEY.pack(sid, seq)
+
+
+def event_key_seq(key: bytes) -> int:
+    value: int = _EVENT_KEY.unpack(key)[1]
+    return value
+
+
+def request_key(sid: int, request_id: str) -> bytes:
+    return _U64.pack(sid) + request_id.encode("utf-8")
+
+
+@dataclass
+class SessionMeta:
+    """What the store knows about a session besides its events."""
+
+    sid: int
+    next_seq: int = 0
+    replace_generation: int = 0
+    create_time_ns: int = 0
+    last_append_time_ns: int = 0
+    parent_id: str = ""
+    parent_length: int = 0
+
+    def encode(self) -> bytes:
+        return json.dumps(asdict(self), separators=(",", ":")).encode()
+
+    @classmethod
+    def decode(cls, raw: bytes | memoryview) -> SessionMeta:
+        return cls(**json.loads(bytes(raw)))
+
+
+@dataclass
+class RequestRecord:
+    """The outcome of an append that carried a request_id, kept to answer its retries."""
+
+    fingerprint: str
+    first_seq: int
+    count: int
+    next_seq: int
+    drops: list[tuple[int, str, str]]
+    time_ns: int
+
+    def encode(self) -> bytes:
+        return json.dumps(asdict(self), separators=(",", ":")).encode()
+
+    @classmethod
+    def decode(cls, raw: bytes | memoryview) -> RequestRecord:
+        fields = json.loads(bytes(raw))
+        fields["drops"] = [tuple(d) for d in fields["drops"]]
+        return cls(**fields)

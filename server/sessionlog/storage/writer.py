@@ -1,0 +1,188 @@
+"""The single writer thread and its group commit.
+
+LMDB allows one write transaction at a time, and a write transaction belongs to the thread that
+opened it. So every write goes through one thread: callers put a command on a queue and get a
+future. The thread takes everything that queued up while it was busy (up to a bound), applies the
+commands in arrival order inside one write transaction, commits once (one fsync for the whole
+group), and only then resolves the futures and tells the subscribers which sessions changed.
+
+Invariants:
+- a command either writes all of its changes or none: every check runs before its first put, and
+  a failed check leaves the transaction as it found it;
+- a future is resolved only after the transaction holding its writes is committed and synced, so
+  an acknowledged append is durable;
+- ``on_commit`` runs after the commit, so a woken subscriber always finds the new events;
+- when the map fills up mid-group, the group is retried one command per transaction, so one large
+  append cannot fail the small ones that queued beside it.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import lmdb
+
+from sessionlog import errors
+
+log = logging.getLogger(__name__)
+
+#: At most this many commands share one transaction.
+MAX_GROUP = 256
+#: A group stops growing once its commands carry this many bytes of events.
+MAX_GROUP_BYTES = 16 << 20
+
+
+class Command(Protocol):
+    """Something the writer applies inside a write transaction."""
+
+    def apply(self, txn: lmdb.Transaction, now_ns: int) -> Any:
+        """Check, then write. Raise a SessionLogError (having written nothing) to refuse."""
+
+    def size(self) -> int:
+        """Bytes this command writes, roughly; bounds the group."""
+
+    def touched(self) -> Sequence[str]:
+        """Session ids whose logs this command changed (valid after apply)."""
+
+
+@dataclass
+class _Job:
+    command: Command
+    future: Future[Any] = field(default_factory=Future)
+
+
+class _Stop:
+    pass
+
+
+_STOP = _Stop()
+
+
+@dataclass
+class WriterStats:
+    """Counters for tests, benchmarks and metrics. Written by the writer thread only."""
+
+    commits: int = 0
+    commands: int = 0
+    largest_group: int = 0
+    fsync_seconds: float = 0.0
+
+
+class Writer:
+    """Owns the write side of one LMDB environment."""
+
+    def __init__(
+        self,
+        env: lmdb.Environment,
+        on_commit: Callable[[set[str]], None] | None = None,
+    ) -> None:
+        self._env = env
+        self._queue: queue.SimpleQueue[_Job | _Stop] = queue.SimpleQueue()
+        self._on_commit = on_commit
+        self.stats = WriterStats()
+        self._closed = False
+        self._thread = threading.Thread(target=self._run, name="sessionlog-writer", daemon=True)
+        self._thread.start()
+
+    def submit(self, command: Command) -> Future[Any]:
+        """Queue a command; the future holds its result once its transaction is durable."""
+        job = _Job(command)
+        if self._closed:
+            job.future.set_exception(errors.Unavailable("the store is closed"))
+            return job.future
+        self._queue.put(job)
+        return job.future
+
+    def close(self) -> None:
+        """Finish every queued command, then stop the thread."""
+        if self._closed:
+            return
+        self._closed = True
+        self._queue.put(_STOP)
+        self._thread.join()
+
+    def _run(self) -> None:
+        while True:
+            first = self._queue.get()
+            if isinstance(first, _Stop):
+                return
+            group = [first]
+            size = first.command.size()
+            stop = False
+            while len(group) < MAX_GROUP and size < MAX_GROUP_BYTES:
+                try:
+                    job = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if isinstance(job, _Stop):
+                    stop = True
+                    break
+                group.append(job)
+                size += job.command.size()
+            self._commit(group)
+            if stop:
+                return
+
+    def _commit(self, group: list[_Job]) -> None:
+        outcomes: list[tuple[bool, Any]] = []
+        try:
+            txn = self._env.begin(write=True)
+            try:
+                now_ns = time.time_ns()
+                for job in group:
+                    outcomes.append(self._apply(job.command, txn, now_ns))
+                started = time.perf_counter()
+                txn.commit()
+                self.stats.fsync_seconds += time.perf_counter() - started
+            except BaseException:
+                txn.abort()
+                raise
+        except lmdb.MapFullError:
+            if len(group) > 1:
+                for job in group:
+                    self._commit([job])
+                return
+            outcomes = [(False, _storage_full())]
+        except Exception as exc:  # an LMDB or disk failure: nothing of the group is durable
+            log.exception("write transaction failed; failing %d commands", len(group))
+            outcomes = [(False, exc)] * len(group)
+        else:
+            self.stats.commits += 1
+            self.stats.commands += len(group)
+            self.stats.largest_group = max(self.stats.largest_group, len(group))
+        self._finish(group, outcomes)
+
+    @staticmethod
+    def _apply(command: Command, txn: lmdb.Transaction, now_ns: int) -> tuple[bool, Any]:
+        try:
+            return True, command.apply(txn, now_ns)
+        except errors.SessionLogError as exc:
+            return False, exc
+
+    def _finish(self, group: list[_Job], outcomes: list[tuple[bool, Any]]) -> None:
+        changed: set[str] = set()
+        for job, (ok, value) in zip(group, outcomes, strict=True):
+            if ok:
+                changed.update(job.command.touched())
+                job.future.set_result(value)
+            else:
+                job.future.set_exception(value)
+        if changed and self._on_commit is not None:
+            try:
+                self._on_commit(changed)
+            except Exception:
+                log.exception("commit subscriber failed")
+
+
+def _storage_full() -> errors.StorageFull:
+    return errors.StorageFull(
+        "the LMDB map is full: nothing was written; reads still work. Restart the server with a "
+        "larger --map-size"
+    )

@@ -75,7 +75,7 @@ class ThreadedServer:
         return channel
 
     def stub(self) -> pb_grpc.SessionLogServiceStub:
-        return pb_grpc.SessionLogServiceStub(self.channel())
+        return pb_grpc.SessionLogServiceStub(self.channel())  # type: ignore[no-untyped-call]
 
 
 @contextmanager

@@ -9,18 +9,32 @@ traceback: exit 2 for bad usage, 1 when the server cannot start.
 
 from __future__ import annotations
 
+import os
+
+# gRPC's core logs its own copy of errors we already report in one line (a busy port, say).
+# Set before grpc is imported; an operator's own GRPC_VERBOSITY still wins.
+os.environ.setdefault("GRPC_VERBOSITY", "NONE")
+
 import argparse
 import asyncio
 import logging
-import os
 import re
 import sys
 from collections.abc import Sequence
+from typing import NoReturn
 
 import lmdb
 
 from sessionlog.service.app import DEFAULT_DATA_DIR, DEFAULT_LISTEN, BindError, ServerConfig, serve
 from sessionlog.storage.store import DEFAULT_MAP_SIZE
+
+
+class _Parser(argparse.ArgumentParser):
+    """Usage errors as one line (exit 2), pointing at --help instead of printing the usage."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: {message} (see {self.prog} --help)\n")
+
 
 _SIZE = re.compile(r"^\s*(\d+)\s*([KMGT]i?B?|B)?\s*$", re.IGNORECASE)
 _UNITS = {"": 1, "B": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
@@ -40,7 +54,7 @@ def _env(name: str, default: str) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="sessionlog",
         description="A gRPC event-log server for LLM agent sessions, stored in LMDB.",
     )

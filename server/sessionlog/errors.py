@@ -17,7 +17,9 @@ status back into the same class with :func:`from_reason`.
     │   ├── EventTooLarge                   EVENT_TOO_LARGE
     │   ├── SeqAssignedByServer             SEQ_ASSIGNED_BY_SERVER
     │   ├── InvalidSessionId                INVALID_SESSION_ID
-    │   └── BoundaryOutOfRange              BOUNDARY_OUT_OF_RANGE
+    │   ├── BoundaryOutOfRange              BOUNDARY_OUT_OF_RANGE
+    │   ├── InvalidLease                    INVALID_LEASE (bad holder name or TTL)
+    │   └── InvalidRequestId                INVALID_REQUEST_ID (longer than 256 bytes)
     ├── SessionAlreadyExists                ALREADY_EXISTS
     ├── FailedPrecondition                  FAILED_PRECONDITION
     │   ├── OpenTurn                        OPEN_TURN
@@ -100,6 +102,14 @@ class InvalidSessionId(InvalidArgument):
 
 class BoundaryOutOfRange(InvalidArgument):
     reason = "BOUNDARY_OUT_OF_RANGE"
+
+
+class InvalidLease(InvalidArgument):
+    reason = "INVALID_LEASE"
+
+
+class InvalidRequestId(InvalidArgument):
+    reason = "INVALID_REQUEST_ID"
 
 
 class SessionAlreadyExists(SessionLogError):

@@ -93,12 +93,14 @@ class SessionLogServer:
         )
         try:
             self.port = server.add_insecure_port(self.config.listen)
-        except RuntimeError as exc:
-            self.store.close()
-            raise BindError(f"cannot listen on {self.config.listen}: {exc}") from None
+        except RuntimeError:
+            self.port = 0
         if self.port == 0:
             self.store.close()
-            raise BindError(f"cannot listen on {self.config.listen}: the address is in use")
+            raise BindError(
+                f"cannot listen on {self.config.listen}: the address is in use, or is not an "
+                "address of this host (another server there? pick another --listen)"
+            )
         await server.start()
         self._server = server
         for service in ("", SERVICE_NAME):

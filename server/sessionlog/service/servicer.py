@@ -9,18 +9,23 @@ events go out exactly as stored, with no parse and no re-serialize.
 from __future__ import annotations
 
 import asyncio
+import base64
+import binascii
 import functools
+import json
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
 import grpc
 from google.protobuf.message import DecodeError, Message
+from google.protobuf.timestamp_pb2 import Timestamp
 
 from sessionlog import errors, fold, wire
 from sessionlog.service.errors import to_grpc_status
 from sessionlog.service.notifier import Notifier
-from sessionlog.storage.store import AppendResult, Store, prepare_append
+from sessionlog.storage.schema import AuditRecord, LeaseRecord, SessionMeta
+from sessionlog.storage.store import AppendResult, Store, prepare_append, prepare_seed
 from sessionlog.v1 import session_log_service_pb2 as pb
 
 log = logging.getLogger(__name__)
@@ -89,7 +94,7 @@ def encode_append_response(result: AppendResult) -> bytes:
 
 
 class SessionLogServicer:
-    """The four core RPCs of SPEC §8."""
+    """SessionLogService: the log RPCs of SPEC §8 and the session lifecycle of §7."""
 
     def __init__(
         self,
@@ -113,6 +118,14 @@ class SessionLogServicer:
                 "Since": grpc.unary_stream_rpc_method_handler(self.since),
                 "Surface": grpc.unary_unary_rpc_method_handler(self.surface),
                 "DeriveMessages": grpc.unary_unary_rpc_method_handler(self.derive_messages),
+                "CreateSession": grpc.unary_unary_rpc_method_handler(self.create_session),
+                "SeedSession": grpc.unary_unary_rpc_method_handler(self.seed_session),
+                "GetSession": grpc.unary_unary_rpc_method_handler(self.get_session),
+                "ListSessions": grpc.unary_unary_rpc_method_handler(self.list_sessions),
+                "ForkSession": grpc.unary_unary_rpc_method_handler(self.fork_session),
+                "AcquireLease": grpc.unary_unary_rpc_method_handler(self.acquire_lease),
+                "RenewLease": grpc.unary_unary_rpc_method_handler(self.renew_lease),
+                "ReleaseLease": grpc.unary_unary_rpc_method_handler(self.release_lease),
             },
         )
 
@@ -126,6 +139,7 @@ class SessionLogServicer:
             expected_seq=request.expected_seq if request.HasField("expected_seq") else None,
             request_id=request.request_id,
             lease_holder=request.lease_holder,
+            lease_token=request.lease_token,
             lenient=request.lenient,
         )
         result = await asyncio.wrap_future(self.store.submit_append(batch))
@@ -217,6 +231,179 @@ class SessionLogServicer:
             + wire.uint_field(3, folded.count)
             + wire.uint_field(4, folded.replace_generation)
         )
+
+    # -- lifecycle (SPEC §5 Seed, §7) ---------------------------------------------------------
+
+    @unary
+    async def create_session(self, raw: bytes, context: grpc.aio.ServicerContext) -> bytes:
+        request = decode(pb.CreateSessionRequest, raw)
+        batch = prepare_append(
+            request.session_id, request.events, limits=self.store.config.limits, create_only=True
+        )
+        result = await asyncio.wrap_future(self.store.submit_append(batch))
+        session = session_message(request.session_id, result.meta)
+        return session_field(1, session) + wire.length_delimited(2, result.events)
+
+    @unary
+    async def seed_session(self, raw: bytes, context: grpc.aio.ServicerContext) -> bytes:
+        request = decode(pb.SeedSessionRequest, raw)
+        batch, dropped = prepare_seed(
+            request.session_id, request.messages, limits=self.store.config.limits
+        )
+        result = await asyncio.wrap_future(self.store.submit_append(batch))
+        drops = [pb.SeedDrop(index=i, reason="UNKNOWN_ROLE").SerializeToString() for i in dropped]
+        session = session_message(request.session_id, result.meta)
+        return (
+            session_field(1, session)
+            + wire.length_delimited(2, result.events)
+            + wire.length_delimited(3, drops)
+        )
+
+    @unary
+    async def get_session(self, raw: bytes, context: grpc.aio.ServicerContext) -> bytes:
+        request = decode(pb.GetSessionRequest, raw)
+        fold.check_session_id(request.session_id)
+        view = self.store.session(request.session_id)
+        response = pb.GetSessionResponse(
+            session=session_message(view.session_id, view.meta, view.lease),
+            lease_audit=[audit_message(record) for record in view.audit],
+        )
+        return _serialize(response)
+
+    @unary
+    async def list_sessions(self, raw: bytes, context: grpc.aio.ServicerContext) -> bytes:
+        request = decode(pb.ListSessionsRequest, raw)
+        size = min(request.page_size or DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE)
+        after = decode_page_token(request.page_token, request.prefix)
+        page, more = self.store.list_sessions(after=after, prefix=request.prefix, limit=size)
+        response = pb.ListSessionsResponse(
+            sessions=[session_message(session_id, meta) for session_id, meta in page],
+            next_page_token=encode_page_token(page[-1][0], request.prefix) if more else "",
+        )
+        return _serialize(response)
+
+    @unary
+    async def fork_session(self, raw: bytes, context: grpc.aio.ServicerContext) -> bytes:
+        request = decode(pb.ForkSessionRequest, raw)
+        at_seq = request.at_seq if request.HasField("at_seq") else None
+        future = self.store.submit_fork(request.parent_session_id, at_seq, request.session_id)
+        result = await asyncio.wrap_future(future)
+        session = session_message(result.session_id, result.meta)
+        return _serialize(pb.ForkSessionResponse(session=session))
+
+    @unary
+    async def acquire_lease(self, raw: bytes, context: grpc.aio.ServicerContext) -> bytes:
+        request = decode(pb.AcquireLeaseRequest, raw)
+        ttl = _ttl_ns(request)
+        future = self.store.submit_lease("acquire", request.session_id, request.holder, ttl)
+        change = await asyncio.wrap_future(future)
+        return _serialize(pb.AcquireLeaseResponse(lease=lease_message(change.lease)))
+
+    @unary
+    async def renew_lease(self, raw: bytes, context: grpc.aio.ServicerContext) -> bytes:
+        request = decode(pb.RenewLeaseRequest, raw)
+        ttl = _ttl_ns(request)
+        future = self.store.submit_lease("renew", request.session_id, request.holder, ttl)
+        change = await asyncio.wrap_future(future)
+        return _serialize(pb.RenewLeaseResponse(lease=lease_message(change.lease)))
+
+    @unary
+    async def release_lease(self, raw: bytes, context: grpc.aio.ServicerContext) -> bytes:
+        request = decode(pb.ReleaseLeaseRequest, raw)
+        future = self.store.submit_lease(
+            "release", request.session_id, request.holder, force=request.force
+        )
+        change = await asyncio.wrap_future(future)
+        response = pb.ReleaseLeaseResponse()
+        if change.lease is not None:
+            response.released.CopyFrom(lease_message(change.lease))
+        return _serialize(response)
+
+
+DEFAULT_PAGE_SIZE = 100
+MAX_PAGE_SIZE = 1000
+DEFAULT_LEASE_TTL_NS = 30 * 1_000_000_000
+
+
+def _serialize(message: Message) -> bytes:
+    serialized: bytes = message.SerializeToString()
+    return serialized
+
+
+def _ttl_ns(request: pb.AcquireLeaseRequest | pb.RenewLeaseRequest) -> int:
+    if not request.HasField("ttl"):
+        return DEFAULT_LEASE_TTL_NS
+    ttl: int = request.ttl.ToNanoseconds()
+    return ttl
+
+
+def _timestamp(ns: int) -> Timestamp:
+    stamp = Timestamp()
+    stamp.FromNanoseconds(ns)
+    return stamp
+
+
+def session_message(
+    session_id: str, meta: SessionMeta | None, lease: LeaseRecord | None = None
+) -> pb.Session:
+    session = pb.Session(session_id=session_id, exists=meta is not None)
+    if meta is not None:
+        session.event_count = meta.next_seq
+        session.replace_generation = meta.replace_generation
+        session.create_time.CopyFrom(_timestamp(meta.create_time_ns))
+        session.last_append_time.CopyFrom(_timestamp(meta.last_append_time_ns))
+        session.parent_session_id = meta.parent_id
+        session.parent_event_count = meta.parent_length
+    if lease is not None:
+        session.lease.CopyFrom(lease_message(lease))
+    return session
+
+
+def session_field(number: int, session: pb.Session) -> bytes:
+    return wire.length_delimited(number, [session.SerializeToString()])
+
+
+def lease_message(lease: LeaseRecord | None) -> pb.Lease:
+    if lease is None:
+        return pb.Lease()
+    return pb.Lease(
+        holder=lease.holder,
+        token=lease.token,
+        acquire_time=_timestamp(lease.acquire_time_ns),
+        expire_time=_timestamp(lease.expire_time_ns),
+    )
+
+
+def audit_message(record: AuditRecord) -> pb.LeaseAuditEntry:
+    return pb.LeaseAuditEntry(
+        kind=f"LEASE_AUDIT_KIND_{record.kind}",
+        actor=record.actor,
+        previous_holder=record.previous_holder,
+        previous_token=record.previous_token,
+        time=_timestamp(record.time_ns),
+    )
+
+
+def encode_page_token(last_id: str, prefix: str) -> str:
+    """An opaque token: the last id returned, bound to the prefix it was listed under."""
+    payload = json.dumps([last_id, prefix]).encode()
+    return base64.urlsafe_b64encode(payload).decode().rstrip("=")
+
+
+def decode_page_token(token: str, prefix: str) -> str:
+    if not token:
+        return ""
+    try:
+        padded = token + "=" * (-len(token) % 4)
+        last_id, token_prefix = json.loads(base64.urlsafe_b64decode(padded))
+        if not isinstance(last_id, str) or token_prefix != prefix:
+            raise ValueError("token does not match this listing")
+    except (ValueError, TypeError, binascii.Error):
+        raise errors.MalformedRequest(
+            "page_token is not a token from a previous ListSessions call with the same prefix",
+            field="page_token",
+        ) from None
+    return last_id
 
 
 def _shutting_down(session_id: str, cursor: int) -> errors.Unavailable:

@@ -13,6 +13,11 @@ One environment holds every session. Named databases:
                Idempotency: what an append with a request_id wrote, for replays.
     counters   name (ASCII)                  -> u64 BE
                next_sid: the internal id the next new session gets.
+    leases     session id (UTF-8)            -> LeaseRecord (JSON)
+               Keyed by id, not sid: a lease may be taken before the session's first write.
+    audit      session id + 0x00 + n (u64 BE) -> AuditRecord (JSON)
+               Lease takeovers and forced releases, in order. Ids cannot contain 0x00, so one
+               session's records are one contiguous range.
 
 Invariants (the single writer thread keeps them; every change commits in one transaction):
 - seq is dense from 0 per session: events holds exactly the keys (sid, 0) .. (sid, next_seq - 1);
@@ -35,7 +40,9 @@ IDS = b"ids"
 EVENTS = b"events"
 REQUESTS = b"requests"
 COUNTERS = b"counters"
-ALL_DBS = (SESSIONS, IDS, EVENTS, REQUESTS, COUNTERS)
+LEASES = b"leases"
+AUDIT = b"audit"
+ALL_DBS = (SESSIONS, IDS, EVENTS, REQUESTS, COUNTERS, LEASES, AUDIT)
 
 NEXT_SID = b"next_sid"
 
@@ -63,6 +70,14 @@ def event_key_seq(key: bytes) -> int:
 
 def request_key(sid: int, request_id: str) -> bytes:
     return _U64.pack(sid) + request_id.encode("utf-8")
+
+
+def audit_prefix(session_id: str) -> bytes:
+    return session_id.encode("utf-8") + b"\x00"
+
+
+def audit_key(session_id: str, n: int) -> bytes:
+    return audit_prefix(session_id) + _U64.pack(n)
 
 
 @dataclass
@@ -104,3 +119,49 @@ class RequestRecord:
         fields = json.loads(bytes(raw))
         fields["drops"] = [tuple(d) for d in fields["drops"]]
         return cls(**fields)
+
+
+@dataclass
+class LeaseRecord:
+    """A session's writer lease. ``holder`` is empty once released; the token is kept."""
+
+    holder: str
+    token: int
+    acquire_time_ns: int
+    expire_time_ns: int
+    former_holders: list[str]
+    """The most recent holders that lost or gave up this lease (for LEASE_LOST vs LEASE_HELD)."""
+    audit_count: int = 0
+    """How many audit records this session has; the next one gets this number."""
+
+    def live(self, now_ns: int) -> bool:
+        return bool(self.holder) and self.expire_time_ns > now_ns
+
+    def encode(self) -> bytes:
+        return json.dumps(asdict(self), separators=(",", ":")).encode()
+
+    @classmethod
+    def decode(cls, raw: bytes | memoryview) -> LeaseRecord:
+        return cls(**json.loads(bytes(raw)))
+
+
+TAKEOVER = "TAKEOVER"
+FORCED_RELEASE = "FORCED_RELEASE"
+
+
+@dataclass
+class AuditRecord:
+    """One lease takeover or forced release."""
+
+    kind: str
+    actor: str
+    previous_holder: str
+    previous_token: int
+    time_ns: int
+
+    def encode(self) -> bytes:
+        return json.dumps(asdict(self), separators=(",", ":")).encode()
+
+    @classmethod
+    def decode(cls, raw: bytes | memoryview) -> AuditRecord:
+        return cls(**json.loads(bytes(raw)))

@@ -14,20 +14,37 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import lmdb
 
-from sessionlog import errors, fold, wire
-from sessionlog.storage import schema
-from sessionlog.storage.schema import RequestRecord, SessionMeta
+from sessionlog import errors, fold
+from sessionlog.storage import commands, schema
+from sessionlog.storage.commands import (
+    AppendBatch,
+    AppendResult,
+    ForkResult,
+    LeaseChange,
+    Tables,
+    load_lease,
+    load_meta,
+    read_range,
+)
+from sessionlog.storage.schema import AuditRecord, LeaseRecord, SessionMeta
 from sessionlog.storage.writer import Writer
 from sessionlog.v1.event_pb2 import Event
+from sessionlog.v1.message_pb2 import Message
+
+__all__ = ["AppendBatch", "AppendResult", "Store", "StoreConfig", "prepare_append"]
 
 DEFAULT_MAP_SIZE = 8 << 30
 DEFAULT_REQUEST_ID_TTL_SECONDS = 24 * 3600
+MAX_REQUEST_ID_BYTES = 256
+MIN_LEASE_TTL_NS = 1_000_000
+MAX_LEASE_TTL_NS = 24 * 3600 * 1_000_000_000
+MAX_HOLDER_BYTES = 256
 
 
 @dataclass(frozen=True)
@@ -45,31 +62,6 @@ class StoreConfig:
     """How many sessions keep a memoized surface in memory."""
 
 
-@dataclass
-class AppendBatch:
-    """An append, checked as far as it can be without the session's state."""
-
-    session_id: str
-    events: Sequence[Event]
-    prechecked: Sequence[fold.Violation | None]
-    bodies: Sequence[bytes]
-    """Each event serialized as it will be stored, minus its seq."""
-    expected_seq: int | None = None
-    request_id: str = ""
-    fingerprint: str = ""
-    lease_holder: str = ""
-    lenient: bool = False
-
-
-@dataclass
-class AppendResult:
-    """What an append wrote: the stored events, the session's next seq, lenient drops."""
-
-    events: list[bytes]
-    next_seq: int
-    drops: list[tuple[int, str, str]] = field(default_factory=list)
-
-
 def prepare_append(
     session_id: str,
     events: Sequence[Event],
@@ -78,7 +70,9 @@ def prepare_append(
     expected_seq: int | None = None,
     request_id: str = "",
     lease_holder: str = "",
+    lease_token: int = 0,
     lenient: bool = False,
+    create_only: bool = False,
     now_ns: int | None = None,
 ) -> AppendBatch:
     """Validate what needs no state, stamp missing times with now, serialize the events.
@@ -87,6 +81,16 @@ def prepare_append(
     SPEC order once it knows the seq each event would get.
     """
     fold.check_session_id(session_id)
+    if len(request_id.encode()) > MAX_REQUEST_ID_BYTES:
+        raise errors.InvalidRequestId(
+            f"a request_id may be at most {MAX_REQUEST_ID_BYTES} bytes; this one has "
+            f"{len(request_id.encode())}",
+            limit=MAX_REQUEST_ID_BYTES,
+        )
+    if len(lease_holder.encode()) > MAX_HOLDER_BYTES:
+        raise errors.InvalidLease(
+            f"a lease holder may be at most {MAX_HOLDER_BYTES} bytes", limit=MAX_HOLDER_BYTES
+        )
     fingerprint = _fingerprint(events, lenient) if request_id else ""
     stamp = time.time_ns() if now_ns is None else now_ns
     prechecked: list[fold.Violation | None] = []
@@ -106,8 +110,34 @@ def prepare_append(
         request_id=request_id,
         fingerprint=fingerprint,
         lease_holder=lease_holder,
+        lease_token=lease_token,
         lenient=lenient,
+        create_only=create_only,
     )
+
+
+def prepare_seed(
+    session_id: str,
+    messages: Sequence[Message],
+    *,
+    limits: fold.Limits = fold.DEFAULT_LIMITS,
+    now_ns: int | None = None,
+) -> tuple[AppendBatch, list[int]]:
+    """A create-only batch with one surface event per message (SPEC §5 Seed).
+
+    Returns the batch and the indices of messages dropped for an unknown role. The events are
+    then checked like any append, so a seed either writes every kept message or nothing.
+    """
+    events: list[Event] = []
+    dropped: list[int] = []
+    for index, message in enumerate(messages):
+        event = fold.event_from_message(message)
+        if event is None:
+            dropped.append(index)
+        else:
+            events.append(event)
+    batch = prepare_append(session_id, events, limits=limits, create_only=True, now_ns=now_ns)
+    return batch, dropped
 
 
 def _fingerprint(events: Sequence[Event], lenient: bool) -> str:
@@ -119,15 +149,15 @@ def _fingerprint(events: Sequence[Event], lenient: bool) -> str:
     return digest.hexdigest()
 
 
-class Tables:
-    """The open handles of every named database."""
+@dataclass
+class SessionView:
+    """Everything GetSession reports about a session."""
 
-    def __init__(self, env: lmdb.Environment) -> None:
-        self.sessions = env.open_db(schema.SESSIONS)
-        self.ids = env.open_db(schema.IDS)
-        self.events = env.open_db(schema.EVENTS)
-        self.requests = env.open_db(schema.REQUESTS)
-        self.counters = env.open_db(schema.COUNTERS)
+    session_id: str
+    meta: SessionMeta | None
+    lease: LeaseRecord | None
+    """The current lease, only while it is live."""
+    audit: list[AuditRecord]
 
 
 class Store:
@@ -172,11 +202,35 @@ class Store:
         for callback in self._subscribers:
             callback(session_ids)
 
-    # -- writes ---------------------------------------------------------------------------------
+    # -- writes: each returns a future resolved once durable (or failed with its error) ---------
 
     def submit_append(self, batch: AppendBatch) -> Future[AppendResult]:
-        """Queue an append; the future resolves once it is durable (or fails with its error)."""
-        return self.writer.submit(_AppendCommand(self, batch))
+        """Queue an append (or a create, for a create_only batch)."""
+        ttl_ns = self.config.request_id_ttl_seconds * 1_000_000_000
+        return self.writer.submit(commands.AppendCommand(self.tables, batch, ttl_ns))
+
+    def submit_fork(
+        self, parent_id: str, at_seq: int | None, child_id: str = ""
+    ) -> Future[ForkResult]:
+        """Queue a fork of ``parent_id`` at ``at_seq`` (None: the whole log) into ``child_id``."""
+        fold.check_session_id(parent_id)
+        if child_id:
+            fold.check_session_id(child_id)
+        return self.writer.submit(commands.ForkCommand(self.tables, parent_id, at_seq, child_id))
+
+    def submit_lease(
+        self, action: str, session_id: str, holder: str, ttl_ns: int = 0, force: bool = False
+    ) -> Future[LeaseChange]:
+        """Queue a lease change: action is "acquire", "renew" or "release"."""
+        fold.check_session_id(session_id)
+        _check_holder(holder)
+        if action != "release" and not MIN_LEASE_TTL_NS <= ttl_ns <= MAX_LEASE_TTL_NS:
+            raise errors.InvalidLease(
+                f"a lease TTL must be between 1 ms and 24 h; got {ttl_ns / 1e9:g} s",
+                ttl_seconds=ttl_ns / 1e9,
+            )
+        command = commands.LeaseCommand(self.tables, action, session_id, holder, ttl_ns, force)
+        return self.writer.submit(command)
 
     def append(self, session_id: str, events: Sequence[Event], **options: Any) -> AppendResult:
         """Validate and append, blocking until durable. Convenience for tools and tests."""
@@ -185,13 +239,10 @@ class Store:
 
     # -- reads ----------------------------------------------------------------------------------
 
-    def meta(self, session_id: str, txn: lmdb.Transaction | None = None) -> SessionMeta | None:
+    def meta(self, session_id: str) -> SessionMeta | None:
         """The session's metadata, or None if it was never written."""
-        if txn is None:
-            with self.env.begin() as own:
-                return self.meta(session_id, own)
-        raw = txn.get(session_id.encode(), db=self.tables.sessions)
-        return None if raw is None else SessionMeta.decode(raw)
+        with self.env.begin() as txn:
+            return load_meta(txn, self.tables, session_id)
 
     def read_events(
         self, sid: int, start: int, stop: int | None = None, max_bytes: int = 1 << 62
@@ -201,21 +252,48 @@ class Store:
         Stops early once ``max_bytes`` are gathered, but always returns at least one event when
         there is one. Costs O(events returned): one cursor walk over a contiguous key range.
         """
-        out: list[bytes] = []
-        total = 0
-        end_key = schema.event_key(sid, stop) if stop is not None else schema.event_key(sid + 1, 0)
         with self.env.begin(buffers=True) as txn:
-            cursor = txn.cursor(db=self.tables.events)
-            if not cursor.set_range(schema.event_key(sid, start)):
-                return out
+            return read_range(txn, self.tables, sid, start, stop, max_bytes)
+
+    def session(self, session_id: str, now_ns: int | None = None) -> SessionView:
+        """A session's metadata, live lease and lease audit, read in one transaction."""
+        now = time.time_ns() if now_ns is None else now_ns
+        with self.env.begin() as txn:
+            meta = load_meta(txn, self.tables, session_id)
+            lease = load_lease(txn, self.tables, session_id)
+            audit = []
+            prefix = schema.audit_prefix(session_id)
+            cursor = txn.cursor(db=self.tables.audit)
+            if cursor.set_range(prefix):
+                for key, value in cursor:
+                    if not key.startswith(prefix):
+                        break
+                    audit.append(AuditRecord.decode(value))
+        live = lease if lease is not None and lease.live(now) else None
+        return SessionView(session_id, meta, live, audit)
+
+    def list_sessions(
+        self, after: str = "", prefix: str = "", limit: int = 100
+    ) -> tuple[list[tuple[str, SessionMeta]], bool]:
+        """Up to ``limit`` sessions in id order (UTF-8 bytes), strictly after ``after``, whose id
+        starts with ``prefix``. Returns them and whether more follow. A cursor range: the cost is
+        the page, whatever the number of sessions."""
+        out: list[tuple[str, SessionMeta]] = []
+        want = prefix.encode()
+        start = max(after.encode(), want)
+        with self.env.begin() as txn:
+            cursor = txn.cursor(db=self.tables.sessions)
+            if not cursor.set_range(start):
+                return out, False
             for key, value in cursor:
-                if bytes(key) >= end_key:
-                    break
-                out.append(bytes(value))
-                total += len(value)
-                if total >= max_bytes:
-                    break
-        return out
+                if not key.startswith(want):
+                    return out, False
+                if after and key == after.encode():
+                    continue
+                if len(out) == limit:
+                    return out, True
+                out.append((key.decode(), SessionMeta.decode(value)))
+        return out, False
 
     def surface(self, session_id: str, at_seq: int | None = None) -> fold.SurfaceFold:
         """The fold of a session's log, or of its prefix 0..at_seq.
@@ -253,95 +331,10 @@ class Store:
             self._folds.popitem(last=False)
 
 
-class _AppendCommand:
-    """An append as the writer applies it: checks in SPEC order, then the puts."""
-
-    def __init__(self, store: Store, batch: AppendBatch) -> None:
-        self._store = store
-        self._batch = batch
-        self._touched: list[str] = []
-
-    def size(self) -> int:
-        return sum(len(b) for b in self._batch.bodies)
-
-    def touched(self) -> Sequence[str]:
-        return self._touched
-
-    def apply(self, txn: lmdb.Transaction, now_ns: int) -> AppendResult:
-        batch, tables = self._batch, self._store.tables
-        meta = self._store.meta(batch.session_id, txn)
-        if batch.request_id and meta is not None:
-            replay = self._replay(txn, meta, now_ns)
-            if replay is not None:
-                return replay
-        next_seq = 0 if meta is None else meta.next_seq
-        if batch.expected_seq is not None and batch.expected_seq != next_seq:
-            raise errors.SeqConflict(
-                f"session '{batch.session_id}' expected seq {batch.expected_seq} but the log is at "
-                f"{next_seq}; re-read and retry with expected_seq {next_seq}",
-                expected_seq=batch.expected_seq,
-                next_seq=next_seq,
-            )
-        kept, dropped = fold.admit(batch.events, batch.prechecked, next_seq, lenient=batch.lenient)
-        drops = [(i, e.reason, e.message) for i, e in dropped]
-        if not kept:
-            return AppendResult([], next_seq, drops)
-        if meta is None:
-            meta = self._create(txn, now_ns)
-        stored: list[bytes] = []
-        for index in kept:
-            seq = meta.next_seq
-            raw = wire.with_seq(seq, batch.bodies[index])
-            if not txn.put(schema.event_key(meta.sid, seq), raw, db=tables.events, overwrite=False):
-                raise RuntimeError(f"event key {meta.sid}/{seq} already exists: log is corrupt")
-            stored.append(raw)
-            meta.next_seq += 1
-            if fold.replace_range(batch.events[index]) is not None:
-                meta.replace_generation += 1
-        meta.last_append_time_ns = now_ns
-        txn.put(batch.session_id.encode(), meta.encode(), db=tables.sessions)
-        if batch.request_id:
-            record = RequestRecord(
-                fingerprint=batch.fingerprint,
-                first_seq=next_seq,
-                count=len(stored),
-                next_seq=meta.next_seq,
-                drops=drops,
-                time_ns=now_ns,
-            )
-            key = schema.request_key(meta.sid, batch.request_id)
-            txn.put(key, record.encode(), db=tables.requests)
-        self._touched.append(batch.session_id)
-        return AppendResult(stored, meta.next_seq, drops)
-
-    def _replay(self, txn: lmdb.Transaction, meta: SessionMeta, now_ns: int) -> AppendResult | None:
-        batch = self._batch
-        key = schema.request_key(meta.sid, batch.request_id)
-        raw = txn.get(key, db=self._store.tables.requests)
-        if raw is None:
-            return None
-        record = RequestRecord.decode(raw)
-        if now_ns - record.time_ns > self._store.config.request_id_ttl_seconds * 1_000_000_000:
-            return None
-        if record.fingerprint != batch.fingerprint:
-            raise errors.RequestIdReused(
-                f"request_id '{batch.request_id}' was already used on session "
-                f"'{batch.session_id}' with different events; use a new request_id",
-                request_id=batch.request_id,
-            )
-        events = []
-        cursor = txn.cursor(db=self._store.tables.events)
-        for seq in range(record.first_seq, record.first_seq + record.count):
-            raw_event = cursor.get(schema.event_key(meta.sid, seq))
-            if raw_event is None:
-                raise RuntimeError(f"request record points at missing event {meta.sid}/{seq}")
-            events.append(bytes(raw_event))
-        return AppendResult(events, record.next_seq, list(record.drops))
-
-    def _create(self, txn: lmdb.Transaction, now_ns: int) -> SessionMeta:
-        tables = self._store.tables
-        raw = txn.get(schema.NEXT_SID, db=tables.counters)
-        sid = 0 if raw is None else schema.read_u64(raw)
-        txn.put(schema.NEXT_SID, schema.u64(sid + 1), db=tables.counters)
-        txn.put(schema.u64(sid), self._batch.session_id.encode(), db=tables.ids)
-        return SessionMeta(sid=sid, create_time_ns=now_ns)
+def _check_holder(holder: str) -> None:
+    size = len(holder.encode())
+    if not 1 <= size <= MAX_HOLDER_BYTES:
+        raise errors.InvalidLease(
+            f"a lease holder must be 1 to {MAX_HOLDER_BYTES} bytes; this one has {size}",
+            length=size,
+        )

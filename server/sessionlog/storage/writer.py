@@ -12,8 +12,8 @@ Invariants:
 - a future is resolved only after the transaction holding its writes is committed and synced, so
   an acknowledged append is durable;
 - ``on_commit`` runs after the commit, so a woken subscriber always finds the new events;
-- when the map fills up mid-group, the group is retried one command per transaction, so one large
-  append cannot fail the small ones that queued beside it.
+- when the map fills up mid-group (or any command fails unexpectedly), the group is retried one
+  command per transaction, so one bad or large append cannot fail the others queued beside it.
 """
 
 from __future__ import annotations
@@ -144,15 +144,17 @@ class Writer:
             except BaseException:
                 txn.abort()
                 raise
-        except lmdb.MapFullError:
+        except Exception as exc:
             if len(group) > 1:
+                # Find the one that failed: every other command still deserves its commit.
                 for job in group:
                     self._commit([job])
                 return
-            outcomes = [(False, _storage_full())]
-        except Exception as exc:  # an LMDB or disk failure: nothing of the group is durable
-            log.exception("write transaction failed; failing %d commands", len(group))
-            outcomes = [(False, exc)] * len(group)
+            if isinstance(exc, lmdb.MapFullError):
+                outcomes = [(False, _storage_full())]
+            else:  # a disk failure or a bug: nothing of this command is durable
+                log.exception("write transaction failed")
+                outcomes = [(False, exc)]
         else:
             self.stats.commits += 1
             self.stats.commands += len(group)

@@ -22,11 +22,13 @@ _runtime_version.ValidateProtobufRuntimeVersion(
 _sym_db = _symbol_database.Default()
 
 
+from google.protobuf import duration_pb2 as google_dot_protobuf_dot_duration__pb2
+from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 from sessionlog.v1 import event_pb2 as sessionlog_dot_v1_dot_event__pb2
 from sessionlog.v1 import message_pb2 as sessionlog_dot_v1_dot_message__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\'sessionlog/v1/session_log_service.proto\x12\rsessionlog.v1\x1a\x19sessionlog/v1/event.proto\x1a\x1bsessionlog/v1/message.proto\"\xb0\x01\n\rAppendRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12$\n\x06\x65vents\x18\x02 \x03(\x0b\x32\x14.sessionlog.v1.Event\x12\x19\n\x0c\x65xpected_seq\x18\x03 \x01(\x04H\x00\x88\x01\x01\x12\x12\n\nrequest_id\x18\x04 \x01(\t\x12\x14\n\x0clease_holder\x18\x05 \x01(\t\x12\x0f\n\x07lenient\x18\x06 \x01(\x08\x42\x0f\n\r_expected_seq\"<\n\nAppendDrop\x12\r\n\x05index\x18\x01 \x01(\r\x12\x0e\n\x06reason\x18\x02 \x01(\t\x12\x0f\n\x07message\x18\x03 \x01(\t\"r\n\x0e\x41ppendResponse\x12$\n\x06\x65vents\x18\x01 \x03(\x0b\x32\x14.sessionlog.v1.Event\x12\x10\n\x08next_seq\x18\x02 \x01(\x04\x12(\n\x05\x64rops\x18\x03 \x03(\x0b\x32\x19.sessionlog.v1.AppendDrop\"?\n\x0cSinceRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x0b\n\x03seq\x18\x02 \x01(\x04\x12\x0e\n\x06\x66ollow\x18\x03 \x01(\x08\"Z\n\rSinceResponse\x12$\n\x06\x65vents\x18\x01 \x03(\x0b\x32\x14.sessionlog.v1.Event\x12\x11\n\tcaught_up\x18\x02 \x01(\x08\x12\x10\n\x08next_seq\x18\x03 \x01(\x04\"D\n\x0eSurfaceRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x13\n\x06\x61t_seq\x18\x02 \x01(\x04H\x00\x88\x01\x01\x42\t\n\x07_at_seq\"h\n\x0fSurfaceResponse\x12$\n\x06\x65vents\x18\x01 \x03(\x0b\x32\x14.sessionlog.v1.Event\x12\x13\n\x0b\x65vent_count\x18\x02 \x01(\x04\x12\x1a\n\x12replace_generation\x18\x03 \x01(\x04\"K\n\x15\x44\x65riveMessagesRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x13\n\x06\x61t_seq\x18\x02 \x01(\x04H\x00\x88\x01\x01\x42\t\n\x07_at_seq\"\x81\x01\n\x16\x44\x65riveMessagesResponse\x12(\n\x08messages\x18\x01 \x03(\x0b\x32\x16.sessionlog.v1.Message\x12\x0c\n\x04seqs\x18\x02 \x03(\x04\x12\x13\n\x0b\x65vent_count\x18\x03 \x01(\x04\x12\x1a\n\x12replace_generation\x18\x04 \x01(\x04\x32\xc9\x02\n\x11SessionLogService\x12\x45\n\x06\x41ppend\x12\x1c.sessionlog.v1.AppendRequest\x1a\x1d.sessionlog.v1.AppendResponse\x12\x44\n\x05Since\x12\x1b.sessionlog.v1.SinceRequest\x1a\x1c.sessionlog.v1.SinceResponse0\x01\x12H\n\x07Surface\x12\x1d.sessionlog.v1.SurfaceRequest\x1a\x1e.sessionlog.v1.SurfaceResponse\x12]\n\x0e\x44\x65riveMessages\x12$.sessionlog.v1.DeriveMessagesRequest\x1a%.sessionlog.v1.DeriveMessagesResponseBl\n\x11\x64\x65v.sessionlog.v1P\x01ZEgithub.com/sessionlog/sessionlog/client/go/sessionlog/v1;sessionlogv1\xaa\x02\rSessionlog.V1b\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\'sessionlog/v1/session_log_service.proto\x12\rsessionlog.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x19sessionlog/v1/event.proto\x1a\x1bsessionlog/v1/message.proto\"\xc5\x01\n\rAppendRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12$\n\x06\x65vents\x18\x02 \x03(\x0b\x32\x14.sessionlog.v1.Event\x12\x19\n\x0c\x65xpected_seq\x18\x03 \x01(\x04H\x00\x88\x01\x01\x12\x12\n\nrequest_id\x18\x04 \x01(\t\x12\x14\n\x0clease_holder\x18\x05 \x01(\t\x12\x0f\n\x07lenient\x18\x06 \x01(\x08\x12\x13\n\x0blease_token\x18\x07 \x01(\x04\x42\x0f\n\r_expected_seq\"<\n\nAppendDrop\x12\r\n\x05index\x18\x01 \x01(\r\x12\x0e\n\x06reason\x18\x02 \x01(\t\x12\x0f\n\x07message\x18\x03 \x01(\t\"r\n\x0e\x41ppendResponse\x12$\n\x06\x65vents\x18\x01 \x03(\x0b\x32\x14.sessionlog.v1.Event\x12\x10\n\x08next_seq\x18\x02 \x01(\x04\x12(\n\x05\x64rops\x18\x03 \x03(\x0b\x32\x19.sessionlog.v1.AppendDrop\"?\n\x0cSinceRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x0b\n\x03seq\x18\x02 \x01(\x04\x12\x0e\n\x06\x66ollow\x18\x03 \x01(\x08\"Z\n\rSinceResponse\x12$\n\x06\x65vents\x18\x01 \x03(\x0b\x32\x14.sessionlog.v1.Event\x12\x11\n\tcaught_up\x18\x02 \x01(\x08\x12\x10\n\x08next_seq\x18\x03 \x01(\x04\"D\n\x0eSurfaceRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x13\n\x06\x61t_seq\x18\x02 \x01(\x04H\x00\x88\x01\x01\x42\t\n\x07_at_seq\"h\n\x0fSurfaceResponse\x12$\n\x06\x65vents\x18\x01 \x03(\x0b\x32\x14.sessionlog.v1.Event\x12\x13\n\x0b\x65vent_count\x18\x02 \x01(\x04\x12\x1a\n\x12replace_generation\x18\x03 \x01(\x04\"K\n\x15\x44\x65riveMessagesRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x13\n\x06\x61t_seq\x18\x02 \x01(\x04H\x00\x88\x01\x01\x42\t\n\x07_at_seq\"\x81\x01\n\x16\x44\x65riveMessagesResponse\x12(\n\x08messages\x18\x01 \x03(\x0b\x32\x16.sessionlog.v1.Message\x12\x0c\n\x04seqs\x18\x02 \x03(\x04\x12\x13\n\x0b\x65vent_count\x18\x03 \x01(\x04\x12\x1a\n\x12replace_generation\x18\x04 \x01(\x04\"\xa1\x02\n\x07Session\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x0e\n\x06\x65xists\x18\x02 \x01(\x08\x12\x13\n\x0b\x65vent_count\x18\x03 \x01(\x04\x12\x1a\n\x12replace_generation\x18\x04 \x01(\x04\x12/\n\x0b\x63reate_time\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x34\n\x10last_append_time\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x19\n\x11parent_session_id\x18\x07 \x01(\t\x12\x1a\n\x12parent_event_count\x18\x08 \x01(\x04\x12#\n\x05lease\x18\t \x01(\x0b\x32\x14.sessionlog.v1.Lease\"\x89\x01\n\x05Lease\x12\x0e\n\x06holder\x18\x01 \x01(\t\x12\r\n\x05token\x18\x02 \x01(\x04\x12\x30\n\x0c\x61\x63quire_time\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12/\n\x0b\x65xpire_time\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"\xa8\x01\n\x0fLeaseAuditEntry\x12+\n\x04kind\x18\x01 \x01(\x0e\x32\x1d.sessionlog.v1.LeaseAuditKind\x12\r\n\x05\x61\x63tor\x18\x02 \x01(\t\x12\x17\n\x0fprevious_holder\x18\x03 \x01(\t\x12\x16\n\x0eprevious_token\x18\x04 \x01(\x04\x12(\n\x04time\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"P\n\x14\x43reateSessionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12$\n\x06\x65vents\x18\x02 \x03(\x0b\x32\x14.sessionlog.v1.Event\"f\n\x15\x43reateSessionResponse\x12\'\n\x07session\x18\x01 \x01(\x0b\x32\x16.sessionlog.v1.Session\x12$\n\x06\x65vents\x18\x02 \x03(\x0b\x32\x14.sessionlog.v1.Event\"R\n\x12SeedSessionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12(\n\x08messages\x18\x02 \x03(\x0b\x32\x16.sessionlog.v1.Message\")\n\x08SeedDrop\x12\r\n\x05index\x18\x01 \x01(\r\x12\x0e\n\x06reason\x18\x02 \x01(\t\"\x8c\x01\n\x13SeedSessionResponse\x12\'\n\x07session\x18\x01 \x01(\x0b\x32\x16.sessionlog.v1.Session\x12$\n\x06\x65vents\x18\x02 \x03(\x0b\x32\x14.sessionlog.v1.Event\x12&\n\x05\x64rops\x18\x03 \x03(\x0b\x32\x17.sessionlog.v1.SeedDrop\"\'\n\x11GetSessionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\"r\n\x12GetSessionResponse\x12\'\n\x07session\x18\x01 \x01(\x0b\x32\x16.sessionlog.v1.Session\x12\x33\n\x0blease_audit\x18\x02 \x03(\x0b\x32\x1e.sessionlog.v1.LeaseAuditEntry\"L\n\x13ListSessionsRequest\x12\x11\n\tpage_size\x18\x01 \x01(\r\x12\x12\n\npage_token\x18\x02 \x01(\t\x12\x0e\n\x06prefix\x18\x03 \x01(\t\"Y\n\x14ListSessionsResponse\x12(\n\x08sessions\x18\x01 \x03(\x0b\x32\x16.sessionlog.v1.Session\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"c\n\x12\x46orkSessionRequest\x12\x19\n\x11parent_session_id\x18\x01 \x01(\t\x12\x13\n\x06\x61t_seq\x18\x02 \x01(\x04H\x00\x88\x01\x01\x12\x12\n\nsession_id\x18\x03 \x01(\tB\t\n\x07_at_seq\">\n\x13\x46orkSessionResponse\x12\'\n\x07session\x18\x01 \x01(\x0b\x32\x16.sessionlog.v1.Session\"a\n\x13\x41\x63quireLeaseRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x0e\n\x06holder\x18\x02 \x01(\t\x12&\n\x03ttl\x18\x03 \x01(\x0b\x32\x19.google.protobuf.Duration\";\n\x14\x41\x63quireLeaseResponse\x12#\n\x05lease\x18\x01 \x01(\x0b\x32\x14.sessionlog.v1.Lease\"_\n\x11RenewLeaseRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x0e\n\x06holder\x18\x02 \x01(\t\x12&\n\x03ttl\x18\x03 \x01(\x0b\x32\x19.google.protobuf.Duration\"9\n\x12RenewLeaseResponse\x12#\n\x05lease\x18\x01 \x01(\x0b\x32\x14.sessionlog.v1.Lease\"H\n\x13ReleaseLeaseRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x0e\n\x06holder\x18\x02 \x01(\t\x12\r\n\x05\x66orce\x18\x03 \x01(\x08\">\n\x14ReleaseLeaseResponse\x12&\n\x08released\x18\x01 \x01(\x0b\x32\x14.sessionlog.v1.Lease*v\n\x0eLeaseAuditKind\x12 \n\x1cLEASE_AUDIT_KIND_UNSPECIFIED\x10\x00\x12\x1d\n\x19LEASE_AUDIT_KIND_TAKEOVER\x10\x01\x12#\n\x1fLEASE_AUDIT_KIND_FORCED_RELEASE\x10\x02\x32\x82\x08\n\x11SessionLogService\x12\x45\n\x06\x41ppend\x12\x1c.sessionlog.v1.AppendRequest\x1a\x1d.sessionlog.v1.AppendResponse\x12\x44\n\x05Since\x12\x1b.sessionlog.v1.SinceRequest\x1a\x1c.sessionlog.v1.SinceResponse0\x01\x12H\n\x07Surface\x12\x1d.sessionlog.v1.SurfaceRequest\x1a\x1e.sessionlog.v1.SurfaceResponse\x12]\n\x0e\x44\x65riveMessages\x12$.sessionlog.v1.DeriveMessagesRequest\x1a%.sessionlog.v1.DeriveMessagesResponse\x12Z\n\rCreateSession\x12#.sessionlog.v1.CreateSessionRequest\x1a$.sessionlog.v1.CreateSessionResponse\x12T\n\x0bSeedSession\x12!.sessionlog.v1.SeedSessionRequest\x1a\".sessionlog.v1.SeedSessionResponse\x12Q\n\nGetSession\x12 .sessionlog.v1.GetSessionRequest\x1a!.sessionlog.v1.GetSessionResponse\x12W\n\x0cListSessions\x12\".sessionlog.v1.ListSessionsRequest\x1a#.sessionlog.v1.ListSessionsResponse\x12T\n\x0b\x46orkSession\x12!.sessionlog.v1.ForkSessionRequest\x1a\".sessionlog.v1.ForkSessionResponse\x12W\n\x0c\x41\x63quireLease\x12\".sessionlog.v1.AcquireLeaseRequest\x1a#.sessionlog.v1.AcquireLeaseResponse\x12Q\n\nRenewLease\x12 .sessionlog.v1.RenewLeaseRequest\x1a!.sessionlog.v1.RenewLeaseResponse\x12W\n\x0cReleaseLease\x12\".sessionlog.v1.ReleaseLeaseRequest\x1a#.sessionlog.v1.ReleaseLeaseResponseBl\n\x11\x64\x65v.sessionlog.v1P\x01ZEgithub.com/sessionlog/sessionlog/client/go/sessionlog/v1;sessionlogv1\xaa\x02\rSessionlog.V1b\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -34,24 +36,66 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'sessionlog.v1.session_log_s
 if not _descriptor._USE_C_DESCRIPTORS:
   _globals['DESCRIPTOR']._loaded_options = None
   _globals['DESCRIPTOR']._serialized_options = b'\n\021dev.sessionlog.v1P\001ZEgithub.com/sessionlog/sessionlog/client/go/sessionlog/v1;sessionlogv1\252\002\rSessionlog.V1'
-  _globals['_APPENDREQUEST']._serialized_start=115
-  _globals['_APPENDREQUEST']._serialized_end=291
-  _globals['_APPENDDROP']._serialized_start=293
-  _globals['_APPENDDROP']._serialized_end=353
-  _globals['_APPENDRESPONSE']._serialized_start=355
-  _globals['_APPENDRESPONSE']._serialized_end=469
-  _globals['_SINCEREQUEST']._serialized_start=471
-  _globals['_SINCEREQUEST']._serialized_end=534
-  _globals['_SINCERESPONSE']._serialized_start=536
-  _globals['_SINCERESPONSE']._serialized_end=626
-  _globals['_SURFACEREQUEST']._serialized_start=628
-  _globals['_SURFACEREQUEST']._serialized_end=696
-  _globals['_SURFACERESPONSE']._serialized_start=698
-  _globals['_SURFACERESPONSE']._serialized_end=802
-  _globals['_DERIVEMESSAGESREQUEST']._serialized_start=804
-  _globals['_DERIVEMESSAGESREQUEST']._serialized_end=879
-  _globals['_DERIVEMESSAGESRESPONSE']._serialized_start=882
-  _globals['_DERIVEMESSAGESRESPONSE']._serialized_end=1011
-  _globals['_SESSIONLOGSERVICE']._serialized_start=1014
-  _globals['_SESSIONLOGSERVICE']._serialized_end=1343
+  _globals['_LEASEAUDITKIND']._serialized_start=3103
+  _globals['_LEASEAUDITKIND']._serialized_end=3221
+  _globals['_APPENDREQUEST']._serialized_start=180
+  _globals['_APPENDREQUEST']._serialized_end=377
+  _globals['_APPENDDROP']._serialized_start=379
+  _globals['_APPENDDROP']._serialized_end=439
+  _globals['_APPENDRESPONSE']._serialized_start=441
+  _globals['_APPENDRESPONSE']._serialized_end=555
+  _globals['_SINCEREQUEST']._serialized_start=557
+  _globals['_SINCEREQUEST']._serialized_end=620
+  _globals['_SINCERESPONSE']._serialized_start=622
+  _globals['_SINCERESPONSE']._serialized_end=712
+  _globals['_SURFACEREQUEST']._serialized_start=714
+  _globals['_SURFACEREQUEST']._serialized_end=782
+  _globals['_SURFACERESPONSE']._serialized_start=784
+  _globals['_SURFACERESPONSE']._serialized_end=888
+  _globals['_DERIVEMESSAGESREQUEST']._serialized_start=890
+  _globals['_DERIVEMESSAGESREQUEST']._serialized_end=965
+  _globals['_DERIVEMESSAGESRESPONSE']._serialized_start=968
+  _globals['_DERIVEMESSAGESRESPONSE']._serialized_end=1097
+  _globals['_SESSION']._serialized_start=1100
+  _globals['_SESSION']._serialized_end=1389
+  _globals['_LEASE']._serialized_start=1392
+  _globals['_LEASE']._serialized_end=1529
+  _globals['_LEASEAUDITENTRY']._serialized_start=1532
+  _globals['_LEASEAUDITENTRY']._serialized_end=1700
+  _globals['_CREATESESSIONREQUEST']._serialized_start=1702
+  _globals['_CREATESESSIONREQUEST']._serialized_end=1782
+  _globals['_CREATESESSIONRESPONSE']._serialized_start=1784
+  _globals['_CREATESESSIONRESPONSE']._serialized_end=1886
+  _globals['_SEEDSESSIONREQUEST']._serialized_start=1888
+  _globals['_SEEDSESSIONREQUEST']._serialized_end=1970
+  _globals['_SEEDDROP']._serialized_start=1972
+  _globals['_SEEDDROP']._serialized_end=2013
+  _globals['_SEEDSESSIONRESPONSE']._serialized_start=2016
+  _globals['_SEEDSESSIONRESPONSE']._serialized_end=2156
+  _globals['_GETSESSIONREQUEST']._serialized_start=2158
+  _globals['_GETSESSIONREQUEST']._serialized_end=2197
+  _globals['_GETSESSIONRESPONSE']._serialized_start=2199
+  _globals['_GETSESSIONRESPONSE']._serialized_end=2313
+  _globals['_LISTSESSIONSREQUEST']._serialized_start=2315
+  _globals['_LISTSESSIONSREQUEST']._serialized_end=2391
+  _globals['_LISTSESSIONSRESPONSE']._serialized_start=2393
+  _globals['_LISTSESSIONSRESPONSE']._serialized_end=2482
+  _globals['_FORKSESSIONREQUEST']._serialized_start=2484
+  _globals['_FORKSESSIONREQUEST']._serialized_end=2583
+  _globals['_FORKSESSIONRESPONSE']._serialized_start=2585
+  _globals['_FORKSESSIONRESPONSE']._serialized_end=2647
+  _globals['_ACQUIRELEASEREQUEST']._serialized_start=2649
+  _globals['_ACQUIRELEASEREQUEST']._serialized_end=2746
+  _globals['_ACQUIRELEASERESPONSE']._serialized_start=2748
+  _globals['_ACQUIRELEASERESPONSE']._serialized_end=2807
+  _globals['_RENEWLEASEREQUEST']._serialized_start=2809
+  _globals['_RENEWLEASEREQUEST']._serialized_end=2904
+  _globals['_RENEWLEASERESPONSE']._serialized_start=2906
+  _globals['_RENEWLEASERESPONSE']._serialized_end=2963
+  _globals['_RELEASELEASEREQUEST']._serialized_start=2965
+  _globals['_RELEASELEASEREQUEST']._serialized_end=3037
+  _globals['_RELEASELEASERESPONSE']._serialized_start=3039
+  _globals['_RELEASELEASERESPONSE']._serialized_end=3101
+  _globals['_SESSIONLOGSERVICE']._serialized_start=3224
+  _globals['_SESSIONLOGSERVICE']._serialized_end=4250
 # @@protoc_insertion_point(module_scope)

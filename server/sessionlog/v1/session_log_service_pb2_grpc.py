@@ -57,6 +57,46 @@ class SessionLogServiceStub:
                 request_serializer=sessionlog_dot_v1_dot_session__log__service__pb2.DeriveMessagesRequest.SerializeToString,
                 response_deserializer=sessionlog_dot_v1_dot_session__log__service__pb2.DeriveMessagesResponse.FromString,
                 _registered_method=True)
+        self.CreateSession = channel.unary_unary(
+                '/sessionlog.v1.SessionLogService/CreateSession',
+                request_serializer=sessionlog_dot_v1_dot_session__log__service__pb2.CreateSessionRequest.SerializeToString,
+                response_deserializer=sessionlog_dot_v1_dot_session__log__service__pb2.CreateSessionResponse.FromString,
+                _registered_method=True)
+        self.SeedSession = channel.unary_unary(
+                '/sessionlog.v1.SessionLogService/SeedSession',
+                request_serializer=sessionlog_dot_v1_dot_session__log__service__pb2.SeedSessionRequest.SerializeToString,
+                response_deserializer=sessionlog_dot_v1_dot_session__log__service__pb2.SeedSessionResponse.FromString,
+                _registered_method=True)
+        self.GetSession = channel.unary_unary(
+                '/sessionlog.v1.SessionLogService/GetSession',
+                request_serializer=sessionlog_dot_v1_dot_session__log__service__pb2.GetSessionRequest.SerializeToString,
+                response_deserializer=sessionlog_dot_v1_dot_session__log__service__pb2.GetSessionResponse.FromString,
+                _registered_method=True)
+        self.ListSessions = channel.unary_unary(
+                '/sessionlog.v1.SessionLogService/ListSessions',
+                request_serializer=sessionlog_dot_v1_dot_session__log__service__pb2.ListSessionsRequest.SerializeToString,
+                response_deserializer=sessionlog_dot_v1_dot_session__log__service__pb2.ListSessionsResponse.FromString,
+                _registered_method=True)
+        self.ForkSession = channel.unary_unary(
+                '/sessionlog.v1.SessionLogService/ForkSession',
+                request_serializer=sessionlog_dot_v1_dot_session__log__service__pb2.ForkSessionRequest.SerializeToString,
+                response_deserializer=sessionlog_dot_v1_dot_session__log__service__pb2.ForkSessionResponse.FromString,
+                _registered_method=True)
+        self.AcquireLease = channel.unary_unary(
+                '/sessionlog.v1.SessionLogService/AcquireLease',
+                request_serializer=sessionlog_dot_v1_dot_session__log__service__pb2.AcquireLeaseRequest.SerializeToString,
+                response_deserializer=sessionlog_dot_v1_dot_session__log__service__pb2.AcquireLeaseResponse.FromString,
+                _registered_method=True)
+        self.RenewLease = channel.unary_unary(
+                '/sessionlog.v1.SessionLogService/RenewLease',
+                request_serializer=sessionlog_dot_v1_dot_session__log__service__pb2.RenewLeaseRequest.SerializeToString,
+                response_deserializer=sessionlog_dot_v1_dot_session__log__service__pb2.RenewLeaseResponse.FromString,
+                _registered_method=True)
+        self.ReleaseLease = channel.unary_unary(
+                '/sessionlog.v1.SessionLogService/ReleaseLease',
+                request_serializer=sessionlog_dot_v1_dot_session__log__service__pb2.ReleaseLeaseRequest.SerializeToString,
+                response_deserializer=sessionlog_dot_v1_dot_session__log__service__pb2.ReleaseLeaseResponse.FromString,
+                _registered_method=True)
 
 
 class SessionLogServiceServicer:
@@ -95,6 +135,69 @@ class SessionLogServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def CreateSession(self, request, context):
+        """CreateSession writes a new session with its initial events in one atomic step. It refuses a
+        session that exists (SESSION_ALREADY_EXISTS) and validates events exactly as Append does.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SeedSession(self, request, context):
+        """SeedSession creates a session from a flat list of messages: one surface event per message,
+        each stamped with the message's created_at. Messages of an unknown role are dropped and
+        reported.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetSession(self, request, context):
+        """GetSession describes a session. A session never written is exists = false, not an error.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListSessions(self, request, context):
+        """ListSessions pages through sessions in session id order (by UTF-8 bytes).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ForkSession(self, request, context):
+        """ForkSession copies a parent's events 0..at_seq into a new session, keeping their seq, time
+        and data, and records the parent. Rewind is a fork at an earlier seq; nothing is deleted.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def AcquireLease(self, request, context):
+        """AcquireLease takes a session's single-writer lease. A live lease of another holder refuses it
+        (LEASE_HELD); only an expired lease can be taken over, and each takeover is recorded.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RenewLease(self, request, context):
+        """RenewLease extends the caller's lease. A holder whose lease was taken over or released gets
+        LEASE_LOST.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ReleaseLease(self, request, context):
+        """ReleaseLease gives the lease up. Only its holder may release it, unless force is set (an
+        operator's forced release, which is recorded).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_SessionLogServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -117,6 +220,46 @@ def add_SessionLogServiceServicer_to_server(servicer, server):
                     servicer.DeriveMessages,
                     request_deserializer=sessionlog_dot_v1_dot_session__log__service__pb2.DeriveMessagesRequest.FromString,
                     response_serializer=sessionlog_dot_v1_dot_session__log__service__pb2.DeriveMessagesResponse.SerializeToString,
+            ),
+            'CreateSession': grpc.unary_unary_rpc_method_handler(
+                    servicer.CreateSession,
+                    request_deserializer=sessionlog_dot_v1_dot_session__log__service__pb2.CreateSessionRequest.FromString,
+                    response_serializer=sessionlog_dot_v1_dot_session__log__service__pb2.CreateSessionResponse.SerializeToString,
+            ),
+            'SeedSession': grpc.unary_unary_rpc_method_handler(
+                    servicer.SeedSession,
+                    request_deserializer=sessionlog_dot_v1_dot_session__log__service__pb2.SeedSessionRequest.FromString,
+                    response_serializer=sessionlog_dot_v1_dot_session__log__service__pb2.SeedSessionResponse.SerializeToString,
+            ),
+            'GetSession': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetSession,
+                    request_deserializer=sessionlog_dot_v1_dot_session__log__service__pb2.GetSessionRequest.FromString,
+                    response_serializer=sessionlog_dot_v1_dot_session__log__service__pb2.GetSessionResponse.SerializeToString,
+            ),
+            'ListSessions': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListSessions,
+                    request_deserializer=sessionlog_dot_v1_dot_session__log__service__pb2.ListSessionsRequest.FromString,
+                    response_serializer=sessionlog_dot_v1_dot_session__log__service__pb2.ListSessionsResponse.SerializeToString,
+            ),
+            'ForkSession': grpc.unary_unary_rpc_method_handler(
+                    servicer.ForkSession,
+                    request_deserializer=sessionlog_dot_v1_dot_session__log__service__pb2.ForkSessionRequest.FromString,
+                    response_serializer=sessionlog_dot_v1_dot_session__log__service__pb2.ForkSessionResponse.SerializeToString,
+            ),
+            'AcquireLease': grpc.unary_unary_rpc_method_handler(
+                    servicer.AcquireLease,
+                    request_deserializer=sessionlog_dot_v1_dot_session__log__service__pb2.AcquireLeaseRequest.FromString,
+                    response_serializer=sessionlog_dot_v1_dot_session__log__service__pb2.AcquireLeaseResponse.SerializeToString,
+            ),
+            'RenewLease': grpc.unary_unary_rpc_method_handler(
+                    servicer.RenewLease,
+                    request_deserializer=sessionlog_dot_v1_dot_session__log__service__pb2.RenewLeaseRequest.FromString,
+                    response_serializer=sessionlog_dot_v1_dot_session__log__service__pb2.RenewLeaseResponse.SerializeToString,
+            ),
+            'ReleaseLease': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReleaseLease,
+                    request_deserializer=sessionlog_dot_v1_dot_session__log__service__pb2.ReleaseLeaseRequest.FromString,
+                    response_serializer=sessionlog_dot_v1_dot_session__log__service__pb2.ReleaseLeaseResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -230,6 +373,222 @@ class SessionLogService:
             '/sessionlog.v1.SessionLogService/DeriveMessages',
             sessionlog_dot_v1_dot_session__log__service__pb2.DeriveMessagesRequest.SerializeToString,
             sessionlog_dot_v1_dot_session__log__service__pb2.DeriveMessagesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CreateSession(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sessionlog.v1.SessionLogService/CreateSession',
+            sessionlog_dot_v1_dot_session__log__service__pb2.CreateSessionRequest.SerializeToString,
+            sessionlog_dot_v1_dot_session__log__service__pb2.CreateSessionResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SeedSession(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sessionlog.v1.SessionLogService/SeedSession',
+            sessionlog_dot_v1_dot_session__log__service__pb2.SeedSessionRequest.SerializeToString,
+            sessionlog_dot_v1_dot_session__log__service__pb2.SeedSessionResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetSession(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sessionlog.v1.SessionLogService/GetSession',
+            sessionlog_dot_v1_dot_session__log__service__pb2.GetSessionRequest.SerializeToString,
+            sessionlog_dot_v1_dot_session__log__service__pb2.GetSessionResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListSessions(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sessionlog.v1.SessionLogService/ListSessions',
+            sessionlog_dot_v1_dot_session__log__service__pb2.ListSessionsRequest.SerializeToString,
+            sessionlog_dot_v1_dot_session__log__service__pb2.ListSessionsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ForkSession(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sessionlog.v1.SessionLogService/ForkSession',
+            sessionlog_dot_v1_dot_session__log__service__pb2.ForkSessionRequest.SerializeToString,
+            sessionlog_dot_v1_dot_session__log__service__pb2.ForkSessionResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AcquireLease(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sessionlog.v1.SessionLogService/AcquireLease',
+            sessionlog_dot_v1_dot_session__log__service__pb2.AcquireLeaseRequest.SerializeToString,
+            sessionlog_dot_v1_dot_session__log__service__pb2.AcquireLeaseResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RenewLease(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sessionlog.v1.SessionLogService/RenewLease',
+            sessionlog_dot_v1_dot_session__log__service__pb2.RenewLeaseRequest.SerializeToString,
+            sessionlog_dot_v1_dot_session__log__service__pb2.RenewLeaseResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReleaseLease(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sessionlog.v1.SessionLogService/ReleaseLease',
+            sessionlog_dot_v1_dot_session__log__service__pb2.ReleaseLeaseRequest.SerializeToString,
+            sessionlog_dot_v1_dot_session__log__service__pb2.ReleaseLeaseResponse.FromString,
             options,
             channel_credentials,
             insecure,

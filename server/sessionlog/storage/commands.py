@@ -1,0 +1,436 @@
+"""The writes the writer thread applies: append (and create), fork, and lease changes.
+
+Each command runs every check before its first put, so a refused command leaves the
+transaction exactly as it found it (see ``writer``). Checks follow SPEC §3's order: session id
+(already checked by ``prepare_append``), replayed request_id, writer lease, expected_seq, then the
+events one by one.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import lmdb
+
+from sessionlog import errors, fold, wire
+from sessionlog.storage import schema
+from sessionlog.storage.schema import AuditRecord, LeaseRecord, RequestRecord, SessionMeta
+from sessionlog.v1.event_pb2 import Event, EventType
+
+MAX_FORMER_HOLDERS = 16
+
+
+class Tables:
+    """The open handles of every named database."""
+
+    def __init__(self, env: lmdb.Environment) -> None:
+        self.sessions = env.open_db(schema.SESSIONS)
+        self.ids = env.open_db(schema.IDS)
+        self.events = env.open_db(schema.EVENTS)
+        self.requests = env.open_db(schema.REQUESTS)
+        self.counters = env.open_db(schema.COUNTERS)
+        self.leases = env.open_db(schema.LEASES)
+        self.audit = env.open_db(schema.AUDIT)
+
+
+# -- reads shared by the store and the commands --------------------------------------------------
+
+
+def load_meta(txn: lmdb.Transaction, tables: Tables, session_id: str) -> SessionMeta | None:
+    raw = txn.get(session_id.encode(), db=tables.sessions)
+    return None if raw is None else SessionMeta.decode(raw)
+
+
+def load_lease(txn: lmdb.Transaction, tables: Tables, session_id: str) -> LeaseRecord | None:
+    raw = txn.get(session_id.encode(), db=tables.leases)
+    return None if raw is None else LeaseRecord.decode(raw)
+
+
+def read_range(
+    txn: lmdb.Transaction,
+    tables: Tables,
+    sid: int,
+    start: int,
+    stop: int | None = None,
+    max_bytes: int = 1 << 62,
+) -> list[bytes]:
+    """Stored events of ``sid`` with start <= seq < stop; at least one if any, then up to
+    ``max_bytes``. One cursor walk over a contiguous key range: O(events returned)."""
+    out: list[bytes] = []
+    total = 0
+    end_key = schema.event_key(sid, stop) if stop is not None else schema.event_key(sid + 1, 0)
+    cursor = txn.cursor(db=tables.events)
+    if not cursor.set_range(schema.event_key(sid, start)):
+        return out
+    for key, value in cursor:
+        if bytes(key) >= end_key:
+            break
+        out.append(bytes(value))
+        total += len(value)
+        if total >= max_bytes:
+            break
+    return out
+
+
+def _new_session(
+    txn: lmdb.Transaction, tables: Tables, session_id: str, now_ns: int
+) -> SessionMeta:
+    raw = txn.get(schema.NEXT_SID, db=tables.counters)
+    sid = 0 if raw is None else schema.read_u64(raw)
+    txn.put(schema.NEXT_SID, schema.u64(sid + 1), db=tables.counters)
+    txn.put(schema.u64(sid), session_id.encode(), db=tables.ids)
+    return SessionMeta(sid=sid, create_time_ns=now_ns, last_append_time_ns=now_ns)
+
+
+# -- append and create ---------------------------------------------------------------------------
+
+
+@dataclass
+class AppendBatch:
+    """An append, checked as far as it can be without the session's state."""
+
+    session_id: str
+    events: Sequence[Event]
+    prechecked: Sequence[fold.Violation | None]
+    bodies: Sequence[bytes]
+    """Each event serialized as it will be stored, minus its seq."""
+    expected_seq: int | None = None
+    request_id: str = ""
+    fingerprint: str = ""
+    lease_holder: str = ""
+    lease_token: int = 0
+    lenient: bool = False
+    create_only: bool = False
+    """CreateSession / SeedSession: refuse an existing session, create even with no events."""
+
+
+@dataclass
+class AppendResult:
+    """What an append wrote: the stored events, the session's meta after it, lenient drops."""
+
+    events: list[bytes]
+    next_seq: int
+    drops: list[tuple[int, str, str]] = field(default_factory=list)
+    meta: SessionMeta | None = None
+
+
+class AppendCommand:
+    """An append as the writer applies it."""
+
+    def __init__(self, tables: Tables, batch: AppendBatch, request_id_ttl_ns: int) -> None:
+        self._tables = tables
+        self._batch = batch
+        self._ttl_ns = request_id_ttl_ns
+        self._touched: list[str] = []
+
+    def size(self) -> int:
+        return sum(len(b) for b in self._batch.bodies)
+
+    def touched(self) -> Sequence[str]:
+        return self._touched
+
+    def apply(self, txn: lmdb.Transaction, now_ns: int) -> AppendResult:
+        batch, tables = self._batch, self._tables
+        meta = load_meta(txn, tables, batch.session_id)
+        if batch.create_only and meta is not None:
+            raise errors.SessionAlreadyExists(
+                f"session '{batch.session_id}' already exists; append to it, or pick a new id",
+                session_id=batch.session_id,
+            )
+        if batch.request_id and meta is not None:
+            replay = self._replay(txn, meta, now_ns)
+            if replay is not None:
+                return replay
+        check_lease_for_append(
+            load_lease(txn, tables, batch.session_id),
+            batch.session_id,
+            batch.lease_holder,
+            batch.lease_token,
+            now_ns,
+        )
+        next_seq = 0 if meta is None else meta.next_seq
+        if batch.expected_seq is not None and batch.expected_seq != next_seq:
+            raise errors.SeqConflict(
+                f"session '{batch.session_id}' expected seq {batch.expected_seq} but the log is at "
+                f"{next_seq}; re-read and retry with expected_seq {next_seq}",
+                expected_seq=batch.expected_seq,
+                next_seq=next_seq,
+            )
+        kept, dropped = fold.admit(batch.events, batch.prechecked, next_seq, lenient=batch.lenient)
+        drops = [(i, e.reason, e.message) for i, e in dropped]
+        if not kept and not batch.create_only:
+            return AppendResult([], next_seq, drops, meta)
+        if meta is None:
+            meta = _new_session(txn, tables, batch.session_id, now_ns)
+        stored: list[bytes] = []
+        for index in kept:
+            seq = meta.next_seq
+            raw = wire.with_seq(seq, batch.bodies[index])
+            if not txn.put(schema.event_key(meta.sid, seq), raw, db=tables.events, overwrite=False):
+                raise RuntimeError(f"event key {meta.sid}/{seq} already exists: log is corrupt")
+            stored.append(raw)
+            meta.next_seq += 1
+            if fold.replace_range(batch.events[index]) is not None:
+                meta.replace_generation += 1
+        meta.last_append_time_ns = now_ns
+        txn.put(batch.session_id.encode(), meta.encode(), db=tables.sessions)
+        if batch.request_id:
+            record = RequestRecord(
+                fingerprint=batch.fingerprint,
+                first_seq=next_seq,
+                count=len(stored),
+                next_seq=meta.next_seq,
+                drops=drops,
+                time_ns=now_ns,
+            )
+            key = schema.request_key(meta.sid, batch.request_id)
+            txn.put(key, record.encode(), db=tables.requests)
+        self._touched.append(batch.session_id)
+        return AppendResult(stored, meta.next_seq, drops, meta)
+
+    def _replay(self, txn: lmdb.Transaction, meta: SessionMeta, now_ns: int) -> AppendResult | None:
+        batch = self._batch
+        raw = txn.get(schema.request_key(meta.sid, batch.request_id), db=self._tables.requests)
+        if raw is None:
+            return None
+        record = RequestRecord.decode(raw)
+        if now_ns - record.time_ns > self._ttl_ns:
+            return None
+        if record.fingerprint != batch.fingerprint:
+            raise errors.RequestIdReused(
+                f"request_id '{batch.request_id}' was already used on session "
+                f"'{batch.session_id}' with different events; use a new request_id",
+                request_id=batch.request_id,
+            )
+        stop = record.first_seq + record.count
+        events = read_range(txn, self._tables, meta.sid, record.first_seq, stop)
+        return AppendResult(events, record.next_seq, list(record.drops), meta)
+
+
+# -- fork ---------------------------------------------------------------------------------------
+
+
+@dataclass
+class ForkResult:
+    session_id: str
+    meta: SessionMeta
+
+
+class ForkCommand:
+    """Copy events 0..at_seq of a parent into a new session, bytes unchanged."""
+
+    def __init__(self, tables: Tables, parent_id: str, at_seq: int | None, child_id: str) -> None:
+        self._tables = tables
+        self._parent_id = parent_id
+        self._at_seq = at_seq
+        self._child_id = child_id or f"fork-{uuid.uuid4().hex}"
+        self._touched: list[str] = []
+
+    def size(self) -> int:
+        return 0
+
+    def touched(self) -> Sequence[str]:
+        return self._touched
+
+    def apply(self, txn: lmdb.Transaction, now_ns: int) -> ForkResult:
+        tables = self._tables
+        parent = load_meta(txn, tables, self._parent_id)
+        count = 0 if parent is None else parent.next_seq
+        at_seq = count - 1 if self._at_seq is None else self._at_seq
+        if parent is None or not 0 <= at_seq < count:
+            raise errors.BoundaryOutOfRange(
+                f"cannot fork session '{self._parent_id}' at seq {at_seq}: it has {count} events "
+                f"(seqs 0 to {count - 1})",
+                at_seq=at_seq,
+                next_seq=count,
+            )
+        if load_meta(txn, tables, self._child_id) is not None:
+            raise errors.SessionAlreadyExists(
+                f"session '{self._child_id}' already exists; fork into a new id",
+                session_id=self._child_id,
+            )
+        copied = read_range(txn, tables, parent.sid, 0, at_seq + 1)
+        events = [Event.FromString(raw) for raw in copied]
+        _refuse_open_turn(events, self._parent_id, at_seq)
+        child = _new_session(txn, tables, self._child_id, now_ns)
+        for seq, raw in enumerate(copied):
+            txn.put(schema.event_key(child.sid, seq), raw, db=tables.events)
+        child.next_seq = len(copied)
+        child.replace_generation = sum(1 for e in events if fold.replace_range(e) is not None)
+        child.parent_id = self._parent_id
+        child.parent_length = len(copied)
+        txn.put(self._child_id.encode(), child.encode(), db=tables.sessions)
+        self._touched.append(self._child_id)
+        return ForkResult(self._child_id, child)
+
+
+def _refuse_open_turn(events: list[Event], parent_id: str, at_seq: int) -> None:
+    open_turns: list[int] = []
+    for event in events:
+        if event.type == EventType.EVENT_TYPE_TURN_START:
+            open_turns.append(event.seq)
+        elif event.type == EventType.EVENT_TYPE_TURN_END and open_turns:
+            open_turns.pop()
+    if open_turns:
+        turn = open_turns[-1]
+        raise errors.OpenTurn(
+            f"forking session '{parent_id}' at seq {at_seq} would cut the turn started at seq "
+            f"{turn} before its TURN_END; fork before seq {turn} or after the turn ends",
+            turn_start_seq=turn,
+            at_seq=at_seq,
+        )
+
+
+# -- leases -------------------------------------------------------------------------------------
+
+
+def check_lease_for_append(
+    lease: LeaseRecord | None, session_id: str, holder: str, token: int, now_ns: int
+) -> None:
+    """Refuse an append that a lease forbids.
+
+    No holder named: fine unless a live lease exists (LEASE_HELD). A holder named: it must be the
+    lease's current holder (live, or expired but not yet taken over) and, when a token is given,
+    hold that token; a holder that lost the lease gets LEASE_LOST, any other LEASE_HELD.
+    """
+    if not holder and not token:
+        if lease is not None and lease.live(now_ns):
+            raise _held(session_id, lease)
+        return
+    if lease is not None and lease.holder == holder and (not token or token == lease.token):
+        return
+    once_held = lease is not None and (
+        holder == lease.holder or holder in lease.former_holders or 0 < token < lease.token
+    )
+    if lease is not None and lease.live(now_ns) and not once_held:
+        raise _held(session_id, lease)
+    raise errors.LeaseLost(
+        f"'{holder}' no longer holds the writer lease of session '{session_id}'"
+        + (f" (now held by '{lease.holder}')" if lease is not None and lease.holder else "")
+        + "; stop writing, or acquire the lease again",
+        holder=holder,
+        current_holder="" if lease is None else lease.holder,
+        current_token=0 if lease is None else lease.token,
+    )
+
+
+def _held(session_id: str, lease: LeaseRecord) -> errors.LeaseHeld:
+    return errors.LeaseHeld(
+        f"session '{session_id}' has a live writer lease held by '{lease.holder}'; append with "
+        "lease_holder set to it, or wait until the lease expires",
+        holder=lease.holder,
+        token=lease.token,
+        expire_time_ns=lease.expire_time_ns,
+    )
+
+
+@dataclass
+class LeaseChange:
+    """The lease after (or, for a release, before) a lease command."""
+
+    lease: LeaseRecord | None
+
+
+class LeaseCommand:
+    """Acquire, renew or release a session's writer lease."""
+
+    def __init__(
+        self,
+        tables: Tables,
+        action: str,
+        session_id: str,
+        holder: str,
+        ttl_ns: int = 0,
+        force: bool = False,
+    ) -> None:
+        self._tables = tables
+        self._action = action
+        self._session_id = session_id
+        self._holder = holder
+        self._ttl_ns = ttl_ns
+        self._force = force
+
+    def size(self) -> int:
+        return 0
+
+    def touched(self) -> Sequence[str]:
+        return ()
+
+    def apply(self, txn: lmdb.Transaction, now_ns: int) -> LeaseChange:
+        lease = load_lease(txn, self._tables, self._session_id)
+        if self._action == "acquire":
+            return LeaseChange(self._acquire(txn, lease, now_ns))
+        if self._action == "renew":
+            return LeaseChange(self._renew(txn, lease, now_ns))
+        return LeaseChange(self._release(txn, lease, now_ns))
+
+    def _put(self, txn: lmdb.Transaction, lease: LeaseRecord) -> LeaseRecord:
+        txn.put(self._session_id.encode(), lease.encode(), db=self._tables.leases)
+        return lease
+
+    def _acquire(
+        self, txn: lmdb.Transaction, lease: LeaseRecord | None, now_ns: int
+    ) -> LeaseRecord:
+        holder = self._holder
+        if lease is not None and lease.live(now_ns):
+            if lease.holder != holder:
+                raise _held(self._session_id, lease)
+            lease.expire_time_ns = now_ns + self._ttl_ns
+            return self._put(txn, lease)
+        former = [] if lease is None else list(lease.former_holders)
+        if lease is not None and lease.holder and lease.holder != holder:
+            self._audit(txn, schema.TAKEOVER, lease, now_ns)
+            former.append(lease.holder)
+        fresh = LeaseRecord(
+            holder=holder,
+            token=(0 if lease is None else lease.token) + 1,
+            acquire_time_ns=now_ns,
+            expire_time_ns=now_ns + self._ttl_ns,
+            former_holders=[h for h in former if h != holder][-MAX_FORMER_HOLDERS:],
+            audit_count=0 if lease is None else lease.audit_count,
+        )
+        return self._put(txn, fresh)
+
+    def _renew(self, txn: lmdb.Transaction, lease: LeaseRecord | None, now_ns: int) -> LeaseRecord:
+        if lease is None or lease.holder != self._holder:
+            check_lease_for_append(lease, self._session_id, self._holder, 0, now_ns)
+            raise AssertionError("unreachable: a holder that does not match is refused")
+        lease.expire_time_ns = now_ns + self._ttl_ns
+        return self._put(txn, lease)
+
+    def _release(
+        self, txn: lmdb.Transaction, lease: LeaseRecord | None, now_ns: int
+    ) -> LeaseRecord | None:
+        if lease is None or not lease.holder:
+            return None
+        released = LeaseRecord(**vars(lease))
+        if lease.holder != self._holder:
+            if not self._force:
+                raise errors.LeaseHeld(
+                    f"the writer lease of session '{self._session_id}' is held by "
+                    f"'{lease.holder}', not '{self._holder}'; only its holder may release it "
+                    "(an operator can set force)",
+                    holder=lease.holder,
+                    token=lease.token,
+                )
+            self._audit(txn, schema.FORCED_RELEASE, lease, now_ns)
+        lease.former_holders = [*lease.former_holders, lease.holder][-MAX_FORMER_HOLDERS:]
+        lease.holder = ""
+        lease.expire_time_ns = now_ns
+        self._put(txn, lease)
+        return released
+
+    def _audit(self, txn: lmdb.Transaction, kind: str, lease: LeaseRecord, now_ns: int) -> None:
+        """Record a takeover or forced release; ``lease`` is the lease being lost."""
+        record = AuditRecord(
+            kind=kind,
+            actor=self._holder,
+            previous_holder=lease.holder,
+            previous_token=lease.token,
+            time_ns=now_ns,
+        )
+        key = schema.audit_key(self._session_id, lease.audit_count)
+        txn.put(key, record.encode(), db=self._tables.audit)
+        lease.audit_count += 1

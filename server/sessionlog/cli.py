@@ -1,6 +1,9 @@
 """The `sessionlog` command.
 
     sessionlog serve [--data DIR] [--listen HOST:PORT] [--map-size SIZE] [--durability MODE]
+    sessionlog append | tail | surface | messages | get | sessions | fork | lease ...
+
+The client subcommands live in ``cli_client``.
 
 Every flag also reads an environment variable (SESSIONLOG_DATA, SESSIONLOG_LISTEN, ...); a flag
 given on the command line wins over the variable. Errors are one line on stderr, never a
@@ -25,6 +28,7 @@ from typing import NoReturn
 
 import lmdb
 
+from sessionlog.cli_client import add_commands, run_client
 from sessionlog.service.app import DEFAULT_DATA_DIR, DEFAULT_LISTEN, BindError, ServerConfig, serve
 from sessionlog.storage.store import DEFAULT_MAP_SIZE
 
@@ -96,6 +100,8 @@ def build_parser() -> argparse.ArgumentParser:
         choices=("debug", "info", "warning", "error"),
         help="least severe log level printed [env SESSIONLOG_LOG_LEVEL]",
     )
+    serve_cmd.set_defaults(run=None)
+    add_commands(commands)
     return parser
 
 
@@ -104,8 +110,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command == "serve":
         return _serve(args)
-    parser.error(f"unknown command {args.command}")
-    return 2
+    return run_client(args)
 
 
 def _serve(args: argparse.Namespace) -> int:

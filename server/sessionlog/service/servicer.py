@@ -212,7 +212,7 @@ class SessionLogServicer:
         at_seq = request.at_seq if request.HasField("at_seq") else None
         folded = self.store.surface(request.session_id, at_seq)
         response = pb.SurfaceResponse(
-            events=folded.surface,
+            events=folded.events,
             event_count=folded.count,
             replace_generation=folded.replace_generation,
         )
@@ -224,9 +224,9 @@ class SessionLogServicer:
         request = decode(pb.DeriveMessagesRequest, raw)
         fold.check_session_id(request.session_id)
         at_seq = request.at_seq if request.HasField("at_seq") else None
-        folded = self.store.surface(request.session_id, at_seq)
+        folded = self.store.surface(request.session_id, at_seq, messages=True)
         return (
-            wire.length_delimited(1, folded.projected())
+            wire.length_delimited(1, folded.projected)
             + wire.packed_uints(2, folded.seqs)
             + wire.uint_field(3, folded.count)
             + wire.uint_field(4, folded.replace_generation)

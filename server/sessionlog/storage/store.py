@@ -95,15 +95,20 @@ def prepare_append(
     stamp = time.time_ns() if now_ns is None else now_ns
     prechecked: list[fold.Violation | None] = []
     bodies: list[bytes] = []
-    for index, event in enumerate(events):
+    stamped: list[Event] = []
+    for index, original in enumerate(events):
+        event = original
         if not event.HasField("time"):
+            event = Event()
+            event.CopyFrom(original)  # never change the caller's event: a retry must match
             event.time.FromNanoseconds(stamp)
+        stamped.append(event)
         violation = fold.check_event(event, index, limits)
         prechecked.append(violation)
         bodies.append(b"" if violation else event.SerializeToString())
     return AppendBatch(
         session_id=session_id,
-        events=events,
+        events=stamped,
         prechecked=prechecked,
         bodies=bodies,
         expected_seq=expected_seq,
@@ -147,6 +152,18 @@ def _fingerprint(events: Sequence[Event], lenient: bool) -> str:
         digest.update(len(body).to_bytes(8, "big"))
         digest.update(body)
     return digest.hexdigest()
+
+
+@dataclass(frozen=True)
+class SurfaceSnapshot:
+    """A fold's result, copied out of the shared memo so later appends cannot change it."""
+
+    count: int
+    replace_generation: int
+    events: list[Event]
+    seqs: list[int]
+    projected: list[bytes]
+    """Serialized Messages, one per surface event; empty unless asked for."""
 
 
 @dataclass
@@ -295,11 +312,15 @@ class Store:
                 out.append((key.decode(), SessionMeta.decode(value)))
         return out, False
 
-    def surface(self, session_id: str, at_seq: int | None = None) -> fold.SurfaceFold:
-        """The fold of a session's log, or of its prefix 0..at_seq.
+    def surface(
+        self, session_id: str, at_seq: int | None = None, *, messages: bool = False
+    ) -> SurfaceSnapshot:
+        """The fold of a session's log, or of its prefix 0..at_seq, as a snapshot of its own.
 
         The full-log fold is memoized per session and extended by the events appended since it
-        was last read (O(new)); a prefix other than the whole log is folded afresh.
+        was last read (O(new)); a prefix other than the whole log is folded afresh. With
+        ``messages`` the snapshot also carries each surface entry's serialized Message (projected
+        once per entry, then memoized).
         """
         meta = self.meta(session_id)
         count = 0 if meta is None else meta.next_seq
@@ -310,7 +331,7 @@ class Store:
                 next_seq=count,
             )
         if meta is None:
-            return fold.SurfaceFold()
+            return SurfaceSnapshot(0, 0, [], [], [])
         target = count if at_seq is None else at_seq + 1
         with self._folds_lock:
             cached = self._folds.get(meta.sid)
@@ -323,7 +344,13 @@ class Store:
             if cached.count < target:
                 new = self.read_events(meta.sid, cached.count, target)
                 cached.extend(Event.FromString(raw) for raw in new)
-            return cached
+            return SurfaceSnapshot(
+                count=cached.count,
+                replace_generation=cached.replace_generation,
+                events=cached.surface,
+                seqs=cached.seqs,
+                projected=cached.projected() if messages else [],
+            )
 
     def _remember(self, sid: int, surface: fold.SurfaceFold) -> None:
         self._folds[sid] = surface

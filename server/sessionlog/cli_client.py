@@ -1,0 +1,325 @@
+"""The client subcommands of `sessionlog`: talk to a running server from a terminal.
+
+Exit codes scripts can rely on:
+    0  success
+    1  the server refused the request (the line names the reason, e.g. SEQ_CONFLICT)
+    2  bad usage
+    3  the server could not be reached (or went away)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import grpc
+from google.protobuf import json_format
+from google.protobuf.duration_pb2 import Duration
+from google.protobuf.message import Message
+
+from sessionlog.v1 import event_pb2, message_pb2
+from sessionlog.v1 import session_log_service_pb2 as pb
+from sessionlog.v1 import session_log_service_pb2_grpc as pb_grpc
+
+EXIT_REFUSED = 1
+EXIT_UNREACHABLE = 3
+
+ROLE_COLOURS = {
+    message_pb2.ROLE_SYSTEM: "\033[35m",
+    message_pb2.ROLE_USER: "\033[32m",
+    message_pb2.ROLE_ASSISTANT: "\033[36m",
+    message_pb2.ROLE_TOOL: "\033[33m",
+}
+RESET = "\033[0m"
+
+
+def add_commands(commands: Any) -> None:
+    """Register the client subcommands on the `sessionlog` parser."""
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
+        "--server",
+        default=os.environ.get("SESSIONLOG_SERVER", "127.0.0.1:50051"),
+        help="server address HOST:PORT [env SESSIONLOG_SERVER] (default %(default)s)",
+    )
+    common.add_argument(
+        "--timeout", type=float, default=10.0, help="deadline of each call in seconds"
+    )
+
+    def sub(name: str, help_text: str, run: Callable[[argparse.Namespace], int]) -> Any:
+        parser = commands.add_parser(name, help=help_text, description=help_text, parents=[common])
+        parser.set_defaults(run=run)
+        return parser
+
+    p = sub("append", "append one event to a session", _append)
+    p.add_argument("session_id")
+    p.add_argument(
+        "type",
+        help="event type, e.g. user_message, assistant_message, tool_result, turn_start",
+    )
+    p.add_argument("--content", help="shorthand for data {'content': CONTENT}")
+    p.add_argument("--data", help="the event's data as a JSON object")
+    p.add_argument("--replace", metavar="START:STOP", help="replace the range START..STOP")
+    p.add_argument("--expected-seq", type=int, help="fail with SEQ_CONFLICT unless at this seq")
+    p.add_argument("--request-id", default="", help="idempotency key")
+    p.add_argument("--lease-holder", default="", help="the writer lease holder to write as")
+    p.add_argument("--json", action="store_true", help="print the stored event as JSON")
+
+    p = sub("tail", "print a session's events; follow new ones as they are appended", _tail)
+    p.add_argument("session_id")
+    p.add_argument("--from-seq", type=int, default=0, help="first seq to print (default 0)")
+    p.add_argument("--no-follow", action="store_true", help="stop after the stored events")
+    p.add_argument("--json", action="store_true", help="one JSON object per line")
+
+    p = sub("surface", "print the events the model sees", _surface)
+    p.add_argument("session_id")
+    p.add_argument("--at-seq", type=int, help="as the surface was when the log ended here")
+    p.add_argument("--json", action="store_true", help="print the response as JSON")
+
+    p = sub("messages", "print the derived messages as a transcript", _messages)
+    p.add_argument("session_id")
+    p.add_argument("--at-seq", type=int, help="as the model saw them when the log ended here")
+    p.add_argument("--json", action="store_true", help="print the response as JSON")
+
+    p = sub("get", "describe a session (counts, parent, lease, lease audit)", _get)
+    p.add_argument("session_id")
+
+    p = sub("sessions", "list sessions in id order", _sessions)
+    p.add_argument("--prefix", default="", help="only ids starting with this")
+    p.add_argument("--limit", type=int, default=100, help="at most this many (default 100)")
+    p.add_argument("--json", action="store_true", help="one JSON object per line")
+
+    p = sub("fork", "copy a session's events 0..AT_SEQ into a new session (rewind)", _fork)
+    p.add_argument("parent_session_id")
+    p.add_argument("--at-seq", type=int, help="last seq copied (default: the whole log)")
+    p.add_argument("--to", default="", help="the new session's id (default: generated)")
+
+    p = sub("lease", "acquire, renew or release a session's writer lease", _lease)
+    p.add_argument("action", choices=("acquire", "renew", "release"))
+    p.add_argument("session_id")
+    p.add_argument("holder")
+    p.add_argument("--ttl", type=float, default=30.0, help="seconds (acquire, renew)")
+    p.add_argument("--force", action="store_true", help="release another holder's lease")
+
+
+def run_client(args: argparse.Namespace) -> int:
+    """Run a client subcommand, turning gRPC failures into one line and an exit code."""
+    try:
+        code: int = args.run(args)
+        return code
+    except grpc.RpcError as error:
+        return _report(error)
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:
+        return 0
+
+
+def _report(error: grpc.RpcError) -> int:
+    code = error.code()
+    reason = _reason(error) or code.name
+    print(f"sessionlog: {reason}: {error.details()}", file=sys.stderr)
+    unreachable = code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+    return EXIT_UNREACHABLE if unreachable else EXIT_REFUSED
+
+
+def _reason(error: grpc.RpcError) -> str:
+    from google.rpc import error_details_pb2
+    from grpc_status import rpc_status
+
+    status = rpc_status.from_call(error)
+    if status is None:
+        return ""
+    for detail in status.details:
+        info = error_details_pb2.ErrorInfo()
+        if detail.Unpack(info):
+            return str(info.reason)
+    return ""
+
+
+def _stub(args: argparse.Namespace) -> pb_grpc.SessionLogServiceStub:
+    channel = grpc.insecure_channel(args.server)
+    return pb_grpc.SessionLogServiceStub(channel)  # type: ignore[no-untyped-call]
+
+
+def _json(message: Message) -> str:
+    return json_format.MessageToJson(message, indent=None, preserving_proto_field_name=True)
+
+
+def _event_type(name: str) -> event_pb2.EventType:
+    key = name.upper()
+    if not key.startswith("EVENT_TYPE_"):
+        key = f"EVENT_TYPE_{key}"
+    try:
+        value: event_pb2.EventType = event_pb2.EventType.Value(key)  # type: ignore[assignment]
+    except ValueError:
+        names = ", ".join(n[len("EVENT_TYPE_") :].lower() for n in event_pb2.EventType.keys()[1:])
+        raise SystemExit(f"sessionlog: unknown event type {name!r}; one of: {names}") from None
+    return value
+
+
+def _append(args: argparse.Namespace) -> int:
+    event = event_pb2.Event(type=_event_type(args.type))
+    if args.data:
+        try:
+            data = json.loads(args.data)
+        except json.JSONDecodeError as exc:
+            raise SystemExit(f"sessionlog: --data is not JSON: {exc}") from None
+        if not isinstance(data, dict):
+            raise SystemExit("sessionlog: --data must be a JSON object")
+        event.data.update(data)
+    if args.content is not None:
+        event.data.update({"content": args.content})
+    if args.replace:
+        start, _, stop = args.replace.partition(":")
+        try:
+            event.surface_op.replace.start_seq = int(start)
+            event.surface_op.replace.stop_seq = int(stop)
+        except ValueError:
+            raise SystemExit("sessionlog: --replace takes START:STOP, e.g. 0:5") from None
+    request = pb.AppendRequest(
+        session_id=args.session_id,
+        events=[event],
+        request_id=args.request_id,
+        lease_holder=args.lease_holder,
+    )
+    if args.expected_seq is not None:
+        request.expected_seq = args.expected_seq
+    reply = _stub(args).Append(request, timeout=args.timeout)
+    if args.json:
+        print(_json(reply))
+    else:
+        for stored in reply.events:
+            print(f"appended seq {stored.seq}; next seq {reply.next_seq}")
+    return 0
+
+
+def _tail(args: argparse.Namespace) -> int:
+    request = pb.SinceRequest(
+        session_id=args.session_id, seq=args.from_seq, follow=not args.no_follow
+    )
+    stream = _stub(args).Since(request)
+    try:
+        for event in _events(stream):
+            print(_json(event) if args.json else _pretty_event(event), flush=True)
+    finally:
+        stream.cancel()
+    return 0
+
+
+def _events(stream: Iterator[pb.SinceResponse]) -> Iterator[event_pb2.Event]:
+    for response in stream:
+        yield from response.events
+
+
+def _pretty_event(event: event_pb2.Event) -> str:
+    kind = event_pb2.EventType.Name(event.type)[len("EVENT_TYPE_") :].lower()
+    when = event.time.ToDatetime().strftime("%H:%M:%S.%f")[:-3]
+    op = ""
+    if event.surface_op.WhichOneof("kind") == "replace":
+        r = event.surface_op.replace
+        op = f" replaces {r.start_seq}..{r.stop_seq}"
+    data = json_format.MessageToDict(event.data) if event.data.fields else {}
+    return f"{event.seq:>6}  {when}  {kind}{op}  {json.dumps(data, ensure_ascii=False)}"
+
+
+def _surface(args: argparse.Namespace) -> int:
+    request = pb.SurfaceRequest(session_id=args.session_id)
+    if args.at_seq is not None:
+        request.at_seq = args.at_seq
+    reply = _stub(args).Surface(request, timeout=args.timeout)
+    if args.json:
+        print(_json(reply))
+    else:
+        for event in reply.events:
+            print(_pretty_event(event))
+    return 0
+
+
+def _messages(args: argparse.Namespace) -> int:
+    request = pb.DeriveMessagesRequest(session_id=args.session_id)
+    if args.at_seq is not None:
+        request.at_seq = args.at_seq
+    reply = _stub(args).DeriveMessages(request, timeout=args.timeout)
+    if args.json:
+        print(_json(reply))
+        return 0
+    colour = sys.stdout.isatty()
+    for seq, message in zip(reply.seqs, reply.messages, strict=True):
+        role = message_pb2.Role.Name(message.role)[len("ROLE_") :].lower()
+        label = f"{ROLE_COLOURS[message.role]}{role}{RESET}" if colour else role
+        extra = f" ({message.name})" if message.HasField("name") else ""
+        if message.HasField("tool_call_id"):
+            extra += f" [call {message.tool_call_id}]"
+        print(f"[{seq}] {label}{extra}: {message.content if message.HasField('content') else ''}")
+        for call in message.tool_calls:
+            print(f"      -> tool call {json.dumps(json_format.MessageToDict(call))}")
+    return 0
+
+
+def _get(args: argparse.Namespace) -> int:
+    reply = _stub(args).GetSession(
+        pb.GetSessionRequest(session_id=args.session_id), timeout=args.timeout
+    )
+    print(json_format.MessageToJson(reply, preserving_proto_field_name=True))
+    return 0
+
+
+def _sessions(args: argparse.Namespace) -> int:
+    stub = _stub(args)
+    token, shown = "", 0
+    while shown < args.limit:
+        reply = stub.ListSessions(
+            pb.ListSessionsRequest(
+                page_size=min(1000, args.limit - shown), page_token=token, prefix=args.prefix
+            ),
+            timeout=args.timeout,
+        )
+        for session in reply.sessions:
+            if args.json:
+                print(_json(session))
+            else:
+                print(f"{session.session_id}\t{session.event_count} events")
+        shown += len(reply.sessions)
+        token = reply.next_page_token
+        if not token:
+            break
+    return 0
+
+
+def _fork(args: argparse.Namespace) -> int:
+    request = pb.ForkSessionRequest(parent_session_id=args.parent_session_id, session_id=args.to)
+    if args.at_seq is not None:
+        request.at_seq = args.at_seq
+    reply = _stub(args).ForkSession(request, timeout=args.timeout)
+    print(reply.session.session_id)
+    return 0
+
+
+def _lease(args: argparse.Namespace) -> int:
+    stub = _stub(args)
+    ttl = Duration()
+    ttl.FromNanoseconds(int(args.ttl * 1e9))
+    reply: Message
+    if args.action == "acquire":
+        reply = stub.AcquireLease(
+            pb.AcquireLeaseRequest(session_id=args.session_id, holder=args.holder, ttl=ttl),
+            timeout=args.timeout,
+        )
+    elif args.action == "renew":
+        reply = stub.RenewLease(
+            pb.RenewLeaseRequest(session_id=args.session_id, holder=args.holder, ttl=ttl),
+            timeout=args.timeout,
+        )
+    else:
+        reply = stub.ReleaseLease(
+            pb.ReleaseLeaseRequest(
+                session_id=args.session_id, holder=args.holder, force=args.force
+            ),
+            timeout=args.timeout,
+        )
+    print(_json(reply))
+    return 0

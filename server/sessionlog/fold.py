@@ -184,7 +184,7 @@ def check_event(event: Event, index: int, limits: Limits = DEFAULT_LIMITS) -> Vi
                     field=field,
                 ),
             )
-    if event.seq != 0:
+    if event.seq > 1:
         return Violation(
             6,
             errors.SeqAssignedByServer(
@@ -370,12 +370,18 @@ class SurfaceFold:
         return [project(e) for e in self._events]
 
     def projected(self) -> list[bytes]:
-        """Each surface entry's Message, serialized; projected once per entry and memoized."""
-        out = self._projected
-        for i, cached in enumerate(out):
+        """Each surface entry's Message, serialized; projected once per entry and memoized.
+
+        Returns a new list (the entries are shared): the memo keeps changing as events are
+        added, and a caller's earlier result must not change with it.
+        """
+        memo = self._projected
+        out: list[bytes] = []
+        for i, cached in enumerate(memo):
             if cached is None:
-                out[i] = project(self._events[i]).SerializeToString()
-        return out  # type: ignore[return-value]  # every entry is filled above
+                cached = memo[i] = project(self._events[i]).SerializeToString()
+            out.append(cached)
+        return out
 
 
 # -- projection (SPEC §5) -----------------------------------------------------------------------
@@ -384,7 +390,8 @@ class SurfaceFold:
 def project(event: Event) -> Message:
     """The message a surface event shows the model, field for field from its data."""
     message = Message(role=ROLE_OF_TYPE[event.type])
-    message.created_at.CopyFrom(event.time)
+    if event.HasField("time"):  # stored events always have one; seeding relies on absent -> absent
+        message.created_at.CopyFrom(event.time)
     fields = event.data.fields
     for key in STRING_FIELDS:
         if key in fields and fields[key].WhichOneof("kind") == "string_value":

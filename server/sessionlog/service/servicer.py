@@ -212,7 +212,7 @@ class SessionLogServicer:
         at_seq = request.at_seq if request.HasField("at_seq") else None
         folded = self.store.surface(request.session_id, at_seq)
         response = pb.SurfaceResponse(
-            events=folded.events,
+            events=folded.surface,
             event_count=folded.count,
             replace_generation=folded.replace_generation,
         )

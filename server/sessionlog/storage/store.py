@@ -160,7 +160,7 @@ class SurfaceSnapshot:
 
     count: int
     replace_generation: int
-    events: list[Event]
+    surface: list[Event]
     seqs: list[int]
     projected: list[bytes]
     """Serialized Messages, one per surface event; empty unless asked for."""
@@ -347,7 +347,7 @@ class Store:
             return SurfaceSnapshot(
                 count=cached.count,
                 replace_generation=cached.replace_generation,
-                events=cached.surface,
+                surface=cached.surface,
                 seqs=cached.seqs,
                 projected=cached.projected() if messages else [],
             )

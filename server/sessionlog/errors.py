@@ -19,7 +19,8 @@ status back into the same class with :func:`from_reason`.
     │   ├── InvalidSessionId                INVALID_SESSION_ID
     │   ├── BoundaryOutOfRange              BOUNDARY_OUT_OF_RANGE
     │   ├── InvalidLease                    INVALID_LEASE (bad holder name or TTL)
-    │   └── InvalidRequestId                INVALID_REQUEST_ID (longer than 256 bytes)
+    │   ├── InvalidRequestId                INVALID_REQUEST_ID (longer than 256 bytes)
+    │   └── BatchTooLarge                   BATCH_TOO_LARGE (the reply would not fit a message)
     ├── SessionAlreadyExists                ALREADY_EXISTS
     ├── FailedPrecondition                  FAILED_PRECONDITION
     │   ├── OpenTurn                        OPEN_TURN
@@ -28,6 +29,7 @@ status back into the same class with :func:`from_reason`.
     │   └── NotPrimary                      NOT_PRIMARY
     ├── SeqConflict                         ABORTED
     ├── StorageFull                         RESOURCE_EXHAUSTED
+    ├── ResponseTooLarge                    RESOURCE_EXHAUSTED (RESPONSE_TOO_LARGE)
     └── Unavailable                         UNAVAILABLE (shutting down; reconnect)
 
 Metadata values are strings, as ``ErrorInfo.metadata`` requires.
@@ -112,6 +114,10 @@ class InvalidRequestId(InvalidArgument):
     reason = "INVALID_REQUEST_ID"
 
 
+class BatchTooLarge(InvalidArgument):
+    reason = "BATCH_TOO_LARGE"
+
+
 class SessionAlreadyExists(SessionLogError):
     reason = "SESSION_ALREADY_EXISTS"
 
@@ -148,6 +154,12 @@ class StorageFull(SessionLogError):
     """The LMDB map is full; reads keep working, writes need a larger --map-size."""
 
     reason = "STORAGE_FULL"
+
+
+class ResponseTooLarge(SessionLogError):
+    """The answer does not fit in one gRPC message; read less at a time, or raise the limit."""
+
+    reason = "RESPONSE_TOO_LARGE"
 
 
 class Unavailable(SessionLogError):

@@ -184,7 +184,7 @@ def check_event(event: Event, index: int, limits: Limits = DEFAULT_LIMITS) -> Vi
                     field=field,
                 ),
             )
-    if event.seq > 1:
+    if event.seq != 0:
         return Violation(
             6,
             errors.SeqAssignedByServer(

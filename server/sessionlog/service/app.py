@@ -79,7 +79,10 @@ class SessionLogServer:
             ]
         )
         servicer = SessionLogServicer(
-            self.store, notifier, heartbeat_seconds=self.config.heartbeat_seconds
+            self.store,
+            notifier,
+            max_message_bytes=limit,
+            heartbeat_seconds=self.config.heartbeat_seconds,
         )
         server.add_generic_rpc_handlers((servicer.handlers(),))
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)

@@ -19,6 +19,7 @@ _CODES: dict[type[errors.SessionLogError], grpc.StatusCode] = {
     errors.FailedPrecondition: grpc.StatusCode.FAILED_PRECONDITION,
     errors.SeqConflict: grpc.StatusCode.ABORTED,
     errors.StorageFull: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    errors.ResponseTooLarge: grpc.StatusCode.RESOURCE_EXHAUSTED,
     errors.Unavailable: grpc.StatusCode.UNAVAILABLE,
 }
 

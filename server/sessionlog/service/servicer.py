@@ -14,7 +14,7 @@ import binascii
 import functools
 import json
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
 import grpc
@@ -101,12 +101,14 @@ class SessionLogServicer:
         store: Store,
         notifier: Notifier,
         *,
-        since_batch_bytes: int = 256 << 10,
+        max_message_bytes: int = 64 << 20,
         heartbeat_seconds: float = 15.0,
     ) -> None:
         self.store = store
         self.notifier = notifier
-        self.since_batch_bytes = since_batch_bytes
+        self.max_message_bytes = max_message_bytes
+        # A Since response holds whole events; leave room for the framing around them.
+        self.since_batch_bytes = min(SINCE_BATCH_BYTES, max_message_bytes - FRAMING_BYTES)
         self.heartbeat_seconds = heartbeat_seconds
 
     def handlers(self) -> grpc.GenericRpcHandler:
@@ -142,6 +144,7 @@ class SessionLogServicer:
             lease_token=request.lease_token,
             lenient=request.lenient,
         )
+        self._check_reply_fits(batch.bodies)
         result = await asyncio.wrap_future(self.store.submit_append(batch))
         for index, reason, _ in result.drops:
             log.warning(
@@ -149,6 +152,18 @@ class SessionLogServicer:
                 extra={"session_id": request.session_id, "index": index, "reason": reason},
             )
         return encode_append_response(result)
+
+    def _check_reply_fits(self, bodies: Sequence[bytes]) -> None:
+        """Refuse, before writing, an append whose reply (the events with their seqs) would not
+        fit in one message: a reply that cannot be sent would hide a committed write."""
+        worst = sum(len(body) + STORED_EVENT_OVERHEAD for body in bodies) + FRAMING_BYTES
+        if worst > self.max_message_bytes:
+            raise errors.BatchTooLarge(
+                f"this append's reply would be up to {worst} bytes, over the "
+                f"{self.max_message_bytes}-byte message limit; split it into smaller appends",
+                reply_bytes=worst,
+                limit=self.max_message_bytes,
+            )
 
     async def since(self, raw: bytes, context: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
         """Stored events from seq on in byte-bounded batches; with follow, then live ones."""
@@ -217,7 +232,18 @@ class SessionLogServicer:
             replace_generation=folded.replace_generation,
         )
         serialized: bytes = response.SerializeToString()
-        return serialized
+        return self._fitting(serialized, request.session_id)
+
+    def _fitting(self, reply: bytes, session_id: str) -> bytes:
+        if len(reply) > self.max_message_bytes:
+            raise errors.ResponseTooLarge(
+                f"the answer for session '{session_id}' is {len(reply)} bytes, over the "
+                f"{self.max_message_bytes}-byte message limit; read it with Since, or raise the "
+                "server's message size limit",
+                size=len(reply),
+                limit=self.max_message_bytes,
+            )
+        return reply
 
     @unary
     async def derive_messages(self, raw: bytes, context: grpc.aio.ServicerContext) -> bytes:
@@ -225,12 +251,13 @@ class SessionLogServicer:
         fold.check_session_id(request.session_id)
         at_seq = request.at_seq if request.HasField("at_seq") else None
         folded = self.store.surface(request.session_id, at_seq, messages=True)
-        return (
+        reply = (
             wire.length_delimited(1, folded.projected)
             + wire.packed_uints(2, folded.seqs)
             + wire.uint_field(3, folded.count)
             + wire.uint_field(4, folded.replace_generation)
         )
+        return self._fitting(reply, request.session_id)
 
     # -- lifecycle (SPEC §5 Seed, §7) ---------------------------------------------------------
 
@@ -320,6 +347,12 @@ class SessionLogServicer:
         return _serialize(response)
 
 
+SINCE_BATCH_BYTES = 256 << 10
+"""Since sends whatever is ready in responses of about this size (a few hundred events)."""
+FRAMING_BYTES = 1024
+"""Room for a response's own fields around its events."""
+STORED_EVENT_OVERHEAD = 16
+"""Bytes an event may gain on the way out: its seq field and its length prefix."""
 DEFAULT_PAGE_SIZE = 100
 MAX_PAGE_SIZE = 1000
 DEFAULT_LEASE_TTL_NS = 30 * 1_000_000_000

@@ -56,8 +56,9 @@ def read_range(
     stop: int | None = None,
     max_bytes: int = 1 << 62,
 ) -> list[bytes]:
-    """Stored events of ``sid`` with start <= seq < stop; at least one if any, then up to
-    ``max_bytes``. One cursor walk over a contiguous key range: O(events returned)."""
+    """Stored events of ``sid`` with start <= seq < stop: the first one whatever its size, then
+    more while their total stays within ``max_bytes``. One cursor walk over a contiguous key
+    range: O(events returned)."""
     out: list[bytes] = []
     total = 0
     end_key = schema.event_key(sid, stop) if stop is not None else schema.event_key(sid + 1, 0)
@@ -67,10 +68,10 @@ def read_range(
     for key, value in cursor:
         if bytes(key) >= end_key:
             break
-        out.append(bytes(value))
         total += len(value)
-        if total >= max_bytes:
+        if out and total > max_bytes:
             break
+        out.append(bytes(value))
     return out
 
 

@@ -74,11 +74,13 @@ def prepare_append(
     lenient: bool = False,
     create_only: bool = False,
     now_ns: int | None = None,
+    indices: Sequence[int] | None = None,
 ) -> AppendBatch:
     """Validate what needs no state, stamp missing times with now, serialize the events.
 
     Raises InvalidSessionId. Per-event failures are kept for the writer, which decides them in
-    SPEC order once it knows the seq each event would get.
+    SPEC order once it knows the seq each event would get. ``indices`` are the numbers errors
+    give the events (by default their positions; a seed uses the positions of its messages).
     """
     fold.check_session_id(session_id)
     if len(request_id.encode()) > MAX_REQUEST_ID_BYTES:
@@ -103,7 +105,7 @@ def prepare_append(
             event.CopyFrom(original)  # never change the caller's event: a retry must match
             event.time.FromNanoseconds(stamp)
         stamped.append(event)
-        violation = fold.check_event(event, index, limits)
+        violation = fold.check_event(event, index if indices is None else indices[index], limits)
         prechecked.append(violation)
         bodies.append(b"" if violation else event.SerializeToString())
     return AppendBatch(
@@ -134,6 +136,7 @@ def prepare_seed(
     then checked like any append, so a seed either writes every kept message or nothing.
     """
     events: list[Event] = []
+    kept: list[int] = []
     dropped: list[int] = []
     for index, message in enumerate(messages):
         event = fold.event_from_message(message)
@@ -141,7 +144,10 @@ def prepare_seed(
             dropped.append(index)
         else:
             events.append(event)
-    batch = prepare_append(session_id, events, limits=limits, create_only=True, now_ns=now_ns)
+            kept.append(index)
+    batch = prepare_append(
+        session_id, events, limits=limits, create_only=True, now_ns=now_ns, indices=kept
+    )
     return batch, dropped
 
 
@@ -266,8 +272,8 @@ class Store:
     ) -> list[bytes]:
         """Stored events of session ``sid`` with start <= seq < stop, in seq order.
 
-        Stops early once ``max_bytes`` are gathered, but always returns at least one event when
-        there is one. Costs O(events returned): one cursor walk over a contiguous key range.
+        Returns the first event whatever its size, then more while their total stays within
+        ``max_bytes``. Costs O(events returned): one cursor walk over a contiguous key range.
         """
         with self.env.begin(buffers=True) as txn:
             return read_range(txn, self.tables, sid, start, stop, max_bytes)

@@ -1,0 +1,161 @@
+"""Real `sessionlog serve` child processes for e2e tests: free ports, readiness, stop by PID.
+
+A server process writes its stdout and stderr to a log file (never a pipe, which could fill
+and block it). Readiness is the standard gRPC health check answering SERVING. Stopping sends
+SIGTERM to the child's PID and waits; SIGKILL only if it does not exit in time.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import TracebackType
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+BIN_DIR = Path(sys.prefix) / "bin"
+SESSIONLOG = BIN_DIR / "sessionlog"
+GRPCURL = BIN_DIR / "grpcurl"
+
+READY_SECONDS = 20.0
+STOP_SECONDS = 10.0
+
+
+def free_port() -> int:
+    """A port on 127.0.0.1 that was free a moment ago (bind to port 0, read it, close)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+    return port
+
+
+def clean_env(**variables: str) -> dict[str, str]:
+    """This process's environment without any SESSIONLOG_* variable, plus ``variables``."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SESSIONLOG_")}
+    env.update(variables)
+    return env
+
+
+def run_cli(
+    args: list[str], cwd: Path, env: dict[str, str] | None = None, timeout: float = 30.0
+) -> subprocess.CompletedProcess[str]:
+    """Run `sessionlog ARGS` to completion and capture its output."""
+    return subprocess.run(
+        [str(SESSIONLOG), *args],
+        cwd=cwd,
+        env=clean_env() if env is None else env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+def health_status(address: str, timeout: float = 1.0) -> int | None:
+    """The overall health status at ``address``, or None when nothing answers."""
+    with grpc.insecure_channel(address) as channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        try:
+            reply = stub.Check(health_pb2.HealthCheckRequest(), timeout=timeout)
+        except grpc.RpcError:
+            return None
+    status: int = reply.status
+    return status
+
+
+class ServerProcess:
+    """`sessionlog serve ARGS` in ``cwd``; use as a context manager so it always stops."""
+
+    def __init__(
+        self, args: list[str], cwd: Path, env: dict[str, str] | None = None, name: str = "server"
+    ) -> None:
+        self.args = ["serve", *args]
+        self.cwd = cwd
+        self.env = clean_env() if env is None else env
+        self.log_path = cwd / f"{name}-{time.monotonic_ns()}.log"
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> ServerProcess:
+        with self.log_path.open("wb") as log:
+            self.process = subprocess.Popen(
+                [str(SESSIONLOG), *self.args],
+                cwd=self.cwd,
+                env=self.env,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+        return self
+
+    @property
+    def pid(self) -> int:
+        assert self.process is not None, "not started"
+        return self.process.pid
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def wait_serving(self, address: str, timeout: float = READY_SECONDS) -> None:
+        """Poll the health service at ``address`` until SERVING; fail if the process dies."""
+        assert self.process is not None, "not started"
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise AssertionError(
+                    f"server exited with {self.process.returncode} before serving:\n{self.log()}"
+                )
+            if health_status(address, timeout=0.5) == health_pb2.HealthCheckResponse.SERVING:
+                return
+            time.sleep(0.05)
+        raise AssertionError(f"server not SERVING at {address} within {timeout}s:\n{self.log()}")
+
+    def signal(self, signum: int) -> None:
+        """Send ``signum`` to the child's PID (nothing else is signalled)."""
+        assert self.process is not None, "not started"
+        if self.process.poll() is None:
+            os.kill(self.process.pid, signum)
+
+    def wait(self, timeout: float = STOP_SECONDS) -> int:
+        """Wait for exit; on timeout SIGKILL it and fail."""
+        assert self.process is not None, "not started"
+        try:
+            return self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait(STOP_SECONDS)
+            raise AssertionError(
+                f"server pid {self.pid} did not exit within {timeout}s; killed:\n{self.log()}"
+            ) from None
+
+    def stop(self, timeout: float = STOP_SECONDS) -> int:
+        """SIGTERM, then wait (SIGKILL if stuck). Returns the exit code."""
+        self.signal(signal.SIGTERM)
+        return self.wait(timeout)
+
+    def kill(self) -> int:
+        """SIGKILL (a crash) and reap."""
+        self.signal(signal.SIGKILL)
+        return self.wait()
+
+    def __enter__(self) -> ServerProcess:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if self.process is None or self.process.poll() is not None:
+            return
+        try:
+            self.stop()
+        except AssertionError:
+            if exc is None:
+                raise

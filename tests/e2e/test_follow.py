@@ -1,0 +1,319 @@
+"""Follow streams over real gRPC: stored events, one caught_up marker, then live events in order.
+
+Every stream is opened with a deadline, so a stream that stops sending fails the test with
+DEADLINE_EXCEEDED instead of hanging it.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+
+from sessionlog.testing import ThreadedServer, error_info, running_server
+from sessionlog.v1 import event_pb2
+from sessionlog.v1 import session_log_service_pb2 as pb
+from sessionlog.v1 import session_log_service_pb2_grpc as pb_grpc
+
+STREAM_DEADLINE = 30.0
+Stream = Iterator[pb.SinceResponse]
+
+
+def user(content: str, **extra: Any) -> event_pb2.Event:
+    event = event_pb2.Event(type=event_pb2.EVENT_TYPE_USER_MESSAGE)
+    event.data.update({"content": content, **extra})
+    return event
+
+
+def append(stub: pb_grpc.SessionLogServiceStub, session_id: str, *contents: str) -> list[int]:
+    """Append one batch of user messages; the seqs they got."""
+    reply = stub.Append(
+        pb.AppendRequest(session_id=session_id, events=[user(c) for c in contents]), timeout=10
+    )
+    return [e.seq for e in reply.events]
+
+
+def follow(stub: pb_grpc.SessionLogServiceStub, session_id: str, seq: int = 0) -> Any:
+    """An open follow stream (iterator of SinceResponse, with .cancel())."""
+    return stub.Since(
+        pb.SinceRequest(session_id=session_id, seq=seq, follow=True), timeout=STREAM_DEADLINE
+    )
+
+
+def read_until_caught_up(
+    stream: Stream, limit: int = 10_000
+) -> tuple[list[event_pb2.Event], pb.SinceResponse]:
+    """The stored events, and the caught_up response that ends them."""
+    events: list[event_pb2.Event] = []
+    for _ in range(limit):
+        response = next(stream)
+        events.extend(response.events)
+        if response.caught_up:
+            return events, response
+    raise AssertionError(f"no caught_up response within {limit} responses")
+
+
+def read_live(stream: Stream, count: int) -> list[event_pb2.Event]:
+    """Exactly ``count`` more events; no response among them may claim caught_up again."""
+    events: list[event_pb2.Event] = []
+    for _ in range(count + 100):
+        if len(events) >= count:
+            break
+        response = next(stream)
+        assert not response.caught_up, "a second caught_up response"
+        events.extend(response.events)
+    assert len(events) == count, f"wanted {count} events, got {len(events)}"
+    return events
+
+
+def seqs(events: list[event_pb2.Event]) -> list[int]:
+    return [e.seq for e in events]
+
+
+def contents(events: list[event_pb2.Event]) -> list[str]:
+    return [str(e.data["content"]) for e in events]
+
+
+def number(event: event_pb2.Event, key: str) -> int:
+    """An integer stored in event data (a Struct holds it as a float)."""
+    value = event.data[key]
+    assert isinstance(value, float), f"{key} is {value!r}"
+    return int(value)
+
+
+def follower_count(server: ThreadedServer) -> int:
+    """The server's registered followers, read on its own event loop."""
+
+    async def count() -> int:
+        return server.server._notifier.follower_count
+
+    result: int = server.run(count())
+    return result
+
+
+def test_stored_then_one_caught_up_then_live(server: ThreadedServer) -> None:
+    """Follow sends the stored events, one caught_up response with next_seq, then live events."""
+    stub = server.stub()
+    append(stub, "s", "a", "b", "c")
+    stream = follow(stub, "s")
+    try:
+        stored, marker = read_until_caught_up(stream)
+        assert seqs(stored) == [0, 1, 2]
+        assert contents(stored) == ["a", "b", "c"]
+        assert marker.next_seq == 3
+        append(stub, "s", "d")
+        append(stub, "s", "e", "f")
+        live = read_live(stream, 3)
+        assert seqs(live) == [3, 4, 5]
+        assert contents(live) == ["d", "e", "f"]
+    finally:
+        stream.cancel()
+
+
+def test_concurrent_writers_seen_once_in_order(server: ThreadedServer) -> None:
+    """4 threads x 250 single-event appends reach two followers exactly once, in seq order."""
+    writers, per_writer, total = 4, 250, 1000
+    early = follow(server.stub(), "busy")
+    _, marker = read_until_caught_up(early)
+    assert marker.next_seq == 0
+
+    acked: dict[int, tuple[int, int]] = {}
+    failures: list[BaseException] = []
+    lock = threading.Lock()
+
+    def write(writer: int) -> None:
+        stub = server.stub()
+        try:
+            for i in range(per_writer):
+                [seq] = append_one(stub, writer, i)
+                with lock:
+                    acked[seq] = (writer, i)
+        except BaseException as exc:  # reported by the main thread
+            failures.append(exc)
+
+    threads = [threading.Thread(target=write, args=(w,), daemon=True) for w in range(writers)]
+    for thread in threads:
+        thread.start()
+    deadline = time.monotonic() + STREAM_DEADLINE
+    while len(acked) < 200 and not failures and time.monotonic() < deadline:
+        time.sleep(0.005)
+    assert not failures, failures
+    late = follow(server.stub(), "busy")  # joins while writes are in flight
+    try:
+        early_events = read_live(early, total)
+        late_events, late_markers = read_all_with_marker(late, total)
+        for thread in threads:
+            thread.join(STREAM_DEADLINE)
+        assert not failures, failures
+        assert len(acked) == total
+
+        for events in (early_events, late_events):
+            assert seqs(events) == list(range(total))
+            origin = [(number(e, "writer"), number(e, "i")) for e in events]
+            assert origin == [acked[s] for s in range(total)]
+            for writer in range(writers):
+                assert [i for w, i in origin if w == writer] == list(range(per_writer))
+        [stored_before_marker] = late_markers  # exactly one caught_up
+        assert stored_before_marker >= 200  # it joined mid-stream: stored first, then live
+        stored = list(server.stub().Since(pb.SinceRequest(session_id="busy"), timeout=10))
+        assert sum(len(r.events) for r in stored) == total
+    finally:
+        early.cancel()
+        late.cancel()
+
+
+def append_one(stub: pb_grpc.SessionLogServiceStub, writer: int, i: int) -> list[int]:
+    event = user(f"w{writer}-{i}", writer=writer, i=i)
+    reply = stub.Append(pb.AppendRequest(session_id="busy", events=[event]), timeout=10)
+    return [e.seq for e in reply.events]
+
+
+def read_all_with_marker(stream: Stream, count: int) -> tuple[list[event_pb2.Event], list[int]]:
+    """``count`` events from a follow stream, and how many events preceded each caught_up."""
+    events: list[event_pb2.Event] = []
+    markers: list[int] = []
+    for _ in range(count + 100):
+        if len(events) >= count and markers:
+            break
+        response = next(stream)
+        events.extend(response.events)
+        if response.caught_up:
+            markers.append(len(events))
+    assert len(events) == count, f"wanted {count} events, got {len(events)}"
+    return events, markers
+
+
+def test_follow_from_the_middle(server: ThreadedServer) -> None:
+    """A follower started at seq k gets k and later, then caught_up, then live events."""
+    stub = server.stub()
+    append(stub, "mid", *[f"m{i}" for i in range(10)])
+    stream = follow(stub, "mid", seq=4)
+    try:
+        stored, marker = read_until_caught_up(stream)
+        assert seqs(stored) == [4, 5, 6, 7, 8, 9]
+        assert marker.next_seq == 10
+        append(stub, "mid", "m10")
+        assert seqs(read_live(stream, 1)) == [10]
+    finally:
+        stream.cancel()
+
+
+def test_follow_past_the_end_waits_for_its_seq(server: ThreadedServer) -> None:
+    """A follower started past the end waits, skips nothing it asked for, and gets seq k on."""
+    stub = server.stub()
+    append(stub, "ahead", "a", "b", "c")
+    stream = follow(stub, "ahead", seq=5)
+    try:
+        stored, marker = read_until_caught_up(stream)
+        assert stored == []
+        assert marker.next_seq == 3
+        assert append(stub, "ahead", "d", "e") == [3, 4]  # before the follower's seq
+        assert append(stub, "ahead", "f") == [5]
+        append(stub, "ahead", "g")
+        live = read_live(stream, 2)
+        assert seqs(live) == [5, 6]
+        assert contents(live) == ["f", "g"]
+    finally:
+        stream.cancel()
+
+
+def test_follow_session_created_later(server: ThreadedServer) -> None:
+    """Following a session that does not exist yet delivers its events once it is created."""
+    stub = server.stub()
+    stream = follow(stub, "later")
+    try:
+        stored, marker = read_until_caught_up(stream)
+        assert stored == []
+        assert marker.next_seq == 0
+        append(stub, "later", "first")
+        append(stub, "later", "second")
+        live = read_live(stream, 2)
+        assert seqs(live) == [0, 1]
+        assert contents(live) == ["first", "second"]
+    finally:
+        stream.cancel()
+
+
+def test_heartbeat_carries_next_seq(tmp_path: Path) -> None:
+    """An idle follow stream gets event-less heartbeats with the session's current next_seq."""
+    with running_server(tmp_path / "data", heartbeat_seconds=0.2) as server:
+        stub = server.stub()
+        append(stub, "hb", "a", "b")
+        stream = follow(stub, "hb")
+        try:
+            _, marker = read_until_caught_up(stream)
+            assert marker.next_seq == 2
+            for _ in range(2):
+                started = time.monotonic()
+                beat = next(stream)
+                assert time.monotonic() - started < 2.0
+                assert list(beat.events) == []
+                assert not beat.caught_up
+                assert beat.next_seq == 2
+            append(stub, "hb", "c")
+            beat = skip_heartbeats(stream)
+            assert seqs(list(beat.events)) == [2]
+            after = next(stream)
+            assert list(after.events) == []
+            assert after.next_seq == 3
+        finally:
+            stream.cancel()
+
+
+def skip_heartbeats(stream: Stream, limit: int = 50) -> pb.SinceResponse:
+    """The next response that carries events."""
+    for _ in range(limit):
+        response = next(stream)
+        if response.events:
+            return response
+    raise AssertionError(f"no events within {limit} responses")
+
+
+def test_cancel_frees_the_server_side(server: ThreadedServer) -> None:
+    """Cancelled follow streams leave no follower registered on the server."""
+    stub = server.stub()
+    append(stub, "x", "a")
+    streams = [follow(stub, "x"), follow(stub, "x"), follow(stub, "y")]
+    try:
+        for stream in streams:
+            read_until_caught_up(stream)
+        assert follower_count(server) == 3
+    finally:
+        for stream in streams:
+            stream.cancel()
+    deadline = time.monotonic() + 5.0
+    while follower_count(server) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert follower_count(server) == 0
+
+
+def test_shutdown_ends_follow_with_unavailable(server: ThreadedServer) -> None:
+    """Stopping the server ends an open follow stream with UNAVAILABLE and ErrorInfo next_seq."""
+    # An own channel: ThreadedServer.stop closes the channels it handed out before stopping.
+    channel = grpc.insecure_channel(server.address)
+    try:
+        stub = pb_grpc.SessionLogServiceStub(channel)  # type: ignore[no-untyped-call]
+        append(stub, "bye", "a", "b", "c")
+        stream = follow(stub, "bye")
+        stored, _ = read_until_caught_up(stream)
+        assert seqs(stored) == [0, 1, 2]
+        stopper = threading.Thread(target=server.stop, daemon=True)
+        started = time.monotonic()
+        stopper.start()
+        with pytest.raises(grpc.RpcError) as caught:
+            next(stream)
+        stopper.join(15)
+        assert not stopper.is_alive()
+        assert time.monotonic() - started < 5.0
+        assert caught.value.code() == grpc.StatusCode.UNAVAILABLE
+        info = error_info(caught.value)
+        assert info.reason == "UNAVAILABLE"
+        assert info.domain == "sessionlog"
+        assert info.metadata["next_seq"] == "3"
+    finally:
+        channel.close()

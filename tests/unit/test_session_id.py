@@ -1,0 +1,111 @@
+"""SPEC §7: which session ids are valid, counted in UTF-8 bytes, and errors that never echo them."""
+
+from __future__ import annotations
+
+import pytest
+
+from sessionlog import errors
+from sessionlog.fold import check_session_id
+
+VALID = [
+    "a",
+    "Z",
+    "7",
+    "_",
+    "session-1",
+    "agent_42.run-7",
+    "a.b.c",
+    "_leading_underscore",
+    "9lives",
+    "a-",
+    "a.",
+    "été",
+    "東京セッション",
+    "Ωmega",
+    "٣٤",  # Arabic-Indic digits: Unicode Nd
+    "Ⅻ",  # Roman numeral twelve: Unicode Nl
+    "a\u0301",  # a + combining acute accent: M* after the first character
+    "क्षत्रिय",  # Devanagari with combining vowel signs and virama
+]
+
+INVALID = [
+    "",
+    " ",
+    "a b",
+    " a",
+    "a/b",
+    "/a",
+    "a:b",
+    "a\\b",
+    "a@b",
+    "a+b",
+    "a😀",
+    "😀",
+    "a\n",
+    "a\x00b",
+    "a\tb",
+    "a\u200bb",  # zero-width space (Cf)
+    "-a",
+    ".a",
+    "\u0301a",  # a combining mark may not come first
+    "a\ud800",  # lone surrogate
+]
+
+
+@pytest.mark.parametrize("session_id", VALID)
+def test_valid_ids_are_accepted(session_id: str) -> None:
+    """Letters, numbers and '_' first; then letters, numbers, marks, '_', '.', '-'."""
+    check_session_id(session_id)
+
+
+@pytest.mark.parametrize("session_id", INVALID)
+def test_invalid_ids_are_rejected(session_id: str) -> None:
+    """Empty ids, spaces, '/', ':', emoji, control characters and bad first characters fail."""
+    with pytest.raises(errors.InvalidSessionId) as caught:
+        check_session_id(session_id)
+    assert caught.value.reason == "INVALID_SESSION_ID"
+
+
+def test_235_ascii_bytes_is_the_limit() -> None:
+    """235 one-byte characters pass; 236 fail."""
+    check_session_id("a" * 235)
+    with pytest.raises(errors.InvalidSessionId):
+        check_session_id("a" * 236)
+
+
+def test_length_is_counted_in_utf8_bytes() -> None:
+    """Multi-byte characters count by their UTF-8 size, not as one each."""
+    two_byte = "é" * 117 + "a"  # 235 bytes, 118 characters
+    assert len(two_byte.encode()) == 235
+    check_session_id(two_byte)
+    too_long = "é" * 118  # 236 bytes, only 118 characters
+    assert len(too_long.encode()) == 236
+    with pytest.raises(errors.InvalidSessionId):
+        check_session_id(too_long)
+    three_byte = "東" * 79  # 237 bytes, 79 characters
+    with pytest.raises(errors.InvalidSessionId):
+        check_session_id(three_byte)
+    check_session_id("東" * 78 + "a")  # 235 bytes
+
+
+@pytest.mark.parametrize(
+    "session_id",
+    [
+        "secret tenant/alpha",
+        "customer:4711:chat",
+        "private😀conversation",
+        "-leading-dash-secret",
+        "x" * 236,
+        "ok-prefix\nhidden-suffix",
+    ],
+)
+def test_error_never_echoes_the_id(session_id: str) -> None:
+    """Neither the message nor the metadata of the error contains the offending id."""
+    with pytest.raises(errors.InvalidSessionId) as caught:
+        check_session_id(session_id)
+    failure = caught.value
+    assert session_id not in str(failure)
+    assert session_id not in failure.message
+    assert session_id not in repr(failure)
+    for value in failure.metadata.values():
+        assert session_id not in value

@@ -28,8 +28,16 @@ from typing import NoReturn
 
 import lmdb
 
+from sessionlog import fold
 from sessionlog.cli_client import add_commands, run_client
-from sessionlog.service.app import DEFAULT_DATA_DIR, DEFAULT_LISTEN, BindError, ServerConfig, serve
+from sessionlog.service.app import (
+    DEFAULT_DATA_DIR,
+    DEFAULT_LISTEN,
+    BindError,
+    ConfigError,
+    ServerConfig,
+    serve,
+)
 from sessionlog.storage.store import DEFAULT_MAP_SIZE
 
 
@@ -88,6 +96,20 @@ def build_parser() -> argparse.ArgumentParser:
         "STORAGE_FULL, raise it and restart [env SESSIONLOG_MAP_SIZE]",
     )
     serve_cmd.add_argument(
+        "--max-message-size",
+        type=parse_size,
+        default=_env("MAX_MESSAGE_SIZE", "4MiB"),
+        help="largest gRPC message accepted or sent; clients must accept replies this large "
+        "too (gRPC's default is 4 MiB) [env SESSIONLOG_MAX_MESSAGE_SIZE]",
+    )
+    serve_cmd.add_argument(
+        "--max-event-size",
+        type=parse_size,
+        default=_env("MAX_EVENT_SIZE", "1MiB"),
+        help="largest serialized event accepted (EVENT_TOO_LARGE above it) "
+        "[env SESSIONLOG_MAX_EVENT_SIZE]",
+    )
+    serve_cmd.add_argument(
         "--durability",
         choices=("sync", "nosync"),
         default=_env("DURABILITY", "sync"),
@@ -113,6 +135,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     return run_client(args)
 
 
+def _size(value: int | str) -> int:
+    """A size from a flag (already parsed) or from its environment default (still text)."""
+    return value if isinstance(value, int) else parse_size(value)
+
+
 def _serve(args: argparse.Namespace) -> int:
     logging.basicConfig(
         level=args.log_level.upper(),
@@ -120,13 +147,18 @@ def _serve(args: argparse.Namespace) -> int:
         stream=sys.stderr,
     )
     _install_context_filter()
-    map_size = args.map_size if isinstance(args.map_size, int) else parse_size(args.map_size)
-    config = ServerConfig(
-        data_dir=args.data,
-        listen=args.listen,
-        map_size=map_size,
-        durable=args.durability == "sync",
-    )
+    try:
+        config = ServerConfig(
+            data_dir=args.data,
+            listen=args.listen,
+            map_size=_size(args.map_size),
+            durable=args.durability == "sync",
+            max_message_bytes=_size(args.max_message_size),
+            limits=fold.Limits(max_event_bytes=_size(args.max_event_size)),
+        )
+    except (ConfigError, argparse.ArgumentTypeError) as exc:
+        print(f"sessionlog: {exc}", file=sys.stderr)
+        return 2
     try:
         asyncio.run(serve(config))
     except BindError as exc:

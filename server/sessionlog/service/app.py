@@ -33,15 +33,30 @@ class ServerConfig:
     map_size: int = DEFAULT_MAP_SIZE
     durable: bool = True
     limits: fold.Limits = field(default_factory=fold.Limits)
-    max_message_bytes: int = 64 << 20
-    """Largest gRPC message accepted or sent (a whole Append batch must fit)."""
+    max_message_bytes: int = 4 << 20
+    """Largest gRPC message accepted or sent. gRPC clients accept 4 MiB replies by default, so a
+    larger limit also needs clients configured for it (an Append's reply echoes its events)."""
     heartbeat_seconds: float = 15.0
     """An idle follow stream gets a response carrying next_seq this often."""
     shutdown_grace_seconds: float = 10.0
     """On stop, in-flight calls get this long to finish before they are cancelled."""
 
+    def __post_init__(self) -> None:
+        floor = self.limits.max_event_bytes + 4096
+        if self.max_message_bytes < floor:
+            raise ConfigError(
+                f"max message size {self.max_message_bytes} is too small for the event size limit "
+                f"{self.limits.max_event_bytes}: it must be at least {floor} bytes"
+            )
+        if self.heartbeat_seconds <= 0 or self.shutdown_grace_seconds < 0:
+            raise ConfigError("heartbeat must be positive and shutdown grace not negative")
+
     def store_config(self) -> StoreConfig:
         return StoreConfig(map_size=self.map_size, durable=self.durable, limits=self.limits)
+
+
+class ConfigError(ValueError):
+    """The configuration contradicts itself; the message says which values to change."""
 
 
 class BindError(RuntimeError):

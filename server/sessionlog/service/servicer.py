@@ -265,7 +265,12 @@ class SessionLogServicer:
     async def create_session(self, raw: bytes, context: grpc.aio.ServicerContext) -> bytes:
         request = decode(pb.CreateSessionRequest, raw)
         batch = prepare_append(
-            request.session_id, request.events, limits=self.store.config.limits, create_only=True
+            request.session_id,
+            request.events,
+            limits=self.store.config.limits,
+            create_only=True,
+            lease_holder=request.lease_holder,
+            lease_token=request.lease_token,
         )
         result = await asyncio.wrap_future(self.store.submit_append(batch))
         session = session_message(request.session_id, result.meta)
@@ -275,7 +280,11 @@ class SessionLogServicer:
     async def seed_session(self, raw: bytes, context: grpc.aio.ServicerContext) -> bytes:
         request = decode(pb.SeedSessionRequest, raw)
         batch, dropped = prepare_seed(
-            request.session_id, request.messages, limits=self.store.config.limits
+            request.session_id,
+            request.messages,
+            limits=self.store.config.limits,
+            lease_holder=request.lease_holder,
+            lease_token=request.lease_token,
         )
         result = await asyncio.wrap_future(self.store.submit_append(batch))
         drops = [pb.SeedDrop(index=i, reason="UNKNOWN_ROLE").SerializeToString() for i in dropped]
@@ -304,8 +313,8 @@ class SessionLogServicer:
         after = decode_page_token(request.page_token, request.prefix)
         page, more = self.store.list_sessions(after=after, prefix=request.prefix, limit=size)
         response = pb.ListSessionsResponse(
-            sessions=[session_message(session_id, meta) for session_id, meta in page],
-            next_page_token=encode_page_token(page[-1][0], request.prefix) if more else "",
+            sessions=[session_message(v.session_id, v.meta, v.lease) for v in page],
+            next_page_token=encode_page_token(page[-1].session_id, request.prefix) if more else "",
         )
         return _serialize(response)
 
@@ -313,7 +322,13 @@ class SessionLogServicer:
     async def fork_session(self, raw: bytes, context: grpc.aio.ServicerContext) -> bytes:
         request = decode(pb.ForkSessionRequest, raw)
         at_seq = request.at_seq if request.HasField("at_seq") else None
-        future = self.store.submit_fork(request.parent_session_id, at_seq, request.session_id)
+        future = self.store.submit_fork(
+            request.parent_session_id,
+            at_seq,
+            request.session_id,
+            lease_holder=request.lease_holder,
+            lease_token=request.lease_token,
+        )
         result = await asyncio.wrap_future(future)
         session = session_message(result.session_id, result.meta)
         return _serialize(pb.ForkSessionResponse(session=session))

@@ -222,8 +222,18 @@ class ForkResult:
 class ForkCommand:
     """Copy events 0..at_seq of a parent into a new session, bytes unchanged."""
 
-    def __init__(self, tables: Tables, parent_id: str, at_seq: int | None, child_id: str) -> None:
+    def __init__(
+        self,
+        tables: Tables,
+        parent_id: str,
+        at_seq: int | None,
+        child_id: str,
+        lease_holder: str = "",
+        lease_token: int = 0,
+    ) -> None:
         self._tables = tables
+        self._lease_holder = lease_holder
+        self._lease_token = lease_token
         self._parent_id = parent_id
         self._at_seq = at_seq
         self._child_id = child_id or f"fork-{uuid.uuid4().hex}"
@@ -240,18 +250,30 @@ class ForkCommand:
         parent = load_meta(txn, tables, self._parent_id)
         count = 0 if parent is None else parent.next_seq
         at_seq = count - 1 if self._at_seq is None else self._at_seq
-        if parent is None or not 0 <= at_seq < count:
+        if count == 0:
+            raise errors.BoundaryOutOfRange(
+                f"cannot fork session '{self._parent_id}': it has no events", next_seq=0
+            )
+        if not 0 <= at_seq < count:
             raise errors.BoundaryOutOfRange(
                 f"cannot fork session '{self._parent_id}' at seq {at_seq}: it has {count} events "
                 f"(seqs 0 to {count - 1})",
                 at_seq=at_seq,
                 next_seq=count,
             )
+        assert parent is not None
         if load_meta(txn, tables, self._child_id) is not None:
             raise errors.SessionAlreadyExists(
                 f"session '{self._child_id}' already exists; fork into a new id",
                 session_id=self._child_id,
             )
+        check_lease_for_append(
+            load_lease(txn, tables, self._child_id),
+            self._child_id,
+            self._lease_holder,
+            self._lease_token,
+            now_ns,
+        )
         copied = read_range(txn, tables, parent.sid, 0, at_seq + 1)
         events = [Event.FromString(raw) for raw in copied]
         _refuse_open_turn(events, self._parent_id, at_seq)
@@ -396,8 +418,13 @@ class LeaseCommand:
 
     def _renew(self, txn: lmdb.Transaction, lease: LeaseRecord | None, now_ns: int) -> LeaseRecord:
         if lease is None or lease.holder != self._holder:
-            check_lease_for_append(lease, self._session_id, self._holder, 0, now_ns)
-            raise AssertionError("unreachable: a holder that does not match is refused")
+            raise errors.LeaseLost(
+                f"'{self._holder}' does not hold the writer lease of session "
+                f"'{self._session_id}'; acquire it instead",
+                holder=self._holder,
+                current_holder="" if lease is None else lease.holder,
+                current_token=0 if lease is None else lease.token,
+            )
         lease.expire_time_ns = now_ns + self._ttl_ns
         return self._put(txn, lease)
 

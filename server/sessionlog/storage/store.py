@@ -128,6 +128,8 @@ def prepare_seed(
     messages: Sequence[Message],
     *,
     limits: fold.Limits = fold.DEFAULT_LIMITS,
+    lease_holder: str = "",
+    lease_token: int = 0,
     now_ns: int | None = None,
 ) -> tuple[AppendBatch, list[int]]:
     """A create-only batch with one surface event per message (SPEC §5 Seed).
@@ -146,7 +148,14 @@ def prepare_seed(
             events.append(event)
             kept.append(index)
     batch = prepare_append(
-        session_id, events, limits=limits, create_only=True, now_ns=now_ns, indices=kept
+        session_id,
+        events,
+        limits=limits,
+        create_only=True,
+        lease_holder=lease_holder,
+        lease_token=lease_token,
+        now_ns=now_ns,
+        indices=kept,
     )
     return batch, dropped
 
@@ -233,13 +242,22 @@ class Store:
         return self.writer.submit(commands.AppendCommand(self.tables, batch, ttl_ns))
 
     def submit_fork(
-        self, parent_id: str, at_seq: int | None, child_id: str = ""
+        self,
+        parent_id: str,
+        at_seq: int | None,
+        child_id: str = "",
+        lease_holder: str = "",
+        lease_token: int = 0,
     ) -> Future[ForkResult]:
-        """Queue a fork of ``parent_id`` at ``at_seq`` (None: the whole log) into ``child_id``."""
+        """Queue a fork of ``parent_id`` at ``at_seq`` (None: the whole log) into ``child_id``
+        (generated when empty). A lease already taken on ``child_id`` must be named."""
         fold.check_session_id(parent_id)
         if child_id:
             fold.check_session_id(child_id)
-        return self.writer.submit(commands.ForkCommand(self.tables, parent_id, at_seq, child_id))
+        command = commands.ForkCommand(
+            self.tables, parent_id, at_seq, child_id, lease_holder, lease_token
+        )
+        return self.writer.submit(command)
 
     def submit_lease(
         self, action: str, session_id: str, holder: str, ttl_ns: int = 0, force: bool = False
@@ -296,12 +314,13 @@ class Store:
         return SessionView(session_id, meta, live, audit)
 
     def list_sessions(
-        self, after: str = "", prefix: str = "", limit: int = 100
-    ) -> tuple[list[tuple[str, SessionMeta]], bool]:
+        self, after: str = "", prefix: str = "", limit: int = 100, now_ns: int | None = None
+    ) -> tuple[list[SessionView], bool]:
         """Up to ``limit`` sessions in id order (UTF-8 bytes), strictly after ``after``, whose id
-        starts with ``prefix``. Returns them and whether more follow. A cursor range: the cost is
-        the page, whatever the number of sessions."""
-        out: list[tuple[str, SessionMeta]] = []
+        starts with ``prefix``, each with its live lease (no audit). Returns them and whether more
+        follow. A cursor range: the cost is the page, whatever the number of sessions."""
+        now = time.time_ns() if now_ns is None else now_ns
+        out: list[SessionView] = []
         want = prefix.encode()
         start = max(after.encode(), want)
         with self.env.begin() as txn:
@@ -315,7 +334,10 @@ class Store:
                     continue
                 if len(out) == limit:
                     return out, True
-                out.append((key.decode(), SessionMeta.decode(value)))
+                session_id = key.decode()
+                lease = load_lease(txn, self.tables, session_id)
+                live = lease if lease is not None and lease.live(now) else None
+                out.append(SessionView(session_id, SessionMeta.decode(value), live, []))
         return out, False
 
     def surface(

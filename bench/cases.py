@@ -1,0 +1,128 @@
+"""The sessionlog cases: appends one at a time, concurrent, batched; and a Since catch-up.
+
+Each client appends to its own session (one agent worker, one session), so concurrency here is
+across sessions, which is what group commit batches. After every append case the sessions' next
+seq (read with an empty Append, which writes nothing) must equal the events the clients were
+acknowledged: a mismatch is reported as an error of that case.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import grpc
+
+from bench.common import Measurement, Settings, append_request
+from bench.load import StreamLoad, UnaryLoad, UnaryOutcome, run_stream, run_unary
+from bench.procs import ServerProcess
+from sessionlog.v1 import session_log_service_pb2 as pb
+
+SERVICE = "/sessionlog.v1.SessionLogService"
+APPEND = f"{SERVICE}/Append"
+SINCE = f"{SERVICE}/Since"
+FILL_BATCH = 1000
+"""Events per Append while filling the Since session (setup, untimed)."""
+
+
+@dataclass(frozen=True)
+class AppendCase:
+    """An append case: ``clients`` concurrent clients, ``events_per_call`` events per call."""
+
+    number: int
+    clients: int
+    events_per_call: int
+
+    @property
+    def prefix(self) -> str:
+        """Session ids of this case are ``<prefix>-<client index>``."""
+        return f"c{self.number}"
+
+    @property
+    def label(self) -> str:
+        plural = "s" if self.clients > 1 else ""
+        return f"{self.number} append {self.events_per_call} ev/call, {self.clients} client{plural}"
+
+
+SEQUENTIAL = AppendCase(1, clients=1, events_per_call=1)
+"""Case 1: one client on grpc's blocking API, one event per call, one call at a time."""
+CONCURRENT = AppendCase(2, clients=16, events_per_call=1)
+"""Case 2: 16 concurrent clients (asyncio tasks over several processes), one event per call."""
+BATCHED = AppendCase(3, clients=4, events_per_call=100)
+"""Case 3: 4 concurrent clients, 100 events per call."""
+
+
+def append_load(settings: Settings, target: str, case: AppendCase) -> UnaryLoad:
+    """Each client appends ``case.events_per_call`` events per call to its own session."""
+    return UnaryLoad(
+        target=target,
+        method=APPEND,
+        requests=tuple(
+            append_request(f"{case.prefix}-{i}", case.events_per_call) for i in range(case.clients)
+        ),
+        events_per_call=case.events_per_call,
+        duration=settings.duration,
+        warmup=settings.warmup,
+        max_calls=settings.max_calls_per_client,
+        processes=settings.client_processes,
+        blocking=case.clients == 1,
+    )
+
+
+def run_append(
+    settings: Settings, server: ServerProcess, case: AppendCase
+) -> tuple[UnaryLoad, Measurement]:
+    """Run an append case, then check that every acknowledged event is stored."""
+    load = append_load(settings, server.address, case)
+    outcome = run_unary(load, case.label, server.cpu_seconds)
+    _verify(outcome, server.address, case.prefix)
+    return load, outcome.measurement
+
+
+def since_catch_up(settings: Settings, server: ServerProcess) -> Measurement:
+    """Case 4: store ``since_events`` events, then time non-follow Since reads from seq 0."""
+    session = "c4"
+    fill_session(server.address, session, settings.since_events)
+    load = StreamLoad(
+        target=server.address,
+        method=SINCE,
+        request=pb.SinceRequest(session_id=session, seq=0).SerializeToString(),
+        expected_events=settings.since_events,
+        runs=settings.since_runs,
+    )
+    return run_stream(
+        load, f"4 since catch-up {settings.since_events // 1000}k ev", server.cpu_seconds
+    )
+
+
+def fill_session(target: str, session_id: str, count: int) -> None:
+    """Append ``count`` benchmark events to a new session in batches (untimed setup)."""
+    with grpc.insecure_channel(target) as channel:
+        append = channel.unary_unary(APPEND)
+        written = 0
+        while written < count:
+            size = min(FILL_BATCH, count - written)
+            append(append_request(session_id, size), timeout=60)
+            written += size
+        stored = next_seq(channel, session_id)
+    if stored != count:
+        raise RuntimeError(f"filled session {session_id} holds {stored} events, expected {count}")
+
+
+def next_seq(channel: grpc.Channel, session_id: str) -> int:
+    """The session's next seq, read with an empty Append (which writes nothing)."""
+    raw = channel.unary_unary(APPEND)(
+        pb.AppendRequest(session_id=session_id).SerializeToString(), timeout=30
+    )
+    return int(pb.AppendResponse.FromString(raw).next_seq)
+
+
+def _verify(outcome: UnaryOutcome, target: str, prefix: str) -> None:
+    """Every acknowledged event must be stored: next_seq per session equals what was acked."""
+    with grpc.insecure_channel(target) as channel:
+        for index, acked in sorted(outcome.acknowledged.items()):
+            stored = next_seq(channel, f"{prefix}-{index}")
+            if stored != acked:
+                outcome.measurement.errors += 1
+                outcome.measurement.first_error = outcome.measurement.first_error or (
+                    f"session {prefix}-{index}: {acked} events acknowledged, {stored} stored"
+                )

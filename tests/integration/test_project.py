@@ -20,7 +20,7 @@ def _bin(name: str) -> str:
 
 
 def test_generated_code_is_up_to_date(tmp_path: Path) -> None:
-    """server/sessionlog/v1 is exactly what `make gen` produces from proto/ (no stale or extra file)."""
+    """server/sessionlog/v1 is exactly what `make gen` makes of proto/ (nothing stale or extra)."""
     protos = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "proto").rglob("*.proto"))
     services = [p for p in protos if p.endswith("_service.proto")]
     run = [sys.executable, "-m", "grpc_tools.protoc", "-Iproto"]

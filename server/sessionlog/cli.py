@@ -117,6 +117,13 @@ def build_parser() -> argparse.ArgumentParser:
         "machine crash may lose recently acknowledged appends [env SESSIONLOG_DURABILITY]",
     )
     serve_cmd.add_argument(
+        "--replica-of",
+        metavar="HOST:PORT",
+        default=_env("REPLICA_OF", ""),
+        help="run as a read replica that follows this primary's change feed; writes are "
+        "refused with NOT_PRIMARY [env SESSIONLOG_REPLICA_OF]",
+    )
+    serve_cmd.add_argument(
         "--log-level",
         default=_env("LOG_LEVEL", "info"),
         choices=("debug", "info", "warning", "error"),
@@ -155,6 +162,7 @@ def _serve(args: argparse.Namespace) -> int:
             durable=args.durability == "sync",
             max_message_bytes=_size(args.max_message_size),
             limits=fold.Limits(max_event_bytes=_size(args.max_event_size)),
+            replica_of=args.replica_of,
         )
     except (ConfigError, argparse.ArgumentTypeError) as exc:
         print(f"sessionlog: {exc}", file=sys.stderr)

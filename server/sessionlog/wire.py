@@ -51,3 +51,52 @@ _SEQ_TAG = tag(1, 0)
 def with_seq(seq: int, event_without_seq: bytes) -> bytes:
     """The stored form of an event: its bytes with ``seq`` (field 1) set."""
     return _SEQ_TAG + varint(seq) + event_without_seq if seq else event_without_seq
+
+
+def _read_varint(data: bytes, pos: int) -> tuple[int, int]:
+    result = shift = 0
+    while True:
+        if pos >= len(data):
+            raise ValueError("truncated varint")
+        byte = data[pos]
+        pos += 1
+        result |= (byte & 0x7F) << shift
+        if byte < 0x80:
+            return result, pos
+        shift += 7
+        if shift > 63:
+            raise ValueError("varint too long")
+
+
+def split_field(data: bytes, field_number: int) -> tuple[bytes, list[bytes]]:
+    """Take a length-delimited field out of a serialized message without parsing the rest.
+
+    Returns the message bytes without that field (the other fields untouched, in order) and
+    the payloads of the field's occurrences, in order.
+    """
+    rest = bytearray()
+    payloads: list[bytes] = []
+    pos = 0
+    while pos < len(data):
+        start = pos
+        key, pos = _read_varint(data, pos)
+        wire_type = key & 7
+        if wire_type == 0:
+            _, pos = _read_varint(data, pos)
+        elif wire_type == 1:
+            pos += 8
+        elif wire_type == 5:
+            pos += 4
+        elif wire_type == 2:
+            length, pos = _read_varint(data, pos)
+            if key >> 3 == field_number:
+                payloads.append(data[pos : pos + length])
+                pos += length
+                continue
+            pos += length
+        else:
+            raise ValueError(f"unsupported wire type {wire_type}")
+        if pos > len(data):
+            raise ValueError("truncated field")
+        rest += data[start:pos]
+    return bytes(rest), payloads

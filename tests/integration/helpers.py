@@ -35,6 +35,9 @@ class WriterGate:
     Appends submitted while it is held queue up and are then taken as one group.
     """
 
+    kind = "gate"
+    session_id = ""
+
     def __init__(self, wait_seconds: float = 30) -> None:
         self.entered = threading.Event()
         self.release = threading.Event()

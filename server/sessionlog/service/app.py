@@ -15,6 +15,8 @@ from grpc_reflection.v1alpha import reflection
 
 from sessionlog import fold
 from sessionlog.service.notifier import Notifier
+from sessionlog.service.replication import SERVICE_NAME as REPLICATION_SERVICE_NAME
+from sessionlog.service.replication import ReplicaState, ReplicationServicer, Replicator
 from sessionlog.service.servicer import SERVICE_NAME, SessionLogServicer
 from sessionlog.storage.store import DEFAULT_MAP_SIZE, Store, StoreConfig
 
@@ -40,6 +42,8 @@ class ServerConfig:
     """An idle follow stream gets a response carrying next_seq this often."""
     shutdown_grace_seconds: float = 10.0
     """On stop, in-flight calls get this long to finish before they are cancelled."""
+    replica_of: str = ""
+    """HOST:PORT of a primary to follow as a read replica; empty for a primary."""
 
     def __post_init__(self) -> None:
         floor = self.limits.max_event_bytes + 4096
@@ -74,6 +78,11 @@ class SessionLogServer:
         self._notifier = Notifier()
         self._health = HealthServicer()
         self._stopped = asyncio.Event()
+        self.replica: ReplicaState | None = (
+            ReplicaState(config.replica_of) if config.replica_of else None
+        )
+        self._replicator: Replicator | None = None
+        self._replicator_task: asyncio.Task[None] | None = None
 
     async def start(self) -> int:
         """Open the store, bind, and start serving. Returns the bound port."""
@@ -86,24 +95,32 @@ class SessionLogServer:
 
         self.store = Store(Path(self.config.data_dir), self.config.store_config(), on_commit=wake)
         limit = self.config.max_message_bytes
+        # Replies are sized by the handlers themselves (BATCH_TOO_LARGE, RESPONSE_TOO_LARGE, Since
+        # batches); only the change feed may send more, to replicas that accept it.
         server = grpc.aio.server(
             options=[
                 ("grpc.so_reuseport", 0),
                 ("grpc.max_receive_message_length", limit),
-                ("grpc.max_send_message_length", limit),
+                ("grpc.max_send_message_length", -1),
             ]
         )
+        heartbeat = self.config.heartbeat_seconds
         servicer = SessionLogServicer(
             self.store,
             notifier,
             max_message_bytes=limit,
-            heartbeat_seconds=self.config.heartbeat_seconds,
+            heartbeat_seconds=heartbeat,
+            primary=self.config.replica_of,
         )
-        server.add_generic_rpc_handlers((servicer.handlers(),))
+        replication = ReplicationServicer(
+            self.store, notifier, replica=self.replica, heartbeat_seconds=heartbeat
+        )
+        server.add_generic_rpc_handlers((servicer.handlers(), replication.handlers()))
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
         reflection.enable_server_reflection(
             (
                 SERVICE_NAME,
+                REPLICATION_SERVICE_NAME,
                 health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
                 reflection.SERVICE_NAME,
             ),
@@ -121,19 +138,47 @@ class SessionLogServer:
             )
         await server.start()
         self._server = server
-        for service in ("", SERVICE_NAME):
-            await self._health.set(service, health_pb2.HealthCheckResponse.SERVING)
+        if self.replica is None:
+            await self._set_health(serving=True)
+        else:
+            # A replica is NOT_SERVING until it has caught up with its primary once.
+            await self._set_health(serving=False)
+            self._replicator = Replicator(self.store, self.replica, self._caught_up)
+            self._replicator_task = asyncio.create_task(self._replicator.run())
         log.info(
             "sessionlog serving",
-            extra={"listen": self.config.listen, "port": self.port, "data": self.config.data_dir},
+            extra={
+                "listen": self.config.listen,
+                "port": self.port,
+                "data": str(self.store.path.absolute()),
+                "role": "replica" if self.replica else "primary",
+                **({"primary": self.config.replica_of} if self.replica else {}),
+            },
         )
         return self.port
+
+    async def _set_health(self, serving: bool) -> None:
+        status = (
+            health_pb2.HealthCheckResponse.SERVING
+            if serving
+            else health_pb2.HealthCheckResponse.NOT_SERVING
+        )
+        for service in ("", SERVICE_NAME, REPLICATION_SERVICE_NAME):
+            await self._health.set(service, status)
+
+    def _caught_up(self) -> None:
+        if self._server is not None:
+            asyncio.get_running_loop().create_task(self._set_health(serving=True))
 
     async def stop(self, grace: float | None = None) -> None:
         """Stop: followers end with UNAVAILABLE, in-flight appends finish, LMDB closes."""
         if self._server is None:
             return
         server, self._server = self._server, None
+        if self._replicator is not None and self._replicator_task is not None:
+            self._replicator.stop()
+            self._replicator_task.cancel()
+            await asyncio.gather(self._replicator_task, return_exceptions=True)
         await self._health.enter_graceful_shutdown()
         self._notifier.close()
         await server.stop(self.config.shutdown_grace_seconds if grace is None else grace)

@@ -103,8 +103,11 @@ class SessionLogServicer:
         *,
         max_message_bytes: int = 64 << 20,
         heartbeat_seconds: float = 15.0,
+        primary: str = "",
     ) -> None:
         self.store = store
+        self.primary = primary
+        """Set on a replica: the primary that takes the writes refused here."""
         self.notifier = notifier
         self.max_message_bytes = max_message_bytes
         # A Since response holds whole events; leave room for the framing around them.
@@ -133,6 +136,7 @@ class SessionLogServicer:
 
     @unary
     async def append(self, raw: bytes, context: grpc.aio.ServicerContext) -> bytes:
+        self._require_primary()
         request = decode(pb.AppendRequest, raw)
         batch = prepare_append(
             request.session_id,
@@ -152,6 +156,13 @@ class SessionLogServicer:
                 extra={"session_id": request.session_id, "index": index, "reason": reason},
             )
         return encode_append_response(result)
+
+    def _require_primary(self) -> None:
+        if self.primary:
+            raise errors.NotPrimary(
+                f"this server is a read replica of {self.primary}; send writes there",
+                primary=self.primary,
+            )
 
     def _check_reply_fits(self, bodies: Sequence[bytes]) -> None:
         """Refuse, before writing, an append whose reply (the events with their seqs) would not
@@ -184,7 +195,7 @@ class SessionLogServicer:
                         self.notifier.discard(session_id, waiter)
                     waiter = self.notifier.register(session_id)
                 if self.notifier.closed:
-                    await abort(context, _shutting_down(session_id, cursor))
+                    await abort(context, shutting_down(f"session '{session_id}'", cursor))
                     return
                 if sid is None:
                     meta = self.store.meta(session_id)
@@ -263,6 +274,7 @@ class SessionLogServicer:
 
     @unary
     async def create_session(self, raw: bytes, context: grpc.aio.ServicerContext) -> bytes:
+        self._require_primary()
         request = decode(pb.CreateSessionRequest, raw)
         batch = prepare_append(
             request.session_id,
@@ -278,6 +290,7 @@ class SessionLogServicer:
 
     @unary
     async def seed_session(self, raw: bytes, context: grpc.aio.ServicerContext) -> bytes:
+        self._require_primary()
         request = decode(pb.SeedSessionRequest, raw)
         batch, dropped = prepare_seed(
             request.session_id,
@@ -320,6 +333,7 @@ class SessionLogServicer:
 
     @unary
     async def fork_session(self, raw: bytes, context: grpc.aio.ServicerContext) -> bytes:
+        self._require_primary()
         request = decode(pb.ForkSessionRequest, raw)
         at_seq = request.at_seq if request.HasField("at_seq") else None
         future = self.store.submit_fork(
@@ -335,6 +349,7 @@ class SessionLogServicer:
 
     @unary
     async def acquire_lease(self, raw: bytes, context: grpc.aio.ServicerContext) -> bytes:
+        self._require_primary()
         request = decode(pb.AcquireLeaseRequest, raw)
         ttl = _ttl_ns(request)
         future = self.store.submit_lease("acquire", request.session_id, request.holder, ttl)
@@ -343,6 +358,7 @@ class SessionLogServicer:
 
     @unary
     async def renew_lease(self, raw: bytes, context: grpc.aio.ServicerContext) -> bytes:
+        self._require_primary()
         request = decode(pb.RenewLeaseRequest, raw)
         ttl = _ttl_ns(request)
         future = self.store.submit_lease("renew", request.session_id, request.holder, ttl)
@@ -351,6 +367,7 @@ class SessionLogServicer:
 
     @unary
     async def release_lease(self, raw: bytes, context: grpc.aio.ServicerContext) -> bytes:
+        self._require_primary()
         request = decode(pb.ReleaseLeaseRequest, raw)
         future = self.store.submit_lease(
             "release", request.session_id, request.holder, force=request.force
@@ -454,9 +471,9 @@ def decode_page_token(token: str, prefix: str) -> str:
     return last_id
 
 
-def _shutting_down(session_id: str, cursor: int) -> errors.Unavailable:
+def shutting_down(what: str, cursor: int) -> errors.Unavailable:
+    """The error that ends a follow stream at shutdown, saying where to resume."""
     return errors.Unavailable(
-        f"the server is shutting down; reconnect and resume session '{session_id}' from seq "
-        f"{cursor}",
+        f"the server is shutting down; reconnect and resume {what} from {cursor}",
         next_seq=cursor,
     )

@@ -11,6 +11,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import lmdb
 
@@ -26,13 +27,16 @@ class Tables:
     """The open handles of every named database."""
 
     def __init__(self, env: lmdb.Environment) -> None:
-        self.sessions = env.open_db(schema.SESSIONS)
-        self.ids = env.open_db(schema.IDS)
-        self.events = env.open_db(schema.EVENTS)
-        self.requests = env.open_db(schema.REQUESTS)
-        self.counters = env.open_db(schema.COUNTERS)
-        self.leases = env.open_db(schema.LEASES)
-        self.audit = env.open_db(schema.AUDIT)
+        self.by_name: dict[str, Any] = {name.decode(): env.open_db(name) for name in schema.ALL_DBS}
+        self.sessions = self.by_name["sessions"]
+        self.ids = self.by_name["ids"]
+        self.events = self.by_name["events"]
+        self.requests = self.by_name["requests"]
+        self.counters = self.by_name["counters"]
+        self.leases = self.by_name["leases"]
+        self.audit = self.by_name["audit"]
+        self.changes = self.by_name["changes"]
+        self.names: dict[int, str] = {id(db): name for name, db in self.by_name.items()}
 
 
 # -- reads shared by the store and the commands --------------------------------------------------
@@ -123,6 +127,8 @@ class AppendCommand:
     def __init__(self, tables: Tables, batch: AppendBatch, request_id_ttl_ns: int) -> None:
         self._tables = tables
         self._batch = batch
+        self.kind = "create" if batch.create_only else "append"
+        self.session_id = batch.session_id
         self._ttl_ns = request_id_ttl_ns
         self._touched: list[str] = []
 
@@ -237,6 +243,8 @@ class ForkCommand:
         self._parent_id = parent_id
         self._at_seq = at_seq
         self._child_id = child_id or f"fork-{uuid.uuid4().hex}"
+        self.kind = "fork"
+        self.session_id = self._child_id
         self._touched: list[str] = []
 
     def size(self) -> int:
@@ -374,6 +382,8 @@ class LeaseCommand:
         self._holder = holder
         self._ttl_ns = ttl_ns
         self._force = force
+        self.kind = "lease"
+        self.session_id = session_id
 
     def size(self) -> int:
         return 0

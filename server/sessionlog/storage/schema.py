@@ -15,6 +15,8 @@ One environment holds every session. Named databases:
                next_sid: the internal id the next new session gets.
     leases     session id (UTF-8)            -> LeaseRecord (JSON)
                Keyed by id, not sid: a lease may be taken before the session's first write.
+    changes    position (u64 BE)             -> serialized sessionlog.v1.Change, minus its events
+               The global change feed, dense from 1 (see ``changes``).
     audit      session id + 0x00 + n (u64 BE) -> AuditRecord (JSON)
                Lease takeovers and forced releases, in order. Ids cannot contain 0x00, so one
                session's records are one contiguous range.
@@ -23,7 +25,8 @@ Invariants (the single writer thread keeps them; every change commits in one tra
 - seq is dense from 0 per session: events holds exactly the keys (sid, 0) .. (sid, next_seq - 1);
 - an event's stored bytes never change after commit;
 - SessionMeta.next_seq and .replace_generation match the events stored for that session;
-- sid values are never reused, so a session id maps to one key prefix for all time.
+- sid values are never reused, so a session id maps to one key prefix for all time;
+- every committed write has exactly one record in ``changes``, committed with it.
 
 Variable-length session ids are never used as a key prefix: "ab" and "abc" would interleave. The
 fixed-width sid keeps each session's events contiguous.
@@ -42,7 +45,8 @@ REQUESTS = b"requests"
 COUNTERS = b"counters"
 LEASES = b"leases"
 AUDIT = b"audit"
-ALL_DBS = (SESSIONS, IDS, EVENTS, REQUESTS, COUNTERS, LEASES, AUDIT)
+CHANGES = b"changes"
+ALL_DBS = (SESSIONS, IDS, EVENTS, REQUESTS, COUNTERS, LEASES, AUDIT, CHANGES)
 
 NEXT_SID = b"next_sid"
 
@@ -66,6 +70,11 @@ def event_key(sid: int, seq: int) -> bytes:
 def event_key_seq(key: bytes) -> int:
     value: int = _EVENT_KEY.unpack(key)[1]
     return value
+
+
+def split_event_key(key: bytes) -> tuple[int, int]:
+    sid, seq = _EVENT_KEY.unpack(key)
+    return sid, seq
 
 
 def request_key(sid: int, request_id: str) -> bytes:

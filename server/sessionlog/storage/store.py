@@ -22,6 +22,13 @@ import lmdb
 
 from sessionlog import errors, fold
 from sessionlog.storage import commands, schema
+from sessionlog.storage.changes import (
+    ApplyChangesCommand,
+    ApplyResult,
+    ReceivedChange,
+    head,
+    read_changes,
+)
 from sessionlog.storage.commands import (
     AppendBatch,
     AppendResult,
@@ -217,7 +224,7 @@ class Store:
         self._subscribers: list[Callable[[set[str]], None]] = []
         if on_commit is not None:
             self._subscribers.append(on_commit)
-        self.writer = Writer(self.env, on_commit=self._committed)
+        self.writer = Writer(self.env, self.tables, on_commit=self._committed)
         self._folds: OrderedDict[int, fold.SurfaceFold] = OrderedDict()
         self._folds_lock = threading.Lock()
 
@@ -273,6 +280,10 @@ class Store:
         command = commands.LeaseCommand(self.tables, action, session_id, holder, ttl_ns, force)
         return self.writer.submit(command)
 
+    def submit_apply(self, received: Sequence[ReceivedChange]) -> Future[ApplyResult]:
+        """Queue changes a replica received from its primary, applied verbatim in one commit."""
+        return self.writer.submit(ApplyChangesCommand(self.tables, received))
+
     def append(self, session_id: str, events: Sequence[Event], **options: Any) -> AppendResult:
         """Validate and append, blocking until durable. Convenience for tools and tests."""
         batch = prepare_append(session_id, events, limits=self.config.limits, **options)
@@ -295,6 +306,16 @@ class Store:
         """
         with self.env.begin(buffers=True) as txn:
             return read_range(txn, self.tables, sid, start, stop, max_bytes)
+
+    def read_changes(self, start: int, max_bytes: int = 1 << 62) -> list[bytes]:
+        """Change records from position ``start`` on, events included, as the feed sends them."""
+        with self.env.begin() as txn:
+            return read_changes(txn, self.tables, start, max_bytes)
+
+    def head(self) -> tuple[int, int]:
+        """The newest change's (position, commit time in ns); (0, 0) for an empty store."""
+        with self.env.begin() as txn:
+            return head(txn, self.tables)
 
     def session(self, session_id: str, now_ns: int | None = None) -> SessionView:
         """A session's metadata, live lease and lease audit, read in one transaction."""

@@ -30,6 +30,8 @@ from typing import Any, Protocol
 import lmdb
 
 from sessionlog import errors
+from sessionlog.storage import changes, schema
+from sessionlog.storage.commands import Tables
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +43,11 @@ MAX_GROUP_BYTES = 16 << 20
 
 class Command(Protocol):
     """Something the writer applies inside a write transaction."""
+
+    kind: str
+    """What the change feed calls it: append, create, fork or lease."""
+    session_id: str
+    """The session it changes."""
 
     def apply(self, txn: lmdb.Transaction, now_ns: int) -> Any:
         """Check, then write. Raise a SessionLogError (having written nothing) to refuse."""
@@ -81,9 +88,13 @@ class Writer:
     def __init__(
         self,
         env: lmdb.Environment,
+        tables: Tables,
         on_commit: Callable[[set[str]], None] | None = None,
     ) -> None:
         self._env = env
+        self._tables = tables
+        with env.begin() as txn:
+            self._next_position = changes.head(txn, tables)[0] + 1
         self._queue: queue.SimpleQueue[_Job | _Stop] = queue.SimpleQueue()
         self._on_commit = on_commit
         self.stats = WriterStats()
@@ -132,12 +143,14 @@ class Writer:
 
     def _commit(self, group: list[_Job]) -> None:
         outcomes: list[tuple[bool, Any]] = []
+        position = self._next_position
         try:
             txn = self._env.begin(write=True)
             try:
                 now_ns = time.time_ns()
                 for job in group:
-                    outcomes.append(self._apply(job.command, txn, now_ns))
+                    ok, value, position = self._apply(job.command, txn, now_ns, position)
+                    outcomes.append((ok, value))
                 started = time.perf_counter()
                 txn.commit()
                 self.stats.fsync_seconds += time.perf_counter() - started
@@ -156,20 +169,40 @@ class Writer:
                 log.exception("write transaction failed")
                 outcomes = [(False, exc)]
         else:
+            fed = position != self._next_position
+            self._next_position = position
             self.stats.commits += 1
             self.stats.commands += len(group)
             self.stats.largest_group = max(self.stats.largest_group, len(group))
-        self._finish(group, outcomes)
+            self._finish(group, outcomes, fed)
+            return
+        self._finish(group, outcomes, False)
 
-    @staticmethod
-    def _apply(command: Command, txn: lmdb.Transaction, now_ns: int) -> tuple[bool, Any]:
+    def _apply(
+        self, command: Command, txn: lmdb.Transaction, now_ns: int, position: int
+    ) -> tuple[bool, Any, int]:
+        """Apply one command; on success record its change. Returns (ok, value, next position)."""
+        if getattr(command, "replicated", False):
+            try:
+                applied: changes.ApplyResult = command.apply(txn, now_ns)
+            except errors.SessionLogError as exc:
+                return False, exc, position
+            return True, applied, applied.last_position + 1 if applied.last_position else position
+        recording = changes.RecordingTxn(txn, self._tables)
         try:
-            return True, command.apply(txn, now_ns)
+            result = command.apply(recording, now_ns)  # type: ignore[arg-type]
         except errors.SessionLogError as exc:
-            return False, exc
+            return False, exc, position
+        if recording.wrote:
+            record = changes.encode_change(
+                position, command.kind, command.session_id, now_ns, recording
+            )
+            txn.put(schema.u64(position), record, db=self._tables.changes)
+            position += 1
+        return True, result, position
 
-    def _finish(self, group: list[_Job], outcomes: list[tuple[bool, Any]]) -> None:
-        changed: set[str] = set()
+    def _finish(self, group: list[_Job], outcomes: list[tuple[bool, Any]], fed: bool) -> None:
+        changed: set[str] = {changes.FEED_KEY} if fed else set()
         for job, (ok, value) in zip(group, outcomes, strict=True):
             if ok:
                 changed.update(job.command.touched())

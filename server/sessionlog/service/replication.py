@@ -1,0 +1,246 @@
+"""Replication: the change feed a primary serves, and the loop a replica runs to follow it.
+
+    writers ──Append──▶ primary ──ReplicationService.Changes (follow)──▶ replica ──▶ readers
+                          │ one change record per commit,                  │ applies each batch
+                          │ position dense from 1                          │ verbatim in one commit,
+                          ▼                                                ▼ position included
+                        LMDB                                             LMDB (byte-identical)
+
+A replica resumes from its own newest stored position + 1, so after a crash or restart it
+neither skips nor repeats a change: the position is committed in the same transaction as the
+data. It reconnects with capped exponential backoff, serves every read, and refuses writes with
+NOT_PRIMARY naming its primary.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+
+import grpc
+
+from sessionlog import errors, wire
+from sessionlog.service.notifier import Notifier
+from sessionlog.service.servicer import abort, abort_unexpected, decode, shutting_down
+from sessionlog.storage.changes import FEED_KEY, ReceivedChange
+from sessionlog.storage.store import Store
+from sessionlog.v1 import replication_service_pb2 as rpb
+
+log = logging.getLogger(__name__)
+
+SERVICE_NAME = "sessionlog.v1.ReplicationService"
+CHANGES_METHOD = f"/{SERVICE_NAME}/Changes"
+CHANGES_BATCH_BYTES = 1 << 20
+BACKOFF_FIRST_SECONDS = 0.1
+BACKOFF_MAX_SECONDS = 5.0
+
+
+@dataclass
+class ReplicaState:
+    """What a replica knows about its primary and itself. Event-loop thread only."""
+
+    primary: str
+    connected: bool = False
+    caught_up: bool = False
+    primary_position: int = 0
+    primary_commit_ns: int = 0
+    applied_position: int = 0
+    applied_commit_ns: int = 0
+    last_contact_ns: int = 0
+
+    @property
+    def lag_positions(self) -> int:
+        return max(0, self.primary_position - self.applied_position)
+
+    @property
+    def lag_ns(self) -> int:
+        if self.lag_positions == 0:
+            return 0
+        return max(0, self.primary_commit_ns - self.applied_commit_ns)
+
+
+class ReplicationServicer:
+    """ReplicationService: the change feed and the replication status."""
+
+    def __init__(
+        self,
+        store: Store,
+        notifier: Notifier,
+        *,
+        replica: ReplicaState | None = None,
+        heartbeat_seconds: float = 15.0,
+    ) -> None:
+        self.store = store
+        self.notifier = notifier
+        self.replica = replica
+        self.heartbeat_seconds = heartbeat_seconds
+
+    def handlers(self) -> grpc.GenericRpcHandler:
+        return grpc.method_handlers_generic_handler(
+            SERVICE_NAME,
+            {
+                "Changes": grpc.unary_stream_rpc_method_handler(self.changes),
+                "GetReplicationStatus": grpc.unary_unary_rpc_method_handler(self.status),
+            },
+        )
+
+    def _head_fields(self) -> bytes:
+        position, commit_ns = self.store.head()
+        stamp = rpb.ChangesResponse()
+        if commit_ns:
+            stamp.head_commit_time.FromNanoseconds(commit_ns)
+        return wire.uint_field(3, position) + stamp.SerializeToString()
+
+    async def changes(self, raw: bytes, context: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
+        """Every change from start_position on, in batches; with follow, then live ones."""
+        try:
+            request = decode(rpb.ChangesRequest, raw)
+        except errors.SessionLogError as error:
+            await abort(context, error)
+            return
+        cursor, follow = max(request.start_position, 1), request.follow
+        waiter: asyncio.Future[None] | None = None
+        caught_up = False
+        try:
+            while True:
+                if follow and (waiter is None or waiter.done()):
+                    if waiter is not None:
+                        self.notifier.discard(FEED_KEY, waiter)
+                    waiter = self.notifier.register(FEED_KEY)
+                if self.notifier.closed:
+                    await abort(context, shutting_down("the change feed", cursor))
+                    return
+                batch = self.store.read_changes(cursor, CHANGES_BATCH_BYTES)
+                if batch:
+                    cursor += len(batch)
+                    yield wire.length_delimited(1, batch) + self._head_fields()
+                    continue
+                if not follow or waiter is None:
+                    return
+                if not caught_up:
+                    caught_up = True
+                    yield wire.uint_field(2, 1) + self._head_fields()
+                done, _ = await asyncio.wait({waiter}, timeout=self.heartbeat_seconds)
+                if not done:
+                    yield self._head_fields()
+        except errors.SessionLogError as error:
+            await abort(context, error)
+        except (asyncio.CancelledError, grpc.aio.AbortError):
+            raise
+        except Exception:
+            await abort_unexpected(context, "Changes")
+        finally:
+            if waiter is not None:
+                self.notifier.discard(FEED_KEY, waiter)
+
+    async def status(self, raw: bytes, context: grpc.aio.ServicerContext) -> bytes:
+        try:
+            decode(rpb.GetReplicationStatusRequest, raw)
+        except errors.SessionLogError as error:
+            await abort(context, error)
+        position, _ = self.store.head()
+        response = rpb.GetReplicationStatusResponse(role="primary", position=position)
+        state = self.replica
+        if state is not None:
+            response.role = "replica"
+            response.primary = state.primary
+            response.primary_position = max(state.primary_position, position)
+            response.lag_positions = max(0, state.primary_position - position)
+            response.lag.FromNanoseconds(state.lag_ns)
+            response.caught_up = state.caught_up
+            response.connected = state.connected
+            if state.last_contact_ns:
+                response.last_contact_time.FromNanoseconds(state.last_contact_ns)
+        serialized: bytes = response.SerializeToString()
+        return serialized
+
+
+class Replicator:
+    """Follows a primary's change feed and applies it to the local store, forever."""
+
+    def __init__(
+        self,
+        store: Store,
+        state: ReplicaState,
+        on_caught_up: Callable[[], None],
+        channel_factory: Callable[[str], grpc.aio.Channel] | None = None,
+    ) -> None:
+        self.store = store
+        self.state = state
+        self._on_caught_up = on_caught_up
+        self._channel_factory = channel_factory or _insecure_channel
+        self._stopping = False
+
+    def stop(self) -> None:
+        self._stopping = True
+
+    async def run(self) -> None:
+        backoff = BACKOFF_FIRST_SECONDS
+        position, commit_ns = self.store.head()
+        self.state.applied_position, self.state.applied_commit_ns = position, commit_ns
+        while not self._stopping:
+            try:
+                if await self._follow_once():
+                    backoff = BACKOFF_FIRST_SECONDS
+            except asyncio.CancelledError:
+                raise
+            except grpc.aio.AioRpcError as error:
+                log.warning(
+                    "replica lost its primary; reconnecting",
+                    extra={"primary": self.state.primary, "code": error.code().name},
+                )
+            except Exception:
+                log.exception("replication failed; reconnecting")
+            finally:
+                self.state.connected = False
+            if self._stopping:
+                return
+            await asyncio.sleep(backoff)
+            backoff = min(backoff * 2, BACKOFF_MAX_SECONDS)
+
+    async def _follow_once(self) -> bool:
+        """Stream changes until the stream ends; True if anything was received."""
+        channel = self._channel_factory(self.state.primary)
+        received_any = False
+        try:
+            changes = channel.unary_stream(CHANGES_METHOD)
+            start = self.store.head()[0] + 1
+            request = rpb.ChangesRequest(start_position=start, follow=True)
+            stream = changes(request.SerializeToString())
+            async for raw in stream:
+                if not self.state.connected:
+                    self.state.connected = True
+                    log.info("replica connected", extra={"primary": self.state.primary})
+                received_any = True
+                await self._handle(raw)
+        finally:
+            await channel.close()
+        return received_any
+
+    async def _handle(self, raw: bytes) -> None:
+        rest, payloads = wire.split_field(raw, 1)
+        response = rpb.ChangesResponse.FromString(rest)
+        state = self.state
+        state.last_contact_ns = time.time_ns()
+        if response.head_position >= state.primary_position:
+            state.primary_position = response.head_position
+            state.primary_commit_ns = response.head_commit_time.ToNanoseconds()
+        if payloads:
+            received = [ReceivedChange.parse(p) for p in payloads]
+            applied = await asyncio.wrap_future(self.store.submit_apply(received))
+            state.applied_position = applied.last_position
+            state.applied_commit_ns = applied.last_commit_ns
+        if response.caught_up and not state.caught_up:
+            state.caught_up = True
+            log.info(
+                "replica caught up",
+                extra={"primary": state.primary, "position": state.applied_position},
+            )
+            self._on_caught_up()
+
+
+def _insecure_channel(target: str) -> grpc.aio.Channel:
+    return grpc.aio.insecure_channel(target, options=[("grpc.max_receive_message_length", -1)])

@@ -28,10 +28,39 @@ def tag(field_number: int, wire_type: int) -> bytes:
     return varint((field_number << 3) | wire_type)
 
 
+_PREFIXED_LENGTHS = 1 << 14
+"""Payloads shorter than this (a length varint of at most two bytes) take their tag and length
+from a table built once per field number, instead of encoding both for every payload."""
+_prefix_tables: dict[int, list[bytes]] = {}
+
+
+def _prefix_table(field_number: int) -> list[bytes]:
+    table = _prefix_tables.get(field_number)
+    if table is None:
+        key = tag(field_number, 2)
+        table = _prefix_tables[field_number] = [key + varint(n) for n in range(_PREFIXED_LENGTHS)]
+    return table
+
+
 def length_delimited(field_number: int, payloads: Iterable[bytes]) -> bytes:
-    """A repeated message (or bytes) field holding each payload in order."""
-    prefix = tag(field_number, 2)
-    return b"".join(prefix + varint(len(p)) + p for p in payloads)
+    """A repeated message (or bytes) field holding each payload in order.
+
+    One join over prefix, payload, prefix, payload...: the hot path of Since and Append replies,
+    so the per-payload work is a table lookup, not a varint encode and two concatenations.
+    """
+    items = payloads if isinstance(payloads, list) else list(payloads)
+    if not items:
+        return b""
+    table = _prefix_table(field_number)
+    try:
+        prefixes = [table[len(p)] for p in items]
+    except IndexError:  # a payload of 16 KiB or more: encode its length
+        key = tag(field_number, 2)
+        prefixes = [table[n] if n < _PREFIXED_LENGTHS else key + varint(n) for n in map(len, items)]
+    parts: list[bytes] = [b""] * (2 * len(items))
+    parts[::2] = prefixes
+    parts[1::2] = items
+    return b"".join(parts)
 
 
 def uint_field(field_number: int, value: int) -> bytes:

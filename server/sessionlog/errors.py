@@ -20,7 +20,8 @@ status back into the same class with :func:`from_reason`.
     │   ├── BoundaryOutOfRange              BOUNDARY_OUT_OF_RANGE
     │   ├── InvalidLease                    INVALID_LEASE (bad holder name or TTL)
     │   ├── InvalidRequestId                INVALID_REQUEST_ID (longer than 256 bytes)
-    │   └── BatchTooLarge                   BATCH_TOO_LARGE (the reply would not fit a message)
+    │   ├── BatchTooLarge                   BATCH_TOO_LARGE (the reply would not fit a message)
+    │   └── TooManyEvents                   TOO_MANY_EVENTS (over the events-per-append limit)
     ├── SessionAlreadyExists                ALREADY_EXISTS
     ├── FailedPrecondition                  FAILED_PRECONDITION
     │   ├── OpenTurn                        OPEN_TURN
@@ -28,6 +29,9 @@ status back into the same class with :func:`from_reason`.
     │   ├── LeaseLost                       LEASE_LOST
     │   └── NotPrimary                      NOT_PRIMARY
     ├── SeqConflict                         ABORTED
+    ├── Unauthenticated                     UNAUTHENTICATED (no or unknown bearer token)
+    ├── PermissionDenied                    PERMISSION_DENIED (token lacks the right or prefix)
+    ├── TooManyStreams                      RESOURCE_EXHAUSTED (TOO_MANY_STREAMS)
     ├── StorageFull                         RESOURCE_EXHAUSTED
     ├── ResponseTooLarge                    RESOURCE_EXHAUSTED (RESPONSE_TOO_LARGE)
     └── Unavailable                         UNAVAILABLE (shutting down; reconnect)
@@ -116,6 +120,28 @@ class InvalidRequestId(InvalidArgument):
 
 class BatchTooLarge(InvalidArgument):
     reason = "BATCH_TOO_LARGE"
+
+
+class TooManyEvents(InvalidArgument):
+    reason = "TOO_MANY_EVENTS"
+
+
+class Unauthenticated(SessionLogError):
+    """No bearer token, or one the server does not know."""
+
+    reason = "UNAUTHENTICATED"
+
+
+class PermissionDenied(SessionLogError):
+    """A known token used outside its permissions or its session prefix."""
+
+    reason = "PERMISSION_DENIED"
+
+
+class TooManyStreams(SessionLogError):
+    """Too many follow streams are open (per connection or in total); close some, retry later."""
+
+    reason = "TOO_MANY_STREAMS"
 
 
 class SessionAlreadyExists(SessionLogError):

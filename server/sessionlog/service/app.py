@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -14,11 +15,23 @@ from grpc_health.v1._async import HealthServicer
 from grpc_reflection.v1alpha import reflection
 
 from sessionlog import fold
+from sessionlog.service.auth import AuthConfigError, AuthInterceptor, Authorizer, TokenTable
+from sessionlog.service.limits import (
+    DEFAULT_MAX_EVENTS_PER_APPEND,
+    DEFAULT_MAX_STREAMS,
+    DEFAULT_MAX_STREAMS_PER_CONNECTION,
+    StreamLimiter,
+)
 from sessionlog.service.notifier import Notifier
 from sessionlog.service.replication import SERVICE_NAME as REPLICATION_SERVICE_NAME
 from sessionlog.service.replication import ReplicaState, ReplicationServicer, Replicator
 from sessionlog.service.servicer import SERVICE_NAME, SessionLogServicer
-from sessionlog.storage.store import DEFAULT_MAP_SIZE, Store, StoreConfig
+from sessionlog.storage.store import (
+    DEFAULT_MAP_SIZE,
+    DEFAULT_REQUEST_ID_TTL_SECONDS,
+    Store,
+    StoreConfig,
+)
 
 log = logging.getLogger(__name__)
 
@@ -42,8 +55,30 @@ class ServerConfig:
     """An idle follow stream gets a response carrying next_seq this often."""
     shutdown_grace_seconds: float = 10.0
     """On stop, in-flight calls get this long to finish before they are cancelled."""
+    request_id_ttl_seconds: int = DEFAULT_REQUEST_ID_TTL_SECONDS
+    """How long a request_id is remembered for idempotent retries."""
     replica_of: str = ""
     """HOST:PORT of a primary to follow as a read replica; empty for a primary."""
+    max_events_per_append: int = DEFAULT_MAX_EVENTS_PER_APPEND
+    max_streams: int = DEFAULT_MAX_STREAMS
+    """Open Since/Changes streams allowed in total (TOO_MANY_STREAMS past it)."""
+    max_streams_per_connection: int = DEFAULT_MAX_STREAMS_PER_CONNECTION
+    tls_cert: str = ""
+    """PEM certificate chain; with tls_key, the server speaks TLS only."""
+    tls_key: str = ""
+    tls_client_ca: str = ""
+    """PEM CA bundle; when set, clients must present a certificate it signed (mTLS)."""
+    auth_tokens: str = ""
+    """TOML tokens file; when set, every call needs a bearer token (see service.auth)."""
+    auth_open_health: bool = False
+    """With auth on, still let health checks and reflection through without a token."""
+    replica_token: str = ""
+    """The bearer token a replica presents to its primary (needs the admin permission)."""
+    replica_tls_ca: str = ""
+    """PEM CA to verify a TLS primary with; set it to connect to the primary over TLS."""
+    replica_tls_cert: str = ""
+    """PEM client certificate for a primary that requires mTLS (with replica_tls_key)."""
+    replica_tls_key: str = ""
 
     def __post_init__(self) -> None:
         floor = self.limits.max_event_bytes + 4096
@@ -54,9 +89,23 @@ class ServerConfig:
             )
         if self.heartbeat_seconds <= 0 or self.shutdown_grace_seconds < 0:
             raise ConfigError("heartbeat must be positive and shutdown grace not negative")
+        if bool(self.tls_cert) != bool(self.tls_key):
+            raise ConfigError("--tls-cert and --tls-key go together")
+        if self.tls_client_ca and not self.tls_cert:
+            raise ConfigError("--tls-client-ca needs --tls-cert and --tls-key")
+        if bool(self.replica_tls_cert) != bool(self.replica_tls_key):
+            raise ConfigError("--replica-tls-cert and --replica-tls-key go together")
+        for name in ("max_events_per_append", "max_streams", "max_streams_per_connection"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name.replace('_', '-')} must be at least 1")
 
     def store_config(self) -> StoreConfig:
-        return StoreConfig(map_size=self.map_size, durable=self.durable, limits=self.limits)
+        return StoreConfig(
+            map_size=self.map_size,
+            durable=self.durable,
+            limits=self.limits,
+            request_id_ttl_seconds=self.request_id_ttl_seconds,
+        )
 
 
 class ConfigError(ValueError):
@@ -93,27 +142,39 @@ class SessionLogServer:
             if not loop.is_closed():
                 loop.call_soon_threadsafe(notifier.notify, session_ids)
 
-        self.store = Store(Path(self.config.data_dir), self.config.store_config(), on_commit=wake)
-        limit = self.config.max_message_bytes
+        config = self.config
+        credentials = _server_credentials(config)
+        authorizer = _authorizer(config)
+        self.store = Store(Path(config.data_dir), config.store_config(), on_commit=wake)
+        limit = config.max_message_bytes
         # Replies are sized by the handlers themselves (BATCH_TOO_LARGE, RESPONSE_TOO_LARGE, Since
         # batches); only the change feed may send more, to replicas that accept it.
         server = grpc.aio.server(
+            interceptors=[AuthInterceptor(authorizer)] if authorizer else None,
             options=[
                 ("grpc.so_reuseport", 0),
                 ("grpc.max_receive_message_length", limit),
                 ("grpc.max_send_message_length", -1),
-            ]
+            ],
         )
+        streams = StreamLimiter(config.max_streams, config.max_streams_per_connection)
         heartbeat = self.config.heartbeat_seconds
         servicer = SessionLogServicer(
             self.store,
             notifier,
             max_message_bytes=limit,
             heartbeat_seconds=heartbeat,
-            primary=self.config.replica_of,
+            primary=config.replica_of,
+            authorizer=authorizer,
+            max_events_per_append=config.max_events_per_append,
+            streams=streams,
         )
         replication = ReplicationServicer(
-            self.store, notifier, replica=self.replica, heartbeat_seconds=heartbeat
+            self.store,
+            notifier,
+            replica=self.replica,
+            heartbeat_seconds=heartbeat,
+            streams=streams,
         )
         server.add_generic_rpc_handlers((servicer.handlers(), replication.handlers()))
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
@@ -127,7 +188,10 @@ class SessionLogServer:
             server,
         )
         try:
-            self.port = server.add_insecure_port(self.config.listen)
+            if credentials is None:
+                self.port = server.add_insecure_port(config.listen)
+            else:
+                self.port = server.add_secure_port(config.listen, credentials)
         except RuntimeError:
             self.port = 0
         if self.port == 0:
@@ -143,7 +207,13 @@ class SessionLogServer:
         else:
             # A replica is NOT_SERVING until it has caught up with its primary once.
             await self._set_health(serving=False)
-            self._replicator = Replicator(self.store, self.replica, self._caught_up)
+            self._replicator = Replicator(
+                self.store,
+                self.replica,
+                self._caught_up,
+                channel_factory=_replica_channel_factory(config),
+                metadata=_bearer_metadata(config.replica_token),
+            )
             self._replicator_task = asyncio.create_task(self._replicator.run())
         log.info(
             "sessionlog serving",
@@ -152,6 +222,8 @@ class SessionLogServer:
                 "port": self.port,
                 "data": str(self.store.path.absolute()),
                 "role": "replica" if self.replica else "primary",
+                "tls": "mutual" if config.tls_client_ca else "on" if credentials else "off",
+                "auth": f"{len(authorizer.tokens)} tokens" if authorizer else "off",
                 **({"primary": self.config.replica_of} if self.replica else {}),
             },
         )
@@ -202,3 +274,46 @@ async def serve(config: ServerConfig) -> None:
     await stop_requested.wait()
     log.info("stopping on signal")
     await server.stop()
+
+
+def _read(path: str, what: str) -> bytes:
+    try:
+        return Path(path).read_bytes()
+    except OSError as exc:
+        raise ConfigError(f"cannot read the {what} {path!r}: {exc.strerror}") from None
+
+
+def _server_credentials(config: ServerConfig) -> grpc.ServerCredentials | None:
+    if not config.tls_cert:
+        return None
+    key = _read(config.tls_key, "TLS key")
+    chain = _read(config.tls_cert, "TLS certificate")
+    client_ca = _read(config.tls_client_ca, "client CA") if config.tls_client_ca else None
+    return grpc.ssl_server_credentials(
+        [(key, chain)], root_certificates=client_ca, require_client_auth=client_ca is not None
+    )
+
+
+def _authorizer(config: ServerConfig) -> Authorizer | None:
+    if not config.auth_tokens:
+        return None
+    try:
+        tokens = TokenTable.load(config.auth_tokens)
+    except AuthConfigError as exc:
+        raise ConfigError(str(exc)) from None
+    return Authorizer(tokens, open_health=config.auth_open_health)
+
+
+def _bearer_metadata(token: str) -> tuple[tuple[str, str], ...]:
+    return (("authorization", f"Bearer {token}"),) if token else ()
+
+
+def _replica_channel_factory(config: ServerConfig) -> Callable[[str], grpc.aio.Channel]:
+    options = [("grpc.max_receive_message_length", -1)]
+    if not config.replica_tls_ca:
+        return lambda target: grpc.aio.insecure_channel(target, options=options)
+    root = _read(config.replica_tls_ca, "replica TLS CA")
+    cert = _read(config.replica_tls_cert, "replica TLS cert") if config.replica_tls_cert else None
+    key = _read(config.replica_tls_key, "replica TLS key") if config.replica_tls_key else None
+    credentials = grpc.ssl_channel_credentials(root, key, cert)
+    return lambda target: grpc.aio.secure_channel(target, credentials, options=options)

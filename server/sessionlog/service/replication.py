@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import grpc
 
 from sessionlog import errors, wire
+from sessionlog.service.limits import StreamLimiter
 from sessionlog.service.notifier import Notifier
 from sessionlog.service.servicer import abort, abort_unexpected, decode, shutting_down
 from sessionlog.storage.changes import FEED_KEY, ReceivedChange
@@ -72,17 +73,19 @@ class ReplicationServicer:
         *,
         replica: ReplicaState | None = None,
         heartbeat_seconds: float = 15.0,
+        streams: StreamLimiter | None = None,
     ) -> None:
         self.store = store
         self.notifier = notifier
         self.replica = replica
         self.heartbeat_seconds = heartbeat_seconds
+        self.streams = streams or StreamLimiter()
 
     def handlers(self) -> grpc.GenericRpcHandler:
         return grpc.method_handlers_generic_handler(
             SERVICE_NAME,
             {
-                "Changes": grpc.unary_stream_rpc_method_handler(self.changes),
+                "Changes": grpc.unary_stream_rpc_method_handler(self.streams.guard(self.changes)),
                 "GetReplicationStatus": grpc.unary_unary_rpc_method_handler(self.status),
             },
         )
@@ -167,9 +170,11 @@ class Replicator:
         state: ReplicaState,
         on_caught_up: Callable[[], None],
         channel_factory: Callable[[str], grpc.aio.Channel] | None = None,
+        metadata: tuple[tuple[str, str], ...] = (),
     ) -> None:
         self.store = store
         self.state = state
+        self._metadata = metadata
         self._on_caught_up = on_caught_up
         self._channel_factory = channel_factory or _insecure_channel
         self._stopping = False
@@ -209,7 +214,7 @@ class Replicator:
             changes = channel.unary_stream(CHANGES_METHOD)
             start = self.store.head()[0] + 1
             request = rpb.ChangesRequest(start_position=start, follow=True)
-            stream = changes(request.SerializeToString())
+            stream = changes(request.SerializeToString(), metadata=self._metadata or None)
             async for raw in stream:
                 if not self.state.connected:
                     self.state.connected = True

@@ -22,8 +22,11 @@ from google.protobuf.message import DecodeError, Message
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from sessionlog import errors, fold, wire
+from sessionlog.service.auth import ADMIN, Authorizer, Principal, bearer
 from sessionlog.service.errors import to_grpc_status
+from sessionlog.service.limits import DEFAULT_MAX_EVENTS_PER_APPEND, StreamLimiter
 from sessionlog.service.notifier import Notifier
+from sessionlog.storage.commands import load_meta, read_range
 from sessionlog.storage.schema import AuditRecord, LeaseRecord, SessionMeta
 from sessionlog.storage.store import AppendResult, Store, prepare_append, prepare_seed
 from sessionlog.v1 import session_log_service_pb2 as pb
@@ -104,8 +107,14 @@ class SessionLogServicer:
         max_message_bytes: int = 64 << 20,
         heartbeat_seconds: float = 15.0,
         primary: str = "",
+        authorizer: Authorizer | None = None,
+        max_events_per_append: int = DEFAULT_MAX_EVENTS_PER_APPEND,
+        streams: StreamLimiter | None = None,
     ) -> None:
         self.store = store
+        self.authorizer = authorizer
+        self.max_events_per_append = max_events_per_append
+        self.streams = streams or StreamLimiter()
         self.primary = primary
         """Set on a replica: the primary that takes the writes refused here."""
         self.notifier = notifier
@@ -120,7 +129,9 @@ class SessionLogServicer:
             SERVICE_NAME,
             {
                 "Append": grpc.unary_unary_rpc_method_handler(self.append),
-                "Since": grpc.unary_stream_rpc_method_handler(self.since),
+                "Since": grpc.unary_stream_rpc_method_handler(
+                    self.streams.guard(self.since, self._since_scope)
+                ),
                 "Surface": grpc.unary_unary_rpc_method_handler(self.surface),
                 "DeriveMessages": grpc.unary_unary_rpc_method_handler(self.derive_messages),
                 "CreateSession": grpc.unary_unary_rpc_method_handler(self.create_session),
@@ -138,6 +149,8 @@ class SessionLogServicer:
     async def append(self, raw: bytes, context: grpc.aio.ServicerContext) -> bytes:
         self._require_primary()
         request = decode(pb.AppendRequest, raw)
+        self._scope(context, request.session_id)
+        self._check_count(len(request.events))
         batch = prepare_append(
             request.session_id,
             request.events,
@@ -156,6 +169,49 @@ class SessionLogServicer:
                 extra={"session_id": request.session_id, "index": index, "reason": reason},
             )
         return encode_append_response(result)
+
+    def _principal(self, context: grpc.aio.ServicerContext) -> Principal | None:
+        if self.authorizer is None:
+            return None
+        return self.authorizer.tokens.principal(bearer(context.invocation_metadata()))
+
+    def _scope(
+        self, context: grpc.aio.ServicerContext, *session_ids: str, admin: bool = False
+    ) -> None:
+        """Refuse sessions outside the caller's token prefix (and, with admin, a non-admin)."""
+        principal = self._principal(context)
+        if principal is None:
+            return
+        if admin and not principal.may(ADMIN):
+            raise errors.PermissionDenied(
+                f"token '{principal.name}' lacks the admin permission a forced release needs",
+                token=principal.name,
+                permission=ADMIN,
+            )
+        for session_id in session_ids:
+            principal.check_session(session_id)
+
+    def _listing_prefix(self, context: grpc.aio.ServicerContext, asked: str) -> str:
+        """The prefix a listing really uses: the caller's, narrowed to their token's prefix."""
+        principal = self._principal(context)
+        if principal is None or not principal.session_prefix:
+            return asked
+        allowed = principal.session_prefix
+        if asked.startswith(allowed):
+            return asked
+        if allowed.startswith(asked):
+            return allowed
+        principal.check_session(asked)
+        return asked
+
+    def _check_count(self, count: int) -> None:
+        if count > self.max_events_per_append:
+            raise errors.TooManyEvents(
+                f"{count} events in one call; the limit is {self.max_events_per_append} "
+                "(--max-events-per-append): split the batch",
+                count=count,
+                limit=self.max_events_per_append,
+            )
 
     def _require_primary(self) -> None:
         if self.primary:
@@ -176,6 +232,10 @@ class SessionLogServicer:
                 limit=self.max_message_bytes,
             )
 
+    def _since_scope(self, raw: bytes, context: grpc.aio.ServicerContext) -> None:
+        if self.authorizer is not None:
+            self._scope(context, decode(pb.SinceRequest, raw).session_id)
+
     async def since(self, raw: bytes, context: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
         """Stored events from seq on in byte-bounded batches; with follow, then live ones."""
         try:
@@ -186,7 +246,6 @@ class SessionLogServicer:
             return
         session_id, cursor, follow = request.session_id, request.seq, request.follow
         waiter: asyncio.Future[None] | None = None
-        sid: int | None = None
         caught_up = False
         try:
             while True:
@@ -197,17 +256,10 @@ class SessionLogServicer:
                 if self.notifier.closed:
                     await abort(context, shutting_down(f"session '{session_id}'", cursor))
                     return
-                if sid is None:
-                    meta = self.store.meta(session_id)
-                    sid = None if meta is None else meta.sid
-                batch = (
-                    []
-                    if sid is None
-                    else self.store.read_events(sid, cursor, max_bytes=self.since_batch_bytes)
-                )
-                if batch:
-                    cursor += len(batch)
-                    yield encode_events(batch)
+                encoded, count, _ = self._read_since(session_id, cursor)
+                if count:
+                    cursor += count
+                    yield encoded
                     continue
                 if not follow or waiter is None:
                     return
@@ -227,6 +279,23 @@ class SessionLogServicer:
             if waiter is not None:
                 self.notifier.discard(session_id, waiter)
 
+    def _read_since(self, session_id: str, start: int) -> tuple[bytes, int, int]:
+        """One Since batch from ``start``: the encoded response, its event count, and the
+        session's next seq, read in one transaction.
+
+        The session's next seq bounds the read, so the events are read without a key compare
+        each (seqs are dense); a transaction without buffers hands out bytes directly.
+        """
+        store = self.store
+        with store.env.begin() as txn:
+            meta = load_meta(txn, store.tables, session_id)
+            if meta is None or start >= meta.next_seq:
+                return b"", 0, 0 if meta is None else meta.next_seq
+            events = read_range(
+                txn, store.tables, meta.sid, start, meta.next_seq, self.since_batch_bytes
+            )
+        return encode_events(events), len(events), meta.next_seq
+
     def _next_seq(self, session_id: str) -> int:
         meta = self.store.meta(session_id)
         return 0 if meta is None else meta.next_seq
@@ -234,6 +303,7 @@ class SessionLogServicer:
     @unary
     async def surface(self, raw: bytes, context: grpc.aio.ServicerContext) -> bytes:
         request = decode(pb.SurfaceRequest, raw)
+        self._scope(context, request.session_id)
         fold.check_session_id(request.session_id)
         at_seq = request.at_seq if request.HasField("at_seq") else None
         folded = self.store.surface(request.session_id, at_seq)
@@ -259,6 +329,7 @@ class SessionLogServicer:
     @unary
     async def derive_messages(self, raw: bytes, context: grpc.aio.ServicerContext) -> bytes:
         request = decode(pb.DeriveMessagesRequest, raw)
+        self._scope(context, request.session_id)
         fold.check_session_id(request.session_id)
         at_seq = request.at_seq if request.HasField("at_seq") else None
         folded = self.store.surface(request.session_id, at_seq, messages=True)
@@ -276,6 +347,8 @@ class SessionLogServicer:
     async def create_session(self, raw: bytes, context: grpc.aio.ServicerContext) -> bytes:
         self._require_primary()
         request = decode(pb.CreateSessionRequest, raw)
+        self._scope(context, request.session_id)
+        self._check_count(len(request.events))
         batch = prepare_append(
             request.session_id,
             request.events,
@@ -292,6 +365,8 @@ class SessionLogServicer:
     async def seed_session(self, raw: bytes, context: grpc.aio.ServicerContext) -> bytes:
         self._require_primary()
         request = decode(pb.SeedSessionRequest, raw)
+        self._scope(context, request.session_id)
+        self._check_count(len(request.messages))
         batch, dropped = prepare_seed(
             request.session_id,
             request.messages,
@@ -311,6 +386,7 @@ class SessionLogServicer:
     @unary
     async def get_session(self, raw: bytes, context: grpc.aio.ServicerContext) -> bytes:
         request = decode(pb.GetSessionRequest, raw)
+        self._scope(context, request.session_id)
         fold.check_session_id(request.session_id)
         view = self.store.session(request.session_id)
         response = pb.GetSessionResponse(
@@ -322,12 +398,13 @@ class SessionLogServicer:
     @unary
     async def list_sessions(self, raw: bytes, context: grpc.aio.ServicerContext) -> bytes:
         request = decode(pb.ListSessionsRequest, raw)
+        prefix = self._listing_prefix(context, request.prefix)
         size = min(request.page_size or DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE)
-        after = decode_page_token(request.page_token, request.prefix)
-        page, more = self.store.list_sessions(after=after, prefix=request.prefix, limit=size)
+        after = decode_page_token(request.page_token, prefix)
+        page, more = self.store.list_sessions(after=after, prefix=prefix, limit=size)
         response = pb.ListSessionsResponse(
             sessions=[session_message(v.session_id, v.meta, v.lease) for v in page],
-            next_page_token=encode_page_token(page[-1].session_id, request.prefix) if more else "",
+            next_page_token=encode_page_token(page[-1].session_id, prefix) if more else "",
         )
         return _serialize(response)
 
@@ -335,6 +412,7 @@ class SessionLogServicer:
     async def fork_session(self, raw: bytes, context: grpc.aio.ServicerContext) -> bytes:
         self._require_primary()
         request = decode(pb.ForkSessionRequest, raw)
+        self._scope(context, request.parent_session_id, request.session_id)
         at_seq = request.at_seq if request.HasField("at_seq") else None
         future = self.store.submit_fork(
             request.parent_session_id,
@@ -351,6 +429,7 @@ class SessionLogServicer:
     async def acquire_lease(self, raw: bytes, context: grpc.aio.ServicerContext) -> bytes:
         self._require_primary()
         request = decode(pb.AcquireLeaseRequest, raw)
+        self._scope(context, request.session_id)
         ttl = _ttl_ns(request)
         future = self.store.submit_lease("acquire", request.session_id, request.holder, ttl)
         change = await asyncio.wrap_future(future)
@@ -360,6 +439,7 @@ class SessionLogServicer:
     async def renew_lease(self, raw: bytes, context: grpc.aio.ServicerContext) -> bytes:
         self._require_primary()
         request = decode(pb.RenewLeaseRequest, raw)
+        self._scope(context, request.session_id)
         ttl = _ttl_ns(request)
         future = self.store.submit_lease("renew", request.session_id, request.holder, ttl)
         change = await asyncio.wrap_future(future)
@@ -369,6 +449,7 @@ class SessionLogServicer:
     async def release_lease(self, raw: bytes, context: grpc.aio.ServicerContext) -> bytes:
         self._require_primary()
         request = decode(pb.ReleaseLeaseRequest, raw)
+        self._scope(context, request.session_id, admin=request.force)
         future = self.store.submit_lease(
             "release", request.session_id, request.holder, force=request.force
         )

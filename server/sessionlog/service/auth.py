@@ -1,0 +1,218 @@
+"""Bearer-token authentication and per-token authorization.
+
+Tokens come from a TOML file the operator writes:
+
+    [[token]]
+    name = "tenant-a-worker"            # shown in logs and errors, never the secret
+    sha256 = "9f86d08..."               # hex SHA-256 of the secret (or: token = "the secret")
+    permissions = ["read", "write"]     # read, write, admin (admin implies read and write)
+    session_prefix = "tenant-a."        # optional: only sessions whose id starts with this
+
+A request carries ``authorization: Bearer <secret>``. Missing or unknown secrets are
+UNAUTHENTICATED; a known token used outside its permissions or its session prefix is
+PERMISSION_DENIED. Secrets are compared by their SHA-256 digests with ``hmac.compare_digest``
+against every configured token, so the time taken says nothing about which one nearly matched.
+Secrets are never logged.
+
+Permissions per RPC: reads (Since, Surface, DeriveMessages, GetSession, ListSessions) need
+``read``; writes (Append, CreateSession, SeedSession, ForkSession, leases) need ``write``; a forced
+lease release and the change feed (which carries every tenant's data) need ``admin``.
+GetReplicationStatus needs ``read``. Health and reflection need any valid token unless the operator
+opens them (``--auth-open-health``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import tomllib
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from sessionlog import errors
+from sessionlog.service.errors import to_grpc_status
+
+READ, WRITE, ADMIN = "read", "write", "admin"
+PERMISSIONS = frozenset({READ, WRITE, ADMIN})
+
+_NEEDS = {
+    "/sessionlog.v1.SessionLogService/Append": WRITE,
+    "/sessionlog.v1.SessionLogService/Since": READ,
+    "/sessionlog.v1.SessionLogService/Surface": READ,
+    "/sessionlog.v1.SessionLogService/DeriveMessages": READ,
+    "/sessionlog.v1.SessionLogService/CreateSession": WRITE,
+    "/sessionlog.v1.SessionLogService/SeedSession": WRITE,
+    "/sessionlog.v1.SessionLogService/GetSession": READ,
+    "/sessionlog.v1.SessionLogService/ListSessions": READ,
+    "/sessionlog.v1.SessionLogService/ForkSession": WRITE,
+    "/sessionlog.v1.SessionLogService/AcquireLease": WRITE,
+    "/sessionlog.v1.SessionLogService/RenewLease": WRITE,
+    "/sessionlog.v1.SessionLogService/ReleaseLease": WRITE,
+    "/sessionlog.v1.ReplicationService/Changes": ADMIN,
+    "/sessionlog.v1.ReplicationService/GetReplicationStatus": READ,
+}
+_OPENABLE_PREFIXES = ("/grpc.health.v1.", "/grpc.reflection.")
+
+
+class AuthConfigError(ValueError):
+    """The tokens file is unusable; the message names the entry and what is wrong."""
+
+
+@dataclass(frozen=True)
+class Principal:
+    """Who a valid token says the caller is."""
+
+    name: str
+    permissions: frozenset[str]
+    session_prefix: str = ""
+
+    def may(self, permission: str) -> bool:
+        return ADMIN in self.permissions or permission in self.permissions
+
+    def check_session(self, session_id: str) -> None:
+        """Refuse a session outside this token's prefix (PERMISSION_DENIED, id not echoed)."""
+        if self.session_prefix and not session_id.startswith(self.session_prefix):
+            raise errors.PermissionDenied(
+                f"token '{self.name}' may only use sessions whose id starts with "
+                f"'{self.session_prefix}'",
+                token=self.name,
+                session_prefix=self.session_prefix,
+            )
+
+
+@dataclass(frozen=True)
+class _Entry:
+    digest: bytes
+    principal: Principal
+
+
+class TokenTable:
+    """The configured tokens, by the SHA-256 digest of their secret."""
+
+    def __init__(self, entries: Iterable[_Entry]) -> None:
+        self._entries = tuple(entries)
+
+    @classmethod
+    def load(cls, path: str | Path) -> TokenTable:
+        try:
+            document = tomllib.loads(Path(path).read_text())
+        except (OSError, tomllib.TOMLDecodeError) as exc:
+            raise AuthConfigError(f"cannot read tokens file {str(path)!r}: {exc}") from None
+        tokens = document.get("token")
+        if not isinstance(tokens, list) or not tokens:
+            raise AuthConfigError(f"tokens file {str(path)!r} has no [[token]] entries")
+        return cls(_entry(i, item) for i, item in enumerate(tokens))
+
+    def principal(self, secret: str) -> Principal | None:
+        """The principal of a presented secret, or None; constant time over all entries."""
+        presented = hashlib.sha256(secret.encode()).digest()
+        found: Principal | None = None
+        for entry in self._entries:
+            if hmac.compare_digest(presented, entry.digest):
+                found = entry.principal
+        return found
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+
+def _entry(index: int, item: Any) -> _Entry:
+    where = f"[[token]] #{index + 1}"
+    if not isinstance(item, dict):
+        raise AuthConfigError(f"{where} is not a table")
+    name = item.get("name")
+    if not isinstance(name, str) or not name:
+        raise AuthConfigError(f"{where} needs a name")
+    if ("token" in item) == ("sha256" in item):
+        raise AuthConfigError(f"{where} ({name}) needs exactly one of token or sha256")
+    if "token" in item:
+        if not isinstance(item["token"], str) or len(item["token"]) < 16:
+            raise AuthConfigError(f"{where} ({name}): token must be a string of 16+ characters")
+        digest = hashlib.sha256(item["token"].encode()).digest()
+    else:
+        try:
+            digest = bytes.fromhex(str(item["sha256"]))
+        except ValueError:
+            digest = b""
+        if len(digest) != 32:
+            raise AuthConfigError(f"{where} ({name}): sha256 must be 64 hex digits")
+    permissions = item.get("permissions", [READ])
+    if not isinstance(permissions, list) or not set(permissions) <= PERMISSIONS:
+        raise AuthConfigError(f"{where} ({name}): permissions must be a list of read/write/admin")
+    prefix = item.get("session_prefix", "")
+    if not isinstance(prefix, str):
+        raise AuthConfigError(f"{where} ({name}): session_prefix must be a string")
+    return _Entry(digest, Principal(name, frozenset(permissions), prefix))
+
+
+def bearer(metadata: Iterable[tuple[str, Any]] | None) -> str:
+    for key, value in metadata or ():
+        if key == "authorization" and isinstance(value, str) and value.startswith("Bearer "):
+            return value[len("Bearer ") :].strip()
+    return ""
+
+
+class Authorizer:
+    """Decides, per call, whether it may go on; used by the interceptor and the handlers."""
+
+    def __init__(self, tokens: TokenTable, open_health: bool = False) -> None:
+        self.tokens = tokens
+        self.open_health = open_health
+
+    def check(self, method: str, metadata: Iterable[tuple[str, Any]] | None) -> Principal | None:
+        """The caller's principal if the method is allowed; raises otherwise. None: open call."""
+        if self.open_health and method.startswith(_OPENABLE_PREFIXES):
+            return None
+        secret = bearer(metadata)
+        principal = self.tokens.principal(secret) if secret else None
+        if principal is None:
+            raise errors.Unauthenticated(
+                "a valid bearer token is required: send the metadata 'authorization: Bearer "
+                "<token>'"
+            )
+        needed = _NEEDS.get(method, READ)
+        if not principal.may(needed):
+            raise errors.PermissionDenied(
+                f"token '{principal.name}' lacks the {needed} permission this call needs",
+                token=principal.name,
+                permission=needed,
+            )
+        return principal
+
+
+class AuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
+    """Refuses calls without a valid token or the right permission before they reach a handler."""
+
+    def __init__(self, authorizer: Authorizer) -> None:
+        self._authorizer = authorizer
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler:
+        handler = await continuation(details)
+        try:
+            self._authorizer.check(details.method, details.invocation_metadata)
+        except errors.SessionLogError as error:
+            return _refusal(handler, error)
+        return handler
+
+
+def _refusal(handler: grpc.RpcMethodHandler | None, error: errors.SessionLogError) -> Any:
+    status = to_grpc_status(error)
+
+    async def refuse(request: Any, context: grpc.aio.ServicerContext) -> None:
+        await context.abort(status.code, status.details, status.trailing_metadata)
+
+    if handler is not None and handler.response_streaming:
+        if handler.request_streaming:
+            return grpc.stream_stream_rpc_method_handler(refuse)
+        return grpc.unary_stream_rpc_method_handler(refuse)
+    if handler is not None and handler.request_streaming:
+        return grpc.stream_unary_rpc_method_handler(refuse)
+    return grpc.unary_unary_rpc_method_handler(refuse)

@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 PROTOS := $(wildcard proto/sessionlog/v1/*.proto)
 SERVICE_PROTOS := $(wildcard proto/sessionlog/v1/*_service.proto)
 
-.PHONY: run test check lint format gen gen-check bench clean
+.PHONY: run test check lint format gen gen-check bench clean docs
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -66,3 +66,7 @@ bench: $(VENV)/.dev-stamp
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+
+## docs: rewrite the README's settings table from server/sessionlog/config.py
+docs: $(VENV)/.dev-stamp
+	$(BIN)/python -m sessionlog.config --write-readme README.md

@@ -395,3 +395,46 @@ def _toml(value: Any) -> str:
     if isinstance(value, int | float):
         return repr(value)
     return '"' + str(value).replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def markdown_table() -> str:
+    """The settings as the README's table (``make docs`` writes it; a test keeps it true)."""
+    rows = ["| flag | env / file key | default | meaning |", "| --- | --- | --- | --- |"]
+    for setting in SETTINGS:
+        flag = setting.flag + ("" if setting.flag_only_switch else f" {setting.metavar}")
+        default = setting.default
+        if isinstance(default, int) and setting.parse is parse_size:
+            default = _human_size(default)
+        shown = "(off)" if default in ("", False) else f"`{default}`"
+        meaning = setting.help.replace("|", "\\|")
+        rows.append(f"| `{flag}` | `{setting.env}` / `{setting.name}` | {shown} | {meaning} |")
+    return "\n".join(rows)
+
+
+def _human_size(size: int) -> str:
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if size % scale == 0:
+            return f"{size // scale}{unit}"
+    return str(size)
+
+
+BEGIN_MARK = "<!-- settings:begin"
+END_MARK = "<!-- settings:end -->"
+
+
+def readme_with_table(readme: str) -> str:
+    """The README text with its generated settings table replaced by the current one."""
+    start = readme.index(BEGIN_MARK)
+    start = readme.index("\n", start) + 1
+    end = readme.index(END_MARK)
+    return readme[:start] + markdown_table() + "\n" + readme[end:]
+
+
+if __name__ == "__main__":
+    import sys
+
+    if sys.argv[1:2] == ["--write-readme"]:
+        target = Path(sys.argv[2])
+        target.write_text(readme_with_table(target.read_text()))
+    else:
+        print(markdown_table())

@@ -40,3 +40,11 @@ def test_buf_is_clean(command: list[str]) -> None:
     """buf lint (STANDARD + COMMENTS) and buf format find nothing to say about proto/."""
     result = subprocess.run([_bin("buf"), *command], cwd=ROOT, capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_readme_settings_table_is_current() -> None:
+    """The README's configuration table is what `make docs` generates from the settings."""
+    from sessionlog.config import readme_with_table
+
+    readme = (ROOT / "README.md").read_text()
+    assert readme_with_table(readme) == readme, "README settings table is stale: run make docs"

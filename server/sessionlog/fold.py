@@ -28,7 +28,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from google.protobuf.struct_pb2 import ListValue, Struct
+from google.protobuf.struct_pb2 import ListValue, Struct, Value
 
 from sessionlog import errors
 from sessionlog.v1.event_pb2 import Event, EventType
@@ -118,43 +118,58 @@ def position(event: Event) -> int:
     return event.seq if rng is None else rng[0]
 
 
-def check_event(event: Event, index: int, limits: Limits = DEFAULT_LIMITS) -> Violation | None:
+def check_event(
+    event: Event, index: int, limits: Limits = DEFAULT_LIMITS, *, size: int | None = None
+) -> Violation | None:
     """Check every rule of SPEC §3 that does not depend on the seq the event will get.
 
     Returns the first violation in rule order, or None. Rule 3's "start_seq must not point past
-    the event's own seq" needs the seq and is checked by :func:`admit`.
+    the event's own seq" needs the seq and is checked by :func:`admit`. ``size`` is the event's
+    serialized size when the caller already knows it (say, having serialized the event with the
+    time it will be stored with); by default it is computed.
     """
-    if event.type not in KNOWN_TYPES:
+    event_type = event.type
+    if event_type not in KNOWN_TYPES:
         return Violation(
             1,
             errors.UnknownEventType(
-                f"event {index} has type {event.type}, which is not a known event type",
+                f"event {index} has type {event_type}, which is not a known event type",
                 index=index,
-                type=event.type,
+                type=event_type,
             ),
         )
-    surface = event.type in SURFACE_TYPES
-    if event.HasField("surface_op") and event.surface_op.WhichOneof("kind") and not surface:
+    surface = event_type in SURFACE_TYPES
+    op = event.surface_op.WhichOneof("kind") if event.HasField("surface_op") else None
+    if op and not surface:
         return Violation(
             2,
             errors.SurfaceOpOnNonSurfaceEvent(
-                f"event {index} is a {EventType.Name(event.type)}, a bookkeeping type, and may not "
+                f"event {index} is a {EventType.Name(event_type)}, a bookkeeping type, and may not "
                 "carry a surface_op; only message and tool-result events may",
                 index=index,
             ),
         )
-    rng = replace_range(event)
-    if rng is not None and rng[0] > rng[1]:
-        return Violation(
-            3,
-            errors.InvalidSurfaceOp(
-                f"event {index} replaces [{rng[0]}, {rng[1]}]: start_seq must not exceed stop_seq",
-                index=index,
-                start_seq=rng[0],
-                stop_seq=rng[1],
-            ),
-        )
-    problem = _time_problem(event) or _data_problem(event.data, limits.max_data_depth)
+    if op == "replace":
+        replace = event.surface_op.replace
+        start, stop = replace.start_seq, replace.stop_seq
+        if start > stop:
+            return Violation(
+                3,
+                errors.InvalidSurfaceOp(
+                    f"event {index} replaces [{start}, {stop}]: start_seq must not exceed stop_seq",
+                    index=index,
+                    start_seq=start,
+                    stop_seq=stop,
+                ),
+            )
+    # data's own values and their kinds, read once for rule 4's walk and rule 5's shapes
+    fields = event.data.fields
+    top: dict[str, Value] = {}
+    kinds: dict[str, str | None] = {}
+    for key in fields:
+        value = top[key] = fields[key]
+        kinds[key] = value.WhichOneof("kind")
+    problem = _time_problem(event) or _data_problem(top, kinds, limits.max_data_depth)
     if problem:
         return Violation(
             4,
@@ -162,7 +177,8 @@ def check_event(event: Event, index: int, limits: Limits = DEFAULT_LIMITS) -> Vi
                 f"event {index} cannot be stored as JSON: {problem}", index=index
             ),
         )
-    size = event.ByteSize()
+    if size is None:
+        size = event.ByteSize()
     if size > limits.max_event_bytes:
         return Violation(
             4,
@@ -174,7 +190,7 @@ def check_event(event: Event, index: int, limits: Limits = DEFAULT_LIMITS) -> Vi
             ),
         )
     if surface:
-        field = _misshapen_field(event.data)
+        field = _misshapen_field(top, kinds)
         if field:
             return Violation(
                 5,
@@ -184,13 +200,14 @@ def check_event(event: Event, index: int, limits: Limits = DEFAULT_LIMITS) -> Vi
                     field=field,
                 ),
             )
-    if event.seq != 0:
+    seq = event.seq
+    if seq != 0:
         return Violation(
             6,
             errors.SeqAssignedByServer(
-                f"event {index} carries seq {event.seq}; leave seq 0, the server assigns it",
+                f"event {index} carries seq {seq}; leave seq 0, the server assigns it",
                 index=index,
-                seq=event.seq,
+                seq=seq,
             ),
         )
     return None
@@ -251,47 +268,83 @@ def _time_problem(event: Event) -> str | None:
     return None
 
 
-def _data_problem(data: Struct, max_depth: int) -> str | None:
-    """Why data cannot round-trip as JSON, or None. data itself is level 1."""
-    stack: list[tuple[Struct | ListValue, int]] = [(data, 1)]
+def _data_problem(
+    top: dict[str, Value], kinds: dict[str, str | None], max_depth: int
+) -> str | None:
+    """Why data cannot round-trip as JSON, or None. data itself is level 1.
+
+    ``top`` holds data's values by key (in the map's order) and ``kinds`` the kind of each, read
+    once by the caller. Only objects and lists are pushed, so flat data costs one pass over
+    ``kinds``. Nested Structs are read as ``fields[key]`` per key: the Mapping mixin's
+    ``values()`` is several times slower on protobuf maps, and iterates in the same order.
+    """
+    if max_depth < 1:
+        return _TOO_DEEP.format(max_depth)
+    stack: list[tuple[Struct | ListValue, int]] = []
+    for key, kind in kinds.items():
+        if kind not in _SCALAR_KINDS:
+            problem = _value_problem(top[key], kind, 2, stack)
+            if problem:
+                return problem
     while stack:
         node, depth = stack.pop()
         if depth > max_depth:
-            return f"objects and lists are nested deeper than {max_depth} levels"
-        values = node.fields.values() if isinstance(node, Struct) else node.values
+            return _TOO_DEEP.format(max_depth)
+        if isinstance(node, Struct):
+            fields = node.fields
+            values: Iterable[Value] = [fields[key] for key in fields]
+        else:
+            values = node.values
         for value in values:
             kind = value.WhichOneof("kind")
-            if kind == "number_value":
-                if not math.isfinite(value.number_value):
-                    return "a number is NaN or infinite"
-            elif kind == "struct_value":
-                stack.append((value.struct_value, depth + 1))
-            elif kind == "list_value":
-                stack.append((value.list_value, depth + 1))
-            elif kind is None:
-                return "a value has no kind set (not null, number, string, bool, object or list)"
+            if kind not in _SCALAR_KINDS:
+                problem = _value_problem(value, kind, depth + 1, stack)
+                if problem:
+                    return problem
     return None
 
 
+def _value_problem(
+    value: Value, kind: str | None, child_depth: int, stack: list[tuple[Struct | ListValue, int]]
+) -> str | None:
+    """Check one non-string value; push an object or list to walk at ``child_depth``."""
+    if kind == "number_value":
+        if not math.isfinite(value.number_value):
+            return "a number is NaN or infinite"
+    elif kind == "struct_value":
+        stack.append((value.struct_value, child_depth))
+    elif kind == "list_value":
+        stack.append((value.list_value, child_depth))
+    elif kind is None:
+        return "a value has no kind set (not null, number, string, bool, object or list)"
+    return None
+
+
+_TOO_DEEP = "objects and lists are nested deeper than {} levels"
+_SCALAR_KINDS = frozenset({"string_value", "bool_value", "null_value"})
+"""Value kinds that can never break JSON: nothing to check."""
 _FIELD_SHAPES = {
     **dict.fromkeys(STRING_FIELDS, "a string or null"),
     "tool_calls": "a list of objects",
     "metadata": "an object",
 }
+_STRING_KINDS = ("string_value", "null_value")
 
 
-def _misshapen_field(data: Struct) -> str | None:
-    fields = data.fields
+def _misshapen_field(top: dict[str, Value], kinds: dict[str, str | None]) -> str | None:
+    """The first projected field (in SPEC order) present with the wrong type, or None."""
     for key in STRING_FIELDS:
-        if key in fields and fields[key].WhichOneof("kind") not in ("string_value", "null_value"):
+        if key in kinds and kinds[key] not in _STRING_KINDS:
             return key
-    if "tool_calls" in fields:
-        value = fields["tool_calls"]
-        if value.WhichOneof("kind") != "list_value" or any(
-            item.WhichOneof("kind") != "struct_value" for item in value.list_value.values
-        ):
-            return "tool_calls"
-    if "metadata" in fields and fields["metadata"].WhichOneof("kind") != "struct_value":
+    if "tool_calls" in kinds and (
+        kinds["tool_calls"] != "list_value"
+        or any(
+            item.WhichOneof("kind") != "struct_value"
+            for item in top["tool_calls"].list_value.values
+        )
+    ):
+        return "tool_calls"
+    if "metadata" in kinds and kinds["metadata"] != "struct_value":
         return "metadata"
     return None
 
@@ -379,7 +432,7 @@ class SurfaceFold:
         out: list[bytes] = []
         for i, cached in enumerate(memo):
             if cached is None:
-                cached = memo[i] = project(self._events[i]).SerializeToString()
+                cached = memo[i] = project(self._events[i]).SerializeToString(deterministic=True)
             out.append(cached)
         return out
 

@@ -178,6 +178,7 @@ class Replicator:
         self._on_caught_up = on_caught_up
         self._channel_factory = channel_factory or _insecure_channel
         self._stopping = False
+        self._received = False
 
     def stop(self) -> None:
         self._stopping = True
@@ -187,9 +188,9 @@ class Replicator:
         position, commit_ns = self.store.head()
         self.state.applied_position, self.state.applied_commit_ns = position, commit_ns
         while not self._stopping:
+            self._received = False
             try:
-                if await self._follow_once():
-                    backoff = BACKOFF_FIRST_SECONDS
+                await self._follow_once()
             except asyncio.CancelledError:
                 raise
             except grpc.aio.AioRpcError as error:
@@ -203,13 +204,14 @@ class Replicator:
                 self.state.connected = False
             if self._stopping:
                 return
+            if self._received:  # a stream that worked for a while: start the backoff over
+                backoff = BACKOFF_FIRST_SECONDS
             await asyncio.sleep(backoff)
             backoff = min(backoff * 2, BACKOFF_MAX_SECONDS)
 
-    async def _follow_once(self) -> bool:
-        """Stream changes until the stream ends; True if anything was received."""
+    async def _follow_once(self) -> None:
+        """Stream changes until the stream ends (with an error, usually)."""
         channel = self._channel_factory(self.state.primary)
-        received_any = False
         try:
             changes = channel.unary_stream(CHANGES_METHOD)
             start = self.store.head()[0] + 1
@@ -219,11 +221,10 @@ class Replicator:
                 if not self.state.connected:
                     self.state.connected = True
                     log.info("replica connected", extra={"primary": self.state.primary})
-                received_any = True
+                self._received = True
                 await self._handle(raw)
         finally:
             await channel.close()
-        return received_any
 
     async def _handle(self, raw: bytes) -> None:
         rest, payloads = wire.split_field(raw, 1)

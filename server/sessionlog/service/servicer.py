@@ -14,6 +14,7 @@ import binascii
 import functools
 import json
 import logging
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
@@ -23,6 +24,7 @@ from google.protobuf.timestamp_pb2 import Timestamp
 
 from sessionlog import errors, fold, wire
 from sessionlog.service.auth import ADMIN, Authorizer, Principal, bearer
+from sessionlog.service.counters import CANCELLED, INTERNAL, OK, Counters
 from sessionlog.service.errors import to_grpc_status
 from sessionlog.service.limits import DEFAULT_MAX_EVENTS_PER_APPEND, StreamLimiter
 from sessionlog.service.notifier import Notifier
@@ -64,16 +66,26 @@ async def abort_unexpected(context: grpc.aio.ServicerContext, method: str) -> No
 
 
 def unary(method: Handler) -> Handler:
-    """Turn a raised SessionLogError into its status; anything else into INTERNAL, logged."""
+    """Turn a raised SessionLogError into its status; anything else into INTERNAL, logged.
+    Each call is counted in ``self.counters`` (method, reason, latency, reply bytes)."""
+    rpc = "".join(part.title() for part in method.__name__.split("_"))
 
     @functools.wraps(method)
     async def handler(self: Any, request: bytes, context: grpc.aio.ServicerContext) -> bytes:
+        started = time.perf_counter()
+        reason, sent = CANCELLED, 0
         try:
-            return await method(self, request, context)
+            reply = await method(self, request, context)
+            reason, sent = OK, len(reply)
+            return reply
         except errors.SessionLogError as error:
+            reason = error.reason
             await abort(context, error)
         except Exception:
+            reason = INTERNAL
             await abort_unexpected(context, method.__name__)
+        finally:
+            self.counters.record(rpc, reason, time.perf_counter() - started, sent)
         raise AssertionError("unreachable: abort raises")
 
     return handler
@@ -110,8 +122,10 @@ class SessionLogServicer:
         authorizer: Authorizer | None = None,
         max_events_per_append: int = DEFAULT_MAX_EVENTS_PER_APPEND,
         streams: StreamLimiter | None = None,
+        counters: Counters | None = None,
     ) -> None:
         self.store = store
+        self.counters = counters or Counters()
         self.authorizer = authorizer
         self.max_events_per_append = max_events_per_append
         self.streams = streams or StreamLimiter()
@@ -164,6 +178,7 @@ class SessionLogServicer:
         self._check_reply_fits(batch.bodies)
         result = await asyncio.wrap_future(self.store.submit_append(batch))
         for index, reason, _ in result.drops:
+            self.counters.dropped(reason)
             log.warning(
                 "lenient append dropped an event",
                 extra={"session_id": request.session_id, "index": index, "reason": reason},
@@ -312,7 +327,8 @@ class SessionLogServicer:
             event_count=folded.count,
             replace_generation=folded.replace_generation,
         )
-        serialized: bytes = response.SerializeToString()
+        # Deterministic: a replica must answer with the very bytes its primary does.
+        serialized: bytes = response.SerializeToString(deterministic=True)
         return self._fitting(serialized, request.session_id)
 
     def _fitting(self, reply: bytes, session_id: str) -> bytes:

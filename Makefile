@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 PROTOS := $(wildcard proto/sessionlog/v1/*.proto)
 SERVICE_PROTOS := $(wildcard proto/sessionlog/v1/*_service.proto)
 
-.PHONY: run test check lint format gen gen-check bench clean docs
+.PHONY: run test browser check lint format gen gen-client gen-go gen-check bench clean docs
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -15,8 +15,8 @@ $(VENV)/.run-stamp: pyproject.toml | $(BIN)/python
 	$(BIN)/pip install -q -e .
 	touch $@
 
-$(VENV)/.dev-stamp: pyproject.toml | $(BIN)/python
-	$(BIN)/pip install -q -e '.[dev]'
+$(VENV)/.dev-stamp: pyproject.toml client/python/pyproject.toml | $(BIN)/python
+	$(BIN)/pip install -q -e client/python -e '.[dev]'
 	touch $@ $(VENV)/.run-stamp
 
 ## run: start the server on ./sessionlog-data, listening on 127.0.0.1:50051
@@ -24,8 +24,20 @@ run: $(VENV)/.run-stamp
 	$(BIN)/sessionlog serve
 
 ## test: install everything and run the whole suite
-test: $(VENV)/.dev-stamp
+test: $(VENV)/.dev-stamp browser
 	$(BIN)/python -m pytest
+
+## browser: Debian's chromium + chromium-driver for the web console test (apt-get, as root)
+browser:
+	@if command -v chromium >/dev/null 2>&1 && command -v chromedriver >/dev/null 2>&1; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	  echo "installing chromium and chromium-driver (for tests/e2e/test_web_console.py)"; \
+	  apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium chromium-driver; \
+	else \
+	  echo "make test needs chromium and chromium-driver: run it as root on Debian, or first run" >&2; \
+	  echo "  sudo apt-get install -y chromium chromium-driver" >&2; \
+	  exit 1; \
+	fi
 
 ## check: formatting, lint, types, proto lint, generated code up to date, then the tests
 check: lint gen-check test
@@ -42,11 +54,21 @@ format: $(VENV)/.dev-stamp
 	$(BIN)/ruff check --fix .
 	$(BIN)/buf format -w
 
-## gen: regenerate server/sessionlog/v1 from proto/
+## gen: regenerate server/sessionlog/v1 and the Python client's derived files from proto/
 gen: $(VENV)/.dev-stamp
 	rm -f server/sessionlog/v1/*_pb2*.py server/sessionlog/v1/*_pb2.pyi
 	$(BIN)/python -m grpc_tools.protoc -Iproto --python_out=server --pyi_out=server $(PROTOS)
 	$(BIN)/python -m grpc_tools.protoc -Iproto --grpc_python_out=server $(SERVICE_PROTOS)
+	$(MAKE) gen-client
+
+## gen-client: regenerate client/python/sessionlog_client/{v1,errors.py} (see client/python/gen.py)
+gen-client: $(VENV)/.dev-stamp
+	$(BIN)/python client/python/gen.py
+
+## gen-go: regenerate the Go stubs in client/go (needs protoc-gen-go and protoc-gen-go-grpc on
+## PATH: apt-get install protoc-gen-go protoc-gen-go-grpc)
+gen-go: $(VENV)/.dev-stamp
+	$(BIN)/buf generate --template buf.gen.yaml
 
 ## gen-check: fail when the generated code is stale
 gen-check: $(VENV)/.dev-stamp
@@ -59,6 +81,7 @@ gen-check: $(VENV)/.dev-stamp
 	extra=$$(cd server/sessionlog/v1 && ls *_pb2*.py* | while read f; do [ -e $$tmp/sessionlog/v1/$$f ] || echo $$f; done); \
 	[ -z "$$extra" ] || { echo "not generated from proto/: $$extra"; exit 1; }; \
 	rm -rf $$tmp; echo "generated code is up to date"
+	@$(BIN)/python client/python/gen.py --check
 
 ## bench: run the benchmarks and print the table
 bench: $(VENV)/.dev-stamp

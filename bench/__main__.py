@@ -1,6 +1,7 @@
 """Run every benchmark and its ceiling, print one table, write it as JSON.
 
     python -m bench [--quick] [--json PATH] [--duration SECONDS] [--client-procs N]
+                    [--only GROUP,...] [--uvloop]
 
 The default run takes a few minutes (hard limit 9 minutes), ``--quick`` under two. Everything runs
 on 127.0.0.1 in a temp dir that is removed at the end, and every process started here is stopped
@@ -21,15 +22,20 @@ from dataclasses import replace
 from pathlib import Path
 from types import FrameType
 
-from bench import cases, ceilings, procs
+from bench import cases, ceilings, derive, peer, procs, tail
 from bench.common import Measurement, Settings
-from bench.report import Row, machine, render, write_json
+from bench.report import Results, Row, machine, render, write_json
 
 DEFAULT_JSON = Path(__file__).resolve().parent / "results" / "latest.json"
 
 
 class BudgetExceeded(Exception):
     """The run went past its time budget."""
+
+
+GROUPS = ("append", "since", "tail", "derive", "redis")
+"""Case groups ``--only`` can pick: append = cases 1-3, since = 4, tail = 5, derive = 6, redis =
+the peer's rows (its XADD rows need the append group, its XRANGE row the since group)."""
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -41,7 +47,20 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--client-procs", type=int, help="processes for the concurrent load")
     parser.add_argument("--tmp-dir", type=Path, help="parent of the temp dir (data, logs, LMDB)")
-    return parser.parse_args(argv)
+    parser.add_argument(
+        "--only",
+        type=lambda text: [g.strip() for g in text.split(",") if g.strip()],
+        default=list(GROUPS),
+        help=f"comma-separated case groups to run, of: {', '.join(GROUPS)} (default: all)",
+    )
+    parser.add_argument(
+        "--uvloop", action="store_true", help="run the sessionlog server on uvloop's event loop"
+    )
+    args = parser.parse_args(argv)
+    unknown = sorted(set(args.only) - set(GROUPS))
+    if unknown:
+        parser.error(f"unknown case group(s): {', '.join(unknown)}; pick from {', '.join(GROUPS)}")
+    return args
 
 
 def settings_from(args: argparse.Namespace) -> Settings:
@@ -66,35 +85,71 @@ def measured(label: str, measurement: Measurement) -> Measurement:
     return measurement
 
 
-def run_all(settings: Settings, work: Path) -> list[Row]:
-    """Start both servers, run each case next to its ceilings, stop the servers."""
+def run_all(
+    settings: Settings, work: Path, groups: list[str], options: procs.ServerOptions
+) -> Results:
+    """Start the servers, run each chosen case next to its ceilings, stop the servers."""
+    results = Results(rows=[], tails=[], derives=[], notes=[])
+    if options.uvloop:
+        results.notes.append("The sessionlog server ran on uvloop (--uvloop).")
+    redis_missing = peer.unavailable() if "redis" in groups else "not asked for"
+    if "redis" in groups and redis_missing:
+        results.notes.append(f"Redis rows skipped: {redis_missing}.")
     with ExitStack() as stack:
         progress("starting sessionlog and echo servers")
-        server = stack.enter_context(procs.sessionlog_server(work / "data", work / "server.log"))
-        echo = stack.enter_context(procs.echo_server(work / "echo.log"))
-        rows: list[Row] = []
-
-        for case in (cases.SEQUENTIAL, cases.CONCURRENT, cases.BATCHED):
-            progress(f"case {case.label}")
-            load, result = cases.run_append(settings, server, case)
-            measured("sessionlog", result)
-            echo_result = measured("echo", ceilings.echo_unary(load, echo))
-            if case is cases.BATCHED:
-                lmdb = measured("lmdb", ceilings.lmdb_commits(settings, work, 100))
-                rows.append(Row(case.label, result, lmdb))
-            rows.append(Row(case.label, result, echo_result))
-            if case is cases.SEQUENTIAL:
-                lmdb = measured("lmdb", ceilings.lmdb_commits(settings, work, 1))
-                rows.append(Row(case.label, result, lmdb))
-                rows.append(Row(case.label, result, ceilings.in_series(echo_result, lmdb)))
-
-        progress(f"case 4 since catch-up ({settings.since_events:,} events)")
-        result = measured("sessionlog", cases.since_catch_up(settings, server))
-        rows.append(
-            Row(result.name, result, measured("echo", ceilings.echo_stream(settings, echo)))
+        server = stack.enter_context(
+            procs.sessionlog_server(work / "data", work / "server.log", options)
         )
+        echo = stack.enter_context(procs.echo_server(work / "echo.log"))
+        redis = None
+        if not redis_missing:
+            progress("starting redis-server (appendfsync always)")
+            redis = stack.enter_context(peer.redis_server(work / "redis"))
+        rows = results.rows
+        if "append" in groups:
+            for case in (cases.SEQUENTIAL, cases.CONCURRENT, cases.BATCHED):
+                progress(f"case {case.label}")
+                load, result = cases.run_append(settings, server, case)
+                measured("sessionlog", result)
+                echo_result = measured("echo", ceilings.echo_unary(load, echo))
+                if case is cases.BATCHED:
+                    lmdb = measured("lmdb", ceilings.lmdb_commits(settings, work, 100))
+                    rows.append(Row(case.label, result, lmdb, "lmdb"))
+                rows.append(Row(case.label, result, echo_result, "echo"))
+                if case is cases.SEQUENTIAL:
+                    lmdb = measured("lmdb", ceilings.lmdb_commits(settings, work, 1))
+                    rows.append(Row(case.label, result, lmdb, "lmdb"))
+                    derived = ceilings.in_series(echo_result, lmdb)
+                    rows.append(Row(case.label, result, derived, "derived"))
+                if redis is not None and case is not cases.CONCURRENT:
+                    peer_result = measured(
+                        "redis", peer.xadd(settings, redis, case.clients, case.events_per_call)
+                    )
+                    rows.append(Row(case.label, result, peer_result, "redis"))
+
+        if "since" in groups:
+            progress(f"case 4 since catch-up ({settings.since_events:,} events)")
+            result = measured("sessionlog", cases.since_catch_up(settings, server))
+            echo_stream = measured("echo", ceilings.echo_stream(settings, echo))
+            rows.append(Row(result.name, result, echo_stream, "echo"))
+            if redis is not None:
+                peer_result = measured("redis", peer.xrange_catch_up(settings, redis))
+                rows.append(Row(result.name, result, peer_result, "redis"))
+
+        if "tail" in groups:
+            for followers in settings.tail_followers:
+                progress(f"case 5 live tail, {followers} follower(s)")
+                tail_result = tail.run_tail(settings, server, followers)
+                progress(
+                    f"  p50/p99 {tail_result.p50_ms or 0:.2f}/{tail_result.p99_ms or 0:.2f} ms "
+                    f"(client {tail_result.client_cores:.2f} cores)"
+                )
+                results.tails.append(tail_result)
         progress("stopping servers")
-    return rows
+    if "derive" in groups:
+        progress("case 6 derive messages (filling sessions, then restarting a server)")
+        results.derives.extend(derive.run_derive(settings, work, options))
+    return results
 
 
 @contextmanager
@@ -124,9 +179,10 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     info = machine()
     work = Path(tempfile.mkdtemp(prefix="sessionlog-bench-", dir=args.tmp_dir))
+    options = procs.ServerOptions(uvloop=args.uvloop)
     try:
         with time_budget(settings.budget_seconds):
-            rows = run_all(settings, work)
+            results = run_all(settings, work, args.only, options)
     except (BudgetExceeded, procs.ServerFailed, RuntimeError) as exc:
         print(f"bench failed: {exc}", file=sys.stderr)
         return 1
@@ -135,11 +191,15 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    print(render(rows, settings, mode, info))
-    write_json(args.json, rows, settings, mode, info)
+    print(render(results, settings, mode, info))
+    write_json(args.json, results, settings, mode, info)
     progress(f"done in {time.perf_counter() - started:.0f} s; wrote {args.json}")
-    failed = any(m.errors for row in rows for m in (row.sessionlog, row.ceiling))
-    return 1 if failed else 0
+    measurements = [
+        *(m for row in results.rows for m in (row.sessionlog, row.ceiling)),
+        *results.tails,
+        *results.derives,
+    ]
+    return 1 if any(m.errors for m in measurements) else 0
 
 
 if __name__ == "__main__":

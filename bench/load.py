@@ -80,7 +80,7 @@ def run_unary(load: UnaryLoad, name: str, server_cpu: ServerCpu) -> UnaryOutcome
     """Run a unary load in worker processes and merge what they report."""
     count = 1 if load.blocking else max(1, min(load.processes, len(load.requests)))
     groups = [list(range(i, len(load.requests), count)) for i in range(count)]
-    reports = _run_workers(
+    reports = run_workers(
         [(_unary_worker, (load, group)) for group in groups],
         server_cpu,
         load.warmup + load.duration,
@@ -116,7 +116,7 @@ def run_unary(load: UnaryLoad, name: str, server_cpu: ServerCpu) -> UnaryOutcome
 
 def run_stream(load: StreamLoad, name: str, server_cpu: ServerCpu) -> Measurement:
     """Read a server stream ``load.runs`` times from one worker process; totals over the runs."""
-    reports = _run_workers([(_stream_worker, (load,))], server_cpu, 600.0)
+    reports = run_workers([(_stream_worker, (load,))], server_cpu, 600.0)
     report = reports.workers[0]
     runs = report["runs"]
     measurement = Measurement(
@@ -149,18 +149,18 @@ def run_stream(load: StreamLoad, name: str, server_cpu: ServerCpu) -> Measuremen
 
 
 @dataclass
-class _Reports:
+class Reports:
     workers: list[dict[str, Any]]
     server_cpu: float | None
     system_cpu: float | None
     window: float
 
 
-def _run_workers(
+def run_workers(
     targets: list[tuple[Callable[..., None], tuple[Any, ...]]],
     server_cpu: ServerCpu,
     planned_seconds: float,
-) -> _Reports:
+) -> Reports:
     """Start one process per target, release them together, collect one report from each."""
     context: SpawnContext = multiprocessing.get_context("spawn")
     barrier = context.Barrier(len(targets) + 1)
@@ -190,7 +190,7 @@ def _run_workers(
     failed = [r["failure"] for r in reports if r.get("failure")]
     if failed:
         raise RuntimeError(f"a load worker failed: {failed[0]}")
-    return _Reports(
+    return Reports(
         reports, _delta(cpu_before, cpu_after), _delta(system_before, system_after), window
     )
 
@@ -235,7 +235,7 @@ class _Tally:
             self.first_error = f"{error.code()}: {error.details()}"
 
 
-def _report_failure(
+def report_failure(
     barrier: Any, results: multiprocessing.Queue[dict[str, Any]], error: BaseException
 ) -> None:
     barrier.abort()
@@ -254,7 +254,7 @@ def _unary_worker(
         else:
             report = asyncio.run(_async_clients(load, clients, barrier))
     except Exception as error:
-        _report_failure(barrier, results, error)
+        report_failure(barrier, results, error)
         return
     results.put(report)
 
@@ -359,10 +359,10 @@ def _stream_worker(
             runs = [_read_stream(call, load.request) for _ in range(load.runs)]
             cpu = time.process_time() - cpu
     except grpc.RpcError as error:
-        _report_failure(barrier, results, RuntimeError(f"{error.code()}: {error.details()}"))
+        report_failure(barrier, results, RuntimeError(f"{error.code()}: {error.details()}"))
         return
     except Exception as error:
-        _report_failure(barrier, results, error)
+        report_failure(barrier, results, error)
         return
     results.put({"runs": runs, "cpu": cpu, "errors": 0, "first_error": ""})
 

@@ -13,7 +13,8 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
@@ -136,12 +137,33 @@ def running(name: str, argv_for_port: list[str], log_path: Path) -> Iterator[Ser
             print(f"warning: {name} exited with {code}:\n{server.log_tail()}", file=sys.stderr)
 
 
+@dataclass(frozen=True)
+class ServerOptions:
+    """How the bench starts sessionlog (the defaults: exactly as `sessionlog serve` runs)."""
+
+    uvloop: bool = False
+    """Run the server on uvloop's event loop (installed before `sessionlog serve` starts)."""
+
+
+_UVLOOP_LAUNCH = (
+    "import asyncio, sys, uvloop; asyncio.set_event_loop_policy(uvloop.EventLoopPolicy()); "
+    "from sessionlog.cli import main; sys.exit(main())"
+)
+
+
 def sessionlog_server(
-    data_dir: Path, log_path: Path
+    data_dir: Path,
+    log_path: Path,
+    options: ServerOptions | None = None,
+    extra: Sequence[str] = (),
 ) -> contextlib.AbstractContextManager[ServerProcess]:
     """``sessionlog serve`` over LMDB in ``data_dir`` (default durability: synced commits)."""
+    options = options or ServerOptions()
+    launch = (
+        [sys.executable, "-c", _UVLOOP_LAUNCH] if options.uvloop else [str(VENV_BIN / "sessionlog")]
+    )
     argv = [
-        str(VENV_BIN / "sessionlog"),
+        *launch,
         "serve",
         "--data",
         str(data_dir),
@@ -149,6 +171,7 @@ def sessionlog_server(
         "127.0.0.1:{port}",
         "--log-level",
         "warning",
+        *extra,
     ]
     return running("sessionlog", argv, log_path)
 

@@ -20,9 +20,13 @@ NOISY = 0.25
 
 @dataclass
 class Row:
+    """A sessionlog figure next to one ceiling or peer measured in the same run."""
+
     case: str
     sessionlog: Measurement
     ceiling: Measurement
+    kind: str = "ceiling"
+    """What the ceiling column holds: "echo", "lmdb", "derived" or "redis" (a peer)."""
 
     @property
     def ratio(self) -> float | None:
@@ -32,11 +36,22 @@ class Row:
     def to_json(self) -> dict[str, Any]:
         return {
             "case": self.case,
+            "kind": self.kind,
             "sessionlog": self.sessionlog.to_json(),
             "ceiling": self.ceiling.to_json(),
             "ratio": self.ratio,
             "limit": limit_note(self),
         }
+
+
+@dataclass
+class Results:
+    """Everything one run measured."""
+
+    rows: list[Row]
+    tails: list[Measurement]
+    derives: list[Measurement]
+    notes: list[str]
 
 
 def machine() -> dict[str, Any]:
@@ -137,7 +152,131 @@ def table(rows: list[Row]) -> str:
     return "\n".join(lines)
 
 
-def render(rows: list[Row], settings: Settings, mode: str, info: dict[str, Any]) -> str:
+def tail_table(tails: list[Measurement]) -> str:
+    header = (
+        f"{'case':<36}  {'appends/s':>9}  {'send->arrival p50/p99/max ms':>28}  "
+        f"{'ack->arrival p50/p99':>20}  {'append p50/p99':>14}  {'cpu cli/srv/oth':>15}"
+    )
+    lines = [header, "-" * len(header)]
+    for m in tails:
+        d = m.details
+        arrival = f"{_ms(m.p50_ms)}/{_ms(m.p99_ms)}/{_ms(d.get('max_ms'))}"
+        ack = f"{_ms(d.get('ack_to_arrival_p50_ms'))}/{_ms(d.get('ack_to_arrival_p99_ms'))}"
+        append = f"{_ms(d.get('append_p50_ms'))}/{_ms(d.get('append_p99_ms'))}"
+        flag = " !" if m.errors else ""
+        lines.append(
+            f"{m.name + flag:<36}  {m.events_per_second:>9,.0f}  {arrival:>28}  {ack:>20}  "
+            f"{append:>14}  {_cores(m):>15}"
+        )
+    return "\n".join(lines)
+
+
+def derive_table(derives: list[Measurement]) -> str:
+    header = (
+        f"{'case':<32}  {'messages':>8}  {'cold ms':>8}  {'memoized p50/p99 ms':>19}  "
+        f"{'after 1 append ms':>17}  {'memoized us/msg':>15}"
+    )
+    lines = [header, "-" * len(header)]
+    for m in derives:
+        d = m.details
+        memoized = f"{_ms(m.p50_ms)}/{_ms(m.p99_ms)}"
+        flag = " !" if m.errors else ""
+        lines.append(
+            f"{m.name + flag:<32}  {d['messages']:>8,}  {_ms(d['cold_median_ms']):>8}  "
+            f"{memoized:>19}  {_ms(d.get('after_append_p50_ms')):>17}  "
+            f"{_ms(d.get('memoized_us_per_message')):>15}"
+        )
+    return "\n".join(lines)
+
+
+def _ms(value: float | None) -> str:
+    if value is None:
+        return "-"
+    return f"{value:.2f}" if value < 100 else f"{value:,.0f}"
+
+
+@dataclass
+class Target:
+    what: str
+    goal: str
+    measured: str
+    met: bool | None
+    """None: not measured in this run."""
+
+
+def targets(results: Results) -> list[Target]:
+    """Issue 7's targets, each with what this run measured."""
+
+    def row(number: str, kind: str) -> Row | None:
+        return next((r for r in results.rows if r.case.startswith(number) and r.kind == kind), None)
+
+    out: list[Target] = []
+
+    def ratio_target(what: str, found: Row | None, goal: float) -> None:
+        ratio = None if found is None else found.ratio
+        out.append(
+            Target(
+                what,
+                f">= {goal:g}x",
+                "-" if ratio is None else f"{ratio:.2f}x",
+                None if ratio is None else ratio >= goal,
+            )
+        )
+
+    ratio_target("append 1 ev/call, 16 clients vs echo unary", row("2 ", "echo"), 0.8)
+    batched = row("3 ", "echo") or row("3 ", "lmdb")
+    rate = None if batched is None else batched.sessionlog.events_per_second
+    out.append(
+        Target(
+            "append 100 ev/call, 4 clients, durable",
+            ">= 150,000 ev/s",
+            "-" if rate is None else f"{rate:,.0f} ev/s",
+            None if rate is None else rate >= 150_000,
+        )
+    )
+    ratio_target("append 100 ev/call vs Redis XADD pipelined by 100", row("3 ", "redis"), 3.0)
+    ratio_target("since catch-up vs echo stream", row("4 ", "echo"), 0.7)
+    ratio_target("since catch-up vs Redis XRANGE", row("4 ", "redis"), 2.5)
+    for m in results.tails:
+        p99 = m.p99_ms
+        out.append(
+            Target(
+                f"live tail p99, {m.details['followers']} follower(s)",
+                "<= 5 ms",
+                "-" if p99 is None else f"{p99:.2f} ms",
+                None if p99 is None or m.errors else p99 <= 5.0,
+            )
+        )
+    by_name = {m.name: m for m in results.derives}
+    for shape in ("no replaces", "with replaces"):
+        small = by_name.get(f"6 derive 10k ev, {shape}")
+        large = by_name.get(f"6 derive 100k ev, {shape}")
+        if small is None or large is None:
+            continue
+        a = small.details.get("memoized_us_per_message")
+        b = large.details.get("memoized_us_per_message")
+        growth = None if not a or b is None else b / a
+        out.append(
+            Target(
+                f"derive memoized, {shape}: cost per message 100k vs 10k",
+                "<= 1.5x (linear)",
+                "-" if growth is None else f"{growth:.2f}x",
+                None if growth is None else growth <= 1.5,
+            )
+        )
+    return out
+
+
+def targets_table(found: list[Target]) -> str:
+    width = max((len(t.what) for t in found), default=10)
+    lines = [f"{'target':<{width}}  {'goal':>17}  {'measured':>14}  met", "-" * (width + 42)]
+    for t in found:
+        met = "n/a" if t.met is None else ("yes" if t.met else "NO")
+        lines.append(f"{t.what:<{width}}  {t.goal:>17}  {t.measured:>14}  {met}")
+    return "\n".join(lines)
+
+
+def render(results: Results, settings: Settings, mode: str, info: dict[str, Any]) -> str:
     load = "/".join(f"{x:.2f}" for x in info["load_average_at_start"]) or "?"
     header = (
         f"sessionlog bench ({mode}: {settings.duration:g} s per timed case) on "
@@ -145,8 +284,8 @@ def render(rows: list[Row], settings: Settings, mode: str, info: dict[str, Any])
         f"lmdb {info['lmdb']}; all on 127.0.0.1; load average at start {load}"
     )
     notes = [
-        "ev/s: events per second. ratio: sessionlog / ceiling. p50/p99: per call (streams: "
-        "median time of a whole read).",
+        "ev/s: events per second. ratio: sessionlog / ceiling (or / peer). p50/p99: per call "
+        "(streams: median time of a whole read).",
         "cpu cli/srv/oth: cores kept busy (CPU seconds per wall second) by the load generator "
         "(all its processes), the server process, and every other process on the machine.",
         f"limit: client-bound = the client processes used >= {SATURATED:.0%} of a core each; "
@@ -155,17 +294,38 @@ def render(rows: list[Row], settings: Settings, mode: str, info: dict[str, Any])
         f"used >= {NOISY} cores during the case or its ceiling.",
         "The server, the load generator and the LMDB ceiling share this machine's CPUs and disk.",
     ]
-    problems = [
-        f"! {m.name}: {m.errors} errors, first: {m.first_error}"
-        for row in rows
-        for m in (row.sessionlog, row.ceiling)
-        if m.errors
+    everything = [
+        *(m for row in results.rows for m in (row.sessionlog, row.ceiling)),
+        *results.tails,
+        *results.derives,
     ]
-    return "\n".join([header, "", table(rows), "", *notes, *dict.fromkeys(problems)])
+    problems = [
+        f"! {m.name}: {m.errors} errors, first: {m.first_error}" for m in everything if m.errors
+    ]
+    parts = [header, "", table(results.rows), "", *notes]
+    if results.tails:
+        parts += [
+            "",
+            tail_table(results.tails),
+            "",
+            "send->arrival: from sending an append to the event's arrival at a follower (all "
+            "followers' samples); ack->arrival: from the writer's acknowledgment (negative: the "
+            "follower had it first).",
+        ]
+    if results.derives:
+        parts += [
+            "",
+            derive_table(results.derives),
+            "",
+            "cold: first call after a server start (fold built from LMDB); memoized: nothing "
+            "appended since the last call; after 1 append: the memo extended by one event.",
+        ]
+    parts += ["", targets_table(targets(results)), *results.notes, *dict.fromkeys(problems)]
+    return "\n".join(parts)
 
 
 def write_json(
-    path: Path, rows: list[Row], settings: Settings, mode: str, info: dict[str, Any]
+    path: Path, results: Results, settings: Settings, mode: str, info: dict[str, Any]
 ) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     document = {
@@ -173,6 +333,10 @@ def write_json(
         "argv": sys.argv,
         "machine": info,
         "settings": asdict(settings),
-        "rows": [row.to_json() for row in rows],
+        "rows": [row.to_json() for row in results.rows],
+        "live_tail": [m.to_json() for m in results.tails],
+        "derive": [m.to_json() for m in results.derives],
+        "targets": [asdict(t) for t in targets(results)],
+        "notes": results.notes,
     }
     path.write_text(json.dumps(document, indent=2) + "\n")

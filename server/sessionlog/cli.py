@@ -1,7 +1,8 @@
 """The `sessionlog` command.
 
     sessionlog serve [--config FILE] [--data DIR] [--listen HOST:PORT] ... [--print-config]
-    sessionlog append | tail | surface | messages | get | sessions | fork | lease ...
+    sessionlog append | tail | surface | messages | get | sessions | fork | lease | health ...
+    sessionlog admin stats | backup ...
 
 The client subcommands live in ``cli_client``.
 
@@ -26,7 +27,7 @@ from typing import NoReturn
 
 import lmdb
 
-from sessionlog import config, logs
+from sessionlog import admin, config, logs
 from sessionlog.cli_client import add_commands, run_client
 from sessionlog.service.app import BindError, ConfigError, serve
 
@@ -54,6 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
     config.add_flags(serve_cmd)
     serve_cmd.set_defaults(run=None)
     add_commands(commands)
+    admin.add_commands(commands)
     return parser
 
 

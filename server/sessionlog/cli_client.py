@@ -14,7 +14,7 @@ import json
 import os
 import sys
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, NoReturn
 
 import grpc
 from google.protobuf import json_format
@@ -26,6 +26,7 @@ from sessionlog.v1 import session_log_service_pb2 as pb
 from sessionlog.v1 import session_log_service_pb2_grpc as pb_grpc
 
 EXIT_REFUSED = 1
+EXIT_USAGE = 2
 EXIT_UNREACHABLE = 3
 
 ROLE_COLOURS = {
@@ -104,6 +105,14 @@ def add_commands(commands: Any) -> None:
     p.add_argument("--ttl", type=float, default=30.0, help="seconds (acquire, renew)")
     p.add_argument("--force", action="store_true", help="release another holder's lease")
 
+    p = sub("health", "check the server's gRPC health: exit 0 when SERVING, 1 otherwise", _health)
+    p.add_argument("--service", default="", help="one service's health (default: the server's)")
+    p.add_argument(
+        "--token",
+        default=os.environ.get("SESSIONLOG_TOKEN", ""),
+        help="bearer token, when auth is on without --auth-open-health [env SESSIONLOG_TOKEN]",
+    )
+
 
 def run_client(args: argparse.Namespace) -> int:
     """Run a client subcommand, turning gRPC failures into one line and an exit code."""
@@ -121,7 +130,8 @@ def run_client(args: argparse.Namespace) -> int:
 def _report(error: grpc.RpcError) -> int:
     code = error.code()
     reason = _reason(error) or code.name
-    print(f"sessionlog: {reason}: {error.details()}", file=sys.stderr)
+    details = " ".join((error.details() or "").split())  # one line, whatever the server said
+    print(f"sessionlog: {reason}: {details}", file=sys.stderr)
     unreachable = code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
     return EXIT_UNREACHABLE if unreachable else EXIT_REFUSED
 
@@ -140,13 +150,26 @@ def _reason(error: grpc.RpcError) -> str:
     return ""
 
 
+def _usage(message: str) -> NoReturn:
+    """A bad argument value: one line on stderr and exit 2, like argparse's own usage errors."""
+    print(f"sessionlog: {message}", file=sys.stderr)
+    raise SystemExit(EXIT_USAGE)
+
+
 def _stub(args: argparse.Namespace) -> pb_grpc.SessionLogServiceStub:
-    channel = grpc.insecure_channel(args.server)
+    # Accept replies as large as any server limit (--max-message-size), not gRPC's 4 MiB.
+    channel = grpc.insecure_channel(args.server, options=[("grpc.max_receive_message_length", -1)])
     return pb_grpc.SessionLogServiceStub(channel)  # type: ignore[no-untyped-call]
 
 
 def _json(message: Message) -> str:
-    return json_format.MessageToJson(message, indent=None, preserving_proto_field_name=True)
+    """One line of JSON; zero values included (the first event's seq is 0, and scripts read it)."""
+    return json_format.MessageToJson(
+        message,
+        indent=None,
+        preserving_proto_field_name=True,
+        always_print_fields_with_no_presence=True,
+    )
 
 
 def _event_type(name: str) -> event_pb2.EventType:
@@ -157,7 +180,7 @@ def _event_type(name: str) -> event_pb2.EventType:
         value: event_pb2.EventType = event_pb2.EventType.Value(key)  # type: ignore[assignment]
     except ValueError:
         names = ", ".join(n[len("EVENT_TYPE_") :].lower() for n in event_pb2.EventType.keys()[1:])
-        raise SystemExit(f"sessionlog: unknown event type {name!r}; one of: {names}") from None
+        _usage(f"unknown event type {name!r}; one of: {names}")
     return value
 
 
@@ -167,9 +190,9 @@ def _append(args: argparse.Namespace) -> int:
         try:
             data = json.loads(args.data)
         except json.JSONDecodeError as exc:
-            raise SystemExit(f"sessionlog: --data is not JSON: {exc}") from None
+            _usage(f"--data is not JSON: {exc}")
         if not isinstance(data, dict):
-            raise SystemExit("sessionlog: --data must be a JSON object")
+            _usage("--data must be a JSON object")
         event.data.update(data)
     if args.content is not None:
         event.data.update({"content": args.content})
@@ -179,7 +202,7 @@ def _append(args: argparse.Namespace) -> int:
             event.surface_op.replace.start_seq = int(start)
             event.surface_op.replace.stop_seq = int(stop)
         except ValueError:
-            raise SystemExit("sessionlog: --replace takes START:STOP, e.g. 0:5") from None
+            _usage("--replace takes START:STOP, e.g. 0:5")
     request = pb.AppendRequest(
         session_id=args.session_id,
         events=[event],
@@ -258,6 +281,29 @@ def _messages(args: argparse.Namespace) -> int:
         for call in message.tool_calls:
             print(f"      -> tool call {json.dumps(json_format.MessageToDict(call))}")
     return 0
+
+
+def _health(args: argparse.Namespace) -> int:
+    """One line: the serving status, or why there is none. For container health checks, so any
+    answer but SERVING (unreachable, unknown service, refused) exits 1."""
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    metadata = (("authorization", f"Bearer {args.token}"),) if args.token else None
+    with grpc.insecure_channel(args.server) as channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        try:
+            reply = stub.Check(
+                health_pb2.HealthCheckRequest(service=args.service),
+                timeout=args.timeout,
+                metadata=metadata,
+            )
+        except grpc.RpcError as error:
+            details = " ".join((error.details() or "").split())
+            print(f"{args.server}: {error.code().name}: {details or 'no details'}", file=sys.stderr)
+            return 1
+    status = health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
+    print(status)
+    return 0 if reply.status == health_pb2.HealthCheckResponse.SERVING else 1
 
 
 def _get(args: argparse.Namespace) -> int:

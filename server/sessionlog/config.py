@@ -15,6 +15,7 @@ Every value is validated at start; a bad one stops the server with one line nami
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import re
 import tomllib
@@ -47,17 +48,38 @@ def parse_size(value: Any) -> int:
     return int(match.group(1)) * _UNITS[unit]
 
 
+_GRPC_MAX_MESSAGE = (1 << 31) - 1
+"""gRPC message lengths are 32-bit signed integers."""
+
+
+def _message_size(value: Any) -> int:
+    size = parse_size(value)
+    if size > _GRPC_MAX_MESSAGE:
+        raise ValueError(f"must be below 2GiB (gRPC's largest message), not {value!r}")
+    return size
+
+
 def _positive_int(value: Any) -> int:
+    # A fractional number (TOML 2.5) is refused, not truncated; a bool is not a number here.
+    if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
+        raise ValueError(f"must be a whole number of at least 1, not {value!r}")
     number = int(value)
-    if number < 1 or isinstance(value, bool):
+    if number < 1:
         raise ValueError(f"must be a whole number of at least 1, not {value!r}")
     return number
 
 
 def _seconds(value: Any) -> float:
     number = float(value)
-    if not number >= 0 or isinstance(value, bool):
-        raise ValueError(f"must be a number of seconds, not {value!r}")
+    if isinstance(value, bool) or not math.isfinite(number) or number < 0:
+        raise ValueError(f"must be a finite, non-negative number of seconds, not {value!r}")
+    return number
+
+
+def _positive_seconds(value: Any) -> float:
+    number = _seconds(value)
+    if number == 0:
+        raise ValueError(f"must be a number of seconds above 0, not {value!r}")
     return number
 
 
@@ -124,6 +146,21 @@ SETTINGS: tuple[Setting, ...] = (
         "HOST:PORT",
     ),
     Setting(
+        "metrics_listen",
+        _text,
+        "",
+        "serve Prometheus metrics at http://HOST:PORT/metrics (no auth: keep it internal)",
+        "HOST:PORT",
+    ),
+    Setting(
+        "http_listen",
+        _text,
+        "",
+        "serve the read-only web console at http://HOST:PORT/ (same tokens as gRPC when "
+        "auth is on)",
+        "HOST:PORT",
+    ),
+    Setting(
         "map_size",
         parse_size,
         DEFAULT_MAP_SIZE,
@@ -141,7 +178,7 @@ SETTINGS: tuple[Setting, ...] = (
     ),
     Setting(
         "max_message_size",
-        parse_size,
+        _message_size,
         4 << 20,
         "largest gRPC request, and largest unary reply; clients must accept replies this "
         "large too (gRPC's default is 4MiB)",
@@ -184,7 +221,7 @@ SETTINGS: tuple[Setting, ...] = (
     ),
     Setting(
         "heartbeat",
-        _seconds,
+        _positive_seconds,
         15.0,
         "seconds between heartbeats on an idle follow stream",
         "SECONDS",
@@ -362,7 +399,7 @@ def server_config(resolved: Resolved) -> ServerConfig:
         max_events_per_append=v["max_events_per_append"],
         max_streams=v["max_streams"],
         max_streams_per_connection=v["max_streams_per_connection"],
-        heartbeat_seconds=v["heartbeat"] or 15.0,
+        heartbeat_seconds=v["heartbeat"],
         shutdown_grace_seconds=v["shutdown_grace"],
         request_id_ttl_seconds=int(v["request_id_ttl"]),
         replica_of=v["replica_of"],
@@ -375,6 +412,8 @@ def server_config(resolved: Resolved) -> ServerConfig:
         tls_client_ca=v["tls_client_ca"],
         auth_tokens=v["auth_tokens"],
         auth_open_health=v["auth_open_health"],
+        metrics_listen=v["metrics_listen"],
+        http_listen=v["http_listen"],
     )
 
 

@@ -11,11 +11,17 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+_ONE_BYTE = [bytes((n,)) for n in range(0x80)]
+
 
 def varint(value: int) -> bytes:
     """The base-128 varint encoding of a non-negative integer."""
     if value < 0x80:
-        return bytes((value,))
+        return _ONE_BYTE[value]
+    if value < 0x4000:
+        return bytes(((value & 0x7F) | 0x80, value >> 7))
+    if value < 0x20_0000:
+        return bytes(((value & 0x7F) | 0x80, ((value >> 7) & 0x7F) | 0x80, value >> 14))
     out = bytearray()
     while value >= 0x80:
         out.append((value & 0x7F) | 0x80)
@@ -72,6 +78,47 @@ def packed_uints(field_number: int, values: Iterable[int]) -> bytes:
     """A packed repeated uint64 field; omitted when empty."""
     body = b"".join(varint(v) for v in values)
     return tag(field_number, 2) + varint(len(body)) + body if body else b""
+
+
+def int_field(field_number: int, value: int) -> bytes:
+    """An int64 / int32 field (negative values take ten bytes, as protobuf writes them); proto3
+    omits zero."""
+    return tag(field_number, 0) + varint(value & 0xFFFF_FFFF_FFFF_FFFF) if value else b""
+
+
+def message_field(field_number: int, payload: bytes) -> bytes:
+    """A set singular message field (present even when its payload is empty)."""
+    return tag(field_number, 2) + varint(len(payload)) + payload
+
+
+_MIN_TIMESTAMP_NS = -62135596800 * 1_000_000_000
+_MAX_TIMESTAMP_NS = 253402300799 * 1_000_000_000 + 999_999_999
+"""The range of a valid google.protobuf.Timestamp (years 0001 to 9999), in ns since the epoch."""
+
+
+def event_time_field(nanoseconds: int) -> bytes:
+    """An Event's ``time`` field (3) holding this instant, as ``time.FromNanoseconds`` sets it
+    (seconds floored, nanos in [0, 1e9)); b"" outside the range of a valid Timestamp."""
+    if not _MIN_TIMESTAMP_NS <= nanoseconds <= _MAX_TIMESTAMP_NS:
+        return b""
+    seconds, nanos = divmod(nanoseconds, 1_000_000_000)
+    return message_field(3, int_field(1, seconds) + int_field(2, nanos))
+
+
+def with_time(event_without_time: bytes, event_type: int, time_field: bytes) -> bytes:
+    """An event's bytes with its ``time`` field added, equal to what ``SerializeToString`` gives
+    for the event with that time set; b"" when the bytes do not have the expected shape.
+
+    Fields are written in number order: an event the server accepts has seq 0 (absent), so its
+    bytes start with its type (field 2; a known type takes two bytes), then data, surface_op and
+    any unknown fields. The time (field 3) goes right after the type.
+    """
+    body = event_without_time
+    if not time_field or len(body) < 2 or body[0] != 0x10 or body[1] != event_type:
+        return b""
+    if not 0 < event_type < 0x80:
+        return b""
+    return body[:2] + time_field + body[2:]
 
 
 _SEQ_TAG = tag(1, 0)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 import sys
@@ -48,3 +49,36 @@ def test_readme_settings_table_is_current() -> None:
 
     readme = (ROOT / "README.md").read_text()
     assert readme_with_table(readme) == readme, "README settings table is stale: run make docs"
+
+
+def test_client_generated_code_and_errors_copy_are_up_to_date() -> None:
+    """client/python's v1/ and errors.py are exactly what `make gen` makes (via gen.py)."""
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "client" / "python" / "gen.py"), "--check"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_go_stubs_name_every_rpc_message_and_field_of_proto() -> None:
+    """client/go's generated Go names every RPC, message and field of proto/ (make gen-go ran)."""
+    go = ROOT / "client" / "go" / "sessionlog" / "v1"
+    for proto in sorted((ROOT / "proto" / "sessionlog" / "v1").glob("*.proto")):
+        text = proto.read_text()
+        generated = (go / f"{proto.stem}.pb.go").read_text()
+        for name in re.findall(r"^(?:message|enum) (\w+)", text, flags=re.MULTILINE):
+            assert f"\ntype {name} " in generated, f"{name} of {proto.name} missing: make gen-go"
+        fields = re.findall(
+            r"^\s+(?:optional |repeated )?[\w.<>, ]+ ([a-z][a-z0-9_]*) = \d+;", text, re.MULTILINE
+        )
+        for field in fields:
+            assert f"name={field}," in generated, f"field {field} of {proto.name}: make gen-go"
+        service = re.search(r"^service (\w+)", text, flags=re.MULTILINE)
+        if service:
+            stubs = (go / f"{proto.stem}_grpc.pb.go").read_text()
+            for rpc in re.findall(r"^\s+rpc (\w+)\(", text, flags=re.MULTILINE):
+                method = f'"/sessionlog.v1.{service.group(1)}/{rpc}"'
+                assert method in stubs, f"{method} missing from the Go stubs: make gen-go"

@@ -8,6 +8,7 @@ import signal
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -16,6 +17,7 @@ from grpc_reflection.v1alpha import reflection
 
 from sessionlog import fold
 from sessionlog.service.auth import AuthConfigError, AuthInterceptor, Authorizer, TokenTable
+from sessionlog.service.counters import Counters
 from sessionlog.service.limits import (
     DEFAULT_MAX_EVENTS_PER_APPEND,
     DEFAULT_MAX_STREAMS,
@@ -32,6 +34,9 @@ from sessionlog.storage.store import (
     Store,
     StoreConfig,
 )
+
+if TYPE_CHECKING:
+    from sessionlog.web.app import HttpSites
 
 log = logging.getLogger(__name__)
 
@@ -79,6 +84,10 @@ class ServerConfig:
     replica_tls_cert: str = ""
     """PEM client certificate for a primary that requires mTLS (with replica_tls_key)."""
     replica_tls_key: str = ""
+    metrics_listen: str = ""
+    """HOST:PORT serving Prometheus metrics at /metrics; empty: off."""
+    http_listen: str = ""
+    """HOST:PORT serving the read-only web console; empty: off."""
 
     def __post_init__(self) -> None:
         floor = self.limits.max_event_bytes + 4096
@@ -98,6 +107,8 @@ class ServerConfig:
         for name in ("max_events_per_append", "max_streams", "max_streams_per_connection"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name.replace('_', '-')} must be at least 1")
+        for name in ("metrics_listen", "http_listen"):
+            _check_address(name, getattr(self, name))
 
     def store_config(self) -> StoreConfig:
         return StoreConfig(
@@ -110,6 +121,17 @@ class ServerConfig:
 
 class ConfigError(ValueError):
     """The configuration contradicts itself; the message says which values to change."""
+
+
+def _check_address(name: str, address: str) -> None:
+    """An HTTP listen address must be HOST:PORT (or [IPv6]:PORT); empty means off."""
+    if not address:
+        return
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit() or int(port) > 65535:
+        raise ConfigError(
+            f"--{name.replace('_', '-')} {address!r} is not HOST:PORT (e.g. 127.0.0.1:9090)"
+        )
 
 
 class BindError(RuntimeError):
@@ -126,6 +148,17 @@ class SessionLogServer:
         self._server: grpc.aio.Server | None = None
         self._notifier = Notifier()
         self._health = HealthServicer()
+        self.counters = Counters()
+        """Per-call counts the unary handlers keep, read by the metrics."""
+        self.streams = StreamLimiter(
+            config.max_streams, config.max_streams_per_connection, notifier=self._notifier
+        )
+        self.authorizer: Authorizer | None = None
+        self.http_port = 0
+        """The web console's bound port (0: off)."""
+        self.metrics_port = 0
+        """The metrics endpoint's bound port (0: off)."""
+        self._http: HttpSites | None = None
         self._stopped = asyncio.Event()
         self.replica: ReplicaState | None = (
             ReplicaState(config.replica_of) if config.replica_of else None
@@ -144,7 +177,7 @@ class SessionLogServer:
 
         config = self.config
         credentials = _server_credentials(config)
-        authorizer = _authorizer(config)
+        authorizer = self.authorizer = _authorizer(config)
         self.store = Store(Path(config.data_dir), config.store_config(), on_commit=wake)
         limit = config.max_message_bytes
         # Replies are sized by the handlers themselves (BATCH_TOO_LARGE, RESPONSE_TOO_LARGE, Since
@@ -155,9 +188,13 @@ class SessionLogServer:
                 ("grpc.so_reuseport", 0),
                 ("grpc.max_receive_message_length", limit),
                 ("grpc.max_send_message_length", -1),
+                # gRPC sheds calls waiting to be accepted past 1,000 by default: a burst of
+                # followers reconnecting after a restart must not be cancelled at random.
+                ("grpc.server.max_pending_requests", config.max_streams + 1000),
+                ("grpc.server.max_pending_requests_hard_limit", config.max_streams + 3000),
             ],
         )
-        streams = StreamLimiter(config.max_streams, config.max_streams_per_connection)
+        streams = self.streams
         heartbeat = self.config.heartbeat_seconds
         servicer = SessionLogServicer(
             self.store,
@@ -168,6 +205,7 @@ class SessionLogServer:
             authorizer=authorizer,
             max_events_per_append=config.max_events_per_append,
             streams=streams,
+            counters=self.counters,
         )
         replication = ReplicationServicer(
             self.store,
@@ -200,6 +238,11 @@ class SessionLogServer:
                 f"cannot listen on {self.config.listen}: the address is in use, or is not an "
                 "address of this host (another server there? pick another --listen)"
             )
+        try:
+            await self._start_http()
+        except BindError:
+            await server.stop(None)
+            raise
         await server.start()
         self._server = server
         if self.replica is None:
@@ -224,10 +267,39 @@ class SessionLogServer:
                 "role": "replica" if self.replica else "primary",
                 "tls": "mutual" if config.tls_client_ca else "on" if credentials else "off",
                 "auth": f"{len(authorizer.tokens)} tokens" if authorizer else "off",
+                "http": config.http_listen or "off",
+                "metrics": config.metrics_listen or "off",
                 **({"primary": self.config.replica_of} if self.replica else {}),
             },
         )
         return self.port
+
+    async def _start_http(self) -> None:
+        """Serve the web console and the metrics endpoint when configured (see ``web.app``)."""
+        config = self.config
+        if not config.http_listen and not config.metrics_listen:
+            return
+        from sessionlog.web.app import HttpSites, ListenError
+
+        try:
+            self._http = await HttpSites.start(self, config.http_listen, config.metrics_listen)
+        except ListenError as exc:
+            if self.store is not None:
+                self.store.close()
+            raise BindError(str(exc)) from None
+        self.http_port, self.metrics_port = self._http.http_port, self._http.metrics_port
+
+    @property
+    def notifier(self) -> Notifier:
+        return self._notifier
+
+    @property
+    def heartbeat_seconds(self) -> float:
+        return self.config.heartbeat_seconds
+
+    @property
+    def listen(self) -> str:
+        return self.config.listen
 
     async def _set_health(self, serving: bool) -> None:
         status = (
@@ -254,6 +326,9 @@ class SessionLogServer:
         await self._health.enter_graceful_shutdown()
         self._notifier.close()
         await server.stop(self.config.shutdown_grace_seconds if grace is None else grace)
+        if self._http is not None:
+            await self._http.close()
+            self._http = None
         if self.store is not None:
             await asyncio.to_thread(self.store.close)
         self._stopped.set()

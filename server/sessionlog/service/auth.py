@@ -16,7 +16,8 @@ Secrets are never logged.
 
 Permissions per RPC: reads (Since, Surface, DeriveMessages, GetSession, ListSessions) need
 ``read``; writes (Append, CreateSession, SeedSession, ForkSession, leases) need ``write``; a forced
-lease release and the change feed (which carries every tenant's data) need ``admin``.
+lease release and the change feed (which carries every tenant's data) need ``admin``, and the
+change feed is refused to any token limited to a session prefix.
 GetReplicationStatus needs ``read``. Health and reflection need any valid token unless the operator
 opens them (``--auth-open-health``).
 """
@@ -55,6 +56,8 @@ _NEEDS = {
     "/sessionlog.v1.ReplicationService/Changes": ADMIN,
     "/sessionlog.v1.ReplicationService/GetReplicationStatus": READ,
 }
+_EVERY_SESSION = frozenset({"/sessionlog.v1.ReplicationService/Changes"})
+"""Calls whose answer spans every session: refused to a token limited to a session prefix."""
 _OPENABLE_PREFIXES = ("/grpc.health.v1.", "/grpc.reflection.")
 
 
@@ -105,7 +108,17 @@ class TokenTable:
         tokens = document.get("token")
         if not isinstance(tokens, list) or not tokens:
             raise AuthConfigError(f"tokens file {str(path)!r} has no [[token]] entries")
-        return cls(_entry(i, item) for i, item in enumerate(tokens))
+        entries = [_entry(i, item) for i, item in enumerate(tokens)]
+        names: dict[bytes, str] = {}
+        for entry in entries:
+            # One secret in two entries would silently get only one entry's rights.
+            if entry.digest in names:
+                raise AuthConfigError(
+                    f"tokens {names[entry.digest]!r} and {entry.principal.name!r} have the same "
+                    "secret; give each token its own"
+                )
+            names[entry.digest] = entry.principal.name
+        return cls(entries)
 
     def principal(self, secret: str) -> Principal | None:
         """The principal of a presented secret, or None; constant time over all entries."""
@@ -141,7 +154,9 @@ def _entry(index: int, item: Any) -> _Entry:
         if len(digest) != 32:
             raise AuthConfigError(f"{where} ({name}): sha256 must be 64 hex digits")
     permissions = item.get("permissions", [READ])
-    if not isinstance(permissions, list) or not set(permissions) <= PERMISSIONS:
+    if not isinstance(permissions, list) or not all(
+        isinstance(p, str) and p in PERMISSIONS for p in permissions
+    ):
         raise AuthConfigError(f"{where} ({name}): permissions must be a list of read/write/admin")
     prefix = item.get("session_prefix", "")
     if not isinstance(prefix, str):
@@ -150,9 +165,13 @@ def _entry(index: int, item: Any) -> _Entry:
 
 
 def bearer(metadata: Iterable[tuple[str, Any]] | None) -> str:
+    """The secret of an ``authorization: Bearer <secret>`` header ("" if none); the scheme is
+    case-insensitive (RFC 7235)."""
     for key, value in metadata or ():
-        if key == "authorization" and isinstance(value, str) and value.startswith("Bearer "):
-            return value[len("Bearer ") :].strip()
+        if key == "authorization" and isinstance(value, str):
+            scheme, _, secret = value.partition(" ")
+            if scheme.lower() == "bearer":
+                return secret.strip()
     return ""
 
 
@@ -180,6 +199,13 @@ class Authorizer:
                 f"token '{principal.name}' lacks the {needed} permission this call needs",
                 token=principal.name,
                 permission=needed,
+            )
+        if principal.session_prefix and method in _EVERY_SESSION:
+            raise errors.PermissionDenied(
+                f"token '{principal.name}' is limited to sessions starting with "
+                f"'{principal.session_prefix}', and this call carries every session's data",
+                token=principal.name,
+                session_prefix=principal.session_prefix,
             )
         return principal
 

@@ -48,3 +48,17 @@ def to_grpc_status(error: errors.SessionLogError) -> grpc.Status:
         code=getattr(code_pb2, code.name), message=error.message, details=[detail]
     )
     return rpc_status.to_status(status)
+
+
+async def abort(context: grpc.aio.ServicerContext, error: errors.SessionLogError) -> None:
+    """End the call with ``error``'s status. Raises AbortError as gRPC's abort does, except when
+    the client has already gone: then there is no one to tell, and it returns quietly."""
+    status = to_grpc_status(error)
+    try:
+        await context.abort(status.code, status.details, status.trailing_metadata)
+    except grpc.aio.AbortError:
+        raise
+    except Exception:
+        if context.cancelled() or context.done():
+            return
+        raise

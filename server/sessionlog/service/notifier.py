@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import asyncio
 
+from sessionlog import errors
+
 
 class Notifier:
     """Per-session wakeups for follow streams, plus one switch that wakes everyone to leave."""
@@ -20,6 +22,15 @@ class Notifier:
     def __init__(self) -> None:
         self._waiters: dict[str, set[asyncio.Future[None]]] = {}
         self.closed = False
+        self._closing: asyncio.Future[None] | None = None
+
+    def closing(self) -> asyncio.Future[None]:
+        """A future resolved when the notifier closes (shared; never cancel it)."""
+        if self._closing is None:
+            self._closing = asyncio.get_running_loop().create_future()
+            if self.closed:
+                self._closing.set_result(None)
+        return self._closing
 
     def register(self, session_id: str) -> asyncio.Future[None]:
         """A future resolved by the next commit to ``session_id`` (or by close)."""
@@ -47,6 +58,8 @@ class Notifier:
     def close(self) -> None:
         """Wake every follower; from now on they see ``closed`` and end their streams."""
         self.closed = True
+        if self._closing is not None and not self._closing.done():
+            self._closing.set_result(None)
         waiting, self._waiters = self._waiters, {}
         for futures in waiting.values():
             for future in futures:
@@ -56,3 +69,11 @@ class Notifier:
     @property
     def follower_count(self) -> int:
         return sum(len(f) for f in self._waiters.values())
+
+
+def shutting_down(what: str, cursor: int) -> errors.Unavailable:
+    """The error that ends a follow stream at shutdown, saying where to resume."""
+    return errors.Unavailable(
+        f"the server is shutting down; reconnect and resume {what} from {cursor}",
+        next_seq=cursor,
+    )

@@ -17,15 +17,16 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import grpc
 
 from sessionlog import errors, wire
-from sessionlog.service.limits import StreamLimiter
-from sessionlog.service.notifier import Notifier
-from sessionlog.service.servicer import abort, abort_unexpected, decode, shutting_down
+from sessionlog.service.errors import abort
+from sessionlog.service.limits import Outgoing, StreamLimiter
+from sessionlog.service.notifier import Notifier, shutting_down
+from sessionlog.service.servicer import abort_unexpected, decode
 from sessionlog.storage.changes import FEED_KEY, ReceivedChange
 from sessionlog.storage.store import Store
 from sessionlog.v1 import replication_service_pb2 as rpb
@@ -85,7 +86,9 @@ class ReplicationServicer:
         return grpc.method_handlers_generic_handler(
             SERVICE_NAME,
             {
-                "Changes": grpc.unary_stream_rpc_method_handler(self.streams.guard(self.changes)),
+                "Changes": grpc.unary_stream_rpc_method_handler(
+                    self.streams.guard(self.changes, subject=lambda raw: "the change feed")
+                ),
                 "GetReplicationStatus": grpc.unary_unary_rpc_method_handler(self.status),
             },
         )
@@ -97,7 +100,7 @@ class ReplicationServicer:
             stamp.head_commit_time.FromNanoseconds(commit_ns)
         return wire.uint_field(3, position) + stamp.SerializeToString()
 
-    async def changes(self, raw: bytes, context: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
+    async def changes(self, raw: bytes, context: grpc.aio.ServicerContext) -> Outgoing:
         """Every change from start_position on, in batches; with follow, then live ones."""
         try:
             request = decode(rpb.ChangesRequest, raw)
@@ -119,16 +122,16 @@ class ReplicationServicer:
                 batch = self.store.read_changes(cursor, CHANGES_BATCH_BYTES)
                 if batch:
                     cursor += len(batch)
-                    yield wire.length_delimited(1, batch) + self._head_fields()
+                    yield wire.length_delimited(1, batch) + self._head_fields(), cursor
                     continue
                 if not follow or waiter is None:
                     return
                 if not caught_up:
                     caught_up = True
-                    yield wire.uint_field(2, 1) + self._head_fields()
+                    yield wire.uint_field(2, 1) + self._head_fields(), cursor
                 done, _ = await asyncio.wait({waiter}, timeout=self.heartbeat_seconds)
                 if not done:
-                    yield self._head_fields()
+                    yield self._head_fields(), cursor
         except errors.SessionLogError as error:
             await abort(context, error)
         except (asyncio.CancelledError, grpc.aio.AbortError):

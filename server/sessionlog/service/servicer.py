@@ -15,7 +15,7 @@ import functools
 import json
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
 import grpc
@@ -25,9 +25,9 @@ from google.protobuf.timestamp_pb2 import Timestamp
 from sessionlog import errors, fold, wire
 from sessionlog.service.auth import ADMIN, Authorizer, Principal, bearer
 from sessionlog.service.counters import CANCELLED, INTERNAL, OK, Counters
-from sessionlog.service.errors import to_grpc_status
-from sessionlog.service.limits import DEFAULT_MAX_EVENTS_PER_APPEND, StreamLimiter
-from sessionlog.service.notifier import Notifier
+from sessionlog.service.errors import abort
+from sessionlog.service.limits import DEFAULT_MAX_EVENTS_PER_APPEND, Outgoing, StreamLimiter
+from sessionlog.service.notifier import Notifier, shutting_down
 from sessionlog.storage.commands import load_meta, read_range
 from sessionlog.storage.schema import AuditRecord, LeaseRecord, SessionMeta
 from sessionlog.storage.store import AppendResult, Store, prepare_append, prepare_seed
@@ -53,11 +53,6 @@ def decode(message_type: type[M], raw: bytes) -> M:
             message_type=name,
         ) from None
     return message
-
-
-async def abort(context: grpc.aio.ServicerContext, error: errors.SessionLogError) -> None:
-    status = to_grpc_status(error)
-    await context.abort(status.code, status.details, status.trailing_metadata)
 
 
 async def abort_unexpected(context: grpc.aio.ServicerContext, method: str) -> None:
@@ -144,7 +139,7 @@ class SessionLogServicer:
             {
                 "Append": grpc.unary_unary_rpc_method_handler(self.append),
                 "Since": grpc.unary_stream_rpc_method_handler(
-                    self.streams.guard(self.since, self._since_scope)
+                    self.streams.guard(self.since, self._since_scope, self._since_subject)
                 ),
                 "Surface": grpc.unary_unary_rpc_method_handler(self.surface),
                 "DeriveMessages": grpc.unary_unary_rpc_method_handler(self.derive_messages),
@@ -247,12 +242,22 @@ class SessionLogServicer:
                 limit=self.max_message_bytes,
             )
 
+    @staticmethod
+    def _since_subject(raw: bytes) -> str:
+        try:
+            return f"session '{pb.SinceRequest.FromString(raw).session_id}'"
+        except DecodeError:
+            return "the stream"
+
     def _since_scope(self, raw: bytes, context: grpc.aio.ServicerContext) -> None:
         if self.authorizer is not None:
             self._scope(context, decode(pb.SinceRequest, raw).session_id)
 
-    async def since(self, raw: bytes, context: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
-        """Stored events from seq on in byte-bounded batches; with follow, then live ones."""
+    async def since(self, raw: bytes, context: grpc.aio.ServicerContext) -> Outgoing:
+        """Stored events from seq on in byte-bounded batches; with follow, then live ones.
+
+        Yields each response with the seq a client resumes from once it has read it.
+        """
         try:
             request = decode(pb.SinceRequest, raw)
             fold.check_session_id(request.session_id)
@@ -274,16 +279,17 @@ class SessionLogServicer:
                 encoded, count, _ = self._read_since(session_id, cursor)
                 if count:
                     cursor += count
-                    yield encoded
+                    yield encoded, cursor
                     continue
                 if not follow or waiter is None:
                     return
                 if not caught_up:
                     caught_up = True
-                    yield wire.uint_field(2, 1) + wire.uint_field(3, self._next_seq(session_id))
+                    next_seq = self._next_seq(session_id)
+                    yield wire.uint_field(2, 1) + wire.uint_field(3, next_seq), cursor
                 done, _ = await asyncio.wait({waiter}, timeout=self.heartbeat_seconds)
                 if not done:
-                    yield wire.uint_field(3, self._next_seq(session_id))
+                    yield wire.uint_field(3, self._next_seq(session_id)), cursor
         except errors.SessionLogError as error:
             await abort(context, error)
         except (asyncio.CancelledError, grpc.aio.AbortError):
@@ -566,11 +572,3 @@ def decode_page_token(token: str, prefix: str) -> str:
             field="page_token",
         ) from None
     return last_id
-
-
-def shutting_down(what: str, cursor: int) -> errors.Unavailable:
-    """The error that ends a follow stream at shutdown, saying where to resume."""
-    return errors.Unavailable(
-        f"the server is shutting down; reconnect and resume {what} from {cursor}",
-        next_seq=cursor,
-    )

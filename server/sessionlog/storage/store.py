@@ -20,7 +20,7 @@ from typing import Any
 
 import lmdb
 
-from sessionlog import errors, fold
+from sessionlog import errors, fold, wire
 from sessionlog.storage import commands, schema
 from sessionlog.storage.changes import (
     ApplyChangesCommand,
@@ -88,6 +88,8 @@ def prepare_append(
     Raises InvalidSessionId. Per-event failures are kept for the writer, which decides them in
     SPEC order once it knows the seq each event would get. ``indices`` are the numbers errors
     give the events (by default their positions; a seed uses the positions of its messages).
+    The batch's ``bodies`` carry the stamped times; its ``events`` are the caller's events (left
+    unchanged, so possibly without a time), which the writer reads only for their surface ops.
     """
     fold.check_session_id(session_id)
     if len(request_id.encode()) > MAX_REQUEST_ID_BYTES:
@@ -102,19 +104,34 @@ def prepare_append(
         )
     fingerprint = _fingerprint(events, lenient) if request_id else ""
     stamp = time.time_ns() if now_ns is None else now_ns
+    # The server's time as a serialized `time` field, built once and put in place in the bytes
+    # of each event that has none: no copy of the event, no Timestamp per event.
+    time_field = wire.event_time_field(stamp)
     prechecked: list[fold.Violation | None] = []
     bodies: list[bytes] = []
     stamped: list[Event] = []
     for index, original in enumerate(events):
+        number = index if indices is None else indices[index]
         event = original
-        if not event.HasField("time"):
+        try:
+            if event.HasField("time"):
+                body = event.SerializeToString()
+            else:
+                body = wire.with_time(event.SerializeToString(), event.type, time_field)
+        except Exception:  # whatever the runtime refuses to encode is judged the reference way
+            body = b""
+        if body:
+            violation = fold.check_event(event, number, limits, size=len(body))
+        else:  # the reference path: a copy of the event with its time set
             event = Event()
             event.CopyFrom(original)  # never change the caller's event: a retry must match
-            event.time.FromNanoseconds(stamp)
+            if not event.HasField("time"):
+                event.time.FromNanoseconds(stamp)
+            violation = fold.check_event(event, number, limits)
+            body = b"" if violation else event.SerializeToString()
         stamped.append(event)
-        violation = fold.check_event(event, index if indices is None else indices[index], limits)
         prechecked.append(violation)
-        bodies.append(b"" if violation else event.SerializeToString())
+        bodies.append(b"" if violation else body)
     return AppendBatch(
         session_id=session_id,
         events=stamped,
@@ -168,12 +185,12 @@ def prepare_seed(
 
 
 def _fingerprint(events: Sequence[Event], lenient: bool) -> str:
-    digest = hashlib.sha256(b"lenient" if lenient else b"strict")
+    parts = [b"lenient" if lenient else b"strict"]
     for event in events:
         body = event.SerializeToString(deterministic=True)
-        digest.update(len(body).to_bytes(8, "big"))
-        digest.update(body)
-    return digest.hexdigest()
+        parts.append(len(body).to_bytes(8, "big"))
+        parts.append(body)
+    return hashlib.sha256(b"".join(parts)).hexdigest()
 
 
 @dataclass(frozen=True)

@@ -30,6 +30,7 @@ from typing import Any, Protocol
 import lmdb
 
 from sessionlog import errors
+from sessionlog.stats import GROUP_BUCKETS, SECONDS_BUCKETS, Histogram
 from sessionlog.storage import changes, schema
 from sessionlog.storage.commands import Tables
 
@@ -80,6 +81,12 @@ class WriterStats:
     commands: int = 0
     largest_group: int = 0
     fsync_seconds: float = 0.0
+    events: int = 0
+    """Events written by committed commands (appends, creates, seeds, forks; not replicated)."""
+    group_sizes: Histogram = field(default_factory=lambda: Histogram(GROUP_BUCKETS))
+    """Commands per committed group."""
+    commit_seconds: Histogram = field(default_factory=lambda: Histogram(SECONDS_BUCKETS))
+    """Time each commit took, its fsync included."""
 
 
 class Writer:
@@ -98,6 +105,7 @@ class Writer:
         self._queue: queue.SimpleQueue[_Job | _Stop] = queue.SimpleQueue()
         self._on_commit = on_commit
         self.stats = WriterStats()
+        self._group_events = 0
         self._closed = False
         self._thread = threading.Thread(target=self._run, name="sessionlog-writer", daemon=True)
         self._thread.start()
@@ -121,29 +129,43 @@ class Writer:
 
     def _run(self) -> None:
         while True:
-            first = self._queue.get()
-            if isinstance(first, _Stop):
-                return
-            group = [first]
-            size = first.command.size()
-            stop = False
-            while len(group) < MAX_GROUP and size < MAX_GROUP_BYTES:
+            group, stop = self._take_group()
+            if group:
                 try:
-                    job = self._queue.get_nowait()
-                except queue.Empty:
-                    break
-                if isinstance(job, _Stop):
-                    stop = True
-                    break
-                group.append(job)
-                size += job.command.size()
-            self._commit(group)
+                    self._commit(group)
+                except Exception:  # never let one group end the writer: every append needs it
+                    log.exception("writer failed a group; carrying on")
+                    for job in group:
+                        _settle(job.future, RuntimeError("the write failed; see the server log"))
             if stop:
                 return
+
+    def _take_group(self) -> tuple[list[_Job], bool]:
+        """Everything queued, up to the bounds, minus the jobs whose callers gave up before it
+        started (they are never written). Marking a future running makes it uncancellable, so
+        its caller learns the outcome of what was written."""
+        group: list[_Job] = []
+        size = 0
+        first = True
+        while len(group) < MAX_GROUP and size < MAX_GROUP_BYTES:
+            try:
+                job = self._queue.get() if first else self._queue.get_nowait()
+            except queue.Empty:
+                break
+            first = False
+            if isinstance(job, _Stop):
+                return group, True
+            if job.future.set_running_or_notify_cancel():
+                group.append(job)
+                size += job.command.size()
+            elif not group:
+                first = True  # nothing taken yet: wait for the next job
+        return group, False
 
     def _commit(self, group: list[_Job]) -> None:
         outcomes: list[tuple[bool, Any]] = []
         position = self._next_position
+        self._group_events = 0
         try:
             txn = self._env.begin(write=True)
             try:
@@ -153,7 +175,9 @@ class Writer:
                     outcomes.append((ok, value))
                 started = time.perf_counter()
                 txn.commit()
-                self.stats.fsync_seconds += time.perf_counter() - started
+                committed_in = time.perf_counter() - started
+                self.stats.fsync_seconds += committed_in
+                self.stats.commit_seconds.observe(committed_in)
             except BaseException:
                 txn.abort()
                 raise
@@ -174,6 +198,8 @@ class Writer:
             self.stats.commits += 1
             self.stats.commands += len(group)
             self.stats.largest_group = max(self.stats.largest_group, len(group))
+            self.stats.group_sizes.observe(len(group))
+            self.stats.events += self._group_events
             self._finish(group, outcomes, fed)
             return
         self._finish(group, outcomes, False)
@@ -199,6 +225,7 @@ class Writer:
             )
             txn.put(schema.u64(position), record, db=self._tables.changes)
             position += 1
+            self._group_events += recording.event_count
         return True, result, position
 
     def _finish(self, group: list[_Job], outcomes: list[tuple[bool, Any]], fed: bool) -> None:
@@ -206,14 +233,22 @@ class Writer:
         for job, (ok, value) in zip(group, outcomes, strict=True):
             if ok:
                 changed.update(job.command.touched())
-                job.future.set_result(value)
-            else:
-                job.future.set_exception(value)
+            _settle(job.future, value, ok)
         if changed and self._on_commit is not None:
             try:
                 self._on_commit(changed)
             except Exception:
                 log.exception("commit subscriber failed")
+
+
+def _settle(future: Future[Any], value: Any, ok: bool = False) -> None:
+    """Resolve a job's future once; a second resolution (after a failed retry) is dropped."""
+    if future.done():
+        return
+    if ok:
+        future.set_result(value)
+    else:
+        future.set_exception(value)
 
 
 def _storage_full() -> errors.StorageFull:

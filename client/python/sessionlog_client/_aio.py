@@ -1,0 +1,417 @@
+"""The asyncio client: the methods of ``Client``, awaitable; streams are async iterators."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime as dt
+import weakref
+from collections.abc import AsyncGenerator, AsyncIterator, Iterable, Sequence
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import grpc
+
+from sessionlog_client import _common as c
+from sessionlog_client._common import EventLike, MessageLike, Retry
+from sessionlog_client._status import is_unavailable, to_error
+from sessionlog_client.convert import messages_to_dicts
+from sessionlog_client.v1 import session_log_service_pb2 as pb
+from sessionlog_client.v1 import session_log_service_pb2_grpc as pb_grpc
+from sessionlog_client.v1.event_pb2 import Event
+
+
+class AsyncEventStream(AsyncIterator[Event]):
+    """The asyncio twin of :class:`EventStream`: reconnects after UNAVAILABLE from ``next_seq``.
+
+    Use it in ``async with`` (or call ``aclose()``) so the gRPC call ends as soon as you stop
+    reading; breaking out of ``async for`` alone leaves the call to the garbage collector::
+
+        async with client.follow("demo") as events:
+            async for ev in events:
+                ...
+    """
+
+    def __init__(
+        self,
+        stub: Any,
+        connection: c.Connection,
+        session_id: str,
+        seq: int,
+        *,
+        follow: bool,
+        timeout: float | None,
+    ) -> None:
+        self.session_id = session_id
+        self.next_seq = seq
+        self.caught_up = False
+        self.reconnects = 0
+        self._stub = stub
+        self._connection = connection
+        self._follow = follow
+        self._timeout = timeout
+        self._closed = asyncio.Event()
+        self._call: Any = None
+        self._events = self._run()
+
+    def __aiter__(self) -> AsyncEventStream:
+        return self
+
+    async def __anext__(self) -> Event:
+        return await self._events.__anext__()
+
+    async def __aenter__(self) -> AsyncEventStream:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed.is_set()
+
+    def cancel(self) -> None:
+        """Stop the stream without waiting: a pending ``__anext__`` ends with StopAsyncIteration."""
+        self._closed.set()
+        if self._call is not None:
+            self._call.cancel()
+
+    async def aclose(self) -> None:
+        """Stop the stream and release its call."""
+        self.cancel()
+        with contextlib.suppress(RuntimeError):  # another task is inside __anext__
+            await self._events.aclose()
+
+    def _open(self) -> Any:
+        if self._closed.is_set():
+            return None
+        request = c.since_request(self.session_id, self.next_seq, self._follow)
+        self._call = self._stub.Since(
+            request, timeout=self._timeout, metadata=self._connection.call_metadata()
+        )
+        return self._call
+
+    async def _run(self) -> AsyncGenerator[Event, None]:
+        backoff = self._connection.retry.backoff()
+        while True:
+            call = self._open()
+            if call is None:
+                return
+            delay: float | None = None
+            try:
+                async for response in call:
+                    backoff.reset()
+                    if response.caught_up:
+                        self.caught_up = True
+                    for event in response.events:
+                        if event.seq < self.next_seq:
+                            continue  # already delivered before a reconnect
+                        self.next_seq = event.seq + 1
+                        yield event
+                return
+            except asyncio.CancelledError:
+                if self._closed.is_set():
+                    return
+                raise
+            except grpc.RpcError as error:
+                if self._closed.is_set():
+                    return
+                delay = backoff.next() if is_unavailable(error) else None
+                if delay is None:
+                    raise to_error(error) from error
+            finally:
+                call.cancel()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._closed.wait(), delay)
+            if self._closed.is_set():
+                return
+            self.reconnects += 1
+
+
+class AsyncClient:
+    """The asyncio sessionlog client; same arguments and methods as :class:`Client`.
+
+    Create it inside a running event loop, and close it with ``await client.close()`` or
+    ``async with``::
+
+        async with AsyncClient("127.0.0.1:50051") as client:
+            await client.append("demo", [event("user_message", {"content": "hi"})])
+            async with client.follow("demo") as events:
+                async for ev in events:
+                    print(ev.seq, ev.data)
+    """
+
+    def __init__(
+        self,
+        target: str = c.DEFAULT_TARGET,
+        *,
+        timeout: float | None = c.DEFAULT_TIMEOUT,
+        token: str | None = None,
+        tls: bool = False,
+        root_certificates: bytes | str | Path | None = None,
+        private_key: bytes | str | Path | None = None,
+        certificate_chain: bytes | str | Path | None = None,
+        server_name: str | None = None,
+        max_message_bytes: int = c.DEFAULT_MAX_MESSAGE_BYTES,
+        retry: Retry | None = None,
+        metadata: Sequence[tuple[str, str]] = (),
+        options: Sequence[tuple[str, Any]] = (),
+    ) -> None:
+        self.connection = c.Connection(
+            target=target,
+            timeout=timeout,
+            token=token,
+            tls=tls,
+            root_certificates=root_certificates,
+            private_key=private_key,
+            certificate_chain=certificate_chain,
+            server_name=server_name,
+            max_message_bytes=max_message_bytes,
+            retry=retry or Retry(),
+            metadata=metadata,
+            options=options,
+        )
+        conn = self.connection
+        if conn.secure:
+            self._channel = grpc.aio.secure_channel(
+                target, conn.credentials(), options=conn.channel_options()
+            )
+        else:
+            self._channel = grpc.aio.insecure_channel(target, options=conn.channel_options())
+        self._stub: Any = pb_grpc.SessionLogServiceStub(self._channel)  # type: ignore[no-untyped-call]
+        self._streams: weakref.WeakSet[AsyncEventStream] = weakref.WeakSet()
+
+    async def close(self) -> None:
+        """Close every open stream, then the channel."""
+        for stream in list(self._streams):
+            await stream.aclose()
+        await self._channel.close()
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    async def _call(self, method: str, request: Any, timeout: float | None, *, retry: bool) -> Any:
+        rpc = getattr(self._stub, method)
+        backoff = self.connection.retry.backoff() if retry else None
+        while True:
+            try:
+                return await rpc(
+                    request,
+                    timeout=self.connection.deadline(timeout),
+                    metadata=self.connection.call_metadata(),
+                )
+            except grpc.RpcError as error:
+                delay = backoff.next() if backoff is not None and is_unavailable(error) else None
+                if delay is None:
+                    raise to_error(error) from error
+            await asyncio.sleep(delay)
+
+    # -- the log ----------------------------------------------------------------------------------
+
+    async def append(
+        self,
+        session_id: str,
+        events: Iterable[EventLike],
+        *,
+        expected_seq: int | None = None,
+        request_id: str | None = None,
+        lease_holder: str = "",
+        lease_token: int = 0,
+        lenient: bool = False,
+        timeout: float | None = None,
+    ) -> pb.AppendResponse:
+        """See :meth:`Client.append`: retried on UNAVAILABLE with one request_id."""
+        rid = c.new_request_id() if request_id is None else request_id
+        request = c.append_request(
+            session_id,
+            events,
+            expected_seq=expected_seq,
+            request_id=rid,
+            lease_holder=lease_holder,
+            lease_token=lease_token,
+            lenient=lenient,
+        )
+        reply: pb.AppendResponse = await self._call("Append", request, timeout, retry=bool(rid))
+        return reply
+
+    def since(
+        self, session_id: str, seq: int = 0, *, timeout: float | None = None
+    ) -> AsyncEventStream:
+        """The stored events from ``seq`` to the end (``async for ev in client.since(...)``)."""
+        return self._stream(session_id, seq, follow=False, timeout=timeout)
+
+    def follow(self, session_id: str, seq: int = 0) -> AsyncEventStream:
+        """Stored events from ``seq``, then live ones, resuming after drops (see Client.follow)."""
+        return self._stream(session_id, seq, follow=True, timeout=None)
+
+    def _stream(
+        self, session_id: str, seq: int, *, follow: bool, timeout: float | None
+    ) -> AsyncEventStream:
+        stream = AsyncEventStream(
+            self._stub, self.connection, session_id, seq, follow=follow, timeout=timeout
+        )
+        self._streams.add(stream)
+        return stream
+
+    async def surface(
+        self, session_id: str, *, at_seq: int | None = None, timeout: float | None = None
+    ) -> pb.SurfaceResponse:
+        """The model-visible events in order (as when the log ended at ``at_seq``, if given)."""
+        reply: pb.SurfaceResponse = await self._call(
+            "Surface", c.surface_request(session_id, at_seq), timeout, retry=True
+        )
+        return reply
+
+    async def derive_messages(
+        self, session_id: str, *, at_seq: int | None = None, timeout: float | None = None
+    ) -> pb.DeriveMessagesResponse:
+        """The derived messages, with ``seqs[i]`` the seq that ``messages[i]`` came from."""
+        reply: pb.DeriveMessagesResponse = await self._call(
+            "DeriveMessages", c.derive_request(session_id, at_seq), timeout, retry=True
+        )
+        return reply
+
+    async def chat_messages(
+        self,
+        session_id: str,
+        *,
+        at_seq: int | None = None,
+        extra: bool = False,
+        timeout: float | None = None,
+    ) -> list[dict[str, Any]]:
+        """The derived messages as OpenAI chat-format dicts, ready for a model API."""
+        reply = await self.derive_messages(session_id, at_seq=at_seq, timeout=timeout)
+        return messages_to_dicts(reply.messages, extra=extra)
+
+    # -- sessions ---------------------------------------------------------------------------------
+
+    async def create_session(
+        self,
+        session_id: str,
+        events: Iterable[EventLike] = (),
+        *,
+        lease_holder: str = "",
+        lease_token: int = 0,
+        timeout: float | None = None,
+    ) -> pb.CreateSessionResponse:
+        """Create a session with its first events atomically (``SessionAlreadyExists`` if any)."""
+        request = c.create_request(session_id, events, lease_holder, lease_token)
+        reply: pb.CreateSessionResponse = await self._call(
+            "CreateSession", request, timeout, retry=False
+        )
+        return reply
+
+    async def seed_session(
+        self,
+        session_id: str,
+        messages: Iterable[MessageLike],
+        *,
+        lease_holder: str = "",
+        lease_token: int = 0,
+        timeout: float | None = None,
+    ) -> pb.SeedSessionResponse:
+        """Create a session from chat messages (Message protos or chat-format dicts)."""
+        request = c.seed_request(session_id, messages, lease_holder, lease_token)
+        reply: pb.SeedSessionResponse = await self._call(
+            "SeedSession", request, timeout, retry=False
+        )
+        return reply
+
+    async def get_session(
+        self, session_id: str, *, timeout: float | None = None
+    ) -> pb.GetSessionResponse:
+        """Describe a session (``session.exists`` is False for one never written)."""
+        request = pb.GetSessionRequest(session_id=session_id)
+        reply: pb.GetSessionResponse = await self._call("GetSession", request, timeout, retry=True)
+        return reply
+
+    async def list_sessions(
+        self, *, prefix: str = "", page_size: int = 0, timeout: float | None = None
+    ) -> AsyncIterator[pb.ListSessionsResponse]:
+        """Every page of sessions in id order (``async for page in client.list_sessions()``)."""
+        token = ""
+        while True:
+            request = c.list_request(page_size, token, prefix)
+            page: pb.ListSessionsResponse = await self._call(
+                "ListSessions", request, timeout, retry=True
+            )
+            yield page
+            token = page.next_page_token
+            if not token:
+                return
+
+    async def fork_session(
+        self,
+        parent_session_id: str,
+        *,
+        at_seq: int | None = None,
+        session_id: str = "",
+        lease_holder: str = "",
+        lease_token: int = 0,
+        timeout: float | None = None,
+    ) -> pb.ForkSessionResponse:
+        """Copy events 0..``at_seq`` of a session into a new one (id generated when empty)."""
+        request = c.fork_request(parent_session_id, at_seq, session_id, lease_holder, lease_token)
+        reply: pb.ForkSessionResponse = await self._call(
+            "ForkSession", request, timeout, retry=False
+        )
+        return reply
+
+    # -- the writer lease -------------------------------------------------------------------------
+
+    async def acquire_lease(
+        self,
+        session_id: str,
+        holder: str,
+        *,
+        ttl: float | dt.timedelta | None = None,
+        timeout: float | None = None,
+    ) -> pb.AcquireLeaseResponse:
+        """Take the session's writer lease for ``ttl`` seconds (server default 30 s)."""
+        request = pb.AcquireLeaseRequest(session_id=session_id, holder=holder, ttl=c.duration(ttl))
+        reply: pb.AcquireLeaseResponse = await self._call(
+            "AcquireLease", request, timeout, retry=True
+        )
+        return reply
+
+    async def renew_lease(
+        self,
+        session_id: str,
+        holder: str,
+        *,
+        ttl: float | dt.timedelta | None = None,
+        timeout: float | None = None,
+    ) -> pb.RenewLeaseResponse:
+        """Extend a held lease (``LeaseLost`` if it was taken over or released)."""
+        request = pb.RenewLeaseRequest(session_id=session_id, holder=holder, ttl=c.duration(ttl))
+        reply: pb.RenewLeaseResponse = await self._call("RenewLease", request, timeout, retry=True)
+        return reply
+
+    async def release_lease(
+        self,
+        session_id: str,
+        holder: str,
+        *,
+        force: bool = False,
+        timeout: float | None = None,
+    ) -> pb.ReleaseLeaseResponse:
+        """Give the lease up (``force=True``: an operator releasing another holder's lease)."""
+        request = pb.ReleaseLeaseRequest(session_id=session_id, holder=holder, force=force)
+        reply: pb.ReleaseLeaseResponse = await self._call(
+            "ReleaseLease", request, timeout, retry=False
+        )
+        return reply

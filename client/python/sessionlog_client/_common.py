@@ -1,0 +1,237 @@
+"""What the sync and the asyncio client share: connection settings, retry budget, requests."""
+
+from __future__ import annotations
+
+import datetime as dt
+import random
+import time
+import uuid
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import grpc
+from google.protobuf.duration_pb2 import Duration
+
+from sessionlog_client.convert import event_from_dict, messages_from_dicts
+from sessionlog_client.v1 import session_log_service_pb2 as pb
+from sessionlog_client.v1.event_pb2 import Event
+from sessionlog_client.v1.message_pb2 import Message
+
+DEFAULT_TARGET = "127.0.0.1:50051"
+DEFAULT_TIMEOUT = 10.0
+# The server's --max-message-size defaults to 4 MiB; accept far more so a raised server limit
+# needs no change here. (gRPC's own default would refuse any reply over 4 MiB.)
+DEFAULT_MAX_MESSAGE_BYTES = 64 << 20
+
+EventLike = Event | Mapping[str, Any]
+MessageLike = Message | Mapping[str, Any]
+CertSource = bytes | str | Path
+
+
+@dataclass(frozen=True)
+class Retry:
+    """How long a client keeps trying when the server is UNAVAILABLE.
+
+    Appends (always with a request_id, so a retry never writes twice), the read RPCs, lease
+    acquire and renew (repeating them as the same holder changes nothing), and a
+    ``since``/``follow`` stream reconnecting after a drop all retry for at most ``give_up_after``
+    seconds, sleeping ``initial_backoff`` doubling up to ``max_backoff`` (with jitter) between
+    tries; then the last error is raised. Create, seed, fork and release are never retried: a
+    retry could not tell its own first success from a refusal.
+    """
+
+    give_up_after: float = 30.0
+    initial_backoff: float = 0.05
+    max_backoff: float = 1.0
+
+    def backoff(self) -> Backoff:
+        return Backoff(self)
+
+
+class Backoff:
+    """The sleeps of one retry loop; ``next()`` is None once the budget is spent."""
+
+    def __init__(self, retry: Retry) -> None:
+        self._retry = retry
+        self._started: float | None = None
+        self._delay = retry.initial_backoff
+
+    def reset(self) -> None:
+        """Forget past failures (a stream that got a response is healthy again)."""
+        self._started = None
+        self._delay = self._retry.initial_backoff
+
+    def next(self) -> float | None:
+        now = time.monotonic()
+        if self._started is None:
+            self._started = now
+        remaining = self._retry.give_up_after - (now - self._started)
+        if remaining <= 0:
+            return None
+        delay = self._delay * random.uniform(0.5, 1.0)
+        self._delay = min(self._delay * 2, self._retry.max_backoff)
+        return min(delay, remaining)
+
+
+@dataclass(frozen=True)
+class Connection:
+    """Everything needed to open a channel and decorate each call."""
+
+    target: str = DEFAULT_TARGET
+    timeout: float | None = DEFAULT_TIMEOUT
+    token: str | None = None
+    tls: bool = False
+    root_certificates: CertSource | None = None
+    private_key: CertSource | None = None
+    certificate_chain: CertSource | None = None
+    server_name: str | None = None
+    max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
+    retry: Retry = field(default_factory=Retry)
+    metadata: Sequence[tuple[str, str]] = ()
+    options: Sequence[tuple[str, Any]] = ()
+
+    @property
+    def secure(self) -> bool:
+        return self.tls or any(
+            v is not None
+            for v in (self.root_certificates, self.private_key, self.certificate_chain)
+        )
+
+    def channel_options(self) -> list[tuple[str, Any]]:
+        opts: list[tuple[str, Any]] = [
+            ("grpc.max_receive_message_length", self.max_message_bytes),
+            ("grpc.max_send_message_length", self.max_message_bytes),
+            # Reconnect soon after a server restart instead of gRPC's default (up to 2 minutes).
+            ("grpc.initial_reconnect_backoff_ms", 100),
+            ("grpc.max_reconnect_backoff_ms", 1000),
+        ]
+        if self.server_name:
+            opts.append(("grpc.ssl_target_name_override", self.server_name))
+        return [*opts, *self.options]
+
+    def credentials(self) -> grpc.ChannelCredentials:
+        return grpc.ssl_channel_credentials(
+            root_certificates=_read(self.root_certificates),
+            private_key=_read(self.private_key),
+            certificate_chain=_read(self.certificate_chain),
+        )
+
+    def call_metadata(self) -> tuple[tuple[str, str], ...]:
+        extra = tuple(self.metadata)
+        if self.token:
+            return (("authorization", f"Bearer {self.token}"), *extra)
+        return extra
+
+    def deadline(self, timeout: float | None) -> float | None:
+        """A unary call's timeout: the one given, else the client's default."""
+        return self.timeout if timeout is None else timeout
+
+
+def _read(source: CertSource | None) -> bytes | None:
+    if source is None or isinstance(source, bytes):
+        return source
+    return Path(source).read_bytes()
+
+
+# -- requests -------------------------------------------------------------------------------------
+
+
+def new_request_id() -> str:
+    return uuid.uuid4().hex
+
+
+def append_request(
+    session_id: str,
+    events: Iterable[EventLike],
+    *,
+    expected_seq: int | None,
+    request_id: str,
+    lease_holder: str,
+    lease_token: int,
+    lenient: bool,
+) -> pb.AppendRequest:
+    request = pb.AppendRequest(
+        session_id=session_id,
+        events=[event_from_dict(e) for e in events],
+        request_id=request_id,
+        lease_holder=lease_holder,
+        lease_token=lease_token,
+        lenient=lenient,
+    )
+    if expected_seq is not None:
+        request.expected_seq = expected_seq
+    return request
+
+
+def since_request(session_id: str, seq: int, follow: bool) -> pb.SinceRequest:
+    return pb.SinceRequest(session_id=session_id, seq=seq, follow=follow)
+
+
+def surface_request(session_id: str, at_seq: int | None) -> pb.SurfaceRequest:
+    request = pb.SurfaceRequest(session_id=session_id)
+    if at_seq is not None:
+        request.at_seq = at_seq
+    return request
+
+
+def derive_request(session_id: str, at_seq: int | None) -> pb.DeriveMessagesRequest:
+    request = pb.DeriveMessagesRequest(session_id=session_id)
+    if at_seq is not None:
+        request.at_seq = at_seq
+    return request
+
+
+def create_request(
+    session_id: str, events: Iterable[EventLike], lease_holder: str, lease_token: int
+) -> pb.CreateSessionRequest:
+    return pb.CreateSessionRequest(
+        session_id=session_id,
+        events=[event_from_dict(e) for e in events],
+        lease_holder=lease_holder,
+        lease_token=lease_token,
+    )
+
+
+def seed_request(
+    session_id: str, messages: Iterable[MessageLike], lease_holder: str, lease_token: int
+) -> pb.SeedSessionRequest:
+    return pb.SeedSessionRequest(
+        session_id=session_id,
+        messages=messages_from_dicts(messages),
+        lease_holder=lease_holder,
+        lease_token=lease_token,
+    )
+
+
+def list_request(page_size: int, page_token: str, prefix: str) -> pb.ListSessionsRequest:
+    return pb.ListSessionsRequest(page_size=page_size, page_token=page_token, prefix=prefix)
+
+
+def fork_request(
+    parent_session_id: str,
+    at_seq: int | None,
+    session_id: str,
+    lease_holder: str,
+    lease_token: int,
+) -> pb.ForkSessionRequest:
+    request = pb.ForkSessionRequest(
+        parent_session_id=parent_session_id,
+        session_id=session_id,
+        lease_holder=lease_holder,
+        lease_token=lease_token,
+    )
+    if at_seq is not None:
+        request.at_seq = at_seq
+    return request
+
+
+def duration(ttl: float | dt.timedelta | None) -> Duration | None:
+    """A TTL in seconds (or a timedelta) as a Duration; None leaves the server's default."""
+    if ttl is None:
+        return None
+    seconds = ttl.total_seconds() if isinstance(ttl, dt.timedelta) else float(ttl)
+    out = Duration()
+    out.FromNanoseconds(round(seconds * 1e9))
+    return out

@@ -1,0 +1,109 @@
+"""gRPC statuses -> the server's own exception classes.
+
+The server sends every refusal as a status with one ``google.rpc.ErrorInfo`` detail (domain
+``sessionlog``); the reason picks the class from :mod:`sessionlog_client.errors` (a generated copy
+of the server's module) and the metadata comes along as ``error.metadata``. Statuses that carry no
+ErrorInfo come from the transport (a refused connection, a deadline) and map by status code:
+
+    SessionLogError                  (sessionlog_client.errors)
+    ├── Unavailable                  UNAVAILABLE, with or without ErrorInfo
+    ├── Unauthenticated              UNAUTHENTICATED, with or without ErrorInfo
+    ├── PermissionDenied             PERMISSION_DENIED, with or without ErrorInfo
+    └── TransportError               any other status without ErrorInfo; ``.code`` is its code
+        ├── DeadlineExceeded         DEADLINE_EXCEEDED
+        └── Cancelled                CANCELLED
+
+A reason this client does not know (a newer server) still gets the class of its status code
+(``InvalidArgument`` for INVALID_ARGUMENT...) with ``.reason`` set to the reason sent. The original
+``grpc.RpcError`` is always the exception's ``__cause__``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any, ClassVar
+
+import grpc
+from google.rpc import error_details_pb2, status_pb2
+
+from sessionlog_client import errors
+
+STATUS_DETAILS_KEY = "grpc-status-details-bin"
+
+
+class TransportError(errors.SessionLogError):
+    """A failure with no sessionlog reason: the call did not get a domain answer."""
+
+    reason: ClassVar[str] = "TRANSPORT"
+    code: grpc.StatusCode = grpc.StatusCode.UNKNOWN
+
+
+class DeadlineExceeded(TransportError):
+    """The call's deadline (``timeout``) passed before the server answered."""
+
+    reason = "DEADLINE_EXCEEDED"
+    code = grpc.StatusCode.DEADLINE_EXCEEDED
+
+
+class Cancelled(TransportError):
+    """The call was cancelled (by this process, or the server went away in a way gRPC names so)."""
+
+    reason = "CANCELLED"
+    code = grpc.StatusCode.CANCELLED
+
+
+_BY_CODE: dict[grpc.StatusCode, type[errors.SessionLogError]] = {
+    grpc.StatusCode.UNAVAILABLE: errors.Unavailable,
+    grpc.StatusCode.DEADLINE_EXCEEDED: DeadlineExceeded,
+    grpc.StatusCode.UNAUTHENTICATED: errors.Unauthenticated,
+    grpc.StatusCode.PERMISSION_DENIED: errors.PermissionDenied,
+    grpc.StatusCode.CANCELLED: Cancelled,
+}
+# The domain class of each status code, for reasons newer than this client.
+_DOMAIN_BY_CODE: dict[grpc.StatusCode, type[errors.SessionLogError]] = {
+    grpc.StatusCode.INVALID_ARGUMENT: errors.InvalidArgument,
+    grpc.StatusCode.ALREADY_EXISTS: errors.SessionAlreadyExists,
+    grpc.StatusCode.FAILED_PRECONDITION: errors.FailedPrecondition,
+    grpc.StatusCode.UNAVAILABLE: errors.Unavailable,
+    grpc.StatusCode.UNAUTHENTICATED: errors.Unauthenticated,
+    grpc.StatusCode.PERMISSION_DENIED: errors.PermissionDenied,
+}
+
+
+def error_info(trailers: Iterable[tuple[str, Any]] | None) -> error_details_pb2.ErrorInfo | None:
+    """The ErrorInfo detail in a call's trailing metadata, if the server sent one."""
+    for key, value in trailers or ():
+        if key != STATUS_DETAILS_KEY:
+            continue
+        status = status_pb2.Status.FromString(value)
+        for detail in status.details:
+            info = error_details_pb2.ErrorInfo()
+            if detail.Unpack(info):
+                return info
+    return None
+
+
+def to_error(error: grpc.RpcError) -> errors.SessionLogError:
+    """The sessionlog exception for a failed call (sync or asyncio)."""
+    code: grpc.StatusCode = error.code()
+    message: str = error.details() or code.name
+    info = error_info(error.trailing_metadata())
+    if info is None:
+        cls = _BY_CODE.get(code)
+        if cls is not None:
+            return cls(message)
+        transport = TransportError(message)
+        transport.code = code
+        transport.reason = code.name  # type: ignore[misc]
+        return transport
+    known = errors.BY_REASON.get(info.reason)
+    if known is not None:
+        return known(message, **dict(info.metadata))
+    fallback = _DOMAIN_BY_CODE.get(code, errors.SessionLogError)(message, **dict(info.metadata))
+    fallback.reason = info.reason  # type: ignore[misc]
+    return fallback
+
+
+def is_unavailable(error: grpc.RpcError) -> bool:
+    """True for the one status a client retries: UNAVAILABLE (transport or server shutdown)."""
+    return bool(error.code() == grpc.StatusCode.UNAVAILABLE)

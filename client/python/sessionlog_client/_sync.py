@@ -1,0 +1,468 @@
+"""The blocking client: one method per RPC, exceptions from the server's own vocabulary."""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import threading
+import time
+import weakref
+from collections.abc import Generator, Iterable, Iterator, Sequence
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import grpc
+
+from sessionlog_client import _common as c
+from sessionlog_client._common import EventLike, MessageLike, Retry
+from sessionlog_client._status import is_unavailable, to_error
+from sessionlog_client.convert import messages_to_dicts
+from sessionlog_client.v1 import session_log_service_pb2 as pb
+from sessionlog_client.v1 import session_log_service_pb2_grpc as pb_grpc
+from sessionlog_client.v1.event_pb2 import Event
+
+
+class EventStream(Iterator[Event]):
+    """Events of one session from a seq on, one at a time, surviving dropped connections.
+
+    Returned by :meth:`Client.since` and :meth:`Client.follow`. When the stream fails with
+    UNAVAILABLE (the server restarted or shut down, the connection dropped) it reconnects by
+    itself and asks for ``next_seq``, the seq after the last event it delivered: no event is
+    skipped and none is delivered twice. It gives up (raising ``Unavailable``) only after the
+    client's ``Retry.give_up_after`` seconds without an answer.
+
+    Stop it with ``close()`` (safe from another thread), by leaving a ``with`` block, or by
+    breaking out of the loop; closing the client closes it too.
+
+    Attributes:
+        session_id: the session read.
+        next_seq: the seq of the next event this stream will deliver.
+        caught_up: True once a follow stream has delivered every event stored when it opened.
+        reconnects: how many times it reconnected.
+    """
+
+    def __init__(
+        self,
+        stub: Any,
+        connection: c.Connection,
+        session_id: str,
+        seq: int,
+        *,
+        follow: bool,
+        timeout: float | None,
+    ) -> None:
+        self.session_id = session_id
+        self.next_seq = seq
+        self.caught_up = False
+        self.reconnects = 0
+        self._stub = stub
+        self._connection = connection
+        self._follow = follow
+        self._timeout = timeout
+        self._closed = threading.Event()
+        self._lock = threading.Lock()
+        self._call: Any = None
+        self._events = self._run()
+
+    def __iter__(self) -> EventStream:
+        return self
+
+    def __next__(self) -> Event:
+        return next(self._events)
+
+    def __enter__(self) -> EventStream:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed.is_set()
+
+    def close(self) -> None:
+        """End the stream: a blocked ``next()`` (in any thread) stops with StopIteration."""
+        self._closed.set()
+        with self._lock:
+            call = self._call
+        if call is not None:
+            call.cancel()
+        with contextlib.suppress(ValueError):  # another thread is inside next(): the cancel ends it
+            self._events.close()
+
+    def _open(self) -> Any:
+        with self._lock:
+            if self._closed.is_set():
+                return None
+            request = c.since_request(self.session_id, self.next_seq, self._follow)
+            self._call = self._stub.Since(
+                request, timeout=self._timeout, metadata=self._connection.call_metadata()
+            )
+            return self._call
+
+    def _run(self) -> Generator[Event, None, None]:
+        backoff = self._connection.retry.backoff()
+        while True:
+            call = self._open()
+            if call is None:
+                return
+            try:
+                for response in call:
+                    backoff.reset()
+                    if response.caught_up:
+                        self.caught_up = True
+                    for event in response.events:
+                        if event.seq < self.next_seq:
+                            continue  # already delivered before a reconnect
+                        self.next_seq = event.seq + 1
+                        yield event
+                return
+            except grpc.RpcError as error:
+                if self._closed.is_set():
+                    return
+                delay = backoff.next() if is_unavailable(error) else None
+                if delay is None:
+                    raise to_error(error) from error
+            finally:
+                call.cancel()
+            if self._closed.wait(delay):
+                return
+            self.reconnects += 1
+
+
+class Client:
+    """A blocking sessionlog client over one gRPC channel (thread-safe; share one per process).
+
+    Example::
+
+        from sessionlog_client import Client, event
+
+        with Client("127.0.0.1:50051") as client:
+            client.append("demo", [event("user_message", {"content": "What is LMDB?"})])
+            for message in client.chat_messages("demo"):
+                print(message["role"], message["content"])
+
+    Args:
+        target: ``HOST:PORT`` of the server (any gRPC target string works).
+        timeout: default deadline of each unary call, in seconds (None: no deadline). Streams
+            have no deadline unless ``since(..., timeout=...)`` sets one.
+        token: sent as ``authorization: Bearer TOKEN`` on every call. Use it with TLS: on a
+            plaintext channel the token crosses the network in the clear.
+        tls: use TLS with the system's root certificates (implied by any certificate argument).
+        root_certificates: PEM bytes or a file path of the CA to trust instead of the system's.
+        private_key, certificate_chain: PEM bytes or file paths of a client certificate (mTLS).
+        server_name: the name to check the server's certificate against, when it differs from
+            the target's host.
+        max_message_bytes: the largest message sent or accepted; keep it at least the server's
+            ``--max-message-size`` (default 64 MiB here, 4 MiB on the server).
+        retry: how long UNAVAILABLE is retried (appends, reads, stream reconnects).
+        metadata: extra ``(key, value)`` pairs sent on every call.
+        options: extra gRPC channel options.
+
+    Every method raises the server's exception classes (``sessionlog_client.errors``, the same
+    names and reasons as the server's ``sessionlog.errors``) with the ErrorInfo metadata in
+    ``error.metadata``; see ``sessionlog_client._status`` for transport failures.
+    """
+
+    def __init__(
+        self,
+        target: str = c.DEFAULT_TARGET,
+        *,
+        timeout: float | None = c.DEFAULT_TIMEOUT,
+        token: str | None = None,
+        tls: bool = False,
+        root_certificates: bytes | str | Path | None = None,
+        private_key: bytes | str | Path | None = None,
+        certificate_chain: bytes | str | Path | None = None,
+        server_name: str | None = None,
+        max_message_bytes: int = c.DEFAULT_MAX_MESSAGE_BYTES,
+        retry: Retry | None = None,
+        metadata: Sequence[tuple[str, str]] = (),
+        options: Sequence[tuple[str, Any]] = (),
+    ) -> None:
+        self.connection = c.Connection(
+            target=target,
+            timeout=timeout,
+            token=token,
+            tls=tls,
+            root_certificates=root_certificates,
+            private_key=private_key,
+            certificate_chain=certificate_chain,
+            server_name=server_name,
+            max_message_bytes=max_message_bytes,
+            retry=retry or Retry(),
+            metadata=metadata,
+            options=options,
+        )
+        conn = self.connection
+        if conn.secure:
+            self._channel = grpc.secure_channel(
+                target, conn.credentials(), options=conn.channel_options()
+            )
+        else:
+            self._channel = grpc.insecure_channel(target, options=conn.channel_options())
+        self._stub: Any = pb_grpc.SessionLogServiceStub(self._channel)  # type: ignore[no-untyped-call]
+        self._streams: weakref.WeakSet[EventStream] = weakref.WeakSet()
+
+    # -- lifecycle of the client ------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Close every open stream, then the channel."""
+        for stream in list(self._streams):
+            stream.close()
+        self._channel.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def _call(self, method: str, request: Any, timeout: float | None, *, retry: bool) -> Any:
+        rpc = getattr(self._stub, method)
+        backoff = self.connection.retry.backoff() if retry else None
+        while True:
+            try:
+                return rpc(
+                    request,
+                    timeout=self.connection.deadline(timeout),
+                    metadata=self.connection.call_metadata(),
+                )
+            except grpc.RpcError as error:
+                delay = backoff.next() if backoff is not None and is_unavailable(error) else None
+                if delay is None:
+                    raise to_error(error) from error
+            time.sleep(delay)
+
+    # -- the log ----------------------------------------------------------------------------------
+
+    def append(
+        self,
+        session_id: str,
+        events: Iterable[EventLike],
+        *,
+        expected_seq: int | None = None,
+        request_id: str | None = None,
+        lease_holder: str = "",
+        lease_token: int = 0,
+        lenient: bool = False,
+        timeout: float | None = None,
+    ) -> pb.AppendResponse:
+        """Append events (Event protos or dicts for :func:`event_from_dict`) as one atomic batch.
+
+        The append is retried on UNAVAILABLE with the same ``request_id`` (a fresh one is made
+        when None is given), so the server writes it at most once whatever the retries; pass
+        ``request_id=""`` for no idempotency and no retry. ``expected_seq`` fails the append
+        with ``SeqConflict`` (``error.metadata["next_seq"]``) unless the first event gets that
+        seq.
+
+        >>> reply = client.append("demo", [event("user_message", {"content": "hi"})])
+        >>> reply.events[0].seq, reply.next_seq
+        (0, 1)
+        """
+        rid = c.new_request_id() if request_id is None else request_id
+        request = c.append_request(
+            session_id,
+            events,
+            expected_seq=expected_seq,
+            request_id=rid,
+            lease_holder=lease_holder,
+            lease_token=lease_token,
+            lenient=lenient,
+        )
+        reply: pb.AppendResponse = self._call("Append", request, timeout, retry=bool(rid))
+        return reply
+
+    def since(self, session_id: str, seq: int = 0, *, timeout: float | None = None) -> EventStream:
+        """The stored events from ``seq`` (inclusive) to the end, then stop.
+
+        >>> [e.seq for e in client.since("demo", 1)]
+        [1, 2]
+        """
+        return self._stream(session_id, seq, follow=False, timeout=timeout)
+
+    def follow(self, session_id: str, seq: int = 0) -> EventStream:
+        """The stored events from ``seq``, then every new event as it commits, until closed.
+
+        Survives server restarts and dropped connections with no gap and no duplicate::
+
+            with client.follow("demo", seq=0) as events:
+                for ev in events:
+                    handle(ev)
+                    if done:
+                        break
+        """
+        return self._stream(session_id, seq, follow=True, timeout=None)
+
+    def _stream(
+        self, session_id: str, seq: int, *, follow: bool, timeout: float | None
+    ) -> EventStream:
+        stream = EventStream(
+            self._stub, self.connection, session_id, seq, follow=follow, timeout=timeout
+        )
+        self._streams.add(stream)
+        return stream
+
+    def surface(
+        self, session_id: str, *, at_seq: int | None = None, timeout: float | None = None
+    ) -> pb.SurfaceResponse:
+        """The model-visible events in order (as when the log ended at ``at_seq``, if given)."""
+        reply: pb.SurfaceResponse = self._call(
+            "Surface", c.surface_request(session_id, at_seq), timeout, retry=True
+        )
+        return reply
+
+    def derive_messages(
+        self, session_id: str, *, at_seq: int | None = None, timeout: float | None = None
+    ) -> pb.DeriveMessagesResponse:
+        """The derived messages, with ``seqs[i]`` the seq that ``messages[i]`` came from."""
+        reply: pb.DeriveMessagesResponse = self._call(
+            "DeriveMessages", c.derive_request(session_id, at_seq), timeout, retry=True
+        )
+        return reply
+
+    def chat_messages(
+        self,
+        session_id: str,
+        *,
+        at_seq: int | None = None,
+        extra: bool = False,
+        timeout: float | None = None,
+    ) -> list[dict[str, Any]]:
+        """The derived messages as OpenAI chat-format dicts, ready for a model API.
+
+        >>> client.chat_messages("demo")
+        [{'role': 'user', 'content': 'hi'}]
+        """
+        reply = self.derive_messages(session_id, at_seq=at_seq, timeout=timeout)
+        return messages_to_dicts(reply.messages, extra=extra)
+
+    # -- sessions ---------------------------------------------------------------------------------
+
+    def create_session(
+        self,
+        session_id: str,
+        events: Iterable[EventLike] = (),
+        *,
+        lease_holder: str = "",
+        lease_token: int = 0,
+        timeout: float | None = None,
+    ) -> pb.CreateSessionResponse:
+        """Create a session with its first events atomically (``SessionAlreadyExists`` if any)."""
+        request = c.create_request(session_id, events, lease_holder, lease_token)
+        reply: pb.CreateSessionResponse = self._call("CreateSession", request, timeout, retry=False)
+        return reply
+
+    def seed_session(
+        self,
+        session_id: str,
+        messages: Iterable[MessageLike],
+        *,
+        lease_holder: str = "",
+        lease_token: int = 0,
+        timeout: float | None = None,
+    ) -> pb.SeedSessionResponse:
+        """Create a session from chat messages (Message protos or chat-format dicts).
+
+        >>> client.seed_session("copy", [{"role": "user", "content": "hi"}]).session.event_count
+        1
+        """
+        request = c.seed_request(session_id, messages, lease_holder, lease_token)
+        reply: pb.SeedSessionResponse = self._call("SeedSession", request, timeout, retry=False)
+        return reply
+
+    def get_session(
+        self, session_id: str, *, timeout: float | None = None
+    ) -> pb.GetSessionResponse:
+        """Describe a session (``session.exists`` is False for one never written)."""
+        request = pb.GetSessionRequest(session_id=session_id)
+        reply: pb.GetSessionResponse = self._call("GetSession", request, timeout, retry=True)
+        return reply
+
+    def list_sessions(
+        self, *, prefix: str = "", page_size: int = 0, timeout: float | None = None
+    ) -> Iterator[pb.ListSessionsResponse]:
+        """Every page of sessions in id order, fetching the next page as you iterate.
+
+        >>> [s.session_id for page in client.list_sessions(prefix="de") for s in page.sessions]
+        ['demo']
+        """
+        token = ""
+        while True:
+            request = c.list_request(page_size, token, prefix)
+            page: pb.ListSessionsResponse = self._call("ListSessions", request, timeout, retry=True)
+            yield page
+            token = page.next_page_token
+            if not token:
+                return
+
+    def fork_session(
+        self,
+        parent_session_id: str,
+        *,
+        at_seq: int | None = None,
+        session_id: str = "",
+        lease_holder: str = "",
+        lease_token: int = 0,
+        timeout: float | None = None,
+    ) -> pb.ForkSessionResponse:
+        """Copy events 0..``at_seq`` of a session into a new one (id generated when empty)."""
+        request = c.fork_request(parent_session_id, at_seq, session_id, lease_holder, lease_token)
+        reply: pb.ForkSessionResponse = self._call("ForkSession", request, timeout, retry=False)
+        return reply
+
+    # -- the writer lease -------------------------------------------------------------------------
+
+    def acquire_lease(
+        self,
+        session_id: str,
+        holder: str,
+        *,
+        ttl: float | dt.timedelta | None = None,
+        timeout: float | None = None,
+    ) -> pb.AcquireLeaseResponse:
+        """Take the session's writer lease for ``ttl`` seconds (server default 30 s).
+
+        >>> lease = client.acquire_lease("demo", "worker-1", ttl=30).lease
+        >>> client.append("demo", [...], lease_holder="worker-1", lease_token=lease.token)
+        """
+        request = pb.AcquireLeaseRequest(session_id=session_id, holder=holder, ttl=c.duration(ttl))
+        reply: pb.AcquireLeaseResponse = self._call("AcquireLease", request, timeout, retry=True)
+        return reply
+
+    def renew_lease(
+        self,
+        session_id: str,
+        holder: str,
+        *,
+        ttl: float | dt.timedelta | None = None,
+        timeout: float | None = None,
+    ) -> pb.RenewLeaseResponse:
+        """Extend a held lease (``LeaseLost`` if it was taken over or released)."""
+        request = pb.RenewLeaseRequest(session_id=session_id, holder=holder, ttl=c.duration(ttl))
+        reply: pb.RenewLeaseResponse = self._call("RenewLease", request, timeout, retry=True)
+        return reply
+
+    def release_lease(
+        self,
+        session_id: str,
+        holder: str,
+        *,
+        force: bool = False,
+        timeout: float | None = None,
+    ) -> pb.ReleaseLeaseResponse:
+        """Give the lease up (``force=True``: an operator releasing another holder's lease)."""
+        request = pb.ReleaseLeaseRequest(session_id=session_id, holder=holder, force=force)
+        reply: pb.ReleaseLeaseResponse = self._call("ReleaseLease", request, timeout, retry=False)
+        return reply

@@ -1,0 +1,104 @@
+import datetime
+
+from google.protobuf import duration_pb2 as _duration_pb2
+from google.protobuf import timestamp_pb2 as _timestamp_pb2
+from sessionlog_client.v1 import event_pb2 as _event_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class ChangeKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    CHANGE_KIND_UNSPECIFIED: _ClassVar[ChangeKind]
+    CHANGE_KIND_APPEND: _ClassVar[ChangeKind]
+    CHANGE_KIND_CREATE: _ClassVar[ChangeKind]
+    CHANGE_KIND_FORK: _ClassVar[ChangeKind]
+    CHANGE_KIND_LEASE: _ClassVar[ChangeKind]
+CHANGE_KIND_UNSPECIFIED: ChangeKind
+CHANGE_KIND_APPEND: ChangeKind
+CHANGE_KIND_CREATE: ChangeKind
+CHANGE_KIND_FORK: ChangeKind
+CHANGE_KIND_LEASE: ChangeKind
+
+class StoragePut(_message.Message):
+    __slots__ = ("table", "key", "value")
+    TABLE_FIELD_NUMBER: _ClassVar[int]
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    VALUE_FIELD_NUMBER: _ClassVar[int]
+    table: str
+    key: bytes
+    value: bytes
+    def __init__(self, table: _Optional[str] = ..., key: _Optional[bytes] = ..., value: _Optional[bytes] = ...) -> None: ...
+
+class Change(_message.Message):
+    __slots__ = ("position", "kind", "session_id", "commit_time", "first_seq", "event_count", "internal_id", "puts", "events")
+    POSITION_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    COMMIT_TIME_FIELD_NUMBER: _ClassVar[int]
+    FIRST_SEQ_FIELD_NUMBER: _ClassVar[int]
+    EVENT_COUNT_FIELD_NUMBER: _ClassVar[int]
+    INTERNAL_ID_FIELD_NUMBER: _ClassVar[int]
+    PUTS_FIELD_NUMBER: _ClassVar[int]
+    EVENTS_FIELD_NUMBER: _ClassVar[int]
+    position: int
+    kind: ChangeKind
+    session_id: str
+    commit_time: _timestamp_pb2.Timestamp
+    first_seq: int
+    event_count: int
+    internal_id: int
+    puts: _containers.RepeatedCompositeFieldContainer[StoragePut]
+    events: _containers.RepeatedCompositeFieldContainer[_event_pb2.Event]
+    def __init__(self, position: _Optional[int] = ..., kind: _Optional[_Union[ChangeKind, str]] = ..., session_id: _Optional[str] = ..., commit_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., first_seq: _Optional[int] = ..., event_count: _Optional[int] = ..., internal_id: _Optional[int] = ..., puts: _Optional[_Iterable[_Union[StoragePut, _Mapping]]] = ..., events: _Optional[_Iterable[_Union[_event_pb2.Event, _Mapping]]] = ...) -> None: ...
+
+class ChangesRequest(_message.Message):
+    __slots__ = ("start_position", "follow")
+    START_POSITION_FIELD_NUMBER: _ClassVar[int]
+    FOLLOW_FIELD_NUMBER: _ClassVar[int]
+    start_position: int
+    follow: bool
+    def __init__(self, start_position: _Optional[int] = ..., follow: _Optional[bool] = ...) -> None: ...
+
+class ChangesResponse(_message.Message):
+    __slots__ = ("changes", "caught_up", "head_position", "head_commit_time")
+    CHANGES_FIELD_NUMBER: _ClassVar[int]
+    CAUGHT_UP_FIELD_NUMBER: _ClassVar[int]
+    HEAD_POSITION_FIELD_NUMBER: _ClassVar[int]
+    HEAD_COMMIT_TIME_FIELD_NUMBER: _ClassVar[int]
+    changes: _containers.RepeatedCompositeFieldContainer[Change]
+    caught_up: bool
+    head_position: int
+    head_commit_time: _timestamp_pb2.Timestamp
+    def __init__(self, changes: _Optional[_Iterable[_Union[Change, _Mapping]]] = ..., caught_up: _Optional[bool] = ..., head_position: _Optional[int] = ..., head_commit_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+
+class GetReplicationStatusRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class GetReplicationStatusResponse(_message.Message):
+    __slots__ = ("role", "primary", "position", "primary_position", "lag_positions", "lag", "caught_up", "connected", "last_contact_time")
+    ROLE_FIELD_NUMBER: _ClassVar[int]
+    PRIMARY_FIELD_NUMBER: _ClassVar[int]
+    POSITION_FIELD_NUMBER: _ClassVar[int]
+    PRIMARY_POSITION_FIELD_NUMBER: _ClassVar[int]
+    LAG_POSITIONS_FIELD_NUMBER: _ClassVar[int]
+    LAG_FIELD_NUMBER: _ClassVar[int]
+    CAUGHT_UP_FIELD_NUMBER: _ClassVar[int]
+    CONNECTED_FIELD_NUMBER: _ClassVar[int]
+    LAST_CONTACT_TIME_FIELD_NUMBER: _ClassVar[int]
+    role: str
+    primary: str
+    position: int
+    primary_position: int
+    lag_positions: int
+    lag: _duration_pb2.Duration
+    caught_up: bool
+    connected: bool
+    last_contact_time: _timestamp_pb2.Timestamp
+    def __init__(self, role: _Optional[str] = ..., primary: _Optional[str] = ..., position: _Optional[int] = ..., primary_position: _Optional[int] = ..., lag_positions: _Optional[int] = ..., lag: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., caught_up: _Optional[bool] = ..., connected: _Optional[bool] = ..., last_contact_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...

@@ -1,0 +1,317 @@
+import datetime
+
+from google.protobuf import duration_pb2 as _duration_pb2
+from google.protobuf import timestamp_pb2 as _timestamp_pb2
+from sessionlog_client.v1 import event_pb2 as _event_pb2
+from sessionlog_client.v1 import message_pb2 as _message_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class LeaseAuditKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    LEASE_AUDIT_KIND_UNSPECIFIED: _ClassVar[LeaseAuditKind]
+    LEASE_AUDIT_KIND_TAKEOVER: _ClassVar[LeaseAuditKind]
+    LEASE_AUDIT_KIND_FORCED_RELEASE: _ClassVar[LeaseAuditKind]
+LEASE_AUDIT_KIND_UNSPECIFIED: LeaseAuditKind
+LEASE_AUDIT_KIND_TAKEOVER: LeaseAuditKind
+LEASE_AUDIT_KIND_FORCED_RELEASE: LeaseAuditKind
+
+class AppendRequest(_message.Message):
+    __slots__ = ("session_id", "events", "expected_seq", "request_id", "lease_holder", "lenient", "lease_token")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    EVENTS_FIELD_NUMBER: _ClassVar[int]
+    EXPECTED_SEQ_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    LEASE_HOLDER_FIELD_NUMBER: _ClassVar[int]
+    LENIENT_FIELD_NUMBER: _ClassVar[int]
+    LEASE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    events: _containers.RepeatedCompositeFieldContainer[_event_pb2.Event]
+    expected_seq: int
+    request_id: str
+    lease_holder: str
+    lenient: bool
+    lease_token: int
+    def __init__(self, session_id: _Optional[str] = ..., events: _Optional[_Iterable[_Union[_event_pb2.Event, _Mapping]]] = ..., expected_seq: _Optional[int] = ..., request_id: _Optional[str] = ..., lease_holder: _Optional[str] = ..., lenient: _Optional[bool] = ..., lease_token: _Optional[int] = ...) -> None: ...
+
+class AppendDrop(_message.Message):
+    __slots__ = ("index", "reason", "message")
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    index: int
+    reason: str
+    message: str
+    def __init__(self, index: _Optional[int] = ..., reason: _Optional[str] = ..., message: _Optional[str] = ...) -> None: ...
+
+class AppendResponse(_message.Message):
+    __slots__ = ("events", "next_seq", "drops")
+    EVENTS_FIELD_NUMBER: _ClassVar[int]
+    NEXT_SEQ_FIELD_NUMBER: _ClassVar[int]
+    DROPS_FIELD_NUMBER: _ClassVar[int]
+    events: _containers.RepeatedCompositeFieldContainer[_event_pb2.Event]
+    next_seq: int
+    drops: _containers.RepeatedCompositeFieldContainer[AppendDrop]
+    def __init__(self, events: _Optional[_Iterable[_Union[_event_pb2.Event, _Mapping]]] = ..., next_seq: _Optional[int] = ..., drops: _Optional[_Iterable[_Union[AppendDrop, _Mapping]]] = ...) -> None: ...
+
+class SinceRequest(_message.Message):
+    __slots__ = ("session_id", "seq", "follow")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    FOLLOW_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    seq: int
+    follow: bool
+    def __init__(self, session_id: _Optional[str] = ..., seq: _Optional[int] = ..., follow: _Optional[bool] = ...) -> None: ...
+
+class SinceResponse(_message.Message):
+    __slots__ = ("events", "caught_up", "next_seq")
+    EVENTS_FIELD_NUMBER: _ClassVar[int]
+    CAUGHT_UP_FIELD_NUMBER: _ClassVar[int]
+    NEXT_SEQ_FIELD_NUMBER: _ClassVar[int]
+    events: _containers.RepeatedCompositeFieldContainer[_event_pb2.Event]
+    caught_up: bool
+    next_seq: int
+    def __init__(self, events: _Optional[_Iterable[_Union[_event_pb2.Event, _Mapping]]] = ..., caught_up: _Optional[bool] = ..., next_seq: _Optional[int] = ...) -> None: ...
+
+class SurfaceRequest(_message.Message):
+    __slots__ = ("session_id", "at_seq")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    AT_SEQ_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    at_seq: int
+    def __init__(self, session_id: _Optional[str] = ..., at_seq: _Optional[int] = ...) -> None: ...
+
+class SurfaceResponse(_message.Message):
+    __slots__ = ("events", "event_count", "replace_generation")
+    EVENTS_FIELD_NUMBER: _ClassVar[int]
+    EVENT_COUNT_FIELD_NUMBER: _ClassVar[int]
+    REPLACE_GENERATION_FIELD_NUMBER: _ClassVar[int]
+    events: _containers.RepeatedCompositeFieldContainer[_event_pb2.Event]
+    event_count: int
+    replace_generation: int
+    def __init__(self, events: _Optional[_Iterable[_Union[_event_pb2.Event, _Mapping]]] = ..., event_count: _Optional[int] = ..., replace_generation: _Optional[int] = ...) -> None: ...
+
+class DeriveMessagesRequest(_message.Message):
+    __slots__ = ("session_id", "at_seq")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    AT_SEQ_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    at_seq: int
+    def __init__(self, session_id: _Optional[str] = ..., at_seq: _Optional[int] = ...) -> None: ...
+
+class DeriveMessagesResponse(_message.Message):
+    __slots__ = ("messages", "seqs", "event_count", "replace_generation")
+    MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    SEQS_FIELD_NUMBER: _ClassVar[int]
+    EVENT_COUNT_FIELD_NUMBER: _ClassVar[int]
+    REPLACE_GENERATION_FIELD_NUMBER: _ClassVar[int]
+    messages: _containers.RepeatedCompositeFieldContainer[_message_pb2.Message]
+    seqs: _containers.RepeatedScalarFieldContainer[int]
+    event_count: int
+    replace_generation: int
+    def __init__(self, messages: _Optional[_Iterable[_Union[_message_pb2.Message, _Mapping]]] = ..., seqs: _Optional[_Iterable[int]] = ..., event_count: _Optional[int] = ..., replace_generation: _Optional[int] = ...) -> None: ...
+
+class Session(_message.Message):
+    __slots__ = ("session_id", "exists", "event_count", "replace_generation", "create_time", "last_append_time", "parent_session_id", "parent_event_count", "lease")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    EXISTS_FIELD_NUMBER: _ClassVar[int]
+    EVENT_COUNT_FIELD_NUMBER: _ClassVar[int]
+    REPLACE_GENERATION_FIELD_NUMBER: _ClassVar[int]
+    CREATE_TIME_FIELD_NUMBER: _ClassVar[int]
+    LAST_APPEND_TIME_FIELD_NUMBER: _ClassVar[int]
+    PARENT_SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    PARENT_EVENT_COUNT_FIELD_NUMBER: _ClassVar[int]
+    LEASE_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    exists: bool
+    event_count: int
+    replace_generation: int
+    create_time: _timestamp_pb2.Timestamp
+    last_append_time: _timestamp_pb2.Timestamp
+    parent_session_id: str
+    parent_event_count: int
+    lease: Lease
+    def __init__(self, session_id: _Optional[str] = ..., exists: _Optional[bool] = ..., event_count: _Optional[int] = ..., replace_generation: _Optional[int] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., last_append_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., parent_session_id: _Optional[str] = ..., parent_event_count: _Optional[int] = ..., lease: _Optional[_Union[Lease, _Mapping]] = ...) -> None: ...
+
+class Lease(_message.Message):
+    __slots__ = ("holder", "token", "acquire_time", "expire_time")
+    HOLDER_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    ACQUIRE_TIME_FIELD_NUMBER: _ClassVar[int]
+    EXPIRE_TIME_FIELD_NUMBER: _ClassVar[int]
+    holder: str
+    token: int
+    acquire_time: _timestamp_pb2.Timestamp
+    expire_time: _timestamp_pb2.Timestamp
+    def __init__(self, holder: _Optional[str] = ..., token: _Optional[int] = ..., acquire_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., expire_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+
+class LeaseAuditEntry(_message.Message):
+    __slots__ = ("kind", "actor", "previous_holder", "previous_token", "time")
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    ACTOR_FIELD_NUMBER: _ClassVar[int]
+    PREVIOUS_HOLDER_FIELD_NUMBER: _ClassVar[int]
+    PREVIOUS_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    TIME_FIELD_NUMBER: _ClassVar[int]
+    kind: LeaseAuditKind
+    actor: str
+    previous_holder: str
+    previous_token: int
+    time: _timestamp_pb2.Timestamp
+    def __init__(self, kind: _Optional[_Union[LeaseAuditKind, str]] = ..., actor: _Optional[str] = ..., previous_holder: _Optional[str] = ..., previous_token: _Optional[int] = ..., time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+
+class CreateSessionRequest(_message.Message):
+    __slots__ = ("session_id", "events", "lease_holder", "lease_token")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    EVENTS_FIELD_NUMBER: _ClassVar[int]
+    LEASE_HOLDER_FIELD_NUMBER: _ClassVar[int]
+    LEASE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    events: _containers.RepeatedCompositeFieldContainer[_event_pb2.Event]
+    lease_holder: str
+    lease_token: int
+    def __init__(self, session_id: _Optional[str] = ..., events: _Optional[_Iterable[_Union[_event_pb2.Event, _Mapping]]] = ..., lease_holder: _Optional[str] = ..., lease_token: _Optional[int] = ...) -> None: ...
+
+class CreateSessionResponse(_message.Message):
+    __slots__ = ("session", "events")
+    SESSION_FIELD_NUMBER: _ClassVar[int]
+    EVENTS_FIELD_NUMBER: _ClassVar[int]
+    session: Session
+    events: _containers.RepeatedCompositeFieldContainer[_event_pb2.Event]
+    def __init__(self, session: _Optional[_Union[Session, _Mapping]] = ..., events: _Optional[_Iterable[_Union[_event_pb2.Event, _Mapping]]] = ...) -> None: ...
+
+class SeedSessionRequest(_message.Message):
+    __slots__ = ("session_id", "messages", "lease_holder", "lease_token")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    LEASE_HOLDER_FIELD_NUMBER: _ClassVar[int]
+    LEASE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    messages: _containers.RepeatedCompositeFieldContainer[_message_pb2.Message]
+    lease_holder: str
+    lease_token: int
+    def __init__(self, session_id: _Optional[str] = ..., messages: _Optional[_Iterable[_Union[_message_pb2.Message, _Mapping]]] = ..., lease_holder: _Optional[str] = ..., lease_token: _Optional[int] = ...) -> None: ...
+
+class SeedDrop(_message.Message):
+    __slots__ = ("index", "reason")
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    index: int
+    reason: str
+    def __init__(self, index: _Optional[int] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class SeedSessionResponse(_message.Message):
+    __slots__ = ("session", "events", "drops")
+    SESSION_FIELD_NUMBER: _ClassVar[int]
+    EVENTS_FIELD_NUMBER: _ClassVar[int]
+    DROPS_FIELD_NUMBER: _ClassVar[int]
+    session: Session
+    events: _containers.RepeatedCompositeFieldContainer[_event_pb2.Event]
+    drops: _containers.RepeatedCompositeFieldContainer[SeedDrop]
+    def __init__(self, session: _Optional[_Union[Session, _Mapping]] = ..., events: _Optional[_Iterable[_Union[_event_pb2.Event, _Mapping]]] = ..., drops: _Optional[_Iterable[_Union[SeedDrop, _Mapping]]] = ...) -> None: ...
+
+class GetSessionRequest(_message.Message):
+    __slots__ = ("session_id",)
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    def __init__(self, session_id: _Optional[str] = ...) -> None: ...
+
+class GetSessionResponse(_message.Message):
+    __slots__ = ("session", "lease_audit")
+    SESSION_FIELD_NUMBER: _ClassVar[int]
+    LEASE_AUDIT_FIELD_NUMBER: _ClassVar[int]
+    session: Session
+    lease_audit: _containers.RepeatedCompositeFieldContainer[LeaseAuditEntry]
+    def __init__(self, session: _Optional[_Union[Session, _Mapping]] = ..., lease_audit: _Optional[_Iterable[_Union[LeaseAuditEntry, _Mapping]]] = ...) -> None: ...
+
+class ListSessionsRequest(_message.Message):
+    __slots__ = ("page_size", "page_token", "prefix")
+    PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    PREFIX_FIELD_NUMBER: _ClassVar[int]
+    page_size: int
+    page_token: str
+    prefix: str
+    def __init__(self, page_size: _Optional[int] = ..., page_token: _Optional[str] = ..., prefix: _Optional[str] = ...) -> None: ...
+
+class ListSessionsResponse(_message.Message):
+    __slots__ = ("sessions", "next_page_token")
+    SESSIONS_FIELD_NUMBER: _ClassVar[int]
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    sessions: _containers.RepeatedCompositeFieldContainer[Session]
+    next_page_token: str
+    def __init__(self, sessions: _Optional[_Iterable[_Union[Session, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
+
+class ForkSessionRequest(_message.Message):
+    __slots__ = ("parent_session_id", "at_seq", "session_id", "lease_holder", "lease_token")
+    PARENT_SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    AT_SEQ_FIELD_NUMBER: _ClassVar[int]
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    LEASE_HOLDER_FIELD_NUMBER: _ClassVar[int]
+    LEASE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    parent_session_id: str
+    at_seq: int
+    session_id: str
+    lease_holder: str
+    lease_token: int
+    def __init__(self, parent_session_id: _Optional[str] = ..., at_seq: _Optional[int] = ..., session_id: _Optional[str] = ..., lease_holder: _Optional[str] = ..., lease_token: _Optional[int] = ...) -> None: ...
+
+class ForkSessionResponse(_message.Message):
+    __slots__ = ("session",)
+    SESSION_FIELD_NUMBER: _ClassVar[int]
+    session: Session
+    def __init__(self, session: _Optional[_Union[Session, _Mapping]] = ...) -> None: ...
+
+class AcquireLeaseRequest(_message.Message):
+    __slots__ = ("session_id", "holder", "ttl")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    HOLDER_FIELD_NUMBER: _ClassVar[int]
+    TTL_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    holder: str
+    ttl: _duration_pb2.Duration
+    def __init__(self, session_id: _Optional[str] = ..., holder: _Optional[str] = ..., ttl: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ...) -> None: ...
+
+class AcquireLeaseResponse(_message.Message):
+    __slots__ = ("lease",)
+    LEASE_FIELD_NUMBER: _ClassVar[int]
+    lease: Lease
+    def __init__(self, lease: _Optional[_Union[Lease, _Mapping]] = ...) -> None: ...
+
+class RenewLeaseRequest(_message.Message):
+    __slots__ = ("session_id", "holder", "ttl")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    HOLDER_FIELD_NUMBER: _ClassVar[int]
+    TTL_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    holder: str
+    ttl: _duration_pb2.Duration
+    def __init__(self, session_id: _Optional[str] = ..., holder: _Optional[str] = ..., ttl: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ...) -> None: ...
+
+class RenewLeaseResponse(_message.Message):
+    __slots__ = ("lease",)
+    LEASE_FIELD_NUMBER: _ClassVar[int]
+    lease: Lease
+    def __init__(self, lease: _Optional[_Union[Lease, _Mapping]] = ...) -> None: ...
+
+class ReleaseLeaseRequest(_message.Message):
+    __slots__ = ("session_id", "holder", "force")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    HOLDER_FIELD_NUMBER: _ClassVar[int]
+    FORCE_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    holder: str
+    force: bool
+    def __init__(self, session_id: _Optional[str] = ..., holder: _Optional[str] = ..., force: _Optional[bool] = ...) -> None: ...
+
+class ReleaseLeaseResponse(_message.Message):
+    __slots__ = ("released",)
+    RELEASED_FIELD_NUMBER: _ClassVar[int]
+    released: Lease
+    def __init__(self, released: _Optional[_Union[Lease, _Mapping]] = ...) -> None: ...

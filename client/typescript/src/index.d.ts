@@ -1,0 +1,256 @@
+// Types of @sessionlog/client (the implementation is plain ES modules in index.js).
+
+/** A JSON value as stored in an event's data. */
+export type Json = null | boolean | number | string | Json[] | { [key: string]: Json };
+export type JsonObject = { [key: string]: Json };
+
+/** Event types by their short names; the upper-case and EVENT_TYPE_ forms are accepted too. */
+export type EventTypeName =
+  | "system_message"
+  | "user_message"
+  | "assistant_message"
+  | "tool_result"
+  | "tool_call"
+  | "turn_start"
+  | "turn_end"
+  | "step_start"
+  | "step_end"
+  | "request_header";
+
+/** RFC 3339 with up to nanoseconds, e.g. "2026-01-02T03:04:05.123456Z". */
+export type Time = string;
+
+/** An event to append. `replace: [start, stop]` hides positions start..stop (inclusive). */
+export interface NewEvent {
+  type: EventTypeName | string;
+  data?: JsonObject;
+  replace?: [number, number];
+  /** Stored exactly; the server's now when absent. */
+  time?: Time | Date;
+}
+
+/** An event as stored. */
+export interface Event {
+  seq: number;
+  type: EventTypeName;
+  time: Time;
+  data: JsonObject;
+  replace?: [number, number];
+}
+
+export type Role = "system" | "user" | "assistant" | "tool";
+
+/** A derived message in the OpenAI chat format. */
+export interface ChatMessage {
+  role: Role | "unspecified";
+  /** null when the event had no content; a list when it carried metadata.content_parts. */
+  content: string | Json[] | null;
+  tool_calls?: JsonObject[];
+  tool_call_id?: string;
+  name?: string;
+  /** Only with { extra: true }. */
+  reasoning_content?: string;
+  metadata?: JsonObject;
+  created_at?: Time;
+}
+
+/** A chat message to seed a session with, or to log with eventFromMessage. */
+export interface ChatMessageInput {
+  role: Role | "developer" | string;
+  content?: string | Json[] | null;
+  tool_calls?: JsonObject[];
+  tool_call_id?: string | null;
+  name?: string | null;
+  reasoning_content?: string | null;
+  metadata?: JsonObject;
+  created_at?: Time | Date;
+}
+
+export interface Lease {
+  holder: string;
+  /** Fencing token: grows with every acquisition. */
+  token: number;
+  acquireTime?: Time;
+  expireTime?: Time;
+}
+
+export interface Session {
+  sessionId: string;
+  exists: boolean;
+  eventCount: number;
+  replaceGeneration: number;
+  createTime?: Time;
+  lastAppendTime?: Time;
+  parentSessionId: string;
+  parentEventCount: number;
+  lease?: Lease;
+}
+
+export interface LeaseAuditEntry {
+  kind: string;
+  actor: string;
+  previousHolder: string;
+  previousToken: number;
+  time?: Time;
+}
+
+export interface AppendResult {
+  events: Event[];
+  nextSeq: number;
+  drops: { index: number; reason: string; message: string }[];
+}
+
+export interface SurfaceResult {
+  events: Event[];
+  eventCount: number;
+  replaceGeneration: number;
+}
+
+export interface DerivedMessages {
+  messages: ChatMessage[];
+  /** seqs[i] is the seq of the event messages[i] came from. */
+  seqs: number[];
+  eventCount: number;
+  replaceGeneration: number;
+}
+
+export interface SessionPage {
+  sessions: Session[];
+  nextPageToken: string;
+}
+
+export interface RetryOptions {
+  /** How long UNAVAILABLE is retried (appends, reads, stream reconnects). Default 30000. */
+  giveUpAfterMs?: number;
+  initialBackoffMs?: number;
+  maxBackoffMs?: number;
+}
+
+export interface ClientOptions {
+  /** Deadline of each unary call; default 10000. */
+  timeoutMs?: number;
+  /** Sent as "authorization: Bearer TOKEN" on every call (use with TLS). */
+  token?: string;
+  /** TLS with the system roots (implied by any of the PEM buffers below). */
+  tls?: boolean;
+  rootCerts?: Uint8Array;
+  privateKey?: Uint8Array;
+  certChain?: Uint8Array;
+  /** Largest message sent or accepted; default 64 MiB (keep it >= the server's limit). */
+  maxMessageBytes?: number;
+  retry?: RetryOptions;
+  /** The proto/ folder; default the repository's, or $SESSIONLOG_PROTO_DIR. */
+  protoDir?: string;
+  channelOptions?: Record<string, string | number>;
+}
+
+interface CallOptions {
+  timeoutMs?: number;
+}
+
+interface LeaseCallOptions extends CallOptions {
+  leaseHolder?: string;
+  leaseToken?: number;
+}
+
+export interface AppendOptions extends LeaseCallOptions {
+  /** Fail with SEQ_CONFLICT unless the first event gets this seq. */
+  expectedSeq?: number;
+  /** Idempotency key; a fresh UUID when absent, "" for none (and no retry). */
+  requestId?: string;
+  lenient?: boolean;
+}
+
+/** A failed call: the server's reason and metadata, or the status name for transport failures. */
+export class SessionLogError extends Error {
+  readonly code: number;
+  readonly codeName: string;
+  readonly reason: string;
+  readonly domain: string;
+  readonly metadata: Record<string, string>;
+}
+
+/** Events of one session from a seq on; resumes from nextSeq after UNAVAILABLE. */
+export class EventStream implements AsyncIterable<Event> {
+  readonly sessionId: string;
+  readonly nextSeq: number;
+  readonly caughtUp: boolean;
+  readonly reconnects: number;
+  readonly closed: boolean;
+  [Symbol.asyncIterator](): AsyncIterator<Event>;
+  close(): void;
+}
+
+export class SessionLogClient {
+  constructor(target?: string, options?: ClientOptions);
+  readonly target: string;
+  readonly timeoutMs: number;
+  close(): void;
+  waitForReady(timeoutMs?: number): Promise<void>;
+
+  append(sessionId: string, events: NewEvent[], options?: AppendOptions): Promise<AppendResult>;
+  since(sessionId: string, options?: { seq?: number; timeoutMs?: number }): EventStream;
+  follow(sessionId: string, options?: { seq?: number }): EventStream;
+  surface(sessionId: string, options?: { atSeq?: number } & CallOptions): Promise<SurfaceResult>;
+  deriveMessages(
+    sessionId: string,
+    options?: { atSeq?: number; extra?: boolean } & CallOptions,
+  ): Promise<DerivedMessages>;
+
+  createSession(
+    sessionId: string,
+    events?: NewEvent[],
+    options?: LeaseCallOptions,
+  ): Promise<{ session: Session; events: Event[] }>;
+  seedSession(
+    sessionId: string,
+    messages: ChatMessageInput[],
+    options?: LeaseCallOptions,
+  ): Promise<{ session: Session; events: Event[]; drops: { index: number; reason: string }[] }>;
+  getSession(
+    sessionId: string,
+    options?: CallOptions,
+  ): Promise<{ session: Session; leaseAudit: LeaseAuditEntry[] }>;
+  listSessions(
+    options?: { prefix?: string; pageSize?: number } & CallOptions,
+  ): AsyncGenerator<SessionPage, void, undefined>;
+  forkSession(
+    parentSessionId: string,
+    options?: { atSeq?: number; sessionId?: string } & LeaseCallOptions,
+  ): Promise<{ session: Session }>;
+  acquireLease(
+    sessionId: string,
+    holder: string,
+    options?: { ttlMs?: number } & CallOptions,
+  ): Promise<{ lease: Lease }>;
+  renewLease(
+    sessionId: string,
+    holder: string,
+    options?: { ttlMs?: number } & CallOptions,
+  ): Promise<{ lease: Lease }>;
+  releaseLease(
+    sessionId: string,
+    holder: string,
+    options?: { force?: boolean } & CallOptions,
+  ): Promise<{ released?: Lease }>;
+}
+
+export const DEFAULT_PROTO_DIR: string;
+export const DEFAULT_TARGET: string;
+export const DEFAULT_TIMEOUT_MS: number;
+export const DEFAULT_MAX_MESSAGE_BYTES: number;
+
+export function eventTypeName(type: string): string;
+export function eventFromMessage(message: ChatMessageInput): NewEvent;
+export function fromMessage(raw: unknown, options?: { extra?: boolean }): ChatMessage;
+export function toMessage(message: ChatMessageInput): unknown;
+export function toEvent(event: NewEvent): unknown;
+export function fromEvent(raw: unknown): Event;
+export function toStruct(object: JsonObject): unknown;
+export function fromStruct(struct: unknown): JsonObject;
+export function toTimestamp(time: Time | Date): { seconds: number; nanos: number };
+export function fromTimestamp(stamp: { seconds?: number; nanos?: number } | null | undefined): Time | undefined;
+export function errorInfo(
+  error: unknown,
+): { reason: string; domain: string; metadata: Record<string, string> } | null;
+export function toError(error: unknown): unknown;

@@ -1,0 +1,627 @@
+// sessionlog's Node client: a thin typed wrapper over @grpc/grpc-js, reading proto/ at run time
+// with @grpc/proto-loader (see README.md for why). Types are in index.d.ts.
+//
+//   import { SessionLogClient } from "@sessionlog/client";
+//   const client = new SessionLogClient("127.0.0.1:50051");
+//   await client.append("demo", [{ type: "user_message", data: { content: "hi" } }]);
+//   for await (const event of client.follow("demo")) console.log(event.seq, event.data);
+
+import { randomUUID } from "node:crypto";
+import { existsSync } from "node:fs";
+import { dirname, resolve } from "node:path";
+import { fileURLToPath } from "node:url";
+
+import * as grpc from "@grpc/grpc-js";
+import * as protoLoader from "@grpc/proto-loader";
+import protobuf from "protobufjs";
+
+const HERE = dirname(fileURLToPath(import.meta.url));
+/** proto/ of the repository this package sits in (client/typescript/src -> proto). */
+export const DEFAULT_PROTO_DIR = resolve(HERE, "..", "..", "..", "proto");
+export const DEFAULT_TARGET = "127.0.0.1:50051";
+export const DEFAULT_TIMEOUT_MS = 10_000;
+/** The server allows 4 MiB by default; accept far more so a raised limit needs no change here. */
+export const DEFAULT_MAX_MESSAGE_BYTES = 64 * 1024 * 1024;
+const STATUS_DETAILS_KEY = "grpc-status-details-bin";
+const TYPE_PREFIX = "EVENT_TYPE_";
+const ROLE_PREFIX = "ROLE_";
+
+// -- errors -----------------------------------------------------------------------------------
+
+const rpcTypes = protobuf.Root.fromJSON({
+  nested: {
+    google: {
+      nested: {
+        rpc: {
+          nested: {
+            Any: { fields: { type_url: { type: "string", id: 1 }, value: { type: "bytes", id: 2 } } },
+            Status: {
+              fields: {
+                code: { type: "int32", id: 1 },
+                message: { type: "string", id: 2 },
+                details: { rule: "repeated", type: "Any", id: 3 },
+              },
+            },
+            ErrorInfo: {
+              fields: {
+                reason: { type: "string", id: 1 },
+                domain: { type: "string", id: 2 },
+                metadata: { keyType: "string", type: "string", id: 3 },
+              },
+            },
+          },
+        },
+      },
+    },
+  },
+});
+const StatusType = rpcTypes.lookupType("google.rpc.Status");
+const ErrorInfoType = rpcTypes.lookupType("google.rpc.ErrorInfo");
+const CODE_NAMES = Object.fromEntries(Object.entries(grpc.status).map(([name, code]) => [code, name]));
+
+/**
+ * A failed call. `reason` is the server's stable reason (e.g. "SEQ_CONFLICT") from the
+ * google.rpc.ErrorInfo detail, `metadata` its values (e.g. { next_seq: "4" }); a failure with no
+ * detail (a refused connection, a deadline) has the status name as its reason.
+ */
+export class SessionLogError extends Error {
+  constructor(message, { code, reason, domain = "", metadata = {}, cause } = {}) {
+    super(message, cause === undefined ? undefined : { cause });
+    this.name = "SessionLogError";
+    this.code = code;
+    this.codeName = CODE_NAMES[code] ?? "UNKNOWN";
+    this.reason = reason ?? this.codeName;
+    this.domain = domain;
+    this.metadata = metadata;
+  }
+}
+
+/** The ErrorInfo in a grpc-js error's trailers, decoded from grpc-status-details-bin. */
+export function errorInfo(error) {
+  const raw = error?.metadata?.get?.(STATUS_DETAILS_KEY) ?? [];
+  for (const value of raw) {
+    const status = StatusType.decode(Buffer.isBuffer(value) ? value : Buffer.from(value));
+    for (const detail of status.details ?? []) {
+      if (detail.type_url.endsWith("/google.rpc.ErrorInfo")) {
+        const info = ErrorInfoType.toObject(ErrorInfoType.decode(detail.value), { defaults: true });
+        return { reason: info.reason, domain: info.domain, metadata: { ...info.metadata } };
+      }
+    }
+  }
+  return null;
+}
+
+/** A grpc-js error as a SessionLogError (anything else passes through). */
+export function toError(error) {
+  if (error instanceof SessionLogError || typeof error?.code !== "number") return error;
+  const info = errorInfo(error);
+  return new SessionLogError(error.details || error.message, {
+    code: error.code,
+    reason: info?.reason,
+    domain: info?.domain,
+    metadata: info?.metadata ?? {},
+    cause: error,
+  });
+}
+
+// -- values -----------------------------------------------------------------------------------
+
+/** A plain JSON value -> google.protobuf.Value as proto-loader expects it. */
+function toValue(value) {
+  if (value === null || value === undefined) return { nullValue: "NULL_VALUE" };
+  if (typeof value === "number") return { numberValue: value };
+  if (typeof value === "string") return { stringValue: value };
+  if (typeof value === "boolean") return { boolValue: value };
+  if (Array.isArray(value)) return { listValue: { values: value.map(toValue) } };
+  if (typeof value === "object") return { structValue: toStruct(value) };
+  throw new TypeError(`not a JSON value: ${String(value)}`);
+}
+
+/** A plain object -> google.protobuf.Struct. */
+export function toStruct(object) {
+  const fields = {};
+  for (const [key, value] of Object.entries(object ?? {})) fields[key] = toValue(value);
+  return { fields };
+}
+
+function fromValue(value) {
+  if (!value) return null;
+  if (value.structValue !== undefined && value.structValue !== null) return fromStruct(value.structValue);
+  if (value.listValue !== undefined && value.listValue !== null) return (value.listValue.values ?? []).map(fromValue);
+  if (value.stringValue !== undefined && value.stringValue !== null) return value.stringValue;
+  if (value.numberValue !== undefined && value.numberValue !== null) return value.numberValue;
+  if (value.boolValue !== undefined && value.boolValue !== null) return value.boolValue;
+  return null;
+}
+
+/** google.protobuf.Struct -> a plain object. */
+export function fromStruct(struct) {
+  const out = {};
+  for (const [key, value] of Object.entries(struct?.fields ?? {})) out[key] = fromValue(value);
+  return out;
+}
+
+/** "2026-01-02T03:04:05.123456Z" or a Date -> google.protobuf.Timestamp, to the nanosecond. */
+export function toTimestamp(time) {
+  if (time instanceof Date) {
+    const ms = time.getTime();
+    return { seconds: Math.floor(ms / 1000), nanos: (((ms % 1000) + 1000) % 1000) * 1e6 };
+  }
+  const match = /^(.*?)(?:\.(\d{1,9}))?(Z|[+-]\d\d:\d\d)$/.exec(String(time));
+  if (!match) throw new TypeError(`not an RFC 3339 time: ${time}`);
+  const ms = Date.parse(`${match[1]}${match[3]}`);
+  if (Number.isNaN(ms)) throw new TypeError(`not an RFC 3339 time: ${time}`);
+  return { seconds: Math.floor(ms / 1000), nanos: Number((match[2] ?? "").padEnd(9, "0")) };
+}
+
+/** google.protobuf.Timestamp -> RFC 3339 in UTC with 0, 3, 6 or 9 fraction digits (as protobuf JSON). */
+export function fromTimestamp(stamp) {
+  if (!stamp) return undefined;
+  const seconds = Number(stamp.seconds ?? 0);
+  const nanos = Number(stamp.nanos ?? 0);
+  const base = new Date(seconds * 1000).toISOString().slice(0, 19);
+  if (nanos === 0) return `${base}Z`;
+  const digits = String(nanos).padStart(9, "0");
+  const fraction = digits.endsWith("000000") ? digits.slice(0, 3) : digits.endsWith("000") ? digits.slice(0, 6) : digits;
+  return `${base}.${fraction}Z`;
+}
+
+/** "user_message", "USER_MESSAGE" or "EVENT_TYPE_USER_MESSAGE" -> "EVENT_TYPE_USER_MESSAGE". */
+export function eventTypeName(type) {
+  const upper = String(type).trim().toUpperCase();
+  return upper.startsWith(TYPE_PREFIX) ? upper : TYPE_PREFIX + upper;
+}
+
+const SHORT_TYPE = (name) => String(name).slice(TYPE_PREFIX.length).toLowerCase();
+const SHORT_ROLE = (name) => String(name).slice(ROLE_PREFIX.length).toLowerCase();
+
+/** An event as sent: { type, data?, replace?: [start, stop], time? } -> the proto object. */
+export function toEvent(event) {
+  const out = { type: eventTypeName(event.type), data: toStruct(event.data ?? {}) };
+  if (event.replace) {
+    const [start_seq, stop_seq] = event.replace;
+    out.surface_op = { replace: { start_seq, stop_seq } };
+  }
+  if (event.time !== undefined) out.time = toTimestamp(event.time);
+  return out;
+}
+
+/** A stored event -> { seq, type: "user_message", time, data, replace? }. */
+export function fromEvent(raw) {
+  const out = {
+    seq: Number(raw.seq ?? 0),
+    type: SHORT_TYPE(raw.type),
+    time: fromTimestamp(raw.time),
+    data: fromStruct(raw.data),
+  };
+  const replace = raw.surface_op?.replace;
+  if (replace) out.replace = [Number(replace.start_seq ?? 0), Number(replace.stop_seq ?? 0)];
+  return out;
+}
+
+/**
+ * A derived Message -> the OpenAI chat format: role, content (null when absent; a multi-part list
+ * kept in metadata.content_parts comes back as the list), tool_calls (when any), tool_call_id and
+ * name (when set). With extra, also reasoning_content, metadata and created_at.
+ */
+export function fromMessage(raw, { extra = false } = {}) {
+  const metadata = fromStruct(raw.metadata);
+  const out = { role: SHORT_ROLE(raw.role) };
+  if (typeof raw.content === "string") out.content = raw.content;
+  else if (Array.isArray(metadata.content_parts)) out.content = metadata.content_parts;
+  else out.content = null;
+  if (raw.tool_calls?.length) out.tool_calls = raw.tool_calls.map(fromStruct);
+  if (typeof raw.tool_call_id === "string") out.tool_call_id = raw.tool_call_id;
+  if (typeof raw.name === "string") out.name = raw.name;
+  if (extra) {
+    if (typeof raw.reasoning_content === "string") out.reasoning_content = raw.reasoning_content;
+    if (Object.keys(metadata).length) out.metadata = metadata;
+    if (raw.created_at) out.created_at = fromTimestamp(raw.created_at);
+  }
+  return out;
+}
+
+const ROLES = { system: "ROLE_SYSTEM", developer: "ROLE_SYSTEM", user: "ROLE_USER", assistant: "ROLE_ASSISTANT", tool: "ROLE_TOOL" };
+
+/** A chat-format message -> the proto Message (for seedSession). */
+export function toMessage(message) {
+  const out = { role: ROLES[String(message.role).toLowerCase()] ?? "ROLE_UNSPECIFIED" };
+  const metadata = { ...(message.metadata ?? {}) };
+  if (Array.isArray(message.content)) metadata.content_parts = message.content;
+  else if (message.content !== null && message.content !== undefined) out.content = String(message.content);
+  for (const key of ["reasoning_content", "tool_call_id", "name"]) {
+    if (message[key] !== null && message[key] !== undefined) out[key] = String(message[key]);
+  }
+  if (message.tool_calls?.length) out.tool_calls = message.tool_calls.map(toStruct);
+  if (Object.keys(metadata).length) out.metadata = toStruct(metadata);
+  if (message.created_at !== undefined) out.created_at = toTimestamp(message.created_at);
+  return out;
+}
+
+/** A chat message (e.g. a model's reply) -> the surface event that projects back to it. */
+export function eventFromMessage(message) {
+  const proto = toMessage(message);
+  const types = { ROLE_SYSTEM: "system_message", ROLE_USER: "user_message", ROLE_ASSISTANT: "assistant_message", ROLE_TOOL: "tool_result" };
+  const type = types[proto.role];
+  if (!type) throw new TypeError(`no event type for role ${message.role}`);
+  const data = {};
+  for (const key of ["content", "reasoning_content", "tool_call_id", "name"]) if (key in proto) data[key] = proto[key];
+  if (message.tool_calls?.length) data.tool_calls = message.tool_calls;
+  if (proto.metadata) data.metadata = fromStruct(proto.metadata);
+  const event = { type, data };
+  if (message.created_at !== undefined) event.time = message.created_at;
+  return event;
+}
+
+function fromSession(raw) {
+  if (!raw) return undefined;
+  return {
+    sessionId: raw.session_id,
+    exists: Boolean(raw.exists),
+    eventCount: Number(raw.event_count ?? 0),
+    replaceGeneration: Number(raw.replace_generation ?? 0),
+    createTime: fromTimestamp(raw.create_time),
+    lastAppendTime: fromTimestamp(raw.last_append_time),
+    parentSessionId: raw.parent_session_id ?? "",
+    parentEventCount: Number(raw.parent_event_count ?? 0),
+    lease: fromLease(raw.lease),
+  };
+}
+
+function fromLease(raw) {
+  if (!raw) return undefined;
+  return {
+    holder: raw.holder,
+    token: Number(raw.token ?? 0),
+    acquireTime: fromTimestamp(raw.acquire_time),
+    expireTime: fromTimestamp(raw.expire_time),
+  };
+}
+
+function duration(ttlMs) {
+  if (ttlMs === undefined || ttlMs === null) return undefined;
+  const seconds = Math.floor(ttlMs / 1000);
+  return { seconds, nanos: Math.round((ttlMs - seconds * 1000) * 1e6) };
+}
+
+// -- retries ----------------------------------------------------------------------------------
+
+class Backoff {
+  constructor({ giveUpAfterMs = 30_000, initialBackoffMs = 50, maxBackoffMs = 1000 } = {}) {
+    this.giveUpAfterMs = giveUpAfterMs;
+    this.initialBackoffMs = initialBackoffMs;
+    this.maxBackoffMs = maxBackoffMs;
+    this.reset();
+  }
+
+  reset() {
+    this.started = null;
+    this.delay = this.initialBackoffMs;
+  }
+
+  /** The next sleep in ms, or null once the budget is spent. */
+  next() {
+    const now = Date.now();
+    this.started ??= now;
+    const remaining = this.giveUpAfterMs - (now - this.started);
+    if (remaining <= 0) return null;
+    const delay = this.delay * (0.5 + Math.random() / 2);
+    this.delay = Math.min(this.delay * 2, this.maxBackoffMs);
+    return Math.min(delay, remaining);
+  }
+}
+
+const sleep = (ms) => new Promise((done) => setTimeout(done, ms));
+
+// -- the client -------------------------------------------------------------------------------
+
+let cachedPackage = null;
+
+function loadService(protoDir) {
+  if (cachedPackage?.protoDir === protoDir) return cachedPackage.service;
+  const file = resolve(protoDir, "sessionlog", "v1", "session_log_service.proto");
+  if (!existsSync(file)) throw new Error(`no ${file}: pass { protoDir } (the repository's proto/ folder)`);
+  const definition = protoLoader.loadSync("sessionlog/v1/session_log_service.proto", {
+    includeDirs: [protoDir],
+    keepCase: true,
+    longs: Number,
+    enums: String,
+    defaults: true,
+    oneofs: true,
+  });
+  const service = grpc.loadPackageDefinition(definition).sessionlog.v1.SessionLogService;
+  cachedPackage = { protoDir, service };
+  return service;
+}
+
+/**
+ * A stream of one session's events from a seq on, as an async iterator. On UNAVAILABLE (server
+ * restart, dropped connection) it reconnects from nextSeq, the seq after the last event it
+ * delivered: no gap, no duplicate. close() or breaking out of the loop ends it.
+ */
+export class EventStream {
+  constructor(client, sessionId, seq, follow, timeoutMs) {
+    this.sessionId = sessionId;
+    this.nextSeq = seq;
+    this.caughtUp = false;
+    this.reconnects = 0;
+    this.closed = false;
+    this._client = client;
+    this._follow = follow;
+    this._timeoutMs = timeoutMs;
+    this._call = null;
+    this._wake = null;
+    this._iterator = null;
+    this._forget = null;
+  }
+
+  [Symbol.asyncIterator]() {
+    this._iterator ??= this._iterate();
+    return this._iterator;
+  }
+
+  async *_iterate() {
+    try {
+      yield* this._run();
+    } finally {
+      this.closed = true;
+      this._forget?.();
+    }
+  }
+
+  /** Stop the stream; a pending iteration ends (done) without an error. */
+  close() {
+    this.closed = true;
+    this._call?.cancel();
+    this._wake?.();
+  }
+
+  async *_run() {
+    const backoff = new Backoff(this._client.retry);
+    while (!this.closed) {
+      const options = this._timeoutMs ? { deadline: Date.now() + this._timeoutMs } : {};
+      const request = { session_id: this.sessionId, seq: this.nextSeq, follow: this._follow };
+      const call = this._client._stub.Since(request, this._client._metadata(), options);
+      this._call = call;
+      let delay = null;
+      try {
+        for await (const response of call) {
+          backoff.reset();
+          if (response.caught_up) this.caughtUp = true;
+          for (const raw of response.events ?? []) {
+            const event = fromEvent(raw);
+            if (event.seq < this.nextSeq) continue; // already delivered before a reconnect
+            this.nextSeq = event.seq + 1;
+            yield event;
+          }
+        }
+        return;
+      } catch (error) {
+        if (this.closed) return;
+        delay = error?.code === grpc.status.UNAVAILABLE ? backoff.next() : null;
+        if (delay === null) throw toError(error);
+      } finally {
+        call.cancel();
+        this._call = null;
+      }
+      await new Promise((done) => {
+        const timer = setTimeout(done, delay);
+        this._wake = () => {
+          clearTimeout(timer);
+          done();
+        };
+      });
+      this._wake = null;
+      if (this.closed) return;
+      this.reconnects += 1;
+    }
+  }
+}
+
+/**
+ * A sessionlog client over one gRPC channel. Every method returns plain objects; failures reject
+ * with SessionLogError (reason and metadata from the server's ErrorInfo).
+ */
+export class SessionLogClient {
+  constructor(target = DEFAULT_TARGET, options = {}) {
+    const {
+      timeoutMs = DEFAULT_TIMEOUT_MS,
+      token,
+      tls = false,
+      rootCerts,
+      privateKey,
+      certChain,
+      maxMessageBytes = DEFAULT_MAX_MESSAGE_BYTES,
+      retry = {},
+      protoDir = process.env.SESSIONLOG_PROTO_DIR ?? DEFAULT_PROTO_DIR,
+      channelOptions = {},
+    } = options;
+    this.target = target;
+    this.timeoutMs = timeoutMs;
+    this.retry = retry;
+    this._token = token;
+    this._streams = new Set();
+    const secure = tls || rootCerts || privateKey || certChain;
+    const credentials = secure
+      ? grpc.credentials.createSsl(rootCerts ?? null, privateKey ?? null, certChain ?? null)
+      : grpc.credentials.createInsecure();
+    const Service = loadService(protoDir);
+    this._stub = new Service(target, credentials, {
+      "grpc.max_receive_message_length": maxMessageBytes,
+      "grpc.max_send_message_length": maxMessageBytes,
+      "grpc.initial_reconnect_backoff_ms": 100,
+      "grpc.max_reconnect_backoff_ms": 1000,
+      ...channelOptions,
+    });
+  }
+
+  /** Close every open stream (they end as done), then the channel. */
+  close() {
+    for (const stream of this._streams) stream.close();
+    this._streams.clear();
+    this._stub.close();
+  }
+
+  /** Resolve once connected, or reject after timeoutMs. */
+  waitForReady(timeoutMs = this.timeoutMs) {
+    return new Promise((done, fail) => {
+      this._stub.waitForReady(Date.now() + timeoutMs, (error) => (error ? fail(error) : done()));
+    });
+  }
+
+  _metadata() {
+    const metadata = new grpc.Metadata();
+    if (this._token) metadata.add("authorization", `Bearer ${this._token}`);
+    return metadata;
+  }
+
+  _once(method, request, timeoutMs) {
+    const options = { deadline: Date.now() + (timeoutMs ?? this.timeoutMs) };
+    return new Promise((done, fail) => {
+      this._stub[method](request, this._metadata(), options, (error, reply) => (error ? fail(error) : done(reply)));
+    });
+  }
+
+  async _call(method, request, { timeoutMs, retry = false } = {}) {
+    const backoff = retry ? new Backoff(this.retry) : null;
+    for (;;) {
+      try {
+        return await this._once(method, request, timeoutMs);
+      } catch (error) {
+        const delay = backoff && error?.code === grpc.status.UNAVAILABLE ? backoff.next() : null;
+        if (delay === null) throw toError(error);
+        await sleep(delay);
+      }
+    }
+  }
+
+  /**
+   * Append events atomically. Retried on UNAVAILABLE with one requestId (a fresh one unless
+   * given; "" turns both off), so a retry never writes twice.
+   */
+  async append(sessionId, events, options = {}) {
+    const { expectedSeq, requestId, leaseHolder = "", leaseToken = 0, lenient = false, timeoutMs } = options;
+    const request_id = requestId ?? randomUUID();
+    const request = {
+      session_id: sessionId,
+      events: events.map(toEvent),
+      request_id,
+      lease_holder: leaseHolder,
+      lease_token: leaseToken,
+      lenient,
+    };
+    if (expectedSeq !== undefined && expectedSeq !== null) request.expected_seq = expectedSeq;
+    const reply = await this._call("Append", request, { timeoutMs, retry: request_id !== "" });
+    return {
+      events: (reply.events ?? []).map(fromEvent),
+      nextSeq: Number(reply.next_seq ?? 0),
+      drops: (reply.drops ?? []).map((d) => ({ index: d.index, reason: d.reason, message: d.message })),
+    };
+  }
+
+  /** The stored events from seq on, then done. `for await (const e of client.since(id))`. */
+  since(sessionId, { seq = 0, timeoutMs } = {}) {
+    return this._open(new EventStream(this, sessionId, seq, false, timeoutMs));
+  }
+
+  /** Stored events from seq on, then live ones as they commit, until close() or break. */
+  follow(sessionId, { seq = 0 } = {}) {
+    return this._open(new EventStream(this, sessionId, seq, true, undefined));
+  }
+
+  _open(stream) {
+    this._streams.add(stream);
+    stream._forget = () => this._streams.delete(stream);
+    return stream;
+  }
+
+  async surface(sessionId, { atSeq, timeoutMs } = {}) {
+    const request = { session_id: sessionId };
+    if (atSeq !== undefined) request.at_seq = atSeq;
+    const reply = await this._call("Surface", request, { timeoutMs, retry: true });
+    return {
+      events: (reply.events ?? []).map(fromEvent),
+      eventCount: Number(reply.event_count ?? 0),
+      replaceGeneration: Number(reply.replace_generation ?? 0),
+    };
+  }
+
+  /** The derived messages in the OpenAI chat format, with the seq each came from. */
+  async deriveMessages(sessionId, { atSeq, extra = false, timeoutMs } = {}) {
+    const request = { session_id: sessionId };
+    if (atSeq !== undefined) request.at_seq = atSeq;
+    const reply = await this._call("DeriveMessages", request, { timeoutMs, retry: true });
+    return {
+      messages: (reply.messages ?? []).map((m) => fromMessage(m, { extra })),
+      seqs: (reply.seqs ?? []).map(Number),
+      eventCount: Number(reply.event_count ?? 0),
+      replaceGeneration: Number(reply.replace_generation ?? 0),
+    };
+  }
+
+  async createSession(sessionId, events = [], { leaseHolder = "", leaseToken = 0, timeoutMs } = {}) {
+    const request = { session_id: sessionId, events: events.map(toEvent), lease_holder: leaseHolder, lease_token: leaseToken };
+    const reply = await this._call("CreateSession", request, { timeoutMs });
+    return { session: fromSession(reply.session), events: (reply.events ?? []).map(fromEvent) };
+  }
+
+  async seedSession(sessionId, messages, { leaseHolder = "", leaseToken = 0, timeoutMs } = {}) {
+    const request = { session_id: sessionId, messages: messages.map(toMessage), lease_holder: leaseHolder, lease_token: leaseToken };
+    const reply = await this._call("SeedSession", request, { timeoutMs });
+    return {
+      session: fromSession(reply.session),
+      events: (reply.events ?? []).map(fromEvent),
+      drops: (reply.drops ?? []).map((d) => ({ index: d.index, reason: d.reason })),
+    };
+  }
+
+  async getSession(sessionId, { timeoutMs } = {}) {
+    const reply = await this._call("GetSession", { session_id: sessionId }, { timeoutMs, retry: true });
+    return {
+      session: fromSession(reply.session),
+      leaseAudit: (reply.lease_audit ?? []).map((a) => ({
+        kind: a.kind,
+        actor: a.actor,
+        previousHolder: a.previous_holder,
+        previousToken: Number(a.previous_token ?? 0),
+        time: fromTimestamp(a.time),
+      })),
+    };
+  }
+
+  /** Every page of sessions in id order: `for await (const page of client.listSessions())`. */
+  async *listSessions({ prefix = "", pageSize = 0, timeoutMs } = {}) {
+    let page_token = "";
+    for (;;) {
+      const request = { page_size: pageSize, page_token, prefix };
+      const reply = await this._call("ListSessions", request, { timeoutMs, retry: true });
+      yield { sessions: (reply.sessions ?? []).map(fromSession), nextPageToken: reply.next_page_token ?? "" };
+      page_token = reply.next_page_token ?? "";
+      if (!page_token) return;
+    }
+  }
+
+  async forkSession(parentSessionId, { atSeq, sessionId = "", leaseHolder = "", leaseToken = 0, timeoutMs } = {}) {
+    const request = { parent_session_id: parentSessionId, session_id: sessionId, lease_holder: leaseHolder, lease_token: leaseToken };
+    if (atSeq !== undefined) request.at_seq = atSeq;
+    const reply = await this._call("ForkSession", request, { timeoutMs });
+    return { session: fromSession(reply.session) };
+  }
+
+  async acquireLease(sessionId, holder, { ttlMs, timeoutMs } = {}) {
+    const request = { session_id: sessionId, holder, ttl: duration(ttlMs) };
+    const reply = await this._call("AcquireLease", request, { timeoutMs, retry: true });
+    return { lease: fromLease(reply.lease) };
+  }
+
+  async renewLease(sessionId, holder, { ttlMs, timeoutMs } = {}) {
+    const request = { session_id: sessionId, holder, ttl: duration(ttlMs) };
+    const reply = await this._call("RenewLease", request, { timeoutMs, retry: true });
+    return { lease: fromLease(reply.lease) };
+  }
+
+  async releaseLease(sessionId, holder, { force = false, timeoutMs } = {}) {
+    const reply = await this._call("ReleaseLease", { session_id: sessionId, holder, force }, { timeoutMs });
+    return { released: fromLease(reply.released) };
+  }
+}

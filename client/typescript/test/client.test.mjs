@@ -1,0 +1,259 @@
+// The Node client against a real `sessionlog serve`: every wrapped RPC, errors with reason and
+// metadata, follow (live, close, break, and across a server restart), and the chat format.
+import assert from "node:assert/strict";
+import { spawnSync } from "node:child_process";
+import { readFileSync, writeFileSync } from "node:fs";
+import { after, before, describe, test } from "node:test";
+import { dirname, join } from "node:path";
+import { fileURLToPath } from "node:url";
+
+import { SessionLogClient, SessionLogError, eventFromMessage } from "@sessionlog/client";
+
+import { freePort, startServer, tempDir } from "./server.mjs";
+
+const PACKAGE = join(dirname(fileURLToPath(import.meta.url)), "..");
+const FAST = { giveUpAfterMs: 20_000, initialBackoffMs: 20, maxBackoffMs: 200 };
+const user = (content) => ({ type: "user_message", data: { content } });
+
+async function collect(stream, count, ms = 15_000) {
+  const seen = [];
+  const timer = setTimeout(() => stream.close(), ms);
+  try {
+    for await (const event of stream) {
+      seen.push(event);
+      if (seen.length >= count) break;
+    }
+  } finally {
+    clearTimeout(timer);
+  }
+  return seen;
+}
+
+describe("against one server", () => {
+  let server;
+  let client;
+
+  before(async () => {
+    server = await startServer();
+    client = new SessionLogClient(server.address, { retry: FAST });
+  });
+
+  after(async () => {
+    client?.close();
+    await server?.stop();
+    server?.remove();
+  });
+
+  test("SPEC §4's third example: surface and messages after a summary", async () => {
+    const first = await client.append("demo", [
+      { type: "system_message", data: { content: "sys" } },
+      user("a"),
+      { type: "assistant_message", data: { content: "b" } },
+      user("c"),
+    ]);
+    assert.deepEqual(first.events.map((e) => e.seq), [0, 1, 2, 3]);
+    assert.equal(first.nextSeq, 4);
+    const summary = await client.append(
+      "demo",
+      [{ type: "system_message", data: { content: "[summary]" }, replace: [1, 2] }],
+      { expectedSeq: 4 },
+    );
+    assert.deepEqual(summary.events[0].replace, [1, 2]);
+    const since = [];
+    for await (const event of client.since("demo", { seq: 3 })) since.push(event.seq);
+    assert.deepEqual(since, [3, 4]);
+    const surface = await client.surface("demo");
+    assert.deepEqual(surface.events.map((e) => e.seq), [0, 4, 3]);
+    assert.equal(surface.replaceGeneration, 1);
+    const derived = await client.deriveMessages("demo");
+    assert.deepEqual(derived.messages.map((m) => m.content), ["sys", "[summary]", "c"]);
+    assert.deepEqual(derived.seqs, [0, 4, 3]);
+    const before = await client.deriveMessages("demo", { atSeq: 3 });
+    assert.deepEqual(before.messages.map((m) => m.role), ["system", "user", "assistant", "user"]);
+  });
+
+  test("refusals carry the ErrorInfo reason and metadata", async () => {
+    await client.append("err", [user("one")]);
+    await assert.rejects(client.append("err", [user("two")], { expectedSeq: 0 }), (error) => {
+      assert.ok(error instanceof SessionLogError);
+      assert.equal(error.reason, "SEQ_CONFLICT");
+      assert.equal(error.codeName, "ABORTED");
+      assert.equal(error.domain, "sessionlog");
+      assert.equal(error.metadata.next_seq, "1");
+      return true;
+    });
+    await assert.rejects(client.getSession("not valid!"), { reason: "INVALID_SESSION_ID" });
+    await assert.rejects(client.append("err", [{ type: "tool_call", data: {}, replace: [0, 0] }]), {
+      reason: "SURFACE_OP_ON_NON_SURFACE_EVENT",
+    });
+    await assert.rejects(client.surface("err", { atSeq: 7 }), { reason: "BOUNDARY_OUT_OF_RANGE" });
+  });
+
+  test("an explicit requestId makes a repeated append a replay", async () => {
+    const first = await client.append("idem", [user("x")], { requestId: "r-1" });
+    const again = await client.append("idem", [user("x")], { requestId: "r-1" });
+    assert.equal(again.nextSeq, first.nextSeq);
+    await assert.rejects(client.append("idem", [user("y")], { requestId: "r-1" }), {
+      reason: "REQUEST_ID_REUSED",
+    });
+  });
+
+  test("follow yields stored then live events, and close() ends it", async () => {
+    await client.append("live", [user("0"), user("1")]);
+    const stream = client.follow("live");
+    const seen = collect(stream, 4);
+    await new Promise((done) => setTimeout(done, 100));
+    await client.append("live", [user("2")]);
+    await client.append("live", [user("3")]);
+    assert.deepEqual((await seen).map((e) => e.seq), [0, 1, 2, 3]);
+    assert.equal(stream.caughtUp, true);
+    assert.equal(stream.nextSeq, 4);
+
+    const closing = client.follow("live", { seq: 4 });
+    const started = Date.now();
+    const pending = collect(closing, 1);
+    setTimeout(() => closing.close(), 100);
+    assert.deepEqual(await pending, []);
+    assert.ok(Date.now() - started < 5_000, "close() did not end the stream");
+    assert.equal(closing.closed, true);
+  });
+
+  test("closing the client ends the streams it opened", async () => {
+    const other = new SessionLogClient(server.address);
+    const stream = other.follow("live", { seq: 4 });
+    const started = Date.now();
+    const pending = collect(stream, 1);
+    setTimeout(() => other.close(), 100);
+    assert.deepEqual(await pending, []);
+    assert.ok(Date.now() - started < 5_000, "client.close() did not end the stream");
+    assert.equal(stream.closed, true);
+  });
+
+  test("lifecycle: create, seed, get, list, fork and the lease", async () => {
+    const created = await client.createSession("life-1", [user("hello")]);
+    assert.equal(created.session.eventCount, 1);
+    await assert.rejects(client.createSession("life-1"), { reason: "SESSION_ALREADY_EXISTS" });
+    const seeded = await client.seedSession("life-2", [
+      { role: "system", content: "s", created_at: "2026-01-02T03:04:05.123456Z" },
+      { role: "robot", content: "?" },
+    ]);
+    assert.deepEqual(seeded.drops, [{ index: 1, reason: "UNKNOWN_ROLE" }]);
+    assert.equal(seeded.events[0].time, "2026-01-02T03:04:05.123456Z");
+    await client.createSession("life-3");
+    const pages = [];
+    for await (const page of client.listSessions({ prefix: "life-", pageSize: 2 })) pages.push(page);
+    assert.deepEqual(
+      pages.map((p) => p.sessions.map((s) => s.sessionId)),
+      [["life-1", "life-2"], ["life-3"]],
+    );
+    const fork = await client.forkSession("life-1", { atSeq: 0, sessionId: "life-fork" });
+    assert.equal(fork.session.parentSessionId, "life-1");
+    assert.equal((await client.getSession("never")).session.exists, false);
+
+    const { lease } = await client.acquireLease("life-1", "node-1", { ttlMs: 30_000 });
+    assert.equal(lease.holder, "node-1");
+    await assert.rejects(client.append("life-1", [user("intruder")]), { reason: "LEASE_HELD" });
+    await client.append("life-1", [user("mine")], { leaseHolder: "node-1", leaseToken: lease.token });
+    const renewed = await client.renewLease("life-1", "node-1", { ttlMs: 60_000 });
+    assert.equal(renewed.lease.token, lease.token);
+    const released = await client.releaseLease("life-1", "node-1");
+    assert.equal(released.released.token, lease.token);
+    assert.equal((await client.getSession("life-1")).session.lease, undefined);
+  });
+
+  test("chat-format messages round-trip through seed and deriveMessages", async () => {
+    const chat = [
+      { role: "system", content: "Be brief." },
+      { role: "user", content: [{ type: "text", text: "look" }] },
+      { role: "assistant", content: null, tool_calls: [{ id: "c1", type: "function", function: { name: "f", arguments: "{}" } }] },
+      { role: "tool", content: "42", tool_call_id: "c1", name: "f" },
+    ];
+    await client.seedSession("chat", chat);
+    assert.deepEqual((await client.deriveMessages("chat")).messages, chat);
+    await client.append("chat", [eventFromMessage({ role: "assistant", content: "done" })]);
+    const { messages } = await client.deriveMessages("chat", { extra: true });
+    assert.equal(messages.at(-1).content, "done");
+    assert.match(messages.at(-1).created_at, /^\d{4}-\d\d-\d\dT/);
+  });
+
+  test("example.mjs runs against the server", () => {
+    const result = spawnSync(process.execPath, ["example.mjs", server.address, "example-test"], {
+      cwd: PACKAGE,
+      encoding: "utf8",
+      timeout: 30_000,
+    });
+    assert.equal(result.status, 0, result.stderr);
+    assert.match(result.stdout, /event 3 system_message replaces 1\.\.2/);
+    assert.match(result.stdout, /message from seq 3: system: \[summary\] LMDB explained\./);
+    assert.match(result.stdout, /refused: SEQ_CONFLICT, next_seq 4/);
+  });
+});
+
+test("an unreachable server rejects with UNAVAILABLE once the retry budget is spent", async () => {
+  const port = await freePort();
+  const client = new SessionLogClient(`127.0.0.1:${port}`, { retry: { giveUpAfterMs: 300 } });
+  const started = Date.now();
+  try {
+    await assert.rejects(client.append("s", [user("lost")]), { reason: "UNAVAILABLE", codeName: "UNAVAILABLE" });
+  } finally {
+    client.close();
+  }
+  assert.ok(Date.now() - started >= 250, "gave up before the budget");
+});
+
+test("follow survives a server restart with no gap and no duplicate", async () => {
+  const root = tempDir();
+  let server = await startServer({ root });
+  const { port } = server;
+  const client = new SessionLogClient(server.address, { retry: FAST });
+  try {
+    const stream = client.follow("restart");
+    const seen = collect(stream, 6, 30_000);
+    await client.append("restart", [user("0"), user("1"), user("2")]);
+    while (stream.nextSeq < 3) await new Promise((done) => setTimeout(done, 10));
+    assert.equal(await server.stop(), 0);
+    server = await startServer({ root, port });
+    await client.append("restart", [user("3")]);
+    await client.append("restart", [user("4"), user("5")]);
+    const events = await seen;
+    assert.deepEqual(events.map((e) => e.seq), [0, 1, 2, 3, 4, 5]);
+    assert.deepEqual(events.map((e) => e.data.content), ["0", "1", "2", "3", "4", "5"]);
+    assert.ok(stream.reconnects >= 1);
+  } finally {
+    client.close();
+    await server.stop();
+    server.remove();
+  }
+});
+
+test("TLS and a bearer token reach a server that requires both", async () => {
+  const root = tempDir();
+  const made = spawnSync(
+    "openssl",
+    ["req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes", "-days", "1",
+      "-subj", "/CN=localhost", "-keyout", "server.key", "-out", "server.crt",
+      "-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1"],
+    { cwd: root, encoding: "utf8", timeout: 30_000 },
+  );
+  assert.equal(made.status, 0, made.stderr);
+  const token = "n0de-n0de-n0de-n0de";
+  writeFileSync(join(root, "tokens.toml"), `[[token]]\nname = "node"\ntoken = "${token}"\npermissions = ["read", "write"]\n`);
+  const rootCerts = readFileSync(join(root, "server.crt"));
+  const args = ["--tls-cert", join(root, "server.crt"), "--tls-key", join(root, "server.key"), "--auth-tokens", join(root, "tokens.toml")];
+  const server = await startServer({ root, args, clientOptions: { rootCerts, token } });
+  const client = new SessionLogClient(server.address, { rootCerts, token });
+  const anonymous = new SessionLogClient(server.address, { rootCerts, retry: { giveUpAfterMs: 0 } });
+  const plaintext = new SessionLogClient(server.address, { token, retry: { giveUpAfterMs: 0 } });
+  try {
+    await client.append("secure", [user("over TLS")]);
+    assert.deepEqual((await client.deriveMessages("secure")).messages, [{ role: "user", content: "over TLS" }]);
+    await assert.rejects(anonymous.getSession("secure"), { reason: "UNAUTHENTICATED" });
+    await assert.rejects(plaintext.getSession("secure"), { reason: "UNAVAILABLE" });
+  } finally {
+    client.close();
+    anonymous.close();
+    plaintext.close();
+    await server.stop();
+    server.remove();
+  }
+});

@@ -1,0 +1,48 @@
+// Type-checked by `npm run typecheck` (tsc, no emit; never run): the declarations in
+// src/index.d.ts describe the API as a TypeScript worker uses it.
+import {
+  type ChatMessage,
+  type Event,
+  eventFromMessage,
+  SessionLogClient,
+  SessionLogError,
+} from "@sessionlog/client";
+
+export const seen: string[] = [];
+
+export async function worker(target: string): Promise<ChatMessage[]> {
+  const client = new SessionLogClient(target, { timeoutMs: 5_000, retry: { giveUpAfterMs: 10_000 } });
+  try {
+    const reply = await client.append(
+      "typed",
+      [
+        { type: "system_message", data: { content: "Be brief." } },
+        { type: "user_message", data: { content: "hi", tags: ["a", 1, null] }, time: new Date() },
+        { type: "system_message", data: { content: "[summary]" }, replace: [0, 1] },
+      ],
+      { expectedSeq: 0, requestId: "r-1" },
+    );
+    const next: number = reply.nextSeq;
+    const stream = client.follow("typed", { seq: next - 1 });
+    for await (const event of stream) {
+      const seen: Event = event;
+      if (seen.seq >= next - 1) break;
+    }
+    await client.append("typed", [eventFromMessage({ role: "assistant", content: "ok" })]);
+    for await (const page of client.listSessions({ prefix: "ty", pageSize: 10 })) {
+      for (const session of page.sessions) seen.push(`${session.sessionId}: ${session.eventCount}`);
+    }
+    const { lease } = await client.acquireLease("typed", "w-1", { ttlMs: 30_000 });
+    await client.releaseLease("typed", "w-1", { force: lease.token > 0 });
+    const { messages, seqs } = await client.deriveMessages("typed", { atSeq: next - 1 });
+    if (seqs.length !== messages.length) throw new Error("one seq per message");
+    return messages;
+  } catch (error) {
+    if (error instanceof SessionLogError && error.reason === "SEQ_CONFLICT") {
+      seen.push(`${error.codeName}: retry at ${error.metadata.next_seq}`);
+    }
+    throw error;
+  } finally {
+    client.close();
+  }
+}

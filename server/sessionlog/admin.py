@@ -1,0 +1,222 @@
+"""`sessionlog admin`: look at and back up a data folder, beside a running server.
+
+    sessionlog admin stats  [--data DIR] [--server HOST:PORT] [--json]
+    sessionlog admin backup DEST [--data DIR]
+
+Both open the LMDB environment read-only, so they run while the server writes: LMDB readers
+never block the writer, and a read transaction sees one committed state.
+
+``backup`` copies that state with compaction (LMDB's ``mdb_env_copy`` with the compact flag, in
+one read transaction): the copy holds exactly the data committed when the transaction began,
+with free pages left out, so it is often smaller than the source. A server started on the copy
+sees every session as it was at that moment: dense seqs, the same stored bytes. Restore by
+stopping the server and putting the copy's ``data.mdb`` in place of the data folder's.
+
+Exit codes: 0 success, 1 failure (one line on stderr), 3 the --server could not be reached.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import grpc
+import lmdb
+
+from sessionlog.service.app import DEFAULT_DATA_DIR
+from sessionlog.storage.usage import Usage, open_readonly, usage
+from sessionlog.v1 import replication_service_pb2 as rpb
+from sessionlog.v1 import replication_service_pb2_grpc as rpb_grpc
+
+DATA_FILE = "data.mdb"
+
+
+def add_commands(commands: Any) -> None:
+    """Register `sessionlog admin stats | backup` on the `sessionlog` parser."""
+    admin = commands.add_parser(
+        "admin",
+        help="data folder stats and online backups",
+        description="Operate on a data folder, also while a server is running on it.",
+    )
+    actions = admin.add_subparsers(dest="admin_command", metavar="ACTION", required=True)
+    data_default = os.environ.get("SESSIONLOG_DATA", DEFAULT_DATA_DIR)
+    data_help = f"the server's data folder [env SESSIONLOG_DATA] (default {data_default})"
+
+    stats = actions.add_parser(
+        "stats",
+        help="sessions, events, map usage; with --server, its replication state",
+        description="Sessions, events, change-feed position and LMDB map usage of a data "
+        "folder; with --server, that server's replication status as well.",
+    )
+    stats.add_argument("--data", default=data_default, help=data_help)
+    stats.add_argument("--server", help="also ask this server HOST:PORT for its replication state")
+    stats.add_argument(
+        "--token",
+        default=os.environ.get("SESSIONLOG_TOKEN", ""),
+        help="bearer token for --server [env SESSIONLOG_TOKEN]",
+    )
+    stats.add_argument("--timeout", type=float, default=10.0, help="seconds for the --server call")
+    stats.add_argument("--json", action="store_true", help="print one JSON object")
+    stats.set_defaults(run=_stats)
+
+    backup = actions.add_parser(
+        "backup",
+        help="a consistent, compacted copy of the data folder, taken online",
+        description="Copy the data folder's committed state, compacted, into DEST (a new or "
+        "empty folder) while the server keeps running. Restore: stop the server, replace its "
+        "data folder's data.mdb with DEST/data.mdb, start it.",
+    )
+    backup.add_argument("dest", metavar="DEST", help="a new or empty folder for the copy")
+    backup.add_argument("--data", default=data_default, help=data_help)
+    backup.set_defaults(run=_backup)
+
+
+def _fail(message: str) -> int:
+    print(f"sessionlog admin: {message}", file=sys.stderr)
+    return 1
+
+
+def _open(data: str) -> tuple[lmdb.Environment, Any]:
+    if not (Path(data) / DATA_FILE).is_file():
+        raise lmdb.Error(f"no sessionlog store in {data!r} (no {DATA_FILE}); check --data")
+    return open_readonly(data)
+
+
+def _usage_json(used: Usage, data: str) -> dict[str, Any]:
+    file_bytes = (Path(data) / DATA_FILE).stat().st_size
+    return {
+        "data": str(Path(data).absolute()),
+        "sessions": used.sessions,
+        "events": used.events,
+        "position": used.position,
+        "last_commit": _iso(used.head_commit_ns) if used.head_commit_ns else None,
+        "map_size": used.map_size,
+        "used_bytes": used.used_bytes,
+        "used_percent": round(used.used_fraction * 100, 3),
+        "file_bytes": file_bytes,
+        "readers": used.readers,
+    }
+
+
+def _iso(ns: int) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ns / 1e9))
+
+
+def _stats(args: argparse.Namespace) -> int:
+    try:
+        env, tables = _open(args.data)
+    except lmdb.Error as exc:
+        return _fail(str(exc))
+    try:
+        report = _usage_json(usage(env, tables), args.data)
+    finally:
+        env.close()
+    if args.server:
+        report["replication"] = _replication(args)
+    if args.json:
+        print(json.dumps(report))
+        return 0
+    for key, value in report.items():
+        if key == "replication":
+            for name, field in value.items():
+                print(f"{'replication ' + name:<30} {field}")
+        elif key in ("map_size", "used_bytes", "file_bytes"):
+            print(f"{key:<30} {value} ({_human(value)})")
+        else:
+            print(f"{key:<30} {value}")
+    return 0
+
+
+def _replication(args: argparse.Namespace) -> dict[str, Any]:
+    """The server's GetReplicationStatus as a dict (grpc errors go to the CLI's handler)."""
+    metadata = (("authorization", f"Bearer {args.token}"),) if args.token else None
+    with grpc.insecure_channel(args.server) as channel:
+        stub = rpb_grpc.ReplicationServiceStub(channel)  # type: ignore[no-untyped-call]
+        reply = stub.GetReplicationStatus(
+            rpb.GetReplicationStatusRequest(), timeout=args.timeout, metadata=metadata
+        )
+    out: dict[str, Any] = {"role": reply.role, "position": reply.position}
+    if reply.role == "replica":
+        out.update(
+            primary=reply.primary,
+            primary_position=reply.primary_position,
+            lag_positions=reply.lag_positions,
+            lag_seconds=reply.lag.ToNanoseconds() / 1e9,
+            connected=reply.connected,
+            caught_up=reply.caught_up,
+        )
+    return out
+
+
+def _human(size: int) -> str:
+    value = float(size)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if value < 1024:
+            return f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{value:.1f} TiB"
+
+
+def _backup(args: argparse.Namespace) -> int:
+    dest = Path(args.dest)
+    if dest.exists() and (not dest.is_dir() or any(dest.iterdir())):
+        return _fail(f"{str(dest)!r} exists and is not an empty folder; name a new one")
+    if dest.resolve() == Path(args.data).resolve():
+        return _fail("DEST is the data folder itself; name another folder")
+    try:
+        env, tables = _open(args.data)
+    except lmdb.Error as exc:
+        return _fail(str(exc))
+    started = time.monotonic()
+    try:
+        dest.mkdir(parents=True, exist_ok=True)
+        with env.begin() as txn:
+            source = usage(env, tables, txn)
+            env.copy(str(dest), compact=True, txn=txn)
+    except (lmdb.Error, OSError) as exc:
+        return _fail(f"backup to {str(dest)!r} failed: {exc}")
+    finally:
+        env.close()
+    _fsync(dest / DATA_FILE)
+    _fsync(dest)
+    problem = _verify(dest, source)
+    if problem:
+        return _fail(f"the copy in {str(dest)!r} does not match its source: {problem}")
+    size = (dest / DATA_FILE).stat().st_size
+    print(
+        f"backed up {source.sessions} sessions, {source.events} events (change-feed position "
+        f"{source.position}) to {dest}/{DATA_FILE}: {_human(size)} in "
+        f"{time.monotonic() - started:.2f} s"
+    )
+    return 0
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _verify(dest: Path, source: Usage) -> str:
+    """Open the copy and compare its counts with the source transaction's; '' when equal."""
+    try:
+        env, tables = open_readonly(str(dest), lock=False)
+    except lmdb.Error as exc:
+        return str(exc)
+    try:
+        copy = usage(env, tables)
+    finally:
+        env.close()
+    for name in ("sessions", "events", "position"):
+        if getattr(copy, name) != getattr(source, name):
+            return (
+                f"{name}: {getattr(copy, name)} in the copy, {getattr(source, name)} in the source"
+            )
+    return ""

@@ -1,0 +1,489 @@
+"""The web console and the metrics endpoint: small aiohttp apps in the server's event loop.
+
+    --http-listen HOST:PORT      GET /                 the console (static/index.html, app.js)
+                                 GET /api/status       role, counts, map usage, replication
+                                 GET /api/sessions     ?prefix= &after= &limit=
+                                 GET /api/sessions/ID  one session's metadata
+                                 GET /api/sessions/ID/events      ?from= &limit= raw events
+                                 GET /api/sessions/ID/transcript  derived messages, calls paired
+                                 GET /api/sessions/ID/follow      ?from= live events (SSE)
+    --metrics-listen HOST:PORT   GET /metrics          Prometheus text format
+
+Read-only: nothing here writes. When the server has auth on, every /api call needs the same
+bearer token a gRPC call would (``Authorization: Bearer <token>``), checked by the same
+Authorizer as the gRPC method it mirrors (ListSessions, Since, DeriveMessages, ...), session
+prefixes included. The static files and /metrics carry no session data and are open.
+
+Live follows use the Notifier exactly like Since (register, read, then wait), count against the
+stream limits, and end when the server stops.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from aiohttp import web
+from google.protobuf import json_format
+
+from sessionlog import errors, fold
+from sessionlog.service.auth import Authorizer, Principal
+from sessionlog.service.errors import status_code
+from sessionlog.service.metrics import CONTENT_TYPE, Observed, exposition, registry, status
+from sessionlog.service.notifier import Notifier
+from sessionlog.storage.store import SessionView, Store
+from sessionlog.v1.event_pb2 import Event, EventType
+from sessionlog.v1.message_pb2 import Message, Role
+
+STATIC = Path(__file__).parent / "static"
+SERVICE = "/sessionlog.v1.SessionLogService/"
+FOLLOW_BATCH_BYTES = 256 << 10
+MAX_EVENTS_PAGE = 2000
+DEFAULT_EVENTS_PAGE = 500
+MAX_TRANSCRIPT = 5000
+MAX_SESSIONS_PAGE = 1000
+SHUTDOWN_SECONDS = 2.0
+
+_TYPE_NAMES = {value: name[len("EVENT_TYPE_") :].lower() for name, value in EventType.items()}
+_ROLE_NAMES = {value: name[len("ROLE_") :].lower() for name, value in Role.items()}
+_HTTP_STATUS = {
+    "INVALID_ARGUMENT": 400,
+    "ALREADY_EXISTS": 409,
+    "FAILED_PRECONDITION": 412,
+    "ABORTED": 409,
+    "UNAUTHENTICATED": 401,
+    "PERMISSION_DENIED": 403,
+    "RESOURCE_EXHAUSTED": 429,
+    "UNAVAILABLE": 503,
+}
+_SECURITY_HEADERS = {
+    "Content-Security-Policy": "default-src 'self'; img-src 'self' data:; frame-ancestors 'none'",
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+    "Cache-Control": "no-store",
+}
+
+
+class Served(Observed, Protocol):
+    """What the console reads from a running server (``SessionLogServer`` provides it)."""
+
+    @property
+    def notifier(self) -> Notifier: ...
+
+    @property
+    def authorizer(self) -> Authorizer | None: ...
+
+    @property
+    def heartbeat_seconds(self) -> float: ...
+
+    @property
+    def listen(self) -> str: ...
+
+
+class ListenError(RuntimeError):
+    """An HTTP address could not be bound; the message names the flag and the address."""
+
+
+# -- JSON views of stored things ---------------------------------------------------------------
+
+
+def _ms(ns: int) -> int:
+    return ns // 1_000_000
+
+
+def event_json(raw: bytes, visible: set[int] | None = None) -> dict[str, Any]:
+    """A stored event for the page: type name, time, data, replace range, and (when the
+    surface is known) whether a later replace hides it."""
+    event = Event.FromString(raw)
+    surface = event.type in fold.SURFACE_TYPES
+    rng = fold.replace_range(event)
+    out: dict[str, Any] = {
+        "seq": event.seq,
+        "type": _TYPE_NAMES.get(event.type, str(event.type)),
+        "time": event.time.ToJsonString() if event.HasField("time") else None,
+        "data": json_format.MessageToDict(event.data),
+        "surface": surface,
+        "replace": list(rng) if rng is not None else None,
+    }
+    if visible is not None:
+        out["shadowed"] = surface and event.seq not in visible
+    return out
+
+
+def session_json(view: SessionView) -> dict[str, Any]:
+    meta = view.meta
+    out: dict[str, Any] = {"session_id": view.session_id, "exists": meta is not None}
+    if meta is not None:
+        out.update(
+            event_count=meta.next_seq,
+            replace_generation=meta.replace_generation,
+            create_time_ms=_ms(meta.create_time_ns),
+            last_append_time_ms=_ms(meta.last_append_time_ns),
+            parent_session_id=meta.parent_id,
+            parent_event_count=meta.parent_length,
+        )
+    if view.lease is not None:
+        out["lease"] = {
+            "holder": view.lease.holder,
+            "token": view.lease.token,
+            "expire_time_ms": _ms(view.lease.expire_time_ns),
+        }
+    return out
+
+
+def _tool_call(call: dict[str, Any]) -> dict[str, Any]:
+    """One tool call in OpenAI's shape ({id, function: {name, arguments}}) or a flat one."""
+    function = call.get("function")
+    function = function if isinstance(function, dict) else {}
+    arguments = function.get("arguments", call.get("arguments", call.get("input")))
+    if arguments is not None and not isinstance(arguments, str):
+        arguments = json.dumps(arguments, ensure_ascii=False)
+    name = function.get("name", call.get("name"))
+    return {
+        "id": call.get("id") if isinstance(call.get("id"), str) else None,
+        "name": name if isinstance(name, str) else None,
+        "arguments": arguments,
+        "result": None,
+    }
+
+
+def transcript_json(surface: list[Event], projected: list[bytes]) -> list[dict[str, Any]]:
+    """The derived messages with roles, each tool call paired with the tool result that answers
+    it (``call.result`` is the result's index; the result's ``answers`` is [message, call])."""
+    messages: list[dict[str, Any]] = []
+    open_calls: dict[str, tuple[int, int]] = {}
+    for event, raw in zip(surface, projected, strict=True):
+        message = Message.FromString(raw)
+        rng = fold.replace_range(event)
+        entry: dict[str, Any] = {
+            "seq": event.seq,
+            "role": _ROLE_NAMES.get(message.role, "unknown"),
+            "content": message.content if message.HasField("content") else None,
+            "reasoning": (
+                message.reasoning_content if message.HasField("reasoning_content") else None
+            ),
+            "name": message.name if message.HasField("name") else None,
+            "tool_call_id": message.tool_call_id if message.HasField("tool_call_id") else None,
+            "tool_calls": [_tool_call(json_format.MessageToDict(c)) for c in message.tool_calls],
+            "replace": list(rng) if rng is not None else None,
+            "answers": None,
+        }
+        index = len(messages)
+        for number, call in enumerate(entry["tool_calls"]):
+            if call["id"]:
+                open_calls[call["id"]] = (index, number)
+        answered = open_calls.pop(entry["tool_call_id"] or "", None)
+        if answered is not None:
+            entry["answers"] = list(answered)
+            messages[answered[0]]["tool_calls"][answered[1]]["result"] = index
+        messages.append(entry)
+    return messages
+
+
+# -- the console -------------------------------------------------------------------------------
+
+
+@dataclass
+class Console:
+    """The /api handlers over one server's store and notifier."""
+
+    server: Served
+    tasks: set[asyncio.Task[Any]] = field(default_factory=set)
+
+    @property
+    def store(self) -> Store:
+        store = self.server.store
+        if store is None:
+            raise errors.Unavailable("the store is not open")
+        return store
+
+    def principal(self, request: web.Request, method: str) -> Principal | None:
+        """The caller's principal when auth is on (raises when the token may not call
+        ``method``); None when auth is off."""
+        authorizer = self.server.authorizer
+        if authorizer is None:
+            return None
+        header = request.headers.get("Authorization", "")
+        return authorizer.check(SERVICE + method, [("authorization", header)])
+
+    def session_id(self, request: web.Request, method: str) -> str:
+        session_id = request.match_info["session_id"]
+        principal = self.principal(request, method)
+        if principal is not None:
+            principal.check_session(session_id)
+        fold.check_session_id(session_id)
+        return session_id
+
+    async def status(self, request: web.Request) -> web.Response:
+        authorizer = self.server.authorizer
+        if authorizer is not None:
+            header = request.headers.get("Authorization", "")
+            authorizer.check(
+                "/sessionlog.v1.ReplicationService/GetReplicationStatus",
+                [("authorization", header)],
+            )
+        return _json(status(self.server, self.server.listen))
+
+    async def sessions(self, request: web.Request) -> web.Response:
+        principal = self.principal(request, "ListSessions")
+        asked = request.query.get("prefix", "")
+        prefix = _narrow(principal, asked)
+        limit = _int(request, "limit", 100, 1, MAX_SESSIONS_PAGE)
+        after = request.query.get("after", "")
+        page, more = self.store.list_sessions(after=after, prefix=prefix, limit=limit)
+        return _json({"sessions": [session_json(v) for v in page], "more": more})
+
+    async def session(self, request: web.Request) -> web.Response:
+        session_id = self.session_id(request, "GetSession")
+        return _json(session_json(self.store.session(session_id)))
+
+    async def events(self, request: web.Request) -> web.Response:
+        """A page of raw events (by default the newest ones), each marked shadowed or not."""
+        session_id = self.session_id(request, "Since")
+        store = self.store
+        folded = store.surface(session_id)
+        count = folded.count
+        limit = _int(request, "limit", DEFAULT_EVENTS_PAGE, 1, MAX_EVENTS_PAGE)
+        start = _int(request, "from", max(0, count - limit), 0, 1 << 62)
+        meta = store.meta(session_id)
+        raws = [] if meta is None else store.read_events(meta.sid, start, min(count, start + limit))
+        visible = set(folded.seqs)
+        return _json(
+            {
+                "session_id": session_id,
+                "from": start,
+                "next_seq": count,
+                "replace_generation": folded.replace_generation,
+                "events": [event_json(raw, visible) for raw in raws],
+            }
+        )
+
+    async def transcript(self, request: web.Request) -> web.Response:
+        session_id = self.session_id(request, "DeriveMessages")
+        folded = self.store.surface(session_id, messages=True)
+        messages = transcript_json(folded.surface, folded.projected)
+        first = max(0, len(messages) - MAX_TRANSCRIPT)
+        return _json(
+            {
+                "session_id": session_id,
+                "event_count": folded.count,
+                "replace_generation": folded.replace_generation,
+                "first_index": first,
+                "messages": messages[first:],
+            }
+        )
+
+    async def follow(self, request: web.Request) -> web.StreamResponse:
+        """Server-sent events: ``events`` batches from ``from`` on, one ``caught_up``, then live
+        batches as they commit, with a comment line as heartbeat while idle."""
+        session_id = self.session_id(request, "Since")
+        cursor = _int(request, "from", 0, 0, 1 << 62)
+        streams = self.server.streams
+        peer = f"http:{request.remote}"
+        streams.acquire(peer)
+        response = web.StreamResponse(
+            headers={**_SECURITY_HEADERS, "Content-Type": "text/event-stream"}
+        )
+        notifier = self.server.notifier
+        waiter: asyncio.Future[None] | None = None
+        try:
+            await response.prepare(request)
+            caught_up = False
+            while not notifier.closed:
+                if waiter is None or waiter.done():
+                    if waiter is not None:
+                        notifier.discard(session_id, waiter)
+                    waiter = notifier.register(session_id)
+                batch, next_seq = self._read_from(session_id, cursor)
+                if batch:
+                    cursor += len(batch)
+                    payload = {"events": [event_json(raw) for raw in batch], "next_seq": cursor}
+                    await _send(response, streams, "events", payload)
+                    continue
+                if not caught_up:
+                    caught_up = True
+                    await _send(response, streams, "caught_up", {"next_seq": next_seq})
+                done, _ = await asyncio.wait({waiter}, timeout=self.server.heartbeat_seconds)
+                if not done:
+                    await _write(response, streams, b": heartbeat\n\n")
+        except ConnectionResetError:
+            pass  # the page went away
+        finally:
+            if waiter is not None:
+                notifier.discard(session_id, waiter)
+            streams.release(peer)
+        return response
+
+    def _read_from(self, session_id: str, cursor: int) -> tuple[list[bytes], int]:
+        store = self.store
+        meta = store.meta(session_id)
+        if meta is None or cursor >= meta.next_seq:
+            return [], 0 if meta is None else meta.next_seq
+        return store.read_events(meta.sid, cursor, meta.next_seq, FOLLOW_BATCH_BYTES), 0
+
+
+def _narrow(principal: Principal | None, asked: str) -> str:
+    """The prefix a listing really uses: the asked one within the token's own prefix."""
+    if principal is None or not principal.session_prefix:
+        return asked
+    allowed = principal.session_prefix
+    if asked.startswith(allowed):
+        return asked
+    if allowed.startswith(asked):
+        return allowed
+    principal.check_session(asked)
+    return asked
+
+
+def _int(request: web.Request, name: str, default: int, low: int, high: int) -> int:
+    text = request.query.get(name)
+    if text is None or text == "":
+        return default
+    try:
+        value = int(text)
+    except ValueError:
+        value = low - 1
+    if not low <= value <= high:
+        raise errors.MalformedRequest(f"{name} must be a whole number from {low} to {high}")
+    return value
+
+
+def _json(body: dict[str, Any]) -> web.Response:
+    return web.json_response(body, dumps=lambda v: json.dumps(v, ensure_ascii=False))
+
+
+async def _write(response: web.StreamResponse, streams: Any, chunk: bytes) -> None:
+    streams.sent_bytes += len(chunk)
+    await response.write(chunk)
+
+
+async def _send(response: web.StreamResponse, streams: Any, kind: str, body: Any) -> None:
+    data = json.dumps(body, ensure_ascii=False, separators=(",", ":"))
+    await _write(response, streams, f"event: {kind}\ndata: {data}\n\n".encode())
+
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+@web.middleware
+async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """A SessionLogError becomes JSON {reason, message, metadata} with a matching HTTP status."""
+    try:
+        response = await handler(request)
+    except errors.SessionLogError as error:
+        code = _HTTP_STATUS.get(status_code(error).name, 500)
+        body = {"reason": error.reason, "message": error.message, "metadata": error.metadata}
+        response = web.json_response(body, status=code)
+        if code == 401:
+            response.headers["WWW-Authenticate"] = "Bearer"
+    for key, value in _SECURITY_HEADERS.items():
+        if not response.prepared:
+            response.headers.setdefault(key, value)
+    return response
+
+
+def console_app(server: Served) -> web.Application:
+    console = Console(server)
+    app = web.Application(middlewares=[_errors])
+
+    async def index(request: web.Request) -> web.FileResponse:
+        return web.FileResponse(STATIC / "index.html")
+
+    app.router.add_get("/", index)
+    app.router.add_static("/static/", STATIC)
+    app.router.add_get("/api/status", console.status)
+    app.router.add_get("/api/sessions", console.sessions)
+    app.router.add_get("/api/sessions/{session_id}", console.session)
+    app.router.add_get("/api/sessions/{session_id}/events", console.events)
+    app.router.add_get("/api/sessions/{session_id}/transcript", console.transcript)
+    app.router.add_get("/api/sessions/{session_id}/follow", console.follow)
+    return app
+
+
+def add_metrics(app: web.Application, server: Observed) -> None:
+    """GET /metrics on ``app``: the server's metrics in Prometheus' text format."""
+    metrics = registry(server)
+
+    async def scrape(request: web.Request) -> web.Response:
+        return web.Response(body=exposition(metrics), headers={"Content-Type": CONTENT_TYPE})
+
+    app.router.add_get("/metrics", scrape)
+
+
+# -- binding -----------------------------------------------------------------------------------
+
+
+def split_address(address: str) -> tuple[str, int]:
+    """HOST:PORT (or [IPv6]:PORT) as (host, port); ValueError when it is not one."""
+    host, sep, port_text = address.rpartition(":")
+    if not sep or not host or not port_text.isdigit() or int(port_text) > 65535:
+        raise ValueError(f"{address!r} is not HOST:PORT")
+    return host.strip("[]"), int(port_text)
+
+
+def _bind(address: str, flag: str) -> socket.socket:
+    try:
+        host, port = split_address(address)
+        if ":" in host:
+            return socket.create_server(
+                (host, port), family=socket.AF_INET6, dualstack_ipv6=host == "::"
+            )
+        return socket.create_server((host, port))
+    except (OSError, ValueError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise ListenError(
+            f"cannot listen on {address} ({flag}): {reason}; pick another address"
+        ) from None
+
+
+@dataclass
+class HttpSites:
+    """The running HTTP listeners: the console, the metrics endpoint, or one serving both."""
+
+    http_port: int = 0
+    metrics_port: int = 0
+    _runners: list[web.AppRunner] = field(default_factory=list)
+
+    @classmethod
+    async def start(cls, server: Served, http_listen: str, metrics_listen: str) -> HttpSites:
+        """Bind and serve what is configured; on a bind failure nothing is left running."""
+        sites = cls()
+        try:
+            if http_listen:
+                app = console_app(server)
+                if metrics_listen == http_listen:
+                    add_metrics(app, server)
+                sites.http_port = await sites._serve(app, http_listen, "--http-listen")
+                if metrics_listen == http_listen:
+                    sites.metrics_port = sites.http_port
+            if metrics_listen and metrics_listen != http_listen:
+                app = web.Application()
+                add_metrics(app, server)
+                sites.metrics_port = await sites._serve(app, metrics_listen, "--metrics-listen")
+        except BaseException:
+            await sites.close()
+            raise
+        return sites
+
+    async def _serve(self, app: web.Application, address: str, flag: str) -> int:
+        sock = _bind(address, flag)
+        # handler_cancellation: a page that goes away ends its follow at once (its stream slot
+        # freed), not at the next heartbeat.
+        runner = web.AppRunner(
+            app, access_log=None, shutdown_timeout=SHUTDOWN_SECONDS, handler_cancellation=True
+        )
+        self._runners.append(runner)
+        await runner.setup()
+        await web.SockSite(runner, sock).start()
+        port: int = sock.getsockname()[1]
+        return port
+
+    async def close(self) -> None:
+        runners, self._runners = self._runners, []
+        for runner in runners:
+            await runner.cleanup()

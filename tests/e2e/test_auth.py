@@ -1,0 +1,604 @@
+"""Bearer-token auth: who may call what, tenants kept to their session prefix, secrets unlogged.
+
+One tokens file is shared by the tests: a reader, a writer, an admin, a tenant worker limited to
+``tenant-a.`` whose secret is configured only as its SHA-256, and a tenant admin limited to the
+same prefix. Every refusal is checked for its gRPC code, its ErrorInfo reason, and that the data
+is unchanged (read back with the admin token).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+from google.protobuf.duration_pb2 import Duration
+from google.protobuf.message import Message
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection_pb2
+
+from sessionlog.testing import ThreadedServer, error_info, running_server
+from sessionlog.v1 import event_pb2, message_pb2
+from sessionlog.v1 import replication_service_pb2 as rpb
+from sessionlog.v1 import session_log_service_pb2 as pb
+from tests.e2e._proc import GRPCURL, ServerProcess, free_port, run_cli
+
+READER = "reader-secret-6c1f0e9b2d4a"
+WRITER = "writer-secret-93ad51e07b8c"
+ADMIN = "admin-secret-0f4b7e2c9a61"
+TENANT_A = "tenant-a-secret-5e8d2b7f14c3"
+TENANT_ADMIN = "tenant-admin-secret-a7c0d93e"
+WRONG = "wrong-secret-b1e4c8f02d7a"
+
+SERVICE = "/sessionlog.v1.SessionLogService/"
+FEED = "/sessionlog.v1.ReplicationService/"
+HEALTH_CHECK = "/grpc.health.v1.Health/Check"
+REFLECTION = "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo"
+TIMEOUT = 5.0
+
+UNAUTHENTICATED = grpc.StatusCode.UNAUTHENTICATED
+PERMISSION_DENIED = grpc.StatusCode.PERMISSION_DENIED
+
+
+def tokens_file(path: Path) -> Path:
+    """The shared tokens file; tenant-a's secret appears only as its SHA-256."""
+    tenant_digest = hashlib.sha256(TENANT_A.encode()).hexdigest()
+    path.write_text(
+        f"""
+[[token]]
+name = "reader"
+token = "{READER}"
+permissions = ["read"]
+
+[[token]]
+name = "writer"
+token = "{WRITER}"
+permissions = ["read", "write"]
+
+[[token]]
+name = "admin"
+token = "{ADMIN}"
+permissions = ["admin"]
+
+[[token]]
+name = "tenant-a-worker"
+sha256 = "{tenant_digest}"
+permissions = ["read", "write"]
+session_prefix = "tenant-a."
+
+[[token]]
+name = "tenant-a-admin"
+token = "{TENANT_ADMIN}"
+permissions = ["admin"]
+session_prefix = "tenant-a."
+"""
+    )
+    return path
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[ThreadedServer]:
+    """A server with auth on and health/reflection closed (the default)."""
+    tokens = tokens_file(tmp_path / "tokens.toml")
+    with running_server(tmp_path / "data", auth_tokens=str(tokens)) as running:
+        yield running
+
+
+# -- raw calls with a chosen token ----------------------------------------------------------------
+
+
+def bearer(secret: str | None) -> tuple[tuple[str, str], ...] | None:
+    return None if secret is None else (("authorization", f"Bearer {secret}"),)
+
+
+def unary(channel: grpc.Channel, method: str, request: Message, token: str | None) -> bytes:
+    """Call a unary method with raw bytes in and out (no stub needed for any service)."""
+    call = channel.unary_unary(method)
+    reply: bytes = call(request.SerializeToString(), metadata=bearer(token), timeout=TIMEOUT)
+    return reply
+
+
+def stream(channel: grpc.Channel, method: str, request: Message, token: str | None) -> list[bytes]:
+    """Call a server-streaming method (without follow) and collect its raw responses."""
+    call = channel.unary_stream(method)
+    return list(call(request.SerializeToString(), metadata=bearer(token), timeout=TIMEOUT))
+
+
+def refusal(
+    channel: grpc.Channel, method: str, request: Message, token: str | None, streaming: bool
+) -> grpc.RpcError:
+    """The error a call gets; fails the test if the call succeeds."""
+    call = stream if streaming else unary
+    with pytest.raises(grpc.RpcError) as caught:
+        call(channel, method, request, token)
+    return caught.value
+
+
+def assert_refused(error: grpc.RpcError, code: grpc.StatusCode) -> None:
+    """The status code, and one ErrorInfo with the code's name as its reason."""
+    assert error.code() == code, error
+    info = error_info(error)
+    assert info.domain == "sessionlog"
+    assert info.reason == code.name
+    assert error.details(), "the refusal explains itself"
+
+
+def user(content: str) -> event_pb2.Event:
+    event = event_pb2.Event(type=event_pb2.EVENT_TYPE_USER_MESSAGE)
+    event.data.update({"content": content})
+    return event
+
+
+def append(channel: grpc.Channel, session_id: str, token: str, *contents: str) -> pb.AppendResponse:
+    request = pb.AppendRequest(session_id=session_id, events=[user(c) for c in contents])
+    return pb.AppendResponse.FromString(unary(channel, SERVICE + "Append", request, token))
+
+
+def session(channel: grpc.Channel, session_id: str) -> pb.Session:
+    """The session as the admin sees it."""
+    raw = unary(channel, SERVICE + "GetSession", pb.GetSessionRequest(session_id=session_id), ADMIN)
+    return pb.GetSessionResponse.FromString(raw).session
+
+
+def listed(channel: grpc.Channel, token: str, prefix: str = "", page_size: int = 0) -> list[str]:
+    """Every session id ListSessions returns to ``token`` for ``prefix``, following pages."""
+    ids: list[str] = []
+    page_token = ""
+    for _ in range(100):
+        request = pb.ListSessionsRequest(prefix=prefix, page_size=page_size, page_token=page_token)
+        reply = pb.ListSessionsResponse.FromString(
+            unary(channel, SERVICE + "ListSessions", request, token)
+        )
+        ids += [s.session_id for s in reply.sessions]
+        page_token = reply.next_page_token
+        if not page_token:
+            return ids
+    raise AssertionError("ListSessions did not stop paging")
+
+
+def every_rpc(session_id: str) -> list[tuple[str, Message, bool]]:
+    """One valid request for every RPC the server offers: (method, request, server-streaming)."""
+    message = message_pb2.Message(role=message_pb2.ROLE_USER, content="hi")
+    return [
+        (SERVICE + "Append", pb.AppendRequest(session_id=session_id, events=[user("x")]), False),
+        (SERVICE + "Since", pb.SinceRequest(session_id=session_id), True),
+        (SERVICE + "Surface", pb.SurfaceRequest(session_id=session_id), False),
+        (SERVICE + "DeriveMessages", pb.DeriveMessagesRequest(session_id=session_id), False),
+        (SERVICE + "CreateSession", pb.CreateSessionRequest(session_id=session_id + ".new"), False),
+        (
+            SERVICE + "SeedSession",
+            pb.SeedSessionRequest(session_id=session_id + ".seed", messages=[message]),
+            False,
+        ),
+        (SERVICE + "GetSession", pb.GetSessionRequest(session_id=session_id), False),
+        (SERVICE + "ListSessions", pb.ListSessionsRequest(), False),
+        (
+            SERVICE + "ForkSession",
+            pb.ForkSessionRequest(parent_session_id=session_id, session_id=session_id + ".fork"),
+            False,
+        ),
+        (
+            SERVICE + "AcquireLease",
+            pb.AcquireLeaseRequest(session_id=session_id, holder="w", ttl=Duration(seconds=30)),
+            False,
+        ),
+        (SERVICE + "RenewLease", pb.RenewLeaseRequest(session_id=session_id, holder="w"), False),
+        (
+            SERVICE + "ReleaseLease",
+            pb.ReleaseLeaseRequest(session_id=session_id, holder="w"),
+            False,
+        ),
+        (FEED + "Changes", rpb.ChangesRequest(start_position=1), True),
+        (FEED + "GetReplicationStatus", rpb.GetReplicationStatusRequest(), False),
+        (HEALTH_CHECK, health_pb2.HealthCheckRequest(), False),
+    ]
+
+
+def reflection_list(channel: grpc.Channel, token: str | None) -> list[str]:
+    """The service names reflection lists (a bidirectional stream, one request)."""
+    call = channel.stream_stream(REFLECTION)
+    request = reflection_pb2.ServerReflectionRequest(list_services="").SerializeToString()
+    replies = list(call(iter([request]), metadata=bearer(token), timeout=TIMEOUT))
+    reply = reflection_pb2.ServerReflectionResponse.FromString(replies[0])
+    return [service.name for service in reply.list_services_response.service]
+
+
+# -- authentication -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("token"), [None, WRONG, ""], ids=["missing", "unknown", "empty"])
+def test_every_rpc_without_a_valid_token_is_unauthenticated(
+    server: ThreadedServer, token: str | None
+) -> None:
+    """No token, an unknown one, or an empty one: UNAUTHENTICATED with that reason, on every RPC,
+    health and reflection included; nothing is written."""
+    append(server.channel(), "seen", WRITER, "before")
+    channel = server.channel()
+    for method, request, streaming in every_rpc("seen"):
+        error = refusal(channel, method, request, token, streaming)
+        assert_refused(error, UNAUTHENTICATED)
+        assert "Bearer" in (error.details() or ""), "the message says how to authenticate"
+    with pytest.raises(grpc.RpcError) as caught:
+        reflection_list(channel, token)
+    assert_refused(caught.value, UNAUTHENTICATED)
+    assert session(channel, "seen").event_count == 1
+    for created in ("seen.new", "seen.seed", "seen.fork"):
+        assert not session(channel, created).exists
+
+
+def test_a_malformed_authorization_header_is_unauthenticated(server: ThreadedServer) -> None:
+    """A secret sent without the Bearer scheme (or under another scheme) is not accepted."""
+    call = server.channel().unary_unary(SERVICE + "GetSession")
+    request = pb.GetSessionRequest(session_id="s").SerializeToString()
+    for value in (ADMIN, f"Basic {ADMIN}", f"Bearer{ADMIN}"):
+        with pytest.raises(grpc.RpcError) as caught:
+            call(request, metadata=(("authorization", value),), timeout=TIMEOUT)
+        assert_refused(caught.value, UNAUTHENTICATED)
+
+
+def test_the_bearer_scheme_is_case_insensitive(server: ThreadedServer) -> None:
+    """`authorization: bearer SECRET` works like `Bearer` (RFC 7235: the scheme is
+    case-insensitive)."""
+    call = server.channel().unary_unary(SERVICE + "GetSession")
+    request = pb.GetSessionRequest(session_id="s").SerializeToString()
+    for scheme in ("bearer", "BEARER"):
+        reply = call(request, metadata=(("authorization", f"{scheme} {READER}"),), timeout=TIMEOUT)
+        assert not pb.GetSessionResponse.FromString(reply).session.exists
+
+
+def test_a_token_configured_by_its_sha256_authenticates(server: ThreadedServer) -> None:
+    """The tenant token, stored only as a digest, works with its secret (and not its digest)."""
+    channel = server.channel()
+    assert append(channel, "tenant-a.one", TENANT_A, "hello").next_seq == 1
+    digest = hashlib.sha256(TENANT_A.encode()).hexdigest()
+    error = refusal(
+        channel,
+        SERVICE + "GetSession",
+        pb.GetSessionRequest(session_id="tenant-a.one"),
+        digest,
+        False,
+    )
+    assert_refused(error, UNAUTHENTICATED)
+
+
+# -- permissions ----------------------------------------------------------------------------------
+
+
+def test_reader_reads_but_may_not_write(server: ThreadedServer) -> None:
+    """The reader reads every read RPC but gets PERMISSION_DENIED on every write; nothing lands."""
+    channel = server.channel()
+    append(channel, "shared", WRITER, "one")
+    assert (
+        len(stream(channel, SERVICE + "Since", pb.SinceRequest(session_id="shared"), READER)) == 1
+    )
+    unary(channel, SERVICE + "Surface", pb.SurfaceRequest(session_id="shared"), READER)
+    assert listed(channel, READER) == ["shared"]
+    writes = [
+        (method, request)
+        for method, request, _ in every_rpc("shared")
+        if method.rsplit("/", 1)[1]
+        in {"Append", "CreateSession", "SeedSession", "ForkSession", "AcquireLease", "RenewLease"}
+    ]
+    assert len(writes) == 6
+    for method, request in writes:
+        error = refusal(channel, method, request, READER, streaming=False)
+        assert_refused(error, PERMISSION_DENIED)
+        info = error_info(error)
+        assert info.metadata["token"] == "reader"
+        assert info.metadata["permission"] == "write"
+    assert session(channel, "shared").event_count == 1
+    assert listed(channel, ADMIN) == ["shared"]
+
+
+def test_forced_release_needs_admin(server: ThreadedServer) -> None:
+    """The writer may not force-release another holder's lease; the admin may."""
+    channel = server.channel()
+    acquire = pb.AcquireLeaseRequest(session_id="leased", holder="w1", ttl=Duration(seconds=60))
+    unary(channel, SERVICE + "AcquireLease", acquire, WRITER)
+    force = pb.ReleaseLeaseRequest(session_id="leased", holder="ops", force=True)
+    error = refusal(channel, SERVICE + "ReleaseLease", force, WRITER, streaming=False)
+    assert_refused(error, PERMISSION_DENIED)
+    assert error_info(error).metadata["permission"] == "admin"
+    assert session(channel, "leased").lease.holder == "w1"
+    released = pb.ReleaseLeaseResponse.FromString(
+        unary(channel, SERVICE + "ReleaseLease", force, ADMIN)
+    )
+    assert released.released.holder == "w1"
+    assert not session(channel, "leased").lease.holder
+
+
+def test_the_writer_releases_its_own_lease_without_admin(server: ThreadedServer) -> None:
+    """A plain (not forced) release is a write, not an admin action."""
+    channel = server.channel()
+    acquire = pb.AcquireLeaseRequest(session_id="own", holder="w1", ttl=Duration(seconds=60))
+    unary(channel, SERVICE + "AcquireLease", acquire, WRITER)
+    release = pb.ReleaseLeaseRequest(session_id="own", holder="w1")
+    unary(channel, SERVICE + "ReleaseLease", release, WRITER)
+    assert not session(channel, "own").lease.holder
+
+
+def test_the_change_feed_needs_admin(server: ThreadedServer) -> None:
+    """Changes (every tenant's data) is refused to reader and writer, served to the admin;
+    GetReplicationStatus needs only read."""
+    channel = server.channel()
+    append(channel, "fed", WRITER, "x")
+    request = rpb.ChangesRequest(start_position=1)
+    for token, name in ((READER, "reader"), (WRITER, "writer")):
+        error = refusal(channel, FEED + "Changes", request, token, streaming=True)
+        assert_refused(error, PERMISSION_DENIED)
+        assert error_info(error).metadata["token"] == name
+    replies = [
+        rpb.ChangesResponse.FromString(r) for r in stream(channel, FEED + "Changes", request, ADMIN)
+    ]
+    assert sum(len(r.changes) for r in replies) >= 1
+    status = rpb.GetReplicationStatusResponse.FromString(
+        unary(channel, FEED + "GetReplicationStatus", rpb.GetReplicationStatusRequest(), READER)
+    )
+    assert status.role == "primary"
+
+
+def test_a_prefix_limited_admin_may_not_read_the_change_feed(server: ThreadedServer) -> None:
+    """The change feed carries every tenant's sessions, so an admin token limited to a prefix is
+    refused it (it would otherwise read other tenants' data)."""
+    channel = server.channel()
+    append(channel, "tenant-b.private", WRITER, "b's secret")
+    error = refusal(
+        channel, FEED + "Changes", rpb.ChangesRequest(start_position=1), TENANT_ADMIN, True
+    )
+    assert_refused(error, PERMISSION_DENIED)
+
+
+def test_a_prefix_limited_admin_force_releases_only_inside_its_prefix(
+    server: ThreadedServer,
+) -> None:
+    """The tenant admin may force a release in tenant-a., not in tenant-b."""
+    channel = server.channel()
+    for session_id in ("tenant-a.l", "tenant-b.l"):
+        acquire = pb.AcquireLeaseRequest(
+            session_id=session_id, holder="w", ttl=Duration(seconds=60)
+        )
+        unary(channel, SERVICE + "AcquireLease", acquire, WRITER)
+    force_b = pb.ReleaseLeaseRequest(session_id="tenant-b.l", holder="ops", force=True)
+    error = refusal(channel, SERVICE + "ReleaseLease", force_b, TENANT_ADMIN, streaming=False)
+    assert_refused(error, PERMISSION_DENIED)
+    assert session(channel, "tenant-b.l").lease.holder == "w"
+    force_a = pb.ReleaseLeaseRequest(session_id="tenant-a.l", holder="ops", force=True)
+    unary(channel, SERVICE + "ReleaseLease", force_a, TENANT_ADMIN)
+    assert not session(channel, "tenant-a.l").lease.holder
+
+
+# -- tenants --------------------------------------------------------------------------------------
+
+
+def test_a_tenant_token_cannot_touch_another_tenants_session(server: ThreadedServer) -> None:
+    """Every RPC naming tenant-b.x with the tenant-a token is PERMISSION_DENIED (metadata names
+    the prefix, the message never echoes the id), and tenant-b.x is unchanged."""
+    channel = server.channel()
+    append(channel, "tenant-b.x", WRITER, "b1", "b2")
+    before = session(channel, "tenant-b.x")
+    calls = [
+        (method, request, streaming)
+        for method, request, streaming in every_rpc("tenant-b.x")
+        if method.startswith(SERVICE) and not method.endswith("ListSessions")
+    ]
+    assert len(calls) == 11
+    for method, request, streaming in calls:
+        error = refusal(channel, method, request, TENANT_A, streaming)
+        assert_refused(error, PERMISSION_DENIED)
+        info = error_info(error)
+        assert info.metadata["session_prefix"] == "tenant-a.", method
+        assert "tenant-b.x" not in (error.details() or ""), method
+    after = session(channel, "tenant-b.x")
+    assert after.event_count == before.event_count == 2
+    assert not after.lease.holder
+    for created in ("tenant-b.x.new", "tenant-b.x.seed", "tenant-b.x.fork"):
+        assert not session(channel, created).exists
+
+
+def test_a_tenant_cannot_follow_another_tenants_session(server: ThreadedServer) -> None:
+    """A follow stream on tenant-b.x with the tenant-a token is refused at once, not left open."""
+    channel = server.channel()
+    append(channel, "tenant-b.x", WRITER, "b1")
+    call = channel.unary_stream(SERVICE + "Since")
+    request = pb.SinceRequest(session_id="tenant-b.x", follow=True).SerializeToString()
+    responses = call(request, metadata=bearer(TENANT_A), timeout=TIMEOUT)
+    with pytest.raises(grpc.RpcError) as caught:
+        next(responses)
+    assert_refused(caught.value, PERMISSION_DENIED)
+
+
+def test_a_tenant_cannot_fork_across_prefixes(server: ThreadedServer) -> None:
+    """Forking out of another tenant's session, or into another tenant's prefix, is refused;
+    forking inside the tenant's own prefix works."""
+    channel = server.channel()
+    append(channel, "tenant-a.parent", TENANT_A, "a1", "a2")
+    append(channel, "tenant-b.parent", WRITER, "b1", "b2")
+    method = SERVICE + "ForkSession"
+    out_of_b = pb.ForkSessionRequest(parent_session_id="tenant-b.parent", session_id="tenant-a.c1")
+    into_b = pb.ForkSessionRequest(parent_session_id="tenant-a.parent", session_id="tenant-b.c2")
+    for request in (out_of_b, into_b):
+        assert_refused(refusal(channel, method, request, TENANT_A, False), PERMISSION_DENIED)
+    assert not session(channel, "tenant-a.c1").exists
+    assert not session(channel, "tenant-b.c2").exists
+    inside = pb.ForkSessionRequest(parent_session_id="tenant-a.parent", session_id="tenant-a.c3")
+    unary(channel, method, inside, TENANT_A)
+    assert session(channel, "tenant-a.c3").event_count == 2
+
+
+def test_a_tenant_lists_only_its_own_sessions(server: ThreadedServer) -> None:
+    """ListSessions with the tenant token: an empty or shorter prefix is narrowed to tenant-a.,
+    paging stays inside it, a narrower prefix works, and a prefix outside is refused."""
+    channel = server.channel()
+    mine = [f"tenant-a.{i}" for i in range(5)]
+    for session_id in ["tenant-0", "tenant-b.0", "tenant-b.1", *mine, "tenant-c.z", "zz"]:
+        append(channel, session_id, ADMIN, "x")
+    assert listed(channel, TENANT_A) == mine
+    assert listed(channel, TENANT_A, page_size=2) == mine
+    assert listed(channel, TENANT_A, prefix="ten") == mine
+    assert listed(channel, TENANT_A, prefix="tenant-a.3") == ["tenant-a.3"]
+    error = refusal(
+        channel,
+        SERVICE + "ListSessions",
+        pb.ListSessionsRequest(prefix="tenant-b."),
+        TENANT_A,
+        False,
+    )
+    assert_refused(error, PERMISSION_DENIED)
+    assert len(listed(channel, ADMIN)) == 10
+
+
+def test_a_tenant_works_inside_its_prefix(server: ThreadedServer) -> None:
+    """The tenant token creates, appends, reads and follows sessions under tenant-a."""
+    channel = server.channel()
+    create = pb.CreateSessionRequest(session_id="tenant-a.c", events=[user("c0")])
+    unary(channel, SERVICE + "CreateSession", create, TENANT_A)
+    assert append(channel, "tenant-a.c", TENANT_A, "c1").next_seq == 2
+    replies = stream(channel, SERVICE + "Since", pb.SinceRequest(session_id="tenant-a.c"), TENANT_A)
+    contents = [e.data["content"] for r in replies for e in pb.SinceResponse.FromString(r).events]
+    assert contents == ["c0", "c1"]
+
+
+# -- health and reflection ----------------------------------------------------------------------
+
+
+def grpcurl(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(GRPCURL), *args], capture_output=True, text=True, timeout=30, check=False
+    )
+
+
+def test_health_and_reflection_need_a_token_by_default(server: ThreadedServer) -> None:
+    """Without --auth-open-health, `grpcurl list` fails without a token and works with one."""
+    refused = grpcurl("-plaintext", server.address, "list")
+    assert refused.returncode != 0
+    assert "Unauthenticated" in refused.stderr or "UNAUTHENTICATED" in refused.stderr
+    allowed = grpcurl("-plaintext", "-H", f"authorization: Bearer {READER}", server.address, "list")
+    assert allowed.returncode == 0, allowed.stderr
+    assert "sessionlog.v1.SessionLogService" in allowed.stdout.split()
+    channel = server.channel()
+    reply = health_pb2.HealthCheckResponse.FromString(
+        unary(channel, HEALTH_CHECK, health_pb2.HealthCheckRequest(), READER)
+    )
+    assert reply.status == health_pb2.HealthCheckResponse.SERVING
+
+
+def test_open_health_lets_probes_through_but_nothing_else(tmp_path: Path) -> None:
+    """With auth_open_health, health Check and `grpcurl list` work without a token, while the
+    log RPCs still need one."""
+    tokens = tokens_file(tmp_path / "tokens.toml")
+    with running_server(tmp_path / "data", auth_tokens=str(tokens), auth_open_health=True) as srv:
+        channel = srv.channel()
+        reply = health_pb2_grpc.HealthStub(channel).Check(
+            health_pb2.HealthCheckRequest(), timeout=TIMEOUT
+        )
+        assert reply.status == health_pb2.HealthCheckResponse.SERVING
+        assert "sessionlog.v1.SessionLogService" in reflection_list(channel, None)
+        listing = grpcurl("-plaintext", srv.address, "list")
+        assert listing.returncode == 0, listing.stderr
+        assert "sessionlog.v1.SessionLogService" in listing.stdout.split()
+        for method, request, streaming in every_rpc("open"):
+            if method == HEALTH_CHECK:
+                continue
+            assert_refused(refusal(channel, method, request, None, streaming), UNAUTHENTICATED)
+
+
+# -- the server process: secrets never logged, bad tokens files --------------------------------
+
+
+def test_secrets_never_appear_in_the_server_log(tmp_path: Path) -> None:
+    """A JSON-logging server process at debug level, sent successful and refused calls with
+    valid, wrong and misused secrets, never writes a secret (nor a digest) to its log."""
+    tokens = tokens_file(tmp_path / "tokens.toml")
+    port = free_port()
+    address = f"127.0.0.1:{port}"
+    args = ["--data", str(tmp_path / "data"), "--listen", address, "--auth-tokens", str(tokens)]
+    args += ["--auth-open-health", "--log-format", "json", "--log-level", "debug"]
+    with ServerProcess(args, tmp_path) as process:
+        process.wait_serving(address)
+        with grpc.insecure_channel(address) as channel:
+            append(channel, "tenant-a.s", TENANT_A, "ok")
+            lenient = pb.AppendRequest(
+                session_id="tenant-a.s",
+                events=[event_pb2.Event(type=99)],  # type: ignore[arg-type]  # unknown on purpose
+                lenient=True,
+            )
+            unary(channel, SERVICE + "Append", lenient, WRITER)
+            for token in (None, WRONG, READER, TENANT_A, ADMIN, TENANT_ADMIN):
+                for method, request, streaming in every_rpc("tenant-b.s"):
+                    try:
+                        if streaming:
+                            stream(channel, method, request, token)
+                        else:
+                            unary(channel, method, request, token)
+                    except grpc.RpcError:
+                        pass
+        assert process.stop() == 0
+    log = process.log()
+    lines = [json.loads(line) for line in log.splitlines() if line.strip()]
+    assert any(line["message"] == "sessionlog serving" for line in lines)
+    assert any(line.get("reason") for line in lines), "the lenient drop was logged"
+    for secret in (READER, WRITER, ADMIN, TENANT_A, TENANT_ADMIN, WRONG):
+        assert secret not in log
+        assert hashlib.sha256(secret.encode()).hexdigest() not in log
+
+
+BAD_TOKENS = [
+    pytest.param('[[token]]\ntoken = "0123456789abcdef0123"\n', "needs a name", id="missing-name"),
+    pytest.param(
+        '[[token]]\nname = "short"\ntoken = "tiny-secret"\n', "16+ characters", id="short-token"
+    ),
+    pytest.param(
+        '[[token]]\nname = "typo"\ntoken = "0123456789abcdef0123"\npermissions = ["raed"]\n',
+        "read/write/admin",
+        id="bad-permission",
+    ),
+    pytest.param(
+        '[[token]]\nname = "nested"\ntoken = "0123456789abcdef0123"\npermissions = [["read"]]\n',
+        "read/write/admin",
+        id="permission-not-a-string",
+    ),
+    pytest.param('[[token]]\nname = "hex"\nsha256 = "abc"\n', "64 hex digits", id="short-digest"),
+    pytest.param(
+        '[[token]]\nname = "a"\ntoken = "0123456789abcdef0123"\n\n'
+        '[[token]]\nname = "b"\ntoken = "0123456789abcdef0123"\npermissions = ["admin"]\n',
+        "same secret",
+        id="duplicate-secret",
+    ),
+    pytest.param('title = "no tokens"\n', "no [[token]] entries", id="no-entries"),
+]
+
+
+@pytest.mark.parametrize(("content", "problem"), BAD_TOKENS)
+def test_a_bad_tokens_file_stops_the_server_with_one_line(
+    tmp_path: Path, content: str, problem: str
+) -> None:
+    """`sessionlog serve --auth-tokens FILE` with a broken entry exits non-zero with one line on
+    stderr naming the problem, without echoing any secret and without serving."""
+    path = tmp_path / "tokens.toml"
+    path.write_text(content)
+    port = free_port()
+    result = run_cli(
+        [
+            "serve",
+            "--data",
+            str(tmp_path / "data"),
+            "--listen",
+            f"127.0.0.1:{port}",
+            "--auth-tokens",
+            str(path),
+        ],
+        cwd=tmp_path,
+        timeout=15,
+    )
+    assert result.returncode != 0
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert problem in lines[0]
+    assert lines[0].startswith("sessionlog: ")
+    for secret in ("0123456789abcdef0123", "tiny-secret"):
+        assert secret not in result.stderr
+    assert "Traceback" not in result.stderr

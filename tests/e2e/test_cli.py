@@ -1,0 +1,298 @@
+"""The `sessionlog` client subcommands, run as processes against a real server.
+
+append, tail (with and without follow), surface, messages, sessions, get, fork and lease; the
+exit codes scripts rely on (0 ok, 1 refused with the reason on one stderr line, 2 usage, 3
+unreachable); colour only on a terminal; --help for each. Argument errors and --help, which
+never reach a server, run in this process through the same ``main``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pty
+import queue
+import select
+import signal
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from sessionlog.cli import main
+from sessionlog.testing import ThreadedServer
+from sessionlog_client import Client, event
+from tests.e2e._proc import SESSIONLOG, clean_env, free_port, run_cli
+
+COMMANDS = ("append", "tail", "surface", "messages", "get", "sessions", "fork", "lease")
+
+
+def cli(server: ThreadedServer, tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """`sessionlog ARGS --server ADDRESS`, run to completion."""
+    return run_cli([*args, "--server", server.address], tmp_path)
+
+
+def ok(server: ThreadedServer, tmp_path: Path, *args: str) -> str:
+    """Run a command that must succeed; its stdout."""
+    result = cli(server, tmp_path, *args)
+    assert result.returncode == 0, result.stderr
+    assert result.stderr == ""
+    return result.stdout
+
+
+def run_main(args: list[str]) -> int:
+    """`sessionlog ARGS` in this process (argument handling only: no server is reached)."""
+    try:
+        return main(args)
+    except SystemExit as stop:
+        return stop.code if isinstance(stop.code, int) else 1
+
+
+def seed(server: ThreadedServer, session_id: str, *contents: str) -> None:
+    with Client(server.address) as client:
+        client.append(session_id, [event("user_message", {"content": c}) for c in contents])
+
+
+# -- append ----------------------------------------------------------------------------------------
+
+
+def test_append_content_data_and_replace(server: ThreadedServer, tmp_path: Path) -> None:
+    """append takes --content, --data JSON and --replace START:STOP; each lands as asked."""
+    assert ok(server, tmp_path, "append", "s", "user_message", "--content", "hi") == (
+        "appended seq 0; next seq 1\n"
+    )
+    data = json.dumps({"content": "b", "tool_calls": [{"id": "c1"}], "kept": 7})
+    assert "seq 1" in ok(server, tmp_path, "append", "s", "ASSISTANT_MESSAGE", "--data", data)
+    replaced = ok(
+        server, tmp_path, "append", "s", "system_message", "--content", "[sum]", "--replace", "0:1",
+        "--expected-seq", "2", "--json",
+    )  # fmt: skip
+    reply = json.loads(replaced)
+    assert reply["next_seq"] == "3"
+    assert reply["events"][0]["surface_op"]["replace"] == {"start_seq": "0", "stop_seq": "1"}
+    with Client(server.address) as client:
+        stored = list(client.since("s"))
+        assert [e.data["content"] for e in stored] == ["hi", "b", "[sum]"]
+        assert stored[1].data["kept"] == 7
+        assert client.chat_messages("s") == [{"role": "system", "content": "[sum]"}]
+
+
+# -- tail ------------------------------------------------------------------------------------------
+
+
+def test_tail_without_follow_pretty_and_json(server: ThreadedServer, tmp_path: Path) -> None:
+    """tail --no-follow prints each stored event once (a line each) and ends; --json is JSONL."""
+    seed(server, "t", "zero", "one", "two")
+    pretty = ok(server, tmp_path, "tail", "t", "--no-follow").splitlines()
+    assert len(pretty) == 3
+    assert [line.split()[0] for line in pretty] == ["0", "1", "2"]
+    assert "user_message" in pretty[0]
+    assert '"content": "zero"' in pretty[0]
+    lines = ok(server, tmp_path, "tail", "t", "--no-follow", "--json", "--from-seq", "1")
+    parsed = [json.loads(line) for line in lines.splitlines()]
+    assert [(p["seq"], p["data"]["content"]) for p in parsed] == [("1", "one"), ("2", "two")]
+    first = json.loads(ok(server, tmp_path, "tail", "t", "--no-follow", "--json").splitlines()[0])
+    assert first["seq"] == "0", "seq 0 must be printed, scripts read it"
+
+
+def test_tail_follows_live_events_until_interrupted(server: ThreadedServer, tmp_path: Path) -> None:
+    """tail (follow by default) prints stored then live events; SIGINT ends it with 130."""
+    seed(server, "live", "before")
+    process = subprocess.Popen(
+        [str(SESSIONLOG), "tail", "live", "--json", "--server", server.address],
+        cwd=tmp_path,
+        env=clean_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    lines: queue.Queue[str] = queue.Queue()
+
+    def read() -> None:
+        assert process.stdout is not None
+        for line in process.stdout:
+            lines.put(line)
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        assert json.loads(lines.get(timeout=15))["data"]["content"] == "before"
+        seed(server, "live", "during")
+        assert json.loads(lines.get(timeout=15))["data"]["content"] == "during"
+        process.send_signal(signal.SIGINT)
+        assert process.wait(10) == 130
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait(10)
+        reader.join(10)
+        for pipe in (process.stdout, process.stderr):
+            if pipe is not None:
+                pipe.close()
+
+
+# -- reads -----------------------------------------------------------------------------------------
+
+
+def test_surface_and_messages_show_the_model_view(server: ThreadedServer, tmp_path: Path) -> None:
+    """surface lists the visible events; messages is a plain transcript when not on a terminal."""
+    seed(server, "v", "a", "b", "c")
+    ok(server, tmp_path, "append", "v", "system_message", "--content", "[sum]", "--replace", "0:1")
+    surface = ok(server, tmp_path, "surface", "v").splitlines()
+    assert [line.split()[0] for line in surface] == ["3", "2"]
+    assert "replaces 0..1" in surface[0]
+    assert json.loads(ok(server, tmp_path, "surface", "v", "--json"))["event_count"] == "4"
+    transcript = ok(server, tmp_path, "messages", "v")
+    assert transcript.splitlines() == ["[3] system: [sum]", "[2] user: c"]
+    assert "\033[" not in transcript
+    assert ok(server, tmp_path, "messages", "v", "--at-seq", "0").splitlines() == ["[0] user: a"]
+    assert len(json.loads(ok(server, tmp_path, "messages", "v", "--json"))["messages"]) == 2
+
+
+def test_messages_colour_roles_on_a_terminal(server: ThreadedServer, tmp_path: Path) -> None:
+    """With a terminal for stdout, messages colours each role (ANSI escapes)."""
+    seed(server, "tty", "hello")
+    leader, follower = pty.openpty()
+    try:
+        process = subprocess.Popen(
+            [str(SESSIONLOG), "messages", "tty", "--server", server.address],
+            cwd=tmp_path,
+            env=clean_env(),
+            stdout=follower,
+            stderr=subprocess.DEVNULL,
+        )
+        os.close(follower)
+        output = b""
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline:
+            ready, _, _ = select.select([leader], [], [], 0.1)
+            if ready:
+                try:
+                    chunk = os.read(leader, 4096)
+                except OSError:
+                    break  # the child closed the terminal
+                if not chunk:
+                    break
+                output += chunk
+            elif process.poll() is not None:
+                break
+        assert process.wait(10) == 0
+    finally:
+        os.close(leader)
+    assert b"\033[32muser\033[0m" in output
+    assert b"hello" in output
+
+
+def test_sessions_get_and_fork(server: ThreadedServer, tmp_path: Path) -> None:
+    """sessions lists ids with counts (prefix, limit, JSON); get describes; fork copies."""
+    seed(server, "p-one", "x", "y")
+    seed(server, "p-two", "z")
+    seed(server, "q", "w")
+    assert ok(server, tmp_path, "sessions", "--prefix", "p-").splitlines() == [
+        "p-one\t2 events",
+        "p-two\t1 events",
+    ]
+    assert ok(server, tmp_path, "sessions", "--limit", "1").splitlines() == ["p-one\t2 events"]
+    listed = [json.loads(x) for x in ok(server, tmp_path, "sessions", "--json").splitlines()]
+    assert [s["session_id"] for s in listed] == ["p-one", "p-two", "q"]
+    described = json.loads(ok(server, tmp_path, "get", "p-one"))
+    assert described["session"]["event_count"] == "2"
+    forked = ok(server, tmp_path, "fork", "p-one", "--at-seq", "0", "--to", "p-rewound").strip()
+    assert forked == "p-rewound"
+    child = json.loads(ok(server, tmp_path, "get", "p-rewound"))["session"]
+    assert child["parent_session_id"] == "p-one"
+    assert child["event_count"] == "1"
+    generated = ok(server, tmp_path, "fork", "p-two").strip()
+    assert generated
+    assert generated != "p-two"
+
+
+def test_lease_acquire_renew_release(server: ThreadedServer, tmp_path: Path) -> None:
+    """lease acquire/renew/release print the lease; another holder is refused with LEASE_HELD."""
+    acquired = json.loads(ok(server, tmp_path, "lease", "acquire", "l", "w1", "--ttl", "30"))
+    token = acquired["lease"]["token"]
+    assert acquired["lease"]["holder"] == "w1"
+    refused = cli(server, tmp_path, "lease", "acquire", "l", "w2")
+    assert refused.returncode == 1
+    assert refused.stderr.startswith("sessionlog: LEASE_HELD: ")
+    blocked = cli(server, tmp_path, "append", "l", "user_message", "--content", "x")
+    assert blocked.returncode == 1
+    assert "LEASE_HELD" in blocked.stderr
+    ok(server, tmp_path, "append", "l", "user_message", "--content", "x", "--lease-holder", "w1")
+    renewed = json.loads(ok(server, tmp_path, "lease", "renew", "l", "w1", "--ttl", "60"))
+    assert renewed["lease"]["token"] == token
+    released = json.loads(ok(server, tmp_path, "lease", "release", "l", "w1"))
+    assert released["released"]["token"] == token
+
+
+# -- exit codes ------------------------------------------------------------------------------------
+
+
+def test_refusal_exits_1_with_the_reason_on_one_line(
+    server: ThreadedServer, tmp_path: Path
+) -> None:
+    """A refused append: exit 1, stdout empty, one stderr line naming SEQ_CONFLICT."""
+    seed(server, "c", "one")
+    result = cli(server, tmp_path, "append", "c", "user_message", "--expected-seq", "0")
+    assert result.returncode == 1
+    assert result.stdout == ""
+    assert result.stderr.count("\n") == 1
+    assert result.stderr.startswith("sessionlog: SEQ_CONFLICT: ")
+    bad_id = cli(server, tmp_path, "get", "no spaces")
+    assert bad_id.returncode == 1
+    assert bad_id.stderr.startswith("sessionlog: INVALID_SESSION_ID: ")
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["append", "s"],
+        ["append", "s", "chat_message", "--content", "x"],
+        ["append", "s", "user_message", "--data", "[1, 2"],
+        ["append", "s", "user_message", "--data", "[1, 2]"],
+        ["append", "s", "user_message", "--replace", "one:two"],
+        ["tail"],
+        ["lease", "steal", "s", "w"],
+        ["sessions", "--limit", "many"],
+    ],
+    ids=lambda args: "-".join(args)[:40],
+)
+def test_bad_usage_exits_2_with_one_line(
+    capsys: pytest.CaptureFixture[str], args: list[str]
+) -> None:
+    """Missing or malformed arguments: exit 2 and one stderr line, before any network call."""
+    code = run_main([*args, "--server", f"127.0.0.1:{free_port()}"])
+    out, err = capsys.readouterr()
+    assert code == 2, err
+    assert out == ""
+    assert err.count("\n") == 1, err
+
+
+def test_unreachable_server_exits_3(tmp_path: Path) -> None:
+    """Nothing listening at --server: exit 3 and one stderr line saying UNAVAILABLE."""
+    result = run_cli(
+        ["get", "s", "--server", f"127.0.0.1:{free_port()}", "--timeout", "5"], tmp_path
+    )
+    assert result.returncode == 3
+    assert result.stderr.startswith("sessionlog: UNAVAILABLE: ")
+    assert result.stderr.count("\n") == 1
+
+
+def test_server_address_from_the_environment(server: ThreadedServer, tmp_path: Path) -> None:
+    """SESSIONLOG_SERVER stands in for --server."""
+    seed(server, "env", "hi")
+    result = run_cli(["messages", "env"], tmp_path, env=clean_env(SESSIONLOG_SERVER=server.address))
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "[0] user: hi\n"
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_every_command_has_help(capsys: pytest.CaptureFixture[str], command: str) -> None:
+    """`sessionlog COMMAND --help` exits 0 and documents --server and the command's usage."""
+    assert run_main([command, "--help"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"usage: sessionlog {command}")
+    assert "--server" in out
+    assert "--timeout" in out

@@ -1,0 +1,203 @@
+"""The Node client (client/typescript) from the project's test command.
+
+Installs its npm dependencies when node_modules is missing or older than package-lock.json, runs
+its own suite (`node --test`, real `sessionlog serve` processes), type-checks its declarations,
+runs the README's TypeScript example, and has a Python worker and a Node worker write one session
+at the same time.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import IO, Any
+
+import pytest
+
+from sessionlog.testing import ThreadedServer
+from sessionlog_client import Client, event
+from tests.e2e.test_client_python import readme_block
+
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGE = ROOT / "client" / "typescript"
+SESSIONLOG_BIN = Path(sys.prefix) / "bin" / "sessionlog"
+
+
+def node() -> str:
+    found = shutil.which("node")
+    assert found, "node (20 or newer) is not on PATH; the TypeScript client needs it"
+    return found
+
+
+def npm() -> str:
+    found = shutil.which("npm")
+    assert found, "npm is not on PATH; the TypeScript client needs it"
+    return found
+
+
+@pytest.fixture(scope="module")
+def node_modules() -> Path:
+    """client/typescript/node_modules, installed with `npm ci` when missing or stale."""
+    installed = PACKAGE / "node_modules" / ".package-lock.json"
+    lock = PACKAGE / "package-lock.json"
+    if not installed.exists() or installed.stat().st_mtime < lock.stat().st_mtime:
+        result = subprocess.run(
+            [npm(), "ci", "--no-audit", "--no-fund", "--loglevel=error"],
+            cwd=PACKAGE,
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=False,
+        )
+        assert result.returncode == 0, f"npm ci failed:\n{result.stdout}\n{result.stderr}"
+    return PACKAGE / "node_modules"
+
+
+def test_node_client_suite_passes(node_modules: Path) -> None:
+    """`node --test` on client/typescript/test passes against real servers, with no failure."""
+    tests = sorted(str(p.relative_to(PACKAGE)) for p in (PACKAGE / "test").glob("*.test.mjs"))
+    assert tests, "no *.test.mjs in client/typescript/test"
+    result = subprocess.run(
+        [node(), "--test", "--test-concurrency=1", *tests],
+        cwd=PACKAGE,
+        env={**os.environ, "SESSIONLOG_BIN": str(SESSIONLOG_BIN)},
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+    )
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output
+    passed = re.search(r"^# pass (\d+)$", output, flags=re.MULTILINE)
+    failed = re.search(r"^# fail (\d+)$", output, flags=re.MULTILINE)
+    assert passed, output
+    assert failed, output
+    assert int(passed.group(1)) >= 8, output
+    assert int(failed.group(1)) == 0, output
+
+
+def test_typescript_declarations_typecheck(node_modules: Path) -> None:
+    """tsc (strict, no emit) accepts src/index.d.ts and a typed worker written against it."""
+    result = subprocess.run(
+        [node(), str(node_modules / "typescript" / "bin" / "tsc"), "-p", "."],
+        cwd=PACKAGE,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_readme_typescript_example_runs_as_written(
+    node_modules: Path, server: ThreadedServer, tmp_path: Path
+) -> None:
+    """The README's TypeScript example, importing the package by name, prints the chat."""
+    code = readme_block("js", "@sessionlog/client")
+    assert len(code.strip().splitlines()) <= 10
+    scoped = tmp_path / "node_modules" / "@sessionlog"
+    scoped.mkdir(parents=True)
+    (scoped / "client").symlink_to(PACKAGE, target_is_directory=True)
+    script = tmp_path / "example.mjs"
+    script.write_text(code.replace("127.0.0.1:50051", server.address))
+    result = subprocess.run(
+        [node(), str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=60, check=False
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == [
+        "user What is LMDB?",
+        "assistant A memory-mapped B+tree store.",
+    ]
+
+
+class NodeWorker:
+    """test/polyglot-worker.mjs, spoken to line by line over stdin/stdout."""
+
+    def __init__(self, address: str, session_id: str, count: int, label: str) -> None:
+        self.process = subprocess.Popen(
+            [node(), "test/polyglot-worker.mjs", address, session_id, str(count), label],
+            cwd=PACKAGE,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+
+    def _pipe(self, pipe: IO[str] | None) -> IO[str]:
+        assert pipe is not None
+        return pipe
+
+    def say(self, word: str) -> None:
+        stdin = self._pipe(self.process.stdin)
+        stdin.write(word + "\n")
+        stdin.flush()
+
+    def hear(self, timeout: float = 30.0) -> str:
+        """The worker's next stdout line (fails on EOF or after ``timeout`` seconds)."""
+        box: list[str] = []
+        reader = threading.Thread(
+            target=lambda: box.append(self._pipe(self.process.stdout).readline()), daemon=True
+        )
+        reader.start()
+        reader.join(timeout)
+        if not box or not box[0]:
+            self.process.kill()
+            _, err = self.process.communicate(timeout=10)
+            raise AssertionError(f"the Node worker said nothing: {err}")
+        return box[0].strip()
+
+    def stop(self) -> int:
+        """Wait for the worker to exit (kill it after 10 s) and close its pipes."""
+        try:
+            code = self.process.wait(10)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            code = self.process.wait(10)
+        for pipe in (self.process.stdin, self.process.stdout, self.process.stderr):
+            if pipe is not None:
+                pipe.close()
+        return code
+
+
+@pytest.fixture
+def node_worker(node_modules: Path, server: ThreadedServer) -> Iterator[NodeWorker]:
+    """A Node worker that will append 30 messages "node-i" to session "shared"."""
+    worker = NodeWorker(server.address, "shared", 30, "node")
+    try:
+        yield worker
+    finally:
+        worker.stop()
+
+
+def test_python_and_node_workers_append_concurrently_and_agree(
+    server: ThreadedServer, node_worker: NodeWorker
+) -> None:
+    """Both workers write one session at once; both then derive the very same messages."""
+    assert node_worker.hear() == "ready"
+    with Client(server.address) as client:
+        node_worker.say("go")
+        for i in range(30):
+            client.append("shared", [event("user_message", {"content": f"python-{i}"})])
+        assert node_worker.hear() == "done"
+        node_worker.say("read")
+        from_node: dict[str, Any] = json.loads(node_worker.hear())
+        derived = client.derive_messages("shared")
+        from_python = client.chat_messages("shared")
+    assert node_worker.stop() == 0
+    assert from_node["messages"] == from_python
+    assert from_node["seqs"] == list(derived.seqs) == list(range(60))
+    contents = [m["content"] for m in from_python]
+    for label in ("python", "node"):
+        mine = [c for c in contents if c.startswith(f"{label}-")]
+        assert mine == [f"{label}-{i}" for i in range(30)], f"{label}'s order was not kept"
+    labels = [c.split("-")[0] for c in contents]
+    switches = sum(1 for a, b in itertools.pairwise(labels) if a != b)
+    assert switches > 1, f"the two workers did not write concurrently: {labels}"

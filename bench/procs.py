@@ -143,12 +143,24 @@ class ServerOptions:
 
     uvloop: bool = False
     """Run the server on uvloop's event loop (installed before `sessionlog serve` starts)."""
+    switch_interval: float | None = None
+    """The server's sys.setswitchinterval in seconds (None: Python's default, 5 ms)."""
 
-
-_UVLOOP_LAUNCH = (
-    "import asyncio, sys, uvloop; asyncio.set_event_loop_policy(uvloop.EventLoopPolicy()); "
-    "from sessionlog.cli import main; sys.exit(main())"
-)
+    def launch(self) -> list[str]:
+        """The command that starts `sessionlog serve` (its arguments follow)."""
+        setup = []
+        if self.uvloop:
+            setup.append(
+                "import asyncio, uvloop; asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())"
+            )
+        if self.switch_interval is not None:
+            setup.append(f"sys.setswitchinterval({self.switch_interval!r})")
+        if not setup:
+            return [str(VENV_BIN / "sessionlog")]
+        code = "; ".join(
+            ["import sys", *setup, "from sessionlog.cli import main", "sys.exit(main())"]
+        )
+        return [sys.executable, "-c", code]
 
 
 def sessionlog_server(
@@ -159,11 +171,8 @@ def sessionlog_server(
 ) -> contextlib.AbstractContextManager[ServerProcess]:
     """``sessionlog serve`` over LMDB in ``data_dir`` (default durability: synced commits)."""
     options = options or ServerOptions()
-    launch = (
-        [sys.executable, "-c", _UVLOOP_LAUNCH] if options.uvloop else [str(VENV_BIN / "sessionlog")]
-    )
     argv = [
-        *launch,
+        *options.launch(),
         "serve",
         "--data",
         str(data_dir),

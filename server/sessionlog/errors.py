@@ -34,6 +34,7 @@ status back into the same class with :func:`from_reason`.
     ├── TooManyStreams                      RESOURCE_EXHAUSTED (TOO_MANY_STREAMS)
     ├── StorageFull                         RESOURCE_EXHAUSTED
     ├── ResponseTooLarge                    RESOURCE_EXHAUSTED (RESPONSE_TOO_LARGE)
+    ├── RequestTooLarge                     RESOURCE_EXHAUSTED (REQUEST_TOO_LARGE)
     └── Unavailable                         UNAVAILABLE (shutting down; reconnect)
 
 Metadata values are strings, as ``ErrorInfo.metadata`` requires.
@@ -186,6 +187,12 @@ class ResponseTooLarge(SessionLogError):
     """The answer does not fit in one gRPC message; read less at a time, or raise the limit."""
 
     reason = "RESPONSE_TOO_LARGE"
+
+
+class RequestTooLarge(SessionLogError):
+    """The request is over the message size limit; send less at a time."""
+
+    reason = "REQUEST_TOO_LARGE"
 
 
 class Unavailable(SessionLogError):

@@ -186,7 +186,9 @@ class SessionLogServer:
             interceptors=[AuthInterceptor(authorizer)] if authorizer else None,
             options=[
                 ("grpc.so_reuseport", 0),
-                ("grpc.max_receive_message_length", limit),
+                # Twice the limit: requests between the two get REQUEST_TOO_LARGE with ErrorInfo
+                # from the handlers; only larger ones meet gRPC's own bare refusal.
+                ("grpc.max_receive_message_length", min(2 * limit, (2 << 30) - 1)),
                 ("grpc.max_send_message_length", -1),
                 # gRPC sheds calls waiting to be accepted past 1,000 by default: a burst of
                 # followers reconnecting after a restart must not be cancelled at random.

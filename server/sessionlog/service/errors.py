@@ -20,6 +20,7 @@ _CODES: dict[type[errors.SessionLogError], grpc.StatusCode] = {
     errors.SeqConflict: grpc.StatusCode.ABORTED,
     errors.StorageFull: grpc.StatusCode.RESOURCE_EXHAUSTED,
     errors.ResponseTooLarge: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    errors.RequestTooLarge: grpc.StatusCode.RESOURCE_EXHAUSTED,
     errors.TooManyStreams: grpc.StatusCode.RESOURCE_EXHAUSTED,
     errors.Unauthenticated: grpc.StatusCode.UNAUTHENTICATED,
     errors.PermissionDenied: grpc.StatusCode.PERMISSION_DENIED,

@@ -70,20 +70,35 @@ def unary(method: Handler) -> Handler:
         started = time.perf_counter()
         reason, sent = CANCELLED, 0
         try:
+            if len(request) > self.max_message_bytes:
+                raise errors.RequestTooLarge(
+                    f"the request is {len(request)} bytes, over the {self.max_message_bytes}-byte "
+                    "message limit (--max-message-size); split it into smaller calls",
+                    size=len(request),
+                    limit=self.max_message_bytes,
+                )
             reply = await method(self, request, context)
             reason, sent = OK, len(reply)
             return reply
         except errors.SessionLogError as error:
             reason = error.reason
+            _log_refusal(rpc, error)
             await abort(context, error)
         except Exception:
             reason = INTERNAL
             await abort_unexpected(context, method.__name__)
         finally:
             self.counters.record(rpc, reason, time.perf_counter() - started, sent)
-        raise AssertionError("unreachable: abort raises")
+        return b""  # abort returned: the client is gone and there is no one to tell
 
     return handler
+
+
+def _log_refusal(rpc: str, error: errors.SessionLogError) -> None:
+    """One line per refused call: the method and the reason, never the request's data."""
+    serious = isinstance(error, errors.StorageFull | errors.Unavailable)
+    level = logging.WARNING if serious else logging.INFO
+    log.log(level, "request refused", extra={"method": rpc, "reason": error.reason})
 
 
 def encode_events(events: list[bytes]) -> bytes:
@@ -566,7 +581,8 @@ def decode_page_token(token: str, prefix: str) -> str:
         last_id, token_prefix = json.loads(base64.urlsafe_b64decode(padded))
         if not isinstance(last_id, str) or token_prefix != prefix:
             raise ValueError("token does not match this listing")
-    except (ValueError, TypeError, binascii.Error):
+        last_id.encode()  # a lone surrogate is no session id
+    except (ValueError, TypeError, binascii.Error, UnicodeError):
         raise errors.MalformedRequest(
             "page_token is not a token from a previous ListSessions call with the same prefix",
             field="page_token",

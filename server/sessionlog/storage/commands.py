@@ -8,6 +8,7 @@ events one by one.
 
 from __future__ import annotations
 
+import logging
 import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -20,6 +21,8 @@ from sessionlog import errors, fold, wire
 from sessionlog.storage import schema
 from sessionlog.storage.schema import AuditRecord, LeaseRecord, RequestRecord, SessionMeta
 from sessionlog.v1.event_pb2 import Event, EventType
+
+log = logging.getLogger(__name__)
 
 MAX_FORMER_HOLDERS = 16
 
@@ -485,6 +488,14 @@ class LeaseCommand:
         former = [] if lease is None else list(lease.former_holders)
         if lease is not None and lease.holder and lease.holder != holder:
             self._audit(txn, schema.TAKEOVER, lease, now_ns)
+            log.info(
+                "lease taken over",
+                extra={
+                    "session_id": self._session_id,
+                    "holder": holder,
+                    "previous_holder": lease.holder,
+                },
+            )
             former.append(lease.holder)
         fresh = LeaseRecord(
             holder=holder,
@@ -524,6 +535,14 @@ class LeaseCommand:
                     token=lease.token,
                 )
             self._audit(txn, schema.FORCED_RELEASE, lease, now_ns)
+            log.info(
+                "lease released by force",
+                extra={
+                    "session_id": self._session_id,
+                    "by": self._holder,
+                    "previous_holder": lease.holder,
+                },
+            )
         lease.former_holders = [*lease.former_holders, lease.holder][-MAX_FORMER_HOLDERS:]
         lease.holder = ""
         lease.expire_time_ns = now_ns

@@ -1,0 +1,67 @@
+"""A seeded session for the web console tests, and plain HTTP helpers for its API.
+
+The session covers what the console must show: every role, an assistant tool call answered by a
+tool result, a bookkeeping event, and a summary that replaces seqs 1..2 (so 1 and 2 are shadowed).
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
+from typing import Any
+
+from sessionlog.storage.store import Store
+from sessionlog.v1 import event_pb2
+
+TIMEOUT = 5.0
+SESSION = "demo.weather"
+CALL_ID = "call_oslo_1"
+RESULT = "12°C and light rain"
+
+
+def event(kind: int, **data: Any) -> event_pb2.Event:
+    message = event_pb2.Event(type=kind)  # type: ignore[arg-type]
+    message.data.update(data)
+    return message
+
+
+def seed(store: Store, session_id: str = SESSION) -> None:
+    """Nine events: 0 system, 1 user, 2 assistant, 3 user, 4 assistant calling a tool,
+    5 tool_call (bookkeeping), 6 its tool result, 7 assistant, 8 a summary replacing 1..2."""
+    call = {
+        "id": CALL_ID,
+        "type": "function",
+        "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'},
+    }
+    summary = event(event_pb2.EVENT_TYPE_SYSTEM_MESSAGE, content="[summary] The user said hello.")
+    summary.surface_op.replace.start_seq = 1
+    summary.surface_op.replace.stop_seq = 2
+    store.append(
+        session_id,
+        [
+            event(event_pb2.EVENT_TYPE_SYSTEM_MESSAGE, content="You are a terse weather bot."),
+            event(event_pb2.EVENT_TYPE_USER_MESSAGE, content="Hello there!"),
+            event(event_pb2.EVENT_TYPE_ASSISTANT_MESSAGE, content="Hi. Ask me about weather."),
+            event(event_pb2.EVENT_TYPE_USER_MESSAGE, content="What is it like in Oslo?"),
+            event(event_pb2.EVENT_TYPE_ASSISTANT_MESSAGE, content="", tool_calls=[call]),
+            event(event_pb2.EVENT_TYPE_TOOL_CALL, name="get_weather", city="Oslo"),
+            event(event_pb2.EVENT_TYPE_TOOL_RESULT, tool_call_id=CALL_ID, content=RESULT),
+            event(event_pb2.EVENT_TYPE_ASSISTANT_MESSAGE, content="Oslo: 12°C, light rain."),
+            summary,
+        ],
+    )
+
+
+def get(url: str, token: str = "") -> tuple[int, dict[str, str], Any]:
+    """GET ``url``: (status, headers, parsed JSON body or text)."""
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    request = urllib.request.Request(url, headers=headers)
+    try:
+        with urllib.request.urlopen(request, timeout=TIMEOUT) as response:
+            status, head, body = response.status, dict(response.headers), response.read()
+    except urllib.error.HTTPError as error:
+        status, head, body = error.code, dict(error.headers), error.read()
+    if head.get("Content-Type", "").startswith("application/json"):
+        return status, head, json.loads(body)
+    return status, head, body.decode()

@@ -1,0 +1,231 @@
+"""The web console's JSON API over HTTP: what it returns for a seeded session, the live follow
+stream, the same bearer tokens and session prefixes as gRPC, and clean failures to bind."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import socket
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sessionlog.service.app import BindError
+from sessionlog.storage.store import Store
+from sessionlog.testing import ThreadedServer, running_server
+from sessionlog.v1 import event_pb2
+from sessionlog.v1 import session_log_service_pb2 as pb
+from tests.e2e._web import CALL_ID, RESULT, SESSION, TIMEOUT, event, get, seed
+
+READER = "api-reader-token-3b9e07c1"
+WRITER_ONLY = "api-writer-token-7f0d2a95"
+OTHER_TENANT = "api-tenant-b-token-c4e81d26"
+
+
+@pytest.fixture
+def console(tmp_path: Path) -> Iterator[ThreadedServer]:
+    """A server with the web console and metrics on one free port, the demo session seeded."""
+    with running_server(tmp_path / "data", http_listen="127.0.0.1:0") as server:
+        seed(server.store)
+        yield server
+
+
+def base(server: ThreadedServer) -> str:
+    return f"http://127.0.0.1:{server.server.http_port}"
+
+
+def test_events_mark_shadowed_bookkeeping_and_replace_ranges(console: ThreadedServer) -> None:
+    """/events returns the stored events with their type names and data, each surface event
+    marked shadowed or not, and the replace's range."""
+    status, _, body = get(f"{base(console)}/api/sessions/{SESSION}/events")
+    assert status == 200
+    events = body["events"]
+    assert [e["seq"] for e in events] == list(range(9))
+    assert body["next_seq"] == 9
+    assert [e["seq"] for e in events if e["shadowed"]] == [1, 2]
+    assert [e["seq"] for e in events if not e["surface"]] == [5]
+    assert events[8]["replace"] == [1, 2]
+    assert events[6]["type"] == "tool_result"
+    assert events[6]["data"] == {"tool_call_id": CALL_ID, "content": RESULT}
+    status, _, page = get(f"{base(console)}/api/sessions/{SESSION}/events?from=7&limit=1")
+    assert [e["seq"] for e in page["events"]] == [7]
+
+
+def test_transcript_pairs_tool_calls_with_results(console: ThreadedServer) -> None:
+    """/transcript is the derived messages in surface order with roles; the assistant's tool
+    call points at the tool result that answers it, and the result back at the call."""
+    status, _, body = get(f"{base(console)}/api/sessions/{SESSION}/transcript")
+    assert status == 200
+    messages = body["messages"]
+    assert [(m["seq"], m["role"]) for m in messages] == [
+        (0, "system"),
+        (8, "system"),
+        (3, "user"),
+        (4, "assistant"),
+        (6, "tool"),
+        (7, "assistant"),
+    ]
+    assert messages[1]["replace"] == [1, 2]
+    (call,) = messages[3]["tool_calls"]
+    assert call == {
+        "id": CALL_ID,
+        "name": "get_weather",
+        "arguments": '{"city": "Oslo"}',
+        "result": 4,
+    }
+    assert messages[4]["answers"] == [3, 0]
+    assert messages[4]["content"] == RESULT
+
+
+def test_sessions_status_and_metrics_on_the_console_port(tmp_path: Path) -> None:
+    """The session list has counts and times, /api/status the store's numbers, and with
+    --metrics-listen equal to --http-listen the same port also serves /metrics."""
+    port = _free_port()
+    address = f"127.0.0.1:{port}"
+    with running_server(tmp_path / "data", http_listen=address, metrics_listen=address) as server:
+        seed(server.store)
+        seed(server.store, "demo.second")
+        status, _, listing = get(f"http://{address}/api/sessions?prefix=demo.&limit=1")
+        assert status == 200
+        assert [s["session_id"] for s in listing["sessions"]] == ["demo.second"]
+        assert listing["more"] is True
+        assert listing["sessions"][0]["event_count"] == 9
+        assert listing["sessions"][0]["last_append_time_ms"] > 0
+        _, _, numbers = get(f"http://{address}/api/status")
+        assert numbers["sessions"] == 2
+        assert numbers["events"] == 18
+        assert numbers["role"] == "primary"
+        assert 0 < numbers["used_bytes"] < numbers["map_size"]
+        status, head, metrics = get(f"http://{address}/metrics")
+        assert status == 200
+        assert head["Content-Type"].startswith("text/plain")
+        assert "sessionlog_stored_events 18.0" in metrics
+        assert server.server.metrics_port == server.server.http_port == port
+
+
+def test_follow_streams_stored_then_live_events(console: ThreadedServer) -> None:
+    """/follow sends the events from ``from``, one caught_up, then an append as it commits."""
+    connection = http.client.HTTPConnection("127.0.0.1", console.server.http_port, timeout=TIMEOUT)
+    try:
+        connection.request("GET", f"/api/sessions/{SESSION}/follow?from=7")
+        response = connection.getresponse()
+        assert response.status == 200
+        assert response.headers["Content-Type"].startswith("text/event-stream")
+        first = _frame(response)
+        assert first[0] == "events"
+        assert [e["seq"] for e in first[1]["events"]] == [7, 8]
+        assert _frame(response) == ("caught_up", {"next_seq": 9})
+        console.stub().Append(
+            pb.AppendRequest(
+                session_id=SESSION,
+                events=[event(event_pb2.EVENT_TYPE_USER_MESSAGE, content="live one")],
+            ),
+            timeout=TIMEOUT,
+        )
+        kind, body = _frame(response)
+        assert kind == "events"
+        assert [(e["seq"], e["data"]["content"]) for e in body["events"]] == [(9, "live one")]
+        assert console.server.streams.total == 1
+    finally:
+        connection.close()
+
+
+def _frame(response: http.client.HTTPResponse) -> tuple[str, Any]:
+    """The next server-sent event: (its event name, its JSON data); heartbeats skipped."""
+    kind, data = "", ""
+    for _ in range(1000):
+        line = response.readline().decode()
+        assert line, "the stream ended"
+        if line.startswith("event: "):
+            kind = line[len("event: ") :].strip()
+        elif line.startswith("data: "):
+            data += line[len("data: ") :].strip()
+        elif line == "\n" and data:
+            return kind, json.loads(data)
+    raise AssertionError("no complete frame in 1000 lines")
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+    return port
+
+
+@pytest.fixture
+def guarded(tmp_path: Path) -> Iterator[ThreadedServer]:
+    """Auth on: a reader limited to ``demo.``, a writer without read, another tenant."""
+    tokens = tmp_path / "tokens.toml"
+    tokens.write_text(
+        f'[[token]]\nname = "reader"\ntoken = "{READER}"\npermissions = ["read"]\n'
+        'session_prefix = "demo."\n\n'
+        f'[[token]]\nname = "writer"\ntoken = "{WRITER_ONLY}"\npermissions = ["write"]\n\n'
+        f'[[token]]\nname = "tenant-b"\ntoken = "{OTHER_TENANT}"\npermissions = ["read"]\n'
+        'session_prefix = "b."\n'
+    )
+    with running_server(
+        tmp_path / "data", http_listen="127.0.0.1:0", auth_tokens=str(tokens)
+    ) as server:
+        seed(server.store)
+        seed(server.store, "b.private")
+        yield server
+
+
+def test_api_needs_a_valid_token_when_auth_is_on(guarded: ThreadedServer) -> None:
+    """Every /api call without a token, or with an unknown one, is 401 UNAUTHENTICATED with a
+    Bearer challenge; the page itself loads without one (it asks for the token)."""
+    for path in ("/api/status", "/api/sessions", f"/api/sessions/{SESSION}/events"):
+        for token in ("", "not-a-configured-token"):
+            status, head, body = get(base(guarded) + path, token)
+            assert status == 401, path
+            assert body["reason"] == "UNAUTHENTICATED"
+            assert head["WWW-Authenticate"] == "Bearer"
+    status, _, page = get(base(guarded) + "/")
+    assert status == 200
+    assert "token" in page
+    status, _, body = get(f"{base(guarded)}/api/sessions/{SESSION}/transcript", READER)
+    assert status == 200
+    assert len(body["messages"]) == 6
+
+
+def test_api_applies_permissions_and_session_prefixes(guarded: ThreadedServer) -> None:
+    """A token without read is 403; a token used outside its prefix is 403 on that session,
+    and its listing holds only its own sessions, as over gRPC."""
+    status, _, body = get(f"{base(guarded)}/api/sessions/{SESSION}/events", WRITER_ONLY)
+    assert status == 403
+    assert body["reason"] == "PERMISSION_DENIED"
+    for path in ("events", "transcript", "follow"):
+        status, _, body = get(f"{base(guarded)}/api/sessions/b.private/{path}", READER)
+        assert status == 403, path
+        assert body["reason"] == "PERMISSION_DENIED"
+    _, _, mine = get(f"{base(guarded)}/api/sessions", READER)
+    assert [s["session_id"] for s in mine["sessions"]] == [SESSION]
+    _, _, theirs = get(f"{base(guarded)}/api/sessions", OTHER_TENANT)
+    assert [s["session_id"] for s in theirs["sessions"]] == ["b.private"]
+
+
+def test_bad_requests_are_json_errors(console: ThreadedServer) -> None:
+    """A malformed session id or page bound is a 400 with the SPEC reason, not a stack trace."""
+    status, _, body = get(f"{base(console)}/api/sessions/{'x' * 300}/events")
+    assert status == 400
+    assert body["reason"] == "INVALID_SESSION_ID"
+    status, _, body = get(f"{base(console)}/api/sessions/{SESSION}/events?limit=zero")
+    assert status == 400
+    assert body["reason"] == "MALFORMED_REQUEST"
+
+
+def test_busy_http_address_fails_start_and_releases_the_store(tmp_path: Path) -> None:
+    """A console address already in use stops the start with a BindError naming the flag, and
+    leaves the data folder closed so it can be opened again at once."""
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        address = f"127.0.0.1:{busy.getsockname()[1]}"
+        with (
+            pytest.raises(BindError, match="--http-listen"),
+            running_server(tmp_path / "data", http_listen=address),
+        ):
+            pass
+    Store(tmp_path / "data").close()

@@ -122,7 +122,7 @@ def test_tail_follows_live_events_until_interrupted(server: ThreadedServer, tmp_
         seed(server, "live", "during")
         assert json.loads(lines.get(timeout=15))["data"]["content"] == "during"
         process.send_signal(signal.SIGINT)
-        assert process.wait(10) == 130
+        assert process.wait(30) == 130
     finally:
         if process.poll() is None:
             process.kill()

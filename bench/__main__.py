@@ -1,7 +1,7 @@
 """Run every benchmark and its ceiling, print one table, write it as JSON.
 
     python -m bench [--quick] [--json PATH] [--duration SECONDS] [--client-procs N]
-                    [--only GROUP,...] [--uvloop]
+                    [--only GROUP,...] [--uvloop] [--switch-interval SECONDS]
 
 The default run takes a few minutes (hard limit 9 minutes), ``--quick`` under two. Everything runs
 on 127.0.0.1 in a temp dir that is removed at the end, and every process started here is stopped
@@ -56,6 +56,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--uvloop", action="store_true", help="run the sessionlog server on uvloop's event loop"
     )
+    parser.add_argument(
+        "--switch-interval",
+        type=float,
+        help="the server's sys.setswitchinterval in seconds (default: Python's 0.005)",
+    )
     args = parser.parse_args(argv)
     unknown = sorted(set(args.only) - set(GROUPS))
     if unknown:
@@ -92,6 +97,10 @@ def run_all(
     results = Results(rows=[], tails=[], derives=[], notes=[])
     if options.uvloop:
         results.notes.append("The sessionlog server ran on uvloop (--uvloop).")
+    if options.switch_interval is not None:
+        results.notes.append(
+            f"The sessionlog server ran with sys.setswitchinterval({options.switch_interval:g})."
+        )
     redis_missing = peer.unavailable() if "redis" in groups else "not asked for"
     if "redis" in groups and redis_missing:
         results.notes.append(f"Redis rows skipped: {redis_missing}.")
@@ -179,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     info = machine()
     work = Path(tempfile.mkdtemp(prefix="sessionlog-bench-", dir=args.tmp_dir))
-    options = procs.ServerOptions(uvloop=args.uvloop)
+    options = procs.ServerOptions(uvloop=args.uvloop, switch_interval=args.switch_interval)
     try:
         with time_budget(settings.budget_seconds):
             results = run_all(settings, work, args.only, options)

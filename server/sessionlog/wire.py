@@ -106,8 +106,8 @@ def event_time_field(nanoseconds: int) -> bytes:
 
 
 def with_time(event_without_time: bytes, event_type: int, time_field: bytes) -> bytes:
-    """An event's bytes with its ``time`` field added, equal to what ``SerializeToString`` gives
-    for the event with that time set; b"" when the bytes do not have the expected shape.
+    """An event's bytes with its ``time`` field added: what ``SerializeToString`` gives for the
+    same event with that time set; b"" when the bytes do not have the expected shape.
 
     Fields are written in number order: an event the server accepts has seq 0 (absent), so its
     bytes start with its type (field 2; a known type takes two bytes), then data, surface_op and

@@ -76,7 +76,8 @@ def read_range(
         return []
     cursor = txn.cursor(db=tables.events)
     if stop is None or not cursor.set_key(schema.event_key(sid, stop - 1)):
-        stop = _stored_stop(cursor, sid)
+        stored = _stored_stop(cursor, sid)
+        stop = stored if stop is None else min(stop, stored)
         if stop <= start:
             return []
     if not cursor.set_key(schema.event_key(sid, start)):

@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from sessionlog import errors, fold
-from sessionlog.storage.store import Store
+from sessionlog.storage.store import Store, StoreConfig
 from sessionlog.v1.event_pb2 import Event
 from tests.integration.helpers import (
     ASSISTANT,
     STEP_START,
     decoded,
     event,
+    opened,
     read_all,
     replace,
     user,
@@ -130,3 +133,15 @@ def test_memo_is_per_session(store: Store) -> None:
     store.append("p", [replace("p-sum", 0, 3)])
     assert [e.data.fields["content"].string_value for e in store.surface("p").surface] == ["p-sum"]
     assert len(store.surface("q").surface) == 4
+
+
+def test_memo_is_bounded_by_bytes(tmp_path: Path) -> None:
+    """Past the byte budget the least recently read folds are dropped; reads stay exact."""
+    with opened(tmp_path / "d", StoreConfig(fold_cache_bytes=20_000)) as small:
+        for n in range(6):
+            small.append(f"s{n}", [user("x" * 1000) for _ in range(8)])
+            small.surface(f"s{n}")
+        assert 1 <= len(small._folds) < 6
+        assert sum(small._fold_bytes.values()) <= 20_000
+        for n in range(6):
+            assert [e.seq for e in small.surface(f"s{n}").surface] == list(range(8))

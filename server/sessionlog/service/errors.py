@@ -55,6 +55,7 @@ async def abort(context: grpc.aio.ServicerContext, error: errors.SessionLogError
     """End the call with ``error``'s status. Raises AbortError as gRPC's abort does, except when
     the client has already gone: then there is no one to tell, and it returns quietly."""
     status = to_grpc_status(error)
+    error.__traceback__ = None  # frames of the failed call must not outlive it
     try:
         await context.abort(status.code, status.details, status.trailing_metadata)
     except grpc.aio.AbortError:

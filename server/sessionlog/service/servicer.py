@@ -69,6 +69,7 @@ def unary(method: Handler) -> Handler:
     async def handler(self: Any, request: bytes, context: grpc.aio.ServicerContext) -> bytes:
         started = time.perf_counter()
         reason, sent = CANCELLED, 0
+        refusal: errors.SessionLogError | None = None
         try:
             if len(request) > self.max_message_bytes:
                 raise errors.RequestTooLarge(
@@ -81,14 +82,18 @@ def unary(method: Handler) -> Handler:
             reason, sent = OK, len(reply)
             return reply
         except errors.SessionLogError as error:
-            reason = error.reason
+            reason, refusal = error.reason, error
             _log_refusal(rpc, error)
-            await abort(context, error)
         except Exception:
             reason = INTERNAL
-            await abort_unexpected(context, method.__name__)
+            log.exception("unexpected failure in %s", rpc)
+            refusal = errors.SessionLogError(f"internal error in {rpc}; see the server log")
         finally:
             self.counters.record(rpc, reason, time.perf_counter() - started, sent)
+        # Abort outside the except: an exception raised inside it would keep this frame (and
+        # the request's bytes) alive through the traceback until a full garbage collection.
+        del request
+        await abort(context, refusal)
         return b""  # abort returned: the client is gone and there is no one to tell
 
     return handler

@@ -67,6 +67,9 @@ class StoreConfig:
     """How long a request_id is remembered for replays."""
     fold_cache_sessions: int = 1024
     """How many sessions keep a memoized surface in memory."""
+    fold_cache_bytes: int = 256 << 20
+    """About how much stored data the memoized surfaces may cover in all (their heap is a small
+    multiple of it); least recently read sessions are dropped first."""
 
 
 def prepare_append(
@@ -243,6 +246,7 @@ class Store:
             self._subscribers.append(on_commit)
         self.writer = Writer(self.env, self.tables, on_commit=self._committed)
         self._folds: OrderedDict[int, fold.SurfaceFold] = OrderedDict()
+        self._fold_bytes: dict[int, int] = {}
         self._folds_lock = threading.Lock()
 
     def close(self) -> None:
@@ -410,6 +414,9 @@ class Store:
             if cached.count < target:
                 new = self.read_events(meta.sid, cached.count, target)
                 cached.extend(Event.FromString(raw) for raw in new)
+                if meta.sid in self._folds:
+                    self._fold_bytes[meta.sid] += sum(map(len, new))
+                    self._evict()
             return SurfaceSnapshot(
                 count=cached.count,
                 replace_generation=cached.replace_generation,
@@ -420,8 +427,18 @@ class Store:
 
     def _remember(self, sid: int, surface: fold.SurfaceFold) -> None:
         self._folds[sid] = surface
-        while len(self._folds) > self.config.fold_cache_sessions:
-            self._folds.popitem(last=False)
+        self._fold_bytes[sid] = 0
+
+    def _evict(self) -> None:
+        """Drop least recently read folds past the session count or the byte budget (counted
+        as the stored bytes each fold has read; the most recent fold always stays)."""
+        config = self.config
+        while len(self._folds) > 1 and (
+            len(self._folds) > config.fold_cache_sessions
+            or sum(self._fold_bytes.values()) > config.fold_cache_bytes
+        ):
+            sid, _ = self._folds.popitem(last=False)
+            del self._fold_bytes[sid]
 
 
 def _check_holder(holder: str) -> None:

@@ -9,6 +9,7 @@ import pytest
 
 from sessionlog.storage.store import Store
 from sessionlog.testing import ThreadedServer, running_server
+from sessionlog.v1 import session_log_service_pb2_grpc as pb_grpc
 
 
 @pytest.fixture
@@ -26,3 +27,9 @@ def server(tmp_path: Path) -> Iterator[ThreadedServer]:
     """A real server on 127.0.0.1, a free port, over LMDB in a temporary folder."""
     with running_server(tmp_path / "data") as running:
         yield running
+
+
+@pytest.fixture
+def stub(server: ThreadedServer) -> pb_grpc.SessionLogServiceStub:
+    """A SessionLogService client of the ``server`` fixture."""
+    return server.stub()

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
 from collections.abc import Callable, Iterator
 from typing import Any, NoReturn
@@ -116,6 +117,9 @@ def add_commands(commands: Any) -> None:
 
 def run_client(args: argparse.Namespace) -> int:
     """Run a client subcommand, turning gRPC failures into one line and an exit code."""
+    # Ctrl-C ends a command (exit 130) even when started from a shell or job that ignores
+    # SIGINT, as background jobs do: Python keeps an inherited "ignore" otherwise.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         code: int = args.run(args)
         return code

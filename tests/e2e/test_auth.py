@@ -25,6 +25,7 @@ from sessionlog.testing import ThreadedServer, error_info, running_server
 from sessionlog.v1 import event_pb2, message_pb2
 from sessionlog.v1 import replication_service_pb2 as rpb
 from sessionlog.v1 import session_log_service_pb2 as pb
+from tests.e2e._helpers import user
 from tests.e2e._proc import GRPCURL, ServerProcess, free_port, run_cli
 
 READER = "reader-secret-6c1f0e9b2d4a"
@@ -125,12 +126,6 @@ def assert_refused(error: grpc.RpcError, code: grpc.StatusCode) -> None:
     assert info.domain == "sessionlog"
     assert info.reason == code.name
     assert error.details(), "the refusal explains itself"
-
-
-def user(content: str) -> event_pb2.Event:
-    event = event_pb2.Event(type=event_pb2.EVENT_TYPE_USER_MESSAGE)
-    event.data.update({"content": content})
-    return event
 
 
 def append(channel: grpc.Channel, session_id: str, token: str, *contents: str) -> pb.AppendResponse:

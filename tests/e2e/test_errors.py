@@ -20,16 +20,7 @@ from sessionlog.service.app import ServerConfig
 from sessionlog.testing import ThreadedServer, error_info, running_server
 from sessionlog.v1 import event_pb2
 from sessionlog.v1 import session_log_service_pb2 as pb
-from sessionlog.v1 import session_log_service_pb2_grpc as pb_grpc
-
-Stub = pb_grpc.SessionLogServiceStub
-ET = event_pb2.EventType
-
-USER = ET.EVENT_TYPE_USER_MESSAGE
-ASSISTANT = ET.EVENT_TYPE_ASSISTANT_MESSAGE
-STEP_START = ET.EVENT_TYPE_STEP_START
-TOOL_CALL = ET.EVENT_TYPE_TOOL_CALL
-
+from tests.e2e._helpers import ASSISTANT, STEP_START, TOOL_CALL, USER, Stub, append, nested
 
 # -- helpers ------------------------------------------------------------------------------------
 
@@ -49,24 +40,12 @@ def replace(start: int, stop: int, content: str = "summary") -> event_pb2.Event:
     return made
 
 
-def nested(levels: int) -> dict[str, Any]:
-    """Data whose depth is ``levels`` (data itself is level 1)."""
-    data: dict[str, Any] = {"leaf": 1}
-    for _ in range(levels - 1):
-        data = {"inner": data}
-    return data
-
-
 def nested_lists(levels: int) -> list[Any]:
     """A list nested ``levels`` deep (as a value of data, it makes data ``levels + 1`` deep)."""
     value: list[Any] = [1]
     for _ in range(levels - 1):
         value = [value]
     return value
-
-
-def append(stub: Stub, session_id: str, *events: event_pb2.Event, **fields: Any) -> Any:
-    return stub.Append(pb.AppendRequest(session_id=session_id, events=events, **fields))
 
 
 def history(stub: Stub, session_id: str) -> tuple[list[bytes], bytes, bytes]:
@@ -138,11 +117,6 @@ def assert_never_created(server: ThreadedServer, stub: Stub, session_id: str) ->
     reply = append(stub, session_id, event())
     assert [e.seq for e in reply.events] == [0]
     assert reply.next_seq == 1
-
-
-@pytest.fixture
-def stub(server: ThreadedServer) -> Stub:
-    return server.stub()
 
 
 @pytest.fixture

@@ -19,15 +19,10 @@ from sessionlog.testing import ThreadedServer, error_info, running_server
 from sessionlog.v1 import event_pb2
 from sessionlog.v1 import session_log_service_pb2 as pb
 from sessionlog.v1 import session_log_service_pb2_grpc as pb_grpc
+from tests.e2e._helpers import user
 
 STREAM_DEADLINE = 30.0
 Stream = Iterator[pb.SinceResponse]
-
-
-def user(content: str, **extra: Any) -> event_pb2.Event:
-    event = event_pb2.Event(type=event_pb2.EVENT_TYPE_USER_MESSAGE)
-    event.data.update({"content": content, **extra})
-    return event
 
 
 def append(stub: pb_grpc.SessionLogServiceStub, session_id: str, *contents: str) -> list[int]:

@@ -12,49 +12,32 @@ from typing import Any
 import grpc
 import pytest
 
-from sessionlog.testing import ThreadedServer, error_info
 from sessionlog.v1 import event_pb2
 from sessionlog.v1 import session_log_service_pb2 as pb
-from sessionlog.v1 import session_log_service_pb2_grpc as pb_grpc
-
-Stub = pb_grpc.SessionLogServiceStub
-ET = event_pb2.EventType
-
-SYSTEM = ET.EVENT_TYPE_SYSTEM_MESSAGE
-USER = ET.EVENT_TYPE_USER_MESSAGE
-ASSISTANT = ET.EVENT_TYPE_ASSISTANT_MESSAGE
-TOOL_CALL = ET.EVENT_TYPE_TOOL_CALL
-TOOL_RESULT = ET.EVENT_TYPE_TOOL_RESULT
-TURN_START = ET.EVENT_TYPE_TURN_START
-TURN_END = ET.EVENT_TYPE_TURN_END
-STEP_START = ET.EVENT_TYPE_STEP_START
-STEP_END = ET.EVENT_TYPE_STEP_END
+from tests.e2e._helpers import (
+    ASSISTANT,
+    STEP_END,
+    STEP_START,
+    SYSTEM,
+    TOOL_CALL,
+    TOOL_RESULT,
+    TURN_END,
+    TURN_START,
+    USER,
+    Stub,
+    append,
+    check,
+    ev,
+    get,
+    log_bytes,
+    replace,
+    say,
+)
 
 INVALID = grpc.StatusCode.INVALID_ARGUMENT
 
 
 # -- helpers ------------------------------------------------------------------------------------
-
-
-def ev(type_: int, **data: Any) -> event_pb2.Event:
-    made = event_pb2.Event(type=type_)  # type: ignore[arg-type]
-    made.data.update(data)
-    return made
-
-
-def say(content: str, type_: int = USER) -> event_pb2.Event:
-    return ev(type_, content=content)
-
-
-def replace(start: int, stop: int, content: str) -> event_pb2.Event:
-    made = say(content)
-    made.surface_op.replace.start_seq = start
-    made.surface_op.replace.stop_seq = stop
-    return made
-
-
-def append(stub: Stub, session_id: str, *events: event_pb2.Event, **fields: Any) -> Any:
-    return stub.Append(pb.AppendRequest(session_id=session_id, events=events, **fields))
 
 
 def fork(stub: Stub, parent: str, at_seq: int | None = None, child: str = "") -> pb.Session:
@@ -71,16 +54,6 @@ def fork_error(stub: Stub, parent: str, at_seq: int | None = None, child: str = 
     return caught.value
 
 
-def log_bytes(stub: Stub, session_id: str) -> list[bytes]:
-    request = pb.SinceRequest(session_id=session_id)
-    return [e.SerializeToString() for r in stub.Since(request, timeout=30) for e in r.events]
-
-
-def get(stub: Stub, session_id: str) -> pb.Session:
-    session: pb.Session = stub.GetSession(pb.GetSessionRequest(session_id=session_id)).session
-    return session
-
-
 def snapshot(stub: Stub, session_id: str) -> tuple[list[bytes], bytes, bytes]:
     """The log, the description and the derived messages of a session, as bytes."""
     derived = stub.DeriveMessages(pb.DeriveMessagesRequest(session_id=session_id))
@@ -95,19 +68,6 @@ def session_ids(stub: Stub) -> list[str]:
     page = stub.ListSessions(pb.ListSessionsRequest(page_size=1000))
     assert not page.next_page_token
     return [s.session_id for s in page.sessions]
-
-
-def check(error: grpc.RpcError, code: grpc.StatusCode, reason: str, **meta: object) -> None:
-    assert error.code() == code, error
-    info = error_info(error)
-    assert (info.domain, info.reason) == ("sessionlog", reason), info
-    for key, value in meta.items():
-        assert info.metadata.get(key) == str(value), (key, dict(info.metadata))
-
-
-@pytest.fixture
-def stub(server: ThreadedServer) -> Stub:
-    return server.stub()
 
 
 def three_turns() -> list[event_pb2.Event]:

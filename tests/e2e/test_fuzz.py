@@ -34,6 +34,7 @@ from sessionlog.v1 import event_pb2, message_pb2
 from sessionlog.v1 import session_log_service_pb2 as pb
 from tests.e2e import _fuzz_strategies as fs
 from tests.e2e._fuzz_harness import REQUESTS, Outcome, Target, describe
+from tests.e2e._helpers import user
 from tests.e2e._proc import ServerProcess, free_port, health_status
 
 EXAMPLES = int(os.environ.get("SESSIONLOG_FUZZ_EXAMPLES", "300"))
@@ -74,12 +75,6 @@ def target(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Target]:
         finally:
             running.close()
         assert proc.stop() == 0, proc.log()
-
-
-def user(content: str = "hi", **extra: Any) -> event_pb2.Event:
-    event = event_pb2.Event(type=event_pb2.EVENT_TYPE_USER_MESSAGE)
-    event.data.update({"content": content, **extra})
-    return event
 
 
 def send(target: Target, rpc: str, request: Message | bytes) -> Outcome:

@@ -13,15 +13,12 @@ from typing import Any
 import grpc
 import pytest
 
-from sessionlog.testing import ThreadedServer, error_info, running_server
+from sessionlog.testing import running_server
 from sessionlog.v1 import event_pb2
 from sessionlog.v1 import session_log_service_pb2 as pb
-from sessionlog.v1 import session_log_service_pb2_grpc as pb_grpc
+from tests.e2e._helpers import ASSISTANT, Stub, check, log_bytes, say
 
-Stub = pb_grpc.SessionLogServiceStub
 ET = event_pb2.EventType
-USER = ET.EVENT_TYPE_USER_MESSAGE
-ASSISTANT = ET.EVENT_TYPE_ASSISTANT_MESSAGE
 
 INVALID = grpc.StatusCode.INVALID_ARGUMENT
 
@@ -29,38 +26,14 @@ INVALID = grpc.StatusCode.INVALID_ARGUMENT
 # -- helpers ------------------------------------------------------------------------------------
 
 
-def say(content: str, type_: int = USER) -> event_pb2.Event:
-    made = event_pb2.Event(type=type_)  # type: ignore[arg-type]
-    made.data.update({"content": content})
-    return made
-
-
 def request(session_id: str, *events: event_pb2.Event, **fields: Any) -> pb.AppendRequest:
     return pb.AppendRequest(session_id=session_id, events=events, **fields)
-
-
-def log_bytes(stub: Stub, session_id: str) -> list[bytes]:
-    since = pb.SinceRequest(session_id=session_id)
-    return [e.SerializeToString() for r in stub.Since(since, timeout=30) for e in r.events]
 
 
 def failure(stub: Stub, sent: pb.AppendRequest) -> grpc.RpcError:
     with pytest.raises(grpc.RpcError) as caught:
         stub.Append(sent)
     return caught.value
-
-
-def check(error: grpc.RpcError, code: grpc.StatusCode, reason: str, **meta: object) -> None:
-    assert error.code() == code, error
-    info = error_info(error)
-    assert (info.domain, info.reason) == ("sessionlog", reason), info
-    for key, value in meta.items():
-        assert info.metadata.get(key) == str(value), (key, dict(info.metadata))
-
-
-@pytest.fixture
-def stub(server: ThreadedServer) -> Stub:
-    return server.stub()
 
 
 # -- replays ------------------------------------------------------------------------------------

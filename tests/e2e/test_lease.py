@@ -14,13 +14,10 @@ import grpc
 import pytest
 from google.protobuf import duration_pb2
 
-from sessionlog.testing import ThreadedServer, error_info, running_server
-from sessionlog.v1 import event_pb2
+from sessionlog.testing import error_info, running_server
 from sessionlog.v1 import session_log_service_pb2 as pb
-from sessionlog.v1 import session_log_service_pb2_grpc as pb_grpc
+from tests.e2e._helpers import Stub, append, check, failure, log, say
 
-Stub = pb_grpc.SessionLogServiceStub
-USER = event_pb2.EventType.EVENT_TYPE_USER_MESSAGE
 TAKEOVER = pb.LeaseAuditKind.LEASE_AUDIT_KIND_TAKEOVER
 FORCED_RELEASE = pb.LeaseAuditKind.LEASE_AUDIT_KIND_FORCED_RELEASE
 
@@ -30,16 +27,6 @@ SHORT_MS = 200
 
 
 # -- helpers ------------------------------------------------------------------------------------
-
-
-def say(content: str, **data: Any) -> event_pb2.Event:
-    made = event_pb2.Event(type=USER)
-    made.data.update({"content": content, **data})
-    return made
-
-
-def append(stub: Stub, session_id: str, *events: event_pb2.Event, **fields: Any) -> Any:
-    return stub.Append(pb.AppendRequest(session_id=session_id, events=events, **fields))
 
 
 def ttl(ms: float) -> duration_pb2.Duration:
@@ -80,25 +67,6 @@ def lease_of(stub: Stub, session_id: str) -> pb.Lease | None:
     return session.lease if session.HasField("lease") else None
 
 
-def log(stub: Stub, session_id: str) -> list[event_pb2.Event]:
-    request = pb.SinceRequest(session_id=session_id)
-    return [e for r in stub.Since(request, timeout=30) for e in r.events]
-
-
-def failure(call: Any, *args: Any, **kwargs: Any) -> grpc.RpcError:
-    with pytest.raises(grpc.RpcError) as caught:
-        call(*args, **kwargs)
-    return caught.value
-
-
-def check(error: grpc.RpcError, code: grpc.StatusCode, reason: str, **meta: object) -> None:
-    assert error.code() == code, error
-    info = error_info(error)
-    assert (info.domain, info.reason) == ("sessionlog", reason), info
-    for key, value in meta.items():
-        assert info.metadata.get(key) == str(value), (key, dict(info.metadata))
-
-
 def wait_until_expired(stub: Stub, session_id: str, lease: pb.Lease) -> None:
     """Poll (bounded) until the lease's expire_time has passed and GetSession stops showing it."""
     deadline = time.monotonic() + 5
@@ -125,11 +93,6 @@ def acquire_when_free(stub: Stub, session_id: str, holder: str) -> pb.Lease:
             break
         time.sleep(0.01)
     raise AssertionError(f"could not take the lease over (last reason {reason!r})")
-
-
-@pytest.fixture
-def stub(server: ThreadedServer) -> Stub:
-    return server.stub()
 
 
 # -- acquire, renew, release --------------------------------------------------------------------

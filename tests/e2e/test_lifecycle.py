@@ -17,21 +17,28 @@ import grpc
 import pytest
 from google.protobuf import duration_pb2, timestamp_pb2
 
-from sessionlog.testing import ThreadedServer, error_info
+from sessionlog.testing import error_info
 from sessionlog.v1 import event_pb2, message_pb2
 from sessionlog.v1 import session_log_service_pb2 as pb
-from sessionlog.v1 import session_log_service_pb2_grpc as pb_grpc
+from tests.e2e._helpers import (
+    ASSISTANT,
+    STEP_START,
+    SYSTEM,
+    TOOL_CALL,
+    TOOL_RESULT,
+    USER,
+    Stub,
+    append,
+    check,
+    ev,
+    failure,
+    get,
+    log,
+    replace,
+    say,
+)
 
-Stub = pb_grpc.SessionLogServiceStub
-ET = event_pb2.EventType
 Role = message_pb2.Role
-
-SYSTEM = ET.EVENT_TYPE_SYSTEM_MESSAGE
-USER = ET.EVENT_TYPE_USER_MESSAGE
-ASSISTANT = ET.EVENT_TYPE_ASSISTANT_MESSAGE
-TOOL_RESULT = ET.EVENT_TYPE_TOOL_RESULT
-TOOL_CALL = ET.EVENT_TYPE_TOOL_CALL
-STEP_START = ET.EVENT_TYPE_STEP_START
 
 INVALID = grpc.StatusCode.INVALID_ARGUMENT
 EXISTS = grpc.StatusCode.ALREADY_EXISTS
@@ -40,29 +47,8 @@ EXISTS = grpc.StatusCode.ALREADY_EXISTS
 # -- helpers ------------------------------------------------------------------------------------
 
 
-def ev(type_: int = USER, **data: Any) -> event_pb2.Event:
-    made = event_pb2.Event(type=type_)  # type: ignore[arg-type]  # unknown numbers on purpose
-    made.data.update(data)
-    return made
-
-
-def say(content: str, type_: int = USER) -> event_pb2.Event:
-    return ev(type_, content=content)
-
-
-def replace(start: int, stop: int, content: str) -> event_pb2.Event:
-    made = say(content)
-    made.surface_op.replace.start_seq = start
-    made.surface_op.replace.stop_seq = stop
-    return made
-
-
 def ts(seconds: int, nanos: int = 0) -> timestamp_pb2.Timestamp:
     return timestamp_pb2.Timestamp(seconds=seconds, nanos=nanos)
-
-
-def append(stub: Stub, session_id: str, *events: event_pb2.Event, **fields: Any) -> Any:
-    return stub.Append(pb.AppendRequest(session_id=session_id, events=events, **fields))
 
 
 def create(stub: Stub, session_id: str, *events: event_pb2.Event) -> pb.CreateSessionResponse:
@@ -70,16 +56,6 @@ def create(stub: Stub, session_id: str, *events: event_pb2.Event) -> pb.CreateSe
         pb.CreateSessionRequest(session_id=session_id, events=events)
     )
     return reply
-
-
-def log(stub: Stub, session_id: str) -> list[event_pb2.Event]:
-    request = pb.SinceRequest(session_id=session_id)
-    return [e for r in stub.Since(request, timeout=30) for e in r.events]
-
-
-def get(stub: Stub, session_id: str) -> pb.Session:
-    session: pb.Session = stub.GetSession(pb.GetSessionRequest(session_id=session_id)).session
-    return session
 
 
 def listed(stub: Stub, prefix: str = "") -> list[str]:
@@ -101,20 +77,6 @@ def snapshot(stub: Stub, session_id: str) -> tuple[list[bytes], bytes, list[str]
     return events, get(stub, session_id).SerializeToString(), listed(stub)
 
 
-def failure(call: Any, *args: Any) -> grpc.RpcError:
-    with pytest.raises(grpc.RpcError) as caught:
-        call(*args)
-    return caught.value
-
-
-def check(error: grpc.RpcError, code: grpc.StatusCode, reason: str, **meta: object) -> None:
-    assert error.code() == code, error
-    info = error_info(error)
-    assert (info.domain, info.reason) == ("sessionlog", reason), info
-    for key, value in meta.items():
-        assert info.metadata.get(key) == str(value), (key, dict(info.metadata))
-
-
 def ns(stamp: timestamp_pb2.Timestamp) -> int:
     value: int = stamp.ToNanoseconds()
     return value
@@ -132,11 +94,6 @@ def message(role: int, created_at: timestamp_pb2.Timestamp, **fields: Any) -> me
         else:
             setattr(made, key, value)
     return made
-
-
-@pytest.fixture
-def stub(server: ThreadedServer) -> Stub:
-    return server.stub()
 
 
 # -- CreateSession ------------------------------------------------------------------------------

@@ -22,6 +22,7 @@ from sessionlog.testing import ThreadedServer, error_info, running_server
 from sessionlog.v1 import event_pb2, message_pb2
 from sessionlog.v1 import session_log_service_pb2 as pb
 from sessionlog.v1 import session_log_service_pb2_grpc as pb_grpc
+from tests.e2e._helpers import nested, user
 from tests.e2e._proc import ServerProcess, free_port
 
 Stub = pb_grpc.SessionLogServiceStub
@@ -30,20 +31,6 @@ INVALID_ARGUMENT = grpc.StatusCode.INVALID_ARGUMENT
 RESOURCE_EXHAUSTED = grpc.StatusCode.RESOURCE_EXHAUSTED
 SEPARATE_CONNECTION = [("grpc.use_local_subchannel_pool", 1)]
 """Channel option: do not share a TCP connection with other channels to the same address."""
-
-
-def user(content: str = "hi", **extra: Any) -> event_pb2.Event:
-    event = event_pb2.Event(type=event_pb2.EVENT_TYPE_USER_MESSAGE)
-    event.data.update({"content": content, **extra})
-    return event
-
-
-def nested(levels: int) -> dict[str, Any]:
-    """Data whose depth is ``levels`` (data itself is level 1)."""
-    data: dict[str, Any] = {"leaf": 1}
-    for _ in range(levels - 1):
-        data = {"inner": data}
-    return data
 
 
 def stub(channel: grpc.Channel) -> Stub:

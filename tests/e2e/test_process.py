@@ -18,15 +18,10 @@ from sessionlog.testing import error_info
 from sessionlog.v1 import event_pb2
 from sessionlog.v1 import session_log_service_pb2 as pb
 from sessionlog.v1 import session_log_service_pb2_grpc as pb_grpc
+from tests.e2e._helpers import user
 from tests.e2e._proc import ServerProcess, clean_env, free_port, run_cli
 
 FLAGS = ("--data", "--listen", "--map-size", "--durability", "--log-level")
-
-
-def user(content: str, **extra: int) -> event_pb2.Event:
-    event = event_pb2.Event(type=event_pb2.EVENT_TYPE_USER_MESSAGE)
-    event.data.update({"content": content, **extra})
-    return event
 
 
 def number(event: event_pb2.Event, key: str) -> int:

@@ -11,19 +11,21 @@ from google.protobuf import json_format, struct_pb2, timestamp_pb2
 from sessionlog.testing import ThreadedServer, error_info
 from sessionlog.v1 import event_pb2, message_pb2
 from sessionlog.v1 import session_log_service_pb2 as pb
-from sessionlog.v1 import session_log_service_pb2_grpc as pb_grpc
+from tests.e2e._helpers import (
+    ASSISTANT,
+    STEP_START,
+    SYSTEM,
+    TOOL_CALL,
+    TOOL_RESULT,
+    TURN_START,
+    USER,
+    Stub,
+    append,
+    replace,
+    say,
+)
 
-Stub = pb_grpc.SessionLogServiceStub
-ET = event_pb2.EventType
 Role = message_pb2.Role
-
-SYSTEM = ET.EVENT_TYPE_SYSTEM_MESSAGE
-USER = ET.EVENT_TYPE_USER_MESSAGE
-ASSISTANT = ET.EVENT_TYPE_ASSISTANT_MESSAGE
-TOOL_RESULT = ET.EVENT_TYPE_TOOL_RESULT
-TOOL_CALL = ET.EVENT_TYPE_TOOL_CALL
-STEP_START = ET.EVENT_TYPE_STEP_START
-TURN_START = ET.EVENT_TYPE_TURN_START
 
 
 # -- helpers ------------------------------------------------------------------------------------
@@ -35,21 +37,6 @@ def event(type_: int = USER, content: str | None = None, **data: Any) -> event_p
         data["content"] = content
     made.data.update(data)
     return made
-
-
-def say(content: str) -> event_pb2.Event:
-    return event(USER, content)
-
-
-def replace(start: int, stop: int, content: str, type_: int = USER) -> event_pb2.Event:
-    made = event(type_, content)
-    made.surface_op.replace.start_seq = start
-    made.surface_op.replace.stop_seq = stop
-    return made
-
-
-def append(stub: Stub, session_id: str, *events: event_pb2.Event, **fields: Any) -> Any:
-    return stub.Append(pb.AppendRequest(session_id=session_id, events=events, **fields))
 
 
 def since_responses(stub: Stub, session_id: str, seq: int = 0) -> list[pb.SinceResponse]:
@@ -78,11 +65,6 @@ def derive(stub: Stub, session_id: str, at_seq: int | None = None) -> pb.DeriveM
 
 def contents(events: Any) -> list[str]:
     return [e.data["content"] for e in events]
-
-
-@pytest.fixture
-def stub(server: ThreadedServer) -> Stub:
-    return server.stub()
 
 
 # -- seq ----------------------------------------------------------------------------------------

@@ -17,10 +17,10 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from sessionlog.testing import ThreadedServer, running_server
-from sessionlog.v1 import event_pb2
 from sessionlog.v1 import session_log_service_pb2 as pb
 from sessionlog.v1 import session_log_service_pb2_grpc as pb_grpc
 from tests.e2e._certs import Authority, Issued, authority
+from tests.e2e._helpers import user
 
 REFUSAL_TIMEOUT = 3.0
 """A refused handshake fails fast; this only bounds a hang."""
@@ -57,12 +57,6 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
         stranger_client=stranger.issue_client("intruder"),
         stranger_server=stranger.issue_server("impostor"),
     )
-
-
-def user(content: str) -> event_pb2.Event:
-    event = event_pb2.Event(type=event_pb2.EVENT_TYPE_USER_MESSAGE)
-    event.data.update({"content": content})
-    return event
 
 
 def secure_channel(

@@ -116,16 +116,21 @@ def prepare_append(
     for index, original in enumerate(events):
         number = index if indices is None else indices[index]
         event = original
-        try:
-            if event.HasField("time"):
+        stamp_it = not event.HasField("time")
+        body: bytes | None = None
+        if time_field or not stamp_it:
+            try:
                 body = event.SerializeToString()
-            else:
-                body = wire.with_time(event.SerializeToString(), event.type, time_field)
-        except Exception:  # whatever the runtime refuses to encode is judged the reference way
-            body = b""
-        if body:
-            violation = fold.check_event(event, number, limits, size=len(body))
-        else:  # the reference path: a copy of the event with its time set
+            except Exception:  # whatever the runtime refuses to encode is judged the reference way
+                body = None
+        if body is not None:
+            # Checked at the size it is stored with (the time field added when the server adds
+            # it), and stamped only once accepted: a refused event costs no copy of its bytes.
+            size = len(body) + (len(time_field) if stamp_it else 0)
+            violation = fold.check_event(event, number, limits, size=size)
+            if not violation and stamp_it:
+                body = wire.with_time(body, event.type, time_field) or None
+        if body is None:  # the reference path: a copy of the event with its time set
             event = Event()
             event.CopyFrom(original)  # never change the caller's event: a retry must match
             if not event.HasField("time"):

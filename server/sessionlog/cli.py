@@ -22,8 +22,8 @@ os.environ.setdefault("GRPC_VERBOSITY", "NONE")
 import argparse
 import asyncio
 import sys
-from collections.abc import Sequence
-from typing import NoReturn
+from collections.abc import Coroutine, Sequence
+from typing import Any, NoReturn
 
 import lmdb
 
@@ -67,6 +67,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     return run_client(args)
 
 
+def _run(main: Coroutine[Any, Any, None]) -> None:
+    """Run the server on uvloop where it is installed (a faster event loop), else asyncio's.
+
+    The writer thread and the event loop share the GIL; a short switch interval hands it over
+    sooner after a commit, which is what a follower's latency waits on.
+    """
+    sys.setswitchinterval(0.0005)
+    try:
+        import uvloop
+    except ImportError:
+        asyncio.run(main)
+        return
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        runner.run(main)
+
+
 def _serve(args: argparse.Namespace) -> int:
     try:
         resolved = config.resolve(args)
@@ -79,7 +95,7 @@ def _serve(args: argparse.Namespace) -> int:
         return 0
     logs.configure(resolved.values["log_level"], resolved.values["log_format"])
     try:
-        asyncio.run(serve(server_config))
+        _run(serve(server_config))
     except (BindError, ConfigError) as exc:
         print(f"sessionlog: {exc}", file=sys.stderr)
         return 1

@@ -148,6 +148,7 @@ class SessionLogServicer:
         """Set on a replica: the primary that takes the writes refused here."""
         self.notifier = notifier
         self.max_message_bytes = max_message_bytes
+        self._recent_batches: dict[tuple[str, int, int], tuple[bytes, int, int]] = {}
         # A Since response holds whole events; leave room for the framing around them.
         self.since_batch_bytes = min(SINCE_BATCH_BYTES, max_message_bytes - FRAMING_BYTES)
         self.heartbeat_seconds = heartbeat_seconds
@@ -332,10 +333,25 @@ class SessionLogServicer:
             meta = load_meta(txn, store.tables, session_id)
             if meta is None or start >= meta.next_seq:
                 return b"", 0, 0 if meta is None else meta.next_seq
+            key = (session_id, start, meta.next_seq)
+            shared = self._recent_batches.get(key)
+            if shared is not None:
+                return shared
             events = read_range(
                 txn, store.tables, meta.sid, start, meta.next_seq, self.since_batch_bytes
             )
-        return encode_events(events), len(events), meta.next_seq
+        batch = encode_events(events), len(events), meta.next_seq
+        self._share(key, batch)
+        return batch
+
+    def _share(self, key: tuple[str, int, int], batch: tuple[bytes, int, int]) -> None:
+        """Keep a few recent batches: after a commit every follower of a session wakes at the
+        same seq, and one read and encode then serves them all. A key names the whole state it
+        was read at (start and next seq), so a hit is exactly what a fresh read would return."""
+        recent = self._recent_batches
+        recent[key] = batch
+        while len(recent) > RECENT_BATCHES:
+            del recent[next(iter(recent))]
 
     def _next_seq(self, session_id: str) -> int:
         meta = self.store.meta(session_id)
@@ -502,6 +518,8 @@ class SessionLogServicer:
         return _serialize(response)
 
 
+RECENT_BATCHES = 64
+"""Since batches kept for followers waking at the same seq (each at most SINCE_BATCH_BYTES)."""
 SINCE_BATCH_BYTES = 256 << 10
 """Since sends whatever is ready in responses of about this size (a few hundred events)."""
 FRAMING_BYTES = 1024

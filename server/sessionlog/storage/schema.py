@@ -102,7 +102,8 @@ class SessionMeta:
     parent_length: int = 0
 
     def encode(self) -> bytes:
-        return json.dumps(asdict(self), separators=(",", ":")).encode()
+        # vars(), not asdict(): this runs on every append and asdict deep-copies.
+        return json.dumps(vars(self), separators=(",", ":")).encode()
 
     @classmethod
     def decode(cls, raw: bytes | memoryview) -> SessionMeta:

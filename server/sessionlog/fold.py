@@ -422,6 +422,19 @@ class SurfaceFold:
     def messages(self) -> list[Message]:
         return [project(e) for e in self._events]
 
+    def tail(self, from_seq: int) -> tuple[list[int], list[bytes]]:
+        """Seqs and projected messages of the entries at the end whose seq is at least
+        ``from_seq``: every message those events added, when no replace came after them.
+        O(entries returned)."""
+        events, memo = self._events, self._projected
+        start = len(events)
+        while start > 0 and events[start - 1].seq >= from_seq:
+            start -= 1
+        for i in range(start, len(events)):
+            if memo[i] is None:
+                memo[i] = project(events[i]).SerializeToString(deterministic=True)
+        return [e.seq for e in events[start:]], memo[start:]  # type: ignore[return-value]
+
     def projected(self) -> list[bytes]:
         """Each surface entry's Message, serialized; projected once per entry and memoized.
 

@@ -390,12 +390,20 @@ class SessionLogServicer:
         self._scope(context, request.session_id)
         fold.check_session_id(request.session_id)
         at_seq = request.at_seq if request.HasField("at_seq") else None
-        folded = self.store.surface(request.session_id, at_seq, messages=True)
+        folded = None
+        if at_seq is None and request.HasField("known_event_count"):
+            folded = self.store.derive_tail(
+                request.session_id, request.known_event_count, request.known_replace_generation
+            )
+        incremental = folded is not None
+        if folded is None:
+            folded = self.store.surface(request.session_id, at_seq, messages=True)
         reply = (
             wire.length_delimited(1, folded.projected)
             + wire.packed_uints(2, folded.seqs)
             + wire.uint_field(3, folded.count)
             + wire.uint_field(4, folded.replace_generation)
+            + wire.uint_field(5, incremental)
         )
         return self._fitting(reply, request.session_id)
 

@@ -430,6 +430,27 @@ class Store:
                 projected=cached.projected() if messages else [],
             )
 
+    def derive_tail(
+        self, session_id: str, known_count: int, known_generation: int
+    ) -> SurfaceSnapshot | None:
+        """The messages added since a caller's (event count, replace generation), or None when
+        a replace happened since (or the caller's numbers are not this session's): then the
+        caller needs the full list. The snapshot's ``projected``/``seqs`` hold only the tail."""
+        self.surface(session_id)  # bring the memo up to date
+        meta = self.meta(session_id)
+        if meta is None:
+            return None
+        with self._folds_lock:
+            cached = self._folds.get(meta.sid)
+            if (
+                cached is None
+                or cached.replace_generation != known_generation
+                or not 0 <= known_count <= cached.count
+            ):
+                return None
+            seqs, projected = cached.tail(known_count)
+            return SurfaceSnapshot(cached.count, cached.replace_generation, [], seqs, projected)
+
     def _remember(self, sid: int, surface: fold.SurfaceFold) -> None:
         self._folds[sid] = surface
         self._fold_bytes[sid] = 0

@@ -99,24 +99,30 @@ class SurfaceResponse(_message.Message):
     def __init__(self, events: _Optional[_Iterable[_Union[_event_pb2.Event, _Mapping]]] = ..., event_count: _Optional[int] = ..., replace_generation: _Optional[int] = ...) -> None: ...
 
 class DeriveMessagesRequest(_message.Message):
-    __slots__ = ("session_id", "at_seq")
+    __slots__ = ("session_id", "at_seq", "known_event_count", "known_replace_generation")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     AT_SEQ_FIELD_NUMBER: _ClassVar[int]
+    KNOWN_EVENT_COUNT_FIELD_NUMBER: _ClassVar[int]
+    KNOWN_REPLACE_GENERATION_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     at_seq: int
-    def __init__(self, session_id: _Optional[str] = ..., at_seq: _Optional[int] = ...) -> None: ...
+    known_event_count: int
+    known_replace_generation: int
+    def __init__(self, session_id: _Optional[str] = ..., at_seq: _Optional[int] = ..., known_event_count: _Optional[int] = ..., known_replace_generation: _Optional[int] = ...) -> None: ...
 
 class DeriveMessagesResponse(_message.Message):
-    __slots__ = ("messages", "seqs", "event_count", "replace_generation")
+    __slots__ = ("messages", "seqs", "event_count", "replace_generation", "incremental")
     MESSAGES_FIELD_NUMBER: _ClassVar[int]
     SEQS_FIELD_NUMBER: _ClassVar[int]
     EVENT_COUNT_FIELD_NUMBER: _ClassVar[int]
     REPLACE_GENERATION_FIELD_NUMBER: _ClassVar[int]
+    INCREMENTAL_FIELD_NUMBER: _ClassVar[int]
     messages: _containers.RepeatedCompositeFieldContainer[_message_pb2.Message]
     seqs: _containers.RepeatedScalarFieldContainer[int]
     event_count: int
     replace_generation: int
-    def __init__(self, messages: _Optional[_Iterable[_Union[_message_pb2.Message, _Mapping]]] = ..., seqs: _Optional[_Iterable[int]] = ..., event_count: _Optional[int] = ..., replace_generation: _Optional[int] = ...) -> None: ...
+    incremental: bool
+    def __init__(self, messages: _Optional[_Iterable[_Union[_message_pb2.Message, _Mapping]]] = ..., seqs: _Optional[_Iterable[int]] = ..., event_count: _Optional[int] = ..., replace_generation: _Optional[int] = ..., incremental: _Optional[bool] = ...) -> None: ...
 
 class Session(_message.Message):
     __slots__ = ("session_id", "exists", "event_count", "replace_generation", "create_time", "last_append_time", "parent_session_id", "parent_event_count", "lease")

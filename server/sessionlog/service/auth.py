@@ -76,6 +76,17 @@ class Principal:
     def may(self, permission: str) -> bool:
         return ADMIN in self.permissions or permission in self.permissions
 
+    def listing_prefix(self, asked: str) -> str:
+        """The prefix a listing really uses: the asked one, narrowed to this token's prefix;
+        PERMISSION_DENIED when the two cannot overlap."""
+        allowed = self.session_prefix
+        if not allowed or asked.startswith(allowed):
+            return asked
+        if allowed.startswith(asked):
+            return allowed
+        self.check_session(asked)
+        return asked
+
     def check_session(self, session_id: str) -> None:
         """Refuse a session outside this token's prefix (PERMISSION_DENIED, id not echoed)."""
         if self.session_prefix and not session_id.startswith(self.session_prefix):

@@ -225,15 +225,7 @@ class SessionLogServicer:
     def _listing_prefix(self, context: grpc.aio.ServicerContext, asked: str) -> str:
         """The prefix a listing really uses: the caller's, narrowed to their token's prefix."""
         principal = self._principal(context)
-        if principal is None or not principal.session_prefix:
-            return asked
-        allowed = principal.session_prefix
-        if asked.startswith(allowed):
-            return asked
-        if allowed.startswith(asked):
-            return allowed
-        principal.check_session(asked)
-        return asked
+        return asked if principal is None else principal.listing_prefix(asked)
 
     def _check_count(self, count: int) -> None:
         if count > self.max_events_per_append:
@@ -493,23 +485,30 @@ class SessionLogServicer:
 
     @unary
     async def acquire_lease(self, raw: bytes, context: grpc.aio.ServicerContext) -> bytes:
-        self._require_primary()
-        request = decode(pb.AcquireLeaseRequest, raw)
-        self._scope(context, request.session_id)
-        ttl = _ttl_ns(request)
-        future = self.store.submit_lease("acquire", request.session_id, request.holder, ttl)
-        change = await asyncio.wrap_future(future)
-        return _serialize(pb.AcquireLeaseResponse(lease=lease_message(change.lease)))
+        lease = await self._extend_lease("acquire", pb.AcquireLeaseRequest, raw, context)
+        return _serialize(pb.AcquireLeaseResponse(lease=lease))
 
     @unary
     async def renew_lease(self, raw: bytes, context: grpc.aio.ServicerContext) -> bytes:
+        lease = await self._extend_lease("renew", pb.RenewLeaseRequest, raw, context)
+        return _serialize(pb.RenewLeaseResponse(lease=lease))
+
+    async def _extend_lease(
+        self,
+        action: str,
+        request_type: type[pb.AcquireLeaseRequest] | type[pb.RenewLeaseRequest],
+        raw: bytes,
+        context: grpc.aio.ServicerContext,
+    ) -> pb.Lease:
+        """Acquire or renew: the same request shape, the same checks, a new expiry."""
         self._require_primary()
-        request = decode(pb.RenewLeaseRequest, raw)
+        request = decode(request_type, raw)
         self._scope(context, request.session_id)
-        ttl = _ttl_ns(request)
-        future = self.store.submit_lease("renew", request.session_id, request.holder, ttl)
+        future = self.store.submit_lease(
+            action, request.session_id, request.holder, _ttl_ns(request)
+        )
         change = await asyncio.wrap_future(future)
-        return _serialize(pb.RenewLeaseResponse(lease=lease_message(change.lease)))
+        return lease_message(change.lease)
 
     @unary
     async def release_lease(self, raw: bytes, context: grpc.aio.ServicerContext) -> bytes:

@@ -232,7 +232,7 @@ class Console:
     async def sessions(self, request: web.Request) -> web.Response:
         principal = self.principal(request, "ListSessions")
         asked = request.query.get("prefix", "")
-        prefix = _narrow(principal, asked)
+        prefix = asked if principal is None else principal.listing_prefix(asked)
         limit = _int(request, "limit", 100, 1, MAX_SESSIONS_PAGE)
         after = request.query.get("after", "")
         page, more = self.store.list_sessions(after=after, prefix=prefix, limit=limit)
@@ -325,19 +325,6 @@ class Console:
         if meta is None or cursor >= meta.next_seq:
             return [], 0 if meta is None else meta.next_seq
         return store.read_events(meta.sid, cursor, meta.next_seq, FOLLOW_BATCH_BYTES), 0
-
-
-def _narrow(principal: Principal | None, asked: str) -> str:
-    """The prefix a listing really uses: the asked one within the token's own prefix."""
-    if principal is None or not principal.session_prefix:
-        return asked
-    allowed = principal.session_prefix
-    if asked.startswith(allowed):
-        return asked
-    if allowed.startswith(asked):
-        return allowed
-    principal.check_session(asked)
-    return asked
 
 
 def _int(request: web.Request, name: str, default: int, low: int, high: int) -> int:

@@ -682,3 +682,14 @@ def test_readme_python_client_example_runs_as_written(server: ThreadedServer) ->
         "user What is LMDB?",
         "assistant A memory-mapped B+tree store.",
     ]
+
+
+def test_incremental_derive_through_the_client(server: ThreadedServer) -> None:
+    """derive_messages(known=earlier) returns only the messages added since."""
+    with Client(server.address) as client:
+        client.append("inc", [event("user_message", {"content": "one"})])
+        first = client.derive_messages("inc")
+        client.append("inc", [event("assistant_message", {"content": "two"})])
+        tail = client.derive_messages("inc", known=first)
+        assert tail.incremental
+        assert [m.content for m in tail.messages] == ["two"]

@@ -176,10 +176,15 @@ def surface_request(session_id: str, at_seq: int | None) -> pb.SurfaceRequest:
     return request
 
 
-def derive_request(session_id: str, at_seq: int | None) -> pb.DeriveMessagesRequest:
+def derive_request(
+    session_id: str, at_seq: int | None, known: pb.DeriveMessagesResponse | None = None
+) -> pb.DeriveMessagesRequest:
     request = pb.DeriveMessagesRequest(session_id=session_id)
     if at_seq is not None:
         request.at_seq = at_seq
+    if known is not None:
+        request.known_event_count = known.event_count
+        request.known_replace_generation = known.replace_generation
     return request
 
 

@@ -324,11 +324,22 @@ class Client:
         return reply
 
     def derive_messages(
-        self, session_id: str, *, at_seq: int | None = None, timeout: float | None = None
+        self,
+        session_id: str,
+        *,
+        at_seq: int | None = None,
+        known: pb.DeriveMessagesResponse | None = None,
+        timeout: float | None = None,
     ) -> pb.DeriveMessagesResponse:
-        """The derived messages, with ``seqs[i]`` the seq that ``messages[i]`` came from."""
+        """The derived messages, with ``seqs[i]`` the seq that ``messages[i]`` came from.
+
+        Pass an earlier reply as ``known`` to get only what was added since: the reply then has
+        ``incremental = True`` and its messages extend the earlier ones, unless a replace
+        happened since (``incremental = False``: the full list).
+        """
+        request = c.derive_request(session_id, at_seq, known)
         reply: pb.DeriveMessagesResponse = self._call(
-            "DeriveMessages", c.derive_request(session_id, at_seq), timeout, retry=True
+            "DeriveMessages", request, timeout, retry=True
         )
         return reply
 

@@ -24,9 +24,10 @@ import grpc
 
 from sessionlog import errors, wire
 from sessionlog.service.errors import abort
+from sessionlog.service.follow import follow
 from sessionlog.service.limits import Outgoing, StreamLimiter
-from sessionlog.service.notifier import Notifier, shutting_down
-from sessionlog.service.servicer import abort_unexpected, decode
+from sessionlog.service.notifier import Notifier
+from sessionlog.service.servicer import decode
 from sessionlog.storage.changes import FEED_KEY, ReceivedChange
 from sessionlog.storage.store import Store
 from sessionlog.v1 import replication_service_pb2 as rpb
@@ -107,40 +108,29 @@ class ReplicationServicer:
         except errors.SessionLogError as error:
             await abort(context, error)
             return
-        cursor, follow = max(request.start_position, 1), request.follow
-        waiter: asyncio.Future[None] | None = None
-        caught_up = False
-        try:
-            while True:
-                if follow and (waiter is None or waiter.done()):
-                    if waiter is not None:
-                        self.notifier.discard(FEED_KEY, waiter)
-                    waiter = self.notifier.register(FEED_KEY)
-                if self.notifier.closed:
-                    await abort(context, shutting_down("the change feed", cursor))
-                    return
-                batch = self.store.read_changes(cursor, CHANGES_BATCH_BYTES)
-                if batch:
-                    cursor += len(batch)
-                    yield wire.length_delimited(1, batch) + self._head_fields(), cursor
-                    continue
-                if not follow or waiter is None:
-                    return
-                if not caught_up:
-                    caught_up = True
-                    yield wire.uint_field(2, 1) + self._head_fields(), cursor
-                done, _ = await asyncio.wait({waiter}, timeout=self.heartbeat_seconds)
-                if not done:
-                    yield self._head_fields(), cursor
-        except errors.SessionLogError as error:
-            await abort(context, error)
-        except (asyncio.CancelledError, grpc.aio.AbortError):
-            raise
-        except Exception:
-            await abort_unexpected(context, "Changes")
-        finally:
-            if waiter is not None:
-                self.notifier.discard(FEED_KEY, waiter)
+
+        def read(cursor: int) -> tuple[bytes, int]:
+            batch = self.store.read_changes(cursor, CHANGES_BATCH_BYTES)
+            if not batch:
+                return b"", 0
+            return wire.length_delimited(1, batch) + self._head_fields(), len(batch)
+
+        def marker(caught_up: bool) -> bytes:
+            return wire.uint_field(2, caught_up) + self._head_fields()
+
+        stream = follow(
+            context,
+            self.notifier,
+            key=FEED_KEY,
+            subject="the change feed",
+            cursor=max(request.start_position, 1),
+            live=request.follow,
+            heartbeat_seconds=self.heartbeat_seconds,
+            read=read,
+            marker=marker,
+        )
+        async for response in stream:
+            yield response
 
     async def status(self, raw: bytes, context: grpc.aio.ServicerContext) -> bytes:
         try:

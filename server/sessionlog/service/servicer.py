@@ -26,8 +26,9 @@ from sessionlog import errors, fold, wire
 from sessionlog.service.auth import ADMIN, Authorizer, Principal, bearer
 from sessionlog.service.counters import CANCELLED, INTERNAL, OK, Counters
 from sessionlog.service.errors import abort
+from sessionlog.service.follow import follow
 from sessionlog.service.limits import DEFAULT_MAX_EVENTS_PER_APPEND, Outgoing, StreamLimiter
-from sessionlog.service.notifier import Notifier, shutting_down
+from sessionlog.service.notifier import Notifier
 from sessionlog.storage.commands import load_meta, read_range
 from sessionlog.storage.schema import AuditRecord, LeaseRecord, SessionMeta
 from sessionlog.storage.store import AppendResult, Store, prepare_append, prepare_seed
@@ -53,11 +54,6 @@ def decode(message_type: type[M], raw: bytes) -> M:
             message_type=name,
         ) from None
     return message
-
-
-async def abort_unexpected(context: grpc.aio.ServicerContext, method: str) -> None:
-    log.exception("unexpected failure in %s", method)
-    await abort(context, errors.SessionLogError(f"internal error in {method}; see the server log"))
 
 
 def unary(method: Handler) -> Handler:
@@ -277,41 +273,28 @@ class SessionLogServicer:
         except errors.SessionLogError as error:
             await abort(context, error)
             return
-        session_id, cursor, follow = request.session_id, request.seq, request.follow
-        waiter: asyncio.Future[None] | None = None
-        caught_up = False
-        try:
-            while True:
-                if follow and (waiter is None or waiter.done()):
-                    if waiter is not None:
-                        self.notifier.discard(session_id, waiter)
-                    waiter = self.notifier.register(session_id)
-                if self.notifier.closed:
-                    await abort(context, shutting_down(f"session '{session_id}'", cursor))
-                    return
-                encoded, count, _ = self._read_since(session_id, cursor)
-                if count:
-                    cursor += count
-                    yield encoded, cursor
-                    continue
-                if not follow or waiter is None:
-                    return
-                if not caught_up:
-                    caught_up = True
-                    next_seq = self._next_seq(session_id)
-                    yield wire.uint_field(2, 1) + wire.uint_field(3, next_seq), cursor
-                done, _ = await asyncio.wait({waiter}, timeout=self.heartbeat_seconds)
-                if not done:
-                    yield wire.uint_field(3, self._next_seq(session_id)), cursor
-        except errors.SessionLogError as error:
-            await abort(context, error)
-        except (asyncio.CancelledError, grpc.aio.AbortError):
-            raise
-        except Exception:
-            await abort_unexpected(context, "Since")
-        finally:
-            if waiter is not None:
-                self.notifier.discard(session_id, waiter)
+        session_id = request.session_id
+
+        def read(cursor: int) -> tuple[bytes, int]:
+            encoded, count, _ = self._read_since(session_id, cursor)
+            return encoded, count
+
+        def marker(caught_up: bool) -> bytes:
+            return wire.uint_field(2, caught_up) + wire.uint_field(3, self._next_seq(session_id))
+
+        stream = follow(
+            context,
+            self.notifier,
+            key=session_id,
+            subject=f"session '{session_id}'",
+            cursor=request.seq,
+            live=request.follow,
+            heartbeat_seconds=self.heartbeat_seconds,
+            read=read,
+            marker=marker,
+        )
+        async for response in stream:
+            yield response
 
     def _read_since(self, session_id: str, start: int) -> tuple[bytes, int, int]:
         """One Since batch from ``start``: the encoded response, its event count, and the

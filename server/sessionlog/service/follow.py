@@ -1,0 +1,76 @@
+"""The one loop behind every follow stream (Since, Changes): read, send, wait, repeat.
+
+    register a wakeup ─▶ read past the cursor ─▶ something? send it, loop
+                                              └▶ nothing: (once) send caught_up, then wait for
+                                                 the wakeup, or send a heartbeat on timeout
+
+Registering before reading is what makes a lost wakeup impossible (see ``notifier``). Each
+response is yielded with the position a client resumes from once it has read it, which is what
+``limits.StreamLimiter.guard`` reports if shutdown overtakes the send.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+
+import grpc
+
+from sessionlog import errors
+from sessionlog.service.errors import abort
+from sessionlog.service.limits import Outgoing
+from sessionlog.service.notifier import Notifier, shutting_down
+
+log = logging.getLogger(__name__)
+
+
+async def follow(
+    context: grpc.aio.ServicerContext,
+    notifier: Notifier,
+    *,
+    key: str,
+    subject: str,
+    cursor: int,
+    live: bool,
+    heartbeat_seconds: float,
+    read: Callable[[int], tuple[bytes, int]],
+    marker: Callable[[bool], bytes],
+) -> Outgoing:
+    """Stream ``read(cursor)`` batches (payload, how far they advance the cursor) until there
+    is nothing left; with ``live``, then ``marker(True)`` once (caught up), then new batches as
+    commits to ``key`` wake it, and ``marker(False)`` (a heartbeat) after each idle interval."""
+    waiter: asyncio.Future[None] | None = None
+    caught_up = False
+    try:
+        while True:
+            if live and (waiter is None or waiter.done()):
+                if waiter is not None:
+                    notifier.discard(key, waiter)
+                waiter = notifier.register(key)
+            if notifier.closed:
+                await abort(context, shutting_down(subject, cursor))
+                return
+            payload, advance = read(cursor)
+            if advance:
+                cursor += advance
+                yield payload, cursor
+                continue
+            if not live or waiter is None:
+                return
+            if not caught_up:
+                caught_up = True
+                yield marker(True), cursor
+            done, _ = await asyncio.wait({waiter}, timeout=heartbeat_seconds)
+            if not done:
+                yield marker(False), cursor
+    except errors.SessionLogError as error:
+        await abort(context, error)
+    except (asyncio.CancelledError, grpc.aio.AbortError):
+        raise
+    except Exception:
+        log.exception("unexpected failure following %s", subject)
+        await abort(context, errors.SessionLogError("internal error; see the server log"))
+    finally:
+        if waiter is not None:
+            notifier.discard(key, waiter)

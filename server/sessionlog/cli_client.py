@@ -15,6 +15,7 @@ import os
 import signal
 import sys
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any, NoReturn
 
 import grpc
@@ -85,6 +86,23 @@ def add_commands(commands: Any) -> None:
     p.add_argument("session_id")
     p.add_argument("--at-seq", type=int, help="as the model saw them when the log ended here")
     p.add_argument("--json", action="store_true", help="print the response as JSON")
+
+    p = sub("create", "create a session with initial events, atomically", _create)
+    p.add_argument("session_id")
+    p.add_argument(
+        "--events",
+        metavar="FILE",
+        help='JSON list of events, e.g. [{"type": "system_message", "data": {"content": "hi"}}]'
+        " ('-' reads stdin; default: no events)",
+    )
+
+    p = sub("seed", "create a session from chat messages (OpenAI format)", _seed)
+    p.add_argument("session_id")
+    p.add_argument(
+        "messages",
+        metavar="FILE",
+        help='JSON list of messages, e.g. [{"role": "user", "content": "hi"}] (- reads stdin)',
+    )
 
     p = sub("get", "describe a session (counts, parent, lease, lease audit)", _get)
     p.add_argument("session_id")
@@ -308,6 +326,55 @@ def _health(args: argparse.Namespace) -> int:
     status = health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
     print(status)
     return 0 if reply.status == health_pb2.HealthCheckResponse.SERVING else 1
+
+
+def _json_list(source: str, what: str) -> list[Any]:
+    try:
+        text = sys.stdin.read() if source == "-" else Path(source).read_text()
+        items = json.loads(text)
+    except (OSError, json.JSONDecodeError) as exc:
+        _usage(f"cannot read {what} from {source!r}: {exc}")
+    if not isinstance(items, list) or not all(isinstance(i, dict) for i in items):
+        _usage(f"{what} must be a JSON list of objects")
+    return items
+
+
+def _create(args: argparse.Namespace) -> int:
+    events = []
+    for item in _json_list(args.events, "events") if args.events else []:
+        event = event_pb2.Event(type=_event_type(str(item.get("type", ""))))
+        data = item.get("data", {})
+        if not isinstance(data, dict):
+            _usage("each event's data must be a JSON object")
+        event.data.update(data)
+        events.append(event)
+    reply = _stub(args).CreateSession(
+        pb.CreateSessionRequest(session_id=args.session_id, events=events), timeout=args.timeout
+    )
+    print(f"created {reply.session.session_id} with {reply.session.event_count} events")
+    return 0
+
+
+_ROLES = {"system": 1, "user": 2, "assistant": 3, "tool": 4}
+
+
+def _seed(args: argparse.Namespace) -> int:
+    messages = []
+    for item in _json_list(args.messages, "messages"):
+        message = message_pb2.Message(role=_ROLES.get(str(item.get("role")), 0))  # type: ignore[arg-type]
+        for key in ("content", "reasoning_content", "tool_call_id", "name"):
+            if isinstance(item.get(key), str):
+                setattr(message, key, item[key])
+        for call in item.get("tool_calls") or []:
+            message.tool_calls.add().update(call)
+        messages.append(message)
+    reply = _stub(args).SeedSession(
+        pb.SeedSessionRequest(session_id=args.session_id, messages=messages),
+        timeout=args.timeout,
+    )
+    dropped = f"; dropped {len(reply.drops)} of unknown role" if reply.drops else ""
+    print(f"seeded {reply.session.session_id} with {reply.session.event_count} events{dropped}")
+    return 0
 
 
 def _get(args: argparse.Namespace) -> int:

@@ -26,7 +26,18 @@ from sessionlog.testing import ThreadedServer
 from sessionlog_client import Client, event
 from tests.e2e._proc import SESSIONLOG, clean_env, free_port, run_cli
 
-COMMANDS = ("append", "tail", "surface", "messages", "get", "sessions", "fork", "lease")
+COMMANDS = (
+    "append",
+    "tail",
+    "surface",
+    "messages",
+    "create",
+    "seed",
+    "get",
+    "sessions",
+    "fork",
+    "lease",
+)
 
 
 def cli(server: ThreadedServer, tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
@@ -296,3 +307,33 @@ def test_every_command_has_help(capsys: pytest.CaptureFixture[str], command: str
     assert out.startswith(f"usage: sessionlog {command}")
     assert "--server" in out
     assert "--timeout" in out
+
+
+def test_create_and_seed_sessions(server: ThreadedServer, tmp_path: Path) -> None:
+    """create takes a JSON list of events, seed a JSON list of chat messages; both refuse an
+    existing session with exit 1 and its reason."""
+    events = tmp_path / "events.json"
+    events.write_text(json.dumps([{"type": "system_message", "data": {"content": "be brief"}}]))
+    assert "created fresh with 1 events" in ok(
+        server, tmp_path, "create", "fresh", "--events", str(events)
+    )
+    chat = tmp_path / "chat.json"
+    chat.write_text(
+        json.dumps(
+            [
+                {"role": "user", "content": "hi"},
+                {"role": "robot", "content": "?"},
+                {"role": "assistant", "content": "", "tool_calls": [{"id": "c1"}]},
+            ]
+        )
+    )
+    assert "dropped 1" in ok(server, tmp_path, "seed", "chat", str(chat))
+    with Client(server.address) as client:
+        derived = client.derive_messages("chat")
+    assert [m.content for m in derived.messages] == ["hi", ""]
+    assert derived.messages[1].tool_calls[0]["id"] == "c1"
+    again = cli(server, tmp_path, "create", "fresh")
+    assert again.returncode == 1
+    assert "SESSION_ALREADY_EXISTS" in again.stderr
+    bad = cli(server, tmp_path, "seed", "other", str(tmp_path / "missing.json"))
+    assert bad.returncode == 2

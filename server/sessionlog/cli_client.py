@@ -51,6 +51,29 @@ def add_commands(commands: Any) -> None:
     common.add_argument(
         "--timeout", type=float, default=10.0, help="deadline of each call in seconds"
     )
+    common.add_argument(
+        "--token",
+        default=os.environ.get("SESSIONLOG_TOKEN", ""),
+        help="bearer token, for a server with --auth-tokens [env SESSIONLOG_TOKEN]",
+    )
+    common.add_argument(
+        "--tls-ca",
+        metavar="FILE",
+        default=os.environ.get("SESSIONLOG_TLS_CA", ""),
+        help="PEM CA to verify a TLS server with (TLS when set) [env SESSIONLOG_TLS_CA]",
+    )
+    common.add_argument(
+        "--tls-cert",
+        metavar="FILE",
+        default=os.environ.get("SESSIONLOG_TLS_CERT", ""),
+        help="PEM client certificate, for a server that requires mTLS [env SESSIONLOG_TLS_CERT]",
+    )
+    common.add_argument(
+        "--tls-key",
+        metavar="FILE",
+        default=os.environ.get("SESSIONLOG_TLS_KEY", ""),
+        help="PEM key of --tls-cert [env SESSIONLOG_TLS_KEY]",
+    )
 
     def sub(name: str, help_text: str, run: Callable[[argparse.Namespace], int]) -> Any:
         parser = commands.add_parser(name, help=help_text, description=help_text, parents=[common])
@@ -126,11 +149,6 @@ def add_commands(commands: Any) -> None:
 
     p = sub("health", "check the server's gRPC health: exit 0 when SERVING, 1 otherwise", _health)
     p.add_argument("--service", default="", help="one service's health (default: the server's)")
-    p.add_argument(
-        "--token",
-        default=os.environ.get("SESSIONLOG_TOKEN", ""),
-        help="bearer token, when auth is on without --auth-open-health [env SESSIONLOG_TOKEN]",
-    )
 
 
 def run_client(args: argparse.Namespace) -> int:
@@ -178,10 +196,45 @@ def _usage(message: str) -> NoReturn:
     raise SystemExit(EXIT_USAGE)
 
 
-def _stub(args: argparse.Namespace) -> pb_grpc.SessionLogServiceStub:
+def _channel(args: argparse.Namespace) -> grpc.Channel:
+    """A channel to --server: TLS when --tls-ca is given, the bearer token on every call."""
     # Accept replies as large as any server limit (--max-message-size), not gRPC's 4 MiB.
-    channel = grpc.insecure_channel(args.server, options=[("grpc.max_receive_message_length", -1)])
-    return pb_grpc.SessionLogServiceStub(channel)  # type: ignore[no-untyped-call]
+    options = [("grpc.max_receive_message_length", -1)]
+    if args.tls_ca:
+        try:
+            root = Path(args.tls_ca).read_bytes()
+            cert = Path(args.tls_cert).read_bytes() if args.tls_cert else None
+            key = Path(args.tls_key).read_bytes() if args.tls_key else None
+        except OSError as exc:
+            _usage(f"cannot read a TLS file: {exc}")
+        credentials = grpc.ssl_channel_credentials(root, key, cert)
+        channel = grpc.secure_channel(args.server, credentials, options=options)
+    else:
+        channel = grpc.insecure_channel(args.server, options=options)
+    if args.token:
+        channel = grpc.intercept_channel(channel, _Bearer(args.token))
+    return channel
+
+
+class _Bearer(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInterceptor):  # type: ignore[misc]
+    """Adds ``authorization: Bearer TOKEN`` to every call."""
+
+    def __init__(self, token: str) -> None:
+        self._metadata = ("authorization", f"Bearer {token}")
+
+    def _with_token(self, details: Any) -> Any:
+        metadata = [*(details.metadata or ()), self._metadata]
+        return details._replace(metadata=metadata)
+
+    def intercept_unary_unary(self, continuation: Any, details: Any, request: Any) -> Any:
+        return continuation(self._with_token(details), request)
+
+    def intercept_unary_stream(self, continuation: Any, details: Any, request: Any) -> Any:
+        return continuation(self._with_token(details), request)
+
+
+def _stub(args: argparse.Namespace) -> pb_grpc.SessionLogServiceStub:
+    return pb_grpc.SessionLogServiceStub(_channel(args))  # type: ignore[no-untyped-call]
 
 
 def _json(message: Message) -> str:
@@ -310,14 +363,12 @@ def _health(args: argparse.Namespace) -> int:
     answer but SERVING (unreachable, unknown service, refused) exits 1."""
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-    metadata = (("authorization", f"Bearer {args.token}"),) if args.token else None
-    with grpc.insecure_channel(args.server) as channel:
+    with _channel(args) as channel:
         stub = health_pb2_grpc.HealthStub(channel)
         try:
             reply = stub.Check(
                 health_pb2.HealthCheckRequest(service=args.service),
                 timeout=args.timeout,
-                metadata=metadata,
             )
         except grpc.RpcError as error:
             details = " ".join((error.details() or "").split())

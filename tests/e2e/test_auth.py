@@ -26,7 +26,7 @@ from sessionlog.v1 import event_pb2, message_pb2
 from sessionlog.v1 import replication_service_pb2 as rpb
 from sessionlog.v1 import session_log_service_pb2 as pb
 from tests.e2e._helpers import user
-from tests.e2e._proc import GRPCURL, ServerProcess, free_port, run_cli
+from tests.e2e._proc import GRPCURL, ServerProcess, clean_env, free_port, run_cli
 
 READER = "reader-secret-6c1f0e9b2d4a"
 WRITER = "writer-secret-93ad51e07b8c"
@@ -597,3 +597,20 @@ def test_a_bad_tokens_file_stops_the_server_with_one_line(
     for secret in ("0123456789abcdef0123", "tiny-secret"):
         assert secret not in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_cli_sends_its_token(tmp_path: Path) -> None:
+    """The CLI's --token (or SESSIONLOG_TOKEN) reaches the server; without it the refusal is
+    one line naming UNAUTHENTICATED and exit 1."""
+    tokens = tokens_file(tmp_path / "tokens.toml")
+    with running_server(tmp_path / "data", auth_tokens=str(tokens)) as server:
+        base = ["--server", server.address]
+        append = ["append", "cli", "user_message", "--content", "hi", *base, "--token", WRITER]
+        written = run_cli(append, tmp_path)
+        assert written.returncode == 0, written.stderr
+        refused = run_cli(["messages", "cli", *base], tmp_path)
+        assert refused.returncode == 1
+        assert "UNAUTHENTICATED" in refused.stderr
+        read = run_cli(["messages", "cli", *base], tmp_path, env=clean_env(SESSIONLOG_TOKEN=READER))
+        assert read.returncode == 0, read.stderr
+        assert "hi" in read.stdout

@@ -29,7 +29,6 @@ from sessionlog.service.errors import abort
 from sessionlog.service.follow import follow
 from sessionlog.service.limits import DEFAULT_MAX_EVENTS_PER_APPEND, Outgoing, StreamLimiter
 from sessionlog.service.notifier import Notifier
-from sessionlog.storage.commands import load_meta, read_range
 from sessionlog.storage.schema import AuditRecord, LeaseRecord, SessionMeta
 from sessionlog.storage.store import AppendResult, Store, prepare_append, prepare_seed
 from sessionlog.v1 import session_log_service_pb2 as pb
@@ -298,23 +297,16 @@ class SessionLogServicer:
 
     def _read_since(self, session_id: str, start: int) -> tuple[bytes, int, int]:
         """One Since batch from ``start``: the encoded response, its event count, and the
-        session's next seq, read in one transaction.
-
-        The session's next seq bounds the read, so the events are read without a key compare
-        each (seqs are dense); a transaction without buffers hands out bytes directly.
-        """
+        session's next seq, which bounds the read (seqs are dense: no key compare per event)."""
         store = self.store
-        with store.env.begin() as txn:
-            meta = load_meta(txn, store.tables, session_id)
-            if meta is None or start >= meta.next_seq:
-                return b"", 0, 0 if meta is None else meta.next_seq
-            key = (session_id, start, meta.next_seq)
-            shared = self._recent_batches.get(key)
-            if shared is not None:
-                return shared
-            events = read_range(
-                txn, store.tables, meta.sid, start, meta.next_seq, self.since_batch_bytes
-            )
+        meta = store.meta(session_id)
+        if meta is None or start >= meta.next_seq:
+            return b"", 0, 0 if meta is None else meta.next_seq
+        key = (session_id, start, meta.next_seq)
+        shared = self._recent_batches.get(key)
+        if shared is not None:
+            return shared
+        events = store.read_events(meta.sid, start, meta.next_seq, self.since_batch_bytes)
         batch = encode_events(events), len(events), meta.next_seq
         self._share(key, batch)
         return batch

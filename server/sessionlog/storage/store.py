@@ -246,10 +246,7 @@ class Store:
             max_readers=1024,
         )
         self.tables = Tables(self.env)
-        self._subscribers: list[Callable[[set[str]], None]] = []
-        if on_commit is not None:
-            self._subscribers.append(on_commit)
-        self.writer = Writer(self.env, self.tables, on_commit=self._committed)
+        self.writer = Writer(self.env, self.tables, on_commit=on_commit)
         self._folds: OrderedDict[int, fold.SurfaceFold] = OrderedDict()
         self._fold_bytes: dict[int, int] = {}
         self._folds_lock = threading.Lock()
@@ -258,14 +255,6 @@ class Store:
         """Finish queued writes, then close the environment."""
         self.writer.close()
         self.env.close()
-
-    def subscribe(self, callback: Callable[[set[str]], None]) -> None:
-        """Call ``callback(session_ids)`` from the writer thread after every commit."""
-        self._subscribers.append(callback)
-
-    def _committed(self, session_ids: set[str]) -> None:
-        for callback in self._subscribers:
-            callback(session_ids)
 
     # -- writes: each returns a future resolved once durable (or failed with its error) ---------
 
@@ -330,7 +319,7 @@ class Store:
         Returns the first event whatever its size, then more while their total stays within
         ``max_bytes``. Costs O(events returned): one cursor walk over a contiguous key range.
         """
-        with self.env.begin(buffers=True) as txn:
+        with self.env.begin() as txn:  # no buffers: values come out as bytes, copied once
             return read_range(txn, self.tables, sid, start, stop, max_bytes)
 
     def read_changes(self, start: int, max_bytes: int = 1 << 62) -> list[bytes]:
@@ -409,25 +398,13 @@ class Store:
             return SurfaceSnapshot(0, 0, [], [], [])
         target = count if at_seq is None else at_seq + 1
         with self._folds_lock:
-            cached = self._folds.get(meta.sid)
-            if cached is None or cached.count > target:
-                cached = fold.SurfaceFold()
-                if target == count:
-                    self._remember(meta.sid, cached)
-            else:
-                self._folds.move_to_end(meta.sid)
-            if cached.count < target:
-                new = self.read_events(meta.sid, cached.count, target)
-                cached.extend(Event.FromString(raw) for raw in new)
-                if meta.sid in self._folds:
-                    self._fold_bytes[meta.sid] += sum(map(len, new))
-                    self._evict()
+            folded = self._fold(meta, target)
             return SurfaceSnapshot(
-                count=cached.count,
-                replace_generation=cached.replace_generation,
-                surface=cached.surface,
-                seqs=cached.seqs,
-                projected=cached.projected() if messages else [],
+                count=folded.count,
+                replace_generation=folded.replace_generation,
+                surface=folded.surface,
+                seqs=folded.seqs,
+                projected=folded.projected() if messages else [],
             )
 
     def derive_tail(
@@ -435,21 +412,37 @@ class Store:
     ) -> SurfaceSnapshot | None:
         """The messages added since a caller's (event count, replace generation), or None when
         a replace happened since (or the caller's numbers are not this session's): then the
-        caller needs the full list. The snapshot's ``projected``/``seqs`` hold only the tail."""
-        self.surface(session_id)  # bring the memo up to date
+        caller needs the full list. The snapshot's ``projected``/``seqs`` hold only the tail,
+        and the cost is O(new): no copy of the whole surface."""
         meta = self.meta(session_id)
         if meta is None:
             return None
         with self._folds_lock:
-            cached = self._folds.get(meta.sid)
-            if (
-                cached is None
-                or cached.replace_generation != known_generation
-                or not 0 <= known_count <= cached.count
+            folded = self._fold(meta, meta.next_seq)
+            if folded.replace_generation != known_generation or not (
+                0 <= known_count <= folded.count
             ):
                 return None
-            seqs, projected = cached.tail(known_count)
-            return SurfaceSnapshot(cached.count, cached.replace_generation, [], seqs, projected)
+            seqs, projected = folded.tail(known_count)
+            return SurfaceSnapshot(folded.count, folded.replace_generation, [], seqs, projected)
+
+    def _fold(self, meta: SessionMeta, target: int) -> fold.SurfaceFold:
+        """The fold of events 0..target-1: the session's memo, brought up to date (O(new)),
+        when target is the whole log; a fresh fold otherwise. Call with ``_folds_lock`` held."""
+        cached = self._folds.get(meta.sid)
+        if cached is None or cached.count > target:
+            cached = fold.SurfaceFold()
+            if target == meta.next_seq:
+                self._remember(meta.sid, cached)
+        else:
+            self._folds.move_to_end(meta.sid)
+        if cached.count < target:
+            new = self.read_events(meta.sid, cached.count, target)
+            cached.extend(Event.FromString(raw) for raw in new)
+            if meta.sid in self._folds:
+                self._fold_bytes[meta.sid] += sum(map(len, new))
+                self._evict()
+        return cached
 
     def _remember(self, sid: int, surface: fold.SurfaceFold) -> None:
         self._folds[sid] = surface

@@ -80,7 +80,6 @@ class WriterStats:
     commits: int = 0
     commands: int = 0
     largest_group: int = 0
-    fsync_seconds: float = 0.0
     events: int = 0
     """Events written by committed commands (appends, creates, seeds, forks; not replicated)."""
     group_sizes: Histogram = field(default_factory=lambda: Histogram(GROUP_BUCKETS))
@@ -176,7 +175,6 @@ class Writer:
                 started = time.perf_counter()
                 txn.commit()
                 committed_in = time.perf_counter() - started
-                self.stats.fsync_seconds += committed_in
                 self.stats.commit_seconds.observe(committed_in)
             except BaseException:
                 txn.abort()

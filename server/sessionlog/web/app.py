@@ -193,7 +193,6 @@ class Console:
     """The /api handlers over one server's store and notifier."""
 
     server: Served
-    tasks: set[asyncio.Task[Any]] = field(default_factory=set)
 
     @property
     def store(self) -> Store:

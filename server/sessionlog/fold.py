@@ -219,18 +219,22 @@ def admit(
     next_seq: int,
     *,
     lenient: bool,
+    ranges: Sequence[tuple[int, int] | None] | None = None,
 ) -> tuple[list[int], list[tuple[int, errors.SessionLogError]]]:
     """Decide which events of an append are written, given the seq the first one would get.
 
     Strict: raise the first failure (SPEC order: rules 1-2, then rule 3 with the seq, then 4-6).
     Lenient: drop each failing event (later events then take the freed seqs) and report it.
-    Returns the indices kept and the (index, error) of each drop.
+    Returns the indices kept and the (index, error) of each drop. ``ranges`` are the events'
+    ``replace_range``s when the caller already read them.
     """
     kept: list[int] = []
     drops: list[tuple[int, errors.SessionLogError]] = []
     seq = next_seq
-    for index, (event, pre) in enumerate(zip(events, prechecked, strict=True)):
-        failure = _first_failure(event, pre, seq, index)
+    if ranges is None:
+        ranges = [replace_range(event) for event in events]
+    for index, (rng, pre) in enumerate(zip(ranges, prechecked, strict=True)):
+        failure = _first_failure(rng, pre, seq, index)
         if failure is None:
             kept.append(index)
             seq += 1
@@ -242,11 +246,10 @@ def admit(
 
 
 def _first_failure(
-    event: Event, pre: Violation | None, seq: int, index: int
+    rng: tuple[int, int] | None, pre: Violation | None, seq: int, index: int
 ) -> errors.SessionLogError | None:
     if pre is not None and pre.rule < 3:
         return pre.error
-    rng = replace_range(event)
     if rng is not None and rng[0] > seq:
         return errors.InvalidSurfaceOp(
             f"event {index} would get seq {seq} but replaces from {rng[0]}: a replace cannot "

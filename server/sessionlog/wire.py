@@ -22,6 +22,25 @@ def varint(value: int) -> bytes:
         return bytes(((value & 0x7F) | 0x80, value >> 7))
     if value < 0x20_0000:
         return bytes(((value & 0x7F) | 0x80, ((value >> 7) & 0x7F) | 0x80, value >> 14))
+    if value < 0x8_0000_0000:  # up to five bytes: times in seconds and nanos, most seqs
+        if value < 0x1000_0000:
+            return bytes(
+                (
+                    (value & 0x7F) | 0x80,
+                    ((value >> 7) & 0x7F) | 0x80,
+                    ((value >> 14) & 0x7F) | 0x80,
+                    value >> 21,
+                )
+            )
+        return bytes(
+            (
+                (value & 0x7F) | 0x80,
+                ((value >> 7) & 0x7F) | 0x80,
+                ((value >> 14) & 0x7F) | 0x80,
+                ((value >> 21) & 0x7F) | 0x80,
+                value >> 28,
+            )
+        )
     out = bytearray()
     while value >= 0x80:
         out.append((value & 0x7F) | 0x80)
@@ -30,8 +49,15 @@ def varint(value: int) -> bytes:
     return bytes(out)
 
 
+_tags: dict[int, bytes] = {}
+
+
 def tag(field_number: int, wire_type: int) -> bytes:
-    return varint((field_number << 3) | wire_type)
+    key = (field_number << 3) | wire_type
+    encoded = _tags.get(key)
+    if encoded is None:
+        encoded = _tags[key] = varint(key)
+    return encoded
 
 
 _PREFIXED_LENGTHS = 1 << 14
@@ -101,8 +127,20 @@ def event_time_field(nanoseconds: int) -> bytes:
     (seconds floored, nanos in [0, 1e9)); b"" outside the range of a valid Timestamp."""
     if not _MIN_TIMESTAMP_NS <= nanoseconds <= _MAX_TIMESTAMP_NS:
         return b""
+    return message_field(3, timestamp(nanoseconds))
+
+
+_SECONDS_TAG = tag(1, 0)
+_NANOS_TAG = tag(2, 0)
+_INT64_MASK = 0xFFFF_FFFF_FFFF_FFFF
+
+
+def timestamp(nanoseconds: int) -> bytes:
+    """The serialized ``google.protobuf.Timestamp`` of an instant (seconds floored, nanos in
+    [0, 1e9)), as ``FromNanoseconds`` then ``SerializeToString`` give it."""
     seconds, nanos = divmod(nanoseconds, 1_000_000_000)
-    return message_field(3, int_field(1, seconds) + int_field(2, nanos))
+    payload = _SECONDS_TAG + varint(seconds & _INT64_MASK) if seconds else b""
+    return payload + _NANOS_TAG + varint(nanos) if nanos else payload
 
 
 def with_time(event_without_time: bytes, event_type: int, time_field: bytes) -> bytes:

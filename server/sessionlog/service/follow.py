@@ -1,8 +1,8 @@
 """The one loop behind every follow stream (Since, Changes): read, send, wait, repeat.
 
-    register a wakeup ─▶ read past the cursor ─▶ something? send it, loop
-                                              └▶ nothing: (once) send caught_up, then wait for
-                                                 the wakeup, or send a heartbeat on timeout
+    register a wakeup ─▶ read past the cursor ─▶ send what it found; more past it? loop
+                                              └▶ at the end: (once) send caught_up, then wait
+                                                 for the wakeup, or send a heartbeat on timeout
 
 Registering before reading is what makes a lost wakeup impossible (see ``notifier``). Each
 response is yielded with the position a client resumes from once it has read it, which is what
@@ -34,12 +34,13 @@ async def follow(
     cursor: int,
     live: bool,
     heartbeat_seconds: float,
-    read: Callable[[int], tuple[bytes, int]],
+    read: Callable[[int], tuple[bytes, int, bool]],
     marker: Callable[[bool], bytes],
 ) -> Outgoing:
-    """Stream ``read(cursor)`` batches (payload, how far they advance the cursor) until there
-    is nothing left; with ``live``, then ``marker(True)`` once (caught up), then new batches as
-    commits to ``key`` wake it, and ``marker(False)`` (a heartbeat) after each idle interval."""
+    """Stream ``read(cursor)`` batches (payload, how far they advance the cursor, whether more
+    may follow it) until there is nothing left; with ``live``, then ``marker(True)`` once
+    (caught up), then new batches as commits to ``key`` wake it, and ``marker(False)`` (a
+    heartbeat) after each idle interval."""
     waiter: asyncio.Future[None] | None = None
     caught_up = False
     try:
@@ -51,18 +52,25 @@ async def follow(
             if notifier.closed:
                 await abort(context, shutting_down(subject, cursor))
                 return
-            payload, advance = read(cursor)
+            payload, advance, more = read(cursor)
             if advance:
                 cursor += advance
                 yield payload, cursor
-                continue
+                if more:
+                    continue
+                # That batch reached the end as of its read. A commit since then has resolved
+                # the waiter (registered before the read), so no second read is needed to know.
             if not live or waiter is None:
                 return
             if not caught_up:
                 caught_up = True
                 yield marker(True), cursor
-            done, _ = await asyncio.wait({waiter}, timeout=heartbeat_seconds)
-            if not done:
+            if waiter.done():
+                continue
+            try:
+                async with asyncio.timeout(heartbeat_seconds):
+                    await waiter
+            except TimeoutError:
                 yield marker(False), cursor
     except errors.SessionLogError as error:
         await abort(context, error)

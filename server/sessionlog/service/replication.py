@@ -109,11 +109,11 @@ class ReplicationServicer:
             await abort(context, error)
             return
 
-        def read(cursor: int) -> tuple[bytes, int]:
+        def read(cursor: int) -> tuple[bytes, int, bool]:
             batch = self.store.read_changes(cursor, CHANGES_BATCH_BYTES)
             if not batch:
-                return b"", 0
-            return wire.length_delimited(1, batch) + self._head_fields(), len(batch)
+                return b"", 0, False
+            return wire.length_delimited(1, batch) + self._head_fields(), len(batch), True
 
         def marker(caught_up: bool) -> bytes:
             return wire.uint_field(2, caught_up) + self._head_fields()

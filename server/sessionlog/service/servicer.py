@@ -274,9 +274,9 @@ class SessionLogServicer:
             return
         session_id = request.session_id
 
-        def read(cursor: int) -> tuple[bytes, int]:
-            encoded, count, _ = self._read_since(session_id, cursor)
-            return encoded, count
+        def read(cursor: int) -> tuple[bytes, int, bool]:
+            encoded, count, next_seq = self._read_since(session_id, cursor)
+            return encoded, count, cursor + count < next_seq
 
         def marker(caught_up: bool) -> bytes:
             return wire.uint_field(2, caught_up) + wire.uint_field(3, self._next_seq(session_id))

@@ -175,6 +175,8 @@ class AppendBatch:
     prechecked: Sequence[fold.Violation | None]
     bodies: Sequence[bytes]
     """Each event serialized as it will be stored, minus its seq."""
+    replaces: Sequence[tuple[int, int] | None]
+    """Each event's replace range (``fold.replace_range``), read once."""
     expected_seq: int | None = None
     request_id: str = ""
     fingerprint: str = ""
@@ -239,22 +241,20 @@ class AppendCommand:
                 expected_seq=batch.expected_seq,
                 next_seq=next_seq,
             )
-        kept, dropped = fold.admit(batch.events, batch.prechecked, next_seq, lenient=batch.lenient)
+        kept, dropped = fold.admit(
+            batch.events, batch.prechecked, next_seq, lenient=batch.lenient, ranges=batch.replaces
+        )
         drops = [(i, e.reason, e.message) for i, e in dropped]
         if not kept and not batch.create_only:
             return AppendResult([], next_seq, drops, meta)
         if meta is None:
             meta = _new_session(txn, tables, batch.session_id, now_ns)
-        stored: list[bytes] = []
-        for index in kept:
-            seq = meta.next_seq
-            raw = wire.with_seq(seq, batch.bodies[index])
-            if not txn.put(schema.event_key(meta.sid, seq), raw, db=tables.events, overwrite=False):
-                raise RuntimeError(f"event key {meta.sid}/{seq} already exists: log is corrupt")
-            stored.append(raw)
-            meta.next_seq += 1
-            if fold.replace_range(batch.events[index]) is not None:
-                meta.replace_generation += 1
+        bodies, with_seq = batch.bodies, wire.with_seq
+        stored = [with_seq(seq, bodies[index]) for seq, index in enumerate(kept, meta.next_seq)]
+        # The writer hands every command a changes.RecordingTxn: one LMDB call for the batch.
+        txn.put_events(meta.sid, meta.next_seq, stored)  # type: ignore[attr-defined]
+        meta.next_seq += len(stored)
+        meta.replace_generation += sum(1 for index in kept if batch.replaces[index])
         meta.last_append_time_ns = now_ns
         txn.put(batch.session_id.encode(), meta.encode(), db=tables.sessions)
         if batch.request_id:

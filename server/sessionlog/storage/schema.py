@@ -2,7 +2,7 @@
 
 One environment holds every session. Named databases:
 
-    sessions   session id (UTF-8)            -> SessionMeta (JSON)
+    sessions   session id (UTF-8)            -> SessionMeta (packed binary, see SessionMeta)
                Ordered by id, so listing and prefix filters are a cursor range.
     ids        sid (u64 BE)                  -> session id (UTF-8)
                The reverse map of the fixed-width internal id.
@@ -52,6 +52,11 @@ NEXT_SID = b"next_sid"
 
 _U64 = struct.Struct(">Q")
 _EVENT_KEY = struct.Struct(">QQ")
+_META = struct.Struct(">BQQQqqQ")
+"""A SessionMeta: format, sid, next_seq, replace_generation, create and last-append times (signed
+ns), parent_length; the parent id's UTF-8 bytes follow."""
+META_FORMAT = 1
+"""The first byte of a packed SessionMeta. The JSON form it replaced starts with "{" (0x7B)."""
 
 
 def u64(value: int) -> bytes:
@@ -102,12 +107,36 @@ class SessionMeta:
     parent_length: int = 0
 
     def encode(self) -> bytes:
-        # vars(), not asdict(): this runs on every append and asdict deep-copies.
-        return json.dumps(vars(self), separators=(",", ":")).encode()
+        # Packed, not JSON: this is read and written on every append.
+        return _META.pack(
+            META_FORMAT,
+            self.sid,
+            self.next_seq,
+            self.replace_generation,
+            self.create_time_ns,
+            self.last_append_time_ns,
+            self.parent_length,
+        ) + self.parent_id.encode("utf-8")
 
     @classmethod
     def decode(cls, raw: bytes | memoryview) -> SessionMeta:
-        return cls(**json.loads(bytes(raw)))
+        data = bytes(raw)
+        if data[:1] == b"{":  # the JSON form written before the packed one
+            return cls(**json.loads(data))
+        format_, sid, next_seq, generation, created, appended, parent_length = _META.unpack_from(
+            data
+        )
+        if format_ != META_FORMAT:
+            raise ValueError(f"unknown session record format {format_}")
+        return cls(
+            sid=sid,
+            next_seq=next_seq,
+            replace_generation=generation,
+            create_time_ns=created,
+            last_append_time_ns=appended,
+            parent_id=data[_META.size :].decode("utf-8"),
+            parent_length=parent_length,
+        )
 
 
 @dataclass

@@ -145,6 +145,7 @@ def prepare_append(
         events=stamped,
         prechecked=prechecked,
         bodies=bodies,
+        replaces=[fold.replace_range(event) for event in stamped],
         expected_seq=expected_seq,
         request_id=request_id,
         fingerprint=fingerprint,

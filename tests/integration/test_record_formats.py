@@ -1,0 +1,143 @@
+"""The stored forms the writer produces by hand match what they stand for.
+
+A session record is packed (it is read and written on every append) and the JSON form it replaced
+is still read; a change record is encoded without building protobuf objects and must parse, and
+serialize, exactly as the ``Change`` message it stands for.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from sessionlog.storage import changes, schema
+from sessionlog.storage.schema import SessionMeta
+from sessionlog.storage.store import Store
+from sessionlog.v1 import replication_service_pb2 as rpb
+from tests.integration.helpers import user
+
+METAS = [
+    SessionMeta(sid=1),
+    SessionMeta(
+        sid=2**64 - 1,
+        next_seq=2**63,
+        replace_generation=7,
+        create_time_ns=1_700_000_000_123_456_789,
+        last_append_time_ns=1_700_000_001_000_000_000,
+        parent_id="parent/\u00e9\u4e2d",
+        parent_length=12,
+    ),
+    SessionMeta(sid=3, create_time_ns=-5, last_append_time_ns=-1),
+]
+
+
+@pytest.mark.parametrize("meta", METAS)
+def test_session_record_round_trips(meta: SessionMeta) -> None:
+    raw = meta.encode()
+    assert raw[0] == schema.META_FORMAT
+    assert SessionMeta.decode(raw) == meta
+    assert SessionMeta.decode(memoryview(raw)) == meta
+
+
+@pytest.mark.parametrize("meta", METAS)
+def test_the_json_session_record_is_still_read(meta: SessionMeta) -> None:
+    legacy = json.dumps(vars(meta), separators=(",", ":")).encode()
+    assert SessionMeta.decode(legacy) == meta
+
+
+def test_an_unknown_session_record_format_is_refused() -> None:
+    raw = bytearray(SessionMeta(sid=1).encode())
+    raw[0] = 9
+    with pytest.raises(ValueError, match="format 9"):
+        SessionMeta.decode(bytes(raw))
+
+
+def test_a_store_written_with_json_records_keeps_working(tmp_path: Path) -> None:
+    """A session whose record is still JSON is appended to, and comes back packed."""
+    store = Store(tmp_path / "db")
+    try:
+        store.append("old", [user("one")])
+        meta = store.meta("old")
+        assert meta is not None
+        with store.env.begin(write=True) as txn:
+            legacy = json.dumps(vars(meta), separators=(",", ":")).encode()
+            txn.put(b"old", legacy, db=store.tables.sessions)
+        store.append("old", [user("two")])
+        after = store.meta("old")
+        assert after is not None
+        assert (after.next_seq, after.sid) == (2, meta.sid)
+        with store.env.begin() as txn:
+            raw = txn.get(b"old", db=store.tables.sessions)
+        assert raw is not None
+        assert raw[0] == schema.META_FORMAT
+    finally:
+        store.close()
+
+
+class _Recorded:
+    """What encode_change reads of a RecordingTxn."""
+
+    def __init__(self, puts: list[tuple[str, bytes, bytes]], sid: int, first: int, count: int):
+        self.puts, self.event_sid, self.first_seq, self.event_count = puts, sid, first, count
+
+
+CHANGES = [
+    (1, "append", "s", 1_700_000_000_000_000_001, ([("sessions", b"s", b"\x01meta")], 4, 0, 1)),
+    (2**40, "create", "", 0, ([], -1, 0, 0)),
+    (
+        3,
+        "fork",
+        "child/\u00e9",
+        -1_000_000_001,
+        ([("sessions", b"c", b""), ("ids", b"\x00" * 8, b"c" * 20000)], 9, 2**33, 300),
+    ),
+    (7, "lease", "x" * 200, 5, ([("leases", b"x" * 200, b'{"holder":"a"}')], -1, 0, 0)),
+]
+
+
+@pytest.mark.parametrize(("position", "kind", "session_id", "commit_ns", "recorded"), CHANGES)
+def test_change_records_are_the_change_message(
+    position: int,
+    kind: str,
+    session_id: str,
+    commit_ns: int,
+    recorded: tuple[list[tuple[str, bytes, bytes]], int, int, int],
+) -> None:
+    raw = changes.encode_change(position, kind, session_id, commit_ns, _Recorded(*recorded))  # type: ignore[arg-type]
+    puts, sid, first, count = recorded
+    expected = rpb.Change(
+        position=position,
+        kind=changes.KIND_BY_NAME[kind],
+        session_id=session_id,
+        first_seq=first,
+        event_count=count,
+        internal_id=max(sid, 0),
+        puts=[rpb.StoragePut(table=t, key=k, value=v) for t, k, v in puts],
+    )
+    expected.commit_time.FromNanoseconds(commit_ns)
+    assert rpb.Change.FromString(raw) == expected
+    assert raw == expected.SerializeToString()
+
+
+def test_an_append_over_existing_event_keys_fails_and_writes_nothing(tmp_path: Path) -> None:
+    """Events go to LMDB in one call; a key already taken (a broken invariant) fails the append
+    instead of overwriting an acknowledged event, and its transaction is rolled back."""
+    store = Store(tmp_path / "db")
+    try:
+        store.append("s", [user("zero")])
+        meta = store.meta("s")
+        assert meta is not None
+        with store.env.begin(write=True) as txn:
+            txn.put(schema.event_key(meta.sid, 2), b"planted", db=store.tables.events)
+        with pytest.raises(RuntimeError, match="already exist"):
+            store.append("s", [user("one"), user("two")])
+        after = store.meta("s")
+        assert after is not None
+        assert after.next_seq == 1
+        with store.env.begin() as txn:
+            assert txn.get(schema.event_key(meta.sid, 1), db=store.tables.events) is None
+            assert txn.get(schema.event_key(meta.sid, 2), db=store.tables.events) == b"planted"
+    finally:
+        store.close()

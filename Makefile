@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 PROTOS := $(wildcard proto/sessionlog/v1/*.proto)
 SERVICE_PROTOS := $(wildcard proto/sessionlog/v1/*_service.proto)
 
-.PHONY: run test browser check lint format gen gen-client gen-go gen-check bench clean docs
+.PHONY: run test browser check lint format gen gen-client gen-go gen-check bench bench-tools clean docs
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -27,15 +27,16 @@ run: $(VENV)/.run-stamp
 test: $(VENV)/.dev-stamp browser
 	$(BIN)/python -m pytest
 
-## browser: Debian's chromium + chromium-driver for the web console test (apt-get, as root)
+## browser: Debian's chromium + chromium-driver for the web console test, and nghttp2-client
+## (h2load) for tests/e2e/test_bench.py (apt-get, as root)
 browser:
-	@if command -v chromium >/dev/null 2>&1 && command -v chromedriver >/dev/null 2>&1; then :; \
+	@if command -v chromium >/dev/null 2>&1 && command -v chromedriver >/dev/null 2>&1 && command -v h2load >/dev/null 2>&1; then :; \
 	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
-	  echo "installing chromium and chromium-driver (for tests/e2e/test_web_console.py)"; \
-	  apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium chromium-driver; \
+	  echo "installing chromium, chromium-driver and nghttp2-client (for tests/e2e/test_web_console.py and test_bench.py)"; \
+	  apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium chromium-driver nghttp2-client; \
 	else \
-	  echo "make test needs chromium and chromium-driver: run it as root on Debian, or first run" >&2; \
-	  echo "  sudo apt-get install -y chromium chromium-driver" >&2; \
+	  echo "make test needs chromium, chromium-driver and nghttp2-client: run it as root on Debian, or first run" >&2; \
+	  echo "  sudo apt-get install -y chromium chromium-driver nghttp2-client" >&2; \
 	  exit 1; \
 	fi
 
@@ -84,8 +85,24 @@ gen-check: $(VENV)/.dev-stamp
 	@$(BIN)/python client/python/gen.py --check
 
 ## bench: run the benchmarks and print the table
-bench: $(VENV)/.dev-stamp
+bench: $(VENV)/.dev-stamp bench-tools
 	$(BIN)/python -m bench
+
+## bench-tools: Debian's redis-server (the Redis peer) and nghttp2-client (h2load, the compiled
+## load client) when missing (apt-get, as root); otherwise a note, and the bench skips their rows
+bench-tools:
+	@missing=""; \
+	command -v redis-server >/dev/null 2>&1 || missing="$$missing redis-server"; \
+	command -v h2load >/dev/null 2>&1 || missing="$$missing nghttp2-client"; \
+	if [ -z "$$missing" ]; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	  echo "installing$$missing (for make bench)"; \
+	  { apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q $$missing; } || \
+	    echo "note: apt-get could not install$$missing; make bench skips the rows that need it" >&2; \
+	else \
+	  echo "note: make bench skips the rows that need$$missing; to have them, run as root:" >&2; \
+	  echo "  apt-get install -y$$missing" >&2; \
+	fi
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -6,6 +6,8 @@ commits in a temp dir, and prints one table: case, sessionlog figure, ceiling fi
 latency and the CPU both sides used. See bench/README.md for what each case measures.
 
 Modules: ``common`` (settings, events, measurements), ``procs`` (server subprocesses),
-``load`` (the load generator), ``echo`` (the echo server), ``cases`` (sessionlog),
-``ceilings`` (echo and LMDB), ``report`` (table and JSON).
+``load`` (the load generator), ``h2load`` (the compiled load client for the unary cases),
+``echo`` (the echo server), ``cases`` (sessionlog), ``ceilings`` (echo and LMDB), ``tail``
+(case 5), ``derive`` (case 6), ``sessions`` (case 7), ``peer`` (Redis), ``report`` (table and
+JSON).
 """

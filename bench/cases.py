@@ -9,9 +9,11 @@ acknowledged: a mismatch is reported as an error of that case.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 import grpc
 
+from bench import h2load
 from bench.common import Measurement, Settings, append_request
 from bench.load import StreamLoad, UnaryLoad, UnaryOutcome, run_stream, run_unary
 from bench.procs import ServerProcess
@@ -36,6 +38,11 @@ class AppendCase:
     def prefix(self) -> str:
         """Session ids of this case are ``<prefix>-<client index>``."""
         return f"c{self.number}"
+
+    @property
+    def h2load_prefix(self) -> str:
+        """Session ids of this case under h2load are ``<h2load_prefix>-<client index>``."""
+        return f"h2-{self.prefix}"
 
     @property
     def label(self) -> str:
@@ -76,6 +83,53 @@ def run_append(
     outcome = run_unary(load, case.label, server.cpu_seconds)
     _verify(outcome, server.address, case.prefix)
     return load, outcome.measurement
+
+
+def h2load_append_load(settings: Settings, target: str, case: AppendCase) -> h2load.H2Load:
+    """The case's load for h2load: client i appends to its own session, as in ``append_load``."""
+    return h2load.H2Load(
+        target=target,
+        method=APPEND,
+        requests=tuple(
+            append_request(f"{case.h2load_prefix}-{i}", case.events_per_call)
+            for i in range(case.clients)
+        ),
+        events_per_call=case.events_per_call,
+        duration=settings.duration,
+        warmup=settings.warmup,
+    )
+
+
+def run_append_h2load(
+    settings: Settings, server: ServerProcess, case: AppendCase, work: Path
+) -> tuple[h2load.H2Load, Measurement]:
+    """Run an append case with h2load as the client, then check the stored events.
+
+    h2load cannot see a gRPC status, so each session's growth over the measured run is checked
+    against what h2load counted as succeeded (see ``bench.h2load``).
+    """
+    load = h2load_append_load(settings, server.address, case)
+    h2load.warm_up(load, work)
+    sessions = [f"{case.h2load_prefix}-{i}" for i in range(case.clients)]
+    with grpc.insecure_channel(server.address) as channel:
+        before = [next_seq(channel, session) for session in sessions]
+    outcome = h2load.measure(load, f"{case.label} (h2load)", server.cpu_seconds, work)
+    measurement = outcome.measurement
+    with grpc.insecure_channel(server.address) as channel:
+        after = [next_seq(channel, session) for session in sessions]
+    for index, session in enumerate(sessions):
+        grown = after[index] - before[index]
+        counted = outcome.succeeded.get(index, 0) * case.events_per_call
+        if not counted <= grown <= counted + case.events_per_call:
+            measurement.errors += 1
+            measurement.first_error = measurement.first_error or (
+                f"session {session}: h2load counted {counted} events as succeeded, but "
+                f"{grown} were stored (a gRPC error is an HTTP 200)"
+            )
+    measurement.details["stored_events_per_client"] = [
+        a - b for a, b in zip(after, before, strict=True)
+    ]
+    return load, measurement
 
 
 def since_catch_up(settings: Settings, server: ServerProcess) -> Measurement:

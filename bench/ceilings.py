@@ -18,7 +18,7 @@ from pathlib import Path
 
 import lmdb
 
-from bench import echo
+from bench import echo, h2load
 from bench.common import Measurement, Settings, stored_event, system_cpu_seconds
 from bench.load import StreamLoad, UnaryLoad, run_stream, run_unary
 from bench.procs import ServerProcess
@@ -35,6 +35,16 @@ def echo_unary(load: UnaryLoad, server: ServerProcess) -> Measurement:
     request_bytes = len(load.requests[0])
     name = f"echo unary {request_bytes} B, {clients} client{'s' if clients > 1 else ''}"
     return run_unary(echo_load, name, server.cpu_seconds).measurement
+
+
+def echo_unary_h2load(load: h2load.H2Load, server: ServerProcess, work: Path) -> Measurement:
+    """The given h2load append load, byte for byte, against the echo server."""
+    echo_load = replace(load, target=server.address, method=echo.UNARY)
+    clients = len(load.requests)
+    request_bytes = len(load.requests[0])
+    name = f"echo unary {request_bytes} B, {clients} client{'s' if clients > 1 else ''} (h2load)"
+    h2load.warm_up(echo_load, work)
+    return h2load.measure(echo_load, name, server.cpu_seconds, work).measurement
 
 
 def echo_stream(settings: Settings, server: ServerProcess) -> Measurement:
@@ -107,9 +117,11 @@ def in_series(first: Measurement, second: Measurement) -> Measurement:
     so its ceiling is 1 / (1/a + 1/b), lower than either alone. Nothing is measured here.
     """
     seconds = first.seconds + second.seconds
-    rate = 1.0 / (1.0 / first.events_per_second + 1.0 / second.events_per_second)
+    a, b = first.events_per_second, second.events_per_second
+    rate = 1.0 / (1.0 / a + 1.0 / b) if a and b else 0.0
+    client = first.details.get("load_client")
     measurement = Measurement(
-        name=f"{first.name.split(',')[0]} + LMDB 1/txn (derived)",
+        name=f"{first.name.split(',')[0]} + LMDB 1/txn (derived{', ' + client if client else ''})",
         events=round(rate * seconds),
         calls=0,
         seconds=seconds,

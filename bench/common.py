@@ -47,6 +47,14 @@ class Settings:
     """Append-then-derive rounds per session."""
     redis_events: int = 100_000
     """Entries in the stream the Redis XRANGE catch-up reads."""
+    sessions_count: int = 10_000
+    """Sessions the many-sessions case writes (and then lists)."""
+    sessions_events: int = 100
+    """Events in each of those sessions, written by one Append."""
+    sessions_fill_clients: int = 16
+    """Concurrent Appends while filling them (untimed setup)."""
+    sessions_list_passes: int = 3
+    """Timed ListSessions passes over all of them, per page size."""
 
     @classmethod
     def default(cls) -> Settings:
@@ -71,6 +79,8 @@ class Settings:
             since_events=100_000,
             since_runs=3,
             budget_seconds=118.0,
+            sessions_count=2_000,
+            sessions_list_passes=2,
         )
 
 
@@ -184,6 +194,24 @@ def process_cpu_seconds(pid: int) -> float | None:
         return None
     ticks = os.sysconf("SC_CLK_TCK")
     return (int(fields[11]) + int(fields[12])) / ticks  # utime, stime (fields 14 and 15)
+
+
+def process_memory_kib(pid: int) -> dict[str, int]:
+    """A running process's resident memory in KiB, from /proc/PID/status: ``VmRSS`` (all of it),
+    ``RssAnon`` (heap and other private memory), ``RssFile`` (mapped files: LMDB's map among
+    them). Empty when the process is gone."""
+    wanted = ("VmRSS", "RssAnon", "RssFile")
+    try:
+        with open(f"/proc/{pid}/status") as status:
+            lines = status.read().splitlines()
+    except OSError:
+        return {}
+    out: dict[str, int] = {}
+    for line in lines:
+        key, _, value = line.partition(":")
+        if key in wanted:
+            out[key] = int(value.split()[0])  # "12345 kB"
+    return out
 
 
 @dataclass

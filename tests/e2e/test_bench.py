@@ -1,0 +1,142 @@
+"""The bench's case 7 and its h2load rows, run small against a real `sessionlog serve` and the
+echo server, both started as the bench starts them (``bench.procs``).
+
+Needs Debian's nghttp2-client for h2load (`make test` installs it with apt-get).
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import grpc
+import pytest
+
+from bench import cases, ceilings, h2load, procs, sessions
+from bench.common import Settings, append_request
+from bench.procs import ServerProcess
+from bench.report import memory_table, sessions_table
+
+SETTINGS = replace(Settings.quick(), duration=1.0, warmup=0.2, sessions_list_passes=1)
+SMALL = cases.AppendCase(9, clients=3, events_per_call=1)
+"""An append case of three clients, one event per call: sessions h2-c9-0 .. h2-c9-2."""
+
+
+@dataclass
+class Servers:
+    sessionlog: ServerProcess
+    echo: ServerProcess
+    work: Path
+
+
+@pytest.fixture(scope="module")
+def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Servers]:
+    """A sessionlog server and the echo server for the module, stopped by PID at its end."""
+    work = tmp_path_factory.mktemp("bench")
+    with (
+        procs.sessionlog_server(work / "data", work / "sessionlog.log") as server,
+        procs.echo_server(work / "echo.log") as echo,
+    ):
+        yield Servers(server, echo, work)
+
+
+@pytest.fixture
+def fresh(tmp_path: Path) -> Iterator[ServerProcess]:
+    """A sessionlog server of its own, for a test that needs an empty store."""
+    with procs.sessionlog_server(tmp_path / "data", tmp_path / "sessionlog.log") as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def h2load_path() -> str:
+    found = shutil.which("h2load")
+    if found is None:
+        pytest.fail(
+            "h2load is missing: run `make test` (it installs nghttp2-client) "
+            "or apt-get install -y nghttp2-client"
+        )
+    return found
+
+
+def test_sessions_case_lists_every_session_and_reads_server_memory(servers: Servers) -> None:
+    """Case 7 fills 250 sessions, lists all of them at both page sizes, and reads the RSS."""
+    result = sessions.run_sessions(SETTINGS, servers.sessionlog, count=250)
+
+    assert (result.fill.errors, result.fill.first_error) == (0, "")
+    assert result.fill.calls == 250
+    assert result.fill.events == 250 * SETTINGS.sessions_events
+    pages = {100: 3, 1000: 1}
+    for listing in result.listings:
+        size = listing.details["page_size"]
+        assert (listing.errors, listing.first_error) == (0, ""), size
+        assert listing.details["sessions_listed_per_pass"] == [250], size
+        assert listing.calls == pages[size]
+        assert listing.events_per_second > 0
+    assert [s.when for s in result.memory] == [
+        "before filling",
+        "after filling 250 sessions x 100 ev",
+        "after paging",
+    ]
+    for sample in result.memory:
+        assert sample.kib["VmRSS"] > 0
+        assert sample.kib["RssAnon"] > 0
+    assert "7 list 250 sessions x 100 ev, page 1000" in sessions_table(result)
+    assert "growth while filling" in memory_table(result)
+
+
+def test_sessions_case_counts_a_short_listing_as_an_error(fresh: ServerProcess) -> None:
+    """Listing fewer sessions than the case expects is an error of the listing."""
+    sessions.fill_sessions(SETTINGS, fresh, 40)
+
+    listing = sessions.list_sessions(SETTINGS, fresh, 41, 100)
+
+    assert listing.errors == 2  # the untimed pass and the timed one
+    assert listing.first_error == "listed 40 sessions, expected 41 (c7-...)"
+
+
+def test_h2load_drives_sessionlog_and_echo_and_the_stored_events_match(
+    servers: Servers, h2load_path: str
+) -> None:
+    """h2load appends for a second from three clients, and echoes; every call is accounted for."""
+    load, appended = cases.run_append_h2load(SETTINGS, servers.sessionlog, SMALL, servers.work)
+    echoed = ceilings.echo_unary_h2load(load, servers.echo, servers.work)
+
+    for measurement in (appended, echoed):
+        assert (measurement.errors, measurement.first_error) == (0, ""), measurement.name
+        assert measurement.calls > 0
+        assert measurement.details["load_client"] == "h2load"
+        assert len(measurement.details["succeeded_per_client"]) == 3
+        assert measurement.client_cpu_seconds > 0
+        assert measurement.client_processes == 3
+        assert measurement.p50_ms is not None
+    assert appended.name == "9 append 1 ev/call, 3 clients (h2load)"
+    assert echoed.name == "echo unary 79 B, 3 clients (h2load)"
+    stored = appended.details["stored_events_per_client"]
+    for counted, grown in zip(appended.details["succeeded_per_client"], stored, strict=True):
+        assert counted <= grown <= counted + 1
+
+
+def test_h2load_grpc_errors_are_caught_by_the_stored_count(
+    servers: Servers, h2load_path: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A gRPC error is an HTTP 200 to h2load; the stored-event check still counts it."""
+    invalid = append_request("-not-a-session-id", 1)
+    monkeypatch.setattr(cases, "append_request", lambda session_id, n: invalid)
+    case = cases.AppendCase(8, clients=1, events_per_call=1)
+
+    _, appended = cases.run_append_h2load(SETTINGS, servers.sessionlog, case, servers.work)
+
+    assert appended.calls > 0  # h2load saw only successes
+    assert appended.errors == 1
+    assert "session h2-c8-0: h2load counted" in appended.first_error
+    with grpc.insecure_channel(servers.sessionlog.address) as channel:
+        assert cases.next_seq(channel, "h2-c8-0") == 0
+
+
+def test_h2load_is_reported_missing_with_how_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without h2load on PATH the rows are skipped with a note saying how to install it."""
+    monkeypatch.setenv("PATH", "/nonexistent")
+
+    assert "apt-get install -y nghttp2-client" in h2load.unavailable()

@@ -27,6 +27,7 @@ from typing import Any
 from sessionlog import fold
 from sessionlog.service.app import DEFAULT_DATA_DIR, DEFAULT_LISTEN, ConfigError, ServerConfig
 from sessionlog.service.limits import (
+    DEFAULT_FOLLOW_SEND_RATE,
     DEFAULT_MAX_EVENTS_PER_APPEND,
     DEFAULT_MAX_STREAMS,
     DEFAULT_MAX_STREAMS_PER_CONNECTION,
@@ -227,6 +228,15 @@ SETTINGS: tuple[Setting, ...] = (
         "SECONDS",
     ),
     Setting(
+        "follow_send_rate",
+        _positive_int,
+        DEFAULT_FOLLOW_SEND_RATE,
+        "live follow-stream responses per second the server aims to stay under in total: with "
+        "many followers, each stream gets at most one response per followers/rate seconds, "
+        "holding more events",
+        "N",
+    ),
+    Setting(
         "shutdown_grace",
         _seconds,
         10.0,
@@ -400,6 +410,7 @@ def server_config(resolved: Resolved) -> ServerConfig:
         max_streams=v["max_streams"],
         max_streams_per_connection=v["max_streams_per_connection"],
         heartbeat_seconds=v["heartbeat"],
+        follow_send_rate=v["follow_send_rate"],
         shutdown_grace_seconds=v["shutdown_grace"],
         request_id_ttl_seconds=int(v["request_id_ttl"]),
         replica_of=v["replica_of"],

@@ -312,3 +312,50 @@ def test_shutdown_ends_follow_with_unavailable(server: ThreadedServer) -> None:
         assert info.metadata["next_seq"] == "3"
     finally:
         channel.close()
+
+
+def test_paced_followers_get_several_commits_per_response_and_lose_none(tmp_path: Path) -> None:
+    """With a send rate of 4 responses/s and 2 followers, each stream gets at most one live
+    response per half second: 30 quick commits reach both followers whole and in order, in a
+    handful of responses each, not one response per commit."""
+    with running_server(tmp_path / "data", follow_send_rate=4) as server:
+        stub = server.stub()
+        append(stub, "paced", "stored")
+        streams = [follow(stub, "paced"), follow(stub, "paced")]
+        try:
+            for stream in streams:
+                read_until_caught_up(stream)
+            started = time.monotonic()
+            for i in range(30):
+                append(stub, "paced", f"live {i}")
+            for stream in streams:
+                events: list[event_pb2.Event] = []
+                responses = 0
+                while len(events) < 30:
+                    response = next(stream)
+                    if response.events:
+                        responses += 1
+                        events.extend(response.events)
+                assert seqs(events) == list(range(1, 31))
+                assert contents(events) == [f"live {i}" for i in range(30)]
+                assert responses <= 1 + (time.monotonic() - started) / 0.5 + 1
+                assert responses < 30
+        finally:
+            for stream in streams:
+                stream.cancel()
+
+
+def test_pacing_leaves_a_lone_follower_prompt(tmp_path: Path) -> None:
+    """At the default rate one follower's pace is a fraction of a millisecond: each commit goes
+    out at once, in its own response."""
+    with running_server(tmp_path / "data") as server:
+        stub = server.stub()
+        stream = follow(stub, "prompt")
+        try:
+            read_until_caught_up(stream)
+            for i in range(5):
+                append(stub, "prompt", f"m{i}")
+                response = skip_heartbeats(stream)
+                assert seqs(list(response.events)) == [i]
+        finally:
+            stream.cancel()

@@ -19,6 +19,7 @@ from sessionlog import fold
 from sessionlog.service.auth import AuthConfigError, AuthInterceptor, Authorizer, TokenTable
 from sessionlog.service.counters import Counters
 from sessionlog.service.limits import (
+    DEFAULT_FOLLOW_SEND_RATE,
     DEFAULT_MAX_EVENTS_PER_APPEND,
     DEFAULT_MAX_STREAMS,
     DEFAULT_MAX_STREAMS_PER_CONNECTION,
@@ -68,6 +69,8 @@ class ServerConfig:
     max_streams: int = DEFAULT_MAX_STREAMS
     """Open Since/Changes streams allowed in total (TOO_MANY_STREAMS past it)."""
     max_streams_per_connection: int = DEFAULT_MAX_STREAMS_PER_CONNECTION
+    follow_send_rate: int = DEFAULT_FOLLOW_SEND_RATE
+    """Live follow responses per second the server paces all its streams to, together."""
     tls_cert: str = ""
     """PEM certificate chain; with tls_key, the server speaks TLS only."""
     tls_key: str = ""
@@ -104,7 +107,12 @@ class ServerConfig:
             raise ConfigError("--tls-client-ca needs --tls-cert and --tls-key")
         if bool(self.replica_tls_cert) != bool(self.replica_tls_key):
             raise ConfigError("--replica-tls-cert and --replica-tls-key go together")
-        for name in ("max_events_per_append", "max_streams", "max_streams_per_connection"):
+        for name in (
+            "max_events_per_append",
+            "max_streams",
+            "max_streams_per_connection",
+            "follow_send_rate",
+        ):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name.replace('_', '-')} must be at least 1")
         for name in ("metrics_listen", "http_listen"):
@@ -151,7 +159,10 @@ class SessionLogServer:
         self.counters = Counters()
         """Per-call counts the unary handlers keep, read by the metrics."""
         self.streams = StreamLimiter(
-            config.max_streams, config.max_streams_per_connection, notifier=self._notifier
+            config.max_streams,
+            config.max_streams_per_connection,
+            notifier=self._notifier,
+            send_rate=config.follow_send_rate,
         )
         self.authorizer: Authorizer | None = None
         self.http_port = 0

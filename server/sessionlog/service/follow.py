@@ -36,19 +36,28 @@ async def follow(
     heartbeat_seconds: float,
     read: Callable[[int], tuple[bytes, int, bool]],
     marker: Callable[[bool], bytes],
+    pace: Callable[[], float] = lambda: 0.0,
 ) -> Outgoing:
     """Stream ``read(cursor)`` batches (payload, how far they advance the cursor, whether more
     may follow it) until there is nothing left; with ``live``, then ``marker(True)`` once
     (caught up), then new batches as commits to ``key`` wake it, and ``marker(False)`` (a
-    heartbeat) after each idle interval."""
+    heartbeat) after each idle interval. Once caught up, two responses are at least ``pace()``
+    seconds apart: what commits land in between goes out together in the next one."""
     waiter: asyncio.Future[None] | None = None
     caught_up = False
+    loop = asyncio.get_running_loop()
+    sent_at = 0.0
     try:
         while True:
             if live and (waiter is None or waiter.done()):
                 if waiter is not None:
                     notifier.discard(key, waiter)
                 waiter = notifier.register(key)
+            if caught_up:
+                # Woken by a commit: hold the read until this stream's turn comes round.
+                delay = sent_at + pace() - loop.time()
+                if delay > 0:
+                    await asyncio.sleep(delay)
             if notifier.closed:
                 await abort(context, shutting_down(subject, cursor))
                 return
@@ -56,6 +65,7 @@ async def follow(
             if advance:
                 cursor += advance
                 yield payload, cursor
+                sent_at = loop.time()
                 if more:
                     continue
                 # That batch reached the end as of its read. A commit since then has resolved

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
 
 import grpc
 
@@ -18,6 +19,10 @@ has read that response."""
 DEFAULT_MAX_EVENTS_PER_APPEND = 10_000
 DEFAULT_MAX_STREAMS = 10_000
 DEFAULT_MAX_STREAMS_PER_CONNECTION = 1_000
+DEFAULT_FOLLOW_SEND_RATE = 5_000
+"""Live follow responses per second, all streams together, that one server paces itself to:
+about what one Python process sends while leaving time for appends (see ``StreamLimiter.pace``)."""
+MAX_PACE_SECONDS = 1.0
 
 
 class StreamLimiter:
@@ -32,8 +37,10 @@ class StreamLimiter:
         max_total: int = DEFAULT_MAX_STREAMS,
         max_per_connection: int = DEFAULT_MAX_STREAMS_PER_CONNECTION,
         notifier: Notifier | None = None,
+        send_rate: int = DEFAULT_FOLLOW_SEND_RATE,
     ) -> None:
         self.notifier = notifier
+        self.send_rate = send_rate
         self.max_total = max_total
         self.max_per_connection = max_per_connection
         self.total = 0
@@ -42,6 +49,18 @@ class StreamLimiter:
         """Streams admitted since start (for metrics)."""
         self.sent_bytes = 0
         """Bytes the guarded streams have sent (for metrics)."""
+        self._writing: set[asyncio.Task[Any]] = set()
+        """Stream tasks waiting on a write."""
+        self._interrupted: set[asyncio.Task[Any]] = set()
+        self._interrupting = False
+
+    def pace(self) -> float:
+        """The least time between two live responses of one follow stream: open streams over
+        the send rate (capped at a second). A commit wakes every follower of its session; with
+        many of them, sending each commit to each one on its own would take all the time there
+        is, appends starve and followers fall behind. Paced, a follower gets the events of
+        several commits in one response instead: fewer sends, the same events, in order."""
+        return min(self.total / self.send_rate, MAX_PACE_SECONDS)
 
     def acquire(self, peer: str) -> None:
         if self.total >= self.max_total:
@@ -105,18 +124,52 @@ class StreamLimiter:
         return guarded
 
     async def _write(self, context: grpc.aio.ServicerContext, payload: bytes) -> bool:
-        """Send one response; False when shutdown came first (the write is abandoned)."""
-        write = asyncio.ensure_future(context.write(payload))
-        if self.notifier is None:
-            await write
+        """Send one response; False when shutdown came first (the write is abandoned).
+
+        The write runs as its own task, so abandoning it never cancels it: the message is
+        already handed to gRPC, which sends it before the status that follows (cancelling could
+        drop it and leave the client a gap). Shutdown interrupts the wait instead: it cancels the
+        streams' own tasks while they wait (see ``_interrupt``), which costs nothing per write.
+        """
+        notifier = self.notifier
+        if notifier is None:
+            await context.write(payload)
             return True
-        closing = self.notifier.closing()
-        done, _ = await asyncio.wait({write, closing}, return_when=asyncio.FIRST_COMPLETED)
-        if write in done:
+        write = asyncio.ensure_future(context.write(payload))
+        task = asyncio.current_task()
+        if task is None or notifier.closed:
+            return await self._abandon(write)
+        if not self._interrupting:
+            self._interrupting = True
+            notifier.closing().add_done_callback(self._interrupt)
+        self._writing.add(task)
+        try:
+            await asyncio.shield(write)
+        except asyncio.CancelledError:
+            if task not in self._interrupted:
+                raise  # the client went away, or grpc is ending the call
+            self._interrupted.discard(task)
+            task.uncancel()
+            return await self._abandon(write)
+        finally:
+            self._writing.discard(task)
+        return True
+
+    def _interrupt(self, closing: asyncio.Future[None]) -> None:
+        """Shutdown began: stop every stream that waits on a write (flow control may hold it
+        for as long as its client does not read)."""
+        for task in self._writing:
+            self._interrupted.add(task)
+            task.cancel()
+
+    @staticmethod
+    async def _abandon(write: asyncio.Future[None]) -> bool:
+        """Leave a write to finish on its own. One turn of the loop first: the write's task
+        then has handed its message to gRPC before the caller sends the status."""
+        await asyncio.sleep(0)
+        if write.done():
             write.result()
             return True
-        # The message is already handed to gRPC, which sends it before the status that follows;
-        # leave it be (cancelling could drop it and leave the client a gap).
         write.add_done_callback(_ignore_outcome)
         return False
 

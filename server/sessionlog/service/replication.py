@@ -128,6 +128,7 @@ class ReplicationServicer:
             heartbeat_seconds=self.heartbeat_seconds,
             read=read,
             marker=marker,
+            pace=self.streams.pace,
         )
         async for response in stream:
             yield response

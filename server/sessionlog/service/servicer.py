@@ -291,6 +291,7 @@ class SessionLogServicer:
             heartbeat_seconds=self.heartbeat_seconds,
             read=read,
             marker=marker,
+            pace=self.streams.pace,
         )
         async for response in stream:
             yield response

@@ -1,7 +1,7 @@
 """Run every benchmark and its ceiling, print one table, write it as JSON.
 
     python -m bench [--quick] [--json PATH] [--duration SECONDS] [--client-procs N]
-                    [--only GROUP,...] [--uvloop] [--switch-interval SECONDS]
+                    [--only GROUP,...]
 
 The default run takes a few minutes (hard limit 9 minutes), ``--quick`` under two. Everything runs
 on 127.0.0.1 in a temp dir that is removed at the end, and every process started here is stopped
@@ -54,14 +54,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=list(GROUPS),
         help=f"comma-separated case groups to run, of: {', '.join(GROUPS)} (default: all)",
     )
-    parser.add_argument(
-        "--uvloop", action="store_true", help="run the sessionlog server on uvloop's event loop"
-    )
-    parser.add_argument(
-        "--switch-interval",
-        type=float,
-        help="the server's sys.setswitchinterval in seconds (default: Python's 0.005)",
-    )
     args = parser.parse_args(argv)
     unknown = sorted(set(args.only) - set(GROUPS))
     if unknown:
@@ -91,17 +83,9 @@ def measured(label: str, measurement: Measurement) -> Measurement:
     return measurement
 
 
-def run_all(
-    settings: Settings, work: Path, groups: list[str], options: procs.ServerOptions
-) -> Results:
+def run_all(settings: Settings, work: Path, groups: list[str]) -> Results:
     """Start the servers, run each chosen case next to its ceilings, stop the servers."""
     results = Results(rows=[], tails=[], derives=[], notes=[])
-    if options.uvloop:
-        results.notes.append("The sessionlog server ran on uvloop (--uvloop).")
-    if options.switch_interval is not None:
-        results.notes.append(
-            f"The sessionlog server ran with sys.setswitchinterval({options.switch_interval:g})."
-        )
     redis_missing = peer.unavailable() if "redis" in groups else "not asked for"
     if "redis" in groups and redis_missing:
         results.notes.append(f"Redis rows skipped: {redis_missing}.")
@@ -110,9 +94,7 @@ def run_all(
         results.notes.append(h2load_note(h2load_missing))
     with ExitStack() as stack:
         progress("starting sessionlog and echo servers")
-        server = stack.enter_context(
-            procs.sessionlog_server(work / "data", work / "server.log", options)
-        )
+        server = stack.enter_context(procs.sessionlog_server(work / "data", work / "server.log"))
         echo = stack.enter_context(procs.echo_server(work / "echo.log"))
         redis = None
         if not redis_missing:
@@ -181,7 +163,7 @@ def run_all(
         progress("stopping servers")
     if "derive" in groups:
         progress("case 6 derive messages (filling sessions, then restarting a server)")
-        results.derives.extend(derive.run_derive(settings, work, options))
+        results.derives.extend(derive.run_derive(settings, work))
     return results
 
 
@@ -225,10 +207,9 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     info = machine()
     work = Path(tempfile.mkdtemp(prefix="sessionlog-bench-", dir=args.tmp_dir))
-    options = procs.ServerOptions(uvloop=args.uvloop, switch_interval=args.switch_interval)
     try:
         with time_budget(settings.budget_seconds):
-            results = run_all(settings, work, args.only, options)
+            results = run_all(settings, work, args.only)
     except (BudgetExceeded, procs.ServerFailed, RuntimeError) as exc:
         print(f"bench failed: {exc}", file=sys.stderr)
         return 1

@@ -96,7 +96,7 @@ def fill(data_dir: Path) -> None:
         store.close()
 
 
-def run_derive(settings: Settings, work: Path, options: procs.ServerOptions) -> list[Measurement]:
+def run_derive(settings: Settings, work: Path) -> list[Measurement]:
     """Fill the sessions, then measure them across ``derive_restarts`` server starts."""
     data = work / "derive-data"
     fill(data)
@@ -104,9 +104,7 @@ def run_derive(settings: Settings, work: Path, options: procs.ServerOptions) -> 
     def servers() -> Generator[ServerProcess, None, None]:
         for _ in range(settings.derive_restarts):
             extra = ("--max-message-size", str(MAX_MESSAGE_BYTES))
-            with procs.sessionlog_server(
-                data, work / "derive-server.log", options, extra
-            ) as server:
+            with procs.sessionlog_server(data, work / "derive-server.log", extra) as server:
                 yield server
 
     with closing(servers()) as started:

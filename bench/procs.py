@@ -14,7 +14,6 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
@@ -137,42 +136,14 @@ def running(name: str, argv_for_port: list[str], log_path: Path) -> Iterator[Ser
             print(f"warning: {name} exited with {code}:\n{server.log_tail()}", file=sys.stderr)
 
 
-@dataclass(frozen=True)
-class ServerOptions:
-    """How the bench starts sessionlog (the defaults: exactly as `sessionlog serve` runs)."""
-
-    uvloop: bool = False
-    """Run the server on uvloop's event loop (installed before `sessionlog serve` starts)."""
-    switch_interval: float | None = None
-    """The server's sys.setswitchinterval in seconds (None: Python's default, 5 ms)."""
-
-    def launch(self) -> list[str]:
-        """The command that starts `sessionlog serve` (its arguments follow)."""
-        setup = []
-        if self.uvloop:
-            setup.append(
-                "import asyncio, uvloop; asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())"
-            )
-        if self.switch_interval is not None:
-            setup.append(f"sys.setswitchinterval({self.switch_interval!r})")
-        if not setup:
-            return [str(VENV_BIN / "sessionlog")]
-        code = "; ".join(
-            ["import sys", *setup, "from sessionlog.cli import main", "sys.exit(main())"]
-        )
-        return [sys.executable, "-c", code]
-
-
 def sessionlog_server(
     data_dir: Path,
     log_path: Path,
-    options: ServerOptions | None = None,
     extra: Sequence[str] = (),
 ) -> contextlib.AbstractContextManager[ServerProcess]:
     """``sessionlog serve`` over LMDB in ``data_dir`` (default durability: synced commits)."""
-    options = options or ServerOptions()
     argv = [
-        *options.launch(),
+        str(VENV_BIN / "sessionlog"),
         "serve",
         "--data",
         str(data_dir),

@@ -127,6 +127,11 @@ def run_all(settings: Settings, work: Path, groups: list[str]) -> Results:
                     measured("sessionlog", h2_result)
                     h2_echo = measured("echo", ceilings.echo_unary_h2load(h2, echo, work))
                     rows.append(Row(h2_result.name, h2_result, h2_echo, "echo"))
+                    if case is cases.CONCURRENT:
+                        via = ceilings.echo_unary_h2load(h2, echo, work, via_thread=True)
+                        rows.append(
+                            Row(h2_result.name, h2_result, measured("echo", via), "handoff")
+                        )
                     if case is cases.SEQUENTIAL:
                         derived = ceilings.in_series(h2_echo, lmdb)
                         rows.append(Row(h2_result.name, h2_result, derived, "derived"))

@@ -37,12 +37,19 @@ def echo_unary(load: UnaryLoad, server: ServerProcess) -> Measurement:
     return run_unary(echo_load, name, server.cpu_seconds).measurement
 
 
-def echo_unary_h2load(load: h2load.H2Load, server: ServerProcess, work: Path) -> Measurement:
-    """The given h2load append load, byte for byte, against the echo server."""
-    echo_load = replace(load, target=server.address, method=echo.UNARY)
+def echo_unary_h2load(
+    load: h2load.H2Load, server: ServerProcess, work: Path, *, via_thread: bool = False
+) -> Measurement:
+    """The given h2load append load, byte for byte, against the echo server; ``via_thread``:
+    each call handed to a worker thread and back (``echo.UNARY_VIA_THREAD``)."""
+    method = echo.UNARY_VIA_THREAD if via_thread else echo.UNARY
+    echo_load = replace(load, target=server.address, method=method)
     clients = len(load.requests)
     request_bytes = len(load.requests[0])
-    name = f"echo unary {request_bytes} B, {clients} client{'s' if clients > 1 else ''} (h2load)"
+    how = " via a thread" if via_thread else ""
+    name = (
+        f"echo unary {request_bytes} B{how}, {clients} client{'s' if clients > 1 else ''} (h2load)"
+    )
     h2load.warm_up(echo_load, work)
     return h2load.measure(echo_load, name, server.cpu_seconds, work).measurement
 

@@ -6,28 +6,38 @@ It is built like the sessionlog server (grpc.aio, generic handlers taking and re
 bytes, the same channel options, the standard health service) and does no work of its own:
 
 - ``/bench.Echo/Unary`` returns the request bytes.
+- ``/bench.Echo/UnaryViaThread`` returns them too, but only once a worker thread has handed them
+  back through a ``concurrent.futures.Future`` the handler awaits: the round trip every append
+  makes to the writer thread (which must own the fsync, so that it never blocks the event loop),
+  with no work on either side. It is what that hand-off alone costs.
 - ``/bench.Echo/Stream`` takes an event count N (ASCII digits) and streams SinceResponse messages
   holding N stored benchmark events, batched as Since batches them. The batches are built once
   per N and cached, so a timed stream measures only sending.
 
-It stops on SIGTERM.
+It runs on the same event loop as sessionlog (``sessionlog.cli.run_event_loop``: uvloop, the
+same GIL switch interval) and stops on SIGTERM.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import queue
 import signal
+import threading
 from collections.abc import AsyncIterator
+from concurrent.futures import Future
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 
 from bench.common import since_batches, stored_event
+from sessionlog.cli import run_event_loop
 
 SERVICE = "bench.Echo"
 UNARY = f"/{SERVICE}/Unary"
+UNARY_VIA_THREAD = f"/{SERVICE}/UnaryViaThread"
 STREAM = f"/{SERVICE}/Stream"
 MAX_MESSAGE_BYTES = 64 << 20
 MAX_STREAM_EVENTS = 10_000_000
@@ -37,6 +47,24 @@ _batches: dict[int, list[bytes]] = {}
 
 async def unary(request: bytes, context: grpc.aio.ServicerContext) -> bytes:
     return request
+
+
+_handoffs: queue.SimpleQueue[tuple[Future[bytes], bytes]] = queue.SimpleQueue()
+
+
+def _hand_back() -> None:
+    """The worker thread: resolve each future with its request, in order, forever. A call that
+    ended first (its client gone) cancelled its future: skip it, as the writer does."""
+    while True:
+        future, request = _handoffs.get()
+        if future.set_running_or_notify_cancel():
+            future.set_result(request)
+
+
+async def unary_via_thread(request: bytes, context: grpc.aio.ServicerContext) -> bytes:
+    future: Future[bytes] = Future()
+    _handoffs.put((future, request))
+    return await asyncio.wrap_future(future)
 
 
 async def stream(request: bytes, context: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
@@ -62,10 +90,12 @@ async def serve(listen: str) -> None:
         SERVICE,
         {
             "Unary": grpc.unary_unary_rpc_method_handler(unary),
+            "UnaryViaThread": grpc.unary_unary_rpc_method_handler(unary_via_thread),
             "Stream": grpc.unary_stream_rpc_method_handler(stream),
         },
     )
     server.add_generic_rpc_handlers((handlers,))
+    threading.Thread(target=_hand_back, name="echo-handoff", daemon=True).start()
     health = HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health, server)
     if server.add_insecure_port(listen) == 0:
@@ -83,7 +113,7 @@ async def serve(listen: str) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--listen", required=True, help="HOST:PORT to serve on")
-    asyncio.run(serve(parser.parse_args().listen))
+    run_event_loop(serve(parser.parse_args().listen))
 
 
 if __name__ == "__main__":

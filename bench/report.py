@@ -27,7 +27,8 @@ class Row:
     sessionlog: Measurement
     ceiling: Measurement
     kind: str = "ceiling"
-    """What the ceiling column holds: "echo", "lmdb", "derived" or "redis" (a peer)."""
+    """What the ceiling column holds: "echo", "handoff" (echo through a worker thread), "lmdb",
+    "derived" or "redis" (a peer)."""
 
     @property
     def load_client(self) -> str:

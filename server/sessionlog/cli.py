@@ -67,8 +67,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     return run_client(args)
 
 
-def _run(main: Coroutine[Any, Any, None]) -> None:
+def run_event_loop(main: Coroutine[Any, Any, None]) -> None:
     """Run the server on uvloop where it is installed (a faster event loop), else asyncio's.
+    (The benchmark's echo ceiling runs on this too, so both stand on the same stack.)
 
     The writer thread and the event loop share the GIL; a short switch interval hands it over
     sooner after a commit, which is what a follower's latency waits on.
@@ -95,7 +96,7 @@ def _serve(args: argparse.Namespace) -> int:
         return 0
     logs.configure(resolved.values["log_level"], resolved.values["log_format"])
     try:
-        _run(serve(server_config))
+        run_event_loop(serve(server_config))
     except (BindError, ConfigError) as exc:
         print(f"sessionlog: {exc}", file=sys.stderr)
         return 1

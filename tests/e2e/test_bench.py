@@ -14,7 +14,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from bench import cases, ceilings, h2load, procs, sessions
+from bench import cases, ceilings, echo, h2load, procs, sessions
 from bench.common import Settings, append_request
 from bench.procs import ServerProcess
 from bench.report import memory_table, sessions_table
@@ -102,8 +102,9 @@ def test_h2load_drives_sessionlog_and_echo_and_the_stored_events_match(
     """h2load appends for a second from three clients, and echoes; every call is accounted for."""
     load, appended = cases.run_append_h2load(SETTINGS, servers.sessionlog, SMALL, servers.work)
     echoed = ceilings.echo_unary_h2load(load, servers.echo, servers.work)
+    handed = ceilings.echo_unary_h2load(load, servers.echo, servers.work, via_thread=True)
 
-    for measurement in (appended, echoed):
+    for measurement in (appended, echoed, handed):
         assert (measurement.errors, measurement.first_error) == (0, ""), measurement.name
         assert measurement.calls > 0
         assert measurement.details["load_client"] == "h2load"
@@ -113,6 +114,7 @@ def test_h2load_drives_sessionlog_and_echo_and_the_stored_events_match(
         assert measurement.p50_ms is not None
     assert appended.name == "9 append 1 ev/call, 3 clients (h2load)"
     assert echoed.name == "echo unary 79 B, 3 clients (h2load)"
+    assert handed.name == "echo unary 79 B via a thread, 3 clients (h2load)"
     stored = appended.details["stored_events_per_client"]
     for counted, grown in zip(appended.details["succeeded_per_client"], stored, strict=True):
         assert counted <= grown <= counted + 1
@@ -140,3 +142,11 @@ def test_h2load_is_reported_missing_with_how_to_install(monkeypatch: pytest.Monk
     monkeypatch.setenv("PATH", "/nonexistent")
 
     assert "apt-get install -y nghttp2-client" in h2load.unavailable()
+
+
+def test_echo_via_thread_returns_each_request_unchanged(servers: Servers) -> None:
+    """The hand-off ceiling does what the plain echo does, through its worker thread."""
+    with grpc.insecure_channel(servers.echo.address) as channel:
+        call = channel.unary_unary(echo.UNARY_VIA_THREAD)
+        requests = [bytes([i]) * (i * 100) for i in range(1, 20)]
+        assert [call(r, timeout=10) for r in requests] == requests

@@ -8,7 +8,6 @@ serialize, exactly as the ``Change`` message it stands for.
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 
@@ -54,26 +53,22 @@ def test_an_unknown_session_record_format_is_refused() -> None:
         SessionMeta.decode(bytes(raw))
 
 
-def test_a_store_written_with_json_records_keeps_working(tmp_path: Path) -> None:
+def test_a_store_written_with_json_records_keeps_working(store: Store) -> None:
     """A session whose record is still JSON is appended to, and comes back packed."""
-    store = Store(tmp_path / "db")
-    try:
-        store.append("old", [user("one")])
-        meta = store.meta("old")
-        assert meta is not None
-        with store.env.begin(write=True) as txn:
-            legacy = json.dumps(vars(meta), separators=(",", ":")).encode()
-            txn.put(b"old", legacy, db=store.tables.sessions)
-        store.append("old", [user("two")])
-        after = store.meta("old")
-        assert after is not None
-        assert (after.next_seq, after.sid) == (2, meta.sid)
-        with store.env.begin() as txn:
-            raw = txn.get(b"old", db=store.tables.sessions)
-        assert raw is not None
-        assert raw[0] == schema.META_FORMAT
-    finally:
-        store.close()
+    store.append("old", [user("one")])
+    meta = store.meta("old")
+    assert meta is not None
+    with store.env.begin(write=True) as txn:
+        legacy = json.dumps(vars(meta), separators=(",", ":")).encode()
+        txn.put(b"old", legacy, db=store.tables.sessions)
+    store.append("old", [user("two")])
+    after = store.meta("old")
+    assert after is not None
+    assert (after.next_seq, after.sid) == (2, meta.sid)
+    with store.env.begin() as txn:
+        raw = txn.get(b"old", db=store.tables.sessions)
+    assert raw is not None
+    assert raw[0] == schema.META_FORMAT
 
 
 class _Recorded:
@@ -121,23 +116,19 @@ def test_change_records_are_the_change_message(
     assert raw == expected.SerializeToString()
 
 
-def test_an_append_over_existing_event_keys_fails_and_writes_nothing(tmp_path: Path) -> None:
+def test_an_append_over_existing_event_keys_fails_and_writes_nothing(store: Store) -> None:
     """Events go to LMDB in one call; a key already taken (a broken invariant) fails the append
     instead of overwriting an acknowledged event, and its transaction is rolled back."""
-    store = Store(tmp_path / "db")
-    try:
-        store.append("s", [user("zero")])
-        meta = store.meta("s")
-        assert meta is not None
-        with store.env.begin(write=True) as txn:
-            txn.put(schema.event_key(meta.sid, 2), b"planted", db=store.tables.events)
-        with pytest.raises(RuntimeError, match="already exist"):
-            store.append("s", [user("one"), user("two")])
-        after = store.meta("s")
-        assert after is not None
-        assert after.next_seq == 1
-        with store.env.begin() as txn:
-            assert txn.get(schema.event_key(meta.sid, 1), db=store.tables.events) is None
-            assert txn.get(schema.event_key(meta.sid, 2), db=store.tables.events) == b"planted"
-    finally:
-        store.close()
+    store.append("s", [user("zero")])
+    meta = store.meta("s")
+    assert meta is not None
+    with store.env.begin(write=True) as txn:
+        txn.put(schema.event_key(meta.sid, 2), b"planted", db=store.tables.events)
+    with pytest.raises(RuntimeError, match="already exist"):
+        store.append("s", [user("one"), user("two")])
+    after = store.meta("s")
+    assert after is not None
+    assert after.next_seq == 1
+    with store.env.begin() as txn:
+        assert txn.get(schema.event_key(meta.sid, 1), db=store.tables.events) is None
+        assert txn.get(schema.event_key(meta.sid, 2), db=store.tables.events) == b"planted"

@@ -58,13 +58,15 @@ BATCHED = AppendCase(3, clients=4, events_per_call=100)
 """Case 3: 4 concurrent clients, 100 events per call."""
 
 
-def append_load(settings: Settings, target: str, case: AppendCase) -> UnaryLoad:
-    """Each client appends ``case.events_per_call`` events per call to its own session."""
+def append_load(settings: Settings, target: str, case: AppendCase, prefix: str = "") -> UnaryLoad:
+    """Each client appends ``case.events_per_call`` events per call to its own session,
+    ``<prefix>-<client index>`` (the case's prefix by default)."""
+    prefix = prefix or case.prefix
     return UnaryLoad(
         target=target,
         method=APPEND,
         requests=tuple(
-            append_request(f"{case.prefix}-{i}", case.events_per_call) for i in range(case.clients)
+            append_request(f"{prefix}-{i}", case.events_per_call) for i in range(case.clients)
         ),
         events_per_call=case.events_per_call,
         duration=settings.duration,
@@ -85,24 +87,15 @@ def run_append(
     return load, outcome.measurement
 
 
-def h2load_append_load(settings: Settings, target: str, case: AppendCase) -> h2load.H2Load:
-    """The case's load for h2load: client i appends to its own session, as in ``append_load``."""
-    return h2load.H2Load(
-        target=target,
-        method=APPEND,
-        requests=tuple(
-            append_request(f"{case.h2load_prefix}-{i}", case.events_per_call)
-            for i in range(case.clients)
-        ),
-        events_per_call=case.events_per_call,
-        duration=settings.duration,
-        warmup=settings.warmup,
-    )
+def h2load_append_load(settings: Settings, target: str, case: AppendCase) -> UnaryLoad:
+    """The case's load for h2load: client i appends to its own session, as in ``append_load``
+    (h2load reads only the target, method, requests, events per call, duration and warm-up)."""
+    return append_load(settings, target, case, prefix=case.h2load_prefix)
 
 
 def run_append_h2load(
     settings: Settings, server: ServerProcess, case: AppendCase, work: Path
-) -> tuple[h2load.H2Load, Measurement]:
+) -> tuple[UnaryLoad, Measurement]:
     """Run an append case with h2load as the client, then check the stored events.
 
     h2load cannot see a gRPC status, so each session's growth over the measured run is checked

@@ -38,7 +38,7 @@ def echo_unary(load: UnaryLoad, server: ServerProcess) -> Measurement:
 
 
 def echo_unary_h2load(
-    load: h2load.H2Load, server: ServerProcess, work: Path, *, via_thread: bool = False
+    load: UnaryLoad, server: ServerProcess, work: Path, *, via_thread: bool = False
 ) -> Measurement:
     """The given h2load append load, byte for byte, against the echo server; ``via_thread``:
     each call handed to a worker thread and back (``echo.UNARY_VIA_THREAD``)."""

@@ -38,18 +38,16 @@ import shutil
 import signal
 import subprocess
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from bench.common import Measurement, system_cpu_seconds
+from bench.load import ServerCpu, UnaryLoad
 
 GRACE_SECONDS = 30.0
 """How long past its duration an h2load process may take to exit before it is killed."""
 POLL_SECONDS = 0.02
 INSTALL = "install it with `apt-get install -y nghttp2-client` (or `make bench-tools` as root)"
-
-ServerCpu = Callable[[], float | None]
 
 
 def executable() -> str | None:
@@ -77,21 +75,6 @@ def version() -> str:
     return done.stdout.strip()
 
 
-@dataclass(frozen=True)
-class H2Load:
-    """Clients each sending the same request over and over, one call in flight per client."""
-
-    target: str
-    """host:port, plain HTTP/2 (h2c)."""
-    method: str
-    """The gRPC path, "/package.Service/Method"."""
-    requests: tuple[bytes, ...]
-    """One serialized request per client; client i always sends requests[i]."""
-    events_per_call: int
-    duration: float
-    warmup: float
-
-
 @dataclass
 class H2Outcome:
     measurement: Measurement
@@ -114,7 +97,7 @@ def frame(message: bytes) -> bytes:
     return b"\0" + len(message).to_bytes(4, "big") + message
 
 
-def warm_up(load: H2Load, work: Path) -> None:
+def warm_up(load: UnaryLoad, work: Path) -> None:
     """Run every client for ``load.warmup`` seconds and check it succeeded; nothing is kept."""
     if load.warmup <= 0:
         return
@@ -125,7 +108,7 @@ def warm_up(load: H2Load, work: Path) -> None:
             raise RuntimeError(f"h2load warm-up of client {index} failed: {problem}")
 
 
-def measure(load: H2Load, name: str, server_cpu: ServerCpu, work: Path) -> H2Outcome:
+def measure(load: UnaryLoad, name: str, server_cpu: ServerCpu, work: Path) -> H2Outcome:
     """The measured run: every client for ``load.duration`` seconds, started together."""
     cpu_before, system_before = server_cpu(), system_cpu_seconds()
     runs, window = _run_all(load, work, "measure", log=True)
@@ -173,7 +156,7 @@ def measure(load: H2Load, name: str, server_cpu: ServerCpu, work: Path) -> H2Out
     return outcome
 
 
-def _run_all(load: H2Load, work: Path, phase: str, log: bool) -> tuple[list[_Run], float]:
+def _run_all(load: UnaryLoad, work: Path, phase: str, log: bool) -> tuple[list[_Run], float]:
     """Start one h2load per client, reap each by PID; the runs, and the wall time from the
     first start to the last exit."""
     path = executable()

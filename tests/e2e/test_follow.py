@@ -15,6 +15,7 @@ from typing import Any
 import grpc
 import pytest
 
+from sessionlog.service.app import ServerConfig
 from sessionlog.testing import ThreadedServer, error_info, running_server
 from sessionlog.v1 import event_pb2
 from sessionlog.v1 import session_log_service_pb2 as pb
@@ -359,3 +360,70 @@ def test_pacing_leaves_a_lone_follower_prompt(tmp_path: Path) -> None:
                 assert seqs(list(response.events)) == [i]
         finally:
             stream.cancel()
+
+
+def test_a_paced_follower_ends_at_once_on_shutdown_with_its_resume_point(tmp_path: Path) -> None:
+    """A stream holding its next read for its turn (rate 1/s: a second apart) does not sleep
+    through shutdown: it ends with UNAVAILABLE and the seq to resume from, within the grace."""
+    config = ServerConfig(data_dir=str(tmp_path / "data"), listen="127.0.0.1:0", follow_send_rate=1)
+    server = ThreadedServer(config).start()
+    own = grpc.insecure_channel(server.address)  # not the server's: stop() closes those
+    try:
+        stub = pb_grpc.SessionLogServiceStub(own)  # type: ignore[no-untyped-call]
+        stream = follow(stub, "paced-stop")
+        read_until_caught_up(stream)
+        append(stub, "paced-stop", "one")
+        assert seqs(list(skip_heartbeats(stream).events)) == [0]
+        append(stub, "paced-stop", "two")  # wakes the stream, which now waits for its turn
+        time.sleep(0.1)
+        started = time.monotonic()
+        stopper = threading.Thread(target=server.stop, kwargs={"grace": 0.3})
+        stopper.start()
+        events, ended = _drain(stream)
+        stopper.join(10)
+        assert time.monotonic() - started < 0.9
+        assert ended.code() == grpc.StatusCode.UNAVAILABLE
+        assert int(error_info(ended).metadata["next_seq"]) == 1 + len(events)
+    finally:
+        own.close()
+        server.stop()
+
+
+def _drain(stream: Stream) -> tuple[list[event_pb2.Event], grpc.RpcError]:
+    """Every event a stream still delivers, and the error that ends it."""
+    events: list[event_pb2.Event] = []
+    try:
+        for response in stream:
+            events.extend(response.events)
+    except grpc.RpcError as error:
+        return events, error
+    raise AssertionError("the stream ended without an error")
+
+
+def test_pacing_never_slows_a_stream_that_is_behind(tmp_path: Path) -> None:
+    """Pacing holds a caught-up stream's next read, not the batches of one that fell behind:
+    at a rate of one response per second, 2 MB committed at once still arrives within about one
+    turn, not one batch per second."""
+    with running_server(tmp_path / "data", follow_send_rate=1) as server:
+        stub = server.stub()
+        stream = follow(stub, "behind")
+        read_until_caught_up(stream)
+        append(stub, "behind", "first")
+        assert seqs(list(skip_heartbeats(stream).events)) == [0]
+        big = "x" * 20_000
+        for _ in range(10):
+            stub.Append(
+                pb.AppendRequest(session_id="behind", events=[user(big) for _ in range(10)]),
+                timeout=10,
+            )
+        started = time.monotonic()
+        events: list[event_pb2.Event] = []
+        responses = 0
+        while len(events) < 100:
+            response = next(stream)
+            responses += 1
+            events.extend(response.events)
+        assert seqs(events) == list(range(1, 101))
+        assert responses >= 8  # 2 MB take several 256 KiB batches...
+        assert time.monotonic() - started < 3.0  # ...sent back to back, not a second apart
+        stream.cancel()

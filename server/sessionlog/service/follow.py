@@ -47,17 +47,21 @@ async def follow(
     caught_up = False
     loop = asyncio.get_running_loop()
     sent_at = 0.0
+    paced = False
     try:
         while True:
             if live and (waiter is None or waiter.done()):
                 if waiter is not None:
                     notifier.discard(key, waiter)
                 waiter = notifier.register(key)
-            if caught_up:
-                # Woken by a commit: hold the read until this stream's turn comes round.
+            if paced:
+                # The stream reached the end and a commit woke it: hold the read until its turn
+                # comes round. (A stream behind, reading batch after batch, is never held:
+                # pacing spreads the sends out, it must not cap how fast a stream catches up.)
+                paced = False
                 delay = sent_at + pace() - loop.time()
                 if delay > 0:
-                    await asyncio.sleep(delay)
+                    await notifier.pause(delay)
             if notifier.closed:
                 await abort(context, shutting_down(subject, cursor))
                 return
@@ -70,6 +74,7 @@ async def follow(
                     continue
                 # That batch reached the end as of its read. A commit since then has resolved
                 # the waiter (registered before the read), so no second read is needed to know.
+            paced = caught_up  # at the end: the next wake-up waits for this stream's turn
             if not live or waiter is None:
                 return
             if not caught_up:

@@ -149,7 +149,8 @@ class StreamLimiter:
             if task not in self._interrupted:
                 raise  # the client went away, or grpc is ending the call
             self._interrupted.discard(task)
-            task.uncancel()
+            if task.uncancel():
+                raise  # the client's own cancellation came in the same turn: it stands
             return await self._abandon(write)
         finally:
             self._writing.discard(task)

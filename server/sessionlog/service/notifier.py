@@ -23,6 +23,7 @@ class Notifier:
         self._waiters: dict[str, set[asyncio.Future[None]]] = {}
         self.closed = False
         self._closing: asyncio.Future[None] | None = None
+        self._pauses: set[asyncio.Future[None]] = set()
 
     def closing(self) -> asyncio.Future[None]:
         """A future resolved when the notifier closes (shared; never cancel it)."""
@@ -49,6 +50,21 @@ class Notifier:
             if not waiting:
                 del self._waiters[session_id]
 
+    async def pause(self, seconds: float) -> None:
+        """Sleep for ``seconds``, or less: ``close`` ends every pause at once, so a paced stream
+        still answers shutdown promptly (and with its resume point)."""
+        if self.closed:
+            return
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[None] = loop.create_future()
+        timer = loop.call_later(seconds, _resolve, future)
+        self._pauses.add(future)
+        try:
+            await future
+        finally:
+            self._pauses.discard(future)
+            timer.cancel()
+
     def notify(self, session_ids: set[str]) -> None:
         for session_id in session_ids:
             for future in self._waiters.pop(session_id, ()):
@@ -61,14 +77,18 @@ class Notifier:
         if self._closing is not None and not self._closing.done():
             self._closing.set_result(None)
         waiting, self._waiters = self._waiters, {}
-        for futures in waiting.values():
+        for futures in (*waiting.values(), self._pauses):
             for future in futures:
-                if not future.done():
-                    future.set_result(None)
+                _resolve(future)
 
     @property
     def follower_count(self) -> int:
         return sum(len(f) for f in self._waiters.values())
+
+
+def _resolve(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
 
 
 def shutting_down(what: str, cursor: int) -> errors.Unavailable:

@@ -11,6 +11,7 @@ from typing import Any
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 from google.protobuf.struct_pb2 import Struct
 
+from sessionlog import wire
 from sessionlog.v1 import event_pb2, session_log_service_pb2
 
 #: The Since server sends batches of stored events until they reach this many bytes.
@@ -119,24 +120,11 @@ def since_batches(events: Sequence[bytes], budget: int = SINCE_BATCH_BYTES) -> l
         batch.append(raw)
         size += len(raw)
         if size >= budget:
-            out.append(_events_field(batch))
+            out.append(wire.length_delimited(1, batch))
             batch, size = [], 0
     if batch:
-        out.append(_events_field(batch))
+        out.append(wire.length_delimited(1, batch))
     return out
-
-
-def _events_field(events: Sequence[bytes]) -> bytes:
-    return b"".join(b"\x0a" + _varint(len(raw)) + raw for raw in events)
-
-
-def _varint(value: int) -> bytes:
-    out = bytearray()
-    while value >= 0x80:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
 
 
 def _batch_class() -> Any:

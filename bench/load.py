@@ -116,9 +116,24 @@ def run_unary(load: UnaryLoad, name: str, server_cpu: ServerCpu) -> UnaryOutcome
 
 def run_stream(load: StreamLoad, name: str, server_cpu: ServerCpu) -> Measurement:
     """Read a server stream ``load.runs`` times from one worker process; totals over the runs."""
-    reports = run_workers([(_stream_worker, (load,))], server_cpu, 600.0)
+    measurement, runs = run_reads(_stream_worker, load, name, server_cpu, load.expected_events)
+    measurement.details.update(
+        events_per_run=load.expected_events,
+        messages_per_run=runs[0]["messages"] if runs else 0,
+        bytes_per_run=runs[0]["bytes"] if runs else 0,
+    )
+    return measurement
+
+
+def run_reads(
+    worker: Callable[..., None], load: Any, name: str, server_cpu: ServerCpu, expected: int
+) -> tuple[Measurement, list[dict[str, Any]]]:
+    """Run one ``worker`` process that reads a whole stream several times and reports each run
+    (events, seconds); totals over the runs, the median run, and an error for every run that
+    did not read ``expected`` events. Also returns the runs, for the caller's own details."""
+    reports = run_workers([(worker, (load,))], server_cpu, 600.0)
     report = reports.workers[0]
-    runs = report["runs"]
+    runs: list[dict[str, Any]] = report["runs"]
     measurement = Measurement(
         name=name,
         events=sum(r["events"] for r in runs),
@@ -128,24 +143,21 @@ def run_stream(load: StreamLoad, name: str, server_cpu: ServerCpu) -> Measuremen
         server_cpu_seconds=reports.server_cpu,
         system_cpu_seconds=reports.system_cpu,
         window_seconds=reports.window,
-        errors=report["errors"],
-        first_error=report["first_error"],
+        errors=report.get("errors", 0),
+        first_error=report.get("first_error", ""),
     )
     seconds = sorted(r["seconds"] for r in runs)
     measurement.details.update(
-        events_per_run=load.expected_events,
         run_seconds=[r["seconds"] for r in runs],
         median_run_seconds=seconds[len(seconds) // 2] if seconds else None,
-        messages_per_run=runs[0]["messages"] if runs else 0,
-        bytes_per_run=runs[0]["bytes"] if runs else 0,
     )
-    wrong = [r["events"] for r in runs if r["events"] != load.expected_events]
+    wrong = [r["events"] for r in runs if r["events"] != expected]
     if wrong:
         measurement.errors += len(wrong)
         measurement.first_error = measurement.first_error or (
-            f"a run received {wrong[0]} events, expected {load.expected_events}"
+            f"a run read {wrong[0]} events, expected {expected}"
         )
-    return measurement
+    return measurement, runs
 
 
 @dataclass

@@ -14,6 +14,7 @@ import pytest
 from sessionlog.testing import ThreadedServer, error_info
 from sessionlog.v1 import event_pb2
 from sessionlog.v1 import session_log_service_pb2 as pb
+from sessionlog.wire import varint
 
 SERVICE = "/sessionlog.v1.SessionLogService/"
 UNARY_RPCS = ("Append", "Surface", "DeriveMessages")
@@ -21,15 +22,6 @@ ALL_RPCS = ("Append", "Since", "Surface", "DeriveMessages")
 
 
 # -- protobuf wire format by hand ---------------------------------------------------------------
-
-
-def varint(value: int) -> bytes:
-    out = bytearray()
-    while value >= 0x80:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
 
 
 def field_bytes(number: int, payload: bytes) -> bytes:

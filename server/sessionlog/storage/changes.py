@@ -42,8 +42,8 @@ KIND_BY_NAME = {
 class RecordingTxn:
     """A write transaction that remembers what a command puts, for its change record.
 
-    Event puts are remembered as a range (they must be consecutive seqs of one session);
-    every other put is kept whole.
+    Events go through ``put_events`` and are remembered as a range (consecutive seqs of one
+    session); every other put is kept whole.
     """
 
     def __init__(self, txn: lmdb.Transaction, tables: Tables) -> None:
@@ -62,12 +62,10 @@ class RecordingTxn:
         return self._txn.cursor(db=db)
 
     def put(self, key: bytes, value: bytes, db: Any = None, overwrite: bool = True) -> bool:
-        written: bool = self._txn.put(key, value, db=db, overwrite=overwrite)
-        if not written:
-            return written
         if db is self._events_db:
-            self._note_event(key)
-        else:
+            raise RuntimeError("events are written with put_events, as one range")
+        written: bool = self._txn.put(key, value, db=db, overwrite=overwrite)
+        if written:
             self.puts.append((self._names[id(db)], bytes(key), bytes(value)))
         return written
 
@@ -89,14 +87,6 @@ class RecordingTxn:
         elif sid != self.event_sid or first_seq != self.first_seq + self.event_count:
             raise RuntimeError("a command wrote events that are not one consecutive range")
         self.event_count += len(values)
-
-    def _note_event(self, key: bytes) -> None:
-        sid, seq = schema.split_event_key(key)
-        if self.event_count == 0:
-            self.event_sid, self.first_seq = sid, seq
-        elif sid != self.event_sid or seq != self.first_seq + self.event_count:
-            raise RuntimeError("a command wrote events that are not one consecutive range")
-        self.event_count += 1
 
     @property
     def wrote(self) -> bool:

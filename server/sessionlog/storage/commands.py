@@ -360,8 +360,7 @@ class ForkCommand:
         events = [Event.FromString(raw) for raw in copied]
         _refuse_open_turn(events, self._parent_id, at_seq)
         child = _new_session(txn, tables, self._child_id, now_ns)
-        for seq, raw in enumerate(copied):
-            txn.put(schema.event_key(child.sid, seq), raw, db=tables.events)
+        txn.put_events(child.sid, 0, copied)  # type: ignore[attr-defined]
         child.next_seq = len(copied)
         child.replace_generation = sum(1 for e in events if fold.replace_range(e) is not None)
         child.parent_id = self._parent_id

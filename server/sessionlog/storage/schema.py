@@ -77,11 +77,6 @@ def event_key_seq(key: bytes) -> int:
     return value
 
 
-def split_event_key(key: bytes) -> tuple[int, int]:
-    sid, seq = _EVENT_KEY.unpack(key)
-    return sid, seq
-
-
 def request_key(sid: int, request_id: str) -> bytes:
     return _U64.pack(sid) + request_id.encode("utf-8")
 

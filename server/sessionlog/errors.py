@@ -27,7 +27,8 @@ status back into the same class with :func:`from_reason`.
     │   ├── OpenTurn                        OPEN_TURN
     │   ├── LeaseHeld                       LEASE_HELD
     │   ├── LeaseLost                       LEASE_LOST
-    │   └── NotPrimary                      NOT_PRIMARY
+    │   ├── NotPrimary                      NOT_PRIMARY
+    │   └── HistoryDiverged                 HISTORY_DIVERGED (the change feed's history differs)
     ├── SeqConflict                         ABORTED
     ├── Unauthenticated                     UNAUTHENTICATED (no or unknown bearer token)
     ├── PermissionDenied                    PERMISSION_DENIED (token lacks the right or prefix)
@@ -35,7 +36,9 @@ status back into the same class with :func:`from_reason`.
     ├── StorageFull                         RESOURCE_EXHAUSTED
     ├── ResponseTooLarge                    RESOURCE_EXHAUSTED (RESPONSE_TOO_LARGE)
     ├── RequestTooLarge                     RESOURCE_EXHAUSTED (REQUEST_TOO_LARGE)
-    └── Unavailable                         UNAVAILABLE (shutting down; reconnect)
+    ├── DataCorrupted                       DATA_LOSS (DATA_CORRUPTED: a stored record is damaged)
+    ├── Unavailable                         UNAVAILABLE (shutting down; reconnect)
+    └── StorageIoError                      UNAVAILABLE (STORAGE_IO_ERROR: the disk failed a write)
 
 Metadata values are strings, as ``ErrorInfo.metadata`` requires.
 """
@@ -171,6 +174,13 @@ class NotPrimary(FailedPrecondition):
     reason = "NOT_PRIMARY"
 
 
+class HistoryDiverged(FailedPrecondition):
+    """The caller's change-feed position is not on this server's history: its record there is
+    missing or differs (another primary, or one restored from an older backup)."""
+
+    reason = "HISTORY_DIVERGED"
+
+
 class SeqConflict(SessionLogError):
     """expected_seq did not match; re-read and retry with the reported next_seq."""
 
@@ -195,10 +205,23 @@ class RequestTooLarge(SessionLogError):
     reason = "REQUEST_TOO_LARGE"
 
 
+class DataCorrupted(SessionLogError):
+    """A stored record could not be read back: the data file is damaged. Nothing is guessed;
+    restore from a backup or a replica (`sessionlog admin verify` lists what is damaged)."""
+
+    reason = "DATA_CORRUPTED"
+
+
 class Unavailable(SessionLogError):
     """The server is shutting down; reconnect (a follower resumes from its next seq)."""
 
     reason = "UNAVAILABLE"
+
+
+class StorageIoError(Unavailable):
+    """The disk failed a write (an I/O error): nothing was written; retry later."""
+
+    reason = "STORAGE_IO_ERROR"
 
 
 def _all_subclasses(cls: type[SessionLogError]) -> list[type[SessionLogError]]:

@@ -25,6 +25,7 @@ _CODES: dict[type[errors.SessionLogError], grpc.StatusCode] = {
     errors.Unauthenticated: grpc.StatusCode.UNAUTHENTICATED,
     errors.PermissionDenied: grpc.StatusCode.PERMISSION_DENIED,
     errors.Unavailable: grpc.StatusCode.UNAVAILABLE,
+    errors.DataCorrupted: grpc.StatusCode.DATA_LOSS,
 }
 
 

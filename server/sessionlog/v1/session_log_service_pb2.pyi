@@ -61,14 +61,16 @@ class AppendResponse(_message.Message):
     def __init__(self, events: _Optional[_Iterable[_Union[_event_pb2.Event, _Mapping]]] = ..., next_seq: _Optional[int] = ..., drops: _Optional[_Iterable[_Union[AppendDrop, _Mapping]]] = ...) -> None: ...
 
 class SinceRequest(_message.Message):
-    __slots__ = ("session_id", "seq", "follow")
+    __slots__ = ("session_id", "seq", "follow", "heartbeat_interval")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     SEQ_FIELD_NUMBER: _ClassVar[int]
     FOLLOW_FIELD_NUMBER: _ClassVar[int]
+    HEARTBEAT_INTERVAL_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     seq: int
     follow: bool
-    def __init__(self, session_id: _Optional[str] = ..., seq: _Optional[int] = ..., follow: _Optional[bool] = ...) -> None: ...
+    heartbeat_interval: _duration_pb2.Duration
+    def __init__(self, session_id: _Optional[str] = ..., seq: _Optional[int] = ..., follow: _Optional[bool] = ..., heartbeat_interval: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ...) -> None: ...
 
 class SinceResponse(_message.Message):
     __slots__ = ("events", "caught_up", "next_seq")

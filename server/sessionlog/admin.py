@@ -2,6 +2,8 @@
 
     sessionlog admin stats  [--data DIR] [--server HOST:PORT] [--json]
     sessionlog admin backup DEST [--data DIR]
+    sessionlog admin restore BACKUP [--data DIR] [--force]
+    sessionlog replica resync [--data DIR]
 
 Both open the LMDB environment read-only, so they run while the server writes: LMDB readers
 never block the writer, and a read transaction sees one committed state.
@@ -11,6 +13,10 @@ one read transaction): the copy holds exactly the data committed when the transa
 with free pages left out, so it is often smaller than the source. A server started on the copy
 sees every session as it was at that moment: dense seqs, the same stored bytes. Restore by
 stopping the server and putting the copy's ``data.mdb`` in place of the data folder's.
+
+``restore`` and ``replica resync`` write to the folder, so they take its lock: they refuse while
+a server owns it. A restored file starts a new history (see ``storage.identity``), and resync
+sets the diverged store aside (nothing is deleted) so the replica rebuilds from its primary.
 
 Exit codes: 0 success, 1 failure (one line on stderr), 3 the --server could not be reached.
 """
@@ -29,6 +35,8 @@ import grpc
 import lmdb
 
 from sessionlog.service.app import DEFAULT_DATA_DIR
+from sessionlog.storage import folder, identity, schema
+from sessionlog.storage.commands import Tables
 from sessionlog.storage.usage import Usage, open_readonly, usage
 from sessionlog.v1 import replication_service_pb2 as rpb
 from sessionlog.v1 import replication_service_pb2_grpc as rpb_grpc
@@ -74,6 +82,46 @@ def add_commands(commands: Any) -> None:
     backup.add_argument("dest", metavar="DEST", help="a new or empty folder for the copy")
     backup.add_argument("--data", default=data_default, help=data_help)
     backup.set_defaults(run=_backup)
+
+    restore = actions.add_parser(
+        "restore",
+        help="put a backup in place as the data folder's store (the server must be stopped)",
+        description="Install BACKUP/data.mdb (a folder written by admin backup) as the data "
+        "folder's data file. Refused while a server owns the folder. The restored store starts "
+        "a new history id, so replicas of the old one notice. With --force, a store already in "
+        "the folder is first moved aside into a subfolder (never deleted).",
+    )
+    restore.add_argument("backup", metavar="BACKUP", help="a folder written by admin backup")
+    restore.add_argument("--data", default=data_default, help=data_help)
+    restore.add_argument(
+        "--force", action="store_true", help="replace a store already in the folder (kept aside)"
+    )
+    restore.set_defaults(run=_restore)
+
+
+def add_replica_commands(commands: Any) -> None:
+    """Register `sessionlog replica resync` on the `sessionlog` parser."""
+    replica = commands.add_parser(
+        "replica",
+        help="replica maintenance (resync a diverged replica)",
+        description="Maintenance of a replica's data folder.",
+    )
+    actions = replica.add_subparsers(dest="replica_command", metavar="ACTION", required=True)
+    data_default = os.environ.get("SESSIONLOG_DATA", DEFAULT_DATA_DIR)
+    resync = actions.add_parser(
+        "resync",
+        help="set a diverged replica's data aside so it rebuilds from its primary",
+        description="Move the replica's store (data.mdb, its reader table and marker) into a "
+        "subfolder named diverged-<time> of the data folder, kept for audit. The replica must be "
+        "stopped; start it again with --replica-of and it copies its primary's whole change "
+        "feed from the start.",
+    )
+    resync.add_argument(
+        "--data",
+        default=data_default,
+        help=f"the replica's data folder [env SESSIONLOG_DATA] (default {data_default})",
+    )
+    resync.set_defaults(run=_resync)
 
 
 def _fail(message: str) -> int:
@@ -178,6 +226,7 @@ def _backup(args: argparse.Namespace) -> int:
         with env.begin() as txn:
             source = usage(env, tables, txn)
             env.copy(str(dest), compact=True, txn=txn)
+        _stamp(dest, source.map_size)
     except (lmdb.Error, OSError) as exc:
         return _fail(f"backup to {str(dest)!r} failed: {exc}")
     finally:
@@ -193,6 +242,90 @@ def _backup(args: argparse.Namespace) -> int:
         f"{source.position}) to {dest}/{DATA_FILE}: {_human(size)} in "
         f"{time.monotonic() - started:.2f} s"
     )
+    return 0
+
+
+def _stamp(path: Path, map_size: int) -> None:
+    """Mark a fresh copy as no folder's own data file (``identity.stamp_copy``): restoring it
+    then starts a new history. Nothing else has the copy open yet."""
+    env = lmdb.open(
+        str(path), map_size=map_size, max_dbs=len(schema.ALL_DBS), lock=False, create=False
+    )
+    try:
+        identity.stamp_copy(env, Tables(env))
+    finally:
+        env.close()
+
+
+def _own(data: Path) -> folder.FolderLock:
+    """The folder's lock for a command that writes to it (FolderInUse while a server runs)."""
+    return folder.acquire(data)
+
+
+def _restore(args: argparse.Namespace) -> int:
+    data, backup = Path(args.data), Path(args.backup)
+    source = backup / DATA_FILE
+    if not source.is_file():
+        return _fail(
+            f"no backup in {str(backup)!r} (no {DATA_FILE}); name a folder admin backup wrote"
+        )
+    try:
+        env, tables = open_readonly(str(backup), lock=False)
+        try:
+            copied = usage(env, tables)
+        finally:
+            env.close()
+    except lmdb.Error as exc:
+        return _fail(f"{str(source)!r} is not a usable sessionlog store: {exc}")
+    try:
+        lock = _own(data)
+    except folder.FolderInUse as exc:
+        return _fail(str(exc))
+    try:
+        held = (data / DATA_FILE).exists() and (data / DATA_FILE).stat().st_size > 0
+        if held and not args.force:
+            return _fail(
+                f"{str(data)!r} already holds a store; add --force to replace it (it is moved "
+                "aside, not deleted)"
+            )
+        aside = folder.set_aside(data, "before-restore") if held else None
+        folder.install_data_file(data, source)
+        _stamp(data, copied.map_size)
+        folder.write_marker(
+            data, folder.Marker(created=folder.now_iso(), instance="", previous_instance="")
+        )
+    except (lmdb.Error, OSError) as exc:
+        return _fail(f"restore into {str(data)!r} failed: {exc}")
+    finally:
+        lock.release()
+    print(
+        f"restored {copied.sessions} sessions, {copied.events} events (change-feed position "
+        f"{copied.position}) into {data}/{DATA_FILE}"
+        + (f"; the store it replaced is in {aside}" if aside else "")
+        + ". The next start gives this folder a new history id."
+    )
+    return 0
+
+
+def _resync(args: argparse.Namespace) -> int:
+    data = Path(args.data)
+    try:
+        lock = _own(data)
+    except folder.FolderInUse as exc:
+        return _fail(str(exc))
+    try:
+        aside = folder.set_aside(data, "diverged")
+    except OSError as exc:
+        return _fail(f"could not set the store in {str(data)!r} aside: {exc}")
+    finally:
+        lock.release()
+    if aside is None:
+        print(f"{data} holds no store: a replica started on it copies its primary from the start")
+    else:
+        print(
+            f"moved the replica's store to {aside} (delete it when no longer needed); start the "
+            "replica again with --replica-of and it rebuilds from its primary's change feed"
+        )
     return 0
 
 

@@ -2,7 +2,8 @@
 
     sessionlog serve [--config FILE] [--data DIR] [--listen HOST:PORT] ... [--print-config]
     sessionlog append | tail | surface | messages | get | sessions | fork | lease | health ...
-    sessionlog admin stats | backup ...
+    sessionlog admin stats | backup | restore ...
+    sessionlog replica resync ...
 
 The client subcommands live in ``cli_client``.
 
@@ -30,6 +31,7 @@ import lmdb
 from sessionlog import admin, config, logs
 from sessionlog.cli_client import add_commands, run_client
 from sessionlog.service.app import BindError, ConfigError, serve
+from sessionlog.storage.folder import FolderDamaged, FolderInUse
 
 
 class _Parser(argparse.ArgumentParser):
@@ -56,6 +58,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve_cmd.set_defaults(run=None)
     add_commands(commands)
     admin.add_commands(commands)
+    admin.add_replica_commands(commands)
     return parser
 
 
@@ -97,7 +100,7 @@ def _serve(args: argparse.Namespace) -> int:
     logs.configure(resolved.values["log_level"], resolved.values["log_format"])
     try:
         run_event_loop(serve(server_config))
-    except (BindError, ConfigError) as exc:
+    except (BindError, ConfigError, FolderInUse, FolderDamaged) as exc:
         print(f"sessionlog: {exc}", file=sys.stderr)
         return 1
     except (lmdb.Error, OSError) as exc:

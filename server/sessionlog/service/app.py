@@ -124,6 +124,7 @@ class ServerConfig:
             durable=self.durable,
             limits=self.limits,
             request_id_ttl_seconds=self.request_id_ttl_seconds,
+            replica_of=self.replica_of,
         )
 
 
@@ -269,6 +270,7 @@ class SessionLogServer:
                 self._caught_up,
                 channel_factory=_replica_channel_factory(config),
                 metadata=_bearer_metadata(config.replica_token),
+                on_diverged=self._diverged,
             )
             self._replicator_task = asyncio.create_task(self._replicator.run())
         log.info(
@@ -326,6 +328,11 @@ class SessionLogServer:
     def _caught_up(self) -> None:
         if self._server is not None:
             asyncio.get_running_loop().create_task(self._set_health(serving=True))
+
+    def _diverged(self) -> None:
+        """A diverged replica is not current, whatever it served before: NOT_SERVING."""
+        if self._server is not None:
+            asyncio.get_running_loop().create_task(self._set_health(serving=False))
 
     async def stop(self, grace: float | None = None) -> None:
         """Stop: followers end with UNAVAILABLE, in-flight appends finish, LMDB closes."""

@@ -10,6 +10,12 @@ A replica resumes from its own newest stored position + 1, so after a crash or r
 neither skips nor repeats a change: the position is committed in the same transaction as the
 data. It reconnects with capped exponential backoff, serves every read, and refuses writes with
 NOT_PRIMARY naming its primary.
+
+A replica never mixes two histories. On connect it names the checksum of its newest change, and
+the primary refuses the stream (HISTORY_DIVERGED) unless its own change there is the same; and
+every record the replica applies must chain from the replica's previous one. When either check
+fails, the replica stops applying, reports DIVERGED (status, health NOT_SERVING, a log line with
+the reason) and waits to be resynced (`sessionlog replica resync`).
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import grpc
+from google.rpc import error_details_pb2, status_pb2
 
 from sessionlog import errors, wire
 from sessionlog.service.errors import abort
@@ -53,6 +60,12 @@ class ReplicaState:
     applied_position: int = 0
     applied_commit_ns: int = 0
     last_contact_ns: int = 0
+    primary_history_id: str = ""
+    diverged: bool = False
+    """Set once the replica found its data is not on the primary's history; it applies nothing
+    more (until resynced) and is never reported as caught up."""
+    detail: str = ""
+    """Why the state is what it is (the divergence, the last connection error), for people."""
 
     @property
     def lag_positions(self) -> int:
@@ -96,7 +109,7 @@ class ReplicationServicer:
 
     def _head_fields(self) -> bytes:
         position, commit_ns = self.store.head()
-        stamp = rpb.ChangesResponse()
+        stamp = rpb.ChangesResponse(history_id=self.store.history()[0])
         if commit_ns:
             stamp.head_commit_time.FromNanoseconds(commit_ns)
         return wire.uint_field(3, position) + stamp.SerializeToString()
@@ -105,7 +118,13 @@ class ReplicationServicer:
         """Every change from start_position on, in batches; with follow, then live ones."""
         try:
             request = decode(rpb.ChangesRequest, raw)
+            self.store.check_feed_after(request.start_position, request.after_checksum)
         except errors.SessionLogError as error:
+            if isinstance(error, errors.HistoryDiverged):
+                log.warning(
+                    "refused a change-feed reader that is not on this history",
+                    extra={"position": request.start_position - 1, "peer": context.peer()},
+                )
             await abort(context, error)
             return
 
@@ -139,20 +158,38 @@ class ReplicationServicer:
         except errors.SessionLogError as error:
             await abort(context, error)
         position, _ = self.store.head()
-        response = rpb.GetReplicationStatusResponse(role="primary", position=position)
+        response = rpb.GetReplicationStatusResponse(
+            role="primary",
+            position=position,
+            state=rpb.REPLICATION_STATE_PRIMARY,
+            history_id=self.store.history()[0],
+        )
         state = self.replica
         if state is not None:
+            response.primary_history_id = state.primary_history_id
+            response.detail = state.detail
+            response.state = (
+                rpb.REPLICATION_STATE_DIVERGED if state.diverged else _live_state(state)
+            )
             response.role = "replica"
             response.primary = state.primary
             response.primary_position = max(state.primary_position, position)
             response.lag_positions = max(0, state.primary_position - position)
             response.lag.FromNanoseconds(state.lag_ns)
-            response.caught_up = state.caught_up
+            response.caught_up = state.caught_up and not state.diverged
             response.connected = state.connected
             if state.last_contact_ns:
                 response.last_contact_time.FromNanoseconds(state.last_contact_ns)
         serialized: bytes = response.SerializeToString()
         return serialized
+
+
+def _live_state(state: ReplicaState) -> rpb.ReplicationState:
+    if not state.connected:
+        return rpb.REPLICATION_STATE_DISCONNECTED
+    if state.applied_position < state.primary_position:
+        return rpb.REPLICATION_STATE_CATCHING_UP
+    return rpb.REPLICATION_STATE_STREAMING
 
 
 class Replicator:
@@ -165,11 +202,13 @@ class Replicator:
         on_caught_up: Callable[[], None],
         channel_factory: Callable[[str], grpc.aio.Channel] | None = None,
         metadata: tuple[tuple[str, str], ...] = (),
+        on_diverged: Callable[[], None] = lambda: None,
     ) -> None:
         self.store = store
         self.state = state
         self._metadata = metadata
         self._on_caught_up = on_caught_up
+        self._on_diverged = on_diverged
         self._channel_factory = channel_factory or _insecure_channel
         self._stopping = False
         self._received = False
@@ -187,7 +226,14 @@ class Replicator:
                 await self._follow_once()
             except asyncio.CancelledError:
                 raise
+            except errors.HistoryDiverged as error:
+                self._diverge(error.message)
+                return
             except grpc.aio.AioRpcError as error:
+                if _reason(error) == errors.HistoryDiverged.reason:
+                    self._diverge(f"the primary refused this replica's position: {error.details()}")
+                    return
+                self.state.detail = f"{error.code().name}: {error.details()}"
                 log.warning(
                     "replica lost its primary; reconnecting",
                     extra={"primary": self.state.primary, "code": error.code().name},
@@ -208,8 +254,10 @@ class Replicator:
         channel = self._channel_factory(self.state.primary)
         try:
             changes = channel.unary_stream(CHANGES_METHOD)
-            start = self.store.head()[0] + 1
-            request = rpb.ChangesRequest(start_position=start, follow=True)
+            position, checksum = self.store.tail()
+            request = rpb.ChangesRequest(
+                start_position=position + 1, follow=True, after_checksum=checksum
+            )
             stream = changes(request.SerializeToString(), metadata=self._metadata or None)
             async for raw in stream:
                 if not self.state.connected:
@@ -228,6 +276,8 @@ class Replicator:
         if response.head_position >= state.primary_position:
             state.primary_position = response.head_position
             state.primary_commit_ns = response.head_commit_time.ToNanoseconds()
+        if response.history_id and response.history_id != state.primary_history_id:
+            await self._adopt(response.history_id)
         if payloads:
             received = [ReceivedChange.parse(p) for p in payloads]
             applied = await asyncio.wrap_future(self.store.submit_apply(received))
@@ -240,6 +290,48 @@ class Replicator:
                 extra={"primary": state.primary, "position": state.applied_position},
             )
             self._on_caught_up()
+
+    async def _adopt(self, history_id: str) -> None:
+        """Take the primary's history id: the primary accepted this replica's position (it
+        checked the checksum there before sending anything), so the data here is on it."""
+        self.state.primary_history_id = history_id
+        mine, _ = self.store.history()
+        if mine == history_id:
+            return
+        position = self.store.head()[0]
+        await asyncio.wrap_future(self.store.submit_adopt_history(history_id, position))
+        log.info(
+            "replica follows its primary's history",
+            extra={
+                "primary": self.state.primary,
+                "history_id": history_id,
+                "previous": mine,
+                "position": position,
+            },
+        )
+
+    def _diverge(self, why: str) -> None:
+        state = self.state
+        state.diverged, state.caught_up, state.connected = True, False, False
+        state.detail = why
+        log.error(
+            "replica diverged from its primary: applying nothing more until it is resynced "
+            "(sessionlog replica resync)",
+            extra={"primary": state.primary, "position": self.store.head()[0], "why": why},
+        )
+        self._on_diverged()
+
+
+def _reason(error: grpc.aio.AioRpcError) -> str:
+    """The ErrorInfo reason of a failed call ("" when it has none)."""
+    for key, value in error.trailing_metadata() or ():
+        if key == "grpc-status-details-bin" and isinstance(value, bytes):
+            status = status_pb2.Status.FromString(value)
+            for detail in status.details:
+                info = error_details_pb2.ErrorInfo()
+                if detail.Unpack(info):
+                    return str(info.reason)
+    return ""
 
 
 def _insecure_channel(target: str) -> grpc.aio.Channel:

@@ -11,17 +11,28 @@ field written after the others, so the appended bytes parse as the same message.
 A replica applies the puts verbatim and the events under the same keys, and writes the record
 under the same position: its data is byte-identical to the primary's, and a replica can itself
 serve the feed (or be promoted and carry on from the same positions).
+
+**Checksums chain the records.** Every record ends with a ``checksum`` field: the first 16 bytes
+of BLAKE2b over the previous record's checksum, the record's own fields as stored (without the
+checksum) and its events as field 9. So the checksum at position N stands for the whole history
+1..N: two stores whose records at N have the same checksum hold the same feed up to N. A replica
+recomputes each checksum before it applies a record (a record that does not follow its own
+previous one is refused: its history is not the primary's), and on connect it names its newest
+record's checksum, which the primary checks against its own (``check_after``). Records written
+before checksums existed have none; their *fingerprint* is the same hash with no previous
+checksum, and the chain starts again after them.
 """
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import lmdb
 
-from sessionlog import wire
+from sessionlog import errors, wire
 from sessionlog.storage import schema
 from sessionlog.storage.commands import Tables, read_range
 from sessionlog.v1 import replication_service_pb2 as rpb
@@ -30,6 +41,10 @@ from sessionlog.v1 import replication_service_pb2 as rpb
 FEED_KEY = "\x00changes"
 
 _EVENTS_FIELD = rpb.Change.DESCRIPTOR.fields_by_name["events"].number
+_CHECKSUM_FIELD = rpb.Change.DESCRIPTOR.fields_by_name["checksum"].number
+CHECKSUM_BYTES = 16
+_CHECKSUM_PREFIX = wire.tag(_CHECKSUM_FIELD, 2) + wire.varint(CHECKSUM_BYTES)
+_CHECKSUM_TAIL = len(_CHECKSUM_PREFIX) + CHECKSUM_BYTES
 
 KIND_BY_NAME = {
     "append": rpb.CHANGE_KIND_APPEND,
@@ -51,6 +66,8 @@ class RecordingTxn:
         self._names = tables.names
         self._events_db = tables.events
         self.puts: list[tuple[str, bytes, bytes]] = []
+        self.events: list[bytes] = []
+        """The stored bytes of the events written, in seq order (for the record's checksum)."""
         self.event_sid = -1
         self.first_seq = 0
         self.event_count = 0
@@ -87,6 +104,7 @@ class RecordingTxn:
         elif sid != self.event_sid or first_seq != self.first_seq + self.event_count:
             raise RuntimeError("a command wrote events that are not one consecutive range")
         self.event_count += len(values)
+        self.events.extend(values)
 
     @property
     def wrote(self) -> bool:
@@ -112,6 +130,31 @@ def encode_change(
         put = _TABLE_FIELDS[table] + _text_field(2, key) + _text_field(3, value)
         parts.append(wire.message_field(8, put))
     return b"".join(parts)
+
+
+def chain(previous: bytes, record: bytes, events: Sequence[bytes]) -> bytes:
+    """The checksum of a record (its stored bytes without a checksum) that follows a record
+    whose checksum is ``previous`` (b"" for the first record, or after one that has none)."""
+    digest = hashlib.blake2b(previous, digest_size=CHECKSUM_BYTES)
+    digest.update(record)
+    digest.update(wire.length_delimited(_EVENTS_FIELD, list(events)))
+    return digest.digest()
+
+
+def with_checksum(record: bytes, checksum: bytes) -> bytes:
+    """The stored record: its fields, then its checksum (always the last field)."""
+    return record + _CHECKSUM_PREFIX + checksum
+
+
+def without_checksum(record: bytes, checksum: bytes) -> bytes:
+    """A stored record's bytes as they were hashed (everything but the checksum field)."""
+    if (
+        checksum
+        and record.endswith(checksum)
+        and record[-_CHECKSUM_TAIL:].startswith(_CHECKSUM_PREFIX)
+    ):
+        return record[:-_CHECKSUM_TAIL]
+    return wire.split_field(record, _CHECKSUM_FIELD)[0]
 
 
 def _text_field(field_number: int, payload: bytes) -> bytes:
@@ -154,6 +197,66 @@ def head(txn: lmdb.Transaction, tables: Tables) -> tuple[int, int]:
     return change.position, change.commit_time.ToNanoseconds()
 
 
+def tail(txn: lmdb.Transaction, tables: Tables) -> tuple[int, bytes]:
+    """The newest change's position and fingerprint; (0, b"") when there is none. Read inside
+    the write transaction that appends after it: nothing cached decides a position."""
+    cursor = txn.cursor(db=tables.changes)
+    if not cursor.last():
+        return 0, b""
+    record = bytes(cursor.value())
+    change = rpb.Change.FromString(record)
+    return change.position, _fingerprint(txn, tables, record, change)
+
+
+def fingerprint_at(txn: lmdb.Transaction, tables: Tables, position: int) -> bytes | None:
+    """The fingerprint of the change at ``position``, or None when there is none."""
+    raw = txn.get(schema.u64(position), db=tables.changes)
+    if raw is None:
+        return None
+    record = bytes(raw)
+    return _fingerprint(txn, tables, record, rpb.Change.FromString(record))
+
+
+def _fingerprint(txn: lmdb.Transaction, tables: Tables, record: bytes, change: rpb.Change) -> bytes:
+    """A record's checksum; for a record written before checksums, the same hash of it and its
+    events with no previous checksum (what a replica computes for the same record)."""
+    if change.checksum:
+        return change.checksum
+    events: list[bytes] = []
+    if change.event_count:
+        stop = change.first_seq + change.event_count
+        events = read_range(txn, tables, change.internal_id, change.first_seq, stop)
+    return chain(b"", record, events)
+
+
+def check_after(txn: lmdb.Transaction, tables: Tables, start: int, checksum: bytes) -> None:
+    """Refuse a feed reader whose change at ``start - 1`` is not this store's: HistoryDiverged.
+
+    ``checksum`` is what the reader holds there; an empty one, or a start at the beginning,
+    checks nothing."""
+    if not checksum or start <= 1:
+        return
+    position = start - 1
+    mine = fingerprint_at(txn, tables, position)
+    newest = head(txn, tables)[0]
+    if mine is None:
+        raise errors.HistoryDiverged(
+            f"this server's change feed ends at position {newest}, before your position "
+            f"{position}: your data is not on its history (a primary restored from an older "
+            "backup, or another primary). Resync the replica (sessionlog replica resync)",
+            position=position,
+            head_position=newest,
+        )
+    if mine != checksum:
+        raise errors.HistoryDiverged(
+            f"your change at position {position} is not this server's (the checksums differ): "
+            "your data is not on its history (another primary, or one restored from a backup and "
+            "written since). Resync the replica (sessionlog replica resync)",
+            position=position,
+            head_position=newest,
+        )
+
+
 @dataclass
 class ReceivedChange:
     """A change as a replica received it: its record (everything but the events, exactly the
@@ -171,10 +274,12 @@ class ReceivedChange:
 
 @dataclass
 class ApplyResult:
-    """What a replica applied: the last position and its commit time, the sessions touched."""
+    """What a replica applied: the last position, its commit time and fingerprint, the sessions
+    touched."""
 
     last_position: int
     last_commit_ns: int
+    last_checksum: bytes = b""
     sessions: set[str] = field(default_factory=set)
 
 
@@ -200,13 +305,15 @@ class ApplyChangesCommand:
         tables = self._tables
         by_name = tables.by_name
         last = ApplyResult(0, 0)
-        expected = head(txn, tables)[0] + 1
+        expected, previous = tail(txn, tables)
+        expected += 1
         for received in self._changes:
             change = received.change
             if change.position != expected:
                 raise RuntimeError(
                     f"replication gap: expected change {expected}, received {change.position}"
                 )
+            previous = self._follows(received, previous)
             expected += 1
             for put in change.puts:
                 txn.put(put.key, put.value, db=by_name[put.table])
@@ -218,6 +325,24 @@ class ApplyChangesCommand:
             txn.put(schema.u64(change.position), received.record, db=tables.changes)
             last.last_position = change.position
             last.last_commit_ns = change.commit_time.ToNanoseconds()
+            last.last_checksum = previous
             last.sessions.add(change.session_id)
         self._touched.extend(last.sessions)
         return last
+
+    @staticmethod
+    def _follows(received: ReceivedChange, previous: bytes) -> bytes:
+        """The received record's fingerprint, once its checksum proves it follows ``previous``
+        (this store's newest record); HistoryDiverged when it does not (nothing is applied)."""
+        change, record = received.change, received.record
+        if not change.checksum:  # a record from before checksums: nothing to check it by
+            return chain(b"", record, received.events)
+        expected = chain(previous, without_checksum(record, change.checksum), received.events)
+        if expected != change.checksum:
+            raise errors.HistoryDiverged(
+                f"change {change.position} from the primary does not follow this replica's "
+                f"change {change.position - 1} (the checksums differ): the replica's data is not "
+                "on the primary's history. Resync it (sessionlog replica resync)",
+                position=change.position,
+            )
+        return expected

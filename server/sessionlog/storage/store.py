@@ -21,7 +21,7 @@ from typing import Any
 import lmdb
 
 from sessionlog import errors, fold, wire
-from sessionlog.storage import commands, schema
+from sessionlog.storage import changes, commands, folder, identity, schema
 from sessionlog.storage.changes import (
     ApplyChangesCommand,
     ApplyResult,
@@ -70,6 +70,9 @@ class StoreConfig:
     fold_cache_bytes: int = 256 << 20
     """About how much stored data the memoized surfaces may cover in all (their heap is a small
     multiple of it); least recently read sessions are dropped first."""
+    replica_of: str = ""
+    """The primary this folder follows when opened as a replica ("" for a primary): recorded
+    in the folder, so that opening a former replica as a primary starts a new history."""
 
 
 def prepare_append(
@@ -233,29 +236,48 @@ class Store:
         path: str | os.PathLike[str],
         config: StoreConfig | None = None,
         on_commit: Callable[[set[str]], None] | None = None,
+        lock: folder.FolderLock | None = None,
     ) -> None:
+        """Open (or create) the store in ``path``, owning the folder: with ``lock`` (taken by a
+        parent process), under that lock; else under one taken here (FolderInUse when another
+        server holds it). A folder that has lost its data raises FolderDamaged."""
         self.path = Path(path)
         self.config = config = config or StoreConfig()
-        self.path.mkdir(parents=True, exist_ok=True)
-        self.env = lmdb.open(
-            str(self.path),
-            map_size=config.map_size,
-            max_dbs=len(schema.ALL_DBS),
-            sync=config.durable,
-            metasync=config.durable,
-            readahead=False,
-            max_readers=1024,
-        )
-        self.tables = Tables(self.env)
+        self._lock = folder.acquire(self.path) if lock is None else lock
+        try:
+            marker = folder.read_marker(self.path)
+            folder.check_not_emptied(self.path, marker)
+            self.env = lmdb.open(
+                str(self.path),
+                map_size=config.map_size,
+                max_dbs=len(schema.ALL_DBS),
+                sync=config.durable,
+                metasync=config.durable,
+                readahead=False,
+                max_readers=1024,
+            )
+            try:
+                self.tables = Tables(self.env)
+                self.identity = identity.reconcile(
+                    self.env, self.tables, self.path, marker, config.replica_of
+                )
+            except BaseException:
+                self.env.close()
+                raise
+        except BaseException:
+            if lock is None:
+                self._lock.release()
+            raise
         self.writer = Writer(self.env, self.tables, on_commit=on_commit)
         self._folds: OrderedDict[int, fold.SurfaceFold] = OrderedDict()
         self._fold_bytes: dict[int, int] = {}
         self._folds_lock = threading.Lock()
 
     def close(self) -> None:
-        """Finish queued writes, then close the environment."""
+        """Finish queued writes, then close the environment and give up the folder."""
         self.writer.close()
         self.env.close()
+        self._lock.release()
 
     # -- writes: each returns a future resolved once durable (or failed with its error) ---------
 
@@ -332,6 +354,25 @@ class Store:
         """The newest change's (position, commit time in ns); (0, 0) for an empty store."""
         with self.env.begin() as txn:
             return head(txn, self.tables)
+
+    def tail(self) -> tuple[int, bytes]:
+        """The newest change's (position, fingerprint); (0, b"") for an empty store."""
+        with self.env.begin() as txn:
+            return changes.tail(txn, self.tables)
+
+    def check_feed_after(self, start: int, checksum: bytes) -> None:
+        """HistoryDiverged unless this store's change at ``start - 1`` has ``checksum``."""
+        with self.env.begin() as txn:
+            changes.check_after(txn, self.tables, start, checksum)
+
+    def history(self) -> tuple[str, int]:
+        """The folder's history id and the position it began after."""
+        with self.env.begin() as txn:
+            return identity.read(txn, self.tables)
+
+    def submit_adopt_history(self, history_id: str, start: int) -> Future[ApplyResult]:
+        """Queue a replica's taking of its primary's history id."""
+        return self.writer.submit(identity.AdoptHistoryCommand(self.tables, history_id, start))
 
     def session(self, session_id: str, now_ns: int | None = None) -> SessionView:
         """A session's metadata, live lease and lease audit, read in one transaction."""

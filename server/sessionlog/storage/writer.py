@@ -11,6 +11,8 @@ Invariants:
   a failed check leaves the transaction as it found it;
 - a future is resolved only after the transaction holding its writes is committed and synced, so
   an acknowledged append is durable;
+- the change-feed position and the checksum a record chains from are read inside the write
+  transaction, never cached: the store is the only truth, whoever else writes to it;
 - ``on_commit`` runs after the commit, so a woken subscriber always finds the new events;
 - when the map fills up mid-group (or any command fails unexpectedly), the group is retried one
   command per transaction, so one bad or large append cannot fail the others queued beside it.
@@ -99,8 +101,6 @@ class Writer:
     ) -> None:
         self._env = env
         self._tables = tables
-        with env.begin() as txn:
-            self._next_position = changes.head(txn, tables)[0] + 1
         self._queue: queue.SimpleQueue[_Job | _Stop] = queue.SimpleQueue()
         self._on_commit = on_commit
         self.stats = WriterStats()
@@ -163,14 +163,17 @@ class Writer:
 
     def _commit(self, group: list[_Job]) -> None:
         outcomes: list[tuple[bool, Any]] = []
-        position = self._next_position
         self._group_events = 0
+        fed = False
         try:
             txn = self._env.begin(write=True)
             try:
                 now_ns = time.time_ns()
+                feed = changes.tail(txn, self._tables)
                 for job in group:
-                    ok, value, position = self._apply(job.command, txn, now_ns, position)
+                    ok, value, after = self._apply(job.command, txn, now_ns, feed)
+                    fed = fed or after != feed
+                    feed = after
                     outcomes.append((ok, value))
                 started = time.perf_counter()
                 txn.commit()
@@ -191,8 +194,6 @@ class Writer:
                 log.exception("write transaction failed")
                 outcomes = [(False, exc)]
         else:
-            fed = position != self._next_position
-            self._next_position = position
             self.stats.commits += 1
             self.stats.commands += len(group)
             self.stats.largest_group = max(self.stats.largest_group, len(group))
@@ -203,28 +204,34 @@ class Writer:
         self._finish(group, outcomes, False)
 
     def _apply(
-        self, command: Command, txn: lmdb.Transaction, now_ns: int, position: int
-    ) -> tuple[bool, Any, int]:
-        """Apply one command; on success record its change. Returns (ok, value, next position)."""
+        self, command: Command, txn: lmdb.Transaction, now_ns: int, feed: tuple[int, bytes]
+    ) -> tuple[bool, Any, tuple[int, bytes]]:
+        """Apply one command; on success record its change. ``feed`` is the newest change's
+        (position, checksum) before it; returns (ok, value, the newest change's after it)."""
         if getattr(command, "replicated", False):
             try:
                 applied: changes.ApplyResult = command.apply(txn, now_ns)
             except errors.SessionLogError as exc:
-                return False, exc, position
-            return True, applied, applied.last_position + 1 if applied.last_position else position
+                return False, exc, feed
+            if not applied.last_position:
+                return True, applied, feed
+            return True, applied, (applied.last_position, applied.last_checksum)
         recording = changes.RecordingTxn(txn, self._tables)
         try:
             result = command.apply(recording, now_ns)  # type: ignore[arg-type]
         except errors.SessionLogError as exc:
-            return False, exc, position
-        if recording.wrote:
-            record = changes.encode_change(
-                position, command.kind, command.session_id, now_ns, recording
-            )
-            txn.put(schema.u64(position), record, db=self._tables.changes)
-            position += 1
-            self._group_events += recording.event_count
-        return True, result, position
+            return False, exc, feed
+        if not recording.wrote:
+            return True, result, feed
+        position = feed[0] + 1
+        record = changes.encode_change(
+            position, command.kind, command.session_id, now_ns, recording
+        )
+        checksum = changes.chain(feed[1], record, recording.events)
+        stored = changes.with_checksum(record, checksum)
+        txn.put(schema.u64(position), stored, db=self._tables.changes)
+        self._group_events += recording.event_count
+        return True, result, (position, checksum)
 
     def _finish(self, group: list[_Job], outcomes: list[tuple[bool, Any]], fed: bool) -> None:
         changed: set[str] = {changes.FEED_KEY} if fed else set()

@@ -1,0 +1,162 @@
+"""The history identity of a data folder: which lineage of the change feed it holds.
+
+A *history id* is a random id, kept in the ``counters`` table beside where it began (the feed
+position it started at). It is made when a folder is first opened, and made anew when the
+folder's history forks from the one it continued:
+
+- **restored**: the data file is not the one the folder last held (its instance is not the
+  marker's, see ``folder``): a backup was restored (or a file copied in). Whatever the old file
+  went on to write after the backup is not in this one.
+- **promoted**: a folder last opened as a replica is opened as a primary. Its old primary may
+  still hold changes it never received.
+
+A replica's data is its primary's history, so a replica takes its primary's id once the primary
+has accepted its position (see ``service.replication``). Ids are informational: what proves two
+stores agree is the chained checksum of their records at one position (``changes``); the id
+tells people and logs *that* a history changed, and where.
+
+None of these keys travels in the change feed: they describe this folder, not the data.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import lmdb
+
+from sessionlog.storage import changes, folder, schema
+from sessionlog.storage.commands import Tables
+
+log = logging.getLogger(__name__)
+
+HISTORY_ID = b"history_id"
+HISTORY_START = b"history_start"
+INSTANCE = b"instance"
+FOLLOWS = b"replica_of"
+"""Set while the folder is opened as a replica: the primary it follows."""
+
+CREATED, OPENED, RESTORED, PROMOTED = "created", "opened", "restored", "promoted"
+
+
+@dataclass(frozen=True)
+class Identity:
+    history_id: str
+    history_start: int
+    """The feed position this history id began after (0: from the start)."""
+    opened_as: str
+    """How this open found the folder: created, opened, restored or promoted."""
+
+
+def new_history_id() -> str:
+    return secrets.token_hex(8)
+
+
+def read(txn: lmdb.Transaction, tables: Tables) -> tuple[str, int]:
+    """The folder's (history id, start position); ("", 0) before it has one."""
+    raw = txn.get(HISTORY_ID, db=tables.counters)
+    start = txn.get(HISTORY_START, db=tables.counters)
+    return (
+        "" if raw is None else bytes(raw).decode(),
+        0 if start is None else schema.read_u64(start),
+    )
+
+
+def put_history(txn: lmdb.Transaction, tables: Tables, history_id: str, start: int) -> None:
+    txn.put(HISTORY_ID, history_id.encode(), db=tables.counters)
+    txn.put(HISTORY_START, schema.u64(start), db=tables.counters)
+
+
+def reconcile(
+    env: lmdb.Environment, tables: Tables, path: Path, marker: folder.Marker | None, replica_of: str
+) -> Identity:
+    """Work out (and record) the folder's history at open: new, the same, restored, promoted.
+
+    Runs once, before the writer starts, with the folder lock held. The marker is written before
+    the environment, naming the instance it replaces, so a crash between the two is never read
+    as a restore.
+    """
+    instance = folder.new_instance()
+    with env.begin(write=True) as txn:
+        history_id, start = read(txn, tables)
+        raw = txn.get(INSTANCE, db=tables.counters)
+        held = "" if raw is None else bytes(raw).decode()
+        follows = txn.get(FOLLOWS, db=tables.counters)
+        position = changes.head(txn, tables)[0]
+        opened_as = OPENED
+        if not history_id:
+            opened_as = CREATED
+        elif marker is not None and not marker.knows(held):
+            opened_as = RESTORED
+        elif follows is not None and not replica_of:
+            opened_as = PROMOTED
+        if opened_as != OPENED:
+            history_id, start = new_history_id(), position
+            put_history(txn, tables, history_id, start)
+        if replica_of:
+            txn.put(FOLLOWS, replica_of.encode(), db=tables.counters)
+        elif follows is not None:
+            txn.delete(FOLLOWS, db=tables.counters)
+        folder.write_marker(
+            path,
+            folder.Marker(
+                created=marker.created if marker is not None else folder.now_iso(),
+                instance=instance,
+                previous_instance=held,
+            ),
+        )
+        txn.put(INSTANCE, instance.encode(), db=tables.counters)
+    identity = Identity(history_id, start, opened_as)
+    _log(identity, position, None if follows is None else bytes(follows).decode())
+    return identity
+
+
+def _log(identity: Identity, position: int, followed: str | None) -> None:
+    fields = {"history_id": identity.history_id, "position": position}
+    if identity.opened_as == RESTORED:
+        log.warning(
+            "the data file is not the one this folder last held (restored from a backup?): "
+            "it starts a new history",
+            extra=fields,
+        )
+    elif identity.opened_as == PROMOTED:
+        log.warning(
+            "this folder was a replica and now serves as a primary: it starts a new history",
+            extra={**fields, "previous_primary": followed or ""},
+        )
+    elif identity.opened_as == CREATED and position:
+        log.info("no history id yet (a store from an older version): made one", extra=fields)
+
+
+def stamp_copy(env: lmdb.Environment, tables: Tables) -> None:
+    """Mark a copy (a backup) as a file no folder has held yet, so that restoring it starts a
+    new history instead of passing for the folder's own data file."""
+    with env.begin(write=True) as txn:
+        txn.put(INSTANCE, b"copy-" + folder.new_instance().encode(), db=tables.counters)
+
+
+class AdoptHistoryCommand:
+    """A replica takes its primary's history id (its data is on that history). Local to this
+    folder: no change record, like the identity keys themselves."""
+
+    replicated = True  # the writer records no change for it
+    kind = "identity"
+    session_id = ""
+
+    def __init__(self, tables: Tables, history_id: str, start: int) -> None:
+        self._tables = tables
+        self._history_id = history_id
+        self._start = start
+
+    def size(self) -> int:
+        return 0
+
+    def touched(self) -> Sequence[str]:
+        return ()
+
+    def apply(self, txn: lmdb.Transaction, now_ns: int) -> changes.ApplyResult:
+        put_history(txn, self._tables, self._history_id, self._start)
+        return changes.ApplyResult(0, 0)

@@ -162,6 +162,8 @@ def _stats(args: argparse.Namespace) -> int:
         return _fail(str(exc))
     try:
         report = _usage_json(usage(env, tables), args.data)
+        with env.begin() as txn:
+            report["history_id"], report["history_start"] = identity.read(txn, tables)
     finally:
         env.close()
     if args.server:

@@ -43,8 +43,18 @@ CALL_TIMEOUT = 20.0
 class Node:
     """One `sessionlog serve` process: a primary, or a replica of ``replica_of``."""
 
-    def __init__(self, root: Path, name: str, *, port: int = 0, replica_of: str = "") -> None:
+    def __init__(
+        self,
+        root: Path,
+        name: str,
+        *,
+        port: int = 0,
+        replica_of: str = "",
+        extra: Sequence[str] = (),
+    ) -> None:
         self.root = root
+        self.extra = list(extra)
+        """More `serve` flags."""
         self.name = name
         self.port = port or free_port()
         self.data = root / name
@@ -76,6 +86,7 @@ class Node:
         args += ["--log-level", "warning", "--log-format", "json"]
         if self.replica_of:
             args += ["--replica-of", self.replica_of]
+        args += self.extra
         self.process = ServerProcess(args, self.root, name=self.name).start()
         self._wait_listening()
         self._channel = grpc.insecure_channel(self.address, options=CHANNEL_OPTIONS)

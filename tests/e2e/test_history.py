@@ -8,10 +8,12 @@ say DIVERGED (status, health, log) instead of mixing two data sets or claiming t
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -162,7 +164,14 @@ def test_replica_pointed_at_another_primary_diverges_and_resync_rebuilds_it(tmp_
         position = status(replica).position
 
         replica.stop()
-        moved = Node(tmp_path, "replica", port=replica.port, replica_of=theirs.address)
+        http = free_port()
+        moved = Node(
+            tmp_path,
+            "replica",
+            port=replica.port,
+            replica_of=theirs.address,
+            extra=["--http-listen", f"127.0.0.1:{http}", "--metrics-listen", f"127.0.0.1:{http}"],
+        )
         cluster.nodes.append(moved)
         moved.start(wait=False)
         noticed = wait_diverged(moved)
@@ -174,6 +183,12 @@ def test_replica_pointed_at_another_primary_diverges_and_resync_rebuilds_it(tmp_
         assert session_ids(moved.channel) == before
         assert moved.health() == health_pb2.HealthCheckResponse.NOT_SERVING
         assert any("diverged" in e.get("message", "") for e in moved.log_entries())
+        with urllib.request.urlopen(f"http://127.0.0.1:{http}/api/status", timeout=10) as reply:
+            console = json.load(reply)["replication"]
+        assert console["diverged"] is True
+        assert console["caught_up"] is False
+        with urllib.request.urlopen(f"http://127.0.0.1:{http}/metrics", timeout=10) as reply:
+            assert "sessionlog_replication_diverged 1.0" in reply.read().decode()
         print(f"\ndivergence noticed {noticed:.2f} s after the replica started")
 
         moved.stop()

@@ -207,8 +207,13 @@ class SessionLogCollector(Collector):
             ("connected", "1 while the replica is connected to its primary", int(state.connected)),
             (
                 "caught_up",
-                "1 once the replica has caught up with its primary",
-                int(state.caught_up),
+                "1 once the replica has caught up with its primary (never while diverged)",
+                int(state.caught_up and not state.diverged),
+            ),
+            (
+                "diverged",
+                "1 once the replica found its data is not on its primary's history",
+                int(state.diverged),
             ),
             (
                 "last_contact_time_seconds",
@@ -266,6 +271,7 @@ def status(server: Observed, listen: str = "") -> dict[str, Any]:
             map_size=used.map_size,
             used_bytes=used.used_bytes,
             appended_events=stats.events,
+            history_id=store.history()[0],
             commits=stats.commits,
             mean_group_size=stats.commands / stats.commits if stats.commits else None,
         )
@@ -274,7 +280,10 @@ def status(server: Observed, listen: str = "") -> dict[str, Any]:
         out["replication"] = {
             "primary": state.primary,
             "connected": state.connected,
-            "caught_up": state.caught_up,
+            "caught_up": state.caught_up and not state.diverged,
+            "diverged": state.diverged,
+            "detail": state.detail,
+            "primary_history_id": state.primary_history_id,
             "primary_position": state.primary_position,
             "applied_position": state.applied_position,
             "lag_positions": state.lag_positions,

@@ -154,9 +154,11 @@ async function refreshStatus() {
   ];
   const r = s.replication;
   if (r) {
-    cards.push(card("replication",
-      r.connected ? (r.caught_up ? "in sync" : "catching up") : "disconnected",
-      `lag ${fmtCount(r.lag_positions)} changes / ${r.lag_seconds.toFixed(1)} s · primary ${r.primary}`));
+    const state = r.diverged ? "DIVERGED"
+      : r.connected ? (r.caught_up && r.lag_positions === 0 ? "in sync" : "catching up") : "disconnected";
+    const note = r.diverged ? `${r.detail} · primary ${r.primary}`
+      : `lag ${fmtCount(r.lag_positions)} changes / ${r.lag_seconds.toFixed(1)} s · primary ${r.primary}`;
+    cards.push(card("replication", state, note));
   }
   cards.push(card("feed position", fmtCount(s.position),
     s.head_commit_ms ? `last commit ${fmtAgo(s.head_commit_ms)}` : "no writes yet"));

@@ -22,7 +22,7 @@ from dataclasses import replace
 from pathlib import Path
 from types import FrameType
 
-from bench import cases, ceilings, derive, h2load, peer, procs, sessions, tail
+from bench import cases, ceilings, checksums, derive, h2load, peer, procs, sessions, tail
 from bench.common import Measurement, Settings
 from bench.report import Results, Row, machine, render, write_json
 
@@ -33,10 +33,11 @@ class BudgetExceeded(Exception):
     """The run went past its time budget."""
 
 
-GROUPS = ("append", "since", "tail", "derive", "sessions", "redis")
+GROUPS = ("append", "since", "tail", "derive", "sessions", "redis", "checksums")
 """Case groups ``--only`` can pick: append = cases 1-3 (with h2load's rows when it is installed),
 since = 4, tail = 5, derive = 6, sessions = 7, redis = the peer's rows (its XADD rows need the
-append group, its XRANGE row the since group)."""
+append group, its XRANGE row the since group), checksums = 8 (the store's append path with and
+without change-record checksums, in this process)."""
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -169,6 +170,12 @@ def run_all(settings: Settings, work: Path, groups: list[str]) -> Results:
     if "derive" in groups:
         progress("case 6 derive messages (filling sessions, then restarting a server)")
         results.derives.extend(derive.run_derive(settings, work))
+    if "checksums" in groups:
+        progress("case 8 change-record checksums, with and without (in this process)")
+        for row in checksums.run_checksums(settings, work):
+            measured(row.case, row.sessionlog)
+            measured("without", row.ceiling)
+            results.rows.append(row)
     return results
 
 

@@ -28,7 +28,7 @@ class Row:
     ceiling: Measurement
     kind: str = "ceiling"
     """What the ceiling column holds: "echo", "handoff" (echo through a worker thread), "lmdb",
-    "derived" or "redis" (a peer)."""
+    "derived", "redis" (a peer) or "unchecked" (the same path without change-record checksums)."""
 
     @property
     def load_client(self) -> str:

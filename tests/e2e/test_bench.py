@@ -14,10 +14,13 @@ from pathlib import Path
 import grpc
 import pytest
 
-from bench import cases, ceilings, echo, h2load, procs, sessions
+from bench import cases, ceilings, checksums, echo, h2load, procs, sessions
 from bench.common import Settings, append_request
 from bench.procs import ServerProcess
 from bench.report import memory_table, sessions_table
+from sessionlog.storage.changes import ReceivedChange
+from sessionlog.storage.store import Store, StoreConfig
+from sessionlog.v1.event_pb2 import Event, EventType
 
 SETTINGS = replace(Settings.quick(), duration=1.0, warmup=0.2, sessions_list_passes=1)
 SMALL = cases.AppendCase(9, clients=3, events_per_call=1)
@@ -150,3 +153,26 @@ def test_echo_via_thread_returns_each_request_unchanged(servers: Servers) -> Non
         call = channel.unary_unary(echo.UNARY_VIA_THREAD)
         requests = [bytes([i]) * (i * 100) for i in range(1, 20)]
         assert [call(r, timeout=10) for r in requests] == requests
+
+
+def test_checksum_case_measures_both_ways_and_writes_the_records_accordingly(
+    tmp_path: Path,
+) -> None:
+    """Case 8 appends with and without change-record checksums; the store it measures without
+    them really writes records with none, and the default one chains them."""
+    quick = replace(SETTINGS, duration=0.3, warmup=0.05)
+    rows = checksums.run_checksums(quick, tmp_path)
+    assert [row.kind for row in rows] == ["unchecked"] * len(checksums.CASES)
+    for row in rows:
+        assert row.sessionlog.details["checksums"] is True
+        assert row.ceiling.details["checksums"] is False
+        assert row.sessionlog.events > 0
+        assert row.ceiling.events > 0
+    for enabled in (True, False):
+        store = Store(tmp_path / f"store-{enabled}", StoreConfig(record_checksums=enabled))
+        try:
+            store.append("s", [Event(type=EventType.EVENT_TYPE_USER_MESSAGE)])
+            record = ReceivedChange.parse(store.read_changes(1)[0]).change
+            assert bool(record.checksum) is enabled
+        finally:
+            store.close()

@@ -70,6 +70,10 @@ class StoreConfig:
     fold_cache_bytes: int = 256 << 20
     """About how much stored data the memoized surfaces may cover in all (their heap is a small
     multiple of it); least recently read sessions are dropped first."""
+    record_checksums: bool = True
+    """Chain a checksum into every change record (see ``changes``). Off only for the benchmark
+    that measures their cost side by side: records then carry none, like those written before
+    checksums existed."""
     replica_of: str = ""
     """The primary this folder follows when opened as a replica ("" for a primary): recorded
     in the folder, so that opening a former replica as a primary starts a new history."""
@@ -268,7 +272,9 @@ class Store:
             if lock is None:
                 self._lock.release()
             raise
-        self.writer = Writer(self.env, self.tables, on_commit=on_commit)
+        self.writer = Writer(
+            self.env, self.tables, on_commit=on_commit, checksums=config.record_checksums
+        )
         self._folds: OrderedDict[int, fold.SurfaceFold] = OrderedDict()
         self._fold_bytes: dict[int, int] = {}
         self._folds_lock = threading.Lock()

@@ -98,8 +98,10 @@ class Writer:
         env: lmdb.Environment,
         tables: Tables,
         on_commit: Callable[[set[str]], None] | None = None,
+        checksums: bool = True,
     ) -> None:
         self._env = env
+        self._checksums = checksums
         self._tables = tables
         self._queue: queue.SimpleQueue[_Job | _Stop] = queue.SimpleQueue()
         self._on_commit = on_commit
@@ -169,7 +171,10 @@ class Writer:
             txn = self._env.begin(write=True)
             try:
                 now_ns = time.time_ns()
-                feed = changes.tail(txn, self._tables)
+                if self._checksums:
+                    feed = changes.tail(txn, self._tables)
+                else:
+                    feed = (changes.head(txn, self._tables)[0], b"")
                 for job in group:
                     ok, value, after = self._apply(job.command, txn, now_ns, feed)
                     fed = fed or after != feed
@@ -227,8 +232,11 @@ class Writer:
         record = changes.encode_change(
             position, command.kind, command.session_id, now_ns, recording
         )
-        checksum = changes.chain(feed[1], record, recording.events)
-        stored = changes.with_checksum(record, checksum)
+        if self._checksums:
+            checksum = changes.chain(feed[1], record, recording.events)
+            stored = changes.with_checksum(record, checksum)
+        else:
+            stored, checksum = record, b""
         txn.put(schema.u64(position), stored, db=self._tables.changes)
         self._group_events += recording.event_count
         return True, result, (position, checksum)

@@ -133,3 +133,20 @@ def test_check_after_names_missing_and_different_positions(tmp_path: Path) -> No
             store.check_feed_after(position + 1, bytes(16))
         with pytest.raises(errors.HistoryDiverged, match="ends at position 3"):
             store.check_feed_after(position + 5, checksum)
+
+
+def test_a_batch_with_one_foreign_record_writes_nothing(tmp_path: Path) -> None:
+    """A batch whose first change follows but whose second comes from another history is
+    refused whole: not even the first change is applied."""
+    with opened(tmp_path / "primary") as primary, opened(tmp_path / "other") as other:
+        _write(primary, "p", 2)
+        _write(other, "o", 2)
+        mixed = [
+            ReceivedChange.parse(_records(primary)[0]),
+            ReceivedChange.parse(_records(other)[1]),
+        ]
+        with opened(tmp_path / "replica") as replica:
+            with pytest.raises(errors.HistoryDiverged):
+                replica.submit_apply(mixed).result()
+            assert replica.head() == (0, 0)
+            assert replica.meta("p") is None

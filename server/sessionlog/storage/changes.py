@@ -302,30 +302,36 @@ class ApplyChangesCommand:
         return self._touched
 
     def apply(self, txn: lmdb.Transaction, now_ns: int) -> ApplyResult:
+        """Check every received change first (dense positions, all events there, each checksum
+        chaining from the one before), then write them all: a refused batch writes nothing."""
         tables = self._tables
         by_name = tables.by_name
         last = ApplyResult(0, 0)
         expected, previous = tail(txn, tables)
         expected += 1
+        fingerprints = []
         for received in self._changes:
             change = received.change
             if change.position != expected:
                 raise RuntimeError(
                     f"replication gap: expected change {expected}, received {change.position}"
                 )
-            previous = self._follows(received, previous)
-            expected += 1
-            for put in change.puts:
-                txn.put(put.key, put.value, db=by_name[put.table])
             if len(received.events) != change.event_count:
                 raise RuntimeError(f"change {change.position} arrived without all its events")
+            previous = self._follows(received, previous)
+            fingerprints.append(previous)
+            expected += 1
+        for received, fingerprint in zip(self._changes, fingerprints, strict=True):
+            change = received.change
+            for put in change.puts:
+                txn.put(put.key, put.value, db=by_name[put.table])
             for offset, event in enumerate(received.events):
                 key = schema.event_key(change.internal_id, change.first_seq + offset)
                 txn.put(key, event, db=tables.events)
             txn.put(schema.u64(change.position), received.record, db=tables.changes)
             last.last_position = change.position
             last.last_commit_ns = change.commit_time.ToNanoseconds()
-            last.last_checksum = previous
+            last.last_checksum = fingerprint
             last.sessions.add(change.session_id)
         self._touched.extend(last.sessions)
         return last

@@ -233,7 +233,9 @@ class Store:
         path: str | os.PathLike[str],
         config: StoreConfig | None = None,
         on_commit: Callable[[set[str]], None] | None = None,
+        on_broken: Callable[[], None] | None = None,
     ) -> None:
+        """``on_broken`` runs (on the writer thread) once LMDB panics: see ``Writer``."""
         self.path = Path(path)
         self.config = config = config or StoreConfig()
         self.path.mkdir(parents=True, exist_ok=True)
@@ -247,7 +249,7 @@ class Store:
             max_readers=1024,
         )
         self.tables = Tables(self.env)
-        self.writer = Writer(self.env, self.tables, on_commit=on_commit)
+        self.writer = Writer(self.env, self.tables, on_commit=on_commit, on_broken=on_broken)
         self._folds: OrderedDict[int, fold.SurfaceFold] = OrderedDict()
         self._fold_bytes: dict[int, int] = {}
         self._folds_lock = threading.Lock()

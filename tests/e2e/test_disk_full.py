@@ -10,7 +10,6 @@ tmpfs first, so the disk fills after a few hundred small appends; deleting it fr
 from __future__ import annotations
 
 import re
-import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,6 +21,7 @@ from grpc_health.v1 import health_pb2
 from sessionlog.testing import error_info
 from sessionlog.v1 import session_log_service_pb2 as pb
 from sessionlog.v1 import session_log_service_pb2_grpc as pb_grpc
+from tests._tmpfs import fill, small_tmpfs
 from tests.e2e._helpers import say
 from tests.e2e._proc import ServerProcess, free_port, health_status
 from tests.e2e.test_metrics import scrape, value
@@ -41,31 +41,8 @@ TIMEOUT = 10.0
 @pytest.fixture
 def small_disk(tmp_path: Path) -> Iterator[Path]:
     """An 8 MiB tmpfs at tmp_path/disk, unmounted afterwards."""
-    mount_point = tmp_path / "disk"
-    mount_point.mkdir()
-    try:
-        mounted = subprocess.run(
-            ["mount", "-t", "tmpfs", "-o", f"size={TMPFS_BYTES}", "tmpfs", str(mount_point)],
-            capture_output=True,
-            text=True,
-            timeout=30,
-            check=False,
-        )
-    except FileNotFoundError:
-        pytest.skip("no mount command on this machine")
-    if mounted.returncode != 0:
-        pytest.skip(f"this machine does not allow mounting a tmpfs: {mounted.stderr.strip()}")
-    try:
-        yield mount_point
-    finally:
-        subprocess.run(["umount", str(mount_point)], timeout=30, check=True)
-
-
-def _fill(path: Path, size: int) -> None:
-    chunk = b"\0" * (1 << 20)
-    with path.open("wb") as out:
-        for _ in range(size // len(chunk)):
-            out.write(chunk)
+    with small_tmpfs(tmp_path / "disk", TMPFS_BYTES) as mounted:
+        yield mounted
 
 
 def _serve(tmp_path: Path, disk: Path, address: str, metrics: str) -> ServerProcess:
@@ -113,7 +90,7 @@ def test_a_full_disk_refuses_appends_then_writes_resume_once_space_is_freed(
     space: appends resume with no restart; after a restart every acknowledged append is there
     once, densely, and no refused one is."""
     filler = small_disk / "filler"
-    _fill(filler, FILLER_BYTES)
+    fill(filler, FILLER_BYTES)
     address, metrics = f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"
     with _serve(tmp_path, small_disk, address, metrics) as server:
         server.wait_serving(address)

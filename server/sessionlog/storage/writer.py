@@ -94,6 +94,8 @@ class WriterStats:
     """Commands per committed group."""
     commit_seconds: Histogram = field(default_factory=lambda: Histogram(SECONDS_BUCKETS))
     """Time each commit took, its fsync included."""
+    failed_commits: int = 0
+    """Write transactions that failed (a group retried one command at a time counts each)."""
     write_errors: dict[tuple[str, str], int] = field(default_factory=dict)
     """Commands the storage refused, by (reason, cause): STORAGE_FULL map or disk,
     STORAGE_IO_ERROR io or panic."""
@@ -201,6 +203,7 @@ class Writer:
                 txn.abort()
                 raise
         except Exception as exc:
+            self.stats.failed_commits += 1
             failure = storage_failure(exc, self._free_bytes(), _group_bytes(group))
             if len(group) > 1 and (failure is None or failure.retry_alone):
                 # Find the one that failed: every other command still deserves its commit.

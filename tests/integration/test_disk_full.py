@@ -4,6 +4,7 @@ group refused in one failed commit, nothing written, and writes resuming once sp
 from __future__ import annotations
 
 import errno
+import logging
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -42,10 +43,13 @@ def _fill(store: Store) -> tuple[list[bytes], errors.StorageFull]:
     pytest.fail(f"{MAX_APPENDS} appends never filled the disk")
 
 
-def test_a_full_disk_refuses_a_whole_group_in_one_commit_and_recovers(disk: Path) -> None:
+def test_a_full_disk_refuses_a_whole_group_in_one_commit_and_recovers(
+    disk: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     """On a full disk a queued group of appends all get STORAGE_FULL/disk from one failed commit
     (no retry per command), nothing of them is stored, and once space is freed the same store
-    takes appends again."""
+    takes appends again; the episode is one warning when it starts and one when it ends."""
+    caplog.set_level(logging.WARNING, logger="sessionlog.storage.writer")
     with opened(disk / "data", StoreConfig(map_size=MAP_SIZE)) as store:
         acknowledged, full = _fill(store)
         assert full.metadata["cause"] == "disk"
@@ -76,6 +80,9 @@ def test_a_full_disk_refuses_a_whole_group_in_one_commit_and_recovers(disk: Path
         after = store.append("s", [user("after")])
         assert after.events[0] == read_all(store, "s")[-1]
         assert after.next_seq == len(acknowledged) + 1
+    messages = [r.getMessage().split(":")[0] for r in caplog.records]
+    assert messages == ["storage writes failing", "storage writes succeed again"]
+    assert caplog.records[1].refused == QUEUED + 1  # type: ignore[attr-defined]
 
 
 def test_a_short_write_on_a_full_disk_is_storage_full_too(disk: Path) -> None:

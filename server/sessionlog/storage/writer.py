@@ -224,7 +224,8 @@ class Writer:
             self.stats.largest_group = max(self.stats.largest_group, len(group))
             self.stats.group_sizes.observe(len(group))
             self.stats.events += self._group_events
-            self._recovered()
+            if fed:  # a commit that wrote nothing proves nothing about the disk
+                self._recovered()
             self._finish(group, outcomes, fed)
 
     def _free_bytes(self) -> int | None:

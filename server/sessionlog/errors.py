@@ -188,7 +188,9 @@ class SeqConflict(SessionLogError):
 
 
 class StorageFull(SessionLogError):
-    """The LMDB map is full; reads keep working, writes need a larger --map-size."""
+    """Nothing was written and reads keep working. Metadata ``cause``: ``map`` (the LMDB map is
+    full: restart with a larger --map-size) or ``disk`` (free disk space: writes resume by
+    themselves)."""
 
     reason = "STORAGE_FULL"
 

@@ -48,7 +48,11 @@ def status(node: Node) -> rpb.GetReplicationStatusResponse:
 
 
 def wait_diverged(node: Node, timeout: float = 20.0) -> float:
-    return wait_for(f"{node.name} DIVERGED", lambda: status(node).state == DIVERGED, timeout)
+    """Seconds until ``node`` reports DIVERGED (once its gRPC server answers at all)."""
+    started = time.monotonic()
+    wait_for(f"{node.name} answers", lambda: node.health() is not None, timeout)
+    wait_for(f"{node.name} DIVERGED", lambda: status(node).state == DIVERGED, timeout)
+    return time.monotonic() - started
 
 
 # -- one owner per folder -------------------------------------------------------------------------
@@ -163,8 +167,8 @@ def test_replica_pointed_at_another_primary_diverges_and_resync_rebuilds_it(tmp_
         before = session_ids(replica.channel)
         position = status(replica).position
 
+        http = free_port()  # taken while the replica still holds its own port
         replica.stop()
-        http = free_port()
         moved = Node(
             tmp_path,
             "replica",

@@ -187,10 +187,16 @@ class SessionLogServer:
             if not loop.is_closed():
                 loop.call_soon_threadsafe(notifier.notify, session_ids)
 
+        def broken() -> None:
+            if not loop.is_closed():
+                loop.call_soon_threadsafe(self._storage_broken)
+
         config = self.config
         credentials = _server_credentials(config)
         authorizer = self.authorizer = _authorizer(config)
-        self.store = Store(Path(config.data_dir), config.store_config(), on_commit=wake)
+        self.store = Store(
+            Path(config.data_dir), config.store_config(), on_commit=wake, on_broken=broken
+        )
         limit = config.max_message_bytes
         # Replies are sized by the handlers themselves (BATCH_TOO_LARGE, RESPONSE_TOO_LARGE, Since
         # batches); only the change feed may send more, to replicas that accept it.
@@ -317,13 +323,20 @@ class SessionLogServer:
         return self.config.listen
 
     async def _set_health(self, serving: bool) -> None:
+        """A store whose LMDB has panicked stays NOT_SERVING whatever else happens."""
+        broken = self.store is not None and self.store.writer.broken is not None
         status = (
             health_pb2.HealthCheckResponse.SERVING
-            if serving
+            if serving and not broken
             else health_pb2.HealthCheckResponse.NOT_SERVING
         )
         for service in ("", SERVICE_NAME, REPLICATION_SERVICE_NAME):
             await self._health.set(service, status)
+
+    def _storage_broken(self) -> None:
+        if self._server is not None:
+            log.error("the storage engine panicked: restart the server")
+            asyncio.get_running_loop().create_task(self._set_health(serving=False))
 
     def _caught_up(self) -> None:
         if self._server is not None:

@@ -148,6 +148,15 @@ class SessionLogCollector(Collector):
         yield CounterMetricFamily(
             "sessionlog_commits", "Write transactions committed", value=stats.commits
         )
+        refused = CounterMetricFamily(
+            "sessionlog_storage_write_errors",
+            "Writes the storage refused, by reason and cause (STORAGE_FULL: map or disk; "
+            "STORAGE_IO_ERROR: io or panic)",
+            labels=["reason", "cause"],
+        )
+        for (reason, cause), count in sorted(dict(stats.write_errors).items()):
+            refused.add_metric([reason, cause], count)
+        yield refused
         groups = _histogram(
             "sessionlog_commit_group_size",
             "Commands that shared one group commit (one transaction, one fsync)",

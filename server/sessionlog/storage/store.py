@@ -241,10 +241,12 @@ class Store:
         config: StoreConfig | None = None,
         on_commit: Callable[[set[str]], None] | None = None,
         lock: folder.FolderLock | None = None,
+        on_broken: Callable[[], None] | None = None,
     ) -> None:
         """Open (or create) the store in ``path``, owning the folder: with ``lock`` (taken by a
         parent process), under that lock; else under one taken here (FolderInUse when another
-        server holds it). A folder that has lost its data raises FolderDamaged."""
+        server holds it). A folder that has lost its data raises FolderDamaged. ``on_broken``
+        runs (on the writer thread) once LMDB panics: see ``Writer``."""
         self.path = Path(path)
         self.config = config = config or StoreConfig()
         self._lock = folder.acquire(self.path) if lock is None else lock
@@ -273,7 +275,11 @@ class Store:
                 self._lock.release()
             raise
         self.writer = Writer(
-            self.env, self.tables, on_commit=on_commit, checksums=config.record_checksums
+            self.env,
+            self.tables,
+            on_commit=on_commit,
+            on_broken=on_broken,
+            checksums=config.record_checksums,
         )
         self._folds: OrderedDict[int, fold.SurfaceFold] = OrderedDict()
         self._fold_bytes: dict[int, int] = {}

@@ -15,12 +15,20 @@ Invariants:
   transaction, never cached: the store is the only truth, whoever else writes to it;
 - ``on_commit`` runs after the commit, so a woken subscriber always finds the new events;
 - when the map fills up mid-group (or any command fails unexpectedly), the group is retried one
-  command per transaction, so one bad or large append cannot fail the others queued beside it.
+  command per transaction, so one bad or large append cannot fail the others queued beside it;
+- when the disk fails the commit (full, or an I/O error) the cause is the environment, not one
+  command: every command of the group gets the same refusal at once, without retries. LMDB
+  leaves the environment as it was before the failed transaction, so the next group is
+  written as soon as the disk allows (no restart);
+- an LMDB panic (a failed meta page write) leaves the environment unusable: the writer refuses
+  every later command with STORAGE_IO_ERROR and tells ``on_broken``, once.
 """
 
 from __future__ import annotations
 
+import errno
 import logging
+import os
 import queue
 import threading
 import time
@@ -88,6 +96,11 @@ class WriterStats:
     """Commands per committed group."""
     commit_seconds: Histogram = field(default_factory=lambda: Histogram(SECONDS_BUCKETS))
     """Time each commit took, its fsync included."""
+    failed_commits: int = 0
+    """Write transactions that failed (a group retried one command at a time counts each)."""
+    write_errors: dict[tuple[str, str], int] = field(default_factory=dict)
+    """Commands the storage refused, by (reason, cause): STORAGE_FULL map or disk,
+    STORAGE_IO_ERROR io or panic."""
 
 
 class Writer:
@@ -98,6 +111,7 @@ class Writer:
         env: lmdb.Environment,
         tables: Tables,
         on_commit: Callable[[set[str]], None] | None = None,
+        on_broken: Callable[[], None] | None = None,
         checksums: bool = True,
     ) -> None:
         self._env = env
@@ -105,9 +119,15 @@ class Writer:
         self._tables = tables
         self._queue: queue.SimpleQueue[_Job | _Stop] = queue.SimpleQueue()
         self._on_commit = on_commit
+        self._on_broken = on_broken
         self.stats = WriterStats()
         self._group_events = 0
         self._closed = False
+        self.broken: StorageFailure | None = None
+        """Set once LMDB has panicked: nothing more can be written until a restart."""
+        self._failing: StorageFailure | None = None
+        """The storage failure of the current episode; None while writes succeed."""
+        self._failed_commands = 0
         self._thread = threading.Thread(target=self._run, name="sessionlog-writer", daemon=True)
         self._thread.start()
 
@@ -116,6 +136,9 @@ class Writer:
         job = _Job(command)
         if self._closed:
             job.future.set_exception(errors.Unavailable("the store is closed"))
+            return job.future
+        if self.broken is not None:
+            job.future.set_exception(self.broken.error())
             return job.future
         self._queue.put(job)
         return job.future
@@ -188,25 +211,72 @@ class Writer:
                 txn.abort()
                 raise
         except Exception as exc:
-            if len(group) > 1:
+            self.stats.failed_commits += 1
+            failure = storage_failure(exc, self._free_bytes(), _group_bytes(group))
+            if len(group) > 1 and (failure is None or failure.retry_alone):
                 # Find the one that failed: every other command still deserves its commit.
                 for job in group:
                     self._commit([job])
                 return
-            if isinstance(exc, lmdb.MapFullError):
-                outcomes = [(False, _storage_full())]
-            else:  # a disk failure or a bug: nothing of this command is durable
+            if failure is None:  # a bug: nothing of this command is durable
                 log.exception("write transaction failed")
-                outcomes = [(False, exc)]
+                self._finish(group, [(False, exc)], False)
+                return
+            self._refuse(group, failure, exc)
+            return
         else:
             self.stats.commits += 1
             self.stats.commands += len(group)
             self.stats.largest_group = max(self.stats.largest_group, len(group))
             self.stats.group_sizes.observe(len(group))
             self.stats.events += self._group_events
+            if fed:  # a commit that wrote nothing proves nothing about the disk
+                self._recovered()
             self._finish(group, outcomes, fed)
+
+    def _free_bytes(self) -> int | None:
+        """Bytes an unprivileged writer may still use on the data directory's filesystem."""
+        try:
+            fs = os.statvfs(self._env.path())
+        except OSError:
+            return None
+        return fs.f_bavail * fs.f_frsize
+
+    def _refuse(self, group: list[_Job], failure: StorageFailure, exc: BaseException) -> None:
+        """Fail every command of the group with ``failure``; log once per episode."""
+        key = (failure.reason, failure.cause)
+        self.stats.write_errors[key] = self.stats.write_errors.get(key, 0) + len(group)
+        if self._failing is None or (self._failing.reason, self._failing.cause) != key:
+            log.warning(
+                "storage writes failing: %s",
+                failure.advice,
+                extra={"reason": failure.reason, "cause": failure.cause, "error": str(exc)},
+            )
+            self._failing = failure
+        self._failed_commands += len(group)
+        if failure.cause == PANIC and self.broken is None:
+            self.broken = failure
+            if self._on_broken is not None:
+                try:
+                    self._on_broken()
+                except Exception:
+                    log.exception("broken-storage subscriber failed")
+        self._finish(group, [(False, failure.error()) for _ in group], False)
+
+    def _recovered(self) -> None:
+        """A commit succeeded: end the failure episode, if any, with one line."""
+        if self._failing is None:
             return
-        self._finish(group, outcomes, False)
+        log.warning(
+            "storage writes succeed again",
+            extra={
+                "reason": self._failing.reason,
+                "cause": self._failing.cause,
+                "refused": self._failed_commands,
+            },
+        )
+        self._failing = None
+        self._failed_commands = 0
 
     def _apply(
         self, command: Command, txn: lmdb.Transaction, now_ns: int, feed: tuple[int, bytes]
@@ -264,8 +334,109 @@ def _settle(future: Future[Any], value: Any, ok: bool = False) -> None:
         future.set_exception(value)
 
 
-def _storage_full() -> errors.StorageFull:
-    return errors.StorageFull(
-        "the LMDB map is full: nothing was written; reads still work. Restart the server with a "
-        "larger --map-size"
+MAP = "map"
+DISK = "disk"
+IO = "io"
+PANIC = "panic"
+
+#: Below this much free space, an I/O error on commit is taken for a full disk: LMDB reports a
+#: short write (the filesystem ran out of room part-way) as EIO, not ENOSPC.
+LOW_DISK_BYTES = 1 << 20
+
+_ERRNO_BY_TEXT = {os.strerror(code): code for code in errno.errorcode}
+
+
+@dataclass(frozen=True)
+class StorageFailure:
+    """Why the storage refused a commit: the error clients get, and what to do about it."""
+
+    reason: str
+    """STORAGE_FULL or STORAGE_IO_ERROR."""
+    cause: str
+    """map, disk, io or panic: the ErrorInfo metadata that tells full map from full disk."""
+    advice: str
+    """The message clients get: what happened and what to do."""
+    detail: str = ""
+    """The OS error's name (ENOSPC, EIO), when there is one."""
+
+    @property
+    def retry_alone(self) -> bool:
+        """A full map may refuse a large command yet take the small ones queued beside it."""
+        return self.cause == MAP
+
+    def error(self) -> errors.SessionLogError:
+        """A fresh error for one caller (errors carry tracebacks, so are never shared)."""
+        metadata = {"cause": self.cause, **({"errno": self.detail} if self.detail else {})}
+        if self.reason == errors.StorageFull.reason:
+            return errors.StorageFull(self.advice, **metadata)
+        return errors.StorageIoError(self.advice, **metadata)
+
+
+def storage_failure(
+    exc: BaseException, free_bytes: int | None, needed: int
+) -> StorageFailure | None:
+    """Classify a failed write transaction; None when it is not the storage's doing (a bug).
+
+    ``free_bytes`` is the space left on the data directory's filesystem after the failure and
+    ``needed`` roughly what the group wrote: together they tell LMDB's short write on a full
+    disk (reported as EIO) from a disk that really failed.
+    """
+    if isinstance(exc, lmdb.MapFullError):
+        return StorageFailure(
+            errors.StorageFull.reason,
+            MAP,
+            "the LMDB map is full: nothing was written; reads still work. Restart the server "
+            "with a larger --map-size",
+        )
+    if isinstance(exc, lmdb.PanicError):
+        return StorageFailure(
+            errors.StorageIoError.reason,
+            PANIC,
+            "the storage engine stopped after the disk failed a write to its data file (LMDB "
+            "panic): this write was not acknowledged and no write can succeed until the server "
+            "is restarted. Check the disk, restart the server, then retry (with the same "
+            "request id)",
+        )
+    code = _os_errno(exc)
+    if code is None:
+        return None
+    full = code in (errno.ENOSPC, errno.EDQUOT) or (
+        code == errno.EIO
+        and free_bytes is not None
+        and free_bytes < max(LOW_DISK_BYTES, 2 * needed)
     )
+    if full:
+        return StorageFailure(
+            errors.StorageFull.reason,
+            DISK,
+            "the disk holding the data directory is full: nothing was written; reads still "
+            "work. Free disk space there; writes resume by themselves, no restart needed",
+            errno.errorcode.get(code, str(code)),
+        )
+    return StorageFailure(
+        errors.StorageIoError.reason,
+        IO,
+        f"the disk failed the write ({os.strerror(code)}): nothing was written; reads may still "
+        "work. Retry later; if it persists, check the disk (the server log has the details)",
+        errno.errorcode.get(code, str(code)),
+    )
+
+
+def _os_errno(exc: BaseException) -> int | None:
+    """The OS error number behind a failed write, if it was the OS that failed it.
+
+    py-lmdb raises DiskError for ENOSPC, a plain ``lmdb.Error`` naming the OS error (``what:
+    strerror``) for other system errors, and subclasses for LMDB's own codes, which are not
+    the disk's doing.
+    """
+    if isinstance(exc, OSError):
+        return exc.errno
+    if isinstance(exc, lmdb.DiskError):
+        return errno.ENOSPC
+    if type(exc) is lmdb.Error:
+        return _ERRNO_BY_TEXT.get(str(exc).rpartition(": ")[2])
+    return None
+
+
+def _group_bytes(group: list[_Job]) -> int:
+    return sum(job.command.size() for job in group)

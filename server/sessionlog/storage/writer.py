@@ -13,7 +13,9 @@ Invariants:
   an acknowledged append is durable;
 - ``on_commit`` runs after the commit, so a woken subscriber always finds the new events;
 - when the map fills up mid-group (or any command fails unexpectedly), the group is retried one
-  command per transaction, so one bad or large append cannot fail the others queued beside it.
+  command per transaction, so one bad or large append cannot fail the others queued beside it;
+- a write that meets a damaged page (LMDB then refuses the whole transaction) fails alone with
+  DATA_CORRUPTED, the others retried without it.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ import lmdb
 
 from sessionlog import errors
 from sessionlog.stats import GROUP_BUCKETS, SECONDS_BUCKETS, Histogram
-from sessionlog.storage import changes, schema
+from sessionlog.storage import changes, damage, schema
 from sessionlog.storage.commands import Tables
 
 log = logging.getLogger(__name__)
@@ -185,8 +187,13 @@ class Writer:
                 for job in group:
                     self._commit([job])
                 return
-            if isinstance(exc, lmdb.MapFullError):
+            if outcomes and not outcomes[0][0]:
+                pass  # refused (damage it read breaks the transaction): the refusal stands
+            elif isinstance(exc, lmdb.MapFullError):
                 outcomes = [(False, _storage_full())]
+            elif isinstance(exc, damage.LMDB_DAMAGE):
+                log.error("a write met a damaged page", extra={"error": type(exc).__name__})
+                outcomes = [(False, _damaged(group[0].command, exc))]
             else:  # a disk failure or a bug: nothing of this command is durable
                 log.exception("write transaction failed")
                 outcomes = [(False, exc)]
@@ -247,6 +254,14 @@ def _settle(future: Future[Any], value: Any, ok: bool = False) -> None:
         future.set_result(value)
     else:
         future.set_exception(value)
+
+
+def _damaged(command: Command, exc: Exception) -> errors.DataCorrupted:
+    """A write LMDB could not make because a page on its way is damaged; nothing was written."""
+    target = f"session '{command.session_id}'" if command.session_id else "the store"
+    return damage.corrupted(
+        f"the write to {target}", exc, failed="could not be made", session_id=command.session_id
+    )
 
 
 def _storage_full() -> errors.StorageFull:

@@ -31,7 +31,10 @@ class Tables:
     """The open handles of every named database."""
 
     def __init__(self, env: lmdb.Environment) -> None:
-        self.by_name: dict[str, Any] = {name.decode(): env.open_db(name) for name in schema.ALL_DBS}
+        with damage.reading("the directory of named tables"):
+            self.by_name: dict[str, Any] = {
+                name.decode(): env.open_db(name) for name in schema.ALL_DBS
+            }
         self.sessions = self.by_name["sessions"]
         self.ids = self.by_name["ids"]
         self.events = self.by_name["events"]

@@ -29,8 +29,10 @@ LMDB_DAMAGE: tuple[type[Exception], ...] = (
     lmdb.CorruptedError,
     lmdb.PageNotFoundError,
     lmdb.BadValsizeError,
+    lmdb.BadTxnError,
 )
-"""What LMDB raises when a page it reached is not what the tree says it should be."""
+"""What LMDB raises when a page it reached is not what the tree says it should be (and, once a
+read transaction has met such a page, on its next call: BadTxnError)."""
 
 UNDECODABLE: tuple[type[Exception], ...] = (
     DecodeError,

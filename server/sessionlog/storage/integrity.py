@@ -208,7 +208,7 @@ def verify(
             with env.begin(buffers=True) as txn:
                 step(walk, txn, tables)
         except damage.LMDB_DAMAGE as exc:
-            walk.add(name, "table", f"LMDB cannot read past here ({type(exc).__name__}): {exc}")
+            walk.add(name, "table", f"LMDB cannot read this table to its end ({exc})")
     _session_totals(walk)
     return walk.problems, walk.counts
 

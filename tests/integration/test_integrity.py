@@ -81,11 +81,15 @@ def test_a_truncated_file_is_refused_before_mapping(folder: Path, keep: int | st
     with path.open("r+b") as data:
         data.truncate(size // 2 if keep == "half" else int(keep))
     problem = check_data_file(path)
-    assert problem is not None and str(path) in problem and "truncated" in problem
+    assert problem is not None
+    assert str(path) in problem
+    assert "truncated" in problem
     with pytest.raises(DamagedStore) as refused:
         Store(folder)
     message = str(refused.value)
-    assert "\n" not in message and str(path) in message and "backup" in message
+    assert "\n" not in message
+    assert str(path) in message
+    assert "backup" in message
     with pytest.raises(DamagedStore):
         open_readonly(str(folder))
 
@@ -98,7 +102,8 @@ def test_both_metas_with_a_bad_magic_are_refused(folder: Path) -> None:
             data.seek(page * PAGE + 16)
             data.write(b"\0\0\0\0")
     problem = check_data_file(path)
-    assert problem is not None and "not an LMDB data file" in problem
+    assert problem is not None
+    assert "not an LMDB data file" in problem
 
 
 def test_the_newer_meta_decides_the_size(folder: Path) -> None:
@@ -127,7 +132,9 @@ def test_a_file_shorter_than_two_pages_is_refused(folder: Path) -> None:
     with path.open("r+b") as data:
         data.truncate(PAGE + 100)
     problem = check_data_file(path)
-    assert problem is not None and str(path) in problem and "two meta pages" in problem
+    assert problem is not None
+    assert str(path) in problem
+    assert "two meta pages" in problem
 
 
 # -- reads and writes that meet damage --------------------------------------------------------
@@ -219,8 +226,11 @@ def test_verify_finds_nothing_in_a_whole_store(store: Store) -> None:
     """A store written only by the server has no problems, and every record is counted."""
     problems, records = integrity.verify(store.env, store.tables)
     assert problems == []
-    assert records["sessions"] == 3 and records["events"] == 121 and records["changes"] == 5
-    assert records["leases"] == 1 and records["requests"] == 1
+    assert records["sessions"] == 3
+    assert records["events"] == 121
+    assert records["changes"] == 5
+    assert records["leases"] == 1
+    assert records["requests"] == 1
 
 
 def test_verify_lists_each_kind_of_damage(store: Store) -> None:

@@ -169,6 +169,7 @@ def test_an_event_under_the_wrong_key_is_data_corrupted(store: Store) -> None:
     sid = sid_of(store, "s0")
     with store.env.begin() as txn:
         other = txn.get(schema.event_key(sid, 5), db=store.tables.events)
+    assert other is not None
     put_raw(store, b"events", schema.event_key(sid, 6), other)
     with pytest.raises(errors.DataCorrupted, match="event 6 of session 's0'"):
         store.surface("s0")

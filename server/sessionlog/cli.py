@@ -2,7 +2,7 @@
 
     sessionlog serve [--config FILE] [--data DIR] [--listen HOST:PORT] ... [--print-config]
     sessionlog append | tail | surface | messages | get | sessions | fork | lease | health ...
-    sessionlog admin stats | backup | restore ...
+    sessionlog admin stats | backup | restore | verify ...
     sessionlog replica resync ...
 
 The client subcommands live in ``cli_client``.
@@ -28,10 +28,11 @@ from typing import Any, NoReturn
 
 import lmdb
 
-from sessionlog import admin, config, logs
+from sessionlog import admin, config, errors, logs
 from sessionlog.cli_client import add_commands, run_client
 from sessionlog.service.app import BindError, ConfigError, serve
 from sessionlog.storage.folder import FolderDamaged, FolderInUse
+from sessionlog.storage.integrity import DamagedStore
 
 
 class _Parser(argparse.ArgumentParser):
@@ -100,8 +101,11 @@ def _serve(args: argparse.Namespace) -> int:
     logs.configure(resolved.values["log_level"], resolved.values["log_format"])
     try:
         run_event_loop(serve(server_config))
-    except (BindError, ConfigError, FolderInUse, FolderDamaged) as exc:
+    except (BindError, ConfigError, FolderInUse, FolderDamaged, DamagedStore) as exc:
         print(f"sessionlog: {exc}", file=sys.stderr)
+        return 1
+    except errors.DataCorrupted as exc:
+        print(f"sessionlog: cannot start on {server_config.data_dir!r}: {exc}", file=sys.stderr)
         return 1
     except (lmdb.Error, OSError) as exc:
         print(

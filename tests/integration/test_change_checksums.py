@@ -10,10 +10,11 @@ from pathlib import Path
 import pytest
 
 from sessionlog import errors
-from sessionlog.storage import changes, folder
+from sessionlog.storage import changes, folder, integrity, schema
 from sessionlog.storage.changes import ReceivedChange
 from sessionlog.storage.store import Store
 from sessionlog.v1 import replication_service_pb2 as rpb
+from sessionlog.v1.event_pb2 import Event
 from tests.integration.helpers import opened, user
 
 
@@ -150,3 +151,25 @@ def test_a_batch_with_one_foreign_record_writes_nothing(tmp_path: Path) -> None:
                 replica.submit_apply(mixed).result()
             assert replica.head() == (0, 0)
             assert replica.meta("p") is None
+
+
+def test_verify_finds_an_event_rewritten_in_place_by_its_checksum(tmp_path: Path) -> None:
+    """An event replaced by other bytes that still decode (same seq, other content) passes every
+    decode check, but ``admin verify``'s checksum chain names its change record."""
+    with opened(tmp_path / "d") as store:
+        _write(store, "a", 3)
+        meta = store.meta("a")
+        assert meta is not None
+        forged = Event.FromString(store.read_events(meta.sid, 1, 2)[0])
+        forged.data["content"] = "not what was written"
+        with store.env.begin(write=True) as txn:
+            txn.put(
+                schema.event_key(meta.sid, 1), forged.SerializeToString(), db=store.tables.events
+            )
+        clean, _ = integrity.verify(store.env, store.tables)
+        assert clean == []
+        problems, _ = integrity.verify(
+            store.env, store.tables, change_checks=[changes.ChecksumChain()]
+        )
+        assert [p.where for p in problems] == ["position 2"]
+        assert "checksum" in problems[0].what

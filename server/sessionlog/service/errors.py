@@ -6,6 +6,8 @@ domain ``sessionlog``, the error's reason, its metadata.
 
 from __future__ import annotations
 
+import logging
+
 import grpc
 from google.protobuf import any_pb2
 from google.rpc import code_pb2, error_details_pb2, status_pb2
@@ -36,6 +38,16 @@ def status_code(error: errors.SessionLogError) -> grpc.StatusCode:
         if code is not None:
             return code
     return grpc.StatusCode.INTERNAL
+
+
+def refusal_level(error: errors.SessionLogError) -> int:
+    """How loudly to log a refused call: damaged data is an operator's emergency, a full map or
+    a shutdown needs their attention, anything else is the caller's business."""
+    if isinstance(error, errors.DataCorrupted):
+        return logging.ERROR
+    if isinstance(error, errors.StorageFull | errors.Unavailable):
+        return logging.WARNING
+    return logging.INFO
 
 
 def to_grpc_status(error: errors.SessionLogError) -> grpc.Status:

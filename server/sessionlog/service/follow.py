@@ -18,7 +18,7 @@ from collections.abc import Callable
 import grpc
 
 from sessionlog import errors
-from sessionlog.service.errors import abort
+from sessionlog.service.errors import abort, refusal_level
 from sessionlog.service.limits import Outgoing
 from sessionlog.service.notifier import Notifier, shutting_down
 
@@ -88,6 +88,11 @@ async def follow(
             except TimeoutError:
                 yield marker(False), cursor
     except errors.SessionLogError as error:
+        log.log(
+            refusal_level(error),
+            "stream refused",
+            extra={"stream": subject, "reason": error.reason},
+        )
         await abort(context, error)
     except (asyncio.CancelledError, grpc.aio.AbortError):
         raise

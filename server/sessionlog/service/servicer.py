@@ -25,7 +25,7 @@ from google.protobuf.timestamp_pb2 import Timestamp
 from sessionlog import errors, fold, wire
 from sessionlog.service.auth import ADMIN, Authorizer, Principal, bearer
 from sessionlog.service.counters import CANCELLED, INTERNAL, OK, Counters
-from sessionlog.service.errors import abort
+from sessionlog.service.errors import abort, refusal_level
 from sessionlog.service.follow import follow
 from sessionlog.service.limits import DEFAULT_MAX_EVENTS_PER_APPEND, Outgoing, StreamLimiter
 from sessionlog.service.notifier import Notifier
@@ -96,9 +96,7 @@ def unary(method: Handler) -> Handler:
 
 def _log_refusal(rpc: str, error: errors.SessionLogError) -> None:
     """One line per refused call: the method and the reason, never the request's data."""
-    serious = isinstance(error, errors.StorageFull | errors.Unavailable)
-    level = logging.WARNING if serious else logging.INFO
-    log.log(level, "request refused", extra={"method": rpc, "reason": error.reason})
+    log.log(refusal_level(error), "request refused", extra={"method": rpc, "reason": error.reason})
 
 
 def encode_events(events: list[bytes]) -> bytes:
@@ -307,7 +305,9 @@ class SessionLogServicer:
         shared = self._recent_batches.get(key)
         if shared is not None:
             return shared
-        events = store.read_events(meta.sid, start, meta.next_seq, self.since_batch_bytes)
+        events = store.read_events(
+            meta.sid, start, meta.next_seq, self.since_batch_bytes, session_id=session_id
+        )
         batch = encode_events(events), len(events), meta.next_seq
         self._share(key, batch)
         return batch

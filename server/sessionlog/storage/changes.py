@@ -33,7 +33,7 @@ from typing import Any
 import lmdb
 
 from sessionlog import errors, wire
-from sessionlog.storage import schema
+from sessionlog.storage import damage, schema
 from sessionlog.storage.commands import Tables, read_range
 from sessionlog.v1 import replication_service_pb2 as rpb
 
@@ -157,6 +157,31 @@ def without_checksum(record: bytes, checksum: bytes) -> bytes:
     return wire.split_field(record, _CHECKSUM_FIELD)[0]
 
 
+class ChecksumChain:
+    """Checks the chained checksums of a feed read in position order (``admin verify``): each
+    call takes the next record as stored and its events, and says what is wrong, if anything."""
+
+    def __init__(self) -> None:
+        self._previous = b""
+
+    def __call__(self, position: int, record: bytes, events: Sequence[bytes]) -> str | None:
+        record = bytes(record)
+        checksum = rpb.Change.FromString(record).checksum
+        if not checksum:  # written before checksums: the chain starts again after it
+            self._previous = chain(b"", record, [bytes(e) for e in events])
+            return None
+        expected = chain(
+            self._previous, without_checksum(record, checksum), list(map(bytes, events))
+        )
+        self._previous = checksum
+        if expected != checksum:
+            return (
+                "its checksum does not match the record, its events and the record before it: "
+                "one of them is damaged"
+            )
+        return None
+
+
 def _text_field(field_number: int, payload: bytes) -> bytes:
     """A string or bytes field; proto3 omits it when empty."""
     return wire.message_field(field_number, payload) if payload else b""
@@ -168,32 +193,50 @@ _TABLE_FIELDS = {name.decode(): _text_field(1, name) for name in schema.ALL_DBS}
 
 def read_changes(txn: lmdb.Transaction, tables: Tables, start: int, max_bytes: int) -> list[bytes]:
     """Stored changes from position ``start`` on, each with its events appended: the first
-    whatever its size, then more while the total stays within ``max_bytes``."""
+    whatever its size, then more while the total stays within ``max_bytes``. A damaged record,
+    or one whose events are damaged or missing, raises DataCorrupted naming its position."""
     out: list[bytes] = []
     total = 0
-    cursor = txn.cursor(db=tables.changes)
-    if not cursor.set_range(schema.u64(max(start, 1))):
-        return out
-    for value in cursor.iternext(keys=False, values=True):
-        record = bytes(value)
-        change = rpb.Change.FromString(record)
-        if change.event_count:
-            stop = change.first_seq + change.event_count
-            events = read_range(txn, tables, change.internal_id, change.first_seq, stop)
-            record += wire.length_delimited(_EVENTS_FIELD, events)
+    position = max(start, 1)
+    with damage.reading(f"change-feed record {position}", position=position):
+        cursor = txn.cursor(db=tables.changes)
+        if not cursor.set_range(schema.u64(position)):
+            return out
+    while True:
+        with damage.reading(f"change-feed record {position}", position=position):
+            record = _with_events(txn, tables, bytes(cursor.value()))
         total += len(record)
         if out and total > max_bytes:
             break
         out.append(record)
+        position += 1
+        with damage.reading(f"change-feed record {position}", position=position):
+            if not cursor.next():
+                break
     return out
+
+
+def _with_events(txn: lmdb.Transaction, tables: Tables, record: bytes) -> bytes:
+    """A stored change record with the events it names appended, as the feed sends it."""
+    change = rpb.Change.FromString(record)
+    if not change.event_count:
+        return record
+    stop = change.first_seq + change.event_count
+    events = read_range(
+        txn, tables, change.internal_id, change.first_seq, stop, session_id=change.session_id
+    )
+    if len(events) != change.event_count:
+        raise damage.missing_events(change.session_id, change.first_seq + len(events), stop)
+    return record + wire.length_delimited(_EVENTS_FIELD, events)
 
 
 def head(txn: lmdb.Transaction, tables: Tables) -> tuple[int, int]:
     """The newest change's (position, commit time in ns); (0, 0) when there is none."""
-    cursor = txn.cursor(db=tables.changes)
-    if not cursor.last():
-        return 0, 0
-    change = rpb.Change.FromString(bytes(cursor.value()))
+    with damage.reading("the newest change-feed record"):
+        cursor = txn.cursor(db=tables.changes)
+        if not cursor.last():
+            return 0, 0
+        change = rpb.Change.FromString(bytes(cursor.value()))
     return change.position, change.commit_time.ToNanoseconds()
 
 

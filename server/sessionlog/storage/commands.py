@@ -18,7 +18,7 @@ from typing import Any
 import lmdb
 
 from sessionlog import errors, fold, wire
-from sessionlog.storage import schema
+from sessionlog.storage import damage, schema
 from sessionlog.storage.schema import AuditRecord, LeaseRecord, RequestRecord, SessionMeta
 from sessionlog.v1.event_pb2 import Event, EventType
 
@@ -31,7 +31,10 @@ class Tables:
     """The open handles of every named database."""
 
     def __init__(self, env: lmdb.Environment) -> None:
-        self.by_name: dict[str, Any] = {name.decode(): env.open_db(name) for name in schema.ALL_DBS}
+        with damage.reading("the directory of named tables"):
+            self.by_name: dict[str, Any] = {
+                name.decode(): env.open_db(name) for name in schema.ALL_DBS
+            }
         self.sessions = self.by_name["sessions"]
         self.ids = self.by_name["ids"]
         self.events = self.by_name["events"]
@@ -47,13 +50,15 @@ class Tables:
 
 
 def load_meta(txn: lmdb.Transaction, tables: Tables, session_id: str) -> SessionMeta | None:
-    raw = txn.get(session_id.encode(), db=tables.sessions)
-    return None if raw is None else SessionMeta.decode(raw)
+    with damage.reading(f"the record of session '{session_id}'", session_id=session_id):
+        raw = txn.get(session_id.encode(), db=tables.sessions)
+        return None if raw is None else SessionMeta.decode(raw)
 
 
 def load_lease(txn: lmdb.Transaction, tables: Tables, session_id: str) -> LeaseRecord | None:
-    raw = txn.get(session_id.encode(), db=tables.leases)
-    return None if raw is None else LeaseRecord.decode(raw)
+    with damage.reading(f"the lease of session '{session_id}'", session_id=session_id):
+        raw = txn.get(session_id.encode(), db=tables.leases)
+        return None if raw is None else LeaseRecord.decode(raw)
 
 
 def read_range(
@@ -63,15 +68,25 @@ def read_range(
     start: int,
     stop: int | None = None,
     max_bytes: int = 1 << 62,
+    session_id: str = "",
 ) -> list[bytes]:
     """Stored events of ``sid`` with start <= seq < stop: the first one whatever its size, then
     more while their total stays within ``max_bytes``. One cursor walk over a contiguous key
-    range: O(events returned).
+    range: O(events returned). LMDB finding a damaged page raises DataCorrupted naming
+    ``session_id`` (or the sid). The values are not decoded here.
 
     Seqs are dense, so the events wanted are the ``stop - start`` values from the start key on,
     read without looking at their keys (no key copy or compare per event). A ``stop`` that is
     None or past the end is first clipped to the session's last stored seq (one seek).
     """
+    name = f"session '{session_id}'" if session_id else f"the session of internal id {sid}"
+    with damage.reading(f"events from seq {start} of {name}", session_id=session_id, seq=start):
+        return _read_range(txn, tables, sid, start, stop, max_bytes)
+
+
+def _read_range(
+    txn: lmdb.Transaction, tables: Tables, sid: int, start: int, stop: int | None, max_bytes: int
+) -> list[bytes]:
     if stop is not None and stop <= start:
         return []
     cursor = txn.cursor(db=tables.events)
@@ -276,7 +291,11 @@ class AppendCommand:
         raw = txn.get(schema.request_key(meta.sid, batch.request_id), db=self._tables.requests)
         if raw is None:
             return None
-        record = RequestRecord.decode(raw)
+        with damage.reading(
+            f"the request record '{batch.request_id}' of session '{batch.session_id}'",
+            session_id=batch.session_id,
+        ):
+            record = RequestRecord.decode(raw)
         if now_ns - record.time_ns > self._ttl_ns:
             return None
         if record.fingerprint != batch.fingerprint:
@@ -286,7 +305,9 @@ class AppendCommand:
                 request_id=batch.request_id,
             )
         stop = record.first_seq + record.count
-        events = read_range(txn, self._tables, meta.sid, record.first_seq, stop)
+        events = read_range(
+            txn, self._tables, meta.sid, record.first_seq, stop, session_id=batch.session_id
+        )
         return AppendResult(events, record.next_seq, list(record.drops), meta)
 
 
@@ -356,8 +377,10 @@ class ForkCommand:
             self._lease_token,
             now_ns,
         )
-        copied = read_range(txn, tables, parent.sid, 0, at_seq + 1)
-        events = [Event.FromString(raw) for raw in copied]
+        copied = read_range(txn, tables, parent.sid, 0, at_seq + 1, session_id=self._parent_id)
+        events = damage.decode_events(copied, 0, self._parent_id)
+        if len(events) != at_seq + 1:
+            raise damage.missing_events(self._parent_id, len(events), at_seq + 1)
         _refuse_open_turn(events, self._parent_id, at_seq)
         child = _new_session(txn, tables, self._child_id, now_ns)
         txn.put_events(child.sid, 0, copied)  # type: ignore[attr-defined]

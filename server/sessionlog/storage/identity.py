@@ -33,11 +33,10 @@ from sessionlog.storage.commands import Tables
 
 log = logging.getLogger(__name__)
 
-HISTORY_ID = b"history_id"
-HISTORY_START = b"history_start"
-INSTANCE = b"instance"
-FOLLOWS = b"replica_of"
-"""Set while the folder is opened as a replica: the primary it follows."""
+HISTORY_ID = schema.HISTORY_ID
+HISTORY_START = schema.HISTORY_START
+INSTANCE = schema.INSTANCE
+FOLLOWS = schema.FOLLOWS
 
 CREATED, OPENED, RESTORED, PROMOTED = "created", "opened", "restored", "promoted"
 

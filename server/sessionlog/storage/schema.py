@@ -11,8 +11,10 @@ One environment holds every session. Named databases:
                walk over exactly the events it returns.
     requests   sid (u64 BE) + request id     -> RequestRecord (JSON)
                Idempotency: what an append with a request_id wrote, for replays.
-    counters   name (ASCII)                  -> u64 BE
+    counters   name (ASCII)                  -> u64 BE, or UTF-8 text for the identity keys
                next_sid: the internal id the next new session gets.
+               history_id (text), history_start (u64), instance (text), replica_of (text):
+               the folder's history identity (see ``identity``); never in the change feed.
     leases     session id (UTF-8)            -> LeaseRecord (JSON)
                Keyed by id, not sid: a lease may be taken before the session's first write.
     changes    position (u64 BE)             -> serialized sessionlog.v1.Change, minus its events
@@ -49,6 +51,13 @@ CHANGES = b"changes"
 ALL_DBS = (SESSIONS, IDS, EVENTS, REQUESTS, COUNTERS, LEASES, AUDIT, CHANGES)
 
 NEXT_SID = b"next_sid"
+HISTORY_ID = b"history_id"
+HISTORY_START = b"history_start"
+INSTANCE = b"instance"
+FOLLOWS = b"replica_of"
+"""Set while the folder is opened as a replica: the primary it follows."""
+TEXT_COUNTERS = frozenset({HISTORY_ID, INSTANCE, FOLLOWS})
+"""The counters whose values are UTF-8 text, not u64."""
 
 _U64 = struct.Struct(">Q")
 _EVENT_KEY = struct.Struct(">QQ")

@@ -12,7 +12,7 @@ import os
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,7 +21,7 @@ from typing import Any
 import lmdb
 
 from sessionlog import errors, fold, wire
-from sessionlog.storage import changes, commands, folder, identity, schema
+from sessionlog.storage import changes, commands, damage, folder, identity, integrity, schema
 from sessionlog.storage.changes import (
     ApplyChangesCommand,
     ApplyResult,
@@ -253,6 +253,7 @@ class Store:
         try:
             marker = folder.read_marker(self.path)
             folder.check_not_emptied(self.path, marker)
+            integrity.refuse_damaged(self.path)
             self.env = lmdb.open(
                 str(self.path),
                 map_size=config.map_size,
@@ -347,15 +348,27 @@ class Store:
             return load_meta(txn, self.tables, session_id)
 
     def read_events(
-        self, sid: int, start: int, stop: int | None = None, max_bytes: int = 1 << 62
+        self,
+        sid: int,
+        start: int,
+        stop: int | None = None,
+        max_bytes: int = 1 << 62,
+        session_id: str = "",
     ) -> list[bytes]:
-        """Stored events of session ``sid`` with start <= seq < stop, in seq order.
+        """Stored events of session ``sid`` with start <= seq < stop, in seq order, as stored
+        (not decoded: see ``decode_events``).
 
         Returns the first event whatever its size, then more while their total stays within
         ``max_bytes``. Costs O(events returned): one cursor walk over a contiguous key range.
+        ``session_id`` names the session in a DataCorrupted error.
         """
         with self.env.begin() as txn:  # no buffers: values come out as bytes, copied once
-            return read_range(txn, self.tables, sid, start, stop, max_bytes)
+            return read_range(txn, self.tables, sid, start, stop, max_bytes, session_id)
+
+    @staticmethod
+    def decode_events(raws: Sequence[bytes], first_seq: int, session_id: str) -> list[Event]:
+        """Stored events (from ``read_events``) decoded; DataCorrupted names one that is not."""
+        return damage.decode_events(raws, first_seq, session_id)
 
     def read_changes(self, start: int, max_bytes: int = 1 << 62) -> list[bytes]:
         """Change records from position ``start`` on, events included, as the feed sends them."""
@@ -392,16 +405,21 @@ class Store:
         with self.env.begin() as txn:
             meta = load_meta(txn, self.tables, session_id)
             lease = load_lease(txn, self.tables, session_id)
-            audit = []
-            prefix = schema.audit_prefix(session_id)
+            audit = self._audit(txn, session_id)
+        live = lease if lease is not None and lease.live(now) else None
+        return SessionView(session_id, meta, live, audit)
+
+    def _audit(self, txn: lmdb.Transaction, session_id: str) -> list[AuditRecord]:
+        audit = []
+        prefix = schema.audit_prefix(session_id)
+        with damage.reading(f"the lease audit of session '{session_id}'", session_id=session_id):
             cursor = txn.cursor(db=self.tables.audit)
             if cursor.set_range(prefix):
                 for key, value in cursor:
-                    if not key.startswith(prefix):
+                    if not bytes(key).startswith(prefix):
                         break
                     audit.append(AuditRecord.decode(value))
-        live = lease if lease is not None and lease.live(now) else None
-        return SessionView(session_id, meta, live, audit)
+        return audit
 
     def list_sessions(
         self, after: str = "", prefix: str = "", limit: int = 100, now_ns: int | None = None
@@ -415,19 +433,23 @@ class Store:
         start = max(after.encode(), want)
         with self.env.begin() as txn:
             cursor = txn.cursor(db=self.tables.sessions)
-            if not cursor.set_range(start):
-                return out, False
-            for key, value in cursor:
+            with damage.reading(f"the session list after '{after or prefix}'"):
+                if not cursor.set_range(start):
+                    return out, False
+            for key, value in _walk(cursor, f"the session list after '{after or prefix}'"):
                 if not key.startswith(want):
                     return out, False
                 if after and key == after.encode():
                     continue
                 if len(out) == limit:
                     return out, True
-                session_id = key.decode()
+                with damage.reading("a session id in the session list"):
+                    session_id = key.decode()
                 lease = load_lease(txn, self.tables, session_id)
                 live = lease if lease is not None and lease.live(now) else None
-                out.append(SessionView(session_id, SessionMeta.decode(value), live, []))
+                with damage.reading(f"the record of session '{session_id}'"):
+                    meta = SessionMeta.decode(value)
+                out.append(SessionView(session_id, meta, live, []))
         return out, False
 
     def surface(
@@ -452,7 +474,7 @@ class Store:
             return SurfaceSnapshot(0, 0, [], [], [])
         target = count if at_seq is None else at_seq + 1
         with self._folds_lock:
-            folded = self._fold(meta, target)
+            folded = self._fold(session_id, meta, target)
             return SurfaceSnapshot(
                 count=folded.count,
                 replace_generation=folded.replace_generation,
@@ -472,7 +494,7 @@ class Store:
         if meta is None:
             return None
         with self._folds_lock:
-            folded = self._fold(meta, meta.next_seq)
+            folded = self._fold(session_id, meta, meta.next_seq)
             if folded.replace_generation != known_generation or not (
                 0 <= known_count <= folded.count
             ):
@@ -480,9 +502,10 @@ class Store:
             seqs, projected = folded.tail(known_count)
             return SurfaceSnapshot(folded.count, folded.replace_generation, [], seqs, projected)
 
-    def _fold(self, meta: SessionMeta, target: int) -> fold.SurfaceFold:
+    def _fold(self, session_id: str, meta: SessionMeta, target: int) -> fold.SurfaceFold:
         """The fold of events 0..target-1: the session's memo, brought up to date (O(new)),
-        when target is the whole log; a fresh fold otherwise. Call with ``_folds_lock`` held."""
+        when target is the whole log; a fresh fold otherwise. Call with ``_folds_lock`` held.
+        A damaged event raises DataCorrupted and leaves the memo as it was."""
         cached = self._folds.get(meta.sid)
         if cached is None or cached.count > target:
             cached = fold.SurfaceFold()
@@ -491,8 +514,10 @@ class Store:
         else:
             self._folds.move_to_end(meta.sid)
         if cached.count < target:
-            new = self.read_events(meta.sid, cached.count, target)
-            cached.extend(Event.FromString(raw) for raw in new)
+            new = self.read_events(meta.sid, cached.count, target, session_id=session_id)
+            if len(new) != target - cached.count:
+                raise damage.missing_events(session_id, cached.count + len(new), target)
+            cached.extend(damage.decode_events(new, cached.count, session_id))
             if meta.sid in self._folds:
                 self._fold_bytes[meta.sid] += sum(map(len, new))
                 self._evict()
@@ -512,6 +537,19 @@ class Store:
         ):
             sid, _ = self._folds.popitem(last=False)
             del self._fold_bytes[sid]
+
+
+def _walk(cursor: lmdb.Cursor, what: str) -> Iterator[tuple[bytes, bytes]]:
+    """A cursor's (key, value) pairs, in a transaction without buffers; LMDB meeting a
+    damaged page raises DataCorrupted."""
+    items = iter(cursor)
+    while True:
+        with damage.reading(what):
+            item = next(items, None)
+        if item is None:
+            return
+        key, value = item
+        yield bytes(key), bytes(value)
 
 
 def _check_holder(holder: str) -> None:

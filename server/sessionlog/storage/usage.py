@@ -8,10 +8,11 @@ server's environment and on one opened read-only by `sessionlog admin` beside a 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 import lmdb
 
-from sessionlog.storage import changes, schema
+from sessionlog.storage import changes, damage, integrity, schema
 from sessionlog.storage.commands import Tables
 
 
@@ -64,8 +65,11 @@ def open_readonly(path: str, lock: bool = True) -> tuple[lmdb.Environment, Table
 
     The map size is taken from the data file (``map_size=0``), so usage reports the size the
     server was started with. ``lock=False`` suits a copy no process is writing to (it creates
-    no lock file). Raises lmdb.Error when ``path`` holds no sessionlog store.
+    no lock file). Raises lmdb.Error when ``path`` holds no sessionlog store, and
+    integrity.DamagedStore (before mapping it) when its data file is truncated or not LMDB's,
+    DataCorrupted when its directory of tables is damaged.
     """
+    integrity.refuse_damaged(Path(path))
     env = lmdb.open(
         path,
         readonly=True,
@@ -76,7 +80,7 @@ def open_readonly(path: str, lock: bool = True) -> tuple[lmdb.Environment, Table
         lock=lock,
     )
     try:
-        with env.begin() as txn:
+        with damage.reading(f"the directory of named tables in {path}"), env.begin() as txn:
             missing = [n for n in schema.ALL_DBS if txn.get(n) is None]
         if missing:
             names = ", ".join(n.decode() for n in missing)

@@ -21,7 +21,9 @@ Invariants:
   leaves the environment as it was before the failed transaction, so the next group is
   written as soon as the disk allows (no restart);
 - an LMDB panic (a failed meta page write) leaves the environment unusable: the writer refuses
-  every later command with STORAGE_IO_ERROR and tells ``on_broken``, once.
+  every later command with STORAGE_IO_ERROR and tells ``on_broken``, once;
+- a write that meets a damaged page (LMDB then refuses the whole transaction) fails alone with
+  DATA_CORRUPTED, the others retried without it.
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ import lmdb
 
 from sessionlog import errors
 from sessionlog.stats import GROUP_BUCKETS, SECONDS_BUCKETS, Histogram
-from sessionlog.storage import changes, schema
+from sessionlog.storage import changes, damage, schema
 from sessionlog.storage.commands import Tables
 
 log = logging.getLogger(__name__)
@@ -218,6 +220,14 @@ class Writer:
                 for job in group:
                     self._commit([job])
                 return
+            if outcomes and not outcomes[0][0]:
+                # Refused (the damage it read breaks the transaction): the refusal stands.
+                self._finish(group, outcomes, False)
+                return
+            if isinstance(exc, damage.LMDB_DAMAGE):
+                log.error("a write met a damaged page", extra={"error": type(exc).__name__})
+                self._finish(group, [(False, _damaged(group[0].command, exc))], False)
+                return
             if failure is None:  # a bug: nothing of this command is durable
                 log.exception("write transaction failed")
                 self._finish(group, [(False, exc)], False)
@@ -332,6 +342,14 @@ def _settle(future: Future[Any], value: Any, ok: bool = False) -> None:
         future.set_result(value)
     else:
         future.set_exception(value)
+
+
+def _damaged(command: Command, exc: Exception) -> errors.DataCorrupted:
+    """A write LMDB could not make because a page on its way is damaged; nothing was written."""
+    target = f"session '{command.session_id}'" if command.session_id else "the store"
+    return damage.corrupted(
+        f"the write to {target}", exc, failed="could not be made", session_id=command.session_id
+    )
 
 
 MAP = "map"

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import socket
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -33,12 +34,14 @@ from google.protobuf import json_format
 
 from sessionlog import errors, fold
 from sessionlog.service.auth import Authorizer, Principal
-from sessionlog.service.errors import status_code
+from sessionlog.service.errors import refusal_level, status_code
 from sessionlog.service.metrics import CONTENT_TYPE, Observed, exposition, registry, status
 from sessionlog.service.notifier import Notifier
 from sessionlog.storage.store import SessionView, Store
 from sessionlog.v1.event_pb2 import Event, EventType
 from sessionlog.v1.message_pb2 import Message, Role
+
+log = logging.getLogger(__name__)
 
 STATIC = Path(__file__).parent / "static"
 SERVICE = "/sessionlog.v1.SessionLogService/"
@@ -60,6 +63,7 @@ _HTTP_STATUS = {
     "PERMISSION_DENIED": 403,
     "RESOURCE_EXHAUSTED": 429,
     "UNAVAILABLE": 503,
+    "DATA_LOSS": 500,
 }
 _SECURITY_HEADERS = {
     "Content-Security-Policy": "default-src 'self'; img-src 'self' data:; frame-ancestors 'none'",
@@ -96,10 +100,9 @@ def _ms(ns: int) -> int:
     return ns // 1_000_000
 
 
-def event_json(raw: bytes, visible: set[int] | None = None) -> dict[str, Any]:
+def event_json(event: Event, visible: set[int] | None = None) -> dict[str, Any]:
     """A stored event for the page: type name, time, data, replace range, and (when the
     surface is known) whether a later replace hides it."""
-    event = Event.FromString(raw)
     surface = event.type in fold.SURFACE_TYPES
     rng = fold.replace_range(event)
     out: dict[str, Any] = {
@@ -250,7 +253,11 @@ class Console:
         limit = _int(request, "limit", DEFAULT_EVENTS_PAGE, 1, MAX_EVENTS_PAGE)
         start = _int(request, "from", max(0, count - limit), 0, 1 << 62)
         meta = store.meta(session_id)
-        raws = [] if meta is None else store.read_events(meta.sid, start, min(count, start + limit))
+        stop = min(count, start + limit)
+        raws = (
+            [] if meta is None else store.read_events(meta.sid, start, stop, session_id=session_id)
+        )
+        events = store.decode_events(raws, start, session_id)
         visible = set(folded.seqs)
         return _json(
             {
@@ -258,7 +265,7 @@ class Console:
                 "from": start,
                 "next_seq": count,
                 "replace_generation": folded.replace_generation,
-                "events": [event_json(raw, visible) for raw in raws],
+                "events": [event_json(event, visible) for event in events],
             }
         )
 
@@ -301,7 +308,7 @@ class Console:
                 batch, next_seq = self._read_from(session_id, cursor)
                 if batch:
                     cursor += len(batch)
-                    payload = {"events": [event_json(raw) for raw in batch], "next_seq": cursor}
+                    payload = {"events": [event_json(e) for e in batch], "next_seq": cursor}
                     await _send(response, streams, "events", payload)
                     continue
                 if not caught_up:
@@ -310,6 +317,9 @@ class Console:
                 done, _ = await asyncio.wait({waiter}, timeout=self.server.heartbeat_seconds)
                 if not done:
                     await _write(response, streams, b": heartbeat\n\n")
+        except errors.SessionLogError as error:  # the headers are gone: tell the page in-band
+            log.log(refusal_level(error), "stream refused", extra={"reason": error.reason})
+            await _send(response, streams, "error", _error_body(error))
         except ConnectionResetError:
             pass  # the page went away
         finally:
@@ -318,12 +328,15 @@ class Console:
             streams.release(peer)
         return response
 
-    def _read_from(self, session_id: str, cursor: int) -> tuple[list[bytes], int]:
+    def _read_from(self, session_id: str, cursor: int) -> tuple[list[Event], int]:
         store = self.store
         meta = store.meta(session_id)
         if meta is None or cursor >= meta.next_seq:
             return [], 0 if meta is None else meta.next_seq
-        return store.read_events(meta.sid, cursor, meta.next_seq, FOLLOW_BATCH_BYTES), 0
+        raws = store.read_events(
+            meta.sid, cursor, meta.next_seq, FOLLOW_BATCH_BYTES, session_id=session_id
+        )
+        return store.decode_events(raws, cursor, session_id), 0
 
 
 def _int(request: web.Request, name: str, default: int, low: int, high: int) -> int:
@@ -358,19 +371,31 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 @web.middleware
 async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """A SessionLogError becomes JSON {reason, message, metadata} with a matching HTTP status."""
+    """A SessionLogError becomes JSON {reason, message, metadata} with a matching HTTP status;
+    any other failure a JSON 500 (INTERNAL), logged with its traceback."""
     try:
         response = await handler(request)
+    except web.HTTPException:
+        raise
     except errors.SessionLogError as error:
         code = _HTTP_STATUS.get(status_code(error).name, 500)
-        body = {"reason": error.reason, "message": error.message, "metadata": error.metadata}
-        response = web.json_response(body, status=code)
+        if isinstance(error, errors.DataCorrupted):
+            log.log(refusal_level(error), "request refused", extra={"reason": error.reason})
+        response = web.json_response(_error_body(error), status=code)
         if code == 401:
             response.headers["WWW-Authenticate"] = "Bearer"
+    except Exception:
+        log.exception("unexpected failure in %s", request.path)
+        internal = errors.SessionLogError("internal error; see the server log")
+        response = web.json_response(_error_body(internal), status=500)
     for key, value in _SECURITY_HEADERS.items():
         if not response.prepared:
             response.headers.setdefault(key, value)
     return response
+
+
+def _error_body(error: errors.SessionLogError) -> dict[str, Any]:
+    return {"reason": error.reason, "message": error.message, "metadata": error.metadata}
 
 
 def console_app(server: Served) -> web.Application:

@@ -347,6 +347,23 @@ def test_a_prefix_limited_admin_may_not_read_the_change_feed(server: ThreadedSer
     assert_refused(error, PERMISSION_DENIED)
 
 
+@pytest.mark.parametrize("token", [TENANT_A, TENANT_ADMIN], ids=["tenant-worker", "tenant-admin"])
+def test_replication_status_is_refused_to_prefix_limited_tokens(
+    server: ThreadedServer, token: str
+) -> None:
+    """GetReplicationStatus shows global positions (how much every tenant wrote), so a token
+    limited to a prefix is refused it, admin or not; unscoped reader and admin get it."""
+    channel = server.channel()
+    append(channel, "tenant-b.s", WRITER, "b writes")
+    request = rpb.GetReplicationStatusRequest()
+    error = refusal(channel, FEED + "GetReplicationStatus", request, token, streaming=False)
+    assert_refused(error, PERMISSION_DENIED)
+    assert error_info(error).metadata["session_prefix"] == "tenant-a."
+    for allowed in (READER, ADMIN):
+        raw = unary(channel, FEED + "GetReplicationStatus", request, allowed)
+        assert rpb.GetReplicationStatusResponse.FromString(raw).position == 1
+
+
 def test_a_prefix_limited_admin_force_releases_only_inside_its_prefix(
     server: ThreadedServer,
 ) -> None:
@@ -564,6 +581,21 @@ BAD_TOKENS = [
         id="duplicate-secret",
     ),
     pytest.param('title = "no tokens"\n', "no [[token]] entries", id="no-entries"),
+    pytest.param(
+        '[[token]]\nname = "idle"\ntoken = "0123456789abcdef0123"\npermissions = []\n',
+        "(idle): permissions is empty",
+        id="no-permissions",
+    ),
+    pytest.param(
+        '[[token]]\nname = "spaced"\ntoken = "0123456789abcdef0123"\nsession_prefix = "a b"\n',
+        "(spaced): session_prefix 'a b' can match no session id",
+        id="prefix-no-id-can-match",
+    ),
+    pytest.param(
+        '[[token]]\nname = "dash"\ntoken = "0123456789abcdef0123"\nsession_prefix = "-a."\n',
+        "can match no session id",
+        id="prefix-with-a-bad-first-character",
+    ),
 ]
 
 
@@ -614,3 +646,24 @@ def test_cli_sends_its_token(tmp_path: Path) -> None:
         read = run_cli(["messages", "cli", *base], tmp_path, env=clean_env(SESSIONLOG_TOKEN=READER))
         assert read.returncode == 0, read.stderr
         assert "hi" in read.stdout
+
+
+def test_an_open_ended_session_prefix_warns_once_at_start(tmp_path: Path) -> None:
+    """A prefix without a trailing separator ("team-a" also admits "team-ab") gets one warning
+    line naming the token at start; a prefix ending in '.' gets none."""
+    path = tmp_path / "tokens.toml"
+    path.write_text(
+        f'[[token]]\nname = "loose"\ntoken = "{TENANT_A}"\nsession_prefix = "team-a"\n\n'
+        f'[[token]]\nname = "tight"\ntoken = "{READER}"\nsession_prefix = "team-b."\n'
+    )
+    port = free_port()
+    address = f"127.0.0.1:{port}"
+    args = ["--data", str(tmp_path / "data"), "--listen", address, "--auth-tokens", str(path)]
+    with ServerProcess([*args, "--auth-open-health", "--log-format", "json"], tmp_path) as proc:
+        proc.wait_serving(address)
+        assert proc.stop() == 0
+    lines = [json.loads(line) for line in proc.log().splitlines() if line.strip()]
+    warnings = [line for line in lines if line["level"] == "warning"]
+    assert [(w["token"], w["session_prefix"]) for w in warnings] == [("loose", "team-a")]
+    assert "'team-a' admits 'team-ab'" in warnings[0]["message"]
+

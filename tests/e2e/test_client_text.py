@@ -18,7 +18,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from sessionlog.testing import ThreadedServer, error_info
+from sessionlog.testing import ThreadedServer, error_info, running_server
 from sessionlog.v1 import event_pb2
 from sessionlog.v1 import session_log_service_pb2 as pb
 from tests.e2e._proc import ServerProcess, free_port
@@ -182,3 +182,20 @@ def test_an_undecodable_authorization_header_is_unauthenticated_and_unlogged(
     assert SECRET not in log, log
     assert "metadata that is not valid UTF-8; its value is withheld" in log
     assert "Traceback" not in log
+
+
+def test_a_binary_authorization_header_is_not_a_bearer_token(tmp_path: Path) -> None:
+    """`authorization-bin` (binary metadata, base64 on the wire) is not the bearer header: a
+    call carrying a valid secret only there is UNAUTHENTICATED; the same secret in
+    `authorization` passes."""
+    tokens = tmp_path / "tokens.toml"
+    tokens.write_text(f'[[token]]\nname = "ops"\ntoken = "{SECRET}"\npermissions = ["read"]\n')
+    with running_server(tmp_path / "data", auth_tokens=str(tokens)) as server:
+        stub = server.stub()
+        binary = (("authorization-bin", f"Bearer {SECRET}".encode()),)
+        with pytest.raises(grpc.RpcError) as caught:
+            stub.ListSessions(pb.ListSessionsRequest(), metadata=binary, timeout=5)
+        assert caught.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        assert error_info(caught.value).reason == "UNAUTHENTICATED"
+        text = (("authorization", f"Bearer {SECRET}"),)
+        assert not stub.ListSessions(pb.ListSessionsRequest(), metadata=text, timeout=5).sessions

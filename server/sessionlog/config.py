@@ -261,9 +261,25 @@ SETTINGS: tuple[Setting, ...] = (
         "replica_token",
         _text,
         "",
-        "bearer token the replica presents to its primary (admin permission)",
+        "bearer token the replica presents to its primary (admin permission); visible in "
+        "`ps`: prefer --replica-token-file",
         "TOKEN",
         secret=True,
+    ),
+    Setting(
+        "replica_token_file",
+        _text,
+        "",
+        "file holding the replica's bearer token (surrounding whitespace stripped)",
+        "FILE",
+    ),
+    Setting(
+        "replica_serve_open",
+        _boolean,
+        False,
+        "let a replica that presents a token to its primary serve without --auth-tokens of its "
+        "own, i.e. every tenant's data to anyone who can reach it",
+        flag_only_switch=True,
     ),
     Setting(
         "replica_tls_ca",
@@ -415,6 +431,8 @@ def server_config(resolved: Resolved) -> ServerConfig:
         request_id_ttl_seconds=int(v["request_id_ttl"]),
         replica_of=v["replica_of"],
         replica_token=v["replica_token"],
+        replica_token_file=v["replica_token_file"],
+        replica_serve_open=v["replica_serve_open"],
         replica_tls_ca=v["replica_tls_ca"],
         replica_tls_cert=v["replica_tls_cert"],
         replica_tls_key=v["replica_tls_key"],

@@ -52,6 +52,22 @@ class TextFormatter(logging.Formatter):
         return line
 
 
+_GRPC_UNDECODABLE = ("grpc._cython.cygrpc", "Invalid encoding on %s")
+"""grpc's own log call for metadata that is not UTF-8: it prints the raw value, which for an
+``authorization`` header is a (mistyped) secret, with a traceback, at error level."""
+
+
+def withhold_undecodable_metadata(record: logging.LogRecord) -> bool:
+    """Rewrite grpc's "Invalid encoding" record to one info line without the value: any client
+    can send such bytes, and the value may be a bearer token."""
+    if (record.name, record.msg) == _GRPC_UNDECODABLE:
+        record.msg = "a request carried metadata that is not valid UTF-8; its value is withheld"
+        record.args = None
+        record.exc_info = record.exc_text = None
+        record.levelno, record.levelname = logging.INFO, "INFO"
+    return True
+
+
 def configure(level: str = "info", fmt: str = "auto", stream: TextIO | None = None) -> None:
     """Send sessionlog's logs to ``stream`` (stderr) as JSON or text; ``auto`` picks JSON unless
     the stream is a terminal."""
@@ -59,6 +75,7 @@ def configure(level: str = "info", fmt: str = "auto", stream: TextIO | None = No
     use_json = fmt == "json" or (fmt == "auto" and not out.isatty())
     handler = logging.StreamHandler(out)
     handler.setFormatter(JsonFormatter() if use_json else TextFormatter())
+    handler.addFilter(withhold_undecodable_metadata)
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())

@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -347,6 +348,23 @@ def test_a_prefix_limited_admin_may_not_read_the_change_feed(server: ThreadedSer
     assert_refused(error, PERMISSION_DENIED)
 
 
+@pytest.mark.parametrize("token", [TENANT_A, TENANT_ADMIN], ids=["tenant-worker", "tenant-admin"])
+def test_replication_status_is_refused_to_prefix_limited_tokens(
+    server: ThreadedServer, token: str
+) -> None:
+    """GetReplicationStatus shows global positions (how much every tenant wrote), so a token
+    limited to a prefix is refused it, admin or not; unscoped reader and admin get it."""
+    channel = server.channel()
+    append(channel, "tenant-b.s", WRITER, "b writes")
+    request = rpb.GetReplicationStatusRequest()
+    error = refusal(channel, FEED + "GetReplicationStatus", request, token, streaming=False)
+    assert_refused(error, PERMISSION_DENIED)
+    assert error_info(error).metadata["session_prefix"] == "tenant-a."
+    for allowed in (READER, ADMIN):
+        raw = unary(channel, FEED + "GetReplicationStatus", request, allowed)
+        assert rpb.GetReplicationStatusResponse.FromString(raw).position == 1
+
+
 def test_a_prefix_limited_admin_force_releases_only_inside_its_prefix(
     server: ThreadedServer,
 ) -> None:
@@ -564,6 +582,21 @@ BAD_TOKENS = [
         id="duplicate-secret",
     ),
     pytest.param('title = "no tokens"\n', "no [[token]] entries", id="no-entries"),
+    pytest.param(
+        '[[token]]\nname = "idle"\ntoken = "0123456789abcdef0123"\npermissions = []\n',
+        "(idle): permissions is empty",
+        id="no-permissions",
+    ),
+    pytest.param(
+        '[[token]]\nname = "spaced"\ntoken = "0123456789abcdef0123"\nsession_prefix = "a b"\n',
+        "(spaced): session_prefix 'a b' can match no session id",
+        id="prefix-no-id-can-match",
+    ),
+    pytest.param(
+        '[[token]]\nname = "dash"\ntoken = "0123456789abcdef0123"\nsession_prefix = "-a."\n',
+        "can match no session id",
+        id="prefix-with-a-bad-first-character",
+    ),
 ]
 
 
@@ -614,3 +647,195 @@ def test_cli_sends_its_token(tmp_path: Path) -> None:
         read = run_cli(["messages", "cli", *base], tmp_path, env=clean_env(SESSIONLOG_TOKEN=READER))
         assert read.returncode == 0, read.stderr
         assert "hi" in read.stdout
+
+
+def test_an_open_ended_session_prefix_warns_once_at_start(tmp_path: Path) -> None:
+    """A prefix without a trailing separator ("team-a" also admits "team-ab") gets one warning
+    line naming the token at start; a prefix ending in '.' gets none."""
+    path = tmp_path / "tokens.toml"
+    path.write_text(
+        f'[[token]]\nname = "loose"\ntoken = "{TENANT_A}"\nsession_prefix = "team-a"\n\n'
+        f'[[token]]\nname = "tight"\ntoken = "{READER}"\nsession_prefix = "team-b."\n'
+    )
+    port = free_port()
+    address = f"127.0.0.1:{port}"
+    args = ["--data", str(tmp_path / "data"), "--listen", address, "--auth-tokens", str(path)]
+    with ServerProcess([*args, "--auth-open-health", "--log-format", "json"], tmp_path) as proc:
+        proc.wait_serving(address)
+        assert proc.stop() == 0
+    lines = [json.loads(line) for line in proc.log().splitlines() if line.strip()]
+    warnings = [line for line in lines if line["level"] == "warning"]
+    assert [(w["token"], w["session_prefix"]) for w in warnings] == [("loose", "team-a")]
+    assert "'team-a' admits 'team-ab'" in warnings[0]["message"]
+
+
+# -- replicas of a primary that requires tokens -------------------------------------------------
+
+REPLICA_SECRET = "replica-secret-2b7d9e04c6f1"
+
+
+def primary_tokens(path: Path) -> Path:
+    """The shared tokens plus an admin token for the replica."""
+    tokens_file(path)
+    with path.open("a") as out:
+        out.write(f'\n[[token]]\nname = "replica"\ntoken = "{REPLICA_SECRET}"\n')
+        out.write('permissions = ["admin"]\n')
+    return path
+
+
+def replicated(address: str, session_id: str, token: str | None) -> list[str]:
+    """The contents of ``session_id`` as read from ``address`` with ``token``, once the replica
+    has them (polled for at most 10 s)."""
+    deadline = time.monotonic() + 10
+    contents: list[str] = []
+    with grpc.insecure_channel(address) as channel:
+        while time.monotonic() < deadline and not contents:
+            request = pb.SinceRequest(session_id=session_id)
+            replies = stream(channel, SERVICE + "Since", request, token)
+            contents = [
+                str(e.data["content"])
+                for raw in replies
+                for e in pb.SinceResponse.FromString(raw).events
+            ]
+            time.sleep(0.05)
+    return contents
+
+
+def serve_args(folder: Path, address: str, *extra: str) -> list[str]:
+    return ["--data", str(folder / "data"), "--listen", address, "--auth-open-health", *extra]
+
+
+def test_a_replica_reads_its_token_from_a_file(tmp_path: Path) -> None:
+    """--replica-token-file (whitespace around the token stripped) authenticates a real replica
+    to a primary with tokens; the secret is not on the replica's command line, and the replica
+    with its own tokens refuses a caller without one."""
+    tokens = primary_tokens(tmp_path / "tokens.toml")
+    secret_file = tmp_path / "replica.token"
+    secret_file.write_text(f"  {REPLICA_SECRET}\n\n")
+    primary_address = f"127.0.0.1:{free_port()}"
+    replica_address = f"127.0.0.1:{free_port()}"
+    primary_args = serve_args(tmp_path / "p", primary_address, "--auth-tokens", str(tokens))
+    replica_args = serve_args(
+        tmp_path / "r",
+        replica_address,
+        *("--auth-tokens", str(tokens), "--replica-of", primary_address),
+        *("--replica-token-file", str(secret_file)),
+    )
+    with ServerProcess(primary_args, tmp_path, name="primary") as primary:
+        primary.wait_serving(primary_address)
+        with grpc.insecure_channel(primary_address) as channel:
+            append(channel, "tenant-a.s", WRITER, "replicated")
+        with ServerProcess(replica_args, tmp_path, name="replica") as replica:
+            replica.wait_serving(replica_address)
+            assert replicated(replica_address, "tenant-a.s", READER) == ["replicated"]
+            command_line = Path(f"/proc/{replica.pid}/cmdline").read_bytes()
+            assert REPLICA_SECRET.encode() not in command_line
+            with grpc.insecure_channel(replica_address) as channel:
+                request = pb.SinceRequest(session_id="tenant-a.s")
+                error = refusal(channel, SERVICE + "Since", request, None, streaming=True)
+            assert_refused(error, UNAUTHENTICATED)
+            assert replica.stop() == 0
+        assert primary.stop() == 0
+    assert REPLICA_SECRET not in replica.log()
+
+
+def test_replica_serve_open_serves_open_with_one_warning(tmp_path: Path) -> None:
+    """With --replica-serve-open, a replica holding a token for its primary but none of its own
+    starts, serves reads without a token, and says so in one warning line."""
+    tokens = primary_tokens(tmp_path / "tokens.toml")
+    primary_address = f"127.0.0.1:{free_port()}"
+    replica_address = f"127.0.0.1:{free_port()}"
+    primary_args = serve_args(tmp_path / "p", primary_address, "--auth-tokens", str(tokens))
+    replica_args = serve_args(
+        tmp_path / "r",
+        replica_address,
+        *("--replica-of", primary_address, "--replica-token", REPLICA_SECRET),
+        *("--replica-serve-open", "--log-format", "json"),
+    )
+    with ServerProcess(primary_args, tmp_path, name="primary") as primary:
+        primary.wait_serving(primary_address)
+        with grpc.insecure_channel(primary_address) as channel:
+            append(channel, "tenant-a.s", WRITER, "open on purpose")
+        with ServerProcess(replica_args, tmp_path, name="replica") as replica:
+            replica.wait_serving(replica_address)
+            assert replicated(replica_address, "tenant-a.s", None) == ["open on purpose"]
+            assert replica.stop() == 0
+        assert primary.stop() == 0
+    lines = [json.loads(line) for line in replica.log().splitlines() if line.strip()]
+    warnings = [line["message"] for line in lines if line["level"] == "warning"]
+    assert len(warnings) == 1, warnings
+    assert "without tokens (--replica-serve-open)" in warnings[0]
+
+
+BAD_REPLICA_SETUPS = [
+    pytest.param(
+        ["--replica-token", REPLICA_SECRET],
+        "",
+        "no --auth-tokens of its own, so it would serve every tenant's data to anyone: give it "
+        "--auth-tokens FILE, or --replica-serve-open",
+        id="token-but-no-tokens-of-its-own",
+    ),
+    pytest.param(
+        ["--replica-token-file", "{file}"],
+        f"{REPLICA_SECRET}\n",
+        "no --auth-tokens of its own",
+        id="token-file-but-no-tokens-of-its-own",
+    ),
+    pytest.param(
+        [
+            "--replica-token",
+            REPLICA_SECRET,
+            "--replica-token-file",
+            "{file}",
+            "--auth-tokens",
+            "{tokens}",
+        ],
+        f"{REPLICA_SECRET}\n",
+        "--replica-token and --replica-token-file both give the replica's token",
+        id="both-token-and-file",
+    ),
+    pytest.param(
+        ["--replica-token-file", "{missing}", "--auth-tokens", "{tokens}"],
+        "",
+        "cannot read the replica token file",
+        id="missing-file",
+    ),
+    pytest.param(
+        ["--replica-token-file", "{file}", "--auth-tokens", "{tokens}"],
+        " \n\t\n",
+        "is empty; write the token into it",
+        id="empty-file",
+    ),
+    pytest.param(
+        ["--replica-token-file", "{file}", "--auth-tokens", "{tokens}"],
+        f"{REPLICA_SECRET}\nsecond line\n",
+        "must hold just the token",
+        id="two-lines",
+    ),
+]
+
+
+@pytest.mark.parametrize(("flags", "content", "problem"), BAD_REPLICA_SETUPS)
+def test_a_replica_misconfigured_for_tokens_refuses_to_start(
+    tmp_path: Path, flags: list[str], content: str, problem: str
+) -> None:
+    """A replica whose token setup would leak data or cannot work exits non-zero with one line
+    naming the fix, before it serves anything, and never echoes the secret."""
+    tokens = primary_tokens(tmp_path / "tokens.toml")
+    secret_file = tmp_path / "replica.token"
+    secret_file.write_text(content)
+    paths = {"file": secret_file, "missing": tmp_path / "nowhere", "tokens": tokens}
+    args = [flag.format(**paths) for flag in flags]
+    unused = f"127.0.0.1:{free_port()}"
+    result = run_cli(
+        ["serve", *serve_args(tmp_path, f"127.0.0.1:{free_port()}", "--replica-of", unused), *args],
+        cwd=tmp_path,
+        timeout=15,
+    )
+    assert result.returncode != 0
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("sessionlog: ")
+    assert problem in lines[0]
+    assert REPLICA_SECRET not in result.stderr
+    assert not (tmp_path / "data").exists(), "nothing was opened"

@@ -243,6 +243,7 @@ def test_replica_authenticates_to_a_tls_mtls_token_primary(
         replica_tls_cert=str(pki.client.cert_path),
         replica_tls_key=str(pki.client.key_path),
         replica_token=REPLICA_SECRET,
+        replica_serve_open=True,  # this test reads the replica without a token
     ) as replica:
         write_through(secured_primary, pki, "rep.one", "while replicating")
         deadline = time.monotonic() + REPLICATION_SECONDS
@@ -283,6 +284,7 @@ def test_replica_with_bad_credentials_gets_nothing(
         replica_of=secured_primary.address,
         replica_tls_ca=str(pki.ca.path),
         replica_token=token,
+        replica_serve_open=True,
         **cert_options,
     ) as replica:
         time.sleep(1.0)  # several reconnect attempts (backoff starts at 0.1 s)

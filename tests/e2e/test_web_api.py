@@ -22,6 +22,7 @@ from tests.e2e._web import CALL_ID, RESULT, SESSION, TIMEOUT, event, get, seed
 READER = "api-reader-token-3b9e07c1"
 WRITER_ONLY = "api-writer-token-7f0d2a95"
 OTHER_TENANT = "api-tenant-b-token-c4e81d26"
+OPERATOR = "api-operator-token-90e2d4b1"
 
 
 @pytest.fixture
@@ -156,14 +157,16 @@ def _free_port() -> int:
 
 @pytest.fixture
 def guarded(tmp_path: Path) -> Iterator[ThreadedServer]:
-    """Auth on: a reader limited to ``demo.``, a writer without read, another tenant."""
+    """Auth on: a reader limited to ``demo.``, a writer without read, another tenant, and an
+    operator who reads every session."""
     tokens = tmp_path / "tokens.toml"
     tokens.write_text(
         f'[[token]]\nname = "reader"\ntoken = "{READER}"\npermissions = ["read"]\n'
         'session_prefix = "demo."\n\n'
         f'[[token]]\nname = "writer"\ntoken = "{WRITER_ONLY}"\npermissions = ["write"]\n\n'
         f'[[token]]\nname = "tenant-b"\ntoken = "{OTHER_TENANT}"\npermissions = ["read"]\n'
-        'session_prefix = "b."\n'
+        'session_prefix = "b."\n\n'
+        f'[[token]]\nname = "operator"\ntoken = "{OPERATOR}"\npermissions = ["read"]\n'
     )
     with running_server(
         tmp_path / "data", http_listen="127.0.0.1:0", auth_tokens=str(tokens)
@@ -204,6 +207,43 @@ def test_api_applies_permissions_and_session_prefixes(guarded: ThreadedServer) -
     assert [s["session_id"] for s in mine["sessions"]] == [SESSION]
     _, _, theirs = get(f"{base(guarded)}/api/sessions", OTHER_TENANT)
     assert [s["session_id"] for s in theirs["sessions"]] == ["b.private"]
+
+
+def test_a_tenant_token_sees_no_server_wide_status(guarded: ThreadedServer) -> None:
+    """/api/status counts every tenant's sessions and events: a prefix-scoped token gets only
+    the version, the role and its own prefix; an unscoped reader gets the numbers."""
+    status, _, mine = get(f"{base(guarded)}/api/status", READER)
+    assert status == 200
+    assert mine == {"version": mine["version"], "role": "primary", "session_prefix": "demo."}
+    status, _, everything = get(f"{base(guarded)}/api/status", OPERATOR)
+    assert status == 200
+    assert everything["sessions"] == 2
+    assert everything["events"] == 18
+    assert "session_prefix" not in everything
+
+
+@pytest.mark.parametrize(
+    "value",
+    [b"Bearer \xff\xfe", b"Bearer \xed\xa0\x80", b"Bearer " + OPERATOR.encode() + b"\xff"],
+    ids=["not-utf8", "lone-surrogate", "secret-plus-a-stray-byte"],
+)
+def test_an_undecodable_bearer_token_is_a_401(guarded: ThreadedServer, value: bytes) -> None:
+    """An Authorization header whose bytes are not UTF-8 is 401 UNAUTHENTICATED, not a 500,
+    and the console keeps answering."""
+    connection = http.client.HTTPConnection("127.0.0.1", guarded.server.http_port, timeout=5)
+    try:
+        connection.putrequest("GET", "/api/sessions")
+        connection.putheader("Authorization", value)
+        connection.endheaders()
+        response = connection.getresponse()
+        body = json.loads(response.read())
+    finally:
+        connection.close()
+    assert response.status == 401
+    assert body["reason"] == "UNAUTHENTICATED"
+    status, _, listing = get(f"{base(guarded)}/api/sessions", OPERATOR)
+    assert status == 200
+    assert len(listing["sessions"]) == 2
 
 
 def test_bad_requests_are_json_errors(console: ThreadedServer) -> None:

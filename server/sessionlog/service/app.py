@@ -82,6 +82,10 @@ class ServerConfig:
     """With auth on, still let health checks and reflection through without a token."""
     replica_token: str = ""
     """The bearer token a replica presents to its primary (needs the admin permission)."""
+    replica_token_file: str = ""
+    """A file holding replica_token instead (read at start, whitespace stripped): off `ps`."""
+    replica_serve_open: bool = False
+    """Let a replica with a token for its primary serve with no tokens of its own."""
     replica_tls_ca: str = ""
     """PEM CA to verify a TLS primary with; set it to connect to the primary over TLS."""
     replica_tls_cert: str = ""
@@ -107,6 +111,7 @@ class ServerConfig:
             raise ConfigError("--tls-client-ca needs --tls-cert and --tls-key")
         if bool(self.replica_tls_cert) != bool(self.replica_tls_key):
             raise ConfigError("--replica-tls-cert and --replica-tls-key go together")
+        self._check_replica_auth()
         for name in (
             "max_events_per_append",
             "max_streams",
@@ -117,6 +122,28 @@ class ServerConfig:
                 raise ConfigError(f"{name.replace('_', '-')} must be at least 1")
         for name in ("metrics_listen", "http_listen"):
             _check_address(name, getattr(self, name))
+
+    def _check_replica_auth(self) -> None:
+        """A replica that needs a token to read its primary holds a primary's data behind
+        tokens: serving it to anyone must be asked for, not fallen into."""
+        if self.replica_token and self.replica_token_file:
+            raise ConfigError(
+                "--replica-token and --replica-token-file both give the replica's token; keep one "
+                "(the file keeps the secret out of `ps`)"
+            )
+        has_token = bool(self.replica_token or self.replica_token_file)
+        if self.replica_of and has_token and not self.auth_tokens and not self.replica_serve_open:
+            raise ConfigError(
+                "this replica presents a token to its primary but has no --auth-tokens of its "
+                "own, so it would serve every tenant's data to anyone: give it --auth-tokens "
+                "FILE, or --replica-serve-open to serve open on purpose"
+            )
+
+    @property
+    def serves_open_replica(self) -> bool:
+        """A replica of a primary that requires tokens, serving with none (on purpose)."""
+        has_token = bool(self.replica_token or self.replica_token_file)
+        return bool(self.replica_of) and has_token and not self.auth_tokens
 
     def store_config(self) -> StoreConfig:
         return StoreConfig(
@@ -194,6 +221,7 @@ class SessionLogServer:
         config = self.config
         credentials = _server_credentials(config)
         authorizer = self.authorizer = _authorizer(config)
+        replica_token = _replica_token(config)
         self.store = Store(
             Path(config.data_dir), config.store_config(), on_commit=wake, on_broken=broken
         )
@@ -275,10 +303,16 @@ class SessionLogServer:
                 self.replica,
                 self._caught_up,
                 channel_factory=_replica_channel_factory(config),
-                metadata=_bearer_metadata(config.replica_token),
+                metadata=_bearer_metadata(replica_token),
                 on_diverged=self._diverged,
             )
             self._replicator_task = asyncio.create_task(self._replicator.run())
+            if config.serves_open_replica:
+                log.warning(
+                    "this replica serves every tenant's data without tokens "
+                    "(--replica-serve-open); give it --auth-tokens to require them",
+                    extra={"primary": config.replica_of},
+                )
         log.info(
             "sessionlog serving",
             extra={
@@ -410,6 +444,26 @@ def _authorizer(config: ServerConfig) -> Authorizer | None:
     except AuthConfigError as exc:
         raise ConfigError(str(exc)) from None
     return Authorizer(tokens, open_health=config.auth_open_health)
+
+
+def _replica_token(config: ServerConfig) -> str:
+    """The token the replica presents: the setting, or the stripped content of its file."""
+    if not config.replica_token_file:
+        return config.replica_token
+    path = config.replica_token_file
+    try:
+        token = Path(path).read_text().strip()
+    except (OSError, UnicodeError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise ConfigError(f"cannot read the replica token file {path!r}: {reason}") from None
+    if not token:
+        raise ConfigError(f"the replica token file {path!r} is empty; write the token into it")
+    if not (token.isascii() and token.isprintable()) or any(c.isspace() for c in token):
+        raise ConfigError(
+            f"the replica token file {path!r} must hold just the token: one line of visible "
+            "ASCII with no spaces (a header cannot carry anything else)"
+        )
+    return token
 
 
 def _bearer_metadata(token: str) -> tuple[tuple[str, str], ...]:

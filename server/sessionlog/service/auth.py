@@ -16,16 +16,22 @@ Secrets are never logged.
 
 Permissions per RPC: reads (Since, Surface, DeriveMessages, GetSession, ListSessions) need
 ``read``; writes (Append, CreateSession, SeedSession, ForkSession, leases) need ``write``; a forced
-lease release and the change feed (which carries every tenant's data) need ``admin``, and the
-change feed is refused to any token limited to a session prefix.
-GetReplicationStatus needs ``read``. Health and reflection need any valid token unless the operator
-opens them (``--auth-open-health``).
+lease release and the change feed (which carries every tenant's data) need ``admin``.
+GetReplicationStatus needs ``read``. Calls whose answer spans every session (the change feed, and
+the replication status with its global positions) are refused to any token limited to a session
+prefix. Health and reflection need any valid token unless the operator opens them
+(``--auth-open-health``).
+
+A session prefix is matched byte for byte: "team-a" also admits "team-ab". Loading refuses a
+prefix no valid session id can start with, and warns (one line per token) about a prefix that
+does not end in a separator (``.``, ``-`` or ``_``).
 """
 
 from __future__ import annotations
 
 import hashlib
 import hmac
+import logging
 import tomllib
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
@@ -34,8 +40,10 @@ from typing import Any
 
 import grpc
 
-from sessionlog import errors
+from sessionlog import errors, fold
 from sessionlog.service.errors import to_grpc_status
+
+log = logging.getLogger(__name__)
 
 READ, WRITE, ADMIN = "read", "write", "admin"
 PERMISSIONS = frozenset({READ, WRITE, ADMIN})
@@ -56,8 +64,15 @@ _NEEDS = {
     "/sessionlog.v1.ReplicationService/Changes": ADMIN,
     "/sessionlog.v1.ReplicationService/GetReplicationStatus": READ,
 }
-_EVERY_SESSION = frozenset({"/sessionlog.v1.ReplicationService/Changes"})
+_EVERY_SESSION = frozenset(
+    {
+        "/sessionlog.v1.ReplicationService/Changes",
+        "/sessionlog.v1.ReplicationService/GetReplicationStatus",
+    }
+)
 """Calls whose answer spans every session: refused to a token limited to a session prefix."""
+PREFIX_SEPARATORS = ".-_"
+"""Characters that may end a session prefix without it also admitting longer names."""
 _OPENABLE_PREFIXES = ("/grpc.health.v1.", "/grpc.reflection.")
 
 
@@ -113,12 +128,22 @@ class TokenTable:
     @classmethod
     def load(cls, path: str | Path) -> TokenTable:
         try:
-            document = tomllib.loads(Path(path).read_text())
-        except (OSError, tomllib.TOMLDecodeError) as exc:
+            text = Path(path).read_text()
+        except (OSError, UnicodeError) as exc:
             raise AuthConfigError(f"cannot read tokens file {str(path)!r}: {exc}") from None
+        return cls.parse(text, str(path))
+
+    @classmethod
+    def parse(cls, text: str, source: str = "<tokens>") -> TokenTable:
+        """The table a tokens file's text describes; AuthConfigError naming the entry at fault.
+        Warns once per token whose prefix admits longer names than it looks like it does."""
+        try:
+            document = tomllib.loads(text)
+        except tomllib.TOMLDecodeError as exc:
+            raise AuthConfigError(f"cannot read tokens file {source!r}: {exc}") from None
         tokens = document.get("token")
         if not isinstance(tokens, list) or not tokens:
-            raise AuthConfigError(f"tokens file {str(path)!r} has no [[token]] entries")
+            raise AuthConfigError(f"tokens file {source!r} has no [[token]] entries")
         entries = [_entry(i, item) for i, item in enumerate(tokens)]
         names: dict[bytes, str] = {}
         for entry in entries:
@@ -129,11 +154,17 @@ class TokenTable:
                     "secret; give each token its own"
                 )
             names[entry.digest] = entry.principal.name
+        for entry in entries:
+            _warn_open_ended(entry.principal)
         return cls(entries)
 
     def principal(self, secret: str) -> Principal | None:
-        """The principal of a presented secret, or None; constant time over all entries."""
-        presented = hashlib.sha256(secret.encode()).digest()
+        """The principal of a presented secret, or None; constant time over all entries.
+
+        Any text is accepted: a header that was not UTF-8 reaches here with surrogate escapes,
+        which ``surrogatepass`` encodes to bytes no configured token (valid text) encodes to.
+        """
+        presented = hashlib.sha256(secret.encode("utf-8", "surrogatepass")).digest()
         found: Principal | None = None
         for entry in self._entries:
             if hmac.compare_digest(presented, entry.digest):
@@ -169,10 +200,42 @@ def _entry(index: int, item: Any) -> _Entry:
         isinstance(p, str) and p in PERMISSIONS for p in permissions
     ):
         raise AuthConfigError(f"{where} ({name}): permissions must be a list of read/write/admin")
+    if not permissions:
+        raise AuthConfigError(
+            f"{where} ({name}): permissions is empty, so the token could call nothing; list at "
+            "least one of read, write, admin (or delete the token)"
+        )
+    return _Entry(digest, Principal(name, frozenset(permissions), _prefix(where, name, item)))
+
+
+def _prefix(where: str, name: str, item: dict[str, Any]) -> str:
+    """The entry's session prefix: empty, or text some valid session id starts with.
+
+    A non-empty prefix of a valid id is itself a valid id (the rules are per character, plus a
+    length cap), so checking the prefix as an id decides whether any id can match it."""
     prefix = item.get("session_prefix", "")
     if not isinstance(prefix, str):
         raise AuthConfigError(f"{where} ({name}): session_prefix must be a string")
-    return _Entry(digest, Principal(name, frozenset(permissions), prefix))
+    if prefix:
+        try:
+            fold.check_session_id(prefix)
+        except errors.InvalidSessionId as exc:
+            raise AuthConfigError(
+                f"{where} ({name}): session_prefix {prefix!r} can match no session id ({exc}); "
+                "fix the prefix"
+            ) from None
+    return prefix
+
+
+def _warn_open_ended(principal: Principal) -> None:
+    prefix = principal.session_prefix
+    if prefix and prefix[-1] not in PREFIX_SEPARATORS:
+        log.warning(
+            "a token's session_prefix does not end in '.', '-' or '_', so it also admits every "
+            "longer id that starts with it ('team-a' admits 'team-ab'); end it with a separator "
+            "unless that is meant",
+            extra={"token": principal.name, "session_prefix": prefix},
+        )
 
 
 def bearer(metadata: Iterable[tuple[str, Any]] | None) -> str:
@@ -214,7 +277,7 @@ class Authorizer:
         if principal.session_prefix and method in _EVERY_SESSION:
             raise errors.PermissionDenied(
                 f"token '{principal.name}' is limited to sessions starting with "
-                f"'{principal.session_prefix}', and this call carries every session's data",
+                f"'{principal.session_prefix}', and this call's answer spans every session",
                 token=principal.name,
                 session_prefix=principal.session_prefix,
             )

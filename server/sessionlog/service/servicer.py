@@ -10,9 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import binascii
 import functools
-import json
+import hashlib
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -573,24 +572,47 @@ def audit_message(record: AuditRecord) -> pb.LeaseAuditEntry:
     )
 
 
+PAGE_TOKEN_VERSION = 1
+_PREFIX_DIGEST_BYTES = 8
+_MAX_PAGE_TOKEN_CHARS = 4 * -(-(1 + _PREFIX_DIGEST_BYTES + fold.MAX_SESSION_ID_BYTES) // 3)
+"""No token this server hands out is longer: anything longer is refused before decoding."""
+
+
+def _prefix_digest(prefix: str) -> bytes:
+    return hashlib.sha256(prefix.encode()).digest()[:_PREFIX_DIGEST_BYTES]
+
+
 def encode_page_token(last_id: str, prefix: str) -> str:
-    """An opaque token: the last id returned, bound to the prefix it was listed under."""
-    payload = json.dumps([last_id, prefix]).encode()
+    """An opaque token: the last id returned, bound to the prefix it was listed under.
+
+    Layout, base64url without padding: one version byte, the first 8 bytes of the SHA-256 of
+    the prefix, then the last id's UTF-8. Fixed offsets, so decoding needs no general parser
+    (a JSON token let a deeply nested forgery reach the JSON parser's recursion limit); the
+    digest only binds the token to its listing, it is no secret.
+    """
+    payload = bytes((PAGE_TOKEN_VERSION,)) + _prefix_digest(prefix) + last_id.encode()
     return base64.urlsafe_b64encode(payload).decode().rstrip("=")
 
 
 def decode_page_token(token: str, prefix: str) -> str:
+    """The last id of the page a token continues from; MalformedRequest for anything that is
+    not a token from a ListSessions call with this prefix (tokens of older servers included)."""
     if not token:
         return ""
     try:
+        if len(token) > _MAX_PAGE_TOKEN_CHARS:
+            raise ValueError("longer than any page token")
         padded = token + "=" * (-len(token) % 4)
-        last_id, token_prefix = json.loads(base64.urlsafe_b64decode(padded))
-        if not isinstance(last_id, str) or token_prefix != prefix:
+        payload = base64.b64decode(padded, altchars=b"-_", validate=True)
+        digest = payload[1 : 1 + _PREFIX_DIGEST_BYTES]
+        if payload[:1] != bytes((PAGE_TOKEN_VERSION,)) or digest != _prefix_digest(prefix):
             raise ValueError("token does not match this listing")
-        last_id.encode()  # a lone surrogate is no session id
-    except (ValueError, TypeError, binascii.Error, UnicodeError):
+        last_id = payload[1 + _PREFIX_DIGEST_BYTES :].decode("utf-8")
+        fold.check_session_id(last_id)
+    except (ValueError, errors.InvalidSessionId):
         raise errors.MalformedRequest(
-            "page_token is not a token from a previous ListSessions call with the same prefix",
+            "page_token is not a token from a previous ListSessions call with the same prefix; "
+            "list again from the start without one",
             field="page_token",
         ) from None
     return last_id

@@ -2,6 +2,7 @@
 
     --http-listen HOST:PORT      GET /                 the console (static/index.html, app.js)
                                  GET /api/status       role, counts, map usage, replication
+                                                       (a prefix-scoped token: role only)
                                  GET /api/sessions     ?prefix= &after= &limit=
                                  GET /api/sessions/ID  one session's metadata
                                  GET /api/sessions/ID/events      ?from= &limit= raw events
@@ -35,7 +36,14 @@ from google.protobuf import json_format
 from sessionlog import errors, fold
 from sessionlog.service.auth import Authorizer, Principal
 from sessionlog.service.errors import refusal_level, status_code
-from sessionlog.service.metrics import CONTENT_TYPE, Observed, exposition, registry, status
+from sessionlog.service.metrics import (
+    CONTENT_TYPE,
+    Observed,
+    exposition,
+    registry,
+    status,
+    version,
+)
 from sessionlog.service.notifier import Notifier
 from sessionlog.storage.store import SessionView, Store
 from sessionlog.v1.event_pb2 import Event, EventType
@@ -222,13 +230,14 @@ class Console:
         return session_id
 
     async def status(self, request: web.Request) -> web.Response:
-        authorizer = self.server.authorizer
-        if authorizer is not None:
-            header = request.headers.get("Authorization", "")
-            authorizer.check(
-                "/sessionlog.v1.ReplicationService/GetReplicationStatus",
-                [("authorization", header)],
-            )
+        """The server at a glance. Counts, positions, map usage and replication span every
+        session, so (like GetReplicationStatus) a token limited to a session prefix sees only
+        the version, the role and its own prefix."""
+        principal = self.principal(request, "ListSessions")
+        if principal is not None and principal.session_prefix:
+            role = "replica" if self.server.replica is not None else "primary"
+            scoped = {"version": version(), "role": role}
+            return _json({**scoped, "session_prefix": principal.session_prefix})
         return _json(status(self.server, self.server.listen))
 
     async def sessions(self, request: web.Request) -> web.Response:

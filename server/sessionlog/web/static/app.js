@@ -135,6 +135,10 @@ async function refreshStatus() {
   const role = document.getElementById("role");
   role.textContent = s.role;
   role.className = `pill ${s.role}`;
+  if (s.session_prefix !== undefined) { // a tenant's token: server-wide numbers are not shown
+    box.replaceChildren(card("sessions", `${s.session_prefix}…`, "this token's sessions"));
+    return;
+  }
   const used = s.map_size ? s.used_bytes / s.map_size : 0;
   const fill = el("span");
   fill.style.width = `${Math.max(1, Math.round(used * 100))}%`; // CSSOM: the CSP allows no inline style

@@ -25,7 +25,13 @@ from pathlib import Path
 from typing import Any
 
 from sessionlog import fold
-from sessionlog.service.app import DEFAULT_DATA_DIR, DEFAULT_LISTEN, ConfigError, ServerConfig
+from sessionlog.service.app import (
+    DEFAULT_DATA_DIR,
+    DEFAULT_LISTEN,
+    DEFAULT_REPLICA_TIMEOUT_SECONDS,
+    ConfigError,
+    ServerConfig,
+)
 from sessionlog.service.limits import (
     DEFAULT_FOLLOW_SEND_RATE,
     DEFAULT_MAX_EVENTS_PER_APPEND,
@@ -258,6 +264,14 @@ SETTINGS: tuple[Setting, ...] = (
         "HOST:PORT",
     ),
     Setting(
+        "replica_timeout",
+        _positive_seconds,
+        DEFAULT_REPLICA_TIMEOUT_SECONDS,
+        "seconds a replica waits for any frame from its primary (it asks for heartbeats at a "
+        "third of this) before it deems the link dead, shows connected false and reconnects",
+        "SECONDS",
+    ),
+    Setting(
         "replica_token",
         _text,
         "",
@@ -414,6 +428,7 @@ def server_config(resolved: Resolved) -> ServerConfig:
         shutdown_grace_seconds=v["shutdown_grace"],
         request_id_ttl_seconds=int(v["request_id_ttl"]),
         replica_of=v["replica_of"],
+        replica_timeout_seconds=v["replica_timeout"],
         replica_token=v["replica_token"],
         replica_tls_ca=v["replica_tls_ca"],
         replica_tls_cert=v["replica_tls_cert"],

@@ -1,0 +1,227 @@
+"""A dead link is noticed: replicas and clients stop trusting a stream that has gone silent.
+
+A link can die without TCP saying so (a black-holing proxy, a partition, a SIGSTOPped peer).
+Follow streams then rely on heartbeats at an interval the follower asks for: no frame within a
+few intervals means the stream is dead, so the follower drops it and resumes from its cursor.
+Faults come from ``_relay.Relay`` between the parties, or from SIGSTOP on the primary's PID.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+from google.protobuf.duration_pb2 import Duration
+
+from sessionlog.testing import running_server
+from sessionlog.v1 import replication_service_pb2 as rpb
+from sessionlog.v1 import session_log_service_pb2 as pb
+from tests.e2e._helpers import user
+from tests.e2e._relay import Relay
+from tests.e2e._replication_cluster import (
+    FEED,
+    SERVICE,
+    Cluster,
+    Node,
+    wait_for,
+    wait_position,
+)
+
+REPLICA_TIMEOUT = 1.5
+"""The replicas' --replica-timeout here: heartbeats every 0.5 s, dead after 1.5 s of silence."""
+NOTICE_WITHIN = REPLICA_TIMEOUT + 2.0
+"""The timeout, plus slack for a loaded CI machine."""
+
+
+def append(node: Node, session_id: str, count: int) -> int:
+    """``count`` appends of one event each (one change each); the primary's head after them."""
+    stub = node.stub()
+    for i in range(count):
+        stub.Append(pb.AppendRequest(session_id=session_id, events=[user(f"m{i}")]), timeout=10)
+    return node.status().position
+
+
+def replica_args() -> list[str]:
+    return []
+
+
+def wait_disconnected(replica: Node) -> tuple[float, rpb.GetReplicationStatusResponse]:
+    """Seconds until the replica's status says disconnected, and that status. Until then it
+    may still claim connected (it cannot know sooner), but every status it gives is one it
+    could have heard: lag never counted against a head it did not hear of."""
+    seen: list[rpb.GetReplicationStatusResponse] = []
+
+    def disconnected() -> bool:
+        seen.append(replica.status())
+        return not seen[-1].connected
+
+    spent = wait_for(f"{replica.name} disconnected", disconnected, NOTICE_WITHIN, step=0.05)
+    return spent, seen[-1]
+
+
+def assert_disconnected(status: rpb.GetReplicationStatusResponse, head: int) -> None:
+    """Disconnected, with the last head the primary reported and lag counted against it."""
+    assert not status.connected
+    assert status.state == rpb.REPLICATION_STATE_DISCONNECTED
+    assert status.primary_position == head, "primary_position is not the last one reported"
+    assert status.lag_positions == status.primary_position - status.position
+    assert status.detail, "a disconnected replica says why"
+
+
+def assert_streaming(status: rpb.GetReplicationStatusResponse, head: int) -> None:
+    assert status.connected
+    assert status.state == rpb.REPLICATION_STATE_STREAMING
+    assert (status.position, status.primary_position, status.lag_positions) == (head, head, 0)
+    assert status.detail == ""
+
+
+def test_replica_notices_a_black_holed_link_and_catches_up(tmp_path: Path) -> None:
+    """Behind a relay that swallows every byte, a replica shows connected false within its
+    --replica-timeout (never lag 0 and connected for long), then, once the link is back,
+    reconnects and applies all 50 changes written meanwhile."""
+    with Cluster(tmp_path) as cluster, Relay(cluster.primary().port).start() as relay:
+        primary = cluster.nodes[0]  # the primary started just above
+        replica = cluster.replica(relay.address, "replica", args=replica_args())
+        head = append(primary, "s", 5)
+        wait_position(replica, head)
+        assert_streaming(replica.status(), head)
+
+        relay.blackhole(True)
+        started = time.monotonic()
+        later = append(primary, "s", 50)
+        assert later == head + 50
+        noticed, status = wait_disconnected(replica)
+        print(f"\nblack hole: replica noticed after {noticed:.2f} s (timeout {REPLICA_TIMEOUT} s)")
+        assert_disconnected(status, head)
+        assert "no frame from the primary" in status.detail
+        # It stays disconnected while the link is dead (its reconnects go into the hole too).
+        for _ in range(10):
+            assert_disconnected(replica.status(), head)
+            time.sleep(0.1)
+
+        relay.blackhole(False)
+        back = wait_position(replica, later, timeout=15)
+        print(f"black hole: replica caught up {back:.2f} s after the link came back")
+        wait_for("replica streaming", lambda: replica.status().connected, 5)
+        assert_streaming(replica.status(), later)
+        warned = [e for e in replica.log_entries() if "heard nothing" in e.get("message", "")]
+        assert warned, f"no warning about the silent primary:\n{replica.log()}"
+        assert time.monotonic() - started < 20
+
+
+@contextmanager
+def stopped(node: Node) -> Iterator[None]:
+    """SIGSTOP the node's process by PID; SIGCONT it on the way out, whatever happened."""
+    os.kill(node.pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        os.kill(node.pid, signal.SIGCONT)
+
+
+def test_replica_notices_a_stopped_primary_and_catches_up(tmp_path: Path) -> None:
+    """With its primary SIGSTOPped (sockets open, nothing answers), a replica shows connected
+    false within its --replica-timeout; after SIGCONT it reconnects and catches up."""
+    with Cluster(tmp_path) as cluster:
+        primary = cluster.primary()
+        replica = cluster.replica(primary, "replica", args=replica_args())
+        head = append(primary, "s", 5)
+        wait_position(replica, head)
+        with stopped(primary):
+            noticed, status = wait_disconnected(replica)
+            print(f"\nSIGSTOP: replica noticed after {noticed:.2f} s (timeout {REPLICA_TIMEOUT} s)")
+            assert_disconnected(status, head)
+        later = append(primary, "s", 50)
+        back = wait_position(replica, later, timeout=15)
+        print(f"SIGSTOP: replica caught up {back:.2f} s after SIGCONT")
+        wait_for("replica streaming", lambda: replica.status().connected, 5)
+        assert_streaming(replica.status(), later)
+
+
+# -- the heartbeat a follower asks for ------------------------------------------------------------
+
+
+def heartbeat(seconds: float) -> Duration:
+    interval = Duration()
+    interval.FromNanoseconds(round(seconds * 1e9))
+    return interval
+
+
+def beat_gaps(stream: Any, count: int) -> list[float]:
+    """The seconds between ``count`` + 1 consecutive responses of an idle stream."""
+    next(stream)
+    gaps = []
+    for _ in range(count):
+        started = time.monotonic()
+        next(stream)
+        gaps.append(time.monotonic() - started)
+    return gaps
+
+
+@pytest.mark.parametrize(
+    ("asked", "low", "high"),
+    [
+        (0.3, 0.2, 0.6),  # honoured
+        (0.001, 0.05, 0.3),  # raised to the 0.1 s floor
+        (60.0, 0.5, 1.5),  # lowered to the server's --heartbeat (1 s here)
+        (0.0, 0.5, 1.5),  # zero: the server's --heartbeat
+    ],
+)
+def test_follow_streams_beat_at_the_interval_asked(
+    tmp_path: Path, asked: float, low: float, high: float
+) -> None:
+    """Since and Changes follow streams send heartbeats at the requested interval, clamped to
+    [0.1 s, the server's --heartbeat]."""
+    with running_server(tmp_path / "data", heartbeat_seconds=1.0) as server:
+        channel = server.channel()
+        channel.unary_unary(f"{SERVICE}/Append")(
+            pb.AppendRequest(session_id="s", events=[user("a")]).SerializeToString(), timeout=10
+        )
+        interval = heartbeat(asked)
+        requests = {
+            f"{SERVICE}/Since": pb.SinceRequest(
+                session_id="s", seq=1, follow=True, heartbeat_interval=interval
+            ),
+            f"{FEED}/Changes": rpb.ChangesRequest(
+                start_position=2, follow=True, heartbeat_interval=interval
+            ),
+        }
+        for method, request in requests.items():
+            stream = channel.unary_stream(method)(request.SerializeToString(), timeout=20)
+            try:
+                gaps = beat_gaps(stream, 3)
+            finally:
+                stream.cancel()
+            assert all(low < gap < high for gap in gaps), f"{method} beats {gaps} for {asked}"
+
+
+def test_servers_accept_frequent_client_pings(tmp_path: Path) -> None:
+    """A client pinging every second on an idle follow stream (no data either way for 4 s) is
+    not sent GOAWAY for too many pings: its stream still delivers the next event."""
+    options = [
+        ("grpc.keepalive_time_ms", 1000),
+        ("grpc.keepalive_timeout_ms", 1000),
+        ("grpc.http2.max_pings_without_data", 0),
+        ("grpc.keepalive_permit_without_calls", 1),
+    ]
+    with (
+        running_server(tmp_path / "data", heartbeat_seconds=10.0) as server,
+        grpc.insecure_channel(server.address, options=options) as channel,
+    ):
+        stream = channel.unary_stream(f"{SERVICE}/Since")(
+            pb.SinceRequest(session_id="s", follow=True).SerializeToString(), timeout=20
+        )
+        first = pb.SinceResponse.FromString(next(stream))
+        assert first.caught_up
+        time.sleep(4.5)
+        server.stub().Append(pb.AppendRequest(session_id="s", events=[user("late")]), timeout=10)
+        late = pb.SinceResponse.FromString(next(stream))
+        stream.cancel()
+        assert [e.seq for e in late.events] == [0]

@@ -8,6 +8,7 @@ Faults come from ``_relay.Relay`` between the parties, or from SIGSTOP on the pr
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import time
@@ -20,9 +21,10 @@ import grpc
 import pytest
 from google.protobuf.duration_pb2 import Duration
 
-from sessionlog.testing import running_server
+from sessionlog.testing import ThreadedServer, running_server
 from sessionlog.v1 import replication_service_pb2 as rpb
 from sessionlog.v1 import session_log_service_pb2 as pb
+from sessionlog_client import AsyncClient, Client, Retry
 from tests.e2e._helpers import user
 from tests.e2e._relay import Relay
 from tests.e2e._replication_cluster import (
@@ -33,6 +35,7 @@ from tests.e2e._replication_cluster import (
     wait_for,
     wait_position,
 )
+from tests.e2e.test_client_python import Follower
 
 REPLICA_TIMEOUT = 1.5
 """The replicas' --replica-timeout here: heartbeats every 0.5 s, dead after 1.5 s of silence."""
@@ -225,3 +228,79 @@ def test_servers_accept_frequent_client_pings(tmp_path: Path) -> None:
         late = pb.SinceResponse.FromString(next(stream))
         stream.cancel()
         assert [e.seq for e in late.events] == [0]
+
+
+# -- clients ----------------------------------------------------------------------------------
+
+CLIENT_HEARTBEAT = 0.3
+"""The clients' follow heartbeat here: a stream silent for 0.9 s is dead."""
+FAST_KEEPALIVE = [
+    ("grpc.keepalive_time_ms", 2000),
+    ("grpc.keepalive_timeout_ms", 1000),
+    ("grpc.http2.ping_timeout_ms", 1000),
+]
+"""The clients' keepalive here: a dead transport is closed within ~3 s instead of ~15 s, so
+the resumed call gets a new connection soon after the link is back."""
+FAST_RETRY = Retry(give_up_after=20.0, initial_backoff=0.05, max_backoff=0.5)
+
+
+def test_python_follow_resumes_after_a_black_hole(tmp_path: Path) -> None:
+    """Client.follow() through a black-holed link deems the stream dead within three
+    heartbeats, and once the link is back resumes from its last seq: every event once, in order."""
+    with (
+        running_server(tmp_path / "data") as server,
+        Relay(server.port).start() as relay,
+        Client(relay.address, retry=FAST_RETRY, options=FAST_KEEPALIVE) as client,
+    ):
+        direct = server.stub()
+        write(direct, "s", 10)
+        follower = Follower(client.follow("s", heartbeat=CLIENT_HEARTBEAT))
+        follower.wait_for(10)
+        relay.blackhole(True)
+        started = time.monotonic()
+        write(direct, "s", 20)
+        noticed = wait_for("a dead stream", lambda: follower.stream.dead_streams > 0, 3)
+        print(f"\nPython follow: dead stream noticed after {noticed:.2f} s")
+        assert follower.seqs() == list(range(10)), "events came through a black hole"
+        relay.blackhole(False)
+        healed = time.monotonic()
+        follower.wait_for(30)
+        print(f"Python follow: resumed {time.monotonic() - healed:.2f} s after the link came back")
+        assert follower.seqs() == list(range(30))
+        follower.stop()
+        assert time.monotonic() - started < 15
+
+
+def test_async_python_follow_resumes_after_a_black_hole(tmp_path: Path) -> None:
+    """AsyncClient.follow() does the same: dead within three heartbeats, then resumed from its
+    last seq with no gap and no duplicate."""
+
+    async def scenario(relay: Relay, server: ThreadedServer) -> tuple[list[int], int]:
+        direct = server.stub()
+        write(direct, "s", 10)
+        seen: list[int] = []
+        async with (
+            AsyncClient(relay.address, retry=FAST_RETRY, options=FAST_KEEPALIVE) as client,
+            client.follow("s", heartbeat=CLIENT_HEARTBEAT) as stream,
+        ):
+            async for ev in stream:
+                seen.append(ev.seq)
+                if ev.seq == 9:
+                    relay.blackhole(True)
+                    await asyncio.to_thread(write, direct, "s", 20)
+                    await asyncio.sleep(CLIENT_HEARTBEAT * 5)
+                    relay.blackhole(False)
+                if ev.seq == 29:
+                    break
+        return seen, stream.dead_streams
+
+    with running_server(tmp_path / "data") as server, Relay(server.port).start() as relay:
+        seen, dead = asyncio.run(asyncio.wait_for(scenario(relay, server), 20))
+    assert seen == list(range(30))
+    assert dead >= 1
+
+
+def write(stub: Any, session_id: str, count: int) -> None:
+    """``count`` user messages, one Append each."""
+    for i in range(count):
+        stub.Append(pb.AppendRequest(session_id=session_id, events=[user(f"m{i}")]), timeout=10)

@@ -57,6 +57,8 @@ SERVER_KEEPALIVE_OPTIONS: tuple[tuple[str, int], ...] = (
     # streams (and their --max-streams slots) within 40 s instead of TCP's hours.
     ("grpc.keepalive_time_ms", 30_000),
     ("grpc.keepalive_timeout_ms", 10_000),
+    # gRPC 1.85 times keepalive (and every) ping by this one, not by keepalive_timeout_ms.
+    ("grpc.http2.ping_timeout_ms", 10_000),
     ("grpc.http2.max_pings_without_data", 0),
     # Our clients and replicas ping every 10 s (see sessionlog_client and replication), even
     # with no call open, while gRPC's server default refuses pings more often than every 5

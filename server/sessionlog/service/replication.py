@@ -54,6 +54,7 @@ REPLICA_KEEPALIVE_OPTIONS: tuple[tuple[str, int], ...] = (
     # pinging after two pings without data unless told otherwise.
     ("grpc.keepalive_time_ms", 10_000),
     ("grpc.keepalive_timeout_ms", 5_000),
+    ("grpc.http2.ping_timeout_ms", 5_000),  # what gRPC 1.85 times the ping by
     ("grpc.http2.max_pings_without_data", 0),
     ("grpc.keepalive_permit_without_calls", 1),
 )

@@ -9,8 +9,12 @@ Faults come from ``_relay.Relay`` between the parties, or from SIGSTOP on the pr
 from __future__ import annotations
 
 import asyncio
+import json
 import os
+import queue
 import signal
+import subprocess
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -36,6 +40,11 @@ from tests.e2e._replication_cluster import (
     wait_position,
 )
 from tests.e2e.test_client_python import Follower
+from tests.e2e.test_client_typescript import (
+    PACKAGE,
+    node,
+    node_modules,  # noqa: F401  (a fixture, used by name)
+)
 
 REPLICA_TIMEOUT = 1.5
 """The replicas' --replica-timeout here: heartbeats every 0.5 s, dead after 1.5 s of silence."""
@@ -52,7 +61,7 @@ def append(node: Node, session_id: str, count: int) -> int:
 
 
 def replica_args() -> list[str]:
-    return []
+    return ["--replica-timeout", str(REPLICA_TIMEOUT)]
 
 
 def wait_disconnected(replica: Node) -> tuple[float, rpb.GetReplicationStatusResponse]:
@@ -304,3 +313,93 @@ def write(stub: Any, session_id: str, count: int) -> None:
     """``count`` user messages, one Append each."""
     for i in range(count):
         stub.Append(pb.AppendRequest(session_id=session_id, events=[user(f"m{i}")]), timeout=10)
+
+
+class NodeFollower:
+    """test/follow-worker.mjs: the TypeScript client's follow(), reported line by line."""
+
+    def __init__(self, address: str, session_id: str, count: int, heartbeat_ms: int) -> None:
+        options = {
+            "grpc.keepalive_time_ms": 2000,
+            "grpc.keepalive_timeout_ms": 1000,
+            "grpc.initial_reconnect_backoff_ms": 50,
+            "grpc.max_reconnect_backoff_ms": 250,
+        }
+        args = [address, session_id, str(count), str(heartbeat_ms), json.dumps(options)]
+        self.process = subprocess.Popen(
+            [node(), "test/follow-worker.mjs", *args],
+            cwd=PACKAGE,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        self.lines: queue.Queue[str] = queue.Queue()
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.process.stdout is not None
+        for line in self.process.stdout:
+            self.lines.put(line.strip())
+        self.lines.put("")
+
+    def hear(self, prefix: str, timeout: float) -> list[str]:
+        """The lines up to and including the first starting with ``prefix``."""
+        heard: list[str] = []
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                line = self.lines.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                raise AssertionError(f"no {prefix!r} from the Node follower: {heard}") from None
+            assert line, f"the Node follower ended: {heard}\n{self.stop()}"
+            heard.append(line)
+            if line.startswith(prefix):
+                return heard
+
+    def stop(self) -> str:
+        """Wait for the worker to exit (kill it after 10 s); its stderr."""
+        try:
+            self.process.wait(10)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait(10)
+        self._reader.join(10)
+        assert self.process.stdout is not None and self.process.stderr is not None
+        err = self.process.stderr.read()
+        self.process.stdout.close()
+        self.process.stderr.close()
+        return err
+
+
+def seqs_in(lines: list[str]) -> list[int]:
+    return [int(line.split()[1]) for line in lines if line.startswith("event ")]
+
+
+@pytest.mark.usefixtures("node_modules")
+def test_typescript_follow_resumes_after_a_black_hole(tmp_path: Path) -> None:
+    """The TypeScript client's follow() through a black-holed link deems the stream dead within
+    three heartbeats, and once the link is back resumes from its last seq: no gap, no duplicate."""
+    with running_server(tmp_path / "data") as server, Relay(server.port).start() as relay:
+        direct = server.stub()
+        write(direct, "s", 10)
+        worker = NodeFollower(relay.address, "s", 30, heartbeat_ms=300)
+        try:
+            worker.hear("ready", 15)
+            heard = worker.hear("event 9", 10)
+            relay.blackhole(True)
+            started = time.monotonic()
+            write(direct, "s", 20)
+            heard += worker.hear("dead", 3)
+            print(
+                f"\nTypeScript follow: dead stream noticed after {time.monotonic() - started:.2f} s"
+            )
+            relay.blackhole(False)
+            healed = time.monotonic()
+            heard += worker.hear("done", 15)
+            print(f"TypeScript follow: resumed {time.monotonic() - healed:.2f} s after the link")
+        finally:
+            err = worker.stop()
+        assert seqs_in(heard) == list(range(30)), err
+        assert worker.process.returncode == 0, err

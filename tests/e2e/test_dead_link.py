@@ -366,7 +366,8 @@ class NodeFollower:
             self.process.kill()
             self.process.wait(10)
         self._reader.join(10)
-        assert self.process.stdout is not None and self.process.stderr is not None
+        assert self.process.stdout is not None
+        assert self.process.stderr is not None
         err = self.process.stderr.read()
         self.process.stdout.close()
         self.process.stderr.close()

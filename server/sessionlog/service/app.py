@@ -27,6 +27,7 @@ from sessionlog.service.limits import (
 )
 from sessionlog.service.notifier import Notifier
 from sessionlog.service.replication import (
+    DEFAULT_REPLICA_TIMEOUT_SECONDS,
     REPLICA_KEEPALIVE_OPTIONS,
     REPLICA_TIMEOUT_FLOOR_SECONDS,
     ReplicaState,
@@ -49,7 +50,6 @@ log = logging.getLogger(__name__)
 
 DEFAULT_DATA_DIR = "./sessionlog-data"
 DEFAULT_LISTEN = "127.0.0.1:50051"
-DEFAULT_REPLICA_TIMEOUT_SECONDS = 5.0
 
 SERVER_KEEPALIVE_OPTIONS: tuple[tuple[str, int], ...] = (
     # Ping each client after 30 s without a frame from it and drop the connection when 10 s

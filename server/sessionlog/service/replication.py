@@ -45,6 +45,7 @@ CHANGES_METHOD = f"/{SERVICE_NAME}/Changes"
 CHANGES_BATCH_BYTES = 1 << 20
 BACKOFF_FIRST_SECONDS = 0.1
 BACKOFF_MAX_SECONDS = 5.0
+DEFAULT_REPLICA_TIMEOUT_SECONDS = 5.0
 REPLICA_TIMEOUT_FLOOR_SECONDS = 0.3
 """Three times the shortest heartbeat a server sends (``follow.MIN_HEARTBEAT_SECONDS``)."""
 REPLICA_KEEPALIVE_OPTIONS: tuple[tuple[str, int], ...] = (
@@ -209,7 +210,7 @@ class Replicator:
         on_caught_up: Callable[[], None],
         channel_factory: Callable[[str], grpc.aio.Channel] | None = None,
         metadata: tuple[tuple[str, str], ...] = (),
-        timeout_seconds: float = 5.0,
+        timeout_seconds: float = DEFAULT_REPLICA_TIMEOUT_SECONDS,
     ) -> None:
         self.store = store
         self.state = state

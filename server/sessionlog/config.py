@@ -25,19 +25,14 @@ from pathlib import Path
 from typing import Any
 
 from sessionlog import fold
-from sessionlog.service.app import (
-    DEFAULT_DATA_DIR,
-    DEFAULT_LISTEN,
-    DEFAULT_REPLICA_TIMEOUT_SECONDS,
-    ConfigError,
-    ServerConfig,
-)
+from sessionlog.service.app import DEFAULT_DATA_DIR, DEFAULT_LISTEN, ConfigError, ServerConfig
 from sessionlog.service.limits import (
     DEFAULT_FOLLOW_SEND_RATE,
     DEFAULT_MAX_EVENTS_PER_APPEND,
     DEFAULT_MAX_STREAMS,
     DEFAULT_MAX_STREAMS_PER_CONNECTION,
 )
+from sessionlog.service.replication import DEFAULT_REPLICA_TIMEOUT_SECONDS
 from sessionlog.storage.store import DEFAULT_MAP_SIZE, DEFAULT_REQUEST_ID_TTL_SECONDS
 
 _SIZE = re.compile(r"^\s*(\d+)\s*([KMGT]i?B?|B)?\s*$", re.IGNORECASE)

@@ -32,6 +32,7 @@ from sessionlog.service.limits import (
     DEFAULT_MAX_STREAMS,
     DEFAULT_MAX_STREAMS_PER_CONNECTION,
 )
+from sessionlog.service.replication import DEFAULT_REPLICA_TIMEOUT_SECONDS
 from sessionlog.storage.store import DEFAULT_MAP_SIZE, DEFAULT_REQUEST_ID_TTL_SECONDS
 
 _SIZE = re.compile(r"^\s*(\d+)\s*([KMGT]i?B?|B)?\s*$", re.IGNORECASE)
@@ -258,6 +259,14 @@ SETTINGS: tuple[Setting, ...] = (
         "HOST:PORT",
     ),
     Setting(
+        "replica_timeout",
+        _positive_seconds,
+        DEFAULT_REPLICA_TIMEOUT_SECONDS,
+        "seconds a replica waits for any frame from its primary (it asks for heartbeats at a "
+        "third of this) before it deems the link dead, shows connected false and reconnects",
+        "SECONDS",
+    ),
+    Setting(
         "replica_token",
         _text,
         "",
@@ -430,6 +439,7 @@ def server_config(resolved: Resolved) -> ServerConfig:
         shutdown_grace_seconds=v["shutdown_grace"],
         request_id_ttl_seconds=int(v["request_id_ttl"]),
         replica_of=v["replica_of"],
+        replica_timeout_seconds=v["replica_timeout"],
         replica_token=v["replica_token"],
         replica_token_file=v["replica_token_file"],
         replica_serve_open=v["replica_serve_open"],

@@ -50,15 +50,15 @@ class Node:
         *,
         port: int = 0,
         replica_of: str = "",
-        extra: Sequence[str] = (),
+        args: Sequence[str] = (),
     ) -> None:
         self.root = root
-        self.extra = list(extra)
-        """More `serve` flags."""
         self.name = name
         self.port = port or free_port()
         self.data = root / name
         self.replica_of = replica_of
+        self.args = list(args)
+        """More `serve` flags, e.g. ["--replica-timeout", "1"]."""
         self.process: ServerProcess | None = None
         self._channel: grpc.Channel | None = None
 
@@ -86,7 +86,7 @@ class Node:
         args += ["--log-level", "warning", "--log-format", "json"]
         if self.replica_of:
             args += ["--replica-of", self.replica_of]
-        args += self.extra
+        args += self.args
         self.process = ServerProcess(args, self.root, name=self.name).start()
         self._wait_listening()
         self._channel = grpc.insecure_channel(self.address, options=CHANNEL_OPTIONS)
@@ -173,9 +173,11 @@ class Cluster:
         self.nodes.append(node)
         return node.start(wait=wait)
 
-    def replica(self, of: Node | str, name: str, *, wait: bool = True) -> Node:
+    def replica(
+        self, of: Node | str, name: str, *, wait: bool = True, args: Sequence[str] = ()
+    ) -> Node:
         target = of.address if isinstance(of, Node) else of
-        node = Node(self.root, name, replica_of=target)
+        node = Node(self.root, name, replica_of=target, args=args)
         self.nodes.append(node)
         return node.start(wait=wait)
 

@@ -174,7 +174,7 @@ def test_replica_pointed_at_another_primary_diverges_and_resync_rebuilds_it(tmp_
             "replica",
             port=replica.port,
             replica_of=theirs.address,
-            extra=["--http-listen", f"127.0.0.1:{http}", "--metrics-listen", f"127.0.0.1:{http}"],
+            args=["--http-listen", f"127.0.0.1:{http}", "--metrics-listen", f"127.0.0.1:{http}"],
         )
         cluster.nodes.append(moved)
         moved.start(wait=False)

@@ -23,7 +23,8 @@ from sessionlog_client.v1.event_pb2 import Event
 
 
 class AsyncEventStream(AsyncIterator[Event]):
-    """The asyncio twin of :class:`EventStream`: reconnects after UNAVAILABLE from ``next_seq``.
+    """The asyncio twin of :class:`EventStream`: reconnects from ``next_seq`` after UNAVAILABLE
+    and after a follow stream's silence (``DEAD_AFTER_HEARTBEATS`` of its intervals).
 
     Use it in ``async with`` (or call ``aclose()``) so the gRPC call ends as soon as you stop
     reading; breaking out of ``async for`` alone leaves the call to the garbage collector::
@@ -42,15 +43,19 @@ class AsyncEventStream(AsyncIterator[Event]):
         *,
         follow: bool,
         timeout: float | None,
+        heartbeat: float | None = None,
     ) -> None:
         self.session_id = session_id
         self.next_seq = seq
         self.caught_up = False
         self.reconnects = 0
+        self.dead_streams = 0
         self._stub = stub
         self._connection = connection
         self._follow = follow
         self._timeout = timeout
+        self._heartbeat = heartbeat if follow else None
+        self._silence = c.silence_limit(self._heartbeat)
         self._closed = asyncio.Event()
         self._call: Any = None
         self._events = self._run()
@@ -91,7 +96,7 @@ class AsyncEventStream(AsyncIterator[Event]):
     def _open(self) -> Any:
         if self._closed.is_set():
             return None
-        request = c.since_request(self.session_id, self.next_seq, self._follow)
+        request = c.since_request(self.session_id, self.next_seq, self._follow, self._heartbeat)
         self._call = self._stub.Since(
             request, timeout=self._timeout, metadata=self._connection.call_metadata()
         )
@@ -105,7 +110,12 @@ class AsyncEventStream(AsyncIterator[Event]):
                 return
             delay: float | None = None
             try:
-                async for response in call:
+                while True:
+                    # Only the wait for a response counts as silence, not time spent handling.
+                    async with asyncio.timeout(self._silence):
+                        response = await call.read()
+                    if response is grpc.aio.EOF:
+                        break
                     backoff.reset()
                     if response.caught_up:
                         self.caught_up = True
@@ -119,6 +129,11 @@ class AsyncEventStream(AsyncIterator[Event]):
                 if self._closed.is_set():
                     return
                 raise
+            except TimeoutError:
+                self.dead_streams += 1
+                delay = backoff.next()
+                if delay is None:
+                    raise c.dead_stream(self._silence) from None
             except grpc.RpcError as error:
                 if self._closed.is_set():
                     return
@@ -254,15 +269,30 @@ class AsyncClient:
         """The stored events from ``seq`` to the end (``async for ev in client.since(...)``)."""
         return self._stream(session_id, seq, follow=False, timeout=timeout)
 
-    def follow(self, session_id: str, seq: int = 0) -> AsyncEventStream:
-        """Stored events from ``seq``, then live ones, resuming after drops (see Client.follow)."""
-        return self._stream(session_id, seq, follow=True, timeout=None)
+    def follow(
+        self, session_id: str, seq: int = 0, *, heartbeat: float | None = c.DEFAULT_FOLLOW_HEARTBEAT
+    ) -> AsyncEventStream:
+        """Stored events from ``seq``, then live ones, resuming after drops and dead links (see
+        Client.follow, also for ``heartbeat``)."""
+        return self._stream(session_id, seq, follow=True, timeout=None, heartbeat=heartbeat)
 
     def _stream(
-        self, session_id: str, seq: int, *, follow: bool, timeout: float | None
+        self,
+        session_id: str,
+        seq: int,
+        *,
+        follow: bool,
+        timeout: float | None,
+        heartbeat: float | None = None,
     ) -> AsyncEventStream:
         stream = AsyncEventStream(
-            self._stub, self.connection, session_id, seq, follow=follow, timeout=timeout
+            self._stub,
+            self.connection,
+            session_id,
+            seq,
+            follow=follow,
+            timeout=timeout,
+            heartbeat=heartbeat,
         )
         self._streams.add(stream)
         return stream

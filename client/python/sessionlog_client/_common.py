@@ -15,6 +15,7 @@ import grpc
 from google.protobuf.duration_pb2 import Duration
 
 from sessionlog_client.convert import event_from_dict, messages_from_dicts
+from sessionlog_client.errors import Unavailable
 from sessionlog_client.v1 import session_log_service_pb2 as pb
 from sessionlog_client.v1.event_pb2 import Event
 from sessionlog_client.v1.message_pb2 import Message
@@ -24,6 +25,24 @@ DEFAULT_TIMEOUT = 10.0
 # The server's --max-message-size defaults to 4 MiB; accept far more so a raised server limit
 # needs no change here. (gRPC's own default would refuse any reply over 4 MiB.)
 DEFAULT_MAX_MESSAGE_BYTES = 64 << 20
+
+DEFAULT_FOLLOW_HEARTBEAT = 5.0
+"""Seconds between the heartbeats a follow stream asks for (the server may send them less
+often only if its own --heartbeat is shorter)."""
+DEAD_AFTER_HEARTBEATS = 3
+"""A follow stream that delivers nothing, not even a heartbeat, for this many intervals is
+dead (a black-holed link, a stopped server): it is cancelled and resumed from its next seq."""
+KEEPALIVE_OPTIONS: tuple[tuple[str, int], ...] = (
+    # While a call is open, ping after 10 s without a frame (gRPC's advised floor; sessionlog
+    # servers accept pings down to every second) and close the transport when 5 s pass with
+    # no ack, so a call retried after a dead stream gets a fresh connection. A follow stream
+    # sends no data after its request, and gRPC stops pinging after two pings without data
+    # unless told otherwise.
+    ("grpc.keepalive_time_ms", 10_000),
+    ("grpc.keepalive_timeout_ms", 5_000),
+    ("grpc.http2.ping_timeout_ms", 5_000),  # what grpcio 1.85 times the ping by
+    ("grpc.http2.max_pings_without_data", 0),
+)
 
 EventLike = Event | Mapping[str, Any]
 MessageLike = Message | Mapping[str, Any]
@@ -106,10 +125,12 @@ class Connection:
             # Reconnect soon after a server restart instead of gRPC's default (up to 2 minutes).
             ("grpc.initial_reconnect_backoff_ms", 100),
             ("grpc.max_reconnect_backoff_ms", 1000),
+            *KEEPALIVE_OPTIONS,
         ]
         if self.server_name:
             opts.append(("grpc.ssl_target_name_override", self.server_name))
-        return [*opts, *self.options]
+        # One value per option, the caller's winning (gRPC's own rule for repeats varies).
+        return list({**dict(opts), **dict(self.options)}.items())
 
     def credentials(self) -> grpc.ChannelCredentials:
         return grpc.ssl_channel_credentials(
@@ -165,8 +186,33 @@ def append_request(
     return request
 
 
-def since_request(session_id: str, seq: int, follow: bool) -> pb.SinceRequest:
-    return pb.SinceRequest(session_id=session_id, seq=seq, follow=follow)
+def since_request(
+    session_id: str, seq: int, follow: bool, heartbeat: float | None = None
+) -> pb.SinceRequest:
+    return pb.SinceRequest(
+        session_id=session_id,
+        seq=seq,
+        follow=follow,
+        heartbeat_interval=duration(heartbeat) if follow else None,
+    )
+
+
+def dead_stream(silence: float | None) -> Unavailable:
+    """What a follow stream raises when it kept going silent until its retry budget ran out."""
+    return Unavailable(
+        f"the follow stream heard nothing, not even a heartbeat, for {silence:g} s each time it "
+        "reconnected: the server or the link to it is down"
+    )
+
+
+def silence_limit(heartbeat: float | None) -> float | None:
+    """How long a follow stream asking for ``heartbeat`` may stay silent before it is dead;
+    None (no heartbeat asked for): no limit."""
+    if heartbeat is None:
+        return None
+    if heartbeat <= 0:
+        raise ValueError(f"heartbeat must be a positive number of seconds or None, not {heartbeat}")
+    return DEAD_AFTER_HEARTBEATS * heartbeat
 
 
 def surface_request(session_id: str, at_seq: int | None) -> pb.SurfaceRequest:

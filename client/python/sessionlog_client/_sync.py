@@ -23,14 +23,51 @@ from sessionlog_client.v1 import session_log_service_pb2_grpc as pb_grpc
 from sessionlog_client.v1.event_pb2 import Event
 
 
+class _Watchdog:
+    """Cancels a call that stays silent for ``limit`` seconds while the stream waits on it.
+
+    Time the caller spends with an event it was handed does not count (``pause``/``resume``):
+    a slow consumer is not a dead link. One thread per open call, ended by ``stop``.
+    """
+
+    def __init__(self, call: Any, limit: float) -> None:
+        self.fired = False
+        self._call = call
+        self._limit = limit
+        self._since: float | None = time.monotonic()
+        self._done = threading.Event()
+        threading.Thread(target=self._watch, name="sessionlog-follow-watchdog", daemon=True).start()
+
+    def pause(self) -> None:
+        self._since = None
+
+    def resume(self) -> None:
+        self._since = time.monotonic()
+
+    def stop(self) -> None:
+        self._done.set()
+
+    def _watch(self) -> None:
+        while True:
+            since = self._since
+            left = self._limit if since is None else since + self._limit - time.monotonic()
+            if left <= 0:
+                self.fired = True
+                self._call.cancel()
+                return
+            if self._done.wait(left):
+                return
+
+
 class EventStream(Iterator[Event]):
     """Events of one session from a seq on, one at a time, surviving dropped connections.
 
     Returned by :meth:`Client.since` and :meth:`Client.follow`. When the stream fails with
-    UNAVAILABLE (the server restarted or shut down, the connection dropped) it reconnects by
-    itself and asks for ``next_seq``, the seq after the last event it delivered: no event is
-    skipped and none is delivered twice. It gives up (raising ``Unavailable``) only after the
-    client's ``Retry.give_up_after`` seconds without an answer.
+    UNAVAILABLE (the server restarted or shut down, the connection dropped), or a follow stream
+    hears nothing, not even a heartbeat, for ``DEAD_AFTER_HEARTBEATS`` of the intervals it asked
+    for (a dead link), it reconnects by itself and asks for ``next_seq``, the seq after the last
+    event it delivered: no event is skipped and none is delivered twice. It gives up (raising
+    ``Unavailable``) only after the client's ``Retry.give_up_after`` seconds without an answer.
 
     Stop it with ``close()`` (safe from another thread), by leaving a ``with`` block, or by
     breaking out of the loop; closing the client closes it too.
@@ -40,6 +77,7 @@ class EventStream(Iterator[Event]):
         next_seq: the seq of the next event this stream will deliver.
         caught_up: True once a follow stream has delivered every event stored when it opened.
         reconnects: how many times it reconnected.
+        dead_streams: how many of those followed a silence (the stream deemed dead).
     """
 
     def __init__(
@@ -51,15 +89,19 @@ class EventStream(Iterator[Event]):
         *,
         follow: bool,
         timeout: float | None,
+        heartbeat: float | None = None,
     ) -> None:
         self.session_id = session_id
         self.next_seq = seq
         self.caught_up = False
         self.reconnects = 0
+        self.dead_streams = 0
         self._stub = stub
         self._connection = connection
         self._follow = follow
         self._timeout = timeout
+        self._heartbeat = heartbeat if follow else None
+        self._silence = c.silence_limit(self._heartbeat)
         self._closed = threading.Event()
         self._lock = threading.Lock()
         self._call: Any = None
@@ -100,7 +142,7 @@ class EventStream(Iterator[Event]):
         with self._lock:
             if self._closed.is_set():
                 return None
-            request = c.since_request(self.session_id, self.next_seq, self._follow)
+            request = c.since_request(self.session_id, self.next_seq, self._follow, self._heartbeat)
             self._call = self._stub.Since(
                 request, timeout=self._timeout, metadata=self._connection.call_metadata()
             )
@@ -112,24 +154,35 @@ class EventStream(Iterator[Event]):
             call = self._open()
             if call is None:
                 return
+            watchdog = None if self._silence is None else _Watchdog(call, self._silence)
             try:
                 for response in call:
                     backoff.reset()
                     if response.caught_up:
                         self.caught_up = True
+                    if watchdog is not None:
+                        watchdog.pause()
                     for event in response.events:
                         if event.seq < self.next_seq:
                             continue  # already delivered before a reconnect
                         self.next_seq = event.seq + 1
                         yield event
+                    if watchdog is not None:
+                        watchdog.resume()
                 return
             except grpc.RpcError as error:
                 if self._closed.is_set():
                     return
-                delay = backoff.next() if is_unavailable(error) else None
+                dead = watchdog is not None and watchdog.fired
+                self.dead_streams += dead
+                delay = backoff.next() if dead or is_unavailable(error) else None
+                if delay is None and dead:
+                    raise c.dead_stream(self._silence) from None
                 if delay is None:
                     raise to_error(error) from error
             finally:
+                if watchdog is not None:
+                    watchdog.stop()
                 call.cancel()
             if self._closed.wait(delay):
                 return
@@ -292,24 +345,43 @@ class Client:
         """
         return self._stream(session_id, seq, follow=False, timeout=timeout)
 
-    def follow(self, session_id: str, seq: int = 0) -> EventStream:
+    def follow(
+        self, session_id: str, seq: int = 0, *, heartbeat: float | None = c.DEFAULT_FOLLOW_HEARTBEAT
+    ) -> EventStream:
         """The stored events from ``seq``, then every new event as it commits, until closed.
 
-        Survives server restarts and dropped connections with no gap and no duplicate::
+        Survives server restarts, dropped connections and dead links with no gap and no
+        duplicate::
 
             with client.follow("demo", seq=0) as events:
                 for ev in events:
                     handle(ev)
                     if done:
                         break
+
+        ``heartbeat``: the seconds between the heartbeats the server is asked for while the
+        session is idle; a stream that hears nothing for three of them is deemed dead and
+        resumed. None: the server's own interval, and no such deadline.
         """
-        return self._stream(session_id, seq, follow=True, timeout=None)
+        return self._stream(session_id, seq, follow=True, timeout=None, heartbeat=heartbeat)
 
     def _stream(
-        self, session_id: str, seq: int, *, follow: bool, timeout: float | None
+        self,
+        session_id: str,
+        seq: int,
+        *,
+        follow: bool,
+        timeout: float | None,
+        heartbeat: float | None = None,
     ) -> EventStream:
         stream = EventStream(
-            self._stub, self.connection, session_id, seq, follow=follow, timeout=timeout
+            self._stub,
+            self.connection,
+            session_id,
+            seq,
+            follow=follow,
+            timeout=timeout,
+            heartbeat=heartbeat,
         )
         self._streams.add(stream)
         return stream

@@ -170,12 +170,17 @@ export class SessionLogError extends Error {
   readonly metadata: Record<string, string>;
 }
 
-/** Events of one session from a seq on; resumes from nextSeq after UNAVAILABLE. */
+/**
+ * Events of one session from a seq on; resumes from nextSeq after UNAVAILABLE, and after a follow
+ * stream stayed silent for DEAD_AFTER_HEARTBEATS of its heartbeat intervals.
+ */
 export class EventStream implements AsyncIterable<Event> {
   readonly sessionId: string;
   readonly nextSeq: number;
   readonly caughtUp: boolean;
   readonly reconnects: number;
+  /** How many of the reconnects followed a silence (the stream deemed dead). */
+  readonly deadStreams: number;
   readonly closed: boolean;
   [Symbol.asyncIterator](): AsyncIterator<Event>;
   close(): void;
@@ -190,7 +195,11 @@ export class SessionLogClient {
 
   append(sessionId: string, events: NewEvent[], options?: AppendOptions): Promise<AppendResult>;
   since(sessionId: string, options?: { seq?: number; timeoutMs?: number }): EventStream;
-  follow(sessionId: string, options?: { seq?: number }): EventStream;
+  /**
+   * heartbeatMs (default DEFAULT_FOLLOW_HEARTBEAT_MS): the heartbeat interval asked of the server;
+   * three silent intervals mean a dead stream, resumed from nextSeq. 0: the server's, no deadline.
+   */
+  follow(sessionId: string, options?: { seq?: number; heartbeatMs?: number }): EventStream;
   surface(sessionId: string, options?: { atSeq?: number } & CallOptions): Promise<SurfaceResult>;
   deriveMessages(
     sessionId: string,
@@ -239,6 +248,8 @@ export const DEFAULT_PROTO_DIR: string;
 export const DEFAULT_TARGET: string;
 export const DEFAULT_TIMEOUT_MS: number;
 export const DEFAULT_MAX_MESSAGE_BYTES: number;
+export const DEFAULT_FOLLOW_HEARTBEAT_MS: number;
+export const DEAD_AFTER_HEARTBEATS: number;
 
 export function eventTypeName(type: string): string;
 export function eventFromMessage(message: ChatMessageInput): NewEvent;

@@ -22,6 +22,17 @@ export const DEFAULT_TARGET = "127.0.0.1:50051";
 export const DEFAULT_TIMEOUT_MS = 10_000;
 /** The server allows 4 MiB by default; accept far more so a raised limit needs no change here. */
 export const DEFAULT_MAX_MESSAGE_BYTES = 64 * 1024 * 1024;
+/** The heartbeat interval follow() asks the server for while the session is idle. */
+export const DEFAULT_FOLLOW_HEARTBEAT_MS = 5_000;
+/** A follow stream silent (not even a heartbeat) for this many intervals is dead: resumed. */
+export const DEAD_AFTER_HEARTBEATS = 3;
+// While a call is open, ping after 10 s without a frame (gRPC's advised floor; sessionlog servers
+// accept pings down to every second) and drop the connection when 5 s pass with no ack, so a call
+// resumed after a dead stream gets a fresh connection rather than the dead one.
+const KEEPALIVE_OPTIONS = {
+  "grpc.keepalive_time_ms": 10_000,
+  "grpc.keepalive_timeout_ms": 5_000,
+};
 const STATUS_DETAILS_KEY = "grpc-status-details-bin";
 const TYPE_PREFIX = "EVENT_TYPE_";
 const ROLE_PREFIX = "ROLE_";
@@ -313,6 +324,15 @@ class Backoff {
 
 const sleep = (ms) => new Promise((done) => setTimeout(done, ms));
 
+/** What a follow stream throws when it kept going silent until its retry budget ran out. */
+function deadStream(silenceMs, cause) {
+  return new SessionLogError(
+    `the follow stream heard nothing, not even a heartbeat, for ${silenceMs} ms each time it ` +
+      "reconnected: the server or the link to it is down",
+    { code: grpc.status.UNAVAILABLE, cause },
+  );
+}
+
 // -- the client -------------------------------------------------------------------------------
 
 let cachedPackage = null;
@@ -336,19 +356,23 @@ function loadService(protoDir) {
 
 /**
  * A stream of one session's events from a seq on, as an async iterator. On UNAVAILABLE (server
- * restart, dropped connection) it reconnects from nextSeq, the seq after the last event it
- * delivered: no gap, no duplicate. close() or breaking out of the loop ends it.
+ * restart, dropped connection), and when a follow stream hears nothing, not even a heartbeat,
+ * for DEAD_AFTER_HEARTBEATS of the intervals it asked for (a dead link), it reconnects from
+ * nextSeq, the seq after the last event it delivered: no gap, no duplicate. close() or breaking
+ * out of the loop ends it. Time the caller spends on an event does not count as silence.
  */
 export class EventStream {
-  constructor(client, sessionId, seq, follow, timeoutMs) {
+  constructor(client, sessionId, seq, follow, timeoutMs, heartbeatMs = 0) {
     this.sessionId = sessionId;
     this.nextSeq = seq;
     this.caughtUp = false;
     this.reconnects = 0;
+    this.deadStreams = 0;
     this.closed = false;
     this._client = client;
     this._follow = follow;
     this._timeoutMs = timeoutMs;
+    this._heartbeatMs = follow ? heartbeatMs : 0;
     this._call = null;
     this._wake = null;
     this._iterator = null;
@@ -381,11 +405,24 @@ export class EventStream {
     while (!this.closed) {
       const options = this._timeoutMs ? { deadline: Date.now() + this._timeoutMs } : {};
       const request = { session_id: this.sessionId, seq: this.nextSeq, follow: this._follow };
+      if (this._heartbeatMs) request.heartbeat_interval = duration(this._heartbeatMs);
       const call = this._client._stub.Since(request, this._client._metadata(), options);
       this._call = call;
+      const silenceMs = this._heartbeatMs * DEAD_AFTER_HEARTBEATS;
+      let dead = false;
+      let watchdog = null;
+      const arm = () => {
+        if (!silenceMs) return;
+        watchdog = setTimeout(() => {
+          dead = true;
+          call.cancel();
+        }, silenceMs);
+      };
       let delay = null;
       try {
+        arm();
         for await (const response of call) {
+          clearTimeout(watchdog);
           backoff.reset();
           if (response.caught_up) this.caughtUp = true;
           for (const raw of response.events ?? []) {
@@ -394,13 +431,17 @@ export class EventStream {
             this.nextSeq = event.seq + 1;
             yield event;
           }
+          arm();
         }
         return;
       } catch (error) {
         if (this.closed) return;
-        delay = error?.code === grpc.status.UNAVAILABLE ? backoff.next() : null;
+        if (dead) this.deadStreams += 1;
+        delay = dead || error?.code === grpc.status.UNAVAILABLE ? backoff.next() : null;
+        if (delay === null && dead) throw deadStream(silenceMs, error);
         if (delay === null) throw toError(error);
       } finally {
+        clearTimeout(watchdog);
         call.cancel();
         this._call = null;
       }
@@ -451,6 +492,7 @@ export class SessionLogClient {
       "grpc.max_send_message_length": maxMessageBytes,
       "grpc.initial_reconnect_backoff_ms": 100,
       "grpc.max_reconnect_backoff_ms": 1000,
+      ...KEEPALIVE_OPTIONS,
       ...channelOptions,
     });
   }
@@ -524,9 +566,13 @@ export class SessionLogClient {
     return this._open(new EventStream(this, sessionId, seq, false, timeoutMs));
   }
 
-  /** Stored events from seq on, then live ones as they commit, until close() or break. */
-  follow(sessionId, { seq = 0 } = {}) {
-    return this._open(new EventStream(this, sessionId, seq, true, undefined));
+  /**
+   * Stored events from seq on, then live ones as they commit, until close() or break. The server
+   * is asked for a heartbeat every heartbeatMs while the session is idle; three silent intervals
+   * mean a dead stream, resumed from nextSeq. heartbeatMs 0: the server's interval, no deadline.
+   */
+  follow(sessionId, { seq = 0, heartbeatMs = DEFAULT_FOLLOW_HEARTBEAT_MS } = {}) {
+    return this._open(new EventStream(this, sessionId, seq, true, undefined, heartbeatMs));
   }
 
   _open(stream) {

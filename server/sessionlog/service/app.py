@@ -26,8 +26,15 @@ from sessionlog.service.limits import (
     StreamLimiter,
 )
 from sessionlog.service.notifier import Notifier
+from sessionlog.service.replication import (
+    DEFAULT_REPLICA_TIMEOUT_SECONDS,
+    REPLICA_KEEPALIVE_OPTIONS,
+    REPLICA_TIMEOUT_FLOOR_SECONDS,
+    ReplicaState,
+    ReplicationServicer,
+    Replicator,
+)
 from sessionlog.service.replication import SERVICE_NAME as REPLICATION_SERVICE_NAME
-from sessionlog.service.replication import ReplicaState, ReplicationServicer, Replicator
 from sessionlog.service.servicer import SERVICE_NAME, SessionLogServicer
 from sessionlog.storage.store import (
     DEFAULT_MAP_SIZE,
@@ -43,6 +50,25 @@ log = logging.getLogger(__name__)
 
 DEFAULT_DATA_DIR = "./sessionlog-data"
 DEFAULT_LISTEN = "127.0.0.1:50051"
+
+SERVER_KEEPALIVE_OPTIONS: tuple[tuple[str, int], ...] = (
+    # Ping each client after 30 s without a frame from it and drop the connection when 10 s
+    # pass with no ack: a client (or replica) that vanished behind a dead link then frees its
+    # streams (and their --max-streams slots) within 40 s instead of TCP's hours.
+    ("grpc.keepalive_time_ms", 30_000),
+    ("grpc.keepalive_timeout_ms", 10_000),
+    # gRPC 1.85 times keepalive (and every) ping by this one, not by keepalive_timeout_ms.
+    ("grpc.http2.ping_timeout_ms", 10_000),
+    ("grpc.http2.max_pings_without_data", 0),
+    # Our clients and replicas ping every 10 s (see sessionlog_client and replication), even
+    # with no call open, while gRPC's server default refuses pings more often than every 5
+    # minutes and answers a third with GOAWAY "too_many_pings". Accept one a second: a ping
+    # costs the server next to nothing, and only a client pinging faster than that is cut off.
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.http2.min_recv_ping_interval_without_data_ms", 1_000),
+    ("grpc.http2.min_ping_interval_without_data_ms", 1_000),
+    ("grpc.http2.max_ping_strikes", 2),
+)
 
 
 @dataclass(frozen=True)
@@ -65,6 +91,9 @@ class ServerConfig:
     """How long a request_id is remembered for idempotent retries."""
     replica_of: str = ""
     """HOST:PORT of a primary to follow as a read replica; empty for a primary."""
+    replica_timeout_seconds: float = DEFAULT_REPLICA_TIMEOUT_SECONDS
+    """A replica whose primary sends nothing for this long deems the link dead and reconnects
+    (it asks for heartbeats at a third of it)."""
     max_events_per_append: int = DEFAULT_MAX_EVENTS_PER_APPEND
     max_streams: int = DEFAULT_MAX_STREAMS
     """Open Since/Changes streams allowed in total (TOO_MANY_STREAMS past it)."""
@@ -105,6 +134,11 @@ class ServerConfig:
             )
         if self.heartbeat_seconds <= 0 or self.shutdown_grace_seconds < 0:
             raise ConfigError("heartbeat must be positive and shutdown grace not negative")
+        if self.replica_timeout_seconds < REPLICA_TIMEOUT_FLOOR_SECONDS:
+            raise ConfigError(
+                f"--replica-timeout must be at least {REPLICA_TIMEOUT_FLOOR_SECONDS} seconds "
+                "(it asks the primary for heartbeats at a third of it)"
+            )
         if bool(self.tls_cert) != bool(self.tls_key):
             raise ConfigError("--tls-cert and --tls-key go together")
         if self.tls_client_ca and not self.tls_cert:
@@ -240,6 +274,7 @@ class SessionLogServer:
                 # followers reconnecting after a restart must not be cancelled at random.
                 ("grpc.server.max_pending_requests", config.max_streams + 1000),
                 ("grpc.server.max_pending_requests_hard_limit", config.max_streams + 3000),
+                *SERVER_KEEPALIVE_OPTIONS,
             ],
         )
         streams = self.streams
@@ -304,6 +339,7 @@ class SessionLogServer:
                 self._caught_up,
                 channel_factory=_replica_channel_factory(config),
                 metadata=_bearer_metadata(replica_token),
+                timeout_seconds=config.replica_timeout_seconds,
                 on_diverged=self._diverged,
             )
             self._replicator_task = asyncio.create_task(self._replicator.run())
@@ -471,7 +507,7 @@ def _bearer_metadata(token: str) -> tuple[tuple[str, str], ...]:
 
 
 def _replica_channel_factory(config: ServerConfig) -> Callable[[str], grpc.aio.Channel]:
-    options = [("grpc.max_receive_message_length", -1)]
+    options = [("grpc.max_receive_message_length", -1), *REPLICA_KEEPALIVE_OPTIONS]
     if not config.replica_tls_ca:
         return lambda target: grpc.aio.insecure_channel(target, options=options)
     root = _read(config.replica_tls_ca, "replica TLS CA")

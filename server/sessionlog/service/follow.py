@@ -16,6 +16,7 @@ import logging
 from collections.abc import Callable
 
 import grpc
+from google.protobuf.duration_pb2 import Duration
 
 from sessionlog import errors
 from sessionlog.service.errors import abort, refusal_level
@@ -23,6 +24,19 @@ from sessionlog.service.limits import Outgoing
 from sessionlog.service.notifier import Notifier, shutting_down
 
 log = logging.getLogger(__name__)
+
+MIN_HEARTBEAT_SECONDS = 0.1
+
+
+def heartbeat_interval(requested: Duration, ceiling: float) -> float:
+    """The heartbeat a follow stream gets: what its request asked for, clamped to
+    [``MIN_HEARTBEAT_SECONDS``, ``ceiling``] (the server's --heartbeat); unset or zero asks for
+    the ceiling. A client may want heartbeats sooner, to notice a dead link sooner, but never
+    fewer than the server is configured to send, and never so many that they flood it."""
+    seconds = requested.ToNanoseconds() / 1e9
+    if seconds == 0:
+        return ceiling
+    return min(max(seconds, MIN_HEARTBEAT_SECONDS), ceiling)
 
 
 async def follow(

@@ -16,6 +16,12 @@ the primary refuses the stream (HISTORY_DIVERGED) unless its own change there is
 every record the replica applies must chain from the replica's previous one. When either check
 fails, the replica stops applying, reports DIVERGED (status, health NOT_SERVING, a log line with
 the reason) and waits to be resynced (`sessionlog replica resync`).
+
+A link can die without a word (a partition, a stopped primary, a proxy that keeps both sockets
+open): TCP then reports nothing for hours. So a replica asks for heartbeats at a third of its
+``timeout_seconds`` and deems the stream dead when no frame at all arrives for that long; gRPC
+keepalive on its channel is the second line, for the transport under it. While disconnected its
+status says so, with the primary position it last heard, never one it guessed.
 """
 
 from __future__ import annotations
@@ -31,7 +37,7 @@ from google.rpc import error_details_pb2, status_pb2
 
 from sessionlog import errors, wire
 from sessionlog.service.errors import abort
-from sessionlog.service.follow import follow
+from sessionlog.service.follow import follow, heartbeat_interval
 from sessionlog.service.limits import Outgoing, StreamLimiter
 from sessionlog.service.notifier import Notifier
 from sessionlog.service.servicer import decode
@@ -46,6 +52,24 @@ CHANGES_METHOD = f"/{SERVICE_NAME}/Changes"
 CHANGES_BATCH_BYTES = 1 << 20
 BACKOFF_FIRST_SECONDS = 0.1
 BACKOFF_MAX_SECONDS = 5.0
+DEFAULT_REPLICA_TIMEOUT_SECONDS = 5.0
+REPLICA_TIMEOUT_FLOOR_SECONDS = 0.3
+"""Three times the shortest heartbeat a server sends (``follow.MIN_HEARTBEAT_SECONDS``)."""
+REPLICA_KEEPALIVE_OPTIONS: tuple[tuple[str, int], ...] = (
+    # Ping the primary after 10 s without a frame (gRPC's advised floor, and at least the
+    # server's accepted ping interval, see app.SERVER_KEEPALIVE_OPTIONS); no ack within 5 s
+    # closes the transport. A follow stream sends no data after its request, and gRPC stops
+    # pinging after two pings without data unless told otherwise.
+    ("grpc.keepalive_time_ms", 10_000),
+    ("grpc.keepalive_timeout_ms", 5_000),
+    ("grpc.http2.ping_timeout_ms", 5_000),  # what gRPC 1.85 times the ping by
+    ("grpc.http2.max_pings_without_data", 0),
+    ("grpc.keepalive_permit_without_calls", 1),
+)
+
+
+class DeadStream(Exception):
+    """The primary sent no frame, not even a heartbeat, within the replica timeout."""
 
 
 @dataclass
@@ -54,8 +78,11 @@ class ReplicaState:
 
     primary: str
     connected: bool = False
+    """True from the first frame of a change stream until that stream ends or goes silent."""
     caught_up: bool = False
     primary_position: int = 0
+    """The head position the primary reported last: not the largest ever seen (a primary
+    restored from a backup reports less), and not updated while disconnected."""
     primary_commit_ns: int = 0
     applied_position: int = 0
     applied_commit_ns: int = 0
@@ -65,11 +92,22 @@ class ReplicaState:
     """Set once the replica found its data is not on the primary's history; it applies nothing
     more (until resynced) and is never reported as caught up."""
     detail: str = ""
-    """Why the state is what it is (the divergence, the last connection error), for people."""
+    """Why the replica is not streaming, for people: what diverged, the last connection error,
+    or the silence that made it drop the stream. Cleared on the next frame (unless diverged)."""
 
     @property
     def lag_positions(self) -> int:
         return max(0, self.primary_position - self.applied_position)
+
+    @property
+    def replication_state(self) -> rpb.ReplicationState:
+        if self.diverged:
+            return rpb.REPLICATION_STATE_DIVERGED
+        if not self.connected:
+            return rpb.REPLICATION_STATE_DISCONNECTED
+        if self.lag_positions:
+            return rpb.REPLICATION_STATE_CATCHING_UP
+        return rpb.REPLICATION_STATE_STREAMING
 
     @property
     def lag_ns(self) -> int:
@@ -144,7 +182,9 @@ class ReplicationServicer:
             subject="the change feed",
             cursor=max(request.start_position, 1),
             live=request.follow,
-            heartbeat_seconds=self.heartbeat_seconds,
+            heartbeat_seconds=heartbeat_interval(
+                request.heartbeat_interval, self.heartbeat_seconds
+            ),
             read=read,
             marker=marker,
             pace=self.streams.pace,
@@ -166,30 +206,21 @@ class ReplicationServicer:
         )
         state = self.replica
         if state is not None:
+            # Everything from the ReplicaState, as the metrics read it, so the two agree.
             response.primary_history_id = state.primary_history_id
-            response.detail = state.detail
-            response.state = (
-                rpb.REPLICATION_STATE_DIVERGED if state.diverged else _live_state(state)
-            )
             response.role = "replica"
             response.primary = state.primary
-            response.primary_position = max(state.primary_position, position)
-            response.lag_positions = max(0, state.primary_position - position)
+            response.primary_position = state.primary_position
+            response.lag_positions = state.lag_positions
             response.lag.FromNanoseconds(state.lag_ns)
             response.caught_up = state.caught_up and not state.diverged
             response.connected = state.connected
+            response.state = state.replication_state
+            response.detail = state.detail
             if state.last_contact_ns:
                 response.last_contact_time.FromNanoseconds(state.last_contact_ns)
         serialized: bytes = response.SerializeToString()
         return serialized
-
-
-def _live_state(state: ReplicaState) -> rpb.ReplicationState:
-    if not state.connected:
-        return rpb.REPLICATION_STATE_DISCONNECTED
-    if state.applied_position < state.primary_position:
-        return rpb.REPLICATION_STATE_CATCHING_UP
-    return rpb.REPLICATION_STATE_STREAMING
 
 
 class Replicator:
@@ -202,10 +233,12 @@ class Replicator:
         on_caught_up: Callable[[], None],
         channel_factory: Callable[[str], grpc.aio.Channel] | None = None,
         metadata: tuple[tuple[str, str], ...] = (),
+        timeout_seconds: float = DEFAULT_REPLICA_TIMEOUT_SECONDS,
         on_diverged: Callable[[], None] = lambda: None,
     ) -> None:
         self.store = store
         self.state = state
+        self.timeout_seconds = timeout_seconds
         self._metadata = metadata
         self._on_caught_up = on_caught_up
         self._on_diverged = on_diverged
@@ -238,7 +271,14 @@ class Replicator:
                     "replica lost its primary; reconnecting",
                     extra={"primary": self.state.primary, "code": error.code().name},
                 )
-            except Exception:
+            except DeadStream as error:
+                self.state.detail = str(error)
+                log.warning(
+                    "replica heard nothing from its primary; reconnecting",
+                    extra={"primary": self.state.primary, "silent_seconds": self.timeout_seconds},
+                )
+            except Exception as error:
+                self.state.detail = f"replication failed: {error}"
                 log.exception("replication failed; reconnecting")
             finally:
                 self.state.connected = False
@@ -250,32 +290,49 @@ class Replicator:
             backoff = min(backoff * 2, BACKOFF_MAX_SECONDS)
 
     async def _follow_once(self) -> None:
-        """Stream changes until the stream ends (with an error, usually)."""
+        """Stream changes until the stream ends (with an error, usually) or goes silent for
+        ``timeout_seconds`` (DeadStream; leaving cancels the call and closes the channel, so the
+        next attempt opens a new connection rather than reusing a dead one)."""
         channel = self._channel_factory(self.state.primary)
+        loop = asyncio.get_running_loop()
         try:
             changes = channel.unary_stream(CHANGES_METHOD)
             position, checksum = self.store.tail()
             request = rpb.ChangesRequest(
                 start_position=position + 1, follow=True, after_checksum=checksum
             )
+            request.heartbeat_interval.FromNanoseconds(round(self.timeout_seconds / 3 * 1e9))
             stream = changes(request.SerializeToString(), metadata=self._metadata or None)
-            async for raw in stream:
-                if not self.state.connected:
-                    self.state.connected = True
-                    log.info("replica connected", extra={"primary": self.state.primary})
-                self._received = True
-                await self._handle(raw)
+            try:
+                async with asyncio.timeout(self.timeout_seconds) as silence:
+                    async for raw in stream:
+                        self._contact()
+                        silence.reschedule(None)  # applying a large batch is not silence
+                        await self._handle(raw)
+                        silence.reschedule(loop.time() + self.timeout_seconds)
+            except TimeoutError:
+                raise DeadStream(
+                    f"no frame from the primary for {self.timeout_seconds:g} s"
+                ) from None
+            finally:
+                stream.cancel()
         finally:
             await channel.close()
+
+    def _contact(self) -> None:
+        if not self.state.connected:
+            self.state.connected = True
+            self.state.detail = ""
+            log.info("replica connected", extra={"primary": self.state.primary})
+        self._received = True
 
     async def _handle(self, raw: bytes) -> None:
         rest, payloads = wire.split_field(raw, 1)
         response = rpb.ChangesResponse.FromString(rest)
         state = self.state
         state.last_contact_ns = time.time_ns()
-        if response.head_position >= state.primary_position:
-            state.primary_position = response.head_position
-            state.primary_commit_ns = response.head_commit_time.ToNanoseconds()
+        state.primary_position = response.head_position
+        state.primary_commit_ns = response.head_commit_time.ToNanoseconds()
         if response.history_id and response.history_id != state.primary_history_id:
             await self._adopt(response.history_id)
         if payloads:

@@ -25,7 +25,7 @@ from sessionlog import errors, fold, wire
 from sessionlog.service.auth import ADMIN, Authorizer, Principal, bearer
 from sessionlog.service.counters import CANCELLED, INTERNAL, OK, Counters
 from sessionlog.service.errors import abort, refusal_level
-from sessionlog.service.follow import follow
+from sessionlog.service.follow import follow, heartbeat_interval
 from sessionlog.service.limits import DEFAULT_MAX_EVENTS_PER_APPEND, Outgoing, StreamLimiter
 from sessionlog.service.notifier import Notifier
 from sessionlog.storage.schema import AuditRecord, LeaseRecord, SessionMeta
@@ -285,7 +285,9 @@ class SessionLogServicer:
             subject=f"session '{session_id}'",
             cursor=request.seq,
             live=request.follow,
-            heartbeat_seconds=self.heartbeat_seconds,
+            heartbeat_seconds=heartbeat_interval(
+                request.heartbeat_interval, self.heartbeat_seconds
+            ),
             read=read,
             marker=marker,
             pace=self.streams.pace,

@@ -301,12 +301,14 @@ def test_async_python_follow_resumes_after_a_black_hole(tmp_path: Path) -> None:
                     relay.blackhole(False)
                 if ev.seq == 29:
                     break
-        return seen, stream.dead_streams
+        return seen, stream.dead_streams + stream.reconnects
 
     with running_server(tmp_path / "data") as server, Relay(server.port).start() as relay:
-        seen, dead = asyncio.run(asyncio.wait_for(scenario(relay, server), 20))
+        seen, resumed = asyncio.run(asyncio.wait_for(scenario(relay, server), 20))
     assert seen == list(range(30))
-    assert dead >= 1
+    # The heartbeat deadline usually notices first; on a loaded machine keepalive may close the
+    # dead connection first (UNAVAILABLE). Either way the stream resumed from its last seq.
+    assert resumed >= 1
 
 
 def write(stub: Any, session_id: str, count: int) -> None:

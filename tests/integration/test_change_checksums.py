@@ -28,7 +28,7 @@ def _write(store: Store, session_id: str, count: int) -> None:
 
 
 def test_every_record_chains_from_the_one_before(tmp_path: Path) -> None:
-    """Each stored checksum is BLAKE2b over the previous checksum, the record without it and its
+    """Each stored checksum is SHA-256 over the previous checksum, the record without it and its
     events, so one checksum stands for the whole feed up to it."""
     with opened(tmp_path / "d") as store:
         _write(store, "a", 3)

@@ -13,7 +13,7 @@ under the same position: its data is byte-identical to the primary's, and a repl
 serve the feed (or be promoted and carry on from the same positions).
 
 **Checksums chain the records.** Every record ends with a ``checksum`` field: the first 16 bytes
-of BLAKE2b over the previous record's checksum, the record's own fields as stored (without the
+of SHA-256 over the previous record's checksum, the record's own fields as stored (without the
 checksum) and its events as field 9. So the checksum at position N stands for the whole history
 1..N: two stores whose records at N have the same checksum hold the same feed up to N. A replica
 recomputes each checksum before it applies a record (a record that does not follow its own
@@ -135,10 +135,10 @@ def encode_change(
 def chain(previous: bytes, record: bytes, events: Sequence[bytes]) -> bytes:
     """The checksum of a record (its stored bytes without a checksum) that follows a record
     whose checksum is ``previous`` (b"" for the first record, or after one that has none)."""
-    digest = hashlib.blake2b(previous, digest_size=CHECKSUM_BYTES)
+    digest = hashlib.sha256(previous)  # SHA-256: hardware-accelerated where BLAKE2 is not
     digest.update(record)
     digest.update(wire.length_delimited(_EVENTS_FIELD, list(events)))
-    return digest.digest()
+    return digest.digest()[:CHECKSUM_BYTES]
 
 
 def with_checksum(record: bytes, checksum: bytes) -> bytes:

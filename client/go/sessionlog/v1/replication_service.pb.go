@@ -241,7 +241,7 @@ type Change struct {
 	Puts []*StoragePut `protobuf:"bytes,8,rep,name=puts,proto3" json:"puts,omitempty"`
 	// The events written (first_seq onward), exactly as stored.
 	Events []*Event `protobuf:"bytes,9,rep,name=events,proto3" json:"events,omitempty"`
-	// The record's chained checksum: the first 16 bytes of BLAKE2b over the previous change's
+	// The record's chained checksum: the first 16 bytes of SHA-256 over the previous change's
 	// checksum (empty before position 1) followed by this change serialized without this field,
 	// its events included. Equal checksums at one position mean equal histories up to it. Empty
 	// on records written before checksums existed (see ChangesRequest.after_checksum).

@@ -9,8 +9,8 @@
 
 The local commands open the LMDB environment read-only, so they run while the server writes:
 LMDB readers never block the writer, and a read transaction sees one committed state. All check
-the data file before mapping it (``storage.integrity.check_data_file``): a truncated file is one line and
-exit 1, never a SIGBUS.
+the data file before mapping it (``storage.integrity.check_data_file``): a truncated file is one
+line and exit 1, never a SIGBUS.
 
 ``backup`` copies that state with compaction (LMDB's ``mdb_env_copy`` with the compact flag, in
 one read transaction): the copy holds exactly the data committed when the transaction began,

@@ -1,21 +1,28 @@
-"""`sessionlog admin`: look at and back up a data folder, beside a running server.
+"""`sessionlog admin`: look at and back up a data folder, beside a running server or remotely.
 
     sessionlog admin stats  [--data DIR] [--server HOST:PORT] [--json]
     sessionlog admin backup DEST [--data DIR]
+    sessionlog admin snapshot save FILE --server HOST:PORT
     sessionlog admin verify [--data DIR] [--json]
-    sessionlog admin restore BACKUP [--data DIR] [--force]
+    sessionlog admin restore BACKUP|FILE [--data DIR] [--force]
     sessionlog replica resync [--data DIR]
 
-All open the LMDB environment read-only, so they run while the server writes: LMDB readers
-never block the writer, and a read transaction sees one committed state. All check the data
-file before mapping it (``storage.integrity.check_data_file``): a truncated file is one line and
-exit 1, never a SIGBUS.
+The local commands open the LMDB environment read-only, so they run while the server writes:
+LMDB readers never block the writer, and a read transaction sees one committed state. All check
+the data file before mapping it (``storage.integrity.check_data_file``): a truncated file is one
+line and exit 1, never a SIGBUS.
 
 ``backup`` copies that state with compaction (LMDB's ``mdb_env_copy`` with the compact flag, in
 one read transaction): the copy holds exactly the data committed when the transaction began,
 with free pages left out, so it is often smaller than the source. A server started on the copy
 sees every session as it was at that moment: dense seqs, the same stored bytes. Restore by
 stopping the server and putting the copy's ``data.mdb`` in place of the data folder's.
+
+``stats --server`` without ``--data`` and ``snapshot save`` ask the server instead
+(AdminService, an admin token; TLS and token options as the client commands take them). The
+snapshot is the same compacted copy as ``backup``, taken by the server and streamed; it arrives
+in FILE.part and is renamed to FILE only once its size, SHA-256 and counts check out and it is
+synced, so FILE is a whole copy or absent.
 
 ``verify`` reads every record of every table and lists each one that is damaged or breaks an
 invariant of ``storage.schema``, like fsck: exit 0 when it found nothing, 1 when it found damage.
@@ -24,31 +31,35 @@ invariant of ``storage.schema``, like fsck: exit 0 when it found nothing, 1 when
 a server owns it. A restored file starts a new history (see ``storage.identity``), and resync
 sets the diverged store aside (nothing is deleted) so the replica rebuilds from its primary.
 
-Exit codes: 0 success, 1 failure (one line on stderr), 3 the --server could not be reached.
+Exit codes: 0 success, 1 failure or refusal (one line on stderr), 2 bad usage, 3 the --server
+could not be reached.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import multiprocessing
 import os
 import sys
 import time
+from collections.abc import Iterable
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 from typing import Any
 
-import grpc
 import lmdb
 
 from sessionlog import errors
+from sessionlog.cli_client import channel, connection_options
 from sessionlog.service.app import DEFAULT_DATA_DIR
-from sessionlog.storage import changes, folder, identity, integrity, schema
-from sessionlog.storage.commands import Tables
+from sessionlog.storage import changes, folder, identity, integrity, snapshot
 from sessionlog.storage.integrity import DamagedStore
 from sessionlog.storage.usage import Usage, open_readonly, usage
+from sessionlog.v1 import admin_service_pb2 as apb
+from sessionlog.v1 import admin_service_pb2_grpc as apb_grpc
 from sessionlog.v1 import replication_service_pb2 as rpb
 from sessionlog.v1 import replication_service_pb2_grpc as rpb_grpc
 
@@ -70,20 +81,15 @@ def add_commands(commands: Any) -> None:
 
     stats = actions.add_parser(
         "stats",
-        help="sessions, events, map usage; with --server, its replication state",
+        help="sessions, events, map usage; of a folder, or of a server with --server",
         description="Sessions, events, change-feed position and LMDB map usage of a data "
-        "folder; with --server, that server's replication status as well.",
+        "folder, and with --server that server's replication status as well. With --server and "
+        "no --data, everything is asked of the server (AdminService, an admin token).",
+        parents=[connection_options(None, "ask this server HOST:PORT (an admin token)")],
     )
-    stats.add_argument("--data", default=data_default, help=data_help)
-    stats.add_argument("--server", help="also ask this server HOST:PORT for its replication state")
-    stats.add_argument(
-        "--token",
-        default=os.environ.get("SESSIONLOG_TOKEN", ""),
-        help="bearer token for --server [env SESSIONLOG_TOKEN]",
-    )
-    stats.add_argument("--timeout", type=float, default=10.0, help="seconds for the --server call")
+    stats.add_argument("--data", help=data_help)
     stats.add_argument("--json", action="store_true", help="print one JSON object")
-    stats.set_defaults(run=_stats)
+    stats.set_defaults(run=_stats, data_default=data_default)
 
     backup = actions.add_parser(
         "backup",
@@ -96,15 +102,46 @@ def add_commands(commands: Any) -> None:
     backup.add_argument("--data", default=data_default, help=data_help)
     backup.set_defaults(run=_backup)
 
+    snapshot_parser = actions.add_parser(
+        "snapshot",
+        help="save a running server's store over the network (snapshot save FILE)",
+        description="Copies of a server's store, taken by the server while it runs.",
+    )
+    snapshot_actions = snapshot_parser.add_subparsers(
+        dest="snapshot_command", metavar="ACTION", required=True
+    )
+    save = snapshot_actions.add_parser(
+        "save",
+        help="stream a consistent, compacted copy of the server's store into FILE",
+        description="Ask --server for a consistent, compacted copy of its store (taken in one "
+        "read transaction while writers go on) and write it to FILE, a data.mdb that admin "
+        "restore installs. The copy goes to FILE.part first and becomes FILE only once its "
+        "size and SHA-256 match and it is synced. Needs an admin token.",
+        parents=[
+            connection_options(
+                os.environ.get("SESSIONLOG_SERVER", "127.0.0.1:50051"),
+                "server address HOST:PORT [env SESSIONLOG_SERVER] (default %(default)s)",
+                timeout_default=3600.0,
+            )
+        ],
+    )
+    save.add_argument("file", metavar="FILE", help="where to write the copy (must not exist)")
+    save.set_defaults(run=_snapshot_save)
+
     restore = actions.add_parser(
         "restore",
         help="put a backup in place as the data folder's store (the server must be stopped)",
-        description="Install BACKUP/data.mdb (a folder written by admin backup) as the data "
-        "folder's data file. Refused while a server owns the folder. The restored store starts "
-        "a new history id, so replicas of the old one notice. With --force, a store already in "
-        "the folder is first moved aside into a subfolder (never deleted).",
+        description="Install BACKUP/data.mdb (a folder written by admin backup), or BACKUP "
+        "itself (a file written by admin snapshot save), as the data folder's data file. "
+        "Refused while a server owns the folder. The restored store starts a new history id, "
+        "so replicas of the old one notice. With --force, a store already in the folder is "
+        "first moved aside into a subfolder (never deleted).",
     )
-    restore.add_argument("backup", metavar="BACKUP", help="a folder written by admin backup")
+    restore.add_argument(
+        "backup",
+        metavar="BACKUP",
+        help="a folder written by admin backup, or a file written by admin snapshot save",
+    )
     restore.add_argument("--data", default=data_default, help=data_help)
     restore.add_argument(
         "--force", action="store_true", help="replace a store already in the folder (kept aside)"
@@ -181,23 +218,32 @@ def _iso(ns: int) -> str:
 
 
 def _stats(args: argparse.Namespace) -> int:
-    try:
-        env, tables = _open(args.data)
-    except _OPEN_ERRORS as exc:
-        return _fail(str(exc))
-    try:
-        report = _usage_json(usage(env, tables), args.data)
-        with env.begin() as txn:
-            report["history_id"], report["history_start"] = identity.read(txn, tables)
-    except errors.DataCorrupted as exc:
-        return _fail(str(exc))
-    finally:
-        env.close()
+    if args.server and args.data is None:
+        report = _remote_usage(args)
+    else:
+        data = args.data or args.data_default
+        try:
+            env, tables = _open(data)
+        except _OPEN_ERRORS as exc:
+            return _fail(str(exc))
+        try:
+            report = _usage_json(usage(env, tables), data)
+            with env.begin() as txn:
+                report["history_id"], report["history_start"] = identity.read(txn, tables)
+        except errors.DataCorrupted as exc:
+            return _fail(str(exc))
+        finally:
+            env.close()
     if args.server:
         report["replication"] = _replication(args)
-    if args.json:
+    _print_report(report, args.json)
+    return 0
+
+
+def _print_report(report: dict[str, Any], as_json: bool) -> None:
+    if as_json:
         print(json.dumps(report))
-        return 0
+        return
     for key, value in report.items():
         if key == "replication":
             for name, field in value.items():
@@ -206,17 +252,35 @@ def _stats(args: argparse.Namespace) -> int:
             print(f"{key:<30} {value} ({_human(value)})")
         else:
             print(f"{key:<30} {value}")
-    return 0
+
+
+def _remote_usage(args: argparse.Namespace) -> dict[str, Any]:
+    """The server's AdminService.GetStats in the keys of a local read (``_usage_json``)."""
+    with channel(args) as opened:
+        stub = apb_grpc.AdminServiceStub(opened)  # type: ignore[no-untyped-call]
+        reply = stub.GetStats(apb.GetStatsRequest(), timeout=args.timeout)
+    commit_ns = reply.last_commit_time.ToNanoseconds() if reply.HasField("last_commit_time") else 0
+    return {
+        "data": reply.data_dir,
+        "sessions": reply.session_count,
+        "events": reply.event_count,
+        "position": reply.position,
+        "last_commit": _iso(commit_ns) if commit_ns else None,
+        "map_size": reply.map_size,
+        "used_bytes": reply.used_bytes,
+        "used_percent": round(reply.used_bytes / reply.map_size * 100, 3) if reply.map_size else 0,
+        "file_bytes": reply.file_bytes,
+        "readers": reply.readers,
+        "history_id": reply.history_id,
+        "history_start": reply.history_start,
+    }
 
 
 def _replication(args: argparse.Namespace) -> dict[str, Any]:
     """The server's GetReplicationStatus as a dict (grpc errors go to the CLI's handler)."""
-    metadata = (("authorization", f"Bearer {args.token}"),) if args.token else None
-    with grpc.insecure_channel(args.server) as channel:
-        stub = rpb_grpc.ReplicationServiceStub(channel)  # type: ignore[no-untyped-call]
-        reply = stub.GetReplicationStatus(
-            rpb.GetReplicationStatusRequest(), timeout=args.timeout, metadata=metadata
-        )
+    with channel(args) as opened:
+        stub = rpb_grpc.ReplicationServiceStub(opened)  # type: ignore[no-untyped-call]
+        reply = stub.GetReplicationStatus(rpb.GetReplicationStatusRequest(), timeout=args.timeout)
     out: dict[str, Any] = {"role": reply.role, "position": reply.position}
     if reply.role == "replica":
         out.update(
@@ -252,10 +316,7 @@ def _backup(args: argparse.Namespace) -> int:
     started = time.monotonic()
     try:
         dest.mkdir(parents=True, exist_ok=True)
-        with env.begin() as txn:
-            source = usage(env, tables, txn)
-            env.copy(str(dest), compact=True, txn=txn)
-        _stamp(dest, source.map_size)
+        source = snapshot.copy(env, tables, dest)
     except (lmdb.Error, OSError, errors.DataCorrupted) as exc:
         return _fail(f"backup to {str(dest)!r} failed: {exc}")
     finally:
@@ -274,18 +335,6 @@ def _backup(args: argparse.Namespace) -> int:
     return 0
 
 
-def _stamp(path: Path, map_size: int) -> None:
-    """Mark a fresh copy as no folder's own data file (``identity.stamp_copy``): restoring it
-    then starts a new history. Nothing else has the copy open yet."""
-    env = lmdb.open(
-        str(path), map_size=map_size, max_dbs=len(schema.ALL_DBS), lock=False, create=False
-    )
-    try:
-        identity.stamp_copy(env, Tables(env))
-    finally:
-        env.close()
-
-
 def _own(data: Path) -> folder.FolderLock:
     """The folder's lock for a command that writes to it (FolderInUse while a server runs)."""
     return folder.acquire(data)
@@ -293,18 +342,19 @@ def _own(data: Path) -> folder.FolderLock:
 
 def _restore(args: argparse.Namespace) -> int:
     data, backup = Path(args.data), Path(args.backup)
-    source = backup / DATA_FILE
+    source = backup if backup.is_file() else backup / DATA_FILE
     if not source.is_file():
         return _fail(
-            f"no backup in {str(backup)!r} (no {DATA_FILE}); name a folder admin backup wrote"
+            f"no backup in {str(backup)!r} (no {DATA_FILE}); name a folder admin backup wrote "
+            "or a file admin snapshot save wrote"
         )
     try:
-        env, tables = open_readonly(str(backup), lock=False)
+        env, tables = open_readonly(str(source), lock=False)
         try:
             copied = usage(env, tables)
         finally:
             env.close()
-    except lmdb.Error as exc:
+    except _OPEN_ERRORS as exc:
         return _fail(f"{str(source)!r} is not a usable sessionlog store: {exc}")
     try:
         lock = _own(data)
@@ -319,7 +369,7 @@ def _restore(args: argparse.Namespace) -> int:
             )
         aside = folder.set_aside(data, "before-restore") if held else None
         folder.install_data_file(data, source)
-        _stamp(data, copied.map_size)
+        snapshot.stamp(data, copied.map_size)
         folder.write_marker(
             data, folder.Marker(created=folder.now_iso(), instance="", previous_instance="")
         )
@@ -367,7 +417,8 @@ def _fsync(path: Path) -> None:
 
 
 def _verify(dest: Path, source: Usage) -> str:
-    """Open the copy and compare its counts with the source transaction's; '' when equal."""
+    """Open the copy (a folder or a data file) and compare its counts with the source
+    transaction's; '' when equal."""
     try:
         env, tables = open_readonly(str(dest), lock=False)
     except _OPEN_ERRORS as exc:
@@ -382,6 +433,92 @@ def _verify(dest: Path, source: Usage) -> str:
                 f"{name}: {getattr(copy, name)} in the copy, {getattr(source, name)} in the source"
             )
     return ""
+
+
+class SnapshotRefused(Exception):
+    """A snapshot stream that is not a whole, intact copy; the message says what is wrong."""
+
+
+def _snapshot_save(args: argparse.Namespace) -> int:
+    """`admin snapshot save FILE`: the stream into FILE.part, checked, synced, renamed to FILE."""
+    dest = Path(args.file)
+    if dest.exists():
+        return _fail(f"{str(dest)!r} exists; name a new file (nothing is overwritten)")
+    if not dest.parent.is_dir():
+        return _fail(f"no folder {str(dest.parent)!r} to write {dest.name!r} in")
+    part = dest.with_name(dest.name + ".part")
+    started = time.monotonic()
+    try:
+        with channel(args) as opened:
+            stub = apb_grpc.AdminServiceStub(opened)  # type: ignore[no-untyped-call]
+            stream = stub.SaveSnapshot(apb.SaveSnapshotRequest(), timeout=args.timeout)
+            info = receive_snapshot(stream, part)
+        problem = _verify(part, _expected(info))
+        if problem:
+            raise SnapshotRefused(f"the copy does not open as the store it claims to be: {problem}")
+        os.replace(part, dest)
+        folder.fsync_dir(dest.absolute().parent)
+    except SnapshotRefused as exc:
+        return _fail(f"snapshot from {args.server} refused, nothing saved: {exc}")
+    except OSError as exc:
+        return _fail(f"could not write {str(part)!r}: {exc}")
+    finally:
+        part.unlink(missing_ok=True)
+    print(
+        f"saved {info.session_count} sessions, {info.event_count} events (change-feed position "
+        f"{info.position}) from {args.server} to {dest}: {_human(info.size_bytes)} in "
+        f"{time.monotonic() - started:.2f} s, SHA-256 verified"
+    )
+    return 0
+
+
+def receive_snapshot(responses: Iterable[apb.SaveSnapshotResponse], part: Path) -> apb.SnapshotInfo:
+    """Write a SaveSnapshot stream into ``part`` and fsync it; SnapshotRefused unless the stream
+    was info, then chunks adding up to info.size_bytes, then their SHA-256."""
+    with part.open("wb") as out:
+        stream = iter(responses)
+        first = next(stream, None)
+        if first is None or first.WhichOneof("kind") != "info":
+            raise SnapshotRefused("the stream did not start with the snapshot's info")
+        info = first.info
+        digest, size = hashlib.sha256(), 0
+        for response in stream:
+            kind = response.WhichOneof("kind")
+            if kind == "chunk":
+                size += len(response.chunk)
+                if size > info.size_bytes:
+                    raise SnapshotRefused(f"more than the {info.size_bytes} bytes announced")
+                digest.update(response.chunk)
+                out.write(response.chunk)
+            elif kind == "sha256":
+                if size != info.size_bytes:
+                    raise SnapshotRefused(
+                        f"{size} bytes arrived of the {info.size_bytes} announced"
+                    )
+                if response.sha256 != digest.digest():
+                    raise SnapshotRefused(
+                        "the SHA-256 of the bytes received is not the server's: damaged on the way"
+                    )
+                out.flush()
+                os.fsync(out.fileno())
+                return info
+            else:
+                raise SnapshotRefused(f"an unexpected response ({kind}) in the stream")
+    raise SnapshotRefused(f"the stream ended after {size} of {info.size_bytes} bytes, unfinished")
+
+
+def _expected(info: apb.SnapshotInfo) -> Usage:
+    """What the copy must hold by its info, in the shape ``_verify`` compares."""
+    return Usage(
+        sessions=info.session_count,
+        events=info.event_count,
+        position=info.position,
+        head_commit_ns=0,
+        map_size=info.map_size,
+        used_bytes=0,
+        page_size=0,
+        readers=0,
+    )
 
 
 def _verify_store(args: argparse.Namespace) -> int:

@@ -42,37 +42,9 @@ RESET = "\033[0m"
 
 def add_commands(commands: Any) -> None:
     """Register the client subcommands on the `sessionlog` parser."""
-    common = argparse.ArgumentParser(add_help=False)
-    common.add_argument(
-        "--server",
-        default=os.environ.get("SESSIONLOG_SERVER", "127.0.0.1:50051"),
-        help="server address HOST:PORT [env SESSIONLOG_SERVER] (default %(default)s)",
-    )
-    common.add_argument(
-        "--timeout", type=float, default=10.0, help="deadline of each call in seconds"
-    )
-    common.add_argument(
-        "--token",
-        default=os.environ.get("SESSIONLOG_TOKEN", ""),
-        help="bearer token, for a server with --auth-tokens [env SESSIONLOG_TOKEN]",
-    )
-    common.add_argument(
-        "--tls-ca",
-        metavar="FILE",
-        default=os.environ.get("SESSIONLOG_TLS_CA", ""),
-        help="PEM CA to verify a TLS server with (TLS when set) [env SESSIONLOG_TLS_CA]",
-    )
-    common.add_argument(
-        "--tls-cert",
-        metavar="FILE",
-        default=os.environ.get("SESSIONLOG_TLS_CERT", ""),
-        help="PEM client certificate, for a server that requires mTLS [env SESSIONLOG_TLS_CERT]",
-    )
-    common.add_argument(
-        "--tls-key",
-        metavar="FILE",
-        default=os.environ.get("SESSIONLOG_TLS_KEY", ""),
-        help="PEM key of --tls-cert [env SESSIONLOG_TLS_KEY]",
+    common = connection_options(
+        os.environ.get("SESSIONLOG_SERVER", "127.0.0.1:50051"),
+        "server address HOST:PORT [env SESSIONLOG_SERVER] (default %(default)s)",
     )
 
     def sub(name: str, help_text: str, run: Callable[[argparse.Namespace], int]) -> Any:
@@ -151,6 +123,45 @@ def add_commands(commands: Any) -> None:
     p.add_argument("--service", default="", help="one service's health (default: the server's)")
 
 
+def connection_options(
+    server_default: str | None, server_help: str, timeout_default: float = 10.0
+) -> argparse.ArgumentParser:
+    """A parent parser with what every command that calls a server takes: --server, --timeout,
+    --token and the TLS files; ``channel`` turns the parsed values into a channel."""
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--server", default=server_default, help=server_help)
+    common.add_argument(
+        "--timeout",
+        type=float,
+        default=timeout_default,
+        help="deadline of each call in seconds (default %(default)s)",
+    )
+    common.add_argument(
+        "--token",
+        default=os.environ.get("SESSIONLOG_TOKEN", ""),
+        help="bearer token, for a server with --auth-tokens [env SESSIONLOG_TOKEN]",
+    )
+    common.add_argument(
+        "--tls-ca",
+        metavar="FILE",
+        default=os.environ.get("SESSIONLOG_TLS_CA", ""),
+        help="PEM CA to verify a TLS server with (TLS when set) [env SESSIONLOG_TLS_CA]",
+    )
+    common.add_argument(
+        "--tls-cert",
+        metavar="FILE",
+        default=os.environ.get("SESSIONLOG_TLS_CERT", ""),
+        help="PEM client certificate, for a server that requires mTLS [env SESSIONLOG_TLS_CERT]",
+    )
+    common.add_argument(
+        "--tls-key",
+        metavar="FILE",
+        default=os.environ.get("SESSIONLOG_TLS_KEY", ""),
+        help="PEM key of --tls-cert [env SESSIONLOG_TLS_KEY]",
+    )
+    return common
+
+
 def run_client(args: argparse.Namespace) -> int:
     """Run a client subcommand, turning gRPC failures into one line and an exit code."""
     # Ctrl-C ends a command (exit 130) even when started from a shell or job that ignores
@@ -196,7 +207,7 @@ def _usage(message: str) -> NoReturn:
     raise SystemExit(EXIT_USAGE)
 
 
-def _channel(args: argparse.Namespace) -> grpc.Channel:
+def channel(args: argparse.Namespace) -> grpc.Channel:
     """A channel to --server: TLS when --tls-ca is given, the bearer token on every call."""
     # Accept replies as large as any server limit (--max-message-size), not gRPC's 4 MiB.
     options = [("grpc.max_receive_message_length", -1)]
@@ -234,7 +245,7 @@ class _Bearer(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientIntercepto
 
 
 def _stub(args: argparse.Namespace) -> pb_grpc.SessionLogServiceStub:
-    return pb_grpc.SessionLogServiceStub(_channel(args))  # type: ignore[no-untyped-call]
+    return pb_grpc.SessionLogServiceStub(channel(args))  # type: ignore[no-untyped-call]
 
 
 def _json(message: Message) -> str:
@@ -363,8 +374,8 @@ def _health(args: argparse.Namespace) -> int:
     answer but SERVING (unreachable, unknown service, refused) exits 1."""
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-    with _channel(args) as channel:
-        stub = health_pb2_grpc.HealthStub(channel)
+    with channel(args) as opened:
+        stub = health_pb2_grpc.HealthStub(opened)
         try:
             reply = stub.Check(
                 health_pb2.HealthCheckRequest(service=args.service),

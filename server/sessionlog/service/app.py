@@ -16,6 +16,8 @@ from grpc_health.v1._async import HealthServicer
 from grpc_reflection.v1alpha import reflection
 
 from sessionlog import fold
+from sessionlog.service.admin_service import SERVICE_NAME as ADMIN_SERVICE_NAME
+from sessionlog.service.admin_service import AdminServicer
 from sessionlog.service.auth import AuthConfigError, AuthInterceptor, Authorizer, TokenTable
 from sessionlog.service.counters import Counters
 from sessionlog.service.limits import (
@@ -297,12 +299,21 @@ class SessionLogServer:
             heartbeat_seconds=heartbeat,
             streams=streams,
         )
-        server.add_generic_rpc_handlers((servicer.handlers(), replication.handlers()))
+        admin = AdminServicer(
+            self.store,
+            replica=self.replica is not None,
+            counters=self.counters,
+            max_message_bytes=limit,
+        )
+        server.add_generic_rpc_handlers(
+            (servicer.handlers(), replication.handlers(), admin.handlers())
+        )
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
         reflection.enable_server_reflection(
             (
                 SERVICE_NAME,
                 REPLICATION_SERVICE_NAME,
+                ADMIN_SERVICE_NAME,
                 health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
                 reflection.SERVICE_NAME,
             ),

@@ -14,6 +14,9 @@ PERMISSION_DENIED. Secrets are compared by their SHA-256 digests with ``hmac.com
 against every configured token, so the time taken says nothing about which one nearly matched.
 Secrets are never logged.
 
+AdminService (the store's stats, a copy of the whole store) needs ``admin``, and like the change
+feed it is refused to a token limited to a session prefix.
+
 Permissions per RPC: reads (Since, Surface, DeriveMessages, GetSession, ListSessions) need
 ``read``; writes (Append, CreateSession, SeedSession, ForkSession, leases) need ``write``; a forced
 lease release and the change feed (which carries every tenant's data) need ``admin``.
@@ -61,11 +64,15 @@ _NEEDS = {
     "/sessionlog.v1.SessionLogService/AcquireLease": WRITE,
     "/sessionlog.v1.SessionLogService/RenewLease": WRITE,
     "/sessionlog.v1.SessionLogService/ReleaseLease": WRITE,
+    "/sessionlog.v1.AdminService/GetStats": ADMIN,
+    "/sessionlog.v1.AdminService/SaveSnapshot": ADMIN,
     "/sessionlog.v1.ReplicationService/Changes": ADMIN,
     "/sessionlog.v1.ReplicationService/GetReplicationStatus": READ,
 }
 _EVERY_SESSION = frozenset(
     {
+        "/sessionlog.v1.AdminService/GetStats",
+        "/sessionlog.v1.AdminService/SaveSnapshot",
         "/sessionlog.v1.ReplicationService/Changes",
         "/sessionlog.v1.ReplicationService/GetReplicationStatus",
     }

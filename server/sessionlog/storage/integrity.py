@@ -130,9 +130,10 @@ def _plausible_page_size(size: int) -> bool:
     return 512 <= size <= 65536 and size & (size - 1) == 0
 
 
-def refuse_damaged(folder: Path) -> None:
-    """Raise DamagedStore when ``folder``'s data file fails :func:`check_data_file`."""
-    problem = check_data_file(folder / DATA_FILE)
+def refuse_damaged(path: Path) -> None:
+    """Raise DamagedStore when the data file of folder ``path`` (or ``path`` itself, when it is
+    a file: a snapshot) fails :func:`check_data_file`."""
+    problem = check_data_file(path if path.is_file() else path / DATA_FILE)
     if problem is not None:
         raise DamagedStore(f"{problem}: {RUNBOOK}")
 

@@ -63,6 +63,7 @@ def usage(env: lmdb.Environment, tables: Tables, txn: lmdb.Transaction | None = 
 def open_readonly(path: str, lock: bool = True) -> tuple[lmdb.Environment, Tables]:
     """Open a store's environment read-only, beside a server that may be writing to it.
 
+    ``path`` is a data folder, or a data file itself (a snapshot: open it with ``lock=False``).
     The map size is taken from the data file (``map_size=0``), so usage reports the size the
     server was started with. ``lock=False`` suits a copy no process is writing to (it creates
     no lock file). Raises lmdb.Error when ``path`` holds no sessionlog store, and
@@ -72,6 +73,7 @@ def open_readonly(path: str, lock: bool = True) -> tuple[lmdb.Environment, Table
     integrity.refuse_damaged(Path(path))
     env = lmdb.open(
         path,
+        subdir=not Path(path).is_file(),
         readonly=True,
         create=False,
         map_size=0,

@@ -1,0 +1,180 @@
+"""AdminService: the store's stats and a streamed snapshot, for an operator on another host.
+
+Both read the store beside the writer (LMDB readers never block it). A snapshot is the
+compacting copy of ``storage.snapshot``, taken in one read transaction, written to a temporary
+folder beside the data folder, streamed from there in ``CHUNK_BYTES`` pieces, and removed when
+the stream ends however it ends: sent, failed, or the client gone (then as soon as a copy still
+running in its thread has finished). A stream holds one chunk in memory at a time, and gRPC's
+flow control holds back a slow reader.
+
+Every RPC needs the admin permission and a token with no session prefix (``service.auth``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import BinaryIO
+
+import grpc
+import lmdb
+
+from sessionlog import errors
+from sessionlog.service.counters import Counters
+from sessionlog.service.errors import abort
+from sessionlog.service.servicer import decode, unary
+from sessionlog.storage import snapshot
+from sessionlog.storage.store import Store
+from sessionlog.storage.usage import Usage, usage
+from sessionlog.v1 import admin_service_pb2 as apb
+
+log = logging.getLogger(__name__)
+
+SERVICE_NAME = "sessionlog.v1.AdminService"
+CHUNK_BYTES = 1 << 20
+
+
+class AdminServicer:
+    """AdminService over one store."""
+
+    def __init__(
+        self,
+        store: Store,
+        *,
+        replica: bool = False,
+        counters: Counters | None = None,
+        max_message_bytes: int = 4 << 20,
+    ) -> None:
+        self.store = store
+        self.role = "replica" if replica else "primary"
+        self.counters = counters or Counters()
+        self.max_message_bytes = max_message_bytes
+
+    def handlers(self) -> grpc.GenericRpcHandler:
+        return grpc.method_handlers_generic_handler(
+            SERVICE_NAME,
+            {
+                "GetStats": grpc.unary_unary_rpc_method_handler(self.get_stats),
+                "SaveSnapshot": grpc.unary_stream_rpc_method_handler(self.save_snapshot),
+            },
+        )
+
+    @unary
+    async def get_stats(self, raw: bytes, context: grpc.aio.ServicerContext) -> bytes:
+        decode(apb.GetStatsRequest, raw)
+        store = self.store
+        with store.env.begin() as txn:
+            used = usage(store.env, store.tables, txn)
+        history_id, history_start = store.history()
+        reply = apb.GetStatsResponse(
+            data_dir=str(store.path.absolute()),
+            session_count=used.sessions,
+            event_count=used.events,
+            position=used.position,
+            map_size=used.map_size,
+            used_bytes=used.used_bytes,
+            file_bytes=(store.path / snapshot.DATA_FILE).stat().st_size,
+            readers=used.readers,
+            history_id=history_id,
+            history_start=history_start,
+            role=self.role,
+        )
+        if used.head_commit_ns:
+            reply.last_commit_time.FromNanoseconds(used.head_commit_ns)
+        serialized: bytes = reply.SerializeToString()
+        return serialized
+
+    async def save_snapshot(
+        self, raw: bytes, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[bytes]:
+        """Info, the copy's bytes, their SHA-256; the temporary copy never outlives the call."""
+        refusal: errors.SessionLogError | None = None
+        try:
+            decode(apb.SaveSnapshotRequest, raw)
+        except errors.SessionLogError as error:
+            refusal = error
+        if refusal is not None:
+            await abort(context, refusal)
+            return
+        started = time.monotonic()
+        store = self.store
+        folder = snapshot.temporary_folder(store.path)
+        history_id = store.history()[0]
+        copying = asyncio.ensure_future(asyncio.to_thread(_take, store, folder))
+        try:
+            try:
+                copied, size = await asyncio.shield(copying)
+            except (lmdb.Error, OSError) as exc:
+                log.error("a snapshot failed", extra={"folder": str(folder), "error": str(exc)})
+                refusal = snapshot.failure(exc, folder)
+            except errors.SessionLogError as error:
+                refusal = error
+            if refusal is not None:
+                await abort(context, refusal)
+                return
+            sent = 0
+            async for response in _responses(folder / snapshot.DATA_FILE, size, copied, history_id):
+                sent += len(response)
+                yield response
+            log.info(
+                "snapshot sent",
+                extra={
+                    "bytes": sent,
+                    "position": copied.position,
+                    "seconds": round(time.monotonic() - started, 3),
+                    "peer": context.peer(),
+                },
+            )
+        finally:
+            _discard_when_copied(copying, folder)
+
+
+def _take(store: Store, folder: Path) -> tuple[Usage, int]:
+    """Copy the store into ``folder`` (see ``storage.snapshot``): what it holds, its size."""
+    copied = snapshot.copy(store.env, store.tables, folder)
+    return copied, (folder / snapshot.DATA_FILE).stat().st_size
+
+
+async def _responses(path: Path, size: int, copied: Usage, history_id: str) -> AsyncIterator[bytes]:
+    """The stream of one finished copy: info, chunks in file order, the SHA-256 of them all."""
+    info = apb.SnapshotInfo(
+        size_bytes=size,
+        session_count=copied.sessions,
+        event_count=copied.events,
+        position=copied.position,
+        map_size=copied.map_size,
+        history_id=history_id,
+    )
+    if copied.head_commit_ns:
+        info.last_commit_time.FromNanoseconds(copied.head_commit_ns)
+    yield apb.SaveSnapshotResponse(info=info).SerializeToString()
+    digest = hashlib.sha256()
+    with path.open("rb") as source:
+        while chunk := await asyncio.to_thread(_read, source, digest):
+            yield apb.SaveSnapshotResponse(chunk=chunk).SerializeToString()
+    yield apb.SaveSnapshotResponse(sha256=digest.digest()).SerializeToString()
+
+
+def _read(source: BinaryIO, digest: hashlib._Hash) -> bytes:
+    """The next chunk, added to ``digest`` (off the event loop: both take a while per MiB)."""
+    chunk = source.read(CHUNK_BYTES)
+    digest.update(chunk)
+    return chunk
+
+
+def _discard_when_copied(copying: asyncio.Future[tuple[Usage, int]], folder: Path) -> None:
+    """Remove the temporary folder now, or once the copy writing into it has finished."""
+
+    def discard(done: asyncio.Future[tuple[Usage, int]]) -> None:
+        if not done.cancelled():
+            done.exception()  # retrieved: a copy that failed after its client left is not news
+        snapshot.discard(folder)
+
+    if copying.done():
+        discard(copying)
+    else:
+        copying.add_done_callback(discard)

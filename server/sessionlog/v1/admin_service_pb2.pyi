@@ -1,0 +1,73 @@
+import datetime
+
+from google.protobuf import timestamp_pb2 as _timestamp_pb2
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class GetStatsRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class GetStatsResponse(_message.Message):
+    __slots__ = ("data_dir", "session_count", "event_count", "position", "last_commit_time", "map_size", "used_bytes", "file_bytes", "readers", "history_id", "history_start", "role")
+    DATA_DIR_FIELD_NUMBER: _ClassVar[int]
+    SESSION_COUNT_FIELD_NUMBER: _ClassVar[int]
+    EVENT_COUNT_FIELD_NUMBER: _ClassVar[int]
+    POSITION_FIELD_NUMBER: _ClassVar[int]
+    LAST_COMMIT_TIME_FIELD_NUMBER: _ClassVar[int]
+    MAP_SIZE_FIELD_NUMBER: _ClassVar[int]
+    USED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    FILE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    READERS_FIELD_NUMBER: _ClassVar[int]
+    HISTORY_ID_FIELD_NUMBER: _ClassVar[int]
+    HISTORY_START_FIELD_NUMBER: _ClassVar[int]
+    ROLE_FIELD_NUMBER: _ClassVar[int]
+    data_dir: str
+    session_count: int
+    event_count: int
+    position: int
+    last_commit_time: _timestamp_pb2.Timestamp
+    map_size: int
+    used_bytes: int
+    file_bytes: int
+    readers: int
+    history_id: str
+    history_start: int
+    role: str
+    def __init__(self, data_dir: _Optional[str] = ..., session_count: _Optional[int] = ..., event_count: _Optional[int] = ..., position: _Optional[int] = ..., last_commit_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., map_size: _Optional[int] = ..., used_bytes: _Optional[int] = ..., file_bytes: _Optional[int] = ..., readers: _Optional[int] = ..., history_id: _Optional[str] = ..., history_start: _Optional[int] = ..., role: _Optional[str] = ...) -> None: ...
+
+class SaveSnapshotRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class SaveSnapshotResponse(_message.Message):
+    __slots__ = ("info", "chunk", "sha256")
+    INFO_FIELD_NUMBER: _ClassVar[int]
+    CHUNK_FIELD_NUMBER: _ClassVar[int]
+    SHA256_FIELD_NUMBER: _ClassVar[int]
+    info: SnapshotInfo
+    chunk: bytes
+    sha256: bytes
+    def __init__(self, info: _Optional[_Union[SnapshotInfo, _Mapping]] = ..., chunk: _Optional[bytes] = ..., sha256: _Optional[bytes] = ...) -> None: ...
+
+class SnapshotInfo(_message.Message):
+    __slots__ = ("size_bytes", "session_count", "event_count", "position", "last_commit_time", "map_size", "history_id")
+    SIZE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    SESSION_COUNT_FIELD_NUMBER: _ClassVar[int]
+    EVENT_COUNT_FIELD_NUMBER: _ClassVar[int]
+    POSITION_FIELD_NUMBER: _ClassVar[int]
+    LAST_COMMIT_TIME_FIELD_NUMBER: _ClassVar[int]
+    MAP_SIZE_FIELD_NUMBER: _ClassVar[int]
+    HISTORY_ID_FIELD_NUMBER: _ClassVar[int]
+    size_bytes: int
+    session_count: int
+    event_count: int
+    position: int
+    last_commit_time: _timestamp_pb2.Timestamp
+    map_size: int
+    history_id: str
+    def __init__(self, size_bytes: _Optional[int] = ..., session_count: _Optional[int] = ..., event_count: _Optional[int] = ..., position: _Optional[int] = ..., last_commit_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., map_size: _Optional[int] = ..., history_id: _Optional[str] = ...) -> None: ...

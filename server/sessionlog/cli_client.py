@@ -352,21 +352,90 @@ def _messages(args: argparse.Namespace) -> int:
     request = pb.DeriveMessagesRequest(session_id=args.session_id)
     if args.at_seq is not None:
         request.at_seq = args.at_seq
-    reply = _stub(args).DeriveMessages(request, timeout=args.timeout)
+    stub = _stub(args)
+    reply = stub.DeriveMessages(request, timeout=args.timeout)
     if args.json:
         print(_json(reply))
         return 0
-    colour = sys.stdout.isatty()
+    for line in _transcript(reply, _replaced_ranges(stub, args, reply), sys.stdout.isatty()):
+        print(line)
+    return 0
+
+
+def _replaced_ranges(
+    stub: pb_grpc.SessionLogServiceStub, args: argparse.Namespace, reply: pb.DeriveMessagesResponse
+) -> dict[int, tuple[int, int]]:
+    """The replace range of each message that comes from a replace event (a summary), by seq.
+    DeriveMessages names no ranges; the surface at the same length does, and a seq's range never
+    changes, so the two calls agree even if events are appended in between."""
+    if not reply.replace_generation or not reply.event_count:
+        return {}
+    request = pb.SurfaceRequest(session_id=args.session_id, at_seq=reply.event_count - 1)
+    surface = stub.Surface(request, timeout=args.timeout)
+    return {
+        e.seq: (e.surface_op.replace.start_seq, e.surface_op.replace.stop_seq)
+        for e in surface.events
+        if e.surface_op.WhichOneof("kind") == "replace"
+    }
+
+
+def _transcript(
+    reply: pb.DeriveMessagesResponse, replaced: dict[int, tuple[int, int]], colour: bool
+) -> Iterator[str]:
+    """One line per message, then one per tool call: ``[seq] role (name) [replaces seqs A-B]:
+    content``, ``-> name(arguments)  [call ID]``; a tool result names the call it answers."""
+    calls: dict[str, tuple[str, int]] = {}  # call id -> (function name, seq of its message)
     for seq, message in zip(reply.seqs, reply.messages, strict=True):
         role = message_pb2.Role.Name(message.role)[len("ROLE_") :].lower()
         label = f"{ROLE_COLOURS[message.role]}{role}{RESET}" if colour else role
         extra = f" ({message.name})" if message.HasField("name") else ""
+        if seq in replaced:
+            start, stop = replaced[seq]
+            extra += f" [replaces {f'seq {start}' if start == stop else f'seqs {start}-{stop}'}]"
         if message.HasField("tool_call_id"):
-            extra += f" [call {message.tool_call_id}]"
-        print(f"[{seq}] {label}{extra}: {message.content if message.HasField('content') else ''}")
+            answered = calls.get(message.tool_call_id)
+            origin = f"{answered[0]} from [{answered[1]}], " if answered else ""
+            extra += f" [answers {origin}call {message.tool_call_id}]"
+        content = message.content if message.HasField("content") else ""
+        yield f"[{seq}] {label}{extra}:{' ' if content else ''}{content}"
         for call in message.tool_calls:
-            print(f"      -> tool call {json.dumps(json_format.MessageToDict(call))}")
-    return 0
+            name, arguments, call_id = _tool_call(json_format.MessageToDict(call))
+            if call_id:
+                calls[call_id] = (name, seq)
+            yield f"      -> {name}({arguments})" + (f"  [call {call_id}]" if call_id else "")
+
+
+def _tool_call(call: dict[str, Any]) -> tuple[str, str, str]:
+    """(name, arguments, id) of a tool call in OpenAI's shape ({id, function: {name, arguments}})
+    or a flat one. Arguments given as a JSON string print as written, in the caller's key order;
+    an object went through a protobuf Struct, which keeps no key order, so it prints compact with
+    sorted keys (and whole numbers, which a Struct holds as doubles, without ".0")."""
+    function = call.get("function")
+    if not isinstance(function, dict):
+        function = {}
+    name = function.get("name", call.get("name"))
+    arguments = function.get("arguments", call.get("arguments", call.get("input")))
+    if arguments is None:
+        arguments = ""
+    elif not isinstance(arguments, str):
+        arguments = json.dumps(_whole(arguments), ensure_ascii=False, sort_keys=True)
+    call_id = call.get("id")
+    return (
+        name if isinstance(name, str) else "tool",
+        arguments,
+        call_id if isinstance(call_id, str) else "",
+    )
+
+
+def _whole(value: Any) -> Any:
+    """``value`` with integral floats as ints, nested lists and objects included."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, dict):
+        return {k: _whole(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_whole(v) for v in value]
+    return value
 
 
 def _health(args: argparse.Namespace) -> int:

@@ -2,6 +2,7 @@
 
 The session covers what the console must show: every role, an assistant tool call answered by a
 tool result, a bookkeeping event, and a summary that replaces seqs 1..2 (so 1 and 2 are shadowed).
+A second one holds SPEC §4's overlapping replaces, where position and seq part ways.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from sessionlog.v1 import event_pb2
 
 TIMEOUT = 5.0
 SESSION = "demo.weather"
+OVERLAP = "demo.overlap"
 CALL_ID = "call_oslo_1"
 RESULT = "12°C and light rain"
 
@@ -51,6 +53,21 @@ def seed(store: Store, session_id: str = SESSION) -> None:
             summary,
         ],
     )
+
+
+def seed_overlap(store: Store, session_id: str = OVERLAP) -> None:
+    """SPEC §4's last worked example: 0 a, 1 b, 2 c, 3 S replacing 0..2, 4 X replacing 0..0.
+    X stands at position 0, inside S's range, but was appended after S, so S does not hide it;
+    X hides S (whose position is 0) and a."""
+    replaces = [
+        event(event_pb2.EVENT_TYPE_SYSTEM_MESSAGE, content="S: the user said a, b, c"),
+        event(event_pb2.EVENT_TYPE_SYSTEM_MESSAGE, content="X: everything so far"),
+    ]
+    for summary, (start, stop) in zip(replaces, [(0, 2), (0, 0)], strict=True):
+        summary.surface_op.replace.start_seq = start
+        summary.surface_op.replace.stop_seq = stop
+    plain = [event(event_pb2.EVENT_TYPE_USER_MESSAGE, content=c) for c in "abc"]
+    store.append(session_id, [*plain, *replaces])
 
 
 def get(url: str, token: str = "") -> tuple[int, dict[str, str], Any]:

@@ -156,10 +156,69 @@ def test_surface_and_messages_show_the_model_view(server: ThreadedServer, tmp_pa
     assert "replaces 0..1" in surface[0]
     assert json.loads(ok(server, tmp_path, "surface", "v", "--json"))["event_count"] == "4"
     transcript = ok(server, tmp_path, "messages", "v")
-    assert transcript.splitlines() == ["[3] system: [sum]", "[2] user: c"]
+    assert transcript.splitlines() == ["[3] system [replaces seqs 0-1]: [sum]", "[2] user: c"]
     assert "\033[" not in transcript
     assert ok(server, tmp_path, "messages", "v", "--at-seq", "0").splitlines() == ["[0] user: a"]
     assert len(json.loads(ok(server, tmp_path, "messages", "v", "--json"))["messages"]) == 2
+
+
+def test_messages_note_what_a_summary_replaces(server: ThreadedServer, tmp_path: Path) -> None:
+    """A message from a replace event names the seqs it replaces (one seq or a range); --at-seq
+    before the summary shows the plain messages, with no note."""
+    seed(server, "sum", "a", "b", "c")
+    with Client(server.address) as client:
+        client.append(
+            "sum",
+            [
+                event("system_message", {"content": "[ab]"}, replace=(0, 1)),
+                event("user_message", {"content": "C"}, replace=(2, 2)),
+            ],
+        )
+    assert ok(server, tmp_path, "messages", "sum").splitlines() == [
+        "[3] system [replaces seqs 0-1]: [ab]",
+        "[4] user [replaces seq 2]: C",
+    ]
+    assert ok(server, tmp_path, "messages", "sum", "--at-seq", "2").splitlines() == [
+        "[0] user: a",
+        "[1] user: b",
+        "[2] user: c",
+    ]
+
+
+def test_messages_print_tool_calls_and_what_results_answer(
+    server: ThreadedServer, tmp_path: Path
+) -> None:
+    """A tool call prints as name(arguments): a JSON-string argument exactly as written (its key
+    order kept), an object compact with sorted keys and whole numbers; each tool result names
+    the call it answers and the message that made it."""
+    calls = [
+        {
+            "id": "c1",
+            "type": "function",
+            "function": {"name": "get_weather", "arguments": '{"city": "Oslo", "days": 3}'},
+        },
+        {"id": "c2", "name": "lookup", "arguments": {"zone": "eu", "ids": [2, 10]}},
+    ]
+    with Client(server.address) as client:
+        client.append(
+            "tools",
+            [
+                event("user_message", {"content": "weather?"}),
+                event("assistant_message", {"content": "", "tool_calls": calls}),
+                event("tool_result", {"tool_call_id": "c1", "content": "12 C"}),
+                event("tool_result", {"tool_call_id": "c2", "content": "ok"}),
+                event("tool_result", {"tool_call_id": "c9", "content": "stray"}),
+            ],
+        )
+    assert ok(server, tmp_path, "messages", "tools").splitlines() == [
+        "[0] user: weather?",
+        "[1] assistant:",
+        '      -> get_weather({"city": "Oslo", "days": 3})  [call c1]',
+        '      -> lookup({"ids": [2, 10], "zone": "eu"})  [call c2]',
+        "[2] tool [answers get_weather from [1], call c1]: 12 C",
+        "[3] tool [answers lookup from [1], call c2]: ok",
+        "[4] tool [answers call c9]: stray",
+    ]
 
 
 def test_messages_colour_roles_on_a_terminal(server: ThreadedServer, tmp_path: Path) -> None:

@@ -1,12 +1,14 @@
 """The web console in headless Chromium against a real server: the sessions page, a seeded
 session's transcript beside its raw events (shadowed ones greyed, the replace's range shown), live
-appends appearing as they commit, and the token prompt when auth is on.
+appends appearing as they commit, hovering a replace, fork labels, and the token prompt when auth
+is on.
 
 Needs Debian's chromium and chromium-driver (`make test` installs them with apt-get).
 """
 
 from __future__ import annotations
 
+import re
 import shutil
 import tempfile
 from collections.abc import Callable, Iterator
@@ -17,6 +19,7 @@ import pytest
 from selenium import webdriver
 from selenium.common.exceptions import StaleElementReferenceException, TimeoutException
 from selenium.webdriver.chrome.service import Service
+from selenium.webdriver.common.action_chains import ActionChains
 from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
 from selenium.webdriver.support.ui import WebDriverWait
@@ -24,7 +27,7 @@ from selenium.webdriver.support.ui import WebDriverWait
 from sessionlog.testing import ThreadedServer, running_server
 from sessionlog.v1 import event_pb2
 from sessionlog.v1 import session_log_service_pb2 as pb
-from tests.e2e._web import CALL_ID, RESULT, SESSION, event, seed
+from tests.e2e._web import CALL_ID, OVERLAP, RESULT, SESSION, event, seed, seed_overlap
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 CHROMEDRIVER = shutil.which("chromedriver") or "/usr/bin/chromedriver"
@@ -83,18 +86,42 @@ def wait(driver: WebDriver, what: str, check: Callable[[WebDriver], T]) -> T:
 
 
 def row_classes(driver: WebDriver) -> dict[int, set[str]]:
-    rows = driver.find_elements(By.CSS_SELECTOR, "#raw tbody tr")
+    rows = driver.find_elements(By.CSS_SELECTOR, "#raw tbody tr[data-seq]")
     return {
         int(r.get_attribute("data-seq") or -1): set((r.get_attribute("class") or "").split())
         for r in rows
     }
 
 
+def rows_with(driver: WebDriver, name: str) -> set[int]:
+    return {seq for seq, c in row_classes(driver).items() if name in c}
+
+
+def rgb(css: str) -> tuple[float, float, float]:
+    """An rgb()/rgba() colour as computed by the browser, channels 0..255."""
+    r, g, b = (float(x) for x in re.findall(r"[\d.]+", css)[:3])
+    return r, g, b
+
+
+def contrast(a: tuple[float, float, float], b: tuple[float, float, float]) -> float:
+    """WCAG's contrast ratio of two colours (1 = none, 21 = black on white)."""
+
+    def luminance(c: tuple[float, float, float]) -> float:
+        lin = [
+            x / 255 / 12.92 if x / 255 <= 0.03928 else ((x / 255 + 0.055) / 1.055) ** 2.4 for x in c
+        ]
+        return 0.2126 * lin[0] + 0.7152 * lin[1] + 0.0722 * lin[2]
+
+    high, low = sorted((luminance(a), luminance(b)), reverse=True)
+    return (high + 0.05) / (low + 0.05)
+
+
 @pytest.fixture
 def console(tmp_path: Path) -> Iterator[ThreadedServer]:
-    """A server with the web console on a free port and the demo session seeded."""
+    """A server with the web console on a free port and the demo sessions seeded."""
     with running_server(tmp_path / "data", http_listen="127.0.0.1:0") as server:
         seed(server.store)
+        seed_overlap(server.store)
         yield server
 
 
@@ -205,6 +232,110 @@ def test_live_appends_appear_and_shadow(
     assert shadowed == {1, 2, 3, 4, 6, 7}
     browser.save_screenshot(str(tmp_path / "live.png"))
     assert browser.find_element(By.ID, "counts").text == "11 events"
+
+
+def test_shadowed_rows_are_greyed_not_struck_through(
+    browser: WebDriver, console: ThreadedServer
+) -> None:
+    """A shadowed row's JSON is greyed (lighter than a live row's, still at least 4.5:1 against
+    its background) with no line-through, and names the replace that hides it."""
+    browser.get(url(console, f"#/s/{SESSION}"))
+    wait(browser, "the shadowed rows", lambda d: rows_with(d, "shadowed") == {1, 2})
+    hidden = browser.find_element(By.CSS_SELECTOR, '#raw tr[data-seq="1"] td.data pre')
+    live = browser.find_element(By.CSS_SELECTOR, '#raw tr[data-seq="0"] td.data pre')
+    assert "line-through" not in hidden.value_of_css_property("text-decoration-line")
+    assert "Hello there!" in hidden.text
+    cell = browser.find_element(By.CSS_SELECTOR, '#raw tr[data-seq="1"] td.data')
+    ink, paper = (
+        rgb(hidden.value_of_css_property("color")),
+        rgb(cell.value_of_css_property("background-color")),
+    )
+    live_ink = rgb(live.value_of_css_property("color"))
+    assert contrast(ink, paper) >= 4.5
+    assert contrast(ink, paper) < contrast(live_ink, (255.0, 255.0, 255.0))
+    badge = browser.find_element(By.CSS_SELECTOR, '#raw tr[data-seq="1"] .badge.shadow')
+    assert badge.text == "hidden by seq 8"
+
+
+def hover(driver: WebDriver, seq: int) -> None:
+    cell = driver.find_element(By.CSS_SELECTOR, f'#raw tr[data-seq="{seq}"] td.num')
+    ActionChains(driver).move_to_element(cell).perform()
+
+
+def notes(driver: WebDriver) -> dict[int, str]:
+    """The note rows shown under marked events: {seq of the event: text}."""
+    rows = driver.find_elements(By.CSS_SELECTOR, "#raw tr.range-note")
+    return {int(r.get_attribute("data-note-for") or -1): r.text for r in rows}
+
+
+def test_hovering_a_replace_marks_its_range_by_position(
+    browser: WebDriver, console: ThreadedServer, tmp_path: Path
+) -> None:
+    """Hovering S (seq 3, replacing 0..2) marks 0..2 as hidden by it and X (seq 4, position 0)
+    as in range but appended after S, so not hidden, with a note under X and a line saying so;
+    hovering X marks a and S (position 0); leaving clears every mark."""
+    browser.get(url(console, f"#/s/{OVERLAP}"))
+    wait(browser, "five rows", lambda d: len(row_classes(d)) == 5)
+    assert rows_with(browser, "shadowed") == {0, 1, 2, 3}
+    badges = {
+        seq: browser.find_element(By.CSS_SELECTOR, f'#raw tr[data-seq="{seq}"] .badge.shadow').text
+        for seq in (0, 1, 3)
+    }
+    assert badges == {0: "hidden by seqs 3, 4", 1: "hidden by seq 3", 3: "hidden by seq 4"}
+
+    hover(browser, 3)
+    wait(browser, "S's range", lambda d: rows_with(d, "in-range") == {0, 1, 2})
+    assert rows_with(browser, "range-after") == {4}
+    assert rows_with(browser, "range-source") == {3}
+    assert notes(browser) == {
+        4: "↑ seq 4 stands at position 0: in range, but appended after this replace: not hidden"
+    }
+    assert browser.find_element(By.ID, "range-info").text == (
+        "seq 3 replaces positions 0..2, hiding 0, 1, 2 · "
+        "4 in range, but appended after it: not hidden"
+    )
+    assert "appended after it: not hidden" in browser.find_element(By.ID, "legend").text
+    browser.save_screenshot(str(tmp_path / "hover.png"))
+
+    hover(browser, 4)
+    wait(browser, "X's range", lambda d: rows_with(d, "in-range") == {0, 3})
+    assert rows_with(browser, "range-after") == set()
+    assert notes(browser) == {}
+
+    hover(browser, 1)  # not a replace: leaving X clears every mark
+    wait(browser, "marks cleared", lambda d: rows_with(d, "in-range") == set())
+    assert notes(browser) == {}
+    assert browser.find_element(By.ID, "range-info").text.startswith("Hover a replace")
+
+
+def test_fork_label_names_the_last_copied_seq(
+    browser: WebDriver, console: ThreadedServer, tmp_path: Path
+) -> None:
+    """A fork made with at_seq 3 reads "at seq 3" in the sessions list and "forked from PARENT
+    at seq 3" on its own page (it copied seqs 0..3, four events)."""
+    console.stub().ForkSession(
+        pb.ForkSessionRequest(parent_session_id=SESSION, session_id="demo.fork", at_seq=3),
+        timeout=5,
+    )
+    browser.get(url(console))
+    row = wait(
+        browser,
+        "the fork's row",
+        lambda d: d.find_element(By.CSS_SELECTOR, '#sessions tr[data-session="demo.fork"]'),
+    )
+    cells = [c.text for c in row.find_elements(By.TAG_NAME, "td")]
+    assert cells[1] == "4"
+    assert cells[4] == f"{SESSION} at seq 3"
+    browser.save_screenshot(str(tmp_path / "fork.png"))
+    browser.get(url(console, "#/s/demo.fork"))
+    origin = wait(
+        browser,
+        "the fork line",
+        lambda d: (t := d.find_element(By.ID, "origin").text) and t,
+    )
+    assert origin == f"forked from {SESSION} at seq 3"
+    link = browser.find_element(By.CSS_SELECTOR, "#origin a")
+    assert (link.get_attribute("href") or "").endswith(f"#/s/{SESSION}")
 
 
 def test_token_prompt_when_auth_is_on(browser: WebDriver, tmp_path: Path) -> None:

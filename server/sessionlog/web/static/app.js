@@ -175,6 +175,12 @@ function sessionLink(id) {
   return el("a", { href: `#/s/${encodeURIComponent(id)}`, text: id });
 }
 
+// A fork copies the parent's events 0..at_seq, so it records at_seq + 1 copied events: name the
+// last copied seq, the number the fork was asked for.
+function forkPoint(s) {
+  return s.parent_event_count ? `at seq ${s.parent_event_count - 1}` : "before its first event";
+}
+
 function sessionsView() {
   let prefix = "";
   let shown = 100;
@@ -205,7 +211,7 @@ function sessionsView() {
       el("td", { class: "num", text: fmtCount(s.event_count) }),
       el("td", { text: fmtAgo(s.last_append_time_ms) }),
       el("td", { text: fmtAgo(s.create_time_ms) }),
-      el("td", {}, s.parent_session_id ? [sessionLink(s.parent_session_id), ` @${s.parent_event_count}`] : "–"),
+      el("td", {}, s.parent_session_id ? [sessionLink(s.parent_session_id), ` ${forkPoint(s)}`] : "–"),
       el("td", { text: s.lease ? `${s.lease.holder} (token ${s.lease.token})` : "–" }))));
     more.hidden = !data.more;
   }
@@ -224,8 +230,45 @@ function sessionsView() {
 
 // -- one session: transcript beside raw events, followed live -----------------------------------
 
+// SPEC §4: a replace stands at its start_seq, any other event at its seq; a replace covers the
+// events whose position lies in its range, and hides those of them appended before it.
 function position(event) {
   return event.replace ? event.replace[0] : event.seq;
+}
+
+function covers(replace, event) {
+  const p = position(event);
+  return event.seq !== replace.seq && p >= replace.replace[0] && p <= replace.replace[1];
+}
+
+// How a hovered replace relates to one event (a row class), or null when not at all. Covered
+// events appended after it are not hidden by it; a replace whose seq but not position lies in
+// the range is not covered at all.
+function relation(replace, event) {
+  if (event.seq === replace.seq) return "range-source";
+  if (covers(replace, event)) return event.seq > replace.seq ? "range-after" : "in-range";
+  const [start, stop] = replace.replace;
+  if (event.replace && event.seq >= start && event.seq <= stop) return "range-outside";
+  return null;
+}
+
+const RANGE_HINT = "Hover a replace to mark the events its range covers.";
+
+function describeRange(replace, marked) {
+  const [start, stop] = replace.replace;
+  const parts = [`seq ${replace.seq} replaces positions ${start}..${stop}` +
+    (marked["in-range"].length ? `, hiding ${marked["in-range"].join(", ")}` : "")];
+  if (marked["range-after"].length) {
+    parts.push(`${marked["range-after"].join(", ")} in range, but appended after it: not hidden`);
+  }
+  if (marked["range-outside"].length) {
+    parts.push(`${marked["range-outside"].join(", ")}: seq in range, but a replace stands at its start_seq: not covered`);
+  }
+  return parts.join(" · ");
+}
+
+function seqList(seqs) {
+  return `${seqs.length > 1 ? "seqs" : "seq"} ${seqs.join(", ")}`;
 }
 
 function dataText(data) {
@@ -240,6 +283,8 @@ function sessionView(sessionId) {
   const transcript = el("div", { id: "transcript", class: "scroll" });
   const live = el("span", { id: "live", class: "live", text: "connecting…" });
   const counts = el("span", { class: "muted", id: "counts" });
+  const origin = el("span", { class: "muted", id: "origin" });
+  const rangeInfo = el("div", { class: "range-info", id: "range-info", text: RANGE_HINT });
   const earlier = el("button", { class: "small", type: "button", hidden: true, text: "load earlier events" });
   let first = 0;
   let nextSeq = 0;
@@ -248,14 +293,16 @@ function sessionView(sessionId) {
 
   document.getElementById("crumbs").replaceChildren(el("a", { href: "#/", text: "sessions" }), " / ", sessionId);
   document.getElementById("view").replaceChildren(
-    el("div", { class: "session-head" }, el("h1", { text: sessionId }), counts, live),
+    el("div", { class: "session-head" }, el("h1", { text: sessionId }), counts, origin, live),
     el("div", { class: "columns" },
       el("section", { class: "panel" }, el("h2", { text: "Transcript (derived messages)" }), transcript),
       el("section", { class: "panel" }, el("h2", { text: "Raw events" }),
-        el("div", { class: "legend" },
-          el("span", {}, el("span", { class: "swatch shadow" }), "shadowed by a later replace"),
+        el("div", { class: "legend", id: "legend" },
+          el("span", {}, el("span", { class: "swatch shadow" }), "greyed: hidden by a later replace"),
           el("span", { class: "muted" }, el("span", { class: "swatch book" }), "bookkeeping: never shown to the model"),
-          el("span", {}, el("span", { class: "swatch range" }), "hover a replace to mark its range")),
+          el("span", {}, el("span", { class: "swatch range" }), "hover a replace: events at a position in its range"),
+          el("span", {}, el("span", { class: "swatch after" }), "in range, appended after it: not hidden")),
+        rangeInfo,
         el("div", { class: "scroll", id: "raw-scroll" }, earlier,
           el("table", { class: "events", id: "raw" },
             el("thead", {}, el("tr", {}, ["seq", "time", "type", "op", "data"].map((h) => el("th", { text: h })))),
@@ -265,39 +312,64 @@ function sessionView(sessionId) {
     const classes = [event.surface ? "surface" : "bookkeeping"];
     if (event.shadowed) classes.push("shadowed");
     if (fresh) classes.push("new");
-    const op = [];
-    if (event.replace) op.push(el("span", { class: "badge replace", text: `replaces ${event.replace[0]}..${event.replace[1]}` }));
-    if (event.shadowed) op.push(el("span", { class: "badge shadow", text: "shadowed" }));
+    const op = el("td", { class: "op" },
+      event.replace ? el("span", { class: "badge replace", text: `replaces ${event.replace[0]}..${event.replace[1]}` }) : null);
     const tr = el("tr", { class: classes.join(" "), "data-seq": event.seq },
       el("td", { class: "num mono", text: event.seq }),
       el("td", { class: "mono", text: fmtTime(event.time), title: event.time || "" }),
       el("td", { class: "type", text: event.type }),
-      el("td", {}, op),
+      op,
       el("td", { class: "data" }, el("pre", { text: dataText(event.data), title: JSON.stringify(event.data, null, 2) })));
     if (event.replace) {
       tr.addEventListener("mouseenter", () => highlight(event, true));
       tr.addEventListener("mouseleave", () => highlight(event, false));
     }
-    rows.set(event.seq, { event, tr });
+    rows.set(event.seq, { event, tr, op });
     return tr;
   }
 
+  // Marks, while a replace is hovered, every loaded event its range covers by position, and says
+  // why in the line above the table. A covered event appended after the replace also gets a note
+  // row under it: those rows lie below the hovered one, so the row under the pointer never moves.
   function highlight(replace, on) {
+    for (const note of tbody.querySelectorAll("tr.range-note")) note.remove();
+    const marked = { "in-range": [], "range-after": [], "range-outside": [] };
     for (const { event, tr } of rows.values()) {
-      const p = position(event);
-      if (event.seq < replace.seq && p >= replace.replace[0] && p <= replace.replace[1]) tr.classList.toggle("in-range", on);
+      tr.classList.remove("range-source", "in-range", "range-after", "range-outside");
+      const found = on ? relation(replace, event) : null;
+      if (!found) continue;
+      tr.classList.add(found);
+      if (found in marked && (found !== "in-range" || event.surface)) marked[found].push(event.seq);
+      if (found === "range-after") {
+        tr.after(el("tr", { class: "range-note", "data-note-for": event.seq },
+          el("td", { colspan: 5, text: `↑ seq ${event.seq} stands at position ${position(event)}: ` +
+            "in range, but appended after this replace: not hidden" })));
+      }
     }
+    rangeInfo.textContent = on ? describeRange(replace, marked) : RANGE_HINT;
+    rangeInfo.title = rangeInfo.textContent;
   }
 
   function shadowBy(replace) {
     // SPEC's rule: a replace hides every earlier surface event whose position is in its range.
     for (const { event, tr } of rows.values()) {
-      const p = position(event);
-      if (event.surface && !event.shadowed && event.seq < replace.seq && p >= replace.replace[0] && p <= replace.replace[1]) {
+      if (event.surface && !event.shadowed && event.seq < replace.seq && covers(replace, event)) {
         event.shadowed = true;
         tr.classList.add("shadowed");
-        tr.children[3].append(el("span", { class: "badge shadow", text: "shadowed" }));
       }
+    }
+  }
+
+  // Names, on each shadowed row, the loaded replaces that hide it. The loaded rows always run to
+  // the log's end, so every replace appended after a loaded event is loaded too.
+  function labelShadowed() {
+    const replaces = [...rows.values()].map((r) => r.event).filter((e) => e.replace);
+    for (const { event, op } of rows.values()) {
+      if (!event.shadowed) continue;
+      const by = replaces.filter((r) => r.seq > event.seq && covers(r, event)).map((r) => r.seq).sort((a, b) => a - b);
+      const text = by.length ? `hidden by ${seqList(by)}` : "shadowed";
+      const badge = op.querySelector(".badge.shadow") || op.appendChild(el("span", { class: "badge shadow" }));
+      badge.textContent = text;
     }
   }
 
@@ -352,10 +424,20 @@ function sessionView(sessionId) {
     first = data.from;
     nextSeq = Math.max(nextSeq, data.next_seq);
     earlier.hidden = first === 0;
+    labelShadowed();
     setCounts();
   }
 
   earlier.addEventListener("click", () => loadEvents(Math.max(0, first - 500)));
+
+  async function loadOrigin() {
+    try {
+      const s = await getJSON(`/api/sessions/${encodeURIComponent(sessionId)}`);
+      if (s.parent_session_id) origin.replaceChildren("forked from ", sessionLink(s.parent_session_id), ` ${forkPoint(s)}`);
+    } catch (error) {
+      origin.textContent = ""; // the events' own error says what went wrong
+    }
+  }
 
   function applyLive(events) {
     for (const event of events) {
@@ -365,6 +447,7 @@ function sessionView(sessionId) {
       if (event.replace) shadowBy(event);
       nextSeq = Math.max(nextSeq, event.seq + 1);
     }
+    labelShadowed();
     setCounts();
     const scroller = document.getElementById("raw-scroll");
     if (scroller) scroller.scrollTop = scroller.scrollHeight;
@@ -425,7 +508,7 @@ function sessionView(sessionId) {
     }
     const scroller = document.getElementById("raw-scroll");
     if (scroller) scroller.scrollTop = scroller.scrollHeight;
-    await loadTranscript();
+    await Promise.all([loadTranscript(), loadOrigin()]);
     follow();
   })();
 

@@ -36,7 +36,7 @@ class GoTree:
 
 
 def go_env(gopath: Path, cache: Path) -> dict[str, str]:
-    """GOPATH mode over ``gopath`` and Debian's tree; module downloads and toolchain switches off."""
+    """GOPATH mode over ``gopath`` and Debian's tree; no module downloads, no toolchain switch."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("GO", "SESSIONLOG_"))}
     env.update(
         GO111MODULE="off",

@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 PROTOS := $(wildcard proto/sessionlog/v1/*.proto)
 SERVICE_PROTOS := $(wildcard proto/sessionlog/v1/*_service.proto)
 
-.PHONY: run test browser check lint format gen gen-client gen-go gen-check bench bench-tools clean docs
+.PHONY: run test browser go-tools check lint format gen gen-client gen-go gen-check bench bench-tools clean docs
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -24,7 +24,7 @@ run: $(VENV)/.run-stamp
 	$(BIN)/sessionlog serve
 
 ## test: install everything and run the whole suite
-test: $(VENV)/.dev-stamp browser
+test: $(VENV)/.dev-stamp browser go-tools
 	$(BIN)/python -m pytest
 
 ## browser: Debian's chromium + chromium-driver for the web console test, and nghttp2-client
@@ -37,6 +37,24 @@ browser:
 	else \
 	  echo "make test needs chromium, chromium-driver and nghttp2-client: run it as root on Debian, or first run" >&2; \
 	  echo "  sudo apt-get install -y chromium chromium-driver nghttp2-client" >&2; \
+	  exit 1; \
+	fi
+
+## go-tools: Debian's Go 1.19 and the Go packages tests/e2e/test_client_go.py builds client/go
+## with, offline in GOPATH mode (apt-get, as root). golang-github-golang-protobuf-1-5-dev replaces
+## Debian's default 1-3, with which the stubs panic in table_marshal.go.
+GO_DEBS := golang-go golang-google-grpc-dev golang-google-protobuf-dev golang-github-golang-protobuf-1-5-dev
+go-tools:
+	@missing=""; for deb in $(GO_DEBS); do \
+	  dpkg-query -W -f='$${Status}' $$deb 2>/dev/null | grep -q 'install ok installed' || missing="$$missing $$deb"; \
+	done; \
+	if [ -z "$$missing" ]; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	  echo "installing$$missing (for tests/e2e/test_client_go.py)"; \
+	  apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q $$missing; \
+	else \
+	  echo "make test needs$$missing: run it as root on Debian, or first run" >&2; \
+	  echo "  sudo apt-get install -y$$missing" >&2; \
 	  exit 1; \
 	fi
 

@@ -139,7 +139,7 @@ export interface ClientOptions {
   /** Largest message sent or accepted; default 64 MiB (keep it >= the server's limit). */
   maxMessageBytes?: number;
   retry?: RetryOptions;
-  /** The proto/ folder; default the repository's, or $SESSIONLOG_PROTO_DIR. */
+  /** The proto/ folder; default $SESSIONLOG_PROTO_DIR, else the package's (packed), else the repo's. */
   protoDir?: string;
   channelOptions?: Record<string, string | number>;
 }

@@ -16,8 +16,11 @@ import * as protoLoader from "@grpc/proto-loader";
 import protobuf from "protobufjs";
 
 const HERE = dirname(fileURLToPath(import.meta.url));
-/** proto/ of the repository this package sits in (client/typescript/src -> proto). */
-export const DEFAULT_PROTO_DIR = resolve(HERE, "..", "..", "..", "proto");
+/** The package's proto/ (npm pack copies it in), else the repository's (src -> ../../../proto). */
+const PACKAGED_PROTO_DIR = resolve(HERE, "..", "proto");
+export const DEFAULT_PROTO_DIR = existsSync(PACKAGED_PROTO_DIR)
+  ? PACKAGED_PROTO_DIR
+  : resolve(HERE, "..", "..", "..", "proto");
 export const DEFAULT_TARGET = "127.0.0.1:50051";
 export const DEFAULT_TIMEOUT_MS = 10_000;
 /** The server allows 4 MiB by default; accept far more so a raised limit needs no change here. */

@@ -1,0 +1,111 @@
+"""The Go stubs (client/go) from the project's test command, built offline from Debian's packages.
+
+`make go-tools` installs golang-go, golang-google-grpc-dev, golang-google-protobuf-dev and
+golang-github-golang-protobuf-1-5-dev (with Debian's default 1-3 the stubs panic in
+table_marshal.go). The build is GOPATH mode (GO111MODULE=off) over a copy of client/go in a temp
+tree plus /usr/share/gocode, with GOPROXY=off: nothing is downloaded. The example binary is built
+once per session; the Go error tests run through `go test` against a real server.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from sessionlog.testing import ThreadedServer
+
+ROOT = Path(__file__).resolve().parents[2]
+MODULE = "github.com/sessionlog/sessionlog/client/go"
+DEBIAN_GOPATH = Path("/usr/share/gocode")
+BUILD_SECONDS = 240
+HINT = "run `make go-tools` as root (Debian's golang-go and the golang-google-*-dev packages)"
+
+
+@dataclass(frozen=True)
+class GoTree:
+    """A GOPATH holding a copy of client/go, the environment to build there, and the example."""
+
+    package: Path
+    env: dict[str, str]
+    example: Path
+
+
+def go_env(gopath: Path, cache: Path) -> dict[str, str]:
+    """GOPATH mode over ``gopath`` and Debian's tree; no module downloads, no toolchain switch."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("GO", "SESSIONLOG_"))}
+    env.update(
+        GO111MODULE="off",
+        GOPATH=f"{gopath}:{DEBIAN_GOPATH}",
+        GOPROXY="off",
+        GOTOOLCHAIN="local",
+        GOFLAGS="",
+    )
+    if not (env.get("HOME") or env.get("XDG_CACHE_HOME")):
+        env["GOCACHE"] = str(cache)
+    return env
+
+
+def run_go(tree_env: dict[str, str], cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    go = shutil.which("go")
+    assert go, f"go is not on PATH; {HINT}"
+    return subprocess.run(
+        [go, *args],
+        cwd=cwd,
+        env={**tree_env, "PWD": str(cwd)},
+        capture_output=True,
+        text=True,
+        timeout=BUILD_SECONDS,
+        check=False,
+    )
+
+
+@pytest.fixture(scope="session")
+def go_tree(tmp_path_factory: pytest.TempPathFactory) -> GoTree:
+    """client/go copied into $GOPATH/src/<module> and the example built there (once)."""
+    assert (DEBIAN_GOPATH / "src" / "google.golang.org" / "grpc").is_dir(), HINT
+    gopath = tmp_path_factory.mktemp("gopath")
+    package = gopath / "src" / MODULE
+    shutil.copytree(ROOT / "client" / "go", package)
+    env = go_env(gopath, gopath / "cache")
+    example = gopath / "bin" / "example"
+    built = run_go(env, package, "build", "-o", str(example), "./example")
+    assert built.returncode == 0, f"go build failed ({HINT}):\n{built.stderr}"
+    return GoTree(package=package, env=env, example=example)
+
+
+@pytest.mark.timeout(BUILD_SECONDS + 60)
+def test_go_example_prints_the_transcript(go_tree: GoTree, server: ThreadedServer) -> None:
+    """client/go/example appends two messages and prints the derived ones, role and content."""
+    result = subprocess.run(
+        [str(go_tree.example), server.address],
+        env=go_tree.env,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    assert result.returncode == 0, (
+        "the Go example failed (a panic in table_marshal.go means Debian's "
+        f"golang-github-golang-protobuf-1-3-dev: {HINT}):\n{result.stderr}"
+    )
+    assert result.stdout.splitlines() == [
+        "ROLE_USER What is LMDB?",
+        "ROLE_ASSISTANT A memory-mapped B+tree store.",
+    ]
+
+
+@pytest.mark.timeout(BUILD_SECONDS + 60)
+def test_go_errors_carry_error_info(go_tree: GoTree, server: ThreadedServer) -> None:
+    """`go test` in client/go/example: SEQ_CONFLICT (next_seq) and INVALID_SESSION_ID ErrorInfo."""
+    env = {**go_tree.env, "SESSIONLOG_TEST_ADDRESS": server.address}
+    result = run_go(env, go_tree.package, "test", "-v", "-count=1", "./example")
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output
+    for name in ("TestSeqConflictReportsNextSeq", "TestInvalidSessionIdIsRefused"):
+        assert f"--- PASS: {name}" in output, output
+    assert "SKIP" not in output, output

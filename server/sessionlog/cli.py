@@ -31,7 +31,7 @@ import lmdb
 from sessionlog import admin, config, errors, logs
 from sessionlog.cli_client import add_commands, run_client
 from sessionlog.service.app import BindError, ConfigError, serve
-from sessionlog.storage.folder import FolderDamaged, FolderInUse
+from sessionlog.storage.folder import FolderDamaged, FolderInUse, FolderUnwritable
 from sessionlog.storage.integrity import DamagedStore
 
 
@@ -101,7 +101,14 @@ def _serve(args: argparse.Namespace) -> int:
     logs.configure(resolved.values["log_level"], resolved.values["log_format"])
     try:
         run_event_loop(serve(server_config))
-    except (BindError, ConfigError, FolderInUse, FolderDamaged, DamagedStore) as exc:
+    except (
+        BindError,
+        ConfigError,
+        FolderInUse,
+        FolderDamaged,
+        FolderUnwritable,
+        DamagedStore,
+    ) as exc:
         print(f"sessionlog: {exc}", file=sys.stderr)
         return 1
     except errors.DataCorrupted as exc:

@@ -8,6 +8,7 @@ say DIVERGED (status, health, log) instead of mixing two data sets or claiming t
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -291,3 +292,65 @@ def test_lock_survives_nothing_after_a_crash(tmp_path: Path, sig: int) -> None:
         node.start()
         assert time.monotonic() - started < 15
         assert "s" in session_ids(node.channel)
+
+
+def test_deleting_the_pid_file_does_not_let_a_second_server_in(tmp_path: Path) -> None:
+    """The lock is on the folder, not on sessionlog.lock: with that file deleted under a running
+    server, a second server on the folder is still refused."""
+    with Cluster(tmp_path) as cluster:
+        first = cluster.primary("owned")
+        (first.data / "sessionlog.lock").unlink()
+        second = run_cli(
+            ["serve", "--data", str(first.data), "--listen", f"127.0.0.1:{free_port()}"],
+            tmp_path,
+            timeout=30,
+        )
+        assert second.returncode == 1, second
+        assert "in use by another sessionlog server" in second.stderr
+        write(first, "s")
+
+
+def test_a_file_copied_in_from_one_open_ago_is_recognised_as_restored(tmp_path: Path) -> None:
+    """A cold copy of data.mdb taken one start ago and copied back by hand is not the folder's
+    current file: the next start says so and begins a new history (acknowledged positions
+    written since would otherwise vanish without a word)."""
+    with Cluster(tmp_path) as cluster:
+        node = cluster.primary("rolled")
+        write(node, "s", 2)
+        node.stop()
+        cold = tmp_path / "cold.mdb"
+        cold.write_bytes((node.data / "data.mdb").read_bytes())
+        node.start()
+        first = status(node).history_id
+        write(node, "s", 3)
+        node.stop()
+        (node.data / "data.mdb").write_bytes(cold.read_bytes())
+        node.start()
+        assert status(node).history_id != first
+        assert any("last held" in e.get("message", "") for e in node.log_entries())
+
+
+def test_a_full_disk_at_start_is_one_line_and_leaves_nothing_behind(tmp_path: Path) -> None:
+    """A server started on a folder whose disk is full exits 1 with one line saying to free
+    space, and leaves no half-written marker."""
+    from tests._tmpfs import fill, small_tmpfs
+
+    with small_tmpfs(tmp_path / "disk", 4 << 20) as disk:
+        with Cluster(disk) as cluster:
+            node = cluster.primary("full")
+            write(node, "s")
+            node.stop()
+        filler = disk / "filler"
+        with contextlib.suppress(OSError):
+            fill(filler, 8 << 20)  # as much as fits
+        result = run_cli(
+            ["serve", "--data", str(node.data), "--listen", f"127.0.0.1:{free_port()}"],
+            tmp_path,
+            timeout=30,
+        )
+        filler.unlink()
+        assert result.returncode == 1, result
+        lines = result.stderr.strip().splitlines()
+        assert len(lines) == 1, result.stderr
+        assert "free space" in lines[0]
+        assert not list(node.data.glob("*.tmp"))

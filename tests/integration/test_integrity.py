@@ -106,9 +106,32 @@ def test_both_metas_with_a_bad_magic_are_refused(folder: Path) -> None:
     assert "not an LMDB data file" in problem
 
 
+def test_one_damaged_meta_page_is_refused_with_the_runbook(folder: Path) -> None:
+    """With one meta's magic gone LMDB refuses the file, so the check does too (and says it is a
+    meta page), instead of leaving LMDB's bare MDB_INVALID to the operator."""
+    path = data_file(folder)
+    with path.open("r+b") as data:
+        data.seek(PAGE + 16)
+        data.write(b"\0\0\0\0")
+    assert "damaged meta page" in (check_data_file(path) or "")
+    with pytest.raises(DamagedStore, match="backup"):
+        Store(folder)
+
+
+def test_a_meta_with_a_garbage_transaction_id_is_called_damaged(folder: Path) -> None:
+    """Random bytes over a meta's tail (its last page and txnid) are a damaged meta page, not a
+    file 'truncated' to a size no disk has."""
+    path = data_file(folder)
+    with path.open("r+b") as data:
+        data.seek(PAGE + 136)
+        data.write(bytes(range(200, 216)))
+    problem = check_data_file(path) or ""
+    assert "damaged meta page" in problem
+    assert "truncated" not in problem
+
+
 def test_the_newer_meta_decides_the_size(folder: Path) -> None:
-    """With one meta's magic gone the other one is used: a whole file still passes, and the
-    truncation check still applies to what that meta says."""
+    """The truncation check applies to what the newer meta says."""
     path = data_file(folder)
     metas = []
     with path.open("rb") as data:
@@ -116,9 +139,6 @@ def test_the_newer_meta_decides_the_size(folder: Path) -> None:
     for page in (0, 1):
         metas.append(struct.unpack_from("<QQ", head, page * PAGE + 136))
     newer = max((0, 1), key=lambda page: metas[page][1])
-    with path.open("r+b") as data:
-        data.seek((1 - newer) * PAGE + 16)
-        data.write(b"\0\0\0\0")
     assert check_data_file(path) is None
     last_pg = metas[newer][0]
     with path.open("r+b") as data:

@@ -167,6 +167,8 @@ class ServerConfig:
                 "--replica-token and --replica-token-file both give the replica's token; keep one "
                 "(the file keeps the secret out of `ps`)"
             )
+        if self.replica_of and self.replica_token_file:
+            _replica_token(self)  # a missing or empty file is the first thing to hear about
         has_token = bool(self.replica_token or self.replica_token_file)
         if self.replica_of and has_token and not self.auth_tokens and not self.replica_serve_open:
             raise ConfigError(

@@ -277,6 +277,15 @@ class Replicator:
                     "replica heard nothing from its primary; reconnecting",
                     extra={"primary": self.state.primary, "silent_seconds": self.timeout_seconds},
                 )
+            except errors.SessionLogError as error:
+                # This replica's own storage refused the changes (a full disk or map, an I/O
+                # error): not the link's fault, so no tight reconnect loop and no traceback.
+                self.state.detail = f"this replica could not store the changes: {error.message}"
+                self._received = False  # keep backing off: retrying at once cannot help
+                log.warning(
+                    "replica could not apply its primary's changes; retrying",
+                    extra={"primary": self.state.primary, "reason": error.reason},
+                )
             except Exception as error:
                 self.state.detail = f"replication failed: {error}"
                 log.exception("replication failed; reconnecting")

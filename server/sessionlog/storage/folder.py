@@ -2,17 +2,17 @@
 
     <data>/data.mdb          LMDB's data file (see ``schema``)
     <data>/lock.mdb          LMDB's reader table
-    <data>/sessionlog.lock   held (flock, exclusive) by the one server that owns the folder;
-                             holds that server's PID, for the error a second one gets
+    <data>/sessionlog.lock   the PID of the server that owns the folder, for the error a
+                             second one gets (the lock itself is a flock on the folder)
     <data>/sessionlog.folder the marker: JSON {format, created, instance, previous_instance}
 
 **One owner.** Two servers writing one folder would each cache nothing that matters (positions
 and seqs are read inside the write transaction), but they would still split followers and
 wakeups between them, so a second server is refused: :func:`acquire` takes an exclusive
-``flock`` on ``sessionlog.lock`` without waiting. The lock belongs to the open file, not to the
-process: processes forked after it was taken (the workers of one server) share it, and it is
-released when the last of them exits, however it exits (a SIGKILL included), so a stale lock
-never needs clearing by hand.
+``flock`` on the folder itself without waiting (a lock file could be deleted under it). The
+lock belongs to the open directory, not to the process: processes forked after it was taken
+(the workers of one server) share it, and it is released when the last of them exits, however
+it exits (a SIGKILL included), so a stale lock never needs clearing by hand.
 
 **The marker** says the folder has held a store. A folder with a marker but an empty or missing
 ``data.mdb`` has lost its data (never "a new store"). The marker also carries the *instance* of
@@ -45,6 +45,10 @@ class FolderInUse(RuntimeError):
     """Another process owns the data folder; the message names the folder and its PID."""
 
 
+class FolderUnwritable(RuntimeError):
+    """The folder cannot be written at start (a full disk, say); the message says what to do."""
+
+
 class FolderDamaged(RuntimeError):
     """The folder has lost its data (or its marker is unreadable); the message says what to do."""
 
@@ -63,48 +67,57 @@ class FolderLock:
 
 
 def acquire(folder: Path) -> FolderLock:
-    """Take the folder's lock, or raise FolderInUse naming the holder's PID."""
+    """Take the folder's lock, or raise FolderInUse naming the holder's PID.
+
+    The lock is on the folder itself (a directory can be flocked like a file): a lock on a file
+    inside it would be lost to anyone who deletes that file, and a second server would then take
+    a lock of its own on the new one. ``sessionlog.lock`` only records the holder's PID, for the
+    message the next one gets."""
     folder.mkdir(parents=True, exist_ok=True)
-    path = folder / LOCK_FILE
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError as exc:
-        holder = _read_pid(fd)
         os.close(fd)
         if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
             raise
-        who = f"PID {holder}" if holder else "another process"
+        pid = _recorded_pid(folder)
+        who = f"PID {pid}" if pid else "another process"
         raise FolderInUse(
             f"the data folder {str(folder)!r} is in use by another sessionlog server ({who}); "
             "stop it first, or give this one another --data"
         ) from None
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-    return FolderLock(path, fd)
+    try:
+        record = os.open(folder / LOCK_FILE, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC)
+        try:
+            os.write(record, f"{os.getpid()}\n".encode())
+        finally:
+            os.close(record)
+    except OSError:  # the PID is only for messages; a full disk must not stop the lock
+        pass
+    return FolderLock(folder, fd)
 
 
 def holder(folder: Path) -> int | None:
-    """The PID holding the folder's lock, or None when no process holds it."""
-    path = folder / LOCK_FILE
+    """The PID holding the folder's lock (-1 when unknown), or None when no process holds it."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     except FileNotFoundError:
         return None
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
         except OSError:
-            return _read_pid(fd) or -1
+            return _recorded_pid(folder) or -1
         fcntl.flock(fd, fcntl.LOCK_UN)
         return None
     finally:
         os.close(fd)
 
 
-def _read_pid(fd: int) -> int:
+def _recorded_pid(folder: Path) -> int:
     with contextlib.suppress(OSError, ValueError):
-        return int(os.pread(fd, 32, 0).decode().strip() or 0)
+        return int((folder / LOCK_FILE).read_text()[:32].strip() or 0)
     return 0
 
 
@@ -152,11 +165,16 @@ def write_marker(folder: Path, marker: Marker) -> None:
     }
     path = folder / MARKER_FILE
     temporary = folder / (MARKER_FILE + ".tmp")
-    with open(temporary, "wb") as out:
-        out.write(json.dumps(body).encode() + b"\n")
-        out.flush()
-        os.fsync(out.fileno())
-    os.replace(temporary, path)
+    try:
+        with open(temporary, "wb") as out:
+            out.write(json.dumps(body).encode() + b"\n")
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(temporary, path)
+    except OSError:
+        with contextlib.suppress(OSError):
+            os.remove(temporary)
+        raise
     fsync_dir(folder)
 
 

@@ -76,7 +76,7 @@ def reconcile(
 
     Runs once, before the writer starts, with the folder lock held. The marker is written before
     the environment, naming the instance it replaces, so a crash between the two is never read
-    as a restore.
+    as a restore; once the environment has committed, the marker names the new instance alone.
     """
     instance = folder.new_instance()
     with env.begin(write=True) as txn:
@@ -101,16 +101,21 @@ def reconcile(
             txn.delete(FOLLOWS, db=tables.counters)
         folder.write_marker(
             path,
-            folder.Marker(
-                created=marker.created if marker is not None else folder.now_iso(),
-                instance=instance,
-                previous_instance=held,
-            ),
+            folder.Marker(created=_created(marker), instance=instance, previous_instance=held),
         )
         txn.put(INSTANCE, instance.encode(), db=tables.counters)
+    # Committed: from now on only this instance is the folder's own. (Leaving the previous one
+    # accepted would let a copy of the file from one open ago pass for the current one.)
+    folder.write_marker(
+        path, folder.Marker(created=_created(marker), instance=instance, previous_instance="")
+    )
     identity = Identity(history_id, start, opened_as)
     _log(identity, position, None if follows is None else bytes(follows).decode())
     return identity
+
+
+def _created(marker: folder.Marker | None) -> str:
+    return marker.created if marker is not None else folder.now_iso()
 
 
 def _log(identity: Identity, position: int, followed: str | None) -> None:

@@ -89,9 +89,16 @@ def check_data_file(path: Path) -> str | None:
     metas = _valid_metas(head)
     if not metas:
         return f"{path} is not an LMDB data file (neither meta page is valid)"
+    if size < 2 * metas[0].page_size:
+        return f"{path} is {size} bytes, shorter than its two meta pages ({2 * metas[0].page_size})"
+    if len(metas) < 2:  # LMDB checks both and refuses the file, so say why here
+        return f"{path} has a damaged meta page (one of its two is not valid)"
+    if abs(metas[0].txnid - metas[1].txnid) > 1:  # LMDB writes them alternately: n and n +/- 1
+        return (
+            f"{path} has a damaged meta page (their transaction ids, {metas[0].txnid} and "
+            f"{metas[1].txnid}, cannot both be LMDB's)"
+        )
     meta = max(metas, key=lambda m: m.txnid)
-    if size < 2 * meta.page_size:
-        return f"{path} is {size} bytes, shorter than its two meta pages ({2 * meta.page_size})"
     needed = (meta.last_pg + 1) * meta.page_size
     if size < needed:
         return (

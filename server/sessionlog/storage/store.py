@@ -7,6 +7,7 @@ layout and its invariants.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 import threading
@@ -265,9 +266,7 @@ class Store:
             )
             try:
                 self.tables = Tables(self.env)
-                self.identity = identity.reconcile(
-                    self.env, self.tables, self.path, marker, config.replica_of
-                )
+                self.identity = _reconcile(self.env, self.tables, self.path, marker, config)
             except BaseException:
                 self.env.close()
                 raise
@@ -550,6 +549,32 @@ def _walk(cursor: lmdb.Cursor, what: str) -> Iterator[tuple[bytes, bytes]]:
             return
         key, value = item
         yield bytes(key), bytes(value)
+
+
+def _reconcile(
+    env: lmdb.Environment,
+    tables: Tables,
+    path: Path,
+    marker: folder.Marker | None,
+    config: StoreConfig,
+) -> identity.Identity:
+    """``identity.reconcile``, with a full disk (it writes the marker and one transaction)
+    turned into one line that says what to do."""
+    try:
+        return identity.reconcile(env, tables, path, marker, config.replica_of)
+    except (OSError, lmdb.Error) as exc:
+        if not _disk_full(exc):
+            raise
+        raise folder.FolderUnwritable(
+            f"cannot start on {str(path)!r}: the disk holding it is full ({exc}); free space "
+            "there and start again (nothing was changed)"
+        ) from None
+
+
+def _disk_full(exc: BaseException) -> bool:
+    if isinstance(exc, OSError):
+        return exc.errno in (errno.ENOSPC, errno.EDQUOT)
+    return isinstance(exc, lmdb.DiskError) or "No space left on device" in str(exc)
 
 
 def _check_holder(holder: str) -> None:

@@ -18,6 +18,8 @@ from sessionlog_client import _common as c
 from sessionlog_client._common import EventLike, MessageLike, Retry
 from sessionlog_client._status import is_unavailable, to_error
 from sessionlog_client.convert import messages_to_dicts
+from sessionlog_client.v1 import replication_service_pb2 as rpb
+from sessionlog_client.v1 import replication_service_pb2_grpc as rpb_grpc
 from sessionlog_client.v1 import session_log_service_pb2 as pb
 from sessionlog_client.v1 import session_log_service_pb2_grpc as pb_grpc
 from sessionlog_client.v1.event_pb2 import Event
@@ -281,9 +283,16 @@ class Client:
         else:
             self._channel = grpc.insecure_channel(target, options=conn.channel_options())
         self._stub: Any = pb_grpc.SessionLogServiceStub(self._channel)  # type: ignore[no-untyped-call]
+        self._replication: Any = rpb_grpc.ReplicationServiceStub(self._channel)  # type: ignore[no-untyped-call]
         self._streams: weakref.WeakSet[EventStream] = weakref.WeakSet()
 
     # -- lifecycle of the client ------------------------------------------------------------------
+
+    @property
+    def channel(self) -> grpc.Channel:
+        """The client's gRPC channel, for the server's other services (health, reflection,
+        replication); send ``connection.call_metadata()`` with each call for the token."""
+        return self._channel
 
     def close(self) -> None:
         """Close every open stream, then the channel."""
@@ -302,8 +311,10 @@ class Client:
     ) -> None:
         self.close()
 
-    def _call(self, method: str, request: Any, timeout: float | None, *, retry: bool) -> Any:
-        rpc = getattr(self._stub, method)
+    def _call(
+        self, method: str, request: Any, timeout: float | None, *, retry: bool, stub: Any = None
+    ) -> Any:
+        rpc = getattr(stub or self._stub, method)
         backoff = self.connection.retry.backoff() if retry else None
         while True:
             try:
@@ -573,4 +584,17 @@ class Client:
         """Give the lease up (``force=True``: an operator releasing another holder's lease)."""
         request = pb.ReleaseLeaseRequest(session_id=session_id, holder=holder, force=force)
         reply: pb.ReleaseLeaseResponse = self._call("ReleaseLease", request, timeout, retry=False)
+        return reply
+
+    # -- replication ------------------------------------------------------------------------------
+
+    def replication_status(
+        self, *, timeout: float | None = None
+    ) -> rpb.GetReplicationStatusResponse:
+        """The server's role, change-feed positions and, on a replica, its link to the primary
+        (state, lag, connected, history ids, detail). Needs a token without a session prefix."""
+        request = rpb.GetReplicationStatusRequest()
+        reply: rpb.GetReplicationStatusResponse = self._call(
+            "GetReplicationStatus", request, timeout, retry=True, stub=self._replication
+        )
         return reply

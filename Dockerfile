@@ -6,10 +6,12 @@
 
 FROM python:3.11-slim AS build
 WORKDIR /src
-# Only what the wheel is built from (see .dockerignore): the package metadata and the server.
+# Only what the wheels are built from (see .dockerignore): the package metadata, the server and
+# the Python client the CLI is built on (its own distribution, a dependency of the server's).
 COPY pyproject.toml README.md ./
 COPY server ./server
-RUN pip wheel --no-cache-dir --wheel-dir /wheels .
+COPY client/python ./client/python
+RUN pip wheel --no-cache-dir --wheel-dir /wheels ./client/python .
 
 FROM python:3.11-slim
 RUN useradd --system --no-log-init --uid 10001 --user-group --home-dir /data \

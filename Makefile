@@ -11,8 +11,8 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 
-$(VENV)/.run-stamp: pyproject.toml | $(BIN)/python
-	$(BIN)/pip install -q -e .
+$(VENV)/.run-stamp: pyproject.toml client/python/pyproject.toml | $(BIN)/python
+	$(BIN)/pip install -q -e client/python -e .
 	touch $@
 
 $(VENV)/.dev-stamp: pyproject.toml client/python/pyproject.toml | $(BIN)/python

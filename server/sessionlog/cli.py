@@ -1,7 +1,8 @@
 """The `sessionlog` command.
 
     sessionlog serve [--config FILE] [--data DIR] [--listen HOST:PORT] ... [--print-config]
-    sessionlog append | tail | surface | messages | get | sessions | fork | lease | health ...
+    sessionlog append | tail | surface | messages | create | seed | get | sessions | fork | lease
+    sessionlog health | replication status ...
     sessionlog admin stats | backup | restore | verify ...
     sessionlog replica resync ...
 
@@ -22,6 +23,7 @@ os.environ.setdefault("GRPC_VERBOSITY", "NONE")
 
 import argparse
 import asyncio
+import importlib.metadata
 import sys
 from collections.abc import Coroutine, Sequence
 from typing import Any, NoReturn
@@ -47,6 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="sessionlog",
         description="A gRPC event-log server for LLM agent sessions, stored in LMDB.",
     )
+    parser.add_argument("--version", action="version", version=f"sessionlog {_version()}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     serve_cmd = commands.add_parser(
         "serve",
@@ -63,12 +66,31 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _version() -> str:
+    try:
+        return importlib.metadata.version("sessionlog")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown (not installed)"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    if args.command == "serve":
-        return _serve(args)
-    return run_client(args)
+    try:
+        if args.command == "serve":
+            return _serve(args)
+        return run_client(args)
+    except BrokenPipeError:
+        return _reader_gone()
+
+
+def _reader_gone() -> int:
+    """stdout's reader went away (``| head``): end quietly, as Unix tools do. stdout now points
+    at /dev/null so that the interpreter's last flush cannot fail again."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+    return 0
 
 
 def run_event_loop(main: Coroutine[Any, Any, None]) -> None:

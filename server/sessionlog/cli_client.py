@@ -1,10 +1,18 @@
 """The client subcommands of `sessionlog`: talk to a running server from a terminal.
 
+Built on the Python client (``sessionlog_client``): its channel options, token, TLS, error
+classes and resuming follow; this module only parses arguments and prints.
+
 Exit codes scripts can rely on:
     0  success
-    1  the server refused the request (the line names the reason, e.g. SEQ_CONFLICT)
+    1  the server refused the request (the line names the reason, e.g. SEQ_CONFLICT), or
+       ``get`` found no such session
     2  bad usage
     3  the server could not be reached (or went away)
+
+``--json`` prints JSON for scripts on every command (``message_to_json``: 64-bit integers as
+numbers, enums by short name, whole numbers in event data as ints); streams and lists print
+one object per line.
 """
 
 from __future__ import annotations
@@ -12,20 +20,30 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import signal
 import sys
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, NoReturn
 
 import grpc
-from google.protobuf import json_format
-from google.protobuf.duration_pb2 import Duration
-from google.protobuf.message import Message
 
-from sessionlog.v1 import event_pb2, message_pb2
-from sessionlog.v1 import session_log_service_pb2 as pb
-from sessionlog.v1 import session_log_service_pb2_grpc as pb_grpc
+from sessionlog_client import Client, DeadlineExceeded, Retry, errors
+from sessionlog_client._status import to_error
+from sessionlog_client.convert import (
+    event_from_dict,
+    event_type,
+    message_to_dict,
+    message_to_json,
+    struct_to_dict,
+    type_name,
+)
+from sessionlog_client.v1 import event_pb2, message_pb2
+from sessionlog_client.v1 import replication_service_pb2 as rpb
+from sessionlog_client.v1 import replication_service_pb2_grpc as rpb_grpc
+from sessionlog_client.v1 import session_log_service_pb2 as pb
 
 EXIT_REFUSED = 1
 EXIT_USAGE = 2
@@ -39,56 +57,106 @@ ROLE_COLOURS = {
 }
 RESET = "\033[0m"
 
+# Event types that are messages: appending one with no content is almost always a mistake.
+MESSAGE_TYPES = frozenset(
+    {
+        event_pb2.EVENT_TYPE_SYSTEM_MESSAGE,
+        event_pb2.EVENT_TYPE_USER_MESSAGE,
+        event_pb2.EVENT_TYPE_ASSISTANT_MESSAGE,
+        event_pb2.EVENT_TYPE_TOOL_RESULT,
+    }
+)
+FOREVER = Retry(give_up_after=float("inf"))
+NO_RETRY = Retry(give_up_after=0.0)
+FOLLOW_HEARTBEAT = 5.0
+_HOST_PORT = re.compile(r"(\[[^\]]+\]|[^:\[\]/]+):(\d{1,5})")
+
+
+def server_address(value: str) -> str:
+    """--server: HOST:PORT ([v6]:PORT), or a gRPC target with a scheme (``unix:``, ``dns:``).
+    A bare host is refused: gRPC would silently try port 443."""
+    if ":/" in value or value.startswith("unix:"):
+        return value
+    match = _HOST_PORT.fullmatch(value)
+    if match is None or not 0 < int(match.group(2)) < 65536:
+        raise argparse.ArgumentTypeError(
+            f"--server takes HOST:PORT, e.g. 127.0.0.1:50051 (got {value!r})"
+        )
+    return value
+
 
 def add_commands(commands: Any) -> None:
     """Register the client subcommands on the `sessionlog` parser."""
-    common = connection_options(
-        os.environ.get("SESSIONLOG_SERVER", "127.0.0.1:50051"),
-        "server address HOST:PORT [env SESSIONLOG_SERVER] (default %(default)s)",
-    )
+    common = _common_flags()
 
     def sub(name: str, help_text: str, run: Callable[[argparse.Namespace], int]) -> Any:
         parser = commands.add_parser(name, help=help_text, description=help_text, parents=[common])
         parser.set_defaults(run=run)
         return parser
 
-    p = sub("append", "append one event to a session", _append)
+    p = sub("append", "append events to a session (one, or many from --events)", _append)
     p.add_argument("session_id")
     p.add_argument(
         "type",
+        nargs="?",
         help="event type, e.g. user_message, assistant_message, tool_result, turn_start",
     )
     p.add_argument("--content", help="shorthand for data {'content': CONTENT}")
     p.add_argument("--data", help="the event's data as a JSON object")
     p.add_argument("--replace", metavar="START:STOP", help="replace the range START..STOP")
+    p.add_argument(
+        "--events",
+        metavar="FILE",
+        help='events as JSON lines (or a JSON list), e.g. {"type": "user_message", "data": '
+        '{"content": "hi"}} (also "replace": [START, STOP], "time"); - reads stdin. '
+        "All are appended in one atomic batch",
+    )
     p.add_argument("--expected-seq", type=int, help="fail with SEQ_CONFLICT unless at this seq")
     p.add_argument("--request-id", default="", help="idempotency key")
     p.add_argument("--lease-holder", default="", help="the writer lease holder to write as")
-    p.add_argument("--json", action="store_true", help="print the stored event as JSON")
 
-    p = sub("tail", "print a session's events; follow new ones as they are appended", _tail)
-    p.add_argument("session_id")
-    p.add_argument("--from-seq", type=int, default=0, help="first seq to print (default 0)")
+    p = sub(
+        "tail",
+        "print a session's events and follow new ones; resumes by itself after a restart",
+        _tail,
+    )
+    p.add_argument("session_id", nargs="?", help="the session (or --prefix)")
+    p.add_argument("--from-seq", type=int, help="first seq to print (default 0)")
+    p.add_argument("--last", type=int, metavar="N", help="start with the last N stored events")
     p.add_argument("--no-follow", action="store_true", help="stop after the stored events")
-    p.add_argument("--json", action="store_true", help="one JSON object per line")
+    p.add_argument(
+        "--no-resume",
+        action="store_true",
+        help="exit (code 3) when the connection is lost, instead of resuming from the next seq",
+    )
+    p.add_argument(
+        "--prefix",
+        help="follow every session whose id starts with PREFIX, over the change feed "
+        "(needs an admin token without a session prefix)",
+    )
+    p.add_argument(
+        "--from-position",
+        type=int,
+        default=1,
+        help="with --prefix: the change-feed position to start at (default 1, the beginning; "
+        "each printed line names its position)",
+    )
 
     p = sub("surface", "print the events the model sees", _surface)
     p.add_argument("session_id")
     p.add_argument("--at-seq", type=int, help="as the surface was when the log ended here")
-    p.add_argument("--json", action="store_true", help="print the response as JSON")
 
     p = sub("messages", "print the derived messages as a transcript", _messages)
     p.add_argument("session_id")
     p.add_argument("--at-seq", type=int, help="as the model saw them when the log ended here")
-    p.add_argument("--json", action="store_true", help="print the response as JSON")
 
     p = sub("create", "create a session with initial events, atomically", _create)
     p.add_argument("session_id")
     p.add_argument(
         "--events",
         metavar="FILE",
-        help='JSON list of events, e.g. [{"type": "system_message", "data": {"content": "hi"}}]'
-        " ('-' reads stdin; default: no events)",
+        help='events as a JSON list or JSON lines, e.g. [{"type": "system_message", "data": '
+        '{"content": "hi"}}] (- reads stdin; default: no events)',
     )
 
     p = sub("seed", "create a session from chat messages (OpenAI format)", _seed)
@@ -105,7 +173,6 @@ def add_commands(commands: Any) -> None:
     p = sub("sessions", "list sessions in id order", _sessions)
     p.add_argument("--prefix", default="", help="only ids starting with this")
     p.add_argument("--limit", type=int, default=100, help="at most this many (default 100)")
-    p.add_argument("--json", action="store_true", help="one JSON object per line")
 
     p = sub("fork", "copy a session's events 0..AT_SEQ into a new session (rewind)", _fork)
     p.add_argument("parent_session_id")
@@ -122,6 +189,35 @@ def add_commands(commands: Any) -> None:
     p = sub("health", "check the server's gRPC health: exit 0 when SERVING, 1 otherwise", _health)
     p.add_argument("--service", default="", help="one service's health (default: the server's)")
 
+    replication = commands.add_parser(
+        "replication", help="replication of a server", description="Replication of a server."
+    )
+    actions = replication.add_subparsers(dest="action", metavar="ACTION", required=True)
+    p = actions.add_parser(
+        "status",
+        help="role, state, positions, lag, link and history ids of a primary or replica",
+        description="GetReplicationStatus: role, state, positions, lag, connected, history ids "
+        "and detail (needs a token without a session prefix).",
+        parents=[common],
+    )
+    p.set_defaults(run=_replication_status)
+
+
+def _common_flags() -> argparse.ArgumentParser:
+    common = connection_options(
+        os.environ.get("SESSIONLOG_SERVER", "127.0.0.1:50051"),
+        "server address HOST:PORT [env SESSIONLOG_SERVER] (default %(default)s)",
+    )
+    common.add_argument(
+        "--json", action="store_true", help="JSON for scripts (one object per line for lists)"
+    )
+    common.add_argument(
+        "--no-color",
+        action="store_true",
+        help="no colours even on a terminal (so does a non-empty NO_COLOR variable)",
+    )
+    return common
+
 
 def connection_options(
     server_default: str | None, server_help: str, timeout_default: float = 10.0
@@ -129,7 +225,7 @@ def connection_options(
     """A parent parser with what every command that calls a server takes: --server, --timeout,
     --token and the TLS files; ``channel`` turns the parsed values into a channel."""
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--server", default=server_default, help=server_help)
+    common.add_argument("--server", type=server_address, default=server_default, help=server_help)
     common.add_argument(
         "--timeout",
         type=float,
@@ -163,48 +259,54 @@ def connection_options(
 
 
 def run_client(args: argparse.Namespace) -> int:
-    """Run a client subcommand, turning gRPC failures into one line and an exit code."""
+    """Run a client subcommand, turning failures into one line and an exit code."""
     # Ctrl-C ends a command (exit 130) even when started from a shell or job that ignores
     # SIGINT, as background jobs do: Python keeps an inherited "ignore" otherwise.
     signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         code: int = args.run(args)
         return code
-    except grpc.RpcError as error:
+    except errors.SessionLogError as error:
         return _report(error)
+    except grpc.RpcError as error:  # a call made on the client's channel directly
+        return _report(to_error(error))
     except KeyboardInterrupt:
         return 130
-    except BrokenPipeError:
-        return 0
 
 
-def _report(error: grpc.RpcError) -> int:
-    code = error.code()
-    reason = _reason(error) or code.name
-    details = " ".join((error.details() or "").split())  # one line, whatever the server said
-    print(f"sessionlog: {reason}: {details}", file=sys.stderr)
-    unreachable = code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+def _report(error: errors.SessionLogError) -> int:
+    details = " ".join(error.message.split())  # one line, whatever the server said
+    print(f"sessionlog: {error.reason}: {details}", file=sys.stderr)
+    unreachable = isinstance(error, errors.Unavailable | DeadlineExceeded | errors.StorageIoError)
     return EXIT_UNREACHABLE if unreachable else EXIT_REFUSED
-
-
-def _reason(error: grpc.RpcError) -> str:
-    from google.rpc import error_details_pb2
-    from grpc_status import rpc_status
-
-    status = rpc_status.from_call(error)
-    if status is None:
-        return ""
-    for detail in status.details:
-        info = error_details_pb2.ErrorInfo()
-        if detail.Unpack(info):
-            return str(info.reason)
-    return ""
 
 
 def _usage(message: str) -> NoReturn:
     """A bad argument value: one line on stderr and exit 2, like argparse's own usage errors."""
     print(f"sessionlog: {message}", file=sys.stderr)
     raise SystemExit(EXIT_USAGE)
+
+
+def _client(args: argparse.Namespace, retry: Retry = NO_RETRY) -> Client:
+    """A client of --server: TLS when --tls-ca is given, the token on every call. One-shot
+    commands do not retry (the person or script at the prompt decides); a wrong address fails
+    at once, naming it."""
+    tls: dict[str, Any] = {}
+    if args.tls_ca:
+        tls = {
+            "root_certificates": _read_file(args.tls_ca),
+            "certificate_chain": _read_file(args.tls_cert) if args.tls_cert else None,
+            "private_key": _read_file(args.tls_key) if args.tls_key else None,
+        }
+    return Client(
+        args.server,
+        timeout=args.timeout,
+        token=args.token or None,
+        retry=retry,
+        # Accept replies as large as any server limit (--max-message-size).
+        max_message_bytes=2**31 - 1,
+        **tls,
+    )
 
 
 def channel(args: argparse.Namespace) -> grpc.Channel:
@@ -244,34 +346,73 @@ class _Bearer(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientIntercepto
         return continuation(self._with_token(details), request)
 
 
-def _stub(args: argparse.Namespace) -> pb_grpc.SessionLogServiceStub:
-    return pb_grpc.SessionLogServiceStub(channel(args))  # type: ignore[no-untyped-call]
+def _read_file(path: str) -> bytes:
+    try:
+        return Path(path).read_bytes()
+    except OSError as exc:
+        _usage(f"cannot read a TLS file: {exc}")
 
 
-def _json(message: Message) -> str:
-    """One line of JSON; zero values included (the first event's seq is 0, and scripts read it)."""
-    return json_format.MessageToJson(
-        message,
-        indent=None,
-        preserving_proto_field_name=True,
-        always_print_fields_with_no_presence=True,
-    )
+def _print_json(value: Any) -> None:
+    print(json.dumps(value, ensure_ascii=False))
+
+
+def _colour(args: argparse.Namespace) -> bool:
+    """Colour only on a terminal, and never with --no-color or a non-empty NO_COLOR."""
+    return sys.stdout.isatty() and not args.no_color and not os.environ.get("NO_COLOR")
 
 
 def _event_type(name: str) -> event_pb2.EventType:
-    key = name.upper()
-    if not key.startswith("EVENT_TYPE_"):
-        key = f"EVENT_TYPE_{key}"
     try:
-        value: event_pb2.EventType = event_pb2.EventType.Value(key)  # type: ignore[assignment]
-    except ValueError:
-        names = ", ".join(n[len("EVENT_TYPE_") :].lower() for n in event_pb2.EventType.keys()[1:])
-        _usage(f"unknown event type {name!r}; one of: {names}")
-    return value
+        return event_type(name)
+    except ValueError as exc:
+        _usage(str(exc))
+
+
+# -- append ----------------------------------------------------------------------------------------
 
 
 def _append(args: argparse.Namespace) -> int:
+    events = _batch(args) if args.events else [_one_event(args)]
+    with _client(args) as client:
+        reply = client.append(
+            args.session_id,
+            events,
+            expected_seq=args.expected_seq,
+            request_id=args.request_id,
+            lease_holder=args.lease_holder,
+        )
+    if args.json:
+        _print_json(message_to_json(reply))
+    else:
+        for stored in reply.events:
+            print(f"appended seq {stored.seq}; next seq {reply.next_seq}")
+    return 0
+
+
+def _batch(args: argparse.Namespace) -> list[event_pb2.Event]:
+    if args.type or args.content is not None or args.data or args.replace:
+        _usage("--events FILE takes the events from the file: give no TYPE, --content, --data")
+    items = _json_items(args.events, "events")
+    if not items:
+        _usage(f"no events in {args.events!r}")
+    return [_event_from_item(item, number) for number, item in enumerate(items, start=1)]
+
+
+def _event_from_item(item: dict[str, Any], number: int) -> event_pb2.Event:
+    try:
+        built: event_pb2.Event = event_from_dict(item)
+    except (ValueError, TypeError) as exc:
+        _usage(f"event {number}: {exc}")
+    return built
+
+
+def _one_event(args: argparse.Namespace) -> event_pb2.Event:
+    if not args.type:
+        _usage("append needs an event TYPE (e.g. user_message) or --events FILE")
     event = event_pb2.Event(type=_event_type(args.type))
+    if args.content is None and args.data is None and event.type in MESSAGE_TYPES:
+        _usage(f"{args.type} needs --content TEXT or --data JSON (or --events FILE)")
     if args.data:
         try:
             data = json.loads(args.data)
@@ -289,59 +430,100 @@ def _append(args: argparse.Namespace) -> int:
             event.surface_op.replace.stop_seq = int(stop)
         except ValueError:
             _usage("--replace takes START:STOP, e.g. 0:5")
-    request = pb.AppendRequest(
-        session_id=args.session_id,
-        events=[event],
-        request_id=args.request_id,
-        lease_holder=args.lease_holder,
-    )
-    if args.expected_seq is not None:
-        request.expected_seq = args.expected_seq
-    reply = _stub(args).Append(request, timeout=args.timeout)
-    if args.json:
-        print(_json(reply))
-    else:
-        for stored in reply.events:
-            print(f"appended seq {stored.seq}; next seq {reply.next_seq}")
-    return 0
+    return event
+
+
+# -- tail ------------------------------------------------------------------------------------------
 
 
 def _tail(args: argparse.Namespace) -> int:
-    request = pb.SinceRequest(
-        session_id=args.session_id, seq=args.from_seq, follow=not args.no_follow
-    )
-    stream = _stub(args).Since(request)
-    try:
-        for event in _events(stream):
-            print(_json(event) if args.json else _pretty_event(event), flush=True)
-    finally:
-        stream.cancel()
+    if (args.session_id is None) == (args.prefix is None):
+        _usage("tail takes a SESSION_ID or --prefix PREFIX (one of them)")
+    if args.from_seq is not None and args.last is not None:
+        _usage("give --from-seq or --last, not both")
+    if args.prefix is not None:
+        return _tail_prefix(args)
+    retry = NO_RETRY if args.no_resume else FOREVER
+    with _client(args, retry=retry) as client:
+        seq = args.from_seq or 0
+        if args.last is not None:
+            count = client.get_session(args.session_id).session.event_count
+            seq = max(0, count - max(0, args.last))
+        if args.no_follow:
+            events: Iterator[event_pb2.Event] = client.since(args.session_id, seq)
+        else:
+            events = client.follow(args.session_id, seq, heartbeat=FOLLOW_HEARTBEAT)
+        for event in events:
+            print(_json_line(event) if args.json else _pretty_event(event), flush=True)
     return 0
 
 
-def _events(stream: Iterator[pb.SinceResponse]) -> Iterator[event_pb2.Event]:
-    for response in stream:
-        yield from response.events
+def _tail_prefix(args: argparse.Namespace) -> int:
+    """Every event of every session under the prefix, from the change feed, resuming from the
+    next position after a lost connection (unless --no-resume)."""
+    retry = NO_RETRY if args.no_resume else FOREVER
+    with _client(args, retry=retry) as client:
+        for position, session_id, event in _feed_events(client, args, retry):
+            if args.json:
+                line = {"position": position, "session_id": session_id, **message_to_json(event)}
+                print(json.dumps(line, ensure_ascii=False), flush=True)
+            else:
+                print(f"{position:>6}  {session_id}  {_pretty_event(event)}", flush=True)
+    return 0
+
+
+def _feed_events(
+    client: Client, args: argparse.Namespace, retry: Retry
+) -> Iterator[tuple[int, str, event_pb2.Event]]:
+    stub: Any = rpb_grpc.ReplicationServiceStub(client.channel)  # type: ignore[no-untyped-call]
+    position = max(1, args.from_position)
+    backoff = retry.backoff()
+    while True:
+        request = rpb.ChangesRequest(start_position=position, follow=not args.no_follow)
+        if not args.no_follow:
+            request.heartbeat_interval.FromSeconds(int(FOLLOW_HEARTBEAT))
+        call = stub.Changes(request, metadata=client.connection.call_metadata())
+        try:
+            for response in call:
+                backoff.reset()
+                for change in response.changes:
+                    position = change.position + 1
+                    if change.session_id.startswith(args.prefix):
+                        for event in change.events:
+                            yield change.position, change.session_id, event
+            return
+        except grpc.RpcError as error:
+            delay = backoff.next() if error.code() == grpc.StatusCode.UNAVAILABLE else None
+            if delay is None:
+                raise to_error(error) from error
+        finally:
+            call.cancel()
+        time.sleep(delay)
+
+
+def _json_line(event: event_pb2.Event) -> str:
+    return json.dumps(message_to_json(event), ensure_ascii=False)
 
 
 def _pretty_event(event: event_pb2.Event) -> str:
-    kind = event_pb2.EventType.Name(event.type)[len("EVENT_TYPE_") :].lower()
+    kind = type_name(event.type)
     when = event.time.ToDatetime().strftime("%H:%M:%S.%f")[:-3]
     op = ""
     if event.surface_op.WhichOneof("kind") == "replace":
         r = event.surface_op.replace
         op = f" replaces {r.start_seq}..{r.stop_seq}"
-    data = json_format.MessageToDict(event.data) if event.data.fields else {}
+    data = struct_to_dict(event.data)
     return f"{event.seq:>6}  {when}  {kind}{op}  {json.dumps(data, ensure_ascii=False)}"
 
 
+# -- reads -----------------------------------------------------------------------------------------
+
+
 def _surface(args: argparse.Namespace) -> int:
-    request = pb.SurfaceRequest(session_id=args.session_id)
-    if args.at_seq is not None:
-        request.at_seq = args.at_seq
-    reply = _stub(args).Surface(request, timeout=args.timeout)
+    with _client(args) as client:
+        reply = client.surface(args.session_id, at_seq=args.at_seq)
     if args.json:
-        print(_json(reply))
+        _print_json(message_to_json(reply))
     else:
         for event in reply.events:
             print(_pretty_event(event))
@@ -349,29 +531,26 @@ def _surface(args: argparse.Namespace) -> int:
 
 
 def _messages(args: argparse.Namespace) -> int:
-    request = pb.DeriveMessagesRequest(session_id=args.session_id)
-    if args.at_seq is not None:
-        request.at_seq = args.at_seq
-    stub = _stub(args)
-    reply = stub.DeriveMessages(request, timeout=args.timeout)
+    with _client(args) as client:
+        reply = client.derive_messages(args.session_id, at_seq=args.at_seq)
+        replaced = {} if args.json else _replaced_ranges(client, args.session_id, reply)
     if args.json:
-        print(_json(reply))
+        _print_json(_messages_json(reply))
         return 0
-    for line in _transcript(reply, _replaced_ranges(stub, args, reply), sys.stdout.isatty()):
+    for line in _transcript(reply, replaced, _colour(args)):
         print(line)
     return 0
 
 
 def _replaced_ranges(
-    stub: pb_grpc.SessionLogServiceStub, args: argparse.Namespace, reply: pb.DeriveMessagesResponse
+    client: Client, session_id: str, reply: pb.DeriveMessagesResponse
 ) -> dict[int, tuple[int, int]]:
     """The replace range of each message that comes from a replace event (a summary), by seq.
     DeriveMessages names no ranges; the surface at the same length does, and a seq's range never
     changes, so the two calls agree even if events are appended in between."""
     if not reply.replace_generation or not reply.event_count:
         return {}
-    request = pb.SurfaceRequest(session_id=args.session_id, at_seq=reply.event_count - 1)
-    surface = stub.Surface(request, timeout=args.timeout)
+    surface = client.surface(session_id, at_seq=reply.event_count - 1)
     return {
         e.seq: (e.surface_op.replace.start_seq, e.surface_op.replace.stop_seq)
         for e in surface.events
@@ -399,7 +578,7 @@ def _transcript(
         content = message.content if message.HasField("content") else ""
         yield f"[{seq}] {label}{extra}:{' ' if content else ''}{content}"
         for call in message.tool_calls:
-            name, arguments, call_id = _tool_call(json_format.MessageToDict(call))
+            name, arguments, call_id = _tool_call(struct_to_dict(call))
             if call_id:
                 calls[call_id] = (name, seq)
             yield f"      -> {name}({arguments})" + (f"  [call {call_id}]" if call_id else "")
@@ -409,7 +588,7 @@ def _tool_call(call: dict[str, Any]) -> tuple[str, str, str]:
     """(name, arguments, id) of a tool call in OpenAI's shape ({id, function: {name, arguments}})
     or a flat one. Arguments given as a JSON string print as written, in the caller's key order;
     an object went through a protobuf Struct, which keeps no key order, so it prints compact with
-    sorted keys (and whole numbers, which a Struct holds as doubles, without ".0")."""
+    sorted keys (whole numbers without ".0": see ``struct_to_dict``)."""
     function = call.get("function")
     if not isinstance(function, dict):
         function = {}
@@ -418,7 +597,7 @@ def _tool_call(call: dict[str, Any]) -> tuple[str, str, str]:
     if arguments is None:
         arguments = ""
     elif not isinstance(arguments, str):
-        arguments = json.dumps(_whole(arguments), ensure_ascii=False, sort_keys=True)
+        arguments = json.dumps(arguments, ensure_ascii=False, sort_keys=True)
     call_id = call.get("id")
     return (
         name if isinstance(name, str) else "tool",
@@ -427,15 +606,20 @@ def _tool_call(call: dict[str, Any]) -> tuple[str, str, str]:
     )
 
 
-def _whole(value: Any) -> Any:
-    """``value`` with integral floats as ints, nested lists and objects included."""
-    if isinstance(value, float) and value.is_integer():
-        return int(value)
-    if isinstance(value, dict):
-        return {k: _whole(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_whole(v) for v in value]
-    return value
+def _messages_json(reply: pb.DeriveMessagesResponse) -> dict[str, Any]:
+    """The derived messages in the chat format the clients use (``message_to_dict`` with its
+    extras: reasoning_content, metadata, created_at), each with the seq it came from."""
+    messages = []
+    for seq, message in zip(reply.seqs, reply.messages, strict=True):
+        chat = message_to_dict(message, extra=True)
+        if "created_at" in chat:
+            chat["created_at"] = message.created_at.ToJsonString()
+        messages.append({"seq": seq, **chat})
+    return {
+        "messages": messages,
+        "event_count": reply.event_count,
+        "replace_generation": reply.replace_generation,
+    }
 
 
 def _health(args: argparse.Namespace) -> int:
@@ -443,131 +627,160 @@ def _health(args: argparse.Namespace) -> int:
     answer but SERVING (unreachable, unknown service, refused) exits 1."""
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-    with channel(args) as opened:
-        stub = health_pb2_grpc.HealthStub(opened)
+    with _client(args) as client:
+        stub = health_pb2_grpc.HealthStub(client.channel)
         try:
             reply = stub.Check(
                 health_pb2.HealthCheckRequest(service=args.service),
                 timeout=args.timeout,
+                metadata=client.connection.call_metadata(),
             )
         except grpc.RpcError as error:
             details = " ".join((error.details() or "").split())
             print(f"{args.server}: {error.code().name}: {details or 'no details'}", file=sys.stderr)
             return 1
     status = health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
-    print(status)
+    if args.json:
+        _print_json({"status": status})
+    else:
+        print(status)
     return 0 if reply.status == health_pb2.HealthCheckResponse.SERVING else 1
 
 
-def _json_list(source: str, what: str) -> list[Any]:
+def _replication_status(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        reply = client.replication_status()
+    status = message_to_json(reply)
+    if args.json:
+        _print_json(status)
+    else:
+        width = max(len(name) for name in status)
+        for name, value in status.items():
+            print(f"{name:<{width}}  {'' if value is None else value}")
+    return 0
+
+
+# -- sessions --------------------------------------------------------------------------------------
+
+
+def _json_items(source: str, what: str) -> list[dict[str, Any]]:
+    """A JSON list of objects, or JSON lines (one object per line, blank lines skipped)."""
     try:
         text = sys.stdin.read() if source == "-" else Path(source).read_text()
-        items = json.loads(text)
-    except (OSError, json.JSONDecodeError) as exc:
+    except OSError as exc:
+        _usage(f"cannot read {what} from {source!r}: {exc}")
+    try:
+        items = json.loads(text) if text.lstrip().startswith("[") else _json_lines(text)
+    except json.JSONDecodeError as exc:
         _usage(f"cannot read {what} from {source!r}: {exc}")
     if not isinstance(items, list) or not all(isinstance(i, dict) for i in items):
-        _usage(f"{what} must be a JSON list of objects")
+        _usage(f"{what} must be JSON objects, as a list or one per line")
+    return items
+
+
+def _json_lines(text: str) -> list[Any]:
+    items = []
+    for number, line in enumerate(text.splitlines(), start=1):
+        if line.strip():
+            try:
+                items.append(json.loads(line))
+            except json.JSONDecodeError as exc:
+                raise json.JSONDecodeError(f"line {number}: {exc.msg}", exc.doc, exc.pos) from None
     return items
 
 
 def _create(args: argparse.Namespace) -> int:
-    events = []
-    for item in _json_list(args.events, "events") if args.events else []:
-        event = event_pb2.Event(type=_event_type(str(item.get("type", ""))))
-        data = item.get("data", {})
-        if not isinstance(data, dict):
-            _usage("each event's data must be a JSON object")
-        event.data.update(data)
-        events.append(event)
-    reply = _stub(args).CreateSession(
-        pb.CreateSessionRequest(session_id=args.session_id, events=events), timeout=args.timeout
-    )
-    print(f"created {reply.session.session_id} with {reply.session.event_count} events")
+    items = _json_items(args.events, "events") if args.events else []
+    events = [_event_from_item(item, number) for number, item in enumerate(items, start=1)]
+    with _client(args) as client:
+        reply = client.create_session(args.session_id, events)
+    if args.json:
+        _print_json(message_to_json(reply))
+    else:
+        print(f"created {reply.session.session_id} with {reply.session.event_count} events")
     return 0
 
 
-_ROLES = {"system": 1, "user": 2, "assistant": 3, "tool": 4}
-
-
 def _seed(args: argparse.Namespace) -> int:
-    messages = []
-    for item in _json_list(args.messages, "messages"):
-        message = message_pb2.Message(role=_ROLES.get(str(item.get("role")), 0))  # type: ignore[arg-type]
-        for key in ("content", "reasoning_content", "tool_call_id", "name"):
-            if isinstance(item.get(key), str):
-                setattr(message, key, item[key])
-        for call in item.get("tool_calls") or []:
-            message.tool_calls.add().update(call)
-        messages.append(message)
-    reply = _stub(args).SeedSession(
-        pb.SeedSessionRequest(session_id=args.session_id, messages=messages),
-        timeout=args.timeout,
-    )
+    messages = _json_items(args.messages, "messages")
+    with _client(args) as client:
+        reply = client.seed_session(args.session_id, messages)
+    if args.json:
+        _print_json(message_to_json(reply))
+        return 0
     dropped = f"; dropped {len(reply.drops)} of unknown role" if reply.drops else ""
     print(f"seeded {reply.session.session_id} with {reply.session.event_count} events{dropped}")
     return 0
 
 
 def _get(args: argparse.Namespace) -> int:
-    reply = _stub(args).GetSession(
-        pb.GetSessionRequest(session_id=args.session_id), timeout=args.timeout
-    )
-    print(json_format.MessageToJson(reply, preserving_proto_field_name=True))
+    with _client(args) as client:
+        reply = client.get_session(args.session_id)
+    if not reply.session.exists:
+        print(f"sessionlog: NOT_FOUND: no session {args.session_id!r}", file=sys.stderr)
+        return EXIT_REFUSED
+    described = message_to_json(reply)
+    if args.json:
+        _print_json(described)
+        return 0
+    for name, value in described["session"].items():
+        print(f"{name:<18}  {_text(value)}")
+    for entry in described["lease_audit"]:
+        print(f"{'lease audit':<18}  {_text(entry)}")
     return 0
 
 
+def _text(value: Any) -> str:
+    """A value of a described session as text: objects as compact JSON, others as they are."""
+    if isinstance(value, dict | list):
+        return json.dumps(value, ensure_ascii=False)
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    return str(value)
+
+
 def _sessions(args: argparse.Namespace) -> int:
-    stub = _stub(args)
-    token, shown = "", 0
-    while shown < args.limit:
-        reply = stub.ListSessions(
-            pb.ListSessionsRequest(
-                page_size=min(1000, args.limit - shown), page_token=token, prefix=args.prefix
-            ),
-            timeout=args.timeout,
-        )
-        for session in reply.sessions:
-            if args.json:
-                print(_json(session))
-            else:
-                print(f"{session.session_id}\t{session.event_count} events")
-        shown += len(reply.sessions)
-        token = reply.next_page_token
-        if not token:
-            break
+    shown = 0
+    with _client(args) as client:
+        pages = client.list_sessions(prefix=args.prefix, page_size=min(1000, max(1, args.limit)))
+        for page in pages:
+            for session in page.sessions[: args.limit - shown]:
+                if args.json:
+                    _print_json(message_to_json(session))
+                else:
+                    print(f"{session.session_id}\t{session.event_count} events")
+                shown += 1
+            if shown >= args.limit:
+                break
     return 0
 
 
 def _fork(args: argparse.Namespace) -> int:
-    request = pb.ForkSessionRequest(parent_session_id=args.parent_session_id, session_id=args.to)
-    if args.at_seq is not None:
-        request.at_seq = args.at_seq
-    reply = _stub(args).ForkSession(request, timeout=args.timeout)
-    print(reply.session.session_id)
+    with _client(args) as client:
+        reply = client.fork_session(args.parent_session_id, at_seq=args.at_seq, session_id=args.to)
+    if args.json:
+        _print_json(message_to_json(reply))
+    else:
+        print(reply.session.session_id)
     return 0
 
 
 def _lease(args: argparse.Namespace) -> int:
-    stub = _stub(args)
-    ttl = Duration()
-    ttl.FromNanoseconds(int(args.ttl * 1e9))
-    reply: Message
-    if args.action == "acquire":
-        reply = stub.AcquireLease(
-            pb.AcquireLeaseRequest(session_id=args.session_id, holder=args.holder, ttl=ttl),
-            timeout=args.timeout,
-        )
-    elif args.action == "renew":
-        reply = stub.RenewLease(
-            pb.RenewLeaseRequest(session_id=args.session_id, holder=args.holder, ttl=ttl),
-            timeout=args.timeout,
-        )
+    with _client(args) as client:
+        if args.action == "acquire":
+            reply: Any = client.acquire_lease(args.session_id, args.holder, ttl=args.ttl)
+        elif args.action == "renew":
+            reply = client.renew_lease(args.session_id, args.holder, ttl=args.ttl)
+        else:
+            reply = client.release_lease(args.session_id, args.holder, force=args.force)
+    if args.json:
+        _print_json(message_to_json(reply))
+    elif args.action == "release":
+        print(f"released the lease of {args.session_id} (token {reply.released.token})")
     else:
-        reply = stub.ReleaseLease(
-            pb.ReleaseLeaseRequest(
-                session_id=args.session_id, holder=args.holder, force=args.force
-            ),
-            timeout=args.timeout,
+        lease = reply.lease
+        print(
+            f"{lease.holder} holds the lease of {args.session_id}: token {lease.token}, "
+            f"expires {lease.expire_time.ToJsonString()}"
         )
-    print(_json(reply))
     return 0

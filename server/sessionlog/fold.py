@@ -96,7 +96,7 @@ def check_session_id(session_id: str) -> None:
             continue
         raise errors.InvalidSessionId(
             "a session id may hold only letters, numbers, combining marks, '_', '.' and '-'; "
-            f"character {i} is not one of them",
+            f"character {i} (counting from 0) is {ch!r}, not one of them",
             position=i,
         )
 

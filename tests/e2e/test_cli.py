@@ -81,8 +81,8 @@ def test_append_content_data_and_replace(server: ThreadedServer, tmp_path: Path)
         "--expected-seq", "2", "--json",
     )  # fmt: skip
     reply = json.loads(replaced)
-    assert reply["next_seq"] == "3"
-    assert reply["events"][0]["surface_op"]["replace"] == {"start_seq": "0", "stop_seq": "1"}
+    assert reply["next_seq"] == 3
+    assert reply["events"][0]["surface_op"]["replace"] == {"start_seq": 0, "stop_seq": 1}
     with Client(server.address) as client:
         stored = list(client.since("s"))
         assert [e.data["content"] for e in stored] == ["hi", "b", "[sum]"]
@@ -103,9 +103,9 @@ def test_tail_without_follow_pretty_and_json(server: ThreadedServer, tmp_path: P
     assert '"content": "zero"' in pretty[0]
     lines = ok(server, tmp_path, "tail", "t", "--no-follow", "--json", "--from-seq", "1")
     parsed = [json.loads(line) for line in lines.splitlines()]
-    assert [(p["seq"], p["data"]["content"]) for p in parsed] == [("1", "one"), ("2", "two")]
+    assert [(p["seq"], p["data"]["content"]) for p in parsed] == [(1, "one"), (2, "two")]
     first = json.loads(ok(server, tmp_path, "tail", "t", "--no-follow", "--json").splitlines()[0])
-    assert first["seq"] == "0", "seq 0 must be printed, scripts read it"
+    assert first["seq"] == 0, "seq 0 must be printed, scripts read it"
 
 
 def test_tail_follows_live_events_until_interrupted(server: ThreadedServer, tmp_path: Path) -> None:
@@ -154,7 +154,7 @@ def test_surface_and_messages_show_the_model_view(server: ThreadedServer, tmp_pa
     surface = ok(server, tmp_path, "surface", "v").splitlines()
     assert [line.split()[0] for line in surface] == ["3", "2"]
     assert "replaces 0..1" in surface[0]
-    assert json.loads(ok(server, tmp_path, "surface", "v", "--json"))["event_count"] == "4"
+    assert json.loads(ok(server, tmp_path, "surface", "v", "--json"))["event_count"] == 4
     transcript = ok(server, tmp_path, "messages", "v")
     assert transcript.splitlines() == ["[3] system [replaces seqs 0-1]: [sum]", "[2] user: c"]
     assert "\033[" not in transcript
@@ -267,13 +267,13 @@ def test_sessions_get_and_fork(server: ThreadedServer, tmp_path: Path) -> None:
     assert ok(server, tmp_path, "sessions", "--limit", "1").splitlines() == ["p-one\t2 events"]
     listed = [json.loads(x) for x in ok(server, tmp_path, "sessions", "--json").splitlines()]
     assert [s["session_id"] for s in listed] == ["p-one", "p-two", "q"]
-    described = json.loads(ok(server, tmp_path, "get", "p-one"))
-    assert described["session"]["event_count"] == "2"
+    described = json.loads(ok(server, tmp_path, "get", "p-one", "--json"))
+    assert described["session"]["event_count"] == 2
     forked = ok(server, tmp_path, "fork", "p-one", "--at-seq", "0", "--to", "p-rewound").strip()
     assert forked == "p-rewound"
-    child = json.loads(ok(server, tmp_path, "get", "p-rewound"))["session"]
+    child = json.loads(ok(server, tmp_path, "get", "p-rewound", "--json"))["session"]
     assert child["parent_session_id"] == "p-one"
-    assert child["event_count"] == "1"
+    assert child["event_count"] == 1
     generated = ok(server, tmp_path, "fork", "p-two").strip()
     assert generated
     assert generated != "p-two"
@@ -281,7 +281,9 @@ def test_sessions_get_and_fork(server: ThreadedServer, tmp_path: Path) -> None:
 
 def test_lease_acquire_renew_release(server: ThreadedServer, tmp_path: Path) -> None:
     """lease acquire/renew/release print the lease; another holder is refused with LEASE_HELD."""
-    acquired = json.loads(ok(server, tmp_path, "lease", "acquire", "l", "w1", "--ttl", "30"))
+    acquired = json.loads(
+        ok(server, tmp_path, "lease", "acquire", "l", "w1", "--ttl", "30", "--json")
+    )
     token = acquired["lease"]["token"]
     assert acquired["lease"]["holder"] == "w1"
     refused = cli(server, tmp_path, "lease", "acquire", "l", "w2")
@@ -291,9 +293,9 @@ def test_lease_acquire_renew_release(server: ThreadedServer, tmp_path: Path) -> 
     assert blocked.returncode == 1
     assert "LEASE_HELD" in blocked.stderr
     ok(server, tmp_path, "append", "l", "user_message", "--content", "x", "--lease-holder", "w1")
-    renewed = json.loads(ok(server, tmp_path, "lease", "renew", "l", "w1", "--ttl", "60"))
-    assert renewed["lease"]["token"] == token
-    released = json.loads(ok(server, tmp_path, "lease", "release", "l", "w1"))
+    renewed = ok(server, tmp_path, "lease", "renew", "l", "w1", "--ttl", "60")
+    assert renewed.startswith(f"w1 holds the lease of l: token {token}, expires ")
+    released = json.loads(ok(server, tmp_path, "lease", "release", "l", "w1", "--json"))
     assert released["released"]["token"] == token
 
 
@@ -305,7 +307,9 @@ def test_refusal_exits_1_with_the_reason_on_one_line(
 ) -> None:
     """A refused append: exit 1, stdout empty, one stderr line naming SEQ_CONFLICT."""
     seed(server, "c", "one")
-    result = cli(server, tmp_path, "append", "c", "user_message", "--expected-seq", "0")
+    result = cli(
+        server, tmp_path, "append", "c", "user_message", "--content", "x", "--expected-seq", "0"
+    )
     assert result.returncode == 1
     assert result.stdout == ""
     assert result.stderr.count("\n") == 1

@@ -262,14 +262,72 @@ def test_client_errors_module_mirrors_the_server_hierarchy() -> None:
     assert len(shape(errors)) >= 25
 
 
-def test_unreachable_server_raises_unavailable_after_the_retry_budget() -> None:
-    """Nothing listening: Unavailable, after retrying for about give_up_after seconds."""
+def test_server_gone_after_first_contact_is_retried_for_the_budget(tmp_path: Path) -> None:
+    """A server that answered once and then went away: Unavailable only after retrying for
+    about give_up_after seconds (it may be restarting)."""
     retry = Retry(give_up_after=0.5, initial_backoff=0.05, max_backoff=0.1)
-    with Client(f"127.0.0.1:{free_port()}", retry=retry, timeout=2) as dead:
+    with running_server(tmp_path / "data") as running:
+        client = Client(running.address, retry=retry, timeout=2)
+        client.get_session("s")
+    with client:
         started = time.monotonic()
         with pytest.raises(errors.Unavailable):
-            dead.append("s", users("lost"))
+            client.append("s", users("lost"))
         assert 0.4 < time.monotonic() - started < 5
+
+
+def test_wrong_address_fails_at_once_naming_it() -> None:
+    """Nothing listening at the address: the first call, the first follow and the asyncio
+    client's first call raise Unavailable within a second, the message naming the address."""
+    address = f"127.0.0.1:{free_port()}"
+    with Client(address) as client:
+        for attempt in (lambda: client.get_session("s"), lambda: next(client.follow("s"))):
+            started = time.monotonic()
+            with pytest.raises(errors.Unavailable, match=f"cannot reach .* at {address}"):
+                attempt()
+            assert time.monotonic() - started < 1.0
+
+    async def first_calls() -> None:
+        async with AsyncClient(address) as aio:
+            started = time.monotonic()
+            with pytest.raises(errors.Unavailable, match=address):
+                await aio.get_session("s")
+            with pytest.raises(errors.Unavailable, match=address):
+                await anext(aio.follow("s"))
+            assert time.monotonic() - started < 1.0
+
+    asyncio.run(first_calls())
+
+
+def test_silent_address_fails_after_the_connect_timeout() -> None:
+    """A port that accepts TCP but never speaks gRPC: the first call gives up after
+    connect_timeout (not the 10 s call deadline), naming the address."""
+    silent = socket.create_server(("127.0.0.1", 0))
+    address = f"127.0.0.1:{silent.getsockname()[1]}"
+    with silent, Client(address, connect_timeout=0.5) as client:
+        started = time.monotonic()
+        with pytest.raises(errors.Unavailable, match=f"cannot reach .* at {address}: .*timed out"):
+            client.get_session("s")
+        assert 0.4 < time.monotonic() - started < 3
+
+
+def test_wait_for_ready_waits_for_a_server_that_starts_later(tmp_path: Path) -> None:
+    """wait_for_ready=True: a call made before the server listens waits and succeeds once it
+    is up, instead of failing fast."""
+    address = f"127.0.0.1:{free_port()}"
+    args = ["--data", str(tmp_path / "data"), "--listen", address]
+    with Client(address, wait_for_ready=True, timeout=30) as client:
+        result: dict[str, Any] = {}
+        caller = threading.Thread(
+            target=lambda: result.update(reply=client.get_session("late")), daemon=True
+        )
+        caller.start()
+        time.sleep(0.5)
+        assert caller.is_alive(), "the call should be waiting for the server"
+        with ServerProcess(args, tmp_path) as late:
+            late.wait_serving(address)
+            caller.join(20)
+    assert result["reply"].session.exists is False
 
 
 def test_deadline_exceeded_is_its_own_class() -> None:

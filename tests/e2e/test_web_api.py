@@ -269,3 +269,16 @@ def test_busy_http_address_fails_start_and_releases_the_store(tmp_path: Path) ->
         ):
             pass
     Store(tmp_path / "data").close()
+
+
+def test_whole_numbers_in_event_data_are_integers(console: ThreadedServer) -> None:
+    """An event's data {"tokens": 1834, "ratio": 0.5} comes back with 1834 an integer (not
+    1834.0) in /events; fractions stay fractions."""
+    data = {"content": "n", "tokens": 1834, "ratio": 0.5, "nested": [{"x": 1}]}
+    user = event_pb2.EVENT_TYPE_USER_MESSAGE
+    console.stub().Append(pb.AppendRequest(session_id="numbers", events=[event(user, **data)]))
+    _, _, body = get(f"{base(console)}/api/sessions/numbers/events")
+    stored = body["events"][0]["data"]
+    assert stored == data
+    assert isinstance(stored["tokens"], int)
+    assert isinstance(stored["nested"][0]["x"], int)

@@ -109,3 +109,11 @@ def test_error_never_echoes_the_id(session_id: str) -> None:
     assert session_id not in repr(failure)
     for value in failure.metadata.values():
         assert session_id not in value
+
+
+def test_invalid_character_message_counts_from_zero() -> None:
+    """The refusal names the bad character's index, says it counts from 0, and shows it."""
+    with pytest.raises(errors.InvalidSessionId) as refused:
+        check_session_id("ab c")
+    assert "character 2 (counting from 0) is ' '" in str(refused.value)
+    assert refused.value.metadata["position"] == "2"

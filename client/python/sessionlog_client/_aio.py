@@ -44,6 +44,7 @@ class AsyncEventStream(AsyncIterator[Event]):
         follow: bool,
         timeout: float | None,
         heartbeat: float | None = None,
+        contact: c.Contact | None = None,
     ) -> None:
         self.session_id = session_id
         self.next_seq = seq
@@ -52,6 +53,7 @@ class AsyncEventStream(AsyncIterator[Event]):
         self.dead_streams = 0
         self._stub = stub
         self._connection = connection
+        self._contact = contact or c.Contact(connection)
         self._follow = follow
         self._timeout = timeout
         self._heartbeat = heartbeat if follow else None
@@ -98,7 +100,10 @@ class AsyncEventStream(AsyncIterator[Event]):
             return None
         request = c.since_request(self.session_id, self.next_seq, self._follow, self._heartbeat)
         self._call = self._stub.Since(
-            request, timeout=self._timeout, metadata=self._connection.call_metadata()
+            request,
+            timeout=self._timeout,
+            metadata=self._connection.call_metadata(),
+            wait_for_ready=self._connection.wait_for_ready or None,
         )
         return self._call
 
@@ -117,6 +122,7 @@ class AsyncEventStream(AsyncIterator[Event]):
                     if response is grpc.aio.EOF:
                         break
                     backoff.reset()
+                    self._contact.reached = True
                     if response.caught_up:
                         self.caught_up = True
                     for event in response.events:
@@ -137,6 +143,7 @@ class AsyncEventStream(AsyncIterator[Event]):
             except grpc.RpcError as error:
                 if self._closed.is_set():
                     return
+                self._contact.check(error)
                 delay = backoff.next() if is_unavailable(error) else None
                 if delay is None:
                     raise to_error(error) from error
@@ -177,6 +184,8 @@ class AsyncClient:
         retry: Retry | None = None,
         metadata: Sequence[tuple[str, str]] = (),
         options: Sequence[tuple[str, Any]] = (),
+        connect_timeout: float = c.DEFAULT_CONNECT_TIMEOUT,
+        wait_for_ready: bool = False,
     ) -> None:
         self.connection = c.Connection(
             target=target,
@@ -191,7 +200,10 @@ class AsyncClient:
             retry=retry or Retry(),
             metadata=metadata,
             options=options,
+            connect_timeout=connect_timeout,
+            wait_for_ready=wait_for_ready,
         )
+        self._contact = c.Contact(self.connection)
         conn = self.connection
         if conn.secure:
             self._channel = grpc.aio.secure_channel(
@@ -224,12 +236,16 @@ class AsyncClient:
         backoff = self.connection.retry.backoff() if retry else None
         while True:
             try:
-                return await rpc(
+                reply = await rpc(
                     request,
                     timeout=self.connection.deadline(timeout),
                     metadata=self.connection.call_metadata(),
+                    wait_for_ready=self.connection.wait_for_ready or None,
                 )
+                self._contact.reached = True
+                return reply
             except grpc.RpcError as error:
+                self._contact.check(error)
                 delay = backoff.next() if backoff is not None and is_unavailable(error) else None
                 if delay is None:
                     raise to_error(error) from error
@@ -293,6 +309,7 @@ class AsyncClient:
             follow=follow,
             timeout=timeout,
             heartbeat=heartbeat,
+            contact=self._contact,
         )
         self._streams.add(stream)
         return stream

@@ -14,6 +14,7 @@ from typing import Any
 import grpc
 from google.protobuf.duration_pb2 import Duration
 
+from sessionlog_client._status import error_info
 from sessionlog_client.convert import event_from_dict, messages_from_dicts
 from sessionlog_client.errors import Unavailable
 from sessionlog_client.v1 import session_log_service_pb2 as pb
@@ -22,6 +23,9 @@ from sessionlog_client.v1.message_pb2 import Message
 
 DEFAULT_TARGET = "127.0.0.1:50051"
 DEFAULT_TIMEOUT = 10.0
+DEFAULT_CONNECT_TIMEOUT = 3.0
+"""Seconds one connection attempt may take before it fails (gRPC's own is 20 s): a client's
+first call to an address that accepts TCP but never answers fails after this long."""
 # The server's --max-message-size defaults to 4 MiB; accept far more so a raised server limit
 # needs no change here. (gRPC's own default would refuse any reply over 4 MiB.)
 DEFAULT_MAX_MESSAGE_BYTES = 64 << 20
@@ -110,6 +114,8 @@ class Connection:
     retry: Retry = field(default_factory=Retry)
     metadata: Sequence[tuple[str, str]] = ()
     options: Sequence[tuple[str, Any]] = ()
+    connect_timeout: float = DEFAULT_CONNECT_TIMEOUT
+    wait_for_ready: bool = False
 
     @property
     def secure(self) -> bool:
@@ -125,6 +131,8 @@ class Connection:
             # Reconnect soon after a server restart instead of gRPC's default (up to 2 minutes).
             ("grpc.initial_reconnect_backoff_ms", 100),
             ("grpc.max_reconnect_backoff_ms", 1000),
+            # gRPC's name for the deadline of one connection attempt.
+            ("grpc.min_reconnect_backoff_ms", round(self.connect_timeout * 1000)),
             *KEEPALIVE_OPTIONS,
         ]
         if self.server_name:
@@ -148,6 +156,35 @@ class Connection:
     def deadline(self, timeout: float | None) -> float | None:
         """A unary call's timeout: the one given, else the client's default."""
         return self.timeout if timeout is None else timeout
+
+
+class Contact:
+    """Whether the server has answered this client yet, and what to do until it has.
+
+    Until the first answer, an UNAVAILABLE from the transport (nothing listening, an unknown
+    host, a TLS mismatch, a connection attempt over ``connect_timeout``) means the address is
+    probably wrong, not that a server is restarting: it is reported at once, naming the
+    address, instead of retried for the whole retry budget.
+    Once the server has answered, UNAVAILABLE is retried as usual. With ``wait_for_ready`` the
+    client behaves as gRPC does with wait-for-ready: calls wait for a connection (up to their
+    deadline) and UNAVAILABLE is retried from the first call on.
+    """
+
+    def __init__(self, connection: Connection) -> None:
+        self.target = connection.target
+        self.reached = connection.wait_for_ready
+
+    def check(self, error: grpc.RpcError) -> None:
+        """Raise ``Unavailable`` naming the address for a transport failure before first contact."""
+        if self.reached:
+            return
+        if error_info(error.trailing_metadata()) is not None:
+            self.reached = True  # the server itself answered (a refusal, or shutting down)
+            return
+        if error.code() != grpc.StatusCode.UNAVAILABLE:
+            return
+        details = " ".join((error.details() or "").split())
+        raise Unavailable(f"cannot reach a sessionlog server at {self.target}: {details}")
 
 
 def _read(source: CertSource | None) -> bytes | None:

@@ -18,6 +18,8 @@ from sessionlog_client import _common as c
 from sessionlog_client._common import EventLike, MessageLike, Retry
 from sessionlog_client._status import is_unavailable, to_error
 from sessionlog_client.convert import messages_to_dicts
+from sessionlog_client.v1 import replication_service_pb2 as rpb
+from sessionlog_client.v1 import replication_service_pb2_grpc as rpb_grpc
 from sessionlog_client.v1 import session_log_service_pb2 as pb
 from sessionlog_client.v1 import session_log_service_pb2_grpc as pb_grpc
 from sessionlog_client.v1.event_pb2 import Event
@@ -90,6 +92,7 @@ class EventStream(Iterator[Event]):
         follow: bool,
         timeout: float | None,
         heartbeat: float | None = None,
+        contact: c.Contact | None = None,
     ) -> None:
         self.session_id = session_id
         self.next_seq = seq
@@ -98,6 +101,7 @@ class EventStream(Iterator[Event]):
         self.dead_streams = 0
         self._stub = stub
         self._connection = connection
+        self._contact = contact or c.Contact(connection)
         self._follow = follow
         self._timeout = timeout
         self._heartbeat = heartbeat if follow else None
@@ -144,7 +148,10 @@ class EventStream(Iterator[Event]):
                 return None
             request = c.since_request(self.session_id, self.next_seq, self._follow, self._heartbeat)
             self._call = self._stub.Since(
-                request, timeout=self._timeout, metadata=self._connection.call_metadata()
+                request,
+                timeout=self._timeout,
+                metadata=self._connection.call_metadata(),
+                wait_for_ready=self._connection.wait_for_ready or None,
             )
             return self._call
 
@@ -158,6 +165,7 @@ class EventStream(Iterator[Event]):
             try:
                 for response in call:
                     backoff.reset()
+                    self._contact.reached = True
                     if response.caught_up:
                         self.caught_up = True
                     if watchdog is not None:
@@ -174,6 +182,8 @@ class EventStream(Iterator[Event]):
                 if self._closed.is_set():
                     return
                 dead = watchdog is not None and watchdog.fired
+                if not dead:
+                    self._contact.check(error)
                 self.dead_streams += dead
                 delay = backoff.next() if dead or is_unavailable(error) else None
                 if delay is None and dead:
@@ -217,6 +227,13 @@ class Client:
         retry: how long UNAVAILABLE is retried (appends, reads, stream reconnects).
         metadata: extra ``(key, value)`` pairs sent on every call.
         options: extra gRPC channel options.
+        connect_timeout: seconds a connection attempt may take (TCP, TLS and HTTP/2 set-up)
+            before it counts as failed. Until the server has answered once, a failed
+            connection (refused, unknown host, timed out) raises ``Unavailable`` naming the
+            address at once instead of being retried: a wrong address fails fast.
+        wait_for_ready: gRPC's wait-for-ready instead: every call waits for a connection up to
+            its deadline and UNAVAILABLE is retried from the first call on (for a worker that
+            may start before its server).
 
     Every method raises the server's exception classes (``sessionlog_client.errors``, the same
     names and reasons as the server's ``sessionlog.errors``) with the ErrorInfo metadata in
@@ -238,6 +255,8 @@ class Client:
         retry: Retry | None = None,
         metadata: Sequence[tuple[str, str]] = (),
         options: Sequence[tuple[str, Any]] = (),
+        connect_timeout: float = c.DEFAULT_CONNECT_TIMEOUT,
+        wait_for_ready: bool = False,
     ) -> None:
         self.connection = c.Connection(
             target=target,
@@ -252,7 +271,10 @@ class Client:
             retry=retry or Retry(),
             metadata=metadata,
             options=options,
+            connect_timeout=connect_timeout,
+            wait_for_ready=wait_for_ready,
         )
+        self._contact = c.Contact(self.connection)
         conn = self.connection
         if conn.secure:
             self._channel = grpc.secure_channel(
@@ -261,9 +283,16 @@ class Client:
         else:
             self._channel = grpc.insecure_channel(target, options=conn.channel_options())
         self._stub: Any = pb_grpc.SessionLogServiceStub(self._channel)  # type: ignore[no-untyped-call]
+        self._replication: Any = rpb_grpc.ReplicationServiceStub(self._channel)  # type: ignore[no-untyped-call]
         self._streams: weakref.WeakSet[EventStream] = weakref.WeakSet()
 
     # -- lifecycle of the client ------------------------------------------------------------------
+
+    @property
+    def channel(self) -> grpc.Channel:
+        """The client's gRPC channel, for the server's other services (health, reflection,
+        replication); send ``connection.call_metadata()`` with each call for the token."""
+        return self._channel
 
     def close(self) -> None:
         """Close every open stream, then the channel."""
@@ -282,17 +311,23 @@ class Client:
     ) -> None:
         self.close()
 
-    def _call(self, method: str, request: Any, timeout: float | None, *, retry: bool) -> Any:
-        rpc = getattr(self._stub, method)
+    def _call(
+        self, method: str, request: Any, timeout: float | None, *, retry: bool, stub: Any = None
+    ) -> Any:
+        rpc = getattr(stub or self._stub, method)
         backoff = self.connection.retry.backoff() if retry else None
         while True:
             try:
-                return rpc(
+                reply = rpc(
                     request,
                     timeout=self.connection.deadline(timeout),
                     metadata=self.connection.call_metadata(),
+                    wait_for_ready=self.connection.wait_for_ready or None,
                 )
+                self._contact.reached = True
+                return reply
             except grpc.RpcError as error:
+                self._contact.check(error)
                 delay = backoff.next() if backoff is not None and is_unavailable(error) else None
                 if delay is None:
                     raise to_error(error) from error
@@ -382,6 +417,7 @@ class Client:
             follow=follow,
             timeout=timeout,
             heartbeat=heartbeat,
+            contact=self._contact,
         )
         self._streams.add(stream)
         return stream
@@ -548,4 +584,17 @@ class Client:
         """Give the lease up (``force=True``: an operator releasing another holder's lease)."""
         request = pb.ReleaseLeaseRequest(session_id=session_id, holder=holder, force=force)
         reply: pb.ReleaseLeaseResponse = self._call("ReleaseLease", request, timeout, retry=False)
+        return reply
+
+    # -- replication ------------------------------------------------------------------------------
+
+    def replication_status(
+        self, *, timeout: float | None = None
+    ) -> rpb.GetReplicationStatusResponse:
+        """The server's role, change-feed positions and, on a replica, its link to the primary
+        (state, lag, connected, history ids, detail). Needs a token without a session prefix."""
+        request = rpb.GetReplicationStatusRequest()
+        reply: rpb.GetReplicationStatusResponse = self._call(
+            "GetReplicationStatus", request, timeout, retry=True, stub=self._replication
+        )
         return reply

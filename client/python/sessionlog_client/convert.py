@@ -17,17 +17,24 @@ Rules, both ways:
   ``metadata.content_parts``, where the SPEC puts multi-part content, and comes back as the list.
 - A field absent from the message stays absent from the dict (``content`` is always present,
   None when absent, since chat APIs expect the key); ``tool_calls`` only when there are some.
-- JSON has one number type: a whole number read back from a ``Struct`` is an ``int``.
+- JSON has one number type, and ``Struct`` holds every number as a double: a whole number read
+  back from a ``Struct`` is an ``int`` (:func:`whole_numbers`), exactly so within 2^53; beyond
+  that a double cannot hold every integer, so such numbers stay floats (send larger integers,
+  ids and token counts past 2^53, as strings).
 - Keys of the dict that are not message fields are ignored (the server would never project them).
 """
 
 from __future__ import annotations
 
+import base64
 import datetime as dt
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, cast
 
 from google.protobuf import json_format
+from google.protobuf.descriptor import FieldDescriptor
+from google.protobuf.message import Message as ProtoMessage
 from google.protobuf.struct_pb2 import Struct
 from google.protobuf.timestamp_pb2 import Timestamp
 
@@ -35,6 +42,7 @@ from sessionlog_client.v1.event_pb2 import Event, EventType
 from sessionlog_client.v1.message_pb2 import Message, Role
 
 __all__ = [
+    "enum_name",
     "event",
     "event_from_dict",
     "event_from_message",
@@ -42,11 +50,13 @@ __all__ = [
     "event_type",
     "message_from_dict",
     "message_to_dict",
+    "message_to_json",
     "messages_from_dicts",
     "messages_to_dicts",
     "role_name",
     "struct_to_dict",
     "type_name",
+    "whole_numbers",
 ]
 
 _TYPE_PREFIX = "EVENT_TYPE_"
@@ -280,22 +290,100 @@ def messages_from_dicts(values: Iterable[Mapping[str, Any] | Message]) -> list[M
 # -- values ---------------------------------------------------------------------------------------
 
 
+WHOLE_LIMIT = 2**53
+"""Whole doubles below this magnitude are ints in JSON-ready values; every integer up to it is
+exactly representable as a double, and none beyond it is guaranteed to be."""
+
+
 def struct_to_dict(value: Struct) -> dict[str, Any]:
-    """A Struct as plain JSON values, whole numbers as ints."""
+    """A Struct as plain JSON values, whole numbers as ints (see :func:`whole_numbers`)."""
     if not value.fields:
         return {}
-    plain: dict[str, Any] = _whole(json_format.MessageToDict(value))
+    plain: dict[str, Any] = whole_numbers(json_format.MessageToDict(value))
     return plain
 
 
-def _whole(value: Any) -> Any:
-    if isinstance(value, float) and value.is_integer() and abs(value) < 2**53:
+def whole_numbers(value: Any) -> Any:
+    """``value`` (nested dicts and lists of JSON values) with every float that holds a whole
+    number of magnitude below 2^53 turned into an int: ``{"x": 1.0}`` -> ``{"x": 1}``.
+
+    ``google.protobuf.Struct`` stores every number as a double, so ``{"x": 1}`` comes back as
+    ``1.0``; this restores what was meant wherever a person or a script reads the value. Larger
+    or fractional numbers stay floats.
+
+    >>> whole_numbers({"tokens": 1834.0, "ratio": 0.5, "list": [2.0]})
+    {'tokens': 1834, 'ratio': 0.5, 'list': [2]}
+    """
+    if isinstance(value, float) and value.is_integer() and abs(value) < WHOLE_LIMIT:
         return int(value)
     if isinstance(value, dict):
-        return {k: _whole(v) for k, v in value.items()}
+        return {k: whole_numbers(v) for k, v in value.items()}
     if isinstance(value, list):
-        return [_whole(v) for v in value]
+        return [whole_numbers(v) for v in value]
     return value
+
+
+def message_to_json(message: ProtoMessage) -> dict[str, Any]:
+    """Any sessionlog message as JSON-ready values, for scripts (the CLI's ``--json``).
+
+    It differs from protobuf's JSON mapping where that mapping is awkward to script against:
+    64-bit integers are numbers (not strings); enums are their short lower-case names (role
+    ``"user"`` as in the chat format, type ``"user_message"`` as ``event()`` takes it, state
+    ``"streaming"``); ``Struct`` values have whole numbers as ints (:func:`whole_numbers`);
+    every field without presence is present, zero values included (the first seq is 0).
+    Field names are the proto's; times and durations are protobuf's JSON strings; bytes are
+    base64.
+    """
+    out: dict[str, Any] = {}
+    for field in message.DESCRIPTOR.fields:
+        if field.has_presence and not message.HasField(field.name):
+            continue
+        value = getattr(message, field.name)
+        if _is_map(field):
+            entry: Any = field.message_type
+            value_field = entry.fields_by_name["value"]
+            out[field.name] = {k: _json_field(value_field, v) for k, v in value.items()}
+        elif field.is_repeated:
+            out[field.name] = [_json_field(field, v) for v in value]
+        else:
+            out[field.name] = _json_field(field, value)
+    return out
+
+
+_AS_JSON_STRING = {"google.protobuf.Timestamp", "google.protobuf.Duration"}
+_AS_JSON_VALUE = {"google.protobuf.Struct", "google.protobuf.Value", "google.protobuf.ListValue"}
+
+
+def _is_map(field: Any) -> bool:  # descriptors: the upb and Python classes differ
+    kind = field.message_type
+    return bool(field.is_repeated and kind is not None and kind.GetOptions().map_entry)
+
+
+def _json_field(field: Any, value: Any) -> Any:
+    if field.type == FieldDescriptor.TYPE_MESSAGE:
+        name = field.message_type.full_name
+        if name in _AS_JSON_STRING:
+            return value.ToJsonString()
+        if name in _AS_JSON_VALUE:
+            return whole_numbers(json_format.MessageToDict(value))
+        return message_to_json(value)
+    if field.type == FieldDescriptor.TYPE_ENUM:
+        return enum_name(field.enum_type, value)
+    if field.type == FieldDescriptor.TYPE_BYTES:
+        return base64.b64encode(value).decode("ascii")
+    return value
+
+
+def enum_name(enum: Any, number: int) -> str | int:
+    """The short lower-case name of an enum value, its type's prefix dropped:
+    ``ROLE_USER`` -> ``"user"``, ``REPLICATION_STATE_STREAMING`` -> ``"streaming"``. A number
+    this client does not know (a newer server) stays a number."""
+    known = enum.values_by_number.get(number)
+    if known is None:
+        return number
+    prefix = re.sub(r"(?<!^)(?=[A-Z])", "_", enum.name).upper() + "_"
+    short: str = known.name.removeprefix(prefix).lower()
+    return short
 
 
 def _timestamp(value: TimeLike) -> Timestamp:

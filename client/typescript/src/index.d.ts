@@ -142,6 +142,14 @@ export interface ClientOptions {
   /** The proto/ folder; default $SESSIONLOG_PROTO_DIR, else the package's (packed), else the repo's. */
   protoDir?: string;
   channelOptions?: Record<string, string | number>;
+  /**
+   * The first call waits at most this long for a connection; default 3000. Until the server
+   * has answered once, a failed connection (refused, unknown host) rejects at once with
+   * UNAVAILABLE naming the address instead of being retried.
+   */
+  connectTimeoutMs?: number;
+  /** gRPC's wait-for-ready instead: calls wait for a connection up to their deadline. */
+  waitForReady?: boolean;
 }
 
 interface CallOptions {

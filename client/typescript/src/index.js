@@ -23,6 +23,7 @@ export const DEFAULT_PROTO_DIR = existsSync(PACKAGED_PROTO_DIR)
   : resolve(HERE, "..", "..", "..", "proto");
 export const DEFAULT_TARGET = "127.0.0.1:50051";
 export const DEFAULT_TIMEOUT_MS = 10_000;
+export const DEFAULT_CONNECT_TIMEOUT_MS = 3_000;
 /** The server allows 4 MiB by default; accept far more so a raised limit needs no change here. */
 export const DEFAULT_MAX_MESSAGE_BYTES = 64 * 1024 * 1024;
 /** The heartbeat interval follow() asks the server for while the session is idle. */
@@ -327,6 +328,27 @@ class Backoff {
 
 const sleep = (ms) => new Promise((done) => setTimeout(done, ms));
 
+/**
+ * Before the server has answered a client once, a transport UNAVAILABLE (nothing listening, an
+ * unknown host, a TLS mismatch, a connection attempt over connectTimeoutMs) means the address is
+ * probably wrong: report it at once, naming the address, instead of retrying for the budget.
+ * Returns the error to throw, or null to go on as usual.
+ */
+function unreachable(client, error) {
+  if (client._reached) return null;
+  if (errorInfo(error)) {
+    client._reached = true; // the server itself answered
+    return null;
+  }
+  if (error?.code !== grpc.status.UNAVAILABLE) return null;
+  const details = String(error.details || error.message).split(/\s+/).join(" ");
+  return new SessionLogError(`cannot reach a sessionlog server at ${client.target}: ${details}`, {
+    code: grpc.status.UNAVAILABLE,
+    reason: "UNAVAILABLE",
+    cause: error,
+  });
+}
+
 /** What a follow stream throws when it kept going silent until its retry budget ran out. */
 function deadStream(silenceMs, cause) {
   return new SessionLogError(
@@ -405,8 +427,10 @@ export class EventStream {
 
   async *_run() {
     const backoff = new Backoff(this._client.retry);
+    await this._client._settle(this._timeoutMs || Infinity);
     while (!this.closed) {
       const options = this._timeoutMs ? { deadline: Date.now() + this._timeoutMs } : {};
+      if (this._client.waitForReadyCalls) options.waitForReady = true;
       const request = { session_id: this.sessionId, seq: this.nextSeq, follow: this._follow };
       if (this._heartbeatMs) request.heartbeat_interval = duration(this._heartbeatMs);
       const call = this._client._stub.Since(request, this._client._metadata(), options);
@@ -427,6 +451,7 @@ export class EventStream {
         for await (const response of call) {
           clearTimeout(watchdog);
           backoff.reset();
+          this._client._reached = true;
           if (response.caught_up) this.caughtUp = true;
           for (const raw of response.events ?? []) {
             const event = fromEvent(raw);
@@ -440,6 +465,8 @@ export class EventStream {
       } catch (error) {
         if (this.closed) return;
         if (dead) this.deadStreams += 1;
+        const wrong = dead ? null : unreachable(this._client, error);
+        if (wrong) throw wrong;
         delay = dead || error?.code === grpc.status.UNAVAILABLE ? backoff.next() : null;
         if (delay === null && dead) throw deadStream(silenceMs, error);
         if (delay === null) throw toError(error);
@@ -479,8 +506,13 @@ export class SessionLogClient {
       retry = {},
       protoDir = process.env.SESSIONLOG_PROTO_DIR ?? DEFAULT_PROTO_DIR,
       channelOptions = {},
+      connectTimeoutMs = DEFAULT_CONNECT_TIMEOUT_MS,
+      waitForReady = false,
     } = options;
     this.target = target;
+    this.waitForReadyCalls = waitForReady;
+    this.connectTimeoutMs = connectTimeoutMs;
+    this._reached = waitForReady;
     this.timeoutMs = timeoutMs;
     this.retry = retry;
     this._token = token;
@@ -514,6 +546,28 @@ export class SessionLogClient {
     });
   }
 
+  /**
+   * Before the server first answers: wait until the channel connects or fails, at most
+   * connectTimeoutMs (a call whose own deadline is shorter needs no such wait).
+   */
+  async _settle(timeoutMs) {
+    if (this._reached || timeoutMs <= this.connectTimeoutMs) return;
+    const channel = this._stub.getChannel();
+    const { READY, TRANSIENT_FAILURE, SHUTDOWN } = grpc.connectivityState;
+    const deadline = Date.now() + this.connectTimeoutMs;
+    let state = channel.getConnectivityState(true);
+    while (state !== READY && state !== TRANSIENT_FAILURE && state !== SHUTDOWN) {
+      const changed = await new Promise((done) => channel.watchConnectivityState(state, deadline, (error) => done(!error)));
+      if (!changed) {
+        throw new SessionLogError(
+          `no connection to a sessionlog server at ${this.target} within ${this.connectTimeoutMs / 1000} s: is the address right, and is the server up?`,
+          { code: grpc.status.UNAVAILABLE, reason: "UNAVAILABLE" },
+        );
+      }
+      state = channel.getConnectivityState(true);
+    }
+  }
+
   _metadata() {
     const metadata = new grpc.Metadata();
     if (this._token) metadata.add("authorization", `Bearer ${this._token}`);
@@ -522,6 +576,7 @@ export class SessionLogClient {
 
   _once(method, request, timeoutMs) {
     const options = { deadline: Date.now() + (timeoutMs ?? this.timeoutMs) };
+    if (this.waitForReadyCalls) options.waitForReady = true;
     return new Promise((done, fail) => {
       this._stub[method](request, this._metadata(), options, (error, reply) => (error ? fail(error) : done(reply)));
     });
@@ -529,10 +584,15 @@ export class SessionLogClient {
 
   async _call(method, request, { timeoutMs, retry = false } = {}) {
     const backoff = retry ? new Backoff(this.retry) : null;
+    await this._settle(timeoutMs ?? this.timeoutMs);
     for (;;) {
       try {
-        return await this._once(method, request, timeoutMs);
+        const reply = await this._once(method, request, timeoutMs);
+        this._reached = true;
+        return reply;
       } catch (error) {
+        const wrong = unreachable(this, error);
+        if (wrong) throw wrong;
         const delay = backoff && error?.code === grpc.status.UNAVAILABLE ? backoff.next() : null;
         if (delay === null) throw toError(error);
         await sleep(delay);

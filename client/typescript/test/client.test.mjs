@@ -3,6 +3,7 @@
 import assert from "node:assert/strict";
 import { spawnSync } from "node:child_process";
 import { readFileSync, writeFileSync } from "node:fs";
+import { createServer } from "node:net";
 import { after, before, describe, test } from "node:test";
 import { dirname, join } from "node:path";
 import { fileURLToPath } from "node:url";
@@ -189,16 +190,59 @@ describe("against one server", () => {
   });
 });
 
-test("an unreachable server rejects with UNAVAILABLE once the retry budget is spent", async () => {
+test("a wrong address rejects at once, naming it", async () => {
   const port = await freePort();
-  const client = new SessionLogClient(`127.0.0.1:${port}`, { retry: { giveUpAfterMs: 300 } });
+  const address = `127.0.0.1:${port}`;
+  const client = new SessionLogClient(address, { retry: { giveUpAfterMs: 30_000 } });
   const started = Date.now();
   try {
-    await assert.rejects(client.append("s", [user("lost")]), { reason: "UNAVAILABLE", codeName: "UNAVAILABLE" });
+    await assert.rejects(client.append("s", [user("lost")]), (error) => {
+      assert.equal(error.reason, "UNAVAILABLE");
+      assert.match(error.message, new RegExp(`cannot reach a sessionlog server at ${address}`));
+      return true;
+    });
+    await assert.rejects(collect(client.follow("s"), 1), { reason: "UNAVAILABLE" });
   } finally {
     client.close();
   }
-  assert.ok(Date.now() - started >= 250, "gave up before the budget");
+  assert.ok(Date.now() - started < 2_000, "waited instead of failing fast");
+});
+
+test("a silent address rejects after connectTimeoutMs, naming it", async () => {
+  const sockets = new Set();
+  const silent = createServer((socket) => sockets.add(socket)); // accepts TCP, never speaks HTTP/2
+  await new Promise((done) => silent.listen(0, "127.0.0.1", done));
+  const address = `127.0.0.1:${silent.address().port}`;
+  const client = new SessionLogClient(address, { connectTimeoutMs: 500 });
+  const started = Date.now();
+  try {
+    await assert.rejects(client.getSession("s"), (error) => {
+      assert.equal(error.reason, "UNAVAILABLE");
+      assert.match(error.message, new RegExp(`no connection .* at ${address} within 0.5 s`));
+      return true;
+    });
+  } finally {
+    client.close();
+    for (const socket of sockets) socket.destroy();
+    silent.close();
+  }
+  const took = Date.now() - started;
+  assert.ok(took >= 400 && took < 3_000, `took ${took} ms`);
+});
+
+test("after first contact, a gone server is retried for the budget", async () => {
+  const server = await startServer();
+  const client = new SessionLogClient(server.address, { retry: { giveUpAfterMs: 300 } });
+  try {
+    await client.getSession("s");
+    assert.equal(await server.stop(), 0);
+    const started = Date.now();
+    await assert.rejects(client.append("s", [user("lost")]), { reason: "UNAVAILABLE", codeName: "UNAVAILABLE" });
+    assert.ok(Date.now() - started >= 250, "gave up before the budget");
+  } finally {
+    client.close();
+    server.remove();
+  }
 });
 
 test("follow survives a server restart with no gap and no duplicate", async () => {

@@ -31,7 +31,6 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from aiohttp import web
-from google.protobuf import json_format
 
 from sessionlog import errors, fold
 from sessionlog.service.auth import Authorizer, Principal
@@ -48,6 +47,7 @@ from sessionlog.service.notifier import Notifier
 from sessionlog.storage.store import SessionView, Store
 from sessionlog.v1.event_pb2 import Event, EventType
 from sessionlog.v1.message_pb2 import Message, Role
+from sessionlog_client.convert import struct_to_dict  # whole numbers as ints, like the CLI
 
 log = logging.getLogger(__name__)
 
@@ -117,7 +117,7 @@ def event_json(event: Event, visible: set[int] | None = None) -> dict[str, Any]:
         "seq": event.seq,
         "type": _TYPE_NAMES.get(event.type, str(event.type)),
         "time": event.time.ToJsonString() if event.HasField("time") else None,
-        "data": json_format.MessageToDict(event.data),
+        "data": struct_to_dict(event.data),
         "surface": surface,
         "replace": list(rng) if rng is not None else None,
     }
@@ -180,7 +180,7 @@ def transcript_json(surface: list[Event], projected: list[bytes]) -> list[dict[s
             ),
             "name": message.name if message.HasField("name") else None,
             "tool_call_id": message.tool_call_id if message.HasField("tool_call_id") else None,
-            "tool_calls": [_tool_call(json_format.MessageToDict(c)) for c in message.tool_calls],
+            "tool_calls": [_tool_call(struct_to_dict(c)) for c in message.tool_calls],
             "replace": list(rng) if rng is not None else None,
             "answers": None,
         }

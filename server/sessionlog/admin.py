@@ -44,7 +44,7 @@ import grpc
 import lmdb
 
 from sessionlog import errors
-from sessionlog.service.app import DEFAULT_DATA_DIR
+from sessionlog.config import DEFAULT_DATA_DIR
 from sessionlog.storage import changes, folder, identity, integrity, schema
 from sessionlog.storage.commands import Tables
 from sessionlog.storage.integrity import DamagedStore

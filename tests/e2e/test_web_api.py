@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from sessionlog.service.app import BindError
+from sessionlog.server import BindError
 from sessionlog.storage.store import Store
 from sessionlog.testing import ThreadedServer, running_server
 from sessionlog.v1 import event_pb2

@@ -36,6 +36,7 @@ import grpc
 from google.rpc import error_details_pb2, status_pb2
 
 from sessionlog import errors, wire
+from sessionlog.config import DEFAULT_HEARTBEAT_SECONDS, DEFAULT_REPLICA_TIMEOUT_SECONDS
 from sessionlog.service.errors import abort
 from sessionlog.service.follow import follow, heartbeat_interval
 from sessionlog.service.limits import Outgoing, StreamLimiter
@@ -52,9 +53,6 @@ CHANGES_METHOD = f"/{SERVICE_NAME}/Changes"
 CHANGES_BATCH_BYTES = 1 << 20
 BACKOFF_FIRST_SECONDS = 0.1
 BACKOFF_MAX_SECONDS = 5.0
-DEFAULT_REPLICA_TIMEOUT_SECONDS = 5.0
-REPLICA_TIMEOUT_FLOOR_SECONDS = 0.3
-"""Three times the shortest heartbeat a server sends (``follow.MIN_HEARTBEAT_SECONDS``)."""
 REPLICA_KEEPALIVE_OPTIONS: tuple[tuple[str, int], ...] = (
     # Ping the primary after 10 s without a frame (gRPC's advised floor, and at least the
     # server's accepted ping interval, see app.SERVER_KEEPALIVE_OPTIONS); no ack within 5 s
@@ -125,7 +123,7 @@ class ReplicationServicer:
         notifier: Notifier,
         *,
         replica: ReplicaState | None = None,
-        heartbeat_seconds: float = 15.0,
+        heartbeat_seconds: float = DEFAULT_HEARTBEAT_SECONDS,
         streams: StreamLimiter | None = None,
     ) -> None:
         self.store = store

@@ -22,11 +22,16 @@ from google.protobuf.message import DecodeError, Message
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from sessionlog import errors, fold, wire
+from sessionlog.config import (
+    DEFAULT_HEARTBEAT_SECONDS,
+    DEFAULT_MAX_EVENTS_PER_APPEND,
+    DEFAULT_MAX_MESSAGE_BYTES,
+)
 from sessionlog.service.auth import ADMIN, Authorizer, Principal, bearer
 from sessionlog.service.counters import CANCELLED, INTERNAL, OK, Counters
 from sessionlog.service.errors import abort, refusal_level
 from sessionlog.service.follow import follow, heartbeat_interval
-from sessionlog.service.limits import DEFAULT_MAX_EVENTS_PER_APPEND, Outgoing, StreamLimiter
+from sessionlog.service.limits import Outgoing, StreamLimiter
 from sessionlog.service.notifier import Notifier
 from sessionlog.storage.schema import AuditRecord, LeaseRecord, SessionMeta
 from sessionlog.storage.store import AppendResult, Store, prepare_append, prepare_seed
@@ -123,8 +128,8 @@ class SessionLogServicer:
         store: Store,
         notifier: Notifier,
         *,
-        max_message_bytes: int = 64 << 20,
-        heartbeat_seconds: float = 15.0,
+        max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+        heartbeat_seconds: float = DEFAULT_HEARTBEAT_SECONDS,
         primary: str = "",
         authorizer: Authorizer | None = None,
         max_events_per_append: int = DEFAULT_MAX_EVENTS_PER_APPEND,

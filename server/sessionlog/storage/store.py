@@ -21,6 +21,7 @@ from typing import Any
 import lmdb
 
 from sessionlog import errors, fold, wire
+from sessionlog.config import DEFAULT_MAP_SIZE, DEFAULT_REQUEST_ID_TTL_SECONDS
 from sessionlog.storage import changes, commands, damage, folder, identity, integrity, schema
 from sessionlog.storage.changes import (
     ApplyChangesCommand,
@@ -46,8 +47,6 @@ from sessionlog.v1.message_pb2 import Message
 
 __all__ = ["AppendBatch", "AppendResult", "Store", "StoreConfig", "prepare_append"]
 
-DEFAULT_MAP_SIZE = 8 << 30
-DEFAULT_REQUEST_ID_TTL_SECONDS = 24 * 3600
 MAX_REQUEST_ID_BYTES = 256
 MIN_LEASE_TTL_NS = 1_000_000
 MAX_LEASE_TTL_NS = 24 * 3600 * 1_000_000_000

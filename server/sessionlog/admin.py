@@ -46,8 +46,8 @@ import lmdb
 from sessionlog import errors
 from sessionlog.config import DEFAULT_DATA_DIR
 from sessionlog.storage import changes, folder, identity, integrity, schema
-from sessionlog.storage.commands import Tables
 from sessionlog.storage.integrity import DamagedStore
+from sessionlog.storage.tables import Tables
 from sessionlog.storage.usage import Usage, open_readonly, usage
 from sessionlog.v1 import replication_service_pb2 as rpb
 from sessionlog.v1 import replication_service_pb2_grpc as rpb_grpc

@@ -30,17 +30,10 @@ from sessionlog.storage.changes import (
     head,
     read_changes,
 )
-from sessionlog.storage.commands import (
-    AppendBatch,
-    AppendResult,
-    ForkResult,
-    LeaseChange,
-    Tables,
-    load_lease,
-    load_meta,
-    read_range,
-)
+from sessionlog.storage.commands import AppendBatch, AppendResult, ForkResult, LeaseChange
+from sessionlog.storage.reads import load_lease, load_meta, read_range
 from sessionlog.storage.schema import AuditRecord, LeaseRecord, SessionMeta
+from sessionlog.storage.tables import Tables
 from sessionlog.storage.writer import Writer
 from sessionlog.v1.event_pb2 import Event
 from sessionlog.v1.message_pb2 import Message
@@ -332,7 +325,7 @@ class Store:
 
     def submit_apply(self, received: Sequence[ReceivedChange]) -> Future[ApplyResult]:
         """Queue changes a replica received from its primary, applied verbatim in one commit."""
-        return self.writer.submit(ApplyChangesCommand(self.tables, received))
+        return self.writer.submit_replicated(ApplyChangesCommand(self.tables, received))
 
     def append(self, session_id: str, events: Sequence[Event], **options: Any) -> AppendResult:
         """Validate and append, blocking until durable. Convenience for tools and tests."""
@@ -396,7 +389,8 @@ class Store:
 
     def submit_adopt_history(self, history_id: str, start: int) -> Future[ApplyResult]:
         """Queue a replica's taking of its primary's history id."""
-        return self.writer.submit(identity.AdoptHistoryCommand(self.tables, history_id, start))
+        command = identity.AdoptHistoryCommand(self.tables, history_id, start)
+        return self.writer.submit_replicated(command)
 
     def session(self, session_id: str, now_ns: int | None = None) -> SessionView:
         """A session's metadata, live lease and lease audit, read in one transaction."""

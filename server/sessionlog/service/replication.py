@@ -27,6 +27,7 @@ status says so, with the primary position it last heard, never one it guessed.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from collections.abc import Callable
@@ -174,7 +175,7 @@ class ReplicationServicer:
             return wire.uint_field(2, caught_up) + self._head_fields()
 
         stream = follow(
-            context,
+            functools.partial(abort, context),
             self.notifier,
             key=FEED_KEY,
             subject="the change feed",

@@ -281,10 +281,12 @@ class SessionLogServicer:
             return encoded, count, cursor + count < next_seq
 
         def marker(caught_up: bool) -> bytes:
-            return wire.uint_field(2, caught_up) + wire.uint_field(3, self._next_seq(session_id))
+            return wire.uint_field(2, caught_up) + wire.uint_field(
+                3, self.store.next_seq(session_id)
+            )
 
         stream = follow(
-            context,
+            functools.partial(abort, context),
             self.notifier,
             key=session_id,
             subject=f"session '{session_id}'",
@@ -304,17 +306,15 @@ class SessionLogServicer:
         """One Since batch from ``start``: the encoded response, its event count, and the
         session's next seq, which bounds the read (seqs are dense: no key compare per event)."""
         store = self.store
-        meta = store.meta(session_id)
-        if meta is None or start >= meta.next_seq:
-            return b"", 0, 0 if meta is None else meta.next_seq
-        key = (session_id, start, meta.next_seq)
+        next_seq = store.next_seq(session_id)
+        if start >= next_seq:
+            return b"", 0, next_seq
+        key = (session_id, start, next_seq)
         shared = self._recent_batches.get(key)
         if shared is not None:
             return shared
-        events = store.read_events(
-            meta.sid, start, meta.next_seq, self.since_batch_bytes, session_id=session_id
-        )
-        batch = encode_events(events), len(events), meta.next_seq
+        events = store.read_session(session_id, start, next_seq, self.since_batch_bytes)
+        batch = encode_events(events), len(events), next_seq
         self._share(key, batch)
         return batch
 
@@ -326,10 +326,6 @@ class SessionLogServicer:
         recent[key] = batch
         while len(recent) > RECENT_BATCHES:
             del recent[next(iter(recent))]
-
-    def _next_seq(self, session_id: str) -> int:
-        meta = self.store.meta(session_id)
-        return 0 if meta is None else meta.next_seq
 
     @unary
     async def surface(self, raw: bytes, context: grpc.aio.ServicerContext) -> bytes:

@@ -339,6 +339,24 @@ class Store:
         with self.env.begin() as txn:
             return load_meta(txn, self.tables, session_id)
 
+    def next_seq(self, session_id: str) -> int:
+        """The seq the session's next event will get: its event count (0 if never written)."""
+        meta = self.meta(session_id)
+        return 0 if meta is None else meta.next_seq
+
+    def read_session(
+        self, session_id: str, start: int, stop: int | None = None, max_bytes: int = 1 << 62
+    ) -> list[bytes]:
+        """Stored events of ``session_id`` with start <= seq < stop, as ``read_events`` returns
+        them, found by the session's id: the internal id it is stored under never leaves the
+        store. The session's record and its events are read in one transaction."""
+        with self.env.begin() as txn:
+            meta = load_meta(txn, self.tables, session_id)
+            if meta is None:
+                return []
+            end = meta.next_seq if stop is None else min(stop, meta.next_seq)
+            return read_range(txn, self.tables, meta.sid, start, end, max_bytes, session_id)
+
     def read_events(
         self,
         sid: int,
@@ -347,8 +365,9 @@ class Store:
         max_bytes: int = 1 << 62,
         session_id: str = "",
     ) -> list[bytes]:
-        """Stored events of session ``sid`` with start <= seq < stop, in seq order, as stored
-        (not decoded: see ``decode_events``).
+        """Stored events of the session stored under internal id ``sid`` with start <= seq <
+        stop, in seq order, as stored (not decoded: see ``decode_events``). Storage's own reads
+        and tools that inspect the layout use it; everyone else reads by id (``read_session``).
 
         Returns the first event whatever its size, then more while their total stays within
         ``max_bytes``. Costs O(events returned): one cursor walk over a contiguous key range.

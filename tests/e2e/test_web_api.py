@@ -136,7 +136,7 @@ def test_follow_streams_stored_then_live_events(console: ThreadedServer) -> None
 
 
 def test_follow_ends_at_shutdown_with_the_seq_to_resume_from(tmp_path: Path) -> None:
-    """/follow runs Since's loop: stopping the server ends it with UNAVAILABLE and the resume seq."""
+    """/follow runs Since's loop: a server stopping ends it with UNAVAILABLE and the seq."""
     server = ThreadedServer(
         ServerConfig(
             data_dir=str(tmp_path / "data"), listen="127.0.0.1:0", http_listen="127.0.0.1:0"

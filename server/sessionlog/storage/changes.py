@@ -41,10 +41,13 @@ from sessionlog.v1 import replication_service_pb2 as rpb
 #: The notifier key that wakes change-feed followers; session ids cannot contain NUL.
 FEED_KEY = "\x00changes"
 
-_EVENTS_FIELD = rpb.Change.DESCRIPTOR.fields_by_name["events"].number
-_CHECKSUM_FIELD = rpb.Change.DESCRIPTOR.fields_by_name["checksum"].number
+_CHANGE = {f.name: f.number for f in rpb.Change.DESCRIPTOR.fields}
+"""Change's field numbers by name, from the generated descriptor: never copied by hand."""
+_PUT = {f.name: f.number for f in rpb.StoragePut.DESCRIPTOR.fields}
+_EVENTS_FIELD = _CHANGE["events"]
+_CHECKSUM_FIELD = _CHANGE["checksum"]
 CHECKSUM_BYTES = 16
-_CHECKSUM_PREFIX = wire.tag(_CHECKSUM_FIELD, 2) + wire.varint(CHECKSUM_BYTES)
+_CHECKSUM_PREFIX = wire.tag(_CHECKSUM_FIELD, wire.LENGTH_DELIMITED) + wire.varint(CHECKSUM_BYTES)
 _CHECKSUM_TAIL = len(_CHECKSUM_PREFIX) + CHECKSUM_BYTES
 
 KIND_BY_NAME = {
@@ -60,19 +63,22 @@ def encode_change(
 ) -> bytes:
     """The stored change record (without its events): the bytes ``Change.SerializeToString``
     gives, written field by field in number order (this runs once per commit, for every append,
-    and building the protobuf objects cost more than the rest of a small append)."""
+    and building the protobuf objects cost more than the rest of a small append). Field numbers
+    come from the generated descriptor (``_CHANGE``, ``_PUT``); ``test_record_formats`` checks
+    the bytes against ``SerializeToString``."""
     parts = [
-        wire.uint_field(1, position),
-        wire.int_field(2, KIND_BY_NAME[kind]),
-        _text_field(3, session_id.encode("utf-8")),
-        wire.message_field(4, wire.timestamp(commit_ns)),
-        wire.uint_field(5, recorded.first_seq),
-        wire.uint_field(6, recorded.event_count),
-        wire.uint_field(7, max(recorded.event_sid, 0)),
+        wire.uint_field(_CHANGE["position"], position),
+        wire.int_field(_CHANGE["kind"], KIND_BY_NAME[kind]),
+        _text_field(_CHANGE["session_id"], session_id.encode("utf-8")),
+        wire.message_field(_CHANGE["commit_time"], wire.timestamp(commit_ns)),
+        wire.uint_field(_CHANGE["first_seq"], recorded.first_seq),
+        wire.uint_field(_CHANGE["event_count"], recorded.event_count),
+        wire.uint_field(_CHANGE["internal_id"], max(recorded.event_sid, 0)),
     ]
+    puts, key_field, value_field = _CHANGE["puts"], _PUT["key"], _PUT["value"]
     for table, key, value in recorded.puts:
-        put = _TABLE_FIELDS[table] + _text_field(2, key) + _text_field(3, value)
-        parts.append(wire.message_field(8, put))
+        put = _TABLE_FIELDS[table] + _text_field(key_field, key) + _text_field(value_field, value)
+        parts.append(wire.message_field(puts, put))
     return b"".join(parts)
 
 
@@ -131,8 +137,8 @@ def _text_field(field_number: int, payload: bytes) -> bytes:
     return wire.message_field(field_number, payload) if payload else b""
 
 
-_TABLE_FIELDS = {name.decode(): _text_field(1, name) for name in schema.ALL_DBS}
-"""StoragePut.table (field 1) for every table name, encoded once."""
+_TABLE_FIELDS = {name.decode(): _text_field(_PUT["table"], name) for name in schema.ALL_DBS}
+"""StoragePut.table for every table name, encoded once."""
 
 
 def read_changes(txn: lmdb.Transaction, tables: Tables, start: int, max_bytes: int) -> list[bytes]:

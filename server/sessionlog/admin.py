@@ -54,7 +54,7 @@ import lmdb
 
 from sessionlog import errors
 from sessionlog.cli_client import channel, connection_options
-from sessionlog.service.app import DEFAULT_DATA_DIR
+from sessionlog.config import DEFAULT_DATA_DIR
 from sessionlog.storage import changes, folder, identity, integrity, snapshot
 from sessionlog.storage.integrity import DamagedStore
 from sessionlog.storage.usage import Usage, open_readonly, usage

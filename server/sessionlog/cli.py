@@ -32,7 +32,8 @@ import lmdb
 
 from sessionlog import admin, config, errors, logs
 from sessionlog.cli_client import add_commands, run_client
-from sessionlog.service.app import BindError, ConfigError, serve
+from sessionlog.config import ConfigError
+from sessionlog.server import BindError, serve
 from sessionlog.storage.folder import FolderDamaged, FolderInUse, FolderUnwritable
 from sessionlog.storage.integrity import DamagedStore
 

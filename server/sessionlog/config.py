@@ -20,20 +20,11 @@ import os
 import re
 import tomllib
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
 from sessionlog import fold
-from sessionlog.service.app import DEFAULT_DATA_DIR, DEFAULT_LISTEN, ConfigError, ServerConfig
-from sessionlog.service.limits import (
-    DEFAULT_FOLLOW_SEND_RATE,
-    DEFAULT_MAX_EVENTS_PER_APPEND,
-    DEFAULT_MAX_STREAMS,
-    DEFAULT_MAX_STREAMS_PER_CONNECTION,
-)
-from sessionlog.service.replication import DEFAULT_REPLICA_TIMEOUT_SECONDS
-from sessionlog.storage.store import DEFAULT_MAP_SIZE, DEFAULT_REQUEST_ID_TTL_SECONDS
 
 _SIZE = re.compile(r"^\s*(\d+)\s*([KMGT]i?B?|B)?\s*$", re.IGNORECASE)
 _UNITS = {"": 1, "B": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
@@ -113,7 +104,9 @@ def _choice(*options: str) -> Callable[[Any], str]:
 
 @dataclass(frozen=True)
 class Setting:
-    """One setting: its name (flag --name-with-dashes, env SESSIONLOG_NAME, TOML key name)."""
+    """One setting: its name (flag --name-with-dashes, env SESSIONLOG_NAME, TOML key name), how
+    its text is parsed, and how the parsed value becomes its ServerConfig field (``to_field``;
+    with ``part``, the attribute of that field's nested config it sets)."""
 
     name: str
     parse: Callable[[Any], Any]
@@ -122,6 +115,8 @@ class Setting:
     metavar: str | None = None
     flag_only_switch: bool = False
     secret: bool = False
+    to_field: Callable[[Any], Any] = lambda value: value
+    part: str = ""
 
     @property
     def flag(self) -> str:
@@ -132,103 +127,162 @@ class Setting:
         return "SESSIONLOG_" + self.name.upper()
 
 
-SETTINGS: tuple[Setting, ...] = (
-    Setting(
+_SETTINGS_KEY = "settings"
+
+
+def _setting(
+    name: str,
+    parse: Callable[[Any], Any],
+    default: Any,
+    help: str,
+    metavar: str | None = None,
+    **options: Any,
+) -> Any:
+    """A ServerConfig field declared by its one setting: the field's default is the setting's
+    default as ``to_field`` turns it into the field's value."""
+    setting = Setting(name, parse, default, help, metavar, **options)
+    return field(default=setting.to_field(default), metadata={_SETTINGS_KEY: (setting,)})
+
+
+DEFAULT_DATA_DIR = "./sessionlog-data"
+DEFAULT_LISTEN = "127.0.0.1:50051"
+DEFAULT_MAP_SIZE = 8 << 30
+DEFAULT_REQUEST_ID_TTL_SECONDS = 24 * 3600
+DEFAULT_MAX_MESSAGE_BYTES = 4 << 20
+"""gRPC clients accept 4 MiB replies by default; a larger limit needs clients told so too."""
+DEFAULT_MAX_EVENTS_PER_APPEND = 10_000
+DEFAULT_MAX_STREAMS = 10_000
+DEFAULT_MAX_STREAMS_PER_CONNECTION = 1_000
+DEFAULT_HEARTBEAT_SECONDS = 15.0
+DEFAULT_FOLLOW_SEND_RATE = 5_000
+"""Live follow responses per second, all streams together, that one server paces itself to:
+about what one Python process sends while leaving time for appends (see ``StreamLimiter.pace``)."""
+DEFAULT_SHUTDOWN_GRACE_SECONDS = 10.0
+DEFAULT_REPLICA_TIMEOUT_SECONDS = 5.0
+REPLICA_TIMEOUT_FLOOR_SECONDS = 0.3
+"""Three times the shortest heartbeat a server sends (``service.follow.MIN_HEARTBEAT_SECONDS``)."""
+
+
+class ConfigError(ValueError):
+    """The configuration contradicts itself; the message says which values to change."""
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """Everything `sessionlog serve` can be told; the defaults are the embedded set-up.
+
+    Each field is declared once, by the setting (or, for ``limits``, the settings) that fill it:
+    the flags, environment variables, TOML keys, ``--print-config`` and the README's table all
+    come from these declarations (``SETTINGS``), in this order.
+    """
+
+    data_dir: str = _setting(
         "data",
         _text,
         DEFAULT_DATA_DIR,
         "folder holding the LMDB environment; created if missing",
         "DIR",
-    ),
-    Setting(
+    )
+    listen: str = _setting(
         "listen",
         _text,
         DEFAULT_LISTEN,
         "gRPC address HOST:PORT ([::]:PORT for every interface)",
         "HOST:PORT",
-    ),
-    Setting(
+    )
+    metrics_listen: str = _setting(
         "metrics_listen",
         _text,
         "",
         "serve Prometheus metrics at http://HOST:PORT/metrics (no auth: keep it internal)",
         "HOST:PORT",
-    ),
-    Setting(
+    )
+    http_listen: str = _setting(
         "http_listen",
         _text,
         "",
         "serve the read-only web console at http://HOST:PORT/ (same tokens as gRPC when "
         "auth is on)",
         "HOST:PORT",
-    ),
-    Setting(
+    )
+    map_size: int = _setting(
         "map_size",
         parse_size,
         DEFAULT_MAP_SIZE,
         "largest size the data file may reach (e.g. 8GiB); a full map answers STORAGE_FULL: "
         "raise it and restart",
         "SIZE",
-    ),
-    Setting(
+    )
+    durable: bool = _setting(
         "durability",
         _choice("sync", "nosync"),
         "sync",
         "sync: acknowledge an append only once it is on disk. nosync: faster, but a machine "
         "crash may lose recently acknowledged appends",
         "MODE",
-    ),
-    Setting(
+        to_field=lambda mode: mode == "sync",
+    )
+    max_message_bytes: int = _setting(
         "max_message_size",
         _message_size,
-        4 << 20,
+        DEFAULT_MAX_MESSAGE_BYTES,
         "largest gRPC request, and largest unary reply; clients must accept replies this "
         "large too (gRPC's default is 4MiB)",
         "SIZE",
-    ),
-    Setting(
-        "max_event_size",
-        parse_size,
-        1 << 20,
-        "largest serialized event (EVENT_TOO_LARGE above it)",
-        "SIZE",
-    ),
-    Setting(
-        "max_data_depth",
-        _positive_int,
-        24,
-        "deepest nesting of objects and lists in event data; data itself is level 1",
-        "N",
-    ),
-    Setting(
+    )
+    """Largest gRPC message accepted or sent (an Append's reply echoes its events)."""
+    limits: fold.Limits = field(
+        default=fold.DEFAULT_LIMITS,
+        metadata={
+            _SETTINGS_KEY: (
+                Setting(
+                    "max_event_size",
+                    parse_size,
+                    fold.DEFAULT_LIMITS.max_event_bytes,
+                    "largest serialized event (EVENT_TOO_LARGE above it)",
+                    "SIZE",
+                    part="max_event_bytes",
+                ),
+                Setting(
+                    "max_data_depth",
+                    _positive_int,
+                    fold.DEFAULT_LIMITS.max_data_depth,
+                    "deepest nesting of objects and lists in event data; data itself is level 1",
+                    "N",
+                    part="max_data_depth",
+                ),
+            )
+        },
+    )
+    max_events_per_append: int = _setting(
         "max_events_per_append",
         _positive_int,
         DEFAULT_MAX_EVENTS_PER_APPEND,
         "most events in one Append, CreateSession or SeedSession (TOO_MANY_EVENTS)",
         "N",
-    ),
-    Setting(
+    )
+    max_streams: int = _setting(
         "max_streams",
         _positive_int,
         DEFAULT_MAX_STREAMS,
         "most open Since/Changes streams in total (TOO_MANY_STREAMS)",
         "N",
-    ),
-    Setting(
+    )
+    max_streams_per_connection: int = _setting(
         "max_streams_per_connection",
         _positive_int,
         DEFAULT_MAX_STREAMS_PER_CONNECTION,
         "most open Since/Changes streams on one connection",
         "N",
-    ),
-    Setting(
+    )
+    heartbeat_seconds: float = _setting(
         "heartbeat",
         _positive_seconds,
-        15.0,
+        DEFAULT_HEARTBEAT_SECONDS,
         "seconds between heartbeats on an idle follow stream",
         "SECONDS",
-    ),
-    Setting(
+    )
+    follow_send_rate: int = _setting(
         "follow_send_rate",
         _positive_int,
         DEFAULT_FOLLOW_SEND_RATE,
@@ -236,37 +290,38 @@ SETTINGS: tuple[Setting, ...] = (
         "many followers, each stream gets at most one response per followers/rate seconds, "
         "holding more events",
         "N",
-    ),
-    Setting(
+    )
+    shutdown_grace_seconds: float = _setting(
         "shutdown_grace",
         _seconds,
-        10.0,
+        DEFAULT_SHUTDOWN_GRACE_SECONDS,
         "seconds in-flight calls get to finish on SIGTERM",
         "SECONDS",
-    ),
-    Setting(
+    )
+    request_id_ttl_seconds: int = _setting(
         "request_id_ttl",
         _seconds,
         float(DEFAULT_REQUEST_ID_TTL_SECONDS),
         "seconds a request_id is remembered for idempotent retries",
         "SECONDS",
-    ),
-    Setting(
+        to_field=int,
+    )
+    replica_of: str = _setting(
         "replica_of",
         _text,
         "",
         "run as a read replica that follows this primary; writes are refused with NOT_PRIMARY",
         "HOST:PORT",
-    ),
-    Setting(
+    )
+    replica_timeout_seconds: float = _setting(
         "replica_timeout",
         _positive_seconds,
         DEFAULT_REPLICA_TIMEOUT_SECONDS,
         "seconds a replica waits for any frame from its primary (it asks for heartbeats at a "
         "third of this) before it deems the link dead, shows connected false and reconnects",
         "SECONDS",
-    ),
-    Setting(
+    )
+    replica_token: str = _setting(
         "replica_token",
         _text,
         "",
@@ -274,77 +329,151 @@ SETTINGS: tuple[Setting, ...] = (
         "`ps`: prefer --replica-token-file",
         "TOKEN",
         secret=True,
-    ),
-    Setting(
+    )
+    replica_token_file: str = _setting(
         "replica_token_file",
         _text,
         "",
         "file holding the replica's bearer token (surrounding whitespace stripped)",
         "FILE",
-    ),
-    Setting(
+    )
+    replica_serve_open: bool = _setting(
         "replica_serve_open",
         _boolean,
         False,
         "let a replica that presents a token to its primary serve without --auth-tokens of its "
         "own, i.e. every tenant's data to anyone who can reach it",
         flag_only_switch=True,
-    ),
-    Setting(
+    )
+    replica_tls_ca: str = _setting(
         "replica_tls_ca",
         _text,
         "",
         "PEM CA to verify a TLS primary with (connects over TLS when set)",
         "FILE",
-    ),
-    Setting(
+    )
+    replica_tls_cert: str = _setting(
         "replica_tls_cert",
         _text,
         "",
         "PEM client certificate for a primary that requires mTLS",
         "FILE",
-    ),
-    Setting("replica_tls_key", _text, "", "PEM key of --replica-tls-cert", "FILE"),
-    Setting(
+    )
+    replica_tls_key: str = _setting(
+        "replica_tls_key", _text, "", "PEM key of --replica-tls-cert", "FILE"
+    )
+    tls_cert: str = _setting(
         "tls_cert", _text, "", "PEM certificate chain: serve TLS only (with --tls-key)", "FILE"
-    ),
-    Setting("tls_key", _text, "", "PEM private key of --tls-cert", "FILE"),
-    Setting(
+    )
+    tls_key: str = _setting("tls_key", _text, "", "PEM private key of --tls-cert", "FILE")
+    tls_client_ca: str = _setting(
         "tls_client_ca",
         _text,
         "",
         "PEM CA bundle: require client certificates signed by it (mTLS)",
         "FILE",
-    ),
-    Setting(
+    )
+    auth_tokens: str = _setting(
         "auth_tokens",
         _text,
         "",
         "TOML tokens file: require a bearer token on every call (see README)",
         "FILE",
-    ),
-    Setting(
+    )
+    auth_open_health: bool = _setting(
         "auth_open_health",
         _boolean,
         False,
         "with auth on, let health checks and reflection through without a token",
         flag_only_switch=True,
-    ),
-    Setting(
+    )
+    log_level: str = _setting(
         "log_level",
         _choice("debug", "info", "warning", "error"),
         "info",
         "least severe log level printed",
         "LEVEL",
-    ),
-    Setting(
+    )
+    log_format: str = _setting(
         "log_format",
         _choice("auto", "json", "text"),
         "auto",
         "auto: JSON lines when stderr is not a terminal, readable text when it is",
         "FORMAT",
-    ),
+    )
+
+    def __post_init__(self) -> None:
+        floor = self.limits.max_event_bytes + 4096
+        if self.max_message_bytes < floor:
+            raise ConfigError(
+                f"max message size {self.max_message_bytes} is too small for the event size limit "
+                f"{self.limits.max_event_bytes}: it must be at least {floor} bytes"
+            )
+        if self.heartbeat_seconds <= 0 or self.shutdown_grace_seconds < 0:
+            raise ConfigError("heartbeat must be positive and shutdown grace not negative")
+        if self.replica_timeout_seconds < REPLICA_TIMEOUT_FLOOR_SECONDS:
+            raise ConfigError(
+                f"--replica-timeout must be at least {REPLICA_TIMEOUT_FLOOR_SECONDS} seconds "
+                "(it asks the primary for heartbeats at a third of it)"
+            )
+        if bool(self.tls_cert) != bool(self.tls_key):
+            raise ConfigError("--tls-cert and --tls-key go together")
+        if self.tls_client_ca and not self.tls_cert:
+            raise ConfigError("--tls-client-ca needs --tls-cert and --tls-key")
+        if bool(self.replica_tls_cert) != bool(self.replica_tls_key):
+            raise ConfigError("--replica-tls-cert and --replica-tls-key go together")
+        self._check_replica_auth()
+        for name in (
+            "max_events_per_append",
+            "max_streams",
+            "max_streams_per_connection",
+            "follow_send_rate",
+        ):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name.replace('_', '-')} must be at least 1")
+        for name in ("metrics_listen", "http_listen"):
+            _check_address(name, getattr(self, name))
+
+    def _check_replica_auth(self) -> None:
+        """A replica that needs a token to read its primary holds a primary's data behind
+        tokens: serving it to anyone must be asked for, not fallen into."""
+        if self.replica_token and self.replica_token_file:
+            raise ConfigError(
+                "--replica-token and --replica-token-file both give the replica's token; keep one "
+                "(the file keeps the secret out of `ps`)"
+            )
+        if self.replica_of and self.replica_token_file:
+            replica_token_of(self)  # a missing or empty file is the first thing to hear about
+        has_token = bool(self.replica_token or self.replica_token_file)
+        if self.replica_of and has_token and not self.auth_tokens and not self.replica_serve_open:
+            raise ConfigError(
+                "this replica presents a token to its primary but has no --auth-tokens of its "
+                "own, so it would serve every tenant's data to anyone: give it --auth-tokens "
+                "FILE, or --replica-serve-open to serve open on purpose"
+            )
+
+    @property
+    def serves_open_replica(self) -> bool:
+        """A replica of a primary that requires tokens, serving with none (on purpose)."""
+        has_token = bool(self.replica_token or self.replica_token_file)
+        return bool(self.replica_of) and has_token and not self.auth_tokens
+
+
+def _check_address(name: str, address: str) -> None:
+    """An HTTP listen address must be HOST:PORT (or [IPv6]:PORT); empty means off."""
+    if not address:
+        return
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit() or int(port) > 65535:
+        raise ConfigError(
+            f"--{name.replace('_', '-')} {address!r} is not HOST:PORT (e.g. 127.0.0.1:9090)"
+        )
+
+
+SETTINGS: tuple[Setting, ...] = tuple(
+    setting for f in fields(ServerConfig) for setting in f.metadata[_SETTINGS_KEY]
 )
+"""Every setting, in the order of ServerConfig's fields (the order of --help and the README)."""
 BY_NAME = {setting.name: setting for setting in SETTINGS}
 
 
@@ -423,37 +552,19 @@ def _load_file(path: str) -> dict[str, Any]:
 
 def server_config(resolved: Resolved) -> ServerConfig:
     """The ServerConfig the settings describe (validated by ServerConfig itself)."""
-    v = resolved.values
-    return ServerConfig(
-        data_dir=v["data"],
-        listen=v["listen"],
-        map_size=v["map_size"],
-        durable=v["durability"] == "sync",
-        limits=fold.Limits(max_event_bytes=v["max_event_size"], max_data_depth=v["max_data_depth"]),
-        max_message_bytes=v["max_message_size"],
-        max_events_per_append=v["max_events_per_append"],
-        max_streams=v["max_streams"],
-        max_streams_per_connection=v["max_streams_per_connection"],
-        heartbeat_seconds=v["heartbeat"],
-        follow_send_rate=v["follow_send_rate"],
-        shutdown_grace_seconds=v["shutdown_grace"],
-        request_id_ttl_seconds=int(v["request_id_ttl"]),
-        replica_of=v["replica_of"],
-        replica_timeout_seconds=v["replica_timeout"],
-        replica_token=v["replica_token"],
-        replica_token_file=v["replica_token_file"],
-        replica_serve_open=v["replica_serve_open"],
-        replica_tls_ca=v["replica_tls_ca"],
-        replica_tls_cert=v["replica_tls_cert"],
-        replica_tls_key=v["replica_tls_key"],
-        tls_cert=v["tls_cert"],
-        tls_key=v["tls_key"],
-        tls_client_ca=v["tls_client_ca"],
-        auth_tokens=v["auth_tokens"],
-        auth_open_health=v["auth_open_health"],
-        metrics_listen=v["metrics_listen"],
-        http_listen=v["http_listen"],
-    )
+    values: dict[str, Any] = {}
+    for config_field in fields(ServerConfig):
+        parts: dict[str, Any] = {}
+        for setting in config_field.metadata[_SETTINGS_KEY]:
+            value = setting.to_field(resolved.values[setting.name])
+            if setting.part:
+                parts[setting.part] = value
+            else:
+                values[config_field.name] = value
+        if parts:
+            nested = getattr(ServerConfig, config_field.name)  # the field's default
+            values[config_field.name] = replace(nested, **parts)
+    return ServerConfig(**values)
 
 
 def render(resolved: Resolved) -> str:
@@ -506,6 +617,26 @@ def readme_with_table(readme: str) -> str:
     start = readme.index("\n", start) + 1
     end = readme.index(END_MARK)
     return readme[:start] + markdown_table() + "\n" + readme[end:]
+
+
+def replica_token_of(config: ServerConfig) -> str:
+    """The token the replica presents: the setting, or the stripped content of its file."""
+    if not config.replica_token_file:
+        return config.replica_token
+    path = config.replica_token_file
+    try:
+        token = Path(path).read_text().strip()
+    except (OSError, UnicodeError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise ConfigError(f"cannot read the replica token file {path!r}: {reason}") from None
+    if not token:
+        raise ConfigError(f"the replica token file {path!r} is empty; write the token into it")
+    if not (token.isascii() and token.isprintable()) or any(c.isspace() for c in token):
+        raise ConfigError(
+            f"the replica token file {path!r} must hold just the token: one line of visible "
+            "ASCII with no spaces (a header cannot carry anything else)"
+        )
+    return token
 
 
 if __name__ == "__main__":

@@ -23,7 +23,8 @@ import grpc
 from google.rpc import error_details_pb2
 from grpc_status import rpc_status
 
-from sessionlog.service.app import ServerConfig, SessionLogServer
+from sessionlog.config import ServerConfig
+from sessionlog.server import SessionLogServer
 from sessionlog.storage.store import Store
 from sessionlog.v1 import session_log_service_pb2_grpc as pb_grpc
 

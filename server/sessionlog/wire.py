@@ -11,6 +11,16 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from google.protobuf.timestamp_pb2 import Timestamp
+
+from sessionlog.v1.event_pb2 import Event
+
+_EVENT = {f.name: f.number for f in Event.DESCRIPTOR.fields}
+_TIMESTAMP = {f.name: f.number for f in Timestamp.DESCRIPTOR.fields}
+"""Field numbers by name, from the generated descriptors: no number here is copied by hand."""
+VARINT = 0
+LENGTH_DELIMITED = 2
+
 _ONE_BYTE = [bytes((n,)) for n in range(0x80)]
 
 
@@ -69,7 +79,7 @@ _prefix_tables: dict[int, list[bytes]] = {}
 def _prefix_table(field_number: int) -> list[bytes]:
     table = _prefix_tables.get(field_number)
     if table is None:
-        key = tag(field_number, 2)
+        key = tag(field_number, LENGTH_DELIMITED)
         table = _prefix_tables[field_number] = [key + varint(n) for n in range(_PREFIXED_LENGTHS)]
     return table
 
@@ -87,7 +97,7 @@ def length_delimited(field_number: int, payloads: Iterable[bytes]) -> bytes:
     try:
         prefixes = [table[len(p)] for p in items]
     except IndexError:  # a payload of 16 KiB or more: encode its length
-        key = tag(field_number, 2)
+        key = tag(field_number, LENGTH_DELIMITED)
         prefixes = [table[n] if n < _PREFIXED_LENGTHS else key + varint(n) for n in map(len, items)]
     parts: list[bytes] = [b""] * (2 * len(items))
     parts[::2] = prefixes
@@ -97,24 +107,24 @@ def length_delimited(field_number: int, payloads: Iterable[bytes]) -> bytes:
 
 def uint_field(field_number: int, value: int) -> bytes:
     """A uint64 / bool field; proto3 omits zero."""
-    return tag(field_number, 0) + varint(value) if value else b""
+    return tag(field_number, VARINT) + varint(value) if value else b""
 
 
 def packed_uints(field_number: int, values: Iterable[int]) -> bytes:
     """A packed repeated uint64 field; omitted when empty."""
     body = b"".join(varint(v) for v in values)
-    return tag(field_number, 2) + varint(len(body)) + body if body else b""
+    return tag(field_number, LENGTH_DELIMITED) + varint(len(body)) + body if body else b""
 
 
 def int_field(field_number: int, value: int) -> bytes:
     """An int64 / int32 field (negative values take ten bytes, as protobuf writes them); proto3
     omits zero."""
-    return tag(field_number, 0) + varint(value & 0xFFFF_FFFF_FFFF_FFFF) if value else b""
+    return tag(field_number, VARINT) + varint(value & 0xFFFF_FFFF_FFFF_FFFF) if value else b""
 
 
 def message_field(field_number: int, payload: bytes) -> bytes:
     """A set singular message field (present even when its payload is empty)."""
-    return tag(field_number, 2) + varint(len(payload)) + payload
+    return tag(field_number, LENGTH_DELIMITED) + varint(len(payload)) + payload
 
 
 _MIN_TIMESTAMP_NS = -62135596800 * 1_000_000_000
@@ -123,15 +133,15 @@ _MAX_TIMESTAMP_NS = 253402300799 * 1_000_000_000 + 999_999_999
 
 
 def event_time_field(nanoseconds: int) -> bytes:
-    """An Event's ``time`` field (3) holding this instant, as ``time.FromNanoseconds`` sets it
+    """An Event's ``time`` field holding this instant, as ``time.FromNanoseconds`` sets it
     (seconds floored, nanos in [0, 1e9)); b"" outside the range of a valid Timestamp."""
     if not _MIN_TIMESTAMP_NS <= nanoseconds <= _MAX_TIMESTAMP_NS:
         return b""
-    return message_field(3, timestamp(nanoseconds))
+    return message_field(_EVENT["time"], timestamp(nanoseconds))
 
 
-_SECONDS_TAG = tag(1, 0)
-_NANOS_TAG = tag(2, 0)
+_SECONDS_TAG = tag(_TIMESTAMP["seconds"], VARINT)
+_NANOS_TAG = tag(_TIMESTAMP["nanos"], VARINT)
 _INT64_MASK = 0xFFFF_FFFF_FFFF_FFFF
 
 
@@ -148,18 +158,27 @@ def with_time(event_without_time: bytes, event_type: int, time_field: bytes) -> 
     same event with that time set; b"" when the bytes do not have the expected shape.
 
     Fields are written in number order: an event the server accepts has seq 0 (absent), so its
-    bytes start with its type (field 2; a known type takes two bytes), then data, surface_op and
-    any unknown fields. The time (field 3) goes right after the type.
+    bytes start with its type (a one-byte tag and, for a known type, a one-byte value), then
+    data, surface_op and any unknown fields. The time (numbered right after the type) goes
+    right after the type.
     """
     body = event_without_time
-    if not time_field or len(body) < 2 or body[0] != 0x10 or body[1] != event_type:
+    if not time_field or len(body) < 2 or body[:1] != _TYPE_TAG or body[1] != event_type:
         return b""
     if not 0 < event_type < 0x80:
         return b""
     return body[:2] + time_field + body[2:]
 
 
-_SEQ_TAG = tag(1, 0)
+_TYPE_TAG = tag(_EVENT["type"], VARINT)
+_SEQ_TAG = tag(_EVENT["seq"], VARINT)
+assert (
+    _EVENT["seq"]
+    < _EVENT["type"]
+    < _EVENT["time"]
+    < min(n for name, n in _EVENT.items() if name not in ("seq", "type", "time"))
+), "with_seq and with_time rely on Event's field order: seq, type, time, then the rest"
+assert len(_TYPE_TAG) == 1
 
 
 def with_seq(seq: int, event_without_seq: bytes) -> bytes:

@@ -16,7 +16,7 @@ import grpc
 import pytest
 
 from sessionlog import fold
-from sessionlog.service.app import ServerConfig
+from sessionlog.config import ServerConfig
 from sessionlog.testing import ThreadedServer, error_info, running_server
 from sessionlog.v1 import event_pb2
 from sessionlog.v1 import session_log_service_pb2 as pb

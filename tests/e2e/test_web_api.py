@@ -6,13 +6,15 @@ from __future__ import annotations
 import http.client
 import json
 import socket
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from sessionlog.service.app import BindError
+from sessionlog.config import ServerConfig
+from sessionlog.server import BindError
 from sessionlog.storage.store import Store
 from sessionlog.testing import ThreadedServer, running_server
 from sessionlog.v1 import event_pb2
@@ -131,6 +133,62 @@ def test_follow_streams_stored_then_live_events(console: ThreadedServer) -> None
         assert console.server.streams.total == 1
     finally:
         connection.close()
+
+
+def test_follow_ends_at_shutdown_with_the_seq_to_resume_from(tmp_path: Path) -> None:
+    """/follow runs Since's loop: a server stopping ends it with UNAVAILABLE and the seq."""
+    server = ThreadedServer(
+        ServerConfig(
+            data_dir=str(tmp_path / "data"), listen="127.0.0.1:0", http_listen="127.0.0.1:0"
+        )
+    ).start()
+    stopper = threading.Thread(target=server.stop)
+    connection = http.client.HTTPConnection("127.0.0.1", server.server.http_port, timeout=TIMEOUT)
+    try:
+        seed(server.store)
+        connection.request("GET", f"/api/sessions/{SESSION}/follow?from=7")
+        response = connection.getresponse()
+        assert _frame(response)[0] == "events"
+        assert _frame(response) == ("caught_up", {"next_seq": 9})
+        stopper.start()
+        kind, body = _frame(response)
+        assert kind == "error"
+        assert body["reason"] == "UNAVAILABLE"
+        assert "resume session 'demo.weather' from 9" in body["message"]
+    finally:
+        connection.close()
+        if stopper.ident is None:
+            stopper.start()
+        stopper.join(TIMEOUT)
+
+
+def test_follow_is_paced_like_since(tmp_path: Path) -> None:
+    """Once caught up, /follow holds a commit until its turn (--follow-send-rate): two appends
+    made within one pace interval reach the page as one batch."""
+    with running_server(tmp_path / "data", http_listen="127.0.0.1:0", follow_send_rate=1) as server:
+        seed(server.store)
+        connection = http.client.HTTPConnection(
+            "127.0.0.1", server.server.http_port, timeout=TIMEOUT
+        )
+        try:
+            connection.request("GET", f"/api/sessions/{SESSION}/follow?from=9")
+            response = connection.getresponse()
+            assert _frame(response) == ("caught_up", {"next_seq": 9})
+            stub = server.stub()
+            for content in ("first", "second", "third"):
+                stub.Append(
+                    pb.AppendRequest(
+                        session_id=SESSION,
+                        events=[event(event_pb2.EVENT_TYPE_USER_MESSAGE, content=content)],
+                    ),
+                    timeout=TIMEOUT,
+                )
+            batches = [_frame(response), _frame(response)]
+            assert [kind for kind, _ in batches] == ["events", "events"]
+            seqs = [[e["seq"] for e in body["events"]] for _, body in batches]
+            assert seqs == [[9], [10, 11]]
+        finally:
+            connection.close()
 
 
 def _frame(response: http.client.HTTPResponse) -> tuple[str, Any]:

@@ -8,8 +8,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-import lmdb
-
+from sessionlog.storage.recording import RecordingTxn
 from sessionlog.storage.store import Store, StoreConfig
 from sessionlog.v1.event_pb2 import Event, EventType
 
@@ -43,7 +42,7 @@ class WriterGate:
         self.release = threading.Event()
         self._wait_seconds = wait_seconds
 
-    def apply(self, txn: lmdb.Transaction, now_ns: int) -> None:
+    def apply(self, txn: RecordingTxn, now_ns: int) -> None:
         self.entered.set()
         assert self.release.wait(self._wait_seconds), "gate never released"
 

@@ -82,3 +82,27 @@ def test_go_stubs_name_every_rpc_message_and_field_of_proto() -> None:
             for rpc in re.findall(r"^\s+rpc (\w+)\(", text, flags=re.MULTILINE):
                 method = f'"/sessionlog.v1.{service.group(1)}/{rpc}"'
                 assert method in stubs, f"{method} missing from the Go stubs: make gen-go"
+
+
+def _make_target(name: str) -> str:
+    """The recipe line(s) and prerequisites of one Makefile target, as written."""
+    text = (ROOT / "Makefile").read_text()
+    match = re.search(rf"^{name}:(.*?)(?=^\S|\Z)", text, re.MULTILINE | re.DOTALL)
+    assert match, f"no {name} target in the Makefile"
+    return match.group(1)
+
+
+def test_ci_runs_make_check_which_runs_every_gate() -> None:
+    """CI runs `make check`: format, lint, mypy, buf lint and format, fresh generated code, and
+    the tests (`make test`), not the tests alone."""
+    commands = [
+        line.strip()
+        for line in (ROOT / ".ci" / "run").read_text().splitlines()
+        if line.strip() and not line.lstrip().startswith("#")
+    ]
+    assert commands[-1] == "make check"
+    assert "make test" not in commands
+    assert _make_target("check").split() == ["lint", "gen-check", "test"]
+    lint = _make_target("lint")
+    for gate in ("ruff format --check", "ruff check", "mypy", "buf lint", "buf format --diff"):
+        assert gate in lint, gate

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from sessionlog import config
-from sessionlog.service.app import ConfigError, ServerConfig
+from sessionlog.config import ConfigError, ServerConfig
 
 SECRET = "unit-secret-4b9e21c7d05f"
 

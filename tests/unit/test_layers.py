@@ -1,10 +1,15 @@
-"""STYLE: imports point downward, so the pure fold loads without grpc or lmdb."""
+"""STYLE: imports point downward (cli -> server -> service, web -> storage -> fold; config a
+leaf), so the pure fold loads without grpc or lmdb. Each rule of the layout is one test below,
+named in its docstring."""
 
 from __future__ import annotations
 
+import ast
+import dataclasses
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 PROBE = """
 import json, sys
@@ -38,3 +43,228 @@ def test_probe_sees_grpc_and_lmdb_when_they_are_loaded() -> None:
     """The probe is not blind: importing grpc or lmdb themselves shows up."""
     assert "grpc" in heavy_modules_after_importing("grpc")
     assert "lmdb" in heavy_modules_after_importing("lmdb")
+
+
+# -- the import graph, read from the source (ast), every module of the server package ----------
+
+PACKAGE = Path(__file__).resolve().parents[2] / "server" / "sessionlog"
+COMPOSITION = "sessionlog.server"
+WIRE_WRITERS = {"uint_field", "int_field", "length_delimited", "message_field", "packed_uints"}
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _sources() -> dict[str, ast.Module]:
+    """Every hand-written module of the server package (the generated v1/ left out), parsed."""
+    return {
+        _module_name(path): ast.parse(path.read_text(), str(path))
+        for path in sorted(PACKAGE.rglob("*.py"))
+        if "v1" not in path.relative_to(PACKAGE).parts
+    }
+
+
+SOURCES = _sources()
+
+
+def _imports(tree: ast.Module) -> set[str]:
+    """Every module a module imports, TYPE_CHECKING and function-local imports included;
+    ``from a import b`` counts as importing both ``a`` and ``a.b``."""
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            found.add(node.module)
+            found.update(f"{node.module}.{alias.name}" for alias in node.names)
+    return found
+
+
+def _in(layer: str, module: str) -> bool:
+    return module == layer or module.startswith(layer + ".")
+
+
+def _offenders(layer: str, forbidden: tuple[str, ...]) -> dict[str, list[str]]:
+    """The modules of ``layer`` that import something under one of ``forbidden``."""
+    out = {}
+    for name, tree in SOURCES.items():
+        if _in(layer, name):
+            bad = sorted(m for m in _imports(tree) if any(_in(f, m) for f in forbidden))
+            if bad:
+                out[name] = bad
+    return out
+
+
+def test_the_source_walk_sees_every_layer() -> None:
+    """The rules below are not vacuous: the walk finds each layer's modules and their imports."""
+    for layer in ("sessionlog.fold", "sessionlog.storage.store", "sessionlog.service.servicer"):
+        assert layer in SOURCES
+    assert "sessionlog.web.app" in SOURCES
+    assert COMPOSITION in SOURCES
+    assert "sessionlog.storage.store" in _imports(SOURCES["sessionlog.service.servicer"])
+
+
+def test_fold_imports_no_grpc_lmdb_storage_or_service() -> None:
+    """Rule: the fold is pure, it imports neither grpc, lmdb, storage, service nor web."""
+    forbidden = ("grpc", "lmdb", "sessionlog.storage", "sessionlog.service", "sessionlog.web")
+    assert _offenders("sessionlog.fold", forbidden) == {}
+
+
+def test_storage_imports_no_service_web_or_grpc() -> None:
+    """Rule: storage owns LMDB and knows nothing above it: no service, web, composition, grpc."""
+    forbidden = ("sessionlog.service", "sessionlog.web", COMPOSITION, "grpc")
+    assert _offenders("sessionlog.storage", forbidden) == {}
+
+
+def test_service_imports_no_web_and_no_composition() -> None:
+    """Rule: no arrow runs from service/ up to web/ or to the composition module."""
+    assert _offenders("sessionlog.service", ("sessionlog.web", COMPOSITION)) == {}
+
+
+def test_web_imports_no_composition() -> None:
+    """Rule: the console reads a running server through its protocol, never the composition."""
+    assert _offenders("sessionlog.web", (COMPOSITION,)) == {}
+
+
+def test_only_the_composition_module_imports_both_service_and_web() -> None:
+    """Rule: the one module that wires service/ and web/ together is ``sessionlog.server``."""
+    both = [
+        name
+        for name, tree in SOURCES.items()
+        if not _in("sessionlog.service", name)
+        and not _in("sessionlog.web", name)
+        and any(_in("sessionlog.service", m) for m in _imports(tree))
+        and any(_in("sessionlog.web", m) for m in _imports(tree))
+    ]
+    assert both == [COMPOSITION]
+
+
+def test_only_the_entry_points_import_the_composition_module() -> None:
+    """Rule: nothing below the composition imports it; the CLI and ``testing`` start servers."""
+    importers = sorted(n for n, tree in SOURCES.items() if COMPOSITION in _imports(tree))
+    assert importers == ["sessionlog.cli", "sessionlog.testing"]
+
+
+def test_config_is_a_leaf() -> None:
+    """Rule: config.py (ServerConfig, its errors and defaults) imports no service, storage,
+    web, composition, grpc or lmdb, so every layer may take its defaults from it."""
+    forbidden = (
+        "sessionlog.service",
+        "sessionlog.storage",
+        "sessionlog.web",
+        COMPOSITION,
+        "grpc",
+        "lmdb",
+    )
+    assert _offenders("sessionlog.config", forbidden) == {}
+
+
+def test_setting_defaults_are_written_only_in_config() -> None:
+    """Rule: no module but config.py assigns a DEFAULT_* that config.py declares."""
+    declared = {
+        target.id
+        for node in SOURCES["sessionlog.config"].body
+        if isinstance(node, ast.Assign)
+        for target in node.targets
+        if isinstance(target, ast.Name) and target.id.startswith("DEFAULT_")
+    }
+    assert {"DEFAULT_HEARTBEAT_SECONDS", "DEFAULT_MAX_MESSAGE_BYTES"} <= declared
+    again = [
+        (name, target.id)
+        for name, tree in SOURCES.items()
+        if name != "sessionlog.config"
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Assign | ast.AnnAssign)
+        for target in (node.targets if isinstance(node, ast.Assign) else [node.target])
+        if isinstance(target, ast.Name) and target.id in declared
+    ]
+    assert again == []
+
+
+def test_every_server_config_field_is_declared_by_its_setting() -> None:
+    """Rule: each ServerConfig field comes from the setting(s) that fill it, and SETTINGS is
+    exactly those declarations, in field order (flags, env, TOML and docs share one source)."""
+    from sessionlog import config
+
+    declared = [
+        setting
+        for field in dataclasses.fields(config.ServerConfig)
+        for setting in field.metadata["settings"]
+    ]
+    assert all(field.metadata["settings"] for field in dataclasses.fields(config.ServerConfig))
+    assert list(config.SETTINGS) == declared
+
+
+def _top_level(tree: ast.Module) -> list[ast.stmt]:
+    return [n for n in tree.body if isinstance(n, ast.ClassDef | ast.FunctionDef)]
+
+
+def test_commands_module_defines_only_commands() -> None:
+    """Rule: storage/commands.py holds the commands the writer applies (each with ``apply``)
+    and their inputs and results; no table handles, no public read helpers."""
+    tree = SOURCES["sessionlog.storage.commands"]
+    classes = [n for n in _top_level(tree) if isinstance(n, ast.ClassDef)]
+    commands = [
+        c.name
+        for c in classes
+        if any(isinstance(item, ast.FunctionDef) and item.name == "apply" for item in c.body)
+    ]
+    assert commands == ["AppendCommand", "ForkCommand", "LeaseCommand"]
+    others = {c.name for c in classes} - set(commands)
+    assert others == {"AppendBatch", "AppendResult", "ForkResult", "LeaseChange"}
+    public_functions = [
+        n.name for n in _top_level(tree) if isinstance(n, ast.FunctionDef) and n.name[0] != "_"
+    ]
+    assert public_functions == []
+
+
+def test_storage_needs_no_type_ignores_and_the_writer_no_getattr() -> None:
+    """Rule: commands are typed against the transaction they get (no ``type: ignore`` in
+    storage/), and the writer tells replicated commands apart without a ``getattr``."""
+    for path in sorted((PACKAGE / "storage").glob("*.py")):
+        assert "type: ignore" not in path.read_text(), path.name
+    calls = [
+        node
+        for node in ast.walk(SOURCES["sessionlog.storage.writer"])
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+    ]
+    assert calls
+    assert [c for c in calls if isinstance(c.func, ast.Name) and c.func.id == "getattr"] == []
+
+
+def test_service_and_web_never_touch_the_internal_session_id() -> None:
+    """Rule: storage's internal ``sid`` stays in storage; the service and console read by id."""
+    touching = sorted(
+        name
+        for name, tree in SOURCES.items()
+        if _in("sessionlog.service", name) or _in("sessionlog.web", name)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Attribute) and node.attr == "sid"
+    )
+    assert touching == []
+
+
+def _field_number_argument(node: ast.Call) -> ast.expr | None:
+    """The argument a ``wire`` call takes its field number in (None for other calls)."""
+    func = node.func
+    name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+    position = {**dict.fromkeys(WIRE_WRITERS | {"tag"}, 0), "split_field": 1}.get(name)
+    if position is None or len(node.args) <= position:
+        return None
+    return node.args[position]
+
+
+def test_no_field_number_is_written_as_a_literal() -> None:
+    """Rule: hand encoding (``wire``) takes field numbers from the generated descriptors: no
+    call in the server passes a bare number as a field number."""
+    literal = sorted(
+        (name, node.lineno)
+        for name, tree in SOURCES.items()
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call)
+        and isinstance(argument := _field_number_argument(node), ast.Constant)
+        and type(argument.value) is int
+    )
+    assert literal == []

@@ -13,14 +13,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import grpc
 from google.protobuf.duration_pb2 import Duration
 
 from sessionlog import errors
-from sessionlog.service.errors import abort, refusal_level
-from sessionlog.service.limits import Outgoing
+from sessionlog.service.errors import refusal_level
 from sessionlog.service.notifier import Notifier, shutting_down
 
 log = logging.getLogger(__name__)
@@ -39,8 +38,12 @@ def heartbeat_interval(requested: Duration, ceiling: float) -> float:
     return min(max(seconds, MIN_HEARTBEAT_SECONDS), ceiling)
 
 
+Refuse = Callable[[errors.SessionLogError], Awaitable[None]]
+"""How a stream ends with an error: a gRPC abort, or the console's in-band ``error`` event."""
+
+
 async def follow(
-    context: grpc.aio.ServicerContext,
+    refuse: Refuse,
     notifier: Notifier,
     *,
     key: str,
@@ -51,12 +54,15 @@ async def follow(
     read: Callable[[int], tuple[bytes, int, bool]],
     marker: Callable[[bool], bytes],
     pace: Callable[[], float] = lambda: 0.0,
-) -> Outgoing:
+) -> AsyncIterator[tuple[bytes, int]]:
     """Stream ``read(cursor)`` batches (payload, how far they advance the cursor, whether more
     may follow it) until there is nothing left; with ``live``, then ``marker(True)`` once
     (caught up), then new batches as commits to ``key`` wake it, and ``marker(False)`` (a
     heartbeat) after each idle interval. Once caught up, two responses are at least ``pace()``
-    seconds apart: what commits land in between goes out together in the next one."""
+    seconds apart: what commits land in between goes out together in the next one.
+
+    A refusal, and shutdown (UNAVAILABLE with the position to resume from), end the stream
+    through ``refuse``: the same loop serves gRPC streams and the web console's live tail."""
     waiter: asyncio.Future[None] | None = None
     caught_up = False
     loop = asyncio.get_running_loop()
@@ -77,7 +83,7 @@ async def follow(
                 if delay > 0:
                     await notifier.pause(delay)
             if notifier.closed:
-                await abort(context, shutting_down(subject, cursor))
+                await refuse(shutting_down(subject, cursor))
                 return
             payload, advance, more = read(cursor)
             if advance:
@@ -107,12 +113,12 @@ async def follow(
             "stream refused",
             extra={"stream": subject, "reason": error.reason},
         )
-        await abort(context, error)
+        await refuse(error)
     except (asyncio.CancelledError, grpc.aio.AbortError):
         raise
     except Exception:
         log.exception("unexpected failure following %s", subject)
-        await abort(context, errors.SessionLogError("internal error; see the server log"))
+        await refuse(errors.SessionLogError("internal error; see the server log"))
     finally:
         if waiter is not None:
             notifier.discard(key, waiter)

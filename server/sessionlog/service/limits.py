@@ -9,6 +9,11 @@ from typing import Any
 import grpc
 
 from sessionlog import errors
+from sessionlog.config import (
+    DEFAULT_FOLLOW_SEND_RATE,
+    DEFAULT_MAX_STREAMS,
+    DEFAULT_MAX_STREAMS_PER_CONNECTION,
+)
 from sessionlog.service.errors import abort
 from sessionlog.service.notifier import Notifier, shutting_down
 
@@ -16,12 +21,6 @@ Outgoing = AsyncIterator[tuple[bytes, int]]
 """What a guarded stream yields: each response with the position a client resumes from once it
 has read that response."""
 
-DEFAULT_MAX_EVENTS_PER_APPEND = 10_000
-DEFAULT_MAX_STREAMS = 10_000
-DEFAULT_MAX_STREAMS_PER_CONNECTION = 1_000
-DEFAULT_FOLLOW_SEND_RATE = 5_000
-"""Live follow responses per second, all streams together, that one server paces itself to:
-about what one Python process sends while leaving time for appends (see ``StreamLimiter.pace``)."""
 MAX_PACE_SECONDS = 1.0
 
 

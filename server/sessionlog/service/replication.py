@@ -27,6 +27,7 @@ status says so, with the primary position it last heard, never one it guessed.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from collections.abc import Callable
@@ -35,7 +36,8 @@ from dataclasses import dataclass
 import grpc
 from google.rpc import error_details_pb2, status_pb2
 
-from sessionlog import errors, wire
+from sessionlog import errors, mirrors, wire
+from sessionlog.config import DEFAULT_HEARTBEAT_SECONDS, DEFAULT_REPLICA_TIMEOUT_SECONDS
 from sessionlog.service.errors import abort
 from sessionlog.service.follow import follow, heartbeat_interval
 from sessionlog.service.limits import Outgoing, StreamLimiter
@@ -47,14 +49,13 @@ from sessionlog.v1 import replication_service_pb2 as rpb
 
 log = logging.getLogger(__name__)
 
+_CHANGES_FIELD = rpb.ChangesResponse.DESCRIPTOR.fields_by_name["changes"].number
+
 SERVICE_NAME = "sessionlog.v1.ReplicationService"
 CHANGES_METHOD = f"/{SERVICE_NAME}/Changes"
 CHANGES_BATCH_BYTES = 1 << 20
 BACKOFF_FIRST_SECONDS = 0.1
 BACKOFF_MAX_SECONDS = 5.0
-DEFAULT_REPLICA_TIMEOUT_SECONDS = 5.0
-REPLICA_TIMEOUT_FLOOR_SECONDS = 0.3
-"""Three times the shortest heartbeat a server sends (``follow.MIN_HEARTBEAT_SECONDS``)."""
 REPLICA_KEEPALIVE_OPTIONS: tuple[tuple[str, int], ...] = (
     # Ping the primary after 10 s without a frame (gRPC's advised floor, and at least the
     # server's accepted ping interval, see app.SERVER_KEEPALIVE_OPTIONS); no ack within 5 s
@@ -125,7 +126,7 @@ class ReplicationServicer:
         notifier: Notifier,
         *,
         replica: ReplicaState | None = None,
-        heartbeat_seconds: float = 15.0,
+        heartbeat_seconds: float = DEFAULT_HEARTBEAT_SECONDS,
         streams: StreamLimiter | None = None,
     ) -> None:
         self.store = store
@@ -145,12 +146,20 @@ class ReplicationServicer:
             },
         )
 
-    def _head_fields(self) -> bytes:
+    def _response(self, changes: list[bytes] | None = None, caught_up: bool = False) -> bytes:
+        """A ChangesResponse with the feed's head: stored change records as they are (see
+        ``mirrors``), or a caught-up marker or heartbeat."""
         position, commit_ns = self.store.head()
-        stamp = rpb.ChangesResponse(history_id=self.store.history()[0])
+        response = mirrors.ChangesResponse(
+            changes=changes or [],
+            caught_up=caught_up,
+            head_position=position,
+            history_id=self.store.history()[0],
+        )
         if commit_ns:
-            stamp.head_commit_time.FromNanoseconds(commit_ns)
-        return wire.uint_field(3, position) + stamp.SerializeToString()
+            response.head_commit_time.FromNanoseconds(commit_ns)
+        encoded: bytes = response.SerializeToString()
+        return encoded
 
     async def changes(self, raw: bytes, context: grpc.aio.ServicerContext) -> Outgoing:
         """Every change from start_position on, in batches; with follow, then live ones."""
@@ -170,13 +179,13 @@ class ReplicationServicer:
             batch = self.store.read_changes(cursor, CHANGES_BATCH_BYTES)
             if not batch:
                 return b"", 0, False
-            return wire.length_delimited(1, batch) + self._head_fields(), len(batch), True
+            return self._response(batch), len(batch), True
 
         def marker(caught_up: bool) -> bytes:
-            return wire.uint_field(2, caught_up) + self._head_fields()
+            return self._response(caught_up=caught_up)
 
         stream = follow(
-            context,
+            functools.partial(abort, context),
             self.notifier,
             key=FEED_KEY,
             subject="the change feed",
@@ -336,7 +345,7 @@ class Replicator:
         self._received = True
 
     async def _handle(self, raw: bytes) -> None:
-        rest, payloads = wire.split_field(raw, 1)
+        rest, payloads = wire.split_field(raw, _CHANGES_FIELD)
         response = rpb.ChangesResponse.FromString(rest)
         state = self.state
         state.last_contact_ns = time.time_ns()

@@ -28,22 +28,26 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 import lmdb
 
 from sessionlog import errors, wire
 from sessionlog.storage import damage, schema
-from sessionlog.storage.commands import Tables, read_range
+from sessionlog.storage.reads import read_range
+from sessionlog.storage.recording import RecordingTxn
+from sessionlog.storage.tables import Tables
 from sessionlog.v1 import replication_service_pb2 as rpb
 
 #: The notifier key that wakes change-feed followers; session ids cannot contain NUL.
 FEED_KEY = "\x00changes"
 
-_EVENTS_FIELD = rpb.Change.DESCRIPTOR.fields_by_name["events"].number
-_CHECKSUM_FIELD = rpb.Change.DESCRIPTOR.fields_by_name["checksum"].number
+_CHANGE = {f.name: f.number for f in rpb.Change.DESCRIPTOR.fields}
+"""Change's field numbers by name, from the generated descriptor: never copied by hand."""
+_PUT = {f.name: f.number for f in rpb.StoragePut.DESCRIPTOR.fields}
+_EVENTS_FIELD = _CHANGE["events"]
+_CHECKSUM_FIELD = _CHANGE["checksum"]
 CHECKSUM_BYTES = 16
-_CHECKSUM_PREFIX = wire.tag(_CHECKSUM_FIELD, 2) + wire.varint(CHECKSUM_BYTES)
+_CHECKSUM_PREFIX = wire.tag(_CHECKSUM_FIELD, wire.LENGTH_DELIMITED) + wire.varint(CHECKSUM_BYTES)
 _CHECKSUM_TAIL = len(_CHECKSUM_PREFIX) + CHECKSUM_BYTES
 
 KIND_BY_NAME = {
@@ -54,81 +58,27 @@ KIND_BY_NAME = {
 }
 
 
-class RecordingTxn:
-    """A write transaction that remembers what a command puts, for its change record.
-
-    Events go through ``put_events`` and are remembered as a range (consecutive seqs of one
-    session); every other put is kept whole.
-    """
-
-    def __init__(self, txn: lmdb.Transaction, tables: Tables) -> None:
-        self._txn = txn
-        self._names = tables.names
-        self._events_db = tables.events
-        self.puts: list[tuple[str, bytes, bytes]] = []
-        self.events: list[bytes] = []
-        """The stored bytes of the events written, in seq order (for the record's checksum)."""
-        self.event_sid = -1
-        self.first_seq = 0
-        self.event_count = 0
-
-    def get(self, key: bytes, default: Any = None, db: Any = None) -> Any:
-        return self._txn.get(key, default, db=db)
-
-    def cursor(self, db: Any = None) -> lmdb.Cursor:
-        return self._txn.cursor(db=db)
-
-    def put(self, key: bytes, value: bytes, db: Any = None, overwrite: bool = True) -> bool:
-        if db is self._events_db:
-            raise RuntimeError("events are written with put_events, as one range")
-        written: bool = self._txn.put(key, value, db=db, overwrite=overwrite)
-        if written:
-            self.puts.append((self._names[id(db)], bytes(key), bytes(value)))
-        return written
-
-    def put_events(self, sid: int, first_seq: int, values: Sequence[bytes]) -> None:
-        """Write events under consecutive seqs of one session from ``first_seq`` on, in one call
-        to LMDB; raises if any of those keys is already taken (the log would be corrupt)."""
-        if not values:
-            return
-        keys = [schema.event_key(sid, seq) for seq in range(first_seq, first_seq + len(values))]
-        with self._txn.cursor(db=self._events_db) as cursor:
-            _, added = cursor.putmulti(zip(keys, values, strict=True), overwrite=False)
-        if added != len(values):
-            raise RuntimeError(
-                f"{len(values) - added} of the event keys {sid}/{first_seq}.. already exist: "
-                "the log is corrupt"
-            )
-        if self.event_count == 0:
-            self.event_sid, self.first_seq = sid, first_seq
-        elif sid != self.event_sid or first_seq != self.first_seq + self.event_count:
-            raise RuntimeError("a command wrote events that are not one consecutive range")
-        self.event_count += len(values)
-        self.events.extend(values)
-
-    @property
-    def wrote(self) -> bool:
-        return bool(self.puts) or self.event_count > 0
-
-
 def encode_change(
     position: int, kind: str, session_id: str, commit_ns: int, recorded: RecordingTxn
 ) -> bytes:
     """The stored change record (without its events): the bytes ``Change.SerializeToString``
     gives, written field by field in number order (this runs once per commit, for every append,
-    and building the protobuf objects cost more than the rest of a small append)."""
+    and building the protobuf objects cost more than the rest of a small append). Field numbers
+    come from the generated descriptor (``_CHANGE``, ``_PUT``); ``test_record_formats`` checks
+    the bytes against ``SerializeToString``."""
     parts = [
-        wire.uint_field(1, position),
-        wire.int_field(2, KIND_BY_NAME[kind]),
-        _text_field(3, session_id.encode("utf-8")),
-        wire.message_field(4, wire.timestamp(commit_ns)),
-        wire.uint_field(5, recorded.first_seq),
-        wire.uint_field(6, recorded.event_count),
-        wire.uint_field(7, max(recorded.event_sid, 0)),
+        wire.uint_field(_CHANGE["position"], position),
+        wire.int_field(_CHANGE["kind"], KIND_BY_NAME[kind]),
+        _text_field(_CHANGE["session_id"], session_id.encode("utf-8")),
+        wire.message_field(_CHANGE["commit_time"], wire.timestamp(commit_ns)),
+        wire.uint_field(_CHANGE["first_seq"], recorded.first_seq),
+        wire.uint_field(_CHANGE["event_count"], recorded.event_count),
+        wire.uint_field(_CHANGE["internal_id"], max(recorded.event_sid, 0)),
     ]
+    puts, key_field, value_field = _CHANGE["puts"], _PUT["key"], _PUT["value"]
     for table, key, value in recorded.puts:
-        put = _TABLE_FIELDS[table] + _text_field(2, key) + _text_field(3, value)
-        parts.append(wire.message_field(8, put))
+        put = _TABLE_FIELDS[table] + _text_field(key_field, key) + _text_field(value_field, value)
+        parts.append(wire.message_field(puts, put))
     return b"".join(parts)
 
 
@@ -187,8 +137,8 @@ def _text_field(field_number: int, payload: bytes) -> bytes:
     return wire.message_field(field_number, payload) if payload else b""
 
 
-_TABLE_FIELDS = {name.decode(): _text_field(1, name) for name in schema.ALL_DBS}
-"""StoragePut.table (field 1) for every table name, encoded once."""
+_TABLE_FIELDS = {name.decode(): _text_field(_PUT["table"], name) for name in schema.ALL_DBS}
+"""StoragePut.table for every table name, encoded once."""
 
 
 def read_changes(txn: lmdb.Transaction, tables: Tables, start: int, max_bytes: int) -> list[bytes]:
@@ -329,7 +279,6 @@ class ApplyResult:
 class ApplyChangesCommand:
     """Apply changes received from a primary, verbatim, under their own positions."""
 
-    replicated = True
     kind = "replicate"
     session_id = ""
 

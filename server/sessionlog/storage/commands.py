@@ -1,5 +1,9 @@
 """The writes the writer thread applies: append (and create), fork, and lease changes.
 
+Only commands live here (with their inputs and results); what they read goes through
+``reads``, the table handles are ``tables.Tables``. Each command is applied to the
+``changes.RecordingTxn`` the writer hands it, which records its puts for the change feed.
+
 Each command runs every check before its first put, so a refused command leaves the
 transaction exactly as it found it (see ``writer``). Checks follow SPEC §3's order: session id
 (already checked by ``prepare_append``), replayed request_id, writer lease, expected_seq, then the
@@ -10,16 +14,15 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from itertools import islice
-from typing import Any
-
-import lmdb
 
 from sessionlog import errors, fold, wire
 from sessionlog.storage import damage, schema
+from sessionlog.storage.reads import load_lease, load_meta, read_range
+from sessionlog.storage.recording import RecordingTxn
 from sessionlog.storage.schema import AuditRecord, LeaseRecord, RequestRecord, SessionMeta
+from sessionlog.storage.tables import Tables
 from sessionlog.v1.event_pb2 import Event, EventType
 
 log = logging.getLogger(__name__)
@@ -27,150 +30,7 @@ log = logging.getLogger(__name__)
 MAX_FORMER_HOLDERS = 16
 
 
-class Tables:
-    """The open handles of every named database."""
-
-    def __init__(self, env: lmdb.Environment) -> None:
-        with damage.reading("the directory of named tables"):
-            self.by_name: dict[str, Any] = {
-                name.decode(): env.open_db(name) for name in schema.ALL_DBS
-            }
-        self.sessions = self.by_name["sessions"]
-        self.ids = self.by_name["ids"]
-        self.events = self.by_name["events"]
-        self.requests = self.by_name["requests"]
-        self.counters = self.by_name["counters"]
-        self.leases = self.by_name["leases"]
-        self.audit = self.by_name["audit"]
-        self.changes = self.by_name["changes"]
-        self.names: dict[int, str] = {id(db): name for name, db in self.by_name.items()}
-
-
-# -- reads shared by the store and the commands --------------------------------------------------
-
-
-def load_meta(txn: lmdb.Transaction, tables: Tables, session_id: str) -> SessionMeta | None:
-    with damage.reading(f"the record of session '{session_id}'", session_id=session_id):
-        raw = txn.get(session_id.encode(), db=tables.sessions)
-        return None if raw is None else SessionMeta.decode(raw)
-
-
-def load_lease(txn: lmdb.Transaction, tables: Tables, session_id: str) -> LeaseRecord | None:
-    with damage.reading(f"the lease of session '{session_id}'", session_id=session_id):
-        raw = txn.get(session_id.encode(), db=tables.leases)
-        return None if raw is None else LeaseRecord.decode(raw)
-
-
-def read_range(
-    txn: lmdb.Transaction,
-    tables: Tables,
-    sid: int,
-    start: int,
-    stop: int | None = None,
-    max_bytes: int = 1 << 62,
-    session_id: str = "",
-) -> list[bytes]:
-    """Stored events of ``sid`` with start <= seq < stop: the first one whatever its size, then
-    more while their total stays within ``max_bytes``. One cursor walk over a contiguous key
-    range: O(events returned). LMDB finding a damaged page raises DataCorrupted naming
-    ``session_id`` (or the sid). The values are not decoded here.
-
-    Seqs are dense, so the events wanted are the ``stop - start`` values from the start key on,
-    read without looking at their keys (no key copy or compare per event). A ``stop`` that is
-    None or past the end is first clipped to the session's last stored seq (one seek).
-    """
-    name = f"session '{session_id}'" if session_id else f"the session of internal id {sid}"
-    with damage.reading(f"events from seq {start} of {name}", session_id=session_id, seq=start):
-        return _read_range(txn, tables, sid, start, stop, max_bytes)
-
-
-def _read_range(
-    txn: lmdb.Transaction, tables: Tables, sid: int, start: int, stop: int | None, max_bytes: int
-) -> list[bytes]:
-    if stop is not None and stop <= start:
-        return []
-    cursor = txn.cursor(db=tables.events)
-    if stop is None or not cursor.set_key(schema.event_key(sid, stop - 1)):
-        stored = _stored_stop(cursor, sid)
-        stop = stored if stop is None else min(stop, stored)
-        if stop <= start:
-            return []
-    if not cursor.set_key(schema.event_key(sid, start)):
-        return _read_range_walk(cursor, sid, start, stop, max_bytes)
-    values: Iterator[Any] = cursor.iternext(keys=False)
-    if type(cursor.value()) is not bytes:
-        # A transaction opened with buffers=True: copy each value out as it is read, which lets
-        # py-lmdb reuse its buffer object (keeping every buffer alive first is ~3x slower).
-        values = map(bytes, values)
-    want = stop - start
-    if max_bytes >= want * _MAX_VALUE_BYTES:
-        out: list[Any] = list(islice(values, want))
-        pulled = len(out)
-    else:
-        out, pulled = _take_within(values, want, max_bytes)
-    # The cursor stands on the last value pulled: with a dense log, seq start + pulled - 1.
-    # Anything else (a gap: an invariant broken) is read key by key instead.
-    if cursor.key() != schema.event_key(sid, start + pulled - 1):
-        return _read_range_walk(cursor, sid, start, stop, max_bytes)
-    return out
-
-
-_MAX_VALUE_BYTES = 1 << 32
-"""No stored value is this large: a budget this big per event never cuts a read short."""
-
-
-def _take_within(values: Iterator[Any], want: int, max_bytes: int) -> tuple[list[Any], int]:
-    """Up to ``want`` values: the first whatever its size, then more while the total fits.
-
-    Returns the values kept and how many were pulled from ``values`` (one more than kept when
-    the budget cut the read). Reads at most one value past the budget, whatever the sizes; a
-    plain loop here measured as fast as reading in chunks and trimming them.
-    """
-    out: list[Any] = []
-    append = out.append
-    total = 0
-    for value in islice(values, want):
-        total += len(value)
-        if total > max_bytes and out:
-            return out, len(out) + 1
-        append(value)
-    return out, len(out)
-
-
-def _stored_stop(cursor: lmdb.Cursor, sid: int) -> int:
-    """One past the last seq stored for ``sid`` (0 when none), found by seeking."""
-    positioned = cursor.set_range(schema.event_key(sid + 1, 0))
-    positioned = cursor.prev() if positioned else cursor.last()
-    if not positioned:
-        return 0
-    key = bytes(cursor.key())
-    if key[:8] != schema.u64(sid):
-        return 0
-    return schema.event_key_seq(key) + 1
-
-
-def _read_range_walk(
-    cursor: lmdb.Cursor, sid: int, start: int, stop: int, max_bytes: int
-) -> list[bytes]:
-    """read_range key by key: the reference, used only when the log is not dense."""
-    out: list[bytes] = []
-    total = 0
-    end_key = schema.event_key(sid, stop)
-    if not cursor.set_range(schema.event_key(sid, start)):
-        return out
-    for key, value in cursor:
-        if bytes(key) >= end_key:
-            break
-        total += len(value)
-        if out and total > max_bytes:
-            break
-        out.append(bytes(value))
-    return out
-
-
-def _new_session(
-    txn: lmdb.Transaction, tables: Tables, session_id: str, now_ns: int
-) -> SessionMeta:
+def _new_session(txn: RecordingTxn, tables: Tables, session_id: str, now_ns: int) -> SessionMeta:
     raw = txn.get(schema.NEXT_SID, db=tables.counters)
     sid = 0 if raw is None else schema.read_u64(raw)
     txn.put(schema.NEXT_SID, schema.u64(sid + 1), db=tables.counters)
@@ -229,7 +89,7 @@ class AppendCommand:
     def touched(self) -> Sequence[str]:
         return self._touched
 
-    def apply(self, txn: lmdb.Transaction, now_ns: int) -> AppendResult:
+    def apply(self, txn: RecordingTxn, now_ns: int) -> AppendResult:
         batch, tables = self._batch, self._tables
         meta = load_meta(txn, tables, batch.session_id)
         if batch.create_only and meta is not None:
@@ -241,7 +101,7 @@ class AppendCommand:
             replay = self._replay(txn, meta, now_ns)
             if replay is not None:
                 return replay
-        check_lease_for_append(
+        _check_lease(
             load_lease(txn, tables, batch.session_id),
             batch.session_id,
             batch.lease_holder,
@@ -266,8 +126,7 @@ class AppendCommand:
             meta = _new_session(txn, tables, batch.session_id, now_ns)
         bodies, with_seq = batch.bodies, wire.with_seq
         stored = [with_seq(seq, bodies[index]) for seq, index in enumerate(kept, meta.next_seq)]
-        # The writer hands every command a changes.RecordingTxn: one LMDB call for the batch.
-        txn.put_events(meta.sid, meta.next_seq, stored)  # type: ignore[attr-defined]
+        txn.put_events(meta.sid, meta.next_seq, stored)  # one LMDB call for the batch
         meta.next_seq += len(stored)
         meta.replace_generation += sum(1 for index in kept if batch.replaces[index])
         meta.last_append_time_ns = now_ns
@@ -286,7 +145,7 @@ class AppendCommand:
         self._touched.append(batch.session_id)
         return AppendResult(stored, meta.next_seq, drops, meta)
 
-    def _replay(self, txn: lmdb.Transaction, meta: SessionMeta, now_ns: int) -> AppendResult | None:
+    def _replay(self, txn: RecordingTxn, meta: SessionMeta, now_ns: int) -> AppendResult | None:
         batch = self._batch
         raw = txn.get(schema.request_key(meta.sid, batch.request_id), db=self._tables.requests)
         if raw is None:
@@ -348,7 +207,7 @@ class ForkCommand:
     def touched(self) -> Sequence[str]:
         return self._touched
 
-    def apply(self, txn: lmdb.Transaction, now_ns: int) -> ForkResult:
+    def apply(self, txn: RecordingTxn, now_ns: int) -> ForkResult:
         tables = self._tables
         parent = load_meta(txn, tables, self._parent_id)
         count = 0 if parent is None else parent.next_seq
@@ -370,7 +229,7 @@ class ForkCommand:
                 f"session '{self._child_id}' already exists; fork into a new id",
                 session_id=self._child_id,
             )
-        check_lease_for_append(
+        _check_lease(
             load_lease(txn, tables, self._child_id),
             self._child_id,
             self._lease_holder,
@@ -383,7 +242,7 @@ class ForkCommand:
             raise damage.missing_events(self._parent_id, len(events), at_seq + 1)
         _refuse_open_turn(events, self._parent_id, at_seq)
         child = _new_session(txn, tables, self._child_id, now_ns)
-        txn.put_events(child.sid, 0, copied)  # type: ignore[attr-defined]
+        txn.put_events(child.sid, 0, copied)
         child.next_seq = len(copied)
         child.replace_generation = sum(1 for e in events if fold.replace_range(e) is not None)
         child.parent_id = self._parent_id
@@ -413,7 +272,7 @@ def _refuse_open_turn(events: list[Event], parent_id: str, at_seq: int) -> None:
 # -- leases -------------------------------------------------------------------------------------
 
 
-def check_lease_for_append(
+def _check_lease(
     lease: LeaseRecord | None, session_id: str, holder: str, token: int, now_ns: int
 ) -> None:
     """Refuse an append that a lease forbids.
@@ -487,7 +346,7 @@ class LeaseCommand:
     def touched(self) -> Sequence[str]:
         return ()
 
-    def apply(self, txn: lmdb.Transaction, now_ns: int) -> LeaseChange:
+    def apply(self, txn: RecordingTxn, now_ns: int) -> LeaseChange:
         lease = load_lease(txn, self._tables, self._session_id)
         if self._action == "acquire":
             return LeaseChange(self._acquire(txn, lease, now_ns))
@@ -495,13 +354,11 @@ class LeaseCommand:
             return LeaseChange(self._renew(txn, lease, now_ns))
         return LeaseChange(self._release(txn, lease, now_ns))
 
-    def _put(self, txn: lmdb.Transaction, lease: LeaseRecord) -> LeaseRecord:
+    def _put(self, txn: RecordingTxn, lease: LeaseRecord) -> LeaseRecord:
         txn.put(self._session_id.encode(), lease.encode(), db=self._tables.leases)
         return lease
 
-    def _acquire(
-        self, txn: lmdb.Transaction, lease: LeaseRecord | None, now_ns: int
-    ) -> LeaseRecord:
+    def _acquire(self, txn: RecordingTxn, lease: LeaseRecord | None, now_ns: int) -> LeaseRecord:
         holder = self._holder
         if lease is not None and lease.live(now_ns):
             if lease.holder != holder:
@@ -530,7 +387,7 @@ class LeaseCommand:
         )
         return self._put(txn, fresh)
 
-    def _renew(self, txn: lmdb.Transaction, lease: LeaseRecord | None, now_ns: int) -> LeaseRecord:
+    def _renew(self, txn: RecordingTxn, lease: LeaseRecord | None, now_ns: int) -> LeaseRecord:
         if lease is None or lease.holder != self._holder:
             raise errors.LeaseLost(
                 f"'{self._holder}' does not hold the writer lease of session "
@@ -543,7 +400,7 @@ class LeaseCommand:
         return self._put(txn, lease)
 
     def _release(
-        self, txn: lmdb.Transaction, lease: LeaseRecord | None, now_ns: int
+        self, txn: RecordingTxn, lease: LeaseRecord | None, now_ns: int
     ) -> LeaseRecord | None:
         if lease is None or not lease.holder:
             return None
@@ -572,7 +429,7 @@ class LeaseCommand:
         self._put(txn, lease)
         return released
 
-    def _audit(self, txn: lmdb.Transaction, kind: str, lease: LeaseRecord, now_ns: int) -> None:
+    def _audit(self, txn: RecordingTxn, kind: str, lease: LeaseRecord, now_ns: int) -> None:
         """Record a takeover or forced release; ``lease`` is the lease being lost."""
         record = AuditRecord(
             kind=kind,

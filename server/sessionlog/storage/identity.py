@@ -29,7 +29,7 @@ from pathlib import Path
 import lmdb
 
 from sessionlog.storage import changes, folder, schema
-from sessionlog.storage.commands import Tables
+from sessionlog.storage.tables import Tables
 
 log = logging.getLogger(__name__)
 
@@ -146,7 +146,6 @@ class AdoptHistoryCommand:
     """A replica takes its primary's history id (its data is on that history). Local to this
     folder: no change record, like the identity keys themselves."""
 
-    replicated = True  # the writer records no change for it
     kind = "identity"
     session_id = ""
 

@@ -40,7 +40,7 @@ from sessionlog.v1 import replication_service_pb2 as rpb
 from sessionlog.v1.event_pb2 import Event
 
 if TYPE_CHECKING:
-    from sessionlog.storage.commands import Tables
+    from sessionlog.storage.tables import Tables
 
 DATA_FILE = "data.mdb"
 MAGIC = 0xBEEFC0DE

@@ -28,7 +28,7 @@ import lmdb
 
 from sessionlog import errors
 from sessionlog.storage import identity, schema
-from sessionlog.storage.commands import Tables
+from sessionlog.storage.tables import Tables
 from sessionlog.storage.usage import Usage, usage
 
 DATA_FILE = "data.mdb"

@@ -22,6 +22,7 @@ from typing import Any
 import lmdb
 
 from sessionlog import errors, fold, wire
+from sessionlog.config import DEFAULT_MAP_SIZE, DEFAULT_REQUEST_ID_TTL_SECONDS
 from sessionlog.storage import changes, commands, damage, folder, identity, integrity, schema
 from sessionlog.storage.changes import (
     ApplyChangesCommand,
@@ -30,25 +31,16 @@ from sessionlog.storage.changes import (
     head,
     read_changes,
 )
-from sessionlog.storage.commands import (
-    AppendBatch,
-    AppendResult,
-    ForkResult,
-    LeaseChange,
-    Tables,
-    load_lease,
-    load_meta,
-    read_range,
-)
+from sessionlog.storage.commands import AppendBatch, AppendResult, ForkResult, LeaseChange
+from sessionlog.storage.reads import load_lease, load_meta, read_range
 from sessionlog.storage.schema import AuditRecord, LeaseRecord, SessionMeta
+from sessionlog.storage.tables import Tables
 from sessionlog.storage.writer import Writer
 from sessionlog.v1.event_pb2 import Event
 from sessionlog.v1.message_pb2 import Message
 
 __all__ = ["AppendBatch", "AppendResult", "Store", "StoreConfig", "prepare_append"]
 
-DEFAULT_MAP_SIZE = 8 << 30
-DEFAULT_REQUEST_ID_TTL_SECONDS = 24 * 3600
 MAX_REQUEST_ID_BYTES = 256
 MIN_LEASE_TTL_NS = 1_000_000
 MAX_LEASE_TTL_NS = 24 * 3600 * 1_000_000_000
@@ -332,7 +324,7 @@ class Store:
 
     def submit_apply(self, received: Sequence[ReceivedChange]) -> Future[ApplyResult]:
         """Queue changes a replica received from its primary, applied verbatim in one commit."""
-        return self.writer.submit(ApplyChangesCommand(self.tables, received))
+        return self.writer.submit_replicated(ApplyChangesCommand(self.tables, received))
 
     def append(self, session_id: str, events: Sequence[Event], **options: Any) -> AppendResult:
         """Validate and append, blocking until durable. Convenience for tools and tests."""
@@ -346,6 +338,24 @@ class Store:
         with self.env.begin() as txn:
             return load_meta(txn, self.tables, session_id)
 
+    def next_seq(self, session_id: str) -> int:
+        """The seq the session's next event will get: its event count (0 if never written)."""
+        meta = self.meta(session_id)
+        return 0 if meta is None else meta.next_seq
+
+    def read_session(
+        self, session_id: str, start: int, stop: int | None = None, max_bytes: int = 1 << 62
+    ) -> list[bytes]:
+        """Stored events of ``session_id`` with start <= seq < stop, as ``read_events`` returns
+        them, found by the session's id: the internal id it is stored under never leaves the
+        store. The session's record and its events are read in one transaction."""
+        with self.env.begin() as txn:
+            meta = load_meta(txn, self.tables, session_id)
+            if meta is None:
+                return []
+            end = meta.next_seq if stop is None else min(stop, meta.next_seq)
+            return read_range(txn, self.tables, meta.sid, start, end, max_bytes, session_id)
+
     def read_events(
         self,
         sid: int,
@@ -354,8 +364,9 @@ class Store:
         max_bytes: int = 1 << 62,
         session_id: str = "",
     ) -> list[bytes]:
-        """Stored events of session ``sid`` with start <= seq < stop, in seq order, as stored
-        (not decoded: see ``decode_events``).
+        """Stored events of the session stored under internal id ``sid`` with start <= seq <
+        stop, in seq order, as stored (not decoded: see ``decode_events``). Storage's own reads
+        and tools that inspect the layout use it; everyone else reads by id (``read_session``).
 
         Returns the first event whatever its size, then more while their total stays within
         ``max_bytes``. Costs O(events returned): one cursor walk over a contiguous key range.
@@ -396,7 +407,8 @@ class Store:
 
     def submit_adopt_history(self, history_id: str, start: int) -> Future[ApplyResult]:
         """Queue a replica's taking of its primary's history id."""
-        return self.writer.submit(identity.AdoptHistoryCommand(self.tables, history_id, start))
+        command = identity.AdoptHistoryCommand(self.tables, history_id, start)
+        return self.writer.submit_replicated(command)
 
     def session(self, session_id: str, now_ns: int | None = None) -> SessionView:
         """A session's metadata, live lease and lease audit, read in one transaction."""

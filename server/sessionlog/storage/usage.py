@@ -13,7 +13,7 @@ from pathlib import Path
 import lmdb
 
 from sessionlog.storage import changes, damage, integrity, schema
-from sessionlog.storage.commands import Tables
+from sessionlog.storage.tables import Tables
 
 
 @dataclass(frozen=True)

@@ -44,7 +44,8 @@ import lmdb
 from sessionlog import errors
 from sessionlog.stats import GROUP_BUCKETS, SECONDS_BUCKETS, Histogram
 from sessionlog.storage import changes, damage, schema
-from sessionlog.storage.commands import Tables
+from sessionlog.storage.recording import RecordingTxn
+from sessionlog.storage.tables import Tables
 
 log = logging.getLogger(__name__)
 
@@ -54,16 +55,13 @@ MAX_GROUP = 256
 MAX_GROUP_BYTES = 16 << 20
 
 
-class Command(Protocol):
-    """Something the writer applies inside a write transaction."""
+class _Queued(Protocol):
+    """What the writer reads of any command it queues."""
 
     kind: str
     """What the change feed calls it: append, create, fork or lease."""
     session_id: str
     """The session it changes."""
-
-    def apply(self, txn: lmdb.Transaction, now_ns: int) -> Any:
-        """Check, then write. Raise a SessionLogError (having written nothing) to refuse."""
 
     def size(self) -> int:
         """Bytes this command writes, roughly; bounds the group."""
@@ -72,10 +70,35 @@ class Command(Protocol):
         """Session ids whose logs this command changed (valid after apply)."""
 
 
+class Command(_Queued, Protocol):
+    """A write of this store's own: applied to a ``RecordingTxn``, from whose record
+    of the puts the writer makes the command's change-feed record."""
+
+    def apply(self, txn: RecordingTxn, now_ns: int) -> Any:
+        """Check, then write. Raise a SessionLogError (having written nothing) to refuse."""
+
+
+class ReplicatedCommand(_Queued, Protocol):
+    """A write that carries its own change records (changes received from a primary) or needs
+    none (a replica's identity): applied to the bare write transaction, recording nothing."""
+
+    def apply(self, txn: lmdb.Transaction, now_ns: int) -> changes.ApplyResult:
+        """Check, then write; the result names the newest change record it wrote, if any."""
+
+
 @dataclass
 class _Job:
     command: Command
     future: Future[Any] = field(default_factory=Future)
+
+
+@dataclass
+class _ReplicatedJob:
+    command: ReplicatedCommand
+    future: Future[Any] = field(default_factory=Future)
+
+
+_AnyJob = _Job | _ReplicatedJob
 
 
 class _Stop:
@@ -119,7 +142,7 @@ class Writer:
         self._env = env
         self._checksums = checksums
         self._tables = tables
-        self._queue: queue.SimpleQueue[_Job | _Stop] = queue.SimpleQueue()
+        self._queue: queue.SimpleQueue[_AnyJob | _Stop] = queue.SimpleQueue()
         self._on_commit = on_commit
         self._on_broken = on_broken
         self.stats = WriterStats()
@@ -135,7 +158,13 @@ class Writer:
 
     def submit(self, command: Command) -> Future[Any]:
         """Queue a command; the future holds its result once its transaction is durable."""
-        job = _Job(command)
+        return self._queue_job(_Job(command))
+
+    def submit_replicated(self, command: ReplicatedCommand) -> Future[changes.ApplyResult]:
+        """Queue a command that records no change of its own (see ``ReplicatedCommand``)."""
+        return self._queue_job(_ReplicatedJob(command))
+
+    def _queue_job(self, job: _AnyJob) -> Future[Any]:
         if self._closed:
             job.future.set_exception(errors.Unavailable("the store is closed"))
             return job.future
@@ -166,11 +195,11 @@ class Writer:
             if stop:
                 return
 
-    def _take_group(self) -> tuple[list[_Job], bool]:
+    def _take_group(self) -> tuple[list[_AnyJob], bool]:
         """Everything queued, up to the bounds, minus the jobs whose callers gave up before it
         started (they are never written). Marking a future running makes it uncancellable, so
         its caller learns the outcome of what was written."""
-        group: list[_Job] = []
+        group: list[_AnyJob] = []
         size = 0
         first = True
         while len(group) < MAX_GROUP and size < MAX_GROUP_BYTES:
@@ -188,7 +217,7 @@ class Writer:
                 first = True  # nothing taken yet: wait for the next job
         return group, False
 
-    def _commit(self, group: list[_Job]) -> None:
+    def _commit(self, group: list[_AnyJob]) -> None:
         outcomes: list[tuple[bool, Any]] = []
         self._group_events = 0
         fed = False
@@ -201,7 +230,7 @@ class Writer:
                 else:
                     feed = (changes.head(txn, self._tables)[0], b"")
                 for job in group:
-                    ok, value, after = self._apply(job.command, txn, now_ns, feed)
+                    ok, value, after = self._apply(job, txn, now_ns, feed)
                     fed = fed or after != feed
                     feed = after
                     outcomes.append((ok, value))
@@ -252,7 +281,7 @@ class Writer:
             return None
         return fs.f_bavail * fs.f_frsize
 
-    def _refuse(self, group: list[_Job], failure: StorageFailure, exc: BaseException) -> None:
+    def _refuse(self, group: list[_AnyJob], failure: StorageFailure, exc: BaseException) -> None:
         """Fail every command of the group with ``failure``; log once per episode."""
         key = (failure.reason, failure.cause)
         self.stats.write_errors[key] = self.stats.write_errors.get(key, 0) + len(group)
@@ -289,21 +318,16 @@ class Writer:
         self._failed_commands = 0
 
     def _apply(
-        self, command: Command, txn: lmdb.Transaction, now_ns: int, feed: tuple[int, bytes]
+        self, job: _AnyJob, txn: lmdb.Transaction, now_ns: int, feed: tuple[int, bytes]
     ) -> tuple[bool, Any, tuple[int, bytes]]:
         """Apply one command; on success record its change. ``feed`` is the newest change's
         (position, checksum) before it; returns (ok, value, the newest change's after it)."""
-        if getattr(command, "replicated", False):
-            try:
-                applied: changes.ApplyResult = command.apply(txn, now_ns)
-            except errors.SessionLogError as exc:
-                return False, exc, feed
-            if not applied.last_position:
-                return True, applied, feed
-            return True, applied, (applied.last_position, applied.last_checksum)
-        recording = changes.RecordingTxn(txn, self._tables)
+        if isinstance(job, _ReplicatedJob):
+            return _apply_replicated(job.command, txn, now_ns, feed)
+        command = job.command
+        recording = RecordingTxn(txn, self._tables)
         try:
-            result = command.apply(recording, now_ns)  # type: ignore[arg-type]
+            result = command.apply(recording, now_ns)
         except errors.SessionLogError as exc:
             return False, exc, feed
         if not recording.wrote:
@@ -321,7 +345,7 @@ class Writer:
         self._group_events += recording.event_count
         return True, result, (position, checksum)
 
-    def _finish(self, group: list[_Job], outcomes: list[tuple[bool, Any]], fed: bool) -> None:
+    def _finish(self, group: list[_AnyJob], outcomes: list[tuple[bool, Any]], fed: bool) -> None:
         changed: set[str] = {changes.FEED_KEY} if fed else set()
         for job, (ok, value) in zip(group, outcomes, strict=True):
             if ok:
@@ -334,6 +358,19 @@ class Writer:
                 log.exception("commit subscriber failed")
 
 
+def _apply_replicated(
+    command: ReplicatedCommand, txn: lmdb.Transaction, now_ns: int, feed: tuple[int, bytes]
+) -> tuple[bool, Any, tuple[int, bytes]]:
+    """Apply a command that brings its own change records: the feed moves to its newest."""
+    try:
+        applied = command.apply(txn, now_ns)
+    except errors.SessionLogError as exc:
+        return False, exc, feed
+    if not applied.last_position:
+        return True, applied, feed
+    return True, applied, (applied.last_position, applied.last_checksum)
+
+
 def _settle(future: Future[Any], value: Any, ok: bool = False) -> None:
     """Resolve a job's future once; a second resolution (after a failed retry) is dropped."""
     if future.done():
@@ -344,7 +381,7 @@ def _settle(future: Future[Any], value: Any, ok: bool = False) -> None:
         future.set_exception(value)
 
 
-def _damaged(command: Command, exc: Exception) -> errors.DataCorrupted:
+def _damaged(command: _Queued, exc: Exception) -> errors.DataCorrupted:
     """A write LMDB could not make because a page on its way is damaged; nothing was written."""
     target = f"session '{command.session_id}'" if command.session_id else "the store"
     return damage.corrupted(
@@ -456,5 +493,5 @@ def _os_errno(exc: BaseException) -> int | None:
     return None
 
 
-def _group_bytes(group: list[_Job]) -> int:
+def _group_bytes(group: list[_AnyJob]) -> int:
     return sum(job.command.size() for job in group)

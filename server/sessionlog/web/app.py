@@ -15,13 +15,13 @@ bearer token a gRPC call would (``Authorization: Bearer <token>``), checked by t
 Authorizer as the gRPC method it mirrors (ListSessions, Since, DeriveMessages, ...), session
 prefixes included. The static files and /metrics carry no session data and are open.
 
-Live follows use the Notifier exactly like Since (register, read, then wait), count against the
-stream limits, and end when the server stops.
+Live follows run Since's own loop (``service.follow``: register, read, then wait; paced; ended
+by shutdown with the seq to resume from), count against the stream limits, and end when the
+server stops.
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import socket
@@ -35,6 +35,7 @@ from aiohttp import web
 from sessionlog import errors, fold
 from sessionlog.service.auth import Authorizer, Principal
 from sessionlog.service.errors import refusal_level, status_code
+from sessionlog.service.follow import follow
 from sessionlog.service.metrics import (
     CONTENT_TYPE,
     Observed,
@@ -261,11 +262,7 @@ class Console:
         count = folded.count
         limit = _int(request, "limit", DEFAULT_EVENTS_PAGE, 1, MAX_EVENTS_PAGE)
         start = _int(request, "from", max(0, count - limit), 0, 1 << 62)
-        meta = store.meta(session_id)
-        stop = min(count, start + limit)
-        raws = (
-            [] if meta is None else store.read_events(meta.sid, start, stop, session_id=session_id)
-        )
+        raws = store.read_session(session_id, start, min(count, start + limit))
         events = store.decode_events(raws, start, session_id)
         visible = set(folded.seqs)
         return _json(
@@ -295,7 +292,11 @@ class Console:
 
     async def follow(self, request: web.Request) -> web.StreamResponse:
         """Server-sent events: ``events`` batches from ``from`` on, one ``caught_up``, then live
-        batches as they commit, with a comment line as heartbeat while idle."""
+        batches as they commit, with a comment line as heartbeat while idle; a refusal, or
+        shutdown (UNAVAILABLE with the seq to resume from), ends it with an ``error`` event.
+
+        The loop is Since's own (``service.follow``): the same wakeups, pacing and resume
+        point; only the framing differs."""
         session_id = self.session_id(request, "Since")
         cursor = _int(request, "from", 0, 0, 1 << 62)
         streams = self.server.streams
@@ -304,48 +305,48 @@ class Console:
         response = web.StreamResponse(
             headers={**_SECURITY_HEADERS, "Content-Type": "text/event-stream"}
         )
-        notifier = self.server.notifier
-        waiter: asyncio.Future[None] | None = None
+
+        async def refuse(error: errors.SessionLogError) -> None:
+            await _write(response, streams, _event("error", _error_body(error)))
+
         try:
             await response.prepare(request)
-            caught_up = False
-            while not notifier.closed:
-                if waiter is None or waiter.done():
-                    if waiter is not None:
-                        notifier.discard(session_id, waiter)
-                    waiter = notifier.register(session_id)
-                batch, next_seq = self._read_from(session_id, cursor)
-                if batch:
-                    cursor += len(batch)
-                    payload = {"events": [event_json(e) for e in batch], "next_seq": cursor}
-                    await _send(response, streams, "events", payload)
-                    continue
-                if not caught_up:
-                    caught_up = True
-                    await _send(response, streams, "caught_up", {"next_seq": next_seq})
-                done, _ = await asyncio.wait({waiter}, timeout=self.server.heartbeat_seconds)
-                if not done:
-                    await _write(response, streams, b": heartbeat\n\n")
-        except errors.SessionLogError as error:  # the headers are gone: tell the page in-band
-            log.log(refusal_level(error), "stream refused", extra={"reason": error.reason})
-            await _send(response, streams, "error", _error_body(error))
+            stream = follow(
+                refuse,
+                self.server.notifier,
+                key=session_id,
+                subject=f"session '{session_id}'",
+                cursor=cursor,
+                live=True,
+                heartbeat_seconds=self.server.heartbeat_seconds,
+                read=lambda start: self._read_from(session_id, start),
+                marker=lambda caught_up: self._marker(session_id, caught_up),
+                pace=streams.pace,
+            )
+            async for payload, _ in stream:
+                await _write(response, streams, payload)
         except ConnectionResetError:
             pass  # the page went away
         finally:
-            if waiter is not None:
-                notifier.discard(session_id, waiter)
             streams.release(peer)
         return response
 
-    def _read_from(self, session_id: str, cursor: int) -> tuple[list[Event], int]:
+    def _read_from(self, session_id: str, start: int) -> tuple[bytes, int, bool]:
+        """One ``events`` batch from ``start``: its frame, its event count, whether more follow."""
         store = self.store
-        meta = store.meta(session_id)
-        if meta is None or cursor >= meta.next_seq:
-            return [], 0 if meta is None else meta.next_seq
-        raws = store.read_events(
-            meta.sid, cursor, meta.next_seq, FOLLOW_BATCH_BYTES, session_id=session_id
-        )
-        return store.decode_events(raws, cursor, session_id), 0
+        next_seq = store.next_seq(session_id)
+        if start >= next_seq:
+            return b"", 0, False
+        raws = store.read_session(session_id, start, next_seq, FOLLOW_BATCH_BYTES)
+        batch = store.decode_events(raws, start, session_id)
+        after = start + len(batch)
+        payload = {"events": [event_json(e) for e in batch], "next_seq": after}
+        return _event("events", payload), len(batch), after < next_seq
+
+    def _marker(self, session_id: str, caught_up: bool) -> bytes:
+        if caught_up:
+            return _event("caught_up", {"next_seq": self.store.next_seq(session_id)})
+        return b": heartbeat\n\n"
 
 
 def _int(request: web.Request, name: str, default: int, low: int, high: int) -> int:
@@ -370,9 +371,10 @@ async def _write(response: web.StreamResponse, streams: Any, chunk: bytes) -> No
     await response.write(chunk)
 
 
-async def _send(response: web.StreamResponse, streams: Any, kind: str, body: Any) -> None:
+def _event(kind: str, body: Any) -> bytes:
+    """One server-sent event of this ``kind`` carrying ``body`` as JSON."""
     data = json.dumps(body, ensure_ascii=False, separators=(",", ":"))
-    await _write(response, streams, f"event: {kind}\ndata: {data}\n\n".encode())
+    return f"event: {kind}\ndata: {data}\n\n".encode()
 
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]

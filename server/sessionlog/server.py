@@ -1,0 +1,320 @@
+"""The composition root: one running sessionlog server, wired from its parts.
+
+    config ─▶ SessionLogServer ─▶ storage.Store (LMDB, the writer thread)
+                               ├▶ service/  gRPC: servicers, auth, limits, replication
+                               └▶ web/      HTTP: the console and /metrics
+
+This is the only module that imports both ``service`` and ``web``: the layers below it know
+nothing of one another's wiring, and nothing below it imports it. ``sessionlog.testing`` and the
+CLI start servers through it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+from pathlib import Path
+
+import grpc
+from grpc_health.v1._async import HealthServicer
+
+from sessionlog.config import (
+    DEFAULT_DATA_DIR,
+    DEFAULT_LISTEN,
+    ConfigError,
+    ServerConfig,
+    replica_token_of,
+)
+from sessionlog.service import app
+from sessionlog.service.admin_service import AdminServicer
+from sessionlog.service.auth import AuthConfigError, AuthInterceptor, Authorizer, TokenTable
+from sessionlog.service.counters import Counters
+from sessionlog.service.limits import StreamLimiter
+from sessionlog.service.notifier import Notifier
+from sessionlog.service.replication import ReplicaState, ReplicationServicer, Replicator
+from sessionlog.service.servicer import SessionLogServicer
+from sessionlog.storage.store import Store, StoreConfig
+from sessionlog.web.app import HttpSites, ListenError
+
+__all__ = [
+    "DEFAULT_DATA_DIR",
+    "DEFAULT_LISTEN",
+    "BindError",
+    "ConfigError",
+    "ServerConfig",
+    "SessionLogServer",
+    "serve",
+    "store_config",
+]
+
+log = logging.getLogger(__name__)
+
+
+class BindError(RuntimeError):
+    """The listen address could not be bound (in use, or not an address of this host)."""
+
+
+def store_config(config: ServerConfig) -> StoreConfig:
+    """What the store needs to know of a server's settings."""
+    return StoreConfig(
+        map_size=config.map_size,
+        durable=config.durable,
+        limits=config.limits,
+        request_id_ttl_seconds=config.request_id_ttl_seconds,
+        replica_of=config.replica_of,
+    )
+
+
+class SessionLogServer:
+    """One running sessionlog server. ``start`` binds and serves; ``stop`` drains and closes."""
+
+    def __init__(self, config: ServerConfig) -> None:
+        self.config = config
+        self.port = 0
+        self.store: Store | None = None
+        self._server: grpc.aio.Server | None = None
+        self._notifier = Notifier()
+        self._health = HealthServicer()
+        self.counters = Counters()
+        """Per-call counts the unary handlers keep, read by the metrics."""
+        self.streams = StreamLimiter(
+            config.max_streams,
+            config.max_streams_per_connection,
+            notifier=self._notifier,
+            send_rate=config.follow_send_rate,
+        )
+        self.authorizer: Authorizer | None = None
+        self.http_port = 0
+        """The web console's bound port (0: off)."""
+        self.metrics_port = 0
+        """The metrics endpoint's bound port (0: off)."""
+        self._http: HttpSites | None = None
+        self._stopped = asyncio.Event()
+        self.replica: ReplicaState | None = (
+            ReplicaState(config.replica_of) if config.replica_of else None
+        )
+        self._replicator: Replicator | None = None
+        self._replicator_task: asyncio.Task[None] | None = None
+
+    async def start(self) -> int:
+        """Open the store, bind, and start serving. Returns the bound port."""
+        config = self.config
+        credentials = app.server_credentials(config)
+        self.authorizer = _authorizer(config)
+        replica_token = replica_token_of(config)
+        store = self.store = self._open_store()
+        server = app.grpc_server(
+            config, [AuthInterceptor(self.authorizer)] if self.authorizer else None
+        )
+        app.add_services(server, self._handlers(store), self._health)
+        self.port = _bind(server, config.listen, credentials)
+        if self.port == 0:
+            store.close()
+            raise BindError(
+                f"cannot listen on {config.listen}: the address is in use, or is not an "
+                "address of this host (another server there? pick another --listen)"
+            )
+        try:
+            await self._start_http()
+        except BindError:
+            await server.stop(None)
+            raise
+        await server.start()
+        self._server = server
+        if self.replica is None:
+            await self._set_health(serving=True)
+        else:
+            # A replica is NOT_SERVING until it has caught up with its primary once.
+            await self._set_health(serving=False)
+            self._start_replicator(store, self.replica, replica_token)
+        self._log_serving(tls=credentials is not None)
+        return self.port
+
+    def _open_store(self) -> Store:
+        """The store, with its commits waking followers and a panic turning health off, both
+        on this event loop (the writer thread calls them)."""
+        loop = asyncio.get_running_loop()
+        notifier = self._notifier
+
+        def wake(session_ids: set[str]) -> None:
+            if not loop.is_closed():
+                loop.call_soon_threadsafe(notifier.notify, session_ids)
+
+        def broken() -> None:
+            if not loop.is_closed():
+                loop.call_soon_threadsafe(self._storage_broken)
+
+        config = self.config
+        return Store(Path(config.data_dir), store_config(config), on_commit=wake, on_broken=broken)
+
+    def _handlers(self, store: Store) -> tuple[grpc.GenericRpcHandler, ...]:
+        config = self.config
+        servicer = SessionLogServicer(
+            store,
+            self._notifier,
+            max_message_bytes=config.max_message_bytes,
+            heartbeat_seconds=config.heartbeat_seconds,
+            primary=config.replica_of,
+            authorizer=self.authorizer,
+            max_events_per_append=config.max_events_per_append,
+            streams=self.streams,
+            counters=self.counters,
+        )
+        replication = ReplicationServicer(
+            store,
+            self._notifier,
+            replica=self.replica,
+            heartbeat_seconds=config.heartbeat_seconds,
+            streams=self.streams,
+        )
+        admin = AdminServicer(
+            store,
+            replica=self.replica is not None,
+            counters=self.counters,
+            max_message_bytes=config.max_message_bytes,
+        )
+        return servicer.handlers(), replication.handlers(), admin.handlers()
+
+    def _start_replicator(self, store: Store, replica: ReplicaState, token: str) -> None:
+        config = self.config
+        self._replicator = Replicator(
+            store,
+            replica,
+            self._caught_up,
+            channel_factory=app.replica_channel_factory(config),
+            metadata=_bearer_metadata(token),
+            timeout_seconds=config.replica_timeout_seconds,
+            on_diverged=self._diverged,
+        )
+        self._replicator_task = asyncio.create_task(self._replicator.run())
+        if config.serves_open_replica:
+            log.warning(
+                "this replica serves every tenant's data without tokens "
+                "(--replica-serve-open); give it --auth-tokens to require them",
+                extra={"primary": config.replica_of},
+            )
+
+    def _log_serving(self, tls: bool) -> None:
+        config, store, authorizer = self.config, self.store, self.authorizer
+        assert store is not None
+        log.info(
+            "sessionlog serving",
+            extra={
+                "listen": config.listen,
+                "port": self.port,
+                "data": str(store.path.absolute()),
+                "role": "replica" if self.replica else "primary",
+                "tls": "mutual" if config.tls_client_ca else "on" if tls else "off",
+                "auth": f"{len(authorizer.tokens)} tokens" if authorizer else "off",
+                "http": config.http_listen or "off",
+                "metrics": config.metrics_listen or "off",
+                **({"primary": config.replica_of} if self.replica else {}),
+            },
+        )
+
+    async def _start_http(self) -> None:
+        """Serve the web console and the metrics endpoint when configured (see ``web.app``)."""
+        config = self.config
+        if not config.http_listen and not config.metrics_listen:
+            return
+        try:
+            self._http = await HttpSites.start(self, config.http_listen, config.metrics_listen)
+        except ListenError as exc:
+            if self.store is not None:
+                self.store.close()
+            raise BindError(str(exc)) from None
+        self.http_port, self.metrics_port = self._http.http_port, self._http.metrics_port
+
+    @property
+    def notifier(self) -> Notifier:
+        return self._notifier
+
+    @property
+    def heartbeat_seconds(self) -> float:
+        return self.config.heartbeat_seconds
+
+    @property
+    def listen(self) -> str:
+        return self.config.listen
+
+    async def _set_health(self, serving: bool) -> None:
+        """A store whose LMDB has panicked stays NOT_SERVING whatever else happens."""
+        broken = self.store is not None and self.store.writer.broken is not None
+        await app.set_health(self._health, serving and not broken)
+
+    def _storage_broken(self) -> None:
+        if self._server is not None:
+            log.error("the storage engine panicked: restart the server")
+            asyncio.get_running_loop().create_task(self._set_health(serving=False))
+
+    def _caught_up(self) -> None:
+        if self._server is not None:
+            asyncio.get_running_loop().create_task(self._set_health(serving=True))
+
+    def _diverged(self) -> None:
+        """A diverged replica is not current, whatever it served before: NOT_SERVING."""
+        if self._server is not None:
+            asyncio.get_running_loop().create_task(self._set_health(serving=False))
+
+    async def stop(self, grace: float | None = None) -> None:
+        """Stop: followers end with UNAVAILABLE, in-flight appends finish, LMDB closes."""
+        if self._server is None:
+            return
+        server, self._server = self._server, None
+        if self._replicator is not None and self._replicator_task is not None:
+            self._replicator.stop()
+            self._replicator_task.cancel()
+            await asyncio.gather(self._replicator_task, return_exceptions=True)
+        await self._health.enter_graceful_shutdown()
+        self._notifier.close()
+        await server.stop(self.config.shutdown_grace_seconds if grace is None else grace)
+        if self._http is not None:
+            await self._http.close()
+            self._http = None
+        if self.store is not None:
+            await asyncio.to_thread(self.store.close)
+        self._stopped.set()
+        log.info("sessionlog stopped")
+
+    async def wait(self) -> None:
+        await self._stopped.wait()
+
+
+async def serve(config: ServerConfig) -> None:
+    """Run until SIGTERM or SIGINT, then stop gracefully."""
+    server = SessionLogServer(config)
+    await server.start()
+    loop = asyncio.get_running_loop()
+    stop_requested = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop_requested.set)
+    await stop_requested.wait()
+    log.info("stopping on signal")
+    await server.stop()
+
+
+def _bind(server: grpc.aio.Server, listen: str, credentials: grpc.ServerCredentials | None) -> int:
+    """The bound port; 0 when gRPC could not bind ``listen``."""
+    try:
+        if credentials is None:
+            port: int = server.add_insecure_port(listen)
+        else:
+            port = server.add_secure_port(listen, credentials)
+    except RuntimeError:
+        return 0
+    return port
+
+
+def _authorizer(config: ServerConfig) -> Authorizer | None:
+    if not config.auth_tokens:
+        return None
+    try:
+        tokens = TokenTable.load(config.auth_tokens)
+    except AuthConfigError as exc:
+        raise ConfigError(str(exc)) from None
+    return Authorizer(tokens, open_health=config.auth_open_health)
+
+
+def _bearer_metadata(token: str) -> tuple[tuple[str, str], ...]:
+    return (("authorization", f"Bearer {token}"),) if token else ()

@@ -1,0 +1,69 @@
+"""The write transaction a command gets: it writes through to LMDB and remembers every put,
+from which the writer makes the command's change-feed record (see ``changes``)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import lmdb
+
+from sessionlog.storage import schema
+from sessionlog.storage.tables import Tables
+
+
+class RecordingTxn:
+    """A write transaction that remembers what a command puts, for its change record.
+
+    Events go through ``put_events`` and are remembered as a range (consecutive seqs of one
+    session); every other put is kept whole.
+    """
+
+    def __init__(self, txn: lmdb.Transaction, tables: Tables) -> None:
+        self._txn = txn
+        self._names = tables.names
+        self._events_db = tables.events
+        self.puts: list[tuple[str, bytes, bytes]] = []
+        self.events: list[bytes] = []
+        """The stored bytes of the events written, in seq order (for the record's checksum)."""
+        self.event_sid = -1
+        self.first_seq = 0
+        self.event_count = 0
+
+    def get(self, key: bytes, default: Any = None, db: Any = None) -> Any:
+        return self._txn.get(key, default, db=db)
+
+    def cursor(self, db: Any = None) -> lmdb.Cursor:
+        return self._txn.cursor(db=db)
+
+    def put(self, key: bytes, value: bytes, db: Any = None, overwrite: bool = True) -> bool:
+        if db is self._events_db:
+            raise RuntimeError("events are written with put_events, as one range")
+        written: bool = self._txn.put(key, value, db=db, overwrite=overwrite)
+        if written:
+            self.puts.append((self._names[id(db)], bytes(key), bytes(value)))
+        return written
+
+    def put_events(self, sid: int, first_seq: int, values: Sequence[bytes]) -> None:
+        """Write events under consecutive seqs of one session from ``first_seq`` on, in one call
+        to LMDB; raises if any of those keys is already taken (the log would be corrupt)."""
+        if not values:
+            return
+        keys = [schema.event_key(sid, seq) for seq in range(first_seq, first_seq + len(values))]
+        with self._txn.cursor(db=self._events_db) as cursor:
+            _, added = cursor.putmulti(zip(keys, values, strict=True), overwrite=False)
+        if added != len(values):
+            raise RuntimeError(
+                f"{len(values) - added} of the event keys {sid}/{first_seq}.. already exist: "
+                "the log is corrupt"
+            )
+        if self.event_count == 0:
+            self.event_sid, self.first_seq = sid, first_seq
+        elif sid != self.event_sid or first_seq != self.first_seq + self.event_count:
+            raise RuntimeError("a command wrote events that are not one consecutive range")
+        self.event_count += len(values)
+        self.events.extend(values)
+
+    @property
+    def wrote(self) -> bool:
+        return bool(self.puts) or self.event_count > 0

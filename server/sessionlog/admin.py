@@ -55,7 +55,7 @@ import lmdb
 from sessionlog import errors
 from sessionlog.cli_client import channel, connection_options
 from sessionlog.config import DEFAULT_DATA_DIR
-from sessionlog.storage import changes, folder, identity, integrity, snapshot
+from sessionlog.storage import changes, folder, identity, integrity, schema, snapshot
 from sessionlog.storage.integrity import DamagedStore
 from sessionlog.storage.usage import Usage, open_readonly, usage
 from sessionlog.v1 import admin_service_pb2 as apb
@@ -183,15 +183,24 @@ def add_replica_commands(commands: Any) -> None:
         default=data_default,
         help=f"the replica's data folder [env SESSIONLOG_DATA] (default {data_default})",
     )
+    resync.add_argument(
+        "--force",
+        action="store_true",
+        help="set the store aside even though the folder was last opened as a primary",
+    )
     resync.set_defaults(run=_resync)
 
 
-def _fail(message: str) -> int:
-    print(f"sessionlog admin: {message}", file=sys.stderr)
+def _fail(message: str, command: str = "admin") -> int:
+    print(f"sessionlog {command}: {message}", file=sys.stderr)
     return 1
 
 
 def _open(data: str) -> tuple[lmdb.Environment, Any]:
+    try:  # a folder that held data but lost it says so, as `serve` does
+        folder.check_not_emptied(Path(data), folder.read_marker(Path(data)))
+    except folder.FolderDamaged as exc:
+        raise lmdb.Error(str(exc)) from None
     if not (Path(data) / DATA_FILE).is_file():
         raise lmdb.Error(f"no sessionlog store in {data!r} (no {DATA_FILE}); check --data")
     return open_readonly(data)
@@ -281,15 +290,20 @@ def _replication(args: argparse.Namespace) -> dict[str, Any]:
     with channel(args) as opened:
         stub = rpb_grpc.ReplicationServiceStub(opened)  # type: ignore[no-untyped-call]
         reply = stub.GetReplicationStatus(rpb.GetReplicationStatusRequest(), timeout=args.timeout)
+    state = rpb.ReplicationState.Name(reply.state)[len("REPLICATION_STATE_") :].lower()
     out: dict[str, Any] = {"role": reply.role, "position": reply.position}
     if reply.role == "replica":
         out.update(
+            state=state,
             primary=reply.primary,
             primary_position=reply.primary_position,
             lag_positions=reply.lag_positions,
             lag_seconds=reply.lag.ToNanoseconds() / 1e9,
             connected=reply.connected,
             caught_up=reply.caught_up,
+            history_id=reply.history_id,
+            primary_history_id=reply.primary_history_id,
+            detail=reply.detail,
         )
     return out
 
@@ -388,14 +402,24 @@ def _restore(args: argparse.Namespace) -> int:
 
 def _resync(args: argparse.Namespace) -> int:
     data = Path(args.data)
+    if not data.is_dir():
+        return _fail(f"no data folder {str(data)!r}; name the replica's --data", "replica")
     try:
         lock = _own(data)
     except folder.FolderInUse as exc:
-        return _fail(str(exc))
+        return _fail(str(exc), "replica")
     try:
+        follows = _followed(data)
+        if follows is None and not args.force:
+            return _fail(
+                f"{str(data)!r} was last opened as a primary, not a replica: resync would set "
+                "its whole store aside. Check --data, or add --force if this really is the "
+                "replica to rebuild",
+                "replica",
+            )
         aside = folder.set_aside(data, "diverged")
     except OSError as exc:
-        return _fail(f"could not set the store in {str(data)!r} aside: {exc}")
+        return _fail(f"could not set the store in {str(data)!r} aside: {exc}", "replica")
     finally:
         lock.release()
     if aside is None:
@@ -406,6 +430,22 @@ def _resync(args: argparse.Namespace) -> int:
             "replica again with --replica-of and it rebuilds from its primary's change feed"
         )
     return 0
+
+
+def _followed(data: Path) -> str | None:
+    """The primary a folder last followed as a replica; None for a primary (or no store)."""
+    if not (data / DATA_FILE).is_file() or (data / DATA_FILE).stat().st_size == 0:
+        return ""  # nothing to lose: a resync of an empty folder is harmless
+    try:
+        env, tables = open_readonly(str(data))
+    except (lmdb.Error, DamagedStore, errors.DataCorrupted):
+        return ""  # too damaged to tell: setting it aside loses nothing that could be served
+    try:
+        with env.begin() as txn:
+            raw = txn.get(schema.FOLLOWS, db=tables.counters)
+    finally:
+        env.close()
+    return None if raw is None else bytes(raw).decode()
 
 
 def _fsync(path: Path) -> None:

@@ -631,10 +631,10 @@ def replica_token_of(config: ServerConfig) -> str:
         raise ConfigError(f"cannot read the replica token file {path!r}: {reason}") from None
     if not token:
         raise ConfigError(f"the replica token file {path!r} is empty; write the token into it")
-    if not (token.isascii() and token.isprintable()) or any(c.isspace() for c in token):
+    if not (token.isascii() and token.isprintable()):
         raise ConfigError(
-            f"the replica token file {path!r} must hold just the token: one line of visible "
-            "ASCII with no spaces (a header cannot carry anything else)"
+            f"the replica token file {path!r} must hold just the token: one line of printable "
+            "ASCII (a header cannot carry anything else)"
         )
     return token
 

@@ -354,3 +354,112 @@ def test_a_full_disk_at_start_is_one_line_and_leaves_nothing_behind(tmp_path: Pa
         assert len(lines) == 1, result.stderr
         assert "free space" in lines[0]
         assert not list(node.data.glob("*.tmp"))
+
+
+def test_resync_refuses_a_primary_folder_and_a_missing_one(tmp_path: Path) -> None:
+    """`replica resync` on a folder last opened as a primary, or on no folder, exits 1 naming the
+    problem and moves nothing; --force sets a primary's store aside on purpose."""
+    with Cluster(tmp_path) as cluster:
+        node = cluster.primary("a-primary")
+        write(node, "kept")
+        node.stop()
+    refused = run_cli(["replica", "resync", "--data", str(node.data)], tmp_path)
+    assert refused.returncode == 1, refused
+    assert refused.stderr.startswith("sessionlog replica: ")
+    assert "primary" in refused.stderr
+    assert (node.data / "data.mdb").exists()
+    missing = run_cli(["replica", "resync", "--data", str(tmp_path / "nowhere")], tmp_path)
+    assert missing.returncode == 1, missing
+    assert not (tmp_path / "nowhere").exists()
+    forced = run_cli(["replica", "resync", "--data", str(node.data), "--force"], tmp_path)
+    assert forced.returncode == 0, forced.stderr
+    assert not (node.data / "data.mdb").exists()
+
+
+def test_a_damaged_record_on_the_primary_is_not_called_a_divergence(tmp_path: Path) -> None:
+    """A primary whose stored event was changed after it was written sends a change that fails
+    its checksum: the replica applies nothing past it and says the primary is damaged (resyncing
+    the replica could not help), instead of DIVERGED."""
+    from sessionlog.storage import schema
+    from sessionlog.storage.store import Store
+    from sessionlog.v1.event_pb2 import Event
+
+    with Cluster(tmp_path) as cluster:
+        primary = cluster.primary()
+        write(primary, "s", 3)
+        primary.stop()
+        store = Store(primary.data)
+        try:
+            meta = store.meta("s")
+            assert meta is not None
+            forged = Event.FromString(store.read_events(meta.sid, 4, 5)[0])
+            forged.data["content"] = "changed after it was written"
+            with store.env.begin(write=True) as txn:
+                txn.put(
+                    schema.event_key(meta.sid, 4),
+                    forged.SerializeToString(),
+                    db=store.tables.events,
+                )
+        finally:
+            store.close()
+        primary.start()
+        replica = cluster.replica(primary, "replica", wait=False)
+        wait_for("an answer", lambda: replica.health() is not None, 20)
+        wait_for("the damage noticed", lambda: "damaged" in status(replica).detail, 20)
+        state = status(replica)
+        assert state.state != DIVERGED
+        assert state.position == 0  # the batch holding the damaged change is refused whole
+        assert "admin verify" in state.detail
+
+
+def test_a_diverged_replica_reports_what_the_primary_holds_now(tmp_path: Path) -> None:
+    """Refused by a primary restored to an older position, the replica's status shows that
+    primary's head and history id, not the numbers it heard before; admin stats --server shows
+    the state and why."""
+    with Cluster(tmp_path) as cluster:
+        primary = cluster.primary()
+        write(primary, "s", 2)
+        backup = tmp_path / "backup"
+        assert (
+            run_cli(
+                ["admin", "backup", str(backup), "--data", str(primary.data)], tmp_path
+            ).returncode
+            == 0
+        )
+        write(primary, "s", 4)
+        replica = cluster.replica(primary, "replica")
+        wait_position(replica, status(primary).position)
+        primary.stop()
+        assert (
+            run_cli(
+                ["admin", "restore", str(backup), "--data", str(primary.data), "--force"], tmp_path
+            ).returncode
+            == 0
+        )
+        primary.start()
+        wait_diverged(replica)
+        state = status(replica)
+        assert state.primary_position == status(primary).position == 2
+        assert state.primary_history_id == status(primary).history_id
+        stats = run_cli(
+            ["admin", "stats", "--data", str(replica.data), "--server", replica.address, "--json"],
+            tmp_path,
+        )
+        assert stats.returncode == 0, stats.stderr
+        shown = json.loads(stats.stdout)["replication"]
+        assert shown["state"] == "diverged"
+        assert "history" in shown["detail"]
+
+
+def test_admin_commands_on_a_folder_that_lost_its_data_name_it(tmp_path: Path) -> None:
+    """`admin stats` and `admin verify` on a folder whose data.mdb was emptied say so in one line,
+    as `serve` does."""
+    with Cluster(tmp_path) as cluster:
+        node = cluster.primary("emptied")
+        write(node, "s")
+        node.stop()
+    os.truncate(node.data / "data.mdb", 0)
+    for command in ("stats", "verify"):
+        result = run_cli(["admin", command, "--data", str(node.data)], tmp_path)
+        assert result.returncode == 1, result
+        assert "has held a sessionlog store" in result.stderr, result.stderr

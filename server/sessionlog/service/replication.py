@@ -32,6 +32,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import grpc
 from google.rpc import error_details_pb2, status_pb2
@@ -269,10 +270,26 @@ class Replicator:
             except asyncio.CancelledError:
                 raise
             except errors.HistoryDiverged as error:
-                self._diverge(error.message)
-                return
+                if not self.state.primary_history_id:  # an older primary, which checked nothing
+                    self._diverge(error.message)
+                    return
+                # The primary accepted this replica's position (it checked the checksum there),
+                # so a record that then fails to chain was damaged on the primary: not a reason
+                # to resync the replica (which would meet the same record again).
+                self.state.detail = (
+                    f"the primary sent a damaged change ({error.message.split(':')[0]}): its "
+                    "record or events do not match their checksum. Run `sessionlog admin verify` "
+                    "on the primary and restore it from a backup or a replica"
+                )
+                self._received = False
+                log.error(
+                    "the primary's change feed is damaged; applying nothing past it, retrying",
+                    extra={"primary": self.state.primary, **error.metadata},
+                )
             except grpc.aio.AioRpcError as error:
-                if _reason(error) == errors.HistoryDiverged.reason:
+                info = _error_info(error)
+                if info is not None and info.reason == errors.HistoryDiverged.reason:
+                    self._learn_head(info.metadata)
                     self._diverge(f"the primary refused this replica's position: {error.details()}")
                     return
                 self.state.detail = f"{error.code().name}: {error.details()}"
@@ -385,6 +402,14 @@ class Replicator:
             },
         )
 
+    def _learn_head(self, metadata: Any) -> None:
+        """What a primary that refused this replica's position says it holds now."""
+        state = self.state
+        if metadata.get("head_position", "").isdigit():
+            state.primary_position = int(metadata["head_position"])
+        if metadata.get("history_id"):
+            state.primary_history_id = metadata["history_id"]
+
     def _diverge(self, why: str) -> None:
         state = self.state
         state.diverged, state.caught_up, state.connected = True, False, False
@@ -397,16 +422,16 @@ class Replicator:
         self._on_diverged()
 
 
-def _reason(error: grpc.aio.AioRpcError) -> str:
-    """The ErrorInfo reason of a failed call ("" when it has none)."""
+def _error_info(error: grpc.aio.AioRpcError) -> error_details_pb2.ErrorInfo | None:
+    """The ErrorInfo detail of a failed call, if it has one."""
     for key, value in error.trailing_metadata() or ():
         if key == "grpc-status-details-bin" and isinstance(value, bytes):
             status = status_pb2.Status.FromString(value)
             for detail in status.details:
                 info = error_details_pb2.ErrorInfo()
                 if detail.Unpack(info):
-                    return str(info.reason)
-    return ""
+                    return info
+    return None
 
 
 def _insecure_channel(target: str) -> grpc.aio.Channel:

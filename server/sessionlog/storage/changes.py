@@ -232,6 +232,8 @@ def check_after(txn: lmdb.Transaction, tables: Tables, start: int, checksum: byt
     position = start - 1
     mine = fingerprint_at(txn, tables, position)
     newest = head(txn, tables)[0]
+    raw = txn.get(schema.HISTORY_ID, db=tables.counters)
+    history = "" if raw is None else bytes(raw).decode()
     if mine is None:
         raise errors.HistoryDiverged(
             f"this server's change feed ends at position {newest}, before your position "
@@ -239,6 +241,7 @@ def check_after(txn: lmdb.Transaction, tables: Tables, start: int, checksum: byt
             "backup, or another primary). Resync the replica (sessionlog replica resync)",
             position=position,
             head_position=newest,
+            history_id=history,
         )
     if mine != checksum:
         raise errors.HistoryDiverged(
@@ -247,6 +250,7 @@ def check_after(txn: lmdb.Transaction, tables: Tables, start: int, checksum: byt
             "written since). Resync the replica (sessionlog replica resync)",
             position=position,
             head_position=newest,
+            history_id=history,
         )
 
 

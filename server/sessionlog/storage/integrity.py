@@ -51,7 +51,7 @@ _META_TAIL = struct.Struct("<QQ")  # last_pg, txnid
 _META_TAIL_OFFSET = PAGE_HEADER + 120
 USUAL_PAGE_SIZES = (4096, 8192, 16384, 32768, 65536, 2048, 1024, 512)
 RUNBOOK = (
-    "restore it from a backup (sessionlog admin backup) or a replica; "
+    "restore it from a backup (sessionlog admin restore) or a replica; "
     "see README 'Damaged data file'"
 )
 

@@ -349,11 +349,6 @@ def _backup(args: argparse.Namespace) -> int:
     return 0
 
 
-def _own(data: Path) -> folder.FolderLock:
-    """The folder's lock for a command that writes to it (FolderInUse while a server runs)."""
-    return folder.acquire(data)
-
-
 def _restore(args: argparse.Namespace) -> int:
     data, backup = Path(args.data), Path(args.backup)
     source = backup if backup.is_file() else backup / DATA_FILE
@@ -371,7 +366,7 @@ def _restore(args: argparse.Namespace) -> int:
     except _OPEN_ERRORS as exc:
         return _fail(f"{str(source)!r} is not a usable sessionlog store: {exc}")
     try:
-        lock = _own(data)
+        lock = folder.acquire(data)
     except folder.FolderInUse as exc:
         return _fail(str(exc))
     try:
@@ -405,7 +400,7 @@ def _resync(args: argparse.Namespace) -> int:
     if not data.is_dir():
         return _fail(f"no data folder {str(data)!r}; name the replica's --data", "replica")
     try:
-        lock = _own(data)
+        lock = folder.acquire(data)
     except folder.FolderInUse as exc:
         return _fail(str(exc), "replica")
     try:

@@ -87,7 +87,7 @@ def chain(previous: bytes, record: bytes, events: Sequence[bytes]) -> bytes:
     whose checksum is ``previous`` (b"" for the first record, or after one that has none)."""
     digest = hashlib.sha256(previous)  # SHA-256: hardware-accelerated where BLAKE2 is not
     digest.update(record)
-    digest.update(wire.length_delimited(_EVENTS_FIELD, list(events)))
+    digest.update(wire.length_delimited(_EVENTS_FIELD, events))
     return digest.digest()[:CHECKSUM_BYTES]
 
 

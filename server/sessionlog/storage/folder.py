@@ -98,23 +98,6 @@ def acquire(folder: Path) -> FolderLock:
     return FolderLock(folder, fd)
 
 
-def holder(folder: Path) -> int | None:
-    """The PID holding the folder's lock (-1 when unknown), or None when no process holds it."""
-    try:
-        fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    except FileNotFoundError:
-        return None
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        except OSError:
-            return _recorded_pid(folder) or -1
-        fcntl.flock(fd, fcntl.LOCK_UN)
-        return None
-    finally:
-        os.close(fd)
-
-
 def _recorded_pid(folder: Path) -> int:
     with contextlib.suppress(OSError, ValueError):
         return int((folder / LOCK_FILE).read_text()[:32].strip() or 0)

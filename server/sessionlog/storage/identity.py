@@ -33,10 +33,6 @@ from sessionlog.storage.tables import Tables
 
 log = logging.getLogger(__name__)
 
-HISTORY_ID = schema.HISTORY_ID
-HISTORY_START = schema.HISTORY_START
-INSTANCE = schema.INSTANCE
-FOLLOWS = schema.FOLLOWS
 
 CREATED, OPENED, RESTORED, PROMOTED = "created", "opened", "restored", "promoted"
 
@@ -56,8 +52,8 @@ def new_history_id() -> str:
 
 def read(txn: lmdb.Transaction, tables: Tables) -> tuple[str, int]:
     """The folder's (history id, start position); ("", 0) before it has one."""
-    raw = txn.get(HISTORY_ID, db=tables.counters)
-    start = txn.get(HISTORY_START, db=tables.counters)
+    raw = txn.get(schema.HISTORY_ID, db=tables.counters)
+    start = txn.get(schema.HISTORY_START, db=tables.counters)
     return (
         "" if raw is None else bytes(raw).decode(),
         0 if start is None else schema.read_u64(start),
@@ -65,8 +61,8 @@ def read(txn: lmdb.Transaction, tables: Tables) -> tuple[str, int]:
 
 
 def put_history(txn: lmdb.Transaction, tables: Tables, history_id: str, start: int) -> None:
-    txn.put(HISTORY_ID, history_id.encode(), db=tables.counters)
-    txn.put(HISTORY_START, schema.u64(start), db=tables.counters)
+    txn.put(schema.HISTORY_ID, history_id.encode(), db=tables.counters)
+    txn.put(schema.HISTORY_START, schema.u64(start), db=tables.counters)
 
 
 def reconcile(
@@ -81,9 +77,9 @@ def reconcile(
     instance = folder.new_instance()
     with env.begin(write=True) as txn:
         history_id, start = read(txn, tables)
-        raw = txn.get(INSTANCE, db=tables.counters)
+        raw = txn.get(schema.INSTANCE, db=tables.counters)
         held = "" if raw is None else bytes(raw).decode()
-        follows = txn.get(FOLLOWS, db=tables.counters)
+        follows = txn.get(schema.FOLLOWS, db=tables.counters)
         position = changes.head(txn, tables)[0]
         opened_as = OPENED
         if not history_id:
@@ -96,14 +92,14 @@ def reconcile(
             history_id, start = new_history_id(), position
             put_history(txn, tables, history_id, start)
         if replica_of:
-            txn.put(FOLLOWS, replica_of.encode(), db=tables.counters)
+            txn.put(schema.FOLLOWS, replica_of.encode(), db=tables.counters)
         elif follows is not None:
-            txn.delete(FOLLOWS, db=tables.counters)
+            txn.delete(schema.FOLLOWS, db=tables.counters)
         folder.write_marker(
             path,
             folder.Marker(created=_created(marker), instance=instance, previous_instance=held),
         )
-        txn.put(INSTANCE, instance.encode(), db=tables.counters)
+        txn.put(schema.INSTANCE, instance.encode(), db=tables.counters)
     # Committed: from now on only this instance is the folder's own. (Leaving the previous one
     # accepted would let a copy of the file from one open ago pass for the current one.)
     folder.write_marker(
@@ -139,7 +135,7 @@ def stamp_copy(env: lmdb.Environment, tables: Tables) -> None:
     """Mark a copy (a backup) as a file no folder has held yet, so that restoring it starts a
     new history instead of passing for the folder's own data file."""
     with env.begin(write=True) as txn:
-        txn.put(INSTANCE, b"copy-" + folder.new_instance().encode(), db=tables.counters)
+        txn.put(schema.INSTANCE, b"copy-" + folder.new_instance().encode(), db=tables.counters)
 
 
 class AdoptHistoryCommand:

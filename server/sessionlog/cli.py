@@ -32,10 +32,12 @@ import lmdb
 
 from sessionlog import admin, config, errors, logs
 from sessionlog.cli_client import add_commands, run_client
-from sessionlog.config import ConfigError
+from sessionlog.config import ConfigError, worker_count
 from sessionlog.server import BindError, serve
 from sessionlog.storage.folder import FolderDamaged, FolderInUse, FolderUnwritable
 from sessionlog.storage.integrity import DamagedStore
+from sessionlog.workers.ports import PortInUse
+from sessionlog.workers.supervisor import Supervisor, WorkersFailed
 
 
 class _Parser(argparse.ArgumentParser):
@@ -121,31 +123,44 @@ def _serve(args: argparse.Namespace) -> int:
     if args.print_config:
         print(config.render(resolved))
         return 0
-    logs.configure(resolved.values["log_level"], resolved.values["log_format"])
+    level, fmt = resolved.values["log_level"], resolved.values["log_format"]
+    logs.configure(level, fmt)
     try:
-        run_event_loop(serve(server_config))
-    except (
-        BindError,
-        ConfigError,
-        FolderInUse,
-        FolderDamaged,
-        FolderUnwritable,
-        DamagedStore,
-    ) as exc:
-        print(f"sessionlog: {exc}", file=sys.stderr)
-        return 1
-    except errors.DataCorrupted as exc:
-        print(f"sessionlog: cannot start on {server_config.data_dir!r}: {exc}", file=sys.stderr)
-        return 1
-    except (lmdb.Error, OSError) as exc:
-        print(
-            f"sessionlog: cannot open the data folder {server_config.data_dir!r}: {exc}",
-            file=sys.stderr,
-        )
-        return 1
+        if worker_count(server_config) == 1:
+            run_event_loop(serve(server_config))
+        else:
+            asyncio.run(Supervisor(server_config, level, fmt).run())
     except KeyboardInterrupt:
         return 130
+    except Exception as exc:
+        message = start_failure(exc, server_config.data_dir)
+        if message is None:
+            raise
+        print(f"sessionlog: {message}", file=sys.stderr)
+        return 1
     return 0
+
+
+def start_failure(exc: BaseException, data_dir: str) -> str | None:
+    """The one line that says why a server could not start, for the errors that say it; None
+    for anything else (a bug: its traceback is the report)."""
+    if isinstance(
+        exc,
+        BindError
+        | ConfigError
+        | FolderInUse
+        | FolderDamaged
+        | FolderUnwritable
+        | DamagedStore
+        | PortInUse
+        | WorkersFailed,
+    ):
+        return str(exc)
+    if isinstance(exc, errors.DataCorrupted):
+        return f"cannot start on {data_dir!r}: {exc}"
+    if isinstance(exc, lmdb.Error | OSError):
+        return f"cannot open the data folder {data_dir!r}: {exc}"
+    return None
 
 
 if __name__ == "__main__":

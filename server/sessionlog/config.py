@@ -76,6 +76,21 @@ def _positive_seconds(value: Any) -> float:
     return number
 
 
+def _workers(value: Any) -> str | int:
+    """``auto`` (one per usable CPU) or a whole number of processes, 1 to MAX_WORKERS."""
+    if value == "auto":
+        return "auto"
+    try:
+        number = _positive_int(value)
+    except ValueError:
+        raise ValueError(
+            f"must be auto or a whole number from 1 to {MAX_WORKERS}, not {value!r}"
+        ) from None
+    if number > MAX_WORKERS:
+        raise ValueError(f"must be auto or a whole number from 1 to {MAX_WORKERS}, not {value!r}")
+    return number
+
+
 def _text(value: Any) -> str:
     if not isinstance(value, str):
         raise ValueError(f"must be text, not {value!r}")
@@ -159,6 +174,8 @@ DEFAULT_FOLLOW_SEND_RATE = 5_000
 about what one Python process sends while leaving time for appends (see ``StreamLimiter.pace``)."""
 DEFAULT_SHUTDOWN_GRACE_SECONDS = 10.0
 DEFAULT_REPLICA_TIMEOUT_SECONDS = 5.0
+DEFAULT_WORKERS = "auto"
+MAX_WORKERS = 256
 REPLICA_TIMEOUT_FLOOR_SECONDS = 0.3
 """Three times the shortest heartbeat a server sends (``service.follow.MIN_HEARTBEAT_SECONDS``)."""
 
@@ -190,6 +207,16 @@ class ServerConfig:
         "gRPC address HOST:PORT ([::]:PORT for every interface)",
         "HOST:PORT",
     )
+    workers: int = _setting(
+        "workers",
+        _workers,
+        DEFAULT_WORKERS,
+        "server processes sharing the port and the data folder: auto (one per usable CPU) or a "
+        "number; 1 runs everything in one process. A replica runs one",
+        "N",
+        to_field=lambda value: 0 if value == "auto" else value,
+    )
+    """Worker processes (0: one per usable CPU; see ``worker_count``)."""
     metrics_listen: str = _setting(
         "metrics_listen",
         _text,
@@ -423,6 +450,11 @@ class ServerConfig:
         if bool(self.replica_tls_cert) != bool(self.replica_tls_key):
             raise ConfigError("--replica-tls-cert and --replica-tls-key go together")
         self._check_replica_auth()
+        if self.replica_of and self.workers > 1:
+            raise ConfigError(
+                f"a replica runs in one process: drop --workers {self.workers} (or give "
+                "--workers 1) when --replica-of is set"
+            )
         for name in (
             "max_events_per_append",
             "max_streams",
@@ -617,6 +649,16 @@ def readme_with_table(readme: str) -> str:
     start = readme.index("\n", start) + 1
     end = readme.index(END_MARK)
     return readme[:start] + markdown_table() + "\n" + readme[end:]
+
+
+def worker_count(config: ServerConfig) -> int:
+    """How many processes serve: the setting, or one per CPU this process may run on (``auto``);
+    always one for a replica (its one replication stream applies in one process)."""
+    if config.replica_of:
+        return 1
+    if config.workers:
+        return config.workers
+    return max(1, len(os.sched_getaffinity(0)))
 
 
 def replica_token_of(config: ServerConfig) -> str:

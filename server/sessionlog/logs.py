@@ -10,6 +10,7 @@ import json
 import logging
 import sys
 import time
+from collections.abc import Mapping
 from typing import Any, TextIO
 
 _STANDARD = set(logging.LogRecord("", 0, "", 0, "", None, None).__dict__) | {
@@ -68,14 +69,29 @@ def withhold_undecodable_metadata(record: logging.LogRecord) -> bool:
     return True
 
 
-def configure(level: str = "info", fmt: str = "auto", stream: TextIO | None = None) -> None:
+def configure(
+    level: str = "info",
+    fmt: str = "auto",
+    stream: TextIO | None = None,
+    fields: Mapping[str, Any] | None = None,
+) -> None:
     """Send sessionlog's logs to ``stream`` (stderr) as JSON or text; ``auto`` picks JSON unless
-    the stream is a terminal."""
+    the stream is a terminal. ``fields`` go on every line (a worker's number, say: the workers
+    of one server write one stream)."""
     out = stream or sys.stderr
     use_json = fmt == "json" or (fmt == "auto" and not out.isatty())
     handler = logging.StreamHandler(out)
     handler.setFormatter(JsonFormatter() if use_json else TextFormatter())
     handler.addFilter(withhold_undecodable_metadata)
+    if fields:
+        stamp = dict(fields)
+
+        def add_fields(record: logging.LogRecord) -> bool:
+            for key, value in stamp.items():
+                setattr(record, key, value)
+            return True
+
+        handler.addFilter(add_fields)
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+from collections.abc import Callable
 from pathlib import Path
 
 import grpc
@@ -36,6 +37,7 @@ from sessionlog.service.replication import ReplicaState, ReplicationServicer, Re
 from sessionlog.service.servicer import SessionLogServicer
 from sessionlog.storage.store import Store, StoreConfig
 from sessionlog.web.app import HttpSites, ListenError
+from sessionlog.workers.doorbell import Peers
 
 __all__ = [
     "DEFAULT_DATA_DIR",
@@ -67,10 +69,15 @@ def store_config(config: ServerConfig) -> StoreConfig:
 
 
 class SessionLogServer:
-    """One running sessionlog server. ``start`` binds and serves; ``stop`` drains and closes."""
+    """One running sessionlog server. ``start`` binds and serves; ``stop`` drains and closes.
 
-    def __init__(self, config: ServerConfig) -> None:
+    With ``peers`` it is one worker of several sharing the folder and the ports
+    (``sessionlog.workers``): it shares the ports, opens the folder its supervisor prepared,
+    rings the other workers after each commit and answers their rings."""
+
+    def __init__(self, config: ServerConfig, peers: Peers | None = None) -> None:
         self.config = config
+        self.peers = peers
         self.port = 0
         self.store: Store | None = None
         self._server: grpc.aio.Server | None = None
@@ -105,7 +112,9 @@ class SessionLogServer:
         replica_token = replica_token_of(config)
         store = self.store = self._open_store()
         server = app.grpc_server(
-            config, [AuthInterceptor(self.authorizer)] if self.authorizer else None
+            config,
+            [AuthInterceptor(self.authorizer)] if self.authorizer else None,
+            share_port=self.peers is not None,
         )
         app.add_services(server, self._handlers(store), self._health)
         self.port = _bind(server, config.listen, credentials)
@@ -122,6 +131,8 @@ class SessionLogServer:
             raise
         await server.start()
         self._server = server
+        if self.peers is not None:
+            self.peers.listen(store, self._notifier)
         if self.replica is None:
             await self._set_health(serving=True)
         else:
@@ -136,8 +147,11 @@ class SessionLogServer:
         on this event loop (the writer thread calls them)."""
         loop = asyncio.get_running_loop()
         notifier = self._notifier
+        peers = self.peers
 
         def wake(session_ids: set[str]) -> None:
+            if peers is not None:
+                peers.ring()
             if not loop.is_closed():
                 loop.call_soon_threadsafe(notifier.notify, session_ids)
 
@@ -146,7 +160,14 @@ class SessionLogServer:
                 loop.call_soon_threadsafe(self._storage_broken)
 
         config = self.config
-        return Store(Path(config.data_dir), store_config(config), on_commit=wake, on_broken=broken)
+        return Store(
+            Path(config.data_dir),
+            store_config(config),
+            on_commit=wake,
+            on_broken=broken,
+            lock=None if peers is None else peers.lock,
+            prepared=peers is not None,
+        )
 
     def _handlers(self, store: Store) -> tuple[grpc.GenericRpcHandler, ...]:
         config = self.config
@@ -199,7 +220,7 @@ class SessionLogServer:
         config, store, authorizer = self.config, self.store, self.authorizer
         assert store is not None
         log.info(
-            "sessionlog serving",
+            "sessionlog serving" if self.peers is None else "worker serving",
             extra={
                 "listen": config.listen,
                 "port": self.port,
@@ -219,7 +240,9 @@ class SessionLogServer:
         if not config.http_listen and not config.metrics_listen:
             return
         try:
-            self._http = await HttpSites.start(self, config.http_listen, config.metrics_listen)
+            self._http = await HttpSites.start(
+                self, config.http_listen, config.metrics_listen, share_port=self.peers is not None
+            )
         except ListenError as exc:
             if self.store is not None:
                 self.store.close()
@@ -267,6 +290,8 @@ class SessionLogServer:
             self._replicator_task.cancel()
             await asyncio.gather(self._replicator_task, return_exceptions=True)
         await self._health.enter_graceful_shutdown()
+        if self.peers is not None:
+            self.peers.close()
         self._notifier.close()
         await server.stop(self.config.shutdown_grace_seconds if grace is None else grace)
         if self._http is not None:
@@ -281,10 +306,14 @@ class SessionLogServer:
         await self._stopped.wait()
 
 
-async def serve(config: ServerConfig) -> None:
-    """Run until SIGTERM or SIGINT, then stop gracefully."""
-    server = SessionLogServer(config)
+async def serve(
+    config: ServerConfig, peers: Peers | None = None, on_started: Callable[[], None] | None = None
+) -> None:
+    """Run until SIGTERM or SIGINT, then stop gracefully. ``on_started`` runs once serving."""
+    server = SessionLogServer(config, peers)
     await server.start()
+    if on_started is not None:
+        on_started()
     loop = asyncio.get_running_loop()
     stop_requested = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):

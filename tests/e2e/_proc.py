@@ -35,9 +35,18 @@ def free_port() -> int:
     return port
 
 
-def clean_env(**variables: str) -> dict[str, str]:
-    """This process's environment without any SESSIONLOG_* variable, plus ``variables``."""
+TEST_WORKERS = os.environ.get("SESSIONLOG_TEST_WORKERS", "1")
+"""How many worker processes the servers that tests start run (``serve --workers``): 1 unless
+SESSIONLOG_TEST_WORKERS says otherwise (``make test-workers`` runs the e2e tests with 2)."""
+
+
+def clean_env(*, workers: bool = True, **variables: str) -> dict[str, str]:
+    """This process's environment without any SESSIONLOG_* variable, plus (unless not
+    ``workers``) SESSIONLOG_WORKERS=TEST_WORKERS (a test's own --workers flag wins over it),
+    plus ``variables``."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("SESSIONLOG_")}
+    if workers:
+        env["SESSIONLOG_WORKERS"] = TEST_WORKERS
     env.update(variables)
     return env
 

@@ -38,7 +38,12 @@ def run_print_config(tmp_path: Path, cases: list[Case]) -> list[subprocess.Compl
     """Run `serve --print-config` once per case, a few at a time (each start costs ~0.5 s)."""
     with ThreadPoolExecutor(max_workers=4) as pool:
         runs = [
-            pool.submit(run_cli, ["serve", "--print-config", *flags], tmp_path, clean_env(**env))
+            pool.submit(
+                run_cli,
+                ["serve", "--print-config", *flags],
+                tmp_path,
+                clean_env(workers=False, **env),
+            )
             for flags, env in cases
         ]
         return [run.result() for run in runs]

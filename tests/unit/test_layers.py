@@ -142,9 +142,15 @@ def test_only_the_composition_module_imports_both_service_and_web() -> None:
 
 
 def test_only_the_entry_points_import_the_composition_module() -> None:
-    """Rule: nothing below the composition imports it; the CLI and ``testing`` start servers."""
+    """Rule: nothing below the composition imports it; the CLI, ``testing`` and the workers
+    (the supervisor and its worker processes) start servers."""
     importers = sorted(n for n, tree in SOURCES.items() if COMPOSITION in _imports(tree))
-    assert importers == ["sessionlog.cli", "sessionlog.testing"]
+    assert importers == [
+        "sessionlog.cli",
+        "sessionlog.testing",
+        "sessionlog.workers.supervisor",
+        "sessionlog.workers.worker",
+    ]
 
 
 def test_config_is_a_leaf() -> None:

@@ -46,16 +46,20 @@ HEALTH_SERVICES = ("", SERVICE_NAME, REPLICATION_SERVICE_NAME)
 
 
 def grpc_server(
-    config: ServerConfig, interceptors: list[grpc.aio.ServerInterceptor] | None
+    config: ServerConfig,
+    interceptors: list[grpc.aio.ServerInterceptor] | None,
+    share_port: bool = False,
 ) -> grpc.aio.Server:
     """A grpc.aio server sized by the config. Replies are sized by the handlers themselves
     (BATCH_TOO_LARGE, RESPONSE_TOO_LARGE, Since batches); only the change feed may send more,
-    to replicas that accept it."""
+    to replicas that accept it. ``share_port``: bind with SO_REUSEPORT, beside the other
+    workers of the same server (their supervisor has made sure no other server holds the port);
+    otherwise a port in use is refused."""
     limit = config.max_message_bytes
     return grpc.aio.server(
         interceptors=interceptors,
         options=[
-            ("grpc.so_reuseport", 0),
+            ("grpc.so_reuseport", 1 if share_port else 0),
             # Twice the limit: requests between the two get REQUEST_TOO_LARGE with ErrorInfo
             # from the handlers; only larger ones meet gRPC's own bare refusal.
             ("grpc.max_receive_message_length", min(2 * limit, (2 << 30) - 1)),

@@ -71,6 +71,13 @@ class Notifier:
                 if not future.done():
                     future.set_result(None)
 
+    def notify_all(self) -> None:
+        """Wake every follower (each reads its own cursor and waits again if nothing is new)."""
+        waiting, self._waiters = self._waiters, {}
+        for futures in waiting.values():
+            for future in futures:
+                _resolve(future)
+
     def close(self) -> None:
         """Wake every follower; from now on they see ``closed`` and end their streams."""
         self.closed = True

@@ -180,6 +180,34 @@ def _with_events(txn: lmdb.Transaction, tables: Tables, record: bytes) -> bytes:
     return record + wire.length_delimited(_EVENTS_FIELD, events)
 
 
+def sessions_after(
+    txn: lmdb.Transaction, tables: Tables, after: int, skip: Sequence[tuple[int, int]] = ()
+) -> tuple[int, set[str]]:
+    """The newest position, and the sessions whose logs the changes after position ``after``
+    wrote (FEED_KEY too when there are any), leaving out the changes at positions inside the
+    (first, last) spans of ``skip`` (sorted). Lease changes write no log and wake no one.
+    Reads the records only, never their events."""
+    sessions: set[str] = set()
+    position = after
+    cursor = txn.cursor(db=tables.changes)
+    with damage.reading(f"change-feed record {after + 1}", position=after + 1):
+        if not cursor.set_range(schema.u64(after + 1)):
+            return after, sessions
+        spans = iter(skip)
+        span = next(spans, None)
+        for key, value in cursor:
+            position = schema.read_u64(key)
+            while span is not None and span[1] < position:
+                span = next(spans, None)
+            if span is not None and span[0] <= position:
+                continue
+            change = rpb.Change.FromString(bytes(value))
+            if change.kind != rpb.CHANGE_KIND_LEASE:
+                sessions.add(change.session_id)
+            sessions.add(FEED_KEY)
+    return position, sessions
+
+
 def head(txn: lmdb.Transaction, tables: Tables) -> tuple[int, int]:
     """The newest change's (position, commit time in ns); (0, 0) when there is none."""
     with damage.reading("the newest change-feed record"):

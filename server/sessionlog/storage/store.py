@@ -235,18 +235,28 @@ class Store:
         on_commit: Callable[[set[str]], None] | None = None,
         lock: folder.FolderLock | None = None,
         on_broken: Callable[[], None] | None = None,
+        prepared: bool = False,
     ) -> None:
         """Open (or create) the store in ``path``, owning the folder: with ``lock`` (taken by a
-        parent process), under that lock; else under one taken here (FolderInUse when another
-        server holds it). A folder that has lost its data raises FolderDamaged. ``on_broken``
-        runs (on the writer thread) once LMDB panics: see ``Writer``."""
+        parent process, which keeps it), under that lock; else under one taken here
+        (FolderInUse when another server holds it) and given up by ``close``. A folder that
+        has lost its data raises FolderDamaged. ``on_broken`` runs (on the writer thread) once
+        LMDB panics: see ``Writer``.
+
+        ``prepared``: the lock's owner has already opened this folder once since taking the
+        lock (checked it, and worked out its history: ``identity.reconcile``), as the
+        supervisor of several worker processes does before starting them; each worker then
+        only reads the identity. Reconciling again, in several processes at once, would read
+        the others' new instances as a restore."""
         self.path = Path(path)
         self.config = config = config or StoreConfig()
+        self._owns_lock = lock is None
         self._lock = folder.acquire(self.path) if lock is None else lock
         try:
             marker = folder.read_marker(self.path)
             folder.check_not_emptied(self.path, marker)
-            integrity.refuse_damaged(self.path)
+            if not prepared:
+                integrity.refuse_damaged(self.path)
             self.env = lmdb.open(
                 str(self.path),
                 map_size=config.map_size,
@@ -258,7 +268,13 @@ class Store:
             )
             try:
                 self.tables = Tables(self.env)
-                self.identity = _reconcile(self.env, self.tables, self.path, marker, config)
+                if prepared:
+                    # Reader slots left by a process of this server that died mid-read would
+                    # keep old pages from being reused: clear them (LMDB checks their PIDs).
+                    self.env.reader_check()
+                    self.identity = _identity(self.env, self.tables)
+                else:
+                    self.identity = _reconcile(self.env, self.tables, self.path, marker, config)
             except BaseException:
                 self.env.close()
                 raise
@@ -278,10 +294,12 @@ class Store:
         self._folds_lock = threading.Lock()
 
     def close(self) -> None:
-        """Finish queued writes, then close the environment and give up the folder."""
+        """Finish queued writes, then close the environment and give up the folder (unless
+        the lock was handed in: its owner keeps it)."""
         self.writer.close()
         self.env.close()
-        self._lock.release()
+        if self._owns_lock:
+            self._lock.release()
 
     # -- writes: each returns a future resolved once durable (or failed with its error) ---------
 
@@ -399,6 +417,14 @@ class Store:
         """HistoryDiverged unless this store's change at ``start - 1`` has ``checksum``."""
         with self.env.begin() as txn:
             changes.check_after(txn, self.tables, start, checksum)
+
+    def changes_from_others(self, after: int) -> tuple[int, set[str]]:
+        """The newest change-feed position, and the sessions (with ``changes.FEED_KEY``) that
+        changes after position ``after`` wrote, leaving out the commits of this store's own
+        writer: what other processes writing this folder have committed since (the workers of
+        one server; see ``sessionlog.workers``)."""
+        with self.env.begin() as txn:
+            return changes.sessions_after(txn, self.tables, after, self.writer.wrote(after))
 
     def history(self) -> tuple[str, int]:
         """The folder's history id and the position it began after."""
@@ -561,6 +587,13 @@ def _walk(cursor: lmdb.Cursor, what: str) -> Iterator[tuple[bytes, bytes]]:
             return
         key, value = item
         yield bytes(key), bytes(value)
+
+
+def _identity(env: lmdb.Environment, tables: Tables) -> identity.Identity:
+    """The identity a prepared folder already has (see ``Store``): read, never written."""
+    with env.begin() as txn:
+        history_id, start = identity.read(txn, tables)
+    return identity.Identity(history_id, start, identity.OPENED)
 
 
 def _reconcile(

@@ -34,6 +34,7 @@ import os
 import queue
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -53,6 +54,8 @@ log = logging.getLogger(__name__)
 MAX_GROUP = 256
 #: A group stops growing once its commands carry this many bytes of events.
 MAX_GROUP_BYTES = 16 << 20
+#: How many of its latest commits the writer remembers the change positions of (``wrote``).
+OWN_COMMITS_KEPT = 4096
 
 
 class _Queued(Protocol):
@@ -153,6 +156,9 @@ class Writer:
         self._failing: StorageFailure | None = None
         """The storage failure of the current episode; None while writes succeed."""
         self._failed_commands = 0
+        self._own: deque[tuple[int, int]] = deque(maxlen=OWN_COMMITS_KEPT)
+        """(first, last) change positions of this writer's latest commits, oldest first."""
+        self._own_lock = threading.Lock()
         self._thread = threading.Thread(target=self._run, name="sessionlog-writer", daemon=True)
         self._thread.start()
 
@@ -173,6 +179,13 @@ class Writer:
             return job.future
         self._queue.put(job)
         return job.future
+
+    def wrote(self, after: int) -> list[tuple[int, int]]:
+        """The (first, last) change positions of this writer's remembered commits that end past
+        ``after``, oldest first: what another process's writer did not write (``Store``'s
+        ``changes_from_others``). Only the latest OWN_COMMITS_KEPT commits are remembered."""
+        with self._own_lock:
+            return [span for span in self._own if span[1] > after]
 
     def close(self) -> None:
         """Finish every queued command, then stop the thread."""
@@ -229,6 +242,7 @@ class Writer:
                     feed = changes.tail(txn, self._tables)
                 else:
                     feed = (changes.head(txn, self._tables)[0], b"")
+                first = feed[0] + 1
                 for job in group:
                     ok, value, after = self._apply(job, txn, now_ns, feed)
                     fed = fed or after != feed
@@ -237,6 +251,9 @@ class Writer:
                 started = time.perf_counter()
                 txn.commit()
                 committed_in = time.perf_counter() - started
+                if fed:
+                    with self._own_lock:
+                        self._own.append((first, feed[0]))
                 self.stats.commit_seconds.observe(committed_in)
             except BaseException:
                 txn.abort()

@@ -448,14 +448,17 @@ def split_address(address: str) -> tuple[str, int]:
     return host.strip("[]"), int(port_text)
 
 
-def _bind(address: str, flag: str) -> socket.socket:
+def _bind(address: str, flag: str, share_port: bool = False) -> socket.socket:
     try:
         host, port = split_address(address)
         if ":" in host:
             return socket.create_server(
-                (host, port), family=socket.AF_INET6, dualstack_ipv6=host == "::"
+                (host, port),
+                family=socket.AF_INET6,
+                dualstack_ipv6=host == "::",
+                reuse_port=share_port,
             )
-        return socket.create_server((host, port))
+        return socket.create_server((host, port), reuse_port=share_port)
     except (OSError, ValueError) as exc:
         reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
         raise ListenError(
@@ -469,12 +472,16 @@ class HttpSites:
 
     http_port: int = 0
     metrics_port: int = 0
+    share_port: bool = False
+    """Bind with SO_REUSEPORT, beside the other workers of one server (see ``grpc_server``)."""
     _runners: list[web.AppRunner] = field(default_factory=list)
 
     @classmethod
-    async def start(cls, server: Served, http_listen: str, metrics_listen: str) -> HttpSites:
+    async def start(
+        cls, server: Served, http_listen: str, metrics_listen: str, share_port: bool = False
+    ) -> HttpSites:
         """Bind and serve what is configured; on a bind failure nothing is left running."""
-        sites = cls()
+        sites = cls(share_port=share_port)
         try:
             if http_listen:
                 app = console_app(server)
@@ -493,7 +500,7 @@ class HttpSites:
         return sites
 
     async def _serve(self, app: web.Application, address: str, flag: str) -> int:
-        sock = _bind(address, flag)
+        sock = _bind(address, flag, self.share_port)
         # handler_cancellation: a page that goes away ends its follow at once (its stream slot
         # freed), not at the next heartbeat.
         runner = web.AppRunner(

@@ -1,0 +1,107 @@
+"""One server per port, even when several processes share it.
+
+Workers bind their port with SO_REUSEPORT so the kernel can spread connections over them; but
+SO_REUSEPORT would also let a second server (of the same user) bind the same port and take half
+the connections, silently. So the supervisor first binds the address *without* SO_REUSEPORT, as
+a single server does: that fails when anyone listens there. Then it holds the port with a bound
+socket that has SO_REUSEPORT and never listens (it receives no connections): the workers join
+it, a restarted worker finds the port still its server's, and another server's own check fails.
+Port 0 is replaced by the port the kernel picks, so that every worker binds the same one.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from dataclasses import dataclass, field
+
+
+class PortInUse(RuntimeError):
+    """The address is in use or not this host's; the message names it and what to do."""
+
+
+@dataclass
+class Reservation:
+    """An address held for the workers (see the module docstring)."""
+
+    address: str
+    """HOST:PORT with the port the workers bind (never 0)."""
+    port: int
+    sockets: list[socket.socket] = field(default_factory=list)
+
+    def close(self) -> None:
+        for sock in self.sockets:
+            sock.close()
+        self.sockets.clear()
+
+
+def split(address: str) -> tuple[str, int]:
+    """HOST:PORT (or [IPv6]:PORT) as (host, port); ValueError when it is not one."""
+    host, sep, port_text = address.rpartition(":")
+    if not sep or not host or not port_text.isdigit() or int(port_text) > 65535:
+        raise ValueError(f"{address!r} is not HOST:PORT")
+    return host.strip("[]"), int(port_text)
+
+
+def reserve(address: str, flag: str) -> Reservation:
+    """Check that nobody listens on ``address``, then hold it; PortInUse when someone does."""
+    try:
+        host, port = split(address)
+        infos = socket.getaddrinfo(
+            host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE | socket.AI_NUMERICSERV
+        )
+    except (OSError, ValueError) as exc:
+        raise PortInUse(f"cannot listen on {address} ({flag}): {_reason(exc)}") from None
+    targets: list[tuple[socket.AddressFamily, str]] = []
+    for found, _, _, _, sockaddr in infos:
+        family = socket.AddressFamily(found)
+        target = (family, str(sockaddr[0]))
+        if family in (socket.AF_INET, socket.AF_INET6) and target not in targets:
+            targets.append(target)
+    reservation = Reservation(address, port)
+    try:
+        for family, ip in targets:
+            reservation.port = _check_free(family, ip, reservation.port, address, flag)
+            reservation.sockets.append(_hold(family, ip, reservation.port))
+    except BaseException:
+        reservation.close()
+        raise
+    shown = f"[{host}]" if ":" in host else host
+    reservation.address = f"{shown}:{reservation.port}"
+    return reservation
+
+
+def _check_free(family: socket.AddressFamily, ip: str, port: int, address: str, flag: str) -> int:
+    """Bind and listen without SO_REUSEPORT, as a lone server would; returns the port bound."""
+    try:
+        probe = socket.create_server(
+            (ip, port), family=family, dualstack_ipv6=family == socket.AF_INET6 and ip == "::"
+        )
+    except OSError as exc:
+        raise PortInUse(
+            f"cannot listen on {address} ({flag}): {_reason(exc)}: another server there? "
+            "pick another address"
+        ) from None
+    with probe:
+        bound: int = probe.getsockname()[1]
+    return bound
+
+
+def _hold(family: socket.AddressFamily, ip: str, port: int) -> socket.socket:
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        if family == socket.AF_INET6:
+            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0 if ip == "::" else 1)
+        sock.bind((ip, port))
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+def _reason(exc: BaseException) -> str:
+    if isinstance(exc, OSError) and exc.errno:
+        return os.strerror(exc.errno)
+    return str(exc)

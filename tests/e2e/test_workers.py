@@ -16,6 +16,7 @@ from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
@@ -41,14 +42,14 @@ class Workers:
         self.port = int(address.rsplit(":", 1)[1])
         self.data = data
 
-    def lines(self) -> list[dict[str, object]]:
+    def lines(self) -> list[dict[str, Any]]:
         out = []
         for line in self.process.log().splitlines():
             if line.startswith("{"):
                 out.append(json.loads(line))
         return out
 
-    def serving_line(self) -> dict[str, object]:
+    def serving_line(self) -> dict[str, Any]:
         return next(e for e in self.lines() if e["message"] == "sessionlog serving")
 
     def pids(self) -> list[int]:
@@ -104,7 +105,7 @@ def test_one_server_of_several_processes_owns_its_folder_and_port(tmp_path: Path
     with workers(tmp_path, 3) as server:
         start = server.serving_line()
         assert start["workers"] == 3
-        assert sorted(start["pids"]) == sorted(server.pids())  # type: ignore[type-var]
+        assert sorted(start["pids"]) == sorted(server.pids())
         assert len(server.pids()) == 3
         served = sorted(e["worker"] for e in server.lines() if e["message"] == "worker serving")
         assert served == [0, 1, 2]

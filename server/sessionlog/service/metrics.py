@@ -88,7 +88,8 @@ LIVE_GAUGES = {
     "process_start_time_seconds": "livemin",
     "process_max_fds": "livemax",
 }
-"""How each published gauge combines over live workers; counters and histograms add up."""
+"""How each published gauge combines over live workers (one not named here, should a newer
+prometheus_client add a process gauge, adds up); counters and histograms add up."""
 
 
 class Observed(Protocol):
@@ -311,7 +312,7 @@ class SharedMetrics:
         self._failing = False
 
     def _write_family(self, family: Metric) -> None:
-        mode = LIVE_GAUGES[family.name] if family.type == "gauge" else ""
+        mode = LIVE_GAUGES.get(family.name, "livesum") if family.type == "gauge" else ""
         for name, labels, number in _file_values(family):
             key = (family.name, name, labels)
             published = self._values.get(key)

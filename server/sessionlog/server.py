@@ -27,7 +27,7 @@ from sessionlog.config import (
     ServerConfig,
     replica_token_of,
 )
-from sessionlog.service import app
+from sessionlog.service import app, metrics
 from sessionlog.service.admin_service import AdminServicer
 from sessionlog.service.auth import AuthConfigError, AuthInterceptor, Authorizer, TokenTable
 from sessionlog.service.counters import Counters
@@ -85,6 +85,10 @@ class SessionLogServer:
         self._health = HealthServicer()
         self.counters = Counters()
         """Per-call counts the unary handlers keep, read by the metrics."""
+        self.shared_metrics = metrics.SharedMetrics.from_environment()
+        """This worker's share of the metrics, when PROMETHEUS_MULTIPROC_DIR names a directory
+        (``--workers N``); None for a server on its own."""
+        self._publishing: asyncio.Task[None] | None = None
         self.streams = StreamLimiter(
             config.max_streams,
             config.max_streams_per_connection,
@@ -133,6 +137,10 @@ class SessionLogServer:
         self._server = server
         if self.peers is not None:
             self.peers.listen(store, self._notifier)
+        if self.shared_metrics is not None:
+            self._publishing = asyncio.create_task(
+                metrics.keep_published(self, self.shared_metrics)
+            )
         if self.replica is None:
             await self._set_health(serving=True)
         else:
@@ -299,6 +307,9 @@ class SessionLogServer:
             self._http = None
         if self.store is not None:
             await asyncio.to_thread(self.store.close)
+        if self._publishing is not None:
+            self._publishing.cancel()  # publishes the final numbers on its way out
+            await asyncio.gather(self._publishing, return_exceptions=True)
         self._stopped.set()
         log.info("sessionlog stopped")
 

@@ -318,7 +318,16 @@ class EtcdProcess:
 
 @contextlib.contextmanager
 def etcd_server(directory: Path) -> Iterator[EtcdProcess]:
-    server = EtcdProcess(directory).start()
+    """etcd in ``directory``, stopped on exit. A start that fails (say, a port taken between
+    choosing it and binding it) is tried again, twice, on new ports in a fresh folder."""
+    attempts = 3
+    for attempt in range(attempts):
+        try:
+            server = EtcdProcess(directory / f"start-{attempt}").start()
+            break
+        except RuntimeError:
+            if attempt == attempts - 1:
+                raise
     try:
         yield server
     finally:

@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 PROTOS := $(wildcard proto/sessionlog/v1/*.proto)
 SERVICE_PROTOS := $(wildcard proto/sessionlog/v1/*_service.proto)
 
-.PHONY: run test browser go-tools check lint format gen gen-client gen-go gen-check bench bench-tools clean docs
+.PHONY: run test browser go-tools etcd-tools check lint format gen gen-client gen-go gen-check bench bench-tools clean docs
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -24,7 +24,7 @@ run: $(VENV)/.run-stamp
 	$(BIN)/sessionlog serve
 
 ## test: install everything and run the whole suite
-test: $(VENV)/.dev-stamp browser go-tools
+test: $(VENV)/.dev-stamp browser go-tools etcd-tools
 	$(BIN)/python -m pytest
 
 ## browser: Debian's chromium + chromium-driver for the web console test, and nghttp2-client
@@ -55,6 +55,19 @@ go-tools:
 	else \
 	  echo "make test needs$$missing: run it as root on Debian, or first run" >&2; \
 	  echo "  sudo apt-get install -y$$missing" >&2; \
+	  exit 1; \
+	fi
+
+## etcd-tools: Debian's etcd-server (3.4) for the etcd rows of tests/e2e/test_bench.py
+## (apt-get, as root)
+etcd-tools:
+	@if command -v etcd >/dev/null 2>&1; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	  echo "installing etcd-server (for tests/e2e/test_bench.py)"; \
+	  apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q etcd-server; \
+	else \
+	  echo "make test needs etcd-server: run it as root on Debian, or first run" >&2; \
+	  echo "  sudo apt-get install -y etcd-server" >&2; \
 	  exit 1; \
 	fi
 
@@ -106,11 +119,13 @@ gen-check: $(VENV)/.dev-stamp
 bench: $(VENV)/.dev-stamp bench-tools
 	$(BIN)/python -m bench
 
-## bench-tools: Debian's redis-server (the Redis peer) and nghttp2-client (h2load, the compiled
-## load client) when missing (apt-get, as root); otherwise a note, and the bench skips their rows
+## bench-tools: Debian's redis-server (the Redis peer), etcd-server (the etcd peer) and
+## nghttp2-client (h2load, the compiled load client) when missing (apt-get, as root); otherwise a
+## note, and the bench skips their rows
 bench-tools:
 	@missing=""; \
 	command -v redis-server >/dev/null 2>&1 || missing="$$missing redis-server"; \
+	command -v etcd >/dev/null 2>&1 || missing="$$missing etcd-server"; \
 	command -v h2load >/dev/null 2>&1 || missing="$$missing nghttp2-client"; \
 	if [ -z "$$missing" ]; then :; \
 	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \

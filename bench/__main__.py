@@ -22,7 +22,7 @@ from dataclasses import replace
 from pathlib import Path
 from types import FrameType
 
-from bench import cases, ceilings, checksums, derive, h2load, peer, procs, sessions, tail
+from bench import cases, ceilings, checksums, derive, etcd, h2load, peer, procs, sessions, tail
 from bench.common import Measurement, Settings
 from bench.report import Results, Row, machine, render, write_json
 
@@ -33,11 +33,13 @@ class BudgetExceeded(Exception):
     """The run went past its time budget."""
 
 
-GROUPS = ("append", "since", "tail", "derive", "sessions", "redis", "checksums")
+GROUPS = ("append", "since", "tail", "derive", "sessions", "redis", "etcd", "checksums")
 """Case groups ``--only`` can pick: append = cases 1-3 (with h2load's rows when it is installed),
 since = 4, tail = 5, derive = 6, sessions = 7, redis = the peer's rows (its XADD rows need the
-append group, its XRANGE row the since group), checksums = 8 (the store's append path with and
-without change-record checksums, in this process)."""
+append group, its XRANGE row the since group), etcd = the etcd peer beside sessionlog, both
+driven by h2load (it runs its own sessionlog rows, reusing case 2's h2load row when the append
+group ran), checksums = 8 (the store's append path with and without change-record checksums,
+in this process)."""
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -93,6 +95,10 @@ def run_all(settings: Settings, work: Path, groups: list[str]) -> Results:
     h2load_missing = h2load.unavailable() if "append" in groups else "not asked for"
     if "append" in groups:
         results.notes.append(h2load_note(h2load_missing))
+    etcd_missing = etcd.unavailable() if "etcd" in groups else "not asked for"
+    if "etcd" in groups and etcd_missing:
+        results.notes.append(f"etcd rows skipped: {etcd_missing}.")
+    concurrent_h2load: Measurement | None = None
     with ExitStack() as stack:
         progress("starting sessionlog and echo servers")
         server = stack.enter_context(procs.sessionlog_server(work / "data", work / "server.log"))
@@ -129,6 +135,7 @@ def run_all(settings: Settings, work: Path, groups: list[str]) -> Results:
                     h2_echo = measured("echo", ceilings.echo_unary_h2load(h2, echo, work))
                     rows.append(Row(h2_result.name, h2_result, h2_echo, "echo"))
                     if case is cases.CONCURRENT:
+                        concurrent_h2load = h2_result
                         via = ceilings.echo_unary_h2load(h2, echo, work, via_thread=True)
                         rows.append(
                             Row(h2_result.name, h2_result, measured("echo", via), "handoff")
@@ -145,6 +152,9 @@ def run_all(settings: Settings, work: Path, groups: list[str]) -> Results:
             if redis is not None:
                 peer_result = measured("redis", peer.xrange_catch_up(settings, redis))
                 rows.append(Row(result.name, result, peer_result, "redis"))
+
+        if not etcd_missing:
+            results.etcd.extend(etcd_rows(settings, server, work, concurrent_h2load))
 
         if "tail" in groups:
             for followers in settings.tail_followers:
@@ -177,6 +187,45 @@ def run_all(settings: Settings, work: Path, groups: list[str]) -> Results:
             measured("without", row.ceiling)
             results.rows.append(row)
     return results
+
+
+def etcd_rows(
+    settings: Settings,
+    server: procs.ServerProcess,
+    work: Path,
+    concurrent: Measurement | None,
+) -> list[Row]:
+    """Start etcd; each sessionlog row through h2load, then the etcd row beside it; stop etcd.
+
+    ``concurrent``: case 2's h2load row when the append group measured it already."""
+    rows = []
+    progress(f"starting etcd ({etcd.version() or 'etcd'}, default durability)")
+    with etcd.etcd_server(work / "etcd") as peer_etcd:
+        progress("etcd Put, 16 clients, beside case 2 (h2load)")
+        if concurrent is None:
+            _, concurrent = cases.run_append_h2load(settings, server, cases.CONCURRENT, work)
+            measured("sessionlog", concurrent)
+        put = measured("etcd", etcd.run_writes(settings, peer_etcd, etcd.PUTS, work))
+        rows.append(Row(concurrent.name, concurrent, put, "etcd"))
+
+        progress("etcd Txn of 100 Puts, 4 clients, beside case 3 (h2load)")
+        _, batched = cases.run_append_h2load(settings, server, cases.BATCHED, work)
+        measured("sessionlog", batched)
+        txn = measured("etcd", etcd.run_writes(settings, peer_etcd, etcd.TXNS, work))
+        rows.append(Row(batched.name, batched, txn, "etcd"))
+
+        progress(f"etcd Range page beside Since page, {etcd.PAGE_CLIENTS} clients (h2load)")
+        page = measured(
+            "sessionlog", cases.run_since_page_h2load(settings, server, etcd.PAGE_CLIENTS, work)
+        )
+        ranged = measured(
+            "etcd",
+            etcd.run_range_pages(
+                settings, peer_etcd, etcd.PAGE_CLIENTS, settings.page_log_events, work
+            ),
+        )
+        rows.append(Row(page.name, page, ranged, "etcd"))
+    return rows
 
 
 def h2load_note(missing: str) -> str:

@@ -14,7 +14,7 @@ from pathlib import Path
 import grpc
 
 from bench import h2load
-from bench.common import Measurement, Settings, append_request
+from bench.common import Measurement, Settings, append_request, page_events
 from bench.load import StreamLoad, UnaryLoad, UnaryOutcome, run_stream, run_unary
 from bench.procs import ServerProcess
 from sessionlog.v1 import session_log_service_pb2 as pb
@@ -123,6 +123,49 @@ def run_append_h2load(
         a - b for a, b in zip(after, before, strict=True)
     ]
     return load, measurement
+
+
+def run_since_page_h2load(
+    settings: Settings, server: ServerProcess, clients: int, work: Path
+) -> Measurement:
+    """h2load clients reading the last page of one session of ``page_log_events`` events with a
+    non-follow Since from the page's first seq, over and over (beside etcd's Range page).
+
+    Nothing writes to the session during the run, so every reply is the same stream of
+    SinceResponse frames: each client must have received whole replies for the calls h2load
+    counted (``h2load.check_replies``); a gRPC error is an HTTP 200 with no such frames.
+    """
+    count = settings.page_log_events
+    session = f"h2-page-{count}"
+    with grpc.insecure_channel(server.address) as channel:
+        stored = next_seq(channel, session)
+    if stored == 0:
+        fill_session(server.address, session, count)
+    elif stored != count:
+        raise RuntimeError(f"session {session} holds {stored} events, expected {count}")
+    page = min(page_events(), count)
+    request = pb.SinceRequest(session_id=session, seq=count - page).SerializeToString()
+    with grpc.insecure_channel(server.address) as channel:
+        replies = list(channel.unary_stream(SINCE)(request, timeout=60))
+    events = sum(len(pb.SinceResponse.FromString(reply).events) for reply in replies)
+    if events != page:
+        raise RuntimeError(f"the last page of {session} holds {events} events, expected {page}")
+    load = UnaryLoad(
+        target=server.address,
+        method=SINCE,
+        requests=(request,) * clients,
+        events_per_call=page,
+        duration=settings.duration,
+        warmup=settings.warmup,
+        max_calls=settings.max_calls_per_client,
+        processes=clients,
+    )
+    name = f"since last page of {page:,} ev, {clients} client{'s' if clients > 1 else ''} (h2load)"
+    h2load.warm_up(load, work)
+    outcome = h2load.measure(load, name, server.cpu_seconds, work)
+    h2load.check_replies(outcome, sum(len(h2load.frame(reply)) for reply in replies))
+    outcome.measurement.details.update(page_events=page, log_events=count)
+    return outcome.measurement
 
 
 def since_catch_up(settings: Settings, server: ServerProcess) -> Measurement:

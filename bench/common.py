@@ -48,6 +48,9 @@ class Settings:
     """Append-then-derive rounds per session."""
     redis_events: int = 100_000
     """Entries in the stream the Redis XRANGE catch-up reads."""
+    page_log_events: int = 30_000
+    """Events in the log whose last page the paged-read rows read (a sessionlog session and
+    an etcd prefix of as many keys)."""
     sessions_count: int = 10_000
     """Sessions the many-sessions case writes (and then lists)."""
     sessions_events: int = 100
@@ -108,6 +111,11 @@ def stored_event(seq: int) -> bytes:
     """The benchmark event as the server stores it: with its seq and a server timestamp."""
     serialized: bytes = event(seq, time_ns=1_767_225_600_123_456_789).SerializeToString()
     return serialized
+
+
+def page_events() -> int:
+    """Stored benchmark events in one Since batch: the page the paged-read rows read."""
+    return max(1, SINCE_BATCH_BYTES // len(stored_event(1000)))
 
 
 def since_batches(events: Sequence[bytes], budget: int = SINCE_BATCH_BYTES) -> list[bytes]:

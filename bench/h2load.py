@@ -26,7 +26,10 @@ session must grow during the measured run by its succeeded calls, or by one call
 flight when h2load stops at the end of its duration is stored but not counted), times the events
 per call. The warm-up is a run of its own, before the sessions are read, so that its calls (which
 h2load does not count) stay out of that sum; hence no ``--warm-up-time``. The echo server returns
-the request; its replies are checked by status only.
+the request; its replies are checked by status only. etcd's writes are checked the same way
+against its revision (``bench.etcd``). A read whose every reply is the same bytes is checked by
+what h2load received (``check_replies``): whole replies for the calls it counted, since an error
+reply carries no message.
 """
 
 from __future__ import annotations
@@ -80,6 +83,8 @@ class H2Outcome:
     measurement: Measurement
     succeeded: dict[int, int] = field(default_factory=dict)
     """Client index -> the calls h2load counted as succeeded in the measured run."""
+    data_bytes: dict[int, int] = field(default_factory=dict)
+    """Client index -> the bytes of DATA (the gRPC message frames of the replies) it received."""
 
 
 @dataclass
@@ -130,6 +135,7 @@ def measure(load: UnaryLoad, name: str, server_cpu: ServerCpu, work: Path) -> H2
     for index, run in enumerate(runs):
         counts = _counts(run.output)
         outcome.succeeded[index] = counts.get("succeeded", 0)
+        outcome.data_bytes[index] = _data_bytes(run.output)
         problem = _problem(run, counts)
         statuses = [line.split("\t") for line in run.log if line.strip()]
         bad = [fields[1] for fields in statuses if len(fields) < 3 or fields[1] != "200"]
@@ -246,13 +252,39 @@ REQUESTS = re.compile(
     r"(?P<succeeded>\d+) succeeded, (?P<failed>\d+) failed, (?P<errored>\d+) errored, "
     r"(?P<timeout>\d+) timeout"
 )
+TRAFFIC = re.compile(r"traffic: .*, [\d.]+\w*B \((?P<data>\d+)\) data")
 FINISHED = re.compile(r"finished in (?P<value>[\d.]+)(?P<unit>us|ms|s),")
 UNITS = {"us": 1e-6, "ms": 1e-3, "s": 1.0}
+
+
+def check_replies(outcome: H2Outcome, reply_bytes: int) -> None:
+    """For a load whose every reply is the same ``reply_bytes`` of gRPC message frames: each
+    client must have received whole replies for the calls h2load counted as succeeded, or up to
+    one reply more (the call in flight at the stop). A gRPC error is an HTTP 200 whose reply has
+    no message (or another one), so it shows as missing bytes; each such client is an error."""
+    measurement = outcome.measurement
+    for index, received in sorted(outcome.data_bytes.items()):
+        counted = outcome.succeeded.get(index, 0)
+        if not counted * reply_bytes <= received <= (counted + 1) * reply_bytes:
+            measurement.errors += 1
+            measurement.first_error = measurement.first_error or (
+                f"client {index}: received {received} bytes of replies for {counted} calls "
+                f"counted as succeeded, of {reply_bytes} bytes each (a gRPC error is an HTTP 200)"
+            )
+    measurement.details.update(
+        reply_bytes=reply_bytes,
+        received_bytes_per_client=[outcome.data_bytes[i] for i in sorted(outcome.data_bytes)],
+    )
 
 
 def _counts(output: str) -> dict[str, int]:
     found = REQUESTS.search(output)
     return {} if found is None else {k: int(v) for k, v in found.groupdict().items()}
+
+
+def _data_bytes(output: str) -> int:
+    found = TRAFFIC.search(output)
+    return 0 if found is None else int(found["data"])
 
 
 def _finished_seconds(output: str) -> float | None:

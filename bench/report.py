@@ -6,7 +6,7 @@ import json
 import os
 import platform
 import sys
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +28,8 @@ class Row:
     ceiling: Measurement
     kind: str = "ceiling"
     """What the ceiling column holds: "echo", "handoff" (echo through a worker thread), "lmdb",
-    "derived", "redis" (a peer) or "unchecked" (the same path without change-record checksums)."""
+    "derived", "redis" or "etcd" (a peer) or "unchecked" (the same path without change-record
+    checksums)."""
 
     @property
     def load_client(self) -> str:
@@ -61,11 +62,13 @@ class Results:
     derives: list[Measurement]
     notes: list[str]
     sessions: SessionsResult | None = None
+    etcd: list[Row] = field(default_factory=list)
+    """sessionlog beside etcd, both driven by h2load (kind "etcd"), in a table of their own."""
 
     def measurements(self) -> list[Measurement]:
         """Every measurement of the run (a sessionlog figure appears once per row it is in)."""
         return [
-            *(m for row in self.rows for m in (row.sessionlog, row.ceiling)),
+            *(m for row in (*self.rows, *self.etcd) for m in (row.sessionlog, row.ceiling)),
             *self.tails,
             *self.derives,
             *(self.sessions.measurements() if self.sessions else []),
@@ -170,6 +173,37 @@ def table(rows: list[Row]) -> str:
     return "\n".join(lines)
 
 
+def cpu_per_call_us(measurement: Measurement) -> float | None:
+    """The server's CPU per call counted, in µs (None: no server CPU or no call)."""
+    if measurement.server_cpu_seconds is None or not measurement.calls:
+        return None
+    return measurement.server_cpu_seconds / measurement.calls * 1e6
+
+
+def etcd_table(rows: list[Row]) -> str:
+    """Each sessionlog row, and under it the etcd row it stands beside, with the ratio."""
+    header = (
+        f"{'case (both h2load)':<52}  {'ev/s':>10}  {'calls/s':>8}  {'p50/p99 ms':>14}  "
+        f"{'cpu cli/srv/oth':>15}  {'srv us/call':>11}  {'ratio':>5}  limit"
+    )
+    lines = [header, "-" * len(header)]
+
+    def line(measurement: Measurement, name: str, ratio: str, limit: str) -> str:
+        calls = measurement.calls / measurement.seconds if measurement.seconds > 0 else 0.0
+        flag = " !" if measurement.errors else ""
+        return (
+            f"{name + flag:<52}  {_rate(measurement):>10}  {calls:>8,.0f}  "
+            f"{_latency(measurement):>14}  {_cores(measurement):>15}  "
+            f"{_ms(cpu_per_call_us(measurement)):>11}  {ratio:>5}  {limit}"
+        ).rstrip()
+
+    for row in rows:
+        ratio = "-" if row.ratio is None else f"{row.ratio:.2f}"
+        lines.append(line(row.sessionlog, row.sessionlog.name, "", ""))
+        lines.append(line(row.ceiling, "  " + row.ceiling.name, ratio, limit_note(row)))
+    return "\n".join(lines)
+
+
 def tail_table(tails: list[Measurement]) -> str:
     header = (
         f"{'case':<36}  {'appends/s':>9}  {'send->arrival p50/p99/max ms':>28}  "
@@ -269,7 +303,7 @@ class Target:
 
 
 def targets(results: Results) -> list[Target]:
-    """Issue 7's targets, each with what this run measured."""
+    """Issue 7's targets (and issue 14's against etcd), each with what this run measured."""
 
     def row(number: str, kind: str, client: str = "python") -> Row | None:
         return next(
@@ -311,6 +345,25 @@ def targets(results: Results) -> list[Target]:
         )
     )
     ratio_target("append 100 ev/call vs Redis XADD pipelined by 100", row("3 ", "redis"), 3.0)
+
+    # Issue 14's: unary Append at least half of etcd's Put, a batched Append ahead of its Txn.
+    def etcd_row(puts_per_call: int) -> Row | None:
+        return next(
+            (r for r in results.etcd if r.ceiling.details.get("puts_per_call") == puts_per_call),
+            None,
+        )
+
+    ratio_target("append 1 ev/call, 16 clients vs etcd Put (h2load)", etcd_row(1), 0.5)
+    txn = etcd_row(100)
+    ratio = None if txn is None else txn.ratio
+    out.append(
+        Target(
+            "append 100 ev/call, 4 clients vs etcd Txn of 100 Puts (h2load)",
+            "> 1x (ahead)",
+            "-" if ratio is None else f"{ratio:.2f}x",
+            None if ratio is None else ratio > 1.0,
+        )
+    )
     ratio_target("since catch-up vs echo stream", row("4 ", "echo"), 0.7)
     ratio_target("since catch-up vs Redis XRANGE", row("4 ", "redis"), 2.5)
     for m in results.tails:
@@ -394,6 +447,20 @@ def render(results: Results, settings: Settings, mode: str, info: dict[str, Any]
             "cold: first call after a server start (fold built from LMDB); memoized: nothing "
             "appended since the last call; after 1 append: the memo extended by one event.",
         ]
+    if results.etcd:
+        parts += [
+            "",
+            etcd_table(results.etcd),
+            "",
+            "The peer: etcd, one member with its default durability (WAL fsynced before the "
+            "reply), both servers driven by the same h2load clients; ratio: sessionlog / etcd in "
+            "events per second; srv us/call: the server's CPU per call. Put: each client puts to "
+            "its own key (every Put a new revision); Txn: 100 Puts to a client's own 100 keys; "
+            "Range: the last page of a log of keys, beside Since from the same page of a "
+            "session as long. Checked: etcd's revision grew by exactly the "
+            "calls applied, every key by h2load's count (or one more, in flight at the stop); "
+            "every read reply complete.",
+        ]
     if results.sessions:
         parts += [
             "",
@@ -420,6 +487,7 @@ def write_json(
         "live_tail": [m.to_json() for m in results.tails],
         "derive": [m.to_json() for m in results.derives],
         "sessions": results.sessions.to_json() if results.sessions else None,
+        "etcd": [row.to_json() for row in results.etcd],
         "targets": [asdict(t) for t in targets(results)],
         "notes": results.notes,
     }

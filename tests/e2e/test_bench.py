@@ -1,7 +1,9 @@
-"""The bench's case 7 and its h2load rows, run small against a real `sessionlog serve` and the
-echo server, both started as the bench starts them (``bench.procs``).
+"""The bench's case 7, its h2load rows and its etcd rows, run small against a real `sessionlog
+serve`, the echo server and a real etcd, started as the bench starts them (``bench.procs``,
+``bench.etcd``).
 
-Needs Debian's nghttp2-client for h2load (`make test` installs it with apt-get).
+Needs Debian's nghttp2-client for h2load and etcd-server for etcd (`make test` installs both with
+apt-get).
 """
 
 from __future__ import annotations
@@ -14,13 +16,15 @@ from pathlib import Path
 import grpc
 import pytest
 
-from bench import cases, ceilings, checksums, echo, h2load, procs, sessions
-from bench.common import Settings, append_request
+from bench import cases, ceilings, checksums, echo, etcd, h2load, procs, sessions
+from bench.common import Settings, append_request, page_events
+from bench.load import UnaryLoad
 from bench.procs import ServerProcess
-from bench.report import memory_table, sessions_table
+from bench.report import Results, Row, etcd_table, memory_table, render, sessions_table
 from sessionlog.storage.changes import ReceivedChange
 from sessionlog.storage.store import Store, StoreConfig
 from sessionlog.v1.event_pb2 import Event, EventType
+from sessionlog.v1.session_log_service_pb2 import SinceRequest
 
 SETTINGS = replace(Settings.quick(), duration=1.0, warmup=0.2, sessions_list_passes=1)
 SMALL = cases.AppendCase(9, clients=3, events_per_call=1)
@@ -61,6 +65,20 @@ def h2load_path() -> str:
             "or apt-get install -y nghttp2-client"
         )
     return found
+
+
+@pytest.fixture(scope="module")
+def etcd_server(
+    tmp_path_factory: pytest.TempPathFactory, h2load_path: str
+) -> Iterator[etcd.EtcdProcess]:
+    """etcd as the bench starts it (its own data dir, free ports), stopped by PID at the end."""
+    if shutil.which("etcd") is None:
+        pytest.fail(
+            "etcd is missing: run `make test` (it installs etcd-server) "
+            "or apt-get install -y etcd-server"
+        )
+    with etcd.etcd_server(tmp_path_factory.mktemp("etcd")) as server:
+        yield server
 
 
 def test_sessions_case_lists_every_session_and_reads_server_memory(servers: Servers) -> None:
@@ -176,3 +194,130 @@ def test_checksum_case_measures_both_ways_and_writes_the_records_accordingly(
             assert bool(record.checksum) is enabled
         finally:
             store.close()
+
+
+# -- the etcd peer ------------------------------------------------------------------------------
+
+
+def test_etcd_puts_and_txns_are_counted_against_its_revision(
+    servers: Servers, etcd_server: etcd.EtcdProcess
+) -> None:
+    """h2load puts and sends Txns of 100 Puts for a second each; the revision and every key's
+    version account for each call h2load counted, and the table shows them beside sessionlog."""
+    puts = etcd.run_writes(
+        SETTINGS, etcd_server, etcd.WriteCase(clients=3, puts_per_call=1), servers.work
+    )
+    txns = etcd.run_writes(
+        SETTINGS, etcd_server, etcd.WriteCase(clients=2, puts_per_call=100), servers.work
+    )
+
+    for measurement, clients in ((puts, 3), (txns, 2)):
+        assert (measurement.errors, measurement.first_error) == (0, ""), measurement.name
+        assert measurement.calls > 0
+        assert measurement.server_cpu_seconds is not None
+        assert measurement.server_cpu_seconds > 0
+        applied = measurement.details["applied_calls_per_client"]
+        counted = measurement.details["succeeded_per_client"]
+        assert len(applied) == clients
+        for done, seen in zip(counted, applied, strict=True):
+            assert done <= seen <= done + 1
+        assert measurement.details["revision_growth"] == sum(applied)
+    assert puts.events == puts.calls
+    assert txns.events == txns.calls * 100
+    assert puts.name == "etcd Put 1 key, 3 clients (h2load)"
+    assert txns.name == "etcd Txn of 100 Puts, 2 clients (h2load)"
+    with grpc.insecure_channel(etcd_server.address) as channel:
+        keys = etcd.versions(channel, b"bench/txn/1/")
+    assert sorted(keys) == [b"bench/txn/1/%03d" % n for n in range(100)]
+    assert len(set(keys.values())) == 1
+
+    _, appended = cases.run_append_h2load(SETTINGS, servers.sessionlog, SMALL, servers.work)
+    rows = [Row(appended.name, appended, puts, "etcd")]
+    shown = etcd_table(rows)
+    assert "9 append 1 ev/call, 3 clients (h2load)" in shown
+    assert "  etcd Put 1 key, 3 clients (h2load)" in shown
+    assert f"{appended.events_per_second / puts.events_per_second:.2f}" in shown
+    assert "srv us/call" in shown
+    report = render(Results([], [], [], [], etcd=rows), SETTINGS, "quick", _machine())
+    assert shown in report
+    assert "append 1 ev/call, 16 clients vs etcd Put (h2load)" in report
+
+
+def test_an_etcd_error_is_caught_by_the_revision_check(
+    servers: Servers, etcd_server: etcd.EtcdProcess
+) -> None:
+    """etcd refuses a Txn of more than 128 operations with a gRPC error, an HTTP 200 to h2load:
+    the keys and the revision show that nothing was applied."""
+    too_many = etcd.WriteCase(clients=1, puts_per_call=129)
+
+    refused = etcd.run_writes(SETTINGS, etcd_server, too_many, servers.work)
+
+    assert refused.calls > 0  # h2load saw only successes
+    assert refused.errors >= 1
+    assert refused.first_error.startswith("client 0: ")
+    assert "(expected 129 keys, all alike)" in refused.first_error
+    assert refused.details["applied_calls_per_client"] == [0]
+    assert refused.details["revision_growth"] == 0
+
+
+def test_etcd_range_page_and_since_page_read_whole_pages(
+    servers: Servers, etcd_server: etcd.EtcdProcess
+) -> None:
+    """Both read rows fill a log of the same length and read its last page; every reply counted
+    is complete, and a page is as many events as one Since batch."""
+    small = replace(SETTINGS, page_log_events=4_000)
+    page = min(page_events(), small.page_log_events)
+
+    since = cases.run_since_page_h2load(small, servers.sessionlog, 2, servers.work)
+    ranged = etcd.run_range_pages(small, etcd_server, 2, small.page_log_events, servers.work)
+
+    for measurement in (since, ranged):
+        assert (measurement.errors, measurement.first_error) == (0, ""), measurement.name
+        assert measurement.calls > 0
+        assert measurement.events == measurement.calls * page
+        assert measurement.details["page_events"] == page
+        reply = measurement.details["reply_bytes"]
+        for calls, received in zip(
+            measurement.details["succeeded_per_client"],
+            measurement.details["received_bytes_per_client"],
+            strict=True,
+        ):
+            assert calls * reply <= received <= (calls + 1) * reply
+    assert since.name == f"since last page of {page:,} ev, 2 clients (h2load)"
+    assert ranged.name == f"etcd Range page of {page:,} keys, 2 clients (h2load)"
+    with grpc.insecure_channel(etcd_server.address) as channel:
+        assert etcd.key_count(channel, etcd.LOG_PREFIX) == small.page_log_events
+
+
+def test_a_read_reply_missing_its_message_is_an_error(servers: Servers, h2load_path: str) -> None:
+    """A Since that the server refuses is an HTTP 200 without a message: the byte count shows it
+    for every client."""
+    bad = SinceRequest(session_id="-not-a-session-id").SerializeToString()
+    load = UnaryLoad(
+        target=servers.sessionlog.address,
+        method=cases.SINCE,
+        requests=(bad, bad),
+        events_per_call=1,
+        duration=0.5,
+        warmup=0,
+        max_calls=1000,
+        processes=2,
+    )
+
+    outcome = h2load.measure(load, "refused since", servers.sessionlog.cpu_seconds, servers.work)
+    h2load.check_replies(outcome, 100)
+
+    assert outcome.measurement.calls > 0
+    assert outcome.measurement.errors == 2
+    assert "received 0 bytes of replies" in outcome.measurement.first_error
+
+
+def test_etcd_is_reported_missing_with_how_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without etcd on PATH its rows are skipped with a note saying how to install it."""
+    monkeypatch.setenv("PATH", "/nonexistent")
+
+    assert "apt-get install -y etcd-server" in etcd.unavailable()
+
+
+def _machine() -> dict[str, object]:
+    return {"cpus": 2, "load_average_at_start": [0.0], "python": "3", "grpc": "1", "lmdb": "1"}

@@ -33,11 +33,8 @@ import lmdb
 from sessionlog import admin, config, errors, logs
 from sessionlog.cli_client import add_commands, run_client
 from sessionlog.config import ConfigError, worker_count
-from sessionlog.server import BindError, serve
 from sessionlog.storage.folder import FolderDamaged, FolderInUse, FolderUnwritable
 from sessionlog.storage.integrity import DamagedStore
-from sessionlog.workers.ports import PortInUse
-from sessionlog.workers.supervisor import Supervisor, WorkersFailed
 
 
 class _Parser(argparse.ArgumentParser):
@@ -125,6 +122,10 @@ def _serve(args: argparse.Namespace) -> int:
         return 0
     level, fmt = resolved.values["log_level"], resolved.values["log_format"]
     logs.configure(level, fmt)
+    # The server is imported here, not above: the client commands start without it.
+    from sessionlog.server import serve
+    from sessionlog.workers.supervisor import Supervisor
+
     try:
         if worker_count(server_config) == 1:
             run_event_loop(serve(server_config))
@@ -144,6 +145,10 @@ def _serve(args: argparse.Namespace) -> int:
 def start_failure(exc: BaseException, data_dir: str) -> str | None:
     """The one line that says why a server could not start, for the errors that say it; None
     for anything else (a bug: its traceback is the report)."""
+    from sessionlog.server import BindError
+    from sessionlog.workers.ports import PortInUse
+    from sessionlog.workers.supervisor import WorkersFailed
+
     if isinstance(
         exc,
         BindError

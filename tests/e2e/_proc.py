@@ -92,7 +92,7 @@ def run_cli(
     return subprocess.run(
         [str(SESSIONLOG), *args],
         cwd=cwd,
-        env=clean_env() if env is None else env,
+        env=clean_env(workers="--replica-of" not in args) if env is None else env,
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -120,7 +120,8 @@ class ServerProcess:
     ) -> None:
         self.args = ["serve", *args]
         self.cwd = cwd
-        self.env = clean_env() if env is None else env
+        # A replica runs in one process, and refuses SESSIONLOG_WORKERS above 1.
+        self.env = clean_env(workers="--replica-of" not in args) if env is None else env
         self.log_path = cwd / f"{name}-{time.monotonic_ns()}.log"
         self.process: subprocess.Popen[bytes] | None = None
 

@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 PROTOS := $(wildcard proto/sessionlog/v1/*.proto)
 SERVICE_PROTOS := $(wildcard proto/sessionlog/v1/*_service.proto)
 
-.PHONY: run test browser go-tools etcd-tools check lint format gen gen-client gen-go gen-check bench bench-tools clean docs
+.PHONY: run test test-workers browser go-tools etcd-tools check lint format gen gen-client gen-go gen-check bench bench-tools clean docs
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -23,9 +23,16 @@ $(VENV)/.dev-stamp: pyproject.toml client/python/pyproject.toml | $(BIN)/python
 run: $(VENV)/.run-stamp
 	$(BIN)/sessionlog serve
 
-## test: install everything and run the whole suite
+## test: install everything and run the whole suite, then the e2e tests again in workers mode
 test: $(VENV)/.dev-stamp browser go-tools etcd-tools
 	$(BIN)/python -m pytest
+	$(MAKE) --no-print-directory test-workers
+
+## test-workers: the e2e tests against `sessionlog serve --workers 2` processes (the unit and
+## integration layers start no server, so they run once, in `make test`); the tests marked
+## in_process, which reach inside a server in the test's own process, are deselected
+test-workers: $(VENV)/.dev-stamp browser go-tools
+	$(BIN)/python -m pytest tests/e2e --workers 2
 
 ## browser: Debian's chromium + chromium-driver for the web console test, and nghttp2-client
 ## (h2load) for tests/e2e/test_bench.py (apt-get, as root)

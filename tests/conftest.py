@@ -1,15 +1,75 @@
-"""Fixtures shared by every test layer."""
+"""Fixtures shared by every test layer, and the mode the e2e servers run in.
+
+``--workers N`` (or SESSIONLOG_TEST_WORKERS=N; the option wins) with N of 2 or more runs every
+server the e2e tests start as `sessionlog serve --workers N` processes (see
+``tests.e2e._proc``), and deselects the tests marked ``in_process``, which reach inside a server
+running in the test's own process.
+"""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from sessionlog.storage.store import Store
-from sessionlog.testing import ThreadedServer, running_server
+from sessionlog.testing import RunningServer
 from sessionlog.v1 import session_log_service_pb2_grpc as pb_grpc
+from tests.e2e._proc import running_server, workers_under_test
+
+_DESELECTED = pytest.StashKey[list[str]]()
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--workers",
+        metavar="N",
+        help="run the e2e tests' servers as `sessionlog serve --workers N` processes (N >= 2) "
+        "and deselect the in_process tests; 1 runs them in this process "
+        "[env SESSIONLOG_TEST_WORKERS; default 1]",
+    )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    workers = config.getoption("--workers")
+    if workers is not None:
+        os.environ["SESSIONLOG_TEST_WORKERS"] = workers
+    try:
+        workers_under_test()
+    except ValueError as exc:
+        raise pytest.UsageError(str(exc)) from None
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    workers = workers_under_test()
+    if workers == 1:
+        return "sessionlog servers: in this process (--workers 1)"
+    return f"sessionlog servers: `sessionlog serve --workers {workers}` processes"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """In workers mode, deselect the tests that need the in-process server."""
+    if workers_under_test() == 1:
+        return
+    deselected = [item for item in items if item.get_closest_marker("in_process")]
+    if deselected:
+        config.hook.pytest_deselected(items=deselected)
+        items[:] = [item for item in items if not item.get_closest_marker("in_process")]
+    config.stash[_DESELECTED] = [item.nodeid for item in deselected]
+
+
+def pytest_terminal_summary(
+    terminalreporter: pytest.TerminalReporter, config: pytest.Config
+) -> None:
+    deselected = config.stash.get(_DESELECTED, [])
+    if deselected:
+        files = sorted({nodeid.split("::", 1)[0] for nodeid in deselected})
+        terminalreporter.write_line(
+            f"{len(deselected)} in_process tests deselected (they reach inside an in-process "
+            f"server, which --workers {workers_under_test()} does not run): {', '.join(files)}"
+        )
 
 
 @pytest.fixture
@@ -23,13 +83,14 @@ def store(tmp_path: Path) -> Iterator[Store]:
 
 
 @pytest.fixture
-def server(tmp_path: Path) -> Iterator[ThreadedServer]:
-    """A real server on 127.0.0.1, a free port, over LMDB in a temporary folder."""
+def server(tmp_path: Path) -> Iterator[RunningServer]:
+    """A real server on 127.0.0.1, a free port, over LMDB in a temporary folder: in this
+    process, or `sessionlog serve --workers N` processes in workers mode."""
     with running_server(tmp_path / "data") as running:
         yield running
 
 
 @pytest.fixture
-def stub(server: ThreadedServer) -> pb_grpc.SessionLogServiceStub:
+def stub(server: RunningServer) -> pb_grpc.SessionLogServiceStub:
     """A SessionLogService client of the ``server`` fixture."""
     return server.stub()

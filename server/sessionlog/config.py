@@ -121,7 +121,8 @@ def _choice(*options: str) -> Callable[[Any], str]:
 class Setting:
     """One setting: its name (flag --name-with-dashes, env SESSIONLOG_NAME, TOML key name), how
     its text is parsed, and how the parsed value becomes its ServerConfig field (``to_field``;
-    with ``part``, the attribute of that field's nested config it sets)."""
+    with ``part``, the attribute of that field's nested config it sets) and back again
+    (``from_field``, for ``flags_of``)."""
 
     name: str
     parse: Callable[[Any], Any]
@@ -131,6 +132,7 @@ class Setting:
     flag_only_switch: bool = False
     secret: bool = False
     to_field: Callable[[Any], Any] = lambda value: value
+    from_field: Callable[[Any], Any] = lambda value: value
     part: str = ""
 
     @property
@@ -215,6 +217,7 @@ class ServerConfig:
         "number; 1 runs everything in one process. A replica runs one",
         "N",
         to_field=lambda value: 0 if value == "auto" else value,
+        from_field=lambda count: count or "auto",
     )
     """Worker processes (0: one per usable CPU; see ``worker_count``)."""
     metrics_listen: str = _setting(
@@ -248,6 +251,7 @@ class ServerConfig:
         "crash may lose recently acknowledged appends",
         "MODE",
         to_field=lambda mode: mode == "sync",
+        from_field=lambda durable: "sync" if durable else "nosync",
     )
     max_message_bytes: int = _setting(
         "max_message_size",
@@ -597,6 +601,25 @@ def server_config(resolved: Resolved) -> ServerConfig:
             nested = getattr(ServerConfig, config_field.name)  # the field's default
             values[config_field.name] = replace(nested, **parts)
     return ServerConfig(**values)
+
+
+def flags_of(config: ServerConfig) -> list[str]:
+    """The `sessionlog serve` flags that make ``config``: one for each setting whose value is
+    not its default (``sessionlog.testing`` starts server processes with them)."""
+    flags: list[str] = []
+    default = ServerConfig()
+    for config_field in fields(ServerConfig):
+        for setting in config_field.metadata[_SETTINGS_KEY]:
+            value, usual = getattr(config, config_field.name), getattr(default, config_field.name)
+            if setting.part:
+                value, usual = getattr(value, setting.part), getattr(usual, setting.part)
+            if value == usual:
+                continue
+            if setting.flag_only_switch:
+                flags.append(setting.flag)
+            else:
+                flags += [setting.flag, str(setting.from_field(value))]
+    return flags
 
 
 def render(resolved: Resolved) -> str:

@@ -112,7 +112,9 @@ class SessionLogServer:
         """Open the store, bind, and start serving. Returns the bound port."""
         config = self.config
         credentials = app.server_credentials(config)
-        self.authorizer = _authorizer(config)
+        # Every worker loads the tokens; one says what is wrong with them, so the log of a
+        # server of N workers has each warning once.
+        self.authorizer = _authorizer(config, warn=self.peers is None or self.peers.slot == 0)
         replica_token = replica_token_of(config)
         store = self.store = self._open_store()
         server = app.grpc_server(
@@ -346,11 +348,11 @@ def _bind(server: grpc.aio.Server, listen: str, credentials: grpc.ServerCredenti
     return port
 
 
-def _authorizer(config: ServerConfig) -> Authorizer | None:
+def _authorizer(config: ServerConfig, warn: bool = True) -> Authorizer | None:
     if not config.auth_tokens:
         return None
     try:
-        tokens = TokenTable.load(config.auth_tokens)
+        tokens = TokenTable.load(config.auth_tokens, warn)
     except AuthConfigError as exc:
         raise ConfigError(str(exc)) from None
     return Authorizer(tokens, open_health=config.auth_open_health)

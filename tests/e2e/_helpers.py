@@ -8,6 +8,8 @@ import grpc
 import pytest
 
 from sessionlog.testing import error_info
+from sessionlog.v1 import admin_service_pb2 as apb
+from sessionlog.v1 import admin_service_pb2_grpc as apb_grpc
 from sessionlog.v1 import event_pb2
 from sessionlog.v1 import session_log_service_pb2 as pb
 from sessionlog.v1 import session_log_service_pb2_grpc as pb_grpc
@@ -85,6 +87,14 @@ def get(stub: Stub, session_id: str) -> pb.Session:
     """The session as GetSession describes it."""
     session: pb.Session = stub.GetSession(pb.GetSessionRequest(session_id=session_id)).session
     return session
+
+
+def stats(channel: grpc.Channel) -> apb.GetStatsResponse:
+    """The store's counts as AdminService.GetStats reports them (sessions, events, the change
+    feed's position): what a test reads to show that a refused call wrote nothing."""
+    admin = apb_grpc.AdminServiceStub(channel)  # type: ignore[no-untyped-call]
+    reply: apb.GetStatsResponse = admin.GetStats(apb.GetStatsRequest(), timeout=30)
+    return reply
 
 
 # -- expected errors ----------------------------------------------------------------------------

@@ -3,6 +3,10 @@
 A server process writes its stdout and stderr to a log file (never a pipe, which could fill
 and block it). Readiness is the standard gRPC health check answering SERVING. Stopping sends
 SIGTERM to the child's PID and waits; SIGKILL only if it does not exit in time.
+
+Every server a test starts follows the mode under test (``workers_under_test``): processes
+started here get SESSIONLOG_WORKERS, and ``running_server`` (behind the ``server`` fixture)
+is an in-process server or `sessionlog serve --workers N` processes.
 """
 
 from __future__ import annotations
@@ -13,11 +17,17 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from types import TracebackType
+from typing import Any
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from sessionlog import testing
+from sessionlog.testing import RunningServer
 
 BIN_DIR = Path(sys.prefix) / "bin"
 SESSIONLOG = BIN_DIR / "sessionlog"
@@ -35,18 +45,42 @@ def free_port() -> int:
     return port
 
 
-TEST_WORKERS = os.environ.get("SESSIONLOG_TEST_WORKERS", "1")
-"""How many worker processes the servers that tests start run (``serve --workers``): 1 unless
-SESSIONLOG_TEST_WORKERS says otherwise (``make test-workers`` runs the e2e tests with 2)."""
+def workers_under_test() -> int:
+    """How many worker processes the servers that tests start run (``serve --workers``): 1
+    unless SESSIONLOG_TEST_WORKERS (or pytest's ``--workers``, which sets it) says otherwise;
+    ``make test-workers`` runs the e2e tests with 2. Read at each call: the option is applied
+    after this module may have been imported."""
+    text = os.environ.get("SESSIONLOG_TEST_WORKERS", "1")
+    if not text.isdigit() or int(text) < 1:
+        raise ValueError(f"SESSIONLOG_TEST_WORKERS must be a whole number from 1, not {text!r}")
+    return int(text)
+
+
+@contextmanager
+def running_server(data_dir: Path, **config: Any) -> Iterator[RunningServer]:
+    """A real server over ``data_dir`` given ``config`` (ServerConfig's fields), in the mode
+    under test: in this process (``sessionlog.testing.running_server``), or, when
+    ``workers_under_test()`` is 2 or more, `sessionlog serve --workers N` processes
+    (``sessionlog.testing.server_process``). A replica runs in one process whatever the mode
+    (``config.worker_count``), so it runs in this one. A test that needs the in-process
+    server's insides uses ``sessionlog.testing.running_server`` itself and is marked
+    ``in_process``."""
+    workers = workers_under_test()
+    if workers == 1 or config.get("replica_of"):
+        with testing.running_server(data_dir, **config) as threaded:
+            yield threaded
+    else:
+        with testing.server_process(data_dir, workers, **config) as process:
+            yield process
 
 
 def clean_env(*, workers: bool = True, **variables: str) -> dict[str, str]:
     """This process's environment without any SESSIONLOG_* variable, plus (unless not
-    ``workers``) SESSIONLOG_WORKERS=TEST_WORKERS (a test's own --workers flag wins over it),
+    ``workers``) SESSIONLOG_WORKERS=workers_under_test() (a test's own --workers flag wins over it),
     plus ``variables``."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("SESSIONLOG_")}
     if workers:
-        env["SESSIONLOG_WORKERS"] = TEST_WORKERS
+        env["SESSIONLOG_WORKERS"] = str(workers_under_test())
     env.update(variables)
     return env
 
@@ -58,7 +92,7 @@ def run_cli(
     return subprocess.run(
         [str(SESSIONLOG), *args],
         cwd=cwd,
-        env=clean_env() if env is None else env,
+        env=clean_env(workers="--replica-of" not in args) if env is None else env,
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -86,7 +120,8 @@ class ServerProcess:
     ) -> None:
         self.args = ["serve", *args]
         self.cwd = cwd
-        self.env = clean_env() if env is None else env
+        # A replica runs in one process, and refuses SESSIONLOG_WORKERS above 1.
+        self.env = clean_env(workers="--replica-of" not in args) if env is None else env
         self.log_path = cwd / f"{name}-{time.monotonic_ns()}.log"
         self.process: subprocess.Popen[bytes] | None = None
 

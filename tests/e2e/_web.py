@@ -12,8 +12,9 @@ import urllib.error
 import urllib.request
 from typing import Any
 
-from sessionlog.storage.store import Store
 from sessionlog.v1 import event_pb2
+from sessionlog.v1 import session_log_service_pb2 as pb
+from sessionlog.v1 import session_log_service_pb2_grpc as pb_grpc
 
 TIMEOUT = 5.0
 SESSION = "demo.weather"
@@ -28,9 +29,18 @@ def event(kind: int, **data: Any) -> event_pb2.Event:
     return message
 
 
-def seed(store: Store, session_id: str = SESSION) -> None:
-    """Nine events: 0 system, 1 user, 2 assistant, 3 user, 4 assistant calling a tool,
-    5 tool_call (bookkeeping), 6 its tool result, 7 assistant, 8 a summary replacing 1..2."""
+def _append(
+    stub: pb_grpc.SessionLogServiceStub, session_id: str, events: list[event_pb2.Event], token: str
+) -> None:
+    metadata = (("authorization", f"Bearer {token}"),) if token else ()
+    request = pb.AppendRequest(session_id=session_id, events=events)
+    stub.Append(request, metadata=metadata, timeout=TIMEOUT)
+
+
+def seed(stub: pb_grpc.SessionLogServiceStub, session_id: str = SESSION, token: str = "") -> None:
+    """Nine events, appended over gRPC (with ``token`` when given): 0 system, 1 user,
+    2 assistant, 3 user, 4 assistant calling a tool, 5 tool_call (bookkeeping), 6 its tool
+    result, 7 assistant, 8 a summary replacing 1..2."""
     call = {
         "id": CALL_ID,
         "type": "function",
@@ -39,7 +49,8 @@ def seed(store: Store, session_id: str = SESSION) -> None:
     summary = event(event_pb2.EVENT_TYPE_SYSTEM_MESSAGE, content="[summary] The user said hello.")
     summary.surface_op.replace.start_seq = 1
     summary.surface_op.replace.stop_seq = 2
-    store.append(
+    _append(
+        stub,
         session_id,
         [
             event(event_pb2.EVENT_TYPE_SYSTEM_MESSAGE, content="You are a terse weather bot."),
@@ -52,10 +63,11 @@ def seed(store: Store, session_id: str = SESSION) -> None:
             event(event_pb2.EVENT_TYPE_ASSISTANT_MESSAGE, content="Oslo: 12°C, light rain."),
             summary,
         ],
+        token,
     )
 
 
-def seed_overlap(store: Store, session_id: str = OVERLAP) -> None:
+def seed_overlap(stub: pb_grpc.SessionLogServiceStub, session_id: str = OVERLAP) -> None:
     """SPEC §4's last worked example: 0 a, 1 b, 2 c, 3 S replacing 0..2, 4 X replacing 0..0.
     X stands at position 0, inside S's range, but was appended after S, so S does not hide it;
     X hides S (whose position is 0) and a."""
@@ -67,7 +79,7 @@ def seed_overlap(store: Store, session_id: str = OVERLAP) -> None:
         summary.surface_op.replace.start_seq = start
         summary.surface_op.replace.stop_seq = stop
     plain = [event(event_pb2.EVENT_TYPE_USER_MESSAGE, content=c) for c in "abc"]
-    store.append(session_id, [*plain, *replaces])
+    _append(stub, session_id, [*plain, *replaces], "")
 
 
 def get(url: str, token: str = "") -> tuple[int, dict[str, str], Any]:

@@ -22,12 +22,12 @@ from google.protobuf.message import Message
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2
 
-from sessionlog.testing import ThreadedServer, error_info, running_server
+from sessionlog.testing import RunningServer, error_info
 from sessionlog.v1 import event_pb2, message_pb2
 from sessionlog.v1 import replication_service_pb2 as rpb
 from sessionlog.v1 import session_log_service_pb2 as pb
 from tests.e2e._helpers import user
-from tests.e2e._proc import GRPCURL, ServerProcess, clean_env, free_port, run_cli
+from tests.e2e._proc import GRPCURL, ServerProcess, clean_env, free_port, run_cli, running_server
 
 READER = "reader-secret-6c1f0e9b2d4a"
 WRITER = "writer-secret-93ad51e07b8c"
@@ -83,7 +83,7 @@ session_prefix = "tenant-a."
 
 
 @pytest.fixture
-def server(tmp_path: Path) -> Iterator[ThreadedServer]:
+def server(tmp_path: Path) -> Iterator[RunningServer]:
     """A server with auth on and health/reflection closed (the default)."""
     tokens = tokens_file(tmp_path / "tokens.toml")
     with running_server(tmp_path / "data", auth_tokens=str(tokens)) as running:
@@ -208,7 +208,7 @@ def reflection_list(channel: grpc.Channel, token: str | None) -> list[str]:
 
 @pytest.mark.parametrize(("token"), [None, WRONG, ""], ids=["missing", "unknown", "empty"])
 def test_every_rpc_without_a_valid_token_is_unauthenticated(
-    server: ThreadedServer, token: str | None
+    server: RunningServer, token: str | None
 ) -> None:
     """No token, an unknown one, or an empty one: UNAUTHENTICATED with that reason, on every RPC,
     health and reflection included; nothing is written."""
@@ -226,7 +226,7 @@ def test_every_rpc_without_a_valid_token_is_unauthenticated(
         assert not session(channel, created).exists
 
 
-def test_a_malformed_authorization_header_is_unauthenticated(server: ThreadedServer) -> None:
+def test_a_malformed_authorization_header_is_unauthenticated(server: RunningServer) -> None:
     """A secret sent without the Bearer scheme (or under another scheme) is not accepted."""
     call = server.channel().unary_unary(SERVICE + "GetSession")
     request = pb.GetSessionRequest(session_id="s").SerializeToString()
@@ -236,7 +236,7 @@ def test_a_malformed_authorization_header_is_unauthenticated(server: ThreadedSer
         assert_refused(caught.value, UNAUTHENTICATED)
 
 
-def test_the_bearer_scheme_is_case_insensitive(server: ThreadedServer) -> None:
+def test_the_bearer_scheme_is_case_insensitive(server: RunningServer) -> None:
     """`authorization: bearer SECRET` works like `Bearer` (RFC 7235: the scheme is
     case-insensitive)."""
     call = server.channel().unary_unary(SERVICE + "GetSession")
@@ -246,7 +246,7 @@ def test_the_bearer_scheme_is_case_insensitive(server: ThreadedServer) -> None:
         assert not pb.GetSessionResponse.FromString(reply).session.exists
 
 
-def test_a_token_configured_by_its_sha256_authenticates(server: ThreadedServer) -> None:
+def test_a_token_configured_by_its_sha256_authenticates(server: RunningServer) -> None:
     """The tenant token, stored only as a digest, works with its secret (and not its digest)."""
     channel = server.channel()
     assert append(channel, "tenant-a.one", TENANT_A, "hello").next_seq == 1
@@ -264,7 +264,7 @@ def test_a_token_configured_by_its_sha256_authenticates(server: ThreadedServer) 
 # -- permissions ----------------------------------------------------------------------------------
 
 
-def test_reader_reads_but_may_not_write(server: ThreadedServer) -> None:
+def test_reader_reads_but_may_not_write(server: RunningServer) -> None:
     """The reader reads every read RPC but gets PERMISSION_DENIED on every write; nothing lands."""
     channel = server.channel()
     append(channel, "shared", WRITER, "one")
@@ -290,7 +290,7 @@ def test_reader_reads_but_may_not_write(server: ThreadedServer) -> None:
     assert listed(channel, ADMIN) == ["shared"]
 
 
-def test_forced_release_needs_admin(server: ThreadedServer) -> None:
+def test_forced_release_needs_admin(server: RunningServer) -> None:
     """The writer may not force-release another holder's lease; the admin may."""
     channel = server.channel()
     acquire = pb.AcquireLeaseRequest(session_id="leased", holder="w1", ttl=Duration(seconds=60))
@@ -307,7 +307,7 @@ def test_forced_release_needs_admin(server: ThreadedServer) -> None:
     assert not session(channel, "leased").lease.holder
 
 
-def test_the_writer_releases_its_own_lease_without_admin(server: ThreadedServer) -> None:
+def test_the_writer_releases_its_own_lease_without_admin(server: RunningServer) -> None:
     """A plain (not forced) release is a write, not an admin action."""
     channel = server.channel()
     acquire = pb.AcquireLeaseRequest(session_id="own", holder="w1", ttl=Duration(seconds=60))
@@ -317,7 +317,7 @@ def test_the_writer_releases_its_own_lease_without_admin(server: ThreadedServer)
     assert not session(channel, "own").lease.holder
 
 
-def test_the_change_feed_needs_admin(server: ThreadedServer) -> None:
+def test_the_change_feed_needs_admin(server: RunningServer) -> None:
     """Changes (every tenant's data) is refused to reader and writer, served to the admin;
     GetReplicationStatus needs only read."""
     channel = server.channel()
@@ -337,7 +337,7 @@ def test_the_change_feed_needs_admin(server: ThreadedServer) -> None:
     assert status.role == "primary"
 
 
-def test_a_prefix_limited_admin_may_not_read_the_change_feed(server: ThreadedServer) -> None:
+def test_a_prefix_limited_admin_may_not_read_the_change_feed(server: RunningServer) -> None:
     """The change feed carries every tenant's sessions, so an admin token limited to a prefix is
     refused it (it would otherwise read other tenants' data)."""
     channel = server.channel()
@@ -350,7 +350,7 @@ def test_a_prefix_limited_admin_may_not_read_the_change_feed(server: ThreadedSer
 
 @pytest.mark.parametrize("token", [TENANT_A, TENANT_ADMIN], ids=["tenant-worker", "tenant-admin"])
 def test_replication_status_is_refused_to_prefix_limited_tokens(
-    server: ThreadedServer, token: str
+    server: RunningServer, token: str
 ) -> None:
     """GetReplicationStatus shows global positions (how much every tenant wrote), so a token
     limited to a prefix is refused it, admin or not; unscoped reader and admin get it."""
@@ -366,7 +366,7 @@ def test_replication_status_is_refused_to_prefix_limited_tokens(
 
 
 def test_a_prefix_limited_admin_force_releases_only_inside_its_prefix(
-    server: ThreadedServer,
+    server: RunningServer,
 ) -> None:
     """The tenant admin may force a release in tenant-a., not in tenant-b."""
     channel = server.channel()
@@ -387,7 +387,7 @@ def test_a_prefix_limited_admin_force_releases_only_inside_its_prefix(
 # -- tenants --------------------------------------------------------------------------------------
 
 
-def test_a_tenant_token_cannot_touch_another_tenants_session(server: ThreadedServer) -> None:
+def test_a_tenant_token_cannot_touch_another_tenants_session(server: RunningServer) -> None:
     """Every RPC naming tenant-b.x with the tenant-a token is PERMISSION_DENIED (metadata names
     the prefix, the message never echoes the id), and tenant-b.x is unchanged."""
     channel = server.channel()
@@ -412,7 +412,7 @@ def test_a_tenant_token_cannot_touch_another_tenants_session(server: ThreadedSer
         assert not session(channel, created).exists
 
 
-def test_a_tenant_cannot_follow_another_tenants_session(server: ThreadedServer) -> None:
+def test_a_tenant_cannot_follow_another_tenants_session(server: RunningServer) -> None:
     """A follow stream on tenant-b.x with the tenant-a token is refused at once, not left open."""
     channel = server.channel()
     append(channel, "tenant-b.x", WRITER, "b1")
@@ -424,7 +424,7 @@ def test_a_tenant_cannot_follow_another_tenants_session(server: ThreadedServer) 
     assert_refused(caught.value, PERMISSION_DENIED)
 
 
-def test_a_tenant_cannot_fork_across_prefixes(server: ThreadedServer) -> None:
+def test_a_tenant_cannot_fork_across_prefixes(server: RunningServer) -> None:
     """Forking out of another tenant's session, or into another tenant's prefix, is refused;
     forking inside the tenant's own prefix works."""
     channel = server.channel()
@@ -442,7 +442,7 @@ def test_a_tenant_cannot_fork_across_prefixes(server: ThreadedServer) -> None:
     assert session(channel, "tenant-a.c3").event_count == 2
 
 
-def test_a_tenant_lists_only_its_own_sessions(server: ThreadedServer) -> None:
+def test_a_tenant_lists_only_its_own_sessions(server: RunningServer) -> None:
     """ListSessions with the tenant token: an empty or shorter prefix is narrowed to tenant-a.,
     paging stays inside it, a narrower prefix works, and a prefix outside is refused."""
     channel = server.channel()
@@ -464,7 +464,7 @@ def test_a_tenant_lists_only_its_own_sessions(server: ThreadedServer) -> None:
     assert len(listed(channel, ADMIN)) == 10
 
 
-def test_a_tenant_works_inside_its_prefix(server: ThreadedServer) -> None:
+def test_a_tenant_works_inside_its_prefix(server: RunningServer) -> None:
     """The tenant token creates, appends, reads and follows sessions under tenant-a."""
     channel = server.channel()
     create = pb.CreateSessionRequest(session_id="tenant-a.c", events=[user("c0")])
@@ -484,7 +484,7 @@ def grpcurl(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-def test_health_and_reflection_need_a_token_by_default(server: ThreadedServer) -> None:
+def test_health_and_reflection_need_a_token_by_default(server: RunningServer) -> None:
     """Without --auth-open-health, `grpcurl list` fails without a token and works with one."""
     refused = grpcurl("-plaintext", server.address, "list")
     assert refused.returncode != 0

@@ -18,11 +18,12 @@ import pytest
 from google.protobuf.duration_pb2 import Duration
 
 from sessionlog import wire
-from sessionlog.testing import ThreadedServer, error_info, running_server
+from sessionlog.testing import RunningServer, error_info
 from sessionlog.v1 import event_pb2, message_pb2
 from sessionlog.v1 import replication_service_pb2 as rpb
 from sessionlog.v1 import replication_service_pb2_grpc as rpb_grpc
 from sessionlog.v1 import session_log_service_pb2 as pb
+from tests.e2e._proc import running_server
 from tests.e2e._replication_cluster import changes_raw, event, positions, since_raw
 
 APPEND, CREATE, FORK, LEASE = (
@@ -39,11 +40,11 @@ def users(*texts: str) -> list[event_pb2.Event]:
     return [event(USER, text) for text in texts]
 
 
-def feed_stub(server: ThreadedServer) -> rpb_grpc.ReplicationServiceStub:
+def feed_stub(server: RunningServer) -> rpb_grpc.ReplicationServiceStub:
     return rpb_grpc.ReplicationServiceStub(server.channel())  # type: ignore[no-untyped-call]
 
 
-def open_feed(server: ThreadedServer, start: int = 0, timeout: float = 30.0) -> Any:
+def open_feed(server: RunningServer, start: int = 0, timeout: float = 30.0) -> Any:
     """A follow stream of the change feed yielding raw responses (with .cancel())."""
     call = server.channel().unary_stream(
         FEED_METHOD, request_serializer=rpb.ChangesRequest.SerializeToString
@@ -72,7 +73,7 @@ def change_events(raw_change: bytes) -> list[bytes]:
     return wire.split_field(raw_change, 9)[1]
 
 
-def test_changes_list_every_kind_in_commit_order(server: ThreadedServer) -> None:
+def test_changes_list_every_kind_in_commit_order(server: RunningServer) -> None:
     """Without follow, Changes returns every committed change in order, dense from 1, with its
     kind, session, first_seq / event_count and the events exactly as Since returns them."""
     stub, minute = server.stub(), Duration(seconds=60)
@@ -118,7 +119,7 @@ def test_changes_list_every_kind_in_commit_order(server: ThreadedServer) -> None
     assert typed == changes
 
 
-def test_start_position_resumes_exactly(server: ThreadedServer) -> None:
+def test_start_position_resumes_exactly(server: RunningServer) -> None:
     """Reading from any start position returns exactly the tail of the full feed, across
     responses split by the batch byte budget; 0 and 1 both mean the beginning."""
     stub = server.stub()
@@ -137,7 +138,7 @@ def test_start_position_resumes_exactly(server: ThreadedServer) -> None:
     assert changes_raw(server.channel(), 1 << 40) == []
 
 
-def test_follow_sends_stored_then_caught_up_then_live(server: ThreadedServer) -> None:
+def test_follow_sends_stored_then_caught_up_then_live(server: RunningServer) -> None:
     """With follow: the stored changes, one caught_up carrying the head position, then the
     changes of 4 concurrent writers in commit order with no gap and no duplicate; a second
     follower opened while those writers run sees the same dense sequence."""
@@ -221,7 +222,7 @@ def test_heartbeats_carry_head_position(tmp_path: Path) -> None:
         stream.cancel()
 
 
-def refused_and_empty_writes(server: ThreadedServer) -> list[str]:
+def refused_and_empty_writes(server: RunningServer) -> list[str]:
     """Writes that must leave no change: refusals, a replay, empty and all-dropped appends, a
     release of no lease. Returns the names of the calls made."""
     stub = server.stub()
@@ -306,7 +307,7 @@ def refused_and_empty_writes(server: ThreadedServer) -> list[str]:
     return made
 
 
-def test_refused_replayed_and_empty_writes_add_no_change(server: ThreadedServer) -> None:
+def test_refused_replayed_and_empty_writes_add_no_change(server: RunningServer) -> None:
     """Refused writes, an idempotent replay, empty and all-dropped appends and a release of no
     lease leave the feed untouched: a follower sees the next real write at head + 1."""
     stub = server.stub()
@@ -335,7 +336,7 @@ def read_until_caught_up(stream: Iterator[bytes], limit: int = 1000) -> rpb.Chan
     raise AssertionError("no caught_up")
 
 
-def test_status_on_a_primary(server: ThreadedServer) -> None:
+def test_status_on_a_primary(server: RunningServer) -> None:
     """GetReplicationStatus on a primary says role primary and its head position, with every
     replica-only field left empty; an empty primary's feed is empty and caught up at 0."""
     feed = feed_stub(server)

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from sessionlog.cli import main
-from sessionlog.testing import ThreadedServer
+from sessionlog.testing import RunningServer
 from sessionlog_client import Client, event
 from tests.e2e._proc import SESSIONLOG, clean_env, free_port, run_cli
 
@@ -40,12 +40,12 @@ COMMANDS = (
 )
 
 
-def cli(server: ThreadedServer, tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+def cli(server: RunningServer, tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
     """`sessionlog ARGS --server ADDRESS`, run to completion."""
     return run_cli([*args, "--server", server.address], tmp_path)
 
 
-def ok(server: ThreadedServer, tmp_path: Path, *args: str) -> str:
+def ok(server: RunningServer, tmp_path: Path, *args: str) -> str:
     """Run a command that must succeed; its stdout."""
     result = cli(server, tmp_path, *args)
     assert result.returncode == 0, result.stderr
@@ -61,7 +61,7 @@ def run_main(args: list[str]) -> int:
         return stop.code if isinstance(stop.code, int) else 1
 
 
-def seed(server: ThreadedServer, session_id: str, *contents: str) -> None:
+def seed(server: RunningServer, session_id: str, *contents: str) -> None:
     with Client(server.address) as client:
         client.append(session_id, [event("user_message", {"content": c}) for c in contents])
 
@@ -69,7 +69,7 @@ def seed(server: ThreadedServer, session_id: str, *contents: str) -> None:
 # -- append ----------------------------------------------------------------------------------------
 
 
-def test_append_content_data_and_replace(server: ThreadedServer, tmp_path: Path) -> None:
+def test_append_content_data_and_replace(server: RunningServer, tmp_path: Path) -> None:
     """append takes --content, --data JSON and --replace START:STOP; each lands as asked."""
     assert ok(server, tmp_path, "append", "s", "user_message", "--content", "hi") == (
         "appended seq 0; next seq 1\n"
@@ -93,7 +93,7 @@ def test_append_content_data_and_replace(server: ThreadedServer, tmp_path: Path)
 # -- tail ------------------------------------------------------------------------------------------
 
 
-def test_tail_without_follow_pretty_and_json(server: ThreadedServer, tmp_path: Path) -> None:
+def test_tail_without_follow_pretty_and_json(server: RunningServer, tmp_path: Path) -> None:
     """tail --no-follow prints each stored event once (a line each) and ends; --json is JSONL."""
     seed(server, "t", "zero", "one", "two")
     pretty = ok(server, tmp_path, "tail", "t", "--no-follow").splitlines()
@@ -108,7 +108,7 @@ def test_tail_without_follow_pretty_and_json(server: ThreadedServer, tmp_path: P
     assert first["seq"] == 0, "seq 0 must be printed, scripts read it"
 
 
-def test_tail_follows_live_events_until_interrupted(server: ThreadedServer, tmp_path: Path) -> None:
+def test_tail_follows_live_events_until_interrupted(server: RunningServer, tmp_path: Path) -> None:
     """tail (follow by default) prints stored then live events; SIGINT ends it with 130."""
     seed(server, "live", "before")
     process = subprocess.Popen(
@@ -147,7 +147,7 @@ def test_tail_follows_live_events_until_interrupted(server: ThreadedServer, tmp_
 # -- reads -----------------------------------------------------------------------------------------
 
 
-def test_surface_and_messages_show_the_model_view(server: ThreadedServer, tmp_path: Path) -> None:
+def test_surface_and_messages_show_the_model_view(server: RunningServer, tmp_path: Path) -> None:
     """surface lists the visible events; messages is a plain transcript when not on a terminal."""
     seed(server, "v", "a", "b", "c")
     ok(server, tmp_path, "append", "v", "system_message", "--content", "[sum]", "--replace", "0:1")
@@ -162,7 +162,7 @@ def test_surface_and_messages_show_the_model_view(server: ThreadedServer, tmp_pa
     assert len(json.loads(ok(server, tmp_path, "messages", "v", "--json"))["messages"]) == 2
 
 
-def test_messages_note_what_a_summary_replaces(server: ThreadedServer, tmp_path: Path) -> None:
+def test_messages_note_what_a_summary_replaces(server: RunningServer, tmp_path: Path) -> None:
     """A message from a replace event names the seqs it replaces (one seq or a range); --at-seq
     before the summary shows the plain messages, with no note."""
     seed(server, "sum", "a", "b", "c")
@@ -186,7 +186,7 @@ def test_messages_note_what_a_summary_replaces(server: ThreadedServer, tmp_path:
 
 
 def test_messages_print_tool_calls_and_what_results_answer(
-    server: ThreadedServer, tmp_path: Path
+    server: RunningServer, tmp_path: Path
 ) -> None:
     """A tool call prints as name(arguments): a JSON-string argument exactly as written (its key
     order kept), an object compact with sorted keys and whole numbers; each tool result names
@@ -221,7 +221,7 @@ def test_messages_print_tool_calls_and_what_results_answer(
     ]
 
 
-def test_messages_colour_roles_on_a_terminal(server: ThreadedServer, tmp_path: Path) -> None:
+def test_messages_colour_roles_on_a_terminal(server: RunningServer, tmp_path: Path) -> None:
     """With a terminal for stdout, messages colours each role (ANSI escapes)."""
     seed(server, "tty", "hello")
     leader, follower = pty.openpty()
@@ -255,7 +255,7 @@ def test_messages_colour_roles_on_a_terminal(server: ThreadedServer, tmp_path: P
     assert b"hello" in output
 
 
-def test_sessions_get_and_fork(server: ThreadedServer, tmp_path: Path) -> None:
+def test_sessions_get_and_fork(server: RunningServer, tmp_path: Path) -> None:
     """sessions lists ids with counts (prefix, limit, JSON); get describes; fork copies."""
     seed(server, "p-one", "x", "y")
     seed(server, "p-two", "z")
@@ -279,7 +279,7 @@ def test_sessions_get_and_fork(server: ThreadedServer, tmp_path: Path) -> None:
     assert generated != "p-two"
 
 
-def test_lease_acquire_renew_release(server: ThreadedServer, tmp_path: Path) -> None:
+def test_lease_acquire_renew_release(server: RunningServer, tmp_path: Path) -> None:
     """lease acquire/renew/release print the lease; another holder is refused with LEASE_HELD."""
     acquired = json.loads(
         ok(server, tmp_path, "lease", "acquire", "l", "w1", "--ttl", "30", "--json")
@@ -302,9 +302,7 @@ def test_lease_acquire_renew_release(server: ThreadedServer, tmp_path: Path) -> 
 # -- exit codes ------------------------------------------------------------------------------------
 
 
-def test_refusal_exits_1_with_the_reason_on_one_line(
-    server: ThreadedServer, tmp_path: Path
-) -> None:
+def test_refusal_exits_1_with_the_reason_on_one_line(server: RunningServer, tmp_path: Path) -> None:
     """A refused append: exit 1, stdout empty, one stderr line naming SEQ_CONFLICT."""
     seed(server, "c", "one")
     result = cli(
@@ -354,7 +352,7 @@ def test_unreachable_server_exits_3(tmp_path: Path) -> None:
     assert result.stderr.count("\n") == 1
 
 
-def test_server_address_from_the_environment(server: ThreadedServer, tmp_path: Path) -> None:
+def test_server_address_from_the_environment(server: RunningServer, tmp_path: Path) -> None:
     """SESSIONLOG_SERVER stands in for --server."""
     seed(server, "env", "hi")
     result = run_cli(["messages", "env"], tmp_path, env=clean_env(SESSIONLOG_SERVER=server.address))
@@ -372,7 +370,7 @@ def test_every_command_has_help(capsys: pytest.CaptureFixture[str], command: str
     assert "--timeout" in out
 
 
-def test_create_and_seed_sessions(server: ThreadedServer, tmp_path: Path) -> None:
+def test_create_and_seed_sessions(server: RunningServer, tmp_path: Path) -> None:
     """create takes a JSON list of events, seed a JSON list of chat messages; both refuse an
     existing session with exit 1 and its reason."""
     events = tmp_path / "events.json"

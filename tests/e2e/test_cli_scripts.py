@@ -22,12 +22,12 @@ from typing import Any
 
 import pytest
 
-from sessionlog.testing import ThreadedServer
+from sessionlog.testing import RunningServer
 from sessionlog_client import Client, event
 from tests.e2e._proc import SESSIONLOG, ServerProcess, clean_env, free_port, run_cli
 
 
-def cli(server: ThreadedServer, tmp_path: Path, *args: str, stdin: str | None = None) -> Any:
+def cli(server: RunningServer, tmp_path: Path, *args: str, stdin: str | None = None) -> Any:
     """`sessionlog ARGS --server ADDRESS`, run to completion (stdin from ``stdin``)."""
     return subprocess.run(
         [str(SESSIONLOG), *args, "--server", server.address],
@@ -41,7 +41,7 @@ def cli(server: ThreadedServer, tmp_path: Path, *args: str, stdin: str | None = 
     )
 
 
-def ok(server: ThreadedServer, tmp_path: Path, *args: str, stdin: str | None = None) -> str:
+def ok(server: RunningServer, tmp_path: Path, *args: str, stdin: str | None = None) -> str:
     """Run a command that must succeed; its stdout."""
     result = cli(server, tmp_path, *args, stdin=stdin)
     assert result.returncode == 0, result.stderr
@@ -49,7 +49,7 @@ def ok(server: ThreadedServer, tmp_path: Path, *args: str, stdin: str | None = N
     return str(result.stdout)
 
 
-def users(server: ThreadedServer, session_id: str, *contents: str) -> None:
+def users(server: RunningServer, session_id: str, *contents: str) -> None:
     with Client(server.address) as client:
         client.append(session_id, [event("user_message", {"content": c}) for c in contents])
 
@@ -146,7 +146,7 @@ def test_tail_no_resume_exits_3_when_the_server_stops(tmp_path: Path) -> None:
             tail.close()
 
 
-def test_tail_last_n(server: ThreadedServer, tmp_path: Path) -> None:
+def test_tail_last_n(server: RunningServer, tmp_path: Path) -> None:
     """`tail --last 2` starts with the last two stored events; more than stored prints all."""
     users(server, "l", "a", "b", "c", "d")
     lines = ok(server, tmp_path, "tail", "l", "--last", "2", "--no-follow").splitlines()
@@ -155,7 +155,7 @@ def test_tail_last_n(server: ThreadedServer, tmp_path: Path) -> None:
     assert len(every) == 4
 
 
-def test_tail_prefix_follows_every_session_under_it(server: ThreadedServer, tmp_path: Path) -> None:
+def test_tail_prefix_follows_every_session_under_it(server: RunningServer, tmp_path: Path) -> None:
     """`tail --prefix a.` prints the events of a.* sessions only, each with its session id and
     change-feed position; --from-position resumes after a position; live events follow."""
     users(server, "a.one", "1")
@@ -187,9 +187,7 @@ def test_tail_prefix_follows_every_session_under_it(server: ThreadedServer, tmp_
 # -- append ----------------------------------------------------------------------------------------
 
 
-def test_append_many_events_from_json_lines_on_stdin(
-    server: ThreadedServer, tmp_path: Path
-) -> None:
+def test_append_many_events_from_json_lines_on_stdin(server: RunningServer, tmp_path: Path) -> None:
     """`append S --events -` reads JSON lines from stdin and appends them as one batch."""
     lines = "\n".join(
         json.dumps(e)
@@ -211,7 +209,7 @@ def test_append_many_events_from_json_lines_on_stdin(
 
 
 def test_append_of_a_message_without_content_or_data_says_so(
-    server: ThreadedServer, tmp_path: Path
+    server: RunningServer, tmp_path: Path
 ) -> None:
     """`append S user_message` with neither --content nor --data: exit 2 naming both flags, and
     nothing written; a bookkeeping event needs no data."""
@@ -225,7 +223,7 @@ def test_append_of_a_message_without_content_or_data_says_so(
 # -- JSON for scripts ------------------------------------------------------------------------------
 
 
-def test_whole_numbers_stay_whole_in_text_and_json(server: ThreadedServer, tmp_path: Path) -> None:
+def test_whole_numbers_stay_whole_in_text_and_json(server: RunningServer, tmp_path: Path) -> None:
     """Data {"x": 1, "tokens": 1834, "ratio": 0.5} prints as 1 and 1834 (not 1.0, 1834.0) in
     tail's text and --json, and in surface --json."""
     data = json.dumps({"content": "c", "x": 1, "tokens": 1834, "ratio": 0.5})
@@ -244,7 +242,7 @@ def test_whole_numbers_stay_whole_in_text_and_json(server: ThreadedServer, tmp_p
     assert "1834.0" not in ok(server, tmp_path, "surface", "n", "--json")
 
 
-def test_every_command_prints_json_for_scripts(server: ThreadedServer, tmp_path: Path) -> None:
+def test_every_command_prints_json_for_scripts(server: RunningServer, tmp_path: Path) -> None:
     """create, seed, fork, sessions, get, messages and lease take --json; counts are numbers and
     roles are chat-format names."""
     created = json.loads(ok(server, tmp_path, "create", "j", "--json"))
@@ -270,7 +268,7 @@ def test_every_command_prints_json_for_scripts(server: ThreadedServer, tmp_path:
     assert health == {"status": "SERVING"}
 
 
-def test_get_of_a_missing_session_exits_1(server: ThreadedServer, tmp_path: Path) -> None:
+def test_get_of_a_missing_session_exits_1(server: RunningServer, tmp_path: Path) -> None:
     """`get` of a session never written: exit 1, nothing on stdout, one line naming it."""
     result = cli(server, tmp_path, "get", "ghost")
     assert result.returncode == 1
@@ -278,7 +276,7 @@ def test_get_of_a_missing_session_exits_1(server: ThreadedServer, tmp_path: Path
     assert result.stderr == "sessionlog: NOT_FOUND: no session 'ghost'\n"
 
 
-def test_replication_status_text_and_json(server: ThreadedServer, tmp_path: Path) -> None:
+def test_replication_status_text_and_json(server: RunningServer, tmp_path: Path) -> None:
     """`replication status` prints the primary's role, state and position, as text and JSON."""
     users(server, "r", "x")
     status = json.loads(ok(server, tmp_path, "replication", "status", "--json"))
@@ -346,7 +344,7 @@ def terminal_output(args: list[str], env: dict[str, str]) -> bytes:
     return output
 
 
-def test_no_color_and_the_no_color_flag(server: ThreadedServer) -> None:
+def test_no_color_and_the_no_color_flag(server: RunningServer) -> None:
     """On a terminal, NO_COLOR=1 and --no-color each turn the role colours off."""
     users(server, "tty", "hello")
     args = ["messages", "tty", "--server", server.address]

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from sessionlog.testing import ThreadedServer
+from sessionlog.testing import RunningServer
 
 ROOT = Path(__file__).resolve().parents[2]
 MODULE = "github.com/sessionlog/sessionlog/client/go"
@@ -79,7 +79,7 @@ def go_tree(tmp_path_factory: pytest.TempPathFactory) -> GoTree:
 
 
 @pytest.mark.timeout(BUILD_SECONDS + 60)
-def test_go_example_prints_the_transcript(go_tree: GoTree, server: ThreadedServer) -> None:
+def test_go_example_prints_the_transcript(go_tree: GoTree, server: RunningServer) -> None:
     """client/go/example appends two messages and prints the derived ones, role and content."""
     result = subprocess.run(
         [str(go_tree.example), server.address],
@@ -100,7 +100,7 @@ def test_go_example_prints_the_transcript(go_tree: GoTree, server: ThreadedServe
 
 
 @pytest.mark.timeout(BUILD_SECONDS + 60)
-def test_go_errors_carry_error_info(go_tree: GoTree, server: ThreadedServer) -> None:
+def test_go_errors_carry_error_info(go_tree: GoTree, server: RunningServer) -> None:
     """`go test` in client/go/example: SEQ_CONFLICT (next_seq) and INVALID_SESSION_ID ErrorInfo."""
     env = {**go_tree.env, "SESSIONLOG_TEST_ADDRESS": server.address}
     result = run_go(env, go_tree.package, "test", "-v", "-count=1", "./example")

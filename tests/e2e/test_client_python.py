@@ -29,7 +29,7 @@ import pytest
 
 import sessionlog.errors as server_errors
 import sessionlog_client
-from sessionlog.testing import ThreadedServer, running_server
+from sessionlog.testing import RunningServer
 from sessionlog_client import (
     AsyncClient,
     Client,
@@ -45,7 +45,7 @@ from sessionlog_client import (
 from sessionlog_client.v1 import session_log_service_pb2 as pb
 from sessionlog_client.v1 import session_log_service_pb2_grpc as pb_grpc
 from sessionlog_client.v1.event_pb2 import Event
-from tests.e2e._proc import ServerProcess, free_port
+from tests.e2e._proc import ServerProcess, free_port, running_server
 
 ROOT = Path(__file__).resolve().parents[2]
 FAST_RETRY = Retry(give_up_after=20.0, initial_backoff=0.02, max_backoff=0.2)
@@ -178,7 +178,7 @@ def _shut(sock: socket.socket) -> None:
 
 
 @pytest.fixture
-def proxy(server: ThreadedServer) -> Iterator[DropProxy]:
+def proxy(server: RunningServer) -> Iterator[DropProxy]:
     """A cuttable proxy in front of the ``server`` fixture."""
     opened = DropProxy(server.port)
     try:
@@ -188,7 +188,7 @@ def proxy(server: ThreadedServer) -> Iterator[DropProxy]:
 
 
 @pytest.fixture
-def client(server: ThreadedServer) -> Iterator[Client]:
+def client(server: RunningServer) -> Iterator[Client]:
     """A Client connected to the ``server`` fixture."""
     with Client(server.address, retry=FAST_RETRY) as opened:
         yield opened
@@ -361,7 +361,7 @@ def test_follow_delivers_stored_then_live_events_and_stops_on_close(client: Clie
     assert follower.stream.closed
 
 
-def test_follow_stops_on_break_and_on_client_close(server: ThreadedServer) -> None:
+def test_follow_stops_on_break_and_on_client_close(server: RunningServer) -> None:
     """Breaking out of the loop ends the stream; closing the client ends streams still open."""
     with Client(server.address) as writer:
         writer.append("b", users("0", "1", "2"))
@@ -380,7 +380,7 @@ def test_follow_stops_on_break_and_on_client_close(server: ThreadedServer) -> No
 
 
 def test_follow_resumes_after_a_dropped_connection(
-    server: ThreadedServer, proxy: DropProxy, client: Client
+    server: RunningServer, proxy: DropProxy, client: Client
 ) -> None:
     """Cutting the connection mid-stream: the follower reconnects from next_seq, no gap or dup."""
     with Client(proxy.address, retry=FAST_RETRY) as through_proxy:
@@ -427,7 +427,7 @@ def test_follow_survives_a_server_restart_without_gap_or_duplicate(tmp_path: Pat
 
 
 def test_append_retried_after_a_lost_reply_writes_once(
-    server: ThreadedServer, proxy: DropProxy, client: Client
+    server: RunningServer, proxy: DropProxy, client: Client
 ) -> None:
     """The reply of a committed append is lost: the retry (same request_id) replays it."""
     with Client(proxy.address, retry=FAST_RETRY, timeout=5) as through_proxy:
@@ -440,7 +440,7 @@ def test_append_retried_after_a_lost_reply_writes_once(
 
 
 def test_appends_cancelled_by_their_callers_leave_the_server_writing(
-    server: ThreadedServer, client: Client
+    server: RunningServer, client: Client
 ) -> None:
     """Callers that give up on appends in flight (a dropped worker) do not stop later appends."""
     channel = grpc.insecure_channel(server.address)
@@ -470,7 +470,7 @@ def test_append_with_the_same_request_id_is_idempotent(client: Client) -> None:
 
 
 def test_async_client_appends_reads_and_follows_across_a_drop(
-    server: ThreadedServer, proxy: DropProxy
+    server: RunningServer, proxy: DropProxy
 ) -> None:
     """AsyncClient: every read, errors, and an async follow that resumes after a cut."""
 
@@ -505,7 +505,7 @@ def test_async_client_appends_reads_and_follows_across_a_drop(
     assert asyncio.run(asyncio.wait_for(scenario(), 60)) == [0, 1, 2, 3]
 
 
-def test_async_follow_stops_when_cancelled(server: ThreadedServer) -> None:
+def test_async_follow_stops_when_cancelled(server: RunningServer) -> None:
     """cancel() from another task ends a pending async follow with no error."""
 
     async def scenario() -> list[int]:
@@ -726,7 +726,7 @@ def readme_block(language: str, marker: str) -> str:
     raise AssertionError(f"no ```{language} block with {marker!r} in the README's Clients section")
 
 
-def test_readme_python_client_example_runs_as_written(server: ThreadedServer) -> None:
+def test_readme_python_client_example_runs_as_written(server: RunningServer) -> None:
     """The README's Python client example, run as a script against a real server, works."""
     code = readme_block("python", "sessionlog_client")
     lines = [line for line in code.strip().splitlines() if not line.startswith("# ->")]
@@ -743,7 +743,7 @@ def test_readme_python_client_example_runs_as_written(server: ThreadedServer) ->
     ]
 
 
-def test_incremental_derive_through_the_client(server: ThreadedServer) -> None:
+def test_incremental_derive_through_the_client(server: RunningServer) -> None:
     """derive_messages(known=earlier) returns only the messages added since."""
     with Client(server.address) as client:
         client.append("inc", [event("user_message", {"content": "one"})])

@@ -18,10 +18,10 @@ from pathlib import Path
 import grpc
 import pytest
 
-from sessionlog.testing import ThreadedServer, error_info, running_server
+from sessionlog.testing import RunningServer, error_info
 from sessionlog.v1 import event_pb2
 from sessionlog.v1 import session_log_service_pb2 as pb
-from tests.e2e._proc import ServerProcess, free_port
+from tests.e2e._proc import ServerProcess, free_port, running_server
 from tests.e2e.test_raw_http2 import (
     DATA,
     END_HEADERS,
@@ -45,7 +45,7 @@ def token(last_id: bytes, prefix: str = "", version: int = 1) -> str:
     return b64(bytes((version,)) + hashlib.sha256(prefix.encode()).digest()[:8] + last_id)
 
 
-def list_refusal(server: ThreadedServer, page_token: str, prefix: str = "") -> grpc.RpcError:
+def list_refusal(server: RunningServer, page_token: str, prefix: str = "") -> grpc.RpcError:
     with pytest.raises(grpc.RpcError) as caught:
         server.stub().ListSessions(
             pb.ListSessionsRequest(page_token=page_token, prefix=prefix), timeout=5
@@ -61,7 +61,7 @@ def assert_malformed_token(error: grpc.RpcError) -> None:
     assert "list again from the start" in error.details()
 
 
-def create(server: ThreadedServer, *session_ids: str) -> None:
+def create(server: RunningServer, *session_ids: str) -> None:
     for session_id in session_ids:
         event = event_pb2.Event(type=event_pb2.EVENT_TYPE_USER_MESSAGE)
         server.stub().Append(pb.AppendRequest(session_id=session_id, events=[event]), timeout=5)
@@ -70,7 +70,7 @@ def create(server: ThreadedServer, *session_ids: str) -> None:
 # -- page tokens --------------------------------------------------------------------------------
 
 
-def test_a_deeply_nested_page_token_is_malformed_not_internal(server: ThreadedServer) -> None:
+def test_a_deeply_nested_page_token_is_malformed_not_internal(server: RunningServer) -> None:
     """A token of 5,000 nested JSON arrays (past any JSON parser's recursion limit) is
     MALFORMED_REQUEST, and listing still works after it."""
     create(server, "s1")
@@ -96,13 +96,13 @@ FORGED = {
 
 
 @pytest.mark.parametrize("case", sorted(FORGED))
-def test_forged_page_tokens_are_malformed(server: ThreadedServer, case: str) -> None:
+def test_forged_page_tokens_are_malformed(server: RunningServer, case: str) -> None:
     """A token the server did not hand out for this listing is MALFORMED_REQUEST."""
     create(server, "s1", "s2")
     assert_malformed_token(list_refusal(server, FORGED[case]))
 
 
-def test_a_page_token_continues_its_listing(server: ThreadedServer) -> None:
+def test_a_page_token_continues_its_listing(server: RunningServer) -> None:
     """The layout the forgeries imitate is the real one: a hand-built token for "t.1" under
     prefix "t." continues right after it, as the server's own token does."""
     create(server, "t.1", "t.2", "t.3", "u.1")

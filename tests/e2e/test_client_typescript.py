@@ -22,7 +22,7 @@ from typing import IO, Any
 
 import pytest
 
-from sessionlog.testing import ThreadedServer
+from sessionlog.testing import RunningServer
 from sessionlog_client import Client, event
 from tests.e2e.test_client_python import readme_block
 
@@ -98,7 +98,7 @@ def test_typescript_declarations_typecheck(node_modules: Path) -> None:
 
 
 def test_readme_typescript_example_runs_as_written(
-    node_modules: Path, server: ThreadedServer, tmp_path: Path
+    node_modules: Path, server: RunningServer, tmp_path: Path
 ) -> None:
     """The README's TypeScript example, importing the package by name, prints the chat."""
     code = readme_block("js", "@sessionlog/client")
@@ -168,7 +168,7 @@ class NodeWorker:
 
 
 @pytest.fixture
-def node_worker(node_modules: Path, server: ThreadedServer) -> Iterator[NodeWorker]:
+def node_worker(node_modules: Path, server: RunningServer) -> Iterator[NodeWorker]:
     """A Node worker that will append 30 messages "node-i" to session "shared"."""
     worker = NodeWorker(server.address, "shared", 30, "node")
     try:
@@ -178,7 +178,7 @@ def node_worker(node_modules: Path, server: ThreadedServer) -> Iterator[NodeWork
 
 
 def test_python_and_node_workers_append_concurrently_and_agree(
-    server: ThreadedServer, node_worker: NodeWorker
+    server: RunningServer, node_worker: NodeWorker
 ) -> None:
     """Both workers write one session at once; both then derive the very same messages."""
     assert node_worker.hear() == "ready"

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from sessionlog.testing import ThreadedServer
+from sessionlog.testing import RunningServer
 from tests.e2e._proc import clean_env
 from tests.e2e.test_client_typescript import PACKAGE, ROOT, node, npm
 
@@ -91,9 +91,7 @@ def test_tarball_ships_the_repository_protos(installed: Installed) -> None:
 
 
 @pytest.mark.timeout(2 * INSTALL_SECONDS)
-def test_installed_package_appends_and_derives(
-    installed: Installed, server: ThreadedServer
-) -> None:
+def test_installed_package_appends_and_derives(installed: Installed, server: RunningServer) -> None:
     """A script importing the installed @sessionlog/client appends and derives, with its protos."""
     script = installed.folder / "packed.mjs"
     script.write_text(SCRIPT)

@@ -25,11 +25,12 @@ import grpc
 import pytest
 from google.protobuf.duration_pb2 import Duration
 
-from sessionlog.testing import ThreadedServer, running_server
+from sessionlog.testing import RunningServer
 from sessionlog.v1 import replication_service_pb2 as rpb
 from sessionlog.v1 import session_log_service_pb2 as pb
 from sessionlog_client import AsyncClient, Client, Retry
 from tests.e2e._helpers import user
+from tests.e2e._proc import running_server
 from tests.e2e._relay import Relay
 from tests.e2e._replication_cluster import (
     FEED,
@@ -284,7 +285,7 @@ def test_async_python_follow_resumes_after_a_black_hole(tmp_path: Path) -> None:
     """AsyncClient.follow() does the same: dead within three heartbeats, then resumed from its
     last seq with no gap and no duplicate."""
 
-    async def scenario(relay: Relay, server: ThreadedServer) -> tuple[list[int], int]:
+    async def scenario(relay: Relay, server: RunningServer) -> tuple[list[int], int]:
         direct = server.stub()
         write(direct, "s", 10)
         seen: list[int] = []

@@ -17,10 +17,21 @@ import pytest
 
 from sessionlog import fold
 from sessionlog.config import ServerConfig
-from sessionlog.testing import ThreadedServer, error_info, running_server
+from sessionlog.testing import RunningServer, error_info
 from sessionlog.v1 import event_pb2
 from sessionlog.v1 import session_log_service_pb2 as pb
-from tests.e2e._helpers import ASSISTANT, STEP_START, TOOL_CALL, USER, Stub, append, nested
+from tests.e2e._helpers import (
+    ASSISTANT,
+    STEP_START,
+    TOOL_CALL,
+    USER,
+    Stub,
+    append,
+    get,
+    nested,
+    stats,
+)
+from tests.e2e._proc import running_server
 
 # -- helpers ------------------------------------------------------------------------------------
 
@@ -107,9 +118,9 @@ def assert_untouched(stub: Stub, session_id: str, before: tuple[list[bytes], byt
     assert history(stub, session_id) == before
 
 
-def assert_never_created(server: ThreadedServer, stub: Stub, session_id: str) -> None:
+def assert_never_created(server: RunningServer, stub: Stub, session_id: str) -> None:
     """A failed first append left no session: nothing to read, and the next append gets seq 0."""
-    assert server.store.meta(session_id) is None
+    assert not get(stub, session_id).exists
     assert history(stub, session_id)[0] == []
     derived = stub.DeriveMessages(pb.DeriveMessagesRequest(session_id=session_id))
     assert list(derived.messages) == []
@@ -143,7 +154,7 @@ def test_unknown_event_type(stub: Stub, seeded: Seeded, type_number: int) -> Non
 
 @pytest.mark.parametrize("type_number", [0, 99])
 def test_unknown_event_type_on_first_append_creates_nothing(
-    server: ThreadedServer, stub: Stub, type_number: int
+    server: RunningServer, stub: Stub, type_number: int
 ) -> None:
     """A first append refused for its type creates no session."""
     error = failure(lambda: append(stub, "fresh", event(type_number)))
@@ -164,7 +175,7 @@ def test_explicit_append_op_on_step_start(stub: Stub, seeded: Seeded) -> None:
     assert_untouched(stub, sid, before)
 
 
-def test_replace_op_on_tool_call(server: ThreadedServer, stub: Stub) -> None:
+def test_replace_op_on_tool_call(server: RunningServer, stub: Stub) -> None:
     """A replace op on a TOOL_CALL is refused, and a refused first append creates nothing."""
     bad = event(TOOL_CALL, name="grep")
     bad.surface_op.replace.start_seq = 0
@@ -246,7 +257,7 @@ def test_nesting_of_24_levels_is_accepted(stub: Stub) -> None:
     assert stored.data == event(USER, **nested(24)).data
 
 
-def test_unserializable_first_append_creates_nothing(server: ThreadedServer, stub: Stub) -> None:
+def test_unserializable_first_append_creates_nothing(server: RunningServer, stub: Stub) -> None:
     """A first append refused for its data creates no session."""
     error = failure(lambda: append(stub, "fresh", event(USER, x=math.nan)))
     check_error(error, grpc.StatusCode.INVALID_ARGUMENT, "UNSERIALIZABLE_EVENT_DATA", index=0)
@@ -405,7 +416,7 @@ def _call(stub: Stub, rpc: str, session_id: str) -> Any:
 
 @pytest.mark.parametrize("rpc", ["Append", "Since", "Surface", "DeriveMessages"])
 @pytest.mark.parametrize("session_id", BAD_SESSION_IDS)
-def test_invalid_session_id(server: ThreadedServer, stub: Stub, rpc: str, session_id: str) -> None:
+def test_invalid_session_id(server: RunningServer, stub: Stub, rpc: str, session_id: str) -> None:
     """A bad session id is INVALID_SESSION_ID on every RPC, and the error never echoes it."""
     error = failure(lambda: _call(stub, rpc, session_id))
     metadata = check_error(error, grpc.StatusCode.INVALID_ARGUMENT, "INVALID_SESSION_ID")
@@ -413,7 +424,7 @@ def test_invalid_session_id(server: ThreadedServer, stub: Stub, rpc: str, sessio
         assert session_id not in error.details()
         assert "secret" not in error.details()
         assert all(session_id not in value for value in metadata.values())
-        assert server.store.meta(session_id) is None
+        assert stats(server.channel()).session_count == 0
 
 
 @pytest.mark.parametrize(
@@ -485,7 +496,7 @@ def test_seq_conflict_on_an_empty_append(stub: Stub, seeded: Seeded) -> None:
     assert_untouched(stub, sid, before)
 
 
-def test_seq_conflict_on_a_never_written_session(server: ThreadedServer, stub: Stub) -> None:
+def test_seq_conflict_on_a_never_written_session(server: RunningServer, stub: Stub) -> None:
     """expected_seq 1 on a session that does not exist conflicts with next_seq 0."""
     error = failure(lambda: append(stub, "fresh", event(), expected_seq=1))
     check_error(error, grpc.StatusCode.ABORTED, "SEQ_CONFLICT", next_seq=0)
@@ -671,7 +682,7 @@ def test_append_whose_reply_outgrows_the_message_limit_is_all_or_nothing(tmp_pat
         if error is not None:
             assert error.code() != grpc.StatusCode.INTERNAL
             assert error_info(error).domain == "sessionlog"
-            assert small.store.meta("s") is None, "the append failed but its events were written"
+            assert not get(stub, "s").exists, "the append failed but its events were written"
         else:
             assert reply.next_seq == len(events)
 
@@ -717,14 +728,14 @@ def test_view_over_the_message_limit_is_a_sessionlog_error(tmp_path: Path, rpc: 
 
 
 def test_append_over_a_default_clients_receive_limit_is_all_or_nothing(
-    server: ThreadedServer, stub: Stub
+    server: RunningServer, stub: Stub
 ) -> None:
     """With default settings on both sides, a 5 MiB append is answered, or fails having written
     nothing: gRPC clients accept 4 MiB replies by default, and the reply echoes every event."""
     events = [event(USER, content="w" * (100 << 10)) for _ in range(50)]
     reply, error = outcome(lambda: append(stub, "s", *events))
     if error is not None:
-        assert server.store.meta("s") is None, (
+        assert not get(stub, "s").exists, (
             f"the client got {error.code()} but all {len(events)} events were committed"
         )
     else:

@@ -15,12 +15,12 @@ from typing import Any
 import grpc
 import pytest
 
-from sessionlog.config import ServerConfig
-from sessionlog.testing import ThreadedServer, error_info, running_server
+from sessionlog.testing import RunningServer, ThreadedServer, error_info
 from sessionlog.v1 import event_pb2
 from sessionlog.v1 import session_log_service_pb2 as pb
 from sessionlog.v1 import session_log_service_pb2_grpc as pb_grpc
 from tests.e2e._helpers import user
+from tests.e2e._proc import running_server
 
 STREAM_DEADLINE = 30.0
 Stream = Iterator[pb.SinceResponse]
@@ -92,7 +92,7 @@ def follower_count(server: ThreadedServer) -> int:
     return result
 
 
-def test_stored_then_one_caught_up_then_live(server: ThreadedServer) -> None:
+def test_stored_then_one_caught_up_then_live(server: RunningServer) -> None:
     """Follow sends the stored events, one caught_up response with next_seq, then live events."""
     stub = server.stub()
     append(stub, "s", "a", "b", "c")
@@ -111,7 +111,7 @@ def test_stored_then_one_caught_up_then_live(server: ThreadedServer) -> None:
         stream.cancel()
 
 
-def test_concurrent_writers_seen_once_in_order(server: ThreadedServer) -> None:
+def test_concurrent_writers_seen_once_in_order(server: RunningServer) -> None:
     """4 threads x 250 single-event appends reach two followers exactly once, in seq order."""
     writers, per_writer, total = 4, 250, 1000
     early = follow(server.stub(), "busy")
@@ -184,7 +184,7 @@ def read_all_with_marker(stream: Stream, count: int) -> tuple[list[event_pb2.Eve
     return events, markers
 
 
-def test_follow_from_the_middle(server: ThreadedServer) -> None:
+def test_follow_from_the_middle(server: RunningServer) -> None:
     """A follower started at seq k gets k and later, then caught_up, then live events."""
     stub = server.stub()
     append(stub, "mid", *[f"m{i}" for i in range(10)])
@@ -199,7 +199,7 @@ def test_follow_from_the_middle(server: ThreadedServer) -> None:
         stream.cancel()
 
 
-def test_follow_past_the_end_waits_for_its_seq(server: ThreadedServer) -> None:
+def test_follow_past_the_end_waits_for_its_seq(server: RunningServer) -> None:
     """A follower started past the end waits, skips nothing it asked for, and gets seq k on."""
     stub = server.stub()
     append(stub, "ahead", "a", "b", "c")
@@ -218,7 +218,7 @@ def test_follow_past_the_end_waits_for_its_seq(server: ThreadedServer) -> None:
         stream.cancel()
 
 
-def test_follow_session_created_later(server: ThreadedServer) -> None:
+def test_follow_session_created_later(server: RunningServer) -> None:
     """Following a session that does not exist yet delivers its events once it is created."""
     stub = server.stub()
     stream = follow(stub, "later")
@@ -270,6 +270,7 @@ def skip_heartbeats(stream: Stream, limit: int = 50) -> pb.SinceResponse:
     raise AssertionError(f"no events within {limit} responses")
 
 
+@pytest.mark.in_process
 def test_cancel_frees_the_server_side(server: ThreadedServer) -> None:
     """Cancelled follow streams leave no follower registered on the server."""
     stub = server.stub()
@@ -288,9 +289,9 @@ def test_cancel_frees_the_server_side(server: ThreadedServer) -> None:
     assert follower_count(server) == 0
 
 
-def test_shutdown_ends_follow_with_unavailable(server: ThreadedServer) -> None:
+def test_shutdown_ends_follow_with_unavailable(server: RunningServer) -> None:
     """Stopping the server ends an open follow stream with UNAVAILABLE and ErrorInfo next_seq."""
-    # An own channel: ThreadedServer.stop closes the channels it handed out before stopping.
+    # An own channel: RunningServer.stop closes the channels it handed out before stopping.
     channel = grpc.insecure_channel(server.address)
     try:
         stub = pb_grpc.SessionLogServiceStub(channel)  # type: ignore[no-untyped-call]
@@ -365,10 +366,10 @@ def test_pacing_leaves_a_lone_follower_prompt(tmp_path: Path) -> None:
 def test_a_paced_follower_ends_at_once_on_shutdown_with_its_resume_point(tmp_path: Path) -> None:
     """A stream holding its next read for its turn (rate 1/s: a second apart) does not sleep
     through shutdown: it ends with UNAVAILABLE and the seq to resume from, within the grace."""
-    config = ServerConfig(data_dir=str(tmp_path / "data"), listen="127.0.0.1:0", follow_send_rate=1)
-    server = ThreadedServer(config).start()
-    own = grpc.insecure_channel(server.address)  # not the server's: stop() closes those
-    try:
+    with (
+        running_server(tmp_path / "data", follow_send_rate=1, shutdown_grace_seconds=0.3) as server,
+        grpc.insecure_channel(server.address) as own,  # not the server's: stop() closes those
+    ):
         stub = pb_grpc.SessionLogServiceStub(own)  # type: ignore[no-untyped-call]
         stream = follow(stub, "paced-stop")
         read_until_caught_up(stream)
@@ -384,9 +385,6 @@ def test_a_paced_follower_ends_at_once_on_shutdown_with_its_resume_point(tmp_pat
         assert time.monotonic() - started < 0.9
         assert ended.code() == grpc.StatusCode.UNAVAILABLE
         assert int(error_info(ended).metadata["next_seq"]) == 1 + len(events)
-    finally:
-        own.close()
-        server.stop()
 
 
 def _drain(stream: Stream) -> tuple[list[event_pb2.Event], grpc.RpcError]:

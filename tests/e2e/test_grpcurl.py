@@ -9,7 +9,7 @@ import json
 import subprocess
 from typing import Any
 
-from sessionlog.testing import ThreadedServer
+from sessionlog.testing import RunningServer
 from tests.e2e._proc import GRPCURL
 
 SERVICE = "sessionlog.v1.SessionLogService"
@@ -48,14 +48,14 @@ def json_documents(text: str) -> list[dict[str, Any]]:
     raise AssertionError("too many JSON documents")
 
 
-def call(server: ThreadedServer, method: str, body: dict[str, Any]) -> list[dict[str, Any]]:
+def call(server: RunningServer, method: str, body: dict[str, Any]) -> list[dict[str, Any]]:
     """`grpcurl -plaintext -d BODY ADDR METHOD`; the responses as JSON."""
     result = grpcurl("-plaintext", "-d", json.dumps(body), server.address, method)
     assert result.returncode == 0, result.stderr
     return json_documents(result.stdout)
 
 
-def append_worked_example(server: ThreadedServer, session_id: str) -> None:
+def append_worked_example(server: RunningServer, session_id: str) -> None:
     """SPEC §4: sys, a, b, c, then "[summary]" replace(1, 2), in two Appends."""
     [first] = call(
         server, f"{SERVICE}/Append", {"session_id": session_id, "events": WORKED_EXAMPLE}
@@ -70,7 +70,7 @@ def append_worked_example(server: ThreadedServer, session_id: str) -> None:
     assert second["events"][0]["seq"] == "4"
 
 
-def test_list_shows_the_services(server: ThreadedServer) -> None:
+def test_list_shows_the_services(server: RunningServer) -> None:
     """`grpcurl -plaintext ADDR list` names the sessionlog service and the health service."""
     result = grpcurl("-plaintext", server.address, "list")
     assert result.returncode == 0, result.stderr
@@ -79,7 +79,7 @@ def test_list_shows_the_services(server: ThreadedServer) -> None:
     assert "grpc.health.v1.Health" in services
 
 
-def test_describe_event(server: ThreadedServer) -> None:
+def test_describe_event(server: RunningServer) -> None:
     """`grpcurl describe sessionlog.v1.Event` prints the Event message from reflection."""
     result = grpcurl("-plaintext", server.address, "describe", "sessionlog.v1.Event")
     assert result.returncode == 0, result.stderr
@@ -95,7 +95,7 @@ def test_describe_event(server: ThreadedServer) -> None:
         assert field in text
 
 
-def test_worked_example_derives_summary(server: ThreadedServer) -> None:
+def test_worked_example_derives_summary(server: RunningServer) -> None:
     """The SPEC §4 example appended via grpcurl derives ["sys", "[summary]", "c"]."""
     append_worked_example(server, "demo")
     [reply] = call(server, f"{SERVICE}/DeriveMessages", {"session_id": "demo"})
@@ -105,7 +105,7 @@ def test_worked_example_derives_summary(server: ThreadedServer) -> None:
     assert reply["event_count"] == "5"
 
 
-def test_since_prints_every_event(server: ThreadedServer) -> None:
+def test_since_prints_every_event(server: RunningServer) -> None:
     """Since without follow through grpcurl prints all 5 events of the worked example."""
     append_worked_example(server, "demo")
     responses = call(server, f"{SERVICE}/Since", {"session_id": "demo"})
@@ -115,7 +115,7 @@ def test_since_prints_every_event(server: ThreadedServer) -> None:
     assert events[4]["surface_op"] == {"replace": {"start_seq": "1", "stop_seq": "2"}}
 
 
-def test_follow_prints_stored_then_caught_up(server: ThreadedServer) -> None:
+def test_follow_prints_stored_then_caught_up(server: RunningServer) -> None:
     """Since with follow via grpcurl prints the events, then caught_up, until -max-time ends it."""
     append_worked_example(server, "demo")
     body = json.dumps({"session_id": "demo", "seq": 3, "follow": True})
@@ -127,7 +127,7 @@ def test_follow_prints_stored_then_caught_up(server: ThreadedServer) -> None:
     assert {"caught_up": True, "next_seq": "5"} in responses
 
 
-def test_health_check_serving(server: ThreadedServer) -> None:
+def test_health_check_serving(server: RunningServer) -> None:
     """`grpcurl ... grpc.health.v1.Health/Check` answers SERVING, overall and for the service."""
     result = grpcurl("-plaintext", server.address, "grpc.health.v1.Health/Check")
     assert result.returncode == 0, result.stderr
@@ -136,7 +136,7 @@ def test_health_check_serving(server: ThreadedServer) -> None:
     assert named == {"status": "SERVING"}
 
 
-def test_error_shows_errorinfo_reason(server: ThreadedServer) -> None:
+def test_error_shows_errorinfo_reason(server: RunningServer) -> None:
     """A failed call through grpcurl prints the status code and the ErrorInfo reason."""
     body = json.dumps({"session_id": "-bad", "events": WORKED_EXAMPLE})
     result = grpcurl("-plaintext", "-d", body, server.address, f"{SERVICE}/Append")
@@ -148,7 +148,7 @@ def test_error_shows_errorinfo_reason(server: ThreadedServer) -> None:
     assert "-bad" not in result.stderr  # the offending id is never echoed
 
 
-def test_error_as_json_with_format_error(server: ThreadedServer) -> None:
+def test_error_as_json_with_format_error(server: RunningServer) -> None:
     """With -format-error grpcurl prints the status as JSON; its detail is the ErrorInfo."""
     body = json.dumps({"session_id": "demo", "expected_seq": 7, "events": WORKED_EXAMPLE})
     result = grpcurl("-plaintext", "-format-error", "-d", body, server.address, f"{SERVICE}/Append")

@@ -13,10 +13,10 @@ from typing import Any
 import grpc
 import pytest
 
-from sessionlog.testing import running_server
 from sessionlog.v1 import event_pb2
 from sessionlog.v1 import session_log_service_pb2 as pb
 from tests.e2e._helpers import ASSISTANT, Stub, check, log_bytes, say
+from tests.e2e._proc import running_server
 
 ET = event_pb2.EventType
 

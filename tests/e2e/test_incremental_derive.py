@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from sessionlog.testing import ThreadedServer
+from sessionlog.testing import RunningServer
 from sessionlog.v1 import session_log_service_pb2 as pb
 from tests.e2e._helpers import ASSISTANT, STEP_START, USER, append, replace, say
 
@@ -13,7 +13,7 @@ def derive(stub: object, session_id: str, **known: int) -> pb.DeriveMessagesResp
     return reply
 
 
-def test_no_replace_since_returns_only_the_new_messages(server: ThreadedServer) -> None:
+def test_no_replace_since_returns_only_the_new_messages(server: RunningServer) -> None:
     """After plain appends the reply holds just the new messages; appended to the old list
     they equal a full derive."""
     stub = server.stub()
@@ -36,7 +36,7 @@ def test_no_replace_since_returns_only_the_new_messages(server: ThreadedServer) 
     assert (tail.event_count, tail.replace_generation) == (full.event_count, 0)
 
 
-def test_nothing_new_is_an_empty_increment(server: ThreadedServer) -> None:
+def test_nothing_new_is_an_empty_increment(server: RunningServer) -> None:
     """Deriving again with the current numbers returns no messages, incrementally."""
     stub = server.stub()
     append(stub, "s", say("one"))
@@ -46,7 +46,7 @@ def test_nothing_new_is_an_empty_increment(server: ThreadedServer) -> None:
     assert list(again.messages) == []
 
 
-def test_a_replace_since_returns_the_full_list(server: ThreadedServer) -> None:
+def test_a_replace_since_returns_the_full_list(server: RunningServer) -> None:
     """A replace after the caller's count changes the generation: the full list comes back."""
     stub = server.stub()
     append(stub, "s", say("a"), say("b", ASSISTANT), say("c"))
@@ -58,7 +58,7 @@ def test_a_replace_since_returns_the_full_list(server: ThreadedServer) -> None:
     assert reply.replace_generation == 1
 
 
-def test_numbers_that_are_not_the_sessions_get_the_full_list(server: ThreadedServer) -> None:
+def test_numbers_that_are_not_the_sessions_get_the_full_list(server: RunningServer) -> None:
     """A count past the end or a wrong generation is answered with the whole list."""
     stub = server.stub()
     append(stub, "s", say("a", USER))

@@ -14,9 +14,10 @@ import grpc
 import pytest
 from google.protobuf import duration_pb2
 
-from sessionlog.testing import error_info, running_server
+from sessionlog.testing import error_info
 from sessionlog.v1 import session_log_service_pb2 as pb
 from tests.e2e._helpers import Stub, append, check, failure, log, say
+from tests.e2e._proc import running_server
 
 TAKEOVER = pb.LeaseAuditKind.LEASE_AUDIT_KIND_TAKEOVER
 FORCED_RELEASE = pb.LeaseAuditKind.LEASE_AUDIT_KIND_FORCED_RELEASE

@@ -18,12 +18,12 @@ import grpc
 import pytest
 
 from sessionlog import fold
-from sessionlog.testing import ThreadedServer, error_info, running_server
+from sessionlog.testing import ProcessServer, RunningServer, error_info
 from sessionlog.v1 import event_pb2, message_pb2
 from sessionlog.v1 import session_log_service_pb2 as pb
 from sessionlog.v1 import session_log_service_pb2_grpc as pb_grpc
-from tests.e2e._helpers import nested, user
-from tests.e2e._proc import ServerProcess, free_port
+from tests.e2e._helpers import get, nested, user
+from tests.e2e._proc import ServerProcess, free_port, running_server
 
 Stub = pb_grpc.SessionLogServiceStub
 TIMEOUT = 10.0
@@ -37,7 +37,7 @@ def stub(channel: grpc.Channel) -> Stub:
     return pb_grpc.SessionLogServiceStub(channel)  # type: ignore[no-untyped-call]
 
 
-def log_of(server: ThreadedServer, session_id: str) -> list[bytes]:
+def log_of(server: RunningServer, session_id: str) -> list[bytes]:
     """The stored events of a session, as bytes."""
     responses = server.stub().Since(pb.SinceRequest(session_id=session_id), timeout=TIMEOUT)
     return [e.SerializeToString() for r in responses for e in r.events]
@@ -59,13 +59,13 @@ def assert_limit_error(
 
 
 @pytest.fixture
-def small_batches(tmp_path: Path) -> Iterator[ThreadedServer]:
+def small_batches(tmp_path: Path) -> Iterator[RunningServer]:
     """A server that takes at most 3 events per Append, CreateSession or SeedSession."""
     with running_server(tmp_path / "data", max_events_per_append=3) as server:
         yield server
 
 
-def test_append_over_the_events_per_call_limit_is_refused(small_batches: ThreadedServer) -> None:
+def test_append_over_the_events_per_call_limit_is_refused(small_batches: RunningServer) -> None:
     """4 events when 3 are allowed: TOO_MANY_EVENTS naming count and limit, nothing written;
     3 events still go through."""
     client = small_batches.stub()
@@ -81,28 +81,28 @@ def test_append_over_the_events_per_call_limit_is_refused(small_batches: Threade
     assert reply.next_seq == 4
 
 
-def test_lenient_append_over_the_limit_is_refused_whole(small_batches: ThreadedServer) -> None:
+def test_lenient_append_over_the_limit_is_refused_whole(small_batches: RunningServer) -> None:
     """The events-per-call limit is not a per-event drop: a lenient call over it fails whole."""
     request = pb.AppendRequest(session_id="lenient", events=[user()] * 5, lenient=True)
     with pytest.raises(grpc.RpcError) as caught:
         small_batches.stub().Append(request, timeout=TIMEOUT)
     assert_limit_error(caught.value, INVALID_ARGUMENT, "TOO_MANY_EVENTS", 3)
-    assert small_batches.store.meta("lenient") is None
+    assert not get(small_batches.stub(), "lenient").exists
 
 
 def test_create_session_over_the_events_per_call_limit_is_refused(
-    small_batches: ThreadedServer,
+    small_batches: RunningServer,
 ) -> None:
     """CreateSession with 4 initial events is refused and creates nothing."""
     request = pb.CreateSessionRequest(session_id="created", events=[user()] * 4)
     with pytest.raises(grpc.RpcError) as caught:
         small_batches.stub().CreateSession(request, timeout=TIMEOUT)
     assert_limit_error(caught.value, INVALID_ARGUMENT, "TOO_MANY_EVENTS", 3)
-    assert small_batches.store.meta("created") is None
+    assert not get(small_batches.stub(), "created").exists
 
 
 def test_seed_session_over_the_events_per_call_limit_is_refused(
-    small_batches: ThreadedServer,
+    small_batches: RunningServer,
 ) -> None:
     """SeedSession with 4 messages is refused and creates nothing; 3 messages seed fine."""
     message = message_pb2.Message(role=message_pb2.ROLE_USER, content="m")
@@ -112,7 +112,7 @@ def test_seed_session_over_the_events_per_call_limit_is_refused(
             pb.SeedSessionRequest(session_id="seeded", messages=[message] * 4), timeout=TIMEOUT
         )
     assert_limit_error(caught.value, INVALID_ARGUMENT, "TOO_MANY_EVENTS", 3)
-    assert small_batches.store.meta("seeded") is None
+    assert not get(small_batches.stub(), "seeded").exists
     reply = client.SeedSession(
         pb.SeedSessionRequest(session_id="seeded", messages=[message] * 3), timeout=TIMEOUT
     )
@@ -135,7 +135,7 @@ def test_event_over_the_configured_size_is_refused(tmp_path: Path) -> None:
         metadata = assert_limit_error(caught.value, INVALID_ARGUMENT, "EVENT_TOO_LARGE", 2048)
         assert metadata["index"] == "1"
         assert int(metadata["size"]) > 2048
-        assert server.store.meta("sized") is None
+        assert not get(server.stub(), "sized").exists
         reply = client.Append(
             pb.AppendRequest(session_id="sized", events=[user("y" * 1500)]), timeout=TIMEOUT
         )
@@ -159,7 +159,7 @@ def test_data_deeper_than_the_configured_depth_is_refused(tmp_path: Path) -> Non
         assert info.reason == "UNSERIALIZABLE_EVENT_DATA"
         assert info.metadata["index"] == "0"
         assert "5 levels" in (caught.value.details() or "")
-        assert server.store.meta("deep").next_seq == 1  # type: ignore[union-attr]
+        assert get(client, "deep").event_count == 1
 
 
 # -- message size ---------------------------------------------------------------------------------
@@ -168,7 +168,7 @@ MESSAGE_LIMIT = 64 << 10
 
 
 @pytest.fixture
-def small_messages(tmp_path: Path) -> Iterator[ThreadedServer]:
+def small_messages(tmp_path: Path) -> Iterator[RunningServer]:
     """A server whose gRPC messages are at most 64 KiB (events at most 16 KiB)."""
     with running_server(
         tmp_path / "data",
@@ -179,7 +179,7 @@ def small_messages(tmp_path: Path) -> Iterator[ThreadedServer]:
 
 
 def test_an_append_whose_reply_would_not_fit_is_refused_before_writing(
-    small_messages: ThreadedServer,
+    small_messages: RunningServer,
 ) -> None:
     """A request under the message limit whose reply (events plus seq and time) could pass it is
     BATCH_TOO_LARGE naming the limit, and nothing is written."""
@@ -190,11 +190,11 @@ def test_an_append_whose_reply_would_not_fit_is_refused_before_writing(
         small_messages.stub().Append(request, timeout=TIMEOUT)
     metadata = assert_limit_error(caught.value, INVALID_ARGUMENT, "BATCH_TOO_LARGE", MESSAGE_LIMIT)
     assert int(metadata["reply_bytes"]) > MESSAGE_LIMIT
-    assert small_messages.store.meta("batch") is None
+    assert not get(small_messages.stub(), "batch").exists
 
 
 def test_a_request_over_the_message_limit_is_refused_by_grpc(
-    small_messages: ThreadedServer,
+    small_messages: RunningServer,
 ) -> None:
     """A 70 KiB Append (each event within the event limit) is refused by gRPC itself with
     RESOURCE_EXHAUSTED, and nothing is written."""
@@ -205,10 +205,10 @@ def test_a_request_over_the_message_limit_is_refused_by_grpc(
         small_messages.stub().Append(request, timeout=TIMEOUT)
     assert caught.value.code() == RESOURCE_EXHAUSTED
     assert str(MESSAGE_LIMIT) in (caught.value.details() or ""), "gRPC names the limit"
-    assert small_messages.store.meta("huge") is None
+    assert not get(small_messages.stub(), "huge").exists
 
 
-def test_a_log_larger_than_one_message_is_read_in_several(small_messages: ThreadedServer) -> None:
+def test_a_log_larger_than_one_message_is_read_in_several(small_messages: RunningServer) -> None:
     """Since splits a log larger than the message limit into responses that each fit."""
     client = small_messages.stub()
     for _ in range(6):
@@ -225,7 +225,7 @@ def test_a_log_larger_than_one_message_is_read_in_several(small_messages: Thread
 
 
 @pytest.fixture
-def few_streams(tmp_path: Path) -> Iterator[ThreadedServer]:
+def few_streams(tmp_path: Path) -> Iterator[RunningServer]:
     """A server allowing 3 open streams in total and 2 per connection."""
     with running_server(tmp_path / "data", max_streams=3, max_streams_per_connection=2) as server:
         yield server
@@ -259,7 +259,7 @@ def open_when_freed(channel: grpc.Channel, session_id: str, seconds: float = 5.0
         time.sleep(0.02)
 
 
-def test_streams_per_connection_are_limited(few_streams: ThreadedServer) -> None:
+def test_streams_per_connection_are_limited(few_streams: RunningServer) -> None:
     """Two follow streams on one connection open; the third on it is TOO_MANY_STREAMS naming the
     limit (2) while another connection still opens one; closing one frees its slot."""
     with (
@@ -277,7 +277,7 @@ def test_streams_per_connection_are_limited(few_streams: ThreadedServer) -> None
             call.cancel()
 
 
-def test_streams_in_total_are_limited(few_streams: ThreadedServer) -> None:
+def test_streams_in_total_are_limited(few_streams: RunningServer) -> None:
     """Three streams over two connections fill the server; a fourth, on a fresh connection, is
     TOO_MANY_STREAMS naming the limit (3); closing one lets the next in; Since without follow
     counts too, and no write is affected."""
@@ -305,7 +305,7 @@ def test_streams_in_total_are_limited(few_streams: ThreadedServer) -> None:
             channel.close()
 
 
-def test_a_refused_stream_leaks_no_slot(few_streams: ThreadedServer) -> None:
+def test_a_refused_stream_leaks_no_slot(few_streams: RunningServer) -> None:
     """Many refused streams leave the counts as they were: after closing the open ones, the
     full allowance opens again."""
     with grpc.insecure_channel(few_streams.address, options=SEPARATE_CONNECTION) as channel:
@@ -449,14 +449,25 @@ def test_stopping_right_after_followers_hang_up_logs_no_error(
             calls = open_idle_streams(channels, SHUTDOWN_STREAMS, WAVE)
             for call in calls:
                 call.cancel()
-            server.run(server.server.stop(1.0))
+            server.stop(1.0)
         finally:
             for channel in channels:
                 channel.close()
     noisy = [
-        record
-        for record in caplog.records
-        if record.levelno >= logging.ERROR
-        and (record.name.startswith("sessionlog") or "servicer method" in record.getMessage())
+        message
+        for logger, level, message in logged(server, caplog)
+        if level >= logging.ERROR
+        and (logger.startswith("sessionlog") or "servicer method" in message)
     ]
-    assert noisy == [], f"{len(noisy)} error lines, the first: {noisy[0].getMessage()}"
+    assert noisy == [], f"{len(noisy)} error lines, the first: {noisy[0]}"
+
+
+def logged(server: RunningServer, caplog: pytest.LogCaptureFixture) -> list[tuple[str, int, str]]:
+    """(logger, level, message) of what the server logged: its processes' log lines, or, for a
+    server in this process, what pytest captured."""
+    if isinstance(server, ProcessServer):
+        return [
+            (e["logger"], logging.getLevelNamesMapping()[e["level"].upper()], e["message"])
+            for e in server.log_entries()
+        ]
+    return [(r.name, r.levelno, r.getMessage()) for r in caplog.records]

@@ -11,10 +11,11 @@ from collections.abc import Iterator
 import grpc
 import pytest
 
-from sessionlog.testing import ThreadedServer, error_info
+from sessionlog.testing import RunningServer, error_info
 from sessionlog.v1 import event_pb2
 from sessionlog.v1 import session_log_service_pb2 as pb
 from sessionlog.wire import varint
+from tests.e2e._helpers import get
 
 SERVICE = "/sessionlog.v1.SessionLogService/"
 UNARY_RPCS = ("Append", "Surface", "DeriveMessages")
@@ -63,7 +64,7 @@ BAD_UTF8 = b"\xff\xfe"
 # -- calling with raw bytes ---------------------------------------------------------------------
 
 
-def raw_call(server: ThreadedServer, rpc: str, request: bytes) -> list[bytes]:
+def raw_call(server: RunningServer, rpc: str, request: bytes) -> list[bytes]:
     """Send ``request`` as is; return the raw response(s)."""
     channel = server.channel()
     if rpc == "Since":
@@ -76,7 +77,7 @@ def raw_call(server: ThreadedServer, rpc: str, request: bytes) -> list[bytes]:
     return [unary(request, timeout=10)]
 
 
-def assert_malformed(server: ThreadedServer, rpc: str, request: bytes) -> None:
+def assert_malformed(server: RunningServer, rpc: str, request: bytes) -> None:
     """The call fails with INVALID_ARGUMENT / MALFORMED_REQUEST and a sentence of advice."""
     with pytest.raises(grpc.RpcError) as caught:
         raw_call(server, rpc, request)
@@ -88,7 +89,7 @@ def assert_malformed(server: ThreadedServer, rpc: str, request: bytes) -> None:
     assert len(error.details().split()) >= 5
 
 
-def history(server: ThreadedServer, session_id: str) -> tuple[bytes, ...]:
+def history(server: RunningServer, session_id: str) -> tuple[bytes, ...]:
     """The session's log, surface and messages as raw bytes."""
     stub = server.stub()
     log = b"".join(
@@ -101,7 +102,7 @@ def history(server: ThreadedServer, session_id: str) -> tuple[bytes, ...]:
     return log, surface, derived.SerializeToString()
 
 
-def assert_still_serving(server: ThreadedServer, session_id: str = "after") -> None:
+def assert_still_serving(server: RunningServer, session_id: str = "after") -> None:
     """A normal Append right after still works and lands at the next seq."""
     stub = server.stub()
     count = sum(len(r.events) for r in stub.Since(pb.SinceRequest(session_id=session_id)))
@@ -114,7 +115,7 @@ def assert_still_serving(server: ThreadedServer, session_id: str = "after") -> N
 
 
 @pytest.fixture
-def seeded(server: ThreadedServer) -> tuple[bytes, ...]:
+def seeded(server: RunningServer) -> tuple[bytes, ...]:
     """Session "s" with one event, and its history before any malformed call."""
     raw_call(server, "Append", append_request(b"s", GOOD_EVENT))
     return history(server, "s")
@@ -135,7 +136,7 @@ GARBAGE = [
 @pytest.mark.parametrize("rpc", ALL_RPCS)
 @pytest.mark.parametrize("garbage", GARBAGE)
 def test_garbage_bytes(
-    server: ThreadedServer, seeded: tuple[bytes, ...], rpc: str, garbage: bytes
+    server: RunningServer, seeded: tuple[bytes, ...], rpc: str, garbage: bytes
 ) -> None:
     """Bytes that are no protobuf message at all are MALFORMED_REQUEST on every RPC."""
     assert_malformed(server, rpc, garbage)
@@ -143,7 +144,7 @@ def test_garbage_bytes(
     assert_still_serving(server)
 
 
-def test_truncated_append_request(server: ThreadedServer, seeded: tuple[bytes, ...]) -> None:
+def test_truncated_append_request(server: RunningServer, seeded: tuple[bytes, ...]) -> None:
     """A valid AppendRequest cut short is MALFORMED_REQUEST and writes nothing."""
     whole = append_request(b"s", GOOD_EVENT, GOOD_EVENT)
     for cut in (1, 5, len(whole) // 2, len(whole) - 1):
@@ -158,7 +159,7 @@ def test_truncated_append_request(server: ThreadedServer, seeded: tuple[bytes, .
 @pytest.mark.parametrize("levels", [40, 200])
 @pytest.mark.parametrize("lenient", [False, True])
 def test_deep_struct(
-    server: ThreadedServer, seeded: tuple[bytes, ...], levels: int, lenient: bool
+    server: RunningServer, seeded: tuple[bytes, ...], levels: int, lenient: bool
 ) -> None:
     """Data nested too deep to decode fails the whole request, lenient or not, never INTERNAL."""
     request = append_request(b"s", GOOD_EVENT, user_event(deep_struct(levels)), lenient=lenient)
@@ -167,10 +168,10 @@ def test_deep_struct(
     assert_still_serving(server)
 
 
-def test_deep_struct_on_a_new_session_creates_nothing(server: ThreadedServer) -> None:
+def test_deep_struct_on_a_new_session_creates_nothing(server: RunningServer) -> None:
     """A first append that cannot be decoded creates no session."""
     assert_malformed(server, "Append", append_request(b"fresh", user_event(deep_struct(40))))
-    assert server.store.meta("fresh") is None
+    assert not get(server.stub(), "fresh").exists
     reply = server.stub().Append(
         pb.AppendRequest(
             session_id="fresh", events=[event_pb2.Event(type=event_pb2.EVENT_TYPE_USER_MESSAGE)]
@@ -179,7 +180,7 @@ def test_deep_struct_on_a_new_session_creates_nothing(server: ThreadedServer) ->
     assert [e.seq for e in reply.events] == [0]
 
 
-def test_hand_built_bytes_decode_when_shallow(server: ThreadedServer) -> None:
+def test_hand_built_bytes_decode_when_shallow(server: RunningServer) -> None:
     """The hand encoder is right: the same request 20 levels deep is accepted as data."""
     raw_call(server, "Append", append_request(b"shallow", user_event(deep_struct(20))))
     stored = server.stub().Since(pb.SinceRequest(session_id="shallow"))
@@ -190,7 +191,7 @@ def test_hand_built_bytes_decode_when_shallow(server: ThreadedServer) -> None:
 
 
 @pytest.mark.parametrize("levels", [25, 30])
-def test_decodable_but_too_deep_is_unserializable(server: ThreadedServer, levels: int) -> None:
+def test_decodable_but_too_deep_is_unserializable(server: RunningServer, levels: int) -> None:
     """Past 24 levels but still decodable: UNSERIALIZABLE_EVENT_DATA (rule 4), not MALFORMED."""
     with pytest.raises(grpc.RpcError) as caught:
         raw_call(server, "Append", append_request(b"s", user_event(deep_struct(levels))))
@@ -202,7 +203,7 @@ def test_decodable_but_too_deep_is_unserializable(server: ThreadedServer, levels
 
 
 @pytest.mark.parametrize("rpc", ALL_RPCS)
-def test_invalid_utf8_session_id(server: ThreadedServer, rpc: str) -> None:
+def test_invalid_utf8_session_id(server: RunningServer, rpc: str) -> None:
     """A session_id that is not UTF-8 is MALFORMED_REQUEST on every RPC."""
     request = field_bytes(1, BAD_UTF8)
     if rpc == "Append":
@@ -229,7 +230,7 @@ def test_invalid_utf8_session_id(server: ThreadedServer, rpc: str) -> None:
     ],
 )
 def test_invalid_utf8_elsewhere_in_append(
-    server: ThreadedServer, seeded: tuple[bytes, ...], request_bytes: bytes
+    server: RunningServer, seeded: tuple[bytes, ...], request_bytes: bytes
 ) -> None:
     """Invalid UTF-8 in any string of an append fails it whole and writes nothing."""
     assert_malformed(server, "Append", request_bytes)
@@ -240,7 +241,7 @@ def test_invalid_utf8_elsewhere_in_append(
 # -- the raw path itself ------------------------------------------------------------------------
 
 
-def test_raw_bytes_path_accepts_a_valid_request(server: ThreadedServer) -> None:
+def test_raw_bytes_path_accepts_a_valid_request(server: RunningServer) -> None:
     """Hand-built valid bytes are appended like any client's (so the failures above are real)."""
     (raw,) = raw_call(server, "Append", append_request(b"raw", GOOD_EVENT, GOOD_EVENT))
     reply = pb.AppendResponse.FromString(raw)
@@ -249,7 +250,7 @@ def test_raw_bytes_path_accepts_a_valid_request(server: ThreadedServer) -> None:
 
 
 @pytest.mark.parametrize("rpc", UNARY_RPCS)
-def test_empty_request_is_an_invalid_session_id(server: ThreadedServer, rpc: str) -> None:
+def test_empty_request_is_an_invalid_session_id(server: RunningServer, rpc: str) -> None:
     """Zero bytes decode fine (every field default): the empty session id is what is wrong."""
     with pytest.raises(grpc.RpcError) as caught:
         raw_call(server, rpc, b"")

@@ -8,7 +8,7 @@ import grpc
 import pytest
 from google.protobuf import json_format, struct_pb2, timestamp_pb2
 
-from sessionlog.testing import ThreadedServer, error_info
+from sessionlog.testing import RunningServer, error_info
 from sessionlog.v1 import event_pb2, message_pb2
 from sessionlog.v1 import session_log_service_pb2 as pb
 from tests.e2e._helpers import (
@@ -21,6 +21,7 @@ from tests.e2e._helpers import (
     USER,
     Stub,
     append,
+    get,
     replace,
     say,
 )
@@ -291,14 +292,14 @@ def test_lenient_future_replace_is_judged_after_earlier_drops(stub: Stub) -> Non
     assert [e.seq for e in reply.events] == [0]
 
 
-def test_lenient_append_with_everything_dropped(server: ThreadedServer, stub: Stub) -> None:
+def test_lenient_append_with_everything_dropped(server: RunningServer, stub: Stub) -> None:
     """A lenient append whose events are all dropped writes nothing and creates no session."""
     reply = append(stub, "fresh", event(0), event(99), lenient=True)
     assert [d.index for d in reply.drops] == [0, 1]
     assert list(reply.events) == []
     assert reply.next_seq == 0
     assert since(stub, "fresh") == []
-    assert server.store.meta("fresh") is None
+    assert not get(stub, "fresh").exists
 
 
 def test_strict_append_reports_no_drops(stub: Stub) -> None:
@@ -373,15 +374,15 @@ def test_expected_seq_race(stub: Stub) -> None:
 # -- empty append -------------------------------------------------------------------------------
 
 
-def test_empty_append_on_a_new_session(server: ThreadedServer, stub: Stub) -> None:
+def test_empty_append_on_a_new_session(server: RunningServer, stub: Stub) -> None:
     """An append with no events returns next_seq 0 and creates no session."""
     reply = append(stub, "fresh")
     assert reply.next_seq == 0
     assert list(reply.events) == []
-    assert server.store.meta("fresh") is None
+    assert not get(stub, "fresh").exists
     reply = append(stub, "fresh", expected_seq=0)
     assert reply.next_seq == 0
-    assert server.store.meta("fresh") is None
+    assert not get(stub, "fresh").exists
 
 
 def test_empty_append_on_an_existing_session(stub: Stub) -> None:

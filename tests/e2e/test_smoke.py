@@ -5,12 +5,12 @@ from __future__ import annotations
 import grpc
 import pytest
 
-from sessionlog.testing import ThreadedServer, error_info
+from sessionlog.testing import RunningServer, error_info
 from sessionlog.v1 import event_pb2
 from sessionlog.v1 import session_log_service_pb2 as pb
 
 
-def test_append_then_derive(server: ThreadedServer) -> None:
+def test_append_then_derive(server: RunningServer) -> None:
     """An appended user message comes back as a derived message."""
     stub = server.stub()
     event = event_pb2.Event(type=event_pb2.EVENT_TYPE_USER_MESSAGE)
@@ -22,7 +22,7 @@ def test_append_then_derive(server: ThreadedServer) -> None:
     assert list(derived.seqs) == [0]
 
 
-def test_bad_session_id(server: ThreadedServer) -> None:
+def test_bad_session_id(server: RunningServer) -> None:
     """An invalid session id is INVALID_ARGUMENT with reason INVALID_SESSION_ID."""
     with pytest.raises(grpc.RpcError) as caught:
         server.stub().Surface(pb.SurfaceRequest(session_id="-bad"))

@@ -19,12 +19,14 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+import pytest
 
-from sessionlog import wire
-from sessionlog.testing import ThreadedServer, error_info, running_server
+from sessionlog import testing, wire
+from sessionlog.testing import RunningServer, ThreadedServer, error_info
 from sessionlog.v1 import event_pb2
 from sessionlog.v1 import replication_service_pb2 as rpb
 from sessionlog.v1 import session_log_service_pb2 as pb
+from tests.e2e._proc import running_server
 from tests.e2e._replication_cluster import (
     CALL_TIMEOUT,
     CHANNEL_OPTIONS,
@@ -169,11 +171,12 @@ time.sleep(60)
 """
 
 
+@pytest.mark.in_process
 def test_clients_that_go_away_free_their_followers_at_once(tmp_path: Path) -> None:
     """A cancelled stream, a closed channel, a stalled stream's cancel and a SIGKILLed client
     process each free their server-side followers within a second (no heartbeat needed: the
     server's heartbeat interval here is the default 15 s)."""
-    with running_server(tmp_path / "data") as server:
+    with testing.running_server(tmp_path / "data") as server:
         stub = server.stub()
         stub.Append(pb.AppendRequest(session_id="busy", events=[event(USER, "x" * 2000)] * 1000))
         channel = grpc.insecure_channel(server.address)
@@ -281,7 +284,7 @@ def read_to_end(stream: Any, limit: int = 10_000) -> tuple[int, grpc.RpcError]:
     raise AssertionError(f"the stream did not end within {limit} responses")
 
 
-def stalled_follower(server: ThreadedServer, channel: grpc.Channel) -> tuple[Any, int]:
+def stalled_follower(server: RunningServer, channel: grpc.Channel) -> tuple[Any, int]:
     """A follower of a ~10 MB session that read one response and stopped: the server is
     blocked on writing to it (flow control). Returns the stream and the events it received."""
     stub = server.stub()

@@ -16,11 +16,12 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from sessionlog.testing import ThreadedServer, running_server
+from sessionlog.testing import RunningServer
 from sessionlog.v1 import session_log_service_pb2 as pb
 from sessionlog.v1 import session_log_service_pb2_grpc as pb_grpc
 from tests.e2e._certs import Authority, Issued, authority
-from tests.e2e._helpers import user
+from tests.e2e._helpers import get, stats, user
+from tests.e2e._proc import running_server
 
 REFUSAL_TIMEOUT = 3.0
 """A refused handshake fails fast; this only bounds a hang."""
@@ -60,7 +61,7 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
 
 
 def secure_channel(
-    server: ThreadedServer, root: bytes, client: Issued | None = None
+    server: RunningServer, root: bytes, client: Issued | None = None
 ) -> grpc.Channel:
     credentials = grpc.ssl_channel_credentials(
         root_certificates=root,
@@ -80,16 +81,18 @@ def append_one(channel: grpc.Channel, session_id: str, content: str) -> pb.Appen
     return reply
 
 
-def assert_refused(channel: grpc.Channel, server: ThreadedServer, session_id: str) -> None:
-    """An append over ``channel`` fails with UNAVAILABLE (no connection) and writes nothing."""
+def assert_refused(channel: grpc.Channel, server: RunningServer, pki: Pki, session_id: str) -> None:
+    """An append over ``channel`` fails with UNAVAILABLE (no connection) and writes nothing
+    (as a trusted client then reads)."""
     with channel, pytest.raises(grpc.RpcError) as caught:
         append_one(channel, session_id, "must not land")
     assert caught.value.code() == grpc.StatusCode.UNAVAILABLE, caught.value
-    assert server.store.meta(session_id) is None
+    with secure_channel(server, pki.ca.pem, pki.client) as trusted:
+        assert not get(stub(trusted), session_id).exists
 
 
 @pytest.fixture
-def tls_server(tmp_path: Path, pki: Pki) -> Iterator[ThreadedServer]:
+def tls_server(tmp_path: Path, pki: Pki) -> Iterator[RunningServer]:
     """A server that speaks TLS only, with the trusted CA's server certificate."""
     with running_server(
         tmp_path / "data", tls_cert=str(pki.server.cert_path), tls_key=str(pki.server.key_path)
@@ -98,7 +101,7 @@ def tls_server(tmp_path: Path, pki: Pki) -> Iterator[ThreadedServer]:
 
 
 @pytest.fixture
-def mtls_server(tmp_path: Path, pki: Pki) -> Iterator[ThreadedServer]:
+def mtls_server(tmp_path: Path, pki: Pki) -> Iterator[RunningServer]:
     """A TLS server that also requires a client certificate signed by the trusted CA."""
     with running_server(
         tmp_path / "data",
@@ -112,7 +115,7 @@ def mtls_server(tmp_path: Path, pki: Pki) -> Iterator[ThreadedServer]:
 # -- TLS ----------------------------------------------------------------------------------------
 
 
-def test_tls_client_trusting_the_ca_appends_and_reads(tls_server: ThreadedServer, pki: Pki) -> None:
+def test_tls_client_trusting_the_ca_appends_and_reads(tls_server: RunningServer, pki: Pki) -> None:
     """A TLS client that trusts the CA appends and reads back over the encrypted channel."""
     with secure_channel(tls_server, pki.ca.pem) as channel:
         reply = append_one(channel, "tls.ok", "over tls")
@@ -121,18 +124,18 @@ def test_tls_client_trusting_the_ca_appends_and_reads(tls_server: ThreadedServer
     assert [e.data["content"] for e in surface.events] == ["over tls"]
 
 
-def test_tls_server_refuses_a_plaintext_client(tls_server: ThreadedServer) -> None:
+def test_tls_server_refuses_a_plaintext_client(tls_server: RunningServer, pki: Pki) -> None:
     """A plaintext client cannot talk to a TLS-only server, and nothing is written."""
-    assert_refused(grpc.insecure_channel(tls_server.address), tls_server, "tls.plain")
+    assert_refused(grpc.insecure_channel(tls_server.address), tls_server, pki, "tls.plain")
 
 
-def test_tls_client_not_trusting_the_ca_is_refused(tls_server: ThreadedServer, pki: Pki) -> None:
+def test_tls_client_not_trusting_the_ca_is_refused(tls_server: RunningServer, pki: Pki) -> None:
     """A client that trusts only another CA rejects the server's certificate; nothing is written."""
     channel = secure_channel(tls_server, pki.stranger.pem)
-    assert_refused(channel, tls_server, "tls.untrusted")
+    assert_refused(channel, tls_server, pki, "tls.untrusted")
 
 
-def test_tls_health_check_over_tls(tls_server: ThreadedServer, pki: Pki) -> None:
+def test_tls_health_check_over_tls(tls_server: RunningServer, pki: Pki) -> None:
     """The health service is reachable over TLS, so a TLS deployment can still be probed."""
     with secure_channel(tls_server, pki.ca.pem) as channel:
         reply = health_pb2_grpc.HealthStub(channel).Check(
@@ -145,33 +148,31 @@ def test_tls_health_check_over_tls(tls_server: ThreadedServer, pki: Pki) -> None
 
 
 def test_mtls_client_with_a_certificate_from_the_ca_works(
-    mtls_server: ThreadedServer, pki: Pki
+    mtls_server: RunningServer, pki: Pki
 ) -> None:
     """A client presenting a certificate signed by the client CA is served."""
     with secure_channel(mtls_server, pki.ca.pem, pki.client) as channel:
         reply = append_one(channel, "mtls.ok", "mutual")
+        assert get(stub(channel), "mtls.ok").exists
     assert reply.next_seq == 1
-    assert mtls_server.store.meta("mtls.ok") is not None
 
 
-def test_mtls_client_without_a_certificate_is_refused(
-    mtls_server: ThreadedServer, pki: Pki
-) -> None:
+def test_mtls_client_without_a_certificate_is_refused(mtls_server: RunningServer, pki: Pki) -> None:
     """A TLS client that presents no certificate is refused by an mTLS server."""
-    assert_refused(secure_channel(mtls_server, pki.ca.pem), mtls_server, "mtls.anonymous")
+    assert_refused(secure_channel(mtls_server, pki.ca.pem), mtls_server, pki, "mtls.anonymous")
 
 
 def test_mtls_client_with_a_certificate_from_another_ca_is_refused(
-    mtls_server: ThreadedServer, pki: Pki
+    mtls_server: RunningServer, pki: Pki
 ) -> None:
     """A client certificate signed by an unrelated CA is refused, and nothing is written."""
     channel = secure_channel(mtls_server, pki.ca.pem, pki.stranger_client)
-    assert_refused(channel, mtls_server, "mtls.stranger")
+    assert_refused(channel, mtls_server, pki, "mtls.stranger")
 
 
-def test_mtls_server_refuses_a_plaintext_client(mtls_server: ThreadedServer) -> None:
+def test_mtls_server_refuses_a_plaintext_client(mtls_server: RunningServer, pki: Pki) -> None:
     """A plaintext client gets nowhere with an mTLS server."""
-    assert_refused(grpc.insecure_channel(mtls_server.address), mtls_server, "mtls.plain")
+    assert_refused(grpc.insecure_channel(mtls_server.address), mtls_server, pki, "mtls.plain")
 
 
 # -- a replica of a TLS + mTLS + token primary ---------------------------------------------------
@@ -193,7 +194,7 @@ def write_tokens(path: Path) -> Path:
 
 
 @pytest.fixture
-def secured_primary(tmp_path: Path, pki: Pki) -> Iterator[ThreadedServer]:
+def secured_primary(tmp_path: Path, pki: Pki) -> Iterator[RunningServer]:
     """A primary that requires TLS, a client certificate from the CA, and a bearer token."""
     with running_server(
         tmp_path / "primary",
@@ -205,7 +206,7 @@ def secured_primary(tmp_path: Path, pki: Pki) -> Iterator[ThreadedServer]:
         yield primary
 
 
-def write_through(primary: ThreadedServer, pki: Pki, session_id: str, *contents: str) -> None:
+def write_through(primary: RunningServer, pki: Pki, session_id: str, *contents: str) -> None:
     """Append ``contents`` to the primary as the writer (TLS, client certificate, token)."""
     metadata = (("authorization", f"Bearer {WRITER_SECRET}"),)
     with secure_channel(primary, pki.ca.pem, pki.client) as channel:
@@ -213,7 +214,7 @@ def write_through(primary: ThreadedServer, pki: Pki, session_id: str, *contents:
         stub(channel).Append(request, metadata=metadata, timeout=5)
 
 
-def replica_health(replica: ThreadedServer) -> int | None:
+def replica_health(replica: RunningServer) -> int | None:
     with grpc.insecure_channel(replica.address) as channel:
         try:
             reply = health_pb2_grpc.HealthStub(channel).Check(
@@ -225,14 +226,14 @@ def replica_health(replica: ThreadedServer) -> int | None:
     return status
 
 
-def replica_contents(replica: ThreadedServer, session_id: str) -> list[str]:
+def replica_contents(replica: RunningServer, session_id: str) -> list[str]:
     with grpc.insecure_channel(replica.address) as channel:
         responses = stub(channel).Since(pb.SinceRequest(session_id=session_id), timeout=5)
         return [e.data["content"] for r in responses for e in r.events]
 
 
 def test_replica_authenticates_to_a_tls_mtls_token_primary(
-    tmp_path: Path, pki: Pki, secured_primary: ThreadedServer
+    tmp_path: Path, pki: Pki, secured_primary: RunningServer
 ) -> None:
     """A replica with the CA, a client certificate and an admin token replicates a session."""
     write_through(secured_primary, pki, "rep.one", "before the replica")
@@ -266,7 +267,7 @@ def test_replica_authenticates_to_a_tls_mtls_token_primary(
     ],
 )
 def test_replica_with_bad_credentials_gets_nothing(
-    tmp_path: Path, pki: Pki, secured_primary: ThreadedServer, token: str, with_cert: bool
+    tmp_path: Path, pki: Pki, secured_primary: RunningServer, token: str, with_cert: bool
 ) -> None:
     """A replica with a wrong or under-privileged token, or no client certificate, stays
     NOT_SERVING and holds no data."""
@@ -290,4 +291,5 @@ def test_replica_with_bad_credentials_gets_nothing(
         time.sleep(1.0)  # several reconnect attempts (backoff starts at 0.1 s)
         assert replica_health(replica) == NOT_SERVING
         assert replica_contents(replica, "rep.secret") == []
-        assert replica.store.head()[0] == 0
+        with grpc.insecure_channel(replica.address) as channel:
+            assert stats(channel).position == 0

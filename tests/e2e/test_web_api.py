@@ -13,12 +13,13 @@ from typing import Any
 
 import pytest
 
-from sessionlog.config import ServerConfig
+from sessionlog import testing
 from sessionlog.server import BindError
 from sessionlog.storage.store import Store
-from sessionlog.testing import ThreadedServer, running_server
+from sessionlog.testing import RunningServer
 from sessionlog.v1 import event_pb2
 from sessionlog.v1 import session_log_service_pb2 as pb
+from tests.e2e._proc import running_server
 from tests.e2e._web import CALL_ID, RESULT, SESSION, TIMEOUT, event, get, seed
 
 READER = "api-reader-token-3b9e07c1"
@@ -28,18 +29,18 @@ OPERATOR = "api-operator-token-90e2d4b1"
 
 
 @pytest.fixture
-def console(tmp_path: Path) -> Iterator[ThreadedServer]:
+def console(tmp_path: Path) -> Iterator[RunningServer]:
     """A server with the web console and metrics on one free port, the demo session seeded."""
     with running_server(tmp_path / "data", http_listen="127.0.0.1:0") as server:
-        seed(server.store)
+        seed(server.stub())
         yield server
 
 
-def base(server: ThreadedServer) -> str:
-    return f"http://127.0.0.1:{server.server.http_port}"
+def base(server: RunningServer) -> str:
+    return f"http://127.0.0.1:{server.http_port}"
 
 
-def test_events_mark_shadowed_bookkeeping_and_replace_ranges(console: ThreadedServer) -> None:
+def test_events_mark_shadowed_bookkeeping_and_replace_ranges(console: RunningServer) -> None:
     """/events returns the stored events with their type names and data, each surface event
     marked shadowed or not, and the replace's range."""
     status, _, body = get(f"{base(console)}/api/sessions/{SESSION}/events")
@@ -56,7 +57,7 @@ def test_events_mark_shadowed_bookkeeping_and_replace_ranges(console: ThreadedSe
     assert [e["seq"] for e in page["events"]] == [7]
 
 
-def test_transcript_pairs_tool_calls_with_results(console: ThreadedServer) -> None:
+def test_transcript_pairs_tool_calls_with_results(console: RunningServer) -> None:
     """/transcript is the derived messages in surface order with roles; the assistant's tool
     call points at the tool result that answers it, and the result back at the call."""
     status, _, body = get(f"{base(console)}/api/sessions/{SESSION}/transcript")
@@ -88,8 +89,9 @@ def test_sessions_status_and_metrics_on_the_console_port(tmp_path: Path) -> None
     port = _free_port()
     address = f"127.0.0.1:{port}"
     with running_server(tmp_path / "data", http_listen=address, metrics_listen=address) as server:
-        seed(server.store)
-        seed(server.store, "demo.second")
+        stub = server.stub()
+        seed(stub)
+        seed(stub, "demo.second")
         status, _, listing = get(f"http://{address}/api/sessions?prefix=demo.&limit=1")
         assert status == 200
         assert [s["session_id"] for s in listing["sessions"]] == ["demo.second"]
@@ -105,12 +107,12 @@ def test_sessions_status_and_metrics_on_the_console_port(tmp_path: Path) -> None
         assert status == 200
         assert head["Content-Type"].startswith("text/plain")
         assert "sessionlog_stored_events 18.0" in metrics
-        assert server.server.metrics_port == server.server.http_port == port
+        assert server.metrics_port == server.http_port == port
 
 
-def test_follow_streams_stored_then_live_events(console: ThreadedServer) -> None:
+def test_follow_streams_stored_then_live_events(console: RunningServer) -> None:
     """/follow sends the events from ``from``, one caught_up, then an append as it commits."""
-    connection = http.client.HTTPConnection("127.0.0.1", console.server.http_port, timeout=TIMEOUT)
+    connection = http.client.HTTPConnection("127.0.0.1", console.http_port, timeout=TIMEOUT)
     try:
         connection.request("GET", f"/api/sessions/{SESSION}/follow?from=7")
         response = connection.getresponse()
@@ -130,46 +132,39 @@ def test_follow_streams_stored_then_live_events(console: ThreadedServer) -> None
         kind, body = _frame(response)
         assert kind == "events"
         assert [(e["seq"], e["data"]["content"]) for e in body["events"]] == [(9, "live one")]
-        assert console.server.streams.total == 1
+        assert get(f"{base(console)}/api/status")[2]["open_streams"] == 1
     finally:
         connection.close()
 
 
 def test_follow_ends_at_shutdown_with_the_seq_to_resume_from(tmp_path: Path) -> None:
     """/follow runs Since's loop: a server stopping ends it with UNAVAILABLE and the seq."""
-    server = ThreadedServer(
-        ServerConfig(
-            data_dir=str(tmp_path / "data"), listen="127.0.0.1:0", http_listen="127.0.0.1:0"
-        )
-    ).start()
-    stopper = threading.Thread(target=server.stop)
-    connection = http.client.HTTPConnection("127.0.0.1", server.server.http_port, timeout=TIMEOUT)
-    try:
-        seed(server.store)
-        connection.request("GET", f"/api/sessions/{SESSION}/follow?from=7")
-        response = connection.getresponse()
-        assert _frame(response)[0] == "events"
-        assert _frame(response) == ("caught_up", {"next_seq": 9})
-        stopper.start()
-        kind, body = _frame(response)
-        assert kind == "error"
-        assert body["reason"] == "UNAVAILABLE"
-        assert "resume session 'demo.weather' from 9" in body["message"]
-    finally:
-        connection.close()
-        if stopper.ident is None:
+    with running_server(tmp_path / "data", http_listen="127.0.0.1:0") as server:
+        seed(server.stub())
+        stopper = threading.Thread(target=server.stop)
+        connection = http.client.HTTPConnection("127.0.0.1", server.http_port, timeout=TIMEOUT)
+        try:
+            connection.request("GET", f"/api/sessions/{SESSION}/follow?from=7")
+            response = connection.getresponse()
+            assert _frame(response)[0] == "events"
+            assert _frame(response) == ("caught_up", {"next_seq": 9})
             stopper.start()
-        stopper.join(TIMEOUT)
+            kind, body = _frame(response)
+            assert kind == "error"
+            assert body["reason"] == "UNAVAILABLE"
+            assert "resume session 'demo.weather' from 9" in body["message"]
+        finally:
+            connection.close()
+            if stopper.ident is not None:
+                stopper.join(TIMEOUT)
 
 
 def test_follow_is_paced_like_since(tmp_path: Path) -> None:
     """Once caught up, /follow holds a commit until its turn (--follow-send-rate): two appends
     made within one pace interval reach the page as one batch."""
     with running_server(tmp_path / "data", http_listen="127.0.0.1:0", follow_send_rate=1) as server:
-        seed(server.store)
-        connection = http.client.HTTPConnection(
-            "127.0.0.1", server.server.http_port, timeout=TIMEOUT
-        )
+        seed(server.stub())
+        connection = http.client.HTTPConnection("127.0.0.1", server.http_port, timeout=TIMEOUT)
         try:
             connection.request("GET", f"/api/sessions/{SESSION}/follow?from=9")
             response = connection.getresponse()
@@ -214,7 +209,7 @@ def _free_port() -> int:
 
 
 @pytest.fixture
-def guarded(tmp_path: Path) -> Iterator[ThreadedServer]:
+def guarded(tmp_path: Path) -> Iterator[RunningServer]:
     """Auth on: a reader limited to ``demo.``, a writer without read, another tenant, and an
     operator who reads every session."""
     tokens = tmp_path / "tokens.toml"
@@ -229,12 +224,13 @@ def guarded(tmp_path: Path) -> Iterator[ThreadedServer]:
     with running_server(
         tmp_path / "data", http_listen="127.0.0.1:0", auth_tokens=str(tokens)
     ) as server:
-        seed(server.store)
-        seed(server.store, "b.private")
+        stub = server.stub()
+        seed(stub, token=WRITER_ONLY)
+        seed(stub, "b.private", token=WRITER_ONLY)
         yield server
 
 
-def test_api_needs_a_valid_token_when_auth_is_on(guarded: ThreadedServer) -> None:
+def test_api_needs_a_valid_token_when_auth_is_on(guarded: RunningServer) -> None:
     """Every /api call without a token, or with an unknown one, is 401 UNAUTHENTICATED with a
     Bearer challenge; the page itself loads without one (it asks for the token)."""
     for path in ("/api/status", "/api/sessions", f"/api/sessions/{SESSION}/events"):
@@ -251,7 +247,7 @@ def test_api_needs_a_valid_token_when_auth_is_on(guarded: ThreadedServer) -> Non
     assert len(body["messages"]) == 6
 
 
-def test_api_applies_permissions_and_session_prefixes(guarded: ThreadedServer) -> None:
+def test_api_applies_permissions_and_session_prefixes(guarded: RunningServer) -> None:
     """A token without read is 403; a token used outside its prefix is 403 on that session,
     and its listing holds only its own sessions, as over gRPC."""
     status, _, body = get(f"{base(guarded)}/api/sessions/{SESSION}/events", WRITER_ONLY)
@@ -267,7 +263,7 @@ def test_api_applies_permissions_and_session_prefixes(guarded: ThreadedServer) -
     assert [s["session_id"] for s in theirs["sessions"]] == ["b.private"]
 
 
-def test_a_tenant_token_sees_no_server_wide_status(guarded: ThreadedServer) -> None:
+def test_a_tenant_token_sees_no_server_wide_status(guarded: RunningServer) -> None:
     """/api/status counts every tenant's sessions and events: a prefix-scoped token gets only
     the version, the role and its own prefix; an unscoped reader gets the numbers."""
     status, _, mine = get(f"{base(guarded)}/api/status", READER)
@@ -285,10 +281,10 @@ def test_a_tenant_token_sees_no_server_wide_status(guarded: ThreadedServer) -> N
     [b"Bearer \xff\xfe", b"Bearer \xed\xa0\x80", b"Bearer " + OPERATOR.encode() + b"\xff"],
     ids=["not-utf8", "lone-surrogate", "secret-plus-a-stray-byte"],
 )
-def test_an_undecodable_bearer_token_is_a_401(guarded: ThreadedServer, value: bytes) -> None:
+def test_an_undecodable_bearer_token_is_a_401(guarded: RunningServer, value: bytes) -> None:
     """An Authorization header whose bytes are not UTF-8 is 401 UNAUTHENTICATED, not a 500,
     and the console keeps answering."""
-    connection = http.client.HTTPConnection("127.0.0.1", guarded.server.http_port, timeout=5)
+    connection = http.client.HTTPConnection("127.0.0.1", guarded.http_port, timeout=5)
     try:
         connection.putrequest("GET", "/api/sessions")
         connection.putheader("Authorization", value)
@@ -304,7 +300,7 @@ def test_an_undecodable_bearer_token_is_a_401(guarded: ThreadedServer, value: by
     assert len(listing["sessions"]) == 2
 
 
-def test_bad_requests_are_json_errors(console: ThreadedServer) -> None:
+def test_bad_requests_are_json_errors(console: RunningServer) -> None:
     """A malformed session id or page bound is a 400 with the SPEC reason, not a stack trace."""
     status, _, body = get(f"{base(console)}/api/sessions/{'x' * 300}/events")
     assert status == 400
@@ -314,6 +310,7 @@ def test_bad_requests_are_json_errors(console: ThreadedServer) -> None:
     assert body["reason"] == "MALFORMED_REQUEST"
 
 
+@pytest.mark.in_process
 def test_busy_http_address_fails_start_and_releases_the_store(tmp_path: Path) -> None:
     """A console address already in use stops the start with a BindError naming the flag, and
     leaves the data folder closed so it can be opened again at once."""
@@ -323,13 +320,13 @@ def test_busy_http_address_fails_start_and_releases_the_store(tmp_path: Path) ->
         address = f"127.0.0.1:{busy.getsockname()[1]}"
         with (
             pytest.raises(BindError, match="--http-listen"),
-            running_server(tmp_path / "data", http_listen=address),
+            testing.running_server(tmp_path / "data", http_listen=address),
         ):
             pass
     Store(tmp_path / "data").close()
 
 
-def test_whole_numbers_in_event_data_are_integers(console: ThreadedServer) -> None:
+def test_whole_numbers_in_event_data_are_integers(console: RunningServer) -> None:
     """An event's data {"tokens": 1834, "ratio": 0.5} comes back with 1834 an integer (not
     1834.0) in /events; fractions stay fractions."""
     data = {"content": "n", "tokens": 1834, "ratio": 0.5, "nested": [{"x": 1}]}

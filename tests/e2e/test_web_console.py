@@ -24,15 +24,17 @@ from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
 from selenium.webdriver.support.ui import WebDriverWait
 
-from sessionlog.testing import ThreadedServer, running_server
+from sessionlog.testing import RunningServer
 from sessionlog.v1 import event_pb2
 from sessionlog.v1 import session_log_service_pb2 as pb
+from tests.e2e._proc import running_server
 from tests.e2e._web import CALL_ID, OVERLAP, RESULT, SESSION, event, seed, seed_overlap
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 CHROMEDRIVER = shutil.which("chromedriver") or "/usr/bin/chromedriver"
 WAIT_SECONDS = 10.0
 TOKEN = "console-reader-token-8d2f61"
+SEEDER = "console-seeder-token-51c7a9e0"
 
 T = TypeVar("T")
 
@@ -117,20 +119,21 @@ def contrast(a: tuple[float, float, float], b: tuple[float, float, float]) -> fl
 
 
 @pytest.fixture
-def console(tmp_path: Path) -> Iterator[ThreadedServer]:
+def console(tmp_path: Path) -> Iterator[RunningServer]:
     """A server with the web console on a free port and the demo sessions seeded."""
     with running_server(tmp_path / "data", http_listen="127.0.0.1:0") as server:
-        seed(server.store)
-        seed_overlap(server.store)
+        stub = server.stub()
+        seed(stub)
+        seed_overlap(stub)
         yield server
 
 
-def url(server: ThreadedServer, fragment: str = "#/") -> str:
-    return f"http://127.0.0.1:{server.server.http_port}/{fragment}"
+def url(server: RunningServer, fragment: str = "#/") -> str:
+    return f"http://127.0.0.1:{server.http_port}/{fragment}"
 
 
 def test_sessions_page_lists_the_seeded_session(
-    browser: WebDriver, console: ThreadedServer, tmp_path: Path
+    browser: WebDriver, console: RunningServer, tmp_path: Path
 ) -> None:
     """The front page shows the status cards and the session with its event count, linking to
     the session's page."""
@@ -154,7 +157,7 @@ def test_sessions_page_lists_the_seeded_session(
 
 
 def test_session_page_shows_transcript_and_raw_events(
-    browser: WebDriver, console: ThreadedServer, tmp_path: Path
+    browser: WebDriver, console: RunningServer, tmp_path: Path
 ) -> None:
     """Raw events: all nine, 1 and 2 greyed as shadowed, 5 as bookkeeping, 8 showing its range
     1..2. Transcript: the roles in surface order, the summary in place of 1..2, and the tool
@@ -198,7 +201,7 @@ def test_session_page_shows_transcript_and_raw_events(
 
 
 def test_live_appends_appear_and_shadow(
-    browser: WebDriver, console: ThreadedServer, tmp_path: Path
+    browser: WebDriver, console: RunningServer, tmp_path: Path
 ) -> None:
     """With the page open, an append shows up in the raw events and the transcript without a
     reload, and a live replace greys the rows it hides."""
@@ -235,7 +238,7 @@ def test_live_appends_appear_and_shadow(
 
 
 def test_shadowed_rows_are_greyed_not_struck_through(
-    browser: WebDriver, console: ThreadedServer
+    browser: WebDriver, console: RunningServer
 ) -> None:
     """A shadowed row's JSON is greyed (lighter than a live row's, still at least 4.5:1 against
     its background) with no line-through, and names the replace that hides it."""
@@ -269,7 +272,7 @@ def notes(driver: WebDriver) -> dict[int, str]:
 
 
 def test_hovering_a_replace_marks_its_range_by_position(
-    browser: WebDriver, console: ThreadedServer, tmp_path: Path
+    browser: WebDriver, console: RunningServer, tmp_path: Path
 ) -> None:
     """Hovering S (seq 3, replacing 0..2) marks 0..2 as hidden by it and X (seq 4, position 0)
     as in range but appended after S, so not hidden, with a note under X and a line saying so;
@@ -309,7 +312,7 @@ def test_hovering_a_replace_marks_its_range_by_position(
 
 
 def test_fork_label_names_the_last_copied_seq(
-    browser: WebDriver, console: ThreadedServer, tmp_path: Path
+    browser: WebDriver, console: RunningServer, tmp_path: Path
 ) -> None:
     """A fork made with at_seq 3 reads "at seq 3" in the sessions list and "forked from PARENT
     at seq 3" on its own page (it copied seqs 0..3, four events)."""
@@ -344,13 +347,15 @@ def test_token_prompt_when_auth_is_on(browser: WebDriver, tmp_path: Path) -> Non
     tokens = tmp_path / "tokens.toml"
     tokens.write_text(
         f'[[token]]\nname = "viewer"\ntoken = "{TOKEN}"\npermissions = ["read"]\n'
-        'session_prefix = "demo."\n'
+        'session_prefix = "demo."\n\n'
+        f'[[token]]\nname = "seeder"\ntoken = "{SEEDER}"\npermissions = ["write"]\n'
     )
     with running_server(
         tmp_path / "data", http_listen="127.0.0.1:0", auth_tokens=str(tokens)
     ) as server:
-        seed(server.store)
-        seed(server.store, "other.session")
+        stub = server.stub()
+        seed(stub, token=SEEDER)
+        seed(stub, "other.session", token=SEEDER)
         browser.get(url(server))
         browser.execute_script("sessionStorage.clear()")
         browser.refresh()

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from sessionlog import config
+from sessionlog import config, fold
 from sessionlog.config import ConfigError, ServerConfig
 
 SECRET = "unit-secret-4b9e21c7d05f"
@@ -234,6 +234,55 @@ def test_contradictions_are_config_errors() -> None:
     resolved = resolve("--max-message-size", "64KiB")
     with pytest.raises(ConfigError, match="max message size"):
         config.server_config(resolved)
+
+
+def test_flags_of_a_default_config_are_none() -> None:
+    """The default configuration needs no flag."""
+    assert config.flags_of(ServerConfig()) == []
+
+
+def test_flags_of_a_config_make_that_config_again() -> None:
+    """flags_of gives flags that resolve back to the same ServerConfig; between them the two
+    configurations here change every setting, so each one's way back is covered."""
+    primary = ServerConfig(
+        data_dir="/srv/log",
+        listen="127.0.0.1:0",
+        workers=3,
+        metrics_listen="127.0.0.1:9100",
+        http_listen="127.0.0.1:9200",
+        map_size=1 << 30,
+        durable=False,
+        max_message_bytes=8 << 20,
+        limits=dataclasses.replace(fold.DEFAULT_LIMITS, max_event_bytes=2 << 20, max_data_depth=7),
+        max_events_per_append=5,
+        max_streams=6,
+        max_streams_per_connection=4,
+        heartbeat_seconds=0.25,
+        follow_send_rate=9,
+        shutdown_grace_seconds=1.5,
+        request_id_ttl_seconds=60,
+        replica_timeout_seconds=2.5,
+        replica_token_file="/etc/token",
+        replica_tls_ca="ca.pem",
+        replica_tls_cert="client.pem",
+        replica_tls_key="client.key",
+        tls_cert="server.pem",
+        tls_key="server.key",
+        tls_client_ca="clients.pem",
+        auth_tokens="tokens.toml",
+        auth_open_health=True,
+        log_level="debug",
+        log_format="text",
+    )
+    replica = ServerConfig(
+        workers=1, replica_of="127.0.0.1:7000", replica_token=SECRET, replica_serve_open=True
+    )
+    covered: set[str] = set()
+    for made in (primary, replica):
+        flags = config.flags_of(made)
+        assert config.server_config(resolve(*flags)) == made
+        covered |= {flag for flag in flags if flag.startswith("--")}
+    assert covered == {setting.flag for setting in config.SETTINGS}
 
 
 # -- render ---------------------------------------------------------------------------------------

@@ -110,16 +110,17 @@ class Supervisor:
         # The checks may read the whole file: off the loop, so signals are still answered.
         store = await asyncio.to_thread(Store, path, store_config(config), lock=self._lock)
         await asyncio.to_thread(store.close)
-        listen = self._reserve(config.listen, "--listen")
-        http = metrics = ""
+        wanted = [(config.listen, "--listen")]
         if config.http_listen:
-            http = self._reserve(config.http_listen, "--http-listen")
-        if config.metrics_listen:
-            metrics = (
-                http
-                if config.metrics_listen == config.http_listen
-                else self._reserve(config.metrics_listen, "--metrics-listen")
-            )
+            wanted.append((config.http_listen, "--http-listen"))
+        if config.metrics_listen and config.metrics_listen != config.http_listen:
+            wanted.append((config.metrics_listen, "--metrics-listen"))
+        self._reservations = ports.reserve(wanted)
+        held = {flag: r.address for (_, flag), r in zip(wanted, self._reservations, strict=True)}
+        listen = held["--listen"]
+        http = held.get("--http-listen", "")
+        # --metrics-listen equal to --http-listen: served by the console's site (HttpSites).
+        metrics = held.get("--metrics-listen", http if config.metrics_listen else "")
         self.port = ports.split(listen)[1]
         self._bells = doorbell.make_bells(self.count)
         self._metrics_dir = tempfile.mkdtemp(prefix="sessionlog-metrics-")
@@ -133,11 +134,6 @@ class Supervisor:
             max_streams=math.ceil(config.max_streams / self.count),
             follow_send_rate=math.ceil(config.follow_send_rate / self.count),
         )
-
-    def _reserve(self, address: str, flag: str) -> str:
-        reservation = ports.reserve(address, flag)
-        self._reservations.append(reservation)
-        return reservation.address
 
     async def _start_all(self) -> None:
         started = await asyncio.gather(

@@ -8,6 +8,8 @@ are real signals and a real LMDB writer in another process; every loop is bounde
 from __future__ import annotations
 
 import os
+import signal
+import time
 import urllib.request
 from pathlib import Path
 
@@ -124,3 +126,34 @@ def test_each_address_given_port_0_gets_its_own_port(tmp_path: Path) -> None:
             assert b"sessionlog_info" in reply.read()
         with urllib.request.urlopen(f"http://{http}/", timeout=10) as reply:
             assert reply.status == 200
+
+
+# -- what the supervisor reports ----------------------------------------------------------------
+
+
+def test_a_worker_killed_while_starting_is_reported_as_killed(tmp_path: Path) -> None:
+    """Six times, SIGKILL a worker and then its replacement as soon as it is made: each
+    failed restart is logged as ended by SIGKILL (asyncio used to say "code 255" now and then,
+    and warn of an unknown child: the supervisor's signalling had reaped it first), and the
+    supervisor ends with two serving workers."""
+    rounds = 6
+    with workers(tmp_path, 2) as server:
+        for done in range(rounds):
+            serving = server.pids()
+            os.kill(serving[0], signal.SIGKILL)
+            starting: list[int] = []
+            deadline = time.monotonic() + SECONDS
+            while not starting and time.monotonic() < deadline:  # no sleep: catch it early
+                starting = [pid for pid in server.pids() if pid not in serving]
+            assert starting, "no replacement started"
+            os.kill(starting[0], signal.SIGKILL)
+            server.wait_log("worker restarted", count=done + 1, timeout=60)
+        retried = [
+            e for e in server.lines() if e["message"] == "worker could not restart; trying again"
+        ]
+        assert len(retried) == rounds, server.process.log()
+        hows = [e["error"].rsplit(": it ended with ", 1)[1] for e in retried]
+        assert hows == ["signal SIGKILL before serving"] * rounds
+        assert "Unknown child process" not in server.process.log()
+        assert len(server.pids()) == 2
+        assert server.process.stop() == 0

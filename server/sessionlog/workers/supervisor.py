@@ -293,17 +293,27 @@ class Supervisor:
 async def _end(process: asyncio.subprocess.Process, grace: float) -> None:
     """SIGTERM ``process`` and wait up to ``grace`` seconds for it; then SIGKILL it."""
     if process.returncode is None:
-        with contextlib.suppress(ProcessLookupError):
-            process.send_signal(signal.SIGTERM if grace else signal.SIGKILL)
+        _signal(process, signal.SIGTERM if grace else signal.SIGKILL)
         try:
             async with asyncio.timeout(grace or 5.0):
                 await process.wait()
             return
         except TimeoutError:
             log.warning("worker did not stop in time; killing it", extra={"pid": process.pid})
-        with contextlib.suppress(ProcessLookupError):
-            process.kill()
+        _signal(process, signal.SIGKILL)
         await process.wait()
+
+
+def _signal(process: asyncio.subprocess.Process, signum: int) -> None:
+    """Signal a worker that asyncio has not yet seen exit. Never ``process.send_signal``: that
+    polls the child first (``Popen.poll``), which reaps one that has just exited before
+    asyncio's child watcher does, so the watcher reports exit code 255 and warns "Unknown child
+    process" instead of how the worker really ended. The PID is free again only from the
+    watcher's reaping to asyncio's noting it, one turn of the loop: far too soon for the
+    kernel, which hands PIDs out in turn, to give it to another process."""
+    if process.returncode is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(process.pid, signum)
 
 
 async def _read_line(fd: int, seconds: float) -> str:

@@ -174,6 +174,13 @@ class Supervisor:
                 # stops the workers in order.
                 start_new_session=True,
             )
+        except BaseException as exc:
+            os.close(ready_read)
+            if isinstance(exc, OSError):  # no process could be made (EAGAIN, ENOMEM, ...)
+                raise WorkersFailed(
+                    f"worker {worker.slot} could not start: no process could be made ({exc})"
+                ) from None
+            raise
         finally:
             os.close(ready_write)
         worker.process, worker.started_at = process, time.monotonic()
@@ -248,7 +255,7 @@ class Supervisor:
                     return
                 try:
                     await self._start(worker)
-                except Exception as exc:  # WorkersFailed, or no process could be made
+                except Exception as exc:  # WorkersFailed, or a bug: keep the slot alive
                     worker.failures += 1
                     pause = min(pause * 2, LONGEST_RESTART_PAUSE)
                     log.error(

@@ -7,6 +7,7 @@ are real signals and a real LMDB writer in another process; every loop is bounde
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -22,6 +23,8 @@ import grpc
 import pytest
 from google.protobuf.duration_pb2 import Duration
 
+from sessionlog.storage.folder import FolderLock
+from sessionlog.storage.store import Store
 from sessionlog.testing import error_info
 from sessionlog.v1 import session_log_service_pb2 as pb
 from sessionlog.v1 import session_log_service_pb2_grpc as pb_grpc
@@ -250,6 +253,110 @@ def test_a_follower_on_one_worker_is_woken_by_every_commit_of_another(tmp_path: 
         follower.join(SECONDS)
         assert not late, f"append {late} never reached the follower on the other worker"
         assert arrived == list(range(100))
+
+
+def test_a_commit_whose_worker_died_before_ringing_still_wakes_the_others(
+    tmp_path: Path,
+) -> None:
+    """A worker killed between its commit and ringing the other workers' bells: the
+    supervisor rings them when it sees the worker exit, so a follower on another worker gets
+    the event at once, not at its next heartbeat (60 s here). The dying worker is played by
+    a store opened in this process on the server's folder, which commits and rings no one,
+    followed by a SIGKILL of worker 1."""
+    with workers(tmp_path, 2, "--heartbeat", "60") as server:
+        zero = stubs_by_worker(server)[0]
+        arrived: list[str] = []
+        caught_up = threading.Event()
+        stream = zero.Since(pb.SinceRequest(session_id="o", follow=True), timeout=60)
+
+        def follow() -> None:
+            with contextlib.suppress(grpc.RpcError):  # cancelled at the end
+                for response in stream:
+                    if response.caught_up:
+                        caught_up.set()
+                    arrived.extend(e.data["content"] for e in response.events)
+
+        follower = threading.Thread(target=follow)
+        follower.start()
+        try:
+            assert caught_up.wait(SECONDS)
+            silent = Store(server.data, lock=FolderLock(server.data, -1), prepared=True)
+            try:
+                silent.append("o", [say("orphan")])
+            finally:
+                silent.close()
+            time.sleep(0.5)
+            assert arrived == [], "woken without a bell"
+            os.kill(server.pids()[1], signal.SIGKILL)
+            deadline = time.monotonic() + 10
+            while not arrived and time.monotonic() < deadline:
+                time.sleep(0.02)
+            assert arrived == ["orphan"], "the follower slept through the dead worker's commit"
+        finally:
+            stream.cancel()
+            follower.join(SECONDS)
+
+
+def test_appends_racing_on_one_session_from_both_workers_stay_dense(tmp_path: Path) -> None:
+    """Eight clients, four on each worker, append pairs to one session with expected_seq,
+    retrying from the next seq SEQ_CONFLICT reports: every pair acknowledged is in the log at
+    its seqs, no seq twice, the log dense; CreateSession of one id from both workers at once
+    succeeds exactly once."""
+    with workers(tmp_path, 2) as server:
+        pids = server.pids()
+        stubs = [
+            pb_grpc.SessionLogServiceStub(channel_on(server, pids[n % 2]))  # type: ignore[no-untyped-call]
+            for n in range(8)
+        ]
+        acked: list[tuple[int, str]] = []
+        reasons: set[str] = set()
+        deadline = time.monotonic() + SECONDS
+
+        def race(n: int) -> None:
+            expect = done = 0
+            while done < 40 and time.monotonic() < deadline:
+                name = f"c{n}-{done}"
+                request = pb.AppendRequest(
+                    session_id="race", events=[say(name), say(name)], expected_seq=expect
+                )
+                try:
+                    reply = stubs[n].Append(request, timeout=10)
+                except grpc.RpcError as error:
+                    info = error_info(error)
+                    reasons.add(info.reason)
+                    expect = int(info.metadata.get("next_seq", expect))
+                    continue
+                acked.append((reply.events[0].seq, name))
+                expect, done = reply.events[-1].seq + 1, done + 1
+
+        racers = [threading.Thread(target=race, args=(n,)) for n in range(8)]
+        for thread in racers:
+            thread.start()
+        for thread in racers:
+            thread.join(SECONDS + 10)
+        assert len(acked) == 8 * 40
+        assert reasons <= {"SEQ_CONFLICT"}
+        events = stubs[0].Surface(pb.SurfaceRequest(session_id="race"), timeout=10).events
+        assert [e.seq for e in events] == list(range(2 * len(acked)))
+        by_seq = {e.seq: e.data["content"] for e in events}
+        for seq, name in acked:
+            assert by_seq[seq] == by_seq[seq + 1] == name
+        outcomes: list[str] = []
+
+        def create(n: int) -> None:
+            request = pb.CreateSessionRequest(session_id="new", events=[say(f"by {n}")])
+            try:
+                stubs[n].CreateSession(request, timeout=10)
+                outcomes.append("created")
+            except grpc.RpcError as error:
+                outcomes.append(error_info(error).reason)
+
+        creators = [threading.Thread(target=create, args=(n,)) for n in range(4)]
+        for thread in creators:
+            thread.start()
+        for thread in creators:
+            thread.join(SECONDS)
+        assert sorted(outcomes) == ["SESSION_ALREADY_EXISTS"] * 3 + ["created"]
 
 
 def test_a_killed_holder_of_the_write_lock_stops_no_worker(tmp_path: Path) -> None:

@@ -231,6 +231,8 @@ class Supervisor:
             process = worker.process
             assert process is not None
             code = await process.wait()
+            # It may have died between a commit and ringing the others' bells for it.
+            doorbell.ring(self._bells)
             if self._stopping.is_set():
                 return
             ran = time.monotonic() - worker.started_at

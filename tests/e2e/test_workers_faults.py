@@ -139,6 +139,50 @@ def test_each_address_given_port_0_gets_its_own_port(tmp_path: Path) -> None:
             assert reply.status == 200
 
 
+def test_no_other_server_takes_the_port_while_every_worker_restarts(tmp_path: Path) -> None:
+    """With the supervisor held (SIGSTOP) and both its workers killed, nothing listens on the
+    port: another server on it, with one worker or two, is still refused (it used to start,
+    and the first server's restarted workers then shared the port with it, silently); once
+    the supervisor resumes, its new workers serve."""
+    with workers(tmp_path, 2) as server:
+        os.kill(server.process.pid, signal.SIGSTOP)
+        try:
+            for pid in server.pids():
+                os.kill(pid, signal.SIGKILL)
+            deadline = time.monotonic() + SECONDS
+            while _listening(server.port) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert not _listening(server.port)
+            for count in ("1", "2"):
+                other = run_cli(
+                    [
+                        "serve",
+                        "--data",
+                        str(tmp_path / f"other-{count}"),
+                        "--listen",
+                        server.address,
+                        "--workers",
+                        count,
+                    ],
+                    tmp_path,
+                )
+                assert other.returncode == 1, other.stderr
+                assert f"cannot listen on {server.address}" in other.stderr
+        finally:
+            os.kill(server.process.pid, signal.SIGCONT)
+        server.wait_log("worker restarted", count=2, timeout=60)
+        server.process.wait_serving(server.address)
+
+
+def _listening(port: int) -> bool:
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for row in Path(table).read_text().splitlines()[1:]:
+            fields = row.split()
+            if int(fields[1].rsplit(":", 1)[1], 16) == port and fields[3] == "0A":
+                return True
+    return False
+
+
 # -- what the supervisor reports ----------------------------------------------------------------
 
 

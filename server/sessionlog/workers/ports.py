@@ -13,6 +13,7 @@ Port 0 is replaced by the port the kernel picks, so that every worker binds the 
 
 from __future__ import annotations
 
+import errno
 import os
 import socket
 from collections.abc import Sequence
@@ -72,7 +73,13 @@ def reserve(addresses: Sequence[tuple[str, str]]) -> list[Reservation]:
     try:
         for reservation, targets in planned:
             for family, ip in targets:
-                reservation.sockets.append(_hold(family, ip, reservation.port))
+                try:
+                    reservation.sockets.append(_hold(family, ip, reservation.port))
+                except OSError as exc:  # taken in the moment since the probe
+                    raise PortInUse(
+                        f"cannot listen on {reservation.address}: {_reason(exc)}: another "
+                        "server there? pick another address"
+                    ) from None
     except BaseException:
         for reservation, _ in planned:
             reservation.close()
@@ -114,9 +121,26 @@ def _probe(
 
 
 def _hold(family: socket.AddressFamily, ip: str, port: int) -> socket.socket:
+    """A socket on the port that never listens: SO_REUSEPORT, so the workers can join it, and
+    no SO_REUSEADDR, so another server's probe (SO_REUSEADDR) is refused even while none of
+    this server's workers listens (all of them restarting): with it, the probe would pass, as
+    nothing listens there, and that server's workers would then share the port with these.
+    A connection in TIME_WAIT that a server without SO_REUSEPORT accepted (one with
+    ``--workers 1``, stopped a moment ago) refuses such a bind; the hold then takes
+    SO_REUSEADDR, as the probe did, and the port is guarded only while a worker listens."""
+    try:
+        return _bound(family, ip, port, reuse_address=False)
+    except OSError as exc:
+        if exc.errno != errno.EADDRINUSE:
+            raise
+    return _bound(family, ip, port, reuse_address=True)
+
+
+def _bound(family: socket.AddressFamily, ip: str, port: int, reuse_address: bool) -> socket.socket:
     sock = socket.socket(family, socket.SOCK_STREAM)
     try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if reuse_address:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
         if family == socket.AF_INET6:
             sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0 if ip == "::" else 1)

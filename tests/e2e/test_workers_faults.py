@@ -527,3 +527,27 @@ def test_writes_stuck_behind_the_write_lock_are_reported(tmp_path: Path) -> None
             assert holder.stdout is not None
             holder.stdout.close()
         assert warned, server.process.log()
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="--max-streams is shared out, ceil(N / workers) per worker (supervisor._prepare), "
+    "but the kernel gives a connection, and every stream on it, to one worker: a client that "
+    "follows many sessions on one channel gets 1/workers of the limit, and is told 'the server "
+    "already has 2 open streams, its limit (--max-streams)' with --max-streams 4. Needs a "
+    "count shared by the workers (a design decision)",
+)
+def test_max_streams_is_the_servers_whichever_worker_holds_them(tmp_path: Path) -> None:
+    """--max-streams 4 and two workers: three follow streams on one connection all open."""
+    with workers(tmp_path, 2, "--max-streams", "4") as server:
+        zero = stubs_by_worker(server)[0]
+        streams = [
+            zero.Since(pb.SinceRequest(session_id=f"s{n}", follow=True), timeout=30)
+            for n in range(3)
+        ]
+        try:
+            for stream in streams:
+                assert next(stream).caught_up
+        finally:
+            for stream in streams:
+                stream.cancel()

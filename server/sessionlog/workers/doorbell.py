@@ -10,7 +10,9 @@ followers). Its own commits wake its followers directly, as in a single process.
 
 No wakeup is lost: the bell is rung after the commit, and the read that answers it starts after
 the bell was read, so it sees the commit; a follower registers before it reads storage
-(``notifier``), so a commit it did not see has woken it.
+(``notifier``), so a commit it did not see has woken it. A worker that dies between its commit
+and its ring would leave the others asleep (until a heartbeat, or the next commit): so the
+supervisor rings every bell once it sees a worker exit.
 """
 
 from __future__ import annotations
@@ -32,6 +34,13 @@ log = logging.getLogger(__name__)
 def make_bells(count: int) -> list[int]:
     """One non-blocking eventfd per worker slot (closed on exec unless handed down)."""
     return [os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC) for _ in range(count)]
+
+
+def ring(bells: Sequence[int]) -> None:
+    """Ring each of ``bells`` (a full counter, BlockingIOError, is a bell ringing already)."""
+    for fd in bells:
+        with contextlib.suppress(BlockingIOError):
+            os.eventfd_write(fd, 1)
 
 
 @dataclass
@@ -61,10 +70,7 @@ class Peers:
 
     def ring(self) -> None:
         """Tell every other worker that a commit landed (the writer thread calls it)."""
-        for fd in self._others:
-            # A full counter (BlockingIOError) is a bell that is ringing already.
-            with contextlib.suppress(BlockingIOError):
-                os.eventfd_write(fd, 1)
+        ring(self._others)
 
     def listen(self, store: Store, notifier: Notifier) -> None:
         """Answer this worker's bell on the running loop from now on."""

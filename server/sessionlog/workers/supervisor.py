@@ -110,16 +110,17 @@ class Supervisor:
         # The checks may read the whole file: off the loop, so signals are still answered.
         store = await asyncio.to_thread(Store, path, store_config(config), lock=self._lock)
         await asyncio.to_thread(store.close)
-        listen = self._reserve(config.listen, "--listen")
-        http = metrics = ""
+        wanted = [(config.listen, "--listen")]
         if config.http_listen:
-            http = self._reserve(config.http_listen, "--http-listen")
-        if config.metrics_listen:
-            metrics = (
-                http
-                if config.metrics_listen == config.http_listen
-                else self._reserve(config.metrics_listen, "--metrics-listen")
-            )
+            wanted.append((config.http_listen, "--http-listen"))
+        if config.metrics_listen and config.metrics_listen != config.http_listen:
+            wanted.append((config.metrics_listen, "--metrics-listen"))
+        self._reservations = ports.reserve(wanted)
+        held = {flag: r.address for (_, flag), r in zip(wanted, self._reservations, strict=True)}
+        listen = held["--listen"]
+        http = held.get("--http-listen", "")
+        # --metrics-listen equal to --http-listen: served by the console's site (HttpSites).
+        metrics = held.get("--metrics-listen", http if config.metrics_listen else "")
         self.port = ports.split(listen)[1]
         self._bells = doorbell.make_bells(self.count)
         self._metrics_dir = tempfile.mkdtemp(prefix="sessionlog-metrics-")
@@ -133,11 +134,6 @@ class Supervisor:
             max_streams=math.ceil(config.max_streams / self.count),
             follow_send_rate=math.ceil(config.follow_send_rate / self.count),
         )
-
-    def _reserve(self, address: str, flag: str) -> str:
-        reservation = ports.reserve(address, flag)
-        self._reservations.append(reservation)
-        return reservation.address
 
     async def _start_all(self) -> None:
         started = await asyncio.gather(
@@ -178,6 +174,13 @@ class Supervisor:
                 # stops the workers in order.
                 start_new_session=True,
             )
+        except BaseException as exc:
+            os.close(ready_read)
+            if isinstance(exc, OSError):  # no process could be made (EAGAIN, ENOMEM, ...)
+                raise WorkersFailed(
+                    f"worker {worker.slot} could not start: no process could be made ({exc})"
+                ) from None
+            raise
         finally:
             os.close(ready_write)
         worker.process, worker.started_at = process, time.monotonic()
@@ -228,6 +231,8 @@ class Supervisor:
             process = worker.process
             assert process is not None
             code = await process.wait()
+            # It may have died between a commit and ringing the others' bells for it.
+            doorbell.ring(self._bells)
             if self._stopping.is_set():
                 return
             ran = time.monotonic() - worker.started_at
@@ -252,7 +257,7 @@ class Supervisor:
                     return
                 try:
                     await self._start(worker)
-                except Exception as exc:  # WorkersFailed, or no process could be made
+                except Exception as exc:  # WorkersFailed, or a bug: keep the slot alive
                     worker.failures += 1
                     pause = min(pause * 2, LONGEST_RESTART_PAUSE)
                     log.error(
@@ -297,17 +302,27 @@ class Supervisor:
 async def _end(process: asyncio.subprocess.Process, grace: float) -> None:
     """SIGTERM ``process`` and wait up to ``grace`` seconds for it; then SIGKILL it."""
     if process.returncode is None:
-        with contextlib.suppress(ProcessLookupError):
-            process.send_signal(signal.SIGTERM if grace else signal.SIGKILL)
+        _signal(process, signal.SIGTERM if grace else signal.SIGKILL)
         try:
             async with asyncio.timeout(grace or 5.0):
                 await process.wait()
             return
         except TimeoutError:
             log.warning("worker did not stop in time; killing it", extra={"pid": process.pid})
-        with contextlib.suppress(ProcessLookupError):
-            process.kill()
+        _signal(process, signal.SIGKILL)
         await process.wait()
+
+
+def _signal(process: asyncio.subprocess.Process, signum: int) -> None:
+    """Signal a worker that asyncio has not yet seen exit. Never ``process.send_signal``: that
+    polls the child first (``Popen.poll``), which reaps one that has just exited before
+    asyncio's child watcher does, so the watcher reports exit code 255 and warns "Unknown child
+    process" instead of how the worker really ended. The PID is free again only from the
+    watcher's reaping to asyncio's noting it, one turn of the loop: far too soon for the
+    kernel, which hands PIDs out in turn, to give it to another process."""
+    if process.returncode is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(process.pid, signum)
 
 
 async def _read_line(fd: int, seconds: float) -> str:

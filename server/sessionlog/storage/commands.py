@@ -84,7 +84,7 @@ class AppendCommand:
         self._touched: list[str] = []
 
     def size(self) -> int:
-        return sum(len(b) for b in self._batch.bodies)
+        return sum(map(len, self._batch.bodies))
 
     def touched(self) -> Sequence[str]:
         return self._touched

@@ -7,6 +7,7 @@ layout and its invariants.
 
 from __future__ import annotations
 
+import asyncio
 import errno
 import hashlib
 import os
@@ -285,16 +286,15 @@ class Store:
 
     # -- writes: each returns a future resolved once durable (or failed with its error) ---------
     # submit_* suit any thread; commit_* are for a caller on the running event loop (the gRPC
-    # handlers): the same writes, awaited on a future of that loop (see ``Writer.submit_on_loop``).
+    # handlers): the same writes, with a future of that loop (see ``Writer.submit_on_loop``).
 
     def submit_append(self, batch: AppendBatch) -> Future[AppendResult]:
         """Queue an append (or a create, for a create_only batch)."""
         return self.writer.submit(self._append_command(batch))
 
-    async def commit_append(self, batch: AppendBatch) -> AppendResult:
-        """``submit_append``, awaited on the running loop."""
-        result: AppendResult = await self.writer.submit_on_loop(self._append_command(batch))
-        return result
+    def commit_append(self, batch: AppendBatch) -> asyncio.Future[AppendResult]:
+        """``submit_append``, for a caller to await on the running loop."""
+        return self.writer.submit_on_loop(self._append_command(batch))
 
     def _append_command(self, batch: AppendBatch) -> commands.AppendCommand:
         ttl_ns = self.config.request_id_ttl_seconds * 1_000_000_000
@@ -313,18 +313,17 @@ class Store:
         command = self._fork_command(parent_id, at_seq, child_id, lease_holder, lease_token)
         return self.writer.submit(command)
 
-    async def commit_fork(
+    def commit_fork(
         self,
         parent_id: str,
         at_seq: int | None,
         child_id: str = "",
         lease_holder: str = "",
         lease_token: int = 0,
-    ) -> ForkResult:
-        """``submit_fork``, awaited on the running loop."""
+    ) -> asyncio.Future[ForkResult]:
+        """``submit_fork``, for a caller to await on the running loop."""
         command = self._fork_command(parent_id, at_seq, child_id, lease_holder, lease_token)
-        result: ForkResult = await self.writer.submit_on_loop(command)
-        return result
+        return self.writer.submit_on_loop(command)
 
     def _fork_command(
         self, parent_id: str, at_seq: int | None, child_id: str, lease_holder: str, lease_token: int
@@ -342,13 +341,12 @@ class Store:
         """Queue a lease change: action is "acquire", "renew" or "release"."""
         return self.writer.submit(self._lease_command(action, session_id, holder, ttl_ns, force))
 
-    async def commit_lease(
+    def commit_lease(
         self, action: str, session_id: str, holder: str, ttl_ns: int = 0, force: bool = False
-    ) -> LeaseChange:
-        """``submit_lease``, awaited on the running loop."""
+    ) -> asyncio.Future[LeaseChange]:
+        """``submit_lease``, for a caller to await on the running loop."""
         command = self._lease_command(action, session_id, holder, ttl_ns, force)
-        result: LeaseChange = await self.writer.submit_on_loop(command)
-        return result
+        return self.writer.submit_on_loop(command)
 
     def _lease_command(
         self, action: str, session_id: str, holder: str, ttl_ns: int, force: bool

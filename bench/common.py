@@ -251,6 +251,14 @@ class Measurement:
         return self.server_cpu_seconds / window
 
     @property
+    def server_us_per_call(self) -> float | None:
+        """Microseconds of server CPU (every thread of its process) per call: what a call costs
+        the server, whatever else the machine was doing (its rate depends on that)."""
+        if self.server_cpu_seconds is None or self.calls <= 0:
+            return None
+        return self.server_cpu_seconds / self.calls * 1e6
+
+    @property
     def other_cores(self) -> float | None:
         """Cores kept busy by everything else on the machine: other work skews the figures."""
         window = self.window_seconds or self.seconds
@@ -273,4 +281,5 @@ class Measurement:
         data["client_cores"] = self.client_cores
         data["server_cores"] = self.server_cores
         data["other_cores"] = self.other_cores
+        data["server_us_per_call"] = self.server_us_per_call
         return data

@@ -7,9 +7,10 @@ bytes, the same channel options, the standard health service) and does no work o
 
 - ``/bench.Echo/Unary`` returns the request bytes.
 - ``/bench.Echo/UnaryViaThread`` returns them too, but only once a worker thread has handed them
-  back through a ``concurrent.futures.Future`` the handler awaits: the round trip every append
-  makes to the writer thread (which must own the fsync, so that it never blocks the event loop),
-  with no work on either side. It is what that hand-off alone costs.
+  back, the way the store's writer hands back appends: the handler awaits a future of the event
+  loop, and the thread resolves everything it took in one ``call_soon_threadsafe``. It is the
+  round trip every append makes to the writer thread (which must own the fsync, so that it never
+  blocks the event loop) with no work on either side: what that hand-off alone costs.
 - ``/bench.Echo/Stream`` takes an event count N (ASCII digits) and streams SinceResponse messages
   holding N stored benchmark events, batched as Since batches them. The batches are built once
   per N and cached, so a timed stream measures only sending.
@@ -26,7 +27,6 @@ import queue
 import signal
 import threading
 from collections.abc import AsyncIterator
-from concurrent.futures import Future
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -49,22 +49,33 @@ async def unary(request: bytes, context: grpc.aio.ServicerContext) -> bytes:
     return request
 
 
-_handoffs: queue.SimpleQueue[tuple[Future[bytes], bytes]] = queue.SimpleQueue()
+_handoffs: queue.SimpleQueue[tuple[asyncio.Future[bytes], bytes]] = queue.SimpleQueue()
 
 
-def _hand_back() -> None:
-    """The worker thread: resolve each future with its request, in order, forever. A call that
-    ended first (its client gone) cancelled its future: skip it, as the writer does."""
+def _hand_back(loop: asyncio.AbstractEventLoop) -> None:
+    """The worker thread, shaped like the store's writer: take everything queued, then hand the
+    loop the whole batch in one ``call_soon_threadsafe`` (the writer does so once per commit
+    group). A call that ended first (its client gone) cancelled its future: it is skipped."""
     while True:
-        future, request = _handoffs.get()
-        if future.set_running_or_notify_cancel():
+        batch = [_handoffs.get()]
+        while True:
+            try:
+                batch.append(_handoffs.get_nowait())
+            except queue.Empty:
+                break
+        loop.call_soon_threadsafe(_resolve_all, [job for job in batch if not job[0].cancelled()])
+
+
+def _resolve_all(batch: list[tuple[asyncio.Future[bytes], bytes]]) -> None:
+    for future, request in batch:
+        if not future.done():
             future.set_result(request)
 
 
 async def unary_via_thread(request: bytes, context: grpc.aio.ServicerContext) -> bytes:
-    future: Future[bytes] = Future()
+    future: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
     _handoffs.put((future, request))
-    return await asyncio.wrap_future(future)
+    return await future
 
 
 async def stream(request: bytes, context: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
@@ -95,7 +106,8 @@ async def serve(listen: str) -> None:
         },
     )
     server.add_generic_rpc_handlers((handlers,))
-    threading.Thread(target=_hand_back, name="echo-handoff", daemon=True).start()
+    loop = asyncio.get_running_loop()
+    threading.Thread(target=_hand_back, args=(loop,), name="echo-handoff", daemon=True).start()
     health = HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health, server)
     if server.add_insecure_port(listen) == 0:

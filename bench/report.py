@@ -128,15 +128,22 @@ def _cores(measurement: Measurement) -> str:
     return "/".join("-" if value is None else f"{value:.2f}" for value in cells)
 
 
+def _per_call(measurement: Measurement) -> str:
+    value = measurement.server_us_per_call
+    return "-" if value is None else f"{value:,.0f}"
+
+
 COLUMNS = (
     ("case", 39, "<"),
     ("sessionlog ev/s", 15, ">"),
     ("p50/p99 ms", 12, ">"),
     ("cpu cli/srv/oth", 15, ">"),
+    ("srv us/call", 11, ">"),
     ("ceiling", 46, "<"),
     ("ceiling ev/s", 13, ">"),
     ("p50/p99 ms", 12, ">"),
     ("cpu cli/srv/oth", 15, ">"),
+    ("srv us/call", 11, ">"),
     ("ratio", 6, ">"),
     ("limit", 12, "<"),
 )
@@ -161,10 +168,12 @@ def table(rows: list[Row]) -> str:
                     _rate(row.sessionlog),
                     _latency(row.sessionlog),
                     _cores(row.sessionlog),
+                    _per_call(row.sessionlog),
                     row.ceiling.name,
                     _rate(row.ceiling),
                     _latency(row.ceiling),
                     _cores(row.ceiling),
+                    _per_call(row.ceiling),
                     "-" if ratio is None else f"{ratio:.2f}",
                     limit_note(row),
                 ]
@@ -303,7 +312,8 @@ class Target:
 
 
 def targets(results: Results) -> list[Target]:
-    """Issue 7's targets (and issue 14's against etcd), each with what this run measured."""
+    """Issue 7's targets and issue 14's (against etcd, CPU per call), each with what this run
+    measured."""
 
     def row(number: str, kind: str, client: str = "python") -> Row | None:
         return next(
@@ -334,6 +344,18 @@ def targets(results: Results) -> list[Target]:
         concurrent = row("2 ", "echo")
         client = "" if concurrent is None else " (Python client)"
     ratio_target(f"append 1 ev/call, 16 clients vs echo unary{client}", concurrent, 0.8)
+    cost = None
+    if concurrent is not None:
+        ours, echo = concurrent.sessionlog.server_us_per_call, concurrent.ceiling.server_us_per_call
+        cost = None if ours is None or not echo else ours / echo
+    out.append(
+        Target(
+            f"append 1 ev/call, 16 clients: server CPU per call vs echo's{client}",
+            "<= 1.5x",
+            "-" if cost is None else f"{cost:.2f}x",
+            None if cost is None else cost <= 1.5,
+        )
+    )
     batched = row("3 ", "echo") or row("3 ", "lmdb")
     rate = None if batched is None else batched.sessionlog.events_per_second
     out.append(
@@ -417,7 +439,8 @@ def render(results: Results, settings: Settings, mode: str, info: dict[str, Any]
         "ev/s: events per second. ratio: sessionlog / ceiling (or / peer). p50/p99: per call "
         "(streams: median time of a whole read).",
         "cpu cli/srv/oth: cores kept busy (CPU seconds per wall second) by the load generator "
-        "(all its processes), the server process, and every other process on the machine.",
+        "(all its processes), the server process, and every other process on the machine. "
+        "srv us/call: the server process's CPU per call (all its threads), in microseconds.",
         f"limit: client-bound = the client processes used >= {SATURATED:.0%} of a core each; "
         f"cpu-bound = all processes used >= {SATURATED:.0%} of the {info['cpus']} CPUs, so the "
         "figure is a lower bound of what the server alone could do; noisy = other processes "

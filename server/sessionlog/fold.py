@@ -22,6 +22,7 @@ stay hidden (shadowing is a union), so nothing ever needs to come back.
 from __future__ import annotations
 
 import math
+import re
 import unicodedata
 from bisect import bisect_left, bisect_right
 from collections.abc import Iterable, Sequence
@@ -78,8 +79,15 @@ class Violation(NamedTuple):
 # -- session ids --------------------------------------------------------------------------------
 
 
+_ASCII_SESSION_ID = re.compile(rf"[A-Za-z0-9_][A-Za-z0-9_.\-]{{0,{MAX_SESSION_ID_BYTES - 1}}}")
+"""The ids made of ASCII alone that SPEC §7 accepts: in ASCII, the letters and numbers are
+exactly A-Z, a-z and 0-9, and no character is a combining mark."""
+
+
 def check_session_id(session_id: str) -> None:
     """Raise InvalidSessionId unless the id follows SPEC §7. The message never echoes the id."""
+    if session_id.isascii() and _ASCII_SESSION_ID.fullmatch(session_id):
+        return  # the usual id, checked in one match; anything else takes the full walk below
     size = len(session_id.encode("utf-8", "surrogatepass"))
     if not 1 <= size <= MAX_SESSION_ID_BYTES:
         raise errors.InvalidSessionId(
@@ -228,11 +236,13 @@ def admit(
     Returns the indices kept and the (index, error) of each drop. ``ranges`` are the events'
     ``replace_range``s when the caller already read them.
     """
+    if ranges is None:
+        ranges = [replace_range(event) for event in events]
+    if not any(prechecked) and not any(ranges) and len(ranges) == len(prechecked):
+        return list(range(len(ranges))), []  # no violation and no replace: nothing can fail
     kept: list[int] = []
     drops: list[tuple[int, errors.SessionLogError]] = []
     seq = next_seq
-    if ranges is None:
-        ranges = [replace_range(event) for event in events]
     for index, (rng, pre) in enumerate(zip(ranges, prechecked, strict=True)):
         failure = _first_failure(rng, pre, seq, index)
         if failure is None:

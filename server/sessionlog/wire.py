@@ -134,12 +134,27 @@ _MAX_TIMESTAMP_NS = 253402300799 * 1_000_000_000 + 999_999_999
 
 def event_time_field(nanoseconds: int) -> bytes:
     """An Event's ``time`` field holding this instant, as ``time.FromNanoseconds`` sets it
-    (seconds floored, nanos in [0, 1e9)); b"" outside the range of a valid Timestamp."""
+    (seconds floored, nanos in [0, 1e9)); b"" outside the range of a valid Timestamp.
+
+    Built on every append: the encoded seconds are kept from the last call (they change once a
+    second), so most calls encode only the nanos."""
+    global _last_seconds
     if not _MIN_TIMESTAMP_NS <= nanoseconds <= _MAX_TIMESTAMP_NS:
         return b""
-    return message_field(_EVENT["time"], timestamp(nanoseconds))
+    seconds, nanos = divmod(nanoseconds, 1_000_000_000)
+    cached, encoded = _last_seconds
+    if cached != seconds:
+        encoded = _SECONDS_TAG + varint(seconds & _INT64_MASK) if seconds else b""
+        _last_seconds = (seconds, encoded)
+    payload = encoded + _NANOS_TAG + varint(nanos) if nanos else encoded
+    return _TIME_TAG + _ONE_BYTE[len(payload)] + payload  # a Timestamp is under 128 bytes
 
 
+_last_seconds = (0, b"")
+"""The seconds last encoded by ``event_time_field``, and their bytes (one tuple: swapped whole)."""
+
+
+_TIME_TAG = tag(_EVENT["time"], LENGTH_DELIMITED)
 _SECONDS_TAG = tag(_TIMESTAMP["seconds"], VARINT)
 _NANOS_TAG = tag(_TIMESTAMP["nanos"], VARINT)
 _INT64_MASK = 0xFFFF_FFFF_FFFF_FFFF

@@ -8,6 +8,7 @@ apt-get).
 
 from __future__ import annotations
 
+import re
 import shutil
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
@@ -17,10 +18,19 @@ import grpc
 import pytest
 
 from bench import cases, ceilings, checksums, echo, etcd, h2load, procs, sessions
-from bench.common import Settings, append_request, page_events
+from bench.common import Measurement, Settings, append_request, page_events
 from bench.load import UnaryLoad
 from bench.procs import ServerProcess
-from bench.report import Results, Row, etcd_table, memory_table, render, sessions_table
+from bench.report import (
+    Results,
+    Row,
+    etcd_table,
+    memory_table,
+    render,
+    sessions_table,
+    table,
+    targets,
+)
 from sessionlog.storage.changes import ReceivedChange
 from sessionlog.storage.store import Store, StoreConfig
 from sessionlog.v1.event_pb2 import Event, EventType
@@ -133,12 +143,41 @@ def test_h2load_drives_sessionlog_and_echo_and_the_stored_events_match(
         assert measurement.client_cpu_seconds > 0
         assert measurement.client_processes == 3
         assert measurement.p50_ms is not None
+        assert measurement.server_us_per_call is not None
+        assert measurement.server_us_per_call > 0
     assert appended.name == "9 append 1 ev/call, 3 clients (h2load)"
     assert echoed.name == "echo unary 79 B, 3 clients (h2load)"
     assert handed.name == "echo unary 79 B via a thread, 3 clients (h2load)"
     stored = appended.details["stored_events_per_client"]
     for counted, grown in zip(appended.details["succeeded_per_client"], stored, strict=True):
         assert counted <= grown <= counted + 1
+
+
+def test_table_and_targets_give_server_cpu_per_call() -> None:
+    """The table shows each side's server CPU per call; the targets compare the 16-client
+    append's with the echo's (issue 14: at most 1.5x)."""
+    label = "2 append 1 ev/call, 16 clients (h2load)"
+    append = Measurement(label, events=1000, calls=1000, seconds=1.0, client_cpu_seconds=0.1)
+    append.server_cpu_seconds = 0.3  # 300 us per call
+    append.details["load_client"] = "h2load"
+    echo = Measurement("echo unary", events=2000, calls=2000, seconds=1.0, client_cpu_seconds=0.1)
+    echo.server_cpu_seconds = 0.4  # 200 us per call
+    lmdb = Measurement("bare LMDB", events=100, calls=100, seconds=1.0, client_cpu_seconds=0.5)
+    rows = [Row(label, append, echo, "echo"), Row(label, append, lmdb, "lmdb")]
+
+    header, _, with_echo, with_lmdb = (
+        re.split(r"\s{2,}", line) for line in table(rows).split("\n")
+    )
+    columns = [i for i, name in enumerate(header) if name == "srv us/call"]
+    assert len(columns) == 2
+    assert [with_echo[i] for i in columns] == ["300", "200"]
+    assert [with_lmdb[i] for i in columns] == ["300", "-"]  # no server process behind bare LMDB
+    found = {t.what: t for t in targets(Results(rows, [], [], []))}
+    cost = found["append 1 ev/call, 16 clients: server CPU per call vs echo's (h2load)"]
+    assert (cost.measured, cost.met) == ("1.50x", True)
+    append.server_cpu_seconds = 0.31
+    again = {t.what: t for t in targets(Results(rows, [], [], []))}
+    assert again[cost.what].met is False
 
 
 def test_h2load_grpc_errors_are_caught_by_the_stored_count(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from collections import defaultdict
 from concurrent.futures import Future
@@ -113,3 +114,102 @@ def test_failure_inside_group_leaves_other_appends_intact(store: Store) -> None:
     assert [e.data.fields["content"].string_value for e in stored] == ["base", "one", "two"]
     assert [e.seq for e in stored] == [0, 1, 2]
     assert len(read_all(store, "t")) == 2
+
+
+# -- callers on an event loop (the gRPC handlers): Store.commit_* ------------------------------
+
+
+def test_loop_callers_of_one_group_are_answered_with_one_loop_callback(store: Store) -> None:
+    """30 appends awaited on a loop share one commit, and their outcomes (results and a refusal)
+    reach the loop in a single call_soon_threadsafe, not one per append."""
+
+    async def run() -> tuple[list[Any], int]:
+        loop = asyncio.get_running_loop()
+        handed: list[Any] = []
+        original = loop.call_soon_threadsafe
+
+        def counting(callback: Any, *args: Any) -> Any:
+            if threading.current_thread().name == "sessionlog-writer":
+                handed.append(callback)
+            return original(callback, *args)
+
+        loop.call_soon_threadsafe = counting  # type: ignore[method-assign,assignment]
+        gate = WriterGate()
+        held = store.writer.submit(gate)
+        assert await asyncio.to_thread(gate.entered.wait, WAIT_SECONDS)
+        commits_before = store.writer.stats.commits
+        futures = [
+            store.commit_append(prepare_append(f"l{i % 3}", [user(str(i))])) for i in range(29)
+        ]
+        futures.append(store.commit_append(prepare_append("l0", [user("x")], expected_seq=0)))
+        handed.clear()
+        gate.release.set()
+        await asyncio.to_thread(held.result, WAIT_SECONDS)
+        outcomes = await asyncio.gather(*futures, return_exceptions=True)
+        assert store.writer.stats.commits == commits_before + 2  # the gate's, then the group's
+        return outcomes, len(handed)
+
+    outcomes, callbacks = asyncio.run(run())
+    assert [r.next_seq for r in outcomes[:29]] == [i // 3 + 1 for i in range(29)]
+    assert isinstance(outcomes[29], errors.SeqConflict)
+    assert callbacks == 1
+
+
+def test_a_loop_caller_that_gave_up_before_its_group_is_never_written(store: Store) -> None:
+    """Cancelling the loop future before the writer takes the append leaves the log untouched;
+    the append queued beside it is written."""
+
+    async def run() -> None:
+        gate = WriterGate()
+        held = store.writer.submit(gate)
+        assert await asyncio.to_thread(gate.entered.wait, WAIT_SECONDS)
+        dropped = store.commit_append(prepare_append("gone", [user("never")]))
+        kept = store.commit_append(prepare_append("kept", [user("stored")]))
+        dropped.cancel()
+        gate.release.set()
+        await asyncio.to_thread(held.result, WAIT_SECONDS)
+        assert (await kept).next_seq == 1
+
+    asyncio.run(run())
+    assert store.next_seq("gone") == 0
+    assert store.next_seq("kept") == 1
+
+
+def test_a_loop_caller_that_gives_up_once_its_group_is_taken_still_has_it_written(
+    store: Store,
+) -> None:
+    """Cancelled after the writer took its group, the append is written (nothing is undone) and
+    its outcome is dropped; the writer carries on with the next append."""
+
+    async def run() -> None:
+        first, second = WriterGate(), WriterGate()
+        held = store.writer.submit(first)
+        assert await asyncio.to_thread(first.entered.wait, WAIT_SECONDS)
+        late = store.commit_append(prepare_append("late", [user("written")]))
+        inside = store.writer.submit(second)  # taken in the same group, after the append
+        first.release.set()
+        assert await asyncio.to_thread(second.entered.wait, WAIT_SECONDS)
+        late.cancel()
+        second.release.set()
+        await asyncio.to_thread(held.result, WAIT_SECONDS)
+        await asyncio.to_thread(inside.result, WAIT_SECONDS)
+        assert late.cancelled()
+        assert (await store.commit_append(prepare_append("late", [user("next")]))).next_seq == 2
+
+    asyncio.run(run())
+    assert [e.data.fields["content"].string_value for e in decoded(read_all(store, "late"))] == [
+        "written",
+        "next",
+    ]
+
+
+def test_a_closed_store_refuses_a_loop_caller_at_once(store: Store) -> None:
+    """After close, commit_append's future already holds UNAVAILABLE: nothing is queued."""
+    store.writer.close()
+
+    async def run() -> BaseException | None:
+        future = store.commit_append(prepare_append("s", [user("late")]))
+        assert future.done()
+        return future.exception()
+
+    assert isinstance(asyncio.run(run()), errors.Unavailable)

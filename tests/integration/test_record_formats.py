@@ -116,6 +116,19 @@ def test_change_records_are_the_change_message(
     assert raw == expected.SerializeToString()
 
 
+def test_change_records_of_one_group_share_the_encoded_commit_time() -> None:
+    """Records encoded one after another with the same commit time (one group) or another one
+    (the next group) are each exactly the record encoded alone, first."""
+    alone = {
+        change[0]: changes.encode_change(*change[:4], _Recorded(*change[4]))  # type: ignore[arg-type]
+        for change in CHANGES
+    }
+    for position, kind, session_id, commit_ns, recorded in CHANGES * 2:
+        for _ in range(2):
+            raw = changes.encode_change(position, kind, session_id, commit_ns, _Recorded(*recorded))  # type: ignore[arg-type]
+            assert raw == alone[position]
+
+
 def test_an_append_over_existing_event_keys_fails_and_writes_nothing(store: Store) -> None:
     """Events go to LMDB in one call; a key already taken (a broken invariant) fails the append
     instead of overwriting an acknowledged event, and its transaction is rolled back."""

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import unicodedata
+
 import pytest
 
 from sessionlog import errors
@@ -117,3 +119,36 @@ def test_invalid_character_message_counts_from_zero() -> None:
         check_session_id("ab c")
     assert "character 2 (counting from 0) is ' '" in str(refused.value)
     assert refused.value.metadata["position"] == "2"
+
+
+def _by_the_rule(session_id: str) -> bool:
+    """SPEC §7 read character by character (Unicode categories), as the slow path does."""
+    if not 1 <= len(session_id.encode("utf-8", "surrogatepass")) <= 235:
+        return False
+    first, rest = session_id[0], session_id[1:]
+    if not (first == "_" or unicodedata.category(first)[0] in "LN"):
+        return False
+    return all(ch in "_.-" or unicodedata.category(ch)[0] in "LNM" for ch in rest)
+
+
+def _accepted(session_id: str) -> bool:
+    try:
+        check_session_id(session_id)
+    except errors.InvalidSessionId:
+        return False
+    return True
+
+
+def test_ascii_ids_are_judged_as_the_character_rule_judges_them() -> None:
+    """The one-match path for ASCII ids agrees with the Unicode walk on every pair of ASCII
+    characters, alone and at the length limit."""
+    ascii_chars = [chr(c) for c in range(128)]
+    for a in ascii_chars:
+        assert _accepted(a) == _by_the_rule(a), repr(a)
+        for b in ascii_chars:
+            pair = a + b
+            assert _accepted(pair) == _by_the_rule(pair), repr(pair)
+            long = "x" * 233 + pair
+            assert _accepted(long) == _by_the_rule(long), repr(pair)
+    assert _accepted("a" * 235)
+    assert not _accepted("a" * 236)

@@ -38,3 +38,26 @@ def test_timestamp_matches_protobuf(nanoseconds: int) -> None:
     expected = Timestamp()
     expected.FromNanoseconds(nanoseconds)
     assert wire.timestamp(nanoseconds) == expected.SerializeToString()
+
+
+MIN_NS, MAX_NS = -62135596800 * 10**9, 253402300799 * 10**9 + 999_999_999
+"""The instants a Timestamp can hold (years 0001 to 9999), in ns."""
+
+
+@given(st.lists(st.tuples(st.integers(MIN_NS, MAX_NS - 3), st.integers(0, 3)), max_size=8))
+def test_event_time_field_matches_protobuf_call_after_call(instants: list[tuple[int, int]]) -> None:
+    """The time field is an Event's serialized ``time``, whatever the call before it encoded
+    (the same second again, a nanosecond on, or another instant: the seconds are kept)."""
+    from sessionlog.v1.event_pb2 import Event
+
+    for base, step in instants:
+        for nanoseconds in (base, base + step):
+            expected = Event()
+            expected.time.FromNanoseconds(nanoseconds)
+            assert wire.event_time_field(nanoseconds) == expected.SerializeToString()
+
+
+def test_event_time_field_is_empty_outside_a_timestamp() -> None:
+    """Instants no Timestamp can hold give no field (the reference path stamps those)."""
+    assert wire.event_time_field(MIN_NS - 1) == b""
+    assert wire.event_time_field(MAX_NS + 1) == b""

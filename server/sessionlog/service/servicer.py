@@ -8,7 +8,6 @@ events go out exactly as stored, with no parse and no re-serialize.
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import functools
 import hashlib
@@ -114,6 +113,8 @@ def encode_events(events: list[bytes]) -> bytes:
 
 
 def encode_append_response(result: AppendResult) -> bytes:
+    if not result.drops:  # the usual reply: a third cheaper without an empty drops argument
+        return _serialize(mirrors.AppendResponse(events=result.events, next_seq=result.next_seq))
     drops = [
         pb.AppendDrop(index=i, reason=reason, message=message)
         for i, reason, message in result.drops
@@ -191,7 +192,7 @@ class SessionLogServicer:
             lenient=request.lenient,
         )
         self._check_reply_fits(batch.bodies)
-        result = await asyncio.wrap_future(self.store.submit_append(batch))
+        result = await self.store.commit_append(batch)
         for index, reason, _ in result.drops:
             self.counters.dropped(reason)
             log.warning(
@@ -245,7 +246,7 @@ class SessionLogServicer:
     def _check_reply_fits(self, bodies: Sequence[bytes]) -> None:
         """Refuse, before writing, an append whose reply (the events with their seqs) would not
         fit in one message: a reply that cannot be sent would hide a committed write."""
-        worst = sum(len(body) + STORED_EVENT_OVERHEAD for body in bodies) + FRAMING_BYTES
+        worst = sum(map(len, bodies)) + STORED_EVENT_OVERHEAD * len(bodies) + FRAMING_BYTES
         if worst > self.max_message_bytes:
             raise errors.BatchTooLarge(
                 f"this append's reply would be up to {worst} bytes, over the "
@@ -394,7 +395,7 @@ class SessionLogServicer:
             lease_holder=request.lease_holder,
             lease_token=request.lease_token,
         )
-        result = await asyncio.wrap_future(self.store.submit_append(batch))
+        result = await self.store.commit_append(batch)
         session = session_message(request.session_id, result.meta)
         return _serialize(mirrors.CreateSessionResponse(session=session, events=result.events))
 
@@ -411,7 +412,7 @@ class SessionLogServicer:
             lease_holder=request.lease_holder,
             lease_token=request.lease_token,
         )
-        result = await asyncio.wrap_future(self.store.submit_append(batch))
+        result = await self.store.commit_append(batch)
         drops = [pb.SeedDrop(index=i, reason="UNKNOWN_ROLE") for i in dropped]
         session = session_message(request.session_id, result.meta)
         reply = mirrors.SeedSessionResponse(session=session, events=result.events, drops=drops)
@@ -448,14 +449,13 @@ class SessionLogServicer:
         request = decode(pb.ForkSessionRequest, raw)
         self._scope(context, request.parent_session_id, request.session_id)
         at_seq = request.at_seq if request.HasField("at_seq") else None
-        future = self.store.submit_fork(
+        result = await self.store.commit_fork(
             request.parent_session_id,
             at_seq,
             request.session_id,
             lease_holder=request.lease_holder,
             lease_token=request.lease_token,
         )
-        result = await asyncio.wrap_future(future)
         session = session_message(result.session_id, result.meta)
         return _serialize(pb.ForkSessionResponse(session=session))
 
@@ -480,10 +480,9 @@ class SessionLogServicer:
         self._require_primary()
         request = decode(request_type, raw)
         self._scope(context, request.session_id)
-        future = self.store.submit_lease(
+        change = await self.store.commit_lease(
             action, request.session_id, request.holder, _ttl_ns(request)
         )
-        change = await asyncio.wrap_future(future)
         return lease_message(change.lease)
 
     @unary
@@ -491,10 +490,9 @@ class SessionLogServicer:
         self._require_primary()
         request = decode(pb.ReleaseLeaseRequest, raw)
         self._scope(context, request.session_id, admin=request.force)
-        future = self.store.submit_lease(
+        change = await self.store.commit_lease(
             "release", request.session_id, request.holder, force=request.force
         )
-        change = await asyncio.wrap_future(future)
         response = pb.ReleaseLeaseResponse()
         if change.lease is not None:
             response.released.CopyFrom(lease_message(change.lease))

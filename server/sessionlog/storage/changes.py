@@ -65,21 +65,52 @@ def encode_change(
     gives, written field by field in number order (this runs once per commit, for every append,
     and building the protobuf objects cost more than the rest of a small append). Field numbers
     come from the generated descriptor (``_CHANGE``, ``_PUT``); ``test_record_formats`` checks
-    the bytes against ``SerializeToString``."""
-    parts = [
-        wire.uint_field(_CHANGE["position"], position),
-        wire.int_field(_CHANGE["kind"], KIND_BY_NAME[kind]),
-        _text_field(_CHANGE["session_id"], session_id.encode("utf-8")),
-        wire.message_field(_CHANGE["commit_time"], wire.timestamp(commit_ns)),
-        wire.uint_field(_CHANGE["first_seq"], recorded.first_seq),
-        wire.uint_field(_CHANGE["event_count"], recorded.event_count),
-        wire.uint_field(_CHANGE["internal_id"], max(recorded.event_sid, 0)),
-    ]
-    puts, key_field, value_field = _CHANGE["puts"], _PUT["key"], _PUT["value"]
+    the bytes against ``SerializeToString``. Every tag is encoded once, at import, and the commit
+    time once per group (every command of a group shares it)."""
+    varint = wire.varint
+    parts = [_POSITION_TAG, varint(position)] if position else []
+    parts.append(_KIND_FIELDS[kind])
+    if session_id:
+        name = session_id.encode("utf-8")
+        parts += (_SESSION_ID_TAG, varint(len(name)), name)
+    parts.append(_commit_time_field(commit_ns))
+    if recorded.first_seq:
+        parts += (_FIRST_SEQ_TAG, varint(recorded.first_seq))
+    if recorded.event_count:
+        parts += (_EVENT_COUNT_TAG, varint(recorded.event_count))
+    if recorded.event_sid > 0:
+        parts += (_INTERNAL_ID_TAG, varint(recorded.event_sid))
     for table, key, value in recorded.puts:
-        put = _TABLE_FIELDS[table] + _text_field(key_field, key) + _text_field(value_field, value)
-        parts.append(wire.message_field(puts, put))
+        put = [_TABLE_FIELDS[table]]
+        if key:
+            put += (_KEY_TAG, varint(len(key)), key)
+        if value:
+            put += (_VALUE_TAG, varint(len(value)), value)
+        body = b"".join(put)
+        parts += (_PUTS_TAG, varint(len(body)), body)
     return b"".join(parts)
+
+
+_POSITION_TAG = wire.tag(_CHANGE["position"], wire.VARINT)
+_KIND_FIELDS = {name: wire.int_field(_CHANGE["kind"], kind) for name, kind in KIND_BY_NAME.items()}
+_SESSION_ID_TAG = wire.tag(_CHANGE["session_id"], wire.LENGTH_DELIMITED)
+_FIRST_SEQ_TAG = wire.tag(_CHANGE["first_seq"], wire.VARINT)
+_EVENT_COUNT_TAG = wire.tag(_CHANGE["event_count"], wire.VARINT)
+_INTERNAL_ID_TAG = wire.tag(_CHANGE["internal_id"], wire.VARINT)
+_PUTS_TAG = wire.tag(_CHANGE["puts"], wire.LENGTH_DELIMITED)
+_KEY_TAG = wire.tag(_PUT["key"], wire.LENGTH_DELIMITED)
+_VALUE_TAG = wire.tag(_PUT["value"], wire.LENGTH_DELIMITED)
+_last_commit_time = (0, wire.message_field(_CHANGE["commit_time"], wire.timestamp(0)))
+"""The commit_time field last encoded, with its time in ns (one tuple: swapped whole)."""
+
+
+def _commit_time_field(commit_ns: int) -> bytes:
+    global _last_commit_time
+    last_ns, field = _last_commit_time
+    if last_ns != commit_ns:
+        field = wire.message_field(_CHANGE["commit_time"], wire.timestamp(commit_ns))
+        _last_commit_time = (commit_ns, field)
+    return field
 
 
 def chain(previous: bytes, record: bytes, events: Sequence[bytes]) -> bytes:

@@ -84,7 +84,7 @@ class AppendCommand:
         self._touched: list[str] = []
 
     def size(self) -> int:
-        return sum(len(b) for b in self._batch.bodies)
+        return sum(map(len, self._batch.bodies))
 
     def touched(self) -> Sequence[str]:
         return self._touched
@@ -119,7 +119,7 @@ class AppendCommand:
         kept, dropped = fold.admit(
             batch.events, batch.prechecked, next_seq, lenient=batch.lenient, ranges=batch.replaces
         )
-        drops = [(i, e.reason, e.message) for i, e in dropped]
+        drops = [(i, e.reason, e.message) for i, e in dropped] if dropped else []
         if not kept and not batch.create_only:
             return AppendResult([], next_seq, drops, meta)
         if meta is None:
@@ -128,7 +128,9 @@ class AppendCommand:
         stored = [with_seq(seq, bodies[index]) for seq, index in enumerate(kept, meta.next_seq)]
         txn.put_events(meta.sid, meta.next_seq, stored)  # one LMDB call for the batch
         meta.next_seq += len(stored)
-        meta.replace_generation += sum(1 for index in kept if batch.replaces[index])
+        replaces = batch.replaces
+        if any(replaces):
+            meta.replace_generation += sum(1 for index in kept if replaces[index])
         meta.last_append_time_ns = now_ns
         txn.put(batch.session_id.encode(), meta.encode(), db=tables.sessions)
         if batch.request_id:

@@ -15,8 +15,8 @@ transaction).
 from __future__ import annotations
 
 import struct
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
+from types import TracebackType
 from typing import Any
 
 import lmdb
@@ -68,19 +68,29 @@ def _kind(exc: BaseException) -> str:
     return f"undecodable record: {type(exc).__name__}"
 
 
-@contextmanager
-def reading(what: str, **metadata: Any) -> Iterator[None]:
+class reading:  # lower case: it reads as the call it stands for, ``with reading(...)``
     """Run a read of ``what``; damage found inside it raises DataCorrupted instead.
 
     Keep the block to reads and decodes of stored records: any ValueError or TypeError in it is
-    taken for damage.
+    taken for damage. A class rather than a generator: it is entered on every read, and this
+    costs less than half as much.
     """
-    try:
-        yield
-    except errors.DataCorrupted:
-        raise
-    except DAMAGE as exc:
-        raise corrupted(what, exc, **metadata) from None
+
+    __slots__ = ("metadata", "what")
+
+    def __init__(self, what: str, **metadata: Any) -> None:
+        self.what = what
+        self.metadata = metadata
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if exc is None or isinstance(exc, errors.DataCorrupted) or not isinstance(exc, DAMAGE):
+            return  # nothing, or not damage: the exception (if any) goes on as it was
+        raise corrupted(self.what, exc, **self.metadata) from None
 
 
 def decode_events(raws: Sequence[bytes], first_seq: int, session_id: str) -> list[Event]:

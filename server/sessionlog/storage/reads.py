@@ -23,16 +23,26 @@ Txn = lmdb.Transaction | RecordingTxn
 """A read transaction, or the writer's recording one (a command reads what its group wrote)."""
 
 
+# load_meta and load_lease run on every append: a plain try costs nothing until damage is met,
+# where ``damage.reading`` would build its message and enter a context every time.
+
+
 def load_meta(txn: Txn, tables: Tables, session_id: str) -> SessionMeta | None:
-    with damage.reading(f"the record of session '{session_id}'", session_id=session_id):
+    try:
         raw = txn.get(session_id.encode(), db=tables.sessions)
         return None if raw is None else SessionMeta.decode(raw)
+    except damage.DAMAGE as exc:
+        what = f"the record of session '{session_id}'"
+        raise damage.corrupted(what, exc, session_id=session_id) from None
 
 
 def load_lease(txn: Txn, tables: Tables, session_id: str) -> LeaseRecord | None:
-    with damage.reading(f"the lease of session '{session_id}'", session_id=session_id):
+    try:
         raw = txn.get(session_id.encode(), db=tables.leases)
         return None if raw is None else LeaseRecord.decode(raw)
+    except damage.DAMAGE as exc:
+        what = f"the lease of session '{session_id}'"
+        raise damage.corrupted(what, exc, session_id=session_id) from None
 
 
 def read_range(

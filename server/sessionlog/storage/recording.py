@@ -49,9 +49,13 @@ class RecordingTxn:
         to LMDB; raises if any of those keys is already taken (the log would be corrupt)."""
         if not values:
             return
-        keys = [schema.event_key(sid, seq) for seq in range(first_seq, first_seq + len(values))]
-        with self._txn.cursor(db=self._events_db) as cursor:
-            _, added = cursor.putmulti(zip(keys, values, strict=True), overwrite=False)
+        if len(values) == 1:  # the common append: one put costs a fifth of a cursor's putmulti
+            key = schema.event_key(sid, first_seq)
+            added = int(self._txn.put(key, values[0], db=self._events_db, overwrite=False))
+        else:
+            keys = [schema.event_key(sid, seq) for seq in range(first_seq, first_seq + len(values))]
+            with self._txn.cursor(db=self._events_db) as cursor:
+                _, added = cursor.putmulti(zip(keys, values, strict=True), overwrite=False)
         if added != len(values):
             raise RuntimeError(
                 f"{len(values) - added} of the event keys {sid}/{first_seq}.. already exist: "

@@ -7,6 +7,7 @@ layout and its invariants.
 
 from __future__ import annotations
 
+import asyncio
 import errno
 import hashlib
 import os
@@ -302,11 +303,20 @@ class Store:
             self._lock.release()
 
     # -- writes: each returns a future resolved once durable (or failed with its error) ---------
+    # submit_* suit any thread; commit_* are for a caller on the running event loop (the gRPC
+    # handlers): the same writes, with a future of that loop (see ``Writer.submit_on_loop``).
 
     def submit_append(self, batch: AppendBatch) -> Future[AppendResult]:
         """Queue an append (or a create, for a create_only batch)."""
+        return self.writer.submit(self._append_command(batch))
+
+    def commit_append(self, batch: AppendBatch) -> asyncio.Future[AppendResult]:
+        """``submit_append``, for a caller to await on the running loop."""
+        return self.writer.submit_on_loop(self._append_command(batch))
+
+    def _append_command(self, batch: AppendBatch) -> commands.AppendCommand:
         ttl_ns = self.config.request_id_ttl_seconds * 1_000_000_000
-        return self.writer.submit(commands.AppendCommand(self.tables, batch, ttl_ns))
+        return commands.AppendCommand(self.tables, batch, ttl_ns)
 
     def submit_fork(
         self,
@@ -318,18 +328,47 @@ class Store:
     ) -> Future[ForkResult]:
         """Queue a fork of ``parent_id`` at ``at_seq`` (None: the whole log) into ``child_id``
         (generated when empty). A lease already taken on ``child_id`` must be named."""
+        command = self._fork_command(parent_id, at_seq, child_id, lease_holder, lease_token)
+        return self.writer.submit(command)
+
+    def commit_fork(
+        self,
+        parent_id: str,
+        at_seq: int | None,
+        child_id: str = "",
+        lease_holder: str = "",
+        lease_token: int = 0,
+    ) -> asyncio.Future[ForkResult]:
+        """``submit_fork``, for a caller to await on the running loop."""
+        command = self._fork_command(parent_id, at_seq, child_id, lease_holder, lease_token)
+        return self.writer.submit_on_loop(command)
+
+    def _fork_command(
+        self, parent_id: str, at_seq: int | None, child_id: str, lease_holder: str, lease_token: int
+    ) -> commands.ForkCommand:
         fold.check_session_id(parent_id)
         if child_id:
             fold.check_session_id(child_id)
-        command = commands.ForkCommand(
+        return commands.ForkCommand(
             self.tables, parent_id, at_seq, child_id, lease_holder, lease_token
         )
-        return self.writer.submit(command)
 
     def submit_lease(
         self, action: str, session_id: str, holder: str, ttl_ns: int = 0, force: bool = False
     ) -> Future[LeaseChange]:
         """Queue a lease change: action is "acquire", "renew" or "release"."""
+        return self.writer.submit(self._lease_command(action, session_id, holder, ttl_ns, force))
+
+    def commit_lease(
+        self, action: str, session_id: str, holder: str, ttl_ns: int = 0, force: bool = False
+    ) -> asyncio.Future[LeaseChange]:
+        """``submit_lease``, for a caller to await on the running loop."""
+        command = self._lease_command(action, session_id, holder, ttl_ns, force)
+        return self.writer.submit_on_loop(command)
+
+    def _lease_command(
+        self, action: str, session_id: str, holder: str, ttl_ns: int, force: bool
+    ) -> commands.LeaseCommand:
         fold.check_session_id(session_id)
         _check_holder(holder)
         if action != "release" and not MIN_LEASE_TTL_NS <= ttl_ns <= MAX_LEASE_TTL_NS:
@@ -337,8 +376,7 @@ class Store:
                 f"a lease TTL must be between 1 ms and 24 h; got {ttl_ns / 1e9:g} s",
                 ttl_seconds=ttl_ns / 1e9,
             )
-        command = commands.LeaseCommand(self.tables, action, session_id, holder, ttl_ns, force)
-        return self.writer.submit(command)
+        return commands.LeaseCommand(self.tables, action, session_id, holder, ttl_ns, force)
 
     def submit_apply(self, received: Sequence[ReceivedChange]) -> Future[ApplyResult]:
         """Queue changes a replica received from its primary, applied verbatim in one commit."""

@@ -6,11 +6,17 @@ future. The thread takes everything that queued up while it was busy (up to a bo
 commands in arrival order inside one write transaction, commits once (one fsync for the whole
 group), and only then resolves the futures and tells the subscribers which sessions changed.
 
+A caller on an event loop (the gRPC handlers) gets a future of that loop instead
+(``submit_on_loop``): the writer hands the outcomes of a whole group to the loop in one
+``call_soon_threadsafe``, so an append costs neither a ``concurrent.futures.Future`` (a lock and a
+condition) nor a chained loop future and a cross-thread wakeup of its own.
+
 Invariants:
 - a command either writes all of its changes or none: every check runs before its first put, and
   a failed check leaves the transaction as it found it;
 - a future is resolved only after the transaction holding its writes is committed and synced, so
-  an acknowledged append is durable;
+  an acknowledged append is durable; a command whose caller gave up (its future cancelled) before
+  its group was taken is never written;
 - the change-feed position and the checksum a record chains from are read inside the write
   transaction, never cached: the store is the only truth, whoever else writes to it;
 - ``on_commit`` runs after the commit, so a woken subscriber always finds the new events;
@@ -28,6 +34,8 @@ Invariants:
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import errno
 import logging
 import os
@@ -89,19 +97,28 @@ class ReplicatedCommand(_Queued, Protocol):
         """Check, then write; the result names the newest change record it wrote, if any."""
 
 
-@dataclass
+Waiting = Future[Any] | asyncio.Future[Any]
+"""A caller's future: a thread's (``submit``) or an event loop's (``submit_on_loop``)."""
+
+
+@dataclass(slots=True)
 class _Job:
     command: Command
-    future: Future[Any] = field(default_factory=Future)
+    future: Waiting
+    settled: bool = False
+    """Its outcome was given (a group retried one command at a time may meet it again)."""
 
 
-@dataclass
+@dataclass(slots=True)
 class _ReplicatedJob:
     command: ReplicatedCommand
-    future: Future[Any] = field(default_factory=Future)
+    future: Waiting
+    settled: bool = False
 
 
 _AnyJob = _Job | _ReplicatedJob
+_Reply = tuple["asyncio.Future[Any]", bool, Any]
+"""A loop future, whether it succeeded, and its result or exception."""
 
 
 class _Stop:
@@ -159,26 +176,39 @@ class Writer:
         self._own: deque[tuple[int, int]] = deque(maxlen=OWN_COMMITS_KEPT)
         """(first, last) change positions of this writer's latest commits, oldest first."""
         self._own_lock = threading.Lock()
+        self._replies: list[_Reply] = []
+        """Outcomes for loop futures, handed to their loops together (``_deliver``)."""
         self._thread = threading.Thread(target=self._run, name="sessionlog-writer", daemon=True)
         self._thread.start()
 
     def submit(self, command: Command) -> Future[Any]:
         """Queue a command; the future holds its result once its transaction is durable."""
-        return self._queue_job(_Job(command))
+        future: Future[Any] = Future()
+        self._queue_job(_Job(command, future))
+        return future
+
+    def submit_on_loop(self, command: Command) -> asyncio.Future[Any]:
+        """``submit`` for a caller on the running event loop: the future is that loop's, resolved
+        on it once the transaction is durable. Cancelling it before the command's group is taken
+        leaves the command unwritten; after, the command is written and its outcome dropped."""
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._queue_job(_Job(command, future))
+        return future
 
     def submit_replicated(self, command: ReplicatedCommand) -> Future[changes.ApplyResult]:
         """Queue a command that records no change of its own (see ``ReplicatedCommand``)."""
-        return self._queue_job(_ReplicatedJob(command))
+        future: Future[changes.ApplyResult] = Future()
+        self._queue_job(_ReplicatedJob(command, future))
+        return future
 
-    def _queue_job(self, job: _AnyJob) -> Future[Any]:
+    def _queue_job(self, job: _AnyJob) -> None:
+        """Queue a job, or refuse it at once (its caller's thread or loop is this one)."""
         if self._closed:
             job.future.set_exception(errors.Unavailable("the store is closed"))
-            return job.future
-        if self.broken is not None:
+        elif self.broken is not None:
             job.future.set_exception(self.broken.error())
-            return job.future
-        self._queue.put(job)
-        return job.future
+        else:
+            self._queue.put(job)
 
     def wrote(self, after: int) -> list[tuple[int, int]]:
         """The (first, last) change positions of this writer's remembered commits that end past
@@ -204,14 +234,15 @@ class Writer:
                 except Exception:  # never let one group end the writer: every append needs it
                     log.exception("writer failed a group; carrying on")
                     for job in group:
-                        _settle(job.future, RuntimeError("the write failed; see the server log"))
+                        self._settle(job, RuntimeError("the write failed; see the server log"))
+                    self._deliver()
             if stop:
                 return
 
     def _take_group(self) -> tuple[list[_AnyJob], bool]:
         """Everything queued, up to the bounds, minus the jobs whose callers gave up before it
-        started (they are never written). Marking a future running makes it uncancellable, so
-        its caller learns the outcome of what was written."""
+        started (they are never written). Marking a thread's future running makes it
+        uncancellable, so its caller learns the outcome of what was written."""
         group: list[_AnyJob] = []
         size = 0
         first = True
@@ -223,7 +254,7 @@ class Writer:
             first = False
             if isinstance(job, _Stop):
                 return group, True
-            if job.future.set_running_or_notify_cancel():
+            if _claim(job.future):
                 group.append(job)
                 size += job.command.size()
             elif not group:
@@ -367,12 +398,37 @@ class Writer:
         for job, (ok, value) in zip(group, outcomes, strict=True):
             if ok:
                 changed.update(job.command.touched())
-            _settle(job.future, value, ok)
+            self._settle(job, value, ok)
+        self._deliver()
         if changed and self._on_commit is not None:
             try:
                 self._on_commit(changed)
             except Exception:
                 log.exception("commit subscriber failed")
+
+    def _settle(self, job: _AnyJob, value: Any, ok: bool = False) -> None:
+        """Give a job its outcome once; a second one (after a failed retry) is dropped. A
+        thread's future is resolved here; a loop's waits for ``_deliver``."""
+        if job.settled:
+            return
+        job.settled = True
+        future = job.future
+        if isinstance(future, Future):
+            _resolve(future, ok, value)
+        else:
+            self._replies.append((future, ok, value))
+
+    def _deliver(self) -> None:
+        """Hand the loops their futures' outcomes: one ``call_soon_threadsafe`` per loop."""
+        if not self._replies:
+            return
+        replies, self._replies = self._replies, []
+        by_loop: dict[asyncio.AbstractEventLoop, list[_Reply]] = {}
+        for reply in replies:
+            by_loop.setdefault(reply[0].get_loop(), []).append(reply)
+        for loop, theirs in by_loop.items():
+            with contextlib.suppress(RuntimeError):  # a closed loop: no one is waiting any more
+                loop.call_soon_threadsafe(_resolve_all, theirs)
 
 
 def _apply_replicated(
@@ -388,14 +444,26 @@ def _apply_replicated(
     return True, applied, (applied.last_position, applied.last_checksum)
 
 
-def _settle(future: Future[Any], value: Any, ok: bool = False) -> None:
-    """Resolve a job's future once; a second resolution (after a failed retry) is dropped."""
-    if future.done():
+def _claim(future: Waiting) -> bool:
+    """False when the caller gave up before its command was taken: it is never written."""
+    if isinstance(future, Future):
+        return future.set_running_or_notify_cancel()
+    return not future.cancelled()
+
+
+def _resolve(future: Waiting, ok: bool, value: Any) -> None:
+    if future.done():  # a loop future its caller cancelled meanwhile
         return
     if ok:
         future.set_result(value)
     else:
         future.set_exception(value)
+
+
+def _resolve_all(replies: list[_Reply]) -> None:
+    """On a loop: resolve its futures of one group."""
+    for future, ok, value in replies:
+        _resolve(future, ok, value)
 
 
 def _damaged(command: _Queued, exc: Exception) -> errors.DataCorrupted:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -52,6 +53,10 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
+WRITE_STALL_SECONDS = 5.0
+"""How long the writer may wait in LMDB (the write lock, a commit) before the server says so."""
+WRITE_STALL_CHECK_SECONDS = 1.0
+
 
 class BindError(RuntimeError):
     """The listen address could not be bound (in use, or not an address of this host)."""
@@ -89,12 +94,16 @@ class SessionLogServer:
         """This worker's share of the metrics, when PROMETHEUS_MULTIPROC_DIR names a directory
         (``--workers N``); None for a server on its own."""
         self._publishing: asyncio.Task[None] | None = None
+        self._watchdog: asyncio.Task[None] | None = None
         self.streams = StreamLimiter(
             config.max_streams,
             config.max_streams_per_connection,
             notifier=self._notifier,
             send_rate=config.follow_send_rate,
         )
+        if peers is not None and peers.counts is not None:
+            self.streams.elsewhere = peers.counts.others
+            self.streams.published = peers.counts.publish
         self.authorizer: Authorizer | None = None
         self.http_port = 0
         """The web console's bound port (0: off)."""
@@ -143,6 +152,7 @@ class SessionLogServer:
             self._publishing = asyncio.create_task(
                 metrics.keep_published(self, self.shared_metrics)
             )
+        self._watchdog = asyncio.create_task(self._watch_writes(store))
         if self.replica is None:
             await self._set_health(serving=True)
         else:
@@ -281,6 +291,36 @@ class SessionLogServer:
             log.error("the storage engine panicked: restart the server")
             asyncio.get_running_loop().create_task(self._set_health(serving=False))
 
+    async def _watch_writes(self, store: Store) -> None:
+        """Say so when the writer has waited in LMDB for WRITE_STALL_SECONDS: for the write
+        lock (another process holds it: a frozen worker of this server, or any other
+        program writing the folder) or for a commit's sync (a hung disk). A primary is then
+        NOT_SERVING until writes move again; one line when it starts, one when it ends."""
+        stalled_since: float | None = None
+        while True:
+            await asyncio.sleep(WRITE_STALL_CHECK_SECONDS)
+            stalled = store.writer.stalled
+            now = time.monotonic()
+            if stalled is not None and now - stalled[1] >= WRITE_STALL_SECONDS:
+                if stalled_since is None:
+                    stalled_since = stalled[1]
+                    log.error(
+                        "writes are stuck: the writer has been %s for %.0f s (is a process "
+                        "holding the data folder's write lock stopped or frozen?)",
+                        stalled[0],
+                        now - stalled[1],
+                        extra={"waiting_for": stalled[0]},
+                    )
+                    if self.replica is None:
+                        await self._set_health(serving=False)
+            elif stalled_since is not None and (stalled is None or stalled[1] != stalled_since):
+                log.warning(
+                    "writes move again", extra={"stuck_seconds": round(now - stalled_since, 1)}
+                )
+                stalled_since = None
+                if self.replica is None:
+                    await self._set_health(serving=True)
+
     def _caught_up(self) -> None:
         if self._server is not None:
             asyncio.get_running_loop().create_task(self._set_health(serving=True))
@@ -295,6 +335,9 @@ class SessionLogServer:
         if self._server is None:
             return
         server, self._server = self._server, None
+        if self._watchdog is not None:
+            self._watchdog.cancel()
+            await asyncio.gather(self._watchdog, return_exceptions=True)
         if self._replicator is not None and self._replicator_task is not None:
             self._replicator.stop()
             self._replicator_task.cancel()

@@ -23,6 +23,7 @@ import grpc
 import pytest
 from google.protobuf.duration_pb2 import Duration
 
+from sessionlog.service.metrics import PUBLISH_SECONDS
 from sessionlog.storage.folder import FolderLock
 from sessionlog.storage.store import Store
 from sessionlog.testing import error_info
@@ -451,18 +452,12 @@ def test_a_killed_holder_of_the_write_lock_stops_no_worker(tmp_path: Path) -> No
         assert [s.session_id for s in listed.sessions] == ["k"]
 
 
-# -- known problems -----------------------------------------------------------------------------
+# -- problems found, and fixed ------------------------------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 14 asks for one /metrics summing every worker (prometheus_client multiprocess "
-    "mode); the supervisor sets PROMETHEUS_MULTIPROC_DIR, but every metric is read from the "
-    "answering worker's own counters (SessionLogCollector), so each scrape reports whichever "
-    "worker took the connection: counters jump back and forth between scrapes",
-)
 def test_metrics_count_every_workers_appends(tmp_path: Path) -> None:
-    """10 appends through worker 0 and 3 through worker 1: every scrape says 13."""
+    """10 appends through worker 0 and 3 through worker 1: once the workers have published
+    (every PUBLISH_SECONDS), every scrape, whichever worker answers it, says 13."""
     metrics = f"127.0.0.1:{free_port()}"
     with workers(tmp_path, 2, "--metrics-listen", metrics) as server:
         zero, one = stubs_by_worker(server)
@@ -470,6 +465,7 @@ def test_metrics_count_every_workers_appends(tmp_path: Path) -> None:
             (zero if n < 10 else one).Append(
                 pb.AppendRequest(session_id="m", events=[say("x")]), timeout=10
             )
+        time.sleep(2 * PUBLISH_SECONDS + 0.1)
         seen = set()
         for _ in range(8):
             with urllib.request.urlopen(f"http://{metrics}/metrics", timeout=10) as reply:
@@ -480,15 +476,6 @@ def test_metrics_count_every_workers_appends(tmp_path: Path) -> None:
         assert seen == {13.0}
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a worker frozen (SIGSTOP, or a hung disk) while it holds LMDB's process-shared "
-    "write lock stops every write of every worker, and nobody says so: the other workers' "
-    "writer threads wait in mdb_txn_begin, Appends end DEADLINE_EXCEEDED, health stays "
-    "SERVING, and neither the workers nor the supervisor (which sees a live process) log "
-    "anything. Needs a watchdog (a log line while writes wait on the lock, or the supervisor "
-    "replacing a worker whose loop stops answering), a design decision",
-)
 def test_writes_stuck_behind_the_write_lock_are_reported(tmp_path: Path) -> None:
     """Another process holds the write lock (as a frozen worker would): within 15 s the
     server's log says that writes are waiting for it."""
@@ -529,14 +516,6 @@ def test_writes_stuck_behind_the_write_lock_are_reported(tmp_path: Path) -> None
         assert warned, server.process.log()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="--max-streams is shared out, ceil(N / workers) per worker (supervisor._prepare), "
-    "but the kernel gives a connection, and every stream on it, to one worker: a client that "
-    "follows many sessions on one channel gets 1/workers of the limit, and is told 'the server "
-    "already has 2 open streams, its limit (--max-streams)' with --max-streams 4. Needs a "
-    "count shared by the workers (a design decision)",
-)
 def test_max_streams_is_the_servers_whichever_worker_holds_them(tmp_path: Path) -> None:
     """--max-streams 4 and two workers: three follow streams on one connection all open."""
     with workers(tmp_path, 2, "--max-streams", "4") as server:

@@ -52,6 +52,10 @@ class StreamLimiter:
         """Stream tasks waiting on a write."""
         self._interrupted: set[asyncio.Task[Any]] = set()
         self._interrupting = False
+        self.elsewhere: Callable[[], int] = lambda: 0
+        """Streams open in the other processes of this server (its other workers)."""
+        self.published: Callable[[int], None] = lambda total: None
+        """Called with this process's open streams whenever they change (for the others)."""
 
     def pace(self) -> float:
         """The least time between two live responses of one follow stream: open streams over
@@ -62,9 +66,10 @@ class StreamLimiter:
         return min(self.total / self.send_rate, MAX_PACE_SECONDS)
 
     def acquire(self, peer: str) -> None:
-        if self.total >= self.max_total:
+        total = self.total + self.elsewhere()
+        if total >= self.max_total:
             raise errors.TooManyStreams(
-                f"the server already has {self.total} open streams, its limit "
+                f"the server already has {total} open streams, its limit "
                 "(--max-streams); retry later",
                 limit=self.max_total,
             )
@@ -78,9 +83,11 @@ class StreamLimiter:
         self.total += 1
         self.opened += 1
         self._by_peer[peer] = open_here + 1
+        self.published(self.total)
 
     def release(self, peer: str) -> None:
         self.total -= 1
+        self.published(self.total)
         left = self._by_peer[peer] - 1
         if left:
             self._by_peer[peer] = left

@@ -178,6 +178,10 @@ class Writer:
         self._own_lock = threading.Lock()
         self._replies: list[_Reply] = []
         """Outcomes for loop futures, handed to their loops together (``_deliver``)."""
+        self.stalled: tuple[str, float] | None = None
+        """While the writer waits in LMDB (for the write lock, which another process of the
+        server may hold, or for a commit's sync): what it waits for, since when (monotonic).
+        Read by the server's watchdog (``sessionlog.server``)."""
         self._thread = threading.Thread(target=self._run, name="sessionlog-writer", daemon=True)
         self._thread.start()
 
@@ -266,7 +270,11 @@ class Writer:
         self._group_events = 0
         fed = False
         try:
-            txn = self._env.begin(write=True)
+            self.stalled = ("waiting for LMDB's write lock", time.monotonic())
+            try:
+                txn = self._env.begin(write=True)
+            finally:
+                self.stalled = None
             try:
                 now_ns = time.time_ns()
                 if self._checksums:
@@ -280,7 +288,11 @@ class Writer:
                     feed = after
                     outcomes.append((ok, value))
                 started = time.perf_counter()
-                txn.commit()
+                self.stalled = ("committing (writing and syncing to disk)", time.monotonic())
+                try:
+                    txn.commit()
+                finally:
+                    self.stalled = None
                 committed_in = time.perf_counter() - started
                 if fed:
                     with self._own_lock:

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from sessionlog.service.notifier import Notifier
 from sessionlog.storage.folder import FolderLock
 from sessionlog.storage.store import Store
+from sessionlog.workers.shared import SharedCounts
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +56,8 @@ class Peers:
     """The eventfd of every slot, this one's included."""
     lock: FolderLock
     """The folder lock the supervisor took (inherited; held as long as any process has it)."""
+    counts: SharedCounts | None = None
+    """The server's open streams, per worker (see ``shared``)."""
 
     def __post_init__(self) -> None:
         self._others = [fd for slot, fd in enumerate(self.bells) if slot != self.slot]

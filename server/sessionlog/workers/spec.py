@@ -16,6 +16,8 @@ class WorkerSpec:
     count: int
     bells: tuple[int, ...]
     """Every slot's eventfd (inherited): see ``doorbell``."""
+    counts_fd: int
+    """The shared stream counts (inherited): see ``shared``."""
     lock_fd: int
     """The folder lock's descriptor (inherited): see ``storage.folder``."""
     ready_fd: int

@@ -40,7 +40,7 @@ from sessionlog.config import ServerConfig, worker_count
 from sessionlog.server import store_config
 from sessionlog.storage import folder
 from sessionlog.storage.store import Store
-from sessionlog.workers import doorbell, ports
+from sessionlog.workers import doorbell, ports, shared
 from sessionlog.workers.spec import WorkerSpec
 
 log = logging.getLogger(__name__)
@@ -80,6 +80,7 @@ class Supervisor:
         self._lock: folder.FolderLock | None = None
         self._reservations: list[ports.Reservation] = []
         self._bells: list[int] = []
+        self._counts = -1
         self._metrics_dir = ""
         self._worker_config = config
         self._watchers: set[asyncio.Task[None]] = set()
@@ -123,6 +124,7 @@ class Supervisor:
         metrics = held.get("--metrics-listen", http if config.metrics_listen else "")
         self.port = ports.split(listen)[1]
         self._bells = doorbell.make_bells(self.count)
+        self._counts = shared.make_counts(self.count)
         self._metrics_dir = tempfile.mkdtemp(prefix="sessionlog-metrics-")
         self._worker_config = dataclasses.replace(
             config,
@@ -130,8 +132,8 @@ class Supervisor:
             http_listen=http,
             metrics_listen=metrics,
             workers=self.count,
-            # Server-wide limits, shared out: each worker counts only its own streams.
-            max_streams=math.ceil(config.max_streams / self.count),
+            # The send rate is shared out (each worker paces its own streams); --max-streams is
+            # counted over every worker (``shared``).
             follow_send_rate=math.ceil(config.follow_send_rate / self.count),
         )
 
@@ -155,6 +157,7 @@ class Supervisor:
             slot=worker.slot,
             count=self.count,
             bells=tuple(self._bells),
+            counts_fd=self._counts,
             lock_fd=self._lock.fd,
             ready_fd=ready_write,
             supervisor_pid=os.getpid(),
@@ -168,7 +171,7 @@ class Supervisor:
                 "-m",
                 "sessionlog.workers.worker",
                 stdin=asyncio.subprocess.PIPE,
-                pass_fds=(self._lock.fd, ready_write, *self._bells),
+                pass_fds=(self._lock.fd, ready_write, self._counts, *self._bells),
                 env=env,
                 # Its own session: a terminal's ^C reaches the supervisor alone, which then
                 # stops the workers in order.
@@ -249,6 +252,7 @@ class Supervisor:
                 },
             )
             _forget_metrics_of(process.pid, self._metrics_dir)
+            shared.clear(self._counts, worker.slot)  # its streams ended with it
             while not self._stopping.is_set():
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(pause):
@@ -288,6 +292,9 @@ class Supervisor:
         for reservation in self._reservations:
             reservation.close()
         self._reservations.clear()
+        if self._counts >= 0:
+            os.close(self._counts)
+            self._counts = -1
         for fd in self._bells:
             os.close(fd)
         self._bells = []

@@ -21,6 +21,7 @@ from sessionlog.cli import run_event_loop, start_failure
 from sessionlog.server import serve
 from sessionlog.storage.folder import FolderLock
 from sessionlog.workers.doorbell import Peers
+from sessionlog.workers.shared import SharedCounts
 from sessionlog.workers.spec import WorkerSpec
 
 PR_SET_PDEATHSIG = 1
@@ -57,6 +58,7 @@ def main() -> int:
         count=spec.count,
         bells=spec.bells,
         lock=FolderLock(Path(config.data_dir), spec.lock_fd),
+        counts=SharedCounts(spec.counts_fd, spec.count, spec.slot),
     )
     try:
         run_event_loop(serve(config, peers, on_started=lambda: _say(spec.ready_fd, "ready")))

@@ -8,6 +8,7 @@ latency and the CPU both sides used. See bench/README.md for what each case meas
 Modules: ``common`` (settings, events, measurements), ``procs`` (server subprocesses),
 ``load`` (the load generator), ``h2load`` (the compiled load client for the unary cases),
 ``echo`` (the echo server), ``cases`` (sessionlog), ``ceilings`` (echo and LMDB), ``tail``
-(case 5), ``derive`` (case 6), ``sessions`` (case 7), ``peer`` (Redis), ``report`` (table and
+(case 5), ``derive`` (case 6), ``sessions`` (case 7), ``peer`` (Redis), ``etcd`` (the etcd
+peer), ``workers`` (the cases at ``--workers 1`` and ``--workers N``), ``report`` (table and
 JSON).
 """

@@ -22,7 +22,19 @@ from dataclasses import replace
 from pathlib import Path
 from types import FrameType
 
-from bench import cases, ceilings, checksums, derive, etcd, h2load, peer, procs, sessions, tail
+from bench import (
+    cases,
+    ceilings,
+    checksums,
+    derive,
+    etcd,
+    h2load,
+    peer,
+    procs,
+    sessions,
+    tail,
+    workers,
+)
 from bench.common import Measurement, Settings
 from bench.report import Results, Row, machine, render, write_json
 
@@ -33,13 +45,24 @@ class BudgetExceeded(Exception):
     """The run went past its time budget."""
 
 
-GROUPS = ("append", "since", "tail", "derive", "sessions", "redis", "etcd", "checksums")
+GROUPS = (
+    "append",
+    "since",
+    "tail",
+    "derive",
+    "sessions",
+    "redis",
+    "etcd",
+    "workers",
+    "checksums",
+)
 """Case groups ``--only`` can pick: append = cases 1-3 (with h2load's rows when it is installed),
 since = 4, tail = 5, derive = 6, sessions = 7, redis = the peer's rows (its XADD rows need the
 append group, its XRANGE row the since group), etcd = the etcd peer beside sessionlog, both
 driven by h2load (it runs its own sessionlog rows, reusing case 2's h2load row when the append
-group ran), checksums = 8 (the store's append path with and without change-record checksums,
-in this process)."""
+group ran), workers = cases 1-3 (h2load) and 5 at ``--workers 1`` and ``--workers N`` with etcd
+beside N (reusing the rows the other groups measured), checksums = 8 (the store's append path
+with and without change-record checksums, in this process)."""
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -92,16 +115,21 @@ def run_all(settings: Settings, work: Path, groups: list[str]) -> Results:
     redis_missing = peer.unavailable() if "redis" in groups else "not asked for"
     if "redis" in groups and redis_missing:
         results.notes.append(f"Redis rows skipped: {redis_missing}.")
-    h2load_missing = h2load.unavailable() if "append" in groups else "not asked for"
+    h2load_missing = h2load.unavailable() if {"append", "workers"} & set(groups) else "n/a"
     if "append" in groups:
         results.notes.append(h2load_note(h2load_missing))
+    if "workers" in groups and h2load_missing:
+        results.notes.append(f"--workers rows skipped: {h2load_missing}.")
     etcd_missing = etcd.unavailable() if "etcd" in groups else "not asked for"
     if "etcd" in groups and etcd_missing:
         results.notes.append(f"etcd rows skipped: {etcd_missing}.")
-    concurrent_h2load: Measurement | None = None
+    one_worker: dict[int, Measurement] = {}
+    """The main server's h2load append rows, by case number (the workers group reuses them)."""
     with ExitStack() as stack:
-        progress("starting sessionlog and echo servers")
-        server = stack.enter_context(procs.sessionlog_server(work / "data", work / "server.log"))
+        progress("starting sessionlog (--workers 1) and echo servers")
+        server = stack.enter_context(
+            procs.sessionlog_server(work / "data", work / "server.log", workers=1)
+        )
         echo = stack.enter_context(procs.echo_server(work / "echo.log"))
         redis = None
         if not redis_missing:
@@ -132,10 +160,10 @@ def run_all(settings: Settings, work: Path, groups: list[str]) -> Results:
                     progress(f"case {case.label} (h2load)")
                     h2, h2_result = cases.run_append_h2load(settings, server, case, work)
                     measured("sessionlog", h2_result)
+                    one_worker[case.number] = h2_result
                     h2_echo = measured("echo", ceilings.echo_unary_h2load(h2, echo, work))
                     rows.append(Row(h2_result.name, h2_result, h2_echo, "echo"))
                     if case is cases.CONCURRENT:
-                        concurrent_h2load = h2_result
                         via = ceilings.echo_unary_h2load(h2, echo, work, via_thread=True)
                         rows.append(
                             Row(h2_result.name, h2_result, measured("echo", via), "handoff")
@@ -154,7 +182,7 @@ def run_all(settings: Settings, work: Path, groups: list[str]) -> Results:
                 rows.append(Row(result.name, result, peer_result, "redis"))
 
         if not etcd_missing:
-            results.etcd.extend(etcd_rows(settings, server, work, concurrent_h2load))
+            results.etcd.extend(etcd_rows(settings, server, work, one_worker))
 
         if "tail" in groups:
             for followers in settings.tail_followers:
@@ -165,6 +193,14 @@ def run_all(settings: Settings, work: Path, groups: list[str]) -> Results:
                     f"(client {tail_result.client_cores:.2f} cores)"
                 )
                 results.tails.append(tail_result)
+
+        if "workers" in groups and not h2load_missing:
+            peers = {row.ceiling.details["puts_per_call"]: row.ceiling for row in results.etcd}
+            results.workers.extend(
+                workers.run_group(
+                    settings, work, server, one_worker, results.tails, peers, progress
+                )
+            )
 
         if "sessions" in groups:
             count = settings.sessions_count
@@ -193,24 +229,28 @@ def etcd_rows(
     settings: Settings,
     server: procs.ServerProcess,
     work: Path,
-    concurrent: Measurement | None,
+    one_worker: dict[int, Measurement],
 ) -> list[Row]:
     """Start etcd; each sessionlog row through h2load, then the etcd row beside it; stop etcd.
 
-    ``concurrent``: case 2's h2load row when the append group measured it already."""
+    ``one_worker``: the h2load append rows measured already, by case number (case 2's when
+    the append group ran); the ones measured here are added to it."""
     rows = []
     progress(f"starting etcd ({etcd.version() or 'etcd'}, default durability)")
     with etcd.etcd_server(work / "etcd") as peer_etcd:
         progress("etcd Put, 16 clients, beside case 2 (h2load)")
+        concurrent = one_worker.get(cases.CONCURRENT.number)
         if concurrent is None:
             _, concurrent = cases.run_append_h2load(settings, server, cases.CONCURRENT, work)
             measured("sessionlog", concurrent)
+            one_worker[cases.CONCURRENT.number] = concurrent
         put = measured("etcd", etcd.run_writes(settings, peer_etcd, etcd.PUTS, work))
         rows.append(Row(concurrent.name, concurrent, put, "etcd"))
 
         progress("etcd Txn of 100 Puts, 4 clients, beside case 3 (h2load)")
         _, batched = cases.run_append_h2load(settings, server, cases.BATCHED, work)
         measured("sessionlog", batched)
+        one_worker[cases.BATCHED.number] = batched
         txn = measured("etcd", etcd.run_writes(settings, peer_etcd, etcd.TXNS, work))
         rows.append(Row(batched.name, batched, txn, "etcd"))
 

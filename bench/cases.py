@@ -14,7 +14,7 @@ from pathlib import Path
 import grpc
 
 from bench import h2load
-from bench.common import Measurement, Settings, append_request, page_events
+from bench.common import Measurement, Settings, append_request, page_events, writer_figures
 from bench.load import StreamLoad, UnaryLoad, UnaryOutcome, run_stream, run_unary
 from bench.procs import ServerProcess
 from sessionlog.v1 import session_log_service_pb2 as pb
@@ -106,8 +106,17 @@ def run_append_h2load(
     sessions = [f"{case.h2load_prefix}-{i}" for i in range(case.clients)]
     with grpc.insecure_channel(server.address) as channel:
         before = [next_seq(channel, session) for session in sessions]
-    outcome = h2load.measure(load, f"{case.label} (h2load)", server.cpu_seconds, work)
+    seen: list[list[int]] = []
+    writer_before = server.writer_counts()
+    outcome = h2load.measure(
+        load,
+        f"{case.label} (h2load{server.workers_suffix})",
+        server.cpu_seconds,
+        work,
+        midway=lambda: seen.append(server.connections_per_worker()),
+    )
     measurement = outcome.measurement
+    writer = writer_figures(writer_before, server.writer_counts(), measurement.seconds)
     with grpc.insecure_channel(server.address) as channel:
         after = [next_seq(channel, session) for session in sessions]
     for index, session in enumerate(sessions):
@@ -122,7 +131,31 @@ def run_append_h2load(
     measurement.details["stored_events_per_client"] = [
         a - b for a, b in zip(after, before, strict=True)
     ]
+    spread = seen[0] if seen else []
+    measurement.details.update(workers=server.workers, connections_per_worker=spread, writer=writer)
+    _check_spread(measurement, server.workers, case.clients, spread)
     return load, measurement
+
+
+SPREAD_ERROR_CHANCE = 1e-3
+"""A worker without connections is an error when chance alone would leave one idle less
+often than this (16 clients over 2 workers: 3e-5); with fewer clients it is only shown."""
+
+
+def _check_spread(measurement: Measurement, workers: int, clients: int, spread: list[int]) -> None:
+    """Every client's connection must be held by a worker, and with enough clients every
+    worker must hold some: the kernel spreads connections over the workers (SO_REUSEPORT),
+    each to a worker chosen by a hash of its addresses."""
+    if workers == 1:
+        return
+    problem = ""
+    if len(spread) != workers or sum(spread) < clients:
+        problem = f"{clients} clients, but the workers held {spread or 'no'} connections midway"
+    elif 0 in spread and workers * (1 - 1 / workers) ** clients < SPREAD_ERROR_CHANCE:
+        problem = f"{clients} clients, and a worker held none of them: {spread}"
+    if problem:
+        measurement.errors += 1
+        measurement.first_error = measurement.first_error or problem
 
 
 def run_since_page_h2load(

@@ -210,6 +210,29 @@ def process_memory_kib(pid: int) -> dict[str, int]:
     return out
 
 
+def writer_figures(
+    before: dict[str, float], after: dict[str, float], seconds: float
+) -> dict[str, float] | None:
+    """What the server's writers did between two reads of their counts (``procs.WRITER_METRICS``):
+    commits and their rate, commands per group commit, and the mean time of one commit (its
+    fsync included, not the commands applied before it). None without both reads."""
+    if not before or not after:
+        return None
+    delta = {name: after[name] - before[name] for name in after}
+    commits = delta["sessionlog_commits_total"]
+    groups = delta["sessionlog_commit_group_size_count"]
+    timed = delta["sessionlog_commit_duration_seconds_count"]
+    return {
+        "commits": commits,
+        "commits_per_second": commits / seconds if seconds > 0 else 0.0,
+        "events": delta["sessionlog_appended_events_total"],
+        "commands_per_group": delta["sessionlog_commit_group_size_sum"] / groups if groups else 0.0,
+        "commit_ms": delta["sessionlog_commit_duration_seconds_sum"] / timed * 1e3
+        if timed
+        else 0.0,
+    }
+
+
 @dataclass
 class Measurement:
     """One measured run: what was done, how long it took, and the CPU each side used."""

@@ -104,7 +104,8 @@ def run_derive(settings: Settings, work: Path) -> list[Measurement]:
     def servers() -> Generator[ServerProcess, None, None]:
         for _ in range(settings.derive_restarts):
             extra = ("--max-message-size", str(MAX_MESSAGE_BYTES))
-            with procs.sessionlog_server(data, work / "derive-server.log", extra) as server:
+            log = work / "derive-server.log"
+            with procs.sessionlog_server(data, log, extra, workers=1) as server:
                 yield server
 
     with closing(servers()) as started:

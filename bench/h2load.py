@@ -40,7 +40,9 @@ import re
 import shutil
 import signal
 import subprocess
+import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -113,10 +115,27 @@ def warm_up(load: UnaryLoad, work: Path) -> None:
             raise RuntimeError(f"h2load warm-up of client {index} failed: {problem}")
 
 
-def measure(load: UnaryLoad, name: str, server_cpu: ServerCpu, work: Path) -> H2Outcome:
-    """The measured run: every client for ``load.duration`` seconds, started together."""
+def measure(
+    load: UnaryLoad,
+    name: str,
+    server_cpu: ServerCpu,
+    work: Path,
+    midway: Callable[[], None] | None = None,
+) -> H2Outcome:
+    """The measured run: every client for ``load.duration`` seconds, started together.
+
+    ``midway`` is called once, from a timer thread, half way through the run (while every
+    client holds its connection): to look at the server under the load."""
+    timer = None if midway is None else threading.Timer(load.duration / 2, midway)
     cpu_before, system_before = server_cpu(), system_cpu_seconds()
-    runs, window = _run_all(load, work, "measure", log=True)
+    if timer is not None:
+        timer.start()
+    try:
+        runs, window = _run_all(load, work, "measure", log=True)
+    finally:
+        if timer is not None:
+            timer.cancel()
+            timer.join()
     cpu_after, system_after = server_cpu(), system_cpu_seconds()
     measurement = Measurement(
         name=name,

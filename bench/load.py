@@ -172,8 +172,13 @@ def run_workers(
     targets: list[tuple[Callable[..., None], tuple[Any, ...]]],
     server_cpu: ServerCpu,
     planned_seconds: float,
+    midway: tuple[float, Callable[[list[int]], None]] | None = None,
 ) -> Reports:
-    """Start one process per target, release them together, collect one report from each."""
+    """Start one process per target, release them together, collect one report from each.
+
+    ``midway``: ``(seconds, look)`` calls ``look`` with the PIDs of the processes (in the order
+    of ``targets``) from a timer thread, that many seconds after their release: to look at the
+    server and the clients under the load."""
     context: SpawnContext = multiprocessing.get_context("spawn")
     barrier = context.Barrier(len(targets) + 1)
     results: multiprocessing.Queue[dict[str, Any]] = context.Queue()
@@ -181,6 +186,7 @@ def run_workers(
         context.Process(target=target, args=(*args, barrier, results), daemon=True)
         for target, args in targets
     ]
+    timer: threading.Timer | None = None
     try:
         for process in processes:
             process.start()
@@ -192,12 +198,19 @@ def run_workers(
             ) from None
         cpu_before, system_before = server_cpu(), system_cpu_seconds()
         started = time.perf_counter()
+        if midway is not None:
+            pids = [process.pid for process in processes if process.pid is not None]
+            timer = threading.Timer(midway[0], midway[1], (pids,))
+            timer.start()
         reports = [results.get(timeout=planned_seconds + RESULT_GRACE) for _ in processes]
         window = time.perf_counter() - started
         cpu_after, system_after = server_cpu(), system_cpu_seconds()
         for process in processes:
             process.join(10)
     finally:
+        if timer is not None:
+            timer.cancel()
+            timer.join()
         _stop_all(processes)
     failed = [r["failure"] for r in reports if r.get("failure")]
     if failed:

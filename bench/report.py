@@ -54,6 +54,46 @@ class Row:
 
 
 @dataclass
+class WorkersRow:
+    """One case at ``--workers 1`` and at ``--workers N``, and the peer beside N (if any)."""
+
+    case: str
+    one: Measurement
+    many: Measurement
+    peer: Measurement | None = None
+
+    @property
+    def is_tail(self) -> bool:
+        return "followers" in self.many.details
+
+    @property
+    def ratio(self) -> float | None:
+        """N workers over one, in events per second (None for a tail: its rate is offered)."""
+        base = self.one.events_per_second
+        return self.many.events_per_second / base if base and not self.is_tail else None
+
+    @property
+    def peer_ratio(self) -> float | None:
+        """N workers over the peer, in events per second."""
+        if self.peer is None or not self.peer.events_per_second:
+            return None
+        return self.many.events_per_second / self.peer.events_per_second
+
+    def measurements(self) -> list[Measurement]:
+        return [self.one, self.many, *([self.peer] if self.peer else [])]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "case": self.case,
+            "workers_1": self.one.to_json(),
+            "workers_n": self.many.to_json(),
+            "peer": self.peer.to_json() if self.peer else None,
+            "ratio": self.ratio,
+            "peer_ratio": self.peer_ratio,
+        }
+
+
+@dataclass
 class Results:
     """Everything one run measured."""
 
@@ -64,11 +104,14 @@ class Results:
     sessions: SessionsResult | None = None
     etcd: list[Row] = field(default_factory=list)
     """sessionlog beside etcd, both driven by h2load (kind "etcd"), in a table of their own."""
+    workers: list[WorkersRow] = field(default_factory=list)
+    """Each write and tail case at ``--workers 1`` and ``--workers N``, etcd beside N."""
 
     def measurements(self) -> list[Measurement]:
         """Every measurement of the run (a sessionlog figure appears once per row it is in)."""
         return [
             *(m for row in (*self.rows, *self.etcd) for m in (row.sessionlog, row.ceiling)),
+            *(m for row in self.workers for m in row.measurements()),
             *self.tails,
             *self.derives,
             *(self.sessions.measurements() if self.sessions else []),
@@ -213,6 +256,74 @@ def etcd_table(rows: list[Row]) -> str:
     return "\n".join(lines)
 
 
+def workers_table(rows: list[WorkersRow]) -> str:
+    """Each write case at one worker, then at N with the ratio N/1, then etcd with N/etcd."""
+    header = (
+        f"{'case (all h2load)':<42}  {'workers':>7}  {'ev/s':>8}  {'p50/p99 ms':>11}  "
+        f"{'cpu cli/srv/oth':>15}  {'srv us/call':>11}  {'conns':>6}  {'commits/s':>9}  "
+        f"{'cmds/commit':>11}  {'commit ms':>9}  {'ratio':>5}  limit"
+    )
+    lines = [header, "-" * len(header)]
+
+    def line(m: Measurement, name: str, workers: str, ratio: float | None, limit: str) -> str:
+        writer = m.details.get("writer") or {}
+        spread = m.details.get("connections_per_worker") or []
+        flag = " !" if m.errors else ""
+        return (
+            f"{name + flag:<42}  {workers:>7}  {_rate(m):>8}  {_latency(m):>11}  "
+            f"{_cores(m):>15}  {_ms(cpu_per_call_us(m)):>11}  "
+            f"{'/'.join(map(str, spread)) or '-':>6}  "
+            f"{_count(writer.get('commits_per_second')):>9}  "
+            f"{_ms(writer.get('commands_per_group')):>11}  {_ms(writer.get('commit_ms')):>9}  "
+            f"{'-' if ratio is None else f'{ratio:.2f}':>5}  {limit}"
+        ).rstrip()
+
+    for row in rows:
+        if row.is_tail:
+            continue
+        count = str(row.many.details.get("workers", "N"))
+        lines.append(
+            line(row.one, row.case, "1", None, limit_note(Row(row.case, row.one, row.one)))
+        )
+        lines.append(
+            line(row.many, "", count, row.ratio, limit_note(Row(row.case, row.many, row.one)))
+        )
+        if row.peer is not None:
+            limit = limit_note(Row(row.case, row.many, row.peer))
+            lines.append(line(row.peer, "  " + row.peer.name, "-", row.peer_ratio, limit))
+    return "\n".join(lines)
+
+
+def workers_tail_table(rows: list[WorkersRow]) -> str:
+    """The live tail at one worker and at N: ack->arrival above all, and where each landed."""
+    header = (
+        f"{'case':<36}  {'workers':>7}  {'appends/s':>9}  {'ack->arrival p50/p99':>20}  "
+        f"{'send->arrival p50/p99':>21}  {'append p50/p99':>14}  {'cpu cli/srv/oth':>15}  "
+        f"{'srv us/append':>13}  writer / followers on"
+    )
+    lines = [header, "-" * len(header)]
+    for row in rows:
+        if not row.is_tail:
+            continue
+        for m, name in ((row.one, row.case), (row.many, "")):
+            d = m.details
+            ack = f"{_ms(d.get('ack_to_arrival_p50_ms'))}/{_ms(d.get('ack_to_arrival_p99_ms'))}"
+            send = f"{_ms(m.p50_ms)}/{_ms(m.p99_ms)}"
+            append = f"{_ms(d.get('append_p50_ms'))}/{_ms(d.get('append_p99_ms'))}"
+            placed = "-"
+            if d.get("workers", 1) > 1:
+                writer = ",".join(f"w{w}" for w in d.get("writer_workers", [])) or "?"
+                followers = ",".join(f"w{w}" for w in d.get("follower_workers", [])) or "?"
+                placed = f"{writer} / {followers}"
+            flag = " !" if m.errors else ""
+            lines.append(
+                f"{name + flag:<36}  {d.get('workers', 1):>7}  {m.events_per_second:>9,.0f}  "
+                f"{ack:>20}  {send:>21}  {append:>14}  {_cores(m):>15}  "
+                f"{_ms(cpu_per_call_us(m)):>13}  {placed}"
+            )
+    return "\n".join(lines)
+
+
 def tail_table(tails: list[Measurement]) -> str:
     header = (
         f"{'case':<36}  {'appends/s':>9}  {'send->arrival p50/p99/max ms':>28}  "
@@ -294,6 +405,10 @@ def _fill_note(result: SessionsResult) -> str:
         "page size; sessions/s includes the client decoding each reply. Server memory is "
         "/proc/PID/status; 'before filling' is after the cases that ran before it in this run."
     )
+
+
+def _count(value: float | None) -> str:
+    return "-" if value is None else f"{value:,.0f}"
 
 
 def _ms(value: float | None) -> str:
@@ -386,6 +501,7 @@ def targets(results: Results) -> list[Target]:
             None if ratio is None else ratio > 1.0,
         )
     )
+    out.extend(workers_targets(results.workers))
     ratio_target("since catch-up vs echo stream", row("4 ", "echo"), 0.7)
     ratio_target("since catch-up vs Redis XRANGE", row("4 ", "redis"), 2.5)
     for m in results.tails:
@@ -414,6 +530,70 @@ def targets(results: Results) -> list[Target]:
                 "<= 1.5x (linear)",
                 "-" if growth is None else f"{growth:.2f}x",
                 None if growth is None else growth <= 1.5,
+            )
+        )
+    return out
+
+
+def workers_targets(rows: list[WorkersRow]) -> list[Target]:
+    """Issue 14's targets for ``--workers N``: against one worker, against etcd, and the tail."""
+
+    def find(prefix: str) -> WorkersRow | None:
+        return next((r for r in rows if r.case.startswith(prefix)), None)
+
+    def ratio(what: str, value: float | None, goal: float, strict: bool = False) -> Target:
+        return Target(
+            what,
+            f"> {goal:g}x (ahead)" if strict else f">= {goal:g}x",
+            "-" if value is None else f"{value:.2f}x",
+            None if value is None else (value > goal if strict else value >= goal),
+        )
+
+    out: list[Target] = []
+    concurrent, batched = find("2 "), find("3 ")
+    many = next((r.many.details.get("workers") for r in rows), None) or "N"
+    label = f"--workers {many}"
+    out.append(
+        ratio(
+            f"append 1 ev/call, 16 clients, {label} vs --workers 1 (h2load)",
+            None if concurrent is None else concurrent.ratio,
+            1.25,
+        )
+    )
+    out.append(
+        ratio(
+            f"append 100 ev/call, 4 clients, {label} vs --workers 1 (h2load)",
+            None if batched is None else batched.ratio,
+            1.5,
+        )
+    )
+    out.append(
+        ratio(
+            f"append 100 ev/call, 4 clients, {label} vs etcd Txn of 100 Puts",
+            None if batched is None else batched.peer_ratio,
+            1.0,
+            strict=True,
+        )
+    )
+    out.append(
+        ratio(
+            f"append 1 ev/call, 16 clients, {label} vs etcd Put (h2load)",
+            None if concurrent is None else concurrent.peer_ratio,
+            0.5,
+        )
+    )
+    for followers, goal in ((100, 20.0), (1, 5.0)):
+        found = next(
+            (r for r in rows if r.is_tail and r.many.details["followers"] == followers), None
+        )
+        p99 = None if found is None else found.many.details.get("ack_to_arrival_p99_ms")
+        plural = "s" if followers > 1 else ""
+        out.append(
+            Target(
+                f"live tail p99 ack->arrival, {followers} follower{plural}, {label}",
+                f"<= {goal:g} ms",
+                "-" if p99 is None else f"{p99:.2f} ms",
+                None if p99 is None or (found and found.many.errors) else p99 <= goal,
             )
         )
     return out
@@ -452,7 +632,7 @@ def render(results: Results, settings: Settings, mode: str, info: dict[str, Any]
         for m in results.measurements()
         if m.errors
     ]
-    parts = [header, "", table(results.rows), "", *notes]
+    parts = [header, "", *([table(results.rows), ""] if results.rows else []), *notes]
     if results.tails:
         parts += [
             "",
@@ -484,6 +664,23 @@ def render(results: Results, settings: Settings, mode: str, info: dict[str, Any]
             "calls applied, every key by h2load's count (or one more, in flight at the stop); "
             "every read reply complete.",
         ]
+    if results.workers:
+        parts += [
+            "",
+            workers_table(results.workers),
+            "",
+            workers_tail_table(results.workers),
+            "",
+            "--workers: the bench's main server runs one worker; the N-worker rows come from a "
+            "second server of N worker processes (one per usable CPU, the server's default) on a "
+            "folder of its own, driven the same way. srv: the whole server (the supervisor and "
+            "every worker); conns: the connections each worker held midway (the kernel spreads "
+            "them, one per h2load client); commits/s, cmds/commit (commands per group commit) "
+            "and commit ms (one commit, its fsync included) come from the server's /metrics, "
+            "summed over the workers; ratio: N workers / 1 on the N line, N workers / etcd on "
+            "etcd's. writer / followers on: the workers that served the tail's writer and its "
+            "followers' connections (another worker's followers are woken by the doorbells).",
+        ]
     if results.sessions:
         parts += [
             "",
@@ -511,6 +708,7 @@ def write_json(
         "derive": [m.to_json() for m in results.derives],
         "sessions": results.sessions.to_json() if results.sessions else None,
         "etcd": [row.to_json() for row in results.etcd],
+        "workers": [row.to_json() for row in results.workers],
         "targets": [asdict(t) for t in targets(results)],
         "notes": results.notes,
     }

@@ -11,6 +11,13 @@ and record when each event arrives. All processes read the same clock (CLOCK_MON
 - ack→arrival is how long after the writer's acknowledgment the follower had it (often
   negative: followers are woken at the same moment the append is acknowledged).
 
+With a server of several workers, the writer's connection is held by worker 0 and each
+follower process's by another worker (process i by worker i + 1, round the workers): each client
+opens connections until one lands on its worker (the kernel picks the worker of a connection;
+/proc says which one holds it). So with one follower every event crosses from the writer's
+worker to the follower's, woken by the doorbell and read from the change feed; with 100 (two
+processes on two workers) half the followers are on the writer's worker.
+
 Followers count events without decoding them (seqs arrive dense and in order, so the n-th event
 after the start has seq start + n), which keeps the client's share of the work small; the table
 still shows the load generator's CPU, and 100 followers on 2 CPUs is more than Python clients
@@ -21,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import multiprocessing
+import os
 import time
 from array import array
 from dataclasses import dataclass
@@ -30,7 +38,7 @@ import grpc
 
 from bench.common import Measurement, Settings, append_request, count_events, percentile
 from bench.load import START_TIMEOUT, Reports, report_failure, run_workers
-from bench.procs import ServerProcess
+from bench.procs import ServerProcess, tcp_connections
 from sessionlog.v1 import session_log_service_pb2 as pb
 
 SERVICE = "/sessionlog.v1.SessionLogService"
@@ -43,6 +51,13 @@ DRAIN_SECONDS = 10.0
 MAX_FOLLOWERS_PER_PROCESS = 50
 
 
+PIN_TRIES_PER_WORKER = 16
+"""Connections a client may open, per worker, to land on the worker it is meant for (the
+kernel picks a worker per connection; with 2 workers, 32 tries all miss once in 4 billion)."""
+ACCEPT_SECONDS = 2.0
+"""How long a new connection may take to show up in a worker's open files (its accept)."""
+
+
 @dataclass(frozen=True)
 class TailLoad:
     target: str
@@ -51,6 +66,11 @@ class TailLoad:
     appends: int
     rate: float
     followers: int
+    port: int = 0
+    """The server's gRPC port (to find a connection's worker)."""
+    worker_pids: tuple[int, ...] = ()
+    """With several workers: their PIDs; the writer's connection is pinned to the first one,
+    each follower process's to another (``_open``). Empty: wherever the kernel puts them."""
 
 
 def run_tail(settings: Settings, server: ServerProcess, followers: int) -> Measurement:
@@ -59,6 +79,7 @@ def run_tail(settings: Settings, server: ServerProcess, followers: int) -> Measu
     with grpc.insecure_channel(server.address) as channel:
         reply = channel.unary_unary(APPEND)(append_request(session_id, 1), timeout=30)
     start_seq = int(pb.AppendResponse.FromString(reply).next_seq)
+    pids = tuple(server.worker_pids()) if server.workers > 1 else ()
     load = TailLoad(
         target=server.address,
         session_id=session_id,
@@ -66,13 +87,37 @@ def run_tail(settings: Settings, server: ServerProcess, followers: int) -> Measu
         appends=max(1, round(RATE * settings.duration)),
         rate=RATE,
         followers=followers,
+        port=server.port,
+        worker_pids=pids,
     )
     processes = max(1, -(-followers // MAX_FOLLOWERS_PER_PROCESS))
     groups = [followers // processes + (i < followers % processes) for i in range(processes)]
-    targets: list[tuple[Any, tuple[Any, ...]]] = [(_writer, (load,))]
-    targets += [(_followers, (load, count)) for count in groups]
-    reports = run_workers(targets, server.cpu_seconds, settings.duration + DRAIN_SECONDS)
-    return _merge(load, reports)
+    # With several workers the writer is on worker 0 and follower process i on worker i + 1
+    # (round the workers): with one follower process every event crosses to another worker.
+    targets: list[tuple[Any, tuple[Any, ...]]] = [(_writer, (load, 0 if pids else None))]
+    targets += [
+        (_followers, (load, count, (i + 1) % len(pids) if pids else None))
+        for i, count in enumerate(groups)
+    ]
+    placed: list[list[list[int]]] = []
+    reports = run_workers(
+        targets,
+        server.cpu_seconds,
+        settings.duration + DRAIN_SECONDS,
+        midway=(settings.duration / 2, lambda pids: placed.append(server.placement(pids))),
+    )
+    measurement = _merge(load, reports)
+    measurement.name += server.workers_suffix
+    # Which worker served the writer and which the followers, seen midway (each client process
+    # holds one connection): a follower on another worker than the writer's is woken through
+    # the doorbells and the change feed.
+    placement = placed[0] if placed else []
+    measurement.details.update(
+        workers=server.workers,
+        writer_workers=placement[0] if placement else [],
+        follower_workers=sorted({w for found in placement[1:] for w in found}),
+    )
+    return measurement
 
 
 def _merge(load: TailLoad, reports: Reports) -> Measurement:
@@ -125,22 +170,68 @@ def _merge(load: TailLoad, reports: Reports) -> Measurement:
     return measurement
 
 
-def _writer(load: TailLoad, barrier: Any, results: multiprocessing.Queue[dict[str, Any]]) -> None:
+async def _open(load: TailLoad, worker: int | None) -> grpc.aio.Channel:
+    """A channel to the server; given ``worker``, one whose connection that worker holds.
+
+    The kernel picks the worker of each new connection, so this opens connections (each
+    channel with a subchannel pool of its own, hence a connection of its own) until one lands
+    there, and closes the others. Which worker holds it is read from /proc: the worker whose
+    socket has this process's new local port as its remote port."""
+    if worker is None:
+        return grpc.aio.insecure_channel(load.target)
+    options = [("grpc.use_local_subchannel_pool", 1)]
+    for _ in range(PIN_TRIES_PER_WORKER * len(load.worker_pids)):
+        before = _local_ports(load.port)
+        channel = grpc.aio.insecure_channel(load.target, options=options)
+        await asyncio.wait_for(channel.channel_ready(), START_TIMEOUT)
+        new = _local_ports(load.port) - before
+        if len(new) == 1 and await _holder(load, new.pop()) == worker:
+            return channel
+        await channel.close()
+    raise RuntimeError(f"no connection landed on worker {worker} of {len(load.worker_pids)}")
+
+
+def _local_ports(port: int) -> set[int]:
+    """This process's local ports of its connections to the server's ``port``."""
+    return {c.local_port for c in tcp_connections(os.getpid()) if c.remote_port == port}
+
+
+async def _holder(load: TailLoad, local_port: int) -> int | None:
+    """The index of the worker that holds the connection from ``local_port`` (polled: a
+    connection shows in a worker's files once the worker accepted it)."""
+    deadline = time.monotonic() + ACCEPT_SECONDS
+    while time.monotonic() < deadline:
+        for index, pid in enumerate(load.worker_pids):
+            if any(
+                c.local_port == load.port and c.remote_port == local_port
+                for c in tcp_connections(pid)
+            ):
+                return index
+        await asyncio.sleep(0.01)
+    return None
+
+
+def _writer(
+    load: TailLoad,
+    worker: int | None,
+    barrier: Any,
+    results: multiprocessing.Queue[dict[str, Any]],
+) -> None:
     try:
-        report = asyncio.run(_write(load, barrier))
+        report = asyncio.run(_write(load, worker, barrier))
     except Exception as error:
         report_failure(barrier, results, error)
         return
     results.put(report)
 
 
-async def _write(load: TailLoad, barrier: Any) -> dict[str, Any]:
+async def _write(load: TailLoad, worker: int | None, barrier: Any) -> dict[str, Any]:
     sent = array("q", bytes(8 * load.appends))
     acked = array("q", bytes(8 * load.appends))
     latencies: list[float] = []
     errors: list[str] = []
     request = append_request(load.session_id, 1)
-    async with grpc.aio.insecure_channel(load.target) as channel:
+    async with await _open(load, worker) as channel:
         call = channel.unary_unary(APPEND)
         await call(pb.AppendRequest(session_id=load.session_id).SerializeToString(), timeout=30)
         barrier.wait(timeout=START_TIMEOUT)  # blocks the loop on purpose: nothing is in flight
@@ -183,10 +274,14 @@ async def _write(load: TailLoad, barrier: Any) -> dict[str, Any]:
 
 
 def _followers(
-    load: TailLoad, count: int, barrier: Any, results: multiprocessing.Queue[dict[str, Any]]
+    load: TailLoad,
+    count: int,
+    worker: int | None,
+    barrier: Any,
+    results: multiprocessing.Queue[dict[str, Any]],
 ) -> None:
     try:
-        report = asyncio.run(_follow(load, count, barrier))
+        report = asyncio.run(_follow(load, count, worker, barrier))
     except Exception as error:
         report_failure(barrier, results, error)
         return
@@ -203,12 +298,12 @@ async def _caught_up(stream: Any) -> None:
             return
 
 
-async def _follow(load: TailLoad, count: int, barrier: Any) -> dict[str, Any]:
+async def _follow(load: TailLoad, count: int, worker: int | None, barrier: Any) -> dict[str, Any]:
     request = pb.SinceRequest(
         session_id=load.session_id, seq=load.start_seq, follow=True
     ).SerializeToString()
     arrivals = [array("q", bytes(8 * load.appends)) for _ in range(count)]
-    async with grpc.aio.insecure_channel(load.target) as channel:
+    async with await _open(load, worker) as channel:
         since = channel.unary_stream(SINCE)
         streams = [since(request) for _ in range(count)]
         await asyncio.wait_for(

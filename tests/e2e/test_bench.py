@@ -1,6 +1,6 @@
-"""The bench's case 7, its h2load rows and its etcd rows, run small against a real `sessionlog
-serve`, the echo server and a real etcd, started as the bench starts them (``bench.procs``,
-``bench.etcd``).
+"""The bench's case 7, its h2load rows, its etcd rows and its --workers rows, run small against
+a real `sessionlog serve` (of one worker and of two), the echo server and a real etcd, started as
+the bench starts them (``bench.procs``, ``bench.etcd``).
 
 Needs Debian's nghttp2-client for h2load and etcd-server for etcd (`make test` installs both with
 apt-get).
@@ -17,8 +17,8 @@ from pathlib import Path
 import grpc
 import pytest
 
-from bench import cases, ceilings, checksums, echo, etcd, h2load, procs, sessions
-from bench.common import Measurement, Settings, append_request, page_events
+from bench import cases, ceilings, checksums, echo, etcd, h2load, procs, sessions, tail, workers
+from bench.common import Measurement, Settings, append_request, page_events, process_cpu_seconds
 from bench.load import UnaryLoad
 from bench.procs import ServerProcess
 from bench.report import (
@@ -30,6 +30,8 @@ from bench.report import (
     sessions_table,
     table,
     targets,
+    workers_table,
+    workers_tail_table,
 )
 from sessionlog.storage.changes import ReceivedChange
 from sessionlog.storage.store import Store, StoreConfig
@@ -53,7 +55,7 @@ def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Servers]:
     """A sessionlog server and the echo server for the module, stopped by PID at its end."""
     work = tmp_path_factory.mktemp("bench")
     with (
-        procs.sessionlog_server(work / "data", work / "sessionlog.log") as server,
+        procs.sessionlog_server(work / "data", work / "sessionlog.log", workers=1) as server,
         procs.echo_server(work / "echo.log") as echo,
     ):
         yield Servers(server, echo, work)
@@ -62,7 +64,9 @@ def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Servers]:
 @pytest.fixture
 def fresh(tmp_path: Path) -> Iterator[ServerProcess]:
     """A sessionlog server of its own, for a test that needs an empty store."""
-    with procs.sessionlog_server(tmp_path / "data", tmp_path / "sessionlog.log") as server:
+    with procs.sessionlog_server(
+        tmp_path / "data", tmp_path / "sessionlog.log", workers=1
+    ) as server:
         yield server
 
 
@@ -356,6 +360,132 @@ def test_etcd_is_reported_missing_with_how_to_install(monkeypatch: pytest.Monkey
     monkeypatch.setenv("PATH", "/nonexistent")
 
     assert "apt-get install -y etcd-server" in etcd.unavailable()
+
+
+# -- --workers 1 beside --workers N -------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def two_workers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    """A server of two worker processes, as the workers group starts it, stopped by PID."""
+    work = tmp_path_factory.mktemp("workers")
+    with procs.sessionlog_server(work / "data", work / "sessionlog.log", workers=2) as server:
+        yield server
+
+
+def test_a_server_of_two_workers_counts_both_workers_cpu_connections_and_commits(
+    servers: Servers, two_workers: ServerProcess, h2load_path: str
+) -> None:
+    """16 h2load clients on two workers: each worker holds some of the connections, the server's
+    CPU is both workers' (the supervisor serves nothing), and the writers' commits read from
+    /metrics, summed over the workers, hold exactly the events stored."""
+    pids = two_workers.worker_pids()
+    supervisor_before = process_cpu_seconds(two_workers.pid) or 0.0
+    case = cases.AppendCase(9, clients=16, events_per_call=1)
+
+    _, appended = cases.run_append_h2load(SETTINGS, two_workers, case, servers.work)
+
+    supervisor = (process_cpu_seconds(two_workers.pid) or 0.0) - supervisor_before
+    assert (appended.errors, appended.first_error) == (0, "")
+    assert appended.name == "9 append 1 ev/call, 16 clients (h2load, --workers 2)"
+    assert len(pids) == 2
+    assert two_workers.pid not in pids
+    spread = appended.details["connections_per_worker"]
+    assert len(spread) == 2
+    assert sum(spread) == 16
+    assert min(spread) > 0
+    assert appended.server_cpu_seconds is not None
+    assert appended.server_cpu_seconds > 2 * supervisor
+    writer = appended.details["writer"]
+    assert writer["events"] == sum(appended.details["stored_events_per_client"])
+    assert 0 < writer["commits"] <= writer["events"]
+    assert writer["commands_per_group"] >= 1
+    assert writer["commit_ms"] > 0
+
+
+def test_a_worker_without_connections_is_an_error_only_when_chance_cannot_explain_it() -> None:
+    """16 clients over two workers all on one is an error; 4 all on one is only shown, and a
+    client missing from the count is always an error."""
+
+    def checked(clients: int, spread: list[int]) -> Measurement:
+        measurement = Measurement("m", events=0, calls=0, seconds=1.0, client_cpu_seconds=0.0)
+        cases._check_spread(measurement, 2, clients, spread)
+        return measurement
+
+    assert checked(16, [16, 0]).first_error == "16 clients, and a worker held none of them: [16, 0]"
+    assert checked(4, [4, 0]).errors == 0
+    assert checked(16, [9, 7]).errors == 0
+    assert checked(16, [9, 6]).errors == 1
+    assert checked(16, []).first_error == "16 clients, but the workers held no connections midway"
+
+
+def test_the_tail_pins_its_writer_and_followers_to_different_workers(
+    two_workers: ServerProcess,
+) -> None:
+    """With two workers the tail's writer is on worker 0 and its follower on worker 1: every
+    event crosses workers, and every acknowledged one arrives."""
+    measured = tail.run_tail(replace(SETTINGS, duration=0.5), two_workers, 1)
+
+    assert (measured.errors, measured.first_error) == (0, "")
+    assert measured.name == "5 live tail 1,000 ap/s, 1 follower, --workers 2"
+    assert measured.details["samples"] == measured.calls > 0
+    assert measured.details["writer_workers"] == [0]
+    assert measured.details["follower_workers"] == [1]
+
+
+def test_the_workers_group_runs_each_case_at_one_and_two_workers_with_etcd_beside(
+    servers: Servers, etcd_server: etcd.EtcdProcess
+) -> None:
+    """The group measures every write case (h2load) and the tail at one worker and at two, reuses
+    what it is given, puts etcd's Put and Txn beside the two-worker rows, and reports issue 14's
+    targets."""
+    small = replace(SETTINGS, duration=0.5, tail_followers=(1, 3))
+    put = etcd.run_writes(small, etcd_server, etcd.PUTS, servers.work)
+
+    rows = workers.run_group(
+        small, servers.work, servers.sessionlog, {}, [], {1: put}, lambda _: None, workers=2
+    )
+
+    assert [row.case for row in rows] == [
+        "1 append 1 ev/call, 1 client",
+        "2 append 1 ev/call, 16 clients",
+        "3 append 100 ev/call, 4 clients",
+        "5 live tail 1,000 ap/s, 1 follower",
+        "5 live tail 1,000 ap/s, 3 followers",
+    ]
+    for row in rows:
+        for measurement in row.measurements():
+            assert (measurement.errors, measurement.first_error) == (0, ""), measurement.name
+            assert measurement.calls > 0, measurement.name
+        assert (row.one.details["workers"], row.many.details["workers"]) == (1, 2)
+    writes, tails = rows[:3], rows[3:]
+    for row in writes:
+        assert row.ratio == row.many.events_per_second / row.one.events_per_second
+        assert len(row.many.details["connections_per_worker"]) == 2
+        assert row.many.details["writer"]["events"] > 0
+    assert rows[0].peer is None
+    assert rows[1].peer is put  # given, not measured again
+    assert rows[2].peer is not None
+    assert rows[2].peer.details["puts_per_call"] == 100
+    assert rows[2].peer_ratio == rows[2].many.events_per_second / rows[2].peer.events_per_second
+    for row in tails:
+        assert row.ratio is None
+        assert row.many.details["writer_workers"] == [0]
+        assert row.many.details["follower_workers"] == [1]
+
+    report = render(Results([], [], [], [], workers=rows), small, "quick", _machine())
+    assert workers_table(rows) in report
+    assert workers_tail_table(rows) in report
+    assert "  etcd Txn of 100 Puts, 4 clients (h2load)" in workers_table(rows)
+    for what in (
+        "append 1 ev/call, 16 clients, --workers 2 vs --workers 1 (h2load)",
+        "append 100 ev/call, 4 clients, --workers 2 vs --workers 1 (h2load)",
+        "append 100 ev/call, 4 clients, --workers 2 vs etcd Txn of 100 Puts",
+        "append 1 ev/call, 16 clients, --workers 2 vs etcd Put (h2load)",
+        "live tail p99 ack->arrival, 100 followers, --workers 2",
+        "live tail p99 ack->arrival, 1 follower, --workers 2",
+    ):
+        assert what in report
 
 
 def _machine() -> dict[str, object]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import tempfile
 import threading
 import time
 from collections import Counter
@@ -309,9 +310,12 @@ def test_sigterm_drains_every_worker_then_frees_the_folder(tmp_path: Path) -> No
 
 def test_a_killed_supervisor_takes_its_workers_with_it(tmp_path: Path) -> None:
     """SIGKILL of the supervisor ends every worker at once (none is left holding the folder
-    or the port), and a new server starts on the same folder."""
+    or the port), and a new server starts on the same folder, removing the metrics folder the
+    killed one left in the temp folder."""
     with workers(tmp_path, 2) as server:
         pids = server.pids()
+        left = list(Path(tempfile.gettempdir()).glob(f"sessionlog-metrics-{server.process.pid}-*"))
+        assert len(left) == 1
         server.process.signal(signal.SIGKILL)
         server.process.wait(10)
         deadline = time.monotonic() + 10
@@ -320,6 +324,7 @@ def test_a_killed_supervisor_takes_its_workers_with_it(tmp_path: Path) -> None:
         assert not any(Path(f"/proc/{pid}").exists() for pid in pids)
     with workers(tmp_path, 2, name="a") as again:
         assert len(again.pids()) == 2
+        assert not left[0].exists()
 
 
 def test_a_worker_that_cannot_start_stops_the_server(tmp_path: Path) -> None:

@@ -55,6 +55,10 @@ STEADY_SECONDS = 30.0
 """A worker that ran this long before it died is restarted after the first pause again."""
 
 
+METRICS_PREFIX = "sessionlog-metrics-"
+"""The metrics folders in the temp folder are named METRICS_PREFIX + supervisor PID + "-"."""
+
+
 class WorkersFailed(RuntimeError):
     """A worker could not start; the message is its reason."""
 
@@ -125,7 +129,8 @@ class Supervisor:
         self.port = ports.split(listen)[1]
         self._bells = doorbell.make_bells(self.count)
         self._counts = shared.make_counts(self.count)
-        self._metrics_dir = tempfile.mkdtemp(prefix="sessionlog-metrics-")
+        _remove_orphaned_metrics()
+        self._metrics_dir = tempfile.mkdtemp(prefix=f"{METRICS_PREFIX}{os.getpid()}-")
         self._worker_config = dataclasses.replace(
             config,
             listen=listen,
@@ -366,6 +371,14 @@ def _how(code: int | None) -> str:
         except ValueError:
             return f"signal {-code}"
     return f"code {code}"
+
+
+def _remove_orphaned_metrics() -> None:
+    """Remove the metrics folders of supervisors that are gone (killed before they could)."""
+    for path in Path(tempfile.gettempdir()).glob(f"{METRICS_PREFIX}*-*"):
+        pid = path.name[len(METRICS_PREFIX) :].split("-", 1)[0]
+        if pid.isdigit() and not Path(f"/proc/{pid}").exists():
+            shutil.rmtree(path, ignore_errors=True)
 
 
 def _forget_metrics_of(pid: int, metrics_dir: str) -> None:

@@ -456,8 +456,8 @@ class ServerConfig:
         self._check_replica_auth()
         if self.replica_of and self.workers > 1:
             raise ConfigError(
-                f"a replica runs in one process: drop --workers {self.workers} (or give "
-                "--workers 1) when --replica-of is set"
+                f"a replica runs in one process: workers is {self.workers}; set it to 1 or auto "
+                "(--workers, SESSIONLOG_WORKERS or the file's workers) when --replica-of is set"
             )
         for name in (
             "max_events_per_append",

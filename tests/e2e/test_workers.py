@@ -27,6 +27,7 @@ from sessionlog.v1 import replication_service_pb2 as rpb
 from sessionlog.v1 import replication_service_pb2_grpc as rpb_grpc
 from sessionlog.v1 import session_log_service_pb2 as pb
 from sessionlog.v1 import session_log_service_pb2_grpc as pb_grpc
+from sessionlog.workers.supervisor import UNRESPONSIVE_SECONDS
 from tests.e2e._helpers import say
 from tests.e2e._proc import ServerProcess, free_port, run_cli
 
@@ -354,3 +355,25 @@ def test_a_worker_that_cannot_start_stops_the_server(tmp_path: Path) -> None:
     # The folder is free again: the same command without the bad flag starts.
     with workers(tmp_path, 2, name="d") as server:
         assert len(server.pids()) == 2
+
+
+def test_a_frozen_worker_is_replaced(tmp_path: Path) -> None:
+    """SIGSTOP one worker (its connections would hang, unseen): once its heartbeat has been
+    silent for UNRESPONSIVE_SECONDS the supervisor logs it, kills it and starts another, and
+    appends go on over fresh connections."""
+    with workers(tmp_path, 2) as server:
+        frozen = server.pids()[0]
+        os.kill(frozen, signal.SIGSTOP)
+        server.wait_log("worker is not responding; killing it", timeout=UNRESPONSIVE_SECONDS + 15)
+        server.wait_log("worker restarted")
+        killed = next(
+            e for e in server.lines() if e["message"] == "worker is not responding; killing it"
+        )
+        assert killed["pid"] == frozen
+        assert killed["silent_seconds"] > UNRESPONSIVE_SECONDS
+        assert frozen not in server.pids()
+        for n in range(8):
+            with grpc.insecure_channel(server.address) as channel:
+                stub = pb_grpc.SessionLogServiceStub(channel)  # type: ignore[no-untyped-call]
+                reply = stub.Append(pb.AppendRequest(session_id="f", events=[say("x")]), timeout=10)
+                assert reply.next_seq == n + 1

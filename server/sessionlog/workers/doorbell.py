@@ -66,6 +66,7 @@ class Peers:
         self._notifier: Notifier | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._failing = False
+        self._beating: asyncio.Task[None] | None = None
 
     @property
     def own_bell(self) -> int:
@@ -81,11 +82,16 @@ class Peers:
         self._seen = store.head()[0]
         self._loop = asyncio.get_running_loop()
         self._loop.add_reader(self.own_bell, self._answer)
+        if self.counts is not None:
+            self._beating = self._loop.create_task(_beat(self.counts))
 
     def close(self) -> None:
         if self._loop is not None:
             self._loop.remove_reader(self.own_bell)
             self._loop = None
+        if self._beating is not None:
+            self._beating.cancel()
+            self._beating = None
 
     def _answer(self) -> None:
         try:
@@ -109,3 +115,13 @@ class Peers:
         self._failing = False
         if sessions:
             self._notifier.notify(sessions)
+
+
+async def _beat(counts: SharedCounts) -> None:
+    """The heartbeat the supervisor watches, from this worker's event loop."""
+    while True:
+        counts.beat()
+        await asyncio.sleep(BEAT_SECONDS)
+
+
+BEAT_SECONDS = 1.0

@@ -49,6 +49,8 @@ READY_SECONDS = 60.0
 """How long a worker may take to start serving."""
 KILL_AFTER_GRACE_SECONDS = 5.0
 """How long past the shutdown grace a worker may take to exit before it is killed."""
+UNRESPONSIVE_SECONDS = 15.0
+"""A worker whose event loop has not beaten for this long is killed and replaced."""
 FIRST_RESTART_PAUSE = 0.1
 LONGEST_RESTART_PAUSE = 5.0
 STEADY_SECONDS = 30.0
@@ -99,7 +101,9 @@ class Supervisor:
             await self._prepare()
             await self._start_all()
             self._log_serving()
+            watchdog = asyncio.create_task(self._watch_heartbeats())
             await self._stopping.wait()
+            watchdog.cancel()
             log.info("stopping on signal", extra={"workers": self.count})
             await self._stop_all()
             log.info("sessionlog stopped")
@@ -257,7 +261,7 @@ class Supervisor:
                 },
             )
             _forget_metrics_of(process.pid, self._metrics_dir)
-            shared.clear(self._counts, worker.slot)  # its streams ended with it
+            shared.clear(self._counts, self.count, worker.slot)  # its streams ended with it
             while not self._stopping.is_set():
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(pause):
@@ -279,6 +283,32 @@ class Supervisor:
                     extra={"worker": worker.slot, "pid": worker.process and worker.process.pid},
                 )
                 break
+
+    async def _watch_heartbeats(self) -> None:
+        """Kill a worker whose event loop has not run for UNRESPONSIVE_SECONDS (frozen by
+        SIGSTOP, stuck in a call that never returns): its connections would hang, unseen.
+        ``_keep`` then starts another."""
+        while True:
+            await asyncio.sleep(1.0)
+            now = time.monotonic_ns()
+            for worker in self._workers:
+                process = worker.process
+                if process is None or process.returncode is not None:
+                    continue
+                beat = shared.last_beat(self._counts, self.count, worker.slot)
+                silent = (now - beat) / 1e9
+                if beat and silent > UNRESPONSIVE_SECONDS:
+                    log.error(
+                        "worker is not responding; killing it",
+                        extra={
+                            "worker": worker.slot,
+                            "pid": process.pid,
+                            "silent_seconds": round(silent, 1),
+                        },
+                    )
+                    shared.clear(self._counts, self.count, worker.slot)
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(process.pid, signal.SIGKILL)
 
     # -- stop -----------------------------------------------------------------------------------
 

@@ -131,6 +131,13 @@ class Node:
     def log(self) -> str:
         return "" if self.process is None else self.process.log()
 
+    @property
+    def pids(self) -> list[int]:
+        """Every process of this server: the one started, and its workers when it runs
+        several (the started process's children, as Linux lists them)."""
+        children = Path(f"/proc/{self.pid}/task/{self.pid}/children").read_text().split()
+        return [self.pid, *map(int, children)]
+
     def log_entries(self) -> list[dict[str, Any]]:
         """The JSON log lines this run of the process has written so far."""
         entries = []

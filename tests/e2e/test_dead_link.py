@@ -131,12 +131,16 @@ def test_replica_notices_a_black_holed_link_and_catches_up(tmp_path: Path) -> No
 
 @contextmanager
 def stopped(node: Node) -> Iterator[None]:
-    """SIGSTOP the node's process by PID; SIGCONT it on the way out, whatever happened."""
-    os.kill(node.pid, signal.SIGSTOP)
+    """SIGSTOP the node's processes (its workers too) by PID; SIGCONT them on the way out,
+    whatever happened."""
+    pids = node.pids
+    for pid in pids:
+        os.kill(pid, signal.SIGSTOP)
     try:
         yield
     finally:
-        os.kill(node.pid, signal.SIGCONT)
+        for pid in pids:
+            os.kill(pid, signal.SIGCONT)
 
 
 def test_replica_notices_a_stopped_primary_and_catches_up(tmp_path: Path) -> None:

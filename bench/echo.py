@@ -15,7 +15,7 @@ bytes, the same channel options, the standard health service) and does no work o
   holding N stored benchmark events, batched as Since batches them. The batches are built once
   per N and cached, so a timed stream measures only sending.
 
-It runs on the same event loop as sessionlog (``sessionlog.cli.run_event_loop``: uvloop, the
+It runs on the same event loop as sessionlog (``sessionlog.startup.run_event_loop``: uvloop, the
 same GIL switch interval) and stops on SIGTERM.
 """
 
@@ -33,7 +33,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 
 from bench.common import since_batches, stored_event
-from sessionlog.cli import run_event_loop
+from sessionlog.startup import run_event_loop
 
 SERVICE = "bench.Echo"
 UNARY = f"/{SERVICE}/Unary"

@@ -25,16 +25,13 @@ import argparse
 import asyncio
 import importlib.metadata
 import sys
-from collections.abc import Coroutine, Sequence
-from typing import Any, NoReturn
+from collections.abc import Sequence
+from typing import NoReturn
 
-import lmdb
-
-from sessionlog import admin, config, errors, logs
+from sessionlog import admin, config, logs
 from sessionlog.cli_client import add_commands, run_client
 from sessionlog.config import ConfigError, worker_count
-from sessionlog.storage.folder import FolderDamaged, FolderInUse, FolderUnwritable
-from sessionlog.storage.integrity import DamagedStore
+from sessionlog.startup import run_event_loop, start_failure
 
 
 class _Parser(argparse.ArgumentParser):
@@ -93,23 +90,6 @@ def _reader_gone() -> int:
     return 0
 
 
-def run_event_loop(main: Coroutine[Any, Any, None]) -> None:
-    """Run the server on uvloop where it is installed (a faster event loop), else asyncio's.
-    (The benchmark's echo ceiling runs on this too, so both stand on the same stack.)
-
-    The writer thread and the event loop share the GIL; a short switch interval hands it over
-    sooner after a commit, which is what a follower's latency waits on.
-    """
-    sys.setswitchinterval(0.0005)
-    try:
-        import uvloop
-    except ImportError:
-        asyncio.run(main)
-        return
-    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-        runner.run(main)
-
-
 def _serve(args: argparse.Namespace) -> int:
     try:
         resolved = config.resolve(args)
@@ -140,32 +120,6 @@ def _serve(args: argparse.Namespace) -> int:
         print(f"sessionlog: {message}", file=sys.stderr)
         return 1
     return 0
-
-
-def start_failure(exc: BaseException, data_dir: str) -> str | None:
-    """The one line that says why a server could not start, for the errors that say it; None
-    for anything else (a bug: its traceback is the report)."""
-    from sessionlog.server import BindError
-    from sessionlog.workers.ports import PortInUse
-    from sessionlog.workers.supervisor import WorkersFailed
-
-    if isinstance(
-        exc,
-        BindError
-        | ConfigError
-        | FolderInUse
-        | FolderDamaged
-        | FolderUnwritable
-        | DamagedStore
-        | PortInUse
-        | WorkersFailed,
-    ):
-        return str(exc)
-    if isinstance(exc, errors.DataCorrupted):
-        return f"cannot start on {data_dir!r}: {exc}"
-    if isinstance(exc, lmdb.Error | OSError):
-        return f"cannot open the data folder {data_dir!r}: {exc}"
-    return None
 
 
 if __name__ == "__main__":

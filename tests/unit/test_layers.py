@@ -147,6 +147,7 @@ def test_only_the_entry_points_import_the_composition_module() -> None:
     importers = sorted(n for n, tree in SOURCES.items() if COMPOSITION in _imports(tree))
     assert importers == [
         "sessionlog.cli",
+        "sessionlog.startup",
         "sessionlog.testing",
         "sessionlog.workers.supervisor",
         "sessionlog.workers.worker",

@@ -17,8 +17,8 @@ import sys
 from pathlib import Path
 
 from sessionlog import logs
-from sessionlog.cli import run_event_loop, start_failure
 from sessionlog.server import serve
+from sessionlog.startup import run_event_loop, start_failure
 from sessionlog.storage.folder import FolderLock
 from sessionlog.workers.doorbell import Peers
 from sessionlog.workers.shared import SharedCounts

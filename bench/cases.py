@@ -143,13 +143,14 @@ often than this (16 clients over 2 workers: 3e-5); with fewer clients it is only
 
 
 def _check_spread(measurement: Measurement, workers: int, clients: int, spread: list[int]) -> None:
-    """Every client's connection must be held by a worker, and with enough clients every
-    worker must hold some: the kernel spreads connections over the workers (SO_REUSEPORT),
-    each to a worker chosen by a hash of its addresses."""
+    """With enough clients every worker must hold some connections: the kernel spreads
+    connections over the workers (SO_REUSEPORT), each to a worker chosen by a hash of its
+    addresses. (Not every client need be connected at the moment of the count: in a short run
+    some have finished, or not yet started.)"""
     if workers == 1:
         return
     problem = ""
-    if len(spread) != workers or sum(spread) < clients:
+    if len(spread) != workers:
         problem = f"{clients} clients, but the workers held {spread or 'no'} connections midway"
     elif 0 in spread and workers * (1 - 1 / workers) ** clients < SPREAD_ERROR_CHANCE:
         problem = f"{clients} clients, and a worker held none of them: {spread}"

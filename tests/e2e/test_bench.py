@@ -404,8 +404,8 @@ def test_a_server_of_two_workers_counts_both_workers_cpu_connections_and_commits
 
 
 def test_a_worker_without_connections_is_an_error_only_when_chance_cannot_explain_it() -> None:
-    """16 clients over two workers all on one is an error; 4 all on one is only shown, and a
-    client missing from the count is always an error."""
+    """16 clients over two workers all on one is an error; 4 all on one is only shown; a
+    client not connected at the count (finished, or not started) is not; no count at all is."""
 
     def checked(clients: int, spread: list[int]) -> Measurement:
         measurement = Measurement("m", events=0, calls=0, seconds=1.0, client_cpu_seconds=0.0)
@@ -415,7 +415,7 @@ def test_a_worker_without_connections_is_an_error_only_when_chance_cannot_explai
     assert checked(16, [16, 0]).first_error == "16 clients, and a worker held none of them: [16, 0]"
     assert checked(4, [4, 0]).errors == 0
     assert checked(16, [9, 7]).errors == 0
-    assert checked(16, [9, 6]).errors == 1
+    assert checked(16, [5, 6]).errors == 0
     assert checked(16, []).first_error == "16 clients, but the workers held no connections midway"
 
 

@@ -371,7 +371,7 @@ def test_a_frozen_worker_is_replaced(tmp_path: Path) -> None:
             e for e in server.lines() if e["message"] == "worker is not responding; killing it"
         )
         assert killed["pid"] == frozen
-        assert killed["silent_seconds"] > UNRESPONSIVE_SECONDS
+        assert killed["silent_seconds"] >= UNRESPONSIVE_SECONDS  # logged rounded to 0.1 s
         assert frozen not in server.pids()
         for n in range(8):
             with grpc.insecure_channel(server.address) as channel:

@@ -91,6 +91,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
     settings = Settings.quick() if args.quick else Settings.default()
     if args.duration is not None:
         settings = replace(settings, duration=min(max(args.duration, 0.5), 30.0))
+        settings = replace(settings, workers_duration=settings.duration)
     if args.client_procs is not None:
         settings = replace(settings, client_processes=min(max(args.client_procs, 1), 16))
     return settings
@@ -195,7 +196,7 @@ def run_all(settings: Settings, work: Path, groups: list[str]) -> Results:
                 results.tails.append(tail_result)
 
         if "workers" in groups and not h2load_missing:
-            peers = {row.ceiling.details["puts_per_call"]: row.ceiling for row in results.etcd}
+            peers = workers.etcd_writes(results.etcd)
             results.workers.extend(
                 workers.run_group(
                     settings, work, server, one_worker, results.tails, peers, progress

@@ -8,6 +8,7 @@ acknowledged: a mismatch is reported as an error of that case.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -107,13 +108,21 @@ def run_append_h2load(
     with grpc.insecure_channel(server.address) as channel:
         before = [next_seq(channel, session) for session in sessions]
     seen: list[list[int]] = []
+
+    def look() -> None:
+        """The connections per worker, once every client's is there (or as many as came
+        within a quarter of the run: a client that starts late is counted missing)."""
+        deadline = time.monotonic() + load.duration / 4
+        while True:
+            spread = server.connections_per_worker()
+            if sum(spread) >= case.clients or time.monotonic() > deadline:
+                seen.append(spread)
+                return
+            time.sleep(0.02)
+
     writer_before = server.writer_counts()
     outcome = h2load.measure(
-        load,
-        f"{case.label} (h2load{server.workers_suffix})",
-        server.cpu_seconds,
-        work,
-        midway=lambda: seen.append(server.connections_per_worker()),
+        load, f"{case.label} (h2load{server.workers_suffix})", server.cpu_seconds, work, look
     )
     measurement = outcome.measurement
     writer = writer_figures(writer_before, server.writer_counts(), measurement.seconds)

@@ -40,6 +40,9 @@ class Settings:
     """The whole run is aborted past this."""
     tail_followers: tuple[int, ...] = (1, 100)
     """Follower counts of the live-tail case."""
+    workers_duration: float | None = None
+    """Measured seconds of each case of the ``--workers`` group (None: ``duration``); shorter by
+    default, so that the group fits the run's budget."""
     derive_restarts: int = 1
     """Server starts of the DeriveMessages case (one cold call per session per start)."""
     derive_calls: int = 10
@@ -69,6 +72,7 @@ class Settings:
             since_events=100_000,
             since_runs=5,
             budget_seconds=540.0,
+            workers_duration=5.0,
             derive_restarts=3,
             derive_calls=30,
             derive_appends=10,

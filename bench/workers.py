@@ -14,20 +14,33 @@ runs on it the cases where more processes could help:
 
 The ``--workers 1`` figures are the main server's rows of the same cases when their groups ran
 (``append``, ``etcd``, ``tail``), so nothing is measured twice; the missing ones are measured
-here, on the main server. etcd's Put and Txn rows stand beside the N-worker figures: the etcd
-group's when it ran, else measured here. The server's CPU is the whole process tree's (the
-supervisor and every worker), and each row also reads the writers' commits and group sizes from
-the server's /metrics (summed over the workers).
+here, on the main server. To fit the default run's budget, the cases measured here run for
+``Settings.workers_duration`` (5 s by default, half the other cases' 10 s; the figures are rates
+and percentiles of thousands of calls either way). etcd's Put and Txn rows stand beside the
+N-worker figures: the etcd group's when it ran, else measured here. The server's CPU is the
+whole process tree's (the supervisor and every worker), and each row also reads the writers'
+commits and group sizes from the server's /metrics (summed over the workers).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 from bench import cases, etcd, procs, tail
 from bench.common import Measurement, Settings
-from bench.report import WorkersRow
+from bench.report import Row, WorkersRow
+
+
+def etcd_writes(rows: list[Row]) -> dict[int, Measurement]:
+    """etcd's write rows of the etcd group (Put and Txn, not Range), by puts per call."""
+    return {
+        row.ceiling.details["puts_per_call"]: row.ceiling
+        for row in rows
+        if "puts_per_call" in row.ceiling.details
+    }
+
 
 WRITE_CASES = (cases.SEQUENTIAL, cases.CONCURRENT, cases.BATCHED)
 PEER_CASES = {cases.CONCURRENT.number: etcd.PUTS, cases.BATCHED.number: etcd.TXNS}
@@ -49,8 +62,9 @@ def run_group(
 
     ``one_worker``: the main server's h2load rows already measured, by case number; ``tails``:
     its live-tail rows; ``peers``: etcd's rows already measured (by puts per call). What is
-    missing is measured here."""
+    missing is measured here. Every case measured here runs ``settings.workers_duration``."""
     count = workers or procs.usable_cpus()
+    settings = replace(settings, duration=settings.workers_duration or settings.duration)
     one = dict(one_worker)
     for case in WRITE_CASES:
         if case.number not in one:

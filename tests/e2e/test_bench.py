@@ -284,6 +284,10 @@ def test_etcd_puts_and_txns_are_counted_against_its_revision(
     report = render(Results([], [], [], [], etcd=rows), SETTINGS, "quick", _machine())
     assert shown in report
     assert "append 1 ev/call, 16 clients vs etcd Put (h2load)" in report
+    assert workers.etcd_writes([*rows, Row(txns.name, appended, txns, "etcd")]) == {
+        1: puts,
+        100: txns,
+    }
 
 
 def test_an_etcd_error_is_caught_by_the_revision_check(
@@ -330,6 +334,7 @@ def test_etcd_range_page_and_since_page_read_whole_pages(
     assert ranged.name == f"etcd Range page of {page:,} keys, 2 clients (h2load)"
     with grpc.insecure_channel(etcd_server.address) as channel:
         assert etcd.key_count(channel, etcd.LOG_PREFIX) == small.page_log_events
+    assert workers.etcd_writes([Row(since.name, since, ranged, "etcd")]) == {}
 
 
 def test_a_read_reply_missing_its_message_is_an_error(servers: Servers, h2load_path: str) -> None:

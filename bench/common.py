@@ -87,6 +87,7 @@ class Settings:
             since_events=100_000,
             since_runs=3,
             budget_seconds=118.0,
+            workers_duration=1.5,
             sessions_count=2_000,
             sessions_list_passes=2,
         )

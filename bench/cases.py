@@ -63,17 +63,16 @@ def append_load(settings: Settings, target: str, case: AppendCase, prefix: str =
     """Each client appends ``case.events_per_call`` events per call to its own session,
     ``<prefix>-<client index>`` (the case's prefix by default)."""
     prefix = prefix or case.prefix
-    return UnaryLoad(
-        target=target,
-        method=APPEND,
-        requests=tuple(
-            append_request(f"{prefix}-{i}", case.events_per_call) for i in range(case.clients)
-        ),
-        events_per_call=case.events_per_call,
-        duration=settings.duration,
-        warmup=settings.warmup,
-        max_calls=settings.max_calls_per_client,
-        processes=settings.client_processes,
+    requests = tuple(
+        append_request(f"{prefix}-{i}", case.events_per_call) for i in range(case.clients)
+    )
+    return UnaryLoad.for_run(
+        settings,
+        target,
+        APPEND,
+        requests,
+        case.events_per_call,
+        settings.client_processes,
         blocking=case.clients == 1,
     )
 
@@ -193,16 +192,7 @@ def run_since_page_h2load(
     events = sum(len(pb.SinceResponse.FromString(reply).events) for reply in replies)
     if events != page:
         raise RuntimeError(f"the last page of {session} holds {events} events, expected {page}")
-    load = UnaryLoad(
-        target=server.address,
-        method=SINCE,
-        requests=(request,) * clients,
-        events_per_call=page,
-        duration=settings.duration,
-        warmup=settings.warmup,
-        max_calls=settings.max_calls_per_client,
-        processes=clients,
-    )
+    load = UnaryLoad.for_run(settings, server.address, SINCE, (request,) * clients, page, clients)
     name = f"since last page of {page:,} ev, {clients} client{'s' if clients > 1 else ''} (h2load)"
     h2load.warm_up(load, work)
     outcome = h2load.measure(load, name, server.cpu_seconds, work)

@@ -186,15 +186,19 @@ def percentile(sorted_values: Sequence[float], fraction: float) -> float | None:
     return sorted_values[rank]
 
 
-def process_cpu_seconds(pid: int) -> float | None:
-    """User + system CPU seconds of a running process (all its threads), from /proc."""
+def process_cpu_seconds(pid: int, children: bool = False) -> float | None:
+    """User + system CPU seconds of a running process (all its threads), from /proc; with
+    ``children``, also the CPU of its children that it has reaped (cutime, cstime)."""
     try:
         with open(f"/proc/{pid}/stat") as stat:
             fields = stat.read().rsplit(")", 1)[1].split()
     except OSError:
         return None
     ticks = os.sysconf("SC_CLK_TCK")
-    return (int(fields[11]) + int(fields[12])) / ticks  # utime, stime (fields 14 and 15)
+    used = int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15)
+    if children:
+        used += int(fields[13]) + int(fields[14])  # cutime, cstime (fields 16 and 17)
+    return used / ticks
 
 
 def process_memory_kib(pid: int) -> dict[str, int]:

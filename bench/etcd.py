@@ -40,7 +40,6 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-import signal
 import subprocess
 import time
 from collections.abc import Iterator
@@ -54,10 +53,9 @@ from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 from bench import h2load
 from bench.common import Measurement, Settings, page_events, stored_event
 from bench.load import UnaryLoad
-from bench.procs import free_port
+from bench.procs import ChildProcess, free_port
 
 START_SECONDS = 30.0
-STOP_SECONDS = 20.0
 CALL_TIMEOUT = 30.0
 INSTALL = "install it with `apt-get install -y etcd-server` (or `make bench-tools` as root)"
 KV = "/etcdserverpb.KV"
@@ -207,34 +205,22 @@ def unavailable() -> str:
 
 def version() -> str:
     """What ``etcd --version`` says first, e.g. "etcd Version: 3.4.23"; "" when it cannot say."""
-    path = executable()
-    if path is None:
-        return ""
-    try:
-        done = subprocess.run(
-            [path, "--version"], capture_output=True, text=True, timeout=10, check=False
-        )
-    except (OSError, subprocess.TimeoutExpired):
-        return ""
-    return done.stdout.strip().splitlines()[0] if done.stdout.strip() else ""
+    return h2load.version_line(executable())
 
 
-class EtcdProcess:
+class EtcdProcess(ChildProcess):
     """One single-member etcd on 127.0.0.1 (client and peer ports free), stopped by its PID."""
 
     def __init__(self, directory: Path) -> None:
         self.directory = directory
         self.port = free_port()
         self.peer_port = free_port()
+        self.log_path = directory / "etcd.log"
         self.process: subprocess.Popen[bytes] | None = None
 
     @property
     def address(self) -> str:
         return f"127.0.0.1:{self.port}"
-
-    @property
-    def log_path(self) -> Path:
-        return self.directory / "etcd.log"
 
     def start(self) -> EtcdProcess:
         path = executable()
@@ -288,32 +274,6 @@ class EtcdProcess:
                 except grpc.RpcError:
                     time.sleep(0.05)
         raise RuntimeError(f"etcd not answering within {START_SECONDS:.0f} s:\n{self.log_tail()}")
-
-    def stop(self) -> int | None:
-        """SIGTERM by PID, wait, SIGKILL if it does not go. Returns the exit code."""
-        process, self.process = self.process, None
-        if process is None:
-            return None
-        if process.poll() is None:
-            os.kill(process.pid, signal.SIGTERM)
-            try:
-                return process.wait(STOP_SECONDS)
-            except subprocess.TimeoutExpired:
-                os.kill(process.pid, signal.SIGKILL)
-                return process.wait(STOP_SECONDS)
-        return process.returncode
-
-    def cpu_seconds(self) -> float | None:
-        from bench.common import process_cpu_seconds
-
-        return None if self.process is None else process_cpu_seconds(self.process.pid)
-
-    def log_tail(self, lines: int = 20) -> str:
-        try:
-            text = self.log_path.read_text(errors="replace")
-        except OSError:
-            return ""
-        return "\n".join(text.splitlines()[-lines:])
 
 
 @contextlib.contextmanager
@@ -373,15 +333,9 @@ def write_load(settings: Settings, server: EtcdProcess, case: WriteCase) -> Unar
             requests.append(put_request(keys[0], value))
         else:
             requests.append(txn_request([(key, value) for key in keys]))
-    return UnaryLoad(
-        target=server.address,
-        method=PUT if case.puts_per_call == 1 else TXN,
-        requests=tuple(requests),
-        events_per_call=case.puts_per_call,
-        duration=settings.duration,
-        warmup=settings.warmup,
-        max_calls=settings.max_calls_per_client,
-        processes=case.clients,
+    method = PUT if case.puts_per_call == 1 else TXN
+    return UnaryLoad.for_run(
+        settings, server.address, method, tuple(requests), case.puts_per_call, case.clients
     )
 
 
@@ -466,16 +420,7 @@ def run_range_pages(
     reply = _API["RangeResponse"].FromString(raw)
     if len(reply.kvs) != page or reply.more:
         raise RuntimeError(f"etcd's last page holds {len(reply.kvs)} keys, expected {page}")
-    load = UnaryLoad(
-        target=server.address,
-        method=RANGE,
-        requests=(request,) * clients,
-        events_per_call=page,
-        duration=settings.duration,
-        warmup=settings.warmup,
-        max_calls=settings.max_calls_per_client,
-        processes=clients,
-    )
+    load = UnaryLoad.for_run(settings, server.address, RANGE, (request,) * clients, page, clients)
     name = (
         f"etcd Range page of {page:,} keys, {clients} client{'s' if clients > 1 else ''} (h2load)"
     )

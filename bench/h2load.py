@@ -68,7 +68,11 @@ def unavailable() -> str:
 
 def version() -> str:
     """What ``h2load --version`` says, e.g. "h2load nghttp2/1.52.0"; "" when it cannot say."""
-    path = executable()
+    return version_line(executable())
+
+
+def version_line(path: str | None) -> str:
+    """The first line ``PATH --version`` prints; "" when there is no such program or it fails."""
     if path is None:
         return ""
     try:
@@ -77,7 +81,8 @@ def version() -> str:
         )
     except (OSError, subprocess.TimeoutExpired):
         return ""
-    return done.stdout.strip()
+    lines = done.stdout.strip().splitlines()
+    return lines[0] if lines else ""
 
 
 @dataclass

@@ -24,7 +24,7 @@ from typing import Any
 
 import grpc
 
-from bench.common import Measurement, count_events, system_cpu_seconds
+from bench.common import Measurement, Settings, count_events, system_cpu_seconds
 
 START_TIMEOUT = 60.0
 """Seconds for every worker to start, connect and warm up."""
@@ -53,6 +53,30 @@ class UnaryLoad:
     processes: int
     blocking: bool = False
     """One client on grpc's blocking API in one process (the sequential case)."""
+
+    @classmethod
+    def for_run(
+        cls,
+        settings: Settings,
+        target: str,
+        method: str,
+        requests: tuple[bytes, ...],
+        events_per_call: int,
+        processes: int,
+        blocking: bool = False,
+    ) -> UnaryLoad:
+        """A load of the run's duration, warm-up and call cap."""
+        return cls(
+            target=target,
+            method=method,
+            requests=requests,
+            events_per_call=events_per_call,
+            duration=settings.duration,
+            warmup=settings.warmup,
+            max_calls=settings.max_calls_per_client,
+            processes=processes,
+            blocking=blocking,
+        )
 
 
 @dataclass(frozen=True)

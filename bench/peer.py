@@ -21,9 +21,7 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import multiprocessing
-import os
 import shutil
-import signal
 import subprocess
 import time
 from collections.abc import Iterator
@@ -40,10 +38,9 @@ from bench.load import (
     run_reads,
     run_workers,
 )
-from bench.procs import free_port
+from bench.procs import ChildProcess, free_port
 
 START_SECONDS = 30.0
-STOP_SECONDS = 20.0
 FIELD = b"e"
 FILL_PIPELINE = 1000
 
@@ -57,12 +54,13 @@ def unavailable() -> str:
     return ""
 
 
-class RedisProcess:
+class RedisProcess(ChildProcess):
     """One redis-server subprocess on 127.0.0.1, stopped by its PID."""
 
     def __init__(self, directory: Path) -> None:
         self.directory = directory
         self.port = free_port()
+        self.log_path = directory / "redis.log"
         self.process: subprocess.Popen[bytes] | None = None
 
     def start(self) -> RedisProcess:
@@ -78,7 +76,7 @@ class RedisProcess:
             "--appendfsync", "always",
             "--save", "",
             "--daemonize", "no",
-            "--logfile", str(self.directory / "redis.log"),
+            "--logfile", str(self.log_path),
         ]  # fmt: skip
         self.process = subprocess.Popen(
             argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
@@ -100,22 +98,6 @@ class RedisProcess:
             raise
         finally:
             client.close()
-
-    def stop(self) -> None:
-        process, self.process = self.process, None
-        if process is None or process.poll() is not None:
-            return
-        os.kill(process.pid, signal.SIGTERM)
-        try:
-            process.wait(STOP_SECONDS)
-        except subprocess.TimeoutExpired:
-            os.kill(process.pid, signal.SIGKILL)
-            process.wait(STOP_SECONDS)
-
-    def cpu_seconds(self) -> float | None:
-        from bench.common import process_cpu_seconds
-
-        return None if self.process is None else process_cpu_seconds(self.process.pid)
 
 
 @contextlib.contextmanager

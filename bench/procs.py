@@ -64,7 +64,39 @@ def free_port() -> int:
         return port
 
 
-class ServerProcess:
+class ChildProcess:
+    """A subprocess the bench started, with its output in ``log_path``: stopped by its PID."""
+
+    process: subprocess.Popen[bytes] | None
+    log_path: Path
+
+    def stop(self) -> int | None:
+        """SIGTERM by PID, wait, SIGKILL if it does not go. Returns the exit code."""
+        process, self.process = self.process, None
+        if process is None:
+            return None
+        if process.poll() is None:
+            os.kill(process.pid, signal.SIGTERM)
+            try:
+                return process.wait(STOP_TIMEOUT)
+            except subprocess.TimeoutExpired:
+                os.kill(process.pid, signal.SIGKILL)
+                return process.wait(STOP_TIMEOUT)
+        return process.returncode
+
+    def log_tail(self, lines: int = 20) -> str:
+        try:
+            text = self.log_path.read_text(errors="replace")
+        except OSError:
+            return ""
+        return "\n".join(text.splitlines()[-lines:])
+
+    def cpu_seconds(self) -> float | None:
+        """The process's CPU seconds so far."""
+        return None if self.process is None else process_cpu_seconds(self.process.pid)
+
+
+class ServerProcess(ChildProcess):
     """One server subprocess; ``address`` is where it listens once ``start`` returns."""
 
     def __init__(
@@ -192,27 +224,6 @@ class ServerProcess:
                 )
             time.sleep(0.05)
 
-    def stop(self) -> int | None:
-        """SIGTERM by PID, wait, SIGKILL if it does not go. Returns the exit code."""
-        process, self.process = self.process, None
-        if process is None:
-            return None
-        if process.poll() is None:
-            os.kill(process.pid, signal.SIGTERM)
-            try:
-                return process.wait(STOP_TIMEOUT)
-            except subprocess.TimeoutExpired:
-                os.kill(process.pid, signal.SIGKILL)
-                return process.wait(STOP_TIMEOUT)
-        return process.returncode
-
-    def log_tail(self, lines: int = 20) -> str:
-        try:
-            text = self.log_path.read_text(errors="replace")
-        except OSError:
-            return ""
-        return "\n".join(text.splitlines()[-lines:])
-
 
 def wait_serving(address: str, process: subprocess.Popen[bytes], timeout: float) -> None:
     """Poll the standard health service until it answers SERVING, or fail within ``timeout``."""
@@ -252,15 +263,10 @@ def tree_cpu_seconds(pid: int) -> float | None:
     """CPU seconds of a process and its children: its own, its reaped children's (cutime and
     cstime) and its live children's. A worker restarted meanwhile is still counted: once its
     parent reaps it, its CPU moves into the parent's cutime."""
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            fields = stat.read().rsplit(")", 1)[1].split()
-    except OSError:
+    own = process_cpu_seconds(pid, children=True)
+    if own is None:
         return None
-    ticks = os.sysconf("SC_CLK_TCK")
-    reaped = (int(fields[13]) + int(fields[14])) / ticks  # cutime, cstime (fields 16 and 17)
-    own = (int(fields[11]) + int(fields[12])) / ticks
-    return own + reaped + sum(process_cpu_seconds(child) or 0.0 for child in children(pid))
+    return own + sum(process_cpu_seconds(child) or 0.0 for child in children(pid))
 
 
 @dataclass(frozen=True)

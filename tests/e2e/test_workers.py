@@ -7,17 +7,13 @@ in the folder afterwards), SIGKILL of the supervisor, SIGTERM with a follower op
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import tempfile
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
 
 import grpc
 import pytest
@@ -29,76 +25,11 @@ from sessionlog.v1 import session_log_service_pb2 as pb
 from sessionlog.v1 import session_log_service_pb2_grpc as pb_grpc
 from sessionlog.workers.supervisor import UNRESPONSIVE_SECONDS
 from tests.e2e._helpers import say
-from tests.e2e._proc import ServerProcess, free_port, run_cli
+from tests.e2e._proc import free_port, run_cli
+from tests.e2e._workers import connections_by_worker, workers
 
 LOAD_SECONDS = 20.0
 """Every load loop below stops after this long, whatever happens."""
-
-
-class Workers:
-    """A running `serve --workers N` and what its log says about it."""
-
-    def __init__(self, process: ServerProcess, address: str, data: Path) -> None:
-        self.process = process
-        self.address = address
-        self.port = int(address.rsplit(":", 1)[1])
-        self.data = data
-
-    def lines(self) -> list[dict[str, Any]]:
-        out = []
-        for line in self.process.log().splitlines():
-            if line.startswith("{"):
-                out.append(json.loads(line))
-        return out
-
-    def serving_line(self) -> dict[str, Any]:
-        return next(e for e in self.lines() if e["message"] == "sessionlog serving")
-
-    def pids(self) -> list[int]:
-        """The current workers' PIDs: the supervisor's children."""
-        children = Path(f"/proc/{self.process.pid}/task/{self.process.pid}/children")
-        return [int(pid) for pid in children.read_text().split()]
-
-    def wait_log(self, message: str, count: int = 1, timeout: float = 30.0) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if sum(1 for e in self.lines() if e["message"] == message) >= count:
-                return
-            time.sleep(0.05)
-        raise AssertionError(f"no {count} x {message!r} in the log:\n{self.process.log()}")
-
-
-@contextmanager
-def workers(tmp_path: Path, count: int = 2, *flags: str, name: str = "a") -> Iterator[Workers]:
-    address = f"127.0.0.1:{free_port()}"
-    data = tmp_path / f"data-{name}"
-    args = ["--data", str(data), "--listen", address, "--workers", str(count)]
-    with ServerProcess([*args, "--log-format", "json", *flags], tmp_path, name=name) as process:
-        running = Workers(process, address, data)
-        running.wait_log("sessionlog serving")
-        process.wait_serving(address)
-        yield running
-
-
-def connections_by_worker(pids: list[int], port: int) -> Counter[int]:
-    """How many established TCP connections on ``port`` each process holds (from /proc)."""
-    inodes: dict[str, int] = {}
-    for pid in pids:
-        for fd in Path(f"/proc/{pid}/fd").iterdir():
-            try:
-                target = os.readlink(fd)
-            except OSError:
-                continue
-            if target.startswith("socket:["):
-                inodes[target[8:-1]] = pid
-    held: Counter[int] = Counter()
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        for row in Path(table).read_text().splitlines()[1:]:
-            fields = row.split()
-            local_port = int(fields[1].rsplit(":", 1)[1], 16)
-            if local_port == port and fields[3] == "01" and fields[9] in inodes:
-                held[inodes[fields[9]]] += 1
-    return held
 
 
 def test_one_server_of_several_processes_owns_its_folder_and_port(tmp_path: Path) -> None:

@@ -31,58 +31,10 @@ from sessionlog.v1 import session_log_service_pb2 as pb
 from sessionlog.v1 import session_log_service_pb2_grpc as pb_grpc
 from tests.e2e._helpers import say
 from tests.e2e._proc import free_port, run_cli
-from tests.e2e.test_workers import Workers, workers
+from tests.e2e._workers import channel_on, stubs_by_worker, workers
 
 SECONDS = 20.0
 """Every wait and loop below gives up after this long."""
-
-
-def _server_side(port: int) -> dict[int, str]:
-    """The established connections to ``port``, server side: {client port: socket inode}."""
-    found: dict[int, str] = {}
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        for row in Path(table).read_text().splitlines()[1:]:
-            fields = row.split()
-            local = int(fields[1].rsplit(":", 1)[1], 16)
-            if local == port and fields[3] == "01":
-                found[int(fields[2].rsplit(":", 1)[1], 16)] = fields[9]
-    return found
-
-
-def _sockets_of(pid: int) -> set[str]:
-    inodes = set()
-    for fd in Path(f"/proc/{pid}/fd").iterdir():
-        try:
-            target = os.readlink(fd)
-        except OSError:
-            continue
-        if target.startswith("socket:["):
-            inodes.add(target[8:-1])
-    return inodes
-
-
-def channel_on(server: Workers, pid: int, tries: int = 80) -> grpc.Channel:
-    """A channel whose connection the kernel gave to worker ``pid`` (one call made on it)."""
-    for _ in range(tries):
-        before = set(_server_side(server.port))
-        channel = grpc.insecure_channel(
-            server.address, options=[("grpc.use_local_subchannel_pool", 1)]
-        )
-        stub = pb_grpc.SessionLogServiceStub(channel)  # type: ignore[no-untyped-call]
-        stub.Surface(pb.SurfaceRequest(session_id="pin"), timeout=10)
-        after = _server_side(server.port)
-        new = [inode for client, inode in after.items() if client not in before]
-        if len(new) == 1 and new[0] in _sockets_of(pid):
-            return channel
-        channel.close()
-    raise AssertionError(f"no connection reached worker {pid} in {tries} tries")
-
-
-def stubs_by_worker(server: Workers) -> list[pb_grpc.SessionLogServiceStub]:
-    return [
-        pb_grpc.SessionLogServiceStub(channel_on(server, pid))  # type: ignore[no-untyped-call]
-        for pid in server.pids()
-    ]
 
 
 # -- ports --------------------------------------------------------------------------------------

@@ -41,10 +41,12 @@ def contents(client: Client, session_id: str) -> list[tuple[int, str]]:
     return [(e.seq, str(e.data["content"])) for e in client.since(session_id)]
 
 
-def promote(cluster: Cluster, old: Node, new: Node) -> None:
-    """Today's failover: kill ``old`` (SIGKILL), restart ``new``'s folder as the primary, then
-    ``old``'s folder as a replica of it (it has nothing the new primary lacks)."""
-    old.kill()
+def promote(old: Node, new: Node) -> None:
+    """Today's failover: kill ``old`` (SIGKILL) unless that is done, restart ``new``'s folder
+    as the primary, then ``old``'s folder as a replica of it (it has nothing the new primary
+    lacks)."""
+    if old.running:
+        old.kill()
     new.stop()
     new.replica_of = ""
     new.start()
@@ -123,13 +125,17 @@ class Writer(threading.Thread):
         self.session_id = session_id
         self.gate = threading.Lock()
         self.acked: dict[str, int] = {}
+        self.slowest = 0.0
+        """The seconds of the longest append: the one that waited out the failover."""
         self.error: BaseException | None = None
 
     def run(self) -> None:
         try:
             for n in range(WRITES):
                 with self.gate:
+                    started = time.monotonic()
                     reply = self.client.append(self.session_id, [note(f"n{n}")], request_id=f"r{n}")
+                    self.slowest = max(self.slowest, time.monotonic() - started)
                 self.acked[f"r{n}"] = reply.events[0].seq
                 time.sleep(0.01)
         except BaseException as error:  # reported by the test
@@ -161,7 +167,7 @@ def test_writer_and_follower_survive_a_failover(
 ) -> None:
     """Across SIGKILL of the primary and a promotion, a writer with request ids loses nothing
     acknowledged and writes nothing twice, and a follow() sees every event once, in order."""
-    cluster, primary, replica = group
+    _, primary, replica = group
     order = (
         [replica.address, primary.address] if replica_first else [primary.address, replica.address]
     )
@@ -173,7 +179,8 @@ def test_writer_and_follower_survive_a_failover(
         wait_for("the writer is under way", lambda: len(writer.acked) >= KILL_AT, 30)
         with writer.gate:  # between two appends: let the replica catch up, then kill
             wait_position(replica, primary.status().position)
-            promote(cluster, primary, replica)
+            primary.kill()
+        promote(primary, replica)  # the writer goes on meanwhile, against a dead primary
         writer.join(90)
         follower.join(30)
         follower.stream.close()
@@ -186,6 +193,7 @@ def test_writer_and_follower_survive_a_failover(
         assert contents(writes, "s") == expected
         assert follower.seen == expected
         assert follower.stream.reconnects >= 1
+        assert writer.slowest > 0.3, "no append waited for the promotion"
         assert writes.current == replica.address  # the promoted folder
         # A retry of an append acknowledged before the failover finds it on the new primary.
         again = writes.append("s", [note("n3")], request_id="r3")
@@ -199,9 +207,9 @@ def test_writer_and_follower_survive_a_failover(
 def test_async_client_follows_hints_and_survives_a_failover(
     group: tuple[Cluster, Node, Node],
 ) -> None:
-    """AsyncClient: the replica's hint sends writes to the primary; after a failover, appends
+    """AsyncClient: the replica's hint sends writes to the primary; across a failover, appends
     with request ids and a follow go on against the promoted folder without gap or duplicate."""
-    cluster, primary, replica = group
+    _, primary, replica = group
 
     async def scenario() -> tuple[list[int], list[int]]:
         async with AsyncClient([replica.address, primary.address], retry=RETRY) as client:
@@ -214,9 +222,13 @@ def test_async_client_follows_hints_and_survives_a_failover(
                     seen.append(ev.seq)
                     if ev.seq == 4:
                         wait_position(replica, primary.status().position)
-                        await asyncio.to_thread(promote, cluster, primary, replica)
-                        for n in range(5, 10):
+                        primary.kill()
+                        promotion = asyncio.create_task(
+                            asyncio.to_thread(promote, primary, replica)
+                        )
+                        for n in range(5, 10):  # sent while the promotion is under way
                             await client.append("s", [note(f"n{n}")], request_id=f"r{n}")
+                        await promotion
                     if ev.seq == 9:
                         break
             repeat = await client.append("s", [note("n7")], request_id="r7")

@@ -14,6 +14,8 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import os
+import signal
 import threading
 import time
 import urllib.request
@@ -202,6 +204,44 @@ def test_writer_and_follower_survive_a_failover(
     wait_position(primary, replica.status().position)
     with Client(primary.address) as old:
         assert contents(old, "s") == expected
+
+
+def test_append_moves_on_from_a_frozen_primary(group: tuple[Cluster, Node, Node]) -> None:
+    """A SIGSTOPped primary holds an append until its deadline; in a group the append then
+    tries the other members (with its request id) until the promoted replica takes it."""
+    _, primary, replica = group
+    with Client([primary.address, replica.address], retry=RETRY, timeout=1.0) as client:
+        client.append("s", [note("n0")], request_id="r0")
+        wait_position(replica, primary.status().position)
+        frozen = primary.pids  # the server and its workers, if it runs several
+        for pid in frozen:
+            os.kill(pid, signal.SIGSTOP)
+        try:
+            outcome: list[object] = []
+
+            def append() -> None:
+                try:
+                    outcome.append(client.append("s", [note("n1")], request_id="r1"))
+                except BaseException as error:  # reported below
+                    outcome.append(error)
+
+            caller = threading.Thread(target=append, daemon=True)
+            caller.start()
+            time.sleep(1.5)  # its first try has run into its deadline at the frozen primary
+            assert caller.is_alive()
+            assert not outcome
+            replica.stop()
+            replica.replica_of = ""
+            replica.start()
+            caller.join(30)
+        finally:
+            for pid in frozen[1:]:
+                os.kill(pid, signal.SIGKILL)  # ends a stopped process too
+            primary.kill()
+        [reply] = outcome
+        assert not isinstance(reply, BaseException), reply
+        assert client.current == replica.address
+        assert contents(client, "s") == [(0, "n0"), (1, "n1")]
 
 
 def test_async_client_follows_hints_and_survives_a_failover(

@@ -295,7 +295,9 @@ class AsyncClient:
                 member.reached = True
                 return reply
             except grpc.RpcError as error:
-                step = self._router.after(member, error, retry=retry, hops=hops)
+                step = self._router.after(
+                    member, error, retry=retry, hops=hops, deadline_moves=retry
+                )
                 if step is Step.AGAIN:
                     hops += 1
                     continue

@@ -61,7 +61,9 @@ class Retry:
     ``since``/``follow`` stream reconnecting after a drop all retry for at most ``give_up_after``
     seconds, sleeping ``initial_backoff`` doubling up to ``max_backoff`` (with jitter) between
     tries; then the last error is raised. Create, seed, fork and release are never retried: a
-    retry could not tell its own first success from a refusal.
+    retry could not tell its own first success from a refusal. A client given several addresses
+    also moves these retried calls to another member after a deadline with no answer, and
+    re-sends any write refused with NOT_PRIMARY to the primary it names (see ``_routing``).
     """
 
     give_up_after: float = 30.0

@@ -15,6 +15,9 @@ writes), and these answers move it:
     UNAVAILABLE from an address that  the next address at once (nothing reached it); when no
     never answered                    address has ever answered and each was tried, the call
                                       fails at once with ``Unavailable`` naming them all
+    DEADLINE_EXCEEDED with no answer  a retried unary call moves on as after UNAVAILABLE: a
+                                      frozen primary (SIGSTOP, a partition) holds a call until
+                                      its deadline, and the group may have a new primary by then
 
 A follow stream that goes silent moves on as UNAVAILABLE does. Immediate re-sends within one
 call are bounded (``hop_limit``); past it each move waits its backoff, and the whole call gives
@@ -149,12 +152,22 @@ class Router:
 
     # -- after a failure --------------------------------------------------------------------------
 
-    def after(self, member: Member, error: grpc.RpcError, *, retry: bool, hops: int) -> Step:
-        """Record what ``error`` says about ``member`` and decide what the failed call does next."""
+    def after(
+        self,
+        member: Member,
+        error: grpc.RpcError,
+        *,
+        retry: bool,
+        hops: int,
+        deadline_moves: bool = False,
+    ) -> Step:
+        """Record what ``error`` says about ``member`` and decide what the failed call does next
+        (``deadline_moves``: a unary call that retries, for which a deadline is no answer)."""
         info = error_info(error.trailing_metadata())
         if info is not None:
             member.reached = True
-        unavailable = error.code() == grpc.StatusCode.UNAVAILABLE
+        code = error.code()
+        unavailable = code == grpc.StatusCode.UNAVAILABLE
         if not self.several:
             if unavailable and info is None and not (member.reached or self.reached):
                 raise self._unreachable(error, [member])
@@ -165,6 +178,9 @@ class Router:
                 with self._lock:
                     self._current = self.members.index(self._member(hint))
                 return Step.AGAIN if hops < self.hop_limit else Step.LATER
+            self.moved(member)
+            return Step.LATER
+        if code == grpc.StatusCode.DEADLINE_EXCEEDED and deadline_moves and info is None:
             self.moved(member)
             return Step.LATER
         if not unavailable:

@@ -342,6 +342,9 @@ const sleep = (ms) => new Promise((done) => setTimeout(done, ms));
 //   answered before
 //   UNAVAILABLE from an address that the next address at once; when no address has ever answered
 //   never answered                   and each was tried, the call rejects naming them all
+//   DEADLINE_EXCEEDED, no answer     a retried unary call moves on as after UNAVAILABLE: a frozen
+//                                    primary holds a call until its deadline, and the group may
+//                                    have a new primary by then
 // Immediate re-sends within one call are bounded (2 per member + 2); past that each move waits its
 // backoff, and the call gives up after retry.giveUpAfterMs like any retry. With one address given
 // as a string and no etcd, nothing moves: NOT_PRIMARY is thrown and UNAVAILABLE retried in place.
@@ -733,8 +736,9 @@ export class SessionLogClient {
   }
 
   /** Record what error says about member and decide what the failed call does: AGAIN, LATER or
-   * RAISE (or throw at once when no address has ever answered). */
-  _after(member, error, retry, hops) {
+   * RAISE (or throw at once when no address has ever answered). deadlineMoves: a unary call that
+   * retries, for which a deadline is no answer. */
+  _after(member, error, retry, hops, deadlineMoves = false) {
     const info = errorInfo(error);
     if (info) member.reached = true;
     const unavailable = error?.code === grpc.status.UNAVAILABLE;
@@ -749,6 +753,10 @@ export class SessionLogClient {
         this._current = this._members.indexOf(this._member(hint));
         return hops < 2 * this._members.length + 2 ? AGAIN : LATER;
       }
+      this._moved(member);
+      return LATER;
+    }
+    if (error?.code === grpc.status.DEADLINE_EXCEEDED && deadlineMoves && !info) {
       this._moved(member);
       return LATER;
     }
@@ -823,7 +831,7 @@ export class SessionLogClient {
         return reply;
       } catch (error) {
         failure = error;
-        step = this._after(member, error, retry, hops);
+        step = this._after(member, error, retry, hops, retry);
       }
       if (step === AGAIN) {
         hops += 1;

@@ -165,6 +165,32 @@ test("a writer with request ids and a follow survive SIGKILL of the primary and 
   }
 });
 
+test("an append moves on from a frozen (SIGSTOPped) primary to the promoted replica", async () => {
+  const g = await group();
+  const { nodes } = g;
+  const client = new SessionLogClient([nodes.primary.address, nodes.replica.address], { retry: RETRY, timeoutMs: 1000 });
+  const frozen = nodes.primary.pids(); // the server and its workers
+  try {
+    await client.append("s", [user("n0")], { requestId: "r0" });
+    await caughtUp(nodes, "s");
+    for (const pid of frozen) process.kill(pid, "SIGSTOP");
+    let settled = false;
+    const pending = client.append("s", [user("n1")], { requestId: "r1" }).finally(() => (settled = true));
+    await sleep(1500); // its first try has run into its deadline at the frozen primary
+    assert.equal(settled, false);
+    await nodes.replica.stop();
+    nodes.replica = await startServer({ root: nodes.replica.root, port: nodes.replica.port });
+    const reply = await pending;
+    assert.equal(reply.events[0].seq, 1);
+    assert.equal(client.current, nodes.replica.address);
+  } finally {
+    client.close();
+    for (const pid of frozen.slice(1)) process.kill(pid, "SIGKILL"); // ends a stopped process too
+    await nodes.primary.kill();
+    await g.close();
+  }
+});
+
 test("etcd names the primary, then the new one after a failover; no leader key: no primary", async () => {
   const etcd = await startEtcd();
   const g = await group();

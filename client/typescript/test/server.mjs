@@ -1,7 +1,7 @@
 // Real `sessionlog serve` processes for the tests: a free port, a temp data folder, readiness by
 // connecting, and stop by PID (SIGTERM, then SIGKILL if it hangs).
 import { spawn } from "node:child_process";
-import { mkdtempSync, openSync, rmSync } from "node:fs";
+import { mkdtempSync, openSync, readFileSync, rmSync } from "node:fs";
 import { createServer } from "node:net";
 import { tmpdir } from "node:os";
 import { dirname, join, resolve } from "node:path";
@@ -73,6 +73,11 @@ export async function startServer({ port, root, args = [], clientOptions = {} } 
       } finally {
         clearTimeout(timer);
       }
+    },
+    /** Every process of this server: the one started and its workers (its children). */
+    pids() {
+      const children = readFileSync(`/proc/${child.pid}/task/${child.pid}/children`, "utf8");
+      return [child.pid, ...children.split(/\s+/).filter(Boolean).map(Number)];
     },
     /** SIGKILL (a crash) and wait for the exit. */
     async kill() {

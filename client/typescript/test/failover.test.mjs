@@ -9,7 +9,7 @@ import { test } from "node:test";
 
 import { SessionLogClient, SessionLogError } from "@sessionlog/client";
 
-import { startEtcd, startServer, tempDir } from "./server.mjs";
+import { freePort, startEtcd, startServer, tempDir } from "./server.mjs";
 
 const RETRY = { giveUpAfterMs: 60_000, initialBackoffMs: 20, maxBackoffMs: 250 };
 const WRITES = 40;
@@ -101,6 +101,22 @@ test("writes go to the primary whatever the order; one address as a string route
     for (const client of clients) client.close();
     await g.close();
   }
+});
+
+test("when no address of the list ever answers, a call rejects at once naming them all", async () => {
+  const addresses = [`127.0.0.1:${await freePort()}`, `127.0.0.1:${await freePort()}`];
+  const client = new SessionLogClient(addresses, { retry: RETRY, connectTimeoutMs: 1000 });
+  const started = Date.now();
+  try {
+    await assert.rejects(client.getSession("s"), (error) => {
+      assert.equal(error.reason, "UNAVAILABLE");
+      for (const address of addresses) assert.ok(error.message.includes(address), error.message);
+      return true;
+    });
+  } finally {
+    client.close();
+  }
+  assert.ok(Date.now() - started < 10_000, "waited for the retry budget instead");
 });
 
 test("a writer with request ids and a follow survive SIGKILL of the primary and a promotion", async () => {

@@ -15,7 +15,8 @@ import grpc
 
 from sessionlog_client import _common as c
 from sessionlog_client._common import EventLike, MessageLike, Retry
-from sessionlog_client._status import is_unavailable, to_error
+from sessionlog_client._routing import LOG, Member, Router, Step, make_router
+from sessionlog_client._status import to_error
 from sessionlog_client.convert import messages_to_dicts
 from sessionlog_client.v1 import session_log_service_pb2 as pb
 from sessionlog_client.v1 import session_log_service_pb2_grpc as pb_grpc
@@ -36,7 +37,7 @@ class AsyncEventStream(AsyncIterator[Event]):
 
     def __init__(
         self,
-        stub: Any,
+        router: Router,
         connection: c.Connection,
         session_id: str,
         seq: int,
@@ -44,16 +45,14 @@ class AsyncEventStream(AsyncIterator[Event]):
         follow: bool,
         timeout: float | None,
         heartbeat: float | None = None,
-        contact: c.Contact | None = None,
     ) -> None:
         self.session_id = session_id
         self.next_seq = seq
         self.caught_up = False
         self.reconnects = 0
         self.dead_streams = 0
-        self._stub = stub
+        self._router = router
         self._connection = connection
-        self._contact = contact or c.Contact(connection)
         self._follow = follow
         self._timeout = timeout
         self._heartbeat = heartbeat if follow else None
@@ -95,11 +94,11 @@ class AsyncEventStream(AsyncIterator[Event]):
         with contextlib.suppress(RuntimeError):  # another task is inside __anext__
             await self._events.aclose()
 
-    def _open(self) -> Any:
+    def _open(self, member: Member) -> Any:
         if self._closed.is_set():
             return None
         request = c.since_request(self.session_id, self.next_seq, self._follow, self._heartbeat)
-        self._call = self._stub.Since(
+        self._call = member.stubs[LOG].Since(
             request,
             timeout=self._timeout,
             metadata=self._connection.call_metadata(),
@@ -109,8 +108,18 @@ class AsyncEventStream(AsyncIterator[Event]):
 
     async def _run(self) -> AsyncGenerator[Event, None]:
         backoff = self._connection.retry.backoff()
+        hops = 0
         while True:
-            call = self._open()
+            if self._closed.is_set():
+                return
+            member = await self._router.pick_async()
+            if member is None:  # no primary known yet (etcd named none): wait and ask again
+                wait = backoff.next()
+                if wait is None:
+                    raise self._router.nobody()
+                await self._pause(wait)
+                continue
+            call = self._open(member)
             if call is None:
                 return
             delay: float | None = None
@@ -122,7 +131,8 @@ class AsyncEventStream(AsyncIterator[Event]):
                     if response is grpc.aio.EOF:
                         break
                     backoff.reset()
-                    self._contact.reached = True
+                    hops = 0
+                    member.reached = True
                     if response.caught_up:
                         self.caught_up = True
                     for event in response.events:
@@ -137,27 +147,36 @@ class AsyncEventStream(AsyncIterator[Event]):
                 raise
             except TimeoutError:
                 self.dead_streams += 1
+                self._router.moved(member)
                 delay = backoff.next()
                 if delay is None:
                     raise c.dead_stream(self._silence) from None
             except grpc.RpcError as error:
                 if self._closed.is_set():
                     return
-                self._contact.check(error)
-                delay = backoff.next() if is_unavailable(error) else None
+                step = self._router.after(member, error, retry=True, hops=hops)
+                hops += step is Step.AGAIN
+                delay = (
+                    None if step is Step.RAISE else 0.0 if step is Step.AGAIN else backoff.next()
+                )
                 if delay is None:
                     raise to_error(error) from error
             finally:
                 call.cancel()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._closed.wait(), delay)
+            await self._pause(delay)
             if self._closed.is_set():
                 return
             self.reconnects += 1
 
+    async def _pause(self, delay: float) -> None:
+        """Sleep ``delay`` seconds, or less if the stream is closed meanwhile."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._closed.wait(), delay)
+
 
 class AsyncClient:
-    """The asyncio sessionlog client; same arguments and methods as :class:`Client`.
+    """The asyncio sessionlog client; same arguments and methods as :class:`Client`, several
+    addresses and ``cluster``/``group`` (etcd) included.
 
     Create it inside a running event loop, and close it with ``await client.close()`` or
     ``async with``::
@@ -171,8 +190,10 @@ class AsyncClient:
 
     def __init__(
         self,
-        target: str = c.DEFAULT_TARGET,
+        target: str | Sequence[str] | None = None,
         *,
+        cluster: str | None = None,
+        group: str | None = None,
         timeout: float | None = c.DEFAULT_TIMEOUT,
         token: str | None = None,
         tls: bool = False,
@@ -187,8 +208,16 @@ class AsyncClient:
         connect_timeout: float = c.DEFAULT_CONNECT_TIMEOUT,
         wait_for_ready: bool = False,
     ) -> None:
+        self._router = make_router(
+            target,
+            cluster,
+            group,
+            connect_timeout=connect_timeout,
+            wait_for_ready=wait_for_ready,
+            open_member=self._open_member,
+        )
         self.connection = c.Connection(
-            target=target,
+            target=self._router.target,
             timeout=timeout,
             token=token,
             tls=tls,
@@ -203,22 +232,36 @@ class AsyncClient:
             connect_timeout=connect_timeout,
             wait_for_ready=wait_for_ready,
         )
-        self._contact = c.Contact(self.connection)
-        conn = self.connection
-        if conn.secure:
-            self._channel = grpc.aio.secure_channel(
-                target, conn.credentials(), options=conn.channel_options()
-            )
-        else:
-            self._channel = grpc.aio.insecure_channel(target, options=conn.channel_options())
-        self._stub: Any = pb_grpc.SessionLogServiceStub(self._channel)  # type: ignore[no-untyped-call]
+        self._router.open()
         self._streams: weakref.WeakSet[AsyncEventStream] = weakref.WeakSet()
 
+    def _open_member(self, address: str) -> tuple[grpc.aio.Channel, dict[str, Any]]:
+        conn = self.connection
+        if conn.secure:
+            channel = grpc.aio.secure_channel(
+                address, conn.credentials(), options=conn.channel_options()
+            )
+        else:
+            channel = grpc.aio.insecure_channel(address, options=conn.channel_options())
+        return channel, {LOG: pb_grpc.SessionLogServiceStub(channel)}  # type: ignore[no-untyped-call]
+
+    @property
+    def members(self) -> list[str]:
+        """Every address this client knows, given or learnt from hints and etcd."""
+        return [m.address for m in self._router.members]
+
+    @property
+    def current(self) -> str | None:
+        """The address calls go to now (the primary as far as the client knows)."""
+        member = self._router.current()
+        return None if member is None else member.address
+
     async def close(self) -> None:
-        """Close every open stream, then the channel."""
+        """Close every open stream, then every channel."""
         for stream in list(self._streams):
             await stream.aclose()
-        await self._channel.close()
+        for channel in self._router.channels():
+            await channel.close()
 
     async def __aenter__(self) -> AsyncClient:
         return self
@@ -232,21 +275,33 @@ class AsyncClient:
         await self.close()
 
     async def _call(self, method: str, request: Any, timeout: float | None, *, retry: bool) -> Any:
-        rpc = getattr(self._stub, method)
-        backoff = self.connection.retry.backoff() if retry else None
+        backoff = self.connection.retry.backoff()
+        hops = 0
         while True:
+            member = await self._router.pick_async()
+            if member is None:  # no primary known yet (etcd named none): wait and ask again
+                delay = backoff.next()
+                if delay is None:
+                    raise self._router.nobody()
+                await asyncio.sleep(delay)
+                continue
             try:
-                reply = await rpc(
+                reply = await getattr(member.stubs[LOG], method)(
                     request,
                     timeout=self.connection.deadline(timeout),
                     metadata=self.connection.call_metadata(),
                     wait_for_ready=self.connection.wait_for_ready or None,
                 )
-                self._contact.reached = True
+                member.reached = True
                 return reply
             except grpc.RpcError as error:
-                self._contact.check(error)
-                delay = backoff.next() if backoff is not None and is_unavailable(error) else None
+                step = self._router.after(
+                    member, error, retry=retry, hops=hops, deadline_moves=retry
+                )
+                if step is Step.AGAIN:
+                    hops += 1
+                    continue
+                delay = None if step is Step.RAISE else backoff.next()
                 if delay is None:
                     raise to_error(error) from error
             await asyncio.sleep(delay)
@@ -302,14 +357,13 @@ class AsyncClient:
         heartbeat: float | None = None,
     ) -> AsyncEventStream:
         stream = AsyncEventStream(
-            self._stub,
+            self._router,
             self.connection,
             session_id,
             seq,
             follow=follow,
             timeout=timeout,
             heartbeat=heartbeat,
-            contact=self._contact,
         )
         self._streams.add(stream)
         return stream

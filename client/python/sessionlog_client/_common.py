@@ -14,7 +14,6 @@ from typing import Any
 import grpc
 from google.protobuf.duration_pb2 import Duration
 
-from sessionlog_client._status import error_info
 from sessionlog_client.convert import event_from_dict, messages_from_dicts
 from sessionlog_client.errors import Unavailable
 from sessionlog_client.v1 import session_log_service_pb2 as pb
@@ -62,7 +61,9 @@ class Retry:
     ``since``/``follow`` stream reconnecting after a drop all retry for at most ``give_up_after``
     seconds, sleeping ``initial_backoff`` doubling up to ``max_backoff`` (with jitter) between
     tries; then the last error is raised. Create, seed, fork and release are never retried: a
-    retry could not tell its own first success from a refusal.
+    retry could not tell its own first success from a refusal. A client given several addresses
+    also moves these retried calls to another member after a deadline with no answer, and
+    re-sends any write refused with NOT_PRIMARY to the primary it names (see ``_routing``).
     """
 
     give_up_after: float = 30.0
@@ -156,35 +157,6 @@ class Connection:
     def deadline(self, timeout: float | None) -> float | None:
         """A unary call's timeout: the one given, else the client's default."""
         return self.timeout if timeout is None else timeout
-
-
-class Contact:
-    """Whether the server has answered this client yet, and what to do until it has.
-
-    Until the first answer, an UNAVAILABLE from the transport (nothing listening, an unknown
-    host, a TLS mismatch, a connection attempt over ``connect_timeout``) means the address is
-    probably wrong, not that a server is restarting: it is reported at once, naming the
-    address, instead of retried for the whole retry budget.
-    Once the server has answered, UNAVAILABLE is retried as usual. With ``wait_for_ready`` the
-    client behaves as gRPC does with wait-for-ready: calls wait for a connection (up to their
-    deadline) and UNAVAILABLE is retried from the first call on.
-    """
-
-    def __init__(self, connection: Connection) -> None:
-        self.target = connection.target
-        self.reached = connection.wait_for_ready
-
-    def check(self, error: grpc.RpcError) -> None:
-        """Raise ``Unavailable`` naming the address for a transport failure before first contact."""
-        if self.reached:
-            return
-        if error_info(error.trailing_metadata()) is not None:
-            self.reached = True  # the server itself answered (a refusal, or shutting down)
-            return
-        if error.code() != grpc.StatusCode.UNAVAILABLE:
-            return
-        details = " ".join((error.details() or "").split())
-        raise Unavailable(f"cannot reach a sessionlog server at {self.target}: {details}")
 
 
 def _read(source: CertSource | None) -> bytes | None:

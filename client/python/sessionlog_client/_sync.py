@@ -16,7 +16,8 @@ import grpc
 
 from sessionlog_client import _common as c
 from sessionlog_client._common import EventLike, MessageLike, Retry
-from sessionlog_client._status import is_unavailable, to_error
+from sessionlog_client._routing import LOG, REPLICATION, Member, Router, Step, make_router
+from sessionlog_client._status import to_error
 from sessionlog_client.convert import messages_to_dicts
 from sessionlog_client.v1 import replication_service_pb2 as rpb
 from sessionlog_client.v1 import replication_service_pb2_grpc as rpb_grpc
@@ -84,7 +85,7 @@ class EventStream(Iterator[Event]):
 
     def __init__(
         self,
-        stub: Any,
+        router: Router,
         connection: c.Connection,
         session_id: str,
         seq: int,
@@ -92,16 +93,14 @@ class EventStream(Iterator[Event]):
         follow: bool,
         timeout: float | None,
         heartbeat: float | None = None,
-        contact: c.Contact | None = None,
     ) -> None:
         self.session_id = session_id
         self.next_seq = seq
         self.caught_up = False
         self.reconnects = 0
         self.dead_streams = 0
-        self._stub = stub
+        self._router = router
         self._connection = connection
-        self._contact = contact or c.Contact(connection)
         self._follow = follow
         self._timeout = timeout
         self._heartbeat = heartbeat if follow else None
@@ -142,12 +141,12 @@ class EventStream(Iterator[Event]):
         with contextlib.suppress(ValueError):  # another thread is inside next(): the cancel ends it
             self._events.close()
 
-    def _open(self) -> Any:
+    def _open(self, member: Member) -> Any:
         with self._lock:
             if self._closed.is_set():
                 return None
             request = c.since_request(self.session_id, self.next_seq, self._follow, self._heartbeat)
-            self._call = self._stub.Since(
+            self._call = member.stubs[LOG].Since(
                 request,
                 timeout=self._timeout,
                 metadata=self._connection.call_metadata(),
@@ -157,15 +156,27 @@ class EventStream(Iterator[Event]):
 
     def _run(self) -> Generator[Event, None, None]:
         backoff = self._connection.retry.backoff()
+        hops = 0
         while True:
-            call = self._open()
+            if self._closed.is_set():
+                return
+            member = self._router.pick()
+            if member is None:  # no primary known yet (etcd named none): wait and ask again
+                delay = backoff.next()
+                if delay is None:
+                    raise self._router.nobody()
+                if self._closed.wait(delay):
+                    return
+                continue
+            call = self._open(member)
             if call is None:
                 return
             watchdog = None if self._silence is None else _Watchdog(call, self._silence)
             try:
                 for response in call:
                     backoff.reset()
-                    self._contact.reached = True
+                    hops = 0
+                    member.reached = True
                     if response.caught_up:
                         self.caught_up = True
                     if watchdog is not None:
@@ -182,10 +193,16 @@ class EventStream(Iterator[Event]):
                 if self._closed.is_set():
                     return
                 dead = watchdog is not None and watchdog.fired
-                if not dead:
-                    self._contact.check(error)
                 self.dead_streams += dead
-                delay = backoff.next() if dead or is_unavailable(error) else None
+                if dead:
+                    self._router.moved(member)
+                    step = Step.LATER
+                else:
+                    step = self._router.after(member, error, retry=True, hops=hops)
+                if step is Step.RAISE:
+                    raise to_error(error) from error
+                delay = 0.0 if step is Step.AGAIN else backoff.next()
+                hops += step is Step.AGAIN
                 if delay is None and dead:
                     raise c.dead_stream(self._silence) from None
                 if delay is None:
@@ -200,7 +217,7 @@ class EventStream(Iterator[Event]):
 
 
 class Client:
-    """A blocking sessionlog client over one gRPC channel (thread-safe; share one per process).
+    """A blocking sessionlog client (thread-safe; share one per process).
 
     Example::
 
@@ -211,8 +228,22 @@ class Client:
             for message in client.chat_messages("demo"):
                 print(message["role"], message["content"])
 
+    A group (a primary and its replicas)::
+
+        Client(["10.0.0.1:50051", "10.0.0.2:50051"])          # any order: it finds the primary
+        Client(cluster="etcd://10.0.0.9:2379", group="main")  # the leader named in etcd
+
     Args:
-        target: ``HOST:PORT`` of the server (any gRPC target string works).
+        target: ``HOST:PORT`` of the server (any gRPC target string works), or a list of the
+            addresses of a group's members. Given a list (or ``cluster``), the client sends
+            every call to the member it takes for the primary, follows NOT_PRIMARY hints, and
+            moves to the next address when the one it uses is down (see
+            ``sessionlog_client._routing``); appends carry a request id, so a retry on the new
+            primary never writes twice. None: ``127.0.0.1:50051`` unless ``cluster`` is given.
+        cluster: ``etcd://HOST:PORT[,HOST:PORT...]``, etcd endpoints whose JSON gateway says
+            which member leads ``group`` (the key ``/sessionlog/groups/GROUP/leader``); read
+            at the first call and again whenever the primary is lost.
+        group: the group's name in etcd (with ``cluster``).
         timeout: default deadline of each unary call, in seconds (None: no deadline). Streams
             have no deadline unless ``since(..., timeout=...)`` sets one.
         token: sent as ``authorization: Bearer TOKEN`` on every call. Use it with TLS: on a
@@ -242,8 +273,10 @@ class Client:
 
     def __init__(
         self,
-        target: str = c.DEFAULT_TARGET,
+        target: str | Sequence[str] | None = None,
         *,
+        cluster: str | None = None,
+        group: str | None = None,
         timeout: float | None = c.DEFAULT_TIMEOUT,
         token: str | None = None,
         tls: bool = False,
@@ -258,8 +291,16 @@ class Client:
         connect_timeout: float = c.DEFAULT_CONNECT_TIMEOUT,
         wait_for_ready: bool = False,
     ) -> None:
+        self._router = make_router(
+            target,
+            cluster,
+            group,
+            connect_timeout=connect_timeout,
+            wait_for_ready=wait_for_ready,
+            open_member=self._open_member,
+        )
         self.connection = c.Connection(
-            target=target,
+            target=self._router.target,
             timeout=timeout,
             token=token,
             tls=tls,
@@ -274,31 +315,53 @@ class Client:
             connect_timeout=connect_timeout,
             wait_for_ready=wait_for_ready,
         )
-        self._contact = c.Contact(self.connection)
+        self._router.open()
+        self._streams: weakref.WeakSet[EventStream] = weakref.WeakSet()
+
+    def _open_member(self, address: str) -> tuple[grpc.Channel, dict[str, Any]]:
         conn = self.connection
         if conn.secure:
-            self._channel = grpc.secure_channel(
-                target, conn.credentials(), options=conn.channel_options()
+            channel = grpc.secure_channel(
+                address, conn.credentials(), options=conn.channel_options()
             )
         else:
-            self._channel = grpc.insecure_channel(target, options=conn.channel_options())
-        self._stub: Any = pb_grpc.SessionLogServiceStub(self._channel)  # type: ignore[no-untyped-call]
-        self._replication: Any = rpb_grpc.ReplicationServiceStub(self._channel)  # type: ignore[no-untyped-call]
-        self._streams: weakref.WeakSet[EventStream] = weakref.WeakSet()
+            channel = grpc.insecure_channel(address, options=conn.channel_options())
+        stubs = {
+            LOG: pb_grpc.SessionLogServiceStub(channel),  # type: ignore[no-untyped-call]
+            REPLICATION: rpb_grpc.ReplicationServiceStub(channel),  # type: ignore[no-untyped-call]
+        }
+        return channel, stubs
 
     # -- lifecycle of the client ------------------------------------------------------------------
 
     @property
     def channel(self) -> grpc.Channel:
-        """The client's gRPC channel, for the server's other services (health, reflection,
-        replication); send ``connection.call_metadata()`` with each call for the token."""
-        return self._channel
+        """The gRPC channel to the current member (the only one, given one address), for the
+        server's other services (health, reflection, replication); send
+        ``connection.call_metadata()`` with each call for the token."""
+        member = self._router.pick()
+        if member is None:
+            raise self._router.nobody()
+        channel: grpc.Channel = member.channel
+        return channel
+
+    @property
+    def members(self) -> list[str]:
+        """Every address this client knows, given or learnt from hints and etcd."""
+        return [m.address for m in self._router.members]
+
+    @property
+    def current(self) -> str | None:
+        """The address calls go to now (the primary as far as the client knows)."""
+        member = self._router.current()
+        return None if member is None else member.address
 
     def close(self) -> None:
-        """Close every open stream, then the channel."""
+        """Close every open stream, then every channel."""
         for stream in list(self._streams):
             stream.close()
-        self._channel.close()
+        for channel in self._router.channels():
+            channel.close()
 
     def __enter__(self) -> Client:
         return self
@@ -312,23 +375,35 @@ class Client:
         self.close()
 
     def _call(
-        self, method: str, request: Any, timeout: float | None, *, retry: bool, stub: Any = None
+        self, method: str, request: Any, timeout: float | None, *, retry: bool, stub: str = LOG
     ) -> Any:
-        rpc = getattr(stub or self._stub, method)
-        backoff = self.connection.retry.backoff() if retry else None
+        backoff = self.connection.retry.backoff()
+        hops = 0
         while True:
+            member = self._router.pick()
+            if member is None:  # no primary known yet (etcd named none): wait and ask again
+                delay = backoff.next()
+                if delay is None:
+                    raise self._router.nobody()
+                time.sleep(delay)
+                continue
             try:
-                reply = rpc(
+                reply = getattr(member.stubs[stub], method)(
                     request,
                     timeout=self.connection.deadline(timeout),
                     metadata=self.connection.call_metadata(),
                     wait_for_ready=self.connection.wait_for_ready or None,
                 )
-                self._contact.reached = True
+                member.reached = True
                 return reply
             except grpc.RpcError as error:
-                self._contact.check(error)
-                delay = backoff.next() if backoff is not None and is_unavailable(error) else None
+                step = self._router.after(
+                    member, error, retry=retry, hops=hops, deadline_moves=retry
+                )
+                if step is Step.AGAIN:
+                    hops += 1
+                    continue
+                delay = None if step is Step.RAISE else backoff.next()
                 if delay is None:
                     raise to_error(error) from error
             time.sleep(delay)
@@ -410,14 +485,13 @@ class Client:
         heartbeat: float | None = None,
     ) -> EventStream:
         stream = EventStream(
-            self._stub,
+            self._router,
             self.connection,
             session_id,
             seq,
             follow=follow,
             timeout=timeout,
             heartbeat=heartbeat,
-            contact=self._contact,
         )
         self._streams.add(stream)
         return stream
@@ -595,6 +669,6 @@ class Client:
         (state, lag, connected, history ids, detail). Needs a token without a session prefix."""
         request = rpb.GetReplicationStatusRequest()
         reply: rpb.GetReplicationStatusResponse = self._call(
-            "GetReplicationStatus", request, timeout, retry=True, stub=self._replication
+            "GetReplicationStatus", request, timeout, retry=True, stub=REPLICATION
         )
         return reply

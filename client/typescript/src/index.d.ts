@@ -150,6 +150,14 @@ export interface ClientOptions {
   connectTimeoutMs?: number;
   /** gRPC's wait-for-ready instead: calls wait for a connection up to their deadline. */
   waitForReady?: boolean;
+  /**
+   * etcd endpoints, "etcd://HOST:PORT[,HOST:PORT...]", whose JSON gateway names the leader of
+   * `group` (key /sessionlog/groups/GROUP/leader); read at the first call and whenever the
+   * primary is lost. Give it with `group`; the target may then be omitted.
+   */
+  cluster?: string;
+  /** The group's name in etcd (with `cluster`). */
+  group?: string;
 }
 
 interface CallOptions {
@@ -194,9 +202,20 @@ export class EventStream implements AsyncIterable<Event> {
   close(): void;
 }
 
+/**
+ * target: one address (any gRPC target string; NOT_PRIMARY is thrown, UNAVAILABLE retried in
+ * place), or the addresses of a group's members in any order (calls go to the primary: NOT_PRIMARY
+ * hints are followed, a lost member is left for the next address), or omitted with
+ * `cluster` and `group` (etcd names the primary). Default: 127.0.0.1:50051.
+ */
 export class SessionLogClient {
-  constructor(target?: string, options?: ClientOptions);
+  constructor(target?: string | string[], options?: ClientOptions);
+  /** What errors name: the address(es), or the etcd group. */
   readonly target: string;
+  /** Every address this client knows, given or learnt from hints and etcd. */
+  readonly members: string[];
+  /** The address calls go to now (the primary as far as the client knows); null: none known. */
+  readonly current: string | null;
   readonly timeoutMs: number;
   close(): void;
   waitForReady(timeoutMs?: number): Promise<void>;
@@ -260,6 +279,16 @@ export const DEFAULT_FOLLOW_HEARTBEAT_MS: number;
 export const DEAD_AFTER_HEARTBEATS: number;
 
 export function eventTypeName(type: string): string;
+/** "etcd://HOST:PORT[,HOST:PORT...]" -> ["HOST:PORT", ...]. */
+export function parseCluster(cluster: string): string[];
+/** "/sessionlog/groups/GROUP/leader". */
+export function leaderKey(group: string): string;
+/** The group's leader (HOST:PORT) from etcd's JSON gateway, or null when it has none now. */
+export function readLeader(
+  endpoints: string[],
+  group: string,
+  options?: { timeoutMs?: number },
+): Promise<string | null>;
 export function eventFromMessage(message: ChatMessageInput): NewEvent;
 export function fromMessage(raw: unknown, options?: { extra?: boolean }): ChatMessage;
 export function toMessage(message: ChatMessageInput): unknown;

@@ -328,21 +328,87 @@ class Backoff {
 
 const sleep = (ms) => new Promise((done) => setTimeout(done, ms));
 
-/**
- * Before the server has answered a client once, a transport UNAVAILABLE (nothing listening, an
- * unknown host, a TLS mismatch, a connection attempt over connectTimeoutMs) means the address is
- * probably wrong: report it at once, naming the address, instead of retrying for the budget.
- * Returns the error to throw, or null to go on as usual.
- */
-function unreachable(client, error) {
-  if (client._reached) return null;
-  if (errorInfo(error)) {
-    client._reached = true; // the server itself answered
-    return null;
+// -- routing ----------------------------------------------------------------------------------
+//
+// A client keeps one channel per address it knows and a current member, the primary as far as it
+// knows; every call, read or write, goes to the current member (so a client reads its own writes).
+// Given several addresses (an array) or an etcd cluster, these answers move it:
+//   NOT_PRIMARY naming a primary     that address becomes current (added if new) and the call is
+//                                    sent again at once: a refused write wrote nothing, so this
+//                                    holds for every write, retried or not
+//   NOT_PRIMARY with no primary      "no primary known": the next address becomes current (etcd is
+//                                    read first, when given); the call waits its backoff
+//   UNAVAILABLE from a member that   the same move; only calls that retry UNAVAILABLE try again
+//   answered before
+//   UNAVAILABLE from an address that the next address at once; when no address has ever answered
+//   never answered                   and each was tried, the call rejects naming them all
+//   DEADLINE_EXCEEDED, no answer     a retried unary call moves on as after UNAVAILABLE: a frozen
+//                                    primary holds a call until its deadline, and the group may
+//                                    have a new primary by then
+// Immediate re-sends within one call are bounded (2 per member + 2); past that each move waits its
+// backoff, and the call gives up after retry.giveUpAfterMs like any retry. With one address given
+// as a string and no etcd, nothing moves: NOT_PRIMARY is thrown and UNAVAILABLE retried in place.
+
+const AGAIN = "again";
+const LATER = "later";
+const RAISE = "raise";
+const PRIMARY_HINT = "primary";
+const ETCD_SCHEME = "etcd://";
+
+/** "etcd://HOST:PORT[,HOST:PORT...]" (the server's --cluster form) -> the endpoints. */
+export function parseCluster(cluster) {
+  if (!String(cluster).startsWith(ETCD_SCHEME)) {
+    throw new TypeError(`cluster must look like etcd://HOST:PORT[,HOST:PORT...], not ${JSON.stringify(cluster)}`);
   }
-  if (error?.code !== grpc.status.UNAVAILABLE) return null;
+  const endpoints = cluster.slice(ETCD_SCHEME.length).split(",").map((e) => e.trim()).filter(Boolean);
+  if (!endpoints.length) throw new TypeError(`cluster ${JSON.stringify(cluster)} names no etcd endpoint`);
+  return endpoints;
+}
+
+/** The etcd key a group's leader holds under its lease; its value is the leader's HOST:PORT. */
+export function leaderKey(group) {
+  if (!group || String(group).includes("/")) throw new TypeError(`group must be a non-empty name without '/', not ${JSON.stringify(group)}`);
+  return `/sessionlog/groups/${group}/leader`;
+}
+
+/**
+ * The leader of a group from the first etcd endpoint that answers, through etcd's JSON gateway
+ * (POST /v3/kv/range, base64 keys; etcd 3.4 and later): its HOST:PORT, or null when the group has
+ * no leader now. Rejects with UNAVAILABLE naming every endpoint when none answers.
+ */
+export async function readLeader(endpoints, group, { timeoutMs = DEFAULT_CONNECT_TIMEOUT_MS } = {}) {
+  const body = JSON.stringify({ key: Buffer.from(leaderKey(group)).toString("base64") });
+  const failures = [];
+  for (const endpoint of endpoints) {
+    let answer;
+    try {
+      const reply = await fetch(`http://${endpoint}/v3/kv/range`, {
+        method: "POST",
+        headers: { "content-type": "application/json" },
+        body,
+        signal: AbortSignal.timeout(timeoutMs),
+      });
+      if (!reply.ok) throw new Error(`HTTP ${reply.status}`);
+      answer = await reply.json();
+    } catch (error) {
+      failures.push(`${endpoint}: ${error?.cause?.code ?? error?.message ?? error}`);
+      continue;
+    }
+    const value = answer?.kvs?.[0]?.value;
+    if (!value) return null;
+    return Buffer.from(value, "base64").toString("utf8").trim() || null;
+  }
+  throw new SessionLogError(`cannot read the leader of group ${JSON.stringify(group)} from etcd: ${failures.join("; ")}`, {
+    code: grpc.status.UNAVAILABLE,
+    reason: "UNAVAILABLE",
+  });
+}
+
+/** The error a call rejects with when no address it tried has ever answered. */
+function unreachable(members, error) {
   const details = String(error.details || error.message).split(/\s+/).join(" ");
-  return new SessionLogError(`cannot reach a sessionlog server at ${client.target}: ${details}`, {
+  const where = members.map((m) => m.address).join(", ");
+  return new SessionLogError(`cannot reach a sessionlog server at ${where}: ${details}`, {
     code: grpc.status.UNAVAILABLE,
     reason: "UNAVAILABLE",
     cause: error,
@@ -426,14 +492,34 @@ export class EventStream {
   }
 
   async *_run() {
-    const backoff = new Backoff(this._client.retry);
-    await this._client._settle(this._timeoutMs || Infinity);
+    const client = this._client;
+    const backoff = new Backoff(client.retry);
+    let hops = 0;
     while (!this.closed) {
+      const member = await client._pick();
+      if (!member) {
+        // No primary known yet (etcd named none): wait and ask again.
+        const wait = backoff.next();
+        if (wait === null) throw client._nobody();
+        await this._pause(wait);
+        continue;
+      }
+      try {
+        await client._settle(member, this._timeoutMs || Infinity);
+      } catch (error) {
+        const step = client._after(member, error, true, hops);
+        hops += step === AGAIN;
+        const wait = step === AGAIN ? 0 : step === LATER ? backoff.next() : null;
+        if (wait === null) throw toError(error);
+        await this._pause(wait);
+        continue;
+      }
+      if (this.closed) return;
       const options = this._timeoutMs ? { deadline: Date.now() + this._timeoutMs } : {};
-      if (this._client.waitForReadyCalls) options.waitForReady = true;
+      if (client.waitForReadyCalls) options.waitForReady = true;
       const request = { session_id: this.sessionId, seq: this.nextSeq, follow: this._follow };
       if (this._heartbeatMs) request.heartbeat_interval = duration(this._heartbeatMs);
-      const call = this._client._stub.Since(request, this._client._metadata(), options);
+      const call = member.stub.Since(request, client._metadata(), options);
       this._call = call;
       const silenceMs = this._heartbeatMs * DEAD_AFTER_HEARTBEATS;
       let dead = false;
@@ -451,7 +537,8 @@ export class EventStream {
         for await (const response of call) {
           clearTimeout(watchdog);
           backoff.reset();
-          this._client._reached = true;
+          hops = 0;
+          member.reached = true;
           if (response.caught_up) this.caughtUp = true;
           for (const raw of response.events ?? []) {
             const event = fromEvent(raw);
@@ -464,10 +551,15 @@ export class EventStream {
         return;
       } catch (error) {
         if (this.closed) return;
-        if (dead) this.deadStreams += 1;
-        const wrong = dead ? null : unreachable(this._client, error);
-        if (wrong) throw wrong;
-        delay = dead || error?.code === grpc.status.UNAVAILABLE ? backoff.next() : null;
+        let step = LATER;
+        if (dead) {
+          this.deadStreams += 1;
+          client._moved(member);
+        } else {
+          step = client._after(member, error, true, hops);
+        }
+        hops += step === AGAIN;
+        delay = step === AGAIN ? 0 : step === LATER ? backoff.next() : null;
         if (delay === null && dead) throw deadStream(silenceMs, error);
         if (delay === null) throw toError(error);
       } finally {
@@ -475,26 +567,33 @@ export class EventStream {
         call.cancel();
         this._call = null;
       }
-      await new Promise((done) => {
-        const timer = setTimeout(done, delay);
-        this._wake = () => {
-          clearTimeout(timer);
-          done();
-        };
-      });
-      this._wake = null;
+      await this._pause(delay);
       if (this.closed) return;
       this.reconnects += 1;
     }
   }
+
+  /** Sleep delay ms, or less if the stream is closed meanwhile. */
+  async _pause(delay) {
+    await new Promise((done) => {
+      const timer = setTimeout(done, delay);
+      this._wake = () => {
+        clearTimeout(timer);
+        done();
+      };
+    });
+    this._wake = null;
+  }
 }
 
 /**
- * A sessionlog client over one gRPC channel. Every method returns plain objects; failures reject
- * with SessionLogError (reason and metadata from the server's ErrorInfo).
+ * A sessionlog client. Every method returns plain objects; failures reject with SessionLogError
+ * (reason and metadata from the server's ErrorInfo). target: one address (a string, any gRPC
+ * target), or the addresses of a group's members (an array, any order); or none, with the
+ * options cluster ("etcd://HOST:PORT[,...]") and group, to find the leader in etcd. See routing.
  */
 export class SessionLogClient {
-  constructor(target = DEFAULT_TARGET, options = {}) {
+  constructor(target, options = {}) {
     const {
       timeoutMs = DEFAULT_TIMEOUT_MS,
       token,
@@ -508,11 +607,30 @@ export class SessionLogClient {
       channelOptions = {},
       connectTimeoutMs = DEFAULT_CONNECT_TIMEOUT_MS,
       waitForReady = false,
+      cluster,
+      group,
     } = options;
-    this.target = target;
+    if ((cluster === undefined) !== (group === undefined)) {
+      throw new TypeError("give cluster and group together (etcd://HOST:PORT and the group name)");
+    }
+    this._etcd = cluster === undefined ? [] : parseCluster(cluster);
+    if (group !== undefined) leaderKey(group); // refuse a bad name now, not at the first call
+    this._group = group ?? "";
+    let addresses;
+    if (target === undefined || target === null) {
+      addresses = this._etcd.length ? [] : [DEFAULT_TARGET];
+      this._several = this._etcd.length > 0;
+    } else if (typeof target === "string") {
+      addresses = [target];
+      this._several = this._etcd.length > 0;
+    } else {
+      addresses = [...new Set(Array.from(target, (a) => String(a).trim()).filter(Boolean))];
+      this._several = true;
+      if (!addresses.length && !this._etcd.length) throw new TypeError("target lists no address");
+    }
     this.waitForReadyCalls = waitForReady;
     this.connectTimeoutMs = connectTimeoutMs;
-    this._reached = waitForReady;
+    this._alwaysReached = waitForReady;
     this.timeoutMs = timeoutMs;
     this.retry = retry;
     this._token = token;
@@ -522,47 +640,157 @@ export class SessionLogClient {
       ? grpc.credentials.createSsl(rootCerts ?? null, privateKey ?? null, certChain ?? null)
       : grpc.credentials.createInsecure();
     const Service = loadService(protoDir);
-    this._stub = new Service(target, credentials, {
-      "grpc.max_receive_message_length": maxMessageBytes,
-      "grpc.max_send_message_length": maxMessageBytes,
-      "grpc.initial_reconnect_backoff_ms": 100,
-      "grpc.max_reconnect_backoff_ms": 1000,
-      ...KEEPALIVE_OPTIONS,
-      ...channelOptions,
-    });
+    this._openStub = (address) =>
+      new Service(address, credentials, {
+        "grpc.max_receive_message_length": maxMessageBytes,
+        "grpc.max_send_message_length": maxMessageBytes,
+        "grpc.initial_reconnect_backoff_ms": 100,
+        "grpc.max_reconnect_backoff_ms": 1000,
+        ...KEEPALIVE_OPTIONS,
+        ...channelOptions,
+      });
+    /** Every member known: { address, stub, reached, failed }; calls go to _members[_current]. */
+    this._members = [];
+    this._current = 0;
+    this._stale = this._etcd.length > 0;
+    this._etcdError = "";
+    for (const address of addresses) this._member(address);
+    const names = addresses.join(", ");
+    this.target = this._etcd.length
+      ? `group ${JSON.stringify(this._group)} in etcd at ${this._etcd.join(",")}${names ? ` (${names})` : ""}`
+      : names;
   }
 
-  /** Close every open stream (they end as done), then the channel. */
+  /** Every address this client knows, given or learnt from hints and etcd. */
+  get members() {
+    return this._members.map((m) => m.address);
+  }
+
+  /** The address calls go to now (the primary as far as the client knows), or null. */
+  get current() {
+    return this._members[this._current]?.address ?? null;
+  }
+
+  /** The stub of the current member (the only one, given one address). */
+  get _stub() {
+    return this._members[this._current]?.stub;
+  }
+
+  /** Close every open stream (they end as done), then every channel. */
   close() {
     for (const stream of this._streams) stream.close();
     this._streams.clear();
-    this._stub.close();
+    for (const member of this._members) member.stub.close();
   }
 
-  /** Resolve once connected, or reject after timeoutMs. */
-  waitForReady(timeoutMs = this.timeoutMs) {
+  /** Resolve once connected to the current member, or reject after timeoutMs. */
+  async waitForReady(timeoutMs = this.timeoutMs) {
+    const member = await this._pick();
+    if (!member) throw this._nobody();
     return new Promise((done, fail) => {
-      this._stub.waitForReady(Date.now() + timeoutMs, (error) => (error ? fail(error) : done()));
+      member.stub.waitForReady(Date.now() + timeoutMs, (error) => (error ? fail(error) : done()));
     });
   }
 
+  // -- routing (see the comment above parseCluster) -------------------------------------------
+
+  /** The member of address, opened and added when new. */
+  _member(address) {
+    let member = this._members.find((m) => m.address === address);
+    if (!member) {
+      member = { address, stub: this._openStub(address), reached: this._alwaysReached, failed: false };
+      this._members.push(member);
+    }
+    return member;
+  }
+
+  /** The current member, reading etcd first when due (after a loss, or while none is known). */
+  async _pick() {
+    if (this._stale || (this._etcd.length && !this._members.length)) {
+      this._stale = false;
+      let leader = null;
+      try {
+        leader = await readLeader(this._etcd, this._group, { timeoutMs: this.connectTimeoutMs });
+        this._etcdError = leader ? "" : `group ${JSON.stringify(this._group)} has no leader in etcd`;
+      } catch (error) {
+        this._etcdError = error.message;
+      }
+      if (leader) this._current = this._members.indexOf(this._member(leader));
+    }
+    return this._members[this._current] ?? null;
+  }
+
+  /** What a call rejects with when no member was ever known (etcd had no leader to name). */
+  _nobody() {
+    const why = this._etcdError || "no address is known";
+    return new SessionLogError(`no sessionlog primary found for ${this.target}: ${why}`, {
+      code: grpc.status.UNAVAILABLE,
+      reason: "UNAVAILABLE",
+    });
+  }
+
+  /** member failed as the current one: the next address becomes current; etcd is read next. */
+  _moved(member) {
+    if (this._members[this._current] === member) this._current = (this._current + 1) % this._members.length;
+    this._stale = this._etcd.length > 0;
+  }
+
+  /** Record what error says about member and decide what the failed call does: AGAIN, LATER or
+   * RAISE (or throw at once when no address has ever answered). deadlineMoves: a unary call that
+   * retries, for which a deadline is no answer. */
+  _after(member, error, retry, hops, deadlineMoves = false) {
+    const info = errorInfo(error);
+    if (info) member.reached = true;
+    const unavailable = error?.code === grpc.status.UNAVAILABLE;
+    if (!this._several) {
+      if (error?.settle) throw error;
+      if (unavailable && !info && !member.reached) throw unreachable([member], error);
+      return retry && unavailable ? LATER : RAISE;
+    }
+    if (info?.reason === "NOT_PRIMARY") {
+      const hint = info.metadata?.[PRIMARY_HINT] ?? "";
+      if (hint && hint !== member.address) {
+        this._current = this._members.indexOf(this._member(hint));
+        return hops < 2 * this._members.length + 2 ? AGAIN : LATER;
+      }
+      this._moved(member);
+      return LATER;
+    }
+    if (error?.code === grpc.status.DEADLINE_EXCEEDED && deadlineMoves && !info) {
+      this._moved(member);
+      return LATER;
+    }
+    if (!unavailable) return RAISE;
+    if (!info && !member.reached) {
+      member.failed = true;
+      this._moved(member);
+      const untried = this._members.filter((m) => !m.reached);
+      if (untried.length === this._members.length && untried.every((m) => m.failed)) throw unreachable(untried, error);
+      return hops < 2 * this._members.length + 2 ? AGAIN : LATER;
+    }
+    this._moved(member);
+    return retry ? LATER : RAISE;
+  }
+
   /**
-   * Before the server first answers: wait until the channel connects or fails, at most
+   * Before a member first answers: wait until its channel connects or fails, at most
    * connectTimeoutMs (a call whose own deadline is shorter needs no such wait).
    */
-  async _settle(timeoutMs) {
-    if (this._reached || timeoutMs <= this.connectTimeoutMs) return;
-    const channel = this._stub.getChannel();
+  async _settle(member, timeoutMs) {
+    if (member.reached || timeoutMs <= this.connectTimeoutMs) return;
+    const channel = member.stub.getChannel();
     const { READY, TRANSIENT_FAILURE, SHUTDOWN } = grpc.connectivityState;
     const deadline = Date.now() + this.connectTimeoutMs;
     let state = channel.getConnectivityState(true);
     while (state !== READY && state !== TRANSIENT_FAILURE && state !== SHUTDOWN) {
       const changed = await new Promise((done) => channel.watchConnectivityState(state, deadline, (error) => done(!error)));
       if (!changed) {
-        throw new SessionLogError(
-          `no connection to a sessionlog server at ${this.target} within ${this.connectTimeoutMs / 1000} s: is the address right, and is the server up?`,
+        const error = new SessionLogError(
+          `no connection to a sessionlog server at ${member.address} within ${this.connectTimeoutMs / 1000} s: is the address right, and is the server up?`,
           { code: grpc.status.UNAVAILABLE, reason: "UNAVAILABLE" },
         );
+        error.settle = true;
+        throw error;
       }
       state = channel.getConnectivityState(true);
     }
@@ -574,29 +802,44 @@ export class SessionLogClient {
     return metadata;
   }
 
-  _once(method, request, timeoutMs) {
+  _once(member, method, request, timeoutMs) {
     const options = { deadline: Date.now() + (timeoutMs ?? this.timeoutMs) };
     if (this.waitForReadyCalls) options.waitForReady = true;
     return new Promise((done, fail) => {
-      this._stub[method](request, this._metadata(), options, (error, reply) => (error ? fail(error) : done(reply)));
+      member.stub[method](request, this._metadata(), options, (error, reply) => (error ? fail(error) : done(reply)));
     });
   }
 
   async _call(method, request, { timeoutMs, retry = false } = {}) {
-    const backoff = retry ? new Backoff(this.retry) : null;
-    await this._settle(timeoutMs ?? this.timeoutMs);
+    const backoff = new Backoff(this.retry);
+    let hops = 0;
     for (;;) {
+      const member = await this._pick();
+      if (!member) {
+        // No primary known yet (etcd named none): wait and ask again.
+        const delay = backoff.next();
+        if (delay === null) throw this._nobody();
+        await sleep(delay);
+        continue;
+      }
+      let step;
+      let failure;
       try {
-        const reply = await this._once(method, request, timeoutMs);
-        this._reached = true;
+        await this._settle(member, timeoutMs ?? this.timeoutMs);
+        const reply = await this._once(member, method, request, timeoutMs);
+        member.reached = true;
         return reply;
       } catch (error) {
-        const wrong = unreachable(this, error);
-        if (wrong) throw wrong;
-        const delay = backoff && error?.code === grpc.status.UNAVAILABLE ? backoff.next() : null;
-        if (delay === null) throw toError(error);
-        await sleep(delay);
+        failure = error;
+        step = this._after(member, error, retry, hops, retry);
       }
+      if (step === AGAIN) {
+        hops += 1;
+        continue;
+      }
+      const delay = step === LATER ? backoff.next() : null;
+      if (delay === null) throw toError(failure);
+      await sleep(delay);
     }
   }
 

@@ -1,7 +1,7 @@
 // Real `sessionlog serve` processes for the tests: a free port, a temp data folder, readiness by
 // connecting, and stop by PID (SIGTERM, then SIGKILL if it hangs).
 import { spawn } from "node:child_process";
-import { mkdtempSync, openSync, rmSync } from "node:fs";
+import { mkdtempSync, openSync, readFileSync, rmSync } from "node:fs";
 import { createServer } from "node:net";
 import { tmpdir } from "node:os";
 import { dirname, join, resolve } from "node:path";
@@ -74,8 +74,88 @@ export async function startServer({ port, root, args = [], clientOptions = {} } 
         clearTimeout(timer);
       }
     },
+    /** Every process of this server: the one started and its workers (its children). */
+    pids() {
+      const children = readFileSync(`/proc/${child.pid}/task/${child.pid}/children`, "utf8");
+      return [child.pid, ...children.split(/\s+/).filter(Boolean).map(Number)];
+    },
+    /** SIGKILL (a crash) and wait for the exit. */
+    async kill() {
+      if (child.exitCode === null && child.signalCode === null) child.kill("SIGKILL");
+      return await exited;
+    },
     remove() {
       rmSync(folder, { recursive: true, force: true });
     },
   };
+}
+
+/**
+ * A single-member etcd (Debian's etcd-server; `make etcd-tools`) on free 127.0.0.1 ports with a
+ * temp data folder, ready once its JSON gateway answers. Always `await etcd.stop()`.
+ */
+export async function startEtcd() {
+  const folder = tempDir("sessionlog-ts-etcd-");
+  const client = `http://127.0.0.1:${await freePort()}`;
+  const peer = `http://127.0.0.1:${await freePort()}`;
+  const log = openSync(join(folder, "etcd.log"), "a");
+  const args = [
+    "--name", "ts", "--data-dir", join(folder, "data"),
+    "--listen-client-urls", client, "--advertise-client-urls", client,
+    "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
+    "--initial-cluster", `ts=${peer}`, "--initial-cluster-state", "new",
+    "--logger", "zap", "--log-outputs", "stderr", "--log-level", "warn",
+  ];
+  const child = spawn("etcd", args, {
+    stdio: ["ignore", log, log],
+    env: Object.fromEntries(Object.entries(process.env).filter(([key]) => !key.startsWith("ETCD"))),
+  });
+  const exited = new Promise((done) => child.once("exit", (code, signal) => done(code ?? signal)));
+  const address = client.slice("http://".length);
+  const etcd = {
+    address,
+    /** PUT through the JSON gateway, as a leader's campaign would. */
+    async put(key, value) {
+      await gateway(address, "put", { key: b64(key), value: b64(value) });
+    },
+    async remove(key) {
+      await gateway(address, "deleterange", { key: b64(key) });
+    },
+    async stop() {
+      if (child.exitCode === null && child.signalCode === null) child.kill("SIGTERM");
+      const timer = setTimeout(() => child.kill("SIGKILL"), 10_000);
+      try {
+        return await exited;
+      } finally {
+        clearTimeout(timer);
+        rmSync(folder, { recursive: true, force: true });
+      }
+    },
+  };
+  const deadline = Date.now() + 20_000;
+  for (;;) {
+    if (child.exitCode !== null) throw new Error(`etcd exited with ${child.exitCode}; see ${folder}/etcd.log`);
+    try {
+      await gateway(address, "range", { key: b64("/ready") });
+      return etcd;
+    } catch (error) {
+      if (Date.now() > deadline) {
+        await etcd.stop();
+        throw error;
+      }
+      await new Promise((done) => setTimeout(done, 50));
+    }
+  }
+}
+
+const b64 = (text) => Buffer.from(text).toString("base64");
+
+async function gateway(address, verb, body) {
+  const reply = await fetch(`http://${address}/v3/kv/${verb}`, {
+    method: "POST",
+    body: JSON.stringify(body),
+    signal: AbortSignal.timeout(2_000),
+  });
+  if (!reply.ok) throw new Error(`etcd ${verb}: HTTP ${reply.status}`);
+  return reply.json();
 }

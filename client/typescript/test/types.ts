@@ -46,3 +46,18 @@ export async function worker(target: string): Promise<ChatMessage[]> {
     client.close();
   }
 }
+
+/** A group: several addresses, or etcd and a group name (type-checked only). */
+export async function groupWorker(addresses: string[], etcd?: string): Promise<string | null> {
+  const client = etcd
+    ? new SessionLogClient(undefined, { cluster: etcd, group: "main" })
+    : new SessionLogClient(addresses, { retry: { giveUpAfterMs: 30_000 } });
+  try {
+    await client.append("typed", [{ type: "user_message", data: { content: "hi" } }], { requestId: "r-2" });
+    const known: string[] = client.members;
+    if (!known.length) throw new Error("no member");
+    return client.current;
+  } finally {
+    client.close();
+  }
+}

@@ -1,0 +1,267 @@
+"""Where a client's calls go: one server, or the primary of a group it knows several members of.
+
+A client keeps one channel per address it knows and a *current* member, the primary as far as
+it knows; every call, read or write, goes to the current member (so a client reads its own
+writes), and these answers move it:
+
+    NOT_PRIMARY naming a primary      that address becomes current (added if new) and the call
+                                      is sent again at once: a refused write wrote nothing, so
+                                      this holds for every write RPC, retried or not
+    NOT_PRIMARY with no primary       "no primary known": the next address becomes current
+                                      (etcd is read first, when given) and the call waits its
+                                      backoff before it tries again
+    UNAVAILABLE from a member that    the same move; only calls that retry UNAVAILABLE (see
+    answered before                   ``Retry``) try again, the others raise as they always did
+    UNAVAILABLE from an address that  the next address at once (nothing reached it); when no
+    never answered                    address has ever answered and each was tried, the call
+                                      fails at once with ``Unavailable`` naming them all
+    DEADLINE_EXCEEDED with no answer  a retried unary call moves on as after UNAVAILABLE: a
+                                      frozen primary (SIGSTOP, a partition) holds a call until
+                                      its deadline, and the group may have a new primary by then
+
+A follow stream that goes silent moves on as UNAVAILABLE does. Immediate re-sends within one
+call are bounded (``hop_limit``); past it each move waits its backoff, and the whole call gives
+up after ``Retry.give_up_after`` like any retry.
+
+With a single address given as a string and no etcd, nothing ever moves: NOT_PRIMARY is raised
+and UNAVAILABLE is retried on the same address, as before several addresses existed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import grpc
+
+from sessionlog_client import _etcd
+from sessionlog_client._common import DEFAULT_TARGET
+from sessionlog_client._status import error_info
+from sessionlog_client.errors import NotPrimary, Unavailable
+
+LOG = "log"
+REPLICATION = "replication"
+"""The keys of ``Member.stubs``: SessionLogService and ReplicationService."""
+PRIMARY_HINT = "primary"
+"""The ErrorInfo metadata key of NOT_PRIMARY that names the primary (empty: none known)."""
+
+
+class Step(enum.Enum):
+    """What a call does after a failure."""
+
+    AGAIN = "send it again now, to the member now current"
+    LATER = "wait the backoff, then send it again"
+    RAISE = "give up: raise the error"
+
+
+@dataclass(eq=False)
+class Member:
+    """One address: its channel, the stubs on it, and whether it has ever answered."""
+
+    address: str
+    channel: Any
+    stubs: dict[str, Any]
+    reached: bool = False
+    failed: bool = False
+    """Tried and unreachable before it ever answered."""
+
+
+@dataclass
+class Router:
+    """The members a client knows and which one is current; safe to share between threads."""
+
+    addresses: Sequence[str]
+    open_member: Callable[[str], tuple[Any, dict[str, Any]]]
+    """Opens the channel and stubs of an address (sync or asyncio channels alike)."""
+    several: bool
+    """False: one address, today's behaviour. True: hints and moves as the docstring says."""
+    etcd: tuple[str, ...] = ()
+    group: str = ""
+    etcd_timeout: float = 3.0
+    reached: bool = False
+    """Count every member as answered from the start (wait-for-ready: never fail fast)."""
+    members: list[Member] = field(default_factory=list)
+    _current: int = 0
+    _stale: bool = True
+    _etcd_error: str = ""
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def open(self) -> None:
+        """Open a channel to every given address (once the client can make channels)."""
+        for address in self.addresses:
+            self._member(address)
+        self._stale = bool(self.etcd)
+
+    @property
+    def hop_limit(self) -> int:
+        return 2 * len(self.members) + 2
+
+    @property
+    def target(self) -> str:
+        """What error messages name: every address, or the etcd group."""
+        names = ", ".join(m.address for m in self.members) or ", ".join(self.addresses)
+        if self.etcd:
+            group = f"group {self.group!r} in etcd at {','.join(self.etcd)}"
+            return f"{group} ({names})" if names else group
+        return names
+
+    # -- picking ----------------------------------------------------------------------------------
+
+    def current(self) -> Member | None:
+        """The member calls go to now, or None when no address is known (etcd named none)."""
+        with self._lock:
+            return self.members[self._current] if self.members else None
+
+    def pick(self) -> Member | None:
+        """The current member, reading etcd first when it is due (blocking)."""
+        if self._due():
+            self._discover()
+        return self.current()
+
+    async def pick_async(self) -> Member | None:
+        """``pick`` for asyncio: the etcd read runs in a thread."""
+        if self._due():
+            await asyncio.to_thread(self._discover)
+        return self.current()
+
+    def _due(self) -> bool:
+        """Read etcd now: after a loss, and before every try while no member is known."""
+        return self._stale or bool(self.etcd and not self.members)
+
+    def _discover(self) -> None:
+        try:
+            leader = _etcd.read_leader(self.etcd, self.group, self.etcd_timeout)
+        except Unavailable as error:
+            self._etcd_error = error.message
+            leader = None
+        else:
+            self._etcd_error = "" if leader else f"group {self.group!r} has no leader in etcd"
+        with self._lock:
+            self._stale = False
+            if leader:
+                self._current = self.members.index(self._member(leader))
+
+    def nobody(self) -> Unavailable:
+        """What a call raises when no member was ever known (etcd had no leader to name)."""
+        why = self._etcd_error or "no address is known"
+        return Unavailable(f"no sessionlog primary found for {self.target}: {why}")
+
+    # -- after a failure --------------------------------------------------------------------------
+
+    def after(
+        self,
+        member: Member,
+        error: grpc.RpcError,
+        *,
+        retry: bool,
+        hops: int,
+        deadline_moves: bool = False,
+    ) -> Step:
+        """Record what ``error`` says about ``member`` and decide what the failed call does next
+        (``deadline_moves``: a unary call that retries, for which a deadline is no answer)."""
+        info = error_info(error.trailing_metadata())
+        if info is not None:
+            member.reached = True
+        code = error.code()
+        unavailable = code == grpc.StatusCode.UNAVAILABLE
+        if not self.several:
+            if unavailable and info is None and not (member.reached or self.reached):
+                raise self._unreachable(error, [member])
+            return Step.LATER if retry and unavailable else Step.RAISE
+        if info is not None and info.reason == NotPrimary.reason:
+            hint = info.metadata.get(PRIMARY_HINT, "")
+            if hint and hint != member.address:
+                with self._lock:
+                    self._current = self.members.index(self._member(hint))
+                return Step.AGAIN if hops < self.hop_limit else Step.LATER
+            self.moved(member)
+            return Step.LATER
+        if code == grpc.StatusCode.DEADLINE_EXCEEDED and deadline_moves and info is None:
+            self.moved(member)
+            return Step.LATER
+        if not unavailable:
+            return Step.RAISE
+        if info is None and not (member.reached or self.reached):
+            member.failed = True
+            self.moved(member)
+            with self._lock:
+                tried = [m for m in self.members if not m.reached]
+                hopeless = len(tried) == len(self.members) and all(m.failed for m in tried)
+            if hopeless:
+                raise self._unreachable(error, tried)
+            return Step.AGAIN if hops < self.hop_limit else Step.LATER
+        self.moved(member)
+        return Step.LATER if retry else Step.RAISE
+
+    def moved(self, member: Member) -> None:
+        """``member`` failed as the current one: make the next address current (unless another
+        call already moved on), and read etcd before the next call when it is configured."""
+        with self._lock:
+            if self.members and self.members[self._current] is member:
+                self._current = (self._current + 1) % len(self.members)
+            self._stale = bool(self.etcd)
+
+    def _unreachable(self, error: grpc.RpcError, members: Sequence[Member]) -> Unavailable:
+        details = " ".join((error.details() or "").split())
+        where = ", ".join(m.address for m in members)
+        return Unavailable(f"cannot reach a sessionlog server at {where}: {details}")
+
+    def _member(self, address: str) -> Member:
+        """The member of ``address``, opened and added when new (call with the lock held or
+        before the router is shared)."""
+        for member in self.members:
+            if member.address == address:
+                return member
+        channel, stubs = self.open_member(address)
+        member = Member(address, channel, stubs, reached=self.reached)
+        self.members.append(member)
+        return member
+
+    def channels(self) -> list[Any]:
+        with self._lock:
+            return [m.channel for m in self.members]
+
+
+def make_router(
+    target: str | Sequence[str] | None,
+    cluster: str | None,
+    group: str | None,
+    *,
+    connect_timeout: float,
+    wait_for_ready: bool,
+    open_member: Callable[[str], tuple[Any, dict[str, Any]]],
+) -> Router:
+    """The router of a client's ``target``, ``cluster`` and ``group`` arguments.
+
+    A string ``target`` is one gRPC target, as it always was (commas inside it are gRPC's own
+    syntax); a sequence is a list of members (even of one) and turns routing on, as does
+    ``cluster`` (``etcd://HOST:PORT[,HOST:PORT...]``, read with ``group``). No target and no
+    cluster: ``DEFAULT_TARGET``.
+    """
+    if (cluster is None) != (group is None):
+        raise ValueError("give cluster and group together (etcd://HOST:PORT and the group name)")
+    etcd = _etcd.parse_cluster(cluster) if cluster is not None else ()
+    if group is not None:
+        _etcd.leader_key(group)  # refuse a bad name now, not at the first call
+    if target is None:
+        addresses: tuple[str, ...] = () if etcd else (DEFAULT_TARGET,)
+        several = bool(etcd)
+    elif isinstance(target, str):
+        addresses, several = (target,), bool(etcd)
+    else:
+        addresses, several = tuple(dict.fromkeys(a.strip() for a in target if a.strip())), True
+        if not addresses and not etcd:
+            raise ValueError("target lists no address")
+    return Router(
+        addresses,
+        open_member,
+        several,
+        etcd=etcd,
+        group=group or "",
+        etcd_timeout=connect_timeout,
+        reached=wait_for_ready,
+    )

@@ -1,0 +1,239 @@
+// The Node client across a group: a primary and a replica (real `sessionlog serve` processes),
+// several addresses in either order, NOT_PRIMARY hints, etcd discovery, and a failover done with
+// today's pieces: SIGKILL the primary, restart the replica's folder as the primary, restart the
+// old primary's folder as its replica. Replication is asynchronous, so before the kill the test
+// holds the writer between two appends until the replica has what the primary committed (what
+// --ack replica will guarantee); what the writer does after that is the client's doing.
+import assert from "node:assert/strict";
+import { test } from "node:test";
+
+import { SessionLogClient, SessionLogError } from "@sessionlog/client";
+
+import { freePort, startEtcd, startServer, tempDir } from "./server.mjs";
+
+const RETRY = { giveUpAfterMs: 60_000, initialBackoffMs: 20, maxBackoffMs: 250 };
+const WRITES = 40;
+const LEADER = "/sessionlog/groups/g1/leader";
+const user = (content) => ({ type: "user_message", data: { content } });
+const sleep = (ms) => new Promise((done) => setTimeout(done, ms));
+
+async function group() {
+  const primary = await startServer({ root: tempDir() });
+  const replica = await startServer({ root: tempDir(), args: ["--replica-of", primary.address] });
+  const nodes = { primary, replica };
+  return {
+    nodes,
+    /** Stop whatever runs (by PID) and delete the folders. */
+    async close() {
+      for (const node of Object.values(nodes)) {
+        await node.stop();
+        node.remove();
+      }
+    },
+  };
+}
+
+/** Today's promotion: restart the replica's folder as the primary, then the (killed) old
+ * primary's folder as its replica. */
+async function promote(nodes) {
+  const { primary: old, replica } = nodes;
+  await replica.stop();
+  nodes.replica = await startServer({ root: replica.root, port: replica.port });
+  nodes.primary = await startServer({ root: old.root, port: old.port, args: ["--replica-of", replica.address] });
+}
+
+async function eventCount(address, sessionId) {
+  const direct = new SessionLogClient(address, { retry: RETRY });
+  try {
+    return (await direct.getSession(sessionId)).session.eventCount;
+  } finally {
+    direct.close();
+  }
+}
+
+/** Until the replica holds as many events of the session as the primary. */
+async function caughtUp(nodes, sessionId) {
+  const want = await eventCount(nodes.primary.address, sessionId);
+  const deadline = Date.now() + 20_000;
+  while ((await eventCount(nodes.replica.address, sessionId)) !== want) {
+    assert.ok(Date.now() < deadline, "the replica did not catch up");
+    await sleep(20);
+  }
+}
+
+async function contents(address, sessionId) {
+  const direct = new SessionLogClient(address, { retry: RETRY });
+  try {
+    const out = [];
+    for await (const event of direct.since(sessionId)) out.push([event.seq, event.data.content]);
+    return out;
+  } finally {
+    direct.close();
+  }
+}
+
+test("writes go to the primary whatever the order; one address as a string routes nowhere", async () => {
+  const g = await group();
+  const { primary, replica } = g.nodes;
+  const clients = [];
+  try {
+    for (const order of [[replica.address, primary.address], [primary.address, replica.address]]) {
+      const client = new SessionLogClient(order, { retry: RETRY });
+      clients.push(client);
+      const id = `s-${order[0] === primary.address ? "p" : "r"}`;
+      await client.append(id, [user("one")]);
+      assert.equal(client.current, primary.address);
+      await client.createSession(`${id}-t`, [user("two")]); // never retried, yet the hint is followed
+      assert.equal((await client.getSession(`${id}-t`)).session.eventCount, 1);
+      assert.deepEqual(client.members, order);
+      assert.deepEqual(await contents(primary.address, id), [[0, "one"]]);
+    }
+    const single = new SessionLogClient(replica.address, { retry: RETRY });
+    clients.push(single);
+    await assert.rejects(single.append("s", [user("one")]), (error) => {
+      assert.ok(error instanceof SessionLogError);
+      assert.equal(error.reason, "NOT_PRIMARY");
+      assert.equal(error.metadata.primary, primary.address);
+      return true;
+    });
+    assert.deepEqual(single.members, [replica.address]);
+  } finally {
+    for (const client of clients) client.close();
+    await g.close();
+  }
+});
+
+test("when no address of the list ever answers, a call rejects at once naming them all", async () => {
+  const addresses = [`127.0.0.1:${await freePort()}`, `127.0.0.1:${await freePort()}`];
+  const client = new SessionLogClient(addresses, { retry: RETRY, connectTimeoutMs: 1000 });
+  const started = Date.now();
+  try {
+    await assert.rejects(client.getSession("s"), (error) => {
+      assert.equal(error.reason, "UNAVAILABLE");
+      for (const address of addresses) assert.ok(error.message.includes(address), error.message);
+      return true;
+    });
+  } finally {
+    client.close();
+  }
+  assert.ok(Date.now() - started < 10_000, "waited for the retry budget instead");
+});
+
+test("a writer with request ids and a follow survive SIGKILL of the primary and a promotion", async () => {
+  const g = await group();
+  const { nodes } = g;
+  const order = [nodes.replica.address, nodes.primary.address];
+  const writes = new SessionLogClient(order, { retry: RETRY });
+  const reads = new SessionLogClient(order, { retry: RETRY });
+  const stream = reads.follow("s", { heartbeatMs: 500 });
+  try {
+    const seen = (async () => {
+      const out = [];
+      const timer = setTimeout(() => stream.close(), 90_000);
+      for await (const event of stream) {
+        out.push([event.seq, event.data.content]);
+        if (out.length === WRITES) break;
+      }
+      clearTimeout(timer);
+      return out;
+    })();
+    const acked = new Map();
+    let hold = null;
+    let inFlight = null;
+    let slowest = 0;
+    const writer = (async () => {
+      for (let n = 0; n < WRITES; n += 1) {
+        while (hold) await hold;
+        const started = Date.now();
+        inFlight = writes.append("s", [user(`n${n}`)], { requestId: `r${n}` });
+        const reply = await inFlight;
+        inFlight = null;
+        slowest = Math.max(slowest, Date.now() - started);
+        acked.set(`r${n}`, reply.events[0].seq);
+        await sleep(10);
+      }
+    })();
+    while (acked.size < 15) await sleep(10);
+    let release;
+    hold = new Promise((done) => (release = done)); // between two appends:
+    await inFlight;
+    await caughtUp(nodes, "s"); // the replica has everything, then the primary dies
+    await nodes.primary.kill();
+    hold = null;
+    release();
+    await promote(nodes); // the writer goes on meanwhile, against a dead primary
+    await writer;
+    const expected = Array.from({ length: WRITES }, (_, n) => [n, `n${n}`]);
+    assert.deepEqual([...acked.entries()], expected.map(([n]) => [`r${n}`, n]));
+    assert.deepEqual(await contents(nodes.replica.address, "s"), expected);
+    assert.deepEqual(await seen, expected);
+    assert.ok(stream.reconnects >= 1);
+    assert.ok(slowest > 300, `no append waited for the promotion (slowest ${slowest} ms)`);
+    assert.equal(writes.current, nodes.replica.address);
+    const again = await writes.append("s", [user("n3")], { requestId: "r3" }); // acknowledged before
+    assert.equal(again.events[0].seq, 3);
+    assert.deepEqual(await contents(nodes.replica.address, "s"), expected);
+  } finally {
+    stream.close();
+    writes.close();
+    reads.close();
+    await g.close();
+  }
+});
+
+test("an append moves on from a frozen (SIGSTOPped) primary to the promoted replica", async () => {
+  const g = await group();
+  const { nodes } = g;
+  const client = new SessionLogClient([nodes.primary.address, nodes.replica.address], { retry: RETRY, timeoutMs: 1000 });
+  const frozen = nodes.primary.pids(); // the server and its workers
+  try {
+    await client.append("s", [user("n0")], { requestId: "r0" });
+    await caughtUp(nodes, "s");
+    for (const pid of frozen) process.kill(pid, "SIGSTOP");
+    let settled = false;
+    const pending = client.append("s", [user("n1")], { requestId: "r1" }).finally(() => (settled = true));
+    await sleep(1500); // its first try has run into its deadline at the frozen primary
+    assert.equal(settled, false);
+    await nodes.replica.stop();
+    nodes.replica = await startServer({ root: nodes.replica.root, port: nodes.replica.port });
+    const reply = await pending;
+    assert.equal(reply.events[0].seq, 1);
+    assert.equal(client.current, nodes.replica.address);
+  } finally {
+    client.close();
+    for (const pid of frozen.slice(1)) process.kill(pid, "SIGKILL"); // ends a stopped process too
+    await nodes.primary.kill();
+    await g.close();
+  }
+});
+
+test("etcd names the primary, then the new one after a failover; no leader key: no primary", async () => {
+  const etcd = await startEtcd();
+  const g = await group();
+  const { nodes } = g;
+  const cluster = `etcd://127.0.0.1:1,${etcd.address}`; // the first endpoint is down
+  const lost = new SessionLogClient(undefined, { cluster, group: "g1", retry: { giveUpAfterMs: 500, initialBackoffMs: 50 } });
+  const client = new SessionLogClient(undefined, { cluster, group: "g1", retry: RETRY });
+  try {
+    await assert.rejects(lost.append("s", [user("nowhere")]), /no leader/);
+    await etcd.put(LEADER, nodes.primary.address);
+    await client.append("s", [user("n0")], { requestId: "r0" });
+    assert.equal(client.current, nodes.primary.address);
+    await caughtUp(nodes, "s");
+    await nodes.primary.kill();
+    const old = nodes.primary;
+    await nodes.replica.stop();
+    nodes.replica = await startServer({ root: nodes.replica.root, port: nodes.replica.port });
+    await etcd.put(LEADER, nodes.replica.address);
+    // The old primary is down: the client learns the new one from etcd, not from a hint.
+    await client.append("s", [user("n1")], { requestId: "r1" });
+    assert.equal(client.current, nodes.replica.address);
+    nodes.primary = await startServer({ root: old.root, port: old.port, args: ["--replica-of", nodes.replica.address] });
+    assert.deepEqual(await contents(nodes.replica.address, "s"), [[0, "n0"], [1, "n1"]]);
+  } finally {
+    lost.close();
+    client.close();
+    await g.close();
+    await etcd.stop();
+  }
+});

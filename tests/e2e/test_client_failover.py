@@ -1,0 +1,350 @@
+"""The Python clients across a group: several addresses, NOT_PRIMARY hints, etcd, failover.
+
+A group here is a primary and a replica, real `sessionlog serve` processes. A failover is done
+with today's pieces: SIGKILL the primary, restart the replica's folder without `--replica-of`
+(today's promotion), restart the old primary's folder as a replica of the new one. Replication
+is asynchronous, so before the kill the test holds the writer between two appends and waits
+until the replica has everything the primary committed: what `--ack replica` will guarantee.
+Everything the writer does after that (appends sent to a dead primary, to a replica, to the
+promoted one) is the clients' doing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import os
+import signal
+import threading
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from bench.etcd import EtcdProcess, etcd_server
+from sessionlog_client import AsyncClient, Client, Retry, errors, event
+from sessionlog_client.v1.event_pb2 import Event
+from tests.e2e._proc import free_port
+from tests.e2e._replication_cluster import Cluster, Node, wait_for, wait_position
+
+RETRY = Retry(give_up_after=60.0, initial_backoff=0.02, max_backoff=0.25)
+WRITES = 60
+KILL_AT = 20
+
+
+def note(text: str) -> Event:
+    return event("user_message", {"content": text})
+
+
+def contents(client: Client, session_id: str) -> list[tuple[int, str]]:
+    return [(e.seq, str(e.data["content"])) for e in client.since(session_id)]
+
+
+def promote(old: Node, new: Node) -> None:
+    """Today's failover: kill ``old`` (SIGKILL) unless that is done, restart ``new``'s folder
+    as the primary, then ``old``'s folder as a replica of it (it has nothing the new primary
+    lacks)."""
+    if old.running:
+        old.kill()
+    new.stop()
+    new.replica_of = ""
+    new.start()
+    old.replica_of = new.address
+    old.start()
+
+
+@pytest.fixture
+def group(tmp_path: Path) -> Iterator[tuple[Cluster, Node, Node]]:
+    with Cluster(tmp_path) as cluster:
+        primary = cluster.primary("a")
+        replica = cluster.replica(primary, "b")
+        yield cluster, primary, replica
+
+
+# -- routing ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("replica_first", [True, False])
+def test_writes_go_to_the_primary_whatever_the_order(
+    group: tuple[Cluster, Node, Node], replica_first: bool
+) -> None:
+    """Given both addresses in either order, every write lands on the primary (the replica's
+    NOT_PRIMARY hint is followed, also for calls never retried), and reads work."""
+    _, primary, replica = group
+    order = (
+        [replica.address, primary.address] if replica_first else [primary.address, replica.address]
+    )
+    with Client(order, retry=RETRY) as client:
+        client.append("s", [note("one")])
+        assert client.current == primary.address
+        client.create_session("t", [note("two")])
+        client.acquire_lease("s", "worker", ttl=30)
+        assert client.get_session("t").session.event_count == 1
+        assert client.members == order
+    with Client(primary.address) as direct:
+        assert contents(direct, "s") == [(0, "one")]
+        assert contents(direct, "t") == [(0, "two")]
+
+
+def test_one_address_keeps_todays_behaviour(group: tuple[Cluster, Node, Node]) -> None:
+    """A single address given as a string routes nowhere: a replica's NOT_PRIMARY is raised
+    with its hint, and the client stays on that address."""
+    _, primary, replica = group
+    with Client(replica.address, retry=RETRY) as client:
+        with pytest.raises(errors.NotPrimary) as refused:
+            client.append("s", [note("one")])
+        assert refused.value.metadata["primary"] == primary.address
+        assert client.members == [replica.address]
+
+
+def test_unreachable_addresses_fail_at_once_naming_every_one() -> None:
+    """When no address of the list ever answers, the first call fails at once (not after the
+    retry budget) and names them all."""
+    addresses = [f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"]
+    started = time.monotonic()
+    with (
+        Client(addresses, retry=RETRY, connect_timeout=1.0) as client,
+        pytest.raises(errors.Unavailable) as failed,
+    ):
+        client.get_session("s")
+    assert time.monotonic() - started < 10
+    assert all(a in failed.value.message for a in addresses), failed.value.message
+
+
+# -- failover --------------------------------------------------------------------------------------
+
+
+class Writer(threading.Thread):
+    """Appends note n0..n{WRITES-1} one at a time with request ids r0.., holding ``gate`` for
+    each append so the test can stop it between two appends; records each acknowledged seq."""
+
+    def __init__(self, client: Client, session_id: str) -> None:
+        super().__init__(daemon=True)
+        self.client = client
+        self.session_id = session_id
+        self.gate = threading.Lock()
+        self.acked: dict[str, int] = {}
+        self.slowest = 0.0
+        """The seconds of the longest append: the one that waited out the failover."""
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            for n in range(WRITES):
+                with self.gate:
+                    started = time.monotonic()
+                    reply = self.client.append(self.session_id, [note(f"n{n}")], request_id=f"r{n}")
+                    self.slowest = max(self.slowest, time.monotonic() - started)
+                self.acked[f"r{n}"] = reply.events[0].seq
+                time.sleep(0.01)
+        except BaseException as error:  # reported by the test
+            self.error = error
+
+
+class Follower(threading.Thread):
+    """Follows a session until it has seen ``WRITES`` events (bounded in time)."""
+
+    def __init__(self, client: Client, session_id: str) -> None:
+        super().__init__(daemon=True)
+        self.stream = client.follow(session_id, heartbeat=0.5)
+        self.seen: list[tuple[int, str]] = []
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            for ev in self.stream:
+                self.seen.append((ev.seq, str(ev.data["content"])))
+                if len(self.seen) == WRITES:
+                    return
+        except BaseException as error:
+            self.error = error
+
+
+@pytest.mark.parametrize("replica_first", [False, True])
+def test_writer_and_follower_survive_a_failover(
+    group: tuple[Cluster, Node, Node], replica_first: bool
+) -> None:
+    """Across SIGKILL of the primary and a promotion, a writer with request ids loses nothing
+    acknowledged and writes nothing twice, and a follow() sees every event once, in order."""
+    _, primary, replica = group
+    order = (
+        [replica.address, primary.address] if replica_first else [primary.address, replica.address]
+    )
+    with Client(order, retry=RETRY) as writes, Client(order, retry=RETRY) as reads:
+        writer = Writer(writes, "s")
+        follower = Follower(reads, "s")
+        follower.start()
+        writer.start()
+        wait_for("the writer is under way", lambda: len(writer.acked) >= KILL_AT, 30)
+        with writer.gate:  # between two appends: let the replica catch up, then kill
+            wait_position(replica, primary.status().position)
+            primary.kill()
+        promote(primary, replica)  # the writer goes on meanwhile, against a dead primary
+        writer.join(90)
+        follower.join(30)
+        follower.stream.close()
+        assert writer.error is None, writer.error
+        assert follower.error is None, follower.error
+        assert len(writer.acked) == WRITES
+        expected = [(n, f"n{n}") for n in range(WRITES)]
+        assert sorted(writer.acked.values()) == list(range(WRITES))
+        assert all(writer.acked[f"r{n}"] == n for n in range(WRITES))
+        assert contents(writes, "s") == expected
+        assert follower.seen == expected
+        assert follower.stream.reconnects >= 1
+        assert writer.slowest > 0.3, "no append waited for the promotion"
+        assert writes.current == replica.address  # the promoted folder
+        # A retry of an append acknowledged before the failover finds it on the new primary.
+        again = writes.append("s", [note("n3")], request_id="r3")
+        assert again.events[0].seq == 3
+        assert contents(writes, "s") == expected
+    wait_position(primary, replica.status().position)
+    with Client(primary.address) as old:
+        assert contents(old, "s") == expected
+
+
+def test_append_moves_on_from_a_frozen_primary(group: tuple[Cluster, Node, Node]) -> None:
+    """A SIGSTOPped primary holds an append until its deadline; in a group the append then
+    tries the other members (with its request id) until the promoted replica takes it."""
+    _, primary, replica = group
+    with Client([primary.address, replica.address], retry=RETRY, timeout=1.0) as client:
+        client.append("s", [note("n0")], request_id="r0")
+        wait_position(replica, primary.status().position)
+        frozen = primary.pids  # the server and its workers, if it runs several
+        for pid in frozen:
+            os.kill(pid, signal.SIGSTOP)
+        try:
+            outcome: list[object] = []
+
+            def append() -> None:
+                try:
+                    outcome.append(client.append("s", [note("n1")], request_id="r1"))
+                except BaseException as error:  # reported below
+                    outcome.append(error)
+
+            caller = threading.Thread(target=append, daemon=True)
+            caller.start()
+            time.sleep(1.5)  # its first try has run into its deadline at the frozen primary
+            assert caller.is_alive()
+            assert not outcome
+            replica.stop()
+            replica.replica_of = ""
+            replica.start()
+            caller.join(30)
+        finally:
+            for pid in frozen[1:]:
+                os.kill(pid, signal.SIGKILL)  # ends a stopped process too
+            primary.kill()
+        [reply] = outcome
+        assert not isinstance(reply, BaseException), reply
+        assert client.current == replica.address
+        assert contents(client, "s") == [(0, "n0"), (1, "n1")]
+
+
+def test_async_client_follows_hints_and_survives_a_failover(
+    group: tuple[Cluster, Node, Node],
+) -> None:
+    """AsyncClient: the replica's hint sends writes to the primary; across a failover, appends
+    with request ids and a follow go on against the promoted folder without gap or duplicate."""
+    _, primary, replica = group
+
+    async def scenario() -> tuple[list[int], list[int]]:
+        async with AsyncClient([replica.address, primary.address], retry=RETRY) as client:
+            for n in range(5):
+                await client.append("s", [note(f"n{n}")], request_id=f"r{n}")
+            assert client.current == primary.address
+            seen: list[int] = []
+            async with client.follow("s", heartbeat=0.5) as stream:
+                async for ev in stream:
+                    seen.append(ev.seq)
+                    if ev.seq == 4:
+                        wait_position(replica, primary.status().position)
+                        primary.kill()
+                        promotion = asyncio.create_task(
+                            asyncio.to_thread(promote, primary, replica)
+                        )
+                        for n in range(5, 10):  # sent while the promotion is under way
+                            await client.append("s", [note(f"n{n}")], request_id=f"r{n}")
+                        await promotion
+                    if ev.seq == 9:
+                        break
+            repeat = await client.append("s", [note("n7")], request_id="r7")
+            stored = [e.seq async for e in client.since("s")]
+            return seen, [repeat.events[0].seq, *stored]
+
+    seen, (repeated, *stored) = asyncio.run(asyncio.wait_for(scenario(), 120))
+    assert seen == list(range(10))
+    assert stored == list(range(10))
+    assert repeated == 7
+
+
+# -- etcd discovery --------------------------------------------------------------------------------
+
+
+def etcd_put(etcd: EtcdProcess, key: str, value: str) -> None:
+    """Put through etcd's JSON gateway (as a leader's campaign would)."""
+    body = {"key": _b64(key), "value": _b64(value)}
+    request = urllib.request.Request(
+        f"http://{etcd.address}/v3/kv/put", data=json.dumps(body).encode(), method="POST"
+    )
+    with urllib.request.urlopen(request, timeout=5) as reply:
+        assert reply.status == 200
+
+
+def etcd_delete(etcd: EtcdProcess, key: str) -> None:
+    body = {"key": _b64(key)}
+    request = urllib.request.Request(
+        f"http://{etcd.address}/v3/kv/deleterange", data=json.dumps(body).encode(), method="POST"
+    )
+    with urllib.request.urlopen(request, timeout=5) as reply:
+        assert reply.status == 200
+
+
+def _b64(text: str) -> str:
+    return base64.b64encode(text.encode()).decode()
+
+
+LEADER = "/sessionlog/groups/g1/leader"
+
+
+def test_etcd_names_the_primary_and_the_new_one_after_a_failover(
+    group: tuple[Cluster, Node, Node], tmp_path: Path
+) -> None:
+    """With only etcd and a group, the client writes where the leader key points; a key naming
+    the replica is corrected by its hint; no key means no primary (Unavailable after the
+    budget); after a failover the client reads the new leader from etcd."""
+    _, primary, replica = group
+    with etcd_server(tmp_path / "etcd") as etcd:
+        cluster_url = f"etcd://127.0.0.1:1,{etcd.address}"  # the first endpoint is down
+        short = Retry(give_up_after=0.5, initial_backoff=0.05, max_backoff=0.1)
+        with (
+            Client(cluster=cluster_url, group="g1", retry=short) as lost,
+            pytest.raises(errors.Unavailable, match="no leader"),
+        ):
+            lost.append("s", [note("nowhere")])
+
+        etcd_put(etcd, LEADER, primary.address)
+        with Client(cluster=cluster_url, group="g1", retry=RETRY) as client:
+            client.append("s", [note("n0")], request_id="r0")
+            assert client.current == primary.address
+            wait_position(replica, primary.status().position)
+            primary.kill()
+            replica.stop()
+            replica.replica_of = ""
+            replica.start()
+            etcd_put(etcd, LEADER, replica.address)
+            # The old primary is down: the client learns the new one from etcd, not a hint.
+            client.append("s", [note("n1")], request_id="r1")
+            assert client.current == replica.address
+            primary.replica_of = replica.address
+            primary.start()
+            assert contents(client, "s") == [(0, "n0"), (1, "n1")]
+
+        etcd_put(etcd, LEADER, primary.address)  # stale: the old primary, now a replica
+        with Client(cluster=cluster_url, group="g1", retry=RETRY) as client:
+            client.append("s", [note("n2")])
+            assert client.current == replica.address
+        etcd_delete(etcd, LEADER)

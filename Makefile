@@ -23,15 +23,16 @@ $(VENV)/.dev-stamp: pyproject.toml client/python/pyproject.toml | $(BIN)/python
 run: $(VENV)/.run-stamp
 	$(BIN)/sessionlog serve
 
-## test: install everything and run the whole suite (`make test-workers` runs the e2e tests
-## again against --workers 2 servers)
+## test: install everything and run the whole suite, then the e2e tests again against
+## --workers 2 servers (`make test-workers`)
 test: $(VENV)/.dev-stamp browser go-tools etcd-tools
 	$(BIN)/python -m pytest
+	$(MAKE) --no-print-directory test-workers
 
 ## test-workers: the e2e tests against `sessionlog serve --workers 2` processes (the unit and
 ## integration layers start no server, so they run once, in `make test`); the tests marked
 ## in_process, which reach inside a server in the test's own process, are deselected
-test-workers: $(VENV)/.dev-stamp browser go-tools
+test-workers: $(VENV)/.dev-stamp browser go-tools etcd-tools
 	$(BIN)/python -m pytest tests/e2e --workers 2
 
 ## browser: Debian's chromium + chromium-driver for the web console test, and nghttp2-client

@@ -145,11 +145,17 @@ def test_appends_move_the_counters(primary: Primary) -> None:
             pb.AppendRequest(session_id="metrics-b", events=[user, bad], lenient=True),
             timeout=TIMEOUT,
         )
-    _, after = scrape(primary.metrics_url)
-
     def moved(name: str, **labels: str) -> float:
         return value(after, name, **labels) - value(before, name, **labels)
 
+    # A server of several workers publishes each worker's counts a moment after it counts.
+    deadline = time.monotonic() + 30.0
+    _, after = scrape(primary.metrics_url)
+    while moved("sessionlog_request_duration_seconds_count", method="Append") < 5:
+        if time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+        _, after = scrape(primary.metrics_url)
     assert moved("sessionlog_requests_total", method="Append", reason="OK") == 4
     assert moved("sessionlog_requests_total", method="Append", reason="SEQ_CONFLICT") == 1
     assert moved("sessionlog_dropped_events_total", reason="SURFACE_OP_ON_NON_SURFACE_EVENT") == 1

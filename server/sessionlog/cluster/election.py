@@ -36,7 +36,6 @@ one else can have led in between.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import logging
 import math
@@ -202,9 +201,13 @@ class Member:
         self._set_role(Fenced(STOPPED))
         for task in self._tasks:
             task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        if self._tasks:
+            # Each loop also ends on _stopping, should a cancellation be lost on the way.
+            _, pending = await asyncio.wait(self._tasks, timeout=self._etcd.budget)
+            if pending:
+                log.warning(
+                    "cluster member tasks still running after stop", extra={"tasks": len(pending)}
+                )
         lease, self._lease = self._lease, None
         if lease is not None:
             try:
@@ -249,7 +252,7 @@ class Member:
 
     async def _keepalive_loop(self) -> None:
         timing = self.timing
-        while True:
+        while not self._stopping:
             lease = self._lease
             if lease is None:
                 await asyncio.sleep(timing.retry_interval)
@@ -279,7 +282,7 @@ class Member:
 
     async def _watchdog_loop(self) -> None:
         """Fenced at the deadline, even when no call returns to notice it."""
-        while True:
+        while not self._stopping:
             remaining = self.fence.remaining()
             if isinstance(self._role, Lead) and remaining <= 0:
                 log.warning("fenced: lease not renewed in time", extra={"epoch": self._role.epoch})
@@ -288,7 +291,7 @@ class Member:
             await asyncio.sleep(wait if wait is not None else self.timing.poll_interval / 2)
 
     async def _control_loop(self) -> None:
-        while True:
+        while not self._stopping:
             try:
                 await self._control_step()
             except EtcdUnavailable as exc:

@@ -223,7 +223,10 @@ class Etcd:
         loop = asyncio.get_running_loop()
         future = loop.run_in_executor(self._executor, operation, self._endpoints)
         try:
-            return await asyncio.wait_for(future, self.budget)
+            # asyncio.timeout, not wait_for: on 3.11, wait_for can swallow a cancellation that
+            # arrives as the call completes, and a task that was told to stop would go on.
+            async with asyncio.timeout(self.budget):
+                return await future
         except TimeoutError:
             raise EtcdUnavailable(f"etcd did not answer within {self.budget:.1f} s") from None
 

@@ -66,12 +66,12 @@ go-tools:
 	  exit 1; \
 	fi
 
-## etcd-tools: Debian's etcd-server (3.4) for the etcd rows of tests/e2e/test_bench.py
-## (apt-get, as root)
+## etcd-tools: Debian's etcd-server (3.4) for the election tests in tests/cluster and the etcd
+## rows of tests/e2e/test_bench.py (apt-get, as root)
 etcd-tools:
 	@if command -v etcd >/dev/null 2>&1; then :; \
 	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
-	  echo "installing etcd-server (for tests/e2e/test_bench.py)"; \
+	  echo "installing etcd-server (for tests/cluster and tests/e2e/test_bench.py)"; \
 	  apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q etcd-server; \
 	else \
 	  echo "make test needs etcd-server: run it as root on Debian, or first run" >&2; \

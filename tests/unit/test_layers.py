@@ -275,3 +275,18 @@ def test_no_field_number_is_written_as_a_literal() -> None:
         and type(argument.value) is int
     )
     assert literal == []
+
+
+def test_cluster_imports_no_service_web_storage_or_composition() -> None:
+    """Rule: cluster/ talks to etcd and hands roles and ``may_write`` to the composition; it
+    reaches no service, web console, storage or composition module (nor grpc or lmdb)."""
+    forbidden = (
+        "sessionlog.service",
+        "sessionlog.web",
+        "sessionlog.storage",
+        COMPOSITION,
+        "grpc",
+        "lmdb",
+    )
+    assert "sessionlog.cluster.election" in SOURCES
+    assert _offenders("sessionlog.cluster", forbidden) == {}

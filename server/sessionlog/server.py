@@ -21,6 +21,7 @@ from pathlib import Path
 import grpc
 from grpc_health.v1._async import HealthServicer
 
+from sessionlog.cluster.promotion import Promoter
 from sessionlog.config import (
     DEFAULT_DATA_DIR,
     DEFAULT_LISTEN,
@@ -36,6 +37,7 @@ from sessionlog.service.limits import StreamLimiter
 from sessionlog.service.notifier import Notifier
 from sessionlog.service.replication import ReplicaState, ReplicationServicer, Replicator
 from sessionlog.service.servicer import SessionLogServicer
+from sessionlog.storage.leadership import Leadership
 from sessionlog.storage.store import Store, StoreConfig
 from sessionlog.web.app import HttpSites, ListenError
 from sessionlog.workers.doorbell import Peers
@@ -80,8 +82,16 @@ class SessionLogServer:
     (``sessionlog.workers``): it shares the ports, opens the folder its supervisor prepared,
     rings the other workers after each commit and answers their rings."""
 
-    def __init__(self, config: ServerConfig, peers: Peers | None = None) -> None:
+    def __init__(
+        self,
+        config: ServerConfig,
+        peers: Peers | None = None,
+        may_write: Callable[[], bool] | None = None,
+    ) -> None:
         self.config = config
+        self.may_write = may_write
+        """A process-level leadership check for the writer (an election's lease; see
+        ``storage.writer``); None: always allowed."""
         self.peers = peers
         self.port = 0
         self.store: Store | None = None
@@ -116,6 +126,7 @@ class SessionLogServer:
         )
         self._replicator: Replicator | None = None
         self._replicator_task: asyncio.Task[None] | None = None
+        self._servicers: tuple[SessionLogServicer, ReplicationServicer, AdminServicer]
 
     async def start(self) -> int:
         """Open the store, bind, and start serving. Returns the bound port."""
@@ -187,6 +198,7 @@ class SessionLogServer:
             on_broken=broken,
             lock=None if peers is None else peers.lock,
             prepared=peers is not None,
+            may_write=self.may_write,
         )
 
     def _handlers(self, store: Store) -> tuple[grpc.GenericRpcHandler, ...]:
@@ -209,13 +221,42 @@ class SessionLogServer:
             heartbeat_seconds=config.heartbeat_seconds,
             streams=self.streams,
         )
+        promoter = Promoter(
+            store,
+            stop_replication=self._stop_replication,
+            resume_replication=self._resume_replication,
+            promoted=self._promoted,
+        )
         admin = AdminServicer(
             store,
             replica=self.replica is not None,
             counters=self.counters,
             max_message_bytes=config.max_message_bytes,
+            promoter=promoter,
         )
+        self._servicers = (servicer, replication, admin)
         return servicer.handlers(), replication.handlers(), admin.handlers()
+
+    async def _stop_replication(self) -> None:
+        """End the replica's change stream, and wait until nothing more can be applied."""
+        if self._replicator is not None and self._replicator_task is not None:
+            self._replicator.stop()
+            self._replicator_task.cancel()
+            await asyncio.gather(self._replicator_task, return_exceptions=True)
+        self._replicator = self._replicator_task = None
+
+    def _resume_replication(self) -> None:
+        if self.replica is not None and self.store is not None and self._replicator is None:
+            self._start_replicator(self.store, self.replica, replica_token_of(self.config))
+
+    async def _promoted(self, record: Leadership) -> None:
+        """A promotion committed: this server is the primary from now on (see ``Promoter``)."""
+        servicer, replication, admin = self._servicers
+        servicer.primary = ""
+        replication.replica = None
+        admin.role = "primary"
+        self.replica = None
+        await self._set_health(serving=True)
 
     def _start_replicator(self, store: Store, replica: ReplicaState, token: str) -> None:
         config = self.config
@@ -338,10 +379,7 @@ class SessionLogServer:
         if self._watchdog is not None:
             self._watchdog.cancel()
             await asyncio.gather(self._watchdog, return_exceptions=True)
-        if self._replicator is not None and self._replicator_task is not None:
-            self._replicator.stop()
-            self._replicator_task.cancel()
-            await asyncio.gather(self._replicator_task, return_exceptions=True)
+        await self._stop_replication()
         await self._health.enter_graceful_shutdown()
         if self.peers is not None:
             self.peers.close()

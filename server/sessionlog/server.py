@@ -169,6 +169,9 @@ class SessionLogServer:
         else:
             # A replica is NOT_SERVING until it has caught up with its primary once.
             await self._set_health(serving=False)
+            self.replica.note = store.rejoin_note()
+            if self.replica.note:
+                log.warning("this replica rejoined: %s", self.replica.note)
             self._start_replicator(store, self.replica, replica_token)
         self._log_serving(tls=credentials is not None)
         return self.port

@@ -101,6 +101,9 @@ class ReplicaState:
     detail: str = ""
     """Why the replica is not streaming, for people: what diverged, the last connection error,
     or the silence that made it drop the stream. Cleared on the next frame (unless diverged)."""
+    note: str = ""
+    """What the folder's last rejoin discarded (``storage.rebuild``): the status detail while
+    there is nothing more pressing to say."""
 
     @property
     def lag_positions(self) -> int:
@@ -256,7 +259,7 @@ class ReplicationServicer:
             response.caught_up = state.caught_up and not state.diverged
             response.connected = state.connected
             response.state = state.replication_state
-            response.detail = state.detail
+            response.detail = state.detail or state.note
             if state.last_contact_ns:
                 response.last_contact_time.FromNanoseconds(state.last_contact_ns)
         serialized: bytes = response.SerializeToString()

@@ -32,6 +32,7 @@ from sessionlog.storage import (
     identity,
     integrity,
     leadership,
+    rebuild,
     schema,
 )
 from sessionlog.storage.changes import (
@@ -495,6 +496,11 @@ class Store:
         """The folder's leadership record as committed now (see ``leadership``)."""
         with self.env.begin() as txn:
             return leadership.read(txn, self.tables)
+
+    def rejoin_note(self) -> str:
+        """What the folder's last rejoin discarded, in one sentence; "" when it never did."""
+        with self.env.begin() as txn:
+            return rebuild.read_note(txn, self.tables)
 
     def submit_leadership(
         self, change: LeadershipChange, new_history: bool = False

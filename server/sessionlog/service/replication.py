@@ -157,14 +157,16 @@ class ReplicationServicer:
 
     def _response(self, changes: list[bytes] | None = None, caught_up: bool = False) -> bytes:
         """A ChangesResponse with the feed's head: stored change records as they are (see
-        ``mirrors``), or a caught-up marker or heartbeat."""
+        ``mirrors``), or a caught-up marker or heartbeat. Its epoch is that of the newest epoch
+        this feed holds or writes: a fenced primary's stays the one it wrote in, below the
+        epoch that deposed it, so that replicas knowing the newer one refuse its feed."""
         position, commit_ns = self.store.head()
         response = mirrors.ChangesResponse(
             changes=changes or [],
             caught_up=caught_up,
             head_position=position,
             history_id=self.store.history()[0],
-            epoch=self.store.leadership().epoch,
+            epoch=self.store.leadership().last_epoch,
         )
         if commit_ns:
             response.head_commit_time.FromNanoseconds(commit_ns)

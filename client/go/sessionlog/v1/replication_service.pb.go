@@ -475,8 +475,9 @@ type ChangesResponse struct {
 	// On caught_up and heartbeat responses: the server's history id (see
 	// GetReplicationStatusResponse.history_id).
 	HistoryId string `protobuf:"bytes,5,opt,name=history_id,json=historyId,proto3" json:"history_id,omitempty"`
-	// On every response: the sending server's leadership epoch. A replica that knows a higher
-	// epoch applies nothing from the stream (its sender is a deposed primary).
+	// On every response: the epoch of the sender's feed, the newest epoch it writes (a primary)
+	// or holds changes of (a replica, or a primary fenced since: not the epoch that deposed it).
+	// A replica that knows a higher epoch applies nothing from the stream.
 	Epoch uint64 `protobuf:"varint,6,opt,name=epoch,proto3" json:"epoch,omitempty"`
 }
 

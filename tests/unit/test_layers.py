@@ -275,3 +275,10 @@ def test_no_field_number_is_written_as_a_literal() -> None:
         and type(argument.value) is int
     )
     assert literal == []
+
+
+def test_cluster_imports_no_service_web_or_composition() -> None:
+    """Rule: cluster/ (epochs, promotion, rejoin) sits on storage and is used by service/ and
+    the CLI: no arrow runs from it up to service/, web/ or the composition module."""
+    forbidden = ("sessionlog.service", "sessionlog.web", COMPOSITION)
+    assert _offenders("sessionlog.cluster", forbidden) == {}

@@ -3,6 +3,7 @@ records, NOT_PRIMARY from the record, and the ``may_write`` hook before apply an
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -40,7 +41,7 @@ def test_a_fence_refuses_every_write_also_after_reopening(tmp_path: Path) -> Non
     try:
         store.append("s", [user("a")])
         store.submit_fence(4, "n:9").result()
-        attempts = [
+        attempts: list[Callable[[], object]] = [
             lambda: store.append("s", [user("b")]),
             lambda: store.append("new", [user("b")], create_only=True),
             lambda: store.submit_fork("s", None, "child").result(),

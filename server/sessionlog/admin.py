@@ -370,7 +370,9 @@ def _replication(args: argparse.Namespace) -> dict[str, Any]:
         stub = rpb_grpc.ReplicationServiceStub(opened)  # type: ignore[no-untyped-call]
         reply = stub.GetReplicationStatus(rpb.GetReplicationStatusRequest(), timeout=args.timeout)
     state = rpb.ReplicationState.Name(reply.state)[len("REPLICATION_STATE_") :].lower()
-    out: dict[str, Any] = {"role": reply.role, "position": reply.position}
+    out: dict[str, Any] = {"role": reply.role, "position": reply.position, "epoch": reply.epoch}
+    if reply.state == rpb.REPLICATION_STATE_FENCED:
+        out.update(state=state, primary=reply.primary, detail=reply.detail)
     if reply.role == "replica":
         out.update(
             state=state,

@@ -37,7 +37,7 @@ from sessionlog.service.limits import StreamLimiter
 from sessionlog.service.notifier import Notifier
 from sessionlog.service.replication import ReplicaState, ReplicationServicer, Replicator
 from sessionlog.service.servicer import SessionLogServicer
-from sessionlog.storage.leadership import Leadership
+from sessionlog.storage.leadership import FENCED, Leadership
 from sessionlog.storage.store import Store, StoreConfig
 from sessionlog.web.app import HttpSites, ListenError
 from sessionlog.workers.doorbell import Peers
@@ -127,6 +127,8 @@ class SessionLogServer:
         self._replicator: Replicator | None = None
         self._replicator_task: asyncio.Task[None] | None = None
         self._servicers: tuple[SessionLogServicer, ReplicationServicer, AdminServicer]
+        self._fenced = False
+        """The folder's leadership record says a newer epoch deposed it (see ``_watch_fence``)."""
 
     async def start(self) -> int:
         """Open the store, bind, and start serving. Returns the bound port."""
@@ -164,6 +166,7 @@ class SessionLogServer:
                 metrics.keep_published(self, self.shared_metrics)
             )
         self._watchdog = asyncio.create_task(self._watch_writes(store))
+        self._fenced = store.leadership().role == FENCED
         if self.replica is None:
             await self._set_health(serving=True)
         else:
@@ -326,9 +329,21 @@ class SessionLogServer:
         return self.config.listen
 
     async def _set_health(self, serving: bool) -> None:
-        """A store whose LMDB has panicked stays NOT_SERVING whatever else happens."""
+        """A store whose LMDB has panicked stays NOT_SERVING whatever else happens, and so
+        does a deposed (fenced) primary: its data may lack what the new primary took."""
         broken = self.store is not None and self.store.writer.broken is not None
-        await app.set_health(self._health, serving and not broken)
+        await app.set_health(self._health, serving and not broken and not self._fenced)
+
+    async def _watch_fence(self, store: Store, writes_stuck: bool) -> None:
+        """Follow the leadership record (another worker, or a feed reader, may have fenced the
+        folder): a fenced primary turns NOT_SERVING within a check interval, with one line."""
+        fenced = store.leadership().role == FENCED
+        if fenced == self._fenced:
+            return
+        self._fenced = fenced
+        if fenced:
+            log.warning("this primary was fenced by a newer epoch: health is NOT_SERVING")
+        await self._set_health(serving=self.replica is None and not writes_stuck)
 
     def _storage_broken(self) -> None:
         if self._server is not None:
@@ -343,6 +358,7 @@ class SessionLogServer:
         stalled_since: float | None = None
         while True:
             await asyncio.sleep(WRITE_STALL_CHECK_SECONDS)
+            await self._watch_fence(store, writes_stuck=stalled_since is not None)
             stalled = store.writer.stalled
             now = time.monotonic()
             if stalled is not None and now - stalled[1] >= WRITE_STALL_SECONDS:

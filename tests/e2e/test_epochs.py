@@ -16,6 +16,7 @@ from typing import Any
 
 import grpc
 import pytest
+from grpc_health.v1 import health_pb2
 
 from sessionlog.testing import error_info
 from sessionlog.v1 import admin_service_pb2 as apb
@@ -37,6 +38,7 @@ from tests.e2e._replication_cluster import (
 )
 
 USER = event_pb2.EVENT_TYPE_USER_MESSAGE
+NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 
 
 def append(node: Node, session_id: str, text: str, request_id: str = "") -> pb.AppendResponse:
@@ -127,8 +129,10 @@ def test_promote_while_writes_go_on_then_the_old_primary_refuses(tmp_path: Path)
         assert rpb.Change.FromString(changes_raw(replica.channel, 1)[0]).epoch == 1
 
         assert primary.status().state == rpb.REPLICATION_STATE_FENCED
+        wait_for("the fenced primary NOT_SERVING", lambda: primary.health() == NOT_SERVING, 10)
         primary.stop()
-        primary.start()
+        primary.start(wait=False)
+        assert primary.health() == NOT_SERVING
         code, reason, metadata, details = refusal(lambda: append(primary, "busy", "late"))
         assert (code, reason) == (grpc.StatusCode.FAILED_PRECONDITION, "NOT_PRIMARY")
         assert metadata == {"primary": replica.address, "epoch": "2"}
@@ -176,7 +180,7 @@ def test_a_primary_that_meets_a_higher_epoch_is_fenced_at_once(tmp_path: Path) -
             assert len(since_raw(primary.channel, "s")) == 1
             if attempt == 0:
                 primary.stop()
-                primary.start()
+                primary.start(wait=False)
 
 
 def test_a_replica_refuses_the_feed_of_an_older_epoch(tmp_path: Path) -> None:

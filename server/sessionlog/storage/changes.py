@@ -375,11 +375,6 @@ class ApplyChangesCommand:
         expected += 1
         fingerprints = []
         known = record = leadership.read(txn, tables)
-        if record.may_write and record.epoch:
-            raise errors.FailedPrecondition(
-                f"this folder takes writes (epoch {record.epoch}): it applies no changes from "
-                "another primary"
-            )
         for received in self._changes:
             change = received.change
             if change.position != expected:

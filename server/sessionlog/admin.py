@@ -5,7 +5,10 @@
     sessionlog admin snapshot save FILE --server HOST:PORT
     sessionlog admin verify [--data DIR] [--json]
     sessionlog admin restore BACKUP|FILE [--data DIR] [--force]
+    sessionlog admin promote --server REPLICA [--epoch N] [--fence OLD_PRIMARY]
+    sessionlog admin fence --server HOST:PORT --epoch N [--primary NEW]
     sessionlog replica resync [--data DIR]
+    sessionlog replica rejoin --primary NEW [--data DIR]
 
 The local commands open the LMDB environment read-only, so they run while the server writes:
 LMDB readers never block the writer, and a read transaction sees one committed state. All check
@@ -53,10 +56,12 @@ from typing import Any
 import lmdb
 
 from sessionlog import errors
-from sessionlog.cli_client import channel, connection_options
+from sessionlog.cli_client import channel, connection_options, server_address
+from sessionlog.cluster.rejoin import RejoinRefused, rejoin
 from sessionlog.config import DEFAULT_DATA_DIR
 from sessionlog.storage import changes, folder, identity, integrity, schema, snapshot
 from sessionlog.storage.integrity import DamagedStore
+from sessionlog.storage.rebuild import RebuildRefused
 from sessionlog.storage.usage import Usage, open_readonly, usage
 from sessionlog.v1 import admin_service_pb2 as apb
 from sessionlog.v1 import admin_service_pb2_grpc as apb_grpc
@@ -160,6 +165,54 @@ def add_commands(commands: Any) -> None:
     verify.add_argument("--json", action="store_true", help="print one JSON object")
     verify.set_defaults(run=_verify_store)
 
+    server_default = os.environ.get("SESSIONLOG_SERVER", "127.0.0.1:50051")
+    promote = actions.add_parser(
+        "promote",
+        help="turn a running replica into the primary, with a new epoch",
+        description="Ask --server, a running replica, to become the primary: it stops "
+        "replicating, takes a new epoch (one above every epoch it knows, or --epoch), starts a "
+        "new history id and takes writes. With --fence OLD, the old primary is then told of the "
+        "new epoch at once and stops taking writes (it would learn of it from any reader that "
+        "knows it; until then it may still take writes). Needs an admin token.",
+        parents=[
+            connection_options(
+                server_default,
+                "the replica to promote, HOST:PORT [env SESSIONLOG_SERVER] (default %(default)s)",
+            )
+        ],
+    )
+    promote.add_argument(
+        "--epoch", type=int, default=0, help="the epoch to take (default: one above any known)"
+    )
+    promote.add_argument(
+        "--fence",
+        metavar="HOST:PORT",
+        type=server_address,
+        help="the old primary to fence once promoted (it then names --server as the primary)",
+    )
+    promote.add_argument("--json", action="store_true", help="print one JSON object")
+    promote.set_defaults(run=_promote)
+
+    fence = actions.add_parser(
+        "fence",
+        help="tell a server that a newer epoch exists: a primary stops taking writes for good",
+        description="Send --server a newer epoch (--epoch) and its primary (--primary): a "
+        "server that takes writes stops at once, durably (also after a restart), and answers "
+        "NOT_PRIMARY naming --primary, until `sessionlog replica rejoin` makes it a replica. "
+        "Needs an admin token.",
+        parents=[
+            connection_options(
+                server_default,
+                "the server to fence, HOST:PORT [env SESSIONLOG_SERVER] (default %(default)s)",
+            )
+        ],
+    )
+    fence.add_argument("--epoch", type=int, required=True, help="the newer epoch (above 0)")
+    fence.add_argument(
+        "--primary", default="", help="the primary of that epoch, HOST:PORT (may be omitted)"
+    )
+    fence.set_defaults(run=_fence)
+
 
 def add_replica_commands(commands: Any) -> None:
     """Register `sessionlog replica resync` on the `sessionlog` parser."""
@@ -189,6 +242,32 @@ def add_replica_commands(commands: Any) -> None:
         help="set the store aside even though the folder was last opened as a primary",
     )
     resync.set_defaults(run=_resync)
+
+    rejoin = actions.add_parser(
+        "rejoin",
+        help="make a deposed primary a replica of the new one, discarding what only it holds",
+        description="With the server stopped: ask --primary (the new primary) for its epoch "
+        "history, find the first position this folder's history does not share with it, check "
+        "the change before it against the new primary's checksum, and rebuild the store from "
+        "its own change records up to there. The old data file is moved into a subfolder "
+        "rejoined-<time> (never deleted); every discarded record (position, epoch, session, "
+        "seqs, request ids) is listed on stdout and in rejoin-report-<time>.json in the data "
+        "folder, and the replica's status detail names them. Then start the server with "
+        "--replica-of NEW.",
+        parents=[
+            connection_options(None, "unused: name the new primary with --primary"),
+        ],
+    )
+    rejoin.add_argument(
+        "--primary", required=True, type=server_address, help="the new primary, HOST:PORT"
+    )
+    rejoin.add_argument(
+        "--data",
+        default=data_default,
+        help=f"the deposed server's data folder [env SESSIONLOG_DATA] (default {data_default})",
+    )
+    rejoin.add_argument("--json", action="store_true", help="print the report as one JSON object")
+    rejoin.set_defaults(run=_rejoin)
 
 
 def _fail(message: str, command: str = "admin") -> int:
@@ -291,7 +370,9 @@ def _replication(args: argparse.Namespace) -> dict[str, Any]:
         stub = rpb_grpc.ReplicationServiceStub(opened)  # type: ignore[no-untyped-call]
         reply = stub.GetReplicationStatus(rpb.GetReplicationStatusRequest(), timeout=args.timeout)
     state = rpb.ReplicationState.Name(reply.state)[len("REPLICATION_STATE_") :].lower()
-    out: dict[str, Any] = {"role": reply.role, "position": reply.position}
+    out: dict[str, Any] = {"role": reply.role, "position": reply.position, "epoch": reply.epoch}
+    if reply.state == rpb.REPLICATION_STATE_FENCED:
+        out.update(state=state, primary=reply.primary, detail=reply.detail)
     if reply.role == "replica":
         out.update(
             state=state,
@@ -424,6 +505,85 @@ def _resync(args: argparse.Namespace) -> int:
             f"moved the replica's store to {aside} (delete it when no longer needed); start the "
             "replica again with --replica-of and it rebuilds from its primary's change feed"
         )
+    return 0
+
+
+def _promote(args: argparse.Namespace) -> int:
+    """`admin promote`: Promote on --server, then (with --fence) Fence on the old primary."""
+    with channel(args) as opened:
+        stub = apb_grpc.AdminServiceStub(opened)  # type: ignore[no-untyped-call]
+        reply = stub.Promote(apb.PromoteRequest(epoch=args.epoch), timeout=args.timeout)
+    report: dict[str, Any] = {
+        "server": args.server,
+        "epoch": reply.epoch,
+        "first_position": reply.first_position,
+        "history_id": reply.history_id,
+        "previous_primary": reply.previous_primary,
+    }
+    if args.fence:
+        report["fenced"] = args.fence
+        report["old_primary_stopped_writes"] = _send_fence(
+            args, args.fence, reply.epoch, args.server
+        )
+    if args.json:
+        print(json.dumps(report))
+    else:
+        print(
+            f"promoted {args.server}: the primary from epoch {reply.epoch} on (first position "
+            f"{reply.first_position}, history id {reply.history_id}; it followed "
+            f"{reply.previous_primary or 'no primary'})"
+        )
+        if args.fence:
+            stopped = report["old_primary_stopped_writes"]
+            print(
+                f"fenced {args.fence} at epoch {reply.epoch}: "
+                + ("it stopped taking writes" if stopped else "it was not taking writes")
+            )
+    return 0
+
+
+def _fence(args: argparse.Namespace) -> int:
+    stopped = _send_fence(args, args.server, args.epoch, args.primary)
+    print(
+        f"fenced {args.server} at epoch {args.epoch}: "
+        + ("it stopped taking writes" if stopped else "it was not taking writes")
+    )
+    return 0
+
+
+def _send_fence(args: argparse.Namespace, target: str, epoch: int, primary: str) -> bool:
+    """AdminService.Fence on ``target`` (with the connection options of ``args``)."""
+    with channel(argparse.Namespace(**{**vars(args), "server": target})) as opened:
+        stub = apb_grpc.AdminServiceStub(opened)  # type: ignore[no-untyped-call]
+        reply = stub.Fence(apb.FenceRequest(epoch=epoch, primary=primary), timeout=args.timeout)
+    return bool(reply.stopped_writes)
+
+
+def _rejoin(args: argparse.Namespace) -> int:
+    """`replica rejoin`: see ``cluster.rejoin``."""
+    data = Path(args.data)
+    try:
+        with channel(argparse.Namespace(**{**vars(args), "server": args.primary})) as opened:
+            done = rejoin(data, args.primary, opened, args.timeout)
+    except folder.FolderInUse as exc:
+        return _fail(f"{exc}; stop the server first", "replica")
+    except (RejoinRefused, RebuildRefused, *_OPEN_ERRORS) as exc:
+        return _fail(str(exc), "replica")
+    if args.json:
+        print(json.dumps({"report": str(done.report), **done.rebuilt.to_json()}))
+        return 0
+    for record in done.rebuilt.discarded:
+        seqs = f"seqs {record.seqs[0]}..{record.seqs[-1]}" if record.seqs else "no events"
+        ids = f", request ids {', '.join(record.request_ids)}" if record.request_ids else ""
+        print(
+            f"discarded position {record.position} (epoch {record.epoch}, {record.kind}"
+            f"{' of ' + record.session_id if record.session_id else ''}: {seqs}{ids})"
+        )
+    print(done.note)
+    print(
+        f"the old store is in {done.rebuilt.set_aside}; the report is {done.report}. Start the "
+        f"server with --replica-of {args.primary}"
+    )
     return 0
 
 

@@ -21,6 +21,7 @@ from pathlib import Path
 import grpc
 from grpc_health.v1._async import HealthServicer
 
+from sessionlog.cluster.promotion import Promoter
 from sessionlog.config import (
     DEFAULT_DATA_DIR,
     DEFAULT_LISTEN,
@@ -36,6 +37,7 @@ from sessionlog.service.limits import StreamLimiter
 from sessionlog.service.notifier import Notifier
 from sessionlog.service.replication import ReplicaState, ReplicationServicer, Replicator
 from sessionlog.service.servicer import SessionLogServicer
+from sessionlog.storage.leadership import FENCED, Leadership
 from sessionlog.storage.store import Store, StoreConfig
 from sessionlog.web.app import HttpSites, ListenError
 from sessionlog.workers.doorbell import Peers
@@ -80,8 +82,16 @@ class SessionLogServer:
     (``sessionlog.workers``): it shares the ports, opens the folder its supervisor prepared,
     rings the other workers after each commit and answers their rings."""
 
-    def __init__(self, config: ServerConfig, peers: Peers | None = None) -> None:
+    def __init__(
+        self,
+        config: ServerConfig,
+        peers: Peers | None = None,
+        may_write: Callable[[], bool] | None = None,
+    ) -> None:
         self.config = config
+        self.may_write = may_write
+        """A process-level leadership check for the writer (an election's lease; see
+        ``storage.writer``); None: always allowed."""
         self.peers = peers
         self.port = 0
         self.store: Store | None = None
@@ -116,6 +126,9 @@ class SessionLogServer:
         )
         self._replicator: Replicator | None = None
         self._replicator_task: asyncio.Task[None] | None = None
+        self._servicers: tuple[SessionLogServicer, ReplicationServicer, AdminServicer]
+        self._fenced = False
+        """The folder's leadership record says a newer epoch deposed it (see ``_watch_fence``)."""
 
     async def start(self) -> int:
         """Open the store, bind, and start serving. Returns the bound port."""
@@ -153,11 +166,15 @@ class SessionLogServer:
                 metrics.keep_published(self, self.shared_metrics)
             )
         self._watchdog = asyncio.create_task(self._watch_writes(store))
+        self._fenced = store.leadership().role == FENCED
         if self.replica is None:
             await self._set_health(serving=True)
         else:
             # A replica is NOT_SERVING until it has caught up with its primary once.
             await self._set_health(serving=False)
+            self.replica.note = store.rejoin_note()
+            if self.replica.note:
+                log.warning("this replica rejoined: %s", self.replica.note)
             self._start_replicator(store, self.replica, replica_token)
         self._log_serving(tls=credentials is not None)
         return self.port
@@ -187,6 +204,7 @@ class SessionLogServer:
             on_broken=broken,
             lock=None if peers is None else peers.lock,
             prepared=peers is not None,
+            may_write=self.may_write,
         )
 
     def _handlers(self, store: Store) -> tuple[grpc.GenericRpcHandler, ...]:
@@ -209,13 +227,42 @@ class SessionLogServer:
             heartbeat_seconds=config.heartbeat_seconds,
             streams=self.streams,
         )
+        promoter = Promoter(
+            store,
+            stop_replication=self._stop_replication,
+            resume_replication=self._resume_replication,
+            promoted=self._promoted,
+        )
         admin = AdminServicer(
             store,
             replica=self.replica is not None,
             counters=self.counters,
             max_message_bytes=config.max_message_bytes,
+            promoter=promoter,
         )
+        self._servicers = (servicer, replication, admin)
         return servicer.handlers(), replication.handlers(), admin.handlers()
+
+    async def _stop_replication(self) -> None:
+        """End the replica's change stream, and wait until nothing more can be applied."""
+        if self._replicator is not None and self._replicator_task is not None:
+            self._replicator.stop()
+            self._replicator_task.cancel()
+            await asyncio.gather(self._replicator_task, return_exceptions=True)
+        self._replicator = self._replicator_task = None
+
+    def _resume_replication(self) -> None:
+        if self.replica is not None and self.store is not None and self._replicator is None:
+            self._start_replicator(self.store, self.replica, replica_token_of(self.config))
+
+    async def _promoted(self, record: Leadership) -> None:
+        """A promotion committed: this server is the primary from now on (see ``Promoter``)."""
+        servicer, replication, admin = self._servicers
+        servicer.primary = ""
+        replication.replica = None
+        admin.role = "primary"
+        self.replica = None
+        await self._set_health(serving=True)
 
     def _start_replicator(self, store: Store, replica: ReplicaState, token: str) -> None:
         config = self.config
@@ -282,9 +329,21 @@ class SessionLogServer:
         return self.config.listen
 
     async def _set_health(self, serving: bool) -> None:
-        """A store whose LMDB has panicked stays NOT_SERVING whatever else happens."""
+        """A store whose LMDB has panicked stays NOT_SERVING whatever else happens, and so
+        does a deposed (fenced) primary: its data may lack what the new primary took."""
         broken = self.store is not None and self.store.writer.broken is not None
-        await app.set_health(self._health, serving and not broken)
+        await app.set_health(self._health, serving and not broken and not self._fenced)
+
+    async def _watch_fence(self, store: Store, writes_stuck: bool) -> None:
+        """Follow the leadership record (another worker, or a feed reader, may have fenced the
+        folder): a fenced primary turns NOT_SERVING within a check interval, with one line."""
+        fenced = store.leadership().role == FENCED
+        if fenced == self._fenced:
+            return
+        self._fenced = fenced
+        if fenced:
+            log.warning("this primary was fenced by a newer epoch: health is NOT_SERVING")
+        await self._set_health(serving=self.replica is None and not writes_stuck)
 
     def _storage_broken(self) -> None:
         if self._server is not None:
@@ -299,6 +358,7 @@ class SessionLogServer:
         stalled_since: float | None = None
         while True:
             await asyncio.sleep(WRITE_STALL_CHECK_SECONDS)
+            await self._watch_fence(store, writes_stuck=stalled_since is not None)
             stalled = store.writer.stalled
             now = time.monotonic()
             if stalled is not None and now - stalled[1] >= WRITE_STALL_SECONDS:
@@ -338,10 +398,7 @@ class SessionLogServer:
         if self._watchdog is not None:
             self._watchdog.cancel()
             await asyncio.gather(self._watchdog, return_exceptions=True)
-        if self._replicator is not None and self._replicator_task is not None:
-            self._replicator.stop()
-            self._replicator_task.cancel()
-            await asyncio.gather(self._replicator_task, return_exceptions=True)
+        await self._stop_replication()
         await self._health.enter_graceful_shutdown()
         if self.peers is not None:
             self.peers.close()

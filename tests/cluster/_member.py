@@ -25,7 +25,9 @@ import sys
 import time
 from typing import Any
 
-from sessionlog.cluster import Fenced, Follow, Lead, Member, Progress, Role, cluster_settings
+from sessionlog.cluster.election import Fenced, Follow, Lead, Member, Role
+from sessionlog.cluster.members import Progress
+from sessionlog.cluster.settings import cluster_settings
 
 TICK_SECONDS = 0.05
 

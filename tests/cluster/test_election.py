@@ -16,19 +16,10 @@ from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from sessionlog.cluster import (
-    ClusterSettings,
-    Fenced,
-    Follow,
-    Lead,
-    Member,
-    MemberRecord,
-    Progress,
-    cluster_settings,
-)
+from sessionlog.cluster.election import Fenced, Follow, Lead, Member
 from sessionlog.cluster.etcd import Endpoints
-from sessionlog.cluster.members import GroupKeys
-from sessionlog.cluster.settings import Endpoint
+from sessionlog.cluster.members import GroupKeys, MemberRecord, Progress
+from sessionlog.cluster.settings import ClusterSettings, Endpoint, cluster_settings
 from tests.cluster._etcd import EtcdProcess
 from tests.e2e._proc import free_port
 from tests.e2e._relay import Relay

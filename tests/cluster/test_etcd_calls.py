@@ -7,7 +7,6 @@ import time
 
 import pytest
 
-from sessionlog.cluster import GroupKeys, MemberRecord, Progress
 from sessionlog.cluster.election import read_leader
 from sessionlog.cluster.etcd import (
     Endpoints,
@@ -17,6 +16,7 @@ from sessionlog.cluster.etcd import (
     compare_unchanged_since,
     request_put,
 )
+from sessionlog.cluster.members import GroupKeys, MemberRecord, Progress
 from sessionlog.cluster.settings import Endpoint
 from tests.cluster._etcd import EtcdProcess
 from tests.e2e._proc import free_port

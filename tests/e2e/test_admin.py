@@ -80,7 +80,7 @@ def test_stats_of_a_live_server(tmp_path: Path) -> None:
     assert stats["position"] == 3
     assert stats["map_size"] == MAP_SIZE
     assert 0 < stats["used_bytes"] <= stats["file_bytes"]
-    assert stats["replication"] == {"role": "primary", "position": 3}
+    assert stats["replication"] == {"role": "primary", "position": 3, "epoch": 1}
     assert len(stats["history_id"]) == 16
     assert text.returncode == 0, text.stderr
     lines = dict(line.split(None, 1) for line in text.stdout.splitlines())

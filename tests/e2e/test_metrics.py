@@ -145,6 +145,7 @@ def test_appends_move_the_counters(primary: Primary) -> None:
             pb.AppendRequest(session_id="metrics-b", events=[user, bad], lenient=True),
             timeout=TIMEOUT,
         )
+
     def moved(name: str, **labels: str) -> float:
         return value(after, name, **labels) - value(before, name, **labels)
 

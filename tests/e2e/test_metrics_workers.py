@@ -114,6 +114,7 @@ def test_a_scrape_of_one_worker_sums_every_worker(workers: Callable[[str], Worke
     assert refused.value.code() == grpc.StatusCode.ABORTED
     streams = [a.follow("on-a"), b.follow("on-b")]
     try:
+
         def settled(samples: Samples) -> bool:
             return value(samples, "sessionlog_open_streams") == 2 and appends_ok(samples) == 5
 

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from sessionlog.cluster import LeaseDeadline, MemberRecord, Progress, Timing, members_ahead
-from sessionlog.cluster.members import GroupKeys
+from sessionlog.cluster.election import Timing
+from sessionlog.cluster.fence import LeaseDeadline
+from sessionlog.cluster.members import GroupKeys, MemberRecord, Progress, members_ahead
 
 
 class Clock:

@@ -277,16 +277,17 @@ def test_no_field_number_is_written_as_a_literal() -> None:
     assert literal == []
 
 
-def test_cluster_imports_no_service_web_storage_or_composition() -> None:
-    """Rule: cluster/ talks to etcd and hands roles and ``may_write`` to the composition; it
-    reaches no service, web console, storage or composition module (nor grpc or lmdb)."""
-    forbidden = (
-        "sessionlog.service",
-        "sessionlog.web",
-        "sessionlog.storage",
-        COMPOSITION,
-        "grpc",
-        "lmdb",
-    )
-    assert "sessionlog.cluster.election" in SOURCES
+def test_cluster_imports_no_service_web_or_composition() -> None:
+    """Rule: cluster/ (epochs, promotion, rejoin, sync, the election) is used by service/, the
+    CLI and the composition: no arrow runs from it up to service/, web/ or the composition."""
+    forbidden = ("sessionlog.service", "sessionlog.web", COMPOSITION)
     assert _offenders("sessionlog.cluster", forbidden) == {}
+
+
+def test_the_election_talks_to_etcd_only() -> None:
+    """Rule: the election's modules hand roles and ``may_write`` to the composition; they reach
+    no storage (nor grpc or lmdb): what a role change does to the folder is promotion's."""
+    forbidden = ("sessionlog.storage", "grpc", "lmdb")
+    assert "sessionlog.cluster.election" in SOURCES
+    for module in ("election", "etcd", "fence", "members", "settings"):
+        assert _offenders(f"sessionlog.cluster.{module}", forbidden) == {}

@@ -22,14 +22,18 @@ status back into the same class with :func:`from_reason`.
     │   ├── InvalidLease                    INVALID_LEASE (bad holder name or TTL)
     │   ├── InvalidRequestId                INVALID_REQUEST_ID (longer than 256 bytes)
     │   ├── BatchTooLarge                   BATCH_TOO_LARGE (the reply would not fit a message)
-    │   └── TooManyEvents                   TOO_MANY_EVENTS (over the events-per-append limit)
+    │   ├── TooManyEvents                   TOO_MANY_EVENTS (over the events-per-append limit)
+    │   ├── InvalidEpoch                    INVALID_EPOCH (a fence without an epoch)
+    │   └── InvalidAddress                  INVALID_ADDRESS (not HOST:PORT)
     ├── SessionAlreadyExists                ALREADY_EXISTS
     ├── FailedPrecondition                  FAILED_PRECONDITION
     │   ├── OpenTurn                        OPEN_TURN
     │   ├── LeaseHeld                       LEASE_HELD
     │   ├── LeaseLost                       LEASE_LOST
-    │   ├── NotPrimary                      NOT_PRIMARY
-    │   └── HistoryDiverged                 HISTORY_DIVERGED (the change feed's history differs)
+    │   ├── NotPrimary                      NOT_PRIMARY (metadata primary, epoch)
+    │   ├── HistoryDiverged                 HISTORY_DIVERGED (the change feed's history differs)
+    │   ├── AlreadyPrimary                  ALREADY_PRIMARY (promote of a server taking writes)
+    │   └── StaleEpoch                      STALE_EPOCH (an epoch not above the one known)
     ├── SeqConflict                         ABORTED
     ├── Unauthenticated                     UNAUTHENTICATED (no or unknown bearer token)
     ├── PermissionDenied                    PERMISSION_DENIED (token lacks the right or prefix)
@@ -39,7 +43,8 @@ status back into the same class with :func:`from_reason`.
     ├── RequestTooLarge                     RESOURCE_EXHAUSTED (REQUEST_TOO_LARGE)
     ├── DataCorrupted                       DATA_LOSS (DATA_CORRUPTED: a stored record is damaged)
     ├── Unavailable                         UNAVAILABLE (shutting down; reconnect)
-    └── StorageIoError                      UNAVAILABLE (STORAGE_IO_ERROR: the disk failed a write)
+    ├── StorageIoError                      UNAVAILABLE (STORAGE_IO_ERROR: the disk failed a write)
+    └── LeadershipLost                      UNAVAILABLE (LEADERSHIP_LOST: may_write turned off)
 
 Metadata values are strings, as ``ErrorInfo.metadata`` requires.
 """
@@ -131,6 +136,14 @@ class TooManyEvents(InvalidArgument):
     reason = "TOO_MANY_EVENTS"
 
 
+class InvalidEpoch(InvalidArgument):
+    reason = "INVALID_EPOCH"
+
+
+class InvalidAddress(InvalidArgument):
+    reason = "INVALID_ADDRESS"
+
+
 class Unauthenticated(SessionLogError):
     """No bearer token, or one the server does not know."""
 
@@ -172,7 +185,23 @@ class LeaseLost(FailedPrecondition):
 
 
 class NotPrimary(FailedPrecondition):
+    """A write sent to a server that does not take writes (a replica, or a primary fenced by a
+    newer epoch). Metadata ``primary``: where to send it ("" when no primary is known);
+    ``epoch``: the highest epoch this server knows."""
+
     reason = "NOT_PRIMARY"
+
+
+class AlreadyPrimary(FailedPrecondition):
+    """A promotion asked of a server that already takes writes."""
+
+    reason = "ALREADY_PRIMARY"
+
+
+class StaleEpoch(FailedPrecondition):
+    """An epoch (a fence's, a promotion's) that is not above the one this server knows."""
+
+    reason = "STALE_EPOCH"
 
 
 class HistoryDiverged(FailedPrecondition):
@@ -225,6 +254,14 @@ class StorageIoError(Unavailable):
     """The disk failed a write (an I/O error): nothing was written; retry later."""
 
     reason = "STORAGE_IO_ERROR"
+
+
+class LeadershipLost(Unavailable):
+    """The server's process-level leadership check (``may_write``) turned off while the write
+    was in flight: it may have been committed, but is not acknowledged. Retry with the same
+    request id against the current primary; it finds the write if it survived."""
+
+    reason = "LEADERSHIP_LOST"
 
 
 def _all_subclasses(cls: type[SessionLogError]) -> list[type[SessionLogError]]:

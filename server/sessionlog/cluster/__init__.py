@@ -1,29 +1,17 @@
-"""Automatic failover through etcd: settings, the member's election, its self-fence.
+"""A group of servers: who leads it, and how leadership changes hands.
 
-The server composes these (``sessionlog.server``); nothing here imports the service, the web
-console or the composition. ``settings`` parses the flags; ``election.Member`` is the member
-(roles, ``may_write``); ``members`` holds the keys and the position guard; ``fence`` the
-deadline; ``etcd`` the bounded calls to etcd's JSON gateway.
+    promotion.py   a running replica becomes the primary (AdminService.Promote); fences
+    rejoin.py      a deposed primary becomes a replica of the new one (``replica rejoin``)
+    sync.py        --ack replica: writes wait for replicas to report them durable
+    settings.py    --cluster, --group, --advertise, --lease-ttl
+    election.py    a member of an etcd-elected group (roles, ``may_write``)
+    members.py     its etcd keys and the position guard
+    fence.py       the self-fence deadline of a leader's lease
+    etcd.py        bounded calls to etcd's JSON gateway
+
+The durable state promotion and rejoin change is storage's (``storage.leadership``,
+``storage.rebuild``): this package decides *when*, in what order, and what to tell people.
+The election modules talk to etcd only; the server composes them (``sessionlog.server``).
+Nothing here imports the service, the web console or the composition, and this package
+imports none of its modules: a server that runs no election never loads etcd's client.
 """
-
-from sessionlog.cluster.election import Fenced, Follow, Lead, Member, Role, Timing
-from sessionlog.cluster.fence import LeaseDeadline
-from sessionlog.cluster.members import GroupKeys, MemberRecord, Progress, members_ahead
-from sessionlog.cluster.settings import ClusterSettings, Endpoint, cluster_settings
-
-__all__ = [
-    "ClusterSettings",
-    "Endpoint",
-    "Fenced",
-    "Follow",
-    "GroupKeys",
-    "Lead",
-    "LeaseDeadline",
-    "Member",
-    "MemberRecord",
-    "Progress",
-    "Role",
-    "Timing",
-    "cluster_settings",
-    "members_ahead",
-]

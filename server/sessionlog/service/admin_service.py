@@ -1,4 +1,4 @@
-"""AdminService: the store's stats and a streamed snapshot, for an operator on another host.
+"""AdminService: the store's stats, a streamed snapshot, promotion and fencing, for an operator.
 
 Both read the store beside the writer (LMDB readers never block it). A snapshot is the
 compacting copy of ``storage.snapshot``, taken in one read transaction, written to a temporary
@@ -6,6 +6,8 @@ folder beside the data folder, streamed from there in ``CHUNK_BYTES`` pieces, an
 the stream ends however it ends: sent, failed, or the client gone (then as soon as a copy still
 running in its thread has finished). A stream holds one chunk in memory at a time, and gRPC's
 flow control holds back a slow reader.
+
+Promote and Fence change the server's role through ``cluster.promotion``.
 
 Every RPC needs the admin permission and a token with no session prefix (``service.auth``).
 """
@@ -24,6 +26,7 @@ import grpc
 import lmdb
 
 from sessionlog import errors
+from sessionlog.cluster.promotion import Promoter
 from sessionlog.service.counters import Counters
 from sessionlog.service.errors import abort
 from sessionlog.service.servicer import decode, unary
@@ -48,8 +51,10 @@ class AdminServicer:
         replica: bool = False,
         counters: Counters | None = None,
         max_message_bytes: int = 4 << 20,
+        promoter: Promoter | None = None,
     ) -> None:
         self.store = store
+        self.promoter = promoter
         self.role = "replica" if replica else "primary"
         self.counters = counters or Counters()
         self.max_message_bytes = max_message_bytes
@@ -60,8 +65,37 @@ class AdminServicer:
             {
                 "GetStats": grpc.unary_unary_rpc_method_handler(self.get_stats),
                 "SaveSnapshot": grpc.unary_stream_rpc_method_handler(self.save_snapshot),
+                "Promote": grpc.unary_unary_rpc_method_handler(self.promote),
+                "Fence": grpc.unary_unary_rpc_method_handler(self.fence),
             },
         )
+
+    def _promoter(self) -> Promoter:
+        if self.promoter is None:
+            raise errors.Unavailable("this server cannot change its role (no promoter wired)")
+        return self.promoter
+
+    @unary
+    async def promote(self, raw: bytes, context: grpc.aio.ServicerContext) -> bytes:
+        request = decode(apb.PromoteRequest, raw)
+        promotion = await self._promoter().promote(request.epoch)
+        self.role = "primary"
+        reply = apb.PromoteResponse(
+            epoch=promotion.epoch,
+            first_position=promotion.first_position,
+            history_id=promotion.history_id,
+            previous_primary=promotion.previous_primary,
+        )
+        serialized: bytes = reply.SerializeToString()
+        return serialized
+
+    @unary
+    async def fence(self, raw: bytes, context: grpc.aio.ServicerContext) -> bytes:
+        request = decode(apb.FenceRequest, raw)
+        before, after = await self._promoter().fence(request.epoch, request.primary)
+        reply = apb.FenceResponse(epoch=after.epoch, stopped_writes=before.may_write)
+        serialized: bytes = reply.SerializeToString()
+        return serialized
 
     @unary
     async def get_stats(self, raw: bytes, context: grpc.aio.ServicerContext) -> bytes:

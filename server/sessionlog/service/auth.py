@@ -66,6 +66,8 @@ _NEEDS = {
     "/sessionlog.v1.SessionLogService/ReleaseLease": WRITE,
     "/sessionlog.v1.AdminService/GetStats": ADMIN,
     "/sessionlog.v1.AdminService/SaveSnapshot": ADMIN,
+    "/sessionlog.v1.AdminService/Promote": ADMIN,
+    "/sessionlog.v1.AdminService/Fence": ADMIN,
     "/sessionlog.v1.ReplicationService/Changes": ADMIN,
     "/sessionlog.v1.ReplicationService/GetReplicationStatus": READ,
 }
@@ -73,6 +75,8 @@ _EVERY_SESSION = frozenset(
     {
         "/sessionlog.v1.AdminService/GetStats",
         "/sessionlog.v1.AdminService/SaveSnapshot",
+        "/sessionlog.v1.AdminService/Promote",
+        "/sessionlog.v1.AdminService/Fence",
         "/sessionlog.v1.ReplicationService/Changes",
         "/sessionlog.v1.ReplicationService/GetReplicationStatus",
     }

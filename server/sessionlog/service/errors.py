@@ -27,6 +27,10 @@ _CODES: dict[type[errors.SessionLogError], grpc.StatusCode] = {
     errors.Unauthenticated: grpc.StatusCode.UNAUTHENTICATED,
     errors.PermissionDenied: grpc.StatusCode.PERMISSION_DENIED,
     errors.Unavailable: grpc.StatusCode.UNAVAILABLE,
+    errors.LeadershipLost: grpc.StatusCode.UNAVAILABLE,
+    errors.NotPrimary: grpc.StatusCode.FAILED_PRECONDITION,
+    errors.AlreadyPrimary: grpc.StatusCode.FAILED_PRECONDITION,
+    errors.StaleEpoch: grpc.StatusCode.FAILED_PRECONDITION,
     errors.DataCorrupted: grpc.StatusCode.DATA_LOSS,
 }
 
@@ -64,13 +68,18 @@ def to_grpc_status(error: errors.SessionLogError) -> grpc.Status:
     return rpc_status.to_status(status)
 
 
-async def abort(context: grpc.aio.ServicerContext, error: errors.SessionLogError) -> None:
-    """End the call with ``error``'s status. Raises AbortError as gRPC's abort does, except when
-    the client has already gone: then there is no one to tell, and it returns quietly."""
+async def abort(
+    context: grpc.aio.ServicerContext,
+    error: errors.SessionLogError,
+    trailing: tuple[tuple[str, str], ...] = (),
+) -> None:
+    """End the call with ``error``'s status (and ``trailing`` metadata besides). Raises
+    AbortError as gRPC's abort does, except when the client has already gone: then there is no
+    one to tell, and it returns quietly."""
     status = to_grpc_status(error)
     error.__traceback__ = None  # frames of the failed call must not outlive it
     try:
-        await context.abort(status.code, status.details, status.trailing_metadata)
+        await context.abort(status.code, status.details, (*status.trailing_metadata, *trailing))
     except grpc.aio.AbortError:
         raise
     except Exception:

@@ -44,6 +44,7 @@ from sessionlog.service.follow import follow, heartbeat_interval
 from sessionlog.service.limits import Outgoing, StreamLimiter
 from sessionlog.service.notifier import Notifier
 from sessionlog.service.servicer import decode
+from sessionlog.storage import leadership
 from sessionlog.storage.changes import FEED_KEY, ReceivedChange
 from sessionlog.storage.store import Store
 from sessionlog.v1 import replication_service_pb2 as rpb
@@ -74,6 +75,10 @@ class DeadStream(Exception):
     """The primary sent no frame, not even a heartbeat, within the replica timeout."""
 
 
+class StaleStream(Exception):
+    """The primary's frames carry an older epoch than this replica knows: it was deposed."""
+
+
 @dataclass
 class ReplicaState:
     """What a replica knows about its primary and itself. Event-loop thread only."""
@@ -96,6 +101,9 @@ class ReplicaState:
     detail: str = ""
     """Why the replica is not streaming, for people: what diverged, the last connection error,
     or the silence that made it drop the stream. Cleared on the next frame (unless diverged)."""
+    note: str = ""
+    """What the folder's last rejoin discarded (``storage.rebuild``): the status detail while
+    there is nothing more pressing to say."""
 
     @property
     def lag_positions(self) -> int:
@@ -149,13 +157,16 @@ class ReplicationServicer:
 
     def _response(self, changes: list[bytes] | None = None, caught_up: bool = False) -> bytes:
         """A ChangesResponse with the feed's head: stored change records as they are (see
-        ``mirrors``), or a caught-up marker or heartbeat."""
+        ``mirrors``), or a caught-up marker or heartbeat. Its epoch is that of the newest epoch
+        this feed holds or writes: a fenced primary's stays the one it wrote in, below the
+        epoch that deposed it, so that replicas knowing the newer one refuse its feed."""
         position, commit_ns = self.store.head()
         response = mirrors.ChangesResponse(
             changes=changes or [],
             caught_up=caught_up,
             head_position=position,
             history_id=self.store.history()[0],
+            epoch=self.store.leadership().last_epoch,
         )
         if commit_ns:
             response.head_commit_time.FromNanoseconds(commit_ns)
@@ -166,6 +177,7 @@ class ReplicationServicer:
         """Every change from start_position on, in batches; with follow, then live ones."""
         try:
             request = decode(rpb.ChangesRequest, raw)
+            await self._learn_epoch(request.epoch, context)
             self.store.check_feed_after(request.start_position, request.after_checksum)
         except errors.SessionLogError as error:
             if isinstance(error, errors.HistoryDiverged):
@@ -202,18 +214,41 @@ class ReplicationServicer:
         async for response in stream:
             yield response
 
+    async def _learn_epoch(self, epoch: int, context: grpc.aio.ServicerContext) -> None:
+        """A reader that knows a newer epoch than this server's: record it durably (a primary
+        stops taking writes at once, see ``leadership.fenced``) and refuse the reader with
+        NOT_PRIMARY: this server's feed is not the newest history."""
+        if epoch <= self.store.leadership().epoch:
+            return
+        before, after = await asyncio.wrap_future(self.store.submit_fence(epoch, ""))
+        if before.may_write:
+            log.warning(
+                "a change-feed reader knows a newer epoch: this primary stops taking writes",
+                extra={"epoch": before.epoch, "newer_epoch": epoch, "peer": context.peer()},
+            )
+        raise leadership.not_primary(after)
+
     async def status(self, raw: bytes, context: grpc.aio.ServicerContext) -> bytes:
         try:
             decode(rpb.GetReplicationStatusRequest, raw)
         except errors.SessionLogError as error:
             await abort(context, error)
         position, _ = self.store.head()
+        lead = self.store.leadership()
         response = rpb.GetReplicationStatusResponse(
             role="primary",
             position=position,
             state=rpb.REPLICATION_STATE_PRIMARY,
             history_id=self.store.history()[0],
+            epoch=lead.epoch,
+            epoch_history=[
+                rpb.EpochStart(epoch=epoch, first_position=first) for epoch, first in lead.history
+            ],
         )
+        if lead.role == leadership.FENCED:
+            response.state = rpb.REPLICATION_STATE_FENCED
+            response.primary = lead.primary
+            response.detail = leadership.not_primary(lead).message
         state = self.replica
         if state is not None:
             # Everything from the ReplicaState, as the metrics read it, so the two agree.
@@ -226,7 +261,7 @@ class ReplicationServicer:
             response.caught_up = state.caught_up and not state.diverged
             response.connected = state.connected
             response.state = state.replication_state
-            response.detail = state.detail
+            response.detail = state.detail or state.note
             if state.last_contact_ns:
                 response.last_contact_time.FromNanoseconds(state.last_contact_ns)
         serialized: bytes = response.SerializeToString()
@@ -255,6 +290,8 @@ class Replicator:
         self._channel_factory = channel_factory or _insecure_channel
         self._stopping = False
         self._received = False
+        self._known_epoch = 0
+        """The highest epoch this replica knows (its leadership record's)."""
 
     def stop(self) -> None:
         self._stopping = True
@@ -297,6 +334,13 @@ class Replicator:
                     "replica lost its primary; reconnecting",
                     extra={"primary": self.state.primary, "code": error.code().name},
                 )
+            except StaleStream as error:
+                self.state.detail = str(error)
+                self._received = False  # keep backing off: it stays deposed for a while
+                log.warning(
+                    "replica refused a stream from a deposed primary; reconnecting later",
+                    extra={"primary": self.state.primary, "why": str(error)},
+                )
             except DeadStream as error:
                 self.state.detail = str(error)
                 log.warning(
@@ -333,8 +377,12 @@ class Replicator:
         try:
             changes = channel.unary_stream(CHANGES_METHOD)
             position, checksum = self.store.tail()
+            self._known_epoch = self.store.leadership().epoch
             request = rpb.ChangesRequest(
-                start_position=position + 1, follow=True, after_checksum=checksum
+                start_position=position + 1,
+                follow=True,
+                after_checksum=checksum,
+                epoch=self._known_epoch,
             )
             request.heartbeat_interval.FromNanoseconds(round(self.timeout_seconds / 3 * 1e9))
             stream = changes(request.SerializeToString(), metadata=self._metadata or None)
@@ -366,6 +414,7 @@ class Replicator:
         response = rpb.ChangesResponse.FromString(rest)
         state = self.state
         state.last_contact_ns = time.time_ns()
+        await self._check_epoch(response.epoch)
         state.primary_position = response.head_position
         state.primary_commit_ns = response.head_commit_time.ToNanoseconds()
         if response.history_id and response.history_id != state.primary_history_id:
@@ -382,6 +431,19 @@ class Replicator:
                 extra={"primary": state.primary, "position": state.applied_position},
             )
             self._on_caught_up()
+
+    async def _check_epoch(self, epoch: int) -> None:
+        """Refuse a stream from an older epoch than this replica knows (StaleStream: nothing of
+        it is applied); record a newer one durably, so that an older one is refused later."""
+        if epoch < self._known_epoch:
+            raise StaleStream(
+                f"the primary {self.state.primary} sends epoch {epoch}, older than epoch "
+                f"{self._known_epoch} this replica knows: it was deposed. Applying nothing from "
+                "it; point this replica at the current primary (--replica-of)"
+            )
+        if epoch > self._known_epoch:
+            await asyncio.wrap_future(self.store.submit_fence(epoch, self.state.primary))
+            self._known_epoch = epoch
 
     async def _adopt(self, history_id: str) -> None:
         """Take the primary's history id: the primary accepted this replica's position (it

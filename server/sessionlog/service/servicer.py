@@ -32,6 +32,7 @@ from sessionlog.service.errors import abort, refusal_level
 from sessionlog.service.follow import follow, heartbeat_interval
 from sessionlog.service.limits import Outgoing, StreamLimiter
 from sessionlog.service.notifier import Notifier
+from sessionlog.storage import leadership
 from sessionlog.storage.schema import AuditRecord, LeaseRecord, SessionMeta
 from sessionlog.storage.store import AppendResult, Store, prepare_append, prepare_seed
 from sessionlog.v1 import session_log_service_pb2 as pb
@@ -58,9 +59,27 @@ def decode(message_type: type[M], raw: bytes) -> M:
     return message
 
 
+EPOCH_METADATA_KEY = "sessionlog-epoch"
+"""The trailing metadata of every write RPC's reply, success or error: the server's epoch."""
+
+
 def unary(method: Handler) -> Handler:
     """Turn a raised SessionLogError into its status; anything else into INTERNAL, logged.
     Each call is counted in ``self.counters`` (method, reason, latency, reply bytes)."""
+    return _unary(method, write=False)
+
+
+def unary_write(method: Handler) -> Handler:
+    """``unary`` for a write RPC: its reply, success or error, also carries the epoch of the
+    leadership record the write met (``sessionlog-epoch`` trailing metadata)."""
+    return _unary(method, write=True)
+
+
+def _epoch_metadata(servicer: Any) -> tuple[tuple[str, str], ...]:
+    return ((EPOCH_METADATA_KEY, str(servicer.store.writer.lead.epoch)),)
+
+
+def _unary(method: Handler, write: bool) -> Handler:
     rpc = "".join(part.title() for part in method.__name__.split("_"))
 
     @functools.wraps(method)
@@ -78,6 +97,8 @@ def unary(method: Handler) -> Handler:
                 )
             reply = await method(self, request, context)
             reason, sent = OK, len(reply)
+            if write:
+                context.set_trailing_metadata(_epoch_metadata(self))
             return reply
         except errors.SessionLogError as error:
             reason, refusal = error.reason, error
@@ -91,7 +112,7 @@ def unary(method: Handler) -> Handler:
         # Abort outside the except: an exception raised inside it would keep this frame (and
         # the request's bytes) alive through the traceback until a full garbage collection.
         del request
-        await abort(context, refusal)
+        await abort(context, refusal, _epoch_metadata(self) if write else ())
         return b""  # abort returned: the client is gone and there is no one to tell
 
     return handler
@@ -175,7 +196,7 @@ class SessionLogServicer:
             },
         )
 
-    @unary
+    @unary_write
     async def append(self, raw: bytes, context: grpc.aio.ServicerContext) -> bytes:
         self._require_primary()
         request = decode(pb.AppendRequest, raw)
@@ -237,11 +258,17 @@ class SessionLogServicer:
             )
 
     def _require_primary(self) -> None:
+        """The fast refusal of a write this server will not take (the writer's check inside
+        the write transaction is the authoritative one: see ``storage.leadership``)."""
+        lead = self.store.writer.lead
         if self.primary:
             raise errors.NotPrimary(
                 f"this server is a read replica of {self.primary}; send writes there",
                 primary=self.primary,
+                epoch=lead.epoch,
             )
+        if not lead.may_write:
+            raise leadership.not_primary(lead)
 
     def _check_reply_fits(self, bodies: Sequence[bytes]) -> None:
         """Refuse, before writing, an append whose reply (the events with their seqs) would not
@@ -381,7 +408,7 @@ class SessionLogServicer:
 
     # -- lifecycle (SPEC §5 Seed, §7) ---------------------------------------------------------
 
-    @unary
+    @unary_write
     async def create_session(self, raw: bytes, context: grpc.aio.ServicerContext) -> bytes:
         self._require_primary()
         request = decode(pb.CreateSessionRequest, raw)
@@ -399,7 +426,7 @@ class SessionLogServicer:
         session = session_message(request.session_id, result.meta)
         return _serialize(mirrors.CreateSessionResponse(session=session, events=result.events))
 
-    @unary
+    @unary_write
     async def seed_session(self, raw: bytes, context: grpc.aio.ServicerContext) -> bytes:
         self._require_primary()
         request = decode(pb.SeedSessionRequest, raw)
@@ -443,7 +470,7 @@ class SessionLogServicer:
         )
         return _serialize(response)
 
-    @unary
+    @unary_write
     async def fork_session(self, raw: bytes, context: grpc.aio.ServicerContext) -> bytes:
         self._require_primary()
         request = decode(pb.ForkSessionRequest, raw)
@@ -459,12 +486,12 @@ class SessionLogServicer:
         session = session_message(result.session_id, result.meta)
         return _serialize(pb.ForkSessionResponse(session=session))
 
-    @unary
+    @unary_write
     async def acquire_lease(self, raw: bytes, context: grpc.aio.ServicerContext) -> bytes:
         lease = await self._extend_lease("acquire", pb.AcquireLeaseRequest, raw, context)
         return _serialize(pb.AcquireLeaseResponse(lease=lease))
 
-    @unary
+    @unary_write
     async def renew_lease(self, raw: bytes, context: grpc.aio.ServicerContext) -> bytes:
         lease = await self._extend_lease("renew", pb.RenewLeaseRequest, raw, context)
         return _serialize(pb.RenewLeaseResponse(lease=lease))
@@ -485,7 +512,7 @@ class SessionLogServicer:
         )
         return lease_message(change.lease)
 
-    @unary
+    @unary_write
     async def release_lease(self, raw: bytes, context: grpc.aio.ServicerContext) -> bytes:
         self._require_primary()
         request = decode(pb.ReleaseLeaseRequest, raw)

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 import lmdb
 
 from sessionlog import errors, wire
-from sessionlog.storage import damage, schema
+from sessionlog.storage import damage, leadership, schema
 from sessionlog.storage.reads import read_range
 from sessionlog.storage.recording import RecordingTxn
 from sessionlog.storage.tables import Tables
@@ -59,14 +59,20 @@ KIND_BY_NAME = {
 
 
 def encode_change(
-    position: int, kind: str, session_id: str, commit_ns: int, recorded: RecordingTxn
+    position: int,
+    kind: str,
+    session_id: str,
+    commit_ns: int,
+    recorded: RecordingTxn,
+    epoch: int = 0,
 ) -> bytes:
     """The stored change record (without its events): the bytes ``Change.SerializeToString``
     gives, written field by field in number order (this runs once per commit, for every append,
     and building the protobuf objects cost more than the rest of a small append). Field numbers
     come from the generated descriptor (``_CHANGE``, ``_PUT``); ``test_record_formats`` checks
     the bytes against ``SerializeToString``. Every tag is encoded once, at import, and the commit
-    time once per group (every command of a group shares it)."""
+    time once per group (every command of a group shares it). ``epoch`` is the writer's, read
+    from the leadership record in the same transaction (see ``leadership``)."""
     varint = wire.varint
     parts = [_POSITION_TAG, varint(position)] if position else []
     parts.append(_KIND_FIELDS[kind])
@@ -88,6 +94,8 @@ def encode_change(
             put += (_VALUE_TAG, varint(len(value)), value)
         body = b"".join(put)
         parts += (_PUTS_TAG, varint(len(body)), body)
+    if epoch:
+        parts += (_EPOCH_TAG, varint(epoch))
     return b"".join(parts)
 
 
@@ -98,6 +106,7 @@ _FIRST_SEQ_TAG = wire.tag(_CHANGE["first_seq"], wire.VARINT)
 _EVENT_COUNT_TAG = wire.tag(_CHANGE["event_count"], wire.VARINT)
 _INTERNAL_ID_TAG = wire.tag(_CHANGE["internal_id"], wire.VARINT)
 _PUTS_TAG = wire.tag(_CHANGE["puts"], wire.LENGTH_DELIMITED)
+_EPOCH_TAG = wire.tag(_CHANGE["epoch"], wire.VARINT)
 _KEY_TAG = wire.tag(_PUT["key"], wire.LENGTH_DELIMITED)
 _VALUE_TAG = wire.tag(_PUT["value"], wire.LENGTH_DELIMITED)
 _last_commit_time = (0, wire.message_field(_CHANGE["commit_time"], wire.timestamp(0)))
@@ -365,6 +374,7 @@ class ApplyChangesCommand:
         expected, previous = tail(txn, tables)
         expected += 1
         fingerprints = []
+        known = record = leadership.read(txn, tables)
         for received in self._changes:
             change = received.change
             if change.position != expected:
@@ -374,8 +384,11 @@ class ApplyChangesCommand:
             if len(received.events) != change.event_count:
                 raise RuntimeError(f"change {change.position} arrived without all its events")
             previous = self._follows(received, previous)
+            record = _in_epoch(record, change)
             fingerprints.append(previous)
             expected += 1
+        if record != known:
+            leadership.write(txn, tables, record)
         for received, fingerprint in zip(self._changes, fingerprints, strict=True):
             change = received.change
             for put in change.puts:
@@ -407,3 +420,18 @@ class ApplyChangesCommand:
                 position=change.position,
             )
         return expected
+
+
+def _in_epoch(record: leadership.Leadership, change: rpb.Change) -> leadership.Leadership:
+    """The leadership record once ``change`` is applied: its epoch joins the history when it is
+    new. A change from an older epoch than the newest applied is refused (nothing is applied):
+    epochs never fall along one feed."""
+    if change.epoch < record.last_epoch:
+        raise errors.HistoryDiverged(
+            f"change {change.position} from the primary is of epoch {change.epoch}, older than "
+            f"epoch {record.last_epoch} of the changes before it: the primary's feed is not this "
+            "replica's history. Rejoin it (sessionlog replica rejoin)",
+            position=change.position,
+            epoch=change.epoch,
+        )
+    return leadership.observed(record, change.epoch, change.position)

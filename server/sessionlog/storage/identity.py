@@ -23,12 +23,12 @@ from __future__ import annotations
 import logging
 import secrets
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import lmdb
 
-from sessionlog.storage import changes, folder, schema
+from sessionlog.storage import changes, folder, leadership, schema
 from sessionlog.storage.tables import Tables
 
 log = logging.getLogger(__name__)
@@ -95,6 +95,10 @@ def reconcile(
             txn.put(schema.FOLLOWS, replica_of.encode(), db=tables.counters)
         elif follows is not None:
             txn.delete(schema.FOLLOWS, db=tables.counters)
+        record = leadership.read(txn, tables)
+        opened = _leadership_at_open(record, opened_as, replica_of, position)
+        if opened != record:
+            leadership.write(txn, tables, opened)
         folder.write_marker(
             path,
             folder.Marker(created=_created(marker), instance=instance, previous_instance=held),
@@ -108,6 +112,30 @@ def reconcile(
     identity = Identity(history_id, start, opened_as)
     _log(identity, position, None if follows is None else bytes(follows).decode())
     return identity
+
+
+def _leadership_at_open(
+    record: leadership.Leadership, opened_as: str, replica_of: str, position: int
+) -> leadership.Leadership:
+    """The leadership record as this open leaves it: a replica follows ``replica_of``; a former
+    replica opened as a primary is promoted (a new epoch, as ``admin promote`` takes one); a
+    fenced primary stays fenced, whatever it is started as, until it rejoins."""
+    if replica_of:
+        return replace(record, role=leadership.REPLICA, primary=replica_of)
+    if opened_as == PROMOTED or record.role == leadership.REPLICA:
+        promoted = leadership.promoted(record, position + 1)
+        log.warning(
+            "a former replica starts as a primary: it takes a new epoch",
+            extra={"epoch": promoted.epoch, "first_position": position + 1},
+        )
+        return promoted
+    if record.role == leadership.FENCED:
+        log.warning(
+            "this folder was deposed by a newer epoch: it refuses every write until it rejoins "
+            "(sessionlog replica rejoin --primary NEW)",
+            extra={"epoch": record.epoch, "primary": record.primary},
+        )
+    return record
 
 
 def _created(marker: folder.Marker | None) -> str:
@@ -158,4 +186,40 @@ class AdoptHistoryCommand:
 
     def apply(self, txn: lmdb.Transaction, now_ns: int) -> changes.ApplyResult:
         put_history(txn, self._tables, self._history_id, self._start)
+        return changes.ApplyResult(0, 0)
+
+
+class LeadershipCommand:
+    """Change the leadership record in the writer's transaction (see ``leadership``): ``change``
+    maps the record read there to the new one, or raises a SessionLogError to refuse. With
+    ``new_history`` (a promotion) the folder also starts a new history id and stops following.
+    Local to this folder: no change record. ``outcome`` holds (before, after) once applied."""
+
+    kind = "leadership"
+    session_id = ""
+
+    def __init__(
+        self, tables: Tables, change: leadership.Change, new_history: bool = False
+    ) -> None:
+        self._tables = tables
+        self._change = change
+        self._new_history = new_history
+        self.outcome: tuple[leadership.Leadership, leadership.Leadership] | None = None
+
+    def size(self) -> int:
+        return 0
+
+    def touched(self) -> Sequence[str]:
+        return ()
+
+    def apply(self, txn: lmdb.Transaction, now_ns: int) -> changes.ApplyResult:
+        before = leadership.read(txn, self._tables)
+        position = changes.head(txn, self._tables)[0]
+        after = self._change(before, position + 1)
+        if after != before:
+            leadership.write(txn, self._tables, after)
+        if self._new_history:
+            put_history(txn, self._tables, new_history_id(), position)
+            txn.delete(schema.FOLLOWS, db=self._tables.counters)
+        self.outcome = (before, after)
         return changes.ApplyResult(0, 0)

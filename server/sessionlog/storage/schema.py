@@ -14,7 +14,9 @@ One environment holds every session. Named databases:
     counters   name (ASCII)                  -> u64 BE, or UTF-8 text for the identity keys
                next_sid: the internal id the next new session gets.
                history_id (text), history_start (u64), instance (text), replica_of (text):
-               the folder's history identity (see ``identity``); never in the change feed.
+               the folder's history identity (see ``identity``); leadership (JSON text): its
+               epoch, role and epoch history (see ``leadership``); rejoined (JSON text): what
+               the last rejoin discarded. Never in the change feed.
     leases     session id (UTF-8)            -> LeaseRecord (JSON)
                Keyed by id, not sid: a lease may be taken before the session's first write.
     changes    position (u64 BE)             -> serialized sessionlog.v1.Change, minus its events
@@ -56,7 +58,11 @@ HISTORY_START = b"history_start"
 INSTANCE = b"instance"
 FOLLOWS = b"replica_of"
 """Set while the folder is opened as a replica: the primary it follows."""
-TEXT_COUNTERS = frozenset({HISTORY_ID, INSTANCE, FOLLOWS})
+LEADERSHIP = b"leadership"
+"""The folder's epoch, role and epoch history (JSON text; see ``leadership``)."""
+REJOINED = b"rejoined"
+"""What the folder's last rejoin discarded, in short (JSON text; see ``cluster.rejoin``)."""
+TEXT_COUNTERS = frozenset({HISTORY_ID, INSTANCE, FOLLOWS, LEADERSHIP, REJOINED})
 """The counters whose values are UTF-8 text, not u64."""
 
 _U64 = struct.Struct(">Q")

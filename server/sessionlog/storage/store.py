@@ -24,7 +24,17 @@ import lmdb
 
 from sessionlog import errors, fold, wire
 from sessionlog.config import DEFAULT_MAP_SIZE, DEFAULT_REQUEST_ID_TTL_SECONDS
-from sessionlog.storage import changes, commands, damage, folder, identity, integrity, schema
+from sessionlog.storage import (
+    changes,
+    commands,
+    damage,
+    folder,
+    identity,
+    integrity,
+    leadership,
+    rebuild,
+    schema,
+)
 from sessionlog.storage.changes import (
     ApplyChangesCommand,
     ApplyResult,
@@ -33,6 +43,8 @@ from sessionlog.storage.changes import (
     read_changes,
 )
 from sessionlog.storage.commands import AppendBatch, AppendResult, ForkResult, LeaseChange
+from sessionlog.storage.leadership import Change as LeadershipChange
+from sessionlog.storage.leadership import Leadership
 from sessionlog.storage.reads import load_lease, load_meta, read_range
 from sessionlog.storage.schema import AuditRecord, LeaseRecord, SessionMeta
 from sessionlog.storage.tables import Tables
@@ -237,6 +249,7 @@ class Store:
         lock: folder.FolderLock | None = None,
         on_broken: Callable[[], None] | None = None,
         prepared: bool = False,
+        may_write: Callable[[], bool] | None = None,
     ) -> None:
         """Open (or create) the store in ``path``, owning the folder: with ``lock`` (taken by a
         parent process, which keeps it), under that lock; else under one taken here
@@ -248,7 +261,10 @@ class Store:
         lock (checked it, and worked out its history: ``identity.reconcile``), as the
         supervisor of several worker processes does before starting them; each worker then
         only reads the identity. Reconciling again, in several processes at once, would read
-        the others' new instances as a restore."""
+        the others' new instances as a restore.
+
+        ``may_write``: a process-level leadership check (an election's lease), asked by the
+        writer before each write applies and before it is acknowledged (see ``Writer``)."""
         self.path = Path(path)
         self.config = config = config or StoreConfig()
         self._owns_lock = lock is None
@@ -289,7 +305,9 @@ class Store:
             on_commit=on_commit,
             on_broken=on_broken,
             checksums=config.record_checksums,
+            may_write=may_write,
         )
+        self.writer.lead = self.leadership()
         self._folds: OrderedDict[int, fold.SurfaceFold] = OrderedDict()
         self._fold_bytes: dict[int, int] = {}
         self._folds_lock = threading.Lock()
@@ -473,6 +491,53 @@ class Store:
         """Queue a replica's taking of its primary's history id."""
         command = identity.AdoptHistoryCommand(self.tables, history_id, start)
         return self.writer.submit_replicated(command)
+
+    def leadership(self) -> Leadership:
+        """The folder's leadership record as committed now (see ``leadership``)."""
+        with self.env.begin() as txn:
+            return leadership.read(txn, self.tables)
+
+    def rejoin_note(self) -> str:
+        """What the folder's last rejoin discarded, in one sentence; "" when it never did."""
+        with self.env.begin() as txn:
+            return rebuild.read_note(txn, self.tables)
+
+    def submit_leadership(
+        self, change: LeadershipChange, new_history: bool = False
+    ) -> Future[tuple[Leadership, Leadership]]:
+        """Queue a change of the leadership record (see ``identity.LeadershipCommand``); the
+        future holds the records (before, after) once durable."""
+        command = identity.LeadershipCommand(self.tables, change, new_history)
+        done: Future[tuple[Leadership, Leadership]] = Future()
+
+        def settle(applied: Future[ApplyResult]) -> None:
+            error = applied.exception()
+            if error is not None:
+                done.set_exception(error)
+            else:
+                assert command.outcome is not None
+                done.set_result(command.outcome)
+
+        self.writer.submit_replicated(command).add_done_callback(settle)
+        return done
+
+    def submit_fence(self, epoch: int, primary: str) -> Future[tuple[Leadership, Leadership]]:
+        """Learn of ``epoch`` (led by ``primary``, if known): a primary stops taking writes."""
+        return self.submit_leadership(lambda record, _: leadership.fenced(record, epoch, primary))
+
+    def submit_promote(self, epoch: int = 0) -> Future[tuple[Leadership, Leadership]]:
+        """Take writes in a new epoch (``epoch``, or one above every epoch known), from the next
+        position on, with a new history id. AlreadyPrimary on a folder that takes writes."""
+
+        def promote(record: Leadership, next_position: int) -> Leadership:
+            if record.may_write:
+                raise errors.AlreadyPrimary(
+                    f"this server already takes writes (epoch {record.epoch}): nothing to promote",
+                    epoch=record.epoch,
+                )
+            return leadership.promoted(record, next_position, epoch)
+
+        return self.submit_leadership(promote, new_history=True)
 
     def session(self, session_id: str, now_ns: int | None = None) -> SessionView:
         """A session's metadata, live lease and lease audit, read in one transaction."""

@@ -19,6 +19,12 @@ Invariants:
   its group was taken is never written;
 - the change-feed position and the checksum a record chains from are read inside the write
   transaction, never cached: the store is the only truth, whoever else writes to it;
+- so is the leadership record (``leadership``): a command of this store's own is refused with
+  NOT_PRIMARY, writing nothing, when the record read in its transaction says this folder takes
+  no writes, and its record carries the record's epoch. The process-level ``may_write`` hook
+  (an election's lease deadline) is asked before each such command applies and again after the
+  commit, before any outcome is given: a write committed after the hook turned off is answered
+  LEADERSHIP_LOST, never acknowledged;
 - ``on_commit`` runs after the commit, so a woken subscriber always finds the new events;
 - when the map fills up mid-group (or any command fails unexpectedly), the group is retried one
   command per transaction, so one bad or large append cannot fail the others queued beside it;
@@ -52,7 +58,7 @@ import lmdb
 
 from sessionlog import errors
 from sessionlog.stats import GROUP_BUCKETS, SECONDS_BUCKETS, Histogram
-from sessionlog.storage import changes, damage, schema
+from sessionlog.storage import changes, damage, leadership, schema
 from sessionlog.storage.recording import RecordingTxn
 from sessionlog.storage.tables import Tables
 
@@ -158,8 +164,13 @@ class Writer:
         on_commit: Callable[[set[str]], None] | None = None,
         on_broken: Callable[[], None] | None = None,
         checksums: bool = True,
+        may_write: Callable[[], bool] | None = None,
     ) -> None:
         self._env = env
+        self._may_write = may_write or _always
+        self.lead = leadership.Leadership()
+        """The leadership record as this writer last read it in a write transaction: a hint
+        for fast refusals (another process of the server may have changed it since)."""
         self._checksums = checksums
         self._tables = tables
         self._queue: queue.SimpleQueue[_AnyJob | _Stop] = queue.SimpleQueue()
@@ -277,6 +288,7 @@ class Writer:
                 self.stalled = None
             try:
                 now_ns = time.time_ns()
+                self.lead = leadership.read(txn, self._tables)
                 if self._checksums:
                     feed = changes.tail(txn, self._tables)
                 else:
@@ -297,6 +309,7 @@ class Writer:
                 if fed:
                     with self._own_lock:
                         self._own.append((first, feed[0]))
+                outcomes = self._unless_deposed(group, outcomes)
                 self.stats.commit_seconds.observe(committed_in)
             except BaseException:
                 txn.abort()
@@ -383,8 +396,15 @@ class Writer:
         """Apply one command; on success record its change. ``feed`` is the newest change's
         (position, checksum) before it; returns (ok, value, the newest change's after it)."""
         if isinstance(job, _ReplicatedJob):
-            return _apply_replicated(job.command, txn, now_ns, feed)
+            applied = _apply_replicated(job.command, txn, now_ns, feed)
+            self.lead = leadership.read(txn, self._tables)  # it may have changed the record
+            return applied
         command = job.command
+        lead = self.lead
+        if not lead.may_write:
+            return False, leadership.not_primary(lead), feed
+        if not self._may_write():
+            return False, _leadership_lost(committed=False), feed
         recording = RecordingTxn(txn, self._tables)
         try:
             result = command.apply(recording, now_ns)
@@ -393,8 +413,11 @@ class Writer:
         if not recording.wrote:
             return True, result, feed
         position = feed[0] + 1
+        if not lead.epoch:  # the store's first write: it takes the first epoch
+            self.lead = lead = leadership.stamped(lead, position)
+            leadership.write(txn, self._tables, lead)
         record = changes.encode_change(
-            position, command.kind, command.session_id, now_ns, recording
+            position, command.kind, command.session_id, now_ns, recording, lead.epoch
         )
         if self._checksums:
             checksum = changes.chain(feed[1], record, recording.events)
@@ -404,6 +427,18 @@ class Writer:
         txn.put(schema.u64(position), stored, db=self._tables.changes)
         self._group_events += recording.event_count
         return True, result, (position, checksum)
+
+    def _unless_deposed(
+        self, group: list[_AnyJob], outcomes: list[tuple[bool, Any]]
+    ) -> list[tuple[bool, Any]]:
+        """The outcomes to give after the commit: when ``may_write`` has turned off meanwhile,
+        this process may no longer be the primary, so its own writes are not acknowledged."""
+        if self._may_write():
+            return outcomes
+        return [
+            (False, _leadership_lost(committed=True)) if ok and isinstance(job, _Job) else (ok, v)
+            for job, (ok, v) in zip(group, outcomes, strict=True)
+        ]
 
     def _finish(self, group: list[_AnyJob], outcomes: list[tuple[bool, Any]], fed: bool) -> None:
         changed: set[str] = {changes.FEED_KEY} if fed else set()
@@ -454,6 +489,25 @@ def _apply_replicated(
     if not applied.last_position:
         return True, applied, feed
     return True, applied, (applied.last_position, applied.last_checksum)
+
+
+def _always() -> bool:
+    return True
+
+
+def _leadership_lost(committed: bool) -> errors.LeadershipLost:
+    if committed:
+        message = (
+            "this server lost its leadership while the write was being committed: it may be "
+            "stored, but is not acknowledged. Retry with the same request id against the "
+            "current primary; it finds the write if it survived"
+        )
+    else:
+        message = (
+            "this server has lost its leadership (it could not renew it in time): nothing was "
+            "written. Retry against the current primary"
+        )
+    return errors.LeadershipLost(message, committed=committed)
 
 
 def _claim(future: Waiting) -> bool:

@@ -47,6 +47,16 @@ class AdminServiceStub:
                 request_serializer=sessionlog_dot_v1_dot_admin__service__pb2.SaveSnapshotRequest.SerializeToString,
                 response_deserializer=sessionlog_dot_v1_dot_admin__service__pb2.SaveSnapshotResponse.FromString,
                 _registered_method=True)
+        self.Promote = channel.unary_unary(
+                '/sessionlog.v1.AdminService/Promote',
+                request_serializer=sessionlog_dot_v1_dot_admin__service__pb2.PromoteRequest.SerializeToString,
+                response_deserializer=sessionlog_dot_v1_dot_admin__service__pb2.PromoteResponse.FromString,
+                _registered_method=True)
+        self.Fence = channel.unary_unary(
+                '/sessionlog.v1.AdminService/Fence',
+                request_serializer=sessionlog_dot_v1_dot_admin__service__pb2.FenceRequest.SerializeToString,
+                response_deserializer=sessionlog_dot_v1_dot_admin__service__pb2.FenceResponse.FromString,
+                _registered_method=True)
 
 
 class AdminServiceServicer:
@@ -74,6 +84,27 @@ class AdminServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Promote(self, request, context):
+        """Promote turns this server, a running replica, into a primary: it stops replicating, takes
+        a new leadership epoch (one above every epoch it knows, or the one asked for), records
+        where the epoch begins, starts a new history id, and takes writes. Refused on a server that
+        already takes writes (FAILED_PRECONDITION / ALREADY_PRIMARY) and for an asked epoch that is
+        not above every epoch it knows (FAILED_PRECONDITION / STALE_EPOCH).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Fence(self, request, context):
+        """Fence tells this server that a newer epoch exists: a server that takes writes stops at
+        once and for good (durably: also after a restart) and answers NOT_PRIMARY naming the given
+        primary. An epoch not above this server's own is refused (FAILED_PRECONDITION /
+        STALE_EPOCH) and changes nothing.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdminServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -86,6 +117,16 @@ def add_AdminServiceServicer_to_server(servicer, server):
                     servicer.SaveSnapshot,
                     request_deserializer=sessionlog_dot_v1_dot_admin__service__pb2.SaveSnapshotRequest.FromString,
                     response_serializer=sessionlog_dot_v1_dot_admin__service__pb2.SaveSnapshotResponse.SerializeToString,
+            ),
+            'Promote': grpc.unary_unary_rpc_method_handler(
+                    servicer.Promote,
+                    request_deserializer=sessionlog_dot_v1_dot_admin__service__pb2.PromoteRequest.FromString,
+                    response_serializer=sessionlog_dot_v1_dot_admin__service__pb2.PromoteResponse.SerializeToString,
+            ),
+            'Fence': grpc.unary_unary_rpc_method_handler(
+                    servicer.Fence,
+                    request_deserializer=sessionlog_dot_v1_dot_admin__service__pb2.FenceRequest.FromString,
+                    response_serializer=sessionlog_dot_v1_dot_admin__service__pb2.FenceResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -145,6 +186,60 @@ class AdminService:
             '/sessionlog.v1.AdminService/SaveSnapshot',
             sessionlog_dot_v1_dot_admin__service__pb2.SaveSnapshotRequest.SerializeToString,
             sessionlog_dot_v1_dot_admin__service__pb2.SaveSnapshotResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Promote(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sessionlog.v1.AdminService/Promote',
+            sessionlog_dot_v1_dot_admin__service__pb2.PromoteRequest.SerializeToString,
+            sessionlog_dot_v1_dot_admin__service__pb2.PromoteResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Fence(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sessionlog.v1.AdminService/Fence',
+            sessionlog_dot_v1_dot_admin__service__pb2.FenceRequest.SerializeToString,
+            sessionlog_dot_v1_dot_admin__service__pb2.FenceResponse.FromString,
             options,
             channel_credentials,
             insecure,

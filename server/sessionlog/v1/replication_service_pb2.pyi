@@ -28,6 +28,7 @@ class ReplicationState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     REPLICATION_STATE_CATCHING_UP: _ClassVar[ReplicationState]
     REPLICATION_STATE_STREAMING: _ClassVar[ReplicationState]
     REPLICATION_STATE_DIVERGED: _ClassVar[ReplicationState]
+    REPLICATION_STATE_FENCED: _ClassVar[ReplicationState]
 CHANGE_KIND_UNSPECIFIED: ChangeKind
 CHANGE_KIND_APPEND: ChangeKind
 CHANGE_KIND_CREATE: ChangeKind
@@ -39,6 +40,7 @@ REPLICATION_STATE_DISCONNECTED: ReplicationState
 REPLICATION_STATE_CATCHING_UP: ReplicationState
 REPLICATION_STATE_STREAMING: ReplicationState
 REPLICATION_STATE_DIVERGED: ReplicationState
+REPLICATION_STATE_FENCED: ReplicationState
 
 class StoragePut(_message.Message):
     __slots__ = ("table", "key", "value")
@@ -51,7 +53,7 @@ class StoragePut(_message.Message):
     def __init__(self, table: _Optional[str] = ..., key: _Optional[bytes] = ..., value: _Optional[bytes] = ...) -> None: ...
 
 class Change(_message.Message):
-    __slots__ = ("position", "kind", "session_id", "commit_time", "first_seq", "event_count", "internal_id", "puts", "events", "checksum")
+    __slots__ = ("position", "kind", "session_id", "commit_time", "first_seq", "event_count", "internal_id", "puts", "events", "checksum", "epoch")
     POSITION_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
@@ -62,6 +64,7 @@ class Change(_message.Message):
     PUTS_FIELD_NUMBER: _ClassVar[int]
     EVENTS_FIELD_NUMBER: _ClassVar[int]
     CHECKSUM_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
     position: int
     kind: ChangeKind
     session_id: str
@@ -72,40 +75,53 @@ class Change(_message.Message):
     puts: _containers.RepeatedCompositeFieldContainer[StoragePut]
     events: _containers.RepeatedCompositeFieldContainer[_event_pb2.Event]
     checksum: bytes
-    def __init__(self, position: _Optional[int] = ..., kind: _Optional[_Union[ChangeKind, str]] = ..., session_id: _Optional[str] = ..., commit_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., first_seq: _Optional[int] = ..., event_count: _Optional[int] = ..., internal_id: _Optional[int] = ..., puts: _Optional[_Iterable[_Union[StoragePut, _Mapping]]] = ..., events: _Optional[_Iterable[_Union[_event_pb2.Event, _Mapping]]] = ..., checksum: _Optional[bytes] = ...) -> None: ...
+    epoch: int
+    def __init__(self, position: _Optional[int] = ..., kind: _Optional[_Union[ChangeKind, str]] = ..., session_id: _Optional[str] = ..., commit_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., first_seq: _Optional[int] = ..., event_count: _Optional[int] = ..., internal_id: _Optional[int] = ..., puts: _Optional[_Iterable[_Union[StoragePut, _Mapping]]] = ..., events: _Optional[_Iterable[_Union[_event_pb2.Event, _Mapping]]] = ..., checksum: _Optional[bytes] = ..., epoch: _Optional[int] = ...) -> None: ...
 
 class ChangesRequest(_message.Message):
-    __slots__ = ("start_position", "follow", "after_checksum", "heartbeat_interval")
+    __slots__ = ("start_position", "follow", "after_checksum", "heartbeat_interval", "epoch")
     START_POSITION_FIELD_NUMBER: _ClassVar[int]
     FOLLOW_FIELD_NUMBER: _ClassVar[int]
     AFTER_CHECKSUM_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_INTERVAL_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
     start_position: int
     follow: bool
     after_checksum: bytes
     heartbeat_interval: _duration_pb2.Duration
-    def __init__(self, start_position: _Optional[int] = ..., follow: _Optional[bool] = ..., after_checksum: _Optional[bytes] = ..., heartbeat_interval: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ...) -> None: ...
+    epoch: int
+    def __init__(self, start_position: _Optional[int] = ..., follow: _Optional[bool] = ..., after_checksum: _Optional[bytes] = ..., heartbeat_interval: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., epoch: _Optional[int] = ...) -> None: ...
 
 class ChangesResponse(_message.Message):
-    __slots__ = ("changes", "caught_up", "head_position", "head_commit_time", "history_id")
+    __slots__ = ("changes", "caught_up", "head_position", "head_commit_time", "history_id", "epoch")
     CHANGES_FIELD_NUMBER: _ClassVar[int]
     CAUGHT_UP_FIELD_NUMBER: _ClassVar[int]
     HEAD_POSITION_FIELD_NUMBER: _ClassVar[int]
     HEAD_COMMIT_TIME_FIELD_NUMBER: _ClassVar[int]
     HISTORY_ID_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
     changes: _containers.RepeatedCompositeFieldContainer[Change]
     caught_up: bool
     head_position: int
     head_commit_time: _timestamp_pb2.Timestamp
     history_id: str
-    def __init__(self, changes: _Optional[_Iterable[_Union[Change, _Mapping]]] = ..., caught_up: _Optional[bool] = ..., head_position: _Optional[int] = ..., head_commit_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., history_id: _Optional[str] = ...) -> None: ...
+    epoch: int
+    def __init__(self, changes: _Optional[_Iterable[_Union[Change, _Mapping]]] = ..., caught_up: _Optional[bool] = ..., head_position: _Optional[int] = ..., head_commit_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., history_id: _Optional[str] = ..., epoch: _Optional[int] = ...) -> None: ...
+
+class EpochStart(_message.Message):
+    __slots__ = ("epoch", "first_position")
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    FIRST_POSITION_FIELD_NUMBER: _ClassVar[int]
+    epoch: int
+    first_position: int
+    def __init__(self, epoch: _Optional[int] = ..., first_position: _Optional[int] = ...) -> None: ...
 
 class GetReplicationStatusRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 
 class GetReplicationStatusResponse(_message.Message):
-    __slots__ = ("role", "primary", "position", "primary_position", "lag_positions", "lag", "caught_up", "connected", "last_contact_time", "state", "history_id", "primary_history_id", "detail")
+    __slots__ = ("role", "primary", "position", "primary_position", "lag_positions", "lag", "caught_up", "connected", "last_contact_time", "state", "history_id", "primary_history_id", "detail", "epoch", "epoch_history")
     ROLE_FIELD_NUMBER: _ClassVar[int]
     PRIMARY_FIELD_NUMBER: _ClassVar[int]
     POSITION_FIELD_NUMBER: _ClassVar[int]
@@ -119,6 +135,8 @@ class GetReplicationStatusResponse(_message.Message):
     HISTORY_ID_FIELD_NUMBER: _ClassVar[int]
     PRIMARY_HISTORY_ID_FIELD_NUMBER: _ClassVar[int]
     DETAIL_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_HISTORY_FIELD_NUMBER: _ClassVar[int]
     role: str
     primary: str
     position: int
@@ -132,4 +150,6 @@ class GetReplicationStatusResponse(_message.Message):
     history_id: str
     primary_history_id: str
     detail: str
-    def __init__(self, role: _Optional[str] = ..., primary: _Optional[str] = ..., position: _Optional[int] = ..., primary_position: _Optional[int] = ..., lag_positions: _Optional[int] = ..., lag: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., caught_up: _Optional[bool] = ..., connected: _Optional[bool] = ..., last_contact_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., state: _Optional[_Union[ReplicationState, str]] = ..., history_id: _Optional[str] = ..., primary_history_id: _Optional[str] = ..., detail: _Optional[str] = ...) -> None: ...
+    epoch: int
+    epoch_history: _containers.RepeatedCompositeFieldContainer[EpochStart]
+    def __init__(self, role: _Optional[str] = ..., primary: _Optional[str] = ..., position: _Optional[int] = ..., primary_position: _Optional[int] = ..., lag_positions: _Optional[int] = ..., lag: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., caught_up: _Optional[bool] = ..., connected: _Optional[bool] = ..., last_contact_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., state: _Optional[_Union[ReplicationState, str]] = ..., history_id: _Optional[str] = ..., primary_history_id: _Optional[str] = ..., detail: _Optional[str] = ..., epoch: _Optional[int] = ..., epoch_history: _Optional[_Iterable[_Union[EpochStart, _Mapping]]] = ...) -> None: ...

@@ -26,6 +26,17 @@ type AdminServiceClient interface {
 	// `sessionlog admin restore` installs; it is marked as a copy, so the folder it is restored into
 	// starts a new history id.
 	SaveSnapshot(ctx context.Context, in *SaveSnapshotRequest, opts ...grpc.CallOption) (AdminService_SaveSnapshotClient, error)
+	// Promote turns this server, a running replica, into a primary: it stops replicating, takes
+	// a new leadership epoch (one above every epoch it knows, or the one asked for), records
+	// where the epoch begins, starts a new history id, and takes writes. Refused on a server that
+	// already takes writes (FAILED_PRECONDITION / ALREADY_PRIMARY) and for an asked epoch that is
+	// not above every epoch it knows (FAILED_PRECONDITION / STALE_EPOCH).
+	Promote(ctx context.Context, in *PromoteRequest, opts ...grpc.CallOption) (*PromoteResponse, error)
+	// Fence tells this server that a newer epoch exists: a server that takes writes stops at
+	// once and for good (durably: also after a restart) and answers NOT_PRIMARY naming the given
+	// primary. An epoch not above this server's own is refused (FAILED_PRECONDITION /
+	// STALE_EPOCH) and changes nothing.
+	Fence(ctx context.Context, in *FenceRequest, opts ...grpc.CallOption) (*FenceResponse, error)
 }
 
 type adminServiceClient struct {
@@ -77,6 +88,24 @@ func (x *adminServiceSaveSnapshotClient) Recv() (*SaveSnapshotResponse, error) {
 	return m, nil
 }
 
+func (c *adminServiceClient) Promote(ctx context.Context, in *PromoteRequest, opts ...grpc.CallOption) (*PromoteResponse, error) {
+	out := new(PromoteResponse)
+	err := c.cc.Invoke(ctx, "/sessionlog.v1.AdminService/Promote", in, out, opts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *adminServiceClient) Fence(ctx context.Context, in *FenceRequest, opts ...grpc.CallOption) (*FenceResponse, error) {
+	out := new(FenceResponse)
+	err := c.cc.Invoke(ctx, "/sessionlog.v1.AdminService/Fence", in, out, opts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // AdminServiceServer is the server API for AdminService service.
 // All implementations must embed UnimplementedAdminServiceServer
 // for forward compatibility
@@ -90,6 +119,17 @@ type AdminServiceServer interface {
 	// `sessionlog admin restore` installs; it is marked as a copy, so the folder it is restored into
 	// starts a new history id.
 	SaveSnapshot(*SaveSnapshotRequest, AdminService_SaveSnapshotServer) error
+	// Promote turns this server, a running replica, into a primary: it stops replicating, takes
+	// a new leadership epoch (one above every epoch it knows, or the one asked for), records
+	// where the epoch begins, starts a new history id, and takes writes. Refused on a server that
+	// already takes writes (FAILED_PRECONDITION / ALREADY_PRIMARY) and for an asked epoch that is
+	// not above every epoch it knows (FAILED_PRECONDITION / STALE_EPOCH).
+	Promote(context.Context, *PromoteRequest) (*PromoteResponse, error)
+	// Fence tells this server that a newer epoch exists: a server that takes writes stops at
+	// once and for good (durably: also after a restart) and answers NOT_PRIMARY naming the given
+	// primary. An epoch not above this server's own is refused (FAILED_PRECONDITION /
+	// STALE_EPOCH) and changes nothing.
+	Fence(context.Context, *FenceRequest) (*FenceResponse, error)
 	mustEmbedUnimplementedAdminServiceServer()
 }
 
@@ -102,6 +142,12 @@ func (UnimplementedAdminServiceServer) GetStats(context.Context, *GetStatsReques
 }
 func (UnimplementedAdminServiceServer) SaveSnapshot(*SaveSnapshotRequest, AdminService_SaveSnapshotServer) error {
 	return status.Errorf(codes.Unimplemented, "method SaveSnapshot not implemented")
+}
+func (UnimplementedAdminServiceServer) Promote(context.Context, *PromoteRequest) (*PromoteResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method Promote not implemented")
+}
+func (UnimplementedAdminServiceServer) Fence(context.Context, *FenceRequest) (*FenceResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method Fence not implemented")
 }
 func (UnimplementedAdminServiceServer) mustEmbedUnimplementedAdminServiceServer() {}
 
@@ -155,6 +201,42 @@ func (x *adminServiceSaveSnapshotServer) Send(m *SaveSnapshotResponse) error {
 	return x.ServerStream.SendMsg(m)
 }
 
+func _AdminService_Promote_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(PromoteRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServiceServer).Promote(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: "/sessionlog.v1.AdminService/Promote",
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServiceServer).Promote(ctx, req.(*PromoteRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _AdminService_Fence_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(FenceRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServiceServer).Fence(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: "/sessionlog.v1.AdminService/Fence",
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServiceServer).Fence(ctx, req.(*FenceRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 var _AdminService_serviceDesc = grpc.ServiceDesc{
 	ServiceName: "sessionlog.v1.AdminService",
 	HandlerType: (*AdminServiceServer)(nil),
@@ -162,6 +244,14 @@ var _AdminService_serviceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "GetStats",
 			Handler:    _AdminService_GetStats_Handler,
+		},
+		{
+			MethodName: "Promote",
+			Handler:    _AdminService_Promote_Handler,
+		},
+		{
+			MethodName: "Fence",
+			Handler:    _AdminService_Fence_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

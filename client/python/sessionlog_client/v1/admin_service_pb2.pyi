@@ -71,3 +71,37 @@ class SnapshotInfo(_message.Message):
     map_size: int
     history_id: str
     def __init__(self, size_bytes: _Optional[int] = ..., session_count: _Optional[int] = ..., event_count: _Optional[int] = ..., position: _Optional[int] = ..., last_commit_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., map_size: _Optional[int] = ..., history_id: _Optional[str] = ...) -> None: ...
+
+class PromoteRequest(_message.Message):
+    __slots__ = ("epoch",)
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    epoch: int
+    def __init__(self, epoch: _Optional[int] = ...) -> None: ...
+
+class PromoteResponse(_message.Message):
+    __slots__ = ("epoch", "first_position", "history_id", "previous_primary")
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    FIRST_POSITION_FIELD_NUMBER: _ClassVar[int]
+    HISTORY_ID_FIELD_NUMBER: _ClassVar[int]
+    PREVIOUS_PRIMARY_FIELD_NUMBER: _ClassVar[int]
+    epoch: int
+    first_position: int
+    history_id: str
+    previous_primary: str
+    def __init__(self, epoch: _Optional[int] = ..., first_position: _Optional[int] = ..., history_id: _Optional[str] = ..., previous_primary: _Optional[str] = ...) -> None: ...
+
+class FenceRequest(_message.Message):
+    __slots__ = ("epoch", "primary")
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    PRIMARY_FIELD_NUMBER: _ClassVar[int]
+    epoch: int
+    primary: str
+    def __init__(self, epoch: _Optional[int] = ..., primary: _Optional[str] = ...) -> None: ...
+
+class FenceResponse(_message.Message):
+    __slots__ = ("epoch", "stopped_writes")
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    STOPPED_WRITES_FIELD_NUMBER: _ClassVar[int]
+    epoch: int
+    stopped_writes: bool
+    def __init__(self, epoch: _Optional[int] = ..., stopped_writes: _Optional[bool] = ...) -> None: ...

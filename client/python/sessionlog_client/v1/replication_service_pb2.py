@@ -27,7 +27,7 @@ from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__
 from sessionlog_client.v1 import event_pb2 as sessionlog_dot_v1_dot_event__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\'sessionlog/v1/replication_service.proto\x12\rsessionlog.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x19sessionlog/v1/event.proto\"7\n\nStoragePut\x12\r\n\x05table\x18\x01 \x01(\t\x12\x0b\n\x03key\x18\x02 \x01(\x0c\x12\r\n\x05value\x18\x03 \x01(\x0c\"\xa6\x02\n\x06\x43hange\x12\x10\n\x08position\x18\x01 \x01(\x04\x12\'\n\x04kind\x18\x02 \x01(\x0e\x32\x19.sessionlog.v1.ChangeKind\x12\x12\n\nsession_id\x18\x03 \x01(\t\x12/\n\x0b\x63ommit_time\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x11\n\tfirst_seq\x18\x05 \x01(\x04\x12\x13\n\x0b\x65vent_count\x18\x06 \x01(\x04\x12\x13\n\x0binternal_id\x18\x07 \x01(\x04\x12\'\n\x04puts\x18\x08 \x03(\x0b\x32\x19.sessionlog.v1.StoragePut\x12$\n\x06\x65vents\x18\t \x03(\x0b\x32\x14.sessionlog.v1.Event\x12\x10\n\x08\x63hecksum\x18\n \x01(\x0c\"\x87\x01\n\x0e\x43hangesRequest\x12\x16\n\x0estart_position\x18\x01 \x01(\x04\x12\x0e\n\x06\x66ollow\x18\x02 \x01(\x08\x12\x16\n\x0e\x61\x66ter_checksum\x18\x03 \x01(\x0c\x12\x35\n\x12heartbeat_interval\x18\x04 \x01(\x0b\x32\x19.google.protobuf.Duration\"\xad\x01\n\x0f\x43hangesResponse\x12&\n\x07\x63hanges\x18\x01 \x03(\x0b\x32\x15.sessionlog.v1.Change\x12\x11\n\tcaught_up\x18\x02 \x01(\x08\x12\x15\n\rhead_position\x18\x03 \x01(\x04\x12\x34\n\x10head_commit_time\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x12\n\nhistory_id\x18\x05 \x01(\t\"\x1d\n\x1bGetReplicationStatusRequest\"\xf5\x02\n\x1cGetReplicationStatusResponse\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07primary\x18\x02 \x01(\t\x12\x10\n\x08position\x18\x03 \x01(\x04\x12\x18\n\x10primary_position\x18\x04 \x01(\x04\x12\x15\n\rlag_positions\x18\x05 \x01(\x04\x12&\n\x03lag\x18\x06 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x11\n\tcaught_up\x18\x07 \x01(\x08\x12\x11\n\tconnected\x18\x08 \x01(\x08\x12\x35\n\x11last_contact_time\x18\t \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12.\n\x05state\x18\n \x01(\x0e\x32\x1f.sessionlog.v1.ReplicationState\x12\x12\n\nhistory_id\x18\x0b \x01(\t\x12\x1a\n\x12primary_history_id\x18\x0c \x01(\t\x12\x0e\n\x06\x64\x65tail\x18\r \x01(\t*\x86\x01\n\nChangeKind\x12\x1b\n\x17\x43HANGE_KIND_UNSPECIFIED\x10\x00\x12\x16\n\x12\x43HANGE_KIND_APPEND\x10\x01\x12\x16\n\x12\x43HANGE_KIND_CREATE\x10\x02\x12\x14\n\x10\x43HANGE_KIND_FORK\x10\x03\x12\x15\n\x11\x43HANGE_KIND_LEASE\x10\x04*\xdc\x01\n\x10ReplicationState\x12!\n\x1dREPLICATION_STATE_UNSPECIFIED\x10\x00\x12\x1d\n\x19REPLICATION_STATE_PRIMARY\x10\x01\x12\"\n\x1eREPLICATION_STATE_DISCONNECTED\x10\x02\x12!\n\x1dREPLICATION_STATE_CATCHING_UP\x10\x03\x12\x1f\n\x1bREPLICATION_STATE_STREAMING\x10\x04\x12\x1e\n\x1aREPLICATION_STATE_DIVERGED\x10\x05\x32\xd1\x01\n\x12ReplicationService\x12J\n\x07\x43hanges\x12\x1d.sessionlog.v1.ChangesRequest\x1a\x1e.sessionlog.v1.ChangesResponse0\x01\x12o\n\x14GetReplicationStatus\x12*.sessionlog.v1.GetReplicationStatusRequest\x1a+.sessionlog.v1.GetReplicationStatusResponseBl\n\x11\x64\x65v.sessionlog.v1P\x01ZEgithub.com/sessionlog/sessionlog/client/go/sessionlog/v1;sessionlogv1\xaa\x02\rSessionlog.V1b\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\'sessionlog/v1/replication_service.proto\x12\rsessionlog.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x19sessionlog/v1/event.proto\"7\n\nStoragePut\x12\r\n\x05table\x18\x01 \x01(\t\x12\x0b\n\x03key\x18\x02 \x01(\x0c\x12\r\n\x05value\x18\x03 \x01(\x0c\"\xb5\x02\n\x06\x43hange\x12\x10\n\x08position\x18\x01 \x01(\x04\x12\'\n\x04kind\x18\x02 \x01(\x0e\x32\x19.sessionlog.v1.ChangeKind\x12\x12\n\nsession_id\x18\x03 \x01(\t\x12/\n\x0b\x63ommit_time\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x11\n\tfirst_seq\x18\x05 \x01(\x04\x12\x13\n\x0b\x65vent_count\x18\x06 \x01(\x04\x12\x13\n\x0binternal_id\x18\x07 \x01(\x04\x12\'\n\x04puts\x18\x08 \x03(\x0b\x32\x19.sessionlog.v1.StoragePut\x12$\n\x06\x65vents\x18\t \x03(\x0b\x32\x14.sessionlog.v1.Event\x12\x10\n\x08\x63hecksum\x18\n \x01(\x0c\x12\r\n\x05\x65poch\x18\x0b \x01(\x04\"\x96\x01\n\x0e\x43hangesRequest\x12\x16\n\x0estart_position\x18\x01 \x01(\x04\x12\x0e\n\x06\x66ollow\x18\x02 \x01(\x08\x12\x16\n\x0e\x61\x66ter_checksum\x18\x03 \x01(\x0c\x12\x35\n\x12heartbeat_interval\x18\x04 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\r\n\x05\x65poch\x18\x05 \x01(\x04\"\xbc\x01\n\x0f\x43hangesResponse\x12&\n\x07\x63hanges\x18\x01 \x03(\x0b\x32\x15.sessionlog.v1.Change\x12\x11\n\tcaught_up\x18\x02 \x01(\x08\x12\x15\n\rhead_position\x18\x03 \x01(\x04\x12\x34\n\x10head_commit_time\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x12\n\nhistory_id\x18\x05 \x01(\t\x12\r\n\x05\x65poch\x18\x06 \x01(\x04\"3\n\nEpochStart\x12\r\n\x05\x65poch\x18\x01 \x01(\x04\x12\x16\n\x0e\x66irst_position\x18\x02 \x01(\x04\"\x1d\n\x1bGetReplicationStatusRequest\"\xb6\x03\n\x1cGetReplicationStatusResponse\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07primary\x18\x02 \x01(\t\x12\x10\n\x08position\x18\x03 \x01(\x04\x12\x18\n\x10primary_position\x18\x04 \x01(\x04\x12\x15\n\rlag_positions\x18\x05 \x01(\x04\x12&\n\x03lag\x18\x06 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x11\n\tcaught_up\x18\x07 \x01(\x08\x12\x11\n\tconnected\x18\x08 \x01(\x08\x12\x35\n\x11last_contact_time\x18\t \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12.\n\x05state\x18\n \x01(\x0e\x32\x1f.sessionlog.v1.ReplicationState\x12\x12\n\nhistory_id\x18\x0b \x01(\t\x12\x1a\n\x12primary_history_id\x18\x0c \x01(\t\x12\x0e\n\x06\x64\x65tail\x18\r \x01(\t\x12\r\n\x05\x65poch\x18\x0e \x01(\x04\x12\x30\n\repoch_history\x18\x0f \x03(\x0b\x32\x19.sessionlog.v1.EpochStart*\x86\x01\n\nChangeKind\x12\x1b\n\x17\x43HANGE_KIND_UNSPECIFIED\x10\x00\x12\x16\n\x12\x43HANGE_KIND_APPEND\x10\x01\x12\x16\n\x12\x43HANGE_KIND_CREATE\x10\x02\x12\x14\n\x10\x43HANGE_KIND_FORK\x10\x03\x12\x15\n\x11\x43HANGE_KIND_LEASE\x10\x04*\xfa\x01\n\x10ReplicationState\x12!\n\x1dREPLICATION_STATE_UNSPECIFIED\x10\x00\x12\x1d\n\x19REPLICATION_STATE_PRIMARY\x10\x01\x12\"\n\x1eREPLICATION_STATE_DISCONNECTED\x10\x02\x12!\n\x1dREPLICATION_STATE_CATCHING_UP\x10\x03\x12\x1f\n\x1bREPLICATION_STATE_STREAMING\x10\x04\x12\x1e\n\x1aREPLICATION_STATE_DIVERGED\x10\x05\x12\x1c\n\x18REPLICATION_STATE_FENCED\x10\x06\x32\xd1\x01\n\x12ReplicationService\x12J\n\x07\x43hanges\x12\x1d.sessionlog.v1.ChangesRequest\x1a\x1e.sessionlog.v1.ChangesResponse0\x01\x12o\n\x14GetReplicationStatus\x12*.sessionlog.v1.GetReplicationStatusRequest\x1a+.sessionlog.v1.GetReplicationStatusResponseBl\n\x11\x64\x65v.sessionlog.v1P\x01ZEgithub.com/sessionlog/sessionlog/client/go/sessionlog/v1;sessionlogv1\xaa\x02\rSessionlog.V1b\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -35,22 +35,24 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'sessionlog.v1.replication_s
 if not _descriptor._USE_C_DESCRIPTORS:
   _globals['DESCRIPTOR']._loaded_options = None
   _globals['DESCRIPTOR']._serialized_options = b'\n\021dev.sessionlog.v1P\001ZEgithub.com/sessionlog/sessionlog/client/go/sessionlog/v1;sessionlogv1\252\002\rSessionlog.V1'
-  _globals['_CHANGEKIND']._serialized_start=1226
-  _globals['_CHANGEKIND']._serialized_end=1360
-  _globals['_REPLICATIONSTATE']._serialized_start=1363
-  _globals['_REPLICATIONSTATE']._serialized_end=1583
+  _globals['_CHANGEKIND']._serialized_start=1389
+  _globals['_CHANGEKIND']._serialized_end=1523
+  _globals['_REPLICATIONSTATE']._serialized_start=1526
+  _globals['_REPLICATIONSTATE']._serialized_end=1776
   _globals['_STORAGEPUT']._serialized_start=150
   _globals['_STORAGEPUT']._serialized_end=205
   _globals['_CHANGE']._serialized_start=208
-  _globals['_CHANGE']._serialized_end=502
-  _globals['_CHANGESREQUEST']._serialized_start=505
-  _globals['_CHANGESREQUEST']._serialized_end=640
-  _globals['_CHANGESRESPONSE']._serialized_start=643
-  _globals['_CHANGESRESPONSE']._serialized_end=816
-  _globals['_GETREPLICATIONSTATUSREQUEST']._serialized_start=818
-  _globals['_GETREPLICATIONSTATUSREQUEST']._serialized_end=847
-  _globals['_GETREPLICATIONSTATUSRESPONSE']._serialized_start=850
-  _globals['_GETREPLICATIONSTATUSRESPONSE']._serialized_end=1223
-  _globals['_REPLICATIONSERVICE']._serialized_start=1586
-  _globals['_REPLICATIONSERVICE']._serialized_end=1795
+  _globals['_CHANGE']._serialized_end=517
+  _globals['_CHANGESREQUEST']._serialized_start=520
+  _globals['_CHANGESREQUEST']._serialized_end=670
+  _globals['_CHANGESRESPONSE']._serialized_start=673
+  _globals['_CHANGESRESPONSE']._serialized_end=861
+  _globals['_EPOCHSTART']._serialized_start=863
+  _globals['_EPOCHSTART']._serialized_end=914
+  _globals['_GETREPLICATIONSTATUSREQUEST']._serialized_start=916
+  _globals['_GETREPLICATIONSTATUSREQUEST']._serialized_end=945
+  _globals['_GETREPLICATIONSTATUSRESPONSE']._serialized_start=948
+  _globals['_GETREPLICATIONSTATUSRESPONSE']._serialized_end=1386
+  _globals['_REPLICATIONSERVICE']._serialized_start=1779
+  _globals['_REPLICATIONSERVICE']._serialized_end=1988
 # @@protoc_insertion_point(module_scope)

@@ -1,0 +1,65 @@
+"""Epoch histories (``storage.leadership``): where two feeds part, and the record's rules."""
+
+from __future__ import annotations
+
+import pytest
+
+from sessionlog import errors
+from sessionlog.storage import leadership
+from sessionlog.storage.leadership import FENCED, PRIMARY, REPLICA, Leadership
+
+
+def test_the_cut_is_the_first_record_of_an_epoch_one_side_never_saw() -> None:
+    """Old primary wrote on in epoch 1 past 100; the new one began epoch 2 at 101: cut 101."""
+    old = ((1, 1),)
+    new = ((1, 1), (2, 101))
+    assert leadership.divergence(old, new, limit=106) == 101
+    assert leadership.divergence(new, old, limit=106) == 101
+
+
+def test_no_cut_when_the_histories_agree_up_to_the_shorter_feed() -> None:
+    """A folder behind the new primary, on its history, keeps everything (cut = its head + 1)."""
+    mine = ((1, 1), (2, 50))
+    theirs = ((1, 1), (2, 50), (3, 90))
+    assert leadership.divergence(mine, theirs, limit=81) == 81
+
+
+def test_a_cut_inside_an_epoch_only_one_side_wrote_in() -> None:
+    """Histories that agree on epoch 1 but where each began its own next epoch part where the
+    earlier of the two began."""
+    mine = ((1, 1), (2, 40))
+    theirs = ((1, 1), (3, 45))
+    assert leadership.divergence(mine, theirs, limit=60) == 40
+
+
+def test_records_from_before_epochs_count_as_epoch_0() -> None:
+    """An upgraded store whose first epoch began at 30 agrees with a replica of it up to 29."""
+    assert leadership.epoch_at(((1, 30),), 29) == 0
+    assert leadership.divergence(((1, 30),), ((1, 30), (2, 35)), limit=40) == 35
+
+
+def test_promotion_takes_at_least_epoch_2_and_refuses_a_stale_one() -> None:
+    """Epoch 1 belongs to a store's first primary (taken with its first write)."""
+    fresh_replica = Leadership(role=REPLICA, primary="p:1")
+    assert leadership.promoted(fresh_replica, 1) == Leadership(2, PRIMARY, "", ((2, 1),))
+    seen_3 = Leadership(3, REPLICA, "p:1", ((1, 1), (3, 9)))
+    assert leadership.promoted(seen_3, 12).history[-1] == (4, 12)
+    assert leadership.promoted(seen_3, 12, epoch=10).epoch == 10
+    with pytest.raises(errors.StaleEpoch):
+        leadership.promoted(seen_3, 12, epoch=3)
+
+
+def test_a_fence_stops_a_primary_and_only_records_the_epoch_elsewhere() -> None:
+    """A newer epoch fences a primary; a replica keeps its role; an older one changes nothing."""
+    primary = Leadership(1, PRIMARY, "", ((1, 1),))
+    assert leadership.fenced(primary, 2, "n:2") == Leadership(2, FENCED, "n:2", ((1, 1),))
+    assert leadership.fenced(primary, 1, "n:2") == primary
+    replica = Leadership(1, REPLICA, "p:1", ((1, 1),))
+    assert leadership.fenced(replica, 5, "") == Leadership(5, REPLICA, "p:1", ((1, 1),))
+    refused = leadership.not_primary(leadership.fenced(primary, 2, "n:2"))
+    assert refused.metadata == {"primary": "n:2", "epoch": "2"}
+
+
+def test_the_record_round_trips() -> None:
+    record = Leadership(4, FENCED, "[::1]:5", ((1, 1), (4, 77)))
+    assert Leadership.decode(record.encode()) == record

@@ -39,7 +39,8 @@ status back into the same class with :func:`from_reason`.
     ├── RequestTooLarge                     RESOURCE_EXHAUSTED (REQUEST_TOO_LARGE)
     ├── DataCorrupted                       DATA_LOSS (DATA_CORRUPTED: a stored record is damaged)
     ├── Unavailable                         UNAVAILABLE (shutting down; reconnect)
-    └── StorageIoError                      UNAVAILABLE (STORAGE_IO_ERROR: the disk failed a write)
+    ├── StorageIoError                      UNAVAILABLE (STORAGE_IO_ERROR: the disk failed a write)
+    └── ReplicasUnavailable                 UNAVAILABLE (REPLICAS_UNAVAILABLE: too few replicas)
 
 Metadata values are strings, as ``ErrorInfo.metadata`` requires.
 """
@@ -225,6 +226,14 @@ class StorageIoError(Unavailable):
     """The disk failed a write (an I/O error): nothing was written; retry later."""
 
     reason = "STORAGE_IO_ERROR"
+
+
+class ReplicasUnavailable(Unavailable):
+    """With --ack replica, too few replicas reported the write durable within --sync-timeout.
+    The write IS committed on the primary (and may reach the replicas later): a retry with the
+    same request id returns the original result once enough replicas hold it."""
+
+    reason = "REPLICAS_UNAVAILABLE"
 
 
 def _all_subclasses(cls: type[SessionLogError]) -> list[type[SessionLogError]]:

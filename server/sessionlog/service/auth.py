@@ -68,6 +68,7 @@ _NEEDS = {
     "/sessionlog.v1.AdminService/SaveSnapshot": ADMIN,
     "/sessionlog.v1.ReplicationService/Changes": ADMIN,
     "/sessionlog.v1.ReplicationService/GetReplicationStatus": READ,
+    "/sessionlog.v1.ReplicationService/ReportProgress": ADMIN,
 }
 _EVERY_SESSION = frozenset(
     {
@@ -75,6 +76,7 @@ _EVERY_SESSION = frozenset(
         "/sessionlog.v1.AdminService/SaveSnapshot",
         "/sessionlog.v1.ReplicationService/Changes",
         "/sessionlog.v1.ReplicationService/GetReplicationStatus",
+        "/sessionlog.v1.ReplicationService/ReportProgress",
     }
 )
 """Calls whose answer spans every session: refused to a token limited to a session prefix."""

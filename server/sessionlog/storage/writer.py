@@ -19,6 +19,8 @@ Invariants:
   its group was taken is never written;
 - the change-feed position and the checksum a record chains from are read inside the write
   transaction, never cached: the store is the only truth, whoever else writes to it;
+- a command's result (``commands.Written``) names the feed position of its record, or the
+  feed's head when it wrote nothing, so a caller can wait for replicas to hold it;
 - ``on_commit`` runs after the commit, so a woken subscriber always finds the new events;
 - when the map fills up mid-group (or any command fails unexpectedly), the group is retried one
   command per transaction, so one bad or large append cannot fail the others queued beside it;
@@ -53,6 +55,7 @@ import lmdb
 from sessionlog import errors
 from sessionlog.stats import GROUP_BUCKETS, SECONDS_BUCKETS, Histogram
 from sessionlog.storage import changes, damage, schema
+from sessionlog.storage.commands import Written
 from sessionlog.storage.recording import RecordingTxn
 from sessionlog.storage.tables import Tables
 
@@ -391,8 +394,12 @@ class Writer:
         except errors.SessionLogError as exc:
             return False, exc, feed
         if not recording.wrote:
+            if isinstance(result, Written):
+                result.position = feed[0]
             return True, result, feed
         position = feed[0] + 1
+        if isinstance(result, Written):
+            result.position = position
         record = changes.encode_change(
             position, command.kind, command.session_id, now_ns, recording
         )

@@ -358,12 +358,10 @@ class ServerConfig:
     sync_replicas: int = _setting(
         "sync_replicas",
         _positive_int,
-        0,
-        "with --ack replica: how many replicas must hold a write before it is acknowledged "
-        "(default 1)",
+        1,
+        "with --ack replica: how many replicas must hold a write before it is acknowledged",
         "K",
     )
-    """K as given (0: not given; ``required_replicas`` is 1 then with --ack replica)."""
     sync_timeout_seconds: float = _setting(
         "sync_timeout",
         _positive_seconds,
@@ -501,7 +499,7 @@ class ServerConfig:
 
     def _check_ack(self) -> None:
         if self.ack != "replica":
-            if self.sync_replicas:
+            if self.sync_replicas > 1:
                 raise ConfigError(
                     f"--sync-replicas {self.sync_replicas} needs --ack replica (with --ack local "
                     "no write waits for replicas)"
@@ -517,9 +515,7 @@ class ServerConfig:
     @property
     def required_replicas(self) -> int:
         """How many replicas must hold a write before it is acknowledged (0: --ack local)."""
-        if self.ack != "replica":
-            return 0
-        return self.sync_replicas or 1
+        return self.sync_replicas if self.ack == "replica" else 0
 
     def _check_replica_auth(self) -> None:
         """A replica that needs a token to read its primary holds a primary's data behind

@@ -118,6 +118,7 @@ class SessionLogServer:
         )
         self._replicator: Replicator | None = None
         self._replicator_task: asyncio.Task[None] | None = None
+        self._replication: ReplicationServicer | None = None
         self.sync: SyncTracker | None = None
         """The replicas' reported progress, which every write waits on with --ack replica."""
 
@@ -210,7 +211,7 @@ class SessionLogServer:
             counters=self.counters,
             sync=self.sync,
         )
-        replication = ReplicationServicer(
+        replication = self._replication = ReplicationServicer(
             store,
             self._notifier,
             replica=self.replica,
@@ -357,6 +358,8 @@ class SessionLogServer:
         await self._health.enter_graceful_shutdown()
         if self.sync is not None:
             self.sync.close()  # writes waiting for replicas fail now, not at their timeout
+        if self._replication is not None:
+            self._replication.end_reports()
         if self.peers is not None:
             self.peers.close()
         self._notifier.close()

@@ -156,9 +156,37 @@ def test_writes_fail_after_the_sync_timeout_while_the_replica_is_stopped(tmp_pat
         assert list(retried.events) == stored[1:2]  # the original event, its time included
         append(primary, "s", "after")
         assert stored_texts(primary, "s") == ["before", "during", "after"]
+        messages = [entry.get("message", "") for entry in primary.log_entries()]
+        assert sum(m.startswith("writes fail REPLICAS_UNAVAILABLE") for m in messages) == 1
+        assert messages.count("writes are acknowledged by enough replicas again") == 1
         wait_for(
             "the replica holds the session", lambda: len(since_raw(replica.channel, "s")) == 3, 10
         )
+
+
+def test_a_write_waiting_for_a_stopped_replica_fails_at_once_on_shutdown(tmp_path: Path) -> None:
+    """SIGTERM to a primary whose replica is SIGSTOPped: the write waiting for the replica
+    fails REPLICAS_UNAVAILABLE ("shutting down") at once, not at its 30 s --sync-timeout."""
+    with Cluster(tmp_path) as cluster:
+        primary = cluster.primary(args=[*ack_replica(30), "--shutdown-grace", "3"])
+        replica = cluster.replica(primary, "replica")
+        append(primary, "s", "before")
+        replica.process.signal(signal.SIGSTOP)  # type: ignore[union-attr]
+        try:
+            request = pb.AppendRequest(session_id="s", events=[event(USER, "waiting")])
+            pending = primary.stub().Append.future(request, timeout=30)
+            wait_for("the write is committed", lambda: primary.status().position == 2, 10)
+            started = time.monotonic()
+            primary.process.signal(signal.SIGTERM)  # type: ignore[union-attr]
+            error = pending.exception(timeout=CALL_TIMEOUT)
+            took = time.monotonic() - started
+            assert primary.process.wait() == 0  # type: ignore[union-attr]
+        finally:
+            replica.process.signal(signal.SIGCONT)  # type: ignore[union-attr]
+        assert took < 2.5, took
+        assert isinstance(error, grpc.RpcError)
+        refused_unavailable(error)
+        assert "shutting down" in error.details()
 
 
 def _every_other_write(stub: Any, ttl: Duration) -> dict[str, Future[Any]]:

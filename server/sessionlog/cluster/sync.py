@@ -103,6 +103,8 @@ class SyncTracker:
         self._arrivals = itertools.count()
         self._streams = itertools.count(1)
         self._closed = False
+        self._failing = 0
+        """Writes failed since the last acknowledged one (0: acknowledging); logged per episode."""
 
     @property
     def ack(self) -> str:
@@ -202,6 +204,7 @@ class SyncTracker:
             return
         if position <= self.sync_position:
             self.stats.waits.observe(0.0)
+            self._recovered(position)
             return
         if self._closed:
             raise self._unavailable(position, "this server is shutting down")
@@ -214,8 +217,26 @@ class SyncTracker:
         except TimeoutError:
             self.stats.timeouts += 1
             self._purge()
-            raise self._unavailable(position) from None
+            error = self._unavailable(position)
+            if not self._failing:
+                log.warning(
+                    "writes fail REPLICAS_UNAVAILABLE: too few replicas hold them within "
+                    "--sync-timeout (they stay committed here)",
+                    extra={**error.metadata, "counting": self.counting()},
+                )
+            self._failing += 1
+            raise error from None
         self.stats.waits.observe(time.perf_counter() - started)
+        self._recovered(position)
+
+    def _recovered(self, position: int) -> None:
+        """A write was acknowledged: end a failure episode, if any, with one line."""
+        if self._failing:
+            log.warning(
+                "writes are acknowledged by enough replicas again",
+                extra={"failed": self._failing, "position": position},
+            )
+            self._failing = 0
 
     def close(self) -> None:
         """Shutting down: every waiting write fails now rather than at its timeout."""

@@ -138,6 +138,8 @@ class ReplicationServicer:
         self.replica = replica
         self.sync = sync
         """The replicas' reported progress (ReportProgress), which --ack replica waits on."""
+        self._reporting: set[asyncio.Task[Any]] = set()
+        """The handlers of open ReportProgress streams (ended by ``end_reports``)."""
         self.heartbeat_seconds = heartbeat_seconds
         self.streams = streams or StreamLimiter()
 
@@ -220,6 +222,9 @@ class ReplicationServicer:
             return b""
         stream = sync.open_stream()
         refusal: errors.SessionLogError | None = None
+        handler = asyncio.current_task()
+        if handler is not None:
+            self._reporting.add(handler)
         try:
             async for raw in requests:
                 request = decode(rpb.ReportProgressRequest, raw)
@@ -235,9 +240,17 @@ class ReplicationServicer:
             refusal = error
         finally:
             sync.close_stream(stream)
+            self._reporting.discard(handler)
         if refusal is not None:
             await abort(context, refusal)
         return _serialized(rpb.ReportProgressResponse())
+
+    def end_reports(self) -> None:
+        """Shutting down: end every ReportProgress stream now. A replica's stream stays open
+        for as long as the replica does (a stopped one forever), so waiting for it would hold
+        the shutdown for its whole grace period."""
+        for handler in list(self._reporting):
+            handler.cancel()
 
     async def status(self, raw: bytes, context: grpc.aio.ServicerContext) -> bytes:
         try:

@@ -541,7 +541,12 @@ class ProgressReports:
         except asyncio.CancelledError:
             raise
         except grpc.aio.AioRpcError as error:
-            log.warning(
+            # An older primary (UNIMPLEMENTED) waits for no report: worth a note, not a warning.
+            level = (
+                logging.INFO if error.code() == grpc.StatusCode.UNIMPLEMENTED else logging.WARNING
+            )
+            log.log(
+                level,
                 "replica cannot report its progress to its primary; it does not count for the "
                 "primary's --ack replica",
                 extra={"code": error.code().name, "details": error.details()},

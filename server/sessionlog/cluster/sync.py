@@ -128,13 +128,13 @@ class SyncTracker:
         replica = self._replicas.get(name)
         if replica is None:
             replica = self._replicas[name] = ReplicaProgress(name)
-            self._forget_old()
         if replica.stream != stream:
             replica.stream, replica.peer = stream, peer
             replica.connected, replica.matches, replica.detail = True, True, ""
             log.info("replica reports its progress", extra={"replica": name, "peer": peer})
         replica.position = position
         replica.report_ns = time.time_ns()
+        self._forget_old()  # after this one is connected: it is never the one forgotten
         if replica.matches:
             why = self._mismatch(position, checksum)
             if why:

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from sessionlog import errors
+from sessionlog.cluster import sync
 from sessionlog.cluster.sync import SyncTracker
 from sessionlog.storage.store import Store
 from tests.integration.helpers import opened, user
@@ -85,5 +86,26 @@ def test_ack_local_never_waits_but_keeps_the_reports(tmp_path: Path) -> None:
             await asyncio.wait_for(tracker.wait(1), 0.1)
             tracker.report(tracker.open_stream(), "r", "peer", 0, b"")
             assert [(r.name, r.counts, r.position) for r in tracker.replicas()] == [("r", True, 0)]
+
+        asyncio.run(scenario())
+
+
+def test_the_replicas_remembered_are_bounded_and_the_connected_ones_kept(tmp_path: Path) -> None:
+    """Past MAX_REPLICAS_KEPT names, the disconnected replica heard from longest ago goes; a
+    replica reporting now is never the one forgotten."""
+    with opened(tmp_path / "d") as store:
+        _filled(store, 1)
+
+        async def scenario() -> None:
+            tracker = SyncTracker(store.checksum_at, required=1)
+            for n in range(sync.MAX_REPLICAS_KEPT):
+                stream = tracker.open_stream()
+                tracker.report(stream, f"old-{n:02}", "peer", 0, b"")
+                tracker.close_stream(stream)
+            tracker.report(tracker.open_stream(), "new", "peer", 0, b"")
+            names = [r.name for r in tracker.replicas()]
+            assert len(names) == sync.MAX_REPLICAS_KEPT
+            assert "new" in names
+            assert "old-00" not in names
 
         asyncio.run(scenario())

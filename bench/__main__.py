@@ -23,6 +23,7 @@ from pathlib import Path
 from types import FrameType
 
 from bench import (
+    ack,
     cases,
     ceilings,
     checksums,
@@ -55,6 +56,7 @@ GROUPS = (
     "etcd",
     "workers",
     "checksums",
+    "ack",
 )
 """Case groups ``--only`` can pick: append = cases 1-3 (with h2load's rows when it is installed),
 since = 4, tail = 5, derive = 6, sessions = 7, redis = the peer's rows (its XADD rows need the
@@ -62,7 +64,8 @@ append group, its XRANGE row the since group), etcd = the etcd peer beside sessi
 driven by h2load (it runs its own sessionlog rows, reusing case 2's h2load row when the append
 group ran), workers = cases 1-3 (h2load) and 5 at ``--workers 1`` and ``--workers N`` with etcd
 beside N (reusing the rows the other groups measured), checksums = 8 (the store's append path
-with and without change-record checksums, in this process)."""
+with and without change-record checksums, in this process), ack = 9 (cases 2 and 3 on a primary
+with one replica, --ack local beside --ack replica)."""
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -222,6 +225,12 @@ def run_all(settings: Settings, work: Path, groups: list[str]) -> Results:
         for row in checksums.run_checksums(settings, work):
             measured(row.case, row.sessionlog)
             measured("without", row.ceiling)
+            results.rows.append(row)
+    if "ack" in groups:
+        progress("case 9 --ack local beside --ack replica (a primary and one replica each)")
+        for row in ack.run_group(settings, work, progress):
+            measured(row.sessionlog.name, row.sessionlog)
+            measured(row.ceiling.name, row.ceiling)
             results.rows.append(row)
     return results
 

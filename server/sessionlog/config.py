@@ -176,6 +176,7 @@ DEFAULT_FOLLOW_SEND_RATE = 5_000
 about what one Python process sends while leaving time for appends (see ``StreamLimiter.pace``)."""
 DEFAULT_SHUTDOWN_GRACE_SECONDS = 10.0
 DEFAULT_REPLICA_TIMEOUT_SECONDS = 5.0
+DEFAULT_SYNC_TIMEOUT_SECONDS = 5.0
 DEFAULT_WORKERS = "auto"
 MAX_WORKERS = 256
 REPLICA_TIMEOUT_FLOOR_SECONDS = 0.3
@@ -344,6 +345,31 @@ class ServerConfig:
         "run as a read replica that follows this primary; writes are refused with NOT_PRIMARY",
         "HOST:PORT",
     )
+    ack: str = _setting(
+        "ack",
+        _choice("local", "replica"),
+        "local",
+        "when a write is acknowledged. local: once committed and synced here (a failover may "
+        "lose it). replica: once --sync-replicas replicas also hold it durably; with fewer, "
+        "writes fail UNAVAILABLE / REPLICAS_UNAVAILABLE after --sync-timeout (committed here). "
+        "Runs one process (--workers 1)",
+        "MODE",
+    )
+    sync_replicas: int = _setting(
+        "sync_replicas",
+        _positive_int,
+        1,
+        "with --ack replica: how many replicas must hold a write before it is acknowledged",
+        "K",
+    )
+    sync_timeout_seconds: float = _setting(
+        "sync_timeout",
+        _positive_seconds,
+        DEFAULT_SYNC_TIMEOUT_SECONDS,
+        "with --ack replica: seconds a write waits for its replicas before it fails "
+        "REPLICAS_UNAVAILABLE",
+        "SECONDS",
+    )
     replica_timeout_seconds: float = _setting(
         "replica_timeout",
         _positive_seconds,
@@ -454,6 +480,7 @@ class ServerConfig:
         if bool(self.replica_tls_cert) != bool(self.replica_tls_key):
             raise ConfigError("--replica-tls-cert and --replica-tls-key go together")
         self._check_replica_auth()
+        self._check_ack()
         if self.replica_of and self.workers > 1:
             raise ConfigError(
                 f"a replica runs in one process: workers is {self.workers}; set it to 1 or auto "
@@ -469,6 +496,26 @@ class ServerConfig:
                 raise ConfigError(f"{name.replace('_', '-')} must be at least 1")
         for name in ("metrics_listen", "http_listen"):
             _check_address(name, getattr(self, name))
+
+    def _check_ack(self) -> None:
+        if self.ack != "replica":
+            if self.sync_replicas > 1:
+                raise ConfigError(
+                    f"--sync-replicas {self.sync_replicas} needs --ack replica (with --ack local "
+                    "no write waits for replicas)"
+                )
+            return
+        if self.workers > 1:
+            raise ConfigError(
+                f"--ack replica runs in one process: workers is {self.workers}; set it to 1 or "
+                "auto (auto means 1 with --ack replica). A write's reply waits for replica "
+                "reports that reach one process only"
+            )
+
+    @property
+    def required_replicas(self) -> int:
+        """How many replicas must hold a write before it is acknowledged (0: --ack local)."""
+        return self.sync_replicas if self.ack == "replica" else 0
 
     def _check_replica_auth(self) -> None:
         """A replica that needs a token to read its primary holds a primary's data behind
@@ -676,8 +723,9 @@ def readme_with_table(readme: str) -> str:
 
 def worker_count(config: ServerConfig) -> int:
     """How many processes serve: the setting, or one per CPU this process may run on (``auto``);
-    always one for a replica (its one replication stream applies in one process)."""
-    if config.replica_of:
+    always one for a replica (its one replication stream applies in one process) and with
+    --ack replica (replica reports reach one process)."""
+    if config.replica_of or config.ack == "replica":
         return 1
     if config.workers:
         return config.workers

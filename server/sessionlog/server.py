@@ -22,6 +22,7 @@ import grpc
 from grpc_health.v1._async import HealthServicer
 
 from sessionlog.cluster.promotion import Promoter
+from sessionlog.cluster.sync import SyncTracker
 from sessionlog.config import (
     DEFAULT_DATA_DIR,
     DEFAULT_LISTEN,
@@ -37,6 +38,7 @@ from sessionlog.service.limits import StreamLimiter
 from sessionlog.service.notifier import Notifier
 from sessionlog.service.replication import ReplicaState, ReplicationServicer, Replicator
 from sessionlog.service.servicer import SessionLogServicer
+from sessionlog.storage import folder
 from sessionlog.storage.leadership import FENCED, Leadership
 from sessionlog.storage.store import Store, StoreConfig
 from sessionlog.web.app import HttpSites, ListenError
@@ -129,6 +131,9 @@ class SessionLogServer:
         self._servicers: tuple[SessionLogServicer, ReplicationServicer, AdminServicer]
         self._fenced = False
         """The folder's leadership record says a newer epoch deposed it (see ``_watch_fence``)."""
+        self._replication: ReplicationServicer | None = None
+        self.sync: SyncTracker | None = None
+        """The replicas' reported progress, which every write waits on with --ack replica."""
 
     async def start(self) -> int:
         """Open the store, bind, and start serving. Returns the bound port."""
@@ -209,6 +214,9 @@ class SessionLogServer:
 
     def _handlers(self, store: Store) -> tuple[grpc.GenericRpcHandler, ...]:
         config = self.config
+        self.sync = SyncTracker(
+            store.checksum_at, config.required_replicas, config.sync_timeout_seconds
+        )
         servicer = SessionLogServicer(
             store,
             self._notifier,
@@ -219,13 +227,15 @@ class SessionLogServer:
             max_events_per_append=config.max_events_per_append,
             streams=self.streams,
             counters=self.counters,
+            sync=self.sync,
         )
-        replication = ReplicationServicer(
+        replication = self._replication = ReplicationServicer(
             store,
             self._notifier,
             replica=self.replica,
             heartbeat_seconds=config.heartbeat_seconds,
             streams=self.streams,
+            sync=self.sync,
         )
         promoter = Promoter(
             store,
@@ -274,6 +284,7 @@ class SessionLogServer:
             metadata=_bearer_metadata(token),
             timeout_seconds=config.replica_timeout_seconds,
             on_diverged=self._diverged,
+            name=_replica_name(store),
         )
         self._replicator_task = asyncio.create_task(self._replicator.run())
         if config.serves_open_replica:
@@ -293,6 +304,8 @@ class SessionLogServer:
                 "port": self.port,
                 "data": str(store.path.absolute()),
                 "role": "replica" if self.replica else "primary",
+                "ack": config.ack,
+                **({"sync_replicas": config.required_replicas} if config.required_replicas else {}),
                 "tls": "mutual" if config.tls_client_ca else "on" if tls else "off",
                 "auth": f"{len(authorizer.tokens)} tokens" if authorizer else "off",
                 "http": config.http_listen or "off",
@@ -400,6 +413,10 @@ class SessionLogServer:
             await asyncio.gather(self._watchdog, return_exceptions=True)
         await self._stop_replication()
         await self._health.enter_graceful_shutdown()
+        if self.sync is not None:
+            self.sync.close()  # writes waiting for replicas fail now, not at their timeout
+        if self._replication is not None:
+            self._replication.end_reports()
         if self.peers is not None:
             self.peers.close()
         self._notifier.close()
@@ -456,6 +473,13 @@ def _authorizer(config: ServerConfig, warn: bool = True) -> Authorizer | None:
     except AuthConfigError as exc:
         raise ConfigError(str(exc)) from None
     return Authorizer(tokens, open_health=config.auth_open_health)
+
+
+def _replica_name(store: Store) -> str:
+    """What a replica calls itself in its progress reports: its data folder's instance id,
+    which stays the same across restarts (a restored backup gets a new one)."""
+    marker = folder.read_marker(store.path)
+    return f"instance-{marker.instance}" if marker is not None else f"folder-{store.path}"
 
 
 def _bearer_metadata(token: str) -> tuple[tuple[str, str], ...]:

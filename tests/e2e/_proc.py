@@ -11,6 +11,7 @@ is an in-process server or `sessionlog serve --workers N` processes.
 
 from __future__ import annotations
 
+import itertools
 import os
 import signal
 import socket
@@ -112,6 +113,11 @@ def health_status(address: str, timeout: float = 1.0) -> int | None:
     return status
 
 
+def _ack_of(args: list[str]) -> list[str]:
+    """The values given to --ack in ``args`` (as separate arguments)."""
+    return [value for flag, value in itertools.pairwise(args) if flag == "--ack"]
+
+
 class ServerProcess:
     """`sessionlog serve ARGS` in ``cwd``; use as a context manager so it always stops."""
 
@@ -120,8 +126,10 @@ class ServerProcess:
     ) -> None:
         self.args = ["serve", *args]
         self.cwd = cwd
-        # A replica runs in one process, and refuses SESSIONLOG_WORKERS above 1.
-        self.env = clean_env(workers="--replica-of" not in args) if env is None else env
+        # A replica, and a primary with --ack replica, run in one process and refuse
+        # SESSIONLOG_WORKERS above 1.
+        one = "--replica-of" in args or "--ack=replica" in args or "replica" in _ack_of(args)
+        self.env = clean_env(workers=not one) if env is None else env
         self.log_path = cwd / f"{name}-{time.monotonic_ns()}.log"
         self.process: subprocess.Popen[bytes] | None = None
 

@@ -175,8 +175,10 @@ class Cluster:
         self.root = root
         self.nodes: list[Node] = []
 
-    def primary(self, name: str = "primary", *, port: int = 0, wait: bool = True) -> Node:
-        node = Node(self.root, name, port=port)
+    def primary(
+        self, name: str = "primary", *, port: int = 0, wait: bool = True, args: Sequence[str] = ()
+    ) -> Node:
+        node = Node(self.root, name, port=port, args=args)
         self.nodes.append(node)
         return node.start(wait=wait)
 

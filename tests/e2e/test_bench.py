@@ -17,7 +17,19 @@ from pathlib import Path
 import grpc
 import pytest
 
-from bench import cases, ceilings, checksums, echo, etcd, h2load, procs, sessions, tail, workers
+from bench import (
+    ack,
+    cases,
+    ceilings,
+    checksums,
+    echo,
+    etcd,
+    h2load,
+    procs,
+    sessions,
+    tail,
+    workers,
+)
 from bench.common import Measurement, Settings, append_request, page_events, process_cpu_seconds
 from bench.load import UnaryLoad
 from bench.procs import ServerProcess
@@ -495,3 +507,23 @@ def test_the_workers_group_runs_each_case_at_one_and_two_workers_with_etcd_besid
 
 def _machine() -> dict[str, object]:
     return {"cpus": 2, "load_average_at_start": [0.0], "python": "3", "grpc": "1", "lmdb": "1"}
+
+
+def test_ack_case_runs_both_modes_and_the_replica_rows_wait_for_the_replica(
+    tmp_path: Path,
+) -> None:
+    """Case 9 appends through a primary with one replica under --ack local and --ack replica:
+    every acknowledged event is stored (checked by the case), no write timed out, and only the
+    --ack replica rows waited for the replica, once per call."""
+    quick = replace(SETTINGS, duration=0.5, warmup=0.1)
+    rows = ack.run_group(quick, tmp_path, lambda message: None)
+    assert [row.kind for row in rows] == [ack.KIND] * len(ack.CASES)
+    for row, case in zip(rows, ack.CASES, strict=True):
+        assert case.label in row.case
+        for measurement, mode in ((row.sessionlog, "replica"), (row.ceiling, "local")):
+            assert measurement.name == f"--ack {mode}"
+            assert (measurement.errors, measurement.events > 0) == (0, True)
+            assert measurement.details["sessionlog_sync_timeouts_total"] == 0
+        waited = row.sessionlog.details["sessionlog_sync_wait_seconds_count"]
+        assert waited >= row.sessionlog.calls > 0
+        assert row.ceiling.details["sessionlog_sync_wait_seconds_count"] == 0

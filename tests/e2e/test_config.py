@@ -218,6 +218,30 @@ def test_contradicting_settings_are_refused(tmp_path: Path) -> None:
     assert "--tls-cert" in line
 
 
+def test_ack_flags_are_checked(tmp_path: Path) -> None:
+    """--ack takes local or replica; --sync-replicas (a whole number from 1) needs --ack replica;
+    --sync-timeout must be above 0; --ack replica refuses several workers and makes auto one."""
+    cases: list[Case] = [
+        (["--ack", "sometimes"], {}),
+        (["--ack", "replica", "--sync-replicas", "0"], {}),
+        (["--ack", "replica", "--sync-timeout", "0"], {}),
+        (["--sync-replicas", "2"], {}),
+        (["--ack", "replica", "--workers", "2"], {}),
+        (["--ack", "replica", "--sync-replicas", "2", "--sync-timeout", "0.5"], {}),
+    ]
+    bad_ack, zero_k, zero_timeout, k_alone, workers, good = run_print_config(tmp_path, cases)
+    assert refusal_line(bad_ack).startswith("sessionlog: ack from flag --ack")
+    assert "local, replica" in refusal_line(bad_ack)
+    assert refusal_line(zero_k).startswith("sessionlog: sync_replicas from flag")
+    assert refusal_line(zero_timeout).startswith("sessionlog: sync_timeout from flag")
+    assert "--sync-replicas 2 needs --ack replica" in refusal_line(k_alone)
+    assert "--ack replica runs in one process" in refusal_line(workers)
+    settings = parse_printed(good)
+    assert settings["ack"][0] == '"replica"'
+    assert settings["sync_replicas"][0] == "2"
+    assert settings["sync_timeout"][0] == "0.5"
+
+
 # -- secrets ------------------------------------------------------------------------------------
 
 

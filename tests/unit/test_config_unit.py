@@ -275,7 +275,13 @@ def test_flags_of_a_config_make_that_config_again() -> None:
         log_format="text",
     )
     replica = ServerConfig(
-        workers=1, replica_of="127.0.0.1:7000", replica_token=SECRET, replica_serve_open=True
+        workers=1,
+        replica_of="127.0.0.1:7000",
+        replica_token=SECRET,
+        replica_serve_open=True,
+        ack="replica",
+        sync_replicas=2,
+        sync_timeout_seconds=0.5,
     )
     covered: set[str] = set()
     for made in (primary, replica):

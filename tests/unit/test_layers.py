@@ -123,6 +123,14 @@ def test_service_imports_no_web_and_no_composition() -> None:
     assert _offenders("sessionlog.service", ("sessionlog.web", COMPOSITION)) == {}
 
 
+def test_cluster_imports_no_grpc_service_web_or_composition() -> None:
+    """Rule: cluster/ (what a server does as a group member: synchronous replication) knows no
+    transport; the service adapts it to gRPC, so no arrow runs from it up to service/ or web/."""
+    forbidden = ("grpc", "sessionlog.service", "sessionlog.web", COMPOSITION)
+    assert "sessionlog.cluster.sync" in SOURCES
+    assert _offenders("sessionlog.cluster", forbidden) == {}
+
+
 def test_web_imports_no_composition() -> None:
     """Rule: the console reads a running server through its protocol, never the composition."""
     assert _offenders("sessionlog.web", (COMPOSITION,)) == {}
@@ -220,7 +228,7 @@ def test_commands_module_defines_only_commands() -> None:
     ]
     assert commands == ["AppendCommand", "ForkCommand", "LeaseCommand"]
     others = {c.name for c in classes} - set(commands)
-    assert others == {"AppendBatch", "AppendResult", "ForkResult", "LeaseChange"}
+    assert others == {"AppendBatch", "AppendResult", "ForkResult", "LeaseChange", "Written"}
     public_functions = [
         n.name for n in _top_level(tree) if isinstance(n, ast.FunctionDef) and n.name[0] != "_"
     ]

@@ -44,7 +44,8 @@ status back into the same class with :func:`from_reason`.
     ├── DataCorrupted                       DATA_LOSS (DATA_CORRUPTED: a stored record is damaged)
     ├── Unavailable                         UNAVAILABLE (shutting down; reconnect)
     ├── StorageIoError                      UNAVAILABLE (STORAGE_IO_ERROR: the disk failed a write)
-    └── LeadershipLost                      UNAVAILABLE (LEADERSHIP_LOST: may_write turned off)
+    ├── LeadershipLost                      UNAVAILABLE (LEADERSHIP_LOST: may_write turned off)
+    └── ReplicasUnavailable                 UNAVAILABLE (REPLICAS_UNAVAILABLE: too few replicas)
 
 Metadata values are strings, as ``ErrorInfo.metadata`` requires.
 """
@@ -262,6 +263,14 @@ class LeadershipLost(Unavailable):
     request id against the current primary; it finds the write if it survived."""
 
     reason = "LEADERSHIP_LOST"
+
+
+class ReplicasUnavailable(Unavailable):
+    """With --ack replica, too few replicas reported the write durable within --sync-timeout.
+    The write IS committed on the primary (and may reach the replicas later): a retry with the
+    same request id returns the original result once enough replicas hold it."""
+
+    reason = "REPLICAS_UNAVAILABLE"
 
 
 def _all_subclasses(cls: type[SessionLogError]) -> list[type[SessionLogError]]:

@@ -70,6 +70,7 @@ _NEEDS = {
     "/sessionlog.v1.AdminService/Fence": ADMIN,
     "/sessionlog.v1.ReplicationService/Changes": ADMIN,
     "/sessionlog.v1.ReplicationService/GetReplicationStatus": READ,
+    "/sessionlog.v1.ReplicationService/ReportProgress": ADMIN,
 }
 _EVERY_SESSION = frozenset(
     {
@@ -79,6 +80,7 @@ _EVERY_SESSION = frozenset(
         "/sessionlog.v1.AdminService/Fence",
         "/sessionlog.v1.ReplicationService/Changes",
         "/sessionlog.v1.ReplicationService/GetReplicationStatus",
+        "/sessionlog.v1.ReplicationService/ReportProgress",
     }
 )
 """Calls whose answer spans every session: refused to a token limited to a session prefix."""

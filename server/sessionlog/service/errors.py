@@ -49,6 +49,8 @@ def refusal_level(error: errors.SessionLogError) -> int:
     a shutdown needs their attention, anything else is the caller's business."""
     if isinstance(error, errors.DataCorrupted):
         return logging.ERROR
+    if isinstance(error, errors.ReplicasUnavailable):
+        return logging.INFO  # one warning per episode comes from ``cluster.sync``
     if isinstance(error, errors.StorageFull | errors.Unavailable):
         return logging.WARNING
     return logging.INFO

@@ -64,6 +64,7 @@ from prometheus_client.core import (
 from prometheus_client.multiprocess import MultiProcessCollector, mark_process_dead
 from prometheus_client.registry import Collector
 
+from sessionlog.cluster.sync import SyncTracker
 from sessionlog.service.counters import OK, Counters
 from sessionlog.service.limits import StreamLimiter
 from sessionlog.service.replication import ReplicaState
@@ -109,6 +110,9 @@ class Observed(Protocol):
 
     @property
     def shared_metrics(self) -> SharedMetrics | None: ...
+
+    @property
+    def sync(self) -> SyncTracker | None: ...
 
 
 def version() -> str:
@@ -387,6 +391,8 @@ class SessionLogCollector(Collector):
             yield from self._storage(server.store)
         if server.replica is not None:
             yield from self._replica(server.replica)
+        if server.sync is not None and server.sync.required:
+            yield from _sync(server.sync)
 
     def _storage(self, store: Store) -> Iterator[Metric]:
         used = usage(store.env, store.tables)
@@ -450,6 +456,58 @@ class SessionLogCollector(Collector):
         )
         for name, doc, value in gauges:
             yield GaugeMetricFamily(f"sessionlog_replication_{name}", doc, value=value)
+
+
+def _sync(sync: SyncTracker) -> Iterator[Metric]:
+    """--ack replica: what writes wait for, and how they fared. Not published: --ack replica
+    runs one process, which holds every report."""
+    yield GaugeMetricFamily(
+        "sessionlog_sync_required_replicas",
+        "Replicas that must hold a write before it is acknowledged (--sync-replicas)",
+        value=sync.required,
+    )
+    yield GaugeMetricFamily(
+        "sessionlog_sync_counting_replicas",
+        "Replicas that count now: reporting, and on this primary's history",
+        value=sync.counting(),
+    )
+    yield GaugeMetricFamily(
+        "sessionlog_sync_position",
+        "Newest change-feed position that enough replicas hold (0: fewer count)",
+        value=sync.sync_position,
+    )
+    position = GaugeMetricFamily(
+        "sessionlog_sync_replica_position",
+        "Newest position each replica reported holding durably",
+        labels=["replica"],
+    )
+    counts = GaugeMetricFamily(
+        "sessionlog_sync_replica_counts",
+        "1 while a replica counts toward --sync-replicas",
+        labels=["replica"],
+    )
+    for replica in sync.replicas():
+        position.add_metric([replica.name], replica.position)
+        counts.add_metric([replica.name], int(replica.counts))
+    yield position
+    yield counts
+    waits = _histogram(
+        "sessionlog_sync_wait_seconds",
+        "Time acknowledged writes waited, after their commit, for their replicas",
+        [],
+    )
+    _add(waits, [], sync.stats.waits)
+    yield waits
+    yield CounterMetricFamily(
+        "sessionlog_sync_timeouts",
+        "Writes that failed REPLICAS_UNAVAILABLE (committed here, not acknowledged)",
+        value=sync.stats.timeouts,
+    )
+    yield CounterMetricFamily(
+        "sessionlog_sync_mismatches",
+        "Replica report streams found on another history (never counted)",
+        value=sync.stats.mismatches,
+    )
 
 
 def registry(server: Observed) -> CollectorRegistry:

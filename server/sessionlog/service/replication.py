@@ -30,7 +30,7 @@ import asyncio
 import functools
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,6 +38,7 @@ import grpc
 from google.rpc import error_details_pb2, status_pb2
 
 from sessionlog import errors, mirrors, wire
+from sessionlog.cluster.sync import SyncTracker
 from sessionlog.config import DEFAULT_HEARTBEAT_SECONDS, DEFAULT_REPLICA_TIMEOUT_SECONDS
 from sessionlog.service.errors import abort
 from sessionlog.service.follow import follow, heartbeat_interval
@@ -55,6 +56,7 @@ _CHANGES_FIELD = rpb.ChangesResponse.DESCRIPTOR.fields_by_name["changes"].number
 
 SERVICE_NAME = "sessionlog.v1.ReplicationService"
 CHANGES_METHOD = f"/{SERVICE_NAME}/Changes"
+REPORT_PROGRESS_METHOD = f"/{SERVICE_NAME}/ReportProgress"
 CHANGES_BATCH_BYTES = 1 << 20
 BACKOFF_FIRST_SECONDS = 0.1
 BACKOFF_MAX_SECONDS = 5.0
@@ -137,10 +139,15 @@ class ReplicationServicer:
         replica: ReplicaState | None = None,
         heartbeat_seconds: float = DEFAULT_HEARTBEAT_SECONDS,
         streams: StreamLimiter | None = None,
+        sync: SyncTracker | None = None,
     ) -> None:
         self.store = store
         self.notifier = notifier
         self.replica = replica
+        self.sync = sync
+        """The replicas' reported progress (ReportProgress), which --ack replica waits on."""
+        self._reporting: set[asyncio.Task[Any]] = set()
+        """The handlers of open ReportProgress streams (ended by ``end_reports``)."""
         self.heartbeat_seconds = heartbeat_seconds
         self.streams = streams or StreamLimiter()
 
@@ -152,6 +159,7 @@ class ReplicationServicer:
                     self.streams.guard(self.changes, subject=lambda raw: "the change feed")
                 ),
                 "GetReplicationStatus": grpc.unary_unary_rpc_method_handler(self.status),
+                "ReportProgress": grpc.stream_unary_rpc_method_handler(self.report_progress),
             },
         )
 
@@ -228,6 +236,48 @@ class ReplicationServicer:
             )
         raise leadership.not_primary(after)
 
+    async def report_progress(
+        self, requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext
+    ) -> bytes:
+        """A replica's durable positions, one report at a time, for as long as it stays."""
+        sync = self.sync
+        if sync is None:
+            await abort(
+                context, errors.FailedPrecondition("this server does not track replica progress")
+            )
+            return b""
+        stream = sync.open_stream()
+        refusal: errors.SessionLogError | None = None
+        handler = asyncio.current_task()
+        if handler is not None:
+            self._reporting.add(handler)
+        try:
+            async for raw in requests:
+                request = decode(rpb.ReportProgressRequest, raw)
+                if not request.replica:
+                    raise errors.MalformedRequest(
+                        "a progress report must name its replica (ReportProgressRequest.replica)",
+                        field="replica",
+                    )
+                sync.report(
+                    stream, request.replica, context.peer(), request.position, request.checksum
+                )
+        except errors.SessionLogError as error:
+            refusal = error
+        finally:
+            sync.close_stream(stream)
+            self._reporting.discard(handler)
+        if refusal is not None:
+            await abort(context, refusal)
+        return _serialized(rpb.ReportProgressResponse())
+
+    def end_reports(self) -> None:
+        """Shutting down: end every ReportProgress stream now. A replica's stream stays open
+        for as long as the replica does (a stopped one forever), so waiting for it would hold
+        the shutdown for its whole grace period."""
+        for handler in list(self._reporting):
+            handler.cancel()
+
     async def status(self, raw: bytes, context: grpc.aio.ServicerContext) -> bytes:
         try:
             decode(rpb.GetReplicationStatusRequest, raw)
@@ -249,6 +299,8 @@ class ReplicationServicer:
             response.state = rpb.REPLICATION_STATE_FENCED
             response.primary = lead.primary
             response.detail = leadership.not_primary(lead).message
+        if self.sync is not None:
+            _sync_status(response, self.sync)
         state = self.replica
         if state is not None:
             # Everything from the ReplicaState, as the metrics read it, so the two agree.
@@ -268,6 +320,27 @@ class ReplicationServicer:
         return serialized
 
 
+def _sync_status(response: rpb.GetReplicationStatusResponse, sync: SyncTracker) -> None:
+    response.ack = rpb.ACK_MODE_REPLICA if sync.required else rpb.ACK_MODE_LOCAL
+    response.sync_replicas = sync.required
+    for replica in sync.replicas():
+        entry = response.replicas.add(
+            replica=replica.name,
+            peer=replica.peer,
+            position=replica.position,
+            connected=replica.connected,
+            counts=replica.counts,
+            detail=replica.detail,
+        )
+        if replica.report_ns:
+            entry.report_time.FromNanoseconds(replica.report_ns)
+
+
+def _serialized(message: Any) -> bytes:
+    encoded: bytes = message.SerializeToString()
+    return encoded
+
+
 class Replicator:
     """Follows a primary's change feed and applies it to the local store, forever."""
 
@@ -280,8 +353,12 @@ class Replicator:
         metadata: tuple[tuple[str, str], ...] = (),
         timeout_seconds: float = DEFAULT_REPLICA_TIMEOUT_SECONDS,
         on_diverged: Callable[[], None] = lambda: None,
+        name: str = "",
     ) -> None:
         self.store = store
+        self.name = name
+        """What this replica calls itself in its progress reports ("": it sends none)."""
+        self._progress: ProgressReports | None = None
         self.state = state
         self.timeout_seconds = timeout_seconds
         self._metadata = metadata
@@ -378,6 +455,9 @@ class Replicator:
             changes = channel.unary_stream(CHANGES_METHOD)
             position, checksum = self.store.tail()
             self._known_epoch = self.store.leadership().epoch
+            if self.name:
+                self._progress = ProgressReports(channel, self.name, self._metadata)
+                self._progress.report(position, checksum)
             request = rpb.ChangesRequest(
                 start_position=position + 1,
                 follow=True,
@@ -400,6 +480,9 @@ class Replicator:
             finally:
                 stream.cancel()
         finally:
+            progress, self._progress = self._progress, None
+            if progress is not None:
+                await progress.close()
             await channel.close()
 
     def _contact(self) -> None:
@@ -424,6 +507,8 @@ class Replicator:
             applied = await asyncio.wrap_future(self.store.submit_apply(received))
             state.applied_position = applied.last_position
             state.applied_commit_ns = applied.last_commit_ns
+            if self._progress is not None:  # committed and synced: the primary may count it
+                self._progress.report(applied.last_position, applied.last_checksum)
         if response.caught_up and not state.caught_up:
             state.caught_up = True
             log.info(
@@ -482,6 +567,59 @@ class Replicator:
             extra={"primary": state.primary, "position": self.store.head()[0], "why": why},
         )
         self._on_diverged()
+
+
+class ProgressReports:
+    """A replica's side of ReportProgress on one connection: its newest durable position, sent
+    whenever it moves. Sends never hold up applying: ``report`` only notes the newest position,
+    and one task writes it (a report still in flight is followed by the newest one only).
+
+    Losing this stream does not stop replication: an older primary without the RPC, or one
+    that refused it, only means this replica does not count for its --ack replica."""
+
+    def __init__(
+        self, channel: grpc.aio.Channel, name: str, metadata: tuple[tuple[str, str], ...]
+    ) -> None:
+        self._name = name
+        self._call = channel.stream_unary(REPORT_PROGRESS_METHOD)(metadata=metadata or None)
+        self._newest: tuple[int, bytes] = (0, b"")
+        self._moved = asyncio.Event()
+        self._task = asyncio.create_task(self._send())
+
+    def report(self, position: int, checksum: bytes) -> None:
+        self._newest = (position, checksum)
+        self._moved.set()
+
+    async def _send(self) -> None:
+        try:
+            while True:
+                await self._moved.wait()
+                self._moved.clear()
+                position, checksum = self._newest
+                request = rpb.ReportProgressRequest(
+                    replica=self._name, position=position, checksum=checksum
+                )
+                await self._call.write(request.SerializeToString())
+        except asyncio.CancelledError:
+            raise
+        except grpc.aio.AioRpcError as error:
+            # An older primary (UNIMPLEMENTED) waits for no report: worth a note, not a warning.
+            level = (
+                logging.INFO if error.code() == grpc.StatusCode.UNIMPLEMENTED else logging.WARNING
+            )
+            log.log(
+                level,
+                "replica cannot report its progress to its primary; it does not count for the "
+                "primary's --ack replica",
+                extra={"code": error.code().name, "details": error.details()},
+            )
+        except Exception as error:  # the call ended under it (the connection went)
+            log.info("replica progress reports ended", extra={"error": repr(error)})
+
+    async def close(self) -> None:
+        self._task.cancel()
+        await asyncio.gather(self._task, return_exceptions=True)
+        self._call.cancel()
 
 
 def _error_info(error: grpc.aio.AioRpcError) -> error_details_pb2.ErrorInfo | None:

@@ -21,6 +21,7 @@ from google.protobuf.message import DecodeError, Message
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from sessionlog import errors, fold, mirrors, wire
+from sessionlog.cluster.sync import SyncTracker
 from sessionlog.config import (
     DEFAULT_HEARTBEAT_SECONDS,
     DEFAULT_MAX_EVENTS_PER_APPEND,
@@ -159,8 +160,11 @@ class SessionLogServicer:
         max_events_per_append: int = DEFAULT_MAX_EVENTS_PER_APPEND,
         streams: StreamLimiter | None = None,
         counters: Counters | None = None,
+        sync: SyncTracker | None = None,
     ) -> None:
         self.store = store
+        self.sync = sync
+        """With --ack replica: every write's reply waits until enough replicas hold it."""
         self.counters = counters or Counters()
         self.authorizer = authorizer
         self.max_events_per_append = max_events_per_append
@@ -214,6 +218,7 @@ class SessionLogServicer:
         )
         self._check_reply_fits(batch.bodies)
         result = await self.store.commit_append(batch)
+        await self._replicated(result.position)
         for index, reason, _ in result.drops:
             self.counters.dropped(reason)
             log.warning(
@@ -269,6 +274,12 @@ class SessionLogServicer:
             )
         if not lead.may_write:
             raise leadership.not_primary(lead)
+
+    async def _replicated(self, position: int) -> None:
+        """With --ack replica, wait until enough replicas hold the change at ``position`` (or
+        raise ReplicasUnavailable: the write stays committed here). Every write RPC calls it."""
+        if self.sync is not None:
+            await self.sync.wait(position)
 
     def _check_reply_fits(self, bodies: Sequence[bytes]) -> None:
         """Refuse, before writing, an append whose reply (the events with their seqs) would not
@@ -423,6 +434,7 @@ class SessionLogServicer:
             lease_token=request.lease_token,
         )
         result = await self.store.commit_append(batch)
+        await self._replicated(result.position)
         session = session_message(request.session_id, result.meta)
         return _serialize(mirrors.CreateSessionResponse(session=session, events=result.events))
 
@@ -440,6 +452,7 @@ class SessionLogServicer:
             lease_token=request.lease_token,
         )
         result = await self.store.commit_append(batch)
+        await self._replicated(result.position)
         drops = [pb.SeedDrop(index=i, reason="UNKNOWN_ROLE") for i in dropped]
         session = session_message(request.session_id, result.meta)
         reply = mirrors.SeedSessionResponse(session=session, events=result.events, drops=drops)
@@ -483,6 +496,7 @@ class SessionLogServicer:
             lease_holder=request.lease_holder,
             lease_token=request.lease_token,
         )
+        await self._replicated(result.position)
         session = session_message(result.session_id, result.meta)
         return _serialize(pb.ForkSessionResponse(session=session))
 
@@ -510,6 +524,7 @@ class SessionLogServicer:
         change = await self.store.commit_lease(
             action, request.session_id, request.holder, _ttl_ns(request)
         )
+        await self._replicated(change.position)
         return lease_message(change.lease)
 
     @unary_write
@@ -520,6 +535,7 @@ class SessionLogServicer:
         change = await self.store.commit_lease(
             "release", request.session_id, request.holder, force=request.force
         )
+        await self._replicated(change.position)
         response = pb.ReleaseLeaseResponse()
         if change.lease is not None:
             response.released.CopyFrom(lease_message(change.lease))

@@ -38,6 +38,17 @@ def _new_session(txn: RecordingTxn, tables: Tables, session_id: str, now_ns: int
     return SessionMeta(sid=sid, create_time_ns=now_ns, last_append_time_ns=now_ns)
 
 
+@dataclass(kw_only=True)
+class Written:
+    """What every write command's result carries beside its own fields: where it left the feed."""
+
+    position: int = 0
+    """The change-feed position of the record this write made; for a command that wrote nothing
+    (a replayed request id, an empty append) the feed's newest position when it ran, which
+    covers whatever it reports (the write it replays included). Set by the writer after the
+    command applied; what ``--ack replica`` waits for replicas to hold (``cluster.sync``)."""
+
+
 # -- append and create ---------------------------------------------------------------------------
 
 
@@ -63,7 +74,7 @@ class AppendBatch:
 
 
 @dataclass
-class AppendResult:
+class AppendResult(Written):
     """What an append wrote: the stored events, the session's meta after it, lenient drops."""
 
     events: list[bytes]
@@ -176,7 +187,7 @@ class AppendCommand:
 
 
 @dataclass
-class ForkResult:
+class ForkResult(Written):
     session_id: str
     meta: SessionMeta
 
@@ -315,7 +326,7 @@ def _held(session_id: str, lease: LeaseRecord) -> errors.LeaseHeld:
 
 
 @dataclass
-class LeaseChange:
+class LeaseChange(Written):
     """The lease after (or, for a release, before) a lease command."""
 
     lease: LeaseRecord | None

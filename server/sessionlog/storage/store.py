@@ -469,6 +469,12 @@ class Store:
         with self.env.begin() as txn:
             return changes.tail(txn, self.tables)
 
+    def checksum_at(self, position: int) -> bytes | None:
+        """The checksum of the change at ``position`` (what a replica holding it computed too),
+        or None when this store has no change there."""
+        with self.env.begin() as txn:
+            return changes.fingerprint_at(txn, self.tables, position)
+
     def check_feed_after(self, start: int, checksum: bytes) -> None:
         """HistoryDiverged unless this store's change at ``start - 1`` has ``checksum``."""
         with self.env.begin() as txn:

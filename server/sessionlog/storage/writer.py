@@ -25,6 +25,8 @@ Invariants:
   (an election's lease deadline) is asked before each such command applies and again after the
   commit, before any outcome is given: a write committed after the hook turned off is answered
   LEADERSHIP_LOST, never acknowledged;
+- a command's result (``commands.Written``) names the feed position of its record, or the
+  feed's head when it wrote nothing, so a caller can wait for replicas to hold it;
 - ``on_commit`` runs after the commit, so a woken subscriber always finds the new events;
 - when the map fills up mid-group (or any command fails unexpectedly), the group is retried one
   command per transaction, so one bad or large append cannot fail the others queued beside it;
@@ -59,6 +61,7 @@ import lmdb
 from sessionlog import errors
 from sessionlog.stats import GROUP_BUCKETS, SECONDS_BUCKETS, Histogram
 from sessionlog.storage import changes, damage, leadership, schema
+from sessionlog.storage.commands import Written
 from sessionlog.storage.recording import RecordingTxn
 from sessionlog.storage.tables import Tables
 
@@ -411,11 +414,15 @@ class Writer:
         except errors.SessionLogError as exc:
             return False, exc, feed
         if not recording.wrote:
+            if isinstance(result, Written):
+                result.position = feed[0]
             return True, result, feed
         position = feed[0] + 1
         if not lead.epoch:  # the store's first write: it takes the first epoch
             self.lead = lead = leadership.stamped(lead, position)
             leadership.write(txn, self._tables, lead)
+        if isinstance(result, Written):
+            result.position = position
         record = changes.encode_change(
             position, command.kind, command.session_id, now_ns, recording, lead.epoch
         )

@@ -20,6 +20,12 @@ class ChangeKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     CHANGE_KIND_FORK: _ClassVar[ChangeKind]
     CHANGE_KIND_LEASE: _ClassVar[ChangeKind]
 
+class AckMode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    ACK_MODE_UNSPECIFIED: _ClassVar[AckMode]
+    ACK_MODE_LOCAL: _ClassVar[AckMode]
+    ACK_MODE_REPLICA: _ClassVar[AckMode]
+
 class ReplicationState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     REPLICATION_STATE_UNSPECIFIED: _ClassVar[ReplicationState]
@@ -34,6 +40,9 @@ CHANGE_KIND_APPEND: ChangeKind
 CHANGE_KIND_CREATE: ChangeKind
 CHANGE_KIND_FORK: ChangeKind
 CHANGE_KIND_LEASE: ChangeKind
+ACK_MODE_UNSPECIFIED: AckMode
+ACK_MODE_LOCAL: AckMode
+ACK_MODE_REPLICA: AckMode
 REPLICATION_STATE_UNSPECIFIED: ReplicationState
 REPLICATION_STATE_PRIMARY: ReplicationState
 REPLICATION_STATE_DISCONNECTED: ReplicationState
@@ -121,7 +130,7 @@ class GetReplicationStatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class GetReplicationStatusResponse(_message.Message):
-    __slots__ = ("role", "primary", "position", "primary_position", "lag_positions", "lag", "caught_up", "connected", "last_contact_time", "state", "history_id", "primary_history_id", "detail", "epoch", "epoch_history")
+    __slots__ = ("role", "primary", "position", "primary_position", "lag_positions", "lag", "caught_up", "connected", "last_contact_time", "state", "history_id", "primary_history_id", "detail", "epoch", "epoch_history", "ack", "sync_replicas", "replicas")
     ROLE_FIELD_NUMBER: _ClassVar[int]
     PRIMARY_FIELD_NUMBER: _ClassVar[int]
     POSITION_FIELD_NUMBER: _ClassVar[int]
@@ -137,6 +146,9 @@ class GetReplicationStatusResponse(_message.Message):
     DETAIL_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     EPOCH_HISTORY_FIELD_NUMBER: _ClassVar[int]
+    ACK_FIELD_NUMBER: _ClassVar[int]
+    SYNC_REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    REPLICAS_FIELD_NUMBER: _ClassVar[int]
     role: str
     primary: str
     position: int
@@ -152,4 +164,39 @@ class GetReplicationStatusResponse(_message.Message):
     detail: str
     epoch: int
     epoch_history: _containers.RepeatedCompositeFieldContainer[EpochStart]
-    def __init__(self, role: _Optional[str] = ..., primary: _Optional[str] = ..., position: _Optional[int] = ..., primary_position: _Optional[int] = ..., lag_positions: _Optional[int] = ..., lag: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., caught_up: _Optional[bool] = ..., connected: _Optional[bool] = ..., last_contact_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., state: _Optional[_Union[ReplicationState, str]] = ..., history_id: _Optional[str] = ..., primary_history_id: _Optional[str] = ..., detail: _Optional[str] = ..., epoch: _Optional[int] = ..., epoch_history: _Optional[_Iterable[_Union[EpochStart, _Mapping]]] = ...) -> None: ...
+    ack: AckMode
+    sync_replicas: int
+    replicas: _containers.RepeatedCompositeFieldContainer[SyncReplica]
+    def __init__(self, role: _Optional[str] = ..., primary: _Optional[str] = ..., position: _Optional[int] = ..., primary_position: _Optional[int] = ..., lag_positions: _Optional[int] = ..., lag: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., caught_up: _Optional[bool] = ..., connected: _Optional[bool] = ..., last_contact_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., state: _Optional[_Union[ReplicationState, str]] = ..., history_id: _Optional[str] = ..., primary_history_id: _Optional[str] = ..., detail: _Optional[str] = ..., epoch: _Optional[int] = ..., epoch_history: _Optional[_Iterable[_Union[EpochStart, _Mapping]]] = ..., ack: _Optional[_Union[AckMode, str]] = ..., sync_replicas: _Optional[int] = ..., replicas: _Optional[_Iterable[_Union[SyncReplica, _Mapping]]] = ...) -> None: ...
+
+class ReportProgressRequest(_message.Message):
+    __slots__ = ("replica", "position", "checksum")
+    REPLICA_FIELD_NUMBER: _ClassVar[int]
+    POSITION_FIELD_NUMBER: _ClassVar[int]
+    CHECKSUM_FIELD_NUMBER: _ClassVar[int]
+    replica: str
+    position: int
+    checksum: bytes
+    def __init__(self, replica: _Optional[str] = ..., position: _Optional[int] = ..., checksum: _Optional[bytes] = ...) -> None: ...
+
+class ReportProgressResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class SyncReplica(_message.Message):
+    __slots__ = ("replica", "peer", "position", "connected", "counts", "report_time", "detail")
+    REPLICA_FIELD_NUMBER: _ClassVar[int]
+    PEER_FIELD_NUMBER: _ClassVar[int]
+    POSITION_FIELD_NUMBER: _ClassVar[int]
+    CONNECTED_FIELD_NUMBER: _ClassVar[int]
+    COUNTS_FIELD_NUMBER: _ClassVar[int]
+    REPORT_TIME_FIELD_NUMBER: _ClassVar[int]
+    DETAIL_FIELD_NUMBER: _ClassVar[int]
+    replica: str
+    peer: str
+    position: int
+    connected: bool
+    counts: bool
+    report_time: _timestamp_pb2.Timestamp
+    detail: str
+    def __init__(self, replica: _Optional[str] = ..., peer: _Optional[str] = ..., position: _Optional[int] = ..., connected: _Optional[bool] = ..., counts: _Optional[bool] = ..., report_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., detail: _Optional[str] = ...) -> None: ...

@@ -23,6 +23,13 @@ type ReplicationServiceClient interface {
 	Changes(ctx context.Context, in *ChangesRequest, opts ...grpc.CallOption) (ReplicationService_ChangesClient, error)
 	// GetReplicationStatus reports this server's role and, on a replica, how far behind it is.
 	GetReplicationStatus(ctx context.Context, in *GetReplicationStatusRequest, opts ...grpc.CallOption) (*GetReplicationStatusResponse, error)
+	// ReportProgress is how a replica tells its primary what it holds durably. A replica opens it
+	// beside its Changes stream and writes a request when it opens and after every batch of
+	// changes it has committed (and synced) to its own store. With --ack replica the primary
+	// acknowledges a write only once --sync-replicas replicas have reported a position at or
+	// past the write's, each with the checksum the primary holds there. The primary answers once
+	// the replica closes the stream; a malformed request ends it with INVALID_ARGUMENT.
+	ReportProgress(ctx context.Context, opts ...grpc.CallOption) (ReplicationService_ReportProgressClient, error)
 }
 
 type replicationServiceClient struct {
@@ -74,6 +81,40 @@ func (c *replicationServiceClient) GetReplicationStatus(ctx context.Context, in 
 	return out, nil
 }
 
+func (c *replicationServiceClient) ReportProgress(ctx context.Context, opts ...grpc.CallOption) (ReplicationService_ReportProgressClient, error) {
+	stream, err := c.cc.NewStream(ctx, &_ReplicationService_serviceDesc.Streams[1], "/sessionlog.v1.ReplicationService/ReportProgress", opts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &replicationServiceReportProgressClient{stream}
+	return x, nil
+}
+
+type ReplicationService_ReportProgressClient interface {
+	Send(*ReportProgressRequest) error
+	CloseAndRecv() (*ReportProgressResponse, error)
+	grpc.ClientStream
+}
+
+type replicationServiceReportProgressClient struct {
+	grpc.ClientStream
+}
+
+func (x *replicationServiceReportProgressClient) Send(m *ReportProgressRequest) error {
+	return x.ClientStream.SendMsg(m)
+}
+
+func (x *replicationServiceReportProgressClient) CloseAndRecv() (*ReportProgressResponse, error) {
+	if err := x.ClientStream.CloseSend(); err != nil {
+		return nil, err
+	}
+	m := new(ReportProgressResponse)
+	if err := x.ClientStream.RecvMsg(m); err != nil {
+		return nil, err
+	}
+	return m, nil
+}
+
 // ReplicationServiceServer is the server API for ReplicationService service.
 // All implementations must embed UnimplementedReplicationServiceServer
 // for forward compatibility
@@ -84,6 +125,13 @@ type ReplicationServiceServer interface {
 	Changes(*ChangesRequest, ReplicationService_ChangesServer) error
 	// GetReplicationStatus reports this server's role and, on a replica, how far behind it is.
 	GetReplicationStatus(context.Context, *GetReplicationStatusRequest) (*GetReplicationStatusResponse, error)
+	// ReportProgress is how a replica tells its primary what it holds durably. A replica opens it
+	// beside its Changes stream and writes a request when it opens and after every batch of
+	// changes it has committed (and synced) to its own store. With --ack replica the primary
+	// acknowledges a write only once --sync-replicas replicas have reported a position at or
+	// past the write's, each with the checksum the primary holds there. The primary answers once
+	// the replica closes the stream; a malformed request ends it with INVALID_ARGUMENT.
+	ReportProgress(ReplicationService_ReportProgressServer) error
 	mustEmbedUnimplementedReplicationServiceServer()
 }
 
@@ -96,6 +144,9 @@ func (UnimplementedReplicationServiceServer) Changes(*ChangesRequest, Replicatio
 }
 func (UnimplementedReplicationServiceServer) GetReplicationStatus(context.Context, *GetReplicationStatusRequest) (*GetReplicationStatusResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method GetReplicationStatus not implemented")
+}
+func (UnimplementedReplicationServiceServer) ReportProgress(ReplicationService_ReportProgressServer) error {
+	return status.Errorf(codes.Unimplemented, "method ReportProgress not implemented")
 }
 func (UnimplementedReplicationServiceServer) mustEmbedUnimplementedReplicationServiceServer() {}
 
@@ -149,6 +200,32 @@ func _ReplicationService_GetReplicationStatus_Handler(srv interface{}, ctx conte
 	return interceptor(ctx, in, info, handler)
 }
 
+func _ReplicationService_ReportProgress_Handler(srv interface{}, stream grpc.ServerStream) error {
+	return srv.(ReplicationServiceServer).ReportProgress(&replicationServiceReportProgressServer{stream})
+}
+
+type ReplicationService_ReportProgressServer interface {
+	SendAndClose(*ReportProgressResponse) error
+	Recv() (*ReportProgressRequest, error)
+	grpc.ServerStream
+}
+
+type replicationServiceReportProgressServer struct {
+	grpc.ServerStream
+}
+
+func (x *replicationServiceReportProgressServer) SendAndClose(m *ReportProgressResponse) error {
+	return x.ServerStream.SendMsg(m)
+}
+
+func (x *replicationServiceReportProgressServer) Recv() (*ReportProgressRequest, error) {
+	m := new(ReportProgressRequest)
+	if err := x.ServerStream.RecvMsg(m); err != nil {
+		return nil, err
+	}
+	return m, nil
+}
+
 var _ReplicationService_serviceDesc = grpc.ServiceDesc{
 	ServiceName: "sessionlog.v1.ReplicationService",
 	HandlerType: (*ReplicationServiceServer)(nil),
@@ -163,6 +240,11 @@ var _ReplicationService_serviceDesc = grpc.ServiceDesc{
 			StreamName:    "Changes",
 			Handler:       _ReplicationService_Changes_Handler,
 			ServerStreams: true,
+		},
+		{
+			StreamName:    "ReportProgress",
+			Handler:       _ReplicationService_ReportProgress_Handler,
+			ClientStreams: true,
 		},
 	},
 	Metadata: "sessionlog/v1/replication_service.proto",

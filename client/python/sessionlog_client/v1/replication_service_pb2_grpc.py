@@ -46,6 +46,11 @@ class ReplicationServiceStub:
                 request_serializer=sessionlog_dot_v1_dot_replication__service__pb2.GetReplicationStatusRequest.SerializeToString,
                 response_deserializer=sessionlog_dot_v1_dot_replication__service__pb2.GetReplicationStatusResponse.FromString,
                 _registered_method=True)
+        self.ReportProgress = channel.stream_unary(
+                '/sessionlog.v1.ReplicationService/ReportProgress',
+                request_serializer=sessionlog_dot_v1_dot_replication__service__pb2.ReportProgressRequest.SerializeToString,
+                response_deserializer=sessionlog_dot_v1_dot_replication__service__pb2.ReportProgressResponse.FromString,
+                _registered_method=True)
 
 
 class ReplicationServiceServicer:
@@ -69,6 +74,18 @@ class ReplicationServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ReportProgress(self, request_iterator, context):
+        """ReportProgress is how a replica tells its primary what it holds durably. A replica opens it
+        beside its Changes stream and writes a request when it opens and after every batch of
+        changes it has committed (and synced) to its own store. With --ack replica the primary
+        acknowledges a write only once --sync-replicas replicas have reported a position at or
+        past the write's, each with the checksum the primary holds there. The primary answers once
+        the replica closes the stream; a malformed request ends it with INVALID_ARGUMENT.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ReplicationServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -81,6 +98,11 @@ def add_ReplicationServiceServicer_to_server(servicer, server):
                     servicer.GetReplicationStatus,
                     request_deserializer=sessionlog_dot_v1_dot_replication__service__pb2.GetReplicationStatusRequest.FromString,
                     response_serializer=sessionlog_dot_v1_dot_replication__service__pb2.GetReplicationStatusResponse.SerializeToString,
+            ),
+            'ReportProgress': grpc.stream_unary_rpc_method_handler(
+                    servicer.ReportProgress,
+                    request_deserializer=sessionlog_dot_v1_dot_replication__service__pb2.ReportProgressRequest.FromString,
+                    response_serializer=sessionlog_dot_v1_dot_replication__service__pb2.ReportProgressResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -139,6 +161,33 @@ class ReplicationService:
             '/sessionlog.v1.ReplicationService/GetReplicationStatus',
             sessionlog_dot_v1_dot_replication__service__pb2.GetReplicationStatusRequest.SerializeToString,
             sessionlog_dot_v1_dot_replication__service__pb2.GetReplicationStatusResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReportProgress(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_unary(
+            request_iterator,
+            target,
+            '/sessionlog.v1.ReplicationService/ReportProgress',
+            sessionlog_dot_v1_dot_replication__service__pb2.ReportProgressRequest.SerializeToString,
+            sessionlog_dot_v1_dot_replication__service__pb2.ReportProgressResponse.FromString,
             options,
             channel_credentials,
             insecure,

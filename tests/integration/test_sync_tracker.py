@@ -1,0 +1,111 @@
+"""The --ack replica tracker over a real store's checksums (LMDB in a temporary folder): the
+sync position is the K-th highest counting replica's, writes wait for it, a replica off this
+history never counts, and a wait that runs out says the write stays committed."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from sessionlog import errors
+from sessionlog.cluster import sync
+from sessionlog.cluster.sync import SyncTracker
+from sessionlog.storage.store import Store
+from tests.integration.helpers import opened, user
+
+
+def _filled(store: Store, count: int) -> list[bytes]:
+    for n in range(count):
+        store.append("s", [user(f"m{n}")])
+    return [checksum for p in range(1, count + 1) if (checksum := store.checksum_at(p))]
+
+
+def test_the_sync_position_is_the_kth_highest_counting_replica(tmp_path: Path) -> None:
+    """K=2 of replicas at 5, 3 and 9: position 5; a waiting write at 7 is acknowledged once a
+    second replica reports 7, and the replica that reported a wrong checksum never counts."""
+    with opened(tmp_path / "d") as store:
+        sums = _filled(store, 9)
+
+        async def scenario() -> None:
+            tracker = SyncTracker(store.checksum_at, required=2, timeout_seconds=5)
+            a, b, c, bad = (tracker.open_stream() for _ in range(4))
+            tracker.report(a, "a", "peer-a", 5, sums[4])
+            tracker.report(b, "b", "peer-b", 3, sums[2])
+            tracker.report(c, "c", "peer-c", 9, sums[8])
+            tracker.report(bad, "bad", "peer-bad", 9, b"\x00" * 16)
+            assert tracker.sync_position == 5
+            await tracker.wait(5)  # covered already: returns at once
+            waiting = asyncio.ensure_future(tracker.wait(7))
+            await asyncio.sleep(0.05)
+            assert not waiting.done()
+            tracker.report(b, "b", "peer-b", 7, sums[6])
+            await asyncio.wait_for(waiting, 1)
+            assert tracker.sync_position == 7
+            counts = {r.name: r.counts for r in tracker.replicas()}
+            assert counts == {"a": True, "b": True, "bad": False, "c": True}
+            tracker.report(bad, "bad", "peer-bad", 9, sums[8])  # too late: this stream is out
+            assert not next(r for r in tracker.replicas() if r.name == "bad").counts
+
+        asyncio.run(scenario())
+
+
+def test_a_wait_runs_out_with_the_position_and_the_counts(tmp_path: Path) -> None:
+    """K=1 with its only replica gone: REPLICAS_UNAVAILABLE after the timeout, naming what was
+    needed, counted and the position; a closing tracker fails waiters at once."""
+    with opened(tmp_path / "d") as store:
+        sums = _filled(store, 2)
+
+        async def scenario() -> None:
+            tracker = SyncTracker(store.checksum_at, required=1, timeout_seconds=0.2)
+            stream = tracker.open_stream()
+            tracker.report(stream, "r", "peer", 1, sums[0])
+            tracker.close_stream(stream)
+            with pytest.raises(errors.ReplicasUnavailable) as failed:
+                await tracker.wait(2)
+            assert failed.value.metadata == {"needed": "1", "counted": "0", "position": "2"}
+            assert "committed on this primary" in failed.value.message
+            assert tracker.stats.timeouts == 1
+            waiting = asyncio.ensure_future(tracker.wait(2))
+            await asyncio.sleep(0)
+            tracker.close()
+            with pytest.raises(errors.ReplicasUnavailable, match="shutting down"):
+                await asyncio.wait_for(waiting, 0.1)
+
+        asyncio.run(scenario())
+
+
+def test_ack_local_never_waits_but_keeps_the_reports(tmp_path: Path) -> None:
+    """K=0 (--ack local): a wait returns at once whatever the replicas hold; reports are kept."""
+    with opened(tmp_path / "d") as store:
+        _filled(store, 1)
+
+        async def scenario() -> None:
+            tracker = SyncTracker(store.checksum_at, required=0)
+            await asyncio.wait_for(tracker.wait(1), 0.1)
+            tracker.report(tracker.open_stream(), "r", "peer", 0, b"")
+            assert [(r.name, r.counts, r.position) for r in tracker.replicas()] == [("r", True, 0)]
+
+        asyncio.run(scenario())
+
+
+def test_the_replicas_remembered_are_bounded_and_the_connected_ones_kept(tmp_path: Path) -> None:
+    """Past MAX_REPLICAS_KEPT names, the disconnected replica heard from longest ago goes; a
+    replica reporting now is never the one forgotten."""
+    with opened(tmp_path / "d") as store:
+        _filled(store, 1)
+
+        async def scenario() -> None:
+            tracker = SyncTracker(store.checksum_at, required=1)
+            for n in range(sync.MAX_REPLICAS_KEPT):
+                stream = tracker.open_stream()
+                tracker.report(stream, f"old-{n:02}", "peer", 0, b"")
+                tracker.close_stream(stream)
+            tracker.report(tracker.open_stream(), "new", "peer", 0, b"")
+            names = [r.name for r in tracker.replicas()]
+            assert len(names) == sync.MAX_REPLICAS_KEPT
+            assert "new" in names
+            assert "old-00" not in names
+
+        asyncio.run(scenario())

@@ -47,6 +47,11 @@ def test_promotion_takes_at_least_epoch_2_and_refuses_a_stale_one() -> None:
     assert leadership.promoted(seen_3, 12, epoch=10).epoch == 10
     with pytest.raises(errors.StaleEpoch):
         leadership.promoted(seen_3, 12, epoch=3)
+    # A replica that has not yet received its primary's first record knows no epoch at all:
+    # epoch 1 is still its primary's, never the promoted one's.
+    with pytest.raises(errors.StaleEpoch):
+        leadership.promoted(fresh_replica, 1, epoch=1)
+    assert leadership.promoted(fresh_replica, 1, epoch=2).epoch == 2
 
 
 def test_a_fence_stops_a_primary_and_only_records_the_epoch_elsewhere() -> None:

@@ -117,8 +117,9 @@ def observed(record: Leadership, epoch: int, position: int) -> Leadership:
 def promoted(record: Leadership, next_position: int, epoch: int = 0) -> Leadership:
     """The record of a folder that starts taking writes at ``next_position`` in a new epoch:
     ``epoch``, or one above every epoch it knows (at least 2: 1 is the first primary's).
-    StaleEpoch for an ``epoch`` that is not above every epoch it knows."""
-    known = max(record.epoch, record.last_epoch)
+    StaleEpoch for an ``epoch`` that is not above every epoch it knows, or is the first
+    primary's (a replica that has not yet received its primary's first record knows none)."""
+    known = max(record.epoch, record.last_epoch, FIRST_EPOCH)
     if epoch and epoch <= known:
         raise errors.StaleEpoch(
             f"epoch {epoch} is not above epoch {known}, the highest this server knows: a "

@@ -110,14 +110,21 @@ def test_a_full_disk_refuses_appends_then_writes_resume_once_space_is_freed(
             assert health_status(address) == health_pb2.HealthCheckResponse.SERVING
             stored = [e for r in stub.Since(pb.SinceRequest(session_id="s")) for e in r.events]
             assert [e.seq for e in stored] == list(range(len(acknowledged)))
-            _, samples = scrape(f"http://{metrics}/metrics")
-            written_off = value(
-                samples,
-                "sessionlog_storage_write_errors_total",
-                reason="STORAGE_FULL",
-                cause="disk",
-            )
-            assert written_off == len(refused)
+            def written_off() -> float:
+                _, samples = scrape(f"http://{metrics}/metrics")
+                return value(
+                    samples,
+                    "sessionlog_storage_write_errors_total",
+                    reason="STORAGE_FULL",
+                    cause="disk",
+                )
+
+            # A server of several workers publishes each worker's counts a moment after it
+            # counts (and the scrape may be answered by another worker than the refusing one).
+            deadline = time.monotonic() + 30.0
+            while written_off() < len(refused) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert written_off() == len(refused)
 
             filler.unlink()
             for request_id in refused:  # the same request ids: nothing of them was stored

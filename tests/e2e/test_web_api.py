@@ -7,6 +7,7 @@ import http.client
 import json
 import socket
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -132,6 +133,13 @@ def test_follow_streams_stored_then_live_events(console: RunningServer) -> None:
         kind, body = _frame(response)
         assert kind == "events"
         assert [(e["seq"], e["data"]["content"]) for e in body["events"]] == [(9, "live one")]
+        # Over several workers the status may be answered by another worker than the stream's,
+        # which sees the stream once its worker has published its count.
+        deadline = time.monotonic() + 30.0
+        while get(f"{base(console)}/api/status")[2]["open_streams"] != 1:
+            if time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
         assert get(f"{base(console)}/api/status")[2]["open_streams"] == 1
     finally:
         connection.close()

@@ -110,6 +110,7 @@ def test_a_full_disk_refuses_appends_then_writes_resume_once_space_is_freed(
             assert health_status(address) == health_pb2.HealthCheckResponse.SERVING
             stored = [e for r in stub.Since(pb.SinceRequest(session_id="s")) for e in r.events]
             assert [e.seq for e in stored] == list(range(len(acknowledged)))
+
             def written_off() -> float:
                 _, samples = scrape(f"http://{metrics}/metrics")
                 return value(

@@ -318,6 +318,43 @@ def test_shutdown_ends_a_stalled_follower_with_unavailable(tmp_path: Path) -> No
     assert info.metadata["next_seq"] == str(received + more)
 
 
+def test_shutdown_ends_a_follower_whose_first_response_is_still_in_flight(tmp_path: Path) -> None:
+    """A follower that has not yet read its stream's first response when shutdown starts, and
+    reads during the grace period, gets that response, then UNAVAILABLE naming where to resume,
+    and the server stops before its grace period is over. (The status must not try to send the
+    response headers a second time: gRPC refused that batch, and the call stayed open until the
+    grace period ran out, ending with a bare "Cancelling all calls".)"""
+    with running_server(tmp_path / "data", shutdown_grace_seconds=8.0) as server:
+        stub = server.stub()
+        for _ in range(10):
+            stub.Append(
+                pb.AppendRequest(session_id="s", events=[event(USER, "y" * 2000)] * 500),
+                timeout=CALL_TIMEOUT,
+            )
+        # A fixed 64 KiB window (no BDP probing) holds the first response back until it is read.
+        options = [
+            *CHANNEL_OPTIONS,
+            ("grpc.http2.bdp_probe", 0),
+            ("grpc.http2.lookahead_bytes", 65536),
+        ]
+        channel = grpc.insecure_channel(server.address, options=options)
+        try:
+            stream = follow_raw(channel, "s", timeout=60)
+            time.sleep(0.5)  # the first response (megabytes) waits on flow control, unread
+            started = time.monotonic()
+            stopper = threading.Thread(target=server.stop, kwargs={"grace": 8.0}, daemon=True)
+            stopper.start()
+            time.sleep(0.5)
+            received, error = read_to_end(stream)
+            stopper.join(20)
+            took = time.monotonic() - started
+        finally:
+            channel.close()
+    assert error.code() == grpc.StatusCode.UNAVAILABLE, error.details()
+    assert error_info(error).metadata["next_seq"] == str(received)
+    assert took < 6.0, f"the server took {took:.1f} s of its 8 s grace to stop"
+
+
 def test_follower_paused_through_the_grace_period_ends_unavailable(tmp_path: Path) -> None:
     """A follower that reads nothing until shutdown's grace period is over still ends with
     UNAVAILABLE (reconnect) after every event it was sent, densely from its start.

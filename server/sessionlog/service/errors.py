@@ -15,6 +15,8 @@ from grpc_status import rpc_status
 
 from sessionlog import errors
 
+log = logging.getLogger(__name__)
+
 _CODES: dict[type[errors.SessionLogError], grpc.StatusCode] = {
     errors.InvalidArgument: grpc.StatusCode.INVALID_ARGUMENT,
     errors.SessionAlreadyExists: grpc.StatusCode.ALREADY_EXISTS,
@@ -85,6 +87,9 @@ async def abort(
     except grpc.aio.AbortError:
         raise
     except Exception:
-        if context.cancelled() or context.done():
+        if context.cancelled():
+            return
+        if context.done():  # gRPC refused to send the status: say so, the call may linger
+            log.warning("could not end a call with %s", error.reason, exc_info=True)
             return
         raise

@@ -119,6 +119,11 @@ class StreamLimiter:
                 await abort(context, error)
                 return
             try:
+                # Headers first, on their own: an abort while the first response is still in
+                # flight (see ``_write``) then sends only the status. Sent with that response,
+                # the headers would be sent twice, gRPC would refuse the status batch (too many
+                # operations), and the call would stay open until the shutdown grace ran out.
+                await context.send_initial_metadata(())
                 async for payload, resume in stream(raw, context):
                     self.sent_bytes += len(payload)
                     if not await self._write(context, payload):

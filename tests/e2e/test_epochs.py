@@ -355,3 +355,45 @@ def test_bad_input_to_promote_and_fence_gets_clear_errors(tmp_path: Path) -> Non
         )
         assert not_primary.returncode == 1
         assert "does not take writes" in not_primary.stderr, not_primary.stderr
+
+
+# -- epochs in progress reports ------------------------------------------------------------------
+
+
+def report_progress(node: Node, *reports: rpb.ReportProgressRequest) -> grpc.RpcError | None:
+    """Send ``reports`` on one ReportProgress stream; the error it ended with, if any."""
+    call = node.channel.stream_unary(
+        "/sessionlog.v1.ReplicationService/ReportProgress",
+        request_serializer=rpb.ReportProgressRequest.SerializeToString,
+        response_deserializer=rpb.ReportProgressResponse.FromString,
+    )
+    try:
+        call(iter(reports), timeout=CALL_TIMEOUT)
+    except grpc.RpcError as error:
+        return error
+    return None
+
+
+def test_a_progress_report_naming_a_newer_epoch_fences_the_primary(tmp_path: Path) -> None:
+    """A replica's progress report that names an epoch above the primary's deposes it, as a
+    change-feed reader's does: the stream ends NOT_PRIMARY, writes are refused from then on."""
+    with Cluster(tmp_path) as cluster:
+        primary = cluster.primary()
+        append(primary, "s", "one")
+        assert report_progress(primary, rpb.ReportProgressRequest(replica="r", epoch=1)) is None
+        error = report_progress(primary, rpb.ReportProgressRequest(replica="r", epoch=3))
+        assert error is not None
+        info = error_info(error)
+        assert (error.code(), info.reason, info.metadata["epoch"]) == (
+            grpc.StatusCode.FAILED_PRECONDITION,
+            "NOT_PRIMARY",
+            "3",
+        )
+        status = primary.status()
+        assert (status.state, status.epoch) == (rpb.REPLICATION_STATE_FENCED, 3)
+        _, reason, metadata, _ = refusal(lambda: append(primary, "s", "two"))
+        assert (reason, metadata["epoch"]) == ("NOT_PRIMARY", "3")
+        assert any(
+            e.get("message", "").startswith("a replica's progress report knows a newer epoch")
+            for e in primary.log_entries()
+        )

@@ -283,9 +283,11 @@ class Reporter:
         while (report := self._reports.get(timeout=60)) is not None:
             yield report
 
-    def report(self, position: int, checksum: bytes) -> None:
+    def report(self, position: int, checksum: bytes, epoch: int = 0) -> None:
         self._reports.put(
-            rpb.ReportProgressRequest(replica=self.name, position=position, checksum=checksum)
+            rpb.ReportProgressRequest(
+                replica=self.name, position=position, checksum=checksum, epoch=epoch
+            )
         )
 
     def close(self) -> None:
@@ -304,11 +306,17 @@ def listed(node: Node, name: str) -> rpb.SyncReplica | None:
     return next((r for r in node.status().replicas if r.replica == name), None)
 
 
+def _position_of(node: Node, name: str) -> int:
+    seen = listed(node, name)
+    return -1 if seen is None else seen.position
+
+
 def test_a_write_waits_for_a_report_at_its_position_with_the_primarys_checksum(
     tmp_path: Path,
 ) -> None:
-    """A write is acknowledged by the report that reaches its position, not before; a report
-    whose checksum is not the primary's makes that replica never count (status says why)."""
+    """A write is acknowledged by the report that reaches its position, not before, and only
+    with the primary's epoch; a report whose checksum is not the primary's makes that replica
+    never count (status says why)."""
     with Cluster(tmp_path) as cluster:
         primary = cluster.primary(args=ack_replica(10))
         impostor = Reporter(primary, "impostor")
@@ -327,9 +335,20 @@ def test_a_write_waits_for_a_report_at_its_position_with_the_primarys_checksum(
             assert "checksum" in seen.detail
             time.sleep(0.3)
             assert not pending.done(), "acknowledged before any replica held it"
-            honest.report(1, checksum_at(primary, 1))
+            honest.report(1, checksum_at(primary, 1))  # epoch 0: not the primary's (1)
+            wait_for("the honest one at 1", lambda: _position_of(primary, "honest") == 1, 10)
+            seen = listed(primary, "honest")
+            assert seen is not None
+            assert (seen.counts, seen.epoch) == (False, 0)
+            assert "epoch 0, not this primary's epoch 1" in seen.detail
+            time.sleep(0.3)
+            assert not pending.done(), "acknowledged by a report of another epoch"
+            honest.report(1, checksum_at(primary, 1), epoch=1)
             reply = pending.result(timeout=CALL_TIMEOUT)
             assert [e.seq for e in reply.events] == [0]
+            seen = listed(primary, "honest")
+            assert seen is not None
+            assert (seen.counts, seen.epoch, seen.detail) == (True, 1, "")
             ahead = Reporter(primary, "ahead")
             ahead.report(5, b"\x00" * 16)
             wait_for("the ahead one is listed", lambda: listed(primary, "ahead") is not None, 10)

@@ -222,16 +222,20 @@ class ReplicationServicer:
         async for response in stream:
             yield response
 
-    async def _learn_epoch(self, epoch: int, context: grpc.aio.ServicerContext) -> None:
-        """A reader that knows a newer epoch than this server's: record it durably (a primary
-        stops taking writes at once, see ``leadership.fenced``) and refuse the reader with
-        NOT_PRIMARY: this server's feed is not the newest history."""
+    async def _learn_epoch(
+        self, epoch: int, context: grpc.aio.ServicerContext, who: str = "a change-feed reader"
+    ) -> None:
+        """A reader (or a replica reporting its progress) that knows a newer epoch than this
+        server's: record it durably (a primary stops taking writes at once, see
+        ``leadership.fenced``) and refuse the caller with NOT_PRIMARY: this server's feed is not
+        the newest history."""
         if epoch <= self.store.leadership().epoch:
             return
         before, after = await asyncio.wrap_future(self.store.submit_fence(epoch, ""))
         if before.may_write:
             log.warning(
-                "a change-feed reader knows a newer epoch: this primary stops taking writes",
+                "%s knows a newer epoch: this primary stops taking writes",
+                who,
                 extra={"epoch": before.epoch, "newer_epoch": epoch, "peer": context.peer()},
             )
         raise leadership.not_primary(after)
@@ -259,8 +263,17 @@ class ReplicationServicer:
                         "a progress report must name its replica (ReportProgressRequest.replica)",
                         field="replica",
                     )
+                current = self.store.leadership().epoch
+                if request.epoch > current:
+                    await self._learn_epoch(request.epoch, context, "a replica's progress report")
                 sync.report(
-                    stream, request.replica, context.peer(), request.position, request.checksum
+                    stream,
+                    request.replica,
+                    context.peer(),
+                    request.position,
+                    request.checksum,
+                    epoch=request.epoch,
+                    current_epoch=current,
                 )
         except errors.SessionLogError as error:
             refusal = error
@@ -331,6 +344,7 @@ def _sync_status(response: rpb.GetReplicationStatusResponse, sync: SyncTracker) 
             connected=replica.connected,
             counts=replica.counts,
             detail=replica.detail,
+            epoch=replica.epoch,
         )
         if replica.report_ns:
             entry.report_time.FromNanoseconds(replica.report_ns)
@@ -457,7 +471,7 @@ class Replicator:
             self._known_epoch = self.store.leadership().epoch
             if self.name:
                 self._progress = ProgressReports(channel, self.name, self._metadata)
-                self._progress.report(position, checksum)
+                self._progress.report(position, checksum, self._known_epoch)
             request = rpb.ChangesRequest(
                 start_position=position + 1,
                 follow=True,
@@ -508,7 +522,9 @@ class Replicator:
             state.applied_position = applied.last_position
             state.applied_commit_ns = applied.last_commit_ns
             if self._progress is not None:  # committed and synced: the primary may count it
-                self._progress.report(applied.last_position, applied.last_checksum)
+                self._progress.report(
+                    applied.last_position, applied.last_checksum, self._known_epoch
+                )
         if response.caught_up and not state.caught_up:
             state.caught_up = True
             log.info(
@@ -529,6 +545,8 @@ class Replicator:
         if epoch > self._known_epoch:
             await asyncio.wrap_future(self.store.submit_fence(epoch, self.state.primary))
             self._known_epoch = epoch
+            if self._progress is not None:
+                self._progress.learn_epoch(epoch)
 
     async def _adopt(self, history_id: str) -> None:
         """Take the primary's history id: the primary accepted this replica's position (it
@@ -582,22 +600,29 @@ class ProgressReports:
     ) -> None:
         self._name = name
         self._call = channel.stream_unary(REPORT_PROGRESS_METHOD)(metadata=metadata or None)
-        self._newest: tuple[int, bytes] = (0, b"")
+        self._newest: tuple[int, bytes, int] = (0, b"", 0)
         self._moved = asyncio.Event()
         self._task = asyncio.create_task(self._send())
 
-    def report(self, position: int, checksum: bytes) -> None:
-        self._newest = (position, checksum)
+    def report(self, position: int, checksum: bytes, epoch: int) -> None:
+        """The replica, knowing ``epoch``, holds every change up to ``position``."""
+        self._newest = (position, checksum, epoch)
         self._moved.set()
+
+    def learn_epoch(self, epoch: int) -> None:
+        """The replica learned a newer epoch: report its newest position again with it (the
+        primary counts only reports naming its own epoch)."""
+        position, checksum, _ = self._newest
+        self.report(position, checksum, epoch)
 
     async def _send(self) -> None:
         try:
             while True:
                 await self._moved.wait()
                 self._moved.clear()
-                position, checksum = self._newest
+                position, checksum, epoch = self._newest
                 request = rpb.ReportProgressRequest(
-                    replica=self._name, position=position, checksum=checksum
+                    replica=self._name, position=position, checksum=checksum, epoch=epoch
                 )
                 await self._call.write(request.SerializeToString())
         except asyncio.CancelledError:

@@ -264,12 +264,16 @@ class SessionLogServicer:
 
     def _require_primary(self) -> None:
         """The fast refusal of a write this server will not take (the writer's check inside
-        the write transaction is the authoritative one: see ``storage.leadership``)."""
+        the write transaction is the authoritative one: see ``storage.leadership``). A replica
+        names the primary it follows now (its leadership record's, once it turned to a new
+        one)."""
         lead = self.store.writer.lead
         if self.primary:
+            primary = lead.primary if lead.role == leadership.REPLICA else ""
+            primary = primary or self.primary
             raise errors.NotPrimary(
-                f"this server is a read replica of {self.primary}; send writes there",
-                primary=self.primary,
+                f"this server is a read replica of {primary}; send writes there",
+                primary=primary,
                 epoch=lead.epoch,
             )
         if not lead.may_write:

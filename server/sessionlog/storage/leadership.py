@@ -142,6 +142,15 @@ def fenced(record: Leadership, epoch: int, primary: str) -> Leadership:
     return replace(record, epoch=epoch, primary=primary or record.primary)
 
 
+def followed(record: Leadership, epoch: int, primary: str) -> Leadership:
+    """The record of a replica that turns to ``primary``, the primary of ``epoch`` (its old
+    primary was deposed and named it): writes refused here name it from now on. A folder that
+    takes writes is fenced instead (it would not follow anyone while it leads)."""
+    if record.role == PRIMARY:
+        return fenced(record, epoch, primary)
+    return replace(record, epoch=max(record.epoch, epoch), primary=primary)
+
+
 def not_primary(record: Leadership) -> errors.NotPrimary:
     """The refusal a write gets from a folder that may not take writes."""
     if record.role == FENCED:

@@ -455,7 +455,7 @@ def test_a_replica_told_of_no_new_primary_applies_nothing_more(tmp_path: Path) -
         assert status.state == rpb.REPLICATION_STATE_DISCONNECTED
 
 
-# -- epochs in progress reports ------------------------------------------------------------------
+# -- epochs in progress reports and from clients ---------------------------------------------------
 
 
 def report_progress(node: Node, *reports: rpb.ReportProgressRequest) -> grpc.RpcError | None:
@@ -495,3 +495,33 @@ def test_a_progress_report_naming_a_newer_epoch_fences_the_primary(tmp_path: Pat
             e.get("message", "").startswith("a replica's progress report knows a newer epoch")
             for e in primary.log_entries()
         )
+
+
+def test_a_write_from_a_caller_that_saw_a_newer_epoch_is_refused(tmp_path: Path) -> None:
+    """A write whose `sessionlog-epoch` request metadata is above the server's epoch is refused
+    NOT_PRIMARY (no primary named, the server's epoch) and writes nothing; it does not fence the
+    server. One at its epoch writes; a malformed value is MALFORMED_REQUEST."""
+    with Cluster(tmp_path) as cluster:
+        primary = cluster.primary()
+        stub = primary.stub()
+
+        def send(epoch: str, text: str) -> Any:
+            request = pb.AppendRequest(session_id="s", events=[event(USER, text)])
+            return stub.Append.with_call(
+                request, metadata=(("sessionlog-epoch", epoch),), timeout=CALL_TIMEOUT
+            )
+
+        send("0", "first")  # a fresh store: epoch 1 from this write on
+        _, call = send("1", "at its epoch")
+        assert dict(call.trailing_metadata())["sessionlog-epoch"] == "1"
+        code, reason, metadata, details = refusal(lambda: send("2", "from a newer epoch"))
+        assert (code, reason, metadata) == (
+            grpc.StatusCode.FAILED_PRECONDITION,
+            "NOT_PRIMARY",
+            {"primary": "", "epoch": "1"},
+        )
+        assert "seen epoch 2" in details
+        code, reason, _, _ = refusal(lambda: send("two", "malformed"))
+        assert (code, reason) == (grpc.StatusCode.INVALID_ARGUMENT, "MALFORMED_REQUEST")
+        assert len(since_raw(primary.channel, "s")) == 2
+        assert primary.status().state == rpb.REPLICATION_STATE_PRIMARY

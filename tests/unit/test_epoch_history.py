@@ -80,3 +80,15 @@ def test_a_replica_that_turns_to_a_new_primary_names_it_and_keeps_its_history() 
     assert leadership.followed(Leadership(1, REPLICA, "old:1", ((1, 1),)), 3, "new:2").epoch == 3
     primary = Leadership(1, PRIMARY, "", ((1, 1),))
     assert leadership.followed(primary, 2, "new:2") == Leadership(2, FENCED, "new:2", ((1, 1),))
+
+
+def test_a_caller_that_saw_a_newer_epoch_is_refused_and_nothing_changes() -> None:
+    """A write from a caller that has seen epoch 3 is refused by a primary at epoch 2
+    (NOT_PRIMARY naming no primary, the folder's epoch); at or below its epoch it goes on."""
+    primary = Leadership(2, PRIMARY, "", ((1, 1), (2, 9)))
+    refusal = leadership.behind(primary, 3)
+    assert isinstance(refusal, errors.NotPrimary)
+    assert refusal.metadata == {"primary": "", "epoch": "2"}
+    assert "seen epoch 3" in refusal.message
+    assert leadership.behind(primary, 2) is None
+    assert leadership.behind(primary, 0) is None

@@ -167,6 +167,22 @@ def not_primary(record: Leadership) -> errors.NotPrimary:
     return errors.NotPrimary(message, primary=record.primary, epoch=record.epoch)
 
 
+def behind(record: Leadership, seen: int) -> errors.NotPrimary | None:
+    """The refusal of a write from a caller that has seen epoch ``seen``, above this folder's:
+    a newer primary exists, so this one was deposed without being told (None when ``seen`` is
+    not above it). It changes nothing: a caller's word does not depose a folder (anyone who may
+    write could send any epoch); a replica's, through the feed, does (``fenced``)."""
+    if seen <= record.epoch:
+        return None
+    return errors.NotPrimary(
+        f"this server is at epoch {record.epoch} but the caller has seen epoch {seen}: a newer "
+        "primary exists and this one was deposed without being told. Nothing was written; send "
+        "writes to the current primary",
+        primary="",
+        epoch=record.epoch,
+    )
+
+
 def divergence(
     mine: Sequence[tuple[int, int]], theirs: Sequence[tuple[int, int]], limit: int
 ) -> int:

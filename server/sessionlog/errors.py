@@ -186,10 +186,21 @@ class LeaseLost(FailedPrecondition):
 
 class NotPrimary(FailedPrecondition):
     """A write sent to a server that does not take writes (a replica, or a primary fenced by a
-    newer epoch). Metadata ``primary``: where to send it ("" when no primary is known);
-    ``epoch``: the highest epoch this server knows."""
+    newer epoch, or one whose epoch is below the one the caller has seen). Nothing was written.
+    Metadata ``primary``: where to send it ("" when no primary is known); ``epoch``: the highest
+    epoch this server knows."""
 
     reason = "NOT_PRIMARY"
+
+    @property
+    def primary(self) -> str:
+        """Where writes go, as this server knows it ("" when it knows no primary)."""
+        return self.metadata.get("primary", "")
+
+    @property
+    def epoch(self) -> int:
+        """The highest leadership epoch this server knows (0: none, or not sent)."""
+        return _whole(self.metadata.get("epoch"))
 
 
 class AlreadyPrimary(FailedPrecondition):
@@ -259,17 +270,47 @@ class StorageIoError(Unavailable):
 class LeadershipLost(Unavailable):
     """The server's process-level leadership check (``may_write``) turned off while the write
     was in flight: it may have been committed, but is not acknowledged. Retry with the same
-    request id against the current primary; it finds the write if it survived."""
+    request id against the current primary; it finds the write if it survived. Metadata
+    ``committed``: ``True`` when the check failed after the commit (the write may be stored),
+    ``False`` when before it (nothing was written)."""
 
     reason = "LEADERSHIP_LOST"
 
+    @property
+    def committed(self) -> bool:
+        """The write may be stored (the check failed after its commit)."""
+        return self.metadata.get("committed", "").lower() == "true"
+
 
 class ReplicasUnavailable(Unavailable):
-    """With --ack replica, too few replicas reported the write durable within --sync-timeout.
-    The write IS committed on the primary (and may reach the replicas later): a retry with the
-    same request id returns the original result once enough replicas hold it."""
+    """Committed locally: retry with the same request id is safe. With --ack replica, too few
+    replicas reported the write durable within --sync-timeout; the write IS committed on the
+    primary (and may reach the replicas later), and a retry with the same request id returns
+    the original result, without writing again, once enough replicas hold it. Metadata
+    ``needed`` (--sync-replicas), ``counted`` (replicas that reported it), ``position`` (its
+    change-feed position)."""
 
     reason = "REPLICAS_UNAVAILABLE"
+
+    @property
+    def needed(self) -> int:
+        """How many replicas must hold a write before it is acknowledged (--sync-replicas)."""
+        return _whole(self.metadata.get("needed"))
+
+    @property
+    def counted(self) -> int:
+        """How many counting replicas reported holding this write in time."""
+        return _whole(self.metadata.get("counted"))
+
+    @property
+    def position(self) -> int:
+        """The write's change-feed position on the primary."""
+        return _whole(self.metadata.get("position"))
+
+
+def _whole(text: str | None) -> int:
+    """A metadata value as a whole number (0 when absent or not one)."""
+    return int(text) if text is not None and text.isascii() and text.isdigit() else 0
 
 
 def _all_subclasses(cls: type[SessionLogError]) -> list[type[SessionLogError]]:

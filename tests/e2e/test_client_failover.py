@@ -19,7 +19,7 @@ import signal
 import threading
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -27,7 +27,7 @@ import pytest
 from bench.etcd import EtcdProcess, etcd_server
 from sessionlog_client import AsyncClient, Client, Retry, errors, event
 from sessionlog_client.v1.event_pb2 import Event
-from tests.e2e._proc import free_port
+from tests.e2e._proc import free_port, run_cli
 from tests.e2e._replication_cluster import Cluster, Node, wait_for, wait_position
 
 RETRY = Retry(give_up_after=60.0, initial_backoff=0.02, max_backoff=0.25)
@@ -348,3 +348,102 @@ def test_etcd_names_the_primary_and_the_new_one_after_a_failover(
             client.append("s", [note("n2")])
             assert client.current == replica.address
         etcd_delete(etcd, LEADER)
+
+
+# -- epochs ----------------------------------------------------------------------------------------
+
+
+def refused_appends(metrics_port: int) -> float:
+    """How many Appends a server refused NOT_PRIMARY, from its /metrics."""
+    url = f"http://127.0.0.1:{metrics_port}/metrics"
+    with urllib.request.urlopen(url, timeout=10) as reply:
+        text = reply.read().decode()
+    wanted = 'sessionlog_requests_total{method="Append",reason="NOT_PRIMARY"}'
+    return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith(wanted))
+
+
+def admin_promote(node: Node) -> int:
+    """`sessionlog admin promote` against a running replica (no --fence): its new epoch."""
+    done = run_cli(["admin", "promote", "--server", node.address, "--json"], node.root)
+    assert done.returncode == 0, done.stderr
+    epoch: int = json.loads(done.stdout)["epoch"]
+    return epoch
+
+
+def test_clients_never_write_to_a_deposed_primary_once_they_saw_the_newer_epoch(
+    group: tuple[Cluster, Node, Node],
+) -> None:
+    """SIGKILL the primary, promote the replica (admin promote, no fence), and restart the old
+    primary unfenced: it still takes writes at epoch 1 from a client that knows no better. The
+    sync and asyncio clients have seen epoch 2 on the new primary; while it is down their
+    appends meet the old primary, which refuses them (their epoch is above its own): nothing
+    lands there, and once the new primary is back every append is stored on it, once."""
+    _, old, new = group
+    retry = Retry(give_up_after=60.0, initial_backoff=0.05, max_backoff=0.25)
+    learnt, go = threading.Event(), threading.Event()
+    outcomes: dict[str, object] = {}
+
+    async def async_writer() -> list[int]:
+        async with AsyncClient([new.address, old.address], retry=retry) as aclient:
+            await aclient.append("a", [note("a0")], request_id="a0")
+            assert (aclient.current, aclient.epoch) == (new.address, 2)
+            learnt.set()
+            await asyncio.to_thread(go.wait, 60)
+            return [
+                (await aclient.append("a", [note(f"a{n}")], request_id=f"a{n}")).events[0].seq
+                for n in (1, 2)
+            ]
+
+    def run(name: str, work: Callable[[], object]) -> threading.Thread:
+        def target() -> None:
+            try:
+                outcomes[name] = work()
+            except BaseException as error:  # reported by the assertions below
+                outcomes[name] = error
+
+        thread = threading.Thread(target=target, daemon=True)
+        thread.start()
+        return thread
+
+    with Client([old.address, new.address], retry=retry) as client:
+        client.append("s", [note("n0")], request_id="r0")
+        assert (client.current, client.epoch) == (old.address, 1)
+        wait_position(new, old.status().position)
+        old.kill()
+        assert admin_promote(new) == 2
+        new.replica_of = ""  # restarts below start it as the primary it now is
+        client.append("s", [note("n1")], request_id="r1")  # the old one is down: moves on
+        assert (client.current, client.epoch) == (new.address, 2)
+        metrics = free_port()
+        old.args = ["--metrics-listen", f"127.0.0.1:{metrics}"]
+        old.start()  # unfenced, as a primary: it takes writes from anyone who knows no better
+        with Client(old.address, wait_for_ready=True) as unaware:  # its channel was refused
+            assert unaware.append("elsewhere", [note("x")]).events[0].seq == 0
+            assert unaware.epoch == 1
+        old_head = old.status().position
+        threads = [run("async", lambda: asyncio.run(asyncio.wait_for(async_writer(), 90)))]
+        assert learnt.wait(30), outcomes
+
+        new.stop()
+        go.set()
+        threads.append(
+            run(
+                "sync",
+                lambda: [
+                    client.append("s", [note(f"n{n}")], request_id=f"r{n}").events[0].seq
+                    for n in (2, 3)
+                ],
+            )
+        )
+        time.sleep(1.5)  # every try meets the old primary (refused) or the stopped new one
+        assert all(t.is_alive() for t in threads), outcomes
+        assert old.status().position == old_head
+        assert refused_appends(metrics) >= 2, "neither client tried the old primary"
+        new.start()
+        for thread in threads:
+            thread.join(60)
+        assert outcomes == {"sync": [2, 3], "async": [1, 2]}
+        assert old.status().position == old_head  # nothing written there once epoch 2 was seen
+        assert client.current == new.address
+        assert contents(client, "s") == [(n, f"n{n}") for n in range(4)]
+        assert [e.seq for e in client.since("a")] == [0, 1, 2]

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from sessionlog.testing import RunningServer
+from tests.e2e._replication_cluster import Cluster
 
 ROOT = Path(__file__).resolve().parents[2]
 MODULE = "github.com/sessionlog/sessionlog/client/go"
@@ -103,9 +104,43 @@ def test_go_example_prints_the_transcript(go_tree: GoTree, server: RunningServer
 def test_go_errors_carry_error_info(go_tree: GoTree, server: RunningServer) -> None:
     """`go test` in client/go/example: SEQ_CONFLICT (next_seq) and INVALID_SESSION_ID ErrorInfo."""
     env = {**go_tree.env, "SESSIONLOG_TEST_ADDRESS": server.address}
-    result = run_go(env, go_tree.package, "test", "-v", "-count=1", "./example")
+    only = "-run=TestSeqConflictReportsNextSeq|TestInvalidSessionIdIsRefused"
+    result = run_go(env, go_tree.package, "test", "-v", "-count=1", only, "./example")
     output = result.stdout + result.stderr
     assert result.returncode == 0, output
     for name in ("TestSeqConflictReportsNextSeq", "TestInvalidSessionIdIsRefused"):
+        assert f"--- PASS: {name}" in output, output
+    assert "SKIP" not in output, output
+
+
+@pytest.mark.timeout(BUILD_SECONDS + 90)
+def test_go_typed_errors_from_a_sync_primary_and_a_replica(go_tree: GoTree, tmp_path: Path) -> None:
+    """`go test` of client/go/sessionlogerr, then against real servers: a primary with --ack
+    replica and no replica answers REPLICAS_UNAVAILABLE as a *ReplicasUnavailableError (needed 1,
+    counted 0, its position; a retry with the request id writes nothing more), and a replica's
+    NOT_PRIMARY is a *NotPrimaryError naming its primary."""
+    with Cluster(tmp_path) as cluster:
+        lonely = cluster.primary("lonely", args=["--ack", "replica", "--sync-timeout", "0.3"])
+        primary = cluster.primary("primary")
+        replica = cluster.replica(primary, "replica")
+        env = {
+            **go_tree.env,
+            "SESSIONLOG_TEST_SYNC_ADDRESS": lonely.address,
+            "SESSIONLOG_TEST_REPLICA_ADDRESS": replica.address,
+            "SESSIONLOG_TEST_PRIMARY_ADDRESS": primary.address,
+        }
+        only = "-run=TestReplicasUnavailable|TestNotPrimary|TestOtherErrors"
+        result = run_go(
+            env, go_tree.package, "test", "-v", "-count=1", only, "./sessionlogerr", "./example"
+        )
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output
+    for name in (
+        "TestReplicasUnavailableCarriesItsCounts",
+        "TestNotPrimaryAndLeadershipLostAreTyped",
+        "TestOtherErrorsPassThroughOrStayGeneric",
+        "TestReplicasUnavailableIsTyped",
+        "TestNotPrimaryIsTyped",
+    ):
         assert f"--- PASS: {name}" in output, output
     assert "SKIP" not in output, output

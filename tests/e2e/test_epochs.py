@@ -186,7 +186,8 @@ def test_a_primary_that_meets_a_higher_epoch_is_fenced_at_once(tmp_path: Path) -
 def test_a_replica_refuses_the_feed_of_an_older_epoch(tmp_path: Path) -> None:
     """A replica that knows epoch 2 pointed at the fenced primary of epoch 1 (whose feed still
     holds the records it wrote before the fence, on the same history up to the replica's
-    position) applies nothing of it, says so in its status and log, and keeps its data."""
+    position, and which names no new primary) applies nothing of it, says so in its status and
+    log, and keeps its data."""
     with Cluster(tmp_path) as cluster:
         old = cluster.primary("old")
         new = cluster.replica(old, "new")
@@ -199,10 +200,7 @@ def test_a_replica_refuses_the_feed_of_an_older_epoch(tmp_path: Path) -> None:
         follower.stop()
         for n in range(3):
             append(old, "s", f"only on old {n}")
-        run = run_cli(
-            ["admin", "fence", "--server", old.address, "--epoch", "2", "--primary", new.address],
-            tmp_path,
-        )
+        run = run_cli(["admin", "fence", "--server", old.address, "--epoch", "2"], tmp_path)
         assert run.returncode == 0, run.stderr
         assert "stopped taking writes" in run.stdout
         follower.replica_of = old.address
@@ -355,3 +353,175 @@ def test_bad_input_to_promote_and_fence_gets_clear_errors(tmp_path: Path) -> Non
         )
         assert not_primary.returncode == 1
         assert "does not take writes" in not_primary.stderr, not_primary.stderr
+
+
+# -- a deposed primary's replicas ------------------------------------------------------------------
+
+
+def deposed_log(node: Node) -> list[dict[str, Any]]:
+    return [
+        entry
+        for entry in node.log_entries()
+        if entry.get("message", "").startswith("replica's primary was deposed")
+    ]
+
+
+def test_replicas_of_a_fenced_primary_turn_to_the_new_one_or_say_rejoin(tmp_path: Path) -> None:
+    """After `promote --fence`-style fencing, the old primary's feed names the new primary: a
+    replica on the shared history (stopped while the old primary wrote on alone, started again
+    against it) turns to the new primary by itself and follows it (log line, status, NOT_PRIMARY
+    hint); one that applied the old primary's writes past the promotion is refused there and
+    stops DIVERGED, naming `replica rejoin --primary NEW`, which then mends it."""
+    fast = ["--replica-timeout", "1"]
+    with Cluster(tmp_path) as cluster:
+        old = cluster.primary("old")
+        new = cluster.replica(old, "new")
+        shared = cluster.replica(old, "shared", args=fast)
+        ahead = cluster.replica(old, "ahead", args=fast)
+        for n in range(3):
+            append(old, "s", f"both {n}", request_id=f"both-{n}")
+        head = old.status().position
+        for node in (new, shared, ahead):
+            wait_position(node, head)
+        shared.stop()
+        promote(tmp_path, new)  # not fenced yet: the old primary writes on, `ahead` follows it
+        for n in range(2):
+            append(old, "s", f"only old {n}")
+        wait_position(ahead, old.status().position)
+        fence = ["admin", "fence", "--server", old.address, "--epoch", "2"]
+        done = run_cli([*fence, "--primary", new.address], tmp_path)
+        assert done.returncode == 0, done.stderr
+        shared.start(wait=False)  # its primary is the fenced one, still on its command line
+        append(new, "s", "on the new primary", request_id="new-0")
+
+        wait_for(
+            "shared follows the new primary", lambda: shared.status().primary == new.address, 20
+        )
+        wait_position(shared, new.status().position)
+        status = shared.status()
+        assert (status.state, status.epoch) == (rpb.REPLICATION_STATE_STREAMING, 2)
+        assert changes_raw(shared.channel) == changes_raw(new.channel)
+        [line] = deposed_log(shared)
+        assert (line["old_primary"], line["primary"], line["epoch"]) == (
+            old.address,
+            new.address,
+            2,
+        )
+        _, reason, metadata, _ = refusal(lambda: append(shared, "s", "to a replica"))
+        assert (reason, metadata["primary"]) == ("NOT_PRIMARY", new.address)
+
+        wait_for(
+            "ahead is refused by the new primary",
+            lambda: ahead.status().state == rpb.REPLICATION_STATE_DIVERGED,
+            20,
+        )
+        status = ahead.status()
+        assert status.primary == new.address
+        assert f"sessionlog replica rejoin --primary {new.address}" in status.detail
+        assert status.position == head + 2  # applied nothing of the new feed
+        assert len(deposed_log(ahead)) == 1
+
+        ahead.stop()
+        done = run_cli(
+            ["replica", "rejoin", "--primary", new.address, "--data", str(ahead.data), "--json"],
+            tmp_path,
+        )
+        assert done.returncode == 0, done.stderr
+        assert json.loads(done.stdout)["kept_through"] == head
+        ahead.replica_of = new.address
+        ahead.start()
+        wait_position(ahead, new.status().position)
+        assert changes_raw(ahead.channel) == changes_raw(new.channel)
+
+
+def test_a_replica_told_of_no_new_primary_applies_nothing_more(tmp_path: Path) -> None:
+    """A primary fenced without a new primary's address (a reader's newer epoch) says so on its
+    feed: its replica records the newer epoch, applies nothing more from it and says why."""
+    with Cluster(tmp_path) as cluster:
+        old = cluster.primary("old")
+        replica = cluster.replica(old, "replica", args=["--replica-timeout", "1"])
+        append(old, "s", "one")
+        wait_position(replica, old.status().position)
+        done = run_cli(["admin", "fence", "--server", old.address, "--epoch", "4"], tmp_path)
+        assert done.returncode == 0, done.stderr
+        wait_for("the replica knows epoch 4", lambda: replica.status().epoch == 4, 20)
+        wait_for(
+            "the replica says its primary was deposed",
+            lambda: "names no new primary" in replica.status().detail,
+            20,
+        )
+        status = replica.status()
+        assert (status.primary, status.position) == (old.address, old.status().position)
+        assert status.state == rpb.REPLICATION_STATE_DISCONNECTED
+
+
+# -- epochs in progress reports and from clients ---------------------------------------------------
+
+
+def report_progress(node: Node, *reports: rpb.ReportProgressRequest) -> grpc.RpcError | None:
+    """Send ``reports`` on one ReportProgress stream; the error it ended with, if any."""
+    call = node.channel.stream_unary(
+        "/sessionlog.v1.ReplicationService/ReportProgress",
+        request_serializer=rpb.ReportProgressRequest.SerializeToString,
+        response_deserializer=rpb.ReportProgressResponse.FromString,
+    )
+    try:
+        call(iter(reports), timeout=CALL_TIMEOUT)
+    except grpc.RpcError as error:
+        return error
+    return None
+
+
+def test_a_progress_report_naming_a_newer_epoch_fences_the_primary(tmp_path: Path) -> None:
+    """A replica's progress report that names an epoch above the primary's deposes it, as a
+    change-feed reader's does: the stream ends NOT_PRIMARY, writes are refused from then on."""
+    with Cluster(tmp_path) as cluster:
+        primary = cluster.primary()
+        append(primary, "s", "one")
+        assert report_progress(primary, rpb.ReportProgressRequest(replica="r", epoch=1)) is None
+        error = report_progress(primary, rpb.ReportProgressRequest(replica="r", epoch=3))
+        assert error is not None
+        info = error_info(error)
+        assert (error.code(), info.reason, info.metadata["epoch"]) == (
+            grpc.StatusCode.FAILED_PRECONDITION,
+            "NOT_PRIMARY",
+            "3",
+        )
+        status = primary.status()
+        assert (status.state, status.epoch) == (rpb.REPLICATION_STATE_FENCED, 3)
+        _, reason, metadata, _ = refusal(lambda: append(primary, "s", "two"))
+        assert (reason, metadata["epoch"]) == ("NOT_PRIMARY", "3")
+        assert any(
+            e.get("message", "").startswith("a replica's progress report knows a newer epoch")
+            for e in primary.log_entries()
+        )
+
+
+def test_a_write_from_a_caller_that_saw_a_newer_epoch_is_refused(tmp_path: Path) -> None:
+    """A write whose `sessionlog-epoch` request metadata is above the server's epoch is refused
+    NOT_PRIMARY (no primary named, the server's epoch) and writes nothing; it does not fence the
+    server. One at its epoch writes; a malformed value is MALFORMED_REQUEST."""
+    with Cluster(tmp_path) as cluster:
+        primary = cluster.primary()
+        stub = primary.stub()
+
+        def send(epoch: str, text: str) -> Any:
+            request = pb.AppendRequest(session_id="s", events=[event(USER, text)])
+            return stub.Append.with_call(
+                request, metadata=(("sessionlog-epoch", epoch),), timeout=CALL_TIMEOUT
+            )
+
+        send("0", "first")  # a fresh store: epoch 1 from this write on
+        _, call = send("1", "at its epoch")
+        assert dict(call.trailing_metadata())["sessionlog-epoch"] == "1"
+        code, reason, metadata, details = refusal(lambda: send("2", "from a newer epoch"))
+        assert (code, reason, metadata) == (
+            grpc.StatusCode.FAILED_PRECONDITION,
+            "NOT_PRIMARY",
+            {"primary": "", "epoch": "1"},
+        )
+        assert "seen epoch 2" in details
+        code, reason, _, _ = refusal(lambda: send("two", "malformed"))
+        assert (code, reason) == (grpc.StatusCode.INVALID_ARGUMENT, "MALFORMED_REQUEST")
+        assert len(since_raw(primary.channel, "s")) == 2
+        assert primary.status().state == rpb.REPLICATION_STATE_PRIMARY

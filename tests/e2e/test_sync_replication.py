@@ -9,6 +9,7 @@ never counts.
 
 from __future__ import annotations
 
+import asyncio
 import queue
 import signal
 import threading
@@ -28,6 +29,7 @@ from sessionlog.v1 import event_pb2, message_pb2
 from sessionlog.v1 import replication_service_pb2 as rpb
 from sessionlog.v1 import session_log_service_pb2 as pb
 from sessionlog.v1 import session_log_service_pb2_grpc as pb_grpc
+from sessionlog_client import AsyncClient, Client, Retry, errors
 from tests.e2e._proc import free_port
 from tests.e2e._replication_cluster import (
     CALL_TIMEOUT,
@@ -64,6 +66,11 @@ def refused_unavailable(error: grpc.RpcError) -> dict[str, str]:
     assert "committed on this primary" in error.details()
     assert "same request id" in error.details()
     return dict(info.metadata)
+
+
+def note(text: str) -> dict[str, object]:
+    """A user message for the Python client."""
+    return {"type": "user_message", "data": {"content": text}}
 
 
 def stored_texts(node: Node, session_id: str) -> list[str]:
@@ -283,9 +290,11 @@ class Reporter:
         while (report := self._reports.get(timeout=60)) is not None:
             yield report
 
-    def report(self, position: int, checksum: bytes) -> None:
+    def report(self, position: int, checksum: bytes, epoch: int = 0) -> None:
         self._reports.put(
-            rpb.ReportProgressRequest(replica=self.name, position=position, checksum=checksum)
+            rpb.ReportProgressRequest(
+                replica=self.name, position=position, checksum=checksum, epoch=epoch
+            )
         )
 
     def close(self) -> None:
@@ -304,11 +313,17 @@ def listed(node: Node, name: str) -> rpb.SyncReplica | None:
     return next((r for r in node.status().replicas if r.replica == name), None)
 
 
+def _position_of(node: Node, name: str) -> int:
+    seen = listed(node, name)
+    return -1 if seen is None else seen.position
+
+
 def test_a_write_waits_for_a_report_at_its_position_with_the_primarys_checksum(
     tmp_path: Path,
 ) -> None:
-    """A write is acknowledged by the report that reaches its position, not before; a report
-    whose checksum is not the primary's makes that replica never count (status says why)."""
+    """A write is acknowledged by the report that reaches its position, not before, and only
+    with the primary's epoch; a report whose checksum is not the primary's makes that replica
+    never count (status says why)."""
     with Cluster(tmp_path) as cluster:
         primary = cluster.primary(args=ack_replica(10))
         impostor = Reporter(primary, "impostor")
@@ -327,9 +342,20 @@ def test_a_write_waits_for_a_report_at_its_position_with_the_primarys_checksum(
             assert "checksum" in seen.detail
             time.sleep(0.3)
             assert not pending.done(), "acknowledged before any replica held it"
-            honest.report(1, checksum_at(primary, 1))
+            honest.report(1, checksum_at(primary, 1))  # epoch 0: not the primary's (1)
+            wait_for("the honest one at 1", lambda: _position_of(primary, "honest") == 1, 10)
+            seen = listed(primary, "honest")
+            assert seen is not None
+            assert (seen.counts, seen.epoch) == (False, 0)
+            assert "epoch 0, not this primary's epoch 1" in seen.detail
+            time.sleep(0.3)
+            assert not pending.done(), "acknowledged by a report of another epoch"
+            honest.report(1, checksum_at(primary, 1), epoch=1)
             reply = pending.result(timeout=CALL_TIMEOUT)
             assert [e.seq for e in reply.events] == [0]
+            seen = listed(primary, "honest")
+            assert seen is not None
+            assert (seen.counts, seen.epoch, seen.detail) == (True, 1, "")
             ahead = Reporter(primary, "ahead")
             ahead.report(5, b"\x00" * 16)
             wait_for("the ahead one is listed", lambda: listed(primary, "ahead") is not None, 10)
@@ -369,3 +395,39 @@ def test_a_replica_on_another_history_does_not_count(tmp_path: Path) -> None:
             append(primary, "s", "ours again")
         assert refused_unavailable(again.value)["counted"] == "0"
         assert not any(replica.counts for replica in primary.status().replicas)
+
+
+def test_the_python_clients_retry_replicas_unavailable_a_bounded_number_of_times(
+    tmp_path: Path,
+) -> None:
+    """With no replica, an append with a request id is sent 1 + Retry.replicas_retries times
+    (each waits --sync-timeout), then raises ReplicasUnavailable with needed, counted and
+    position; AsyncClient the same; a write that is never retried raises it after one try. The
+    write is committed: once a replica holds it, the same request id returns the original."""
+    metrics_port = free_port()
+    with Cluster(tmp_path) as cluster:
+        args = [*ack_replica(0.3), "--metrics-listen", f"127.0.0.1:{metrics_port}"]
+        primary = cluster.primary(args=args)
+        with Client(primary.address, retry=Retry(replicas_retries=2)) as client:
+            with pytest.raises(errors.ReplicasUnavailable) as failed:
+                client.append("s", [note("one")], request_id="r-1")
+            assert (failed.value.needed, failed.value.counted, failed.value.position) == (1, 0, 1)
+            assert "committed on this primary" in failed.value.message
+            assert _metrics(metrics_port)["sessionlog_sync_timeouts_total"] == 3
+
+            async def async_append() -> None:
+                async with AsyncClient(primary.address, retry=Retry(replicas_retries=1)) as aio:
+                    await aio.append("s", [note("one")], request_id="r-1")
+
+            with pytest.raises(errors.ReplicasUnavailable) as again:
+                asyncio.run(async_append())
+            assert again.value.position == 1  # the same write: the request id replayed it
+            assert _metrics(metrics_port)["sessionlog_sync_timeouts_total"] == 5
+            with pytest.raises(errors.ReplicasUnavailable):
+                client.create_session("other", [note("x")])
+            assert _metrics(metrics_port)["sessionlog_sync_timeouts_total"] == 6
+            assert client.get_session("s").session.event_count == 1
+            cluster.replica(primary, "replica")
+            reply = client.append("s", [note("one")], request_id="r-1")
+            assert [e.seq for e in reply.events] == [0]
+            assert client.get_session("s").session.event_count == 1

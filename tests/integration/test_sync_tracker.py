@@ -109,3 +109,28 @@ def test_the_replicas_remembered_are_bounded_and_the_connected_ones_kept(tmp_pat
             assert "old-00" not in names
 
         asyncio.run(scenario())
+
+
+def test_a_report_counts_only_while_it_names_the_primarys_epoch(tmp_path: Path) -> None:
+    """A replica whose report names another epoch than the primary's does not count (the status
+    says why) and acknowledges nothing; its next report naming the primary's epoch, on the same
+    stream, counts and acknowledges the write waiting for it."""
+    with opened(tmp_path / "d") as store:
+        sums = _filled(store, 3)
+
+        async def scenario() -> None:
+            tracker = SyncTracker(store.checksum_at, required=1, timeout_seconds=5)
+            stream = tracker.open_stream()
+            tracker.report(stream, "r", "peer", 3, sums[2], epoch=1, current_epoch=2)
+            [replica] = tracker.replicas()
+            assert (replica.counts, replica.epoch) == (False, 1)
+            assert "epoch 1, not this primary's epoch 2" in replica.detail
+            waiting = asyncio.ensure_future(tracker.wait(3))
+            await asyncio.sleep(0.05)
+            assert not waiting.done()
+            tracker.report(stream, "r", "peer", 3, sums[2], epoch=2, current_epoch=2)
+            await asyncio.wait_for(waiting, 1)
+            [replica] = tracker.replicas()
+            assert (replica.counts, replica.epoch, replica.detail) == (True, 2, "")
+
+        asyncio.run(scenario())

@@ -68,3 +68,27 @@ def test_a_fence_stops_a_primary_and_only_records_the_epoch_elsewhere() -> None:
 def test_the_record_round_trips() -> None:
     record = Leadership(4, FENCED, "[::1]:5", ((1, 1), (4, 77)))
     assert Leadership.decode(record.encode()) == record
+
+
+def test_a_replica_that_turns_to_a_new_primary_names_it_and_keeps_its_history() -> None:
+    """A replica told of the primary of a newer epoch records that primary (writes refused
+    there name it) and the epoch, whatever it knew before; its history is untouched (it holds
+    no record of the new epoch yet). A folder that takes writes is fenced instead."""
+    replica = Leadership(2, REPLICA, "old:1", ((1, 1),))
+    turned = leadership.followed(replica, 2, "new:2")
+    assert turned == Leadership(2, REPLICA, "new:2", ((1, 1),))
+    assert leadership.followed(Leadership(1, REPLICA, "old:1", ((1, 1),)), 3, "new:2").epoch == 3
+    primary = Leadership(1, PRIMARY, "", ((1, 1),))
+    assert leadership.followed(primary, 2, "new:2") == Leadership(2, FENCED, "new:2", ((1, 1),))
+
+
+def test_a_caller_that_saw_a_newer_epoch_is_refused_and_nothing_changes() -> None:
+    """A write from a caller that has seen epoch 3 is refused by a primary at epoch 2
+    (NOT_PRIMARY naming no primary, the folder's epoch); at or below its epoch it goes on."""
+    primary = Leadership(2, PRIMARY, "", ((1, 1), (2, 9)))
+    refusal = leadership.behind(primary, 3)
+    assert isinstance(refusal, errors.NotPrimary)
+    assert refusal.metadata == {"primary": "", "epoch": "2"}
+    assert "seen epoch 3" in refusal.message
+    assert leadership.behind(primary, 2) is None
+    assert leadership.behind(primary, 0) is None

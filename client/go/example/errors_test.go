@@ -6,6 +6,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"testing"
@@ -17,6 +18,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	sessionlogv1 "github.com/sessionlog/sessionlog/client/go/sessionlog/v1"
+	"github.com/sessionlog/sessionlog/client/go/sessionlogerr"
 )
 
 func dial(t *testing.T) (sessionlogv1.SessionLogServiceClient, context.Context) {
@@ -82,5 +84,68 @@ func TestInvalidSessionIdIsRefused(t *testing.T) {
 	info := errorInfo(t, err, codes.InvalidArgument)
 	if info.Domain != "sessionlog" || info.Reason != "INVALID_SESSION_ID" {
 		t.Fatalf("want sessionlog/INVALID_SESSION_ID, got %v", info)
+	}
+}
+
+// dialAt is dial for the address in the environment variable name (skips without it).
+func dialAt(t *testing.T, name string) (sessionlogv1.SessionLogServiceClient, context.Context) {
+	t.Helper()
+	target := os.Getenv(name)
+	if target == "" {
+		t.Skipf("%s is not set", name)
+	}
+	conn, err := grpc.Dial(target, grpc.WithInsecure())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	t.Cleanup(cancel)
+	return sessionlogv1.NewSessionLogServiceClient(conn), ctx
+}
+
+// SESSIONLOG_TEST_SYNC_ADDRESS: a primary with --ack replica and no replica, so every write
+// fails REPLICAS_UNAVAILABLE after its --sync-timeout, committed on the primary.
+func TestReplicasUnavailableIsTyped(t *testing.T) {
+	client, ctx := dialAt(t, "SESSIONLOG_TEST_SYNC_ADDRESS")
+	session := fmt.Sprintf("go-sync-%d", time.Now().UnixNano())
+	request := &sessionlogv1.AppendRequest{
+		SessionId: session,
+		RequestId: "go-r1",
+		Events:    []*sessionlogv1.Event{message(sessionlogv1.EventType_EVENT_TYPE_USER_MESSAGE, "one")},
+	}
+	_, err := client.Append(ctx, request)
+	var replicas *sessionlogerr.ReplicasUnavailableError
+	if !errors.As(sessionlogerr.From(err), &replicas) {
+		t.Fatalf("want *ReplicasUnavailableError, got %v", err)
+	}
+	if replicas.Needed != 1 || replicas.Counted != 0 || replicas.Position == 0 {
+		t.Fatalf("want needed 1, counted 0 and a position, got %+v", replicas)
+	}
+	// Committed locally: the same request id again writes nothing more.
+	_, err = client.Append(ctx, request)
+	var again *sessionlogerr.ReplicasUnavailableError
+	if !errors.As(sessionlogerr.From(err), &again) || again.Position != replicas.Position {
+		t.Fatalf("want the retry refused at position %d again, got %v", replicas.Position, err)
+	}
+	got, err := client.GetSession(ctx, &sessionlogv1.GetSessionRequest{SessionId: session})
+	if err != nil || got.Session.EventCount != 1 {
+		t.Fatalf("want the write stored once on the primary, got %v, %v", got, err)
+	}
+}
+
+// SESSIONLOG_TEST_REPLICA_ADDRESS: a replica; SESSIONLOG_TEST_PRIMARY_ADDRESS: its primary.
+func TestNotPrimaryIsTyped(t *testing.T) {
+	client, ctx := dialAt(t, "SESSIONLOG_TEST_REPLICA_ADDRESS")
+	_, err := client.Append(ctx, &sessionlogv1.AppendRequest{
+		SessionId: "go-replica",
+		Events:    []*sessionlogv1.Event{message(sessionlogv1.EventType_EVENT_TYPE_USER_MESSAGE, "no")},
+	})
+	var notPrimary *sessionlogerr.NotPrimaryError
+	if !errors.As(sessionlogerr.From(err), &notPrimary) {
+		t.Fatalf("want *NotPrimaryError, got %v", err)
+	}
+	if notPrimary.Primary != os.Getenv("SESSIONLOG_TEST_PRIMARY_ADDRESS") || status.Code(err) != codes.FailedPrecondition {
+		t.Fatalf("want the hint %q, got %+v", os.Getenv("SESSIONLOG_TEST_PRIMARY_ADDRESS"), notPrimary)
 	}
 }

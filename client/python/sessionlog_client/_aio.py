@@ -15,9 +15,18 @@ import grpc
 
 from sessionlog_client import _common as c
 from sessionlog_client._common import EventLike, MessageLike, Retry
-from sessionlog_client._routing import LOG, Member, Router, Step, make_router
+from sessionlog_client._routing import (
+    LOG,
+    WRITES,
+    Member,
+    Router,
+    Step,
+    make_router,
+    replicas_unavailable,
+)
 from sessionlog_client._status import to_error
 from sessionlog_client.convert import messages_to_dicts
+from sessionlog_client.errors import LeadershipLost
 from sessionlog_client.v1 import session_log_service_pb2 as pb
 from sessionlog_client.v1 import session_log_service_pb2_grpc as pb_grpc
 from sessionlog_client.v1.event_pb2 import Event
@@ -256,6 +265,12 @@ class AsyncClient:
         member = self._router.current()
         return None if member is None else member.address
 
+    @property
+    def epoch(self) -> int:
+        """The highest leadership epoch a server named in a write's reply (0: none yet). It
+        goes with every write: a server at a lower epoch (a deposed primary) refuses it."""
+        return self._router.epoch
+
     async def close(self) -> None:
         """Close every open stream, then every channel."""
         for stream in list(self._streams):
@@ -275,8 +290,11 @@ class AsyncClient:
         await self.close()
 
     async def _call(self, method: str, request: Any, timeout: float | None, *, retry: bool) -> Any:
-        backoff = self.connection.retry.backoff()
-        hops = 0
+        """See ``Client._call``."""
+        retries = self.connection.retry
+        backoff = retries.backoff()
+        hops = waits = 0
+        write = method in WRITES
         while True:
             member = await self._router.pick_async()
             if member is None:  # no primary known yet (etcd named none): wait and ask again
@@ -285,15 +303,23 @@ class AsyncClient:
                     raise self._router.nobody()
                 await asyncio.sleep(delay)
                 continue
+            metadata = self.connection.call_metadata()
             try:
-                reply = await getattr(member.stubs[LOG], method)(
+                call = getattr(member.stubs[LOG], method)(
                     request,
                     timeout=self.connection.deadline(timeout),
-                    metadata=self.connection.call_metadata(),
+                    metadata=self._router.write_metadata(metadata) if write else metadata,
                     wait_for_ready=self.connection.wait_for_ready or None,
                 )
+                reply = await call
                 member.reached = True
+                if write:
+                    self._router.accepted(member, await call.trailing_metadata())
                 return reply
+            except LeadershipLost:  # acknowledged by a deposed member: not an acknowledgement
+                delay = backoff.next() if retry else None
+                if delay is None:
+                    raise
             except grpc.RpcError as error:
                 step = self._router.after(
                     member, error, retry=retry, hops=hops, deadline_moves=retry
@@ -301,6 +327,9 @@ class AsyncClient:
                 if step is Step.AGAIN:
                     hops += 1
                     continue
+                waits += replicas_unavailable(error)
+                if waits > retries.replicas_retries:
+                    step = Step.RAISE
                 delay = None if step is Step.RAISE else backoff.next()
                 if delay is None:
                     raise to_error(error) from error

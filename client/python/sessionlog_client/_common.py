@@ -64,11 +64,18 @@ class Retry:
     retry could not tell its own first success from a refusal. A client given several addresses
     also moves these retried calls to another member after a deadline with no answer, and
     re-sends any write refused with NOT_PRIMARY to the primary it names (see ``_routing``).
+
+    ``REPLICAS_UNAVAILABLE`` (``--ack replica``: the write is committed locally on the primary
+    but fewer than ``--sync-replicas`` replicas reported it within ``--sync-timeout``) is
+    retried too, on the same member, at most ``replicas_retries`` times (each try waits up to
+    the server's ``--sync-timeout``); then ``errors.ReplicasUnavailable`` is raised, and a retry
+    with the same request id stays safe.
     """
 
     give_up_after: float = 30.0
     initial_backoff: float = 0.05
     max_backoff: float = 1.0
+    replicas_retries: int = 2
 
     def backoff(self) -> Backoff:
         return Backoff(self)

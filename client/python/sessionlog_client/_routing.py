@@ -23,6 +23,25 @@ A follow stream that goes silent moves on as UNAVAILABLE does. Immediate re-send
 call are bounded (``hop_limit``); past it each move waits its backoff, and the whole call gives
 up after ``Retry.give_up_after`` like any retry.
 
+Epochs. Every write's reply, success or error, carries the server's leadership epoch (trailing
+metadata ``sessionlog-epoch``; NOT_PRIMARY also names it in its ``epoch`` metadata). The router
+keeps the highest one seen and sends it with every write (request metadata
+``sessionlog-epoch``): a server at a lower epoch, a deposed primary that does not know it was
+deposed (restarted unfenced after a promotion elsewhere), refuses the write with NOT_PRIMARY and
+writes nothing. A member that answers with an epoch below the highest seen is never taken for
+the primary:
+
+    NOT_PRIMARY at a lower epoch      its hint is ignored (it names whom that member followed,
+                                      which may be deposed too); the next address, at once
+    a write acknowledged at a         not an acknowledgement: the member was deposed and what it
+    lower epoch (a server too old     stored is on a history the group discards; the call is
+    to refuse it)                     sent again elsewhere if it retries, else raises
+                                      ``LeadershipLost`` (``committed`` true)
+
+REPLICAS_UNAVAILABLE (``--ack replica``) is no reason to move: the write is committed on this
+member, the primary. A call that retries sends it again there, with its request id, at most
+``Retry.replicas_retries`` times.
+
 With a single address given as a string and no etcd, nothing ever moves: NOT_PRIMARY is raised
 and UNAVAILABLE is retried on the same address, as before several addresses existed.
 """
@@ -32,7 +51,7 @@ from __future__ import annotations
 import asyncio
 import enum
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -41,13 +60,28 @@ import grpc
 from sessionlog_client import _etcd
 from sessionlog_client._common import DEFAULT_TARGET
 from sessionlog_client._status import error_info
-from sessionlog_client.errors import NotPrimary, Unavailable
+from sessionlog_client.errors import LeadershipLost, NotPrimary, ReplicasUnavailable, Unavailable
 
 LOG = "log"
 REPLICATION = "replication"
 """The keys of ``Member.stubs``: SessionLogService and ReplicationService."""
 PRIMARY_HINT = "primary"
 """The ErrorInfo metadata key of NOT_PRIMARY that names the primary (empty: none known)."""
+EPOCH_KEY = "sessionlog-epoch"
+"""The metadata of a server's epoch on every write reply (trailing), and of the highest epoch
+a client has seen on every write it sends (request); also NOT_PRIMARY's ErrorInfo key ``epoch``."""
+WRITES = frozenset(
+    {
+        "Append",
+        "CreateSession",
+        "SeedSession",
+        "ForkSession",
+        "AcquireLease",
+        "RenewLease",
+        "ReleaseLease",
+    }
+)
+"""The write RPCs: they carry the epoch both ways."""
 
 
 class Step(enum.Enum):
@@ -68,6 +102,8 @@ class Member:
     reached: bool = False
     failed: bool = False
     """Tried and unreachable before it ever answered."""
+    epoch: int = 0
+    """The epoch it named in its latest write reply (0: none yet)."""
 
 
 @dataclass
@@ -85,6 +121,8 @@ class Router:
     reached: bool = False
     """Count every member as answered from the start (wait-for-ready: never fail fast)."""
     members: list[Member] = field(default_factory=list)
+    epoch: int = 0
+    """The highest leadership epoch any member named (see the module docstring)."""
     _current: int = 0
     _stale: bool = True
     _etcd_error: str = ""
@@ -150,6 +188,40 @@ class Router:
         why = self._etcd_error or "no address is known"
         return Unavailable(f"no sessionlog primary found for {self.target}: {why}")
 
+    # -- epochs ---------------------------------------------------------------------------------
+
+    def write_metadata(self, metadata: tuple[tuple[str, str], ...]) -> tuple[tuple[str, str], ...]:
+        """A write's request metadata: ``metadata`` and the highest epoch seen, once there is
+        one (a server below it refuses the write)."""
+        epoch = self.epoch
+        return (*metadata, (EPOCH_KEY, str(epoch))) if epoch else metadata
+
+    def learn(self, member: Member, epoch: int) -> bool:
+        """``member`` named ``epoch`` (0: it named none); False when that is below the highest
+        epoch seen before: the member was deposed."""
+        if not epoch:
+            return True
+        with self._lock:
+            member.epoch = epoch
+            current = epoch >= self.epoch
+            self.epoch = max(self.epoch, epoch)
+        return current
+
+    def accepted(self, member: Member, trailers: Iterable[tuple[str, Any]] | None) -> None:
+        """A write ``member`` acknowledged: LeadershipLost (committed) when its epoch is below
+        the highest seen: a deposed primary took it, so it is not the group's."""
+        epoch = trailing_epoch(trailers)
+        if self.learn(member, epoch):
+            return
+        self.moved(member)
+        raise LeadershipLost(
+            f"{member.address} took the write at epoch {epoch}, but this client has seen epoch "
+            f"{self.epoch}: that server was deposed, and what it stored is on a history the "
+            "group discards when it rejoins. The write is not acknowledged; send it again (with "
+            "the same request id) to the current primary",
+            committed=True,
+        )
+
     # -- after a failure --------------------------------------------------------------------------
 
     def after(
@@ -163,22 +235,29 @@ class Router:
     ) -> Step:
         """Record what ``error`` says about ``member`` and decide what the failed call does next
         (``deadline_moves``: a unary call that retries, for which a deadline is no answer)."""
-        info = error_info(error.trailing_metadata())
+        trailers = error.trailing_metadata()
+        info = error_info(trailers)
         if info is not None:
             member.reached = True
+        current = self.learn(member, trailing_epoch(trailers))
         code = error.code()
         unavailable = code == grpc.StatusCode.UNAVAILABLE
+        if info is not None and info.reason == ReplicasUnavailable.reason:
+            return Step.LATER if retry else Step.RAISE  # committed here: never move for it
         if not self.several:
             if unavailable and info is None and not (member.reached or self.reached):
                 raise self._unreachable(error, [member])
             return Step.LATER if retry and unavailable else Step.RAISE
         if info is not None and info.reason == NotPrimary.reason:
+            current = self.learn(member, _whole(info.metadata.get("epoch", ""))) and current
             hint = info.metadata.get(PRIMARY_HINT, "")
-            if hint and hint != member.address:
+            if current and hint and hint != member.address:
                 with self._lock:
                     self._current = self.members.index(self._member(hint))
                 return Step.AGAIN if hops < self.hop_limit else Step.LATER
             self.moved(member)
+            if not current:  # a deposed member: try the next one now, as for one never reached
+                return Step.AGAIN if hops < self.hop_limit else Step.LATER
             return Step.LATER
         if code == grpc.StatusCode.DEADLINE_EXCEEDED and deadline_moves and info is None:
             self.moved(member)
@@ -224,6 +303,24 @@ class Router:
     def channels(self) -> list[Any]:
         with self._lock:
             return [m.channel for m in self.members]
+
+
+def trailing_epoch(trailers: Iterable[tuple[str, Any]] | None) -> int:
+    """The epoch a write's reply names in its trailing metadata (0: none)."""
+    for key, value in trailers or ():
+        if key == EPOCH_KEY:
+            return _whole(value.decode() if isinstance(value, bytes) else str(value))
+    return 0
+
+
+def replicas_unavailable(error: grpc.RpcError) -> bool:
+    """A write committed on the primary but held by too few replicas (``--ack replica``)."""
+    info = error_info(error.trailing_metadata())
+    return info is not None and info.reason == ReplicasUnavailable.reason
+
+
+def _whole(text: str) -> int:
+    return int(text) if text.isascii() and text.isdigit() else 0
 
 
 def make_router(

@@ -16,9 +16,19 @@ import grpc
 
 from sessionlog_client import _common as c
 from sessionlog_client._common import EventLike, MessageLike, Retry
-from sessionlog_client._routing import LOG, REPLICATION, Member, Router, Step, make_router
+from sessionlog_client._routing import (
+    LOG,
+    REPLICATION,
+    WRITES,
+    Member,
+    Router,
+    Step,
+    make_router,
+    replicas_unavailable,
+)
 from sessionlog_client._status import to_error
 from sessionlog_client.convert import messages_to_dicts
+from sessionlog_client.errors import LeadershipLost
 from sessionlog_client.v1 import replication_service_pb2 as rpb
 from sessionlog_client.v1 import replication_service_pb2_grpc as rpb_grpc
 from sessionlog_client.v1 import session_log_service_pb2 as pb
@@ -268,7 +278,13 @@ class Client:
 
     Every method raises the server's exception classes (``sessionlog_client.errors``, the same
     names and reasons as the server's ``sessionlog.errors``) with the ErrorInfo metadata in
-    ``error.metadata``; see ``sessionlog_client._status`` for transport failures.
+    ``error.metadata``; see ``sessionlog_client._status`` for transport failures. Among them:
+    ``NotPrimary`` (``.primary``, ``.epoch``), ``LeadershipLost`` (``.committed``) and
+    ``ReplicasUnavailable`` (``.needed``, ``.counted``, ``.position``: committed locally, so a
+    retry with the same request id is safe; appends retry it ``Retry.replicas_retries`` times).
+
+    The client remembers the highest leadership epoch a server named (``epoch``) and never
+    takes a member that answers with a lower one for the primary (see ``_routing``).
     """
 
     def __init__(
@@ -356,6 +372,12 @@ class Client:
         member = self._router.current()
         return None if member is None else member.address
 
+    @property
+    def epoch(self) -> int:
+        """The highest leadership epoch a server named in a write's reply (0: none yet). It
+        goes with every write: a server at a lower epoch (a deposed primary) refuses it."""
+        return self._router.epoch
+
     def close(self) -> None:
         """Close every open stream, then every channel."""
         for stream in list(self._streams):
@@ -377,8 +399,11 @@ class Client:
     def _call(
         self, method: str, request: Any, timeout: float | None, *, retry: bool, stub: str = LOG
     ) -> Any:
-        backoff = self.connection.retry.backoff()
-        hops = 0
+        """One RPC through the router (see ``_routing``): hints, moves, epochs, retries."""
+        retries = self.connection.retry
+        backoff = retries.backoff()
+        hops = waits = 0
+        write = method in WRITES
         while True:
             member = self._router.pick()
             if member is None:  # no primary known yet (etcd named none): wait and ask again
@@ -387,15 +412,22 @@ class Client:
                     raise self._router.nobody()
                 time.sleep(delay)
                 continue
+            metadata = self.connection.call_metadata()
             try:
-                reply = getattr(member.stubs[stub], method)(
+                reply, call = getattr(member.stubs[stub], method).with_call(
                     request,
                     timeout=self.connection.deadline(timeout),
-                    metadata=self.connection.call_metadata(),
+                    metadata=self._router.write_metadata(metadata) if write else metadata,
                     wait_for_ready=self.connection.wait_for_ready or None,
                 )
                 member.reached = True
+                if write:
+                    self._router.accepted(member, call.trailing_metadata())
                 return reply
+            except LeadershipLost:  # acknowledged by a deposed member: not an acknowledgement
+                delay = backoff.next() if retry else None
+                if delay is None:
+                    raise
             except grpc.RpcError as error:
                 step = self._router.after(
                     member, error, retry=retry, hops=hops, deadline_moves=retry
@@ -403,6 +435,9 @@ class Client:
                 if step is Step.AGAIN:
                     hops += 1
                     continue
+                waits += replicas_unavailable(error)
+                if waits > retries.replicas_retries:
+                    step = Step.RAISE
                 delay = None if step is Step.RAISE else backoff.next()
                 if delay is None:
                     raise to_error(error) from error

@@ -124,6 +124,12 @@ export interface RetryOptions {
   giveUpAfterMs?: number;
   initialBackoffMs?: number;
   maxBackoffMs?: number;
+  /**
+   * How many times a retried write (an append with a requestId, a lease acquire or renew) that
+   * failed REPLICAS_UNAVAILABLE is sent again, to the same primary (each try waits up to its
+   * --sync-timeout); then ReplicasUnavailableError. Default DEFAULT_REPLICAS_RETRIES (2).
+   */
+  replicasRetries?: number;
 }
 
 export interface ClientOptions {
@@ -187,6 +193,39 @@ export class SessionLogError extends Error {
 }
 
 /**
+ * NOT_PRIMARY: the server takes no writes (a replica, a fenced primary, or one at an epoch below
+ * the one this client has seen). Nothing was written.
+ */
+export class NotPrimaryError extends SessionLogError {
+  /** Where writes go, as the server knows it ("" when it knows no primary). */
+  readonly primary: string;
+  /** The highest leadership epoch the server knows. */
+  readonly epoch: number;
+}
+
+/**
+ * LEADERSHIP_LOST: the write is not acknowledged (the server lost its leadership while it was in
+ * flight, or a deposed server took it). Retry with the same requestId against the current primary.
+ */
+export class LeadershipLostError extends SessionLogError {
+  /** The write may be stored (it finds itself on a retry with its requestId if it survived). */
+  readonly committed: boolean;
+}
+
+/**
+ * REPLICAS_UNAVAILABLE (--ack replica): committed locally: retry with the same request id is
+ * safe. Fewer than `needed` replicas reported the write within --sync-timeout.
+ */
+export class ReplicasUnavailableError extends SessionLogError {
+  /** --sync-replicas: how many replicas must hold a write before it is acknowledged. */
+  readonly needed: number;
+  /** How many counting replicas reported holding it in time. */
+  readonly counted: number;
+  /** Its change-feed position on the primary. */
+  readonly position: number;
+}
+
+/**
  * Events of one session from a seq on; resumes from nextSeq after UNAVAILABLE, and after a follow
  * stream stayed silent for DEAD_AFTER_HEARTBEATS of its heartbeat intervals.
  */
@@ -216,6 +255,11 @@ export class SessionLogClient {
   readonly members: string[];
   /** The address calls go to now (the primary as far as the client knows); null: none known. */
   readonly current: string | null;
+  /**
+   * The highest leadership epoch a member named in a write reply (0: none yet); sent with every
+   * write, so a server at a lower epoch (a deposed primary) refuses it.
+   */
+  readonly epoch: number;
   readonly timeoutMs: number;
   close(): void;
   waitForReady(timeoutMs?: number): Promise<void>;
@@ -277,6 +321,9 @@ export const DEFAULT_TIMEOUT_MS: number;
 export const DEFAULT_MAX_MESSAGE_BYTES: number;
 export const DEFAULT_FOLLOW_HEARTBEAT_MS: number;
 export const DEAD_AFTER_HEARTBEATS: number;
+export const DEFAULT_REPLICAS_RETRIES: number;
+/** "sessionlog-epoch": the metadata that carries epochs on writes (both ways). */
+export const EPOCH_KEY: string;
 
 export function eventTypeName(type: string): string;
 /** "etcd://HOST:PORT[,HOST:PORT...]" -> ["HOST:PORT", ...]. */

@@ -106,11 +106,65 @@ export function errorInfo(error) {
   return null;
 }
 
-/** A grpc-js error as a SessionLogError (anything else passes through). */
+const whole = (text) => (/^[0-9]+$/.test(String(text ?? "")) ? Number(text) : 0);
+
+/**
+ * NOT_PRIMARY: a write sent to a server that does not take writes (a replica, a fenced primary,
+ * or one whose epoch is below the one this client has seen). Nothing was written. `primary` is
+ * where writes go ("" when the server knows no primary), `epoch` the highest epoch it knows.
+ */
+export class NotPrimaryError extends SessionLogError {
+  constructor(message, options = {}) {
+    super(message, { ...options, reason: "NOT_PRIMARY" });
+    this.name = "NotPrimaryError";
+    this.primary = this.metadata.primary ?? "";
+    this.epoch = whole(this.metadata.epoch);
+  }
+}
+
+/**
+ * LEADERSHIP_LOST (UNAVAILABLE): the server lost its leadership while the write was in flight,
+ * or a deposed server took it; it is not acknowledged. `committed`: it may be stored (retry with
+ * the same requestId against the current primary: it finds the write if it survived).
+ */
+export class LeadershipLostError extends SessionLogError {
+  constructor(message, options = {}) {
+    super(message, { ...options, reason: "LEADERSHIP_LOST" });
+    this.name = "LeadershipLostError";
+    this.committed = String(this.metadata.committed ?? "").toLowerCase() === "true";
+  }
+}
+
+/**
+ * REPLICAS_UNAVAILABLE (UNAVAILABLE, `--ack replica`): committed locally: retry with the same
+ * request id is safe. The primary holds the write, but fewer than `needed` (--sync-replicas)
+ * replicas reported it within --sync-timeout (`counted` did); `position` is its change-feed
+ * position. A retry with the same requestId returns the original result once enough replicas
+ * hold it, without writing again.
+ */
+export class ReplicasUnavailableError extends SessionLogError {
+  constructor(message, options = {}) {
+    super(message, { ...options, reason: "REPLICAS_UNAVAILABLE" });
+    this.name = "ReplicasUnavailableError";
+    this.needed = whole(this.metadata.needed);
+    this.counted = whole(this.metadata.counted);
+    this.position = whole(this.metadata.position);
+  }
+}
+
+const ERROR_CLASSES = {
+  NOT_PRIMARY: NotPrimaryError,
+  LEADERSHIP_LOST: LeadershipLostError,
+  REPLICAS_UNAVAILABLE: ReplicasUnavailableError,
+};
+
+/** A grpc-js error as a SessionLogError, of its reason's own class when it has one (anything
+ * else passes through). */
 export function toError(error) {
   if (error instanceof SessionLogError || typeof error?.code !== "number") return error;
   const info = errorInfo(error);
-  return new SessionLogError(error.details || error.message, {
+  const Class = ERROR_CLASSES[info?.reason] ?? SessionLogError;
+  return new Class(error.details || error.message, {
     code: error.code,
     reason: info?.reason,
     domain: info?.domain,
@@ -301,6 +355,9 @@ function duration(ttlMs) {
 
 // -- retries ----------------------------------------------------------------------------------
 
+/** Tries after the first of a call that met REPLICAS_UNAVAILABLE (each waited --sync-timeout). */
+export const DEFAULT_REPLICAS_RETRIES = 2;
+
 class Backoff {
   constructor({ giveUpAfterMs = 30_000, initialBackoffMs = 50, maxBackoffMs = 1000 } = {}) {
     this.giveUpAfterMs = giveUpAfterMs;
@@ -348,11 +405,22 @@ const sleep = (ms) => new Promise((done) => setTimeout(done, ms));
 // Immediate re-sends within one call are bounded (2 per member + 2); past that each move waits its
 // backoff, and the call gives up after retry.giveUpAfterMs like any retry. With one address given
 // as a string and no etcd, nothing moves: NOT_PRIMARY is thrown and UNAVAILABLE retried in place.
+//
+// Epochs: every write's reply, success or error, carries the server's leadership epoch (trailing
+// metadata sessionlog-epoch; NOT_PRIMARY's metadata epoch too). The client keeps the highest seen
+// (client.epoch) and sends it with every write, so a server at a lower epoch (a deposed primary
+// restarted unfenced) refuses the write with NOT_PRIMARY and writes nothing. A member answering
+// with a lower epoch is never taken for the primary: its NOT_PRIMARY hint is ignored and the next
+// address tried at once; a write it acknowledged anyway (a server too old to refuse) is not an
+// acknowledgement: sent again elsewhere if the call retries, else LeadershipLostError.
+// REPLICAS_UNAVAILABLE is no reason to move (the write is committed on this member, the primary):
+// a retried call sends it again there at most retry.replicasRetries times.
 
 const AGAIN = "again";
 const LATER = "later";
 const RAISE = "raise";
 const PRIMARY_HINT = "primary";
+export const EPOCH_KEY = "sessionlog-epoch";
 const ETCD_SCHEME = "etcd://";
 
 /** "etcd://HOST:PORT[,HOST:PORT...]" (the server's --cluster form) -> the endpoints. */
@@ -402,6 +470,11 @@ export async function readLeader(endpoints, group, { timeoutMs = DEFAULT_CONNECT
     code: grpc.status.UNAVAILABLE,
     reason: "UNAVAILABLE",
   });
+}
+
+/** The epoch a reply's trailing metadata names (0: none). */
+function trailingEpoch(metadata) {
+  return whole(metadata?.get?.(EPOCH_KEY)?.[0]);
 }
 
 /** The error a call rejects with when no address it tried has ever answered. */
@@ -633,6 +706,9 @@ export class SessionLogClient {
     this._alwaysReached = waitForReady;
     this.timeoutMs = timeoutMs;
     this.retry = retry;
+    this.replicasRetries = retry.replicasRetries ?? DEFAULT_REPLICAS_RETRIES;
+    /** The highest leadership epoch any member named (see routing). */
+    this.epoch = 0;
     this._token = token;
     this._streams = new Set();
     const secure = tls || rootCerts || privateKey || certChain;
@@ -698,7 +774,7 @@ export class SessionLogClient {
   _member(address) {
     let member = this._members.find((m) => m.address === address);
     if (!member) {
-      member = { address, stub: this._openStub(address), reached: this._alwaysReached, failed: false };
+      member = { address, stub: this._openStub(address), reached: this._alwaysReached, failed: false, epoch: 0 };
       this._members.push(member);
     }
     return member;
@@ -741,19 +817,24 @@ export class SessionLogClient {
   _after(member, error, retry, hops, deadlineMoves = false) {
     const info = errorInfo(error);
     if (info) member.reached = true;
+    let current = this._learn(member, trailingEpoch(error?.metadata));
     const unavailable = error?.code === grpc.status.UNAVAILABLE;
+    if (info?.reason === "REPLICAS_UNAVAILABLE") return retry ? LATER : RAISE; // committed here
     if (!this._several) {
       if (error?.settle) throw error;
       if (unavailable && !info && !member.reached) throw unreachable([member], error);
       return retry && unavailable ? LATER : RAISE;
     }
     if (info?.reason === "NOT_PRIMARY") {
+      current = this._learn(member, whole(info.metadata?.epoch)) && current;
       const hint = info.metadata?.[PRIMARY_HINT] ?? "";
-      if (hint && hint !== member.address) {
+      if (current && hint && hint !== member.address) {
         this._current = this._members.indexOf(this._member(hint));
         return hops < 2 * this._members.length + 2 ? AGAIN : LATER;
       }
       this._moved(member);
+      // A deposed member (a lower epoch): the next one now, as for an address never reached.
+      if (!current) return hops < 2 * this._members.length + 2 ? AGAIN : LATER;
       return LATER;
     }
     if (error?.code === grpc.status.DEADLINE_EXCEEDED && deadlineMoves && !info) {
@@ -796,23 +877,55 @@ export class SessionLogClient {
     }
   }
 
-  _metadata() {
+  /** member named epoch (0: none); false when that is below the highest seen: it was deposed. */
+  _learn(member, epoch) {
+    if (!epoch) return true;
+    member.epoch = epoch;
+    const current = epoch >= this.epoch;
+    this.epoch = Math.max(this.epoch, epoch);
+    return current;
+  }
+
+  /** A write member acknowledged at epoch: LeadershipLostError when that is below the highest
+   * epoch seen (a deposed server took it: it is not the group's). */
+  _accepted(member, epoch) {
+    if (this._learn(member, epoch)) return;
+    this._moved(member);
+    throw new LeadershipLostError(
+      `${member.address} took the write at epoch ${epoch}, but this client has seen epoch ${this.epoch}: ` +
+        "that server was deposed, and what it stored is on a history the group discards when it rejoins. " +
+        "The write is not acknowledged; send it again (with the same requestId) to the current primary",
+      { code: grpc.status.UNAVAILABLE, metadata: { committed: "True" } },
+    );
+  }
+
+  _metadata(write = false) {
     const metadata = new grpc.Metadata();
     if (this._token) metadata.add("authorization", `Bearer ${this._token}`);
+    if (write && this.epoch) metadata.add(EPOCH_KEY, String(this.epoch));
     return metadata;
   }
 
-  _once(member, method, request, timeoutMs) {
+  /** One unary call: { reply, trailers } once its status has arrived. */
+  _once(member, method, request, timeoutMs, write = false) {
     const options = { deadline: Date.now() + (timeoutMs ?? this.timeoutMs) };
     if (this.waitForReadyCalls) options.waitForReady = true;
     return new Promise((done, fail) => {
-      member.stub[method](request, this._metadata(), options, (error, reply) => (error ? fail(error) : done(reply)));
+      let reply;
+      const call = member.stub[method](request, this._metadata(write), options, (error, value) => {
+        if (error) fail(error);
+        else reply = value;
+      });
+      call.on("status", (status) => {
+        if (status.code === grpc.status.OK) done({ reply, trailers: status.metadata });
+      });
     });
   }
 
-  async _call(method, request, { timeoutMs, retry = false } = {}) {
+  async _call(method, request, { timeoutMs, retry = false, write = false } = {}) {
     const backoff = new Backoff(this.retry);
     let hops = 0;
+    let waits = 0;
     for (;;) {
       const member = await this._pick();
       if (!member) {
@@ -826,17 +939,23 @@ export class SessionLogClient {
       let failure;
       try {
         await this._settle(member, timeoutMs ?? this.timeoutMs);
-        const reply = await this._once(member, method, request, timeoutMs);
+        const { reply, trailers } = await this._once(member, method, request, timeoutMs, write);
         member.reached = true;
+        if (write) this._accepted(member, trailingEpoch(trailers));
         return reply;
       } catch (error) {
         failure = error;
-        step = this._after(member, error, retry, hops, retry);
+        if (error instanceof LeadershipLostError) {
+          step = retry ? LATER : RAISE; // acknowledged by a deposed member: not an acknowledgement
+        } else {
+          step = this._after(member, error, retry, hops, retry);
+        }
       }
       if (step === AGAIN) {
         hops += 1;
         continue;
       }
+      if (errorInfo(failure)?.reason === "REPLICAS_UNAVAILABLE" && ++waits > this.replicasRetries) step = RAISE;
       const delay = step === LATER ? backoff.next() : null;
       if (delay === null) throw toError(failure);
       await sleep(delay);
@@ -859,7 +978,7 @@ export class SessionLogClient {
       lenient,
     };
     if (expectedSeq !== undefined && expectedSeq !== null) request.expected_seq = expectedSeq;
-    const reply = await this._call("Append", request, { timeoutMs, retry: request_id !== "" });
+    const reply = await this._call("Append", request, { timeoutMs, retry: request_id !== "", write: true });
     return {
       events: (reply.events ?? []).map(fromEvent),
       nextSeq: Number(reply.next_seq ?? 0),
@@ -913,13 +1032,13 @@ export class SessionLogClient {
 
   async createSession(sessionId, events = [], { leaseHolder = "", leaseToken = 0, timeoutMs } = {}) {
     const request = { session_id: sessionId, events: events.map(toEvent), lease_holder: leaseHolder, lease_token: leaseToken };
-    const reply = await this._call("CreateSession", request, { timeoutMs });
+    const reply = await this._call("CreateSession", request, { timeoutMs, write: true });
     return { session: fromSession(reply.session), events: (reply.events ?? []).map(fromEvent) };
   }
 
   async seedSession(sessionId, messages, { leaseHolder = "", leaseToken = 0, timeoutMs } = {}) {
     const request = { session_id: sessionId, messages: messages.map(toMessage), lease_holder: leaseHolder, lease_token: leaseToken };
-    const reply = await this._call("SeedSession", request, { timeoutMs });
+    const reply = await this._call("SeedSession", request, { timeoutMs, write: true });
     return {
       session: fromSession(reply.session),
       events: (reply.events ?? []).map(fromEvent),
@@ -956,24 +1075,24 @@ export class SessionLogClient {
   async forkSession(parentSessionId, { atSeq, sessionId = "", leaseHolder = "", leaseToken = 0, timeoutMs } = {}) {
     const request = { parent_session_id: parentSessionId, session_id: sessionId, lease_holder: leaseHolder, lease_token: leaseToken };
     if (atSeq !== undefined) request.at_seq = atSeq;
-    const reply = await this._call("ForkSession", request, { timeoutMs });
+    const reply = await this._call("ForkSession", request, { timeoutMs, write: true });
     return { session: fromSession(reply.session) };
   }
 
   async acquireLease(sessionId, holder, { ttlMs, timeoutMs } = {}) {
     const request = { session_id: sessionId, holder, ttl: duration(ttlMs) };
-    const reply = await this._call("AcquireLease", request, { timeoutMs, retry: true });
+    const reply = await this._call("AcquireLease", request, { timeoutMs, retry: true, write: true });
     return { lease: fromLease(reply.lease) };
   }
 
   async renewLease(sessionId, holder, { ttlMs, timeoutMs } = {}) {
     const request = { session_id: sessionId, holder, ttl: duration(ttlMs) };
-    const reply = await this._call("RenewLease", request, { timeoutMs, retry: true });
+    const reply = await this._call("RenewLease", request, { timeoutMs, retry: true, write: true });
     return { lease: fromLease(reply.lease) };
   }
 
   async releaseLease(sessionId, holder, { force = false, timeoutMs } = {}) {
-    const reply = await this._call("ReleaseLease", { session_id: sessionId, holder, force }, { timeoutMs });
+    const reply = await this._call("ReleaseLease", { session_id: sessionId, holder, force }, { timeoutMs, write: true });
     return { released: fromLease(reply.released) };
   }
 }

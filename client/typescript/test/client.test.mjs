@@ -8,7 +8,18 @@ import { after, before, describe, test } from "node:test";
 import { dirname, join } from "node:path";
 import { fileURLToPath } from "node:url";
 
-import { SessionLogClient, SessionLogError, eventFromMessage } from "@sessionlog/client";
+import * as grpc from "@grpc/grpc-js";
+import protobuf from "protobufjs";
+
+import {
+  LeadershipLostError,
+  NotPrimaryError,
+  ReplicasUnavailableError,
+  SessionLogClient,
+  SessionLogError,
+  eventFromMessage,
+  toError,
+} from "@sessionlog/client";
 
 import { freePort, startServer, tempDir } from "./server.mjs";
 
@@ -29,6 +40,50 @@ async function collect(stream, count, ms = 15_000) {
   }
   return seen;
 }
+
+/** A grpc-js error as a sessionlog server sends it: a status with one ErrorInfo detail. */
+function refusal(code, reason, metadata) {
+  const root = protobuf.Root.fromJSON({
+    nested: {
+      Any: { fields: { type_url: { type: "string", id: 1 }, value: { type: "bytes", id: 2 } } },
+      Status: {
+        fields: {
+          code: { type: "int32", id: 1 },
+          message: { type: "string", id: 2 },
+          details: { rule: "repeated", type: "Any", id: 3 },
+        },
+      },
+      ErrorInfo: {
+        fields: {
+          reason: { type: "string", id: 1 },
+          domain: { type: "string", id: 2 },
+          metadata: { keyType: "string", type: "string", id: 3 },
+        },
+      },
+    },
+  });
+  const info = root.lookupType("ErrorInfo").encode({ reason, domain: "sessionlog", metadata }).finish();
+  const detail = { type_url: "type.googleapis.com/google.rpc.ErrorInfo", value: info };
+  const status = root.lookupType("Status").encode({ code, message: "refused", details: [detail] }).finish();
+  const trailers = new grpc.Metadata();
+  trailers.add("grpc-status-details-bin", Buffer.from(status));
+  return Object.assign(new Error("refused"), { code, details: "refused", metadata: trailers });
+}
+
+test("NOT_PRIMARY, LEADERSHIP_LOST and REPLICAS_UNAVAILABLE become errors of their own class", () => {
+  const replicas = toError(refusal(grpc.status.UNAVAILABLE, "REPLICAS_UNAVAILABLE", { needed: "2", counted: "1", position: "41" }));
+  assert.ok(replicas instanceof ReplicasUnavailableError && replicas instanceof SessionLogError);
+  assert.deepEqual([replicas.needed, replicas.counted, replicas.position, replicas.codeName], [2, 1, 41, "UNAVAILABLE"]);
+  const lost = toError(refusal(grpc.status.UNAVAILABLE, "LEADERSHIP_LOST", { committed: "True" }));
+  assert.ok(lost instanceof LeadershipLostError);
+  assert.equal(lost.committed, true);
+  const notPrimary = toError(refusal(grpc.status.FAILED_PRECONDITION, "NOT_PRIMARY", { primary: "10.0.0.2:1", epoch: "3" }));
+  assert.ok(notPrimary instanceof NotPrimaryError);
+  assert.deepEqual([notPrimary.primary, notPrimary.epoch, notPrimary.reason], ["10.0.0.2:1", 3, "NOT_PRIMARY"]);
+  const other = toError(refusal(grpc.status.ABORTED, "SEQ_CONFLICT", { next_seq: "4" }));
+  assert.equal(other.constructor, SessionLogError);
+  assert.deepEqual([other.reason, other.metadata.next_seq], ["SEQ_CONFLICT", "4"]);
+});
 
 describe("against one server", () => {
   let server;

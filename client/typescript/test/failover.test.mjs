@@ -5,11 +5,12 @@
 // holds the writer between two appends until the replica has what the primary committed (what
 // --ack replica will guarantee); what the writer does after that is the client's doing.
 import assert from "node:assert/strict";
+import { spawnSync } from "node:child_process";
 import { test } from "node:test";
 
-import { SessionLogClient, SessionLogError } from "@sessionlog/client";
+import { NotPrimaryError, ReplicasUnavailableError, SessionLogClient, SessionLogError } from "@sessionlog/client";
 
-import { freePort, startEtcd, startServer, tempDir } from "./server.mjs";
+import { SESSIONLOG_BIN, freePort, startEtcd, startServer, tempDir } from "./server.mjs";
 
 const RETRY = { giveUpAfterMs: 60_000, initialBackoffMs: 20, maxBackoffMs: 250 };
 const WRITES = 40;
@@ -88,12 +89,20 @@ test("writes go to the primary whatever the order; one address as a string route
       assert.deepEqual(client.members, order);
       assert.deepEqual(await contents(primary.address, id), [[0, "one"]]);
     }
+    const deadline = Date.now() + 20_000; // the replica holds epoch 1's writes: it knows epoch 1
+    while ((await eventCount(replica.address, "s-p")) !== 1) {
+      assert.ok(Date.now() < deadline, "the replica did not catch up");
+      await sleep(20);
+    }
     const single = new SessionLogClient(replica.address, { retry: RETRY });
     clients.push(single);
     await assert.rejects(single.append("s", [user("one")]), (error) => {
       assert.ok(error instanceof SessionLogError);
+      assert.ok(error instanceof NotPrimaryError);
       assert.equal(error.reason, "NOT_PRIMARY");
       assert.equal(error.metadata.primary, primary.address);
+      assert.equal(error.primary, primary.address);
+      assert.equal(error.epoch, 1);
       return true;
     });
     assert.deepEqual(single.members, [replica.address]);
@@ -235,5 +244,91 @@ test("etcd names the primary, then the new one after a failover; no leader key: 
     client.close();
     await g.close();
     await etcd.stop();
+  }
+});
+
+/** How many Appends the server with the metrics endpoint at address refused NOT_PRIMARY. */
+async function refusedAppends(address) {
+  const text = await (await fetch(`http://${address}/metrics`, { signal: AbortSignal.timeout(5_000) })).text();
+  const wanted = 'sessionlog_requests_total{method="Append",reason="NOT_PRIMARY"}';
+  return text
+    .split("\n")
+    .filter((line) => line.startsWith(wanted))
+    .reduce((sum, line) => sum + Number(line.split(" ").at(-1)), 0);
+}
+
+/** `sessionlog admin promote` against a running replica (no --fence): its new epoch. */
+function adminPromote(address) {
+  const done = spawnSync(SESSIONLOG_BIN, ["admin", "promote", "--server", address, "--json"], {
+    encoding: "utf8",
+    timeout: 30_000,
+    env: Object.fromEntries(Object.entries(process.env).filter(([key]) => !key.startsWith("SESSIONLOG_"))),
+  });
+  assert.equal(done.status, 0, done.stderr);
+  return JSON.parse(done.stdout).epoch;
+}
+
+test("once it has seen the newer epoch, the client never writes to a deposed primary restarted unfenced", async () => {
+  const g = await group();
+  const { nodes } = g;
+  const client = new SessionLogClient([nodes.primary.address, nodes.replica.address], { retry: RETRY });
+  const unaware = [];
+  try {
+    await client.append("s", [user("n0")], { requestId: "r0" });
+    assert.equal(client.epoch, 1);
+    await caughtUp(nodes, "s");
+    const old = nodes.primary;
+    await old.kill();
+    assert.equal(adminPromote(nodes.replica.address), 2);
+    await client.append("s", [user("n1")], { requestId: "r1" }); // the old one is down: moves on
+    assert.deepEqual([client.current, client.epoch], [nodes.replica.address, 2]);
+    const metrics = `127.0.0.1:${await freePort()}`;
+    const restarted = { root: old.root, port: old.port, args: ["--metrics-listen", metrics] };
+    nodes.primary = await startServer(restarted); // unfenced, as a primary
+    const fresh = new SessionLogClient(nodes.primary.address, { retry: RETRY });
+    unaware.push(fresh);
+    await fresh.append("elsewhere", [user("x")]); // it knows no better: taken at epoch 1
+    assert.equal(fresh.epoch, 1);
+
+    const promoted = nodes.replica;
+    await promoted.stop();
+    let settled = false;
+    const pending = client.append("s", [user("n2")], { requestId: "r2" }).finally(() => (settled = true));
+    await sleep(1500); // every try meets the old primary (refused) or the stopped new one
+    assert.equal(settled, false);
+    assert.equal(await eventCount(nodes.primary.address, "s"), 1);
+    assert.ok((await refusedAppends(metrics)) >= 1, "the client never tried the old primary");
+    nodes.replica = await startServer({ root: promoted.root, port: promoted.port });
+    const reply = await pending;
+    assert.equal(reply.events[0].seq, 2);
+    assert.equal(client.current, nodes.replica.address);
+    assert.equal(await eventCount(nodes.primary.address, "s"), 1); // nothing written there
+    assert.deepEqual(await contents(nodes.replica.address, "s"), [[0, "n0"], [1, "n1"], [2, "n2"]]);
+  } finally {
+    for (const other of unaware) other.close();
+    client.close();
+    await g.close();
+  }
+});
+
+test("REPLICAS_UNAVAILABLE is a ReplicasUnavailableError, retried a bounded number of times", async () => {
+  const server = await startServer({ root: tempDir(), args: ["--ack", "replica", "--sync-timeout", "0.3"] });
+  const client = new SessionLogClient(server.address, { retry: { ...RETRY, replicasRetries: 1 } });
+  try {
+    const started = Date.now();
+    await assert.rejects(client.append("s", [user("one")], { requestId: "r1" }), (error) => {
+      assert.ok(error instanceof ReplicasUnavailableError, String(error));
+      assert.deepEqual([error.needed, error.counted, error.position], [1, 0, 1]);
+      assert.equal(error.reason, "REPLICAS_UNAVAILABLE");
+      assert.match(error.message, /committed on this primary/);
+      return true;
+    });
+    assert.ok(Date.now() - started >= 600, "sent once, not twice");
+    await assert.rejects(client.createSession("t", [user("x")]), ReplicasUnavailableError); // never retried
+    assert.equal((await client.getSession("s")).session.eventCount, 1); // committed, once
+  } finally {
+    client.close();
+    await server.stop();
+    server.remove();
   }
 });

@@ -4,6 +4,9 @@ import {
   type ChatMessage,
   type Event,
   eventFromMessage,
+  LeadershipLostError,
+  NotPrimaryError,
+  ReplicasUnavailableError,
   SessionLogClient,
   SessionLogError,
 } from "@sessionlog/client";
@@ -53,9 +56,23 @@ export async function groupWorker(addresses: string[], etcd?: string): Promise<s
     ? new SessionLogClient(undefined, { cluster: etcd, group: "main" })
     : new SessionLogClient(addresses, { retry: { giveUpAfterMs: 30_000 } });
   try {
-    await client.append("typed", [{ type: "user_message", data: { content: "hi" } }], { requestId: "r-2" });
+    try {
+      await client.append("typed", [{ type: "user_message", data: { content: "hi" } }], { requestId: "r-2" });
+    } catch (error) {
+      if (error instanceof ReplicasUnavailableError) {
+        const pending: number = error.needed - error.counted; // committed at error.position
+        if (pending > 0) seen.push(`retry r-2 later: position ${error.position}`);
+      } else if (error instanceof NotPrimaryError) {
+        seen.push(`no primary at epoch ${error.epoch}: ${error.primary || "none known"}`);
+      } else if (error instanceof LeadershipLostError && error.committed) {
+        seen.push("maybe stored: retry r-2");
+      } else {
+        throw error;
+      }
+    }
+    const epoch: number = client.epoch;
     const known: string[] = client.members;
-    if (!known.length) throw new Error("no member");
+    if (!known.length || epoch < 0) throw new Error("no member");
     return client.current;
   } finally {
     client.close();

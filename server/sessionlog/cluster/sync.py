@@ -7,9 +7,12 @@
 
 Invariants:
 
-- a replica *counts* only while its report stream is open and every position that stream
-  reported carried the primary's own checksum there: a replica on another history (or ahead of
-  this primary's head) never counts, and the mismatch is logged once per stream;
+- a replica *counts* only while its report stream is open, every position that stream
+  reported carried the primary's own checksum there, and its newest report named the primary's
+  own epoch: a replica on another history (or ahead of this primary's head) never counts, and
+  the mismatch is logged once per stream; one that has not yet seen this primary's epoch counts
+  from its next report that names it (a replica naming a *higher* epoch deposes this primary:
+  the servicer fences it before the report reaches the tracker);
 - the *sync position* is the K-th highest position among the counting replicas. Positions are
   dense and a replica applies them in order, so a replica at Q holds every change up to Q: a
   write at P is acknowledged once the sync position is >= P;
@@ -55,6 +58,10 @@ class ReplicaProgress:
     connected: bool = False
     matches: bool = True
     """Every position its current stream reported had this primary's checksum there."""
+    epoch: int = 0
+    """The epoch its newest report named."""
+    same_epoch: bool = True
+    """Its newest report named this primary's epoch (reports of another epoch do not count)."""
     report_ns: int = 0
     detail: str = ""
     """Why it does not count, for people."""
@@ -63,7 +70,7 @@ class ReplicaProgress:
 
     @property
     def counts(self) -> bool:
-        return self.connected and self.matches
+        return self.connected and self.matches and self.same_epoch
 
 
 @dataclass
@@ -123,14 +130,26 @@ class SyncTracker:
         """A token for one ReportProgress stream, given back to ``report`` and ``close_stream``."""
         return next(self._streams)
 
-    def report(self, stream: int, name: str, peer: str, position: int, checksum: bytes) -> None:
-        """A replica holds every change up to ``position``, whose checksum is ``checksum``."""
+    def report(
+        self,
+        stream: int,
+        name: str,
+        peer: str,
+        position: int,
+        checksum: bytes,
+        *,
+        epoch: int = 0,
+        current_epoch: int = 0,
+    ) -> None:
+        """A replica that knows ``epoch`` holds every change up to ``position``, whose checksum
+        is ``checksum``; ``current_epoch`` is this primary's own epoch now."""
         replica = self._replicas.get(name)
         if replica is None:
             replica = self._replicas[name] = ReplicaProgress(name)
         if replica.stream != stream:
             replica.stream, replica.peer = stream, peer
-            replica.connected, replica.matches, replica.detail = True, True, ""
+            replica.connected, replica.matches, replica.same_epoch = True, True, True
+            replica.detail = ""
             log.info("replica reports its progress", extra={"replica": name, "peer": peer})
         replica.position = position
         replica.report_ns = time.time_ns()
@@ -144,7 +163,28 @@ class SyncTracker:
                     "a replica reports another history; it does not count for --ack replica",
                     extra={"replica": name, "peer": peer, "position": position, "why": why},
                 )
+        self._note_epoch(replica, epoch, current_epoch)
         self._advance()
+
+    @staticmethod
+    def _note_epoch(replica: ReplicaProgress, epoch: int, current_epoch: int) -> None:
+        """A report counts only when it names this primary's epoch; unlike a checksum that is
+        not the primary's, another epoch is not for good: the next report may name it."""
+        replica.epoch = epoch
+        same = epoch == current_epoch
+        if same == replica.same_epoch:
+            return
+        replica.same_epoch = same
+        if not replica.matches:
+            return  # the checksum's detail stands: it never counts on this stream anyway
+        replica.detail = (
+            ""
+            if same
+            else (
+                f"it reports epoch {epoch}, not this primary's epoch {current_epoch}: it counts "
+                "again once it reports this primary's epoch"
+            )
+        )
 
     def close_stream(self, stream: int) -> None:
         """The stream ended: its replica no longer counts (its position stays, for the status)."""

@@ -17,6 +17,14 @@ every record the replica applies must chain from the replica's previous one. Whe
 fails, the replica stops applying, reports DIVERGED (status, health NOT_SERVING, a log line with
 the reason) and waits to be resynced (`sessionlog replica resync`).
 
+A primary deposed by a newer epoch says so on every frame of its feed, naming the new primary
+when it knows it (``ChangesResponse.fenced_epoch``, ``new_primary``). Its replicas then apply
+nothing more from it and turn to the new primary by themselves: one whose data is on the new
+primary's history (the new primary accepts its position and checksum, the check every connect
+makes) follows it from its own next position; one that holds records the new primary never had
+(it went past the point where the two histories part) is refused, reports DIVERGED and waits
+for `sessionlog replica rejoin --primary NEW`.
+
 A link can die without a word (a partition, a stopped primary, a proxy that keeps both sockets
 open): TCP then reports nothing for hours. So a replica asks for heartbeats at a third of its
 ``timeout_seconds`` and deems the stream dead when no frame at all arrives for that long; gRPC
@@ -79,6 +87,15 @@ class DeadStream(Exception):
 
 class StaleStream(Exception):
     """The primary's frames carry an older epoch than this replica knows: it was deposed."""
+
+
+class Deposed(Exception):
+    """The primary's frames say a newer epoch deposed it, and name that epoch's primary."""
+
+    def __init__(self, epoch: int, primary: str) -> None:
+        super().__init__(f"deposed by epoch {epoch}, led by {primary}")
+        self.epoch = epoch
+        self.primary = primary
 
 
 @dataclass
@@ -167,15 +184,20 @@ class ReplicationServicer:
         """A ChangesResponse with the feed's head: stored change records as they are (see
         ``mirrors``), or a caught-up marker or heartbeat. Its epoch is that of the newest epoch
         this feed holds or writes: a fenced primary's stays the one it wrote in, below the
-        epoch that deposed it, so that replicas knowing the newer one refuse its feed."""
+        epoch that deposed it, so that replicas knowing the newer one refuse its feed. A fenced
+        primary also names the epoch that deposed it and that epoch's primary on every frame:
+        its own replicas, which may not know the newer epoch, learn from it where to turn."""
         position, commit_ns = self.store.head()
+        lead = self.store.leadership()
         response = mirrors.ChangesResponse(
             changes=changes or [],
             caught_up=caught_up,
             head_position=position,
             history_id=self.store.history()[0],
-            epoch=self.store.leadership().last_epoch,
+            epoch=lead.last_epoch,
         )
+        if lead.role == leadership.FENCED:
+            response.fenced_epoch, response.new_primary = lead.epoch, lead.primary
         if commit_ns:
             response.head_commit_time.FromNanoseconds(commit_ns)
         encoded: bytes = response.SerializeToString()
@@ -222,16 +244,20 @@ class ReplicationServicer:
         async for response in stream:
             yield response
 
-    async def _learn_epoch(self, epoch: int, context: grpc.aio.ServicerContext) -> None:
-        """A reader that knows a newer epoch than this server's: record it durably (a primary
-        stops taking writes at once, see ``leadership.fenced``) and refuse the reader with
-        NOT_PRIMARY: this server's feed is not the newest history."""
+    async def _learn_epoch(
+        self, epoch: int, context: grpc.aio.ServicerContext, who: str = "a change-feed reader"
+    ) -> None:
+        """A reader (or a replica reporting its progress) that knows a newer epoch than this
+        server's: record it durably (a primary stops taking writes at once, see
+        ``leadership.fenced``) and refuse the caller with NOT_PRIMARY: this server's feed is not
+        the newest history."""
         if epoch <= self.store.leadership().epoch:
             return
         before, after = await asyncio.wrap_future(self.store.submit_fence(epoch, ""))
         if before.may_write:
             log.warning(
-                "a change-feed reader knows a newer epoch: this primary stops taking writes",
+                "%s knows a newer epoch: this primary stops taking writes",
+                who,
                 extra={"epoch": before.epoch, "newer_epoch": epoch, "peer": context.peer()},
             )
         raise leadership.not_primary(after)
@@ -259,8 +285,17 @@ class ReplicationServicer:
                         "a progress report must name its replica (ReportProgressRequest.replica)",
                         field="replica",
                     )
+                current = self.store.leadership().epoch
+                if request.epoch > current:
+                    await self._learn_epoch(request.epoch, context, "a replica's progress report")
                 sync.report(
-                    stream, request.replica, context.peer(), request.position, request.checksum
+                    stream,
+                    request.replica,
+                    context.peer(),
+                    request.position,
+                    request.checksum,
+                    epoch=request.epoch,
+                    current_epoch=current,
                 )
         except errors.SessionLogError as error:
             refusal = error
@@ -331,6 +366,7 @@ def _sync_status(response: rpb.GetReplicationStatusResponse, sync: SyncTracker) 
             connected=replica.connected,
             counts=replica.counts,
             detail=replica.detail,
+            epoch=replica.epoch,
         )
         if replica.report_ns:
             entry.report_time.FromNanoseconds(replica.report_ns)
@@ -369,6 +405,9 @@ class Replicator:
         self._received = False
         self._known_epoch = 0
         """The highest epoch this replica knows (its leadership record's)."""
+        self._deposed_primary = ""
+        """The primary this replica followed before it turned to the current one (a deposed
+        primary named it), until the new one accepts its position."""
 
     def stop(self) -> None:
         self._stopping = True
@@ -404,13 +443,16 @@ class Replicator:
                 info = _error_info(error)
                 if info is not None and info.reason == errors.HistoryDiverged.reason:
                     self._learn_head(info.metadata)
-                    self._diverge(f"the primary refused this replica's position: {error.details()}")
+                    self._refused_position(error)
                     return
                 self.state.detail = f"{error.code().name}: {error.details()}"
                 log.warning(
                     "replica lost its primary; reconnecting",
                     extra={"primary": self.state.primary, "code": error.code().name},
                 )
+            except Deposed as deposed:
+                await self._turn_to(deposed)
+                self._received = True  # a new primary: start the backoff over
             except StaleStream as error:
                 self.state.detail = str(error)
                 self._received = False  # keep backing off: it stays deposed for a while
@@ -457,7 +499,7 @@ class Replicator:
             self._known_epoch = self.store.leadership().epoch
             if self.name:
                 self._progress = ProgressReports(channel, self.name, self._metadata)
-                self._progress.report(position, checksum)
+                self._progress.report(position, checksum, self._known_epoch)
             request = rpb.ChangesRequest(
                 start_position=position + 1,
                 follow=True,
@@ -469,7 +511,6 @@ class Replicator:
             try:
                 async with asyncio.timeout(self.timeout_seconds) as silence:
                     async for raw in stream:
-                        self._contact()
                         silence.reschedule(None)  # applying a large batch is not silence
                         await self._handle(raw)
                         silence.reschedule(loop.time() + self.timeout_seconds)
@@ -492,12 +533,64 @@ class Replicator:
             log.info("replica connected", extra={"primary": self.state.primary})
         self._received = True
 
+    async def _turn_to(self, deposed: Deposed) -> None:
+        """Follow the primary that deposed this one's (durably: writes refused here name it),
+        from this replica's own next position: the new primary checks that position's
+        checksum on connect, so a replica that went past where the histories part is refused
+        there (``_refused_position``) and applies nothing of the new feed."""
+        old, new = self.state.primary, deposed.primary
+        try:
+            await asyncio.wrap_future(self.store.submit_follow(deposed.epoch, new))
+        except errors.SessionLogError as error:  # a full disk, an I/O error: try again later
+            self.state.detail = f"this replica could not record its new primary: {error.message}"
+            log.warning(
+                "replica could not record its new primary; retrying",
+                extra={"primary": new, "reason": error.reason},
+            )
+            return
+        self._known_epoch = max(self._known_epoch, deposed.epoch)
+        self._deposed_primary = old
+        self.state.primary = new
+        self.state.detail = (
+            f"its primary {old} was deposed by epoch {deposed.epoch}: following the new primary "
+            f"{new} from position {self.store.head()[0] + 1}"
+        )
+        log.warning(
+            "replica's primary was deposed by a newer epoch: it follows the new primary",
+            extra={
+                "old_primary": old,
+                "primary": new,
+                "epoch": deposed.epoch,
+                "position": self.store.head()[0],
+            },
+        )
+
+    def _refused_position(self, error: grpc.aio.AioRpcError) -> None:
+        """The primary refused this replica's position (HISTORY_DIVERGED): resync, or, for a
+        replica that turned from a deposed primary, rejoin (it keeps what both share)."""
+        old, new = self._deposed_primary, self.state.primary
+        if not old:
+            self._diverge(f"the primary refused this replica's position: {error.details()}")
+            return
+        self._diverge(
+            f"this replica's old primary {old} was deposed and its data goes past the point "
+            f"where {old}'s history and the new primary {new}'s part ({new} refused its "
+            f"position {self.store.head()[0]}): it holds records {new} never had. Stop it and run "
+            f"`sessionlog replica rejoin --primary {new}` (it keeps what both share and reports "
+            f"what it discards), then start it with --replica-of {new}",
+            remedy=f"sessionlog replica rejoin --primary {new}",
+        )
+
     async def _handle(self, raw: bytes) -> None:
         rest, payloads = wire.split_field(raw, _CHANGES_FIELD)
         response = rpb.ChangesResponse.FromString(rest)
         state = self.state
         state.last_contact_ns = time.time_ns()
+        if response.fenced_epoch:
+            await self._deposed(response)
         await self._check_epoch(response.epoch)
+        self._contact()  # only once the stream is one to apply: a refused one never connects
+        self._deposed_primary = ""  # a primary that takes writes (or a replica) accepted it
         state.primary_position = response.head_position
         state.primary_commit_ns = response.head_commit_time.ToNanoseconds()
         if response.history_id and response.history_id != state.primary_history_id:
@@ -508,7 +601,9 @@ class Replicator:
             state.applied_position = applied.last_position
             state.applied_commit_ns = applied.last_commit_ns
             if self._progress is not None:  # committed and synced: the primary may count it
-                self._progress.report(applied.last_position, applied.last_checksum)
+                self._progress.report(
+                    applied.last_position, applied.last_checksum, self._known_epoch
+                )
         if response.caught_up and not state.caught_up:
             state.caught_up = True
             log.info(
@@ -517,9 +612,27 @@ class Replicator:
             )
             self._on_caught_up()
 
+    async def _deposed(self, response: rpb.ChangesResponse) -> None:
+        """The primary says a newer epoch deposed it: nothing more of its feed is applied.
+        Deposed when it names the new primary; otherwise the newer epoch is recorded durably
+        (this feed, and any other of an older epoch, is refused from now on) and StaleStream."""
+        epoch, new = response.fenced_epoch, response.new_primary
+        if new and new != self.state.primary:
+            raise Deposed(epoch, new)
+        if epoch > self._known_epoch:
+            await asyncio.wrap_future(self.store.submit_fence(epoch, ""))
+            self._known_epoch = epoch
+        raise StaleStream(
+            f"the primary {self.state.primary} was deposed by epoch {epoch} and names no new "
+            f"primary; its feed (epoch {response.epoch}) is older than epoch "
+            f"{self._known_epoch} this replica knows. Applying nothing from it; point this "
+            "replica at the current primary (--replica-of)"
+        )
+
     async def _check_epoch(self, epoch: int) -> None:
         """Refuse a stream from an older epoch than this replica knows (StaleStream: nothing of
-        it is applied); record a newer one durably, so that an older one is refused later."""
+        it is applied); record a newer one durably, so that an older one is refused later, and
+        report it (a primary counts only reports that name its own epoch)."""
         if epoch < self._known_epoch:
             raise StaleStream(
                 f"the primary {self.state.primary} sends epoch {epoch}, older than epoch "
@@ -529,6 +642,8 @@ class Replicator:
         if epoch > self._known_epoch:
             await asyncio.wrap_future(self.store.submit_fence(epoch, self.state.primary))
             self._known_epoch = epoch
+            if self._progress is not None:
+                self._progress.learn_epoch(epoch)
 
     async def _adopt(self, history_id: str) -> None:
         """Take the primary's history id: the primary accepted this replica's position (it
@@ -557,13 +672,13 @@ class Replicator:
         if metadata.get("history_id"):
             state.primary_history_id = metadata["history_id"]
 
-    def _diverge(self, why: str) -> None:
+    def _diverge(self, why: str, remedy: str = "sessionlog replica resync") -> None:
         state = self.state
         state.diverged, state.caught_up, state.connected = True, False, False
         state.detail = why
         log.error(
-            "replica diverged from its primary: applying nothing more until it is resynced "
-            "(sessionlog replica resync)",
+            "replica diverged from its primary: applying nothing more until it is mended (%s)",
+            remedy,
             extra={"primary": state.primary, "position": self.store.head()[0], "why": why},
         )
         self._on_diverged()
@@ -582,22 +697,29 @@ class ProgressReports:
     ) -> None:
         self._name = name
         self._call = channel.stream_unary(REPORT_PROGRESS_METHOD)(metadata=metadata or None)
-        self._newest: tuple[int, bytes] = (0, b"")
+        self._newest: tuple[int, bytes, int] = (0, b"", 0)
         self._moved = asyncio.Event()
         self._task = asyncio.create_task(self._send())
 
-    def report(self, position: int, checksum: bytes) -> None:
-        self._newest = (position, checksum)
+    def report(self, position: int, checksum: bytes, epoch: int) -> None:
+        """The replica, knowing ``epoch``, holds every change up to ``position``."""
+        self._newest = (position, checksum, epoch)
         self._moved.set()
+
+    def learn_epoch(self, epoch: int) -> None:
+        """The replica learned a newer epoch: report its newest position again with it (the
+        primary counts only reports naming its own epoch)."""
+        position, checksum, _ = self._newest
+        self.report(position, checksum, epoch)
 
     async def _send(self) -> None:
         try:
             while True:
                 await self._moved.wait()
                 self._moved.clear()
-                position, checksum = self._newest
+                position, checksum, epoch = self._newest
                 request = rpb.ReportProgressRequest(
-                    replica=self._name, position=position, checksum=checksum
+                    replica=self._name, position=position, checksum=checksum, epoch=epoch
                 )
                 await self._call.write(request.SerializeToString())
         except asyncio.CancelledError:

@@ -64,6 +64,24 @@ EPOCH_METADATA_KEY = "sessionlog-epoch"
 """The trailing metadata of every write RPC's reply, success or error: the server's epoch."""
 
 
+def caller_epoch(metadata: Any) -> int:
+    """The highest epoch a caller says it has seen (request metadata ``sessionlog-epoch``,
+    which the clients send with every write); 0 when it sends none. MalformedRequest unless it
+    is a whole number."""
+    for key, value in metadata or ():
+        if key != EPOCH_METADATA_KEY:
+            continue
+        text = value.decode() if isinstance(value, bytes) else str(value)
+        if not (text.isascii() and text.isdigit()) or len(text) > 20:
+            raise errors.MalformedRequest(
+                f"the {EPOCH_METADATA_KEY} request metadata must be a whole number (the "
+                f"highest leadership epoch the caller has seen), not {text[:40]!r}",
+                field=EPOCH_METADATA_KEY,
+            )
+        return int(text)
+    return 0
+
+
 def unary(method: Handler) -> Handler:
     """Turn a raised SessionLogError into its status; anything else into INTERNAL, logged.
     Each call is counted in ``self.counters`` (method, reason, latency, reply bytes)."""
@@ -202,7 +220,7 @@ class SessionLogServicer:
 
     @unary_write
     async def append(self, raw: bytes, context: grpc.aio.ServicerContext) -> bytes:
-        self._require_primary()
+        self._require_primary(context)
         request = decode(pb.AppendRequest, raw)
         self._scope(context, request.session_id)
         self._check_count(len(request.events))
@@ -262,18 +280,32 @@ class SessionLogServicer:
                 limit=self.max_events_per_append,
             )
 
-    def _require_primary(self) -> None:
+    def _require_primary(self, context: grpc.aio.ServicerContext) -> None:
         """The fast refusal of a write this server will not take (the writer's check inside
-        the write transaction is the authoritative one: see ``storage.leadership``)."""
+        the write transaction is the authoritative one: see ``storage.leadership``). A replica
+        names the primary it follows now (its leadership record's, once it turned to a new
+        one). A caller that has seen a newer epoch than this server's is refused too: a newer
+        primary exists, so this one was deposed without knowing it (an old primary restarted
+        after a promotion that did not fence it). That refusal changes nothing here: a client's
+        word does not depose a server, a replica's (``ChangesRequest.epoch``) does."""
         lead = self.store.writer.lead
         if self.primary:
+            primary = lead.primary if lead.role == leadership.REPLICA else ""
+            primary = primary or self.primary
             raise errors.NotPrimary(
-                f"this server is a read replica of {self.primary}; send writes there",
-                primary=self.primary,
+                f"this server is a read replica of {primary}; send writes there",
+                primary=primary,
                 epoch=lead.epoch,
             )
         if not lead.may_write:
             raise leadership.not_primary(lead)
+        seen = caller_epoch(context.invocation_metadata())
+        if leadership.behind(lead, seen) is not None:
+            # The writer's copy may predate a commit by another worker (a fresh store's first
+            # write takes epoch 1): decide by the record as committed now.
+            behind = leadership.behind(self.store.leadership(), seen)
+            if behind is not None:
+                raise behind
 
     async def _replicated(self, position: int) -> None:
         """With --ack replica, wait until enough replicas hold the change at ``position`` (or
@@ -421,7 +453,7 @@ class SessionLogServicer:
 
     @unary_write
     async def create_session(self, raw: bytes, context: grpc.aio.ServicerContext) -> bytes:
-        self._require_primary()
+        self._require_primary(context)
         request = decode(pb.CreateSessionRequest, raw)
         self._scope(context, request.session_id)
         self._check_count(len(request.events))
@@ -440,7 +472,7 @@ class SessionLogServicer:
 
     @unary_write
     async def seed_session(self, raw: bytes, context: grpc.aio.ServicerContext) -> bytes:
-        self._require_primary()
+        self._require_primary(context)
         request = decode(pb.SeedSessionRequest, raw)
         self._scope(context, request.session_id)
         self._check_count(len(request.messages))
@@ -485,7 +517,7 @@ class SessionLogServicer:
 
     @unary_write
     async def fork_session(self, raw: bytes, context: grpc.aio.ServicerContext) -> bytes:
-        self._require_primary()
+        self._require_primary(context)
         request = decode(pb.ForkSessionRequest, raw)
         self._scope(context, request.parent_session_id, request.session_id)
         at_seq = request.at_seq if request.HasField("at_seq") else None
@@ -518,7 +550,7 @@ class SessionLogServicer:
         context: grpc.aio.ServicerContext,
     ) -> pb.Lease:
         """Acquire or renew: the same request shape, the same checks, a new expiry."""
-        self._require_primary()
+        self._require_primary(context)
         request = decode(request_type, raw)
         self._scope(context, request.session_id)
         change = await self.store.commit_lease(
@@ -529,7 +561,7 @@ class SessionLogServicer:
 
     @unary_write
     async def release_lease(self, raw: bytes, context: grpc.aio.ServicerContext) -> bytes:
-        self._require_primary()
+        self._require_primary(context)
         request = decode(pb.ReleaseLeaseRequest, raw)
         self._scope(context, request.session_id, admin=request.force)
         change = await self.store.commit_lease(

@@ -142,6 +142,15 @@ def fenced(record: Leadership, epoch: int, primary: str) -> Leadership:
     return replace(record, epoch=epoch, primary=primary or record.primary)
 
 
+def followed(record: Leadership, epoch: int, primary: str) -> Leadership:
+    """The record of a replica that turns to ``primary``, the primary of ``epoch`` (its old
+    primary was deposed and named it): writes refused here name it from now on. A folder that
+    takes writes is fenced instead (it would not follow anyone while it leads)."""
+    if record.role == PRIMARY:
+        return fenced(record, epoch, primary)
+    return replace(record, epoch=max(record.epoch, epoch), primary=primary)
+
+
 def not_primary(record: Leadership) -> errors.NotPrimary:
     """The refusal a write gets from a folder that may not take writes."""
     if record.role == FENCED:
@@ -156,6 +165,22 @@ def not_primary(record: Leadership) -> errors.NotPrimary:
         where = record.primary or "its primary"
         message = f"this server is a read replica of {where}; send writes there"
     return errors.NotPrimary(message, primary=record.primary, epoch=record.epoch)
+
+
+def behind(record: Leadership, seen: int) -> errors.NotPrimary | None:
+    """The refusal of a write from a caller that has seen epoch ``seen``, above this folder's:
+    a newer primary exists, so this one was deposed without being told (None when ``seen`` is
+    not above it). It changes nothing: a caller's word does not depose a folder (anyone who may
+    write could send any epoch); a replica's, through the feed, does (``fenced``)."""
+    if seen <= record.epoch:
+        return None
+    return errors.NotPrimary(
+        f"this server is at epoch {record.epoch} but the caller has seen epoch {seen}: a newer "
+        "primary exists and this one was deposed without being told. Nothing was written; send "
+        "writes to the current primary",
+        primary="",
+        epoch=record.epoch,
+    )
 
 
 def divergence(

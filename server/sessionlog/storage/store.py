@@ -531,6 +531,10 @@ class Store:
         """Learn of ``epoch`` (led by ``primary``, if known): a primary stops taking writes."""
         return self.submit_leadership(lambda record, _: leadership.fenced(record, epoch, primary))
 
+    def submit_follow(self, epoch: int, primary: str) -> Future[tuple[Leadership, Leadership]]:
+        """A replica turns to ``primary``, the primary of ``epoch`` (``leadership.followed``)."""
+        return self.submit_leadership(lambda record, _: leadership.followed(record, epoch, primary))
+
     def submit_promote(self, epoch: int = 0) -> Future[tuple[Leadership, Leadership]]:
         """Take writes in a new epoch (``epoch``, or one above every epoch known), from the next
         position on, with a new history id. AlreadyPrimary on a folder that takes writes."""

@@ -102,20 +102,24 @@ class ChangesRequest(_message.Message):
     def __init__(self, start_position: _Optional[int] = ..., follow: _Optional[bool] = ..., after_checksum: _Optional[bytes] = ..., heartbeat_interval: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., epoch: _Optional[int] = ...) -> None: ...
 
 class ChangesResponse(_message.Message):
-    __slots__ = ("changes", "caught_up", "head_position", "head_commit_time", "history_id", "epoch")
+    __slots__ = ("changes", "caught_up", "head_position", "head_commit_time", "history_id", "epoch", "fenced_epoch", "new_primary")
     CHANGES_FIELD_NUMBER: _ClassVar[int]
     CAUGHT_UP_FIELD_NUMBER: _ClassVar[int]
     HEAD_POSITION_FIELD_NUMBER: _ClassVar[int]
     HEAD_COMMIT_TIME_FIELD_NUMBER: _ClassVar[int]
     HISTORY_ID_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
+    FENCED_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    NEW_PRIMARY_FIELD_NUMBER: _ClassVar[int]
     changes: _containers.RepeatedCompositeFieldContainer[Change]
     caught_up: bool
     head_position: int
     head_commit_time: _timestamp_pb2.Timestamp
     history_id: str
     epoch: int
-    def __init__(self, changes: _Optional[_Iterable[_Union[Change, _Mapping]]] = ..., caught_up: _Optional[bool] = ..., head_position: _Optional[int] = ..., head_commit_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., history_id: _Optional[str] = ..., epoch: _Optional[int] = ...) -> None: ...
+    fenced_epoch: int
+    new_primary: str
+    def __init__(self, changes: _Optional[_Iterable[_Union[Change, _Mapping]]] = ..., caught_up: _Optional[bool] = ..., head_position: _Optional[int] = ..., head_commit_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., history_id: _Optional[str] = ..., epoch: _Optional[int] = ..., fenced_epoch: _Optional[int] = ..., new_primary: _Optional[str] = ...) -> None: ...
 
 class EpochStart(_message.Message):
     __slots__ = ("epoch", "first_position")
@@ -170,21 +174,23 @@ class GetReplicationStatusResponse(_message.Message):
     def __init__(self, role: _Optional[str] = ..., primary: _Optional[str] = ..., position: _Optional[int] = ..., primary_position: _Optional[int] = ..., lag_positions: _Optional[int] = ..., lag: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., caught_up: _Optional[bool] = ..., connected: _Optional[bool] = ..., last_contact_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., state: _Optional[_Union[ReplicationState, str]] = ..., history_id: _Optional[str] = ..., primary_history_id: _Optional[str] = ..., detail: _Optional[str] = ..., epoch: _Optional[int] = ..., epoch_history: _Optional[_Iterable[_Union[EpochStart, _Mapping]]] = ..., ack: _Optional[_Union[AckMode, str]] = ..., sync_replicas: _Optional[int] = ..., replicas: _Optional[_Iterable[_Union[SyncReplica, _Mapping]]] = ...) -> None: ...
 
 class ReportProgressRequest(_message.Message):
-    __slots__ = ("replica", "position", "checksum")
+    __slots__ = ("replica", "position", "checksum", "epoch")
     REPLICA_FIELD_NUMBER: _ClassVar[int]
     POSITION_FIELD_NUMBER: _ClassVar[int]
     CHECKSUM_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
     replica: str
     position: int
     checksum: bytes
-    def __init__(self, replica: _Optional[str] = ..., position: _Optional[int] = ..., checksum: _Optional[bytes] = ...) -> None: ...
+    epoch: int
+    def __init__(self, replica: _Optional[str] = ..., position: _Optional[int] = ..., checksum: _Optional[bytes] = ..., epoch: _Optional[int] = ...) -> None: ...
 
 class ReportProgressResponse(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 
 class SyncReplica(_message.Message):
-    __slots__ = ("replica", "peer", "position", "connected", "counts", "report_time", "detail")
+    __slots__ = ("replica", "peer", "position", "connected", "counts", "report_time", "detail", "epoch")
     REPLICA_FIELD_NUMBER: _ClassVar[int]
     PEER_FIELD_NUMBER: _ClassVar[int]
     POSITION_FIELD_NUMBER: _ClassVar[int]
@@ -192,6 +198,7 @@ class SyncReplica(_message.Message):
     COUNTS_FIELD_NUMBER: _ClassVar[int]
     REPORT_TIME_FIELD_NUMBER: _ClassVar[int]
     DETAIL_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
     replica: str
     peer: str
     position: int
@@ -199,4 +206,5 @@ class SyncReplica(_message.Message):
     counts: bool
     report_time: _timestamp_pb2.Timestamp
     detail: str
-    def __init__(self, replica: _Optional[str] = ..., peer: _Optional[str] = ..., position: _Optional[int] = ..., connected: _Optional[bool] = ..., counts: _Optional[bool] = ..., report_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., detail: _Optional[str] = ...) -> None: ...
+    epoch: int
+    def __init__(self, replica: _Optional[str] = ..., peer: _Optional[str] = ..., position: _Optional[int] = ..., connected: _Optional[bool] = ..., counts: _Optional[bool] = ..., report_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., detail: _Optional[str] = ..., epoch: _Optional[int] = ...) -> None: ...

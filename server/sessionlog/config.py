@@ -235,7 +235,8 @@ class ServerConfig:
         _workers,
         DEFAULT_WORKERS,
         "server processes sharing the port and the data folder: auto (one per usable CPU) or a "
-        "number; 1 runs everything in one process. A replica runs one",
+        "number; 1 runs everything in one process. A replica, --ack replica and a --cluster "
+        "member run one",
         "N",
         to_field=lambda value: 0 if value == "auto" else value,
         from_field=lambda count: count or "auto",

@@ -426,7 +426,7 @@ class GroupMember:
             )
             log.error("deposed and cannot rejoin", extra={"leader": leader, "why": failed})
             return
-        self.deposed = f"{why}: restarting to rejoin it"
+        self.deposed = f"{why}: it restarts to rejoin it (`sessionlog serve` does so by itself)"
         log.warning(
             "deposed with changes of its own: restarting in place to rejoin the leader",
             extra={"leader": leader, "first_discarded": cut, "head": head},

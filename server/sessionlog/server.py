@@ -486,9 +486,12 @@ class SessionLogServer:
             asyncio.get_running_loop().create_task(self._set_health(serving=True))
 
     def _diverged(self) -> None:
-        """A diverged replica is not current, whatever it served before: NOT_SERVING."""
+        """A diverged replica is not current, whatever it served before: NOT_SERVING. A
+        cluster member checks its history against the leader's again (it may rejoin)."""
         if self._server is not None:
             asyncio.get_running_loop().create_task(self._set_health(serving=False))
+            if self.group is not None:
+                self.group.replica_diverged()
 
     async def stop(self, grace: float | None = None) -> None:
         """Stop: followers end with UNAVAILABLE, in-flight appends finish, LMDB closes."""

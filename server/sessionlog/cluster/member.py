@@ -117,11 +117,17 @@ class GroupMember:
         """The leader whose feed this server replicates now ("" while it replicates none)."""
         self.deposed = ""
         """Why this member cannot replicate the leader, for people ("" when it can)."""
-        self.rejoin_failed: dict[str, str] = {}
-        """Leaders that a start-up rejoin of this process failed against, and why."""
+        self.rejoin_failed: dict[tuple[str, int], str] = {}
+        """The leaderships (address, epoch) that a start-up rejoin of this process failed
+        against, and why: not tried again in this process."""
         self._leading = 0
         """The epoch this folder has taken as the leader (0: none yet): writes wait for it,
         not only for the election (between the two, a write would carry an older epoch)."""
+        self._followed_epoch = 0
+        """The epoch of the leadership ``following`` was checked against."""
+        self._taking = asyncio.Lock()
+        """One role change at a time (the role loop's, or a re-check after a divergence)."""
+        self._rechecks: set[asyncio.Task[None]] = set()
 
     # -- the interface the server uses -----------------------------------------------------------
 
@@ -249,7 +255,7 @@ class GroupMember:
             errors.SessionLogError,
         ) as exc:
             why = str(exc) if not isinstance(exc, grpc.RpcError) else f"{exc.code().name}"
-            self.rejoin_failed[address] = why
+            self.rejoin_failed[(address, epoch)] = why
             log.error(
                 "could not rejoin the group's leader; this member serves reads only, and "
                 "replicates nothing until its folder is resynced",
@@ -293,29 +299,42 @@ class GroupMember:
     async def stop(self) -> None:
         """Leave the group: writes stop at once, and the lease is revoked so that another
         member may lead without waiting for it to run out."""
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
+        tasks = [t for t in (self._task, *self._rechecks) if t is not None]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
         if self.election is not None:
             await self.election.stop()
 
+    def replica_diverged(self) -> None:
+        """The leader refused this member's position (HISTORY_DIVERGED) although the epoch
+        histories agreed when it began to follow: check again, which rejoins when they part
+        now (a leader that itself rejoined, say)."""
+        if not isinstance(self.role, Follow):
+            return
+        self.following, self._followed_epoch = "", 0
+        task = asyncio.create_task(self._take(self.role, after_divergence=True))
+        self._rechecks.add(task)
+        task.add_done_callback(self._rechecks.discard)
+
     async def _run(self) -> None:
         assert self.election is not None
-        assert self._host is not None
         async for role in self.election.roles():
+            await self._take(role)
+
+    async def _take(self, role: Role, after_divergence: bool = False) -> None:
+        assert self._host is not None
+        async with self._taking:
             try:
-                await self._take(role)
+                if isinstance(role, Lead):
+                    await self._lead(role)
+                elif isinstance(role, Follow):
+                    await self._follow(role, after_divergence)
             except asyncio.CancelledError:
                 raise
             except Exception:
                 log.exception("a cluster role change failed", extra={"role": repr(role)})
             await self._host.refresh()
-
-    async def _take(self, role: Role) -> None:
-        if isinstance(role, Lead):
-            await self._lead(role)
-        elif isinstance(role, Follow):
-            await self._follow(role)
 
     async def _lead(self, role: Lead) -> None:
         assert self._promoter is not None
@@ -330,9 +349,9 @@ class GroupMember:
             await self.election.stop()
             return
         self._leading = role.epoch
-        self.following, self.deposed = "", ""
+        self.following, self._followed_epoch, self.deposed = "", 0, ""
 
-    async def _follow(self, role: Follow) -> None:
+    async def _follow(self, role: Follow, after_divergence: bool = False) -> None:
         store, host = self._store, self._host
         assert store is not None
         assert host is not None
@@ -348,17 +367,28 @@ class GroupMember:
                         "leader": role.address,
                     },
                 )
-        if self.following == role.address:
+        if self.following == role.address and self._followed_epoch == role.epoch:
             return
         await host.stop_following()
-        self.following = ""
+        self.following, self._followed_epoch = "", 0
         status = await self._leader_status(role)
         if status is None:  # the role changed meanwhile
             return
         record, head = store.leadership(), store.head()[0]
         cut = _cut(record, head, status)
         if cut <= head:
-            self._deposed(role.address, cut, head)
+            self._deposed(role, cut, head)
+            return
+        if after_divergence:
+            # The epochs agree, the checksums do not: the stores part earlier than any epoch
+            # says (a restored backup, say). No rejoin can fix that, and following again would
+            # only be refused again.
+            self.deposed = (
+                f"the leader {role.address} refused this folder's position although their epoch "
+                "histories agree: the stores part earlier. Stop this server, move its folder "
+                "aside with `sessionlog replica resync --data DIR --force`, and start it again"
+            )
+            log.error("diverged from the leader; not following it", extra={"leader": role.address})
             return
         self.deposed = ""
         if record.role != leadership.REPLICA or record.primary != role.address:
@@ -368,7 +398,7 @@ class GroupMember:
             )
             await asyncio.wrap_future(change)
         await host.follow(role.address)
-        self.following = role.address
+        self.following, self._followed_epoch = role.address, role.epoch
         log.info(
             "following the group's leader", extra={"leader": role.address, "epoch": role.epoch}
         )
@@ -412,12 +442,13 @@ class GroupMember:
         finally:
             await channel.close()
 
-    def _deposed(self, leader: str, cut: int, head: int) -> None:
+    def _deposed(self, role: Follow, cut: int, head: int) -> None:
+        leader = role.address
         why = (
             f"this folder holds changes {cut}..{head} that the leader {leader} does not have "
             "(written here in an epoch that a newer one replaced)"
         )
-        failed = self.rejoin_failed.get(leader)
+        failed = self.rejoin_failed.get((leader, role.epoch))
         if failed:
             self.deposed = (
                 f"{why}, and rejoining it failed at start-up: {failed}. Stop this server, move "

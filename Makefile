@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 PROTOS := $(wildcard proto/sessionlog/v1/*.proto)
 SERVICE_PROTOS := $(wildcard proto/sessionlog/v1/*_service.proto)
 
-.PHONY: run test test-workers browser go-tools etcd-tools check lint format gen gen-client gen-go gen-check bench bench-tools clean docs
+.PHONY: run cluster test test-workers browser go-tools etcd-tools check lint format gen gen-client gen-go gen-check bench bench-tools clean docs
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -22,6 +22,11 @@ $(VENV)/.dev-stamp: pyproject.toml client/python/pyproject.toml | $(BIN)/python
 ## run: start the server on ./sessionlog-data, listening on 127.0.0.1:50051
 run: $(VENV)/.run-stamp
 	$(BIN)/sessionlog serve
+
+## cluster: etcd and a three-member group (--cluster, --ack replica) on 127.0.0.1, until Ctrl-C
+## (`sessionlog dev cluster`; folders and logs in ./sessionlog-cluster)
+cluster: $(VENV)/.run-stamp etcd-tools
+	$(BIN)/sessionlog dev cluster
 
 ## test: install everything and run the whole suite, then the e2e tests again against
 ## --workers 2 servers (`make test-workers`)

@@ -335,7 +335,11 @@ def _print_report(report: dict[str, Any], as_json: bool) -> None:
     for key, value in report.items():
         if key == "replication":
             for name, field in value.items():
-                print(f"{'replication ' + name:<30} {field}")
+                if name == "cluster":
+                    for part, item in field.items():
+                        print(f"{'cluster ' + part:<30} {item}")
+                else:
+                    print(f"{'replication ' + name:<30} {field}")
         elif key in ("map_size", "used_bytes", "file_bytes"):
             print(f"{key:<30} {value} ({_human(value)})")
         else:
@@ -386,6 +390,21 @@ def _replication(args: argparse.Namespace) -> dict[str, Any]:
             primary_history_id=reply.primary_history_id,
             detail=reply.detail,
         )
+    if reply.HasField("cluster"):
+        group = reply.cluster
+        out["cluster"] = {
+            "group": group.group,
+            "member": group.member,
+            "role": rpb.ClusterRole.Name(group.role)[len("CLUSTER_ROLE_") :].lower(),
+            "leader": group.leader,
+            "epoch": group.epoch,
+            "reason": group.reason,
+            "lease": group.lease,
+            "lease_remaining_seconds": group.lease_remaining.ToNanoseconds() / 1e9,
+            "etcd_endpoint": group.etcd_endpoint,
+            "blocked_by": list(group.blocked_by),
+            "deposed": group.deposed,
+        }
     return out
 
 

@@ -4,7 +4,8 @@
     sessionlog append | tail | surface | messages | create | seed | get | sessions | fork | lease
     sessionlog health | replication status ...
     sessionlog admin stats | backup | restore | verify ...
-    sessionlog replica resync ...
+    sessionlog replica resync | rejoin ...
+    sessionlog dev cluster
 
 The client subcommands live in ``cli_client``.
 
@@ -28,7 +29,7 @@ import sys
 from collections.abc import Sequence
 from typing import NoReturn
 
-from sessionlog import admin, config, logs
+from sessionlog import admin, config, dev, logs
 from sessionlog.cli_client import add_commands, run_client
 from sessionlog.config import ConfigError, worker_count
 from sessionlog.startup import run_event_loop, start_failure
@@ -60,6 +61,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_commands(commands)
     admin.add_commands(commands)
     admin.add_replica_commands(commands)
+    dev.add_commands(commands)
     return parser
 
 
@@ -103,7 +105,7 @@ def _serve(args: argparse.Namespace) -> int:
     level, fmt = resolved.values["log_level"], resolved.values["log_format"]
     logs.configure(level, fmt)
     # The server is imported here, not above: the client commands start without it.
-    from sessionlog.server import serve
+    from sessionlog.server import RestartInPlace, serve
     from sessionlog.workers.supervisor import Supervisor
 
     try:
@@ -113,6 +115,12 @@ def _serve(args: argparse.Namespace) -> int:
             asyncio.run(Supervisor(server_config, level, fmt).run())
     except KeyboardInterrupt:
         return 130
+    except RestartInPlace:
+        # The same command line in a fresh process (same PID): the server stopped cleanly,
+        # its folder and ports are free, and Python opens nothing that survives an exec.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.execv(sys.executable, sys.orig_argv)
     except Exception as exc:
         message = start_failure(exc, server_config.data_dir)
         if message is None:

@@ -22,9 +22,12 @@ import tomllib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sessionlog import fold
+
+if TYPE_CHECKING:
+    from sessionlog.cluster.settings import ClusterSettings
 
 _SIZE = re.compile(r"^\s*(\d+)\s*([KMGT]i?B?|B)?\s*$", re.IGNORECASE)
 _UNITS = {"": 1, "B": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
@@ -108,6 +111,20 @@ def _boolean(value: Any) -> bool:
     raise ValueError(f"must be true or false, not {value!r}")
 
 
+def _cluster_setting(name: str) -> Callable[[Any], Any]:
+    """The parser of a cluster setting, ``cluster.settings.parse_NAME``, which says what is wrong
+    with a value; ``--cluster`` keeps its text (the endpoints are parsed again where used)."""
+
+    def parse(value: Any) -> Any:
+        # Imported here: cluster.settings takes its error class from this module.
+        from sessionlog.cluster import settings
+
+        parsed = getattr(settings, f"parse_{name}")(value)
+        return value.strip() if name == "cluster" else parsed
+
+    return parse
+
+
 def _choice(*options: str) -> Callable[[Any], str]:
     def parse(value: Any) -> str:
         if value not in options:
@@ -177,6 +194,9 @@ about what one Python process sends while leaving time for appends (see ``Stream
 DEFAULT_SHUTDOWN_GRACE_SECONDS = 10.0
 DEFAULT_REPLICA_TIMEOUT_SECONDS = 5.0
 DEFAULT_SYNC_TIMEOUT_SECONDS = 5.0
+DEFAULT_LEASE_TTL_SECONDS = 5
+"""A cluster member's etcd lease (--lease-ttl): a leader that cannot renew it stops writing
+after half of it, and a new one can be elected once it has run out."""
 DEFAULT_WORKERS = "auto"
 MAX_WORKERS = 256
 REPLICA_TIMEOUT_FLOOR_SECONDS = 0.3
@@ -215,7 +235,8 @@ class ServerConfig:
         _workers,
         DEFAULT_WORKERS,
         "server processes sharing the port and the data folder: auto (one per usable CPU) or a "
-        "number; 1 runs everything in one process. A replica runs one",
+        "number; 1 runs everything in one process. A replica, --ack replica and a --cluster "
+        "member run one",
         "N",
         to_field=lambda value: 0 if value == "auto" else value,
         from_field=lambda count: count or "auto",
@@ -370,6 +391,38 @@ class ServerConfig:
         "REPLICAS_UNAVAILABLE",
         "SECONDS",
     )
+    cluster: str = _setting(
+        "cluster",
+        _cluster_setting("cluster"),
+        "",
+        "join a group whose primary etcd elects: etcd://HOST:PORT[,HOST:PORT...]. The member "
+        "that wins leads (takes writes, epochs from etcd), the others replicate it; needs "
+        "--group and --advertise, excludes --replica-of, runs one process (--workers 1)",
+        "etcd://HOST:PORT",
+    )
+    group: str = _setting(
+        "group",
+        _cluster_setting("group"),
+        "",
+        "with --cluster: the group's name (its etcd keys are under /sessionlog/groups/NAME/)",
+        "NAME",
+    )
+    advertise: str = _setting(
+        "advertise",
+        _cluster_setting("advertise"),
+        "",
+        "with --cluster: HOST:PORT where the other members and the clients reach this server",
+        "HOST:PORT",
+    )
+    lease_ttl: int = _setting(
+        "lease_ttl",
+        _cluster_setting("lease_ttl"),
+        DEFAULT_LEASE_TTL_SECONDS,
+        "with --cluster: seconds (2 to 600) of the member's etcd lease; a leader that cannot "
+        "renew it stops taking writes after half of it, and another member can take over once "
+        "it has run out",
+        "SECONDS",
+    )
     replica_timeout_seconds: float = _setting(
         "replica_timeout",
         _positive_seconds,
@@ -481,6 +534,7 @@ class ServerConfig:
             raise ConfigError("--replica-tls-cert and --replica-tls-key go together")
         self._check_replica_auth()
         self._check_ack()
+        self._check_cluster()
         if self.replica_of and self.workers > 1:
             raise ConfigError(
                 f"a replica runs in one process: workers is {self.workers}; set it to 1 or auto "
@@ -511,6 +565,29 @@ class ServerConfig:
                 "auto (auto means 1 with --ack replica). A write's reply waits for replica "
                 "reports that reach one process only"
             )
+
+    def _check_cluster(self) -> None:
+        if self.cluster_settings is None:
+            return
+        if self.replica_of:
+            raise ConfigError(
+                f"--cluster and --replica-of {self.replica_of} exclude each other: in a group, "
+                "etcd elects the primary and every other member replicates it; drop --replica-of"
+            )
+        if self.workers > 1:
+            raise ConfigError(
+                f"a cluster member runs in one process: workers is {self.workers}; set it to 1 "
+                "or auto (--workers, SESSIONLOG_WORKERS or the file's workers) when --cluster is "
+                "set. Its etcd lease, which decides whether it may write, lives in one process"
+            )
+
+    @property
+    def cluster_settings(self) -> ClusterSettings | None:
+        """The group this server is a member of (None without --cluster); ConfigError when
+        the four settings do not go together."""
+        from sessionlog.cluster.settings import cluster_settings
+
+        return cluster_settings(self.cluster, self.group, self.advertise, self.lease_ttl)
 
     @property
     def required_replicas(self) -> int:
@@ -723,9 +800,10 @@ def readme_with_table(readme: str) -> str:
 
 def worker_count(config: ServerConfig) -> int:
     """How many processes serve: the setting, or one per CPU this process may run on (``auto``);
-    always one for a replica (its one replication stream applies in one process) and with
-    --ack replica (replica reports reach one process)."""
-    if config.replica_of or config.ack == "replica":
+    always one for a replica (its one replication stream applies in one process), with
+    --ack replica (replica reports reach one process) and for a cluster member (its lease is
+    one process's)."""
+    if config.replica_of or config.ack == "replica" or config.cluster:
         return 1
     if config.workers:
         return config.workers

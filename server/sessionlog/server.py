@@ -17,6 +17,7 @@ import signal
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import grpc
 from grpc_health.v1._async import HealthServicer
@@ -39,16 +40,21 @@ from sessionlog.service.notifier import Notifier
 from sessionlog.service.replication import ReplicaState, ReplicationServicer, Replicator
 from sessionlog.service.servicer import SessionLogServicer
 from sessionlog.storage import folder
+from sessionlog.storage.changes import FEED_KEY
 from sessionlog.storage.leadership import FENCED, Leadership
 from sessionlog.storage.store import Store, StoreConfig
 from sessionlog.web.app import HttpSites, ListenError
 from sessionlog.workers.doorbell import Peers
+
+if TYPE_CHECKING:
+    from sessionlog.cluster.member import GroupMember
 
 __all__ = [
     "DEFAULT_DATA_DIR",
     "DEFAULT_LISTEN",
     "BindError",
     "ConfigError",
+    "RestartInPlace",
     "ServerConfig",
     "SessionLogServer",
     "serve",
@@ -66,6 +72,12 @@ class BindError(RuntimeError):
     """The listen address could not be bound (in use, or not an address of this host)."""
 
 
+class RestartInPlace(Exception):
+    """``serve`` stopped the server because it must start again in a fresh process (a cluster
+    member deposed with changes of its own rejoins the leader at start-up): the caller
+    executes the same command again. The message says why."""
+
+
 def store_config(config: ServerConfig) -> StoreConfig:
     """What the store needs to know of a server's settings."""
     return StoreConfig(
@@ -74,6 +86,7 @@ def store_config(config: ServerConfig) -> StoreConfig:
         limits=config.limits,
         request_id_ttl_seconds=config.request_id_ttl_seconds,
         replica_of=config.replica_of,
+        elected=bool(config.cluster),
     )
 
 
@@ -134,6 +147,15 @@ class SessionLogServer:
         self._replication: ReplicationServicer | None = None
         self.sync: SyncTracker | None = None
         """The replicas' reported progress, which every write waits on with --ack replica."""
+        self.group: GroupMember | None = _group_member(config)
+        """This server's membership of an etcd-elected group (--cluster); None otherwise."""
+        self._promoter: Promoter | None = None
+        self._writes_stuck = False
+        self._progress_due = False
+        self.restart_requested = asyncio.Event()
+        """Set when this server must start again in a fresh process (see ``RestartInPlace``);
+        ``restart_reason`` says why."""
+        self.restart_reason = ""
 
     async def start(self) -> int:
         """Open the store, bind, and start serving. Returns the bound port."""
@@ -143,6 +165,8 @@ class SessionLogServer:
         # server of N workers has each warning once.
         self.authorizer = _authorizer(config, warn=self.peers is None or self.peers.slot == 0)
         replica_token = replica_token_of(config)
+        if self.group is not None:
+            await self.group.prepare()  # a deposed folder rejoins before it is opened
         store = self.store = self._open_store()
         server = app.grpc_server(
             config,
@@ -172,7 +196,11 @@ class SessionLogServer:
             )
         self._watchdog = asyncio.create_task(self._watch_writes(store))
         self._fenced = store.leadership().role == FENCED
-        if self.replica is None:
+        if self.group is not None:
+            await self._set_health(serving=False)  # until the election says what this is
+            assert self._promoter is not None
+            self.group.start(store, self._promoter, _GroupHost(self))
+        elif self.replica is None:
             await self._set_health(serving=True)
         else:
             # A replica is NOT_SERVING until it has caught up with its primary once.
@@ -196,6 +224,9 @@ class SessionLogServer:
                 peers.ring()
             if not loop.is_closed():
                 loop.call_soon_threadsafe(notifier.notify, session_ids)
+                if self.group is not None and FEED_KEY in session_ids and not self._progress_due:
+                    self._progress_due = True
+                    loop.call_soon_threadsafe(self._note_progress)
 
         def broken() -> None:
             if not loop.is_closed():
@@ -209,8 +240,15 @@ class SessionLogServer:
             on_broken=broken,
             lock=None if peers is None else peers.lock,
             prepared=peers is not None,
-            may_write=self.may_write,
+            may_write=self.may_write if self.group is None else self.group.may_write,
         )
+
+    def _note_progress(self) -> None:
+        """The feed moved: the cluster member publishes its new progress (one read for every
+        commit that happened since the last one)."""
+        self._progress_due = False
+        if self.group is not None:
+            self.group.note_commit()
 
     def _handlers(self, store: Store) -> tuple[grpc.GenericRpcHandler, ...]:
         config = self.config
@@ -229,6 +267,9 @@ class SessionLogServer:
             counters=self.counters,
             sync=self.sync,
         )
+        group = self.group
+        if group is not None:
+            servicer.refusal = group.refusal
         replication = self._replication = ReplicationServicer(
             store,
             self._notifier,
@@ -236,8 +277,9 @@ class SessionLogServer:
             heartbeat_seconds=config.heartbeat_seconds,
             streams=self.streams,
             sync=self.sync,
+            cluster=None if group is None else group.status,
         )
-        promoter = Promoter(
+        promoter = self._promoter = Promoter(
             store,
             stop_replication=self._stop_replication,
             resume_replication=self._resume_replication,
@@ -249,7 +291,10 @@ class SessionLogServer:
             counters=self.counters,
             max_message_bytes=config.max_message_bytes,
             promoter=promoter,
+            elected_in=config.group if group is not None else "",
         )
+        if group is not None:
+            admin.role = "member"
         self._servicers = (servicer, replication, admin)
         return servicer.handlers(), replication.handlers(), admin.handlers()
 
@@ -274,6 +319,29 @@ class SessionLogServer:
         self.replica = None
         await self._set_health(serving=True)
 
+    async def _follow(self, primary: str) -> None:
+        """A cluster member replicates ``primary``: a new replica state, the same folder."""
+        await self._stop_replication()
+        assert self.store is not None
+        state = self.replica = ReplicaState(primary)
+        state.note = self.store.rejoin_note()
+        _, replication, admin = self._servicers
+        replication.replica = state
+        admin.role = "replica"
+        await self._set_health(serving=False)  # until it has caught up with this leader
+        self._start_replicator(self.store, state, replica_token_of(self.config))
+
+    async def _stop_following(self) -> None:
+        await self._stop_replication()
+        self.replica = None
+        _, replication, admin = self._servicers
+        replication.replica = None
+        admin.role = "member"
+
+    def _restart(self, reason: str) -> None:
+        self.restart_reason = reason
+        self.restart_requested.set()
+
     def _start_replicator(self, store: Store, replica: ReplicaState, token: str) -> None:
         config = self.config
         self._replicator = Replicator(
@@ -284,7 +352,7 @@ class SessionLogServer:
             metadata=_bearer_metadata(token),
             timeout_seconds=config.replica_timeout_seconds,
             on_diverged=self._diverged,
-            name=_replica_name(store),
+            name=config.advertise if self.group is not None else _replica_name(store),
         )
         self._replicator_task = asyncio.create_task(self._replicator.run())
         if config.serves_open_replica:
@@ -303,7 +371,12 @@ class SessionLogServer:
                 "listen": config.listen,
                 "port": self.port,
                 "data": str(store.path.absolute()),
-                "role": "replica" if self.replica else "primary",
+                "role": "member" if self.group else "replica" if self.replica else "primary",
+                **(
+                    {"group": config.group, "advertise": config.advertise, "etcd": config.cluster}
+                    if self.group
+                    else {}
+                ),
                 "ack": config.ack,
                 **({"sync_replicas": config.required_replicas} if config.required_replicas else {}),
                 "tls": "mutual" if config.tls_client_ca else "on" if tls else "off",
@@ -343,8 +416,20 @@ class SessionLogServer:
 
     async def _set_health(self, serving: bool) -> None:
         """A store whose LMDB has panicked stays NOT_SERVING whatever else happens, and so
-        does a deposed (fenced) primary: its data may lack what the new primary took."""
+        does a deposed (fenced) primary: its data may lack what the new primary took. A
+        cluster member's health is its role's (``GroupMember.serving``), whatever the caller
+        thought: SERVING while it leads or replicates the current leader."""
         broken = self.store is not None and self.store.writer.broken is not None
+        group = self.group
+        if group is not None:
+            replica = self.replica
+            current = (
+                replica is not None
+                and replica.caught_up
+                and not replica.diverged
+                and replica.primary == group.following
+            )
+            serving = group.serving(current) and not (self._writes_stuck and replica is None)
         await app.set_health(self._health, serving and not broken and not self._fenced)
 
     async def _watch_fence(self, store: Store, writes_stuck: bool) -> None:
@@ -377,6 +462,7 @@ class SessionLogServer:
             if stalled is not None and now - stalled[1] >= WRITE_STALL_SECONDS:
                 if stalled_since is None:
                     stalled_since = stalled[1]
+                    self._writes_stuck = True
                     log.error(
                         "writes are stuck: the writer has been %s for %.0f s (is a process "
                         "holding the data folder's write lock stopped or frozen?)",
@@ -391,6 +477,7 @@ class SessionLogServer:
                     "writes move again", extra={"stuck_seconds": round(now - stalled_since, 1)}
                 )
                 stalled_since = None
+                self._writes_stuck = False
                 if self.replica is None:
                     await self._set_health(serving=True)
 
@@ -399,15 +486,20 @@ class SessionLogServer:
             asyncio.get_running_loop().create_task(self._set_health(serving=True))
 
     def _diverged(self) -> None:
-        """A diverged replica is not current, whatever it served before: NOT_SERVING."""
+        """A diverged replica is not current, whatever it served before: NOT_SERVING. A
+        cluster member checks its history against the leader's again (it may rejoin)."""
         if self._server is not None:
             asyncio.get_running_loop().create_task(self._set_health(serving=False))
+            if self.group is not None:
+                self.group.replica_diverged()
 
     async def stop(self, grace: float | None = None) -> None:
         """Stop: followers end with UNAVAILABLE, in-flight appends finish, LMDB closes."""
         if self._server is None:
             return
         server, self._server = self._server, None
+        if self.group is not None:
+            await self.group.stop()  # writes stop, and the lease goes: another member may lead
         if self._watchdog is not None:
             self._watchdog.cancel()
             await asyncio.gather(self._watchdog, return_exceptions=True)
@@ -439,7 +531,8 @@ class SessionLogServer:
 async def serve(
     config: ServerConfig, peers: Peers | None = None, on_started: Callable[[], None] | None = None
 ) -> None:
-    """Run until SIGTERM or SIGINT, then stop gracefully. ``on_started`` runs once serving."""
+    """Run until SIGTERM or SIGINT, then stop gracefully. ``on_started`` runs once serving.
+    RestartInPlace once stopped because the server must start again in a fresh process."""
     server = SessionLogServer(config, peers)
     await server.start()
     if on_started is not None:
@@ -448,9 +541,56 @@ async def serve(
     stop_requested = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop_requested.set)
-    await stop_requested.wait()
-    log.info("stopping on signal")
+    waits = [
+        asyncio.create_task(stop_requested.wait()),
+        asyncio.create_task(server.restart_requested.wait()),
+    ]
+    await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+    for wait in waits:
+        wait.cancel()
+    if stop_requested.is_set():
+        log.info("stopping on signal")
+        await server.stop()
+        return
+    log.warning("restarting in place", extra={"reason": server.restart_reason})
     await server.stop()
+    raise RestartInPlace(server.restart_reason)
+
+
+class _GroupHost:
+    """What a cluster member asks of its server (``cluster.member.Host``)."""
+
+    def __init__(self, server: SessionLogServer) -> None:
+        self._server = server
+
+    async def follow(self, primary: str) -> None:
+        await self._server._follow(primary)
+
+    async def stop_following(self) -> None:
+        await self._server._stop_following()
+
+    async def refresh(self) -> None:
+        await self._server._set_health(serving=True)
+
+    def restart(self, reason: str) -> None:
+        self._server._restart(reason)
+
+
+def _group_member(config: ServerConfig) -> GroupMember | None:
+    """The cluster member of a server started with --cluster (None without): imported only
+    then, so that a server that runs no election never loads etcd's client."""
+    settings = config.cluster_settings
+    if settings is None:
+        return None
+    from sessionlog.cluster.member import GroupMember
+
+    return GroupMember(
+        settings,
+        Path(config.data_dir),
+        channel_factory=app.replica_channel_factory(config),
+        blocking_channel_factory=app.replica_blocking_channel_factory(config),
+        metadata=_bearer_metadata(replica_token_of(config)),
+    )
 
 
 def _bind(server: grpc.aio.Server, listen: str, credentials: grpc.ServerCredentials | None) -> int:

@@ -283,8 +283,14 @@ def test_flags_of_a_config_make_that_config_again() -> None:
         sync_replicas=2,
         sync_timeout_seconds=0.5,
     )
+    member = ServerConfig(
+        cluster="etcd://127.0.0.1:2379,127.0.0.1:2479",
+        group="g",
+        advertise="127.0.0.1:7001",
+        lease_ttl=3,
+    )
     covered: set[str] = set()
-    for made in (primary, replica):
+    for made in (primary, replica, member):
         flags = config.flags_of(made)
         assert config.server_config(resolve(*flags)) == made
         covered |= {flag for flag in flags if flag.startswith("--")}
@@ -313,3 +319,54 @@ def test_render_quotes_text_safely() -> None:
     """Quotes and backslashes in text values are escaped, so the output stays valid TOML."""
     text = config.render(resolve("--data", 'C:\\data "main"'))
     assert tomllib.loads(text)["data"] == 'C:\\data "main"'
+
+
+# -- a cluster member ----------------------------------------------------------------------------
+
+CLUSTER = ("--cluster", "etcd://127.0.0.1:2379", "--group", "g", "--advertise", "127.0.0.1:7001")
+
+
+def test_cluster_settings_reach_the_server_config_and_run_one_process() -> None:
+    """--cluster with --group and --advertise makes a member: its settings parsed, one process
+    (auto means 1), the default TTL unless told."""
+    built = config.server_config(resolve(*CLUSTER, "--lease-ttl", "3"))
+    member = built.cluster_settings
+    assert member is not None
+    assert (member.group, member.advertise, member.lease_ttl) == ("g", "127.0.0.1:7001", 3)
+    assert str(member.endpoints[0]) == "127.0.0.1:2379"
+    assert config.worker_count(built) == 1
+    assert config.server_config(resolve(*CLUSTER)).lease_ttl == config.DEFAULT_LEASE_TTL_SECONDS
+    assert config.server_config(resolve()).cluster_settings is None
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (CLUSTER[:4], "--cluster needs --advertise"),
+        (("--cluster", "etcd://127.0.0.1:2379"), "--cluster needs --group and --advertise"),
+        (("--group", "g"), "--group need --cluster"),
+        ((*CLUSTER, "--replica-of", "127.0.0.1:7000"), "exclude each other"),
+        ((*CLUSTER, "--workers", "2"), "a cluster member runs in one process: workers is 2"),
+    ],
+)
+def test_a_cluster_member_refuses_what_contradicts_an_election(
+    flags: tuple[str, ...], message: str
+) -> None:
+    """The group needs its name and an address to be reached at; etcd picks the roles, so no
+    --replica-of; and its lease lives in one process, so no --workers N."""
+    with pytest.raises(ConfigError, match=message):
+        config.server_config(resolve(*flags))
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (("--cluster", "http://127.0.0.1:2379"), r"^cluster from flag --cluster: .*etcd://"),
+        (("--lease-ttl", "1"), r"^lease_ttl from flag --lease-ttl: must be a whole number"),
+        (("--advertise", "0.0.0.0:7001"), r"^advertise from flag --advertise: .*wildcard"),
+        (("--group", "a/b"), r"^group from flag --group: must be 1 to 63"),
+    ],
+)
+def test_a_bad_cluster_value_names_its_setting(flags: tuple[str, ...], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        resolve(*flags)

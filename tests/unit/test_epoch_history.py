@@ -92,3 +92,33 @@ def test_a_caller_that_saw_a_newer_epoch_is_refused_and_nothing_changes() -> Non
     assert "seen epoch 3" in refusal.message
     assert leadership.behind(primary, 2) is None
     assert leadership.behind(primary, 0) is None
+
+
+def test_an_election_takes_its_epoch_from_any_role_and_is_idempotent() -> None:
+    """A group member that wins epoch E takes it as a fresh folder, a replica, a fenced former
+    primary, or a primary of an older epoch (a member that led before); already leading at E
+    changes nothing; an epoch below what the folder knows is refused."""
+    fresh = Leadership()
+    assert leadership.elected(fresh, 1, 7) == Leadership(7, PRIMARY, "", ((7, 1),))
+    replica = Leadership(5, REPLICA, "a:1", ((5, 1),))
+    assert leadership.elected(replica, 30, 9) == Leadership(9, PRIMARY, "", ((5, 1), (9, 30)))
+    old_primary = Leadership(5, PRIMARY, "", ((5, 1),))
+    assert leadership.elected(old_primary, 30, 9).history == ((5, 1), (9, 30))
+    leading = Leadership(9, PRIMARY, "", ((5, 1), (9, 30)))
+    assert leadership.elected(leading, 44, 9) is leading
+    # Fenced at E by a feed reader that learnt E from the new leader's followers: still E's.
+    told = Leadership(9, FENCED, "", ((5, 1),))
+    assert leadership.elected(told, 30, 9).role == PRIMARY
+    with pytest.raises(errors.StaleEpoch):
+        leadership.elected(leading, 44, 8)
+    with pytest.raises(errors.StaleEpoch):
+        leadership.elected(replica, 30, 5)
+
+
+def test_a_follower_names_its_leader_and_takes_no_writes() -> None:
+    """``following`` keeps the epoch and history, and refuses writes naming the leader."""
+    fenced = Leadership(9, FENCED, "", ((5, 1),))
+    record = leadership.following(fenced, "b:2")
+    assert record == Leadership(9, REPLICA, "b:2", ((5, 1),))
+    assert not record.may_write
+    assert leadership.not_primary(record).metadata["primary"] == "b:2"

@@ -33,7 +33,8 @@ status back into the same class with :func:`from_reason`.
     │   ├── NotPrimary                      NOT_PRIMARY (metadata primary, epoch)
     │   ├── HistoryDiverged                 HISTORY_DIVERGED (the change feed's history differs)
     │   ├── AlreadyPrimary                  ALREADY_PRIMARY (promote of a server taking writes)
-    │   └── StaleEpoch                      STALE_EPOCH (an epoch not above the one known)
+    │   ├── StaleEpoch                      STALE_EPOCH (an epoch not above the one known)
+    │   └── ClusterManaged                  CLUSTER_MANAGED (promote of a --cluster member)
     ├── SeqConflict                         ABORTED
     ├── Unauthenticated                     UNAUTHENTICATED (no or unknown bearer token)
     ├── PermissionDenied                    PERMISSION_DENIED (token lacks the right or prefix)
@@ -214,6 +215,13 @@ class StaleEpoch(FailedPrecondition):
     """An epoch (a fence's, a promotion's) that is not above the one this server knows."""
 
     reason = "STALE_EPOCH"
+
+
+class ClusterManaged(FailedPrecondition):
+    """A manual promotion asked of a member of an etcd-elected group (--cluster): etcd elects
+    its primary and hands out its epochs. Metadata ``group``: the group's name."""
+
+    reason = "CLUSTER_MANAGED"
 
 
 class HistoryDiverged(FailedPrecondition):

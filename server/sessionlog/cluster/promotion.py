@@ -99,6 +99,39 @@ class Promoter:
         )
         return promotion
 
+    async def lead(self, epoch: int) -> Promotion | None:
+        """Take writes in ``epoch``, which an election gave this server: ``promote``'s steps,
+        also for a folder that took writes in an older epoch (``leadership.elected``); None,
+        and nothing changed, when it already leads at ``epoch``."""
+        async with self._lock:
+            record = self.store.leadership()
+            if leadership.elected(record, 0, epoch) == record:  # StaleEpoch before anything
+                return None
+            await self._stop_replication()
+            future = self.store.submit_leadership(
+                lambda current, next_position: leadership.elected(current, next_position, epoch),
+                new_history=not record.may_write,
+            )
+            before, after = await asyncio.wrap_future(future)
+            await self._promoted(after)
+        promotion = Promotion(
+            epoch=after.epoch,
+            first_position=after.history[-1][1],
+            history_id=self.store.history()[0],
+            previous_primary=before.primary,
+        )
+        log.warning(
+            "elected: this server is the group's primary and takes writes",
+            extra={
+                "epoch": promotion.epoch,
+                "first_position": promotion.first_position,
+                "history_id": promotion.history_id,
+                "previous_primary": promotion.previous_primary,
+                "previous_epoch": before.epoch,
+            },
+        )
+        return promotion
+
     async def fence(self, epoch: int, primary: str) -> tuple[Leadership, Leadership]:
         """Learn of the newer ``epoch`` led by ``primary``: stop taking writes, for good."""
         if epoch <= 0:

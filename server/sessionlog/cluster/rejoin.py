@@ -51,14 +51,21 @@ class Rejoined:
     note: str
 
 
-def rejoin(data: Path, primary: str, channel: grpc.Channel, timeout: float) -> Rejoined:
-    """Make the folder ``data`` a replica of ``primary`` (reached over ``channel``)."""
+def rejoin(
+    data: Path,
+    primary: str,
+    channel: grpc.Channel,
+    timeout: float,
+    metadata: tuple[tuple[str, str], ...] = (),
+) -> Rejoined:
+    """Make the folder ``data`` a replica of ``primary`` (reached over ``channel``, each call
+    with ``metadata``: a bearer token, say)."""
     if not (data / folder.DATA_FILE).is_file():
         raise RejoinRefused(f"no store in {str(data)!r}; check --data")
     lock = folder.acquire(data)
     try:
         mine, head, checksums = _local(data)
-        status = _status(channel, timeout, primary)
+        status = _status(channel, timeout, primary, metadata)
         theirs = tuple((e.epoch, e.first_position) for e in status.epoch_history)
         if status.epoch < mine.epoch:
             raise RejoinRefused(
@@ -66,7 +73,7 @@ def rejoin(data: Path, primary: str, channel: grpc.Channel, timeout: float) -> R
                 "knows: it is not the current primary. Name the current one"
             )
         cut = leadership.divergence(mine.history, theirs, min(head, status.position) + 1)
-        _check_same_before(channel, timeout, primary, cut, checksums(cut - 1))
+        _check_same_before(channel, timeout, primary, cut, checksums(cut - 1), metadata)
         record = Leadership(
             epoch=max(mine.epoch, status.epoch),
             role=leadership.REPLICA,
@@ -123,11 +130,11 @@ def _local(data: Path) -> tuple[Leadership, int, Any]:
 
 
 def _status(
-    channel: grpc.Channel, timeout: float, primary: str
+    channel: grpc.Channel, timeout: float, primary: str, metadata: tuple[tuple[str, str], ...]
 ) -> rpb.GetReplicationStatusResponse:
     stub = rpb_grpc.ReplicationServiceStub(channel)  # type: ignore[no-untyped-call]
     status: rpb.GetReplicationStatusResponse = stub.GetReplicationStatus(
-        rpb.GetReplicationStatusRequest(), timeout=timeout
+        rpb.GetReplicationStatusRequest(), timeout=timeout, metadata=metadata or None
     )
     if status.state != rpb.REPLICATION_STATE_PRIMARY:
         state = rpb.ReplicationState.Name(status.state).removeprefix("REPLICATION_STATE_")
@@ -138,7 +145,12 @@ def _status(
 
 
 def _check_same_before(
-    channel: grpc.Channel, timeout: float, primary: str, cut: int, checksum: bytes
+    channel: grpc.Channel,
+    timeout: float,
+    primary: str,
+    cut: int,
+    checksum: bytes,
+    metadata: tuple[tuple[str, str], ...],
 ) -> None:
     """The new primary's check that its change at ``cut - 1`` is this folder's (a replica's
     ``after_checksum``): HISTORY_DIVERGED means the histories part earlier than the epochs say."""
@@ -146,7 +158,7 @@ def _check_same_before(
         return
     stub = rpb_grpc.ReplicationServiceStub(channel)  # type: ignore[no-untyped-call]
     request = rpb.ChangesRequest(start_position=cut, after_checksum=checksum)
-    stream = stub.Changes(request, timeout=timeout)
+    stream = stub.Changes(request, timeout=timeout, metadata=metadata or None)
     try:
         next(iter(stream), None)
     except grpc.RpcError as error:

@@ -8,8 +8,8 @@
 
 Each ``parse_*`` function takes one setting's text and returns its value or raises ValueError
 saying what is wrong (the shape ``config.Setting.parse`` has); ``cluster_settings`` checks them
-together and raises ``ConfigError``. They are not flags of `sessionlog serve` yet: a flag that
-parses but does nothing would be a lie, so they join the CLI with the code that acts on them.
+together and raises ``ConfigError``. ``config`` declares them as settings of `sessionlog
+serve` with these parsers (``ServerConfig.cluster_settings``); ``cluster.member`` acts on them.
 """
 
 from __future__ import annotations
@@ -19,9 +19,9 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from sessionlog.config import DEFAULT_LEASE_TTL_SECONDS as DEFAULT_LEASE_TTL_SECONDS
 from sessionlog.config import ConfigError
 
-DEFAULT_LEASE_TTL_SECONDS = 5
 MIN_LEASE_TTL_SECONDS = 2
 """etcd's floor with its default election timeout (1 s): a shorter TTL is silently raised to
 it, and the self-fence deadline would then be computed from a TTL etcd does not apply."""

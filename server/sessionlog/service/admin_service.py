@@ -52,9 +52,12 @@ class AdminServicer:
         counters: Counters | None = None,
         max_message_bytes: int = 4 << 20,
         promoter: Promoter | None = None,
+        elected_in: str = "",
     ) -> None:
         self.store = store
         self.promoter = promoter
+        self.elected_in = elected_in
+        """The group whose election decides this server's role (--cluster): no Promote."""
         self.role = "replica" if replica else "primary"
         self.counters = counters or Counters()
         self.max_message_bytes = max_message_bytes
@@ -78,6 +81,14 @@ class AdminServicer:
     @unary
     async def promote(self, raw: bytes, context: grpc.aio.ServicerContext) -> bytes:
         request = decode(apb.PromoteRequest, raw)
+        if self.elected_in:
+            raise errors.ClusterManaged(
+                f"this server is a member of group '{self.elected_in}' (--cluster): etcd elects "
+                "its primary and hands out its epochs, so it is not promoted by hand. Stop the "
+                "leader (SIGTERM resigns at once) and a member that holds every acknowledged "
+                "write takes over",
+                group=self.elected_in,
+            )
         promotion = await self._promoter().promote(request.epoch)
         self.role = "primary"
         reply = apb.PromoteResponse(

@@ -125,12 +125,28 @@ def replica_channel_factory(config: ServerConfig) -> Callable[[str], grpc.aio.Ch
     """How a replica dials its primary: plaintext, or TLS with the configured CA (and client
     certificate), with no receive limit (the feed sends what a primary holds)."""
     options = [("grpc.max_receive_message_length", -1), *REPLICA_KEEPALIVE_OPTIONS]
-    if not config.replica_tls_ca:
+    credentials = _replica_credentials(config)
+    if credentials is None:
         return lambda target: grpc.aio.insecure_channel(target, options=options)
+    return lambda target: grpc.aio.secure_channel(target, credentials, options=options)
+
+
+def replica_blocking_channel_factory(config: ServerConfig) -> Callable[[str], grpc.Channel]:
+    """``replica_channel_factory`` for blocking calls (a cluster member's rejoin at start-up,
+    which runs in a thread of its own before the event loop serves)."""
+    options = [("grpc.max_receive_message_length", -1)]
+    credentials = _replica_credentials(config)
+    if credentials is None:
+        return lambda target: grpc.insecure_channel(target, options=options)
+    return lambda target: grpc.secure_channel(target, credentials, options=options)
+
+
+def _replica_credentials(config: ServerConfig) -> grpc.ChannelCredentials | None:
+    if not config.replica_tls_ca:
+        return None
     root = read_file(config.replica_tls_ca, "replica TLS CA")
     cert = (
         read_file(config.replica_tls_cert, "replica TLS cert") if config.replica_tls_cert else None
     )
     key = read_file(config.replica_tls_key, "replica TLS key") if config.replica_tls_key else None
-    credentials = grpc.ssl_channel_credentials(root, key, cert)
-    return lambda target: grpc.aio.secure_channel(target, credentials, options=options)
+    return grpc.ssl_channel_credentials(root, key, cert)

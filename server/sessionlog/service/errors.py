@@ -33,6 +33,7 @@ _CODES: dict[type[errors.SessionLogError], grpc.StatusCode] = {
     errors.NotPrimary: grpc.StatusCode.FAILED_PRECONDITION,
     errors.AlreadyPrimary: grpc.StatusCode.FAILED_PRECONDITION,
     errors.StaleEpoch: grpc.StatusCode.FAILED_PRECONDITION,
+    errors.ClusterManaged: grpc.StatusCode.FAILED_PRECONDITION,
     errors.DataCorrupted: grpc.StatusCode.DATA_LOSS,
 }
 

@@ -158,9 +158,13 @@ class StreamLimiter:
             await asyncio.shield(write)
         except asyncio.CancelledError:
             if task not in self._interrupted:
-                raise  # the client went away, or grpc is ending the call
+                # The client went away, or grpc is ending the call: the write then fails on
+                # its own, and nobody is left to hear it (else asyncio logs it as an error).
+                write.add_done_callback(_ignore_outcome)
+                raise
             self._interrupted.discard(task)
             if task.uncancel():
+                write.add_done_callback(_ignore_outcome)
                 raise  # the client's own cancellation came in the same turn: it stands
             return await self._abandon(write)
         finally:

@@ -157,11 +157,14 @@ class ReplicationServicer:
         heartbeat_seconds: float = DEFAULT_HEARTBEAT_SECONDS,
         streams: StreamLimiter | None = None,
         sync: SyncTracker | None = None,
+        cluster: Callable[[], rpb.ClusterStatus] | None = None,
     ) -> None:
         self.store = store
         self.notifier = notifier
         self.replica = replica
         self.sync = sync
+        self.cluster = cluster
+        """A cluster member's view of its group (``cluster.member``), for the status."""
         """The replicas' reported progress (ReportProgress), which --ack replica waits on."""
         self._reporting: set[asyncio.Task[Any]] = set()
         """The handlers of open ReportProgress streams (ended by ``end_reports``)."""
@@ -351,8 +354,25 @@ class ReplicationServicer:
             response.detail = state.detail or state.note
             if state.last_contact_ns:
                 response.last_contact_time.FromNanoseconds(state.last_contact_ns)
+        if self.cluster is not None:
+            _cluster_status(response, self.cluster(), replicating=state is not None)
         serialized: bytes = response.SerializeToString()
         return serialized
+
+
+def _cluster_status(
+    response: rpb.GetReplicationStatusResponse, group: rpb.ClusterStatus, replicating: bool
+) -> None:
+    """A cluster member's status: its group's view, and a state that is true of it. A member
+    that does not lead takes no writes, whatever its folder's record says (a leader whose lease
+    lapsed, a member that knows no leader yet): FENCED, unless it replicates someone."""
+    response.cluster.CopyFrom(group)
+    if group.role != rpb.CLUSTER_ROLE_LEADER and not replicating:
+        response.state = rpb.REPLICATION_STATE_FENCED
+        response.primary = group.leader if group.role == rpb.CLUSTER_ROLE_FOLLOWER else ""
+        response.detail = group.deposed or response.detail or f"no leader: {group.reason}"
+    elif group.deposed:
+        response.detail = group.deposed
 
 
 def _sync_status(response: rpb.GetReplicationStatusResponse, sync: SyncTracker) -> None:

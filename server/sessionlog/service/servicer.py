@@ -90,12 +90,17 @@ def unary(method: Handler) -> Handler:
 
 def unary_write(method: Handler) -> Handler:
     """``unary`` for a write RPC: its reply, success or error, also carries the epoch of the
-    leadership record the write met (``sessionlog-epoch`` trailing metadata)."""
+    leadership record the write met (``sessionlog-epoch`` trailing metadata): on success the
+    one it was taken in, as the call began (the record cannot move to another epoch under a
+    write that commits: a fence refuses it, a new election's epoch passes through a fenced
+    moment that refuses it too), on error the server's epoch now (it may have just learnt a
+    newer one)."""
     return _unary(method, write=True)
 
 
-def _epoch_metadata(servicer: Any) -> tuple[tuple[str, str], ...]:
-    return ((EPOCH_METADATA_KEY, str(servicer.store.writer.lead.epoch)),)
+def _epoch_metadata(servicer: Any, met: int = 0) -> tuple[tuple[str, str], ...]:
+    """``met``: the epoch when the call began (0: none then, a store's first write)."""
+    return ((EPOCH_METADATA_KEY, str(met or servicer.store.writer.lead.epoch)),)
 
 
 def _unary(method: Handler, write: bool) -> Handler:
@@ -106,6 +111,7 @@ def _unary(method: Handler, write: bool) -> Handler:
         started = time.perf_counter()
         reason, sent = CANCELLED, 0
         refusal: errors.SessionLogError | None = None
+        met = self.store.writer.lead.epoch if write else 0
         try:
             if len(request) > self.max_message_bytes:
                 raise errors.RequestTooLarge(
@@ -117,7 +123,7 @@ def _unary(method: Handler, write: bool) -> Handler:
             reply = await method(self, request, context)
             reason, sent = OK, len(reply)
             if write:
-                context.set_trailing_metadata(_epoch_metadata(self))
+                context.set_trailing_metadata(_epoch_metadata(self, met))
             return reply
         except errors.SessionLogError as error:
             reason, refusal = error.reason, error
@@ -189,6 +195,9 @@ class SessionLogServicer:
         self.streams = streams or StreamLimiter()
         self.primary = primary
         """Set on a replica: the primary that takes the writes refused here."""
+        self.refusal: Callable[[], errors.NotPrimary | None] | None = None
+        """A cluster member's process-level answer (``cluster.member``): the NOT_PRIMARY a
+        write gets while the member does not lead with a live lease, else None."""
         self.notifier = notifier
         self.max_message_bytes = max_message_bytes
         self._recent_batches: dict[tuple[str, int, int], tuple[bytes, int, int]] = {}
@@ -289,6 +298,10 @@ class SessionLogServicer:
         after a promotion that did not fence it). That refusal changes nothing here: a client's
         word does not depose a server, a replica's (``ChangesRequest.epoch``) does."""
         lead = self.store.writer.lead
+        if self.refusal is not None:
+            refused = self.refusal()
+            if refused is not None:
+                raise refused
         if self.primary:
             primary = lead.primary if lead.role == leadership.REPLICA else ""
             primary = primary or self.primary

@@ -66,9 +66,18 @@ def put_history(txn: lmdb.Transaction, tables: Tables, history_id: str, start: i
 
 
 def reconcile(
-    env: lmdb.Environment, tables: Tables, path: Path, marker: folder.Marker | None, replica_of: str
+    env: lmdb.Environment,
+    tables: Tables,
+    path: Path,
+    marker: folder.Marker | None,
+    replica_of: str,
+    elected: bool = False,
 ) -> Identity:
     """Work out (and record) the folder's history at open: new, the same, restored, promoted.
+
+    ``elected``: the folder's role comes from an election (a cluster member): the open leaves
+    the leadership record and the followed primary as they are, and a former replica is not
+    promoted (the election's leader takes its epoch, see ``leadership.elected``).
 
     Runs once, before the writer starts, with the folder lock held. The marker is written before
     the environment, naming the instance it replaces, so a crash between the two is never read
@@ -86,17 +95,17 @@ def reconcile(
             opened_as = CREATED
         elif marker is not None and not marker.knows(held):
             opened_as = RESTORED
-        elif follows is not None and not replica_of:
+        elif follows is not None and not replica_of and not elected:
             opened_as = PROMOTED
         if opened_as != OPENED:
             history_id, start = new_history_id(), position
             put_history(txn, tables, history_id, start)
         if replica_of:
             txn.put(schema.FOLLOWS, replica_of.encode(), db=tables.counters)
-        elif follows is not None:
+        elif follows is not None and not elected:
             txn.delete(schema.FOLLOWS, db=tables.counters)
         record = leadership.read(txn, tables)
-        opened = _leadership_at_open(record, opened_as, replica_of, position)
+        opened = record if elected else _leadership_at_open(record, opened_as, replica_of, position)
         if opened != record:
             leadership.write(txn, tables, opened)
         folder.write_marker(
@@ -192,18 +201,24 @@ class AdoptHistoryCommand:
 class LeadershipCommand:
     """Change the leadership record in the writer's transaction (see ``leadership``): ``change``
     maps the record read there to the new one, or raises a SessionLogError to refuse. With
-    ``new_history`` (a promotion) the folder also starts a new history id and stops following.
+    ``new_history`` (a promotion) the folder also starts a new history id and stops following;
+    with ``follows`` it is recorded as a replica of that primary (a cluster member that follows).
     Local to this folder: no change record. ``outcome`` holds (before, after) once applied."""
 
     kind = "leadership"
     session_id = ""
 
     def __init__(
-        self, tables: Tables, change: leadership.Change, new_history: bool = False
+        self,
+        tables: Tables,
+        change: leadership.Change,
+        new_history: bool = False,
+        follows: str = "",
     ) -> None:
         self._tables = tables
         self._change = change
         self._new_history = new_history
+        self._follows = follows
         self.outcome: tuple[leadership.Leadership, leadership.Leadership] | None = None
 
     def size(self) -> int:
@@ -221,5 +236,7 @@ class LeadershipCommand:
         if self._new_history:
             put_history(txn, self._tables, new_history_id(), position)
             txn.delete(schema.FOLLOWS, db=self._tables.counters)
+        elif self._follows:
+            txn.put(schema.FOLLOWS, self._follows.encode(), db=self._tables.counters)
         self.outcome = (before, after)
         return changes.ApplyResult(0, 0)

@@ -131,6 +131,31 @@ def promoted(record: Leadership, next_position: int, epoch: int = 0) -> Leadersh
     return Leadership(taken, PRIMARY, "", (*record.history, (taken, next_position)))
 
 
+def elected(record: Leadership, next_position: int, epoch: int) -> Leadership:
+    """The record of a folder that an election made the leader of ``epoch`` (etcd hands each
+    epoch to one leader): ``promoted``, but also from a folder that took writes in an older
+    epoch (a member that led before), and from one that already knows ``epoch`` without having
+    written in it (a reader that learned it from the new leader's followers fenced it there).
+    Unchanged when it already leads at ``epoch``; StaleEpoch below what it knows."""
+    if record.may_write and record.epoch == epoch:
+        return record
+    if epoch < record.epoch or epoch <= max(record.last_epoch, FIRST_EPOCH):
+        raise errors.StaleEpoch(
+            f"the election's epoch {epoch} is not above epoch "
+            f"{max(record.epoch, record.last_epoch)} this folder knows: epochs must rise (was "
+            "etcd's data replaced?)",
+            epoch=epoch,
+            known_epoch=max(record.epoch, record.last_epoch),
+        )
+    return Leadership(epoch, PRIMARY, "", (*record.history, (epoch, next_position)))
+
+
+def following(record: Leadership, primary: str) -> Leadership:
+    """The record of a folder that replicates ``primary`` (a group member that an election
+    made a follower): it takes no writes, and names ``primary`` to writers."""
+    return replace(record, role=REPLICA, primary=primary)
+
+
 def fenced(record: Leadership, epoch: int, primary: str) -> Leadership:
     """The record after learning of ``epoch`` (with its primary, if known) from a fence or a
     feed reader: a primary stops taking writes; anyone else only records the epoch. Unchanged

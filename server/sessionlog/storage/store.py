@@ -83,6 +83,9 @@ class StoreConfig:
     replica_of: str = ""
     """The primary this folder follows when opened as a replica ("" for a primary): recorded
     in the folder, so that opening a former replica as a primary starts a new history."""
+    elected: bool = False
+    """The folder's role comes from an election (a --cluster member): opening it changes no role
+    and starts no history (see ``identity.reconcile``)."""
 
 
 def prepare_append(
@@ -509,11 +512,11 @@ class Store:
             return rebuild.read_note(txn, self.tables)
 
     def submit_leadership(
-        self, change: LeadershipChange, new_history: bool = False
+        self, change: LeadershipChange, new_history: bool = False, follows: str = ""
     ) -> Future[tuple[Leadership, Leadership]]:
         """Queue a change of the leadership record (see ``identity.LeadershipCommand``); the
         future holds the records (before, after) once durable."""
-        command = identity.LeadershipCommand(self.tables, change, new_history)
+        command = identity.LeadershipCommand(self.tables, change, new_history, follows)
         done: Future[tuple[Leadership, Leadership]] = Future()
 
         def settle(applied: Future[ApplyResult]) -> None:
@@ -719,7 +722,7 @@ def _reconcile(
     """``identity.reconcile``, with a full disk (it writes the marker and one transaction)
     turned into one line that says what to do."""
     try:
-        return identity.reconcile(env, tables, path, marker, config.replica_of)
+        return identity.reconcile(env, tables, path, marker, config.replica_of, config.elected)
     except (OSError, lmdb.Error) as exc:
         if not _disk_full(exc):
             raise

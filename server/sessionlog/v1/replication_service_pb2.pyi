@@ -20,6 +20,13 @@ class ChangeKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     CHANGE_KIND_FORK: _ClassVar[ChangeKind]
     CHANGE_KIND_LEASE: _ClassVar[ChangeKind]
 
+class ClusterRole(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    CLUSTER_ROLE_UNSPECIFIED: _ClassVar[ClusterRole]
+    CLUSTER_ROLE_LEADER: _ClassVar[ClusterRole]
+    CLUSTER_ROLE_FOLLOWER: _ClassVar[ClusterRole]
+    CLUSTER_ROLE_FENCED: _ClassVar[ClusterRole]
+
 class AckMode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     ACK_MODE_UNSPECIFIED: _ClassVar[AckMode]
@@ -40,6 +47,10 @@ CHANGE_KIND_APPEND: ChangeKind
 CHANGE_KIND_CREATE: ChangeKind
 CHANGE_KIND_FORK: ChangeKind
 CHANGE_KIND_LEASE: ChangeKind
+CLUSTER_ROLE_UNSPECIFIED: ClusterRole
+CLUSTER_ROLE_LEADER: ClusterRole
+CLUSTER_ROLE_FOLLOWER: ClusterRole
+CLUSTER_ROLE_FENCED: ClusterRole
 ACK_MODE_UNSPECIFIED: AckMode
 ACK_MODE_LOCAL: AckMode
 ACK_MODE_REPLICA: AckMode
@@ -134,7 +145,7 @@ class GetReplicationStatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class GetReplicationStatusResponse(_message.Message):
-    __slots__ = ("role", "primary", "position", "primary_position", "lag_positions", "lag", "caught_up", "connected", "last_contact_time", "state", "history_id", "primary_history_id", "detail", "epoch", "epoch_history", "ack", "sync_replicas", "replicas")
+    __slots__ = ("role", "primary", "position", "primary_position", "lag_positions", "lag", "caught_up", "connected", "last_contact_time", "state", "history_id", "primary_history_id", "detail", "epoch", "epoch_history", "ack", "sync_replicas", "replicas", "cluster")
     ROLE_FIELD_NUMBER: _ClassVar[int]
     PRIMARY_FIELD_NUMBER: _ClassVar[int]
     POSITION_FIELD_NUMBER: _ClassVar[int]
@@ -153,6 +164,7 @@ class GetReplicationStatusResponse(_message.Message):
     ACK_FIELD_NUMBER: _ClassVar[int]
     SYNC_REPLICAS_FIELD_NUMBER: _ClassVar[int]
     REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    CLUSTER_FIELD_NUMBER: _ClassVar[int]
     role: str
     primary: str
     position: int
@@ -171,7 +183,34 @@ class GetReplicationStatusResponse(_message.Message):
     ack: AckMode
     sync_replicas: int
     replicas: _containers.RepeatedCompositeFieldContainer[SyncReplica]
-    def __init__(self, role: _Optional[str] = ..., primary: _Optional[str] = ..., position: _Optional[int] = ..., primary_position: _Optional[int] = ..., lag_positions: _Optional[int] = ..., lag: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., caught_up: _Optional[bool] = ..., connected: _Optional[bool] = ..., last_contact_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., state: _Optional[_Union[ReplicationState, str]] = ..., history_id: _Optional[str] = ..., primary_history_id: _Optional[str] = ..., detail: _Optional[str] = ..., epoch: _Optional[int] = ..., epoch_history: _Optional[_Iterable[_Union[EpochStart, _Mapping]]] = ..., ack: _Optional[_Union[AckMode, str]] = ..., sync_replicas: _Optional[int] = ..., replicas: _Optional[_Iterable[_Union[SyncReplica, _Mapping]]] = ...) -> None: ...
+    cluster: ClusterStatus
+    def __init__(self, role: _Optional[str] = ..., primary: _Optional[str] = ..., position: _Optional[int] = ..., primary_position: _Optional[int] = ..., lag_positions: _Optional[int] = ..., lag: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., caught_up: _Optional[bool] = ..., connected: _Optional[bool] = ..., last_contact_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., state: _Optional[_Union[ReplicationState, str]] = ..., history_id: _Optional[str] = ..., primary_history_id: _Optional[str] = ..., detail: _Optional[str] = ..., epoch: _Optional[int] = ..., epoch_history: _Optional[_Iterable[_Union[EpochStart, _Mapping]]] = ..., ack: _Optional[_Union[AckMode, str]] = ..., sync_replicas: _Optional[int] = ..., replicas: _Optional[_Iterable[_Union[SyncReplica, _Mapping]]] = ..., cluster: _Optional[_Union[ClusterStatus, _Mapping]] = ...) -> None: ...
+
+class ClusterStatus(_message.Message):
+    __slots__ = ("group", "member", "role", "leader", "epoch", "reason", "lease", "lease_remaining", "etcd_endpoint", "blocked_by", "deposed")
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    MEMBER_FIELD_NUMBER: _ClassVar[int]
+    ROLE_FIELD_NUMBER: _ClassVar[int]
+    LEADER_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    LEASE_FIELD_NUMBER: _ClassVar[int]
+    LEASE_REMAINING_FIELD_NUMBER: _ClassVar[int]
+    ETCD_ENDPOINT_FIELD_NUMBER: _ClassVar[int]
+    BLOCKED_BY_FIELD_NUMBER: _ClassVar[int]
+    DEPOSED_FIELD_NUMBER: _ClassVar[int]
+    group: str
+    member: str
+    role: ClusterRole
+    leader: str
+    epoch: int
+    reason: str
+    lease: int
+    lease_remaining: _duration_pb2.Duration
+    etcd_endpoint: str
+    blocked_by: _containers.RepeatedScalarFieldContainer[str]
+    deposed: str
+    def __init__(self, group: _Optional[str] = ..., member: _Optional[str] = ..., role: _Optional[_Union[ClusterRole, str]] = ..., leader: _Optional[str] = ..., epoch: _Optional[int] = ..., reason: _Optional[str] = ..., lease: _Optional[int] = ..., lease_remaining: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., etcd_endpoint: _Optional[str] = ..., blocked_by: _Optional[_Iterable[str]] = ..., deposed: _Optional[str] = ...) -> None: ...
 
 class ReportProgressRequest(_message.Message):
     __slots__ = ("replica", "position", "checksum", "epoch")

@@ -1,0 +1,241 @@
+"""`sessionlog dev cluster`: a local etcd and a three-member group on loopback, in one command.
+
+    sessionlog dev cluster [--dir ./sessionlog-cluster] [--port 50051] [--etcd-port 12379]
+
+It starts Debian's ``etcd`` (a single member, its data in DIR/etcd) and three `sessionlog serve
+--cluster` members (DIR/m1..m3, ports PORT..PORT+2) with ``--ack replica --sync-replicas 1``,
+waits until one of them leads, prints where everything is and how a client reaches the group,
+then waits. Ctrl-C (or SIGTERM) stops every member, then etcd, each by its PID (SIGTERM, then
+SIGKILL for one that does not exit). The folders stay: a second run continues the same group.
+Logs go to DIR/*.log.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+MEMBERS = 3
+GROUP = "dev"
+READY_SECONDS = 60.0
+STOP_SECONDS = 10.0
+
+
+class DevError(Exception):
+    """The group could not start; the message says why."""
+
+
+def add_commands(commands: Any) -> None:
+    """Register `sessionlog dev cluster` on the `sessionlog` parser."""
+    dev = commands.add_parser(
+        "dev", help="try things locally (a cluster)", description="Local set-ups to try things."
+    )
+    actions = dev.add_subparsers(dest="dev_command", metavar="ACTION", required=True)
+    cluster = actions.add_parser(
+        "cluster",
+        help="etcd and a three-member group on 127.0.0.1, until Ctrl-C",
+        description="Start etcd (the `etcd` binary: apt-get install etcd-server) and three "
+        "`sessionlog serve --cluster` members with --ack replica --sync-replicas 1 on 127.0.0.1, "
+        "print their addresses and a client example, and stop them all on Ctrl-C.",
+    )
+    cluster.add_argument(
+        "--dir", default="./sessionlog-cluster", help="where the folders and logs go"
+    )
+    cluster.add_argument(
+        "--port", type=int, default=50051, help="the first member's port (the others follow)"
+    )
+    cluster.add_argument("--etcd-port", type=int, default=12379, help="etcd's client port")
+    cluster.add_argument("--lease-ttl", type=int, default=5, help="the members' --lease-ttl")
+    cluster.set_defaults(run=run_cluster)
+
+
+def run_cluster(args: argparse.Namespace) -> int:
+    root = Path(args.dir).absolute()
+    root.mkdir(parents=True, exist_ok=True)
+    processes: list[tuple[str, subprocess.Popen[bytes]]] = []
+    stopping = {"now": False}
+
+    def stop_on(signum: int, frame: Any) -> None:
+        stopping["now"] = True
+
+    signal.signal(signal.SIGTERM, stop_on)
+    signal.signal(signal.SIGINT, stop_on)
+    try:
+        processes.append(("etcd", _start_etcd(root, args.etcd_port)))
+        cluster = f"etcd://127.0.0.1:{args.etcd_port}"
+        addresses = [f"127.0.0.1:{args.port + i}" for i in range(MEMBERS)]
+        for number, address in enumerate(addresses, 1):
+            name = f"m{number}"
+            processes.append((name, _start_member(root, name, address, cluster, args.lease_ttl)))
+        leader = _wait_leader(args.etcd_port, processes, stopping)
+        if leader is None:
+            return 130
+        pids = {name: process.pid for name, process in processes}
+        _print_group(root, cluster, addresses, leader, pids)
+        while not stopping["now"]:
+            for name, process in processes:
+                if process.poll() is not None:
+                    raise DevError(
+                        f"{name} exited with {process.returncode}; see {root / (name + '.log')}"
+                    )
+            time.sleep(0.2)
+        print("stopping the members, then etcd")
+        return 0
+    except DevError as exc:
+        print(f"sessionlog: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        for name, process in reversed(processes):
+            _stop(name, process)
+
+
+def _start_etcd(root: Path, port: int) -> subprocess.Popen[bytes]:
+    import requests  # here: every other command of the CLI starts without it
+
+    binary = shutil.which("etcd")
+    if binary is None:
+        raise DevError(
+            "etcd is not on PATH: install it (`make etcd-tools`, or apt-get install -y etcd-server)"
+        )
+    client, peer = f"http://127.0.0.1:{port}", f"http://127.0.0.1:{port + 1}"
+    argv = [
+        binary,
+        "--name", "dev",
+        "--data-dir", str(root / "etcd"),
+        "--listen-client-urls", client,
+        "--advertise-client-urls", client,
+        "--listen-peer-urls", peer,
+        "--initial-advertise-peer-urls", peer,
+        "--initial-cluster", f"dev={peer}",
+        "--log-level", "warn",
+        "--logger", "zap",
+    ]  # fmt: skip
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ETCD")}
+    process = _spawn(argv, root / "etcd.log", env)
+    deadline = time.monotonic() + READY_SECONDS
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise DevError(f"etcd exited with {process.returncode}; see {root / 'etcd.log'}")
+        try:
+            if requests.get(f"{client}/health", timeout=1).json().get("health") == "true":
+                return process
+        except (requests.RequestException, ValueError):
+            pass
+        time.sleep(0.1)
+    _stop("etcd", process)
+    raise DevError(f"etcd did not become healthy; see {root / 'etcd.log'}")
+
+
+def _start_member(
+    root: Path, name: str, address: str, cluster: str, lease_ttl: int
+) -> subprocess.Popen[bytes]:
+    argv = [
+        sys.executable, "-m", "sessionlog.cli", "serve",
+        "--data", str(root / name),
+        "--listen", address,
+        "--advertise", address,
+        "--cluster", cluster,
+        "--group", GROUP,
+        "--lease-ttl", str(lease_ttl),
+        "--ack", "replica",
+        "--sync-replicas", "1",
+    ]  # fmt: skip
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SESSIONLOG_")}
+    return _spawn(argv, root / f"{name}.log", env)
+
+
+def _spawn(argv: list[str], log: Path, env: dict[str, str]) -> subprocess.Popen[bytes]:
+    with log.open("ab") as out:
+        # A session of its own: Ctrl-C in the terminal reaches this command only, which then
+        # stops each child in order.
+        return subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
+        )
+
+
+def _wait_leader(
+    port: int, processes: list[tuple[str, subprocess.Popen[bytes]]], stopping: dict[str, bool]
+) -> str | None:
+    """The leader's address once one leads (None when stopped first)."""
+    import requests
+
+    from sessionlog.cluster.members import GroupKeys
+
+    key = GroupKeys(GROUP).leader
+    deadline = time.monotonic() + READY_SECONDS
+    while time.monotonic() < deadline and not stopping["now"]:
+        for name, process in processes:
+            if process.poll() is not None:
+                raise DevError(f"{name} exited with {process.returncode} while starting")
+        try:
+            reply = requests.post(
+                f"http://127.0.0.1:{port}/v3/kv/range", json={"key": _b64(key)}, timeout=1
+            ).json()
+        except (requests.RequestException, ValueError):
+            reply = {}
+        for kv in reply.get("kvs", []):
+            return base64.b64decode(kv["value"]).decode()
+        time.sleep(0.2)
+    if stopping["now"]:
+        return None
+    raise DevError(f"no member became the leader within {READY_SECONDS:.0f} s; see the logs")
+
+
+def _b64(text: str) -> str:
+    return base64.b64encode(text.encode()).decode()
+
+
+def _print_group(
+    root: Path, cluster: str, addresses: list[str], leader: str, pids: dict[str, int]
+) -> None:
+    members = ", ".join(f'"{a}"' for a in addresses)
+    listing = "\n".join(
+        f"  m{n}  {a}  pid {pids[f'm{n}']}{'  (leader)' if a == leader else ''}"
+        for n, a in enumerate(addresses, 1)
+    )
+    leader_pid = next(pids[f"m{n}"] for n, a in enumerate(addresses, 1) if a == leader)
+    print(
+        f"""etcd     {cluster}  (pid {pids["etcd"]}, data {root / "etcd"})
+group    {GROUP}  (--ack replica --sync-replicas 1)
+{listing}
+logs     {root}/*.log
+
+Try it (in another terminal):
+  sessionlog append demo user_message --content "hi" --server {leader}
+  sessionlog replication status --server {addresses[0]}
+  kill -9 {leader_pid}   # the leader: another member takes over within the lease TTL
+
+From Python:
+  from sessionlog_client import Client, event
+  with Client([{members}]) as client:          # or Client(cluster="{cluster}", group="{GROUP}")
+      client.append("demo", [event("user_message", {{"content": "hi"}})])
+
+Ctrl-C stops every member, then etcd.""",
+        flush=True,
+    )
+
+
+def _stop(name: str, process: subprocess.Popen[bytes]) -> None:
+    """SIGTERM by PID, wait, SIGKILL if it does not exit."""
+    if process.poll() is not None:
+        return
+    os.kill(process.pid, signal.SIGTERM)
+    try:
+        process.wait(STOP_SECONDS)
+    except subprocess.TimeoutExpired:
+        print(f"{name} (pid {process.pid}) did not stop; killing it", file=sys.stderr)
+        os.kill(process.pid, signal.SIGKILL)
+        process.wait(STOP_SECONDS)

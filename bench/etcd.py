@@ -38,7 +38,6 @@ When ``etcd`` or h2load is missing, these rows are skipped with a note.
 from __future__ import annotations
 
 import contextlib
-import os
 import shutil
 import subprocess
 import time
@@ -54,6 +53,7 @@ from bench import h2load
 from bench.common import Measurement, Settings, page_events, stored_event
 from bench.load import UnaryLoad
 from bench.procs import ChildProcess, free_port
+from sessionlog.dev import etcd_command
 
 START_SECONDS = 30.0
 CALL_TIMEOUT = 30.0
@@ -227,24 +227,7 @@ class EtcdProcess(ChildProcess):
         if path is None:
             raise RuntimeError(unavailable())
         self.directory.mkdir(parents=True, exist_ok=True)
-        client = f"http://{self.address}"
-        peer = f"http://127.0.0.1:{self.peer_port}"
-        argv = [
-            path,
-            "--name", "bench",
-            "--data-dir", str(self.directory / "data"),
-            "--listen-client-urls", client,
-            "--advertise-client-urls", client,
-            "--listen-peer-urls", peer,
-            "--initial-advertise-peer-urls", peer,
-            "--initial-cluster", f"bench={peer}",
-            "--initial-cluster-state", "new",
-            "--logger", "zap",
-            "--log-outputs", "stderr",
-            "--log-level", "warn",
-        ]  # fmt: skip
-        # Flags only: ETCD_* variables in the environment would override the bench's settings.
-        env = {k: v for k, v in os.environ.items() if not k.startswith("ETCD")}
+        argv, env = etcd_command(path, "bench", self.directory / "data", self.port, self.peer_port)
         with self.log_path.open("wb") as log:
             self.process = subprocess.Popen(
                 argv, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True

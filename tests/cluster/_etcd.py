@@ -24,6 +24,7 @@ from types import TracebackType
 import requests
 
 from sessionlog.cluster.settings import Endpoint
+from sessionlog.dev import etcd_command
 from tests.e2e._proc import free_port
 
 READY_SECONDS = 30.0
@@ -59,24 +60,9 @@ class EtcdProcess:
         binary = shutil.which("etcd")
         assert binary is not None, INSTALL
         self.directory.mkdir(parents=True, exist_ok=True)
-        client = f"http://127.0.0.1:{self.port}"
-        peer = f"http://127.0.0.1:{self.peer_port}"
-        argv = [
-            binary,
-            "--name", self.name,
-            "--data-dir", str(self.directory / "data"),
-            "--listen-client-urls", client,
-            "--advertise-client-urls", client,
-            "--listen-peer-urls", peer,
-            "--initial-advertise-peer-urls", peer,
-            "--initial-cluster", f"{self.name}={peer}",
-            "--initial-cluster-state", "new",
-            "--logger", "zap",
-            "--log-outputs", "stderr",
-            "--log-level", "warn",
-        ]  # fmt: skip
-        # Flags only: ETCD_* variables in the environment would override these.
-        env = {k: v for k, v in os.environ.items() if not k.startswith("ETCD")}
+        argv, env = etcd_command(
+            binary, self.name, self.directory / "data", self.port, self.peer_port
+        )
         with self.log_path.open("ab") as log:
             self.process = subprocess.Popen(
                 argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env

@@ -5,7 +5,9 @@
 It starts Debian's ``etcd`` (a single member, its data in DIR/etcd) and three `sessionlog serve
 --cluster` members (DIR/m1..m3, ports PORT..PORT+2) with ``--ack replica --sync-replicas 1``,
 waits until one of them leads, prints where everything is and how a client reaches the group,
-then waits. Ctrl-C (or SIGTERM) stops every member, then etcd, each by its PID (SIGTERM, then
+then waits. A member that exits (``kill -9`` the leader to watch a failover) is started again
+on its folder two seconds later and rejoins as a follower. Ctrl-C (or SIGTERM) stops every
+member, then etcd, each by its PID (SIGTERM, then
 SIGKILL for one that does not exit). The folders stay: a second run continues the same group.
 Logs go to DIR/*.log.
 """
@@ -27,6 +29,9 @@ MEMBERS = 3
 GROUP = "dev"
 READY_SECONDS = 60.0
 STOP_SECONDS = 10.0
+RESTART_AFTER_SECONDS = 2.0
+"""A member that exits is started again this long after (one that exits again as soon after its
+restart stops the whole group: it cannot start)."""
 
 
 class DevError(Exception):
@@ -80,12 +85,29 @@ def run_cluster(args: argparse.Namespace) -> int:
             return 130
         pids = {name: process.pid for name, process in processes}
         _print_group(root, cluster, addresses, leader, pids)
+        restarted_at = dict.fromkeys(pids, float("-inf"))
         while not stopping["now"]:
-            for name, process in processes:
-                if process.poll() is not None:
-                    raise DevError(
-                        f"{name} exited with {process.returncode}; see {root / (name + '.log')}"
-                    )
+            for index, (name, process) in enumerate(processes):
+                if process.poll() is None:
+                    continue
+                log = root / f"{name}.log"
+                if name == "etcd":
+                    raise DevError(f"etcd exited with {process.returncode}; see {log}")
+                if time.monotonic() - restarted_at[name] < RESTART_AFTER_SECONDS:
+                    raise DevError(f"{name} exited with {process.returncode} again; see {log}")
+                # A member killed to try a failover: the others carry on (one of them takes the
+                # lead), and it comes back on its folder a moment later, as a follower.
+                print(
+                    f"{name} (pid {process.pid}) exited with {process.returncode}; the others "
+                    f"carry on; restarting it in {RESTART_AFTER_SECONDS:.0f} s",
+                    flush=True,
+                )
+                time.sleep(RESTART_AFTER_SECONDS)
+                address = addresses[int(name[1:]) - 1]
+                restarted = _start_member(root, name, address, cluster, args.lease_ttl)
+                processes[index] = (name, restarted)
+                restarted_at[name] = time.monotonic()
+                print(f"{name} restarted: pid {restarted.pid}", flush=True)
             time.sleep(0.2)
         print("stopping the members, then etcd")
         return 0
@@ -97,6 +119,31 @@ def run_cluster(args: argparse.Namespace) -> int:
             _stop(name, process)
 
 
+def etcd_command(
+    binary: str, name: str, data: Path, port: int, peer_port: int
+) -> tuple[list[str], dict[str, str]]:
+    """The argv and environment of a single-member etcd on 127.0.0.1 (client ``port``, peer
+    ``peer_port``, its data in ``data``), logging warnings to stderr: the one way this project
+    starts etcd (here, in the bench, in the tests). Flags only: ETCD_* variables in the
+    environment would override them, so they are left out of it."""
+    client, peer = f"http://127.0.0.1:{port}", f"http://127.0.0.1:{peer_port}"
+    argv = [
+        binary,
+        "--name", name,
+        "--data-dir", str(data),
+        "--listen-client-urls", client,
+        "--advertise-client-urls", client,
+        "--listen-peer-urls", peer,
+        "--initial-advertise-peer-urls", peer,
+        "--initial-cluster", f"{name}={peer}",
+        "--initial-cluster-state", "new",
+        "--logger", "zap",
+        "--log-outputs", "stderr",
+        "--log-level", "warn",
+    ]  # fmt: skip
+    return argv, {k: v for k, v in os.environ.items() if not k.startswith("ETCD")}
+
+
 def _start_etcd(root: Path, port: int) -> subprocess.Popen[bytes]:
     import requests  # here: every other command of the CLI starts without it
 
@@ -105,20 +152,8 @@ def _start_etcd(root: Path, port: int) -> subprocess.Popen[bytes]:
         raise DevError(
             "etcd is not on PATH: install it (`make etcd-tools`, or apt-get install -y etcd-server)"
         )
-    client, peer = f"http://127.0.0.1:{port}", f"http://127.0.0.1:{port + 1}"
-    argv = [
-        binary,
-        "--name", "dev",
-        "--data-dir", str(root / "etcd"),
-        "--listen-client-urls", client,
-        "--advertise-client-urls", client,
-        "--listen-peer-urls", peer,
-        "--initial-advertise-peer-urls", peer,
-        "--initial-cluster", f"dev={peer}",
-        "--log-level", "warn",
-        "--logger", "zap",
-    ]  # fmt: skip
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ETCD")}
+    client = f"http://127.0.0.1:{port}"
+    argv, env = etcd_command(binary, "dev", root / "etcd", port, port + 1)
     process = _spawn(argv, root / "etcd.log", env)
     deadline = time.monotonic() + READY_SECONDS
     while time.monotonic() < deadline:
@@ -216,7 +251,8 @@ logs     {root}/*.log
 Try it (in another terminal):
   sessionlog append demo user_message --content "hi" --server {leader}
   sessionlog replication status --server {addresses[0]}
-  kill -9 {leader_pid}   # the leader: another member takes over within the lease TTL
+  kill -9 {leader_pid}   # the leader: another member takes over within the lease TTL,
+                        # and this one comes back as a follower 2 s later
 
 From Python:
   from sessionlog_client import Client, event

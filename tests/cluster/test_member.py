@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -25,7 +26,7 @@ from sessionlog.v1 import event_pb2
 from sessionlog.v1 import replication_service_pb2 as rpb
 from sessionlog.v1 import session_log_service_pb2 as pb
 from sessionlog.v1 import session_log_service_pb2_grpc as pb_grpc
-from sessionlog_client import Client, event
+from sessionlog_client import Client, Retry, event
 from tests.cluster._group import GROUP, SERVING, Group, Member, log_entries
 from tests.e2e._proc import clean_env, free_port, run_cli
 from tests.e2e._replication_cluster import wait_for
@@ -216,8 +217,20 @@ def test_dev_cluster_starts_a_group_and_stops_it_on_ctrl_c(tmp_path: Path) -> No
         children = [int(pid) for pid in listed]
         assert len(children) == 4, text  # etcd and three members
         assert all(f"pid {pid}" in text for pid in children), text
-        with Client([f"127.0.0.1:{port + i}" for i in range(3)]) as client:
+        addresses = [f"127.0.0.1:{port + i}" for i in range(3)]
+        with Client(addresses) as client:
             client.append("demo", [event("user_message", {"content": "hi"})])
+        # The banner's failover: kill -9 the leader; another member leads, the killed one
+        # comes back (a new PID) and the group goes on.
+        [leader_pid] = re.findall(r"kill -9 (\d+)", text)
+        os.kill(int(leader_pid), signal.SIGKILL)
+        wait_for("the killed member restarts", lambda: "restarted: pid" in out.read_text(), 30)
+        [restarted] = re.findall(r"restarted: pid (\d+)", out.read_text())
+        children.append(int(restarted))
+        with Client(addresses, retry=Retry(give_up_after=30.0)) as client:
+            reply = client.append("demo", [event("user_message", {"content": "after"})])
+            assert reply.events[0].seq == 1
+        assert process.poll() is None, out.read_text()
         process.send_signal(signal.SIGINT)
         assert process.wait(30) == 0
         for child in children:

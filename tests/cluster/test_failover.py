@@ -11,6 +11,9 @@ the group is whole again:
     freeze     SIGSTOP of the leader for longer than the lease TTL, then SIGCONT: it wakes as a
                zombie that must find itself fenced before it answers anything
     partition  the leader's link to etcd black-holed (its relay) until another member leads
+    isolate    the leader cut off from its replicas and the clients (the relay in front of it
+               black-holed) while it keeps its etcd lease, for longer than --sync-timeout:
+               nothing may be acknowledged without a replica, and no one else may lead
     replica    SIGKILL of a follower, restarted at once
     etcd       etcd stopped and started again on its data
 
@@ -25,6 +28,7 @@ acknowledged by a new leader, and printed.
 from __future__ import annotations
 
 import json
+import os
 import random
 import threading
 import time
@@ -47,12 +51,17 @@ from tests.e2e._replication_cluster import changes_raw, percentile
 
 TTL = 2
 """The members' --lease-ttl (etcd's floor): a failover takes about this long."""
-FAULTS = ["kill", "freeze", "partition", "replica", "kill", "etcd"] * 5
-"""30 faults: 20 of the leader (kill, freeze, partition), 5 of a follower, 5 etcd restarts."""
+ROUNDS = int(os.environ.get("SESSIONLOG_FAILOVER_ROUNDS", "1"))
+"""The longer manual run: SESSIONLOG_FAILOVER_ROUNDS=10 gives 300 faults (about 20 minutes)."""
+FAULTS = ["kill", "freeze", "partition", "replica", "isolate", "etcd"] * 5 * ROUNDS
+"""30 faults a round: 20 of the leader (kill, freeze, partition, isolate), 5 of a follower, 5
+etcd restarts."""
+ISOLATE_SECONDS = 3.0
+"""How long an isolated leader stays cut off: past --sync-timeout and --replica-timeout."""
 LEADER_FAULTS = ("kill", "freeze", "partition")
 WRITERS = 3
 SESSIONS_PER_WRITER = 2
-RUN_SECONDS = 170.0
+RUN_SECONDS = 170.0 * ROUNDS
 """The fault loop's budget: it stops injecting once past it (the test then fails on the count)."""
 HEALTHY_SECONDS = 30.0
 """How long the group may take to be whole again after one fault."""
@@ -246,6 +255,17 @@ def inject(group: Group, kind: str, rng: random.Random) -> Fault:
         group.wait_new_leader(epoch, 6 * TTL)
         leader.etcd_link.blackhole(False)
         leader.etcd_link.cut()
+    elif kind == "isolate":
+        front = leader.front
+        assert front is not None, "the group runs with fronts"
+        front.blackhole(True)
+        front.cut()
+        time.sleep(ISOLATE_SECONDS)
+        found = group.leader()
+        assert found is not None, "no leader while the leader was isolated"
+        assert found[1] == epoch, f"the isolated leader lost epoch {epoch}"
+        front.blackhole(False)
+        front.cut()
     elif kind == "replica":
         target.kill()
         target.start()
@@ -312,16 +332,16 @@ def checksum_at(member: Member, position: int) -> bytes:
 
 @pytest.fixture
 def group(tmp_path: Path) -> Iterator[Group]:
-    with Group(tmp_path, members=3, args=MEMBER_ARGS) as started:
+    with Group(tmp_path, members=3, args=MEMBER_ARGS, fronts=True) as started:
         yield started
 
 
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(300 * ROUNDS)
 def test_thirty_faults_lose_no_acknowledged_append(
     group: Group, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """30 faults (kills, freezes and etcd partitions of the leader, follower kills, etcd
-    restarts) under three writers: the history has no anomaly, every member converges to the
+    """30 faults (kills, freezes, etcd partitions and isolation of the leader, follower kills,
+    etcd restarts) under three writers: the history has no anomaly, every member converges to the
     same data and checksum, and a new leader acknowledges writes within a few seconds."""
     rng = random.Random(15)
     stopping = threading.Event()
@@ -373,6 +393,6 @@ def test_thirty_faults_lose_no_acknowledged_append(
         print(f"\nfailover run: {json.dumps(summary)}")
     assert anomalies == [], "\n".join(summary["anomalies"])
     assert len(set(sums.values())) == 1, sums
-    assert len(faults) >= 30, f"only {len(faults)} faults within {RUN_SECONDS} s"
+    assert len(faults) >= len(FAULTS), f"only {len(faults)} faults within {RUN_SECONDS} s"
     assert acknowledged > 10 * len(faults)
     assert not [a for a in appends if a.outcome == "refused"], "an expected_seq was refused"

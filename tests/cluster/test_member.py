@@ -54,7 +54,8 @@ def refused(member: Member, session: str = "s") -> grpc.RpcError:
 def test_one_member_leads_at_etcds_epoch_and_the_others_name_it(tmp_path: Path) -> None:
     """The leader takes writes stamped with the leader key's create revision; the followers
     replicate them, refuse writes with NOT_PRIMARY naming the leader, report the group in their
-    status, and refuse a manual promotion (CLUSTER_MANAGED)."""
+    status, and refuse a manual promotion, as the leader refuses a manual fence
+    (CLUSTER_MANAGED)."""
     with Group(tmp_path, members=3, args=LOCAL) as group:
         leader, epoch = group.wait_healthy(30)
         seq, stamped = append(leader, "s", "hello", request_id="r1")
@@ -85,9 +86,17 @@ def test_one_member_leads_at_etcds_epoch_and_the_others_name_it(tmp_path: Path) 
                     admin.Promote(apb.PromoteRequest(), timeout=5)
             assert promoted.value.code() == grpc.StatusCode.FAILED_PRECONDITION
             assert error_info(promoted.value).reason == "CLUSTER_MANAGED"
+        # Nor is the leader fenced by hand (an epoch etcd never gave would outrun its own).
+        with grpc.insecure_channel(leader.direct) as channel:
+            admin = apb_grpc.AdminServiceStub(channel)  # type: ignore[no-untyped-call]
+            with pytest.raises(grpc.RpcError) as fenced:
+                admin.Fence(apb.FenceRequest(epoch=epoch + 1000), timeout=5)
+        assert fenced.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        assert error_info(fenced.value).reason == "CLUSTER_MANAGED"
+        assert append(leader, "s", "still the leader", request_id="r2") == (1, epoch)
         wait_for(
-            "the followers hold the append",
-            lambda: all(position(m) == 1 for m in group.members),
+            "the followers hold the appends",
+            lambda: all(position(m) == 2 for m in group.members),
             10,
         )
         follower = next(m for m in group.members if m is not leader)

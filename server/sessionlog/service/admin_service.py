@@ -78,17 +78,22 @@ class AdminServicer:
             raise errors.Unavailable("this server cannot change its role (no promoter wired)")
         return self.promoter
 
-    @unary
-    async def promote(self, raw: bytes, context: grpc.aio.ServicerContext) -> bytes:
-        request = decode(apb.PromoteRequest, raw)
+    def _refuse_if_elected(self, what: str) -> None:
+        """A --cluster member's role and epochs are etcd's to give: a hand-made epoch would
+        depose a leader that still holds its lease, and outrun every epoch etcd can give."""
         if self.elected_in:
             raise errors.ClusterManaged(
                 f"this server is a member of group '{self.elected_in}' (--cluster): etcd elects "
-                "its primary and hands out its epochs, so it is not promoted by hand. Stop the "
+                f"its primary and hands out its epochs, so it is not {what} by hand. Stop the "
                 "leader (SIGTERM resigns at once) and a member that holds every acknowledged "
                 "write takes over",
                 group=self.elected_in,
             )
+
+    @unary
+    async def promote(self, raw: bytes, context: grpc.aio.ServicerContext) -> bytes:
+        request = decode(apb.PromoteRequest, raw)
+        self._refuse_if_elected("promoted")
         promotion = await self._promoter().promote(request.epoch)
         self.role = "primary"
         reply = apb.PromoteResponse(
@@ -103,6 +108,7 @@ class AdminServicer:
     @unary
     async def fence(self, raw: bytes, context: grpc.aio.ServicerContext) -> bytes:
         request = decode(apb.FenceRequest, raw)
+        self._refuse_if_elected("fenced")
         before, after = await self._promoter().fence(request.epoch, request.primary)
         reply = apb.FenceResponse(epoch=after.epoch, stopped_writes=before.may_write)
         serialized: bytes = reply.SerializeToString()

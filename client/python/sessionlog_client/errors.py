@@ -34,7 +34,7 @@ status back into the same class with :func:`from_reason`.
     │   ├── HistoryDiverged                 HISTORY_DIVERGED (the change feed's history differs)
     │   ├── AlreadyPrimary                  ALREADY_PRIMARY (promote of a server taking writes)
     │   ├── StaleEpoch                      STALE_EPOCH (an epoch not above the one known)
-    │   └── ClusterManaged                  CLUSTER_MANAGED (promote of a --cluster member)
+    │   └── ClusterManaged                  CLUSTER_MANAGED (promote or fence of a --cluster member)
     ├── SeqConflict                         ABORTED
     ├── Unauthenticated                     UNAUTHENTICATED (no or unknown bearer token)
     ├── PermissionDenied                    PERMISSION_DENIED (token lacks the right or prefix)

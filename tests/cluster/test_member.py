@@ -28,7 +28,7 @@ from sessionlog.v1 import session_log_service_pb2 as pb
 from sessionlog.v1 import session_log_service_pb2_grpc as pb_grpc
 from sessionlog_client import Client, Retry, event
 from tests.cluster._group import GROUP, SERVING, Group, Member, log_entries
-from tests.e2e._proc import clean_env, free_port, run_cli
+from tests.e2e._proc import clean_env, free_ports_in_a_row, run_cli
 from tests.e2e._replication_cluster import wait_for
 
 LOCAL = ["--lease-ttl", "2", "--replica-timeout", "1", "--log-level", "info"]
@@ -208,7 +208,8 @@ def position(member: Member) -> int:
 def test_dev_cluster_starts_a_group_and_stops_it_on_ctrl_c(tmp_path: Path) -> None:
     """`sessionlog dev cluster` prints the group once a member leads, the group takes a write,
     and SIGINT stops every process it started."""
-    port, etcd_port = free_port(), free_port()
+    # Members on port..port+2, etcd's client and peer on etcd_port and the one after it.
+    port, etcd_port = free_ports_in_a_row(3), free_ports_in_a_row(2)
     argv = [
         sys.executable, "-m", "sessionlog.cli", "dev", "cluster",
         "--dir", str(tmp_path / "dev"), "--port", str(port), "--etcd-port", str(etcd_port),

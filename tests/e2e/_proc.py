@@ -11,8 +11,10 @@ is an in-process server or `sessionlog serve --workers N` processes.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -44,6 +46,24 @@ def free_port() -> int:
         probe.bind(("127.0.0.1", 0))
         port: int = probe.getsockname()[1]
     return port
+
+
+def free_ports_in_a_row(count: int) -> int:
+    """The first of ``count`` consecutive ports on 127.0.0.1 that were free a moment ago, for a
+    command that takes one port and uses the next ones too. Picked below Linux's ephemeral range
+    (32768 and up), where the neighbours of a port from ``free_port`` may be any connection's."""
+    rng = random.Random()
+    for _ in range(200):
+        base = rng.randrange(20_000, 32_000 - count)
+        try:
+            with contextlib.ExitStack() as held:
+                for port in range(base, base + count):
+                    probe = held.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
+                    probe.bind(("127.0.0.1", port))
+        except OSError:
+            continue
+        return base
+    raise AssertionError(f"no {count} free ports in a row below 32000")
 
 
 def workers_under_test() -> int:

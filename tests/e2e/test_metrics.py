@@ -192,7 +192,14 @@ def test_follow_streams_show_while_open(primary: Primary) -> None:
         for response in stream:
             if response.caught_up:
                 break
-        _, during = scrape(primary.metrics_url)
+        # A --workers N worker publishes its counts a moment after it counts: poll for them.
+        deadline = time.monotonic() + TIMEOUT
+        while True:
+            _, during = scrape(primary.metrics_url)
+            opened = value(during, "sessionlog_open_streams")
+            if opened > value(before, "sessionlog_open_streams") or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
         stream.cancel()
         deadline = time.monotonic() + TIMEOUT
         while time.monotonic() < deadline:

@@ -81,23 +81,9 @@ class Promoter:
                 self._resume_replication()
                 raise
             await self._promoted(after)
-        promotion = Promotion(
-            epoch=after.epoch,
-            first_position=after.history[-1][1],
-            history_id=self.store.history()[0],
-            previous_primary=before.primary,
+        return self._announce(
+            before, after, "promoted: this server is the primary and takes writes"
         )
-        log.warning(
-            "promoted: this server is the primary and takes writes",
-            extra={
-                "epoch": promotion.epoch,
-                "first_position": promotion.first_position,
-                "history_id": promotion.history_id,
-                "previous_primary": promotion.previous_primary,
-                "previous_epoch": before.epoch,
-            },
-        )
-        return promotion
 
     async def lead(self, epoch: int) -> Promotion | None:
         """Take writes in ``epoch``, which an election gave this server: ``promote``'s steps,
@@ -114,6 +100,12 @@ class Promoter:
             )
             before, after = await asyncio.wrap_future(future)
             await self._promoted(after)
+        return self._announce(
+            before, after, "elected: this server is the group's primary and takes writes"
+        )
+
+    def _announce(self, before: Leadership, after: Leadership, message: str) -> Promotion:
+        """The promotion that turned ``before`` into ``after``, logged once."""
         promotion = Promotion(
             epoch=after.epoch,
             first_position=after.history[-1][1],
@@ -121,7 +113,7 @@ class Promoter:
             previous_primary=before.primary,
         )
         log.warning(
-            "elected: this server is the group's primary and takes writes",
+            message,
             extra={
                 "epoch": promotion.epoch,
                 "first_position": promotion.first_position,

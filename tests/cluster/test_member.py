@@ -2,7 +2,8 @@
 writes at etcd's epoch while the others replicate it and name it; no manual promotion; a
 leader cut off from etcd refuses writes naming no one, and resumes at the same epoch when its
 lease survived; a deposed leader with changes of its own rejoins by itself and reports them;
-`sessionlog dev cluster` starts and stops a whole group."""
+after three faults, only the synchronous member takes over; `sessionlog dev cluster` starts
+and stops a whole group."""
 
 from __future__ import annotations
 
@@ -208,7 +209,11 @@ def test_after_three_faults_only_the_synchronous_member_takes_over(tmp_path: Pat
         a, b = (m for m in group.members if m is not leader)
         append(leader, "s", "before", request_id="r0")
         start = position(leader)
-        wait_for("every member holds it", lambda: all(position(m) == start for m in group.members), 10)
+        wait_for(
+            "every member holds it",
+            lambda: all(position(m) == start for m in group.members),
+            10,
+        )
         a.freeze()
         b.etcd_link.blackhole(True)
         b.etcd_link.cut()
@@ -234,7 +239,7 @@ def test_after_three_faults_only_the_synchronous_member_takes_over(tmp_path: Pat
         new, _ = group.wait_new_leader(epoch, 20)
         assert new is b
         wait_for("B serves as the leader", lambda: b.health() == SERVING, 10)
-        wait_for("A follows B and holds it all", lambda: position(a) == start + 4, 20)
+        wait_for("A follows B and holds it all", lambda: position(a) >= start + 4, 20)
         for member in (a, b):
             with Client(member.direct) as reader:
                 texts = [e.data["content"] for e in reader.since("s")]

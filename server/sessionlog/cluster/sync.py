@@ -35,8 +35,9 @@ take over from it. Then:
   to put (``publishing``), and from then until a put lands, writes wait for the members of
   every set announced as well as the confirmed one; a replica joins (``wanted``) only when it
   holds every write acknowledged so far (at least this leadership's ``floor``, the store's
-  head when it took its epoch); a member leaves when it no longer counts, or when it has held
-  up a waiting write for ``lag_grace`` while the others have it, and never below K members.
+  head when it took its epoch); a member leaves when it no longer counts or holds less than
+  was acknowledged, or when it has held up a waiting write for ``lag_grace`` while the others
+  have it, and never below K members.
   So every set etcd may hold names only members that hold every acknowledged write.
 """
 
@@ -179,7 +180,9 @@ class SyncTracker:
             return None
         now = time.monotonic() if now is None else now
         base = self.members if self._target is None else self._target
-        keep = {name for name in base if self._counts(name)}
+        # A member that reports less than was acknowledged (a new stream from a folder that
+        # lost data) no longer holds what it must: it leaves like one that does not count.
+        keep = {name for name in base if self._counts(name) and self._holds(name) >= self._acked}
         if self._waiting:
             position, _, started, _ = self._waiting[0]
             if now - started >= self.lag_grace:

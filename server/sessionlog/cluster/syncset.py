@@ -104,13 +104,19 @@ class SyncSetPublisher:
                 unsettled, failing = None, False
 
     async def _until_done(self, step: Callable[[], Awaitable[None]]) -> None:
-        """``step()`` again after each failed call, every ``retry`` seconds."""
+        """``step()`` again after each failed call, every ``retry`` seconds (one line)."""
+        failed = False
         while True:
             try:
                 await step()
                 return
             except (EtcdUnavailable, EtcdError) as exc:
-                log.warning("etcd call for the synchronous set failed", extra={"error": str(exc)})
+                if not failed:
+                    log.warning(
+                        "etcd call for the synchronous set failed; retrying",
+                        extra={"error": str(exc)},
+                    )
+                    failed = True
                 await asyncio.sleep(self.retry)
 
     async def _read(self) -> None:

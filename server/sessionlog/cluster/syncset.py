@@ -138,7 +138,7 @@ class SyncSetPublisher:
         if won:
             self._revision = revision
             return True
-        leader, current = (etcd.txn_ranges(reply) + [None, None])[:2]
+        leader, current = [*etcd.txn_ranges(reply), None, None][:2]
         if leader is None or leader.create_revision != epoch:
             raise Deposed
         self._revision = 0 if current is None else current.mod_revision

@@ -157,6 +157,7 @@ def test_a_cluster_leader_acknowledges_only_what_every_published_member_holds(
             tracker.report(a, "a", "peer-a", 2, sums[1])
             tracker.report(b, "b", "peer-b", 3, sums[2])
             assert tracker.wanted() == {"a", "b"}
+            assert "not in this leader's synchronous set" in tracker.detail(tracker.replicas()[1])
             waiting = asyncio.ensure_future(tracker.wait(2))
             await asyncio.sleep(0.02)
             assert not waiting.done()  # every replica holds it, but no set is published
@@ -165,6 +166,7 @@ def test_a_cluster_leader_acknowledges_only_what_every_published_member_holds(
             assert not waiting.done()  # announced is not confirmed
             tracker.published(frozenset({"a", "b"}))
             await asyncio.wait_for(waiting, 1)
+            assert [tracker.detail(r) for r in tracker.replicas()] == ["", ""]
             assert tracker.wanted() is None
             # "a" stops reporting (frozen): a write at 3 waits for it, then it leaves.
             third = asyncio.ensure_future(tracker.wait(3))

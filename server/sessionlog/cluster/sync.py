@@ -219,6 +219,18 @@ class SyncTracker:
         self.members, self._announced = members, frozenset()
         self._advance()
 
+    def detail(self, replica: ReplicaProgress) -> str:
+        """What the status says of ``replica``: why it does not count, or, on a cluster leader,
+        that it counts but is not (yet) one of the members that may take over."""
+        if replica.detail or not self.grouped or not replica.counts:
+            return replica.detail
+        if replica.name in self.members:
+            return ""
+        return (
+            "not in this leader's synchronous set (yet): it joins once it holds every "
+            "acknowledged write, and only its members may take over from this leader"
+        )
+
     def _counts(self, name: str) -> bool:
         replica = self._replicas.get(name)
         return replica is not None and replica.counts

@@ -67,6 +67,10 @@ class SyncSetPublisher:
             await self._publish_loop(epoch)
         except Deposed:
             log.info("no longer the leader: the synchronous set is left as published")
+        except Exception:
+            # Safe, not quiet: without a publisher nothing more joins or leaves the set, so
+            # writes wait (and fail REPLICAS_UNAVAILABLE) rather than outrun what etcd says.
+            log.exception("the synchronous set's publisher failed", extra={"epoch": epoch})
         finally:
             self.tracker.on_change = None
 

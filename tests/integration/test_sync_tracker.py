@@ -156,7 +156,7 @@ def test_a_cluster_leader_acknowledges_only_what_every_published_member_holds(
             assert tracker.wanted() is None  # "a" lacks the floor: nothing to publish yet
             tracker.report(a, "a", "peer-a", 2, sums[1])
             tracker.report(b, "b", "peer-b", 3, sums[2])
-            assert tracker.wanted() == {"a", "b"}
+            assert tracker.wanted() == frozenset({"a", "b"})
             assert "not in this leader's synchronous set" in tracker.detail(tracker.replicas()[1])
             waiting = asyncio.ensure_future(tracker.wait(2))
             await asyncio.sleep(0.02)
@@ -174,7 +174,7 @@ def test_a_cluster_leader_acknowledges_only_what_every_published_member_holds(
             assert not third.done()
             assert tracker.wanted() is None  # within the grace
             await asyncio.sleep(0.12)
-            assert tracker.wanted() == {"b"}
+            assert tracker.wanted() == frozenset({"b"})
             tracker.publishing(frozenset({"b"}))
             await asyncio.sleep(0.02)
             assert not third.done()  # until etcd no longer names "a"
@@ -187,7 +187,7 @@ def test_a_cluster_leader_acknowledges_only_what_every_published_member_holds(
             tracker.report(a, "a", "peer-a", 2, sums[1])
             assert tracker.wanted() is None
             tracker.report(a, "a", "peer-a", 4, sums[3])
-            assert tracker.wanted() == {"a"}  # and "b", which no longer counts, leaves
+            assert tracker.wanted() == frozenset({"a"})  # and "b", which no longer counts, leaves
             tracker.publishing(frozenset({"a"}))
             tracker.published(frozenset({"a"}))
             assert tracker.wanted() is None

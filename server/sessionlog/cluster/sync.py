@@ -343,9 +343,7 @@ class SyncTracker:
     def _forget_old(self) -> None:
         while len(self._replicas) > MAX_REPLICAS_KEPT:
             listed = self.members | self._announced
-            gone = [
-                r for r in self._replicas.values() if not r.connected and r.name not in listed
-            ]
+            gone = [r for r in self._replicas.values() if not r.connected and r.name not in listed]
             if not gone:
                 return
             oldest = min(gone, key=lambda replica: replica.report_ns)

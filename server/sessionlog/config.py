@@ -380,7 +380,9 @@ class ServerConfig:
         "sync_replicas",
         _positive_int,
         1,
-        "with --ack replica: how many replicas must hold a write before it is acknowledged",
+        "with --ack replica: how many replicas must hold a write before it is acknowledged "
+        "(a --cluster leader: every member of its synchronous set, at least K; see High "
+        "availability)",
         "K",
     )
     sync_timeout_seconds: float = _setting(

@@ -199,7 +199,7 @@ class SessionLogServer:
         if self.group is not None:
             await self._set_health(serving=False)  # until the election says what this is
             assert self._promoter is not None
-            self.group.start(store, self._promoter, _GroupHost(self))
+            self.group.start(store, self._promoter, _GroupHost(self), self.sync)
         elif self.replica is None:
             await self._set_health(serving=True)
         else:

@@ -16,9 +16,9 @@ from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from sessionlog.cluster.election import Fenced, Follow, Lead, Member
+from sessionlog.cluster.election import WAITING_FOR_SYNC, Fenced, Follow, Lead, Member
 from sessionlog.cluster.etcd import Endpoints
-from sessionlog.cluster.members import GroupKeys, MemberRecord, Progress
+from sessionlog.cluster.members import GroupKeys, MemberRecord, Progress, SyncSet
 from sessionlog.cluster.settings import ClusterSettings, Endpoint, cluster_settings
 from tests.cluster._etcd import EtcdProcess
 from tests.e2e._proc import free_port
@@ -199,6 +199,50 @@ def test_a_member_behind_cannot_win_while_a_member_ahead_is_live(etcd: EtcdProce
         asyncio.run(scenario())
     finally:
         ahead.close()
+
+
+def test_only_a_synchronous_member_or_the_previous_leader_may_campaign(
+    etcd: EtcdProcess,
+) -> None:
+    """With a synchronous set in etcd that names another member, a member alone in its group
+    (nobody ahead of it) stays without a leader for three TTLs and says whom it waits for;
+    a set whose leader it is lets it lead; and so does one that names it, at a higher epoch
+    after it resigned. Without the key (a new group, --ack local), it leads as before."""
+    keys = GroupKeys(GROUP)
+    writer = Endpoints((etcd.endpoint,), timeout=2.0)
+    me = settings([etcd.endpoint], 0)
+    other = "127.0.0.1:7199"
+
+    def publish(leader: str, members: set[str]) -> None:
+        writer.put(keys.sync, SyncSet(leader, 1, frozenset(members)).encode(), 0)
+
+    async def scenario() -> None:
+        publish(other, {"127.0.0.1:7198"})
+        async with members(me) as (member,):
+            end = time.monotonic() + 3 * TTL
+            while time.monotonic() < end:
+                assert not member.may_write()
+                await asyncio.sleep(0.05)
+            assert member.role == Fenced(f"{WAITING_FOR_SYNC}: 127.0.0.1:7198")
+            assert member.status()["blocked_by"] == ["127.0.0.1:7198"]
+            publish(me.advertise, set())  # it led last: it holds every acknowledged write
+            await eventually(member.may_write, 2 * TTL, "the previous leader leads")
+            epoch = member.leading_epoch()
+            assert epoch is not None
+        publish(other, {me.advertise})
+        async with members(me) as (member,):
+            await eventually(member.may_write, 4 * TTL, "a synchronous member leads")
+            again = member.leading_epoch()
+            assert again is not None
+            assert again > epoch
+        writer.delete(keys.sync)
+        async with members(me) as (member,):
+            await eventually(member.may_write, 4 * TTL, "with no set, any member leads")
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        writer.close()
 
 
 def test_of_two_members_the_one_ahead_wins(etcd: EtcdProcess) -> None:

@@ -2,7 +2,8 @@
 writes at etcd's epoch while the others replicate it and name it; no manual promotion; a
 leader cut off from etcd refuses writes naming no one, and resumes at the same epoch when its
 lease survived; a deposed leader with changes of its own rejoins by itself and reports them;
-`sessionlog dev cluster` starts and stops a whole group."""
+after three faults, only the synchronous member takes over; `sessionlog dev cluster` starts
+and stops a whole group."""
 
 from __future__ import annotations
 
@@ -193,6 +194,60 @@ def test_a_deposed_leader_rejoins_by_itself_and_reports_what_it_discarded(
             kept = [e.data["content"] for e in reader.since("kept")]
             assert kept == ["shipped", "after the failover"]
             assert list(reader.since("gone")) == []
+
+
+def test_after_three_faults_only_the_synchronous_member_takes_over(tmp_path: Path) -> None:
+    """--ack replica --sync-replicas 1: follower A frozen, follower B cut off from etcd (it
+    goes on replicating), four appends acknowledged once the member records' TTL has passed
+    (B holds them), the leader killed, A thawed. A is behind, the only member etcd lists, and
+    not in the synchronous set: the group stays without a leader and A says it waits for B.
+    Once B reaches etcd again, B leads with every acknowledged append, A follows it, nothing
+    is discarded anywhere, and the new leader acknowledges writes again."""
+    args = [*LOCAL, "--ack", "replica", "--sync-replicas", "1"]
+    with Group(tmp_path, members=3, args=args) as group:
+        leader, epoch = group.wait_healthy(30)
+        a, b = (m for m in group.members if m is not leader)
+        append(leader, "s", "before", request_id="r0")
+        start = position(leader)
+        wait_for(
+            "every member holds it",
+            lambda: all(position(m) == start for m in group.members),
+            10,
+        )
+        a.freeze()
+        b.etcd_link.blackhole(True)
+        b.etcd_link.cut()
+        time.sleep(2 * 2 + 1)  # past --lease-ttl 2: etcd lists neither A nor B
+        acknowledged = [f"r{n}" for n in range(1, 5)]
+        for n, rid in enumerate(acknowledged, 1):
+            assert append(leader, "s", f"acknowledged {n}", request_id=rid)[0] == n
+        wait_for("B holds them", lambda: position(b) == start + 4, 10)
+        leader.kill()
+        a.thaw()
+        end = time.monotonic() + 3 * 2
+        while time.monotonic() < end:
+            found = group.leader()
+            assert found is None or found == (leader, epoch), found
+            time.sleep(0.1)
+        status = a.status()
+        assert status is not None
+        assert status.cluster.role == rpb.CLUSTER_ROLE_FENCED
+        assert f"waiting for a synchronous member: {b.address}" in status.cluster.reason
+        assert list(status.cluster.blocked_by) == [b.address]
+        b.etcd_link.blackhole(False)
+        b.etcd_link.cut()
+        new, _ = group.wait_new_leader(epoch, 20)
+        assert new is b
+        wait_for("B serves as the leader", lambda: b.health() == SERVING, 10)
+        wait_for("A follows B and holds it all", lambda: position(a) >= start + 4, 20)
+        for member in (a, b):
+            with Client(member.direct) as reader:
+                texts = [e.data["content"] for e in reader.since("s")]
+            assert texts == ["before"] + [f"acknowledged {n}" for n in range(1, 5)]
+            assert not list(member.data.glob("rejoin-report-*.json"))
+            assert "rejoin discarded" not in member.log()
+        # A joins B's synchronous set, so B acknowledges again (K=1, the old leader is gone).
+        assert append(b, "s", "after the failover", request_id="r5")[0] == 5
 
 
 def gone(pid: int) -> bool:

@@ -1,6 +1,7 @@
 """The --ack replica tracker over a real store's checksums (LMDB in a temporary folder): the
 sync position is the K-th highest counting replica's, writes wait for it, a replica off this
-history never counts, and a wait that runs out says the write stays committed."""
+history never counts, and a wait that runs out says the write stays committed; a cluster
+leader's synchronous set."""
 
 from __future__ import annotations
 
@@ -132,5 +133,66 @@ def test_a_report_counts_only_while_it_names_the_primarys_epoch(tmp_path: Path) 
             await asyncio.wait_for(waiting, 1)
             [replica] = tracker.replicas()
             assert (replica.counts, replica.epoch, replica.detail) == (True, 2, "")
+
+        asyncio.run(scenario())
+
+
+def test_a_cluster_leader_acknowledges_only_what_every_published_member_holds(
+    tmp_path: Path,
+) -> None:
+    """The synchronous set (a cluster leader): nothing is acknowledged before etcd confirms a
+    set; a replica joins only once it holds the leadership's floor; a write waits for every
+    member, also for one only announced; a member that holds a write up past the lag grace
+    leaves the set (announced before the write goes through), and rejoins once caught up."""
+    with opened(tmp_path / "d") as store:
+        sums = _filled(store, 6)
+
+        async def scenario() -> None:
+            tracker = SyncTracker(store.checksum_at, required=1, timeout_seconds=5)
+            tracker.lag_grace = 0.1
+            tracker.lead(floor=2)
+            a, b = tracker.open_stream(), tracker.open_stream()
+            tracker.report(a, "a", "peer-a", 1, sums[0])
+            assert tracker.wanted() is None  # "a" lacks the floor: nothing to publish yet
+            tracker.report(a, "a", "peer-a", 2, sums[1])
+            tracker.report(b, "b", "peer-b", 3, sums[2])
+            assert tracker.wanted() == frozenset({"a", "b"})
+            assert "not in this leader's synchronous set" in tracker.detail(tracker.replicas()[1])
+            waiting = asyncio.ensure_future(tracker.wait(2))
+            await asyncio.sleep(0.02)
+            assert not waiting.done()  # every replica holds it, but no set is published
+            tracker.publishing(frozenset({"a", "b"}))
+            await asyncio.sleep(0.02)
+            assert not waiting.done()  # announced is not confirmed
+            tracker.published(frozenset({"a", "b"}))
+            await asyncio.wait_for(waiting, 1)
+            assert [tracker.detail(r) for r in tracker.replicas()] == ["", ""]
+            assert tracker.wanted() is None
+            # "a" stops reporting (frozen): a write at 3 waits for it, then it leaves.
+            third = asyncio.ensure_future(tracker.wait(3))
+            await asyncio.sleep(0.02)
+            assert not third.done()
+            assert tracker.wanted() is None  # within the grace
+            await asyncio.sleep(0.12)
+            assert tracker.wanted() == frozenset({"b"})
+            tracker.publishing(frozenset({"b"}))
+            await asyncio.sleep(0.02)
+            assert not third.done()  # until etcd no longer names "a"
+            tracker.published(frozenset({"b"}))
+            await asyncio.wait_for(third, 1)
+            # Never below K: "b" disconnects, and stays the only member.
+            tracker.close_stream(b)
+            assert tracker.wanted() is None
+            # "a" comes back: it joins once it holds every acknowledged write (3).
+            tracker.report(a, "a", "peer-a", 2, sums[1])
+            assert tracker.wanted() is None
+            tracker.report(a, "a", "peer-a", 4, sums[3])
+            assert tracker.wanted() == frozenset({"a"})  # and "b", which no longer counts, leaves
+            tracker.publishing(frozenset({"a"}))
+            tracker.published(frozenset({"a"}))
+            assert tracker.wanted() is None
+            await asyncio.wait_for(tracker.wait(4), 1)
+            tracker.stand_down()
+            assert (tracker.members, tracker.sync_position) == (frozenset(), 0)
 
         asyncio.run(scenario())

@@ -3,10 +3,11 @@
     promotion.py   a running replica becomes the primary (AdminService.Promote); fences
     rejoin.py      a deposed primary becomes a replica of the new one (``replica rejoin``)
     sync.py        --ack replica: writes wait for replicas to report them durable
+    syncset.py     a leader's synchronous set in etcd: who may take over from it
     member.py      --cluster: the election's roles mapped onto a running server
     settings.py    --cluster, --group, --advertise, --lease-ttl
     election.py    a member of an etcd-elected group (roles, ``may_write``)
-    members.py     its etcd keys and the position guard
+    members.py     its etcd keys, the position guard and the synchronous-set rule
     fence.py       the self-fence deadline of a leader's lease
     etcd.py        bounded calls to etcd's JSON gateway
 

@@ -19,9 +19,12 @@ How it works (the keys are in ``members``):
 - The control task reads the leader key every ``poll_interval``. Ours (attached to our lease):
   Lead(its create_revision). Someone else's: Follow(its value). Absent: Fenced("no leader"),
   and, once the vacancy is ``settle`` old (every member has had time to publish its final
-  progress), campaign: read ``members/``, stand down while any live member is ahead
-  (``members_ahead``), else one transaction that creates the leader key if absent *and* if no
-  member record was written since that read, so a member that caught up meanwhile wins instead.
+  progress), campaign: read ``members/`` and ``sync``, stand down while a synchronous set is
+  published that names neither this member nor it as the set's leader (``sync_blockers``: the
+  group stays without a leader until one of them returns) or while any live member is ahead
+  (``members_ahead``), else one transaction that creates the leader key if absent *and* if
+  neither a member record nor the set was written since those reads, so a member that caught
+  up meanwhile wins instead.
 - ``may_write()`` is true only while leading and before ``LeaseDeadline``: TTL/2 after the last
   renewal that succeeded, counted from before that renewal was sent. A watchdog task turns the
   role to Fenced at that moment; ``may_write()`` itself needs no task to be right.
@@ -47,7 +50,14 @@ from typing import Any
 from sessionlog.cluster import etcd
 from sessionlog.cluster.etcd import Endpoints, Etcd, EtcdError, EtcdUnavailable, KeyValue
 from sessionlog.cluster.fence import LeaseDeadline
-from sessionlog.cluster.members import GroupKeys, MemberRecord, Progress, members_ahead
+from sessionlog.cluster.members import (
+    GroupKeys,
+    MemberRecord,
+    Progress,
+    SyncSet,
+    members_ahead,
+    sync_blockers,
+)
 from sessionlog.cluster.settings import ClusterSettings
 
 log = logging.getLogger(__name__)
@@ -81,6 +91,9 @@ Role = Lead | Follow | Fenced
 NO_LEADER = "no leader known"
 LEASE_LAPSED = "lease not renewed within TTL/2"
 NO_ETCD = "etcd unreachable"
+WAITING_FOR_SYNC = "no leader known; waiting for a synchronous member"
+"""With a synchronous set published (``members.SyncSet``), a member outside it does not
+campaign: the reason names the members it waits for."""
 STOPPED = "stopped"
 
 
@@ -138,6 +151,8 @@ class Member:
         self._published_at = -math.inf
         self._vacant_since: float | None = None
         self._blocked_by: tuple[str, ...] = ()
+        self._waiting = ""
+        """The reason of a vacancy this member may not end (WAITING_FOR_SYNC...), "" if none."""
         self._etcd_down = False
         self._keepalive_failing = False
         self.campaign_sent_at: float | None = None
@@ -311,7 +326,7 @@ class Member:
         if leader is None:
             await self._vacant()
             return
-        self._vacant_since = None
+        self._vacant_since, self._waiting = None, ""
         await self._publish()
         address = leader.value.decode(errors="replace")
         if self._lease is not None and leader.lease == self._lease:
@@ -329,7 +344,7 @@ class Member:
         if self._vacant_since is None:
             self._vacant_since = now
             log.info("no leader in etcd", extra={"group": self.settings.group})
-        self._set_role(Fenced(NO_LEADER))
+        self._set_role(Fenced(self._waiting or NO_LEADER))
         await self._publish(force=self._published is None or self._published[1] != self._progress)
         if now - self._vacant_since >= self.timing.settle and self.fence.alive():
             await self._campaign()
@@ -385,6 +400,16 @@ class Member:
                 return
         if not own:
             return
+        readable, synced, sync_revision = await self._read_sync()
+        if not readable:
+            return
+        waiting_for = sync_blockers(self.settings.advertise, synced)
+        if waiting_for:
+            self._stand_down(waiting_for, "not a synchronous member")
+            self._waiting = f"{WAITING_FOR_SYNC}: {', '.join(waiting_for)}"
+            self._set_role(Fenced(self._waiting))
+            return
+        self._waiting = ""
         ahead = members_ahead(mine, others)
         if ahead:
             self._stand_down(tuple(r.member_id for r in ahead), "a live member is ahead")
@@ -394,6 +419,7 @@ class Member:
             "compare": [
                 etcd.compare_created(self.keys.leader, 0),
                 etcd.compare_unchanged_since(self.keys.members, self.keys.members_end, revision),
+                etcd.compare_modified(self.keys.sync, sync_revision),
             ],
             "success": [
                 etcd.request_put(self.keys.leader, self.settings.advertise.encode(), lease)
@@ -409,6 +435,19 @@ class Member:
         log.info("won the election", extra={"epoch": txn_revision, "position": mine.position})
         if self.fence.alive() and lease == self._lease:
             self._set_role(Lead(txn_revision))
+
+    async def _read_sync(self) -> tuple[bool, SyncSet | None, int]:
+        """(readable, the synchronous set etcd holds or None, the key's mod revision, 0 when
+        absent). Not readable as a set: this member does not campaign, as it cannot tell who
+        may."""
+        kv, _ = await self._etcd.call(lambda e: e.get(self.keys.sync))
+        if kv is None:
+            return True, None, 0
+        try:
+            return True, SyncSet.decode(kv.value), kv.mod_revision
+        except ValueError as exc:
+            self._stand_down(("sync",), str(exc))
+            return False, None, kv.mod_revision
 
     # -- state changes ----------------------------------------------------------------------------
 

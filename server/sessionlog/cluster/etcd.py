@@ -158,6 +158,10 @@ class Endpoints:
             self.post("kv/put", {"key": _b64(key), "value": _b64(value), "lease": lease})
         )
 
+    def delete(self, key: str) -> int:
+        """Delete ``key`` (absent is no error); the revision of the store after it."""
+        return _revision(self.post("kv/deleterange", {"key": _b64(key)}))
+
     def get(self, key: str) -> tuple[KeyValue | None, int]:
         """The key (or None) and the store's revision at the read."""
         reply = self.post("kv/range", {"key": _b64(key)})
@@ -173,6 +177,16 @@ class Endpoints:
         """A transaction: (succeeded, its revision, the reply)."""
         reply = self.post("kv/txn", body)
         return bool(reply.get("succeeded", False)), _revision(reply), reply
+
+
+def txn_ranges(reply: dict[str, Any]) -> list[KeyValue | None]:
+    """The keys a transaction's range requests read, in order (None: absent)."""
+    found: list[KeyValue | None] = []
+    for response in reply.get("responses", []):
+        if "response_range" in response:
+            kvs = response["response_range"].get("kvs", [])
+            found.append(_key_value(kvs[0]) if kvs else None)
+    return found
 
 
 def compare_created(key: str, revision: int) -> dict[str, Any]:
@@ -192,7 +206,13 @@ def compare_unchanged_since(key: str, end: str, revision: int) -> dict[str, Any]
     }
 
 
-def request_put(key: str, value: bytes, lease: int) -> dict[str, Any]:
+def compare_modified(key: str, revision: int) -> dict[str, Any]:
+    """A txn compare: ``key`` was last written at ``revision`` (0: the key is absent)."""
+    return {"key": _b64(key), "target": "MOD", "result": "EQUAL", "mod_revision": revision}
+
+
+def request_put(key: str, value: bytes, lease: int = 0) -> dict[str, Any]:
+    """A put attached to ``lease`` (0: to none; the key stays until it is deleted)."""
     return {"request_put": {"key": _b64(key), "value": _b64(value), "lease": lease}}
 
 

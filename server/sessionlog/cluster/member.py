@@ -29,6 +29,10 @@ simpler to get right than swapping the store under a running one. A start-up rej
 (the histories part earlier than their epochs say) is not retried: the member stays deposed,
 NOT_SERVING, and its status says to resync.
 
+Synchronous set: with ``--ack replica`` a leader publishes, for each leadership, the members
+that hold every write it acknowledged (``cluster.syncset``, ``sync.SyncTracker.lead``): only
+they (or it) may take over from it.
+
 Progress: after each commit (``note_commit``) the progress the member publishes follows the
 store's newest position and the epoch of the record there: what the position guard compares.
 """
@@ -52,6 +56,8 @@ from sessionlog.cluster.etcd import Endpoints, EtcdError, EtcdUnavailable
 from sessionlog.cluster.members import Progress
 from sessionlog.cluster.promotion import Promoter
 from sessionlog.cluster.settings import ClusterSettings
+from sessionlog.cluster.sync import SyncTracker
+from sessionlog.cluster.syncset import SyncSetPublisher
 from sessionlog.storage import changes, folder, leadership, rebuild
 from sessionlog.storage.integrity import DamagedStore
 from sessionlog.storage.leadership import Leadership
@@ -128,6 +134,10 @@ class GroupMember:
         self._taking = asyncio.Lock()
         """One role change at a time (the role loop's, or a re-check after a divergence)."""
         self._rechecks: set[asyncio.Task[None]] = set()
+        self._sync: SyncTracker | None = None
+        self._publisher: SyncSetPublisher | None = None
+        self._publishing: tuple[int, asyncio.Task[None]] | None = None
+        """The epoch whose synchronous set is being published, and the task that does it."""
 
     # -- the interface the server uses -----------------------------------------------------------
 
@@ -289,9 +299,19 @@ class GroupMember:
 
     # -- running ---------------------------------------------------------------------------------
 
-    def start(self, store: Store, promoter: Promoter, host: Host) -> None:
-        """Join the election and follow its roles (in the running loop)."""
+    def start(
+        self, store: Store, promoter: Promoter, host: Host, sync: SyncTracker | None = None
+    ) -> None:
+        """Join the election and follow its roles (in the running loop). With ``sync``, a
+        leader publishes its synchronous set (``cluster.syncset``)."""
         self._store, self._promoter, self._host = store, promoter, host
+        if sync is not None:
+            self._sync = sync
+            if sync.required:
+                sync.lead(floor=0)  # grouped from the start: no acknowledgement without a set
+            self._publisher = SyncSetPublisher(
+                self.settings, sync, self.timing.call_timeout, self.timing.retry_interval
+            )
         self.election = Member(self.settings, progress=_progress(store), timing=self.timing)
         self.election.start()
         self._task = asyncio.create_task(self._run())
@@ -299,12 +319,15 @@ class GroupMember:
     async def stop(self) -> None:
         """Leave the group: writes stop at once, and the lease is revoked so that another
         member may lead without waiting for it to run out."""
-        tasks = [t for t in (self._task, *self._rechecks) if t is not None]
+        publishing = self._publishing[1] if self._publishing is not None else None
+        tasks = [t for t in (self._task, publishing, *self._rechecks) if t is not None]
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         if self.election is not None:
             await self.election.stop()
+        if self._publisher is not None:
+            self._publisher.close()
 
     def replica_diverged(self) -> None:
         """The leader refused this member's position (HISTORY_DIVERGED) although the epoch
@@ -329,6 +352,7 @@ class GroupMember:
                 if isinstance(role, Lead):
                     await self._lead(role)
                 elif isinstance(role, Follow):
+                    await self._stop_publishing()
                     await self._follow(role, after_divergence)
             except asyncio.CancelledError:
                 raise
@@ -348,8 +372,33 @@ class GroupMember:
             assert self.election is not None
             await self.election.stop()
             return
+        await self._start_publishing(role.epoch)  # before a write may be acknowledged
         self._leading = role.epoch
         self.following, self._followed_epoch, self.deposed = "", 0, ""
+
+    async def _start_publishing(self, epoch: int) -> None:
+        """A leadership at ``epoch``: its synchronous set starts empty (nothing is acknowledged
+        until etcd holds one) and is published from now on; the same epoch again (a lease that
+        survived a stall) keeps the set it has."""
+        store, sync, publisher = self._store, self._sync, self._publisher
+        if sync is None or publisher is None or store is None:
+            return
+        running = self._publishing
+        if running is not None and running[0] == epoch and not running[1].done():
+            return
+        await self._stop_publishing()
+        if sync.required:
+            sync.lead(floor=store.head()[0])
+        self._publishing = (epoch, asyncio.create_task(publisher.run(epoch)))
+
+    async def _stop_publishing(self) -> None:
+        """Another member leads: this one acknowledges nothing more, publishes nothing."""
+        running, self._publishing = self._publishing, None
+        if running is not None:
+            running[1].cancel()
+            await asyncio.gather(running[1], return_exceptions=True)
+        if self._sync is not None:
+            self._sync.stand_down()
 
     async def _follow(self, role: Follow, after_divergence: bool = False) -> None:
         store, host = self._store, self._host

@@ -4,12 +4,22 @@
                                           leader's lease, created only if absent; its
                                           create_revision is the epoch of that leadership
     /sessionlog/groups/NAME/members/ID    MemberRecord as JSON, attached to the member's lease
+    /sessionlog/groups/NAME/sync          SyncSet as JSON, attached to no lease (it outlives its
+                                          leader): with --ack replica, the leader that wrote it
+                                          and the members that hold every write it acknowledged
 
 Invariants:
 - Epochs rise: etcd's revision is cluster-wide and only grows, and a new leader key is a new
   create_revision, so every leadership gets an epoch above every earlier one.
 - A member's keys live exactly as long as its lease: a member that stops renewing it disappears
   from ``members/`` (and from ``leader``) after the TTL, which is what "live" means here.
+- Only a synchronous member may take over: while ``sync`` names a set, a member campaigns only
+  if it is that set's leader or one of its members (``sync_blockers``). The leader writes the
+  key in a transaction that requires its leader key to be the one it won, adds a replica to the
+  set before any write's acknowledgement counts it, and acknowledges nothing that a member of
+  the set (as etcd may hold it) lacks: so whoever may win holds every acknowledged write, even
+  when a member that holds more is not listed in ``members/`` (cut off from etcd). Without the
+  key (a new group, ``--ack local``), any member may campaign.
 - The position guard orders members by (epoch of the last durable record, position), as Raft
   orders logs by (last term, last index): a deposed primary's extra records from an older epoch
   do not outrank a member that holds records of a newer one.
@@ -49,6 +59,10 @@ class GroupKeys:
 
     def member(self, member_id: str) -> str:
         return f"{self.members}{member_id}"
+
+    @property
+    def sync(self) -> str:
+        return f"{self.prefix}sync"
 
 
 @dataclass(frozen=True, order=True)
@@ -97,3 +111,46 @@ def members_ahead(mine: Progress, others: Iterable[MemberRecord]) -> list[Member
     """The live members whose published progress is beyond ``mine``: while there is one, this
     member may not campaign (it would win without records someone else has durable)."""
     return [record for record in others if record.progress > mine]
+
+
+@dataclass(frozen=True)
+class SyncSet:
+    """What a leader with --ack replica publishes under ``sync``: itself (``leader``, its
+    advertise address, at ``epoch``) and the members that hold every write it acknowledged."""
+
+    leader: str
+    epoch: int
+    members: frozenset[str]
+
+    def encode(self) -> bytes:
+        return json.dumps(
+            {"leader": self.leader, "epoch": self.epoch, "members": sorted(self.members)},
+            sort_keys=True,
+        ).encode()
+
+    @classmethod
+    def decode(cls, data: bytes) -> SyncSet:
+        """The set, or ValueError when ``data`` is not one."""
+        try:
+            fields = json.loads(data)
+            leader, epoch, members = fields["leader"], fields["epoch"], fields["members"]
+        except (ValueError, TypeError, KeyError) as exc:
+            raise ValueError(f"not a synchronous set ({exc})") from None
+        if (
+            not isinstance(leader, str)
+            or not isinstance(epoch, int)
+            or isinstance(epoch, bool)
+            or not isinstance(members, list)
+            or not all(isinstance(m, str) for m in members)
+        ):
+            raise ValueError(f"not a synchronous set: {fields!r}")
+        return cls(leader, epoch, frozenset(members))
+
+
+def sync_blockers(me: str, published: SyncSet | None) -> tuple[str, ...]:
+    """The members this one waits for before it may campaign: none when no set is published or
+    it is the set's leader or one of its members; otherwise the set's members (and leader),
+    one of whom holds writes this member may lack."""
+    if published is None or me == published.leader or me in published.members:
+        return ()
+    return tuple(sorted(published.members)) or (published.leader,)

@@ -23,6 +23,22 @@ Invariants:
   (LMDB has synced it; nothing is rolled back) and the error says so. There is no silent
   downgrade to a local acknowledgement;
 - the tracker belongs to the event loop's thread: reports and waits are never concurrent.
+
+A cluster leader (``--cluster`` with ``--ack replica``) works with a *synchronous set* instead
+of the K fastest replicas (``lead``): the replicas that hold every write it acknowledged, which
+it publishes in etcd (``members.SyncSet``, put by ``cluster.syncset``) so that only they may
+take over from it. Then:
+
+- a write is acknowledged once every member of the set holds it, and only while the set that
+  etcd confirmed has at least K members: a replica counts only once a put naming it landed;
+- the set changes only through etcd, in this order: the publisher announces a set it is about
+  to put (``publishing``), and from then until a put lands, writes wait for the members of
+  every set announced as well as the confirmed one; a replica joins (``wanted``) only when it
+  holds every write acknowledged so far (at least this leadership's ``floor``, the store's
+  head when it took its epoch); a member leaves when it no longer counts or holds less than
+  was acknowledged, or when it has held up a waiting write for ``lag_grace`` while the others
+  have it, and never below K members.
+  So every set etcd may hold names only members that hold every acknowledged write.
 """
 
 from __future__ import annotations
@@ -42,6 +58,9 @@ from sessionlog.stats import SECONDS_BUCKETS, Histogram
 log = logging.getLogger(__name__)
 
 ACK_LOCAL, ACK_REPLICA = "local", "replica"
+DEFAULT_LAG_GRACE_SECONDS = 1.0
+"""How long a member of the synchronous set may hold up a write that the others hold before it
+leaves the set (a frozen replica whose stream stays open); a cap, see ``SyncTracker``."""
 MAX_REPLICAS_KEPT = 64
 """Replicas the status remembers; past it, the one that reported least recently and is no
 longer connected is forgotten (names come from the replicas, so they are bounded here)."""
@@ -105,13 +124,27 @@ class SyncTracker:
         """The K-th highest position among counting replicas (0 while fewer than K count)."""
         self._checksum_at = checksum_at
         self._replicas: dict[str, ReplicaProgress] = {}
-        self._waiting: list[tuple[int, int, asyncio.Future[None]]] = []
-        """A heap of (position, arrival, future): the writes waiting, lowest position first."""
+        self._waiting: list[tuple[int, int, float, asyncio.Future[None]]] = []
+        """A heap of (position, arrival, monotonic start, future): the writes waiting, lowest
+        position first."""
         self._arrivals = itertools.count()
         self._streams = itertools.count(1)
         self._closed = False
         self._failing = 0
         """Writes failed since the last acknowledged one (0: acknowledging); logged per episode."""
+        self.grouped = False
+        """Acknowledgements follow the synchronous set (a cluster leader; module docstring)."""
+        self.members: frozenset[str] = frozenset()
+        """The synchronous set etcd confirmed for this leadership (grouped only)."""
+        self._announced: frozenset[str] = frozenset()
+        """Every member of a set announced since ``members`` was confirmed: etcd may hold it."""
+        self._target: frozenset[str] | None = None
+        """The set last announced (None: none yet in this leadership)."""
+        self._acked = 0
+        """Every write at or below this position may have been acknowledged (grouped only)."""
+        self.lag_grace = min(DEFAULT_LAG_GRACE_SECONDS, timeout_seconds / 4)
+        self.on_change: Callable[[], None] | None = None
+        """Called when the set ``wanted`` may have changed (a report, a stream's end)."""
 
     @property
     def ack(self) -> str:
@@ -123,6 +156,91 @@ class SyncTracker:
 
     def counting(self) -> int:
         return sum(replica.counts for replica in self._replicas.values())
+
+    # -- the synchronous set (a cluster leader) -------------------------------------------------
+
+    def lead(self, floor: int) -> None:
+        """A leadership begins with an empty set: nothing is acknowledged until etcd confirms
+        one with K members, each holding ``floor`` (every write of earlier leaderships that
+        this leader holds) and every write acknowledged since."""
+        self.grouped = True
+        self.members, self._announced, self._target = frozenset(), frozenset(), None
+        self._acked = floor
+        self._advance()
+
+    def stand_down(self) -> None:
+        """The leadership ended: no set, nothing more is acknowledged."""
+        if self.grouped:
+            self.lead(0)
+
+    def wanted(self, now: float | None = None) -> frozenset[str] | None:
+        """The set to publish now, None while the one last announced stands (see the module
+        docstring for who joins and who leaves)."""
+        if not self.grouped or not self.required:
+            return None
+        now = time.monotonic() if now is None else now
+        base = self.members if self._target is None else self._target
+        # A member that reports less than was acknowledged (a new stream from a folder that
+        # lost data) no longer holds what it must: it leaves like one that does not count.
+        keep = {name for name in base if self._counts(name) and self._holds(name) >= self._acked}
+        if self._waiting:
+            position, _, started, _ = self._waiting[0]
+            if now - started >= self.lag_grace:
+                held_up = {name for name in keep if self._holds(name) < position}
+                if len(keep) - len(held_up) >= self.required:
+                    keep -= held_up
+        joining = {
+            replica.name
+            for replica in self._replicas.values()
+            if replica.counts and replica.name not in base and replica.position >= self._acked
+        }
+        wanted = frozenset(keep | joining)
+        if len(wanted) < self.required:
+            wanted = frozenset(base | joining)  # leaving would not let a write through
+        if self._target is None:
+            # Nothing announced yet in this leadership: the set a previous leader published
+            # stands until this one has a member to name (it acknowledged nothing without one).
+            return wanted or None
+        return None if wanted == base else wanted
+
+    def publishing(self, members: frozenset[str]) -> None:
+        """The publisher is about to put ``members``: from now on writes wait for them too."""
+        self._target = members
+        self._announced |= members
+        self._advance()
+
+    def published(self, members: frozenset[str]) -> None:
+        """etcd holds ``members`` (a put of it landed, after every earlier one)."""
+        if members != self.members:
+            log.info(
+                "synchronous set published",
+                extra={"members": sorted(members), "previous": sorted(self.members)},
+            )
+        self.members, self._announced = members, frozenset()
+        self._advance()
+
+    def detail(self, replica: ReplicaProgress) -> str:
+        """What the status says of ``replica``: why it does not count, or, on a cluster leader,
+        that it counts but is not (yet) one of the members that may take over."""
+        if replica.detail or not self.grouped or not replica.counts:
+            return replica.detail
+        if replica.name in self.members:
+            return ""
+        return (
+            "not in this leader's synchronous set (yet): it joins once it holds every "
+            "acknowledged write, and only its members may take over from this leader"
+        )
+
+    def _counts(self, name: str) -> bool:
+        replica = self._replicas.get(name)
+        return replica is not None and replica.counts
+
+    def _holds(self, name: str) -> int:
+        """The position ``name`` holds of this history (0: none known, or another history)."""
+        replica = self._replicas.get(name)
+        if replica is None or not replica.matches or not replica.same_epoch:
+            return 0
+        return replica.position
 
     # -- reports --------------------------------------------------------------------------------
 
@@ -146,6 +264,7 @@ class SyncTracker:
         replica = self._replicas.get(name)
         if replica is None:
             replica = self._replicas[name] = ReplicaProgress(name)
+            self._changed()
         if replica.stream != stream:
             replica.stream, replica.peer = stream, peer
             replica.connected, replica.matches, replica.same_epoch = True, True, True
@@ -165,6 +284,11 @@ class SyncTracker:
                 )
         self._note_epoch(replica, epoch, current_epoch)
         self._advance()
+        self._changed()
+
+    def _changed(self) -> None:
+        if self.grouped and self.on_change is not None:
+            self.on_change()
 
     @staticmethod
     def _note_epoch(replica: ReplicaProgress, epoch: int, current_epoch: int) -> None:
@@ -197,6 +321,7 @@ class SyncTracker:
                     extra={"replica": replica.name, "position": replica.position},
                 )
         self._advance()
+        self._changed()
 
     def _mismatch(self, position: int, checksum: bytes) -> str:
         """Why a replica at ``position`` with ``checksum`` is not on this history ("" if it is)."""
@@ -217,7 +342,8 @@ class SyncTracker:
 
     def _forget_old(self) -> None:
         while len(self._replicas) > MAX_REPLICAS_KEPT:
-            gone = [r for r in self._replicas.values() if not r.connected]
+            listed = self.members | self._announced
+            gone = [r for r in self._replicas.values() if not r.connected and r.name not in listed]
             if not gone:
                 return
             oldest = min(gone, key=lambda replica: replica.report_ns)
@@ -227,11 +353,20 @@ class SyncTracker:
         """Recompute the sync position and acknowledge every write it now covers."""
         if not self.required:
             return
-        positions = sorted((r.position for r in self._replicas.values() if r.counts), reverse=True)
-        self.sync_position = positions[self.required - 1] if len(positions) >= self.required else 0
+        if self.grouped:
+            waited = self.members | self._announced
+            enough = len(self.members) >= self.required
+            self.sync_position = min(map(self._holds, waited)) if enough else 0
+            self._acked = max(self._acked, self.sync_position)
+        else:
+            positions = sorted(
+                (r.position for r in self._replicas.values() if r.counts), reverse=True
+            )
+            enough = len(positions) >= self.required
+            self.sync_position = positions[self.required - 1] if enough else 0
         waiting = self._waiting
         while waiting and waiting[0][0] <= self.sync_position:
-            future = heapq.heappop(waiting)[2]
+            future = heapq.heappop(waiting)[3]
             if not future.done():
                 future.set_result(None)
 
@@ -250,7 +385,8 @@ class SyncTracker:
             raise self._unavailable(position, "this server is shutting down")
         started = time.perf_counter()
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        heapq.heappush(self._waiting, (position, next(self._arrivals), future))
+        heapq.heappush(self._waiting, (position, next(self._arrivals), time.monotonic(), future))
+        self._changed()
         try:
             async with asyncio.timeout(self.timeout_seconds):
                 await future
@@ -282,15 +418,15 @@ class SyncTracker:
         """Shutting down: every waiting write fails now rather than at its timeout."""
         self._closed = True
         waiting, self._waiting = self._waiting, []
-        for position, _, future in waiting:
+        for position, _, _, future in waiting:
             if not future.done():
                 future.set_exception(self._unavailable(position, "this server is shutting down"))
 
     def _purge(self) -> None:
         """Drop the futures of writes that gave up, once they are most of the heap."""
-        done = sum(entry[2].done() for entry in self._waiting)
+        done = sum(entry[3].done() for entry in self._waiting)
         if done * 2 > len(self._waiting):
-            self._waiting = [entry for entry in self._waiting if not entry[2].done()]
+            self._waiting = [entry for entry in self._waiting if not entry[3].done()]
             heapq.heapify(self._waiting)
 
     def _unavailable(self, position: int, why: str = "") -> errors.ReplicasUnavailable:

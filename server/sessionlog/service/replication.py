@@ -385,7 +385,7 @@ def _sync_status(response: rpb.GetReplicationStatusResponse, sync: SyncTracker) 
             position=replica.position,
             connected=replica.connected,
             counts=replica.counts,
-            detail=replica.detail,
+            detail=sync.detail(replica),
             epoch=replica.epoch,
         )
         if replica.report_ns:

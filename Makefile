@@ -28,10 +28,11 @@ run: $(VENV)/.run-stamp
 cluster: $(VENV)/.run-stamp etcd-tools
 	$(BIN)/sessionlog dev cluster
 
-## test: install everything and run the whole suite (`make test-workers` runs the e2e tests
-## again against --workers 2 servers: not yet part of test, see README's Developing)
+## test: install everything and run the whole suite, then the e2e tests again against
+## --workers 2 servers (`make test-workers`)
 test: $(VENV)/.dev-stamp browser go-tools etcd-tools
 	$(BIN)/python -m pytest
+	$(MAKE) --no-print-directory test-workers
 
 ## test-workers: the e2e tests against `sessionlog serve --workers 2` processes (the unit and
 ## integration layers start no server, so they run once, in `make test`); the tests marked

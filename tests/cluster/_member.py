@@ -9,7 +9,8 @@ different members compare):
 
     {"event": "role", "role": "lead", "epoch": 7, "address": "", "reason": "",
      "campaign_sent_at": t}
-    {"event": "tick", "may_write": true, "epoch": 7, "deadline": t}   every TICK_SECONDS
+    {"event": "tick", "checked_at": t, "may_write": true, "epoch": 7, "deadline": t}
+                                                                  every TICK_SECONDS
 
 A tick is what a server's write path would do before it answers: ask ``may_write()``. SIGTERM
 stops the member (it resigns) and the process exits 0.
@@ -57,9 +58,13 @@ async def _run(member: Member) -> None:
 
     async def tick() -> None:
         while True:
+            # ``t`` is read before the check: a SIGSTOP between the two must not date a check
+            # made before the freeze after the wake.
+            checked_at = time.monotonic()
             may_write = member.may_write()
             _line(
                 event="tick",
+                checked_at=checked_at,
                 may_write=may_write,
                 epoch=member.leading_epoch() or 0,
                 deadline=member.fence.deadline if member.fence.deadline > 0 else 0,

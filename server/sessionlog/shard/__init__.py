@@ -1,0 +1,11 @@
+"""Sharding: sessions placed on groups by slot, a shard map that says which group owns which
+slots, and the check every server makes that a call's session belongs to its group.
+
+    slots.py      slot_of(session_id), SLOTS, the x-session-id header
+    shardmap.py   ShardMap: groups, their members, slot ranges, an epoch; TOML and JSON forms
+"""
+
+from sessionlog.shard.shardmap import Group, ShardMap, ShardMapError
+from sessionlog.shard.slots import SESSION_HEADER, SLOTS, slot_of
+
+__all__ = ["SESSION_HEADER", "SLOTS", "Group", "ShardMap", "ShardMapError", "slot_of"]

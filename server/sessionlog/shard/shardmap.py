@@ -1,0 +1,317 @@
+"""The shard map: which group owns which slots, at which epoch.
+
+A map names every group once, with its members (``HOST:PORT``, the addresses clients dial) and the
+slot ranges it owns; together the ranges cover every slot exactly once. The epoch grows by one with
+every change, so a server, router or client holding two maps keeps the newer one and never goes
+back. A group's primary is its first member in a static deployment; in cluster mode it is whoever
+holds the group's leader key in etcd.
+
+The map is written as TOML for static deployments (``--shard-map FILE``)::
+
+    epoch = 1
+
+    [groups.g1]
+    members = ["10.0.0.1:50051", "10.0.0.2:50051", "10.0.0.3:50051"]
+    http = ["10.0.0.1:8080", "10.0.0.2:8080", "10.0.0.3:8080"]   # optional: their --http-listen
+    slots = ["0-511"]
+
+    [groups.g2]
+    members = ["10.0.1.1:50051", "10.0.1.2:50051", "10.0.1.3:50051"]
+    slots = ["512-1023"]
+
+``http`` lists each member's ``--http-listen`` address in the same order: the HAProxy
+configuration (``sessionlog cluster haproxy``) health-checks ``/primary`` and ``/healthz`` there.
+The map is also written as JSON, the same fields, under etcd's ``/sessionlog/shards`` key
+(SHARDS_KEY) in cluster mode.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import tomllib
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import tomli_w
+
+from sessionlog.shard.slots import SLOTS, slot_of
+
+SHARDS_KEY = "/sessionlog/shards"
+"""The etcd key that holds the cluster's shard map (JSON) in cluster mode."""
+
+_GROUP_NAME = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
+_ADDRESS = re.compile(r"^(\[[0-9a-fA-F:.]+\]|[A-Za-z0-9.-]+):([0-9]{1,5})$")
+_RANGE = re.compile(r"^([0-9]+)(?:-([0-9]+))?$")
+
+
+class ShardMapError(ValueError):
+    """The map is not valid; the message says which field and why."""
+
+
+@dataclass(frozen=True)
+class Group:
+    """One group: its name, its members (the first is the static primary) and its slot ranges."""
+
+    name: str
+    members: tuple[str, ...]
+    ranges: tuple[tuple[int, int], ...]
+    """Inclusive (first, last) slot ranges, sorted and not touching one another."""
+    http: tuple[str, ...] = ()
+    """The members' --http-listen addresses, in the members' order; empty when not given."""
+
+    @property
+    def primary(self) -> str:
+        """The static primary: the first member."""
+        return self.members[0]
+
+    @property
+    def slot_count(self) -> int:
+        return sum(last - first + 1 for first, last in self.ranges)
+
+    def owns_slot(self, slot: int) -> bool:
+        return any(first <= slot <= last for first, last in self.ranges)
+
+    def range_text(self) -> list[str]:
+        """The ranges as the map writes them: ``"0-511"``, or ``"7"`` for one slot."""
+        return [f"{a}" if a == b else f"{a}-{b}" for a, b in self.ranges]
+
+
+@dataclass(frozen=True)
+class ShardMap:
+    """A valid map: every slot owned by exactly one group, at one epoch (at least 1)."""
+
+    epoch: int
+    groups: tuple[Group, ...]
+
+    def __post_init__(self) -> None:
+        _validate(self.epoch, self.groups)
+        owners: list[int] = [-1] * SLOTS
+        for index, group in enumerate(self.groups):
+            for first, last in group.ranges:
+                for slot in range(first, last + 1):
+                    owners[slot] = index
+        object.__setattr__(self, "_owners", bytes(owners) if len(self.groups) < 256 else owners)
+
+    # --- reading -----------------------------------------------------------------------------
+
+    def group(self, name: str) -> Group:
+        """The group called ``name``; ShardMapError when the map has none."""
+        for group in self.groups:
+            if group.name == name:
+                return group
+        known = ", ".join(g.name for g in self.groups)
+        raise ShardMapError(f"the shard map (epoch {self.epoch}) has no group {name!r} ({known})")
+
+    def has_group(self, name: str) -> bool:
+        return any(group.name == name for group in self.groups)
+
+    def owner_of_slot(self, slot: int) -> Group:
+        if not 0 <= slot < SLOTS:
+            raise ShardMapError(f"slot {slot} is outside 0-{SLOTS - 1}")
+        owners: Sequence[int] = self._owners  # type: ignore[attr-defined]
+        return self.groups[owners[slot]]
+
+    def owner(self, session_id: str) -> Group:
+        """The group that owns ``session_id``'s slot."""
+        return self.owner_of_slot(slot_of(session_id))
+
+    def group_of_member(self, address: str) -> Group | None:
+        """The group that lists ``address`` as a member, or None."""
+        for group in self.groups:
+            if address in group.members:
+                return group
+        return None
+
+    # --- changing (a new map, one epoch up) ---------------------------------------------------
+
+    def with_slots(self, slots: Iterable[int], to: str) -> ShardMap:
+        """This map with ``slots`` owned by group ``to``, at epoch + 1."""
+        target = self.group(to)
+        moving = set(slots)
+        for slot in moving:
+            if not 0 <= slot < SLOTS:
+                raise ShardMapError(f"slot {slot} is outside 0-{SLOTS - 1}")
+        groups = []
+        for group in self.groups:
+            owned = {s for a, b in group.ranges for s in range(a, b + 1)}
+            owned = owned | moving if group.name == target.name else owned - moving
+            groups.append(Group(group.name, group.members, _ranges_of(owned), group.http))
+        return ShardMap(self.epoch + 1, tuple(groups))
+
+    @staticmethod
+    def even_split(
+        members: Mapping[str, Sequence[str]],
+        epoch: int = 1,
+        http: Mapping[str, Sequence[str]] | None = None,
+    ) -> ShardMap:
+        """Groups in the order given, each owning one contiguous, near-equal share of the slots."""
+        names = list(members)
+        if not names:
+            raise ShardMapError("a shard map needs at least one group")
+        groups = []
+        for index, name in enumerate(names):
+            first = index * SLOTS // len(names)
+            last = (index + 1) * SLOTS // len(names) - 1
+            checks = tuple((http or {}).get(name, ()))
+            groups.append(Group(name, tuple(members[name]), ((first, last),), checks))
+        return ShardMap(epoch, tuple(groups))
+
+    # --- text forms ---------------------------------------------------------------------------
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "epoch": self.epoch,
+            "groups": {
+                g.name: {"members": list(g.members), "slots": g.range_text()}
+                | ({"http": list(g.http)} if g.http else {})
+                for g in self.groups
+            },
+        }
+
+    def to_toml(self) -> str:
+        return tomli_w.dumps(self.to_dict())
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
+
+    @staticmethod
+    def from_dict(data: object) -> ShardMap:
+        if not isinstance(data, dict):
+            raise ShardMapError("a shard map is a table with `epoch` and `groups`")
+        unknown = set(data) - {"epoch", "groups"}
+        if unknown:
+            raise ShardMapError(f"unknown shard map key(s): {', '.join(sorted(unknown))}")
+        epoch = data.get("epoch")
+        if not isinstance(epoch, int) or isinstance(epoch, bool):
+            raise ShardMapError("`epoch` must be an integer of at least 1")
+        raw_groups = data.get("groups")
+        if not isinstance(raw_groups, dict) or not raw_groups:
+            raise ShardMapError("`groups` must be a table of at least one group")
+        groups = []
+        for name, body in raw_groups.items():
+            if not isinstance(body, dict):
+                raise ShardMapError(f"group {name!r}: a table with `members` and `slots`")
+            extra = set(body) - {"members", "slots", "http"}
+            if extra:
+                raise ShardMapError(f"group {name!r}: unknown key(s) {', '.join(sorted(extra))}")
+            members = body.get("members")
+            if not isinstance(members, list) or not all(isinstance(m, str) for m in members):
+                raise ShardMapError(f"group {name!r}: `members` must be a list of HOST:PORT")
+            slots = body.get("slots")
+            if not isinstance(slots, list) or not all(isinstance(s, str | int) for s in slots):
+                raise ShardMapError(f'group {name!r}: `slots` must be a list like ["0-511"]')
+            http = body.get("http", [])
+            if not isinstance(http, list) or not all(isinstance(h, str) for h in http):
+                raise ShardMapError(f"group {name!r}: `http` must be a list of HOST:PORT")
+            ranges = _parse_ranges(str(name), slots)
+            groups.append(Group(str(name), tuple(members), ranges, tuple(http)))
+        return ShardMap(epoch, tuple(groups))
+
+    @staticmethod
+    def from_toml(text: str) -> ShardMap:
+        try:
+            data = tomllib.loads(text)
+        except tomllib.TOMLDecodeError as exc:
+            raise ShardMapError(f"not valid TOML: {exc}") from exc
+        return ShardMap.from_dict(data)
+
+    @staticmethod
+    def from_json(text: str | bytes) -> ShardMap:
+        try:
+            data = json.loads(text)
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise ShardMapError(f"not valid JSON: {exc}") from exc
+        return ShardMap.from_dict(data)
+
+    @staticmethod
+    def load(path: str) -> ShardMap:
+        """Read a TOML map file; ShardMapError names the file when it is missing or invalid."""
+        try:
+            with open(path, encoding="utf-8") as handle:
+                text = handle.read()
+        except OSError as exc:
+            raise ShardMapError(f"cannot read the shard map {path}: {exc.strerror}") from exc
+        try:
+            return ShardMap.from_toml(text)
+        except ShardMapError as exc:
+            raise ShardMapError(f"{path}: {exc}") from exc
+
+
+def _parse_ranges(group: str, items: Sequence[str | int]) -> tuple[tuple[int, int], ...]:
+    owned: set[int] = set()
+    for item in items:
+        match = _RANGE.match(str(item).strip())
+        if not match:
+            raise ShardMapError(f"group {group!r}: {item!r} is not a slot or a range like 0-511")
+        first = int(match.group(1))
+        last = int(match.group(2)) if match.group(2) is not None else first
+        if first > last or last >= SLOTS:
+            raise ShardMapError(f"group {group!r}: range {item!r} is not within 0-{SLOTS - 1}")
+        overlap = owned & set(range(first, last + 1))
+        if overlap:
+            raise ShardMapError(f"group {group!r}: slot {min(overlap)} is listed twice")
+        owned.update(range(first, last + 1))
+    return _ranges_of(owned)
+
+
+def _ranges_of(slots: Iterable[int]) -> tuple[tuple[int, int], ...]:
+    ranges: list[tuple[int, int]] = []
+    for slot in sorted(set(slots)):
+        if ranges and ranges[-1][1] == slot - 1:
+            ranges[-1] = (ranges[-1][0], slot)
+        else:
+            ranges.append((slot, slot))
+    return tuple(ranges)
+
+
+def _validate(epoch: int, groups: Sequence[Group]) -> None:
+    if epoch < 1:
+        raise ShardMapError(f"`epoch` must be at least 1, not {epoch}")
+    if not groups:
+        raise ShardMapError("a shard map needs at least one group")
+    seen_names: set[str] = set()
+    seen_members: dict[str, str] = {}
+    owner: dict[int, str] = {}
+    for group in groups:
+        if not _GROUP_NAME.match(group.name):
+            raise ShardMapError(
+                f"group name {group.name!r}: lower-case letters, digits and '-', 1-63 characters"
+            )
+        if group.name in seen_names:
+            raise ShardMapError(f"group {group.name!r} is listed twice")
+        seen_names.add(group.name)
+        if not group.members:
+            raise ShardMapError(f"group {group.name!r} has no members")
+        for member in group.members:
+            match = _ADDRESS.match(member)
+            if not match or not 0 < int(match.group(2)) < 65536:
+                raise ShardMapError(f"group {group.name!r}: member {member!r} is not HOST:PORT")
+            if member in seen_members:
+                raise ShardMapError(
+                    f"member {member} is in group {seen_members[member]!r} and {group.name!r}"
+                )
+            seen_members[member] = group.name
+        if group.http and len(group.http) != len(group.members):
+            raise ShardMapError(
+                f"group {group.name!r}: `http` lists {len(group.http)} addresses for "
+                f"{len(group.members)} members (one per member, in the same order)"
+            )
+        for check in group.http:
+            match = _ADDRESS.match(check)
+            if not match or not 0 < int(match.group(2)) < 65536:
+                raise ShardMapError(
+                    f"group {group.name!r}: http address {check!r} is not HOST:PORT"
+                )
+        for first, last in group.ranges:
+            for slot in range(first, last + 1):
+                if slot in owner:
+                    raise ShardMapError(
+                        f"slot {slot} is owned by both {owner[slot]!r} and {group.name!r}"
+                    )
+                owner[slot] = group.name
+    missing = [slot for slot in range(SLOTS) if slot not in owner]
+    if missing:
+        ranges = ", ".join(f"{a}" if a == b else f"{a}-{b}" for a, b in _ranges_of(missing))
+        raise ShardMapError(f"slots {ranges} are owned by no group (every slot needs one)")

@@ -41,7 +41,8 @@ from sessionlog.shard.slots import SLOTS, slot_of
 SHARDS_KEY = "/sessionlog/shards"
 """The etcd key that holds the cluster's shard map (JSON) in cluster mode."""
 
-_GROUP_NAME = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
+_GROUP_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
+"""The same names as ``--group`` (cluster.settings): a cluster group is a shard map group."""
 _ADDRESS = re.compile(r"^(\[[0-9a-fA-F:.]+\]|[A-Za-z0-9.-]+):([0-9]{1,5})$")
 _RANGE = re.compile(r"^([0-9]+)(?:-([0-9]+))?$")
 
@@ -277,7 +278,7 @@ def _validate(epoch: int, groups: Sequence[Group]) -> None:
     for group in groups:
         if not _GROUP_NAME.match(group.name):
             raise ShardMapError(
-                f"group name {group.name!r}: lower-case letters, digits and '-', 1-63 characters"
+                f"group name {group.name!r}: letters, digits, '.', '_' and '-', 1-63 characters"
             )
         if group.name in seen_names:
             raise ShardMapError(f"group {group.name!r} is listed twice")

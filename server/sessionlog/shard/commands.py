@@ -16,12 +16,13 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from sessionlog.cluster import etcd
-from sessionlog.cluster.settings import parse_cluster
 from sessionlog.shard.shardmap import SHARDS_KEY, ShardMap, ShardMapError
 from sessionlog.shard.slots import SLOTS, slot_of
+
+if TYPE_CHECKING:
+    from sessionlog.cluster import etcd
 
 ETCD_TIMEOUT_SECONDS = 3.0
 
@@ -115,6 +116,10 @@ def _check(args: argparse.Namespace) -> int:
 
 
 def _endpoints(args: argparse.Namespace) -> etcd.Endpoints:
+    # Here, not at the top: every other command of the CLI starts without requests and etcd3gw.
+    from sessionlog.cluster import etcd
+    from sessionlog.cluster.settings import parse_cluster
+
     try:
         return etcd.Endpoints(parse_cluster(args.cluster), ETCD_TIMEOUT_SECONDS)
     except ValueError as exc:
@@ -129,6 +134,8 @@ def _decode(found: etcd.KeyValue) -> ShardMap:
 
 
 def _put(args: argparse.Namespace) -> int:
+    from sessionlog.cluster import etcd
+
     try:
         shard_map = ShardMap.load(args.file)
         endpoints = _endpoints(args)
@@ -167,6 +174,8 @@ def _put(args: argparse.Namespace) -> int:
 
 
 def _get(args: argparse.Namespace) -> int:
+    from sessionlog.cluster import etcd
+
     try:
         endpoints = _endpoints(args)
     except ShardMapError as exc:

@@ -32,6 +32,7 @@ from typing import NoReturn
 from sessionlog import admin, config, dev, logs
 from sessionlog.cli_client import add_commands, run_client
 from sessionlog.config import ConfigError, worker_count
+from sessionlog.shard import commands as shard_commands
 from sessionlog.startup import run_event_loop, start_failure
 
 
@@ -62,6 +63,7 @@ def build_parser() -> argparse.ArgumentParser:
     admin.add_commands(commands)
     admin.add_replica_commands(commands)
     dev.add_commands(commands)
+    shard_commands.add_commands(commands)
     return parser
 
 

@@ -3,8 +3,8 @@
 One module-scoped set-up: two groups, each a primary and a read replica (`sessionlog serve`,
 no --shard-map: a group is just its servers here), every server with --http-listen (the health
 checks) and a short --heartbeat; an HAProxy process running the configuration that `sessionlog
-cluster haproxy` writes for their shard map, with 2 s timeouts. The test that kills a primary
-runs last.
+cluster haproxy` writes for their shard map, with 2 s timeouts. The last two tests change the
+set-up: one kills a primary, the next reloads HAProxy with a new map.
 """
 
 from __future__ import annotations
@@ -50,6 +50,8 @@ class Routed:
     address: str
     process: subprocess.Popen[bytes]
     log: Path
+    out: Path
+    """Where haproxy.cfg and slots.map are."""
 
     def channel(self) -> grpc.Channel:
         return grpc.insecure_channel(self.address)
@@ -139,7 +141,7 @@ def routed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Routed]:
                 stderr=subprocess.STDOUT,
             )
         try:
-            setup = Routed(shard_map, nodes, address, process, log)
+            setup = Routed(shard_map, nodes, address, process, log, root / "proxy")
             with setup.channel() as channel:
                 stub = pb_grpc.SessionLogServiceStub(channel)  # type: ignore[no-untyped-call]
                 for name in nodes:  # both write backends up: one write each gets through
@@ -151,12 +153,20 @@ def routed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Routed]:
                     _eventually(lambda probe=probe: _append(stub, probe, "probe"))
             yield setup
         finally:
-            process.terminate()
-            try:
-                process.wait(10)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait(10)
+            for running in {process, setup.process}:  # the reload test replaces the process
+                _stop(running)
+
+
+def _stop(process: subprocess.Popen[bytes]) -> None:
+    """SIGTERM by PID and wait; SIGKILL if it does not exit."""
+    if process.poll() is not None:
+        return
+    process.terminate()
+    try:
+        process.wait(10)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait(10)
 
 
 def test_health_endpoints_say_who_takes_writes(routed: Routed) -> None:
@@ -222,7 +232,7 @@ def test_a_follow_stream_outlives_the_proxy_timeout(routed: Routed) -> None:
 
 
 def test_a_dead_primary_stops_only_its_groups_writes(routed: Routed) -> None:
-    """Runs last: it kills group ga's primary."""
+    """Kills group ga's primary (the set-up keeps it dead)."""
     ids = [f"after-{n}" for n in range(40)]
     lost = [s for s in ids if routed.map.owner(s).name == "ga"]
     kept = [s for s in ids if routed.map.owner(s).name == "gb"]
@@ -244,4 +254,29 @@ def test_a_dead_primary_stops_only_its_groups_writes(routed: Routed) -> None:
             assert [e.data["content"] for e in _session(stub, session_id)] == ["before"]
         for session_id in kept:
             assert [e.data["content"] for e in _session(stub, session_id)] == ["while ga is down"]
+    assert routed.process.poll() is None, routed.log.read_text()
+
+
+def test_a_map_change_applies_on_reload(routed: Routed) -> None:
+    """Runs last: ga's slots move to gb; the files written again and HAProxy reloaded (-sf),
+    calls for ga's sessions reach gb, and the old process exits."""
+    moved = routed.map.with_slots(range(512), "gb")
+    session_id = next(
+        f"moved-{n}" for n in range(100) if routed.map.owner(f"moved-{n}").name == "ga"
+    )
+    config, _ = haproxy.write(moved, routed.out, routed.address, TIMEOUT_SECONDS, CHECK_SECONDS)
+    old = routed.process
+    with routed.log.open("ab") as out:
+        routed.process = subprocess.Popen(
+            [HAPROXY, "-db", "-f", str(config), "-sf", str(old.pid)],
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    old.wait(10)  # no connection open: it stops at once
+    with routed.channel() as channel:
+        stub = pb_grpc.SessionLogServiceStub(channel)  # type: ignore[no-untyped-call]
+        _eventually(lambda: _append(stub, session_id, "after the move"))
+        assert [e.data["content"] for e in _session(stub, session_id)] == ["after the move"]
+    assert _in(routed.nodes["gb"][0], session_id) == 1
     assert routed.process.poll() is None, routed.log.read_text()

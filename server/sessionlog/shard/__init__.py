@@ -3,6 +3,7 @@ slots, and the check every server makes that a call's session belongs to its gro
 
     slots.py      slot_of(session_id), SLOTS, the x-session-id header
     shardmap.py   ShardMap: groups, their members, slot ranges, an epoch; TOML and JSON forms
+    haproxy.py    `sessionlog cluster haproxy`: HAProxy's haproxy.cfg and slots.map from a map
 """
 
 from sessionlog.shard.shardmap import Group, ShardMap, ShardMapError

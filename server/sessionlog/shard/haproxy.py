@@ -19,7 +19,8 @@ Timeouts: HAProxy ends a stream on which nothing moved for ``timeout client`` / 
 server``. An idle FollowSession (Since with follow) stream carries a heartbeat every
 ``--heartbeat`` seconds (15 by default), so the timeout must stay well above the servers'
 heartbeat: the default, 60 s, is four heartbeats. A map change (a new epoch): write the files
-again and reload HAProxy (``systemctl reload haproxy``, or ``haproxy -f haproxy.cfg -sf PID``).
+again and reload HAProxy (``systemctl reload haproxy``, or ``haproxy -f haproxy.cfg -sf PID``);
+the old process ends the streams it still carries one timeout later (``hard-stop-after``).
 """
 
 from __future__ import annotations
@@ -116,6 +117,9 @@ def render_config(
         "# Do not edit: write it again from the map, then reload HAProxy.",
         "global",
         f"    default-path config  # {MAP_FILE} is read beside this file",
+        "    # After a reload (-sf), the old process ends what it still carries (follow streams)",
+        "    # at the latest this long after: the clients resume through the new one.",
+        f"    hard-stop-after {_seconds(timeout)}",
         "",
         "defaults",
         "    mode http",

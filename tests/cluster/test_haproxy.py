@@ -29,6 +29,7 @@ from sessionlog.shard import haproxy
 from sessionlog.shard.shardmap import Group, ShardMap
 from sessionlog.v1 import session_log_service_pb2 as pb
 from sessionlog.v1 import session_log_service_pb2_grpc as pb_grpc
+from tests.cluster import _group
 from tests.e2e._helpers import user
 from tests.e2e._proc import free_port
 from tests.e2e._replication_cluster import Cluster, Node
@@ -75,15 +76,22 @@ def _session(stub: pb_grpc.SessionLogServiceStub, session_id: str) -> list[Any]:
     return [e for r in stub.Since(request, metadata=meta, timeout=CALL) for e in r.events]
 
 
-def _append(stub: pb_grpc.SessionLogServiceStub, session_id: str, content: str) -> Any:
-    request = pb.AppendRequest(session_id=session_id, events=[user(content)])
+def _append(
+    stub: pb_grpc.SessionLogServiceStub, session_id: str, content: str, request_id: str = ""
+) -> Any:
+    request = pb.AppendRequest(session_id=session_id, events=[user(content)], request_id=request_id)
     return stub.Append(request, metadata=(("x-session-id", session_id),), timeout=CALL)
 
 
-def _in(node: Node, session_id: str) -> int:
-    """How many events ``node`` holds for the session (asked directly)."""
+def _in(node: Node | str, session_id: str) -> int:
+    """How many events ``node`` (or the server at that address) holds for the session, asked
+    directly."""
     request = pb.SinceRequest(session_id=session_id)
-    return sum(len(r.events) for r in node.stub().Since(request, timeout=CALL))
+    if isinstance(node, Node):
+        return sum(len(r.events) for r in node.stub().Since(request, timeout=CALL))
+    with grpc.insecure_channel(node) as channel:
+        stub = pb_grpc.SessionLogServiceStub(channel)  # type: ignore[no-untyped-call]
+        return sum(len(r.events) for r in stub.Since(request, timeout=CALL))
 
 
 def _eventually(check: Any, seconds: float = 10.0) -> Any:
@@ -103,8 +111,6 @@ def _eventually(check: Any, seconds: float = 10.0) -> Any:
 
 @pytest.fixture(scope="module")
 def routed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Routed]:
-    if not Path(HAPROXY).exists():
-        pytest.fail("haproxy is not installed: run `make haproxy-tools` (apt-get install haproxy)")
     root = tmp_path_factory.mktemp("haproxy")
     with Cluster(root) as cluster:
         nodes: dict[str, tuple[Node, Node]] = {}
@@ -133,13 +139,7 @@ def routed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Routed]:
             shard_map, root / "proxy", address, TIMEOUT_SECONDS, CHECK_SECONDS
         )
         log = root / "haproxy.log"
-        with log.open("wb") as out:
-            process = subprocess.Popen(
-                [HAPROXY, "-db", "-f", str(config)],
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-            )
+        process = _haproxy(config, log)
         try:
             setup = Routed(shard_map, nodes, address, process, log, root / "proxy")
             with setup.channel() as channel:
@@ -155,6 +155,19 @@ def routed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Routed]:
         finally:
             for running in {process, setup.process}:  # the reload test replaces the process
                 _stop(running)
+
+
+def _haproxy(config: Path, log: Path, *more: str) -> subprocess.Popen[bytes]:
+    """HAProxy in the foreground (-db) on ``config``, its output appended to ``log``."""
+    if not Path(HAPROXY).exists():
+        pytest.fail("haproxy is not installed: run `make haproxy-tools` (apt-get install haproxy)")
+    with log.open("ab") as out:
+        return subprocess.Popen(
+            [HAPROXY, "-db", "-f", str(config), *more],
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
 
 
 def _stop(process: subprocess.Popen[bytes]) -> None:
@@ -266,13 +279,7 @@ def test_a_map_change_applies_on_reload(routed: Routed) -> None:
     )
     config, _ = haproxy.write(moved, routed.out, routed.address, TIMEOUT_SECONDS, CHECK_SECONDS)
     old = routed.process
-    with routed.log.open("ab") as out:
-        routed.process = subprocess.Popen(
-            [HAPROXY, "-db", "-f", str(config), "-sf", str(old.pid)],
-            stdin=subprocess.DEVNULL,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
+    routed.process = _haproxy(config, routed.log, "-sf", str(old.pid))
     old.wait(10)  # no connection open: it stops at once
     with routed.channel() as channel:
         stub = pb_grpc.SessionLogServiceStub(channel)  # type: ignore[no-untyped-call]
@@ -280,3 +287,46 @@ def test_a_map_change_applies_on_reload(routed: Routed) -> None:
         assert [e.data["content"] for e in _session(stub, session_id)] == ["after the move"]
     assert _in(routed.nodes["gb"][0], session_id) == 1
     assert routed.process.poll() is None, routed.log.read_text()
+
+
+def test_writes_follow_a_cluster_failover(tmp_path: Path) -> None:
+    """A group elected through etcd behind HAProxy: /primary answers 200 on the leader only;
+    the leader SIGKILLed, writes through HAProxy reach the new leader once it passes its check.
+    """
+    args = ["--lease-ttl", "2", "--replica-timeout", "1", "--heartbeat", "0.5"]
+    with _group.Group(tmp_path, members=2, args=args, http=True) as group:
+        leader, epoch = group.wait_healthy(30)
+        [other] = [m for m in group.members if m is not leader]
+        code, body = _status(leader.http, "/primary")
+        assert (code, body["role"], body["epoch"]) == (200, "primary", epoch)
+        code, body = _status(other.http, "/primary")
+        assert (code, body["role"], body["takes_writes"]) == (503, "replica", False)
+        assert _status(other.http, "/healthz")[0] == 200
+        members = group.members
+        shard_map = ShardMap(
+            1,
+            (
+                Group(
+                    "g",
+                    tuple(m.address for m in members),
+                    ((0, 1023),),
+                    tuple(m.http for m in members),
+                ),
+            ),
+        )
+        address = f"127.0.0.1:{free_port()}"
+        config, _ = haproxy.write(shard_map, tmp_path / "proxy", address, 2.0, CHECK_SECONDS)
+        process = _haproxy(config, tmp_path / "haproxy.log")
+        try:
+            with grpc.insecure_channel(address) as channel:
+                stub = pb_grpc.SessionLogServiceStub(channel)  # type: ignore[no-untyped-call]
+                _eventually(lambda: _append(stub, "ha", "before", "r-before"))
+                _eventually(lambda: _in(other.direct, "ha") == 1)  # --ack local: replicated
+                leader.kill()
+                group.wait_new_leader(epoch, 20)
+                _eventually(lambda: _append(stub, "ha", "after", "r-after"), 20)
+                contents = _eventually(lambda: [e.data["content"] for e in _session(stub, "ha")])
+                assert contents == ["before", "after"]
+                assert _status(other.http, "/primary")[0] == 200
+        finally:
+            _stop(process)

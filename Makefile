@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 PROTOS := $(wildcard proto/sessionlog/v1/*.proto)
 SERVICE_PROTOS := $(wildcard proto/sessionlog/v1/*_service.proto)
 
-.PHONY: run cluster test test-workers browser go-tools etcd-tools check lint format gen gen-client gen-go gen-check bench bench-tools clean docs
+.PHONY: run cluster test test-workers browser go-tools etcd-tools haproxy-tools check lint format gen gen-client gen-go gen-check bench bench-tools clean docs
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -30,14 +30,14 @@ cluster: $(VENV)/.run-stamp etcd-tools
 
 ## test: install everything and run the whole suite, then the e2e tests again against
 ## --workers 2 servers (`make test-workers`)
-test: $(VENV)/.dev-stamp browser go-tools etcd-tools
+test: $(VENV)/.dev-stamp browser go-tools etcd-tools haproxy-tools
 	$(BIN)/python -m pytest
 	$(MAKE) --no-print-directory test-workers
 
 ## test-workers: the e2e tests against `sessionlog serve --workers 2` processes (the unit and
 ## integration layers start no server, so they run once, in `make test`); the tests marked
 ## in_process, which reach inside a server in the test's own process, are deselected
-test-workers: $(VENV)/.dev-stamp browser go-tools etcd-tools
+test-workers: $(VENV)/.dev-stamp browser go-tools etcd-tools haproxy-tools
 	$(BIN)/python -m pytest tests/e2e --workers 2
 
 ## browser: Debian's chromium + chromium-driver for the web console test, and nghttp2-client
@@ -81,6 +81,19 @@ etcd-tools:
 	else \
 	  echo "make test needs etcd-server: run it as root on Debian, or first run" >&2; \
 	  echo "  sudo apt-get install -y etcd-server" >&2; \
+	  exit 1; \
+	fi
+
+## haproxy-tools: Debian's haproxy (2.6) for tests/cluster/test_haproxy.py and the check of
+## deploy/haproxy.cfg in tests/unit/test_haproxy.py (apt-get, as root)
+haproxy-tools:
+	@if command -v haproxy >/dev/null 2>&1 || [ -x /usr/sbin/haproxy ]; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	  echo "installing haproxy (for tests/cluster/test_haproxy.py and tests/unit/test_haproxy.py)"; \
+	  apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q haproxy; \
+	else \
+	  echo "make test needs haproxy: run it as root on Debian, or first run" >&2; \
+	  echo "  sudo apt-get install -y haproxy" >&2; \
 	  exit 1; \
 	fi
 

@@ -146,6 +146,8 @@ class SessionLogServer:
         self._replicator: Replicator | None = None
         self._replicator_task: asyncio.Task[None] | None = None
         self._servicers: tuple[SessionLogServicer, ReplicationServicer, AdminServicer]
+        self._serving = False
+        """What the gRPC health check says now (``_set_health``), for GET /healthz."""
         self._fenced = False
         """The folder's leadership record says a newer epoch deposed it (see ``_watch_fence``)."""
         self._replication: ReplicationServicer | None = None
@@ -430,6 +432,31 @@ class SessionLogServer:
     def listen(self) -> str:
         return self.config.listen
 
+    @property
+    def serving(self) -> bool:
+        return self._serving
+
+    @property
+    def takes_writes(self) -> bool:
+        """Serving as the primary (GET /primary): not a replica, and in cluster mode the leader
+        with a live lease at the epoch its folder took; a process-level check (--workers'
+        election) must allow it too."""
+        if not self._serving or self.replica is not None or self.store is None:
+            return False
+        if not self.store.writer.lead.may_write:
+            return False
+        if self.group is not None:
+            return self.group.may_write()
+        return self.may_write is None or self.may_write()
+
+    @property
+    def role(self) -> str:
+        if self.replica is not None:
+            return "replica"
+        if self.group is not None and not self.group.may_write():
+            return "member"
+        return "primary"
+
     async def _set_health(self, serving: bool) -> None:
         """A store whose LMDB has panicked stays NOT_SERVING whatever else happens, and so
         does a deposed (fenced) primary: its data may lack what the new primary took. A
@@ -446,7 +473,8 @@ class SessionLogServer:
                 and replica.primary == group.following
             )
             serving = group.serving(current) and not (self._writes_stuck and replica is None)
-        await app.set_health(self._health, serving and not broken and not self._fenced)
+        self._serving = serving and not broken and not self._fenced
+        await app.set_health(self._health, self._serving)
 
     async def _watch_fence(self, store: Store, writes_stuck: bool) -> None:
         """Follow the leadership record (another worker, or a feed reader, may have fenced the

@@ -42,11 +42,19 @@ class Member:
     """One `sessionlog serve --cluster` process: its folder, port and etcd relay."""
 
     def __init__(
-        self, root: Path, name: str, etcd_port: int, args: list[str], front: bool = False
+        self,
+        root: Path,
+        name: str,
+        etcd_port: int,
+        args: list[str],
+        front: bool = False,
+        http: bool = False,
     ) -> None:
         self.root = root
         self.name = name
         self.port = free_port()
+        self.http = f"127.0.0.1:{free_port()}" if http else ""
+        """Its --http-listen address ("" without one)."""
         self.data = root / name
         self.etcd_link = Relay(etcd_port).start()
         self.front = Relay(self.port).start() if front else None
@@ -81,6 +89,7 @@ class Member:
             "--cluster", f"etcd://{self.etcd_link.address}",
             "--group", GROUP,
             "--log-format", "json",
+            *(["--http-listen", self.http] if self.http else []),
             *self.args,
         ]  # fmt: skip
         env = clean_env(workers=False)
@@ -142,8 +151,11 @@ class Group:
         members: int = 3,
         args: list[str] | None = None,
         fronts: bool = False,
+        http: bool = False,
     ) -> None:
         self.root = root
+        self.http = http
+        """Each member with a --http-listen of its own (``member.http``)."""
         self.etcd = EtcdProcess(root / "etcd")
         self.member_args = args or []
         self.members: list[Member] = []
@@ -165,7 +177,7 @@ class Group:
         self._endpoints = Endpoints((self.etcd.endpoint,), 1.0)
         for index in range(self.count):
             member = Member(
-                self.root, f"m{index + 1}", self.etcd.port, self.member_args, self.fronts
+                self.root, f"m{index + 1}", self.etcd.port, self.member_args, self.fronts, self.http
             )
             self.members.append(member)
             member.start()

@@ -240,7 +240,8 @@ def guarded(tmp_path: Path) -> Iterator[RunningServer]:
 
 def test_api_needs_a_valid_token_when_auth_is_on(guarded: RunningServer) -> None:
     """Every /api call without a token, or with an unknown one, is 401 UNAUTHENTICATED with a
-    Bearer challenge; the page itself loads without one (it asks for the token)."""
+    Bearer challenge; the page itself loads without one (it asks for the token), and so do
+    the health checks /healthz and /primary."""
     for path in ("/api/status", "/api/sessions", f"/api/sessions/{SESSION}/events"):
         for token in ("", "not-a-configured-token"):
             status, head, body = get(base(guarded) + path, token)
@@ -250,6 +251,14 @@ def test_api_needs_a_valid_token_when_auth_is_on(guarded: RunningServer) -> None
     status, _, page = get(base(guarded) + "/")
     assert status == 200
     assert "token" in page
+    for path in ("/healthz", "/primary"):  # a proxy's health checks: no token, no data
+        status, _, body = get(base(guarded) + path)
+        assert (status, body["role"], body["serving"], body["takes_writes"]) == (
+            200,
+            "primary",
+            True,
+            True,
+        ), path
     status, _, body = get(f"{base(guarded)}/api/sessions/{SESSION}/transcript", READER)
     assert status == 200
     assert len(body["messages"]) == 6

@@ -1,9 +1,11 @@
-"""`sessionlog cluster slot | map`: look up slots, check a shard map, and keep it in etcd.
+"""`sessionlog cluster slot | map | haproxy`: look up slots, check a shard map, keep it in etcd,
+and write HAProxy's configuration from it (shard.haproxy).
 
     sessionlog cluster slot ID... [--shard-map FILE]     each id's slot (and owner, with a map)
     sessionlog cluster map check FILE                    validate a TOML map; print its groups
     sessionlog cluster map put FILE --cluster etcd://..  store it in etcd (epoch must grow)
     sessionlog cluster map get --cluster etcd://.. [--json]
+    sessionlog cluster haproxy --shard-map FILE --out DIR   haproxy.cfg and slots.map
 
 ``map put`` writes the key in one etcd transaction that compares the key's revision with the one
 it read, so of two operators putting maps at once one wins and the other is told to read again;
@@ -18,6 +20,7 @@ import json
 import sys
 from typing import TYPE_CHECKING, Any
 
+from sessionlog.shard import haproxy
 from sessionlog.shard.shardmap import SHARDS_KEY, ShardMap, ShardMapError
 from sessionlog.shard.slots import SLOTS, slot_of
 
@@ -63,6 +66,8 @@ def add_commands(commands: Any) -> None:
     _etcd_option(get)
     get.add_argument("--json", action="store_true", help="print it as JSON, as etcd holds it")
     get.set_defaults(run=_get)
+
+    haproxy.add_command(actions)
 
 
 def _etcd_option(parser: argparse.ArgumentParser) -> None:

@@ -8,12 +8,16 @@
                                  GET /api/sessions/ID/events      ?from= &limit= raw events
                                  GET /api/sessions/ID/transcript  derived messages, calls paired
                                  GET /api/sessions/ID/follow      ?from= live events (SSE)
+                                 GET /healthz          200 while the server serves, else 503
+                                 GET /primary          200 while it takes writes, else 503
     --metrics-listen HOST:PORT   GET /metrics          Prometheus text format
 
 Read-only: nothing here writes. When the server has auth on, every /api call needs the same
 bearer token a gRPC call would (``Authorization: Bearer <token>``), checked by the same
 Authorizer as the gRPC method it mirrors (ListSessions, Since, DeriveMessages, ...), session
-prefixes included. The static files and /metrics carry no session data and are open.
+prefixes included. The static files, /metrics, /healthz and /primary carry no session data
+and are open: /healthz and /primary are what a proxy health-checks (``sessionlog cluster
+haproxy`` writes HAProxy's checks against them), with a small JSON body (role, epoch).
 
 Live follows run Since's own loop (``service.follow``: register, read, then wait; paced; ended
 by shutdown with the seq to resume from), count against the stream limits, and end when the
@@ -100,6 +104,22 @@ class Served(Observed, Protocol):
 
     @property
     def ownership(self) -> Ownership: ...
+
+    @property
+    def serving(self) -> bool:
+        """What the gRPC health check says now: SERVING (True) or NOT_SERVING."""
+        ...
+
+    @property
+    def takes_writes(self) -> bool:
+        """Serving, and a write sent now would be taken: a primary (in cluster mode the leader
+        with a live lease), not fenced, its writes not stalled."""
+        ...
+
+    @property
+    def role(self) -> str:
+        """primary, replica, or (cluster mode, between roles) member."""
+        ...
 
 
 class ListenError(RuntimeError):
@@ -424,15 +444,35 @@ def _error_body(error: errors.SessionLogError) -> dict[str, Any]:
     return {"reason": error.reason, "message": error.message, "metadata": error.metadata}
 
 
+def _checked(server: Served, ok: bool) -> web.Response:
+    """A health check's answer: 200 or 503, with the role and epoch as JSON."""
+    store = server.store
+    body = {
+        "role": server.role,
+        "epoch": 0 if store is None else store.writer.lead.epoch,
+        "serving": server.serving,
+        "takes_writes": server.takes_writes,
+    }
+    return web.json_response(body, status=200 if ok else 503, headers=_SECURITY_HEADERS)
+
+
 def console_app(server: Served) -> web.Application:
     console = Console(server)
     app = web.Application(middlewares=[_errors])
+
+    async def healthz(request: web.Request) -> web.Response:
+        return _checked(server, server.serving)
+
+    async def primary(request: web.Request) -> web.Response:
+        return _checked(server, server.takes_writes)
 
     async def index(request: web.Request) -> web.FileResponse:
         return web.FileResponse(STATIC / "index.html")
 
     app.router.add_get("/", index)
     app.router.add_static("/static/", STATIC)
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/primary", primary)
     app.router.add_get("/api/status", console.status)
     app.router.add_get("/api/sessions", console.sessions)
     app.router.add_get("/api/sessions/{session_id}", console.session)

@@ -1,6 +1,7 @@
-"""`sessionlog dev cluster`: a local etcd and a three-member group on loopback, in one command.
+"""`sessionlog dev cluster`: a local etcd and three-member groups on loopback, in one command.
 
     sessionlog dev cluster [--dir ./sessionlog-cluster] [--port 50051] [--etcd-port 12379]
+                           [--groups N] [--proxy-port 50050]
 
 It starts Debian's ``etcd`` (a single member, its data in DIR/etcd) and three `sessionlog serve
 --cluster` members (DIR/m1..m3, ports PORT..PORT+2) with ``--ack replica --sync-replicas 1``,
@@ -10,6 +11,12 @@ on its folder two seconds later and rejoins as a follower. Ctrl-C (or SIGTERM) s
 member, then etcd, each by its PID (SIGTERM, then
 SIGKILL for one that does not exit). The folders stay: a second run continues the same group.
 Logs go to DIR/*.log.
+
+With ``--groups N`` (N > 1; ``make cluster`` starts two) it starts N groups of three (g1..gN,
+members m1..m{3N}, gRPC ports PORT.., console ports PORT+1000..), puts a shard map that splits the
+slots evenly into etcd (``/sessionlog/shards``) before the members start with ``--shard-map
+etcd``, and runs HAProxy (Debian's ``haproxy``) in front on ``--proxy-port`` with the
+configuration ``sessionlog cluster haproxy`` writes (DIR/haproxy/).
 """
 
 from __future__ import annotations
@@ -22,13 +29,20 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from sessionlog.shard.shardmap import ShardMap
 
 MEMBERS = 3
 GROUP = "dev"
 READY_SECONDS = 60.0
 STOP_SECONDS = 10.0
+HTTP_PORT_OFFSET = 1000
+"""With several groups, member N's console (--http-listen, HAProxy's health checks) is on its
+gRPC port plus this."""
 RESTART_AFTER_SECONDS = 2.0
 """A member that exits is started again this long after (one that exits again as soon after its
 restart stops the whole group: it cannot start)."""
@@ -59,7 +73,42 @@ def add_commands(commands: Any) -> None:
     )
     cluster.add_argument("--etcd-port", type=int, default=12379, help="etcd's client port")
     cluster.add_argument("--lease-ttl", type=int, default=5, help="the members' --lease-ttl")
+    cluster.add_argument(
+        "--groups",
+        type=int,
+        default=1,
+        choices=range(1, 10),
+        metavar="N",
+        help="groups of three (more than one: a shard map in etcd and HAProxy in front)",
+    )
+    cluster.add_argument(
+        "--proxy-port", type=int, default=50050, help="HAProxy's port (with --groups 2 or more)"
+    )
     cluster.set_defaults(run=run_cluster)
+
+
+@dataclass(frozen=True)
+class Member:
+    """One member process: its name (m1..), group, gRPC and console addresses."""
+
+    name: str
+    group: str
+    address: str
+    http: str
+
+
+def _layout(groups: int, port: int) -> list[Member]:
+    if groups == 1:
+        return [Member(f"m{i + 1}", GROUP, f"127.0.0.1:{port + i}", "") for i in range(MEMBERS)]
+    return [
+        Member(
+            f"m{n + 1}",
+            f"g{n // MEMBERS + 1}",
+            f"127.0.0.1:{port + n}",
+            f"127.0.0.1:{port + HTTP_PORT_OFFSET + n}",
+        )
+        for n in range(groups * MEMBERS)
+    ]
 
 
 def run_cluster(args: argparse.Namespace) -> int:
@@ -76,23 +125,32 @@ def run_cluster(args: argparse.Namespace) -> int:
     try:
         processes.append(("etcd", _start_etcd(root, args.etcd_port)))
         cluster = f"etcd://127.0.0.1:{args.etcd_port}"
-        addresses = [f"127.0.0.1:{args.port + i}" for i in range(MEMBERS)]
-        for number, address in enumerate(addresses, 1):
-            name = f"m{number}"
-            processes.append((name, _start_member(root, name, address, cluster, args.lease_ttl)))
-        leader = _wait_leader(args.etcd_port, processes, stopping)
-        if leader is None:
+        members = _layout(args.groups, args.port)
+        if args.groups > 1:
+            shard_map = _put_map(args.etcd_port, members)
+        for member in members:
+            processes.append((member.name, _start_member(root, member, cluster, args.lease_ttl)))
+        leaders = {
+            group: _wait_leader(args.etcd_port, group, processes, stopping)
+            for group in dict.fromkeys(m.group for m in members)
+        }
+        if None in leaders.values():
             return 130
+        proxy = ""
+        if args.groups > 1:
+            proxy = f"127.0.0.1:{args.proxy_port}"
+            processes.append(("haproxy", _start_haproxy(root, shard_map, proxy)))
         pids = {name: process.pid for name, process in processes}
-        _print_group(root, cluster, addresses, leader, pids)
+        _print_cluster(root, cluster, members, leaders, pids, proxy)
+        by_name = {member.name: member for member in members}
         restarted_at = dict.fromkeys(pids, float("-inf"))
         while not stopping["now"]:
             for index, (name, process) in enumerate(processes):
                 if process.poll() is None:
                     continue
                 log = root / f"{name}.log"
-                if name == "etcd":
-                    raise DevError(f"etcd exited with {process.returncode}; see {log}")
+                if name in ("etcd", "haproxy"):
+                    raise DevError(f"{name} exited with {process.returncode}; see {log}")
                 if time.monotonic() - restarted_at[name] < RESTART_AFTER_SECONDS:
                     raise DevError(f"{name} exited with {process.returncode} again; see {log}")
                 # A member killed to try a failover: the others carry on (one of them takes the
@@ -103,8 +161,7 @@ def run_cluster(args: argparse.Namespace) -> int:
                     flush=True,
                 )
                 time.sleep(RESTART_AFTER_SECONDS)
-                address = addresses[int(name[1:]) - 1]
-                restarted = _start_member(root, name, address, cluster, args.lease_ttl)
+                restarted = _start_member(root, by_name[name], cluster, args.lease_ttl)
                 processes[index] = (name, restarted)
                 restarted_at[name] = time.monotonic()
                 print(f"{name} restarted: pid {restarted.pid}", flush=True)
@@ -170,21 +227,68 @@ def _start_etcd(root: Path, port: int) -> subprocess.Popen[bytes]:
 
 
 def _start_member(
-    root: Path, name: str, address: str, cluster: str, lease_ttl: int
+    root: Path, member: Member, cluster: str, lease_ttl: int
 ) -> subprocess.Popen[bytes]:
     argv = [
         sys.executable, "-m", "sessionlog.cli", "serve",
-        "--data", str(root / name),
-        "--listen", address,
-        "--advertise", address,
+        "--data", str(root / member.name),
+        "--listen", member.address,
+        "--advertise", member.address,
         "--cluster", cluster,
-        "--group", GROUP,
+        "--group", member.group,
         "--lease-ttl", str(lease_ttl),
         "--ack", "replica",
         "--sync-replicas", "1",
     ]  # fmt: skip
+    if member.http:
+        argv += ["--shard-map", "etcd", "--http-listen", member.http]
     env = {k: v for k, v in os.environ.items() if not k.startswith("SESSIONLOG_")}
-    return _spawn(argv, root / f"{name}.log", env)
+    return _spawn(argv, root / f"{member.name}.log", env)
+
+
+def _put_map(etcd_port: int, members: list[Member]) -> ShardMap:
+    """An even split of the slots over the groups, in etcd before any member reads it (a map
+    already there, from an earlier run of the same folder, is kept)."""
+    import requests
+
+    from sessionlog.shard.shardmap import SHARDS_KEY, ShardMap, ShardMapError
+
+    groups: dict[str, list[Member]] = {}
+    for member in members:
+        groups.setdefault(member.group, []).append(member)
+    wanted = ShardMap.even_split(
+        {name: [m.address for m in group] for name, group in groups.items()},
+        http={name: [m.http for m in group] for name, group in groups.items()},
+    )
+    gateway = f"http://127.0.0.1:{etcd_port}/v3/kv"
+    try:
+        reply = requests.post(f"{gateway}/range", json={"key": _b64(SHARDS_KEY)}, timeout=3)
+        for kv in reply.json().get("kvs", []):
+            stored = ShardMap.from_json(base64.b64decode(kv["value"]))
+            if {g.name for g in stored.groups} == set(groups):
+                return stored
+        body = {"key": _b64(SHARDS_KEY), "value": _b64(wanted.to_json())}
+        requests.post(f"{gateway}/put", json=body, timeout=3).raise_for_status()
+    except (requests.RequestException, ValueError, ShardMapError) as exc:
+        raise DevError(f"could not put the shard map into etcd: {exc}") from exc
+    return wanted
+
+
+def _start_haproxy(root: Path, shard_map: ShardMap, bind: str) -> subprocess.Popen[bytes]:
+    from sessionlog.shard import haproxy
+
+    binary = shutil.which("haproxy")
+    if binary is None:
+        raise DevError(
+            "haproxy is not on PATH: install it (`make haproxy-tools`, or apt-get install -y "
+            "haproxy)"
+        )
+    config, _ = haproxy.write(shard_map, root / "haproxy", bind=bind)
+    process = _spawn([binary, "-db", "-f", str(config)], root / "haproxy.log", dict(os.environ))
+    time.sleep(0.5)
+    if process.poll() is not None:
+        raise DevError(f"haproxy exited with {process.returncode}; see {root / 'haproxy.log'}")
+    return process
 
 
 def _spawn(argv: list[str], log: Path, env: dict[str, str]) -> subprocess.Popen[bytes]:
@@ -202,14 +306,17 @@ def _spawn(argv: list[str], log: Path, env: dict[str, str]) -> subprocess.Popen[
 
 
 def _wait_leader(
-    port: int, processes: list[tuple[str, subprocess.Popen[bytes]]], stopping: dict[str, bool]
+    port: int,
+    group: str,
+    processes: list[tuple[str, subprocess.Popen[bytes]]],
+    stopping: dict[str, bool],
 ) -> str | None:
-    """The leader's address once one leads (None when stopped first)."""
+    """The group's leader's address once one leads (None when stopped first)."""
     import requests
 
     from sessionlog.cluster.members import GroupKeys
 
-    key = GroupKeys(GROUP).leader
+    key = GroupKeys(group).leader
     deadline = time.monotonic() + READY_SECONDS
     while time.monotonic() < deadline and not stopping["now"]:
         for name, process in processes:
@@ -226,11 +333,51 @@ def _wait_leader(
         time.sleep(0.2)
     if stopping["now"]:
         return None
-    raise DevError(f"no member became the leader within {READY_SECONDS:.0f} s; see the logs")
+    raise DevError(
+        f"no member of {group} became the leader within {READY_SECONDS:.0f} s; see the logs"
+    )
 
 
 def _b64(text: str) -> str:
     return base64.b64encode(text.encode()).decode()
+
+
+def _print_cluster(
+    root: Path,
+    cluster: str,
+    members: list[Member],
+    leaders: dict[str, str | None],
+    pids: dict[str, int],
+    proxy: str,
+) -> None:
+    if not proxy:
+        _print_group(root, cluster, [m.address for m in members], str(leaders[GROUP]), pids)
+        return
+    listing = "\n".join(
+        f"  {m.name}  {m.group}  {m.address}  console {m.http}  pid {pids[m.name]}"
+        f"{'  (leader)' if leaders[m.group] == m.address else ''}"
+        for m in members
+    )
+    first = members[0].group
+    leader_pid = next(pids[m.name] for m in members if leaders[first] == m.address)
+    print(
+        f"""etcd     {cluster}  (pid {pids["etcd"]}, data {root / "etcd"})
+haproxy  {proxy}  (pid {pids["haproxy"]}, config {root / "haproxy"})
+groups   {", ".join(leaders)}  (the shard map: sessionlog cluster map get --cluster {cluster})
+{listing}
+logs     {root}/*.log
+
+Try it (in another terminal), through HAProxy:
+  sessionlog append demo user_message --content "hi" --server {proxy}
+  sessionlog cluster slot demo other    # each id's slot (crc32 mod 1024)
+  sessionlog sessions --server {proxy}
+  grpcurl -plaintext -H 'x-session-id: demo' -d '{{"session_id": "demo"}}' \\
+    {proxy} sessionlog.v1.SessionLogService/GetSession
+  kill -9 {leader_pid}   # {first}'s leader: only {first}'s sessions pause, the others go on
+
+Ctrl-C stops every member, haproxy, then etcd.""",
+        flush=True,
+    )
 
 
 def _print_group(

@@ -434,14 +434,16 @@ class SessionLogServer:
 
     @property
     def serving(self) -> bool:
-        return self._serving
+        """SERVING, and (sharded) holding a map with this server's group: a member that cannot
+        tell which sessions it owns fails /healthz, so HAProxy sends it nothing."""
+        return self._serving and self.ownership.ready
 
     @property
     def takes_writes(self) -> bool:
         """Serving as the primary (GET /primary): not a replica, and in cluster mode the leader
         with a live lease at the epoch its folder took; a process-level check (--workers'
         election) must allow it too."""
-        if not self._serving or self.replica is not None or self.store is None:
+        if not self.serving or self.replica is not None or self.store is None:
             return False
         if not self.store.writer.lead.may_write:
             return False

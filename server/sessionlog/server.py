@@ -39,6 +39,7 @@ from sessionlog.service.limits import StreamLimiter
 from sessionlog.service.notifier import Notifier
 from sessionlog.service.replication import ReplicaState, ReplicationServicer, Replicator
 from sessionlog.service.servicer import SessionLogServicer
+from sessionlog.shard.scatter import Scatter
 from sessionlog.storage import folder
 from sessionlog.storage.changes import FEED_KEY
 from sessionlog.storage.leadership import FENCED, Leadership
@@ -156,6 +157,8 @@ class SessionLogServer:
         """Set when this server must start again in a fresh process (see ``RestartInPlace``);
         ``restart_reason`` says why."""
         self.restart_reason = ""
+        self.scatter: Scatter | None = None
+        """With --shard-map: the cluster-wide session listing (``shard.scatter``)."""
 
     async def start(self) -> int:
         """Open the store, bind, and start serving. Returns the bound port."""
@@ -516,6 +519,8 @@ class SessionLogServer:
         if self._http is not None:
             await self._http.close()
             self._http = None
+        if self.scatter is not None:
+            await self.scatter.close()
         if self.store is not None:
             await asyncio.to_thread(self.store.close)
         if self._publishing is not None:

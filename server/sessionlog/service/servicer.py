@@ -33,6 +33,7 @@ from sessionlog.service.errors import abort, refusal_level
 from sessionlog.service.follow import follow, heartbeat_interval
 from sessionlog.service.limits import Outgoing, StreamLimiter
 from sessionlog.service.notifier import Notifier
+from sessionlog.shard import scatter
 from sessionlog.storage import leadership
 from sessionlog.storage.schema import AuditRecord, LeaseRecord, SessionMeta
 from sessionlog.storage.store import AppendResult, Store, prepare_append, prepare_seed
@@ -204,6 +205,8 @@ class SessionLogServicer:
         # A Since response holds whole events; leave room for the framing around them.
         self.since_batch_bytes = min(SINCE_BATCH_BYTES, max_message_bytes - FRAMING_BYTES)
         self.heartbeat_seconds = heartbeat_seconds
+        self.scatter: scatter.Scatter | None = None
+        """Set on a sharded server: ListSessions answers for every group (``shard.scatter``)."""
 
     def handlers(self) -> grpc.GenericRpcHandler:
         """Method handlers that pass raw bytes in and out (see the module docstring)."""
@@ -521,12 +524,22 @@ class SessionLogServicer:
         prefix = self._listing_prefix(context, request.prefix)
         size = min(request.page_size or DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE)
         after = decode_page_token(request.page_token, prefix)
-        page, more = self.store.list_sessions(after=after, prefix=prefix, limit=size)
+        metadata = context.invocation_metadata()
+        if self.scatter is not None and not scatter.local_only(metadata):
+            merged = await self.scatter.list(self.local_sessions, after, prefix, size, metadata)
+            sessions, last = merged.sessions, merged.last
+        else:
+            sessions, more = self.local_sessions(after, prefix, size)
+            last = sessions[-1].session_id if more else ""
         response = pb.ListSessionsResponse(
-            sessions=[session_message(v.session_id, v.meta, v.lease) for v in page],
-            next_page_token=encode_page_token(page[-1].session_id, prefix) if more else "",
+            sessions=sessions, next_page_token=encode_page_token(last, prefix) if last else ""
         )
         return _serialize(response)
+
+    def local_sessions(self, after: str, prefix: str, size: int) -> tuple[list[pb.Session], bool]:
+        """This server's own sessions after ``after`` (``Store.list_sessions``), as messages."""
+        page, more = self.store.list_sessions(after=after, prefix=prefix, limit=size)
+        return [session_message(v.session_id, v.meta, v.lease) for v in page], more
 
     @unary_write
     async def fork_session(self, raw: bytes, context: grpc.aio.ServicerContext) -> bytes:

@@ -35,7 +35,7 @@ import asyncio
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import grpc
 from google.rpc import error_details_pb2, status_pb2
@@ -116,6 +116,38 @@ def merge(answers: Sequence[Answer], size: int, owner: Callable[[str], str]) -> 
     if len(candidates) > size:
         return Merged(kept, kept[-1].session_id)
     return Merged(kept, bound or "")
+
+
+class Held(Protocol):
+    """What a listing reads of the server's ownership (``shard.ownership.Ownership``)."""
+
+    @property
+    def sharded(self) -> bool: ...
+
+    @property
+    def map(self) -> ShardMap | None: ...
+
+    @property
+    def group(self) -> str: ...
+
+    def primary_of(self, group: Group) -> str: ...
+
+    def unavailable(self) -> errors.SessionLogError: ...
+
+
+def for_ownership(ownership: Held, dial: Dial) -> Scatter | None:
+    """The cluster-wide listing of a server with --shard-map; None without one (unsharded: a
+    listing is the store's)."""
+    if not ownership.sharded:
+        return None
+
+    def current() -> tuple[ShardMap, str]:
+        shard_map = ownership.map
+        if shard_map is None or not shard_map.has_group(ownership.group):
+            raise ownership.unavailable()
+        return shard_map, ownership.group
+
+    return Scatter(current, ownership.primary_of, dial)
 
 
 class Scatter:

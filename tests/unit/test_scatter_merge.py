@@ -14,11 +14,15 @@ from sessionlog.v1 import session_log_service_pb2 as pb
 GROUPS = ("g1", "g2", "g3")
 
 
-def page_of(ids: list[str], after: str, size: int) -> tuple[list[pb.Session], bool]:
-    """What one group's store answers: its first ``size`` ids after ``after``, and more."""
+def page_of(
+    ids: list[str], after: str, size: int, group: str, owner: dict[str, str]
+) -> tuple[list[pb.Session], str]:
+    """What one group's server answers: those of its first ``size`` ids after ``after`` that
+    it owns, and the last of them when more follow."""
     start = bisect.bisect_right(ids, after)
     chosen = ids[start : start + size]
-    return [pb.Session(session_id=i, exists=True) for i in chosen], start + size < len(ids)
+    sessions = [pb.Session(session_id=i, exists=True) for i in chosen if owner[i] == group]
+    return sessions, chosen[-1] if start + size < len(ids) else ""
 
 
 def list_all(
@@ -31,7 +35,7 @@ def list_all(
     for page in range(10_000):
         for new in between[page] if page < len(between) else []:
             bisect.insort(held[owner[new]], new)
-        answers = [Answer(g, *page_of(held[g], after, size)) for g in GROUPS]
+        answers = [Answer(g, *page_of(held[g], after, size, g, owner)) for g in GROUPS]
         merged = merge(answers, size, owner.__getitem__)
         assert len(merged.sessions) <= size
         listed.extend(s.session_id for s in merged.sessions)
@@ -85,8 +89,8 @@ def test_a_short_group_does_not_end_the_page_of_a_long_one() -> None:
     known of that group yet."""
     owner = {"a": "g1", "b": "g2", "c": "g1", "d": "g2", "e": "g2"}
     answers = [
-        Answer("g1", [pb.Session(session_id="a"), pb.Session(session_id="c")], False),
-        Answer("g2", [pb.Session(session_id="b"), pb.Session(session_id="d")], True),
+        Answer("g1", [pb.Session(session_id="a"), pb.Session(session_id="c")], ""),
+        Answer("g2", [pb.Session(session_id="b"), pb.Session(session_id="d")], "d"),
     ]
     merged = merge(answers, 2, owner.__getitem__)
     assert [s.session_id for s in merged.sessions] == ["a", "b"]
@@ -94,6 +98,19 @@ def test_a_short_group_does_not_end_the_page_of_a_long_one() -> None:
     merged = merge(answers, 3, owner.__getitem__)
     assert [s.session_id for s in merged.sessions] == ["a", "b", "c"]
     assert merged.last == "c"
+
+
+def test_a_group_whose_page_holds_only_copies_still_bounds_the_page() -> None:
+    """A group that listed nothing it owns but has more: the page ends at its last id, and
+    the next one goes on after it."""
+    owner = {"a": "g1", "b": "g1", "c": "g2", "z": "g1"}
+    answers = [
+        Answer("g1", [pb.Session(session_id="a"), pb.Session(session_id="z")], ""),
+        Answer("g2", [], "b"),  # it holds a copy of "b"
+    ]
+    merged = merge(answers, 5, owner.__getitem__)
+    assert [s.session_id for s in merged.sessions] == ["a"]
+    assert merged.last == "b"
 
 
 def test_the_scope_header_asks_for_one_group() -> None:

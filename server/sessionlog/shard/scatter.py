@@ -35,7 +35,7 @@ import asyncio
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import grpc
 from google.rpc import error_details_pb2, status_pb2
@@ -55,8 +55,9 @@ MEMBER_DEADLINE_SECONDS = 2.0
 """The longest one member may take before the next member is asked."""
 LIST_METHOD = "/sessionlog.v1.SessionLogService/ListSessions"
 
-Local = Callable[[str, str, int], tuple[list[pb.Session], bool]]
-"""This server's own listing: (after, prefix, limit) -> (sessions in id order, more follow)."""
+Local = Callable[[str, str, int], tuple[list[pb.Session], str]]
+"""This server's own listing: (after, prefix, limit) -> (sessions in id order, where its next
+page starts after: "" when nothing follows)."""
 PrimaryOf = Callable[[Group], str]
 Dial = Callable[[str], grpc.aio.Channel]
 
@@ -78,31 +79,30 @@ def forwarded(metadata: Iterable[tuple[str, Any]] | None) -> tuple[tuple[str, st
 
 @dataclass(frozen=True)
 class Answer:
-    """One group's page: its sessions after the cursor, in id order, and whether it has more."""
+    """One group's page: its sessions after the cursor, in id order, and the id its next page
+    starts after ("" when it has no more)."""
 
     group: str
     sessions: Sequence[pb.Session]
-    more: bool
+    last: str
 
 
-@dataclass(frozen=True)
-class Merged:
+class Merged(NamedTuple):
     sessions: list[pb.Session]
     last: str
-    """Where the next page starts ("" when nothing follows)."""
+    """Where the next page starts after ("" when nothing follows)."""
 
 
 def merge(answers: Sequence[Answer], size: int, owner: Callable[[str], str]) -> Merged:
     """The first ``size`` sessions of all groups' answers, each listed by its owner only.
 
-    A group that has more answered for the ids up to its last one only; past the smallest such
+    A group that has more answered for the ids up to its ``last`` only; past the smallest such
     id nothing is known yet, so the page ends there at the latest, and the next one starts
     after it (even when that id itself is not listed: a copy its group does not own)."""
     bound: str | None = None
     for answer in answers:
-        if answer.more and answer.sessions:
-            last = answer.sessions[-1].session_id
-            bound = last if bound is None or last < bound else bound
+        if answer.last and (bound is None or answer.last < bound):
+            bound = answer.last
     candidates = sorted(
         (
             s
@@ -178,8 +178,7 @@ class Scatter:
         pages = await asyncio.gather(
             *(self._ask(group, after, prefix, size, sent) for group in others)
         )
-        own, more = local(after, prefix, size)
-        answers = [Answer(mine, own, more), *pages]
+        answers = [Answer(mine, *local(after, prefix, size)), *pages]
         return merge(answers, size, lambda session_id: shard_map.owner(session_id).name)
 
     async def _ask(
@@ -192,7 +191,7 @@ class Scatter:
     ) -> Answer:
         """One group's page from its primary, else from its other members in turn."""
         # Imported here: the servicer imports this module (its one page token format).
-        from sessionlog.service.servicer import encode_page_token
+        from sessionlog.service.servicer import decode_page_token, encode_page_token
 
         request = pb.ListSessionsRequest(
             prefix=prefix,
@@ -218,7 +217,8 @@ class Scatter:
                 failures.append(f"{address}: {error.code().name}")
                 continue
             reply = pb.ListSessionsResponse.FromString(raw)
-            return Answer(group.name, list(reply.sessions), bool(reply.next_page_token))
+            last = decode_page_token(reply.next_page_token, prefix)
+            return Answer(group.name, list(reply.sessions), last)
         tried = "; ".join(failures) or "no time left"
         raise errors.GroupUnavailable(
             f"no member of group '{group.name}' answered the session listing ({tried}): the "

@@ -46,6 +46,7 @@ from sessionlog.service.metrics import (
 )
 from sessionlog.service.notifier import Notifier
 from sessionlog.service.servicer import session_message
+from sessionlog.shard.ownership import Ownership
 from sessionlog.shard.scatter import Scatter
 from sessionlog.storage.store import SessionView, Store
 from sessionlog.v1.event_pb2 import Event, EventType
@@ -102,6 +103,9 @@ class Served(Observed, Protocol):
 
     @property
     def scatter(self) -> Scatter | None: ...
+
+    @property
+    def ownership(self) -> Ownership: ...
 
 
 class ListenError(RuntimeError):
@@ -254,6 +258,7 @@ class Console:
         principal = self.principal(request, method)
         if principal is not None:
             principal.check_session(session_id)
+        self.server.ownership.check(session_id)
         fold.check_session_id(session_id)
         return session_id
 
@@ -279,14 +284,20 @@ class Console:
             page, more = self.store.list_sessions(after=after, prefix=prefix, limit=limit)
             return _json({"sessions": [session_json(v) for v in page], "more": more})
         # A sharded server lists every group, as its ListSessions does (``shard.scatter``).
+        self.server.ownership.check()  # a map must be held
         token = [("authorization", request.headers.get("Authorization", ""))]
-        merged = await scatter.list(self._local_sessions, after, prefix, limit, token)
-        listed = [session_message_json(s) for s in merged.sessions]
-        return _json({"sessions": listed, "more": bool(merged.last)})
+        listed, last = await scatter.list(self._local_sessions, after, prefix, limit, token)
+        return _json({"sessions": [session_message_json(s) for s in listed], "more": bool(last)})
 
-    def _local_sessions(self, after: str, prefix: str, limit: int) -> tuple[list[Session], bool]:
+    def _local_sessions(self, after: str, prefix: str, limit: int) -> tuple[list[Session], str]:
+        """This server's own sessions of the next ``limit`` after ``after``, and where its next
+        page starts after (``SessionLogServicer.local_sessions``)."""
         page, more = self.store.list_sessions(after=after, prefix=prefix, limit=limit)
-        return [session_message(v.session_id, v.meta, v.lease) for v in page], more
+        owns = self.server.ownership.owns
+        sessions = [
+            session_message(v.session_id, v.meta, v.lease) for v in page if owns(v.session_id)
+        ]
+        return sessions, page[-1].session_id if more else ""
 
     async def session(self, request: web.Request) -> web.Response:
         session_id = self.session_id(request, "GetSession")
@@ -357,7 +368,7 @@ class Console:
                 cursor=cursor,
                 live=True,
                 heartbeat_seconds=self.server.heartbeat_seconds,
-                read=lambda start: self._read_from(session_id, start),
+                read=lambda start: self._owned_read_from(session_id, start),
                 marker=lambda caught_up: self._marker(session_id, caught_up),
                 pace=streams.pace,
             )
@@ -368,6 +379,12 @@ class Console:
         finally:
             streams.release(peer)
         return response
+
+    def _owned_read_from(self, session_id: str, start: int) -> tuple[bytes, int, bool]:
+        """``_read_from`` while this server's group still owns the session (the map may move
+        it: the stream then ends with WRONG_GROUP)."""
+        self.server.ownership.check(session_id)
+        return self._read_from(session_id, start)
 
     def _read_from(self, session_id: str, start: int) -> tuple[bytes, int, bool]:
         """One ``events`` batch from ``start``: its frame, its event count, whether more follow."""
@@ -428,6 +445,8 @@ async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
         raise
     except errors.SessionLogError as error:
         code = _HTTP_STATUS.get(status_code(error).name, 500)
+        if isinstance(error, errors.WrongGroup):
+            code = 421  # Misdirected Request: another group's servers hold this session
         if isinstance(error, errors.DataCorrupted):
             log.log(refusal_level(error), "request refused", extra={"reason": error.reason})
         response = web.json_response(_error_body(error), status=code)

@@ -29,7 +29,7 @@ from sessionlog.v1 import session_log_service_pb2 as pb
 from sessionlog.v1 import session_log_service_pb2_grpc as pb_grpc
 from tests.e2e._proc import ServerProcess, clean_env, free_port, run_cli
 
-ADMIN, TENANT = "admin-secret", "tenant-a-secret"
+ADMIN, TENANT = "admin-secret-0123456789", "tenant-a-secret-0123456789"
 TOKENS = f"""
 [[token]]
 name = "admin"
@@ -42,12 +42,13 @@ token = "{TENANT}"
 permissions = ["read", "write"]
 session_prefix = "tenant-a."
 """
-SPLIT = 512
-"""g1 owns slots 0-511, g2 512-1023."""
+G1_SLOTS, G2_SLOTS = '["0-255", "512-767"]', '["256-511", "768-1023"]'
+"""Alternate quarters: ids of one length and prefix have slots close together (CRC32 is
+linear), so each prefix of the test has sessions in both groups."""
 
 
 def group_of(session_id: str) -> str:
-    return "g1" if slot_of(session_id) < SPLIT else "g2"
+    return "g1" if slot_of(session_id) // 256 % 2 == 0 else "g2"
 
 
 @dataclass
@@ -130,8 +131,8 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     shard_map = root / "shards.toml"
     shard_map.write_text(
         "epoch = 1\n\n"
-        f'[groups.g1]\nmembers = ["{g1}"]\nslots = ["0-{SPLIT - 1}"]\n\n'
-        f'[groups.g2]\nmembers = ["{dead}", "{g2}"]\nslots = ["{SPLIT}-1023"]\n'
+        f'[groups.g1]\nmembers = ["{g1}"]\nslots = {G1_SLOTS}\n\n'
+        f'[groups.g2]\nmembers = ["{dead}", "{g2}"]\nslots = {G2_SLOTS}\n'
     )
     members: dict[str, Member] = {}
     for name, address in (("g1", g1), ("g2", g2)):
@@ -149,8 +150,9 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         for tenant in ("tenant-a", "tenant-b", "s"):
             for number in range(20):
                 cluster.create(f"{tenant}.{number:02d}")
-        spread = {group_of(s) for s in cluster.sessions if s.startswith("tenant-a.")}
-        assert spread == {"g1", "g2"}, "tenant-a's sessions lie in both groups"
+        for tenant in ("tenant-a.", "tenant-b."):
+            spread = {group_of(s) for s in cluster.sessions if s.startswith(tenant)}
+            assert spread == {"g1", "g2"}, f"{tenant} sessions lie in both groups"
         yield cluster
     finally:
         for member in members.values():

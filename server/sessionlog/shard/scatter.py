@@ -215,6 +215,7 @@ class Scatter:
                 if refusal is not None:
                     raise refusal from None
                 failures.append(f"{address}: {error.code().name}")
+                await self._forget(address)
                 continue
             reply = pb.ListSessionsResponse.FromString(raw)
             last = decode_page_token(reply.next_page_token, prefix)
@@ -232,6 +233,13 @@ class Scatter:
         if channel is None:
             channel = self._channels[address] = self._dial(address)
         return channel
+
+    async def _forget(self, address: str) -> None:
+        """Drop a failed member's channel: the next listing dials it afresh, at once, instead
+        of failing fast until gRPC's reconnect backoff (up to minutes) lets it try again."""
+        channel = self._channels.pop(address, None)
+        if channel is not None:
+            await channel.close()
 
     async def close(self) -> None:
         channels, self._channels = self._channels, {}

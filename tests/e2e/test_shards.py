@@ -3,6 +3,7 @@ refuses another group's with WRONG_GROUP naming the owner."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -179,9 +180,13 @@ def test_get_shard_map_describes_the_map_and_the_answering_group(groups: Groups)
 
 
 def test_get_stats_reports_the_map_epoch_group_and_owned_slots(groups: Groups) -> None:
-    """AdminService.GetStats: map_epoch, shard_group and owned_slots."""
+    """GetStats and `admin stats --server`: map_epoch, shard_group and owned_slots."""
     reply = stats(groups.channel1)
     assert (reply.map_epoch, reply.shard_group, reply.owned_slots) == (7, "g1", 512)
+    done = run_cli(["admin", "stats", "--server", groups.g2, "--json"], groups.map_path.parent)
+    assert done.returncode == 0, done.stderr
+    shown = json.loads(done.stdout)
+    assert (shown["map_epoch"], shown["shard_group"], shown["owned_slots"]) == (7, "g2", 512)
 
 
 def test_list_sessions_lists_the_groups_own(groups: Groups) -> None:

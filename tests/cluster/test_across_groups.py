@@ -25,6 +25,7 @@ import pytest
 
 from sessionlog.shard.slots import slot_of
 from sessionlog.testing import error_info
+from sessionlog.v1 import event_pb2
 from sessionlog.v1 import session_log_service_pb2 as pb
 from sessionlog.v1 import session_log_service_pb2_grpc as pb_grpc
 from tests.e2e._proc import ServerProcess, clean_env, free_port, run_cli
@@ -294,3 +295,38 @@ def test_a_group_without_an_answering_member_fails_the_listing(cluster: Cluster)
         g2.start()
     listed = [s for page in list_pages(cluster.stub("g1"), page_size=1000) for s in page]
     assert listed == sorted(cluster.sessions)
+
+
+def test_tail_every_group_follows_each_groups_feed_with_its_own_cursor(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    """`sessionlog tail --prefix P --every-group`: the events of P's sessions from both
+    groups' change feeds, each line naming its group and its position in that group's feed;
+    `--cursor GROUP=N` starts that group's feed at N."""
+    written = sorted(s for s in cluster.sessions if s.startswith("tenant-a."))[:6]
+    for session_id in written:
+        said = event_pb2.Event(type=event_pb2.EVENT_TYPE_USER_MESSAGE)
+        said.data.update({"content": f"hello {session_id}"})
+        cluster.stub(group_of(session_id)).Append(
+            pb.AppendRequest(session_id=session_id, events=[said]),
+            metadata=bearer(ADMIN),
+            timeout=5,
+        )
+    args = ["tail", "--prefix", "tenant-a.", "--every-group", "--no-follow", "--json"]
+    args += ["--server", cluster.members["g1"].address, "--token", ADMIN]
+
+    def tail(*extra: str) -> list[dict[str, Any]]:
+        done = run_cli([*args, *extra], tmp_path, env=clean_env(workers=False))
+        assert done.returncode == 0, done.stderr
+        return [json.loads(line) for line in done.stdout.splitlines()]
+
+    lines = tail()
+    assert sorted(line["session_id"] for line in lines) == written
+    assert all(line["group"] == group_of(line["session_id"]) for line in lines)
+    assert {line["group"] for line in lines} == {"g1", "g2"}
+    for group in ("g1", "g2"):
+        mine = [line["position"] for line in lines if line["group"] == group]
+        assert mine == sorted(mine), "a group's feed in its order"
+    past_g2 = 1 + max(line["position"] for line in lines if line["group"] == "g2")
+    later = tail("--cursor", f"g2={past_g2}")
+    assert later == [line for line in lines if line["group"] == "g1"]

@@ -5,6 +5,8 @@ slots, and the check every server makes that a call's session belongs to its gro
     shardmap.py   ShardMap: groups, their members, slot ranges, an epoch; TOML and JSON forms
     ownership.py  Ownership: the map a server holds, its group, the check every session RPC makes
     source.py     EtcdShardMap: --shard-map etcd, the map and each group's leader polled from etcd
+    scatter.py    Scatter: ListSessions across groups (fan out to every group, merge by id)
+    feeds.py      every group's change feed with a cursor per group (`tail --every-group`)
 """
 
 from sessionlog.shard.shardmap import Group, ShardMap, ShardMapError

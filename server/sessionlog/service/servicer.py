@@ -542,7 +542,7 @@ class SessionLogServicer:
         metadata = context.invocation_metadata()
         if self.scatter is not None and not scatter.local_only(metadata):
             sessions, last = await self.scatter.list(
-                self.local_sessions, after, prefix, size, metadata
+                self.local_sessions, after, prefix, size, metadata, context.time_remaining()
             )
         else:
             sessions, last = self.local_sessions(after, prefix, size)

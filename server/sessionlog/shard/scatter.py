@@ -169,14 +169,19 @@ class Scatter:
         prefix: str,
         size: int,
         metadata: Iterable[tuple[str, Any]] | None,
+        within: float | None = None,
     ) -> Merged:
         """Up to ``size`` sessions of every group after ``after`` whose id starts with
-        ``prefix`` (already narrowed to the caller's token), merged in id order."""
+        ``prefix`` (already narrowed to the caller's token), merged in id order; within
+        ``within`` seconds (the caller's deadline) when that is sooner than
+        GROUP_DEADLINE_SECONDS."""
         shard_map, mine = self._current()
         sent = forwarded(metadata)
         others = [g for g in shard_map.groups if g.name != mine]
+        wait = GROUP_DEADLINE_SECONDS if within is None else min(within, GROUP_DEADLINE_SECONDS)
+        ends = time.monotonic() + wait
         pages = await asyncio.gather(
-            *(self._ask(group, after, prefix, size, sent) for group in others)
+            *(self._ask(group, after, prefix, size, sent, ends) for group in others)
         )
         answers = [Answer(mine, *local(after, prefix, size)), *pages]
         return merge(answers, size, lambda session_id: shard_map.owner(session_id).name)
@@ -188,8 +193,10 @@ class Scatter:
         prefix: str,
         size: int,
         metadata: tuple[tuple[str, str], ...],
+        ends: float,
     ) -> Answer:
-        """One group's page from its primary, else from its other members in turn."""
+        """One group's page from its primary, else from its other members in turn, by
+        ``ends`` (``time.monotonic``)."""
         # Imported here: the servicer imports this module (its one page token format).
         from sessionlog.service.servicer import decode_page_token, encode_page_token
 
@@ -200,7 +207,6 @@ class Scatter:
         ).SerializeToString()
         primary = self._primary_of(group)
         order = list(dict.fromkeys([primary, *group.members] if primary else group.members))
-        ends = time.monotonic() + GROUP_DEADLINE_SECONDS
         failures: list[str] = []
         for address in order:
             left = ends - time.monotonic()

@@ -16,6 +16,8 @@ from sessionlog.shard import ShardMap, slot_of
 from sessionlog.testing import RunningServer, error_info
 from sessionlog.v1 import session_log_service_pb2 as pb
 from sessionlog.v1 import session_log_service_pb2_grpc as pb_grpc
+from sessionlog_client import errors as client_errors
+from sessionlog_client._status import to_error
 from tests.e2e import _web
 from tests.e2e._helpers import append, check, failure, get, log, stats, user
 from tests.e2e._proc import ServerProcess, free_port, run_cli
@@ -256,3 +258,14 @@ def test_an_unsharded_server_owns_everything(server: RunningServer) -> None:
         reply_stats = stats(channel)
         assert (reply_stats.map_epoch, reply_stats.shard_group) == (0, "")
         assert reply_stats.owned_slots == 1024
+
+
+def test_the_python_client_raises_wrong_group_with_the_owner(groups: Groups) -> None:
+    """The Python client turns the refusal back into errors.WrongGroup, owner attached."""
+    foreign = groups.session_of("g2", 7)
+    raw = failure(groups.stub1.GetSession, pb.GetSessionRequest(session_id=foreign), timeout=5)
+    error = to_error(raw)
+    assert isinstance(error, client_errors.WrongGroup)
+    assert isinstance(error, client_errors.FailedPrecondition)
+    assert (error.group, error.primary, error.members) == ("g2", groups.g2, [groups.g2])
+    assert (error.slot, error.map_epoch) == (slot_of(foreign), 7)

@@ -212,8 +212,9 @@ class Scatter:
             left = ends - time.monotonic()
             if left <= 0:
                 break
+            channel = self._channel(address)
             try:
-                raw = await self._channel(address).unary_unary(LIST_METHOD)(
+                raw = await channel.unary_unary(LIST_METHOD)(
                     request, timeout=min(left, MEMBER_DEADLINE_SECONDS), metadata=metadata
                 )
             except grpc.aio.AioRpcError as error:
@@ -221,7 +222,7 @@ class Scatter:
                 if refusal is not None:
                     raise refusal from None
                 failures.append(f"{address}: {error.code().name}")
-                await self._forget(address)
+                await self._forget(address, channel)
                 continue
             reply = pb.ListSessionsResponse.FromString(raw)
             last = decode_page_token(reply.next_page_token, prefix)
@@ -240,12 +241,14 @@ class Scatter:
             channel = self._channels[address] = self._dial(address)
         return channel
 
-    async def _forget(self, address: str) -> None:
+    async def _forget(self, address: str, channel: grpc.aio.Channel) -> None:
         """Drop a failed member's channel: the next listing dials it afresh, at once, instead
-        of failing fast until gRPC's reconnect backoff (up to minutes) lets it try again."""
-        channel = self._channels.pop(address, None)
-        if channel is not None:
-            await channel.close()
+        of failing fast until gRPC's reconnect backoff (up to minutes) lets it try again. A
+        newer channel another listing dialled meanwhile stays."""
+        if address not in self._channels or self._channels[address] is not channel:
+            return
+        del self._channels[address]
+        await channel.close()
 
     async def close(self) -> None:
         channels, self._channels = self._channels, {}

@@ -23,10 +23,11 @@ $(VENV)/.dev-stamp: pyproject.toml client/python/pyproject.toml | $(BIN)/python
 run: $(VENV)/.run-stamp
 	$(BIN)/sessionlog serve
 
-## cluster: etcd and a three-member group (--cluster, --ack replica) on 127.0.0.1, until Ctrl-C
-## (`sessionlog dev cluster`; folders and logs in ./sessionlog-cluster)
-cluster: $(VENV)/.run-stamp etcd-tools
-	$(BIN)/sessionlog dev cluster
+## cluster: etcd, two three-member groups (--cluster, --ack replica, --shard-map etcd) and HAProxy
+## in front on 127.0.0.1:50050, until Ctrl-C (`sessionlog dev cluster --groups 2`; folders and
+## logs in ./sessionlog-cluster)
+cluster: $(VENV)/.run-stamp etcd-tools haproxy-tools
+	$(BIN)/sessionlog dev cluster --groups 2
 
 ## test: install everything and run the whole suite, then the e2e tests again against
 ## --workers 2 servers (`make test-workers`)

@@ -30,6 +30,7 @@ from typing import Any, NoReturn
 
 import grpc
 
+from sessionlog.shard import feeds
 from sessionlog_client import Client, DeadlineExceeded, Retry, errors
 from sessionlog_client._status import to_error
 from sessionlog_client.convert import (
@@ -140,6 +141,20 @@ def add_commands(commands: Any) -> None:
         default=1,
         help="with --prefix: the change-feed position to start at (default 1, the beginning; "
         "each printed line names its position)",
+    )
+    p.add_argument(
+        "--every-group",
+        action="store_true",
+        help="with --prefix, on a sharded cluster: follow every group's change feed (the groups "
+        "from GetShardMap of --server), each from its own cursor; each line names its group",
+    )
+    p.add_argument(
+        "--cursor",
+        action="append",
+        default=[],
+        metavar="GROUP=POSITION",
+        help="with --every-group: the position to start GROUP's feed at (default 1; repeat it "
+        "for each group)",
     )
 
     p = sub("surface", "print the events the model sees", _surface)
@@ -442,7 +457,7 @@ def _tail(args: argparse.Namespace) -> int:
     if args.from_seq is not None and args.last is not None:
         _usage("give --from-seq or --last, not both")
     if args.prefix is not None:
-        return _tail_prefix(args)
+        return _tail_groups(args) if args.every_group else _tail_prefix(args)
     retry = NO_RETRY if args.no_resume else FOREVER
     with _client(args, retry=retry) as client:
         seq = args.from_seq or 0
@@ -469,6 +484,44 @@ def _tail_prefix(args: argparse.Namespace) -> int:
                 print(json.dumps(line, ensure_ascii=False), flush=True)
             else:
                 print(f"{position:>6}  {session_id}  {_pretty_event(event)}", flush=True)
+    return 0
+
+
+def _tail_groups(args: argparse.Namespace) -> int:
+    """``_tail_prefix`` over every group's feed, a cursor per group (``shard.feeds``)."""
+    cursors: dict[str, int] = {}
+    for text in args.cursor:
+        group, sep, position = text.partition("=")
+        if not sep or not group or not position.isdigit():
+            _usage(f"--cursor takes GROUP=POSITION, not {text!r}")
+        cursors[group] = int(position)
+    retry = NO_RETRY if args.no_resume else FOREVER
+    with _client(args) as client:
+        groups = feeds.groups_of(client, args.timeout)
+    if not groups:
+        _usage(
+            f"{args.server} holds no shard map (not sharded): use tail --prefix without "
+            "--every-group"
+        )
+
+    def connect(address: str) -> Client:
+        return _client(argparse.Namespace(**{**vars(args), "server": address}), retry)
+
+    lines = feeds.follow_groups(
+        groups,
+        connect,
+        retry.backoff,
+        prefix=args.prefix,
+        follow=not args.no_follow,
+        cursors=cursors,
+    )
+    for line in lines:
+        if args.json:
+            shown = {"group": line.group, "position": line.position, "session_id": line.session_id}
+            print(json.dumps({**shown, **message_to_json(line.event)}, ensure_ascii=False))
+        else:
+            event = _pretty_event(line.event)
+            print(f"{line.group}  {line.position:>6}  {line.session_id}  {event}", flush=True)
     return 0
 
 

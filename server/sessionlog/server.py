@@ -40,7 +40,9 @@ from sessionlog.service.limits import StreamLimiter
 from sessionlog.service.notifier import Notifier
 from sessionlog.service.replication import ReplicaState, ReplicationServicer, Replicator
 from sessionlog.service.servicer import SessionLogServicer
+from sessionlog.shard import scatter
 from sessionlog.shard.ownership import Ownership, from_file
+from sessionlog.shard.scatter import Scatter
 from sessionlog.shard.shardmap import ShardMapError
 from sessionlog.storage import folder
 from sessionlog.storage.changes import FEED_KEY
@@ -162,6 +164,8 @@ class SessionLogServer:
         """Set when this server must start again in a fresh process (see ``RestartInPlace``);
         ``restart_reason`` says why."""
         self.restart_reason = ""
+        self.scatter: Scatter | None = None
+        """With --shard-map: the cluster-wide session listing (``shard.scatter``)."""
         self.ownership = Ownership(sharded=False)
         """Which sessions this server's group owns (--shard-map; set up by ``start``)."""
         self._shard_source: EtcdShardMap | None = None
@@ -284,6 +288,8 @@ class SessionLogServer:
             sync=self.sync,
             ownership=self.ownership,
         )
+        self.scatter = scatter.for_ownership(self.ownership, app.replica_channel_factory(config))
+        servicer.scatter = self.scatter
         group = self.group
         if group is not None:
             servicer.refusal = group.refusal
@@ -564,6 +570,8 @@ class SessionLogServer:
         if self._http is not None:
             await self._http.close()
             self._http = None
+        if self.scatter is not None:
+            await self.scatter.close()
         if self.store is not None:
             await asyncio.to_thread(self.store.close)
         if self._publishing is not None:

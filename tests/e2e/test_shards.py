@@ -192,9 +192,13 @@ def test_get_stats_reports_the_map_epoch_group_and_owned_slots(groups: Groups) -
 
 
 def test_list_sessions_lists_the_groups_own(groups: Groups) -> None:
-    """ListSessions on a sharded server returns only sessions its group owns."""
+    """ListSessions scoped to the group (``x-sessionlog-scope: group``, what a cluster-wide
+    listing forwards: tests/cluster/test_across_groups.py) returns only sessions its group
+    owns."""
     append(groups.stub1, groups.session_of("g1", 5), user())
-    reply = groups.stub1.ListSessions(pb.ListSessionsRequest(), timeout=TIMEOUT)
+    reply = groups.stub1.ListSessions(
+        pb.ListSessionsRequest(), metadata=(("x-sessionlog-scope", "group"),), timeout=TIMEOUT
+    )
     assert reply.sessions
     assert {groups.shard_map.owner(s.session_id).name for s in reply.sessions} == {"g1"}
 

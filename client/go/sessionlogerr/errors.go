@@ -49,6 +49,9 @@ const (
 	ReasonCrossGroupFork = "CROSS_GROUP_FORK"
 	// ReasonShardMapUnavailable (UNAVAILABLE): the server has read no shard map yet; retry.
 	ReasonShardMapUnavailable = "SHARD_MAP_UNAVAILABLE"
+	// ReasonGroupUnavailable (UNAVAILABLE): a cluster-wide ListSessions reached no member of one
+	// group (metadata group, members), so it listed nothing; retry.
+	ReasonGroupUnavailable = "GROUP_UNAVAILABLE"
 )
 
 // ServerError is a refusal by a sessionlog server: its status code, the stable reason from the

@@ -47,6 +47,7 @@ status back into the same class with :func:`from_reason`.
     ├── DataCorrupted                       DATA_LOSS (DATA_CORRUPTED: a stored record is damaged)
     ├── Unavailable                         UNAVAILABLE (shutting down; reconnect)
     ├── StorageIoError                      UNAVAILABLE (STORAGE_IO_ERROR: the disk failed a write)
+    ├── GroupUnavailable                    UNAVAILABLE (GROUP_UNAVAILABLE: a group not listed)
     ├── LeadershipLost                      UNAVAILABLE (LEADERSHIP_LOST: may_write turned off)
     ├── ReplicasUnavailable                 UNAVAILABLE (REPLICAS_UNAVAILABLE: too few replicas)
     └── ShardMapUnavailable                 UNAVAILABLE (SHARD_MAP_UNAVAILABLE: no map read yet)
@@ -318,6 +319,19 @@ class StorageIoError(Unavailable):
     """The disk failed a write (an I/O error): nothing was written; retry later."""
 
     reason = "STORAGE_IO_ERROR"
+
+
+class GroupUnavailable(Unavailable):
+    """A cluster-wide session listing (``--shard-map``) reached no member of one group in time:
+    the listing would miss that group's sessions, so none is returned. Retry once the group is
+    back. Metadata ``group``: the group's name; ``members``: its members (comma-separated)."""
+
+    reason = "GROUP_UNAVAILABLE"
+
+    @property
+    def group(self) -> str:
+        """The group no member of which answered."""
+        return self.metadata.get("group", "")
 
 
 class LeadershipLost(Unavailable):

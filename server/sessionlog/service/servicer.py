@@ -33,6 +33,7 @@ from sessionlog.service.errors import abort, refusal_level
 from sessionlog.service.follow import follow, heartbeat_interval
 from sessionlog.service.limits import Outgoing, StreamLimiter
 from sessionlog.service.notifier import Notifier
+from sessionlog.shard import scatter
 from sessionlog.shard.ownership import Ownership
 from sessionlog.storage import leadership
 from sessionlog.storage.schema import AuditRecord, LeaseRecord, SessionMeta
@@ -206,6 +207,8 @@ class SessionLogServicer:
         # A Since response holds whole events; leave room for the framing around them.
         self.since_batch_bytes = min(SINCE_BATCH_BYTES, max_message_bytes - FRAMING_BYTES)
         self.heartbeat_seconds = heartbeat_seconds
+        self.scatter: scatter.Scatter | None = None
+        """Set on a sharded server: ListSessions answers for every group (``shard.scatter``)."""
         self.ownership = ownership or Ownership(sharded=False)
         """Which sessions this server's group owns (--shard-map): every RPC naming a session
         checks it first, before anything else is done for the call."""
@@ -536,15 +539,28 @@ class SessionLogServicer:
         prefix = self._listing_prefix(context, request.prefix)
         size = min(request.page_size or DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE)
         after = decode_page_token(request.page_token, prefix)
-        page, more = self.store.list_sessions(after=after, prefix=prefix, limit=size)
-        owns = self.ownership.owns
+        metadata = context.invocation_metadata()
+        if self.scatter is not None and not scatter.local_only(metadata):
+            sessions, last = await self.scatter.list(
+                self.local_sessions, after, prefix, size, metadata, context.time_remaining()
+            )
+        else:
+            sessions, last = self.local_sessions(after, prefix, size)
         response = pb.ListSessionsResponse(
-            sessions=[
-                session_message(v.session_id, v.meta, v.lease) for v in page if owns(v.session_id)
-            ],
-            next_page_token=encode_page_token(page[-1].session_id, prefix) if more else "",
+            sessions=sessions, next_page_token=encode_page_token(last, prefix) if last else ""
         )
         return _serialize(response)
+
+    def local_sessions(self, after: str, prefix: str, size: int) -> tuple[list[pb.Session], str]:
+        """This server's own sessions among the next ``size`` of its store after ``after``
+        (those of its group: not a copy of a slot on the move), and the id the next page
+        starts after ("" when none follows)."""
+        page, more = self.store.list_sessions(after=after, prefix=prefix, limit=size)
+        owns = self.ownership.owns
+        sessions = [
+            session_message(v.session_id, v.meta, v.lease) for v in page if owns(v.session_id)
+        ]
+        return sessions, page[-1].session_id if more else ""
 
     @unary
     async def get_shard_map(self, raw: bytes, context: grpc.aio.ServicerContext) -> bytes:

@@ -6,6 +6,8 @@ slots, and the check every server makes that a call's session belongs to its gro
     ownership.py  Ownership: the map a server holds, its group, the check every session RPC makes
     source.py     EtcdShardMap: --shard-map etcd, the map and each group's leader polled from etcd
     haproxy.py    `sessionlog cluster haproxy`: HAProxy's haproxy.cfg and slots.map from a map
+    scatter.py    Scatter: ListSessions across groups (fan out to every group, merge by id)
+    feeds.py      every group's change feed with a cursor per group (`tail --every-group`)
 """
 
 from sessionlog.shard.shardmap import Group, ShardMap, ShardMapError

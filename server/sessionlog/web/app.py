@@ -49,10 +49,13 @@ from sessionlog.service.metrics import (
     version,
 )
 from sessionlog.service.notifier import Notifier
+from sessionlog.service.servicer import session_message
 from sessionlog.shard.ownership import Ownership
+from sessionlog.shard.scatter import Scatter
 from sessionlog.storage.store import SessionView, Store
 from sessionlog.v1.event_pb2 import Event, EventType
 from sessionlog.v1.message_pb2 import Message, Role
+from sessionlog.v1.session_log_service_pb2 import Session
 from sessionlog_client.convert import struct_to_dict  # whole numbers as ints, like the CLI
 
 log = logging.getLogger(__name__)
@@ -101,6 +104,9 @@ class Served(Observed, Protocol):
 
     @property
     def listen(self) -> str: ...
+
+    @property
+    def scatter(self) -> Scatter | None: ...
 
     @property
     def ownership(self) -> Ownership: ...
@@ -168,6 +174,27 @@ def session_json(view: SessionView) -> dict[str, Any]:
             "holder": view.lease.holder,
             "token": view.lease.token,
             "expire_time_ms": _ms(view.lease.expire_time_ns),
+        }
+    return out
+
+
+def session_message_json(session: Session) -> dict[str, Any]:
+    """``session_json`` of a listed Session message (another group's, in a sharded listing)."""
+    out: dict[str, Any] = {"session_id": session.session_id, "exists": session.exists}
+    if session.exists:
+        out.update(
+            event_count=session.event_count,
+            replace_generation=session.replace_generation,
+            create_time_ms=session.create_time.ToMilliseconds(),
+            last_append_time_ms=session.last_append_time.ToMilliseconds(),
+            parent_session_id=session.parent_session_id,
+            parent_event_count=session.parent_event_count,
+        )
+    if session.HasField("lease"):
+        out["lease"] = {
+            "holder": session.lease.holder,
+            "token": session.lease.token,
+            "expire_time_ms": session.lease.expire_time.ToMilliseconds(),
         }
     return out
 
@@ -272,10 +299,25 @@ class Console:
         prefix = asked if principal is None else principal.listing_prefix(asked)
         limit = _int(request, "limit", 100, 1, MAX_SESSIONS_PAGE)
         after = request.query.get("after", "")
+        scatter = self.server.scatter
+        if scatter is None:
+            page, more = self.store.list_sessions(after=after, prefix=prefix, limit=limit)
+            return _json({"sessions": [session_json(v) for v in page], "more": more})
+        # A sharded server lists every group, as its ListSessions does (``shard.scatter``).
+        self.server.ownership.check()  # a map must be held
+        token = [("authorization", request.headers.get("Authorization", ""))]
+        listed, last = await scatter.list(self._local_sessions, after, prefix, limit, token)
+        return _json({"sessions": [session_message_json(s) for s in listed], "more": bool(last)})
+
+    def _local_sessions(self, after: str, prefix: str, limit: int) -> tuple[list[Session], str]:
+        """This server's own sessions of the next ``limit`` after ``after``, and where its next
+        page starts after (``SessionLogServicer.local_sessions``)."""
         page, more = self.store.list_sessions(after=after, prefix=prefix, limit=limit)
         owns = self.server.ownership.owns
-        sessions = [session_json(v) for v in page if owns(v.session_id)]
-        return _json({"sessions": sessions, "more": more})
+        sessions = [
+            session_message(v.session_id, v.meta, v.lease) for v in page if owns(v.session_id)
+        ]
+        return sessions, page[-1].session_id if more else ""
 
     async def session(self, request: web.Request) -> web.Response:
         session_id = self.session_id(request, "GetSession")

@@ -1,0 +1,158 @@
+"""Every group's change feed, followed with a cursor per group (`sessionlog tail --prefix P
+--every-group`).
+
+A sharded cluster has one change feed per group (``ReplicationService.Changes``): each group's
+primary numbers its own changes from 1 and its replicas hold the same feed, so a position means
+something within its group only. A consumer of the whole cluster therefore keeps one cursor per
+group: the groups and their members come from ``GetShardMap`` (any server), and each group's
+feed is read from its primary, else from its other members in turn (any member serves it). A
+lost connection resumes that group's feed from its cursor, at the next member; the other
+groups' feeds go on meanwhile. Changes of one group arrive in order; of two groups, in no
+particular order with each other.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+
+from sessionlog_client.v1 import event_pb2
+from sessionlog_client.v1 import replication_service_pb2 as rpb
+from sessionlog_client.v1 import replication_service_pb2_grpc as rpb_grpc
+from sessionlog_client.v1 import session_log_service_pb2 as pb
+from sessionlog_client.v1 import session_log_service_pb2_grpc as pb_grpc
+
+HEARTBEAT_SECONDS = 15
+
+
+@dataclass(frozen=True)
+class Line:
+    """One event of the cluster's feeds: its group, its position in that group's feed."""
+
+    group: str
+    position: int
+    session_id: str
+    event: event_pb2.Event
+
+
+Connect = Callable[[str], Any]
+"""A client of one address (``sessionlog_client.Client``, the CLI's --token, TLS and retry
+settings): a context manager with ``channel`` and ``connection.call_metadata()``."""
+Backoff = Callable[[], Any]
+"""A fresh ``sessionlog_client`` Backoff: next() -> seconds to wait, or None to give up."""
+
+
+def groups_of(client: Any, timeout: float | None) -> list[tuple[str, list[str]]]:
+    """Each group of the map the server holds, with its members, its primary first."""
+    stub: Any = pb_grpc.SessionLogServiceStub(client.channel)  # type: ignore[no-untyped-call]
+    reply: pb.GetShardMapResponse = stub.GetShardMap(
+        pb.GetShardMapRequest(), metadata=client.connection.call_metadata(), timeout=timeout
+    )
+    found = []
+    for group in reply.shard_map.groups:
+        first = [group.primary] if group.primary else []
+        found.append((group.name, list(dict.fromkeys([*first, *group.members]))))
+    return found
+
+
+def follow_groups(
+    groups: list[tuple[str, list[str]]],
+    connect: Connect,
+    backoff: Backoff,
+    *,
+    prefix: str,
+    follow: bool,
+    cursors: Mapping[str, int],
+) -> Iterator[Line]:
+    """The events of sessions under ``prefix`` from every group's feed, each group from its
+    cursor (``cursors[name]``, default 1), until every feed ends (without ``follow``) or a
+    group's feed fails for good (its error is raised)."""
+    lines: queue.Queue[Line | BaseException | str] = queue.Queue(maxsize=1024)
+    stop = threading.Event()
+    for name, members in groups:
+        start = max(1, cursors.get(name, 1))
+        thread = threading.Thread(
+            target=_follow_one,
+            args=(name, members, start, connect, backoff(), prefix, follow, lines, stop),
+            name=f"feed-{name}",
+            daemon=True,
+        )
+        thread.start()
+    running = len(groups)
+    try:
+        while running:
+            item = lines.get()
+            if isinstance(item, str):
+                running -= 1
+            elif isinstance(item, BaseException):
+                raise item
+            else:
+                yield item
+    finally:
+        stop.set()
+
+
+def _follow_one(
+    name: str,
+    members: list[str],
+    position: int,
+    connect: Connect,
+    backoff: Any,
+    prefix: str,
+    follow: bool,
+    out: queue.Queue[Line | BaseException | str],
+    stop: threading.Event,
+) -> None:
+    """One group's feed from ``position``, moving to its next member after a lost stream."""
+    turn = 0
+    try:
+        while not stop.is_set():
+            address = members[turn % len(members)]
+            with connect(address) as client:
+                stub: Any = rpb_grpc.ReplicationServiceStub(client.channel)  # type: ignore[no-untyped-call]
+                request = rpb.ChangesRequest(start_position=position, follow=follow)
+                if follow:
+                    request.heartbeat_interval.FromSeconds(HEARTBEAT_SECONDS)
+                call = stub.Changes(request, metadata=client.connection.call_metadata())
+                try:
+                    for response in call:
+                        backoff.reset()
+                        for change in response.changes:
+                            position = change.position + 1
+                            if change.session_id.startswith(prefix):
+                                for event in change.events:
+                                    line = Line(name, change.position, change.session_id, event)
+                                    _put(out, line, stop)
+                        if stop.is_set():
+                            return
+                    return
+                except grpc.RpcError as error:
+                    lost = error.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED)
+                    delay = backoff.next() if lost and not stop.is_set() else None
+                    if delay is None:
+                        raise
+                finally:
+                    call.cancel()
+            turn += 1
+            time.sleep(delay)
+    except BaseException as error:  # handed to the reading thread, which raises it
+        _put(out, error, stop)
+    finally:
+        _put(out, name, stop)
+
+
+def _put(out: queue.Queue[Line | BaseException | str], item: Any, stop: threading.Event) -> None:
+    """Hand ``item`` over unless the reader has gone (bounded waits: never stuck on a full
+    queue nobody reads)."""
+    while not stop.is_set():
+        try:
+            out.put(item, timeout=0.5)
+            return
+        except queue.Full:
+            continue

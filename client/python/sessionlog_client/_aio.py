@@ -110,7 +110,7 @@ class AsyncEventStream(AsyncIterator[Event]):
         self._call = member.stubs[LOG].Since(
             request,
             timeout=self._timeout,
-            metadata=self._connection.call_metadata(),
+            metadata=self._connection.call_metadata(self.session_id),
             wait_for_ready=self._connection.wait_for_ready or None,
         )
         return self._call
@@ -303,7 +303,7 @@ class AsyncClient:
                     raise self._router.nobody()
                 await asyncio.sleep(delay)
                 continue
-            metadata = self.connection.call_metadata()
+            metadata = self.connection.call_metadata(c.session_of(request))
             try:
                 call = getattr(member.stubs[LOG], method)(
                     request,

@@ -159,7 +159,7 @@ class EventStream(Iterator[Event]):
             self._call = member.stubs[LOG].Since(
                 request,
                 timeout=self._timeout,
-                metadata=self._connection.call_metadata(),
+                metadata=self._connection.call_metadata(self.session_id),
                 wait_for_ready=self._connection.wait_for_ready or None,
             )
             return self._call
@@ -412,7 +412,7 @@ class Client:
                     raise self._router.nobody()
                 time.sleep(delay)
                 continue
-            metadata = self.connection.call_metadata()
+            metadata = self.connection.call_metadata(c.session_of(request))
             try:
                 reply, call = getattr(member.stubs[stub], method).with_call(
                     request,

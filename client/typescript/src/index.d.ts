@@ -324,6 +324,10 @@ export const DEAD_AFTER_HEARTBEATS: number;
 export const DEFAULT_REPLICAS_RETRIES: number;
 /** "sessionlog-epoch": the metadata that carries epochs on writes (both ways). */
 export const EPOCH_KEY: string;
+/** "x-session-id": the metadata naming a call's session, sent on every call that names one. */
+export const SESSION_HEADER: string;
+/** The x-session-id value of an id: itself when plain ASCII, else percent-encoded UTF-8. */
+export function sessionHeader(sessionId: string): string;
 
 export function eventTypeName(type: string): string;
 /** "etcd://HOST:PORT[,HOST:PORT...]" -> ["HOST:PORT", ...]. */

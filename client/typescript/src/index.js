@@ -421,6 +421,25 @@ const LATER = "later";
 const RAISE = "raise";
 const PRIMARY_HINT = "primary";
 export const EPOCH_KEY = "sessionlog-epoch";
+
+/**
+ * "x-session-id": the metadata that names a call's session (a fork's source), sent on every call
+ * that names one, so a proxy can route it to the session's shard group without reading the body.
+ */
+export const SESSION_HEADER = "x-session-id";
+
+/**
+ * The x-session-id value of a session id: the id itself when it is plain ASCII (A-Za-z0-9_.-),
+ * else its UTF-8 bytes percent-encoded (gRPC metadata values are printable ASCII only).
+ */
+export function sessionHeader(sessionId) {
+  return encodeURIComponent(sessionId);
+}
+
+/** The session a request names: a fork's source, else its session_id ("" for none). */
+function sessionOf(request) {
+  return request.parent_session_id ?? request.session_id ?? "";
+}
 const ETCD_SCHEME = "etcd://";
 
 /** "etcd://HOST:PORT[,HOST:PORT...]" (the server's --cluster form) -> the endpoints. */
@@ -592,7 +611,7 @@ export class EventStream {
       if (client.waitForReadyCalls) options.waitForReady = true;
       const request = { session_id: this.sessionId, seq: this.nextSeq, follow: this._follow };
       if (this._heartbeatMs) request.heartbeat_interval = duration(this._heartbeatMs);
-      const call = member.stub.Since(request, client._metadata(), options);
+      const call = member.stub.Since(request, client._metadata(false, this.sessionId), options);
       this._call = call;
       const silenceMs = this._heartbeatMs * DEAD_AFTER_HEARTBEATS;
       let dead = false;
@@ -899,9 +918,10 @@ export class SessionLogClient {
     );
   }
 
-  _metadata(write = false) {
+  _metadata(write = false, sessionId = "") {
     const metadata = new grpc.Metadata();
     if (this._token) metadata.add("authorization", `Bearer ${this._token}`);
+    if (sessionId) metadata.add(SESSION_HEADER, sessionHeader(sessionId));
     if (write && this.epoch) metadata.add(EPOCH_KEY, String(this.epoch));
     return metadata;
   }
@@ -912,7 +932,7 @@ export class SessionLogClient {
     if (this.waitForReadyCalls) options.waitForReady = true;
     return new Promise((done, fail) => {
       let reply;
-      const call = member.stub[method](request, this._metadata(write), options, (error, value) => {
+      const call = member.stub[method](request, this._metadata(write, sessionOf(request)), options, (error, value) => {
         if (error) fail(error);
         else reply = value;
       });

@@ -197,6 +197,8 @@ DEFAULT_SYNC_TIMEOUT_SECONDS = 5.0
 DEFAULT_LEASE_TTL_SECONDS = 5
 """A cluster member's etcd lease (--lease-ttl): a leader that cannot renew it stops writing
 after half of it, and a new one can be elected once it has run out."""
+SHARD_MAP_ETCD = "etcd"
+"""``--shard-map etcd``: the map is read from the cluster's etcd (any other value is a file)."""
 DEFAULT_WORKERS = "auto"
 MAX_WORKERS = 256
 REPLICA_TIMEOUT_FLOOR_SECONDS = 0.3
@@ -406,14 +408,16 @@ class ServerConfig:
         "group",
         _cluster_setting("group"),
         "",
-        "with --cluster: the group's name (its etcd keys are under /sessionlog/groups/NAME/)",
+        "with --cluster: the group's name (its etcd keys are under /sessionlog/groups/NAME/); "
+        "with --shard-map: this server's group in the map",
         "NAME",
     )
     advertise: str = _setting(
         "advertise",
         _cluster_setting("advertise"),
         "",
-        "with --cluster: HOST:PORT where the other members and the clients reach this server",
+        "with --cluster: HOST:PORT where the other members and the clients reach this server; "
+        "with --shard-map: the member address that names this server's group",
         "HOST:PORT",
     )
     lease_ttl: int = _setting(
@@ -424,6 +428,16 @@ class ServerConfig:
         "renew it stops taking writes after half of it, and another member can take over once "
         "it has run out",
         "SECONDS",
+    )
+    shard_map: str = _setting(
+        "shard_map",
+        _text,
+        "",
+        "serve only the sessions the shard map gives this server's group: a TOML FILE (static "
+        "groups), or etcd (with --cluster: the map under /sessionlog/shards, polled every "
+        "second). The group is --group, else the one listing --advertise or --listen; calls for "
+        "another group's sessions fail WRONG_GROUP. Empty: this server owns every session",
+        "FILE|etcd",
     )
     replica_timeout_seconds: float = _setting(
         "replica_timeout",
@@ -537,6 +551,7 @@ class ServerConfig:
         self._check_replica_auth()
         self._check_ack()
         self._check_cluster()
+        self._check_shard_map()
         if self.replica_of and self.workers > 1:
             raise ConfigError(
                 f"a replica runs in one process: workers is {self.workers}; set it to 1 or auto "
@@ -589,7 +604,39 @@ class ServerConfig:
         the four settings do not go together."""
         from sessionlog.cluster.settings import cluster_settings
 
+        if not self.cluster and self.shard_map:  # --group and --advertise name the map's group
+            return cluster_settings(lease_ttl=self.lease_ttl)
         return cluster_settings(self.cluster, self.group, self.advertise, self.lease_ttl)
+
+    def _check_shard_map(self) -> None:
+        if self.shard_map == SHARD_MAP_ETCD and not self.cluster:
+            raise ConfigError(
+                "--shard-map etcd reads the map from the cluster's etcd: it needs --cluster "
+                "etcd://HOST:PORT (or give --shard-map a TOML file)"
+            )
+        if self.shard_map != SHARD_MAP_ETCD and self.cluster and self.shard_map:
+            raise ConfigError(
+                f"--shard-map {self.shard_map}: a --cluster member reads its map from etcd; "
+                "use --shard-map etcd (and `sessionlog cluster map put FILE`)"
+            )
+        if self.cluster or not self.shard_map:
+            return
+        from sessionlog.cluster import settings
+        from sessionlog.shard.ownership import from_file
+        from sessionlog.shard.shardmap import ShardMapError
+
+        for name, parse in (
+            ("group", settings.parse_group),
+            ("advertise", settings.parse_advertise),
+        ):
+            try:
+                parse(getattr(self, name))
+            except ValueError as exc:
+                raise ConfigError(f"--{name}: {exc}") from None
+        try:  # a file that will not do stops the server here, before any worker starts
+            from_file(self.shard_map, self.group, self.advertise or self.listen)
+        except ShardMapError as exc:
+            raise ConfigError(f"--shard-map: {exc}") from None
 
     @property
     def required_replicas(self) -> int:

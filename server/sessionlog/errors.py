@@ -33,7 +33,9 @@ status back into the same class with :func:`from_reason`.
     │   ├── HistoryDiverged                 HISTORY_DIVERGED (the change feed's history differs)
     │   ├── AlreadyPrimary                  ALREADY_PRIMARY (promote of a server taking writes)
     │   ├── StaleEpoch                      STALE_EPOCH (an epoch not above the one known)
-    │   └── ClusterManaged                  CLUSTER_MANAGED (promote or fence of a --cluster member)
+    │   ├── ClusterManaged                  CLUSTER_MANAGED (promote or fence of a --cluster member)
+    │   ├── WrongGroup                      WRONG_GROUP (another group owns the session's slot)
+    │   └── CrossGroupFork                  CROSS_GROUP_FORK (a fork's target in another group)
     ├── SeqConflict                         ABORTED
     ├── Unauthenticated                     UNAUTHENTICATED (no or unknown bearer token)
     ├── PermissionDenied                    PERMISSION_DENIED (token lacks the right or prefix)
@@ -45,7 +47,8 @@ status back into the same class with :func:`from_reason`.
     ├── Unavailable                         UNAVAILABLE (shutting down; reconnect)
     ├── StorageIoError                      UNAVAILABLE (STORAGE_IO_ERROR: the disk failed a write)
     ├── LeadershipLost                      UNAVAILABLE (LEADERSHIP_LOST: may_write turned off)
-    └── ReplicasUnavailable                 UNAVAILABLE (REPLICAS_UNAVAILABLE: too few replicas)
+    ├── ReplicasUnavailable                 UNAVAILABLE (REPLICAS_UNAVAILABLE: too few replicas)
+    └── ShardMapUnavailable                 UNAVAILABLE (SHARD_MAP_UNAVAILABLE: no map read yet)
 
 Metadata values are strings, as ``ErrorInfo.metadata`` requires.
 """
@@ -223,6 +226,47 @@ class ClusterManaged(FailedPrecondition):
     reason = "CLUSTER_MANAGED"
 
 
+class WrongGroup(FailedPrecondition):
+    """The call names a session whose slot another group owns (``--shard-map``): nothing was
+    done. Send it to the owner. Metadata ``session_id``, ``slot``, ``group`` (the owner),
+    ``primary`` (the owner's primary, "" when unknown), ``members`` (comma-separated) and
+    ``map_epoch`` (the epoch of the map this server holds)."""
+
+    reason = "WRONG_GROUP"
+
+    @property
+    def group(self) -> str:
+        """The group that owns the session."""
+        return self.metadata.get("group", "")
+
+    @property
+    def primary(self) -> str:
+        """The owner group's primary ("" when this server does not know it)."""
+        return self.metadata.get("primary", "")
+
+    @property
+    def members(self) -> list[str]:
+        """The owner group's members."""
+        text = self.metadata.get("members", "")
+        return text.split(",") if text else []
+
+    @property
+    def slot(self) -> int:
+        return _whole(self.metadata.get("slot"))
+
+    @property
+    def map_epoch(self) -> int:
+        return _whole(self.metadata.get("map_epoch"))
+
+
+class CrossGroupFork(FailedPrecondition):
+    """A fork whose new session's slot lies in another group than its parent's: a fork copies
+    within one group only. Pick a target id of the parent's group. Metadata ``source_slot``,
+    ``source_group``, ``target_slot``, ``target_group``, ``map_epoch``."""
+
+    reason = "CROSS_GROUP_FORK"
+
+
 class HistoryDiverged(FailedPrecondition):
     """The caller's change-feed position is not on this server's history: its record there is
     missing or differs (another primary, or one restored from an older backup)."""
@@ -314,6 +358,13 @@ class ReplicasUnavailable(Unavailable):
     def position(self) -> int:
         """The write's change-feed position on the primary."""
         return _whole(self.metadata.get("position"))
+
+
+class ShardMapUnavailable(Unavailable):
+    """The server runs with ``--shard-map etcd`` and has not read a valid map (or its group is
+    not in it) yet: it cannot tell which sessions it owns. Retry shortly."""
+
+    reason = "SHARD_MAP_UNAVAILABLE"
 
 
 def _whole(text: str | None) -> int:

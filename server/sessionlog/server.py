@@ -27,6 +27,7 @@ from sessionlog.cluster.sync import SyncTracker
 from sessionlog.config import (
     DEFAULT_DATA_DIR,
     DEFAULT_LISTEN,
+    SHARD_MAP_ETCD,
     ConfigError,
     ServerConfig,
     replica_token_of,
@@ -39,6 +40,8 @@ from sessionlog.service.limits import StreamLimiter
 from sessionlog.service.notifier import Notifier
 from sessionlog.service.replication import ReplicaState, ReplicationServicer, Replicator
 from sessionlog.service.servicer import SessionLogServicer
+from sessionlog.shard.ownership import Ownership, from_file
+from sessionlog.shard.shardmap import ShardMapError
 from sessionlog.storage import folder
 from sessionlog.storage.changes import FEED_KEY
 from sessionlog.storage.leadership import FENCED, Leadership
@@ -48,6 +51,7 @@ from sessionlog.workers.doorbell import Peers
 
 if TYPE_CHECKING:
     from sessionlog.cluster.member import GroupMember
+    from sessionlog.shard.source import EtcdShardMap
 
 __all__ = [
     "DEFAULT_DATA_DIR",
@@ -156,6 +160,9 @@ class SessionLogServer:
         """Set when this server must start again in a fresh process (see ``RestartInPlace``);
         ``restart_reason`` says why."""
         self.restart_reason = ""
+        self.ownership = Ownership(sharded=False)
+        """Which sessions this server's group owns (--shard-map; set up by ``start``)."""
+        self._shard_source: EtcdShardMap | None = None
 
     async def start(self) -> int:
         """Open the store, bind, and start serving. Returns the bound port."""
@@ -165,6 +172,8 @@ class SessionLogServer:
         # server of N workers has each warning once.
         self.authorizer = _authorizer(config, warn=self.peers is None or self.peers.slot == 0)
         replica_token = replica_token_of(config)
+        self.ownership = _ownership(config)
+        self.ownership.on_change(lambda _: self._notifier.notify_all())  # streams check again
         if self.group is not None:
             await self.group.prepare()  # a deposed folder rejoins before it is opened
         store = self.store = self._open_store()
@@ -195,6 +204,11 @@ class SessionLogServer:
                 metrics.keep_published(self, self.shared_metrics)
             )
         self._watchdog = asyncio.create_task(self._watch_writes(store))
+        if config.shard_map == SHARD_MAP_ETCD and config.cluster_settings is not None:
+            from sessionlog.shard.source import EtcdShardMap
+
+            self._shard_source = EtcdShardMap(self.ownership, config.cluster_settings.endpoints)
+            self._shard_source.start()
         self._fenced = store.leadership().role == FENCED
         if self.group is not None:
             await self._set_health(serving=False)  # until the election says what this is
@@ -266,6 +280,7 @@ class SessionLogServer:
             streams=self.streams,
             counters=self.counters,
             sync=self.sync,
+            ownership=self.ownership,
         )
         group = self.group
         if group is not None:
@@ -293,6 +308,7 @@ class SessionLogServer:
             promoter=promoter,
             elected_in=config.group if group is not None else "",
         )
+        admin.ownership = self.ownership
         if group is not None:
             admin.role = "member"
         self._servicers = (servicer, replication, admin)
@@ -498,6 +514,8 @@ class SessionLogServer:
         if self._server is None:
             return
         server, self._server = self._server, None
+        if self._shard_source is not None:
+            await self._shard_source.stop()
         if self.group is not None:
             await self.group.stop()  # writes stop, and the lease goes: another member may lead
         if self._watchdog is not None:
@@ -591,6 +609,21 @@ def _group_member(config: ServerConfig) -> GroupMember | None:
         blocking_channel_factory=app.replica_blocking_channel_factory(config),
         metadata=_bearer_metadata(replica_token_of(config)),
     )
+
+
+def _ownership(config: ServerConfig) -> Ownership:
+    """What this server owns: everything without --shard-map; with a file, the map it holds
+    (ConfigError, so the server does not start, when it cannot be read or has no group of
+    mine); with etcd, nothing until ``shard.source`` reads a map."""
+    if not config.shard_map:
+        return Ownership(sharded=False)
+    address = config.advertise or config.listen
+    if config.shard_map == SHARD_MAP_ETCD:
+        return Ownership(group=config.group, address=address)
+    try:
+        return from_file(config.shard_map, config.group, address)
+    except ShardMapError as exc:
+        raise ConfigError(f"--shard-map: {exc}") from None
 
 
 def _bind(server: grpc.aio.Server, listen: str, credentials: grpc.ServerCredentials | None) -> int:

@@ -288,6 +288,7 @@ def test_flags_of_a_config_make_that_config_again() -> None:
         group="g",
         advertise="127.0.0.1:7001",
         lease_ttl=3,
+        shard_map="etcd",
     )
     covered: set[str] = set()
     for made in (primary, replica, member):

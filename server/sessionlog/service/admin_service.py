@@ -30,6 +30,7 @@ from sessionlog.cluster.promotion import Promoter
 from sessionlog.service.counters import Counters
 from sessionlog.service.errors import abort
 from sessionlog.service.servicer import decode, unary
+from sessionlog.shard.ownership import Ownership
 from sessionlog.storage import snapshot
 from sessionlog.storage.store import Store
 from sessionlog.storage.usage import Usage, usage
@@ -61,6 +62,8 @@ class AdminServicer:
         self.role = "replica" if replica else "primary"
         self.counters = counters or Counters()
         self.max_message_bytes = max_message_bytes
+        self.ownership = Ownership(sharded=False)
+        """The shard map and group GetStats reports (the server sets its own)."""
 
     def handlers(self) -> grpc.GenericRpcHandler:
         return grpc.method_handlers_generic_handler(
@@ -133,6 +136,9 @@ class AdminServicer:
             history_id=history_id,
             history_start=history_start,
             role=self.role,
+            map_epoch=self.ownership.epoch,
+            shard_group=self.ownership.group,
+            owned_slots=self.ownership.owned_slots,
         )
         if used.head_commit_ns:
             reply.last_commit_time.FromNanoseconds(used.head_commit_ns)

@@ -17,9 +17,10 @@ Secrets are never logged.
 AdminService (the store's stats, a copy of the whole store) needs ``admin``, and like the change
 feed it is refused to a token limited to a session prefix.
 
-Permissions per RPC: reads (Since, Surface, DeriveMessages, GetSession, ListSessions) need
-``read``; writes (Append, CreateSession, SeedSession, ForkSession, leases) need ``write``; a forced
-lease release and the change feed (which carries every tenant's data) need ``admin``.
+Permissions per RPC: reads (Since, Surface, DeriveMessages, GetSession, ListSessions,
+GetShardMap) need ``read``; writes (Append, CreateSession, SeedSession, ForkSession, leases) need
+``write``; a forced lease release and the change feed (which carries every tenant's data) need
+``admin``.
 GetReplicationStatus needs ``read``. Calls whose answer spans every session (the change feed, and
 the replication status with its global positions) are refused to any token limited to a session
 prefix. Health and reflection need any valid token unless the operator opens them
@@ -64,6 +65,7 @@ _NEEDS = {
     "/sessionlog.v1.SessionLogService/AcquireLease": WRITE,
     "/sessionlog.v1.SessionLogService/RenewLease": WRITE,
     "/sessionlog.v1.SessionLogService/ReleaseLease": WRITE,
+    "/sessionlog.v1.SessionLogService/GetShardMap": READ,
     "/sessionlog.v1.AdminService/GetStats": ADMIN,
     "/sessionlog.v1.AdminService/SaveSnapshot": ADMIN,
     "/sessionlog.v1.AdminService/Promote": ADMIN,

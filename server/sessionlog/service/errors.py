@@ -34,6 +34,9 @@ _CODES: dict[type[errors.SessionLogError], grpc.StatusCode] = {
     errors.AlreadyPrimary: grpc.StatusCode.FAILED_PRECONDITION,
     errors.StaleEpoch: grpc.StatusCode.FAILED_PRECONDITION,
     errors.ClusterManaged: grpc.StatusCode.FAILED_PRECONDITION,
+    errors.WrongGroup: grpc.StatusCode.FAILED_PRECONDITION,
+    errors.CrossGroupFork: grpc.StatusCode.FAILED_PRECONDITION,
+    errors.ShardMapUnavailable: grpc.StatusCode.UNAVAILABLE,
     errors.DataCorrupted: grpc.StatusCode.DATA_LOSS,
 }
 

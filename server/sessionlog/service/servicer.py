@@ -33,6 +33,7 @@ from sessionlog.service.errors import abort, refusal_level
 from sessionlog.service.follow import follow, heartbeat_interval
 from sessionlog.service.limits import Outgoing, StreamLimiter
 from sessionlog.service.notifier import Notifier
+from sessionlog.shard.ownership import Ownership
 from sessionlog.storage import leadership
 from sessionlog.storage.schema import AuditRecord, LeaseRecord, SessionMeta
 from sessionlog.storage.store import AppendResult, Store, prepare_append, prepare_seed
@@ -185,6 +186,7 @@ class SessionLogServicer:
         streams: StreamLimiter | None = None,
         counters: Counters | None = None,
         sync: SyncTracker | None = None,
+        ownership: Ownership | None = None,
     ) -> None:
         self.store = store
         self.sync = sync
@@ -204,6 +206,9 @@ class SessionLogServicer:
         # A Since response holds whole events; leave room for the framing around them.
         self.since_batch_bytes = min(SINCE_BATCH_BYTES, max_message_bytes - FRAMING_BYTES)
         self.heartbeat_seconds = heartbeat_seconds
+        self.ownership = ownership or Ownership(sharded=False)
+        """Which sessions this server's group owns (--shard-map): every RPC naming a session
+        checks it first, before anything else is done for the call."""
 
     def handlers(self) -> grpc.GenericRpcHandler:
         """Method handlers that pass raw bytes in and out (see the module docstring)."""
@@ -224,13 +229,15 @@ class SessionLogServicer:
                 "AcquireLease": grpc.unary_unary_rpc_method_handler(self.acquire_lease),
                 "RenewLease": grpc.unary_unary_rpc_method_handler(self.renew_lease),
                 "ReleaseLease": grpc.unary_unary_rpc_method_handler(self.release_lease),
+                "GetShardMap": grpc.unary_unary_rpc_method_handler(self.get_shard_map),
             },
         )
 
     @unary_write
     async def append(self, raw: bytes, context: grpc.aio.ServicerContext) -> bytes:
-        self._require_primary(context)
         request = decode(pb.AppendRequest, raw)
+        self.ownership.check(request.session_id)
+        self._require_primary(context)
         self._scope(context, request.session_id)
         self._check_count(len(request.events))
         batch = prepare_append(
@@ -356,6 +363,7 @@ class SessionLogServicer:
         """
         try:
             request = decode(pb.SinceRequest, raw)
+            self.ownership.check(request.session_id)
             fold.check_session_id(request.session_id)
         except errors.SessionLogError as error:
             await abort(context, error)
@@ -363,6 +371,7 @@ class SessionLogServicer:
         session_id = request.session_id
 
         def read(cursor: int) -> tuple[bytes, int, bool]:
+            self.ownership.check(session_id)  # the map may have moved it (the stream ends)
             encoded, count, next_seq = self._read_since(session_id, cursor)
             return encoded, count, cursor + count < next_seq
 
@@ -415,6 +424,7 @@ class SessionLogServicer:
     @unary
     async def surface(self, raw: bytes, context: grpc.aio.ServicerContext) -> bytes:
         request = decode(pb.SurfaceRequest, raw)
+        self.ownership.check(request.session_id)
         self._scope(context, request.session_id)
         fold.check_session_id(request.session_id)
         at_seq = request.at_seq if request.HasField("at_seq") else None
@@ -442,6 +452,7 @@ class SessionLogServicer:
     @unary
     async def derive_messages(self, raw: bytes, context: grpc.aio.ServicerContext) -> bytes:
         request = decode(pb.DeriveMessagesRequest, raw)
+        self.ownership.check(request.session_id)
         self._scope(context, request.session_id)
         fold.check_session_id(request.session_id)
         at_seq = request.at_seq if request.HasField("at_seq") else None
@@ -466,8 +477,9 @@ class SessionLogServicer:
 
     @unary_write
     async def create_session(self, raw: bytes, context: grpc.aio.ServicerContext) -> bytes:
-        self._require_primary(context)
         request = decode(pb.CreateSessionRequest, raw)
+        self.ownership.check(request.session_id)
+        self._require_primary(context)
         self._scope(context, request.session_id)
         self._check_count(len(request.events))
         batch = prepare_append(
@@ -485,8 +497,9 @@ class SessionLogServicer:
 
     @unary_write
     async def seed_session(self, raw: bytes, context: grpc.aio.ServicerContext) -> bytes:
-        self._require_primary(context)
         request = decode(pb.SeedSessionRequest, raw)
+        self.ownership.check(request.session_id)
+        self._require_primary(context)
         self._scope(context, request.session_id)
         self._check_count(len(request.messages))
         batch, dropped = prepare_seed(
@@ -506,6 +519,7 @@ class SessionLogServicer:
     @unary
     async def get_session(self, raw: bytes, context: grpc.aio.ServicerContext) -> bytes:
         request = decode(pb.GetSessionRequest, raw)
+        self.ownership.check(request.session_id)
         self._scope(context, request.session_id)
         fold.check_session_id(request.session_id)
         view = self.store.session(request.session_id)
@@ -518,20 +532,44 @@ class SessionLogServicer:
     @unary
     async def list_sessions(self, raw: bytes, context: grpc.aio.ServicerContext) -> bytes:
         request = decode(pb.ListSessionsRequest, raw)
+        self.ownership.check()  # sharded: a map must be held; the page keeps my group's own
         prefix = self._listing_prefix(context, request.prefix)
         size = min(request.page_size or DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE)
         after = decode_page_token(request.page_token, prefix)
         page, more = self.store.list_sessions(after=after, prefix=prefix, limit=size)
+        owns = self.ownership.owns
         response = pb.ListSessionsResponse(
-            sessions=[session_message(v.session_id, v.meta, v.lease) for v in page],
+            sessions=[
+                session_message(v.session_id, v.meta, v.lease) for v in page if owns(v.session_id)
+            ],
             next_page_token=encode_page_token(page[-1].session_id, prefix) if more else "",
         )
         return _serialize(response)
 
+    @unary
+    async def get_shard_map(self, raw: bytes, context: grpc.aio.ServicerContext) -> bytes:
+        decode(pb.GetShardMapRequest, raw)
+        ownership = self.ownership
+        reply = pb.GetShardMapResponse(group=ownership.group)
+        held = ownership.map
+        if held is not None:
+            reply.shard_map.epoch = held.epoch
+            for group in held.groups:
+                reply.shard_map.groups.append(
+                    pb.ShardGroup(
+                        name=group.name,
+                        members=group.members,
+                        slot_ranges=[pb.SlotRange(first=a, last=b) for a, b in group.ranges],
+                        primary=ownership.primary_of(group),
+                    )
+                )
+        return _serialize(reply)
+
     @unary_write
     async def fork_session(self, raw: bytes, context: grpc.aio.ServicerContext) -> bytes:
-        self._require_primary(context)
         request = decode(pb.ForkSessionRequest, raw)
+        self.ownership.check_fork(request.parent_session_id, request.session_id)
+        self._require_primary(context)
         self._scope(context, request.parent_session_id, request.session_id)
         at_seq = request.at_seq if request.HasField("at_seq") else None
         result = await self.store.commit_fork(
@@ -563,8 +601,9 @@ class SessionLogServicer:
         context: grpc.aio.ServicerContext,
     ) -> pb.Lease:
         """Acquire or renew: the same request shape, the same checks, a new expiry."""
-        self._require_primary(context)
         request = decode(request_type, raw)
+        self.ownership.check(request.session_id)
+        self._require_primary(context)
         self._scope(context, request.session_id)
         change = await self.store.commit_lease(
             action, request.session_id, request.holder, _ttl_ns(request)
@@ -574,8 +613,9 @@ class SessionLogServicer:
 
     @unary_write
     async def release_lease(self, raw: bytes, context: grpc.aio.ServicerContext) -> bytes:
-        self._require_primary(context)
         request = decode(pb.ReleaseLeaseRequest, raw)
+        self.ownership.check(request.session_id)
+        self._require_primary(context)
         self._scope(context, request.session_id, admin=request.force)
         change = await self.store.commit_lease(
             "release", request.session_id, request.holder, force=request.force

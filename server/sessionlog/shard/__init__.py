@@ -3,6 +3,8 @@ slots, and the check every server makes that a call's session belongs to its gro
 
     slots.py      slot_of(session_id), SLOTS, the x-session-id header
     shardmap.py   ShardMap: groups, their members, slot ranges, an epoch; TOML and JSON forms
+    ownership.py  Ownership: the map a server holds, its group, the check every session RPC makes
+    source.py     EtcdShardMap: --shard-map etcd, the map and each group's leader polled from etcd
 """
 
 from sessionlog.shard.shardmap import Group, ShardMap, ShardMapError

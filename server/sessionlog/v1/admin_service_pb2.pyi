@@ -13,7 +13,7 @@ class GetStatsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class GetStatsResponse(_message.Message):
-    __slots__ = ("data_dir", "session_count", "event_count", "position", "last_commit_time", "map_size", "used_bytes", "file_bytes", "readers", "history_id", "history_start", "role")
+    __slots__ = ("data_dir", "session_count", "event_count", "position", "last_commit_time", "map_size", "used_bytes", "file_bytes", "readers", "history_id", "history_start", "role", "map_epoch", "shard_group", "owned_slots")
     DATA_DIR_FIELD_NUMBER: _ClassVar[int]
     SESSION_COUNT_FIELD_NUMBER: _ClassVar[int]
     EVENT_COUNT_FIELD_NUMBER: _ClassVar[int]
@@ -26,6 +26,9 @@ class GetStatsResponse(_message.Message):
     HISTORY_ID_FIELD_NUMBER: _ClassVar[int]
     HISTORY_START_FIELD_NUMBER: _ClassVar[int]
     ROLE_FIELD_NUMBER: _ClassVar[int]
+    MAP_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    SHARD_GROUP_FIELD_NUMBER: _ClassVar[int]
+    OWNED_SLOTS_FIELD_NUMBER: _ClassVar[int]
     data_dir: str
     session_count: int
     event_count: int
@@ -38,7 +41,10 @@ class GetStatsResponse(_message.Message):
     history_id: str
     history_start: int
     role: str
-    def __init__(self, data_dir: _Optional[str] = ..., session_count: _Optional[int] = ..., event_count: _Optional[int] = ..., position: _Optional[int] = ..., last_commit_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., map_size: _Optional[int] = ..., used_bytes: _Optional[int] = ..., file_bytes: _Optional[int] = ..., readers: _Optional[int] = ..., history_id: _Optional[str] = ..., history_start: _Optional[int] = ..., role: _Optional[str] = ...) -> None: ...
+    map_epoch: int
+    shard_group: str
+    owned_slots: int
+    def __init__(self, data_dir: _Optional[str] = ..., session_count: _Optional[int] = ..., event_count: _Optional[int] = ..., position: _Optional[int] = ..., last_commit_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., map_size: _Optional[int] = ..., used_bytes: _Optional[int] = ..., file_bytes: _Optional[int] = ..., readers: _Optional[int] = ..., history_id: _Optional[str] = ..., history_start: _Optional[int] = ..., role: _Optional[str] = ..., map_epoch: _Optional[int] = ..., shard_group: _Optional[str] = ..., owned_slots: _Optional[int] = ...) -> None: ...
 
 class SaveSnapshotRequest(_message.Message):
     __slots__ = ()

@@ -256,6 +256,46 @@ class ListSessionsResponse(_message.Message):
     next_page_token: str
     def __init__(self, sessions: _Optional[_Iterable[_Union[Session, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
 
+class GetShardMapRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class GetShardMapResponse(_message.Message):
+    __slots__ = ("shard_map", "group")
+    SHARD_MAP_FIELD_NUMBER: _ClassVar[int]
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    shard_map: ShardMap
+    group: str
+    def __init__(self, shard_map: _Optional[_Union[ShardMap, _Mapping]] = ..., group: _Optional[str] = ...) -> None: ...
+
+class ShardMap(_message.Message):
+    __slots__ = ("epoch", "groups")
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    GROUPS_FIELD_NUMBER: _ClassVar[int]
+    epoch: int
+    groups: _containers.RepeatedCompositeFieldContainer[ShardGroup]
+    def __init__(self, epoch: _Optional[int] = ..., groups: _Optional[_Iterable[_Union[ShardGroup, _Mapping]]] = ...) -> None: ...
+
+class ShardGroup(_message.Message):
+    __slots__ = ("name", "members", "slot_ranges", "primary")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    MEMBERS_FIELD_NUMBER: _ClassVar[int]
+    SLOT_RANGES_FIELD_NUMBER: _ClassVar[int]
+    PRIMARY_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    members: _containers.RepeatedScalarFieldContainer[str]
+    slot_ranges: _containers.RepeatedCompositeFieldContainer[SlotRange]
+    primary: str
+    def __init__(self, name: _Optional[str] = ..., members: _Optional[_Iterable[str]] = ..., slot_ranges: _Optional[_Iterable[_Union[SlotRange, _Mapping]]] = ..., primary: _Optional[str] = ...) -> None: ...
+
+class SlotRange(_message.Message):
+    __slots__ = ("first", "last")
+    FIRST_FIELD_NUMBER: _ClassVar[int]
+    LAST_FIELD_NUMBER: _ClassVar[int]
+    first: int
+    last: int
+    def __init__(self, first: _Optional[int] = ..., last: _Optional[int] = ...) -> None: ...
+
 class ForkSessionRequest(_message.Message):
     __slots__ = ("parent_session_id", "at_seq", "session_id", "lease_holder", "lease_token")
     PARENT_SESSION_ID_FIELD_NUMBER: _ClassVar[int]

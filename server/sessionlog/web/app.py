@@ -45,6 +45,7 @@ from sessionlog.service.metrics import (
     version,
 )
 from sessionlog.service.notifier import Notifier
+from sessionlog.shard.ownership import Ownership
 from sessionlog.storage.store import SessionView, Store
 from sessionlog.v1.event_pb2 import Event, EventType
 from sessionlog.v1.message_pb2 import Message, Role
@@ -96,6 +97,9 @@ class Served(Observed, Protocol):
 
     @property
     def listen(self) -> str: ...
+
+    @property
+    def ownership(self) -> Ownership: ...
 
 
 class ListenError(RuntimeError):
@@ -227,6 +231,7 @@ class Console:
         principal = self.principal(request, method)
         if principal is not None:
             principal.check_session(session_id)
+        self.server.ownership.check(session_id)
         fold.check_session_id(session_id)
         return session_id
 
@@ -248,7 +253,9 @@ class Console:
         limit = _int(request, "limit", 100, 1, MAX_SESSIONS_PAGE)
         after = request.query.get("after", "")
         page, more = self.store.list_sessions(after=after, prefix=prefix, limit=limit)
-        return _json({"sessions": [session_json(v) for v in page], "more": more})
+        owns = self.server.ownership.owns
+        sessions = [session_json(v) for v in page if owns(v.session_id)]
+        return _json({"sessions": sessions, "more": more})
 
     async def session(self, request: web.Request) -> web.Response:
         session_id = self.session_id(request, "GetSession")
@@ -319,7 +326,7 @@ class Console:
                 cursor=cursor,
                 live=True,
                 heartbeat_seconds=self.server.heartbeat_seconds,
-                read=lambda start: self._read_from(session_id, start),
+                read=lambda start: self._owned_read_from(session_id, start),
                 marker=lambda caught_up: self._marker(session_id, caught_up),
                 pace=streams.pace,
             )
@@ -330,6 +337,12 @@ class Console:
         finally:
             streams.release(peer)
         return response
+
+    def _owned_read_from(self, session_id: str, start: int) -> tuple[bytes, int, bool]:
+        """``_read_from`` while this server's group still owns the session (the map may move
+        it: the stream then ends with WRONG_GROUP)."""
+        self.server.ownership.check(session_id)
+        return self._read_from(session_id, start)
 
     def _read_from(self, session_id: str, start: int) -> tuple[bytes, int, bool]:
         """One ``events`` batch from ``start``: its frame, its event count, whether more follow."""
@@ -390,6 +403,8 @@ async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
         raise
     except errors.SessionLogError as error:
         code = _HTTP_STATUS.get(status_code(error).name, 500)
+        if isinstance(error, errors.WrongGroup):
+            code = 421  # Misdirected Request: another group's servers hold this session
         if isinstance(error, errors.DataCorrupted):
             log.log(refusal_level(error), "request refused", extra={"reason": error.reason})
         response = web.json_response(_error_body(error), status=code)

@@ -97,6 +97,11 @@ class SessionLogServiceStub:
                 request_serializer=sessionlog_dot_v1_dot_session__log__service__pb2.ReleaseLeaseRequest.SerializeToString,
                 response_deserializer=sessionlog_dot_v1_dot_session__log__service__pb2.ReleaseLeaseResponse.FromString,
                 _registered_method=True)
+        self.GetShardMap = channel.unary_unary(
+                '/sessionlog.v1.SessionLogService/GetShardMap',
+                request_serializer=sessionlog_dot_v1_dot_session__log__service__pb2.GetShardMapRequest.SerializeToString,
+                response_deserializer=sessionlog_dot_v1_dot_session__log__service__pb2.GetShardMapResponse.FromString,
+                _registered_method=True)
 
 
 class SessionLogServiceServicer:
@@ -198,6 +203,17 @@ class SessionLogServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetShardMap(self, request, context):
+        """GetShardMap returns the shard map this server holds: which group owns which slots (a
+        session's slot is crc32(UTF-8 session id) % 1024) and each group's members and primary.
+        A server started without a shard map answers epoch 0 and no groups: it owns every session.
+        A call naming a session of another group fails FAILED_PRECONDITION / WRONG_GROUP, with the
+        owner in the error's metadata (session_id, slot, group, primary, members, map_epoch).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_SessionLogServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -260,6 +276,11 @@ def add_SessionLogServiceServicer_to_server(servicer, server):
                     servicer.ReleaseLease,
                     request_deserializer=sessionlog_dot_v1_dot_session__log__service__pb2.ReleaseLeaseRequest.FromString,
                     response_serializer=sessionlog_dot_v1_dot_session__log__service__pb2.ReleaseLeaseResponse.SerializeToString,
+            ),
+            'GetShardMap': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetShardMap,
+                    request_deserializer=sessionlog_dot_v1_dot_session__log__service__pb2.GetShardMapRequest.FromString,
+                    response_serializer=sessionlog_dot_v1_dot_session__log__service__pb2.GetShardMapResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -589,6 +610,33 @@ class SessionLogService:
             '/sessionlog.v1.SessionLogService/ReleaseLease',
             sessionlog_dot_v1_dot_session__log__service__pb2.ReleaseLeaseRequest.SerializeToString,
             sessionlog_dot_v1_dot_session__log__service__pb2.ReleaseLeaseResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetShardMap(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sessionlog.v1.SessionLogService/GetShardMap',
+            sessionlog_dot_v1_dot_session__log__service__pb2.GetShardMapRequest.SerializeToString,
+            sessionlog_dot_v1_dot_session__log__service__pb2.GetShardMapResponse.FromString,
             options,
             channel_credentials,
             insecure,

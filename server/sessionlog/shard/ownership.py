@@ -1,0 +1,201 @@
+"""Ownership: does this server's group own a session? The check every session RPC makes first.
+
+    Ownership(sharded=False)          no --shard-map: every session is owned, nothing is checked
+    Ownership(group=..., address=...) --shard-map: owned when the map gives the session's slot to
+                                      my group; until a map is installed (etcd), nothing is
+
+Invariants:
+
+- The map only moves forward: ``install`` takes a map of a higher epoch than the one held and
+  ignores an equal or lower one, so a late or replayed read cannot undo a newer move.
+- A session is refused before anything is done for it: ``check`` raises WrongGroup (the owner's
+  name, primary, members and the map's epoch in its metadata) or, while no map is held,
+  ShardMapUnavailable.
+- A fork stays within one group: its parent and its new session have one owner
+  (``check_fork``).
+- Which group is mine is the ``--group`` name, else the group that lists my address as a member.
+  A map without my group is refused by ``install`` (ShardMapError) and changes nothing.
+
+Pure: no gRPC, no etcd, no clock. ``shard.source`` feeds maps from etcd; ``on_change`` callbacks
+(the server wakes its follow streams, whose next read checks again) run after each install.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+from sessionlog import errors
+from sessionlog.shard.shardmap import Group, ShardMap, ShardMapError
+from sessionlog.shard.slots import SLOTS, slot_of
+
+log = logging.getLogger(__name__)
+
+PrimaryOf = Callable[[Group], str]
+"""The address that takes a group's writes now ("" when unknown)."""
+
+
+def static_primary(group: Group) -> str:
+    """A static deployment's primary: the group's first member."""
+    return group.primary
+
+
+def from_file(path: str, group: str = "", address: str = "") -> Ownership:
+    """The ownership of a static deployment (``--shard-map FILE``): the file's map installed;
+    ShardMapError naming the file when it cannot be read, is not a valid map, or has no group
+    of mine."""
+    ownership = Ownership(group=group, address=address)
+    shard_map = ShardMap.load(path)
+    try:
+        ownership.install(shard_map)
+    except ShardMapError as exc:
+        raise ShardMapError(f"{path}: {exc}") from None
+    return ownership
+
+
+class Ownership:
+    """The shard map this server holds, and its group in it; see the module docstring."""
+
+    def __init__(
+        self,
+        *,
+        sharded: bool = True,
+        group: str = "",
+        address: str = "",
+        primary_of: PrimaryOf = static_primary,
+    ) -> None:
+        self.sharded = sharded
+        """False without --shard-map: one group owns everything and nothing is checked."""
+        self._group_name = group
+        self._address = address
+        self.primary_of = primary_of
+        self.map: ShardMap | None = None
+        self._mine: Group | None = None
+        self._on_change: list[Callable[[ShardMap], None]] = []
+
+    # --- what is held -------------------------------------------------------------------------
+
+    @property
+    def epoch(self) -> int:
+        """The held map's epoch (0: unsharded, or no map yet)."""
+        return self.map.epoch if self.map is not None else 0
+
+    @property
+    def group(self) -> str:
+        """My group's name ("" unsharded; the --group name, or "" until a map names mine)."""
+        if self._mine is not None:
+            return self._mine.name
+        return self._group_name
+
+    @property
+    def owned_slots(self) -> int:
+        """How many slots my group owns (every slot unsharded; none while no map is held)."""
+        if not self.sharded:
+            return SLOTS
+        return self._mine.slot_count if self._mine is not None else 0
+
+    @property
+    def ready(self) -> bool:
+        """Sessions can be checked: unsharded, or a map with my group is held."""
+        return not self.sharded or self._mine is not None
+
+    def on_change(self, callback: Callable[[ShardMap], None]) -> None:
+        """Call ``callback(new_map)`` after every map installed from now on."""
+        self._on_change.append(callback)
+
+    # --- changing -----------------------------------------------------------------------------
+
+    def mine_in(self, shard_map: ShardMap) -> Group:
+        """My group in ``shard_map``; ShardMapError saying why when it has none."""
+        if self._group_name:
+            return shard_map.group(self._group_name)
+        found = shard_map.group_of_member(self._address) if self._address else None
+        if found is None:
+            names = ", ".join(g.name for g in shard_map.groups)
+            raise ShardMapError(
+                f"no group of the shard map (epoch {shard_map.epoch}: {names}) lists this "
+                f"server's address {self._address or '(none)'} as a member: start it with "
+                "--group NAME, or list its --advertise/--listen address under the group's members"
+            )
+        return found
+
+    def install(self, shard_map: ShardMap) -> bool:
+        """Hold ``shard_map`` when its epoch is above the held one's (True); an equal or lower
+        epoch changes nothing (False). ShardMapError, holding nothing new, when the map has no
+        group of mine."""
+        if self.map is not None and shard_map.epoch <= self.map.epoch:
+            return False
+        mine = self.mine_in(shard_map)
+        self.map, self._mine = shard_map, mine
+        for callback in self._on_change:
+            try:
+                callback(shard_map)
+            except Exception:
+                log.exception("a shard map change callback failed")
+        return True
+
+    # --- the checks ---------------------------------------------------------------------------
+
+    def check(self, *session_ids: str) -> None:
+        """Raise unless my group owns every one of ``session_ids``."""
+        if not self.sharded:
+            return
+        shard_map, mine = self.map, self._mine
+        if shard_map is None or mine is None:
+            raise self.unavailable()
+        for session_id in session_ids:
+            slot = slot_of(session_id)
+            owner = shard_map.owner_of_slot(slot)
+            if owner.name != mine.name:
+                raise self._wrong_group(session_id, slot, owner, shard_map.epoch)
+
+    def check_fork(self, source: str, target: str) -> None:
+        """Raise unless my group owns ``source`` and ``target`` lies in the same group."""
+        self.check(source)
+        if not self.sharded or self.map is None:
+            return
+        source_slot, target_slot = slot_of(source), slot_of(target)
+        target_group = self.map.owner_of_slot(target_slot)
+        if target_group.name != self.group:
+            raise errors.CrossGroupFork(
+                f"cannot fork session '{source}' (slot {source_slot}, group '{self.group}') "
+                f"into '{target}' (slot {target_slot}, group '{target_group.name}'): a fork "
+                "stays within its parent's group; pick a new id whose slot the parent's group "
+                "owns",
+                source_slot=source_slot,
+                source_group=self.group,
+                target_slot=target_slot,
+                target_group=target_group.name,
+                map_epoch=self.map.epoch,
+            )
+
+    def owns(self, session_id: str) -> bool:
+        """My group owns ``session_id`` now (always unsharded; never while no map is held)."""
+        if not self.sharded:
+            return True
+        mine = self._mine
+        return mine is not None and mine.owns_slot(slot_of(session_id))
+
+    def unavailable(self) -> errors.ShardMapUnavailable:
+        held = f" (the map at epoch {self.epoch} has no group of mine)" if self.map else ""
+        return errors.ShardMapUnavailable(
+            "this server has not read a shard map with its group yet"
+            f"{held}, so it cannot tell which sessions it owns; retry shortly",
+            map_epoch=self.epoch,
+        )
+
+    def _wrong_group(
+        self, session_id: str, slot: int, owner: Group, epoch: int
+    ) -> errors.WrongGroup:
+        primary = self.primary_of(owner)
+        where = f"; its primary is {primary}" if primary else ""
+        return errors.WrongGroup(
+            f"session '{session_id}' (slot {slot}) belongs to group '{owner.name}', not to "
+            f"'{self.group}' (shard map epoch {epoch}){where}: send the call there",
+            session_id=session_id,
+            slot=slot,
+            group=owner.name,
+            primary=primary,
+            members=",".join(owner.members),
+            map_epoch=epoch,
+        )

@@ -1,0 +1,132 @@
+"""Ownership: which sessions a server's group owns under a shard map (pure logic, no I/O)."""
+
+from __future__ import annotations
+
+import pytest
+
+from sessionlog import errors
+from sessionlog.shard import SLOTS, ShardMap, ShardMapError, slot_of
+from sessionlog.shard.ownership import Ownership
+
+G1 = ["127.0.0.1:5001", "127.0.0.1:5002"]
+G2 = ["127.0.0.1:6001"]
+
+
+def two_groups(epoch: int = 1) -> ShardMap:
+    return ShardMap.even_split({"g1": G1, "g2": G2}, epoch=epoch)
+
+
+def session_in(shard_map: ShardMap, group: str, avoid: str = "") -> str:
+    """The first id ``s0``, ``s1``... that ``group`` owns in ``shard_map``."""
+    for n in range(10_000):
+        candidate = f"s{n}"
+        if candidate != avoid and shard_map.owner(candidate).name == group:
+            return candidate
+    raise AssertionError(f"no session of {group}")
+
+
+def test_an_unsharded_server_owns_every_session() -> None:
+    """Without --shard-map nothing is checked and every slot is owned."""
+    ownership = Ownership(sharded=False)
+    ownership.check("anything", "else")
+    ownership.check_fork("a", "b")
+    assert ownership.owns("x")
+    assert (ownership.epoch, ownership.group, ownership.owned_slots) == (0, "", SLOTS)
+
+
+def test_before_a_map_every_session_is_unavailable() -> None:
+    """A sharded server with no map yet (etcd) cannot tell what it owns: SHARD_MAP_UNAVAILABLE."""
+    ownership = Ownership(group="g1")
+    with pytest.raises(errors.ShardMapUnavailable):
+        ownership.check("s1")
+    with pytest.raises(errors.ShardMapUnavailable):
+        ownership.check()
+    assert not ownership.owns("s1")
+    assert ownership.owned_slots == 0
+
+
+def test_a_foreign_session_is_wrong_group_with_the_owner_in_the_metadata() -> None:
+    """WRONG_GROUP names the session, its slot, the owner group, its primary and members."""
+    shard_map = two_groups(epoch=3)
+    ownership = Ownership(group="g1")
+    assert ownership.install(shard_map)
+    mine, theirs = session_in(shard_map, "g1"), session_in(shard_map, "g2")
+    ownership.check(mine)
+    with pytest.raises(errors.WrongGroup) as caught:
+        ownership.check(mine, theirs)
+    error = caught.value
+    assert error.metadata == {
+        "session_id": theirs,
+        "slot": str(slot_of(theirs)),
+        "group": "g2",
+        "primary": G2[0],
+        "members": ",".join(G2),
+        "map_epoch": "3",
+    }
+    assert (error.group, error.primary, error.members, error.map_epoch) == ("g2", G2[0], G2, 3)
+    assert ownership.owned_slots == SLOTS // 2
+
+
+def test_my_group_is_the_one_listing_my_address() -> None:
+    """Without --group, the map's group that lists the server's address is its own."""
+    ownership = Ownership(address=G2[0])
+    ownership.install(two_groups())
+    assert ownership.group == "g2"
+    with pytest.raises(ShardMapError, match="lists this server's address"):
+        Ownership(address="127.0.0.1:9").install(two_groups())
+
+
+def test_a_map_without_my_group_is_refused_and_changes_nothing() -> None:
+    """Installing a map that lacks --group raises ShardMapError and keeps the held map."""
+    ownership = Ownership(group="g1")
+    ownership.install(two_groups(epoch=1))
+    other = ShardMap.even_split({"g3": G1, "g2": G2}, epoch=2)
+    with pytest.raises(ShardMapError, match="no group 'g1'"):
+        ownership.install(other)
+    assert ownership.epoch == 1
+
+
+def test_only_a_higher_epoch_replaces_the_map() -> None:
+    """A newer map moves slots (callbacks run); an equal or lower epoch is ignored."""
+    first = two_groups(epoch=5)
+    ownership = Ownership(group="g1")
+    seen: list[int] = []
+    ownership.on_change(lambda m: seen.append(m.epoch))
+    ownership.install(first)
+    moving = session_in(first, "g1")
+    moved = first.with_slots([slot_of(moving)], to="g2")
+    assert moved.epoch == 6
+    assert not ownership.install(ShardMap(5, moved.groups))  # same epoch: ignored
+    ownership.check(moving)
+    assert ownership.install(moved)
+    with pytest.raises(errors.WrongGroup):
+        ownership.check(moving)
+    assert not ownership.install(two_groups(epoch=4))  # older: ignored
+    assert ownership.epoch == 6
+    assert seen == [5, 6]
+
+
+def test_a_fork_stays_within_its_group() -> None:
+    """Parent and child of one group fork; a child in another group is CROSS_GROUP_FORK."""
+    shard_map = two_groups()
+    ownership = Ownership(group="g1")
+    ownership.install(shard_map)
+    parent = session_in(shard_map, "g1")
+    ownership.check_fork(parent, session_in(shard_map, "g1", avoid=parent))
+    child = session_in(shard_map, "g2")
+    with pytest.raises(errors.CrossGroupFork) as caught:
+        ownership.check_fork(parent, child)
+    assert caught.value.metadata["target_group"] == "g2"
+    assert caught.value.metadata["source_group"] == "g1"
+    with pytest.raises(errors.WrongGroup):
+        ownership.check_fork(child, parent)
+
+
+def test_the_primary_comes_from_the_source_given() -> None:
+    """In cluster mode the owner's primary is the elected leader, or "" when unknown."""
+    shard_map = two_groups()
+    ownership = Ownership(group="g1", primary_of=lambda group: "")
+    ownership.install(shard_map)
+    with pytest.raises(errors.WrongGroup) as caught:
+        ownership.check(session_in(shard_map, "g2"))
+    assert caught.value.primary == ""

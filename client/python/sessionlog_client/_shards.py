@@ -173,6 +173,31 @@ def owner_from_error(metadata: Mapping[str, str]) -> tuple[ShardGroup, int] | No
     return ShardGroup(name, members, (), primary), epoch
 
 
+def after_wrong_group(
+    before: ShardTable | None,
+    newer: ShardTable | None,
+    session_id: str,
+    metadata: Mapping[str, str],
+) -> tuple[ShardTable | None, ShardGroup | None]:
+    """The map to keep and the owner to send a call to after a WRONG_GROUP refusal (with its
+    ErrorInfo ``metadata``): ``newer`` (read from the server that refused) when its epoch is
+    higher, then the owner the refusal names when the map still says otherwise; no owner (None)
+    when neither names one."""
+    table = (
+        newer if newer is not None and (before is None or newer.epoch > before.epoch) else before
+    )
+    named = owner_from_error(metadata)
+    if named is not None:
+        group, epoch = named
+        if table is None:
+            return None, group
+        if table.owner(session_id).name != group.name:
+            table = table.with_owner(session_id, group, epoch)
+    if table is None:
+        return None, None
+    return table, table.owner(session_id)
+
+
 def is_wrong_group(error: BaseException) -> bool:
     return getattr(error, "reason", None) == WRONG_GROUP
 

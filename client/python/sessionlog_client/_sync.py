@@ -31,8 +31,8 @@ from sessionlog_client._shards import (
     SERVER,
     ShardGroup,
     ShardTable,
+    after_wrong_group,
     is_wrong_group,
-    owner_from_error,
 )
 from sessionlog_client._status import to_error
 from sessionlog_client.convert import messages_to_dicts
@@ -315,25 +315,16 @@ class _Shards:
         a newer map (read from the server that refused, which holds one), else the owner the
         error names; None when neither names another group."""
         with self._lock:
-            before = self._table
             try:
                 newer = self._read(refused_by)
             except SessionLogError:
                 newer = None
-            if newer is not None and (before is None or newer.epoch > before.epoch):
-                self._table = newer
-            named = owner_from_error(error.metadata)
-            table = self._table
-            if table is not None and named is not None:
-                group, epoch = named
-                if table.owner(session_id).name != group.name:
-                    table = self._table = table.with_owner(session_id, group, epoch)
-            elif table is None and named is not None:
-                return self._client_of(named[0])
-            if table is None:
+            table, owner = after_wrong_group(self._table, newer, session_id, error.metadata)
+            self._table = table if table is not None else self._table
+            if owner is None:
                 return None
-            owner = self._client_of(table.owner(session_id))
-            return None if owner is refused_by else owner
+            client = self._client_of(owner)
+            return None if client is refused_by else client
 
     def _client_of(self, group: ShardGroup) -> Client:
         key = (group.name, tuple(sorted(set(group.addresses))))

@@ -5,6 +5,7 @@ map reloaded and the call sent to the new owner once."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 from contextlib import ExitStack
 from dataclasses import dataclass
@@ -14,7 +15,7 @@ import pytest
 
 from sessionlog.shard.shardmap import ShardMap
 from sessionlog.shard.slots import slot_of
-from sessionlog_client import Client, SessionLogError, event
+from sessionlog_client import AsyncClient, Client, SessionLogError, event
 from tests.e2e._proc import free_port, running_server
 
 
@@ -87,3 +88,34 @@ def test_calls_go_to_the_owner_and_a_wrong_group_reroutes_once(groups: Groups) -
         with stream:
             assert next(stream).seq == 1
         assert stream.reconnects >= 1
+
+
+def test_the_async_client_routes_the_same_way(groups: Groups) -> None:
+    one = ShardMap.even_split({name: [a] for name, a in groups.addresses.items()}, epoch=1)
+    groups.start(one)
+    (in_b,) = ids_in(one, "b", 1)
+    (moving,) = ids_in(one, "a", 1)
+    user = event("user_message", {"content": "hi"})
+
+    async def run() -> None:
+        async with AsyncClient(groups.addresses["a"], shard_map="server", timeout=10) as client:
+            await client.append(in_b, [user])
+            async with client.follow(in_b) as stream:
+                assert (await anext(stream)).seq == 0
+            table = await client.shard_map()
+            assert table is not None
+            assert table.epoch == 1
+            groups.stack.close()  # blocking: the client has no call open now
+            groups.start(one.with_slots([slot_of(moving)], "b"))
+            reply = await client.append(moving, [user])  # a by the old map, then b
+            assert reply.events[0].seq == 0
+            table = await client.shard_map()
+            assert table is not None
+            assert table.epoch == 2
+            got = [e.seq async for e in client.since(moving)]
+            assert got == [0]
+
+    asyncio.run(asyncio.wait_for(run(), 60))
+    with Client(groups.addresses["b"]) as plain_b:
+        assert plain_b.get_session(in_b).session.event_count == 1
+        assert plain_b.get_session(moving).session.event_count == 1

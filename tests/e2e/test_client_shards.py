@@ -47,13 +47,22 @@ def ids_in(shard_map: ShardMap, group: str, count: int) -> list[str]:
 
 
 def test_calls_go_to_the_owner_and_a_wrong_group_reroutes_once(groups: Groups) -> None:
+    """Client and AsyncClient over the same two groups, restarted once with a newer map."""
+    asyncio.run(asyncio.wait_for(scenario(groups), 90))
+
+
+async def scenario(groups: Groups) -> None:
     one = ShardMap.even_split({name: [a] for name, a in groups.addresses.items()}, epoch=1)
     groups.start(one)
     a, b = groups.addresses["a"], groups.addresses["b"]
-    in_a, moving = ids_in(one, "a", 2)
+    in_a, moving, async_moving = ids_in(one, "a", 3)
     (in_b,) = ids_in(one, "b", 1)
     user = event("user_message", {"content": "hi"})
-    with Client(a, shard_map="server", timeout=10) as client, Client(b) as plain_b:
+    with (
+        Client(a, shard_map="server", timeout=10) as client,
+        Client(b) as plain_b,
+    ):
+        aclient = AsyncClient(a, shard_map="server", timeout=10)
         epoch = client.shard_map.epoch if client.shard_map else 0
         assert epoch == 1
         for session in (in_a, in_b, moving):
@@ -70,12 +79,17 @@ def test_calls_go_to_the_owner_and_a_wrong_group_reroutes_once(groups: Groups) -
 
         stream = client.follow(moving)
         assert next(stream).seq == 0  # from a
+        await aclient.append(in_b, [user])
+        async with aclient.follow(in_b, 1) as events:
+            assert (await anext(events)).seq == 1
+        table = await aclient.shard_map()
+        assert table is not None
+        assert table.epoch == 1
 
-        # A newer map gives `moving`'s slot to b (its data stays behind: the move of data is
-        # not the client's part); the servers restart with it, the client still holds epoch 1.
+        # A newer map gives two slots of a to b (their data stays behind: the move of data is
+        # not the client's part); the servers restart with it, the clients still hold epoch 1.
         groups.stack.close()
-        two = one.with_slots([slot_of(moving)], "b")
-        groups.start(two)
+        groups.start(one.with_slots([slot_of(moving), slot_of(async_moving)], "b"))
         reply = client.append(moving, [user])  # sent to a by the old map: WRONG_GROUP, then b
         assert reply.events[0].seq == 0  # a fresh session on b
         epoch = client.shard_map.epoch if client.shard_map else 0
@@ -89,33 +103,12 @@ def test_calls_go_to_the_owner_and_a_wrong_group_reroutes_once(groups: Groups) -
             assert next(stream).seq == 1
         assert stream.reconnects >= 1
 
-
-def test_the_async_client_routes_the_same_way(groups: Groups) -> None:
-    one = ShardMap.even_split({name: [a] for name, a in groups.addresses.items()}, epoch=1)
-    groups.start(one)
-    (in_b,) = ids_in(one, "b", 1)
-    (moving,) = ids_in(one, "a", 1)
-    user = event("user_message", {"content": "hi"})
-
-    async def run() -> None:
-        async with AsyncClient(groups.addresses["a"], shard_map="server", timeout=10) as client:
-            await client.append(in_b, [user])
-            async with client.follow(in_b) as stream:
-                assert (await anext(stream)).seq == 0
-            table = await client.shard_map()
-            assert table is not None
-            assert table.epoch == 1
-            groups.stack.close()  # blocking: the client has no call open now
-            groups.start(one.with_slots([slot_of(moving)], "b"))
-            reply = await client.append(moving, [user])  # a by the old map, then b
-            assert reply.events[0].seq == 0
-            table = await client.shard_map()
-            assert table is not None
-            assert table.epoch == 2
-            got = [e.seq async for e in client.since(moving)]
-            assert got == [0]
-
-    asyncio.run(asyncio.wait_for(run(), 60))
-    with Client(groups.addresses["b"]) as plain_b:
-        assert plain_b.get_session(in_b).session.event_count == 1
-        assert plain_b.get_session(moving).session.event_count == 1
+        # The asyncio client the same way: a by the old map, then b.
+        reply = await aclient.append(async_moving, [user])
+        assert reply.events[0].seq == 0
+        table = await aclient.shard_map()
+        assert table is not None
+        assert table.epoch == 2
+        assert [e.seq async for e in aclient.since(async_moving)] == [0]
+        await aclient.close()
+        assert plain_b.get_session(async_moving).session.event_count == 1

@@ -113,6 +113,18 @@ def test_go_errors_carry_error_info(go_tree: GoTree, server: RunningServer) -> N
     assert "SKIP" not in output, output
 
 
+@pytest.mark.timeout(BUILD_SECONDS + 60)
+def test_go_sessionheader_names_the_session_of_every_call(go_tree: GoTree) -> None:
+    """`go test` of client/go/sessionheader: a real gRPC server in the test records that every
+    SessionLogService call naming a session (a fork's source) arrives with x-session-id (UTF-8
+    beyond ASCII percent-encoded), ListSessions without it, and the caller's token kept."""
+    result = run_go(go_tree.env, go_tree.package, "test", "-v", "-count=1", "./sessionheader")
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output
+    for name in ("TestEveryCallNamingASessionCarriesTheHeader", "TestAHeaderTheCallerSetIsKept"):
+        assert f"--- PASS: {name}" in output, output
+
+
 @pytest.mark.timeout(BUILD_SECONDS + 90)
 def test_go_typed_errors_from_a_sync_primary_and_a_replica(go_tree: GoTree, tmp_path: Path) -> None:
     """`go test` of client/go/sessionlogerr, then against real servers: a primary with --ack

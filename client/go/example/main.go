@@ -13,6 +13,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/protobuf/types/known/structpb"
 
+	"github.com/sessionlog/sessionlog/client/go/sessionheader"
 	sessionlogv1 "github.com/sessionlog/sessionlog/client/go/sessionlog/v1"
 )
 
@@ -29,7 +30,8 @@ func main() {
 	if len(os.Args) > 1 {
 		target = os.Args[1]
 	}
-	conn, err := grpc.Dial(target, grpc.WithInsecure())
+	// sessionheader names each call's session in x-session-id, for a proxy routing on it.
+	conn, err := grpc.Dial(target, append(sessionheader.DialOptions(), grpc.WithInsecure())...)
 	if err != nil {
 		log.Fatal(err)
 	}

@@ -14,6 +14,7 @@ from typing import Any
 import grpc
 
 from sessionlog_client import _common as c
+from sessionlog_client import _etcd
 from sessionlog_client._common import EventLike, MessageLike, Retry
 from sessionlog_client._routing import (
     LOG,
@@ -24,9 +25,16 @@ from sessionlog_client._routing import (
     make_router,
     replicas_unavailable,
 )
+from sessionlog_client._shards import (
+    SERVER,
+    ShardGroup,
+    ShardTable,
+    after_wrong_group,
+    is_wrong_group,
+)
 from sessionlog_client._status import to_error
 from sessionlog_client.convert import messages_to_dicts
-from sessionlog_client.errors import LeadershipLost
+from sessionlog_client.errors import LeadershipLost, SessionLogError
 from sessionlog_client.v1 import session_log_service_pb2 as pb
 from sessionlog_client.v1 import session_log_service_pb2_grpc as pb_grpc
 from sessionlog_client.v1.event_pb2 import Event
@@ -110,7 +118,7 @@ class AsyncEventStream(AsyncIterator[Event]):
         self._call = member.stubs[LOG].Since(
             request,
             timeout=self._timeout,
-            metadata=self._connection.call_metadata(),
+            metadata=self._connection.call_metadata(self.session_id),
             wait_for_ready=self._connection.wait_for_ready or None,
         )
         return self._call
@@ -183,6 +191,124 @@ class AsyncEventStream(AsyncIterator[Event]):
             await asyncio.wait_for(self._closed.wait(), delay)
 
 
+class _AsyncShardedStream(AsyncEventStream):
+    """The asyncio twin of ``_sync._ShardedStream``: over the owner group's client, moving on
+    from ``next_seq`` to the new owner after a WRONG_GROUP, once per refusal with no event
+    between."""
+
+    def __init__(
+        self,
+        shards: _AsyncShards,
+        bootstrap: AsyncClient,
+        session_id: str,
+        seq: int,
+        *,
+        follow: bool,
+        timeout: float | None,
+        heartbeat: float | None,
+    ) -> None:
+        self._shards = shards
+        self._group_client = bootstrap
+        super().__init__(
+            bootstrap._router,
+            bootstrap.connection,
+            session_id,
+            seq,
+            follow=follow,
+            timeout=timeout,
+            heartbeat=heartbeat,
+        )
+
+    def _use(self, client: AsyncClient) -> None:
+        self._group_client = client
+        self._router = client._router
+        self._connection = client.connection
+
+    async def _run(self) -> AsyncGenerator[Event, None]:
+        self._use(await self._shards.client_for(self.session_id))
+        rerouted_at: int | None = None
+        while True:
+            inner = super()._run()
+            try:
+                async for event in inner:
+                    yield event
+                return
+            except SessionLogError as error:
+                if not is_wrong_group(error) or rerouted_at == self.next_seq:
+                    raise
+                owner = await self._shards.after_wrong_group(
+                    self.session_id, error, self._group_client
+                )
+                if owner is None:
+                    raise
+                rerouted_at = self.next_seq
+                self._use(owner)
+            finally:
+                await inner.aclose()
+
+
+class _AsyncShards:
+    """The asyncio twin of ``_sync._Shards``."""
+
+    def __init__(self, bootstrap: AsyncClient, source: str, make: Any, timeout: float) -> None:
+        self._bootstrap = bootstrap
+        self._etcd = () if source == SERVER else _etcd.parse_cluster(source)
+        self._make = make
+        self._timeout = timeout
+        self._lock = asyncio.Lock()
+        self.table: ShardTable | None = None
+        self._loaded = False
+        self._clients: dict[tuple[str, tuple[str, ...]], AsyncClient] = {}
+
+    async def load(self) -> ShardTable | None:
+        async with self._lock:
+            if not self._loaded:
+                self.table = await self._read(self._bootstrap)
+                self._loaded = True
+            return self.table
+
+    async def client_for(self, session_id: str) -> AsyncClient:
+        table = await self.load()
+        if table is None:
+            return self._bootstrap
+        return self._client_of(table.owner(session_id))
+
+    async def after_wrong_group(
+        self, session_id: str, error: SessionLogError, refused_by: AsyncClient
+    ) -> AsyncClient | None:
+        async with self._lock:
+            try:
+                newer = await self._read(refused_by)
+            except SessionLogError:
+                newer = None
+            table, owner = after_wrong_group(self.table, newer, session_id, error.metadata)
+            self.table = table if table is not None else self.table
+        if owner is None:
+            return None
+        client = self._client_of(owner)
+        return None if client is refused_by else client
+
+    def _client_of(self, group: ShardGroup) -> AsyncClient:
+        key = (group.name, tuple(sorted(set(group.addresses))))
+        client = self._clients.get(key)
+        if client is None:
+            client = self._clients[key] = self._make(list(group.addresses))
+        return client
+
+    async def _read(self, client: AsyncClient) -> ShardTable | None:
+        if self._etcd:
+            value = await asyncio.to_thread(
+                _etcd.read_key, self._etcd, _etcd.SHARDS_KEY, self._timeout, "the shard map"
+            )
+            return None if value is None else ShardTable.from_json(value)
+        reply = await client._call("GetShardMap", pb.GetShardMapRequest(), None, retry=True)
+        return ShardTable.from_reply(reply)
+
+    async def close(self) -> None:
+        for client in list(self._clients.values()):
+            await client.close()
+
+
 class AsyncClient:
     """The asyncio sessionlog client; same arguments and methods as :class:`Client`, several
     addresses and ``cluster``/``group`` (etcd) included.
@@ -216,6 +342,7 @@ class AsyncClient:
         options: Sequence[tuple[str, Any]] = (),
         connect_timeout: float = c.DEFAULT_CONNECT_TIMEOUT,
         wait_for_ready: bool = False,
+        shard_map: str | None = None,
     ) -> None:
         self._router = make_router(
             target,
@@ -243,6 +370,28 @@ class AsyncClient:
         )
         self._router.open()
         self._streams: weakref.WeakSet[AsyncEventStream] = weakref.WeakSet()
+        self._shards: _AsyncShards | None = None
+        if shard_map is not None:
+
+            def group_client(addresses: list[str]) -> AsyncClient:
+                return AsyncClient(
+                    addresses,
+                    timeout=timeout,
+                    token=token,
+                    tls=tls,
+                    root_certificates=root_certificates,
+                    private_key=private_key,
+                    certificate_chain=certificate_chain,
+                    server_name=server_name,
+                    max_message_bytes=max_message_bytes,
+                    retry=retry,
+                    metadata=metadata,
+                    options=options,
+                    connect_timeout=connect_timeout,
+                    wait_for_ready=wait_for_ready,
+                )
+
+            self._shards = _AsyncShards(self, shard_map, group_client, connect_timeout)
 
     def _open_member(self, address: str) -> tuple[grpc.aio.Channel, dict[str, Any]]:
         conn = self.connection
@@ -271,10 +420,16 @@ class AsyncClient:
         goes with every write: a server at a lower epoch (a deposed primary) refuses it."""
         return self._router.epoch
 
+    async def shard_map(self) -> ShardTable | None:
+        """The shard map calls are routed by (see ``Client.shard_map``), loaded if not yet."""
+        return None if self._shards is None else await self._shards.load()
+
     async def close(self) -> None:
         """Close every open stream, then every channel."""
         for stream in list(self._streams):
             await stream.aclose()
+        if self._shards is not None:
+            await self._shards.close()
         for channel in self._router.channels():
             await channel.close()
 
@@ -291,6 +446,24 @@ class AsyncClient:
 
     async def _call(self, method: str, request: Any, timeout: float | None, *, retry: bool) -> Any:
         """See ``Client._call``."""
+        session = c.session_of(request) if self._shards is not None else ""
+        if self._shards is None or not session:
+            return await self._send(method, request, timeout, retry=retry)
+        owner = await self._shards.client_for(session)
+        if owner is self:
+            return await self._send(method, request, timeout, retry=retry)
+        try:
+            return await owner._call(method, request, timeout, retry=retry)
+        except SessionLogError as error:
+            if not is_wrong_group(error):
+                raise
+            again = await self._shards.after_wrong_group(session, error, owner)
+            if again is None:
+                raise
+            return await again._call(method, request, timeout, retry=retry)
+
+    async def _send(self, method: str, request: Any, timeout: float | None, *, retry: bool) -> Any:
+        """See ``Client._send``."""
         retries = self.connection.retry
         backoff = retries.backoff()
         hops = waits = 0
@@ -303,7 +476,7 @@ class AsyncClient:
                     raise self._router.nobody()
                 await asyncio.sleep(delay)
                 continue
-            metadata = self.connection.call_metadata()
+            metadata = self.connection.call_metadata(c.session_of(request))
             try:
                 call = getattr(member.stubs[LOG], method)(
                     request,
@@ -385,6 +558,18 @@ class AsyncClient:
         timeout: float | None,
         heartbeat: float | None = None,
     ) -> AsyncEventStream:
+        if self._shards is not None:
+            sharded: AsyncEventStream = _AsyncShardedStream(
+                self._shards,
+                self,
+                session_id,
+                seq,
+                follow=follow,
+                timeout=timeout,
+                heartbeat=heartbeat,
+            )
+            self._streams.add(sharded)
+            return sharded
         stream = AsyncEventStream(
             self._router,
             self.connection,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime as dt
 import random
 import time
+import urllib.parse
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -21,6 +22,9 @@ from sessionlog_client.v1.event_pb2 import Event
 from sessionlog_client.v1.message_pb2 import Message
 
 DEFAULT_TARGET = "127.0.0.1:50051"
+SESSION_HEADER = "x-session-id"
+"""The metadata that names a call's session, for a proxy routing sessions to their shard
+group (the server's ``sessionlog.shard.slots.SESSION_HEADER``)."""
 DEFAULT_TIMEOUT = 10.0
 DEFAULT_CONNECT_TIMEOUT = 3.0
 """Seconds one connection attempt may take before it fails (gRPC's own is 20 s): a client's
@@ -155,8 +159,12 @@ class Connection:
             certificate_chain=_read(self.certificate_chain),
         )
 
-    def call_metadata(self) -> tuple[tuple[str, str], ...]:
+    def call_metadata(self, session_id: str = "") -> tuple[tuple[str, str], ...]:
+        """The metadata of one call: the token, the caller's extra pairs and, for a call that
+        names a session, ``x-session-id`` (see ``session_header``)."""
         extra = tuple(self.metadata)
+        if session_id:
+            extra = (*extra, (SESSION_HEADER, session_header(session_id)))
         if self.token:
             return (("authorization", f"Bearer {self.token}"), *extra)
         return extra
@@ -164,6 +172,22 @@ class Connection:
     def deadline(self, timeout: float | None) -> float | None:
         """A unary call's timeout: the one given, else the client's default."""
         return self.timeout if timeout is None else timeout
+
+
+def session_header(session_id: str) -> str:
+    """The ``x-session-id`` value of a session id: the id itself when it is plain ASCII (every
+    id made of ``A-Za-z0-9_.-``), else its UTF-8 bytes percent-encoded, since gRPC metadata
+    values are printable ASCII only (a proxy decodes them before hashing: HAProxy's
+    ``url_dec``). Session ids never hold ``%``, so the plain form is never ambiguous."""
+    return urllib.parse.quote(session_id, safe="")
+
+
+def session_of(request: Any) -> str:
+    """The session a request names, for the ``x-session-id`` header: a fork's source, every
+    other session call's ``session_id``; "" for a request that names none (ListSessions)."""
+    if isinstance(request, pb.ForkSessionRequest):
+        return request.parent_session_id
+    return str(getattr(request, "session_id", ""))
 
 
 def _read(source: CertSource | None) -> bytes | None:

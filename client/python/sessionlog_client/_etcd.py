@@ -19,6 +19,8 @@ from sessionlog_client.errors import Unavailable
 
 SCHEME = "etcd://"
 LEADER_KEY = "/sessionlog/groups/{group}/leader"
+SHARDS_KEY = "/sessionlog/shards"
+"""The key of the cluster's shard map (JSON), read by ``sessionlog serve --shard-map etcd``."""
 
 
 def parse_cluster(cluster: str) -> tuple[str, ...]:
@@ -40,7 +42,16 @@ def leader_key(group: str) -> str:
 def read_leader(endpoints: Sequence[str], group: str, timeout: float) -> str | None:
     """The leader's ``HOST:PORT`` from the first endpoint that answers; None when the group has
     no leader right now. Raises ``Unavailable`` naming every endpoint when none answers."""
-    body = json.dumps({"key": _b64(leader_key(group))}).encode()
+    value = read_key(endpoints, leader_key(group), timeout, f"the leader of group {group!r}")
+    if value is None:
+        return None
+    return value.decode("utf-8").strip() or None
+
+
+def read_key(endpoints: Sequence[str], key: str, timeout: float, what: str) -> bytes | None:
+    """The value of ``key`` from the first endpoint that answers; None when the key is absent.
+    Raises ``Unavailable`` naming every endpoint (and ``what`` was read) when none answers."""
+    body = json.dumps({"key": _b64(key)}).encode()
     failures = []
     for endpoint in endpoints:
         request = urllib.request.Request(
@@ -58,10 +69,9 @@ def read_leader(endpoints: Sequence[str], group: str, timeout: float) -> str | N
         kvs = answer.get("kvs") or []
         if not kvs:
             return None
-        value = base64.b64decode(kvs[0].get("value", "")).decode("utf-8").strip()
-        return value or None
+        return base64.b64decode(kvs[0].get("value", ""))
     raise Unavailable(
-        f"cannot read the leader of group {group!r} from etcd: {'; '.join(failures)}",
+        f"cannot read {what} from etcd: {'; '.join(failures)}",
         endpoints=",".join(endpoints),
     )
 

@@ -15,6 +15,7 @@ from typing import Any
 import grpc
 
 from sessionlog_client import _common as c
+from sessionlog_client import _etcd
 from sessionlog_client._common import EventLike, MessageLike, Retry
 from sessionlog_client._routing import (
     LOG,
@@ -26,9 +27,16 @@ from sessionlog_client._routing import (
     make_router,
     replicas_unavailable,
 )
+from sessionlog_client._shards import (
+    SERVER,
+    ShardGroup,
+    ShardTable,
+    after_wrong_group,
+    is_wrong_group,
+)
 from sessionlog_client._status import to_error
 from sessionlog_client.convert import messages_to_dicts
-from sessionlog_client.errors import LeadershipLost
+from sessionlog_client.errors import LeadershipLost, SessionLogError
 from sessionlog_client.v1 import replication_service_pb2 as rpb
 from sessionlog_client.v1 import replication_service_pb2_grpc as rpb_grpc
 from sessionlog_client.v1 import session_log_service_pb2 as pb
@@ -159,7 +167,7 @@ class EventStream(Iterator[Event]):
             self._call = member.stubs[LOG].Since(
                 request,
                 timeout=self._timeout,
-                metadata=self._connection.call_metadata(),
+                metadata=self._connection.call_metadata(self.session_id),
                 wait_for_ready=self._connection.wait_for_ready or None,
             )
             return self._call
@@ -226,6 +234,120 @@ class EventStream(Iterator[Event]):
             self.reconnects += 1
 
 
+class _ShardedStream(EventStream):
+    """An EventStream over the group that owns its session: on WRONG_GROUP (the session's slot
+    moved to another group, or the map the client routed by was old) it goes on from
+    ``next_seq`` on the owner the client then finds, once per refusal with no event between."""
+
+    def __init__(
+        self,
+        shards: _Shards,
+        session_id: str,
+        seq: int,
+        *,
+        follow: bool,
+        timeout: float | None,
+        heartbeat: float | None,
+    ) -> None:
+        self._shards = shards
+        self._group_client = shards.client_for(session_id)
+        super().__init__(
+            self._group_client._router,
+            self._group_client.connection,
+            session_id,
+            seq,
+            follow=follow,
+            timeout=timeout,
+            heartbeat=heartbeat,
+        )
+
+    def _run(self) -> Generator[Event, None, None]:
+        rerouted_at: int | None = None
+        while True:
+            try:
+                yield from super()._run()
+                return
+            except SessionLogError as error:
+                if not is_wrong_group(error) or rerouted_at == self.next_seq:
+                    raise
+                owner = self._shards.after_wrong_group(self.session_id, error, self._group_client)
+                if owner is None:
+                    raise
+                rerouted_at = self.next_seq
+                self._group_client = owner
+                self._router = owner._router
+                self._connection = owner.connection
+
+
+class _Shards:
+    """The shard map a client routes by and one client per group (see ``_shards``)."""
+
+    def __init__(self, bootstrap: Client, source: str, make: Any, timeout: float) -> None:
+        self._bootstrap = bootstrap
+        self._etcd = () if source == SERVER else _etcd.parse_cluster(source)
+        self._make = make
+        self._timeout = timeout
+        self._lock = threading.RLock()
+        self._table: ShardTable | None = None
+        self._loaded = False
+        self._clients: dict[tuple[str, tuple[str, ...]], Client] = {}
+
+    @property
+    def table(self) -> ShardTable | None:
+        """The map routed by (loaded at the first call); None: unsharded, one group."""
+        with self._lock:
+            if not self._loaded:
+                self._table = self._read(self._bootstrap)
+                self._loaded = True
+            return self._table
+
+    def client_for(self, session_id: str) -> Client:
+        """The client of the group that owns ``session_id`` (the bootstrap one, unsharded)."""
+        table = self.table
+        if table is None:
+            return self._bootstrap
+        return self._client_of(table.owner(session_id))
+
+    def after_wrong_group(
+        self, session_id: str, error: SessionLogError, refused_by: Client
+    ) -> Client | None:
+        """Where to send a call again after ``refused_by`` answered WRONG_GROUP: the owner in
+        a newer map (read from the server that refused, which holds one), else the owner the
+        error names; None when neither names another group."""
+        with self._lock:
+            try:
+                newer = self._read(refused_by)
+            except SessionLogError:
+                newer = None
+            table, owner = after_wrong_group(self._table, newer, session_id, error.metadata)
+            self._table = table if table is not None else self._table
+            if owner is None:
+                return None
+            client = self._client_of(owner)
+            return None if client is refused_by else client
+
+    def _client_of(self, group: ShardGroup) -> Client:
+        key = (group.name, tuple(sorted(set(group.addresses))))
+        with self._lock:
+            client = self._clients.get(key)
+            if client is None:
+                client = self._clients[key] = self._make(list(group.addresses))
+            return client
+
+    def _read(self, client: Client) -> ShardTable | None:
+        if self._etcd:
+            value = _etcd.read_key(self._etcd, _etcd.SHARDS_KEY, self._timeout, "the shard map")
+            return None if value is None else ShardTable.from_json(value)
+        reply = client._call("GetShardMap", pb.GetShardMapRequest(), None, retry=True)
+        return ShardTable.from_reply(reply)
+
+    def close(self) -> None:
+        with self._lock:
+            clients = list(self._clients.values())
+        for client in clients:
+            client.close()
+
+
 class Client:
     """A blocking sessionlog client (thread-safe; share one per process).
 
@@ -275,6 +397,13 @@ class Client:
         wait_for_ready: gRPC's wait-for-ready instead: every call waits for a connection up to
             its deadline and UNAVAILABLE is retried from the first call on (for a worker that
             may start before its server).
+        shard_map: route by the cluster's shard map (sessions over several groups, see
+            ``sessionlog_client._shards``): ``"server"`` loads it with GetShardMap from
+            ``target``, ``"etcd://HOST:PORT[,...]"`` from etcd's ``/sessionlog/shards``; each
+            call that names a session then goes to its owner group's primary (one client per
+            group, with every option above), and a ``WRONG_GROUP`` refusal reloads the map (or
+            takes the owner the refusal names) and sends the call there once more. ListSessions
+            and the replication calls go to ``target``. None (default): no routing by slot.
 
     Every method raises the server's exception classes (``sessionlog_client.errors``, the same
     names and reasons as the server's ``sessionlog.errors``) with the ErrorInfo metadata in
@@ -306,6 +435,7 @@ class Client:
         options: Sequence[tuple[str, Any]] = (),
         connect_timeout: float = c.DEFAULT_CONNECT_TIMEOUT,
         wait_for_ready: bool = False,
+        shard_map: str | None = None,
     ) -> None:
         self._router = make_router(
             target,
@@ -333,6 +463,28 @@ class Client:
         )
         self._router.open()
         self._streams: weakref.WeakSet[EventStream] = weakref.WeakSet()
+        self._shards: _Shards | None = None
+        if shard_map is not None:
+
+            def group_client(addresses: list[str]) -> Client:
+                return Client(
+                    addresses,
+                    timeout=timeout,
+                    token=token,
+                    tls=tls,
+                    root_certificates=root_certificates,
+                    private_key=private_key,
+                    certificate_chain=certificate_chain,
+                    server_name=server_name,
+                    max_message_bytes=max_message_bytes,
+                    retry=retry,
+                    metadata=metadata,
+                    options=options,
+                    connect_timeout=connect_timeout,
+                    wait_for_ready=wait_for_ready,
+                )
+
+            self._shards = _Shards(self, shard_map, group_client, connect_timeout)
 
     def _open_member(self, address: str) -> tuple[grpc.Channel, dict[str, Any]]:
         conn = self.connection
@@ -378,10 +530,18 @@ class Client:
         goes with every write: a server at a lower epoch (a deposed primary) refuses it."""
         return self._router.epoch
 
+    @property
+    def shard_map(self) -> ShardTable | None:
+        """The shard map calls are routed by (``shard_map=...``; loaded at the first use), None
+        without routing or from an unsharded server."""
+        return None if self._shards is None else self._shards.table
+
     def close(self) -> None:
         """Close every open stream, then every channel."""
         for stream in list(self._streams):
             stream.close()
+        if self._shards is not None:
+            self._shards.close()
         for channel in self._router.channels():
             channel.close()
 
@@ -399,6 +559,27 @@ class Client:
     def _call(
         self, method: str, request: Any, timeout: float | None, *, retry: bool, stub: str = LOG
     ) -> Any:
+        """One RPC: to the session's owner group with ``shard_map``, else through the router."""
+        session = c.session_of(request) if self._shards is not None else ""
+        if self._shards is None or not session:
+            return self._send(method, request, timeout, retry=retry, stub=stub)
+        owner = self._shards.client_for(session)
+        if owner is self:
+            return self._send(method, request, timeout, retry=retry, stub=stub)
+        try:
+            return owner._call(method, request, timeout, retry=retry, stub=stub)
+        except SessionLogError as error:
+            if not is_wrong_group(error):
+                raise
+            # Refused before anything was done (ownership is checked first): safe to send again.
+            again = self._shards.after_wrong_group(session, error, owner)
+            if again is None:
+                raise
+            return again._call(method, request, timeout, retry=retry, stub=stub)
+
+    def _send(
+        self, method: str, request: Any, timeout: float | None, *, retry: bool, stub: str = LOG
+    ) -> Any:
         """One RPC through the router (see ``_routing``): hints, moves, epochs, retries."""
         retries = self.connection.retry
         backoff = retries.backoff()
@@ -412,7 +593,7 @@ class Client:
                     raise self._router.nobody()
                 time.sleep(delay)
                 continue
-            metadata = self.connection.call_metadata()
+            metadata = self.connection.call_metadata(c.session_of(request))
             try:
                 reply, call = getattr(member.stubs[stub], method).with_call(
                     request,
@@ -519,6 +700,17 @@ class Client:
         timeout: float | None,
         heartbeat: float | None = None,
     ) -> EventStream:
+        if self._shards is not None:
+            stream: EventStream = _ShardedStream(
+                self._shards,
+                session_id,
+                seq,
+                follow=follow,
+                timeout=timeout,
+                heartbeat=heartbeat,
+            )
+            self._streams.add(stream)
+            return stream
         stream = EventStream(
             self._router,
             self.connection,

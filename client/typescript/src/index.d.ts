@@ -164,7 +164,47 @@ export interface ClientOptions {
   cluster?: string;
   /** The group's name in etcd (with `cluster`). */
   group?: string;
+  /**
+   * Route by the shard map: "server" (GetShardMap from target) or "etcd://HOST:PORT[,...]"
+   * (etcd's /sessionlog/shards). Each call naming a session goes to its owner group's primary;
+   * WRONG_GROUP reloads the map and sends the call once more.
+   */
+  shardMap?: string;
 }
+
+/** One group of a shard map; ranges are inclusive [first, last] slot pairs. */
+export interface ShardGroup {
+  name: string;
+  members: string[];
+  ranges: Array<[number, number]>;
+  /** The current primary ("" when not known). */
+  primary: string;
+}
+
+/** A shard map as the client routes by it. */
+export class ShardTable {
+  constructor(epoch: number, groups: ShardGroup[]);
+  readonly epoch: number;
+  readonly groups: ShardGroup[];
+  owner(sessionId: string): ShardGroup;
+  withOwner(sessionId: string, group: ShardGroup, epoch: number): ShardTable;
+  static fromReply(reply: unknown): ShardTable | null;
+  static fromJson(text: string): ShardTable;
+}
+
+export const SLOTS: number;
+export const SHARDS_KEY: string;
+/** CRC-32 (IEEE) of bytes. */
+export function crc32(bytes: Uint8Array): number;
+/** crc32 of the id's UTF-8 bytes, modulo SLOTS. */
+export function slotOf(sessionId: string): number;
+/** After a WRONG_GROUP (its ErrorInfo metadata): the map to keep and the owner to go to. */
+export function afterWrongGroup(
+  before: ShardTable | null,
+  newer: ShardTable | null,
+  sessionId: string,
+  metadata: Record<string, string>,
+): { table: ShardTable | null; owner: ShardGroup | null };
 
 interface CallOptions {
   timeoutMs?: number;
@@ -280,6 +320,8 @@ export class SessionLogClient {
   readonly timeoutMs: number;
   close(): void;
   waitForReady(timeoutMs?: number): Promise<void>;
+  /** The shard map calls are routed by (option shardMap), loaded if not yet; null without. */
+  shardMap(): Promise<ShardTable | null>;
 
   append(sessionId: string, events: NewEvent[], options?: AppendOptions): Promise<AppendResult>;
   since(sessionId: string, options?: { seq?: number; timeoutMs?: number }): EventStream;
@@ -341,6 +383,10 @@ export const DEAD_AFTER_HEARTBEATS: number;
 export const DEFAULT_REPLICAS_RETRIES: number;
 /** "sessionlog-epoch": the metadata that carries epochs on writes (both ways). */
 export const EPOCH_KEY: string;
+/** "x-session-id": the metadata naming a call's session, sent on every call that names one. */
+export const SESSION_HEADER: string;
+/** The x-session-id value of an id: itself when plain ASCII, else percent-encoded UTF-8. */
+export function sessionHeader(sessionId: string): string;
 
 export function eventTypeName(type: string): string;
 /** "etcd://HOST:PORT[,HOST:PORT...]" -> ["HOST:PORT", ...]. */

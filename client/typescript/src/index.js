@@ -439,6 +439,25 @@ const LATER = "later";
 const RAISE = "raise";
 const PRIMARY_HINT = "primary";
 export const EPOCH_KEY = "sessionlog-epoch";
+
+/**
+ * "x-session-id": the metadata that names a call's session (a fork's source), sent on every call
+ * that names one, so a proxy can route it to the session's shard group without reading the body.
+ */
+export const SESSION_HEADER = "x-session-id";
+
+/**
+ * The x-session-id value of a session id: the id itself when it is plain ASCII (A-Za-z0-9_.-),
+ * else its UTF-8 bytes percent-encoded (gRPC metadata values are printable ASCII only).
+ */
+export function sessionHeader(sessionId) {
+  return encodeURIComponent(sessionId);
+}
+
+/** The session a request names: a fork's source, else its session_id ("" for none). */
+function sessionOf(request) {
+  return request.parent_session_id ?? request.session_id ?? "";
+}
 const ETCD_SCHEME = "etcd://";
 
 /** "etcd://HOST:PORT[,HOST:PORT...]" (the server's --cluster form) -> the endpoints. */
@@ -463,7 +482,13 @@ export function leaderKey(group) {
  * no leader now. Rejects with UNAVAILABLE naming every endpoint when none answers.
  */
 export async function readLeader(endpoints, group, { timeoutMs = DEFAULT_CONNECT_TIMEOUT_MS } = {}) {
-  const body = JSON.stringify({ key: Buffer.from(leaderKey(group)).toString("base64") });
+  const value = await readKey(endpoints, leaderKey(group), `the leader of group ${JSON.stringify(group)}`, timeoutMs);
+  return value?.trim() || null;
+}
+
+/** The value of an etcd key (UTF-8) from the first endpoint that answers; null when absent. */
+async function readKey(endpoints, key, what, timeoutMs) {
+  const body = JSON.stringify({ key: Buffer.from(key).toString("base64") });
   const failures = [];
   for (const endpoint of endpoints) {
     let answer;
@@ -482,9 +507,9 @@ export async function readLeader(endpoints, group, { timeoutMs = DEFAULT_CONNECT
     }
     const value = answer?.kvs?.[0]?.value;
     if (!value) return null;
-    return Buffer.from(value, "base64").toString("utf8").trim() || null;
+    return Buffer.from(value, "base64").toString("utf8");
   }
-  throw new SessionLogError(`cannot read the leader of group ${JSON.stringify(group)} from etcd: ${failures.join("; ")}`, {
+  throw new SessionLogError(`cannot read ${what} from etcd: ${failures.join("; ")}`, {
     code: grpc.status.UNAVAILABLE,
     reason: "UNAVAILABLE",
   });
@@ -513,6 +538,223 @@ function deadStream(silenceMs, cause) {
       "reconnected: the server or the link to it is down",
     { code: grpc.status.UNAVAILABLE, cause },
   );
+}
+
+// -- shard routing -----------------------------------------------------------------------------
+// Sessions spread over groups by slot: slot = crc32(UTF-8 id) % 1024 (the server's
+// sessionlog.shard.slots; zlib's CRC-32, IEEE). With the option shardMap ("server": GetShardMap
+// from the address given; "etcd://HOST:PORT[,...]": etcd's /sessionlog/shards, the JSON the
+// servers read) the client keeps one client per group (primary first: its own routing finds the
+// primary and follows failovers) and sends each call that names a session to the owner's. A
+// WRONG_GROUP refusal reloads the map from the server that refused (a newer epoch wins), else
+// takes the owner the refusal names (ErrorInfo group, primary, members, map_epoch), and sends the
+// call there once; a follow stream goes on there from its nextSeq.
+
+export const SLOTS = 1024;
+export const SHARDS_KEY = "/sessionlog/shards";
+const WRONG_GROUP = "WRONG_GROUP";
+
+const CRC_TABLE = (() => {
+  const table = new Uint32Array(256);
+  for (let n = 0; n < 256; n++) {
+    let c = n;
+    for (let k = 0; k < 8; k++) c = c & 1 ? 0xedb88320 ^ (c >>> 1) : c >>> 1;
+    table[n] = c >>> 0;
+  }
+  return table;
+})();
+
+/** CRC-32 (IEEE, as zlib, Go's ChecksumIEEE and HAProxy's crc32) of bytes. */
+export function crc32(bytes) {
+  let c = 0xffffffff;
+  for (const b of bytes) c = CRC_TABLE[(c ^ b) & 0xff] ^ (c >>> 8);
+  return (c ^ 0xffffffff) >>> 0;
+}
+
+/** The slot of a session id: crc32 of its UTF-8 bytes, modulo SLOTS. */
+export function slotOf(sessionId) {
+  return crc32(Buffer.from(sessionId, "utf8")) % SLOTS;
+}
+
+/** A group's addresses, its primary first. */
+function groupAddresses(group) {
+  return group.primary ? [group.primary, ...group.members.filter((m) => m !== group.primary)] : [...group.members];
+}
+
+/** A shard map as the client routes by it: groups { name, members, ranges: [[first, last]], primary }. */
+export class ShardTable {
+  constructor(epoch, groups) {
+    this.epoch = epoch;
+    this.groups = groups;
+    this._owners = new Int32Array(SLOTS).fill(-1);
+    groups.forEach((group, index) => {
+      if (!group.name || groups.findIndex((g) => g.name === group.name) !== index) {
+        throw new TypeError(`group name ${JSON.stringify(group.name)} is empty or repeated`);
+      }
+      for (const [first, last] of group.ranges) {
+        if (!(Number.isInteger(first) && Number.isInteger(last) && 0 <= first && first <= last && last < SLOTS)) {
+          throw new TypeError(`group ${group.name}: slots ${first}-${last} out of range`);
+        }
+        for (let slot = first; slot <= last; slot++) {
+          if (this._owners[slot] !== -1) throw new TypeError(`slot ${slot} is owned twice`);
+          this._owners[slot] = index;
+        }
+      }
+    });
+    const missing = this._owners.indexOf(-1);
+    if (missing !== -1) throw new TypeError(`slot ${missing} has no owner`);
+  }
+
+  /** The group that owns sessionId. */
+  owner(sessionId) {
+    return this.groups[this._owners[slotOf(sessionId)]];
+  }
+
+  /** This map with sessionId's slot given to group (a WRONG_GROUP's word for it), at epoch. */
+  withOwner(sessionId, group, epoch) {
+    const slot = slotOf(sessionId);
+    const groups = [];
+    let known = null;
+    for (const g of this.groups) {
+      if (g.name === group.name) {
+        known = g;
+        continue;
+      }
+      const ranges = [];
+      for (const [first, last] of g.ranges) {
+        if (first <= slot && slot <= last) {
+          if (first < slot) ranges.push([first, slot - 1]);
+          if (slot < last) ranges.push([slot + 1, last]);
+        } else ranges.push([first, last]);
+      }
+      groups.push({ ...g, ranges });
+    }
+    const ranges = [...(known?.ranges ?? []), [slot, slot]].sort((x, y) => x[0] - y[0]);
+    groups.push({ ...group, ranges });
+    return new ShardTable(Math.max(epoch, this.epoch), groups);
+  }
+
+  /** From a GetShardMap reply; null for an unsharded server (epoch 0). */
+  static fromReply(reply) {
+    const map = reply?.shard_map;
+    if (!map || !Number(map.epoch)) return null;
+    return new ShardTable(
+      Number(map.epoch),
+      (map.groups ?? []).map((g) => ({
+        name: g.name,
+        members: [...(g.members ?? [])],
+        ranges: (g.slot_ranges ?? []).map((r) => [Number(r.first ?? 0), Number(r.last ?? 0)]),
+        primary: g.primary ?? "",
+      })),
+    );
+  }
+
+  /** From etcd's JSON form: { epoch, groups: { NAME: { members, slots: ["0-511", ...] } } }. */
+  static fromJson(text) {
+    const data = JSON.parse(text);
+    if (!Number.isInteger(data?.epoch) || data.epoch < 1 || typeof data.groups !== "object") {
+      throw new TypeError("a shard map is an object with an epoch of at least 1 and groups");
+    }
+    return new ShardTable(
+      data.epoch,
+      Object.entries(data.groups).map(([name, body]) => ({
+        name,
+        members: [...(body?.members ?? [])],
+        ranges: (body?.slots ?? []).map((item) => {
+          const [first, last = first] = String(item).split("-").map(Number);
+          return [first, last];
+        }),
+        primary: body?.members?.[0] ?? "",
+      })),
+    );
+  }
+}
+
+/** The owner a WRONG_GROUP names and its map's epoch; null when it names no address. */
+function ownerFromError(metadata = {}) {
+  const name = metadata.group ?? "";
+  const members = String(metadata.members ?? "").split(",").filter(Boolean);
+  const primary = metadata.primary ?? "";
+  if (!name || !(members.length || primary)) return null;
+  return { group: { name, members, ranges: [], primary }, epoch: whole(metadata.map_epoch) };
+}
+
+/** After a WRONG_GROUP: the map to keep and the owner to go to (null: none named). */
+export function afterWrongGroup(before, newer, sessionId, metadata) {
+  let table = newer && (!before || newer.epoch > before.epoch) ? newer : before;
+  const named = ownerFromError(metadata);
+  if (named) {
+    if (!table) return { table: null, owner: named.group };
+    if (table.owner(sessionId).name !== named.group.name) table = table.withOwner(sessionId, named.group, named.epoch);
+  }
+  return { table, owner: table ? table.owner(sessionId) : null };
+}
+
+class Shards {
+  constructor(bootstrap, source, make) {
+    this._bootstrap = bootstrap;
+    this._etcd = source === "server" ? [] : parseCluster(source);
+    this._make = make;
+    this.table = null;
+    this._loading = null;
+    this._clients = new Map();
+  }
+
+  async load() {
+    this._loading ??= this._read(this._bootstrap).then((table) => {
+      this.table = table;
+      return table;
+    });
+    try {
+      await this._loading;
+      return this.table;
+    } catch (error) {
+      this._loading = null; // try again at the next call
+      throw error;
+    }
+  }
+
+  async clientFor(sessionId) {
+    await this.load();
+    return this.table ? this._clientOf(this.table.owner(sessionId)) : this._bootstrap;
+  }
+
+  async afterWrongGroup(sessionId, error, refusedBy) {
+    let newer = null;
+    try {
+      newer = await this._read(refusedBy);
+    } catch {
+      newer = null;
+    }
+    const { table, owner } = afterWrongGroup(this.table, newer, sessionId, error.metadata);
+    if (table) this.table = table;
+    if (!owner) return null;
+    const client = this._clientOf(owner);
+    return client === refusedBy ? null : client;
+  }
+
+  _clientOf(group) {
+    const addresses = groupAddresses(group);
+    const key = `${group.name}\n${[...new Set(addresses)].sort().join(",")}`;
+    let client = this._clients.get(key);
+    if (!client) {
+      client = this._make(addresses);
+      this._clients.set(key, client);
+    }
+    return client;
+  }
+
+  async _read(client) {
+    if (this._etcd.length) {
+      const value = await readKey(this._etcd, SHARDS_KEY, "the shard map", client.connectTimeoutMs);
+      return value === null ? null : ShardTable.fromJson(value);
+    }
+    return ShardTable.fromReply(await client._call("GetShardMap", {}, { retry: true }));
+  }
+
+  close() {
+    for (const client of this._clients.values()) client.close();
+  }
 }
 
 // -- the client -------------------------------------------------------------------------------
@@ -610,7 +852,7 @@ export class EventStream {
       if (client.waitForReadyCalls) options.waitForReady = true;
       const request = { session_id: this.sessionId, seq: this.nextSeq, follow: this._follow };
       if (this._heartbeatMs) request.heartbeat_interval = duration(this._heartbeatMs);
-      const call = member.stub.Since(request, client._metadata(), options);
+      const call = member.stub.Since(request, client._metadata(false, this.sessionId), options);
       this._call = call;
       const silenceMs = this._heartbeatMs * DEAD_AFTER_HEARTBEATS;
       let dead = false;
@@ -677,6 +919,31 @@ export class EventStream {
   }
 }
 
+/** An EventStream over the owner group's client, moving on after WRONG_GROUP (see shard routing). */
+class ShardedStream extends EventStream {
+  constructor(shards, sessionId, seq, follow, timeoutMs, heartbeatMs = 0) {
+    super(null, sessionId, seq, follow, timeoutMs, heartbeatMs);
+    this._shards = shards;
+  }
+
+  async *_run() {
+    this._client = await this._shards.clientFor(this.sessionId);
+    let reroutedAt = null;
+    for (;;) {
+      try {
+        yield* super._run();
+        return;
+      } catch (error) {
+        if (error?.reason !== WRONG_GROUP || reroutedAt === this.nextSeq) throw error;
+        const owner = await this._shards.afterWrongGroup(this.sessionId, error, this._client);
+        if (!owner) throw error;
+        reroutedAt = this.nextSeq;
+        this._client = owner;
+      }
+    }
+  }
+}
+
 /**
  * A sessionlog client. Every method returns plain objects; failures reject with SessionLogError
  * (reason and metadata from the server's ErrorInfo). target: one address (a string, any gRPC
@@ -700,6 +967,7 @@ export class SessionLogClient {
       waitForReady = false,
       cluster,
       group,
+      shardMap,
     } = options;
     if ((cluster === undefined) !== (group === undefined)) {
       throw new TypeError("give cluster and group together (etcd://HOST:PORT and the group name)");
@@ -753,6 +1021,14 @@ export class SessionLogClient {
     this.target = this._etcd.length
       ? `group ${JSON.stringify(this._group)} in etcd at ${this._etcd.join(",")}${names ? ` (${names})` : ""}`
       : names;
+    const groupOptions = { ...options, shardMap: undefined, cluster: undefined, group: undefined };
+    this._shards =
+      shardMap === undefined ? null : new Shards(this, shardMap, (members) => new SessionLogClient(members, groupOptions));
+  }
+
+  /** The shard map calls are routed by (option shardMap), loaded if not yet; null without one. */
+  async shardMap() {
+    return this._shards ? await this._shards.load() : null;
   }
 
   /** Every address this client knows, given or learnt from hints and etcd. */
@@ -774,6 +1050,7 @@ export class SessionLogClient {
   close() {
     for (const stream of this._streams) stream.close();
     this._streams.clear();
+    this._shards?.close();
     for (const member of this._members) member.stub.close();
   }
 
@@ -917,9 +1194,10 @@ export class SessionLogClient {
     );
   }
 
-  _metadata(write = false) {
+  _metadata(write = false, sessionId = "") {
     const metadata = new grpc.Metadata();
     if (this._token) metadata.add("authorization", `Bearer ${this._token}`);
+    if (sessionId) metadata.add(SESSION_HEADER, sessionHeader(sessionId));
     if (write && this.epoch) metadata.add(EPOCH_KEY, String(this.epoch));
     return metadata;
   }
@@ -930,7 +1208,7 @@ export class SessionLogClient {
     if (this.waitForReadyCalls) options.waitForReady = true;
     return new Promise((done, fail) => {
       let reply;
-      const call = member.stub[method](request, this._metadata(write), options, (error, value) => {
+      const call = member.stub[method](request, this._metadata(write, sessionOf(request)), options, (error, value) => {
         if (error) fail(error);
         else reply = value;
       });
@@ -940,7 +1218,24 @@ export class SessionLogClient {
     });
   }
 
-  async _call(method, request, { timeoutMs, retry = false, write = false } = {}) {
+  /** One RPC: to the session's owner group with shardMap, else through this client's routing. */
+  async _call(method, request, options = {}) {
+    const session = this._shards ? sessionOf(request) : "";
+    if (!session) return this._send(method, request, options);
+    const owner = await this._shards.clientFor(session);
+    if (owner === this) return this._send(method, request, options);
+    try {
+      return await owner._call(method, request, options);
+    } catch (error) {
+      if (error?.reason !== WRONG_GROUP) throw error;
+      // Refused before anything was done (ownership is checked first): safe to send again.
+      const again = await this._shards.afterWrongGroup(session, error, owner);
+      if (!again) throw error;
+      return again._call(method, request, options);
+    }
+  }
+
+  async _send(method, request, { timeoutMs, retry = false, write = false } = {}) {
     const backoff = new Backoff(this.retry);
     let hops = 0;
     let waits = 0;
@@ -1006,7 +1301,7 @@ export class SessionLogClient {
 
   /** The stored events from seq on, then done. `for await (const e of client.since(id))`. */
   since(sessionId, { seq = 0, timeoutMs } = {}) {
-    return this._open(new EventStream(this, sessionId, seq, false, timeoutMs));
+    return this._open(this._stream(sessionId, seq, false, timeoutMs));
   }
 
   /**
@@ -1015,7 +1310,13 @@ export class SessionLogClient {
    * mean a dead stream, resumed from nextSeq. heartbeatMs 0: the server's interval, no deadline.
    */
   follow(sessionId, { seq = 0, heartbeatMs = DEFAULT_FOLLOW_HEARTBEAT_MS } = {}) {
-    return this._open(new EventStream(this, sessionId, seq, true, undefined, heartbeatMs));
+    return this._open(this._stream(sessionId, seq, true, undefined, heartbeatMs));
+  }
+
+  _stream(sessionId, seq, follow, timeoutMs, heartbeatMs = 0) {
+    return this._shards
+      ? new ShardedStream(this._shards, sessionId, seq, follow, timeoutMs, heartbeatMs)
+      : new EventStream(this, sessionId, seq, follow, timeoutMs, heartbeatMs);
   }
 
   _open(stream) {

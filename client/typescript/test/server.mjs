@@ -52,6 +52,7 @@ export async function startServer({ port, root, args = [], clientOptions = {} } 
         await probe.getSession("ready-probe");
         break;
       } catch (error) {
+        if (error?.reason === "WRONG_GROUP") break; // a sharded server that does not own the probe: it answers
         if (Date.now() > deadline) throw error;
         await new Promise((done) => setTimeout(done, 50));
       }

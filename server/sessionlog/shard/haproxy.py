@@ -7,8 +7,9 @@ From a shard map it writes two files into one folder:
     slots.map     one line per slot: ``SLOT GROUP`` (HAProxy's map_int file)
 
 The frontend computes a call's slot exactly as ``shard.slots.slot_of`` does, from the
-``x-session-id`` header the clients send: ``req.hdr(x-session-id),crc32,mod(1024)`` (HAProxy's
-crc32 converter is zlib's CRC-32), looks the group up in slots.map, then picks that group's read
+``x-session-id`` header the clients send: ``req.hdr(x-session-id),url_dec,crc32,mod(1024)``
+(the clients percent-encode an id that is not plain ASCII; HAProxy's crc32 converter is zlib's
+CRC-32), looks the group up in slots.map, then picks that group's read
 backend for the read-only RPCs (READ_METHODS: any member that serves, health-checked with
 ``GET /healthz``) and its write backend for every other call (the one member that takes writes,
 checked with ``GET /primary``). A call without the header (ListSessions, the admin and health
@@ -137,7 +138,7 @@ def render_config(
         f"    bind {bind} proto h2",
         f"    acl has_session req.hdr({SESSION_HEADER}) -m found",
         f"    acl read_call path {reads}",
-        f"    http-request set-var(txn.group) req.hdr({SESSION_HEADER}),crc32,mod({SLOTS}),"
+        f"    http-request set-var(txn.group) req.hdr({SESSION_HEADER}),url_dec,crc32,mod({SLOTS}),"
         f"map_int({MAP_FILE}) if has_session",
         f"    http-request set-var(txn.group) str({first}) unless {{ var(txn.group) -m found }}",
         "    use_backend %[var(txn.group)]-read if read_call",

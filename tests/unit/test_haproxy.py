@@ -65,7 +65,7 @@ def test_the_config_routes_by_slot_reads_and_writes_apart() -> None:
     shard_map = ShardMap.load(str(EXAMPLE))
     config = haproxy.render_config(shard_map, "0.0.0.0:443", timeout=45, check=0.25)
     assert "    bind 0.0.0.0:443 proto h2\n" in config
-    assert "req.hdr(x-session-id),crc32,mod(1024),map_int(slots.map)" in config
+    assert "req.hdr(x-session-id),url_dec,crc32,mod(1024),map_int(slots.map)" in config
     assert "str(g1) unless" in config  # no header: the first group
     for line in ("timeout client 45s", "timeout server 45s", "timeout tunnel 45s"):
         assert f"    {line}\n" in config

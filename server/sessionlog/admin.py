@@ -365,6 +365,16 @@ def _remote_usage(args: argparse.Namespace) -> dict[str, Any]:
         "readers": reply.readers,
         "history_id": reply.history_id,
         "history_start": reply.history_start,
+        # a sharded server (--shard-map) says what it owns; a local read cannot know
+        **(
+            {
+                "map_epoch": reply.map_epoch,
+                "shard_group": reply.shard_group,
+                "owned_slots": reply.owned_slots,
+            }
+            if reply.map_epoch
+            else {}
+        ),
     }
 
 

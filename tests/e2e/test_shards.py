@@ -3,6 +3,7 @@ refuses another group's with WRONG_GROUP naming the owner."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,6 +16,8 @@ from sessionlog.shard import ShardMap, slot_of
 from sessionlog.testing import RunningServer, error_info
 from sessionlog.v1 import session_log_service_pb2 as pb
 from sessionlog.v1 import session_log_service_pb2_grpc as pb_grpc
+from sessionlog_client import errors as client_errors
+from sessionlog_client._status import to_error
 from tests.e2e import _web
 from tests.e2e._helpers import append, check, failure, get, log, stats, user
 from tests.e2e._proc import ServerProcess, free_port, run_cli
@@ -179,9 +182,13 @@ def test_get_shard_map_describes_the_map_and_the_answering_group(groups: Groups)
 
 
 def test_get_stats_reports_the_map_epoch_group_and_owned_slots(groups: Groups) -> None:
-    """AdminService.GetStats: map_epoch, shard_group and owned_slots."""
+    """GetStats and `admin stats --server`: map_epoch, shard_group and owned_slots."""
     reply = stats(groups.channel1)
     assert (reply.map_epoch, reply.shard_group, reply.owned_slots) == (7, "g1", 512)
+    done = run_cli(["admin", "stats", "--server", groups.g2, "--json"], groups.map_path.parent)
+    assert done.returncode == 0, done.stderr
+    shown = json.loads(done.stdout)
+    assert (shown["map_epoch"], shown["shard_group"], shown["owned_slots"]) == (7, "g2", 512)
 
 
 def test_list_sessions_lists_the_groups_own(groups: Groups) -> None:
@@ -247,3 +254,14 @@ def test_an_unsharded_server_owns_everything(server: RunningServer) -> None:
         reply_stats = stats(channel)
         assert (reply_stats.map_epoch, reply_stats.shard_group) == (0, "")
         assert reply_stats.owned_slots == 1024
+
+
+def test_the_python_client_raises_wrong_group_with_the_owner(groups: Groups) -> None:
+    """The Python client turns the refusal back into errors.WrongGroup, owner attached."""
+    foreign = groups.session_of("g2", 7)
+    raw = failure(groups.stub1.GetSession, pb.GetSessionRequest(session_id=foreign), timeout=5)
+    error = to_error(raw)
+    assert isinstance(error, client_errors.WrongGroup)
+    assert isinstance(error, client_errors.FailedPrecondition)
+    assert (error.group, error.primary, error.members) == ("g2", groups.g2, [groups.g2])
+    assert (error.slot, error.map_epoch) == (slot_of(foreign), 7)

@@ -16,6 +16,7 @@
 //	*NotPrimaryError             NOT_PRIMARY: Primary (where writes go, "" if unknown), Epoch
 //	*LeadershipLostError         LEADERSHIP_LOST: Committed (the write may be stored)
 //	*ReplicasUnavailableError    REPLICAS_UNAVAILABLE: Needed, Counted, Position
+//	*WrongGroupError             WRONG_GROUP: Group, Primary, Members, Slot, MapEpoch
 //
 // Each typed error unwraps to its *ServerError, which unwraps to the gRPC error; all of them
 // answer status.FromError (GRPCStatus) with the original status.
@@ -39,6 +40,15 @@ const (
 	ReasonNotPrimary          = "NOT_PRIMARY"
 	ReasonLeadershipLost      = "LEADERSHIP_LOST"
 	ReasonReplicasUnavailable = "REPLICAS_UNAVAILABLE"
+	ReasonWrongGroup          = "WRONG_GROUP"
+)
+
+// Reasons of sharded servers (--shard-map) that have no type of their own.
+const (
+	// ReasonCrossGroupFork (FAILED_PRECONDITION): a fork's new session lies in another group.
+	ReasonCrossGroupFork = "CROSS_GROUP_FORK"
+	// ReasonShardMapUnavailable (UNAVAILABLE): the server has read no shard map yet; retry.
+	ReasonShardMapUnavailable = "SHARD_MAP_UNAVAILABLE"
 )
 
 // ServerError is a refusal by a sessionlog server: its status code, the stable reason from the
@@ -105,8 +115,27 @@ type ReplicasUnavailableError struct {
 // Unwrap gives the *ServerError.
 func (e *ReplicasUnavailableError) Unwrap() error { return e.ServerError }
 
+// WrongGroupError (FAILED_PRECONDITION / WRONG_GROUP, a server with --shard-map): another group
+// owns the session's slot; nothing was done. Send the call to Primary (a read: any of Members).
+type WrongGroupError struct {
+	*ServerError
+	// Group is the group that owns the session.
+	Group string
+	// Primary is the owner group's primary ("" when the server does not know it).
+	Primary string
+	// Members are the owner group's members.
+	Members []string
+	// Slot is the session's slot (crc32 of its UTF-8 id, mod 1024).
+	Slot int
+	// MapEpoch is the epoch of the shard map the refusing server holds.
+	MapEpoch uint64
+}
+
+// Unwrap gives the *ServerError.
+func (e *WrongGroupError) Unwrap() error { return e.ServerError }
+
 // From returns err as the sessionlog error it carries: a *NotPrimaryError,
-// *LeadershipLostError or *ReplicasUnavailableError for those reasons, a *ServerError for any
+// *LeadershipLostError, *ReplicasUnavailableError or *WrongGroupError for those reasons, a *ServerError for any
 // other sessionlog reason, and err itself when it carries none (nil, a transport failure, a
 // deadline).
 func From(err error) error {
@@ -143,6 +172,19 @@ func From(err error) error {
 			Needed:      int(whole(base.Metadata["needed"])),
 			Counted:     int(whole(base.Metadata["counted"])),
 			Position:    whole(base.Metadata["position"]),
+		}
+	case ReasonWrongGroup:
+		var members []string
+		if text := base.Metadata["members"]; text != "" {
+			members = strings.Split(text, ",")
+		}
+		return &WrongGroupError{
+			ServerError: base,
+			Group:       base.Metadata["group"],
+			Primary:     base.Metadata["primary"],
+			Members:     members,
+			Slot:        int(whole(base.Metadata["slot"])),
+			MapEpoch:    whole(base.Metadata["map_epoch"]),
 		}
 	}
 	return base

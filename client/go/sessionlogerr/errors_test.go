@@ -74,3 +74,18 @@ func TestOtherErrorsPassThroughOrStayGeneric(t *testing.T) {
 		t.Fatalf("want a *ServerError SEQ_CONFLICT with next_seq 4, got %#v", From(raw))
 	}
 }
+
+func TestWrongGroupNamesTheOwner(t *testing.T) {
+	raw := refusal(t, codes.FailedPrecondition, ReasonWrongGroup, map[string]string{
+		"session_id": "s1", "slot": "1000", "group": "g2", "primary": "10.0.1.1:50051",
+		"members": "10.0.1.1:50051,10.0.1.2:50051", "map_epoch": "4",
+	})
+	var wrong *WrongGroupError
+	if !errors.As(From(raw), &wrong) {
+		t.Fatalf("want *WrongGroupError, got %T", From(raw))
+	}
+	if wrong.Group != "g2" || wrong.Primary != "10.0.1.1:50051" || len(wrong.Members) != 2 ||
+		wrong.Slot != 1000 || wrong.MapEpoch != 4 {
+		t.Fatalf("want the owner g2 and its members, got %+v", wrong)
+	}
+}

@@ -253,6 +253,23 @@ export class LeadershipLostError extends SessionLogError {
 }
 
 /**
+ * WRONG_GROUP (a server with --shard-map): another group owns the session; nothing was done.
+ * Send the call to `primary` (or any of `members` for a read).
+ */
+export class WrongGroupError extends SessionLogError {
+  /** The group that owns the session. */
+  readonly group: string;
+  /** The owner group's primary ("" when the server does not know it). */
+  readonly primary: string;
+  /** The owner group's members. */
+  readonly members: string[];
+  /** The session's slot (crc32 of its UTF-8 id, mod 1024). */
+  readonly slot: number;
+  /** The epoch of the shard map the refusing server holds. */
+  readonly mapEpoch: number;
+}
+
+/**
  * REPLICAS_UNAVAILABLE (--ack replica): committed locally: retry with the same request id is
  * safe. Fewer than `needed` replicas reported the write within --sync-timeout.
  */

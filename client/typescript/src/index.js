@@ -152,8 +152,26 @@ export class ReplicasUnavailableError extends SessionLogError {
   }
 }
 
+/**
+ * WRONG_GROUP (FAILED_PRECONDITION, a server with --shard-map): another group owns the session's
+ * slot; nothing was done. `group` is the owner, `primary` its primary ("" when unknown),
+ * `members` its members, `slot` the session's slot, `mapEpoch` the epoch of the server's map.
+ */
+export class WrongGroupError extends SessionLogError {
+  constructor(message, options = {}) {
+    super(message, { ...options, reason: "WRONG_GROUP" });
+    this.name = "WrongGroupError";
+    this.group = this.metadata.group ?? "";
+    this.primary = this.metadata.primary ?? "";
+    this.members = this.metadata.members ? this.metadata.members.split(",") : [];
+    this.slot = whole(this.metadata.slot);
+    this.mapEpoch = whole(this.metadata.map_epoch);
+  }
+}
+
 const ERROR_CLASSES = {
   NOT_PRIMARY: NotPrimaryError,
+  WRONG_GROUP: WrongGroupError,
   LEADERSHIP_LOST: LeadershipLostError,
   REPLICAS_UNAVAILABLE: ReplicasUnavailableError,
 };

@@ -68,7 +68,17 @@ class EtcdShardMap:
             await asyncio.sleep(self.poll_seconds)
 
     async def poll(self) -> None:
-        """One read of the map and the leaders; problems are logged, never raised."""
+        """One read of the map and the leaders (a second one when the map just installed names
+        other groups, so that their leaders are known at once); problems are logged, never
+        raised."""
+        names = await self._read()
+        held = self.ownership.map
+        if held is not None and names is not None and names != [g.name for g in held.groups]:
+            await self._read()
+
+    async def _read(self) -> list[str] | None:
+        """One transaction: the map, and the leaders of the groups of the map held before it;
+        the groups whose leaders it read (None when etcd did not answer)."""
         held = self.ownership.map
         names = [g.name for g in held.groups] if held is not None else []
         body = {
@@ -82,7 +92,7 @@ class EtcdShardMap:
             _, _, reply = await self._etcd.call(lambda e: e.txn(body))
         except (etcd.EtcdUnavailable, etcd.EtcdError) as exc:
             self._say(f"cannot read the shard map from etcd: {exc}")
-            return
+            return None
         found = etcd.txn_ranges(reply)
         self._leaders = {
             name: kv.value.decode(errors="replace")
@@ -90,6 +100,7 @@ class EtcdShardMap:
             if kv is not None
         }
         self._take(found[0] if found else None)
+        return names
 
     def _take(self, kv: etcd.KeyValue | None) -> None:
         if kv is None:

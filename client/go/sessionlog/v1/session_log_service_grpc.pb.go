@@ -50,6 +50,12 @@ type SessionLogServiceClient interface {
 	// ReleaseLease gives the lease up. Only its holder may release it, unless force is set (an
 	// operator's forced release, which is recorded).
 	ReleaseLease(ctx context.Context, in *ReleaseLeaseRequest, opts ...grpc.CallOption) (*ReleaseLeaseResponse, error)
+	// GetShardMap returns the shard map this server holds: which group owns which slots (a
+	// session's slot is crc32(UTF-8 session id) % 1024) and each group's members and primary.
+	// A server started without a shard map answers epoch 0 and no groups: it owns every session.
+	// A call naming a session of another group fails FAILED_PRECONDITION / WRONG_GROUP, with the
+	// owner in the error's metadata (session_id, slot, group, primary, members, map_epoch).
+	GetShardMap(ctx context.Context, in *GetShardMapRequest, opts ...grpc.CallOption) (*GetShardMapResponse, error)
 }
 
 type sessionLogServiceClient struct {
@@ -191,6 +197,15 @@ func (c *sessionLogServiceClient) ReleaseLease(ctx context.Context, in *ReleaseL
 	return out, nil
 }
 
+func (c *sessionLogServiceClient) GetShardMap(ctx context.Context, in *GetShardMapRequest, opts ...grpc.CallOption) (*GetShardMapResponse, error) {
+	out := new(GetShardMapResponse)
+	err := c.cc.Invoke(ctx, "/sessionlog.v1.SessionLogService/GetShardMap", in, out, opts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // SessionLogServiceServer is the server API for SessionLogService service.
 // All implementations must embed UnimplementedSessionLogServiceServer
 // for forward compatibility
@@ -228,6 +243,12 @@ type SessionLogServiceServer interface {
 	// ReleaseLease gives the lease up. Only its holder may release it, unless force is set (an
 	// operator's forced release, which is recorded).
 	ReleaseLease(context.Context, *ReleaseLeaseRequest) (*ReleaseLeaseResponse, error)
+	// GetShardMap returns the shard map this server holds: which group owns which slots (a
+	// session's slot is crc32(UTF-8 session id) % 1024) and each group's members and primary.
+	// A server started without a shard map answers epoch 0 and no groups: it owns every session.
+	// A call naming a session of another group fails FAILED_PRECONDITION / WRONG_GROUP, with the
+	// owner in the error's metadata (session_id, slot, group, primary, members, map_epoch).
+	GetShardMap(context.Context, *GetShardMapRequest) (*GetShardMapResponse, error)
 	mustEmbedUnimplementedSessionLogServiceServer()
 }
 
@@ -270,6 +291,9 @@ func (UnimplementedSessionLogServiceServer) RenewLease(context.Context, *RenewLe
 }
 func (UnimplementedSessionLogServiceServer) ReleaseLease(context.Context, *ReleaseLeaseRequest) (*ReleaseLeaseResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method ReleaseLease not implemented")
+}
+func (UnimplementedSessionLogServiceServer) GetShardMap(context.Context, *GetShardMapRequest) (*GetShardMapResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method GetShardMap not implemented")
 }
 func (UnimplementedSessionLogServiceServer) mustEmbedUnimplementedSessionLogServiceServer() {}
 
@@ -503,6 +527,24 @@ func _SessionLogService_ReleaseLease_Handler(srv interface{}, ctx context.Contex
 	return interceptor(ctx, in, info, handler)
 }
 
+func _SessionLogService_GetShardMap_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(GetShardMapRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(SessionLogServiceServer).GetShardMap(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: "/sessionlog.v1.SessionLogService/GetShardMap",
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(SessionLogServiceServer).GetShardMap(ctx, req.(*GetShardMapRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 var _SessionLogService_serviceDesc = grpc.ServiceDesc{
 	ServiceName: "sessionlog.v1.SessionLogService",
 	HandlerType: (*SessionLogServiceServer)(nil),
@@ -550,6 +592,10 @@ var _SessionLogService_serviceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ReleaseLease",
 			Handler:    _SessionLogService_ReleaseLease_Handler,
+		},
+		{
+			MethodName: "GetShardMap",
+			Handler:    _SessionLogService_GetShardMap_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

@@ -242,6 +242,7 @@ class _ShardedStream(EventStream):
     def __init__(
         self,
         shards: _Shards,
+        bootstrap: Client,
         session_id: str,
         seq: int,
         *,
@@ -250,10 +251,10 @@ class _ShardedStream(EventStream):
         heartbeat: float | None,
     ) -> None:
         self._shards = shards
-        self._group_client = shards.client_for(session_id)
+        self._group_client = bootstrap
         super().__init__(
-            self._group_client._router,
-            self._group_client.connection,
+            bootstrap._router,
+            bootstrap.connection,
             session_id,
             seq,
             follow=follow,
@@ -261,7 +262,13 @@ class _ShardedStream(EventStream):
             heartbeat=heartbeat,
         )
 
+    def _use(self, client: Client) -> None:
+        self._group_client = client
+        self._router = client._router
+        self._connection = client.connection
+
     def _run(self) -> Generator[Event, None, None]:
+        self._use(self._shards.client_for(self.session_id))  # the map loads at the first next()
         rerouted_at: int | None = None
         while True:
             try:
@@ -274,9 +281,7 @@ class _ShardedStream(EventStream):
                 if owner is None:
                     raise
                 rerouted_at = self.next_seq
-                self._group_client = owner
-                self._router = owner._router
-                self._connection = owner.connection
+                self._use(owner)
 
 
 class _Shards:
@@ -703,6 +708,7 @@ class Client:
         if self._shards is not None:
             stream: EventStream = _ShardedStream(
                 self._shards,
+                self,
                 session_id,
                 seq,
                 follow=follow,

@@ -33,6 +33,7 @@ from bench import (
     peer,
     procs,
     sessions,
+    shards,
     tail,
     workers,
 )
@@ -57,6 +58,7 @@ GROUPS = (
     "workers",
     "checksums",
     "ack",
+    "shards",
 )
 """Case groups ``--only`` can pick: append = cases 1-3 (with h2load's rows when it is installed),
 since = 4, tail = 5, derive = 6, sessions = 7, redis = the peer's rows (its XADD rows need the
@@ -65,7 +67,9 @@ driven by h2load (it runs its own sessionlog rows, reusing case 2's h2load row w
 group ran), workers = cases 1-3 (h2load) and 5 at ``--workers 1`` and ``--workers N`` with etcd
 beside N (reusing the rows the other groups measured), checksums = 8 (the store's append path
 with and without change-record checksums, in this process), ack = 9 (cases 2 and 3 on a primary
-with one replica, --ack local beside --ack replica)."""
+with one replica, --ack local beside --ack replica), shards = 10 (16 clients through h2load
+directly to one static group's primary, through HAProxy to it, and through HAProxy to two
+groups, with HAProxy's CPU per call)."""
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -232,6 +236,13 @@ def run_all(settings: Settings, work: Path, groups: list[str]) -> Results:
             measured(row.sessionlog.name, row.sessionlog)
             measured(row.ceiling.name, row.ceiling)
             results.rows.append(row)
+    if "shards" in groups:
+        shards_missing = shards.unavailable()
+        if shards_missing:
+            results.notes.append(f"case 10 (shards) skipped: {shards_missing}.")
+        else:
+            progress(f"case 10 shards: {shards.version() or 'haproxy'} in front of static groups")
+            results.shards.extend(shards.run_group(settings, work, progress))
     return results
 
 

@@ -209,6 +209,7 @@ def _run_all(load: UnaryLoad, work: Path, phase: str, log: bool) -> tuple[list[_
             argv = [
                 path, "-c1", "-m1", "-D", duration, "-d", str(body),
                 "-H", "content-type: application/grpc", "-H", "te: trailers",
+                *(["-H", load.headers[index]] if load.headers else []),
                 *(["--log-file", str(log_path)] if log else []),
                 url,
             ]  # fmt: skip

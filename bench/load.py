@@ -53,6 +53,9 @@ class UnaryLoad:
     processes: int
     blocking: bool = False
     """One client on grpc's blocking API in one process (the sequential case)."""
+    headers: tuple[str, ...] = ()
+    """h2load only: one extra request header per client (``NAME: VALUE``; client i sends
+    headers[i]), such as the ``x-session-id`` HAProxy routes by; empty: none."""
 
     @classmethod
     def for_run(

@@ -106,11 +106,18 @@ class Results:
     """sessionlog beside etcd, both driven by h2load (kind "etcd"), in a table of their own."""
     workers: list[WorkersRow] = field(default_factory=list)
     """Each write and tail case at ``--workers 1`` and ``--workers N``, etcd beside N."""
+    shards: list[Row] = field(default_factory=list)
+    """Case 10: through HAProxy beside direct (kind "direct"), two groups beside one (kind
+    "haproxy 1 group"), in a table of their own."""
 
     def measurements(self) -> list[Measurement]:
         """Every measurement of the run (a sessionlog figure appears once per row it is in)."""
         return [
-            *(m for row in (*self.rows, *self.etcd) for m in (row.sessionlog, row.ceiling)),
+            *(
+                m
+                for row in (*self.rows, *self.etcd, *self.shards)
+                for m in (row.sessionlog, row.ceiling)
+            ),
             *(m for row in self.workers for m in row.measurements()),
             *self.tails,
             *self.derives,
@@ -254,6 +261,81 @@ def etcd_table(rows: list[Row]) -> str:
         lines.append(line(row.sessionlog, row.sessionlog.name, "", ""))
         lines.append(line(row.ceiling, "  " + row.ceiling.name, ratio, limit_note(row)))
     return "\n".join(lines)
+
+
+def _shard_runs(rows: list[Row]) -> list[tuple[Measurement, str]]:
+    """Case 10's runs in order (direct, 1 group via HAProxy, 2 groups via HAProxy), each with
+    its ratio to the run before it ("" for the first)."""
+    runs: list[tuple[Measurement, str]] = []
+    for row in rows:
+        if not runs:
+            runs.append((row.ceiling, ""))
+        runs.append((row.sessionlog, "-" if row.ratio is None else f"{row.ratio:.2f}"))
+    return runs
+
+
+def shards_table(rows: list[Row]) -> str:
+    """Case 10: direct, via HAProxy to one group (ratio to direct), to two (ratio to one)."""
+    header = (
+        f"{'case 10 (h2load, 16 clients, 1 ev/call)':<44}  {'ev/s':>8}  {'p50/p99 ms':>11}  "
+        f"{'cpu cli/srv/oth':>15}  {'srv us/call':>11}  {'haproxy cores':>13}  "
+        f"{'haproxy ms/1k':>13}  {'ratio':>5}  limit"
+    )
+    lines = [header, "-" * len(header)]
+    for measurement, ratio in _shard_runs(rows):
+        details = measurement.details
+        via = "direct to the primary" if details.get("via") == "direct" else "via haproxy"
+        groups = details.get("groups", 1)
+        name = f"{via}, {groups} group{'s' if groups != 1 else ''}"
+        flag = " !" if measurement.errors else ""
+        cores = details.get("haproxy_cores")
+        per_call = details.get("haproxy_us_per_call")
+        lines.append(
+            (
+                f"{name + flag:<44}  {_rate(measurement):>8}  {_latency(measurement):>11}  "
+                f"{_cores(measurement):>15}  {_ms(cpu_per_call_us(measurement)):>11}  "
+                f"{'-' if cores is None else f'{cores:.2f}':>13}  "
+                f"{'-' if per_call is None else f'{per_call:.0f}':>13}  {ratio:>5}  "
+                f"{limit_note(Row('', measurement, measurement))}"
+            ).rstrip()
+        )
+    return "\n".join(lines)
+
+
+def shards_paper(rows: list[Row]) -> list[str]:
+    """Case 10 on paper: how far N groups on N machines scale before HAProxy is the limit,
+    from the figures this run measured."""
+    runs = [measurement for measurement, _ in _shard_runs(rows)]
+    proxied = [m for m in runs if m.details.get("haproxy_us_per_call")]
+    if not runs or not proxied:
+        return []
+    direct = runs[0]
+    proxy_us = proxied[-1].details["haproxy_us_per_call"]
+    per_core = 1e6 / proxy_us
+    rate = direct.calls / direct.seconds if direct.seconds > 0 else 0.0
+    server_us = cpu_per_call_us(direct)
+    lines = [
+        "On this machine the groups share its CPUs: the 2-group row measures what routing "
+        "through HAProxy to two groups costs, not scaling (ratio: to the row above).",
+        f"On paper, one group per machine: HAProxy spent {proxy_us:.0f} ms of CPU per 1,000 "
+        f"appends (the {proxied[-1].details.get('groups')}-group row), so one HAProxy core "
+        f"forwards at most {per_core:,.0f} appends/s.",
+    ]
+    if rate > 0:
+        lines.append(
+            f"A group alone did {rate:,.0f} appends/s here (direct; a lower bound: it shared "
+            f"the CPUs with h2load) at {_ms(server_us)} us of server CPU per append; N groups "
+            f"on N machines give about N x {rate:,.0f} appends/s until that reaches k x "
+            f"{per_core:,.0f} for k HAProxy cores: about {per_core / rate:.0f} groups per "
+            "HAProxy core."
+        )
+    if server_us:
+        lines.append(
+            f"Per append a group's server spent {server_us / proxy_us:.1f}x HAProxy's CPU "
+            f"({_ms(server_us)} us / {proxy_us:.0f} us): were the groups CPU-bound, one HAProxy "
+            f"core would keep up with about {server_us / proxy_us:.1f} server cores."
+        )
+    return lines
 
 
 def workers_table(rows: list[WorkersRow]) -> str:
@@ -681,6 +763,19 @@ def render(results: Results, settings: Settings, mode: str, info: dict[str, Any]
             "etcd's. writer / followers on: the workers that served the tail's writer and its "
             "followers' connections (another worker's followers are woken by the doorbells).",
         ]
+    if results.shards:
+        parts += [
+            "",
+            shards_table(results.shards),
+            "",
+            "Case 10: static groups (--shard-map FILE) of one primary each, HAProxy on the "
+            "files `sessionlog cluster haproxy` writes; each h2load client sends its session's "
+            "x-session-id. srv: the groups' servers together; oth includes HAProxy; haproxy "
+            "cores and ms/1k: its CPU (/proc utime+stime, all threads) over the run, per "
+            "wall second and per 1,000 appends. Checked: every session grew in its own group "
+            "by the calls h2load counted.",
+            *shards_paper(results.shards),
+        ]
     if results.sessions:
         parts += [
             "",
@@ -709,6 +804,7 @@ def write_json(
         "sessions": results.sessions.to_json() if results.sessions else None,
         "etcd": [row.to_json() for row in results.etcd],
         "workers": [row.to_json() for row in results.workers],
+        "shards": [row.to_json() for row in results.shards],
         "targets": [asdict(t) for t in targets(results)],
         "notes": results.notes,
     }

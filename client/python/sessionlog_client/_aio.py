@@ -476,18 +476,19 @@ class AsyncClient:
                     raise self._router.nobody()
                 await asyncio.sleep(delay)
                 continue
-            metadata = self.connection.call_metadata(c.session_of(request))
+            session = c.session_of(request)
+            metadata = self.connection.call_metadata(session)
             try:
                 call = getattr(member.stubs[LOG], method)(
                     request,
                     timeout=self.connection.deadline(timeout),
-                    metadata=self._router.write_metadata(metadata) if write else metadata,
+                    metadata=self._router.write_metadata(metadata, session) if write else metadata,
                     wait_for_ready=self.connection.wait_for_ready or None,
                 )
                 reply = await call
                 member.reached = True
                 if write:
-                    self._router.accepted(member, await call.trailing_metadata())
+                    self._router.accepted(member, await call.trailing_metadata(), session)
                 return reply
             except LeadershipLost:  # acknowledged by a deposed member: not an acknowledgement
                 delay = backoff.next() if retry else None
@@ -495,7 +496,7 @@ class AsyncClient:
                     raise
             except grpc.RpcError as error:
                 step = self._router.after(
-                    member, error, retry=retry, hops=hops, deadline_moves=retry
+                    member, error, retry=retry, hops=hops, deadline_moves=retry, session_id=session
                 )
                 if step is Step.AGAIN:
                     hops += 1

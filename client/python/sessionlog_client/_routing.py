@@ -59,6 +59,7 @@ import grpc
 
 from sessionlog_client import _etcd
 from sessionlog_client._common import DEFAULT_TARGET
+from sessionlog_client._shards import slot_of
 from sessionlog_client._status import error_info
 from sessionlog_client.errors import LeadershipLost, NotPrimary, ReplicasUnavailable, Unavailable
 
@@ -67,6 +68,12 @@ REPLICATION = "replication"
 """The keys of ``Member.stubs``: SessionLogService and ReplicationService."""
 PRIMARY_HINT = "primary"
 """The ErrorInfo metadata key of NOT_PRIMARY that names the primary (empty: none known)."""
+EPOCH_GROUP_KEY = "sessionlog-epoch-group"
+"""A sharded server's write replies name its group beside its epoch: each group elects its own
+leaders, so the router keeps the highest epoch per group, learns which group a session's slot
+answered from, and sends a write the epoch of that group, with the group's name (a server of
+another group ignores it). Through a proxy that serves several groups one client so never sends
+one group's epoch to another; against one group (no group named) it is one epoch, as before."""
 EPOCH_KEY = "sessionlog-epoch"
 """The metadata of a server's epoch on every write reply (trailing), and of the highest epoch
 a client has seen on every write it sends (request); also NOT_PRIMARY's ErrorInfo key ``epoch``."""
@@ -121,8 +128,11 @@ class Router:
     reached: bool = False
     """Count every member as answered from the start (wait-for-ready: never fail fast)."""
     members: list[Member] = field(default_factory=list)
-    epoch: int = 0
-    """The highest leadership epoch any member named (see the module docstring)."""
+    epochs: dict[str, int] = field(default_factory=dict)
+    """The highest leadership epoch any member named, per group ("": a server that names no
+    group, i.e. not sharded; see the module docstring and EPOCH_GROUP_KEY)."""
+    slot_groups: dict[int, str] = field(default_factory=dict)
+    """The group each slot's writes last answered from (sharded servers only)."""
     _current: int = 0
     _stale: bool = True
     _etcd_error: str = ""
@@ -190,33 +200,57 @@ class Router:
 
     # -- epochs ---------------------------------------------------------------------------------
 
-    def write_metadata(self, metadata: tuple[tuple[str, str], ...]) -> tuple[tuple[str, str], ...]:
-        """A write's request metadata: ``metadata`` and the highest epoch seen, once there is
-        one (a server below it refuses the write)."""
-        epoch = self.epoch
-        return (*metadata, (EPOCH_KEY, str(epoch))) if epoch else metadata
+    @property
+    def epoch(self) -> int:
+        """The highest leadership epoch any member named (of any group)."""
+        return max(self.epochs.values(), default=0)
 
-    def learn(self, member: Member, epoch: int) -> bool:
-        """``member`` named ``epoch`` (0: it named none); False when that is below the highest
-        epoch seen before: the member was deposed."""
+    def _group_of(self, session_id: str) -> str:
+        if not self.slot_groups or not session_id:
+            return ""
+        return self.slot_groups.get(slot_of(session_id), "")
+
+    def write_metadata(
+        self, metadata: tuple[tuple[str, str], ...], session_id: str = ""
+    ) -> tuple[tuple[str, str], ...]:
+        """A write's request metadata: ``metadata`` and the highest epoch seen of the group
+        that answers for ``session_id``, once there is one (a server below it refuses the
+        write), with that group's name when it is a sharded group."""
+        group = self._group_of(session_id)
+        epoch = self.epochs.get(group, 0)
         if not epoch:
-            return True
-        with self._lock:
-            member.epoch = epoch
-            current = epoch >= self.epoch
-            self.epoch = max(self.epoch, epoch)
-        return current
+            return metadata
+        named = ((EPOCH_GROUP_KEY, group),) if group else ()
+        return (*metadata, (EPOCH_KEY, str(epoch)), *named)
 
-    def accepted(self, member: Member, trailers: Iterable[tuple[str, Any]] | None) -> None:
+    def learn(self, member: Member, epoch: int, group: str = "", session_id: str = "") -> bool:
+        """``member`` of ``group`` named ``epoch`` (0: it named none) in a reply for
+        ``session_id``; False when that is below the group's highest epoch seen before: the
+        member was deposed."""
+        with self._lock:
+            if group and session_id:
+                self.slot_groups[slot_of(session_id)] = group
+            if not epoch:
+                return True
+            member.epoch = epoch
+            seen = self.epochs.get(group, 0)
+            self.epochs[group] = max(seen, epoch)
+        return epoch >= seen
+
+    def accepted(
+        self, member: Member, trailers: Iterable[tuple[str, Any]] | None, session_id: str = ""
+    ) -> None:
         """A write ``member`` acknowledged: LeadershipLost (committed) when its epoch is below
-        the highest seen: a deposed primary took it, so it is not the group's."""
-        epoch = trailing_epoch(trailers)
-        if self.learn(member, epoch):
+        the highest seen of its group: a deposed primary took it, so it is not the group's."""
+        trailers = list(trailers or ())
+        epoch, group = trailing_epoch(trailers), trailing_group(trailers)
+        if self.learn(member, epoch, group, session_id):
             return
         self.moved(member)
         raise LeadershipLost(
             f"{member.address} took the write at epoch {epoch}, but this client has seen epoch "
-            f"{self.epoch}: that server was deposed, and what it stored is on a history the "
+            f"{self.epochs.get(group, 0)}: that server was deposed, and what it stored is on a "
+            "history the "
             "group discards when it rejoins. The write is not acknowledged; send it again (with "
             "the same request id) to the current primary",
             committed=True,
@@ -232,6 +266,7 @@ class Router:
         retry: bool,
         hops: int,
         deadline_moves: bool = False,
+        session_id: str = "",
     ) -> Step:
         """Record what ``error`` says about ``member`` and decide what the failed call does next
         (``deadline_moves``: a unary call that retries, for which a deadline is no answer)."""
@@ -239,7 +274,8 @@ class Router:
         info = error_info(trailers)
         if info is not None:
             member.reached = True
-        current = self.learn(member, trailing_epoch(trailers))
+        group = trailing_group(trailers)
+        current = self.learn(member, trailing_epoch(trailers), group, session_id)
         code = error.code()
         unavailable = code == grpc.StatusCode.UNAVAILABLE
         if info is not None and info.reason == ReplicasUnavailable.reason:
@@ -249,7 +285,8 @@ class Router:
                 raise self._unreachable(error, [member])
             return Step.LATER if retry and unavailable else Step.RAISE
         if info is not None and info.reason == NotPrimary.reason:
-            current = self.learn(member, _whole(info.metadata.get("epoch", ""))) and current
+            named = _whole(info.metadata.get("epoch", ""))
+            current = self.learn(member, named, group) and current
             hint = info.metadata.get(PRIMARY_HINT, "")
             if current and hint and hint != member.address:
                 with self._lock:
@@ -303,6 +340,14 @@ class Router:
     def channels(self) -> list[Any]:
         with self._lock:
             return [m.channel for m in self.members]
+
+
+def trailing_group(trailers: Iterable[tuple[str, Any]] | None) -> str:
+    """The group a sharded server's reply names beside its epoch ("": none, not sharded)."""
+    for key, value in trailers or ():
+        if key == EPOCH_GROUP_KEY:
+            return value.decode() if isinstance(value, bytes) else str(value)
+    return ""
 
 
 def trailing_epoch(trailers: Iterable[tuple[str, Any]] | None) -> int:

@@ -598,17 +598,18 @@ class Client:
                     raise self._router.nobody()
                 time.sleep(delay)
                 continue
-            metadata = self.connection.call_metadata(c.session_of(request))
+            session = c.session_of(request)
+            metadata = self.connection.call_metadata(session)
             try:
                 reply, call = getattr(member.stubs[stub], method).with_call(
                     request,
                     timeout=self.connection.deadline(timeout),
-                    metadata=self._router.write_metadata(metadata) if write else metadata,
+                    metadata=self._router.write_metadata(metadata, session) if write else metadata,
                     wait_for_ready=self.connection.wait_for_ready or None,
                 )
                 member.reached = True
                 if write:
-                    self._router.accepted(member, call.trailing_metadata())
+                    self._router.accepted(member, call.trailing_metadata(), session)
                 return reply
             except LeadershipLost:  # acknowledged by a deposed member: not an acknowledgement
                 delay = backoff.next() if retry else None
@@ -616,7 +617,7 @@ class Client:
                     raise
             except grpc.RpcError as error:
                 step = self._router.after(
-                    member, error, retry=retry, hops=hops, deadline_moves=retry
+                    member, error, retry=retry, hops=hops, deadline_moves=retry, session_id=session
                 )
                 if step is Step.AGAIN:
                     hops += 1

@@ -64,16 +64,27 @@ def decode(message_type: type[M], raw: bytes) -> M:
 
 EPOCH_METADATA_KEY = "sessionlog-epoch"
 """The trailing metadata of every write RPC's reply, success or error: the server's epoch."""
+EPOCH_GROUP_METADATA_KEY = "sessionlog-epoch-group"
+"""Beside ``sessionlog-epoch`` on a sharded server's write replies: the group whose epoch it is.
+Each group elects its own leaders, so epochs of two groups mean nothing to each other: a client
+sends the group with the epoch, and a server of another group ignores that epoch."""
 
 
-def caller_epoch(metadata: Any) -> int:
-    """The highest epoch a caller says it has seen (request metadata ``sessionlog-epoch``,
-    which the clients send with every write); 0 when it sends none. MalformedRequest unless it
-    is a whole number."""
-    for key, value in metadata or ():
+def caller_epoch(metadata: Any, group: str = "") -> int:
+    """The highest epoch a caller says it has seen of ``group``, this server's group (request
+    metadata ``sessionlog-epoch``, which the clients send with every write, and
+    ``sessionlog-epoch-group`` when it is a sharded group's); 0 when it sends none, or one of
+    another group. MalformedRequest unless it is a whole number."""
+    pairs = [
+        (key, value.decode() if isinstance(value, bytes) else str(value))
+        for key, value in metadata or ()
+    ]
+    named = next((v for k, v in pairs if k == EPOCH_GROUP_METADATA_KEY), None)
+    if named is not None and named != group:
+        return 0  # another group's epoch, learnt through a proxy that serves several groups
+    for key, text in pairs:
         if key != EPOCH_METADATA_KEY:
             continue
-        text = value.decode() if isinstance(value, bytes) else str(value)
         if not (text.isascii() and text.isdigit()) or len(text) > 20:
             raise errors.MalformedRequest(
                 f"the {EPOCH_METADATA_KEY} request metadata must be a whole number (the "
@@ -101,8 +112,11 @@ def unary_write(method: Handler) -> Handler:
 
 
 def _epoch_metadata(servicer: Any, met: int = 0) -> tuple[tuple[str, str], ...]:
-    """``met``: the epoch when the call began (0: none then, a store's first write)."""
-    return ((EPOCH_METADATA_KEY, str(met or servicer.store.writer.lead.epoch)),)
+    """``met``: the epoch when the call began (0: none then, a store's first write); with the
+    group's name on a sharded server."""
+    epoch = ((EPOCH_METADATA_KEY, str(met or servicer.store.writer.lead.epoch)),)
+    group = servicer.ownership.group if servicer.ownership.sharded else ""
+    return (*epoch, (EPOCH_GROUP_METADATA_KEY, group)) if group else epoch
 
 
 def _unary(method: Handler, write: bool) -> Handler:
@@ -322,7 +336,7 @@ class SessionLogServicer:
             )
         if not lead.may_write:
             raise leadership.not_primary(lead)
-        seen = caller_epoch(context.invocation_metadata())
+        seen = caller_epoch(context.invocation_metadata(), self.ownership.group)
         if leadership.behind(lead, seen) is not None:
             # The writer's copy may predate a commit by another worker (a fresh store's first
             # write takes epoch 1): decide by the record as committed now.

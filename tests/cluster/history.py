@@ -25,12 +25,25 @@ The rules, one anomaly kind each:
 
 Timed-out and failed appends are indeterminate: present once or absent, both are fine (present
 twice is still ``duplicated``).
+
+Several groups (sessions sharded over them, ``check_groups``): each group's history is checked
+as above, with the appends to the sessions it owns, and one more rule:
+
+- ``misrouted``: a member's store holds a session its group does not own.
+
+Behind a proxy (HAProxy), a writer does not know which member acknowledged an append: it names
+the proxy (``check``'s ``proxy``), and the two rules that compare servers (``split_brain``,
+``wrong_leader``) skip those appends; ``stale_ack`` still applies.
+
+``longest_gap`` measures a history: the longest time between two acknowledgements (the pause a
+failover caused to some sessions' writers).
 """
 
 from __future__ import annotations
 
+import itertools
 from collections import Counter, defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -46,6 +59,7 @@ KINDS = (
     "split_brain",
     "wrong_leader",
     "stale_ack",
+    "misrouted",
 )
 
 
@@ -101,10 +115,15 @@ Logs = Mapping[str, Mapping[str, Sequence[Entry]]]
 
 
 def check(
-    appends: Sequence[Append], logs: Logs, primary: str, epochs: Sequence[EpochStart] = ()
+    appends: Sequence[Append],
+    logs: Logs,
+    primary: str,
+    epochs: Sequence[EpochStart] = (),
+    proxy: str = "",
 ) -> list[Anomaly]:
     """Every anomaly of the history, in rule order; [] for a clean run. ``primary`` names the
-    member whose log is the reference (the group's primary at the end)."""
+    member whose log is the reference (the group's primary at the end); ``proxy``, the server
+    that appends acknowledged through a proxy name (who answered behind it is unknown)."""
     if primary not in logs:
         raise ValueError(f"the primary {primary!r} has no log among {sorted(logs)}")
     sent = {a.request_id: a for a in appends}
@@ -113,7 +132,62 @@ def check(
     for member in sorted(logs):
         found += _one_log(member, logs[member], sent)
     found += _convergence(logs, primary)
-    found += _epochs(appends, epochs)
+    found += _epochs(appends, epochs, proxy)
+    return _in_order(found)
+
+
+def check_groups(
+    appends: Sequence[Append],
+    logs: Mapping[str, Logs],
+    primaries: Mapping[str, str],
+    owner: Callable[[str], str],
+    epochs: Mapping[str, Sequence[EpochStart]] | None = None,
+    proxy: str = "",
+) -> list[Anomaly]:
+    """Every anomaly of a history over several groups, in rule order. ``logs``: group -> its
+    members' logs (a member's log may list a session it holds without its events: ``[]``, e.g.
+    one it does not own and so cannot read); ``primaries``: group -> its primary at the end;
+    ``owner(session)``: the group that owns it; ``epochs``: group -> its epochs. Each anomaly's
+    detail starts with its group's name."""
+    found: list[Anomaly] = []
+    for group in sorted(logs):
+        own: dict[str, dict[str, Sequence[Entry]]] = {}
+        for member in sorted(logs[group]):
+            own[member] = {}
+            for session, entries in logs[group][member].items():
+                if owner(session) == group:
+                    own[member][session] = entries
+                else:
+                    found.append(
+                        Anomaly(
+                            "misrouted",
+                            f"{group}: {member} holds session {session!r} "
+                            f"({len(entries)} events read), which {owner(session)} owns",
+                        )
+                    )
+        mine = [a for a in appends if owner(a.session) == group]
+        primary = primaries[group]
+        theirs = (epochs or {}).get(group, ())
+        found += [
+            Anomaly(a.kind, f"{group}: {a.detail}")
+            for a in check(mine, own, primary, theirs, proxy)
+        ]
+    strays = sorted({a.session for a in appends if owner(a.session) not in logs})
+    if strays:
+        raise ValueError(f"no logs of the groups owning {strays[:5]}")
+    return _in_order(found)
+
+
+def longest_gap(appends: Iterable[Append], start: float, end: float) -> tuple[float, float]:
+    """The longest time within [start, end] with no acknowledgement among ``appends``, and when
+    it began: (seconds, monotonic time). The edges count: a run of acknowledgements that stops
+    at t gives a gap from t to ``end``."""
+    times = sorted(a.done_at for a in appends if a.outcome == "ok" and start <= a.done_at <= end)
+    edges = [start, *times, end]
+    return max(((b - a, a) for a, b in itertools.pairwise(edges)), default=(0.0, start))
+
+
+def _in_order(found: list[Anomaly]) -> list[Anomaly]:
     order = {kind: i for i, kind in enumerate(KINDS)}
     return sorted(found, key=lambda a: order[a.kind])
 
@@ -233,10 +307,13 @@ def _convergence(logs: Logs, primary: str) -> list[Anomaly]:
     return found
 
 
-def _epochs(appends: Sequence[Append], epochs: Sequence[EpochStart]) -> list[Anomaly]:
+def _epochs(
+    appends: Sequence[Append], epochs: Sequence[EpochStart], proxy: str = ""
+) -> list[Anomaly]:
     acked = [a for a in appends if a.outcome == "ok" and a.epoch is not None]
+    known = [a for a in acked if not proxy or a.server != proxy]  # who answered is known
     servers: dict[int, set[str]] = defaultdict(set)
-    for append in acked:
+    for append in known:
         assert append.epoch is not None
         servers[append.epoch].add(append.server)
     found = [
@@ -247,7 +324,8 @@ def _epochs(appends: Sequence[Append], epochs: Sequence[EpochStart]) -> list[Ano
     leader = {e.epoch: e.leader for e in epochs}
     for append in acked:
         assert append.epoch is not None
-        if append.epoch in leader and append.server != leader[append.epoch]:
+        behind_proxy = bool(proxy) and append.server == proxy
+        if not behind_proxy and append.epoch in leader and append.server != leader[append.epoch]:
             found.append(
                 Anomaly(
                     "wrong_leader",

@@ -4,10 +4,20 @@ planted alone, is caught (and only it)."""
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 
 import pytest
 
-from tests.cluster.history import KINDS, Append, Entry, EpochStart, Logs, check
+from tests.cluster.history import (
+    KINDS,
+    Append,
+    Entry,
+    EpochStart,
+    Logs,
+    check,
+    check_groups,
+    longest_gap,
+)
 
 EPOCHS = (EpochStart(1, "A", began_at=0.0), EpochStart(2, "B", began_at=10.0))
 
@@ -147,6 +157,82 @@ def test_an_append_sent_before_the_new_epoch_may_be_acknowledged_at_the_old_one(
     assert check(history, final, "B", EPOCHS) == []
 
 
+def test_behind_a_proxy_the_server_rules_skip_the_proxys_acknowledgements() -> None:
+    """Acknowledged through a proxy: the history names the proxy, which led no epoch; a stale
+    acknowledgement is still caught."""
+    history = [dataclasses.replace(a, server="P") for a in appends()]
+    assert check(history, logs(), "B", EPOCHS, proxy="P") == []
+    assert sorted({a.kind for a in check(history, logs(), "B", EPOCHS)}) == ["wrong_leader"]
+    late = [*history, Append("r7", "t", "P", 10.5, "ok", 10.6, seq=1, epoch=1)]
+    final = logs()
+    for member in final.values():
+        member["t"].append(Entry(1, "r7"))
+    assert [a.kind for a in check(late, final, "B", EPOCHS, proxy="P")] == ["stale_ack"]
+
+
+GROUP_OF = {"s": "g1", "t": "g1", "u": "g2"}.__getitem__
+"""Two groups: g1 owns s and t (the single-group history above), g2 owns u."""
+G2_EPOCHS = (EpochStart(5, "X", began_at=0.0),)
+
+
+def group_history() -> tuple[list[Append], dict[str, dict[str, dict[str, list[Entry]]]]]:
+    """g1: the failover run above; g2: one member X (epoch 5, a higher epoch than g1's: each
+    group's epochs are its own) and a replica Y, which took u's appends while g1 failed over."""
+    history = [
+        *appends(),
+        Append("u1", "u", "X", 10.5, "ok", 10.6, seq=0, epoch=5),
+        Append("u2", "u", "X", 11.5, "ok", 11.6, seq=1, epoch=5),
+    ]
+    u = [Entry(0, "u1"), Entry(1, "u2")]
+    return history, {"g1": logs(), "g2": {"X": {"u": u}, "Y": {"u": list(u)}}}
+
+
+def kinds_of_groups(history: list[Append], final: Mapping[str, Logs]) -> list[str]:
+    epochs = {"g1": EPOCHS, "g2": G2_EPOCHS}
+    found = check_groups(history, final, {"g1": "B", "g2": "X"}, GROUP_OF, epochs)
+    return sorted({a.kind for a in found})
+
+
+def test_groups_are_checked_each_against_their_own_epochs_and_primary() -> None:
+    """Clean; g2's epoch 5 is above g1's 2 yet makes none of g1's acknowledgements stale."""
+    history, final = group_history()
+    assert kinds_of_groups(history, final) == []
+    as_one = check(appends(), logs(), "B", (*EPOCHS, *G2_EPOCHS))
+    assert {a.kind for a in as_one} == {"stale_ack"}, "g2's epochs would make g1's stale"
+
+
+def test_a_session_in_a_group_that_does_not_own_it_is_misrouted() -> None:
+    """u also in g1's member C (listed, its events unreadable there): misrouted, once."""
+    history, final = group_history()
+    final["g1"]["C"]["u"] = []
+    found = check_groups(history, final, {"g1": "B", "g2": "X"}, GROUP_OF)
+    assert [a.kind for a in found] == ["misrouted"]
+    assert found[0].detail.startswith("g1: C holds session 'u'")
+
+
+def test_an_anomaly_of_one_group_names_it() -> None:
+    history, final = group_history()
+    final["g2"]["X"]["u"] = final["g2"]["X"]["u"][:1]
+    final["g2"]["Y"]["u"] = final["g2"]["Y"]["u"][:1]
+    found = check_groups(history, final, {"g1": "B", "g2": "X"}, GROUP_OF)
+    assert [(a.kind, a.detail[:3]) for a in found] == [("lost", "g2:")]
+
+
+def test_appends_to_a_group_without_logs_are_an_error() -> None:
+    history, final = group_history()
+    del final["g2"]
+    with pytest.raises(ValueError, match="no logs of the groups"):
+        check_groups(history, final, {"g1": "B"}, GROUP_OF)
+
+
+def test_the_longest_gap_between_acknowledgements() -> None:
+    """Acknowledged at 1.1, 2.1, 11.1 (refused), 12.1 and 16.0 (a timeout): within [0, 14],
+    the longest gap is 2.1 to 12.1; the window's edges count."""
+    assert longest_gap(appends(), 0.0, 14.0) == pytest.approx((10.0, 2.1))
+    assert longest_gap(appends(), 12.5, 20.0) == pytest.approx((7.5, 12.5))
+    assert longest_gap([], 3.0, 4.0) == (1.0, 3.0)
+
+
 @pytest.mark.parametrize("kind", KINDS)
 def test_every_kind_is_planted_by_one_test_above(kind: str) -> None:
     """The list of kinds and the tests agree: no rule goes untested."""
@@ -162,6 +248,7 @@ def test_every_kind_is_planted_by_one_test_above(kind: str) -> None:
         "split_brain": "split_brain",
         "wrong_leader": "did_not_lead",
         "stale_ack": "stale",
+        "misrouted": "misrouted",
     }
     assert any(words[kind] in name for name in names)
 

@@ -253,7 +253,7 @@ def test_make_cluster_prints_both_groups_and_routes_through_haproxy(dev: Dev) ->
     assert len(ids) == 6, "three of each group"
     for group in GROUPS:
         mine = [s for s in ids if owner(s) == group]
-        with Client(dev.proxy, retry=RETRY) as client:  # one per group: see the xfail below
+        with Client(dev.proxy, retry=RETRY) as client:
             for session_id in mine:
                 wait_for(
                     f"{session_id} through HAProxy",
@@ -292,27 +292,22 @@ def _write(client: Client, session_id: str) -> bool:
     return True
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=errors.NotPrimary,
-    reason="one client through HAProxy keeps one leadership epoch for every group it writes "
-    "to; a group whose etcd epoch is lower than another's refuses its writes (NOT_PRIMARY: "
-    "'the caller has seen epoch N')",
-)
 def test_one_client_through_haproxy_writes_to_both_groups(dev: Dev) -> None:
-    """The Python client given HAProxy's address, writing to sessions of g1 and g2 in turn.
-    Each group's epoch is its own leader key's etcd revision; the client remembers the highest
-    epoch any reply named and sends it with every write, so the group at the lower epoch takes
-    it for a newer leader's and refuses. Until the client keeps its epochs per group (or the
-    servers scope them), writers through HAProxy use a client per group (as below)."""
+    """The Python client given HAProxy's address writes to sessions of g1 and g2 in turn. Each
+    group's epoch is its own leader key's etcd revision, so the two differ: the client keeps the
+    highest epoch per group (the servers name their group beside it) and sends each write its
+    own group's, so neither group takes the other's epoch for a newer leader's."""
     owner = owner_of(dev)
     candidates = [f"both-{n}" for n in range(100)]
     per_group = [[c for c in candidates if owner(c) == g][:3] for g in GROUPS]
     ids = [s for pair in zip(*per_group, strict=True) for s in pair]  # g1, g2, g1, ...
     assert len(ids) == 6, "three of each group"
     with Client(dev.proxy, retry=RETRY) as client:
+        for _ in range(2):
+            for session_id in ids:
+                client.append(session_id, [event("user_message", {"content": "hi"})])
         for session_id in ids:
-            client.append(session_id, [event("user_message", {"content": "hi"})])
+            assert len(list(client.since(session_id))) == 2
 
 
 # -- writers through HAProxy, and the failover of one group ---------------------------------------

@@ -173,13 +173,12 @@ def test_each_session_lives_in_one_group_and_is_listed_once(routed: Routed) -> N
         assert any(not s.isascii() for s in ids if owner[s] == name)
     started = time.monotonic()
     first = {name: next(s for s in ids if owner[s] == name) for name in GROUPS}
-    for session_id in first.values():  # both write backends up (HAProxy's first checks)
-        # A client of its own each: a fresh group is at epoch 0 until its first write, and one
-        # client that saw another group's epoch 1 would be refused there (NOT_PRIMARY: the
-        # client keeps one epoch, not one per group). Both at epoch 1 next, any client writes.
-        with Client(address, retry=Retry(give_up_after=30.0), timeout=CALL) as probe:
-            _eventually(functools.partial(write, probe, session_id))
     with Client(address, retry=Retry(give_up_after=30.0), timeout=CALL) as client:
+        # Both write backends up (HAProxy's first checks). One client writes to both groups:
+        # it keeps each group's epoch apart (g2 is at epoch 0 until its first write, while the
+        # client has seen g1's 1).
+        for session_id in first.values():
+            _eventually(functools.partial(write, client, session_id))
         rest = [s for s in ids if s not in first.values()]
         with ThreadPoolExecutor(WRITERS) as pool:
             list(pool.map(lambda s: write(client, s), rest))

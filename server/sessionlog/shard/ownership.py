@@ -13,11 +13,12 @@ Invariants:
   ShardMapUnavailable.
 - A fork stays within one group: its parent and its new session have one owner
   (``check_fork``).
-- A frozen slot (the map's ``frozen``: a move under way, ``shard.move``) is read (on its owner)
-  but not written: ``check_write`` raises SlotMoving for it, on every group. ``refusal`` asks the same inside the
-  writer's transaction (``storage.writer``'s ``admits``), so a write checked against an older
-  map cannot commit after a freeze took effect; ``settled_epoch`` is the epoch from which on
-  that holds (``barrier``: every write checked against an older map has committed by then).
+- A frozen slot (the map's ``frozen``: a move under way, ``shard.move``) is read (on its
+  owner) but not written: ``check_write`` raises SlotMoving for it, on every group.
+  ``refusal`` asks the same inside the writer's transaction (``storage.writer``'s ``admits``),
+  so a write checked against an older map cannot commit after a freeze took effect;
+  ``settled_epoch`` is the epoch from which on that holds (``barrier``: every write checked
+  against an older map has committed by then).
 - Which group is mine is the ``--group`` name, else the group that lists my address as a member.
   A map without my group is refused by ``install`` (ShardMapError) and changes nothing.
 

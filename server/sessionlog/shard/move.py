@@ -168,6 +168,11 @@ def move_slot(
             say(f"slot {slot} frozen at epoch {frozen.epoch}; waiting for {source.name}")
             groups.wait_settled(source, frozen.epoch, settle_timeout)
             groups.wait_settled(target, frozen.epoch, settle_timeout)  # waits, not redirects
+            # The primaries again: a failover since the first copy must not leave the tail to be
+            # read from a member that lags (the copied seqs carry over).
+            copier.use(
+                groups.channel(groups.primary(source)), groups.channel(groups.primary(target))
+            )
             report.copied_paused = copier.copy_all()
             flipped = frozen.with_slots([slot], target.name)
             _put(endpoints, frozen, flipped)
@@ -324,14 +329,18 @@ class _Copier:
         slot: int,
         metadata: Sequence[tuple[str, str]],
     ) -> None:
-        from sessionlog_client.v1 import session_log_service_pb2_grpc as rpc
-
-        self._source = rpc.SessionLogServiceStub(source)  # type: ignore[no-untyped-call]
-        self._target = rpc.SessionLogServiceStub(target)  # type: ignore[no-untyped-call]
+        self.use(source, target)
         self._slot = slot
         self._metadata = tuple(metadata)
         self.copied: dict[str, int] = {}
         """Session id -> the next seq the target holds."""
+
+    def use(self, source: grpc.Channel, target: grpc.Channel) -> None:
+        """Read from ``source`` and write to ``target`` from now on."""
+        from sessionlog_client.v1 import session_log_service_pb2_grpc as rpc
+
+        self._source = rpc.SessionLogServiceStub(source)  # type: ignore[no-untyped-call]
+        self._target = rpc.SessionLogServiceStub(target)  # type: ignore[no-untyped-call]
 
     def copy_all(self) -> int:
         """Copy what the target lacks of every session of the slot; the events copied."""

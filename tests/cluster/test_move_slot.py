@@ -22,7 +22,7 @@ from google.protobuf import json_format
 
 from sessionlog.cluster.etcd import Endpoints
 from sessionlog.shard import ShardMap, slot_of
-from sessionlog.shard.shardmap import SHARDS_KEY
+from sessionlog.shard.shardmap import SHARDS_KEY, Group
 from sessionlog.v1 import admin_service_pb2 as apb
 from sessionlog.v1 import admin_service_pb2_grpc as apb_grpc
 from sessionlog.v1 import session_log_service_pb2 as pb
@@ -248,3 +248,45 @@ def test_bad_input_is_refused_with_a_clear_message(cluster: Cluster) -> None:
         assert done.returncode == status, (args, done.stdout, done.stderr)
         assert message in done.stderr, (args, done.stderr)
     assert cluster.map().frozen == frozenset()
+
+
+def test_a_move_that_cannot_finish_leaves_the_slot_where_it_was(cluster: Cluster) -> None:
+    """A source member that never reports the freeze (listed, not running): the move gives up
+    after --wait, puts the map back unfrozen one epoch up and exits 1; the slot's writes go on
+    in its group."""
+    current = cluster.map()
+    g2 = current.group("g2")
+    ghost = f"127.0.0.1:{free_port()}"
+    groups = tuple(
+        Group(g.name, (*g.members, ghost), g.ranges) if g.name == "g2" else g
+        for g in current.groups
+    )
+    with_ghost = ShardMap(current.epoch + 1, groups)
+    etcd = Endpoints((cluster.etcd.endpoint,), 2.0)
+    try:
+        found, _ = etcd.get(SHARDS_KEY)
+        assert found is not None
+        etcd.put(SHARDS_KEY, with_ghost.to_json().encode(), 0)
+    finally:
+        etcd.close()
+    slot = g2.ranges[-1][1]
+    (session,) = ids_of_slot(slot, 1, "back-")
+    with Client(cluster.addresses["g2"], timeout=10) as client:
+        client.append(session, [event("user_message", {"content": "one"})])
+        move = ["move-slot", str(slot), "--to", "g1", "--wait", "2"]
+        done = run_cli(
+            ["cluster", *move, "--cluster", cluster.cluster],
+            cluster.etcd.directory,
+            timeout=60,
+        )
+        assert done.returncode == 1, done.stdout + done.stderr
+        assert "not every member took the map" in done.stderr
+        assert "the slot stays with g2" in done.stderr
+        after = cluster.map()
+        assert (after.epoch, after.frozen, after.owner_of_slot(slot).name) == (
+            with_ghost.epoch + 2,
+            frozenset(),
+            "g2",
+        )
+        reply = client.append(session, [event("user_message", {"content": "two"})])
+        assert reply.next_seq >= 2

@@ -51,7 +51,9 @@ CALL_TIMEOUT_SECONDS = 10.0
 SETTLE_TIMEOUT_SECONDS = 30.0
 """How long the mover waits for every member to report a map it put."""
 COPY_BATCH = 200
-"""Events per copying Append."""
+"""Events per copying Append, at most."""
+COPY_BATCH_BYTES = 1 << 20
+"""Bytes of events per copying Append, at most (one larger event goes alone)."""
 PAGE_SIZE = 1000
 
 
@@ -90,6 +92,13 @@ def add_command(actions: Any) -> None:
         help="the etcd endpoints of the cluster (required: the map lives in etcd)",
     )
     move.add_argument(
+        "--wait",
+        type=float,
+        default=SETTLE_TIMEOUT_SECONDS,
+        metavar="SECONDS",
+        help="how long to wait for every member to take a new map (default %(default)s)",
+    )
+    move.add_argument(
         "--token",
         default=os.environ.get("SESSIONLOG_TOKEN", ""),
         help="an admin token, for servers with --auth-tokens [env SESSIONLOG_TOKEN]",
@@ -115,7 +124,9 @@ def _run(args: argparse.Namespace) -> int:
         print(f"sessionlog cluster move-slot: --cluster: {exc}", file=sys.stderr)
         return 2
     try:
-        report = move_slot(endpoints, args.slot, args.to, token=args.token, say=print)
+        report = move_slot(
+            endpoints, args.slot, args.to, token=args.token, say=print, settle_timeout=args.wait
+        )
     except MoveError as exc:
         print(f"sessionlog cluster move-slot: {exc}", file=sys.stderr)
         return 1
@@ -381,7 +392,13 @@ class _Copier:
         copied = 0
         seq = start
         while events:
-            batch, events = events[:COPY_BATCH], events[COPY_BATCH:]
+            take, size = 0, 0
+            while take < min(len(events), COPY_BATCH):
+                size += events[take].ByteSize()
+                if take and size > COPY_BATCH_BYTES:
+                    break
+                take += 1
+            batch, events = events[:take], events[take:]
             for event in batch:
                 event.ClearField("seq")
             try:

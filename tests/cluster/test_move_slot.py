@@ -39,7 +39,9 @@ WRITE_SECONDS_AFTER = 1.0
 @dataclass
 class Cluster:
     etcd: EtcdProcess
-    addresses: dict[str, str]
+    members: dict[str, list[str]]
+    addresses: dict[str, str] = field(default_factory=dict)
+    """Each group's primary (its elected leader)."""
     servers: list[ServerProcess] = field(default_factory=list)
     channels: dict[str, grpc.Channel] = field(default_factory=dict)
 
@@ -75,29 +77,56 @@ class Cluster:
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     root = tmp_path_factory.mktemp("move")
     with EtcdProcess(root / "etcd") as etcd:
-        addresses = {"g1": f"127.0.0.1:{free_port()}", "g2": f"127.0.0.1:{free_port()}"}
-        first = ShardMap.even_split({name: [a] for name, a in addresses.items()})
+        members = {  # g1: a leader and a replica, so the move waits for both
+            "g1": [f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"],
+            "g2": [f"127.0.0.1:{free_port()}"],
+        }
+        first = ShardMap.even_split(members)
         etcd_client = Endpoints((etcd.endpoint,), 2.0)
         etcd_client.put(SHARDS_KEY, first.to_json().encode(), 0)
         etcd_client.close()
-        state = Cluster(etcd, addresses)
+        state = Cluster(etcd, members)
+        started: list[tuple[ServerProcess, str]] = []
         try:
-            for name, address in addresses.items():
-                args = [
-                    "--data", str(root / name), "--listen", address, "--advertise", address,
-                    "--cluster", f"etcd://{etcd.endpoint}", "--group", name,
-                    "--shard-map", "etcd", "--log-format", "json",
-                ]  # fmt: skip
-                server = ServerProcess(args, root, env=clean_env(workers=False), name=name)
-                state.servers.append(server.start())
-            for server, address in zip(state.servers, addresses.values(), strict=True):
+            for name, addresses in members.items():
+                for index, address in enumerate(addresses):
+                    args = [
+                        "--data", str(root / f"{name}-{index}"), "--listen", address,
+                        "--advertise", address, "--cluster", f"etcd://{etcd.endpoint}",
+                        "--group", name, "--shard-map", "etcd", "--log-format", "json",
+                    ]  # fmt: skip
+                    env = clean_env(workers=False)
+                    server = ServerProcess(args, root, env=env, name=f"{name}-{index}").start()
+                    state.servers.append(server)
+                    started.append((server, address))
+            for server, address in started:
                 server.wait_serving(address, timeout=60)
+            state.addresses = {
+                name: primary_of(name, addresses) for name, addresses in members.items()
+            }
             yield state
         finally:
             for channel in state.channels.values():
                 channel.close()
             for server in state.servers:
                 server.stop()
+
+
+def primary_of(group: str, members: list[str], seconds: float = 30.0) -> str:
+    """The group's leader, as its first member's GetShardMap names it (once it names one)."""
+    channel = grpc.insecure_channel(members[0])
+    stub = pb_grpc.SessionLogServiceStub(channel)  # type: ignore[no-untyped-call]
+    try:
+        deadline = time.monotonic() + seconds
+        while True:
+            reply = stub.GetShardMap(pb.GetShardMapRequest(), timeout=5)
+            primary = next(g.primary for g in reply.shard_map.groups if g.name == group)
+            if primary or time.monotonic() > deadline:
+                assert primary, f"group {group} has no leader"
+                return str(primary)
+            time.sleep(0.2)
+    finally:
+        channel.close()
 
 
 def ids_of_slot(slot: int, count: int, prefix: str) -> list[str]:

@@ -196,8 +196,14 @@ def move_slot(
         report.epochs.append(flipped.epoch)
         report.sessions = len(copier.copied)
         say(f"slot {slot} owned by {target.name} at epoch {flipped.epoch}")
-        groups.wait_settled(source, flipped.epoch, settle_timeout)
-        groups.wait_settled(target, flipped.epoch, settle_timeout)
+        try:
+            groups.wait_settled(source, flipped.epoch, settle_timeout)
+            groups.wait_settled(target, flipped.epoch, settle_timeout)
+        except MoveError as exc:
+            raise MoveError(
+                f"slot {slot} moved to {target.name} (map epoch {flipped.epoch}), but {exc}: "
+                "that member takes the map when it reads etcd again"
+            ) from None
     return report
 
 
@@ -356,8 +362,14 @@ class _Copier:
     def copy_all(self) -> int:
         """Copy what the target lacks of every session of the slot; the events copied."""
         total = 0
-        for session_id in self._sessions():
-            total += self._copy(session_id)
+        try:
+            for session_id in self._sessions():
+                total += self._copy(session_id)
+        except grpc.RpcError as exc:
+            raise MoveError(
+                f"reading slot {self._slot} from the source failed: {exc.code().name} "
+                f"{exc.details()}"
+            ) from None
         return total
 
     def _sessions(self) -> list[str]:

@@ -22,6 +22,7 @@ from google.protobuf import json_format
 
 from sessionlog.cluster.etcd import Endpoints
 from sessionlog.shard import ShardMap, slot_of
+from sessionlog.shard.ownership import MOVE_COPY, MOVE_HEADER
 from sessionlog.shard.shardmap import SHARDS_KEY, Group
 from sessionlog.v1 import admin_service_pb2 as apb
 from sessionlog.v1 import admin_service_pb2_grpc as apb_grpc
@@ -277,6 +278,19 @@ def test_bad_input_is_refused_with_a_clear_message(cluster: Cluster) -> None:
         assert done.returncode == status, (args, done.stdout, done.stderr)
         assert message in done.stderr, (args, done.stderr)
     assert cluster.map().frozen == frozenset()
+
+    # A move's copy only fills a group that does not own the slot, at a given seq.
+    current = cluster.map()
+    (owned,) = ids_of_slot(current.group("g2").ranges[0][0], 1, "copy-")
+    (foreign,) = ids_of_slot(current.group("g1").ranges[0][0], 1, "copy-")
+    copy = ((MOVE_HEADER, MOVE_COPY),)
+    stub = cluster.stub("g2")
+    request = pb.AppendRequest(session_id=owned, events=[user("x")], expected_seq=0)
+    error = failure(stub.Append, request, metadata=copy, timeout=5)
+    check(error, grpc.StatusCode.FAILED_PRECONDITION, "FAILED_PRECONDITION", session_id=owned)
+    request = pb.AppendRequest(session_id=foreign, events=[user("x")])
+    error = failure(stub.Append, request, metadata=copy, timeout=5)
+    check(error, grpc.StatusCode.INVALID_ARGUMENT, "MALFORMED_REQUEST")
 
 
 def test_a_move_that_cannot_finish_leaves_the_slot_where_it_was(cluster: Cluster) -> None:

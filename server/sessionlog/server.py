@@ -183,6 +183,7 @@ class SessionLogServer:
         if self.group is not None:
             await self.group.prepare()  # a deposed folder rejoins before it is opened
         store = self.store = self._open_store()
+        self._hold_writes_to_map(store)
         server = app.grpc_server(
             config,
             [AuthInterceptor(self.authorizer)] if self.authorizer else None,
@@ -231,6 +232,21 @@ class SessionLogServer:
             self._start_replicator(store, self.replica, replica_token)
         self._log_serving(tls=credentials is not None)
         return self.port
+
+    def _hold_writes_to_map(self, store: Store) -> None:
+        """With --shard-map: every write is checked against the held map inside its write
+        transaction too (a slot frozen for a move takes no write that was checked earlier and
+        queued), and a new map counts as settled once the writes queued before it committed."""
+        ownership = self.ownership
+        if not ownership.sharded:
+            return
+        store.writer.admits = ownership.refusal
+        loop = asyncio.get_running_loop()
+
+        def barrier(done: Callable[[], None]) -> None:
+            store.writer.barrier().add_done_callback(lambda _: loop.call_soon_threadsafe(done))
+
+        ownership.barrier = barrier
 
     def _open_store(self) -> Store:
         """The store, with its commits waking followers and a panic turning health off, both

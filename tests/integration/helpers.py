@@ -36,6 +36,7 @@ class WriterGate:
 
     kind = "gate"
     session_id = ""
+    moving_in = False
 
     def __init__(self, wait_seconds: float = 30) -> None:
         self.entered = threading.Event()

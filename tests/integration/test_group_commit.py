@@ -213,3 +213,31 @@ def test_a_closed_store_refuses_a_loop_caller_at_once(store: Store) -> None:
         return future.exception()
 
     assert isinstance(asyncio.run(run()), errors.Unavailable)
+
+
+def test_a_queued_write_is_admitted_in_its_transaction(store: Store) -> None:
+    """``admits`` (the shard map's word) is asked when the write applies, not when it queued:
+    an append queued before a slot froze is refused, writing nothing; a move's copy passes; a
+    barrier resolves only after the writes queued before it."""
+    store.append("frozen", [user("before")])
+    gate = WriterGate()
+    held = store.writer.submit(gate)
+    assert gate.entered.wait(WAIT_SECONDS)
+    queued = store.submit_append(prepare_append("frozen", [user("late")]))
+    other = store.submit_append(prepare_append("other", [user("fine")]))
+    copy = prepare_append("frozen", [user("copied")], expected_seq=1)
+    copy.moving_in = True
+    copied = store.submit_append(copy)
+    barrier = store.writer.barrier()
+    refusal = errors.SlotMoving("frozen", session_id="frozen")
+    store.writer.admits = lambda session_id: refusal if session_id == "frozen" else None
+    assert not barrier.done()
+    gate.release.set()
+    held.result(WAIT_SECONDS)
+    barrier.result(WAIT_SECONDS)
+    assert all(f.done() for f in (queued, other, copied))
+    with pytest.raises(errors.SlotMoving):
+        queued.result(0)
+    assert other.result(0).next_seq == 1
+    assert copied.result(0).next_seq == 2
+    assert [e.data["content"] for e in decoded(read_all(store, "frozen"))] == ["before", "copied"]

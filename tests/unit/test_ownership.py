@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 
 from sessionlog import errors
@@ -130,3 +132,46 @@ def test_the_primary_comes_from_the_source_given() -> None:
     with pytest.raises(errors.WrongGroup) as caught:
         ownership.check(session_in(shard_map, "g2"))
     assert caught.value.primary == ""
+
+
+def test_a_frozen_slot_is_read_but_not_written_anywhere() -> None:
+    """A slot being moved: its owner serves reads but refuses writes SLOT_MOVING (retryable
+    UNAVAILABLE), and so does every other group; a move's copy is only taken by a non-owner."""
+    base = two_groups()
+    mine = session_in(base, "g1")
+    frozen = base.with_frozen([slot_of(mine)])
+    owner, other = Ownership(group="g1"), Ownership(group="g2")
+    owner.install(frozen)
+    other.install(frozen)
+    owner.check(mine)  # reads go on
+    for ownership in (owner, other):
+        with pytest.raises(errors.SlotMoving) as raised:
+            ownership.check_write(mine)
+        assert isinstance(raised.value, errors.Unavailable)
+        assert raised.value.metadata["slot"] == str(slot_of(mine))
+        assert isinstance(ownership.refusal(mine), errors.SlotMoving)
+    other_session = session_in(base, "g1", avoid=mine)
+    if slot_of(other_session) != slot_of(mine):
+        owner.check_write(other_session)  # the group's other slots take writes
+        assert owner.refusal(other_session) is None
+    with pytest.raises(errors.FailedPrecondition):
+        owner.check_copy(mine, 0)  # the owner takes no copy of its own slot
+    other.check_copy(mine, 0)
+    with pytest.raises(errors.MalformedRequest):
+        other.check_copy(mine, None)
+    flipped = frozen.with_slots([slot_of(mine)], to="g2")
+    owner.install(flipped)
+    other.install(flipped)
+    assert isinstance(owner.refusal(mine), errors.WrongGroup)
+    other.check_write(mine)
+
+
+def test_a_map_settles_after_the_writes_queued_before_it() -> None:
+    """``settled_epoch`` follows the installs through the barrier the composition gives."""
+    ownership = Ownership(group="g1")
+    waiting: list[Callable[[], None]] = []
+    ownership.barrier = waiting.append
+    ownership.install(two_groups(epoch=3))
+    assert (ownership.epoch, ownership.settled_epoch) == (3, 0)
+    waiting.pop()()
+    assert ownership.settled_epoch == 3

@@ -112,3 +112,25 @@ def test_a_missing_map_file_is_named() -> None:
     """load() names the file it could not read."""
     with pytest.raises(ShardMapError, match=r"cannot read the shard map /nonexistent/nope\.toml"):
         ShardMap.load("/nonexistent/nope.toml")
+
+
+def test_frozen_slots_round_trip_and_are_validated() -> None:
+    """``frozen`` (a move under way) survives TOML and JSON; a flip unfreezes the moved slot."""
+    base = ShardMap.even_split({"g1": ["127.0.0.1:5001"], "g2": ["127.0.0.1:6001"]})
+    frozen = base.with_frozen([17, 18, 40])
+    assert (frozen.epoch, frozen.is_frozen(17), frozen.is_frozen(19)) == (2, True, False)
+    assert frozen.to_dict()["frozen"] == ["17-18", "40"]
+    assert ShardMap.from_toml(frozen.to_toml()) == frozen
+    assert ShardMap.from_json(frozen.to_json()) == frozen
+    assert "frozen" not in base.to_dict()  # a map without moves reads as before
+    flipped = frozen.with_slots([17], to="g2")
+    assert (flipped.epoch, sorted(flipped.frozen), flipped.owner_of_slot(17).name) == (
+        3,
+        [18, 40],
+        "g2",
+    )
+    text = base.to_toml()
+    with pytest.raises(ShardMapError, match="`frozen`: range '2000' is not within 0-1023"):
+        ShardMap.from_toml('frozen = ["2000"]\n' + text)
+    with pytest.raises(ShardMapError, match="`frozen` must be a list"):
+        ShardMap.from_toml('frozen = "17"\n' + text)

@@ -52,6 +52,9 @@ const (
 	// ReasonGroupUnavailable (UNAVAILABLE): a cluster-wide ListSessions reached no member of one
 	// group (metadata group, members), so it listed nothing; retry.
 	ReasonGroupUnavailable = "GROUP_UNAVAILABLE"
+	// ReasonSlotMoving (UNAVAILABLE): the session's slot is being moved to another group and its
+	// writes pause for the move's last copy (metadata session_id, slot, map_epoch); retry.
+	ReasonSlotMoving = "SLOT_MOVING"
 )
 
 // ServerError is a refusal by a sessionlog server: its status code, the stable reason from the

@@ -50,7 +50,8 @@ status back into the same class with :func:`from_reason`.
     ├── GroupUnavailable                    UNAVAILABLE (GROUP_UNAVAILABLE: a group not listed)
     ├── LeadershipLost                      UNAVAILABLE (LEADERSHIP_LOST: may_write turned off)
     ├── ReplicasUnavailable                 UNAVAILABLE (REPLICAS_UNAVAILABLE: too few replicas)
-    └── ShardMapUnavailable                 UNAVAILABLE (SHARD_MAP_UNAVAILABLE: no map read yet)
+    ├── ShardMapUnavailable                 UNAVAILABLE (SHARD_MAP_UNAVAILABLE: no map read yet)
+    └── SlotMoving                          UNAVAILABLE (SLOT_MOVING: writes paused for a move)
 
 Metadata values are strings, as ``ErrorInfo.metadata`` requires.
 """
@@ -380,6 +381,15 @@ class ShardMapUnavailable(Unavailable):
     not in it) yet: it cannot tell which sessions it owns. Retry shortly."""
 
     reason = "SHARD_MAP_UNAVAILABLE"
+
+
+class SlotMoving(Unavailable):
+    """The session's slot is being moved to another group (``sessionlog cluster move-slot``):
+    its writes pause for the moment the last events are copied, then the map gives the slot to
+    the new group. Nothing was written; retry shortly (the retry may then be told WRONG_GROUP,
+    naming the new owner). Metadata ``session_id``, ``slot``, ``map_epoch``."""
+
+    reason = "SLOT_MOVING"
 
 
 def _whole(text: str | None) -> int:

@@ -136,7 +136,7 @@ class AdminServicer:
             history_id=history_id,
             history_start=history_start,
             role=self.role,
-            map_epoch=self.ownership.epoch,
+            map_epoch=self.ownership.settled_epoch,
             shard_group=self.ownership.group,
             owned_slots=self.ownership.owned_slots,
         )

@@ -34,7 +34,7 @@ from sessionlog.service.follow import follow, heartbeat_interval
 from sessionlog.service.limits import Outgoing, StreamLimiter
 from sessionlog.service.notifier import Notifier
 from sessionlog.shard import scatter
-from sessionlog.shard.ownership import Ownership
+from sessionlog.shard.ownership import MOVE_COPY, MOVE_HEADER, Ownership
 from sessionlog.storage import leadership
 from sessionlog.storage.schema import AuditRecord, LeaseRecord, SessionMeta
 from sessionlog.storage.store import AppendResult, Store, prepare_append, prepare_seed
@@ -253,7 +253,15 @@ class SessionLogServicer:
     @unary_write
     async def append(self, raw: bytes, context: grpc.aio.ServicerContext) -> bytes:
         request = decode(pb.AppendRequest, raw)
-        self.ownership.check(request.session_id)
+        copy = _is_move_copy(context)
+        if copy:  # a slot move fills the slot's next owner (shard.move)
+            self.ownership.check_copy(
+                request.session_id,
+                request.expected_seq if request.HasField("expected_seq") else None,
+            )
+            self._require_admin(context, "a slot move's copy")
+        else:
+            self.ownership.check_write(request.session_id)
         self._require_primary(context)
         self._scope(context, request.session_id)
         self._check_count(len(request.events))
@@ -267,6 +275,7 @@ class SessionLogServicer:
             lease_token=request.lease_token,
             lenient=request.lenient,
         )
+        batch.moving_in = copy
         self._check_reply_fits(batch.bodies)
         result = await self.store.commit_append(batch)
         await self._replicated(result.position)
@@ -277,6 +286,15 @@ class SessionLogServicer:
                 extra={"session_id": request.session_id, "index": index, "reason": reason},
             )
         return encode_append_response(result)
+
+    def _require_admin(self, context: grpc.aio.ServicerContext, what: str) -> None:
+        principal = self._principal(context)
+        if principal is not None and not principal.may(ADMIN):
+            raise errors.PermissionDenied(
+                f"token '{principal.name}' lacks the admin permission {what} needs",
+                token=principal.name,
+                permission=ADMIN,
+            )
 
     def _principal(self, context: grpc.aio.ServicerContext) -> Principal | None:
         if self.authorizer is None:
@@ -495,7 +513,7 @@ class SessionLogServicer:
     @unary_write
     async def create_session(self, raw: bytes, context: grpc.aio.ServicerContext) -> bytes:
         request = decode(pb.CreateSessionRequest, raw)
-        self.ownership.check(request.session_id)
+        self.ownership.check_write(request.session_id)
         self._require_primary(context)
         self._scope(context, request.session_id)
         self._check_count(len(request.events))
@@ -515,7 +533,7 @@ class SessionLogServicer:
     @unary_write
     async def seed_session(self, raw: bytes, context: grpc.aio.ServicerContext) -> bytes:
         request = decode(pb.SeedSessionRequest, raw)
-        self.ownership.check(request.session_id)
+        self.ownership.check_write(request.session_id)
         self._require_primary(context)
         self._scope(context, request.session_id)
         self._check_count(len(request.messages))
@@ -632,7 +650,7 @@ class SessionLogServicer:
     ) -> pb.Lease:
         """Acquire or renew: the same request shape, the same checks, a new expiry."""
         request = decode(request_type, raw)
-        self.ownership.check(request.session_id)
+        self.ownership.check_write(request.session_id)
         self._require_primary(context)
         self._scope(context, request.session_id)
         change = await self.store.commit_lease(
@@ -644,7 +662,7 @@ class SessionLogServicer:
     @unary_write
     async def release_lease(self, raw: bytes, context: grpc.aio.ServicerContext) -> bytes:
         request = decode(pb.ReleaseLeaseRequest, raw)
-        self.ownership.check(request.session_id)
+        self.ownership.check_write(request.session_id)
         self._require_primary(context)
         self._scope(context, request.session_id, admin=request.force)
         change = await self.store.commit_lease(
@@ -668,6 +686,15 @@ STORED_EVENT_OVERHEAD = 16
 DEFAULT_PAGE_SIZE = 100
 MAX_PAGE_SIZE = 1000
 DEFAULT_LEASE_TTL_NS = 30 * 1_000_000_000
+
+
+def _is_move_copy(context: grpc.aio.ServicerContext) -> bool:
+    """The call carries MOVE_HEADER: a slot move's copy (see ``Ownership.check_copy``)."""
+    for key, value in context.invocation_metadata() or ():
+        if key == MOVE_HEADER:
+            text = value.decode() if isinstance(value, bytes) else str(value)
+            return text == MOVE_COPY
+    return False
 
 
 def _serialize(message: Message | Any) -> bytes:

@@ -13,6 +13,12 @@ Invariants:
   ShardMapUnavailable.
 - A fork stays within one group: its parent and its new session have one owner
   (``check_fork``).
+- A frozen slot (the map's ``frozen``: a move under way, ``shard.move``) is read (on its
+  owner) but not written: ``check_write`` raises SlotMoving for it, on every group.
+  ``refusal`` asks the same inside the writer's transaction (``storage.writer``'s ``admits``),
+  so a write checked against an older map cannot commit after a freeze took effect;
+  ``settled_epoch`` is the epoch from which on that holds (``barrier``: every write checked
+  against an older map has committed by then).
 - Which group is mine is the ``--group`` name, else the group that lists my address as a member.
   A map without my group is refused by ``install`` (ShardMapError) and changes nothing.
 
@@ -30,6 +36,12 @@ from sessionlog.shard.shardmap import Group, ShardMap, ShardMapError
 from sessionlog.shard.slots import SLOTS, slot_of
 
 log = logging.getLogger(__name__)
+
+MOVE_HEADER = "x-sessionlog-move"
+"""Append metadata (value ``copy``) of a slot move's copy (``shard.move``): with an admin token
+and ``expected_seq``, the events go verbatim (their times kept) into a session of a slot this
+group does not own yet. See ``Ownership.check_copy``."""
+MOVE_COPY = "copy"
 
 PrimaryOf = Callable[[Group], str]
 """The address that takes a group's writes now ("" when unknown)."""
@@ -72,6 +84,10 @@ class Ownership:
         self.map: ShardMap | None = None
         self._mine: Group | None = None
         self._on_change: list[Callable[[ShardMap], None]] = []
+        self._settled = 0
+        self.barrier: Callable[[Callable[[], None]], None] | None = None
+        """Set by the composition: ``barrier(done)`` calls ``done`` once every write queued
+        before it has committed (a no-op through the writer); None: at once."""
 
     # --- what is held -------------------------------------------------------------------------
 
@@ -79,6 +95,12 @@ class Ownership:
     def epoch(self) -> int:
         """The held map's epoch (0: unsharded, or no map yet)."""
         return self.map.epoch if self.map is not None else 0
+
+    @property
+    def settled_epoch(self) -> int:
+        """The epoch of the held map once every write checked against an older one committed
+        (what GetStats reports as map_epoch: a mover waits for it before its last copy)."""
+        return self._settled if self.sharded else 0
 
     @property
     def group(self) -> str:
@@ -127,6 +149,15 @@ class Ownership:
             return False
         mine = self.mine_in(shard_map)
         self.map, self._mine = shard_map, mine
+        epoch = shard_map.epoch
+
+        def settle() -> None:
+            self._settled = max(self._settled, epoch)
+
+        if self.barrier is None:
+            settle()
+        else:
+            self.barrier(settle)
         for callback in self._on_change:
             try:
                 callback(shard_map)
@@ -149,6 +180,61 @@ class Ownership:
             if owner.name != mine.name:
                 raise self._wrong_group(session_id, slot, owner, shard_map.epoch)
 
+    def check_write(self, *session_ids: str) -> None:
+        """``check`` for a write: SlotMoving (retried by clients) for a session whose slot is
+        frozen (being moved), on its owner and on any other group alike: a client whose map
+        already names the slot's next owner waits there until the flip reaches it."""
+        for session_id in session_ids:
+            refusal = self.refusal(session_id)
+            if refusal is not None:
+                raise refusal
+
+    def refusal(self, session_id: str) -> errors.SessionLogError | None:
+        """Why a write to ``session_id`` may not commit now (None: it may): another group owns
+        it, its slot is frozen, or no map is held. Safe to call from the writer's thread."""
+        if not self.sharded:
+            return None
+        shard_map, mine = self.map, self._mine
+        if shard_map is None or mine is None:
+            return self.unavailable()
+        slot = slot_of(session_id)
+        owner = shard_map.owner_of_slot(slot)
+        if shard_map.is_frozen(slot):
+            return errors.SlotMoving(
+                f"session '{session_id}' (slot {slot}) is being moved to another group: its "
+                f"writes pause until the move's last copy is done (shard map epoch "
+                f"{shard_map.epoch}); retry shortly",
+                session_id=session_id,
+                slot=slot,
+                map_epoch=shard_map.epoch,
+            )
+        if owner.name != mine.name:
+            return self._wrong_group(session_id, slot, owner, shard_map.epoch)
+        return None
+
+    def check_copy(self, session_id: str, expected_seq: int | None) -> None:
+        """A move's copy (MOVE_HEADER) may only fill a session whose slot another group owns
+        (the slot's next owner takes it before the map gives it the slot), at a given seq."""
+        if not self.sharded:
+            raise errors.FailedPrecondition(
+                "a slot move's copy goes to a server with --shard-map etcd; this one is not sharded"
+            )
+        if self.map is None or self._mine is None:
+            raise self.unavailable()
+        if self.owns(session_id):
+            raise errors.FailedPrecondition(
+                f"session '{session_id}' (slot {slot_of(session_id)}) is owned by this group "
+                f"'{self.group}' (shard map epoch {self.epoch}): a move's copy only fills a "
+                "group before the map gives it the slot",
+                session_id=session_id,
+                slot=slot_of(session_id),
+                map_epoch=self.epoch,
+            )
+        if expected_seq is None:
+            raise errors.MalformedRequest(
+                "a slot move's copy names the seq its first event takes (expected_seq)"
+            )
+
     def check_fork(self, source: str, target: str) -> None:
         """Raise unless my group owns ``source`` and ``target`` lies in the same group."""
         self.check(source)
@@ -168,6 +254,9 @@ class Ownership:
                 target_group=target_group.name,
                 map_epoch=self.map.epoch,
             )
+        refusal = self.refusal(target)  # the new session is written: not in a frozen slot
+        if refusal is not None:
+            raise refusal
 
     def owns(self, session_id: str) -> bool:
         """My group owns ``session_id`` now (always unsharded; never while no map is held)."""

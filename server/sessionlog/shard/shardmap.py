@@ -19,6 +19,14 @@ The map is written as TOML for static deployments (``--shard-map FILE``)::
     members = ["10.0.1.1:50051", "10.0.1.2:50051", "10.0.1.3:50051"]
     slots = ["512-1023"]
 
+A map may also list slots whose writes are paused while they move to another group
+(``sessionlog cluster move-slot``, ``shard.move``)::
+
+    frozen = ["17"]
+
+The owner of a frozen slot still serves its reads but refuses its writes (SLOT_MOVING, retried by
+the clients) until a map of a higher epoch gives the slot to the new owner unfrozen.
+
 ``http`` lists each member's ``--http-listen`` address in the same order: the HAProxy
 configuration (``sessionlog cluster haproxy``) health-checks ``/primary`` and ``/healthz`` there.
 The map is also written as JSON, the same fields, under etcd's ``/sessionlog/shards`` key
@@ -85,9 +93,15 @@ class ShardMap:
 
     epoch: int
     groups: tuple[Group, ...]
+    frozen: frozenset[int] = frozenset()
+    """Slots being moved: their owner serves reads but refuses writes (SLOT_MOVING)."""
 
     def __post_init__(self) -> None:
         _validate(self.epoch, self.groups)
+        object.__setattr__(self, "frozen", frozenset(self.frozen))
+        for slot in self.frozen:
+            if not 0 <= slot < SLOTS:
+                raise ShardMapError(f"frozen slot {slot} is outside 0-{SLOTS - 1}")
         owners: list[int] = [-1] * SLOTS
         for index, group in enumerate(self.groups):
             for first, last in group.ranges:
@@ -118,6 +132,10 @@ class ShardMap:
         """The group that owns ``session_id``'s slot."""
         return self.owner_of_slot(slot_of(session_id))
 
+    def is_frozen(self, slot: int) -> bool:
+        """The slot's writes are paused (it is being moved)."""
+        return slot in self.frozen
+
     def group_of_member(self, address: str) -> Group | None:
         """The group that lists ``address`` as a member, or None."""
         for group in self.groups:
@@ -128,7 +146,7 @@ class ShardMap:
     # --- changing (a new map, one epoch up) ---------------------------------------------------
 
     def with_slots(self, slots: Iterable[int], to: str) -> ShardMap:
-        """This map with ``slots`` owned by group ``to``, at epoch + 1."""
+        """This map with ``slots`` owned by group ``to`` and no longer frozen, at epoch + 1."""
         target = self.group(to)
         moving = set(slots)
         for slot in moving:
@@ -139,7 +157,11 @@ class ShardMap:
             owned = {s for a, b in group.ranges for s in range(a, b + 1)}
             owned = owned | moving if group.name == target.name else owned - moving
             groups.append(Group(group.name, group.members, _ranges_of(owned), group.http))
-        return ShardMap(self.epoch + 1, tuple(groups))
+        return ShardMap(self.epoch + 1, tuple(groups), self.frozen - moving)
+
+    def with_frozen(self, slots: Iterable[int]) -> ShardMap:
+        """This map with ``slots`` frozen too (their writes paused), at epoch + 1."""
+        return ShardMap(self.epoch + 1, self.groups, self.frozen | set(slots))
 
     @staticmethod
     def even_split(
@@ -162,14 +184,15 @@ class ShardMap:
     # --- text forms ---------------------------------------------------------------------------
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "epoch": self.epoch,
-            "groups": {
-                g.name: {"members": list(g.members), "slots": g.range_text()}
-                | ({"http": list(g.http)} if g.http else {})
-                for g in self.groups
-            },
+        data: dict[str, Any] = {"epoch": self.epoch}
+        if self.frozen:
+            data["frozen"] = [f"{a}" if a == b else f"{a}-{b}" for a, b in _ranges_of(self.frozen)]
+        data["groups"] = {
+            g.name: {"members": list(g.members), "slots": g.range_text()}
+            | ({"http": list(g.http)} if g.http else {})
+            for g in self.groups
         }
+        return data
 
     def to_toml(self) -> str:
         return tomli_w.dumps(self.to_dict())
@@ -181,7 +204,7 @@ class ShardMap:
     def from_dict(data: object) -> ShardMap:
         if not isinstance(data, dict):
             raise ShardMapError("a shard map is a table with `epoch` and `groups`")
-        unknown = set(data) - {"epoch", "groups"}
+        unknown = set(data) - {"epoch", "groups", "frozen"}
         if unknown:
             raise ShardMapError(f"unknown shard map key(s): {', '.join(sorted(unknown))}")
         epoch = data.get("epoch")
@@ -206,9 +229,13 @@ class ShardMap:
             http = body.get("http", [])
             if not isinstance(http, list) or not all(isinstance(h, str) for h in http):
                 raise ShardMapError(f"group {name!r}: `http` must be a list of HOST:PORT")
-            ranges = _parse_ranges(str(name), slots)
+            ranges = _parse_ranges(f"group {str(name)!r}", slots)
             groups.append(Group(str(name), tuple(members), ranges, tuple(http)))
-        return ShardMap(epoch, tuple(groups))
+        frozen = data.get("frozen", [])
+        if not isinstance(frozen, list) or not all(isinstance(s, str | int) for s in frozen):
+            raise ShardMapError('`frozen` must be a list of slots like ["17"]')
+        paused = {s for a, b in _parse_ranges("`frozen`", frozen) for s in range(a, b + 1)}
+        return ShardMap(epoch, tuple(groups), frozenset(paused))
 
     @staticmethod
     def from_toml(text: str) -> ShardMap:
@@ -240,19 +267,19 @@ class ShardMap:
             raise ShardMapError(f"{path}: {exc}") from exc
 
 
-def _parse_ranges(group: str, items: Sequence[str | int]) -> tuple[tuple[int, int], ...]:
+def _parse_ranges(where: str, items: Sequence[str | int]) -> tuple[tuple[int, int], ...]:
     owned: set[int] = set()
     for item in items:
         match = _RANGE.match(str(item).strip())
         if not match:
-            raise ShardMapError(f"group {group!r}: {item!r} is not a slot or a range like 0-511")
+            raise ShardMapError(f"{where}: {item!r} is not a slot or a range like 0-511")
         first = int(match.group(1))
         last = int(match.group(2)) if match.group(2) is not None else first
         if first > last or last >= SLOTS:
-            raise ShardMapError(f"group {group!r}: range {item!r} is not within 0-{SLOTS - 1}")
+            raise ShardMapError(f"{where}: range {item!r} is not within 0-{SLOTS - 1}")
         overlap = owned & set(range(first, last + 1))
         if overlap:
-            raise ShardMapError(f"group {group!r}: slot {min(overlap)} is listed twice")
+            raise ShardMapError(f"{where}: slot {min(overlap)} is listed twice")
         owned.update(range(first, last + 1))
     return _ranges_of(owned)
 

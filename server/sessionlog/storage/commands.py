@@ -70,6 +70,9 @@ class AppendBatch:
     lease_token: int = 0
     lenient: bool = False
     create_only: bool = False
+    moving_in: bool = False
+    """Events copied in by a slot move (``shard.move``): the writer's ``admits`` hook, which
+    refuses writes to sessions this group does not own, lets it through."""
     """CreateSession / SeedSession: refuse an existing session, create even with no events."""
 
 
@@ -91,6 +94,7 @@ class AppendCommand:
         self._batch = batch
         self.kind = "create" if batch.create_only else "append"
         self.session_id = batch.session_id
+        self.moving_in = batch.moving_in
         self._ttl_ns = request_id_ttl_ns
         self._touched: list[str] = []
 
@@ -211,6 +215,7 @@ class ForkCommand:
         self._at_seq = at_seq
         self._child_id = child_id or f"fork-{uuid.uuid4().hex}"
         self.kind = "fork"
+        self.moving_in = False
         self.session_id = self._child_id
         self._touched: list[str] = []
 
@@ -351,6 +356,7 @@ class LeaseCommand:
         self._ttl_ns = ttl_ns
         self._force = force
         self.kind = "lease"
+        self.moving_in = False
         self.session_id = session_id
 
     def size(self) -> int:

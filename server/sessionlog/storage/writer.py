@@ -34,6 +34,10 @@ Invariants:
   command: every command of the group gets the same refusal at once, without retries. LMDB
   leaves the environment as it was before the failed transaction, so the next group is
   written as soon as the disk allows (no restart);
+- ``admits`` (set by the composition from the shard map, ``shard.ownership``) is asked inside
+  the write transaction, right before a command of this store's own applies: a session its
+  group does not own, or whose slot is frozen for a move, is refused there, writing nothing,
+  however long ago the command was checked and queued (a move's copies, ``moving_in``, pass);
 - an LMDB panic (a failed meta page write) leaves the environment unusable: the writer refuses
   every later command with STORAGE_IO_ERROR and tells ``on_broken``, once;
 - a write that meets a damaged page (LMDB then refuses the whole transaction) fails alone with
@@ -94,6 +98,9 @@ class Command(_Queued, Protocol):
     """A write of this store's own: applied to a ``RecordingTxn``, from whose record
     of the puts the writer makes the command's change-feed record."""
 
+    moving_in: bool
+    """A slot move's copy (or no write to a session at all): ``admits`` is not asked."""
+
     def apply(self, txn: RecordingTxn, now_ns: int) -> Any:
         """Check, then write. Raise a SessionLogError (having written nothing) to refuse."""
 
@@ -108,6 +115,23 @@ class ReplicatedCommand(_Queued, Protocol):
 
 Waiting = Future[Any] | asyncio.Future[Any]
 """A caller's future: a thread's (``submit``) or an event loop's (``submit_on_loop``)."""
+
+
+class _Barrier:
+    """Writes nothing (``Writer.barrier``)."""
+
+    kind = "barrier"
+    session_id = ""
+    moving_in = True  # not a write to any session: ``admits`` is not asked
+
+    def size(self) -> int:
+        return 0
+
+    def touched(self) -> Sequence[str]:
+        return ()
+
+    def apply(self, txn: RecordingTxn, now_ns: int) -> None:
+        return None
 
 
 @dataclass(slots=True)
@@ -192,6 +216,8 @@ class Writer:
         self._own_lock = threading.Lock()
         self._replies: list[_Reply] = []
         """Outcomes for loop futures, handed to their loops together (``_deliver``)."""
+        self.admits: Callable[[str], errors.SessionLogError | None] | None = None
+        """Why a write to a session may not commit now (None: it may); see the invariants."""
         self.stalled: tuple[str, float] | None = None
         """While the writer waits in LMDB (for the write lock, which another process of the
         server may hold, or for a commit's sync): what it waits for, since when (monotonic).
@@ -212,6 +238,11 @@ class Writer:
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._queue_job(_Job(command, future))
         return future
+
+    def barrier(self) -> Future[Any]:
+        """A future resolved once every command queued before it has been committed (or
+        refused): a write that writes nothing, in the next group."""
+        return self.submit(_Barrier())
 
     def submit_replicated(self, command: ReplicatedCommand) -> Future[changes.ApplyResult]:
         """Queue a command that records no change of its own (see ``ReplicatedCommand``)."""
@@ -408,6 +439,11 @@ class Writer:
             return False, leadership.not_primary(lead), feed
         if not self._may_write():
             return False, _leadership_lost(committed=False), feed
+        admits = self.admits
+        if admits is not None and not command.moving_in:
+            refusal = admits(command.session_id)
+            if refusal is not None:
+                return False, refusal, feed
         recording = RecordingTxn(txn, self._tables)
         try:
             result = command.apply(recording, now_ns)

@@ -1,0 +1,459 @@
+"""`sessionlog cluster move-slot S --to G`: move one slot's sessions to another group, live.
+
+    1. copy      every session of the slot, read from the source group's primary (Since), is
+                 appended verbatim (times kept, seqs checked with expected_seq) to the target
+                 group's primary, while the slot keeps taking writes on the source;
+    2. freeze    a map one epoch up lists the slot under ``frozen``: the source serves its reads
+                 but refuses its writes (UNAVAILABLE, SLOT_MOVING, which clients retry); the
+                 mover waits until every member of the source group reports that epoch as
+                 settled (GetStats map_epoch: every write checked against the older map has
+                 committed, and the writer refuses the slot's writes in their transaction), and
+                 of the target group (which then answers the slot's writes SLOT_MOVING too, so
+                 that a client sent there early waits for the flip instead of bouncing back);
+    3. tail      what was appended since the copy (and sessions created meanwhile) is copied;
+    4. flip      a map one more epoch up gives the slot to the target, unfrozen; the mover waits
+                 until every member of both groups holds it. A write retried against the source
+                 is now told WRONG_GROUP, naming the target's primary.
+
+Writes to the slot pause from the freeze to the flip (the report prints how long). The copy
+goes to a session of a slot the target does not own yet (an Append with ``x-sessionlog-move:
+copy``, an admin token and ``expected_seq``, see ``Ownership.check_copy``), so no session is
+writable in two groups at once: before the flip only the source takes the slot's writes, after
+it only the target. A move that fails before the flip puts the map back unfrozen; a copy found
+on the target from an earlier, interrupted attempt is continued from its next seq.
+
+Maps live in etcd (``--shard-map etcd`` servers): a static map file cannot be frozen and flipped
+under running servers, so the command needs ``--cluster etcd://...``.
+Exit status: 0 moved, 1 refused or failed (the message says why), 2 a usage error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import grpc
+
+from sessionlog.shard.ownership import MOVE_COPY, MOVE_HEADER
+from sessionlog.shard.scatter import SCOPE_GROUP, SCOPE_HEADER
+from sessionlog.shard.shardmap import SHARDS_KEY, Group, ShardMap, ShardMapError
+from sessionlog.shard.slots import SESSION_HEADER, SLOTS, slot_of
+
+if TYPE_CHECKING:
+    from sessionlog.cluster import etcd
+
+CALL_TIMEOUT_SECONDS = 10.0
+SETTLE_TIMEOUT_SECONDS = 30.0
+"""How long the mover waits for every member to report a map it put."""
+COPY_BATCH = 200
+"""Events per copying Append, at most."""
+COPY_BATCH_BYTES = 1 << 20
+"""Bytes of events per copying Append, at most (one larger event goes alone)."""
+PAGE_SIZE = 1000
+
+
+class MoveError(Exception):
+    """The move was refused or failed; the message says why (and what state the map is in)."""
+
+
+@dataclass
+class MoveReport:
+    slot: int
+    source: str
+    target: str
+    sessions: int = 0
+    copied_live: int = 0
+    """Events copied while the slot still took writes."""
+    copied_paused: int = 0
+    """Events copied while its writes were paused."""
+    pause_seconds: float = 0.0
+    """From the freeze's put to the flip's put: how long the slot's writes were refused."""
+    epochs: list[int] = field(default_factory=list)
+
+
+def add_command(actions: Any) -> None:
+    """Register `sessionlog cluster move-slot`."""
+    move = actions.add_parser(
+        "move-slot",
+        help="move one slot's sessions to another group, with a brief pause of its writes",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    move.add_argument("slot", metavar="S", type=int, help=f"the slot (0-{SLOTS - 1})")
+    move.add_argument("--to", required=True, metavar="GROUP", help="the group to move it to")
+    move.add_argument(
+        "--cluster",
+        metavar="etcd://HOST:PORT[,HOST:PORT]",
+        help="the etcd endpoints of the cluster (required: the map lives in etcd)",
+    )
+    move.add_argument(
+        "--wait",
+        type=float,
+        default=SETTLE_TIMEOUT_SECONDS,
+        metavar="SECONDS",
+        help="how long to wait for every member to take a new map (default %(default)s)",
+    )
+    move.add_argument(
+        "--token",
+        default=os.environ.get("SESSIONLOG_TOKEN", ""),
+        help="an admin token, for servers with --auth-tokens [env SESSIONLOG_TOKEN]",
+    )
+    move.set_defaults(run=_run)
+
+
+def _run(args: argparse.Namespace) -> int:
+    if not args.cluster:
+        print(
+            "sessionlog cluster move-slot: needs --cluster etcd://...: a slot moves by maps "
+            "put in etcd, which the servers (--shard-map etcd) follow; a static --shard-map "
+            "file cannot be changed under running servers",
+            file=sys.stderr,
+        )
+        return 2
+    from sessionlog.cluster import etcd
+    from sessionlog.cluster.settings import parse_cluster
+
+    try:
+        endpoints = etcd.Endpoints(parse_cluster(args.cluster), 3.0)
+    except ValueError as exc:
+        print(f"sessionlog cluster move-slot: --cluster: {exc}", file=sys.stderr)
+        return 2
+    try:
+        report = move_slot(
+            endpoints, args.slot, args.to, token=args.token, say=print, settle_timeout=args.wait
+        )
+    except MoveError as exc:
+        print(f"sessionlog cluster move-slot: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        endpoints.close()
+    print(
+        f"moved slot {report.slot} from {report.source} to {report.target}: "
+        f"{report.sessions} session(s), {report.copied_live} event(s) copied live, "
+        f"{report.copied_paused} while paused; writes paused {report.pause_seconds:.3f} s; "
+        f"map epochs {', '.join(map(str, report.epochs))}"
+    )
+    return 0
+
+
+def move_slot(
+    endpoints: etcd.Endpoints,
+    slot: int,
+    to: str,
+    *,
+    token: str = "",
+    say: Callable[[str], None] = lambda _: None,
+    settle_timeout: float = SETTLE_TIMEOUT_SECONDS,
+) -> MoveReport:
+    """Move ``slot`` to group ``to`` (the module docstring's phases); MoveError says why not."""
+    if not 0 <= slot < SLOTS:
+        raise MoveError(f"slot {slot} is outside 0-{SLOTS - 1}")
+    current, _ = _read_map(endpoints)
+    if not current.has_group(to):
+        known = ", ".join(g.name for g in current.groups)
+        raise MoveError(f"the shard map (epoch {current.epoch}) has no group {to!r} ({known})")
+    source = current.owner_of_slot(slot)
+    if source.name == to:
+        raise MoveError(f"slot {slot} is already owned by group {to!r}: nothing to move")
+    target = current.group(to)
+    report = MoveReport(slot, source.name, target.name)
+    with _Groups(current, token) as groups:
+        src = groups.primary(source)
+        dst = groups.primary(target)
+        copier = _Copier(groups.channel(src), groups.channel(dst), slot, groups.metadata)
+        if not current.is_frozen(slot):
+            say(f"copying slot {slot} from {source.name} ({src}) to {target.name} ({dst})")
+            report.copied_live = copier.copy_all()
+            frozen = current.with_frozen([slot])
+            _put(endpoints, current, frozen)
+        else:  # an earlier attempt froze it and stopped: carry on from there
+            frozen = current
+        paused_at = time.monotonic()
+        report.epochs.append(frozen.epoch)
+        try:
+            say(f"slot {slot} frozen at epoch {frozen.epoch}; waiting for {source.name}")
+            groups.wait_settled(source, frozen.epoch, settle_timeout)
+            groups.wait_settled(target, frozen.epoch, settle_timeout)  # waits, not redirects
+            # The primaries again: a failover since the first copy must not leave the tail to be
+            # read from a member that lags (the copied seqs carry over).
+            copier.use(
+                groups.channel(groups.primary(source)), groups.channel(groups.primary(target))
+            )
+            report.copied_paused = copier.copy_all()
+            flipped = frozen.with_slots([slot], target.name)
+            _put(endpoints, frozen, flipped)
+        except BaseException as exc:
+            _thaw(endpoints, slot, say)
+            if isinstance(exc, MoveError):
+                raise MoveError(f"{exc}; the slot stays with {source.name}") from None
+            raise
+        report.pause_seconds = time.monotonic() - paused_at
+        report.epochs.append(flipped.epoch)
+        report.sessions = len(copier.copied)
+        say(f"slot {slot} owned by {target.name} at epoch {flipped.epoch}")
+        try:
+            groups.wait_settled(source, flipped.epoch, settle_timeout)
+            groups.wait_settled(target, flipped.epoch, settle_timeout)
+        except MoveError as exc:
+            raise MoveError(
+                f"slot {slot} moved to {target.name} (map epoch {flipped.epoch}), but {exc}: "
+                "that member takes the map when it reads etcd again"
+            ) from None
+    return report
+
+
+# --- etcd ----------------------------------------------------------------------------------
+
+
+def _read_map(endpoints: etcd.Endpoints) -> tuple[ShardMap, int]:
+    from sessionlog.cluster import etcd
+
+    try:
+        found, _ = endpoints.get(SHARDS_KEY)
+    except (etcd.EtcdUnavailable, etcd.EtcdError) as exc:
+        raise MoveError(f"etcd: {exc}") from exc
+    if found is None:
+        raise MoveError(f"etcd holds no shard map at {SHARDS_KEY} (`sessionlog cluster map put`)")
+    try:
+        return ShardMap.from_json(found.value), found.mod_revision
+    except ShardMapError as exc:
+        raise MoveError(f"the map stored at {SHARDS_KEY} is not valid: {exc}") from exc
+
+
+def _put(endpoints: etcd.Endpoints, expected: ShardMap, new: ShardMap) -> None:
+    """Replace ``expected`` by ``new`` in etcd, unless someone else changed the map meanwhile."""
+    from sessionlog.cluster import etcd
+
+    try:
+        found, _ = endpoints.get(SHARDS_KEY)
+        if found is None or ShardMap.from_json(found.value) != expected:
+            raise MoveError(f"{SHARDS_KEY} was changed by someone else during the move")
+        done, _, _ = endpoints.txn(
+            {
+                "compare": [etcd.compare_modified(SHARDS_KEY, found.mod_revision)],
+                "success": [etcd.request_put(SHARDS_KEY, new.to_json().encode())],
+            }
+        )
+    except (etcd.EtcdUnavailable, etcd.EtcdError) as exc:
+        raise MoveError(f"etcd: {exc}") from exc
+    except ShardMapError as exc:
+        raise MoveError(f"the map stored at {SHARDS_KEY} is not valid: {exc}") from exc
+    if not done:
+        raise MoveError(f"{SHARDS_KEY} was changed by someone else during the move")
+
+
+def _thaw(endpoints: etcd.Endpoints, slot: int, say: Callable[[str], None]) -> None:
+    """After a failure before the flip: the map again without the slot frozen (best effort)."""
+    try:
+        held, _ = _read_map(endpoints)
+        if held.is_frozen(slot):
+            thawed = ShardMap(held.epoch + 1, held.groups, held.frozen - {slot})
+            _put(endpoints, held, thawed)
+            say(f"slot {slot} unfrozen at epoch {thawed.epoch}")
+    except MoveError as exc:
+        say(f"could not unfreeze slot {slot} ({exc}): run the move again, or put a map")
+
+
+# --- the groups' servers -------------------------------------------------------------------
+
+
+class _Groups:
+    """Channels to the members of the map's groups, and their answers."""
+
+    def __init__(self, shard_map: ShardMap, token: str) -> None:
+        self.shard_map = shard_map
+        self.metadata: tuple[tuple[str, str], ...] = (
+            (("authorization", f"Bearer {token}"),) if token else ()
+        )
+        self._channels: dict[str, grpc.Channel] = {}
+
+    def __enter__(self) -> _Groups:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        for channel in self._channels.values():
+            channel.close()
+
+    def channel(self, address: str) -> grpc.Channel:
+        if address not in self._channels:
+            self._channels[address] = grpc.insecure_channel(address)
+        return self._channels[address]
+
+    def primary(self, group: Group) -> str:
+        """The group's current primary, as its members' GetShardMap names it."""
+        from sessionlog_client.v1 import session_log_service_pb2 as pb
+        from sessionlog_client.v1 import session_log_service_pb2_grpc as rpc
+
+        problems = []
+        for member in group.members:
+            stub = rpc.SessionLogServiceStub(self.channel(member))  # type: ignore[no-untyped-call]
+            try:
+                reply = stub.GetShardMap(
+                    pb.GetShardMapRequest(), timeout=CALL_TIMEOUT_SECONDS, metadata=self.metadata
+                )
+            except grpc.RpcError as exc:
+                problems.append(f"{member}: {exc.code().name} {exc.details()}")
+                continue
+            for known in reply.shard_map.groups:
+                if known.name == group.name and known.primary:
+                    return str(known.primary)
+            problems.append(f"{member}: knows no primary of {group.name} yet")
+        raise MoveError(f"no primary of group {group.name} found ({'; '.join(problems)})")
+
+    def wait_settled(self, group: Group, epoch: int, timeout: float) -> None:
+        """Until every member of ``group`` reports ``epoch`` (or higher) as settled."""
+        from sessionlog_client.v1 import admin_service_pb2 as apb
+        from sessionlog_client.v1 import admin_service_pb2_grpc as arpc
+
+        deadline = time.monotonic() + timeout
+        waiting = list(group.members)
+        last = ""
+        while waiting:
+            for member in list(waiting):
+                stub = arpc.AdminServiceStub(self.channel(member))  # type: ignore[no-untyped-call]
+                try:
+                    stats = stub.GetStats(
+                        apb.GetStatsRequest(), timeout=CALL_TIMEOUT_SECONDS, metadata=self.metadata
+                    )
+                except grpc.RpcError as exc:
+                    last = f"{member}: {exc.code().name} {exc.details()}"
+                    continue
+                if stats.map_epoch >= epoch:
+                    waiting.remove(member)
+                else:
+                    last = f"{member} holds epoch {stats.map_epoch}"
+            if waiting and time.monotonic() > deadline:
+                raise MoveError(
+                    f"group {group.name}: not every member took the map at epoch {epoch} "
+                    f"within {timeout:.0f} s ({last})"
+                )
+            if waiting:
+                time.sleep(0.05)
+
+
+class _Copier:
+    """Copies the slot's sessions from the source primary to the target primary."""
+
+    def __init__(
+        self,
+        source: grpc.Channel,
+        target: grpc.Channel,
+        slot: int,
+        metadata: Sequence[tuple[str, str]],
+    ) -> None:
+        self.use(source, target)
+        self._slot = slot
+        self._metadata = tuple(metadata)
+        self.copied: dict[str, int] = {}
+        """Session id -> the next seq the target holds."""
+
+    def use(self, source: grpc.Channel, target: grpc.Channel) -> None:
+        """Read from ``source`` and write to ``target`` from now on."""
+        from sessionlog_client.v1 import session_log_service_pb2_grpc as rpc
+
+        self._source = rpc.SessionLogServiceStub(source)  # type: ignore[no-untyped-call]
+        self._target = rpc.SessionLogServiceStub(target)  # type: ignore[no-untyped-call]
+
+    def copy_all(self) -> int:
+        """Copy what the target lacks of every session of the slot; the events copied."""
+        total = 0
+        try:
+            for session_id in self._sessions():
+                total += self._copy(session_id)
+        except grpc.RpcError as exc:
+            raise MoveError(
+                f"reading slot {self._slot} from the source failed: {exc.code().name} "
+                f"{exc.details()}"
+            ) from None
+        return total
+
+    def _sessions(self) -> list[str]:
+        from sessionlog_client.v1 import session_log_service_pb2 as pb
+
+        found: list[str] = []
+        token = ""
+        for _ in range(1_000_000):
+            reply = self._source.ListSessions(
+                pb.ListSessionsRequest(page_size=PAGE_SIZE, page_token=token),
+                timeout=CALL_TIMEOUT_SECONDS,
+                metadata=(*self._metadata, (SCOPE_HEADER, SCOPE_GROUP)),
+            )
+            found += [s.session_id for s in reply.sessions if slot_of(s.session_id) == self._slot]
+            token = reply.next_page_token
+            if not token:
+                break
+        return found
+
+    def _copy(self, session_id: str) -> int:
+        from sessionlog_client.v1 import session_log_service_pb2 as pb
+
+        start = self.copied.get(session_id, 0)
+        events = []
+        stream = self._source.Since(
+            pb.SinceRequest(session_id=session_id, seq=start),
+            timeout=CALL_TIMEOUT_SECONDS * 6,
+            metadata=(*self._metadata, (SESSION_HEADER, session_id)),
+        )
+        for reply in stream:
+            events.extend(reply.events)
+        copied = 0
+        seq = start
+        while events:
+            take, size = 0, 0
+            while take < min(len(events), COPY_BATCH):
+                size += events[take].ByteSize()
+                if take and size > COPY_BATCH_BYTES:
+                    break
+                take += 1
+            batch, events = events[:take], events[take:]
+            for event in batch:
+                event.ClearField("seq")
+            try:
+                reply = self._target.Append(
+                    pb.AppendRequest(session_id=session_id, events=batch, expected_seq=seq),
+                    timeout=CALL_TIMEOUT_SECONDS,
+                    metadata=(
+                        *self._metadata,
+                        (SESSION_HEADER, session_id),
+                        (MOVE_HEADER, MOVE_COPY),
+                    ),
+                )
+            except grpc.RpcError as exc:
+                held = _conflict_next_seq(exc)
+                if held is None or held < seq:
+                    raise MoveError(
+                        f"copying session '{session_id}' to the target failed: "
+                        f"{exc.code().name} {exc.details()}"
+                    ) from None
+                # An earlier attempt copied up to ``held`` already: carry on from there.
+                skip = held - seq
+                events = (batch + events)[skip:]
+                seq = held
+                self.copied[session_id] = seq
+                continue
+            copied += len(batch)
+            seq = reply.next_seq
+            self.copied[session_id] = seq
+        return copied
+
+
+def _conflict_next_seq(exc: grpc.RpcError) -> int | None:
+    """The target's next seq when an Append was refused with SeqConflict (ABORTED), else None."""
+    if exc.code() != grpc.StatusCode.ABORTED:
+        return None
+    from google.rpc import error_details_pb2, status_pb2
+
+    for key, value in exc.trailing_metadata() or ():
+        if key != "grpc-status-details-bin":
+            continue
+        status = status_pb2.Status.FromString(value)
+        for detail in status.details:
+            info = error_details_pb2.ErrorInfo()
+            if detail.Unpack(info) and "next_seq" in info.metadata:
+                return int(info.metadata["next_seq"])
+    return None

@@ -23,6 +23,7 @@ Pure: no gRPC, no etcd, no clock. ``shard.source`` feeds maps from etcd; ``on_ch
 from __future__ import annotations
 
 import logging
+import uuid
 from collections.abc import Callable
 
 from sessionlog import errors
@@ -30,6 +31,10 @@ from sessionlog.shard.shardmap import Group, ShardMap, ShardMapError
 from sessionlog.shard.slots import SLOTS, slot_of
 
 log = logging.getLogger(__name__)
+
+FORK_ID_ATTEMPTS = 100_000
+"""Random fork ids tried for one in my group's slots: owning one slot of 1,024, all of them
+miss with a chance of about e^-97."""
 
 PrimaryOf = Callable[[Group], str]
 """The address that takes a group's writes now ("" when unknown)."""
@@ -168,6 +173,26 @@ class Ownership:
                 target_group=target_group.name,
                 map_epoch=self.map.epoch,
             )
+
+    def fork_id(self) -> str:
+        """The id of a fork whose caller named none: "" unsharded (the store makes one up),
+        else a new ``fork-<uuid>`` whose slot my group owns, so that the fork stays in its
+        parent's group (a made-up id anywhere would name another group's slot)."""
+        if not self.sharded:
+            return ""
+        mine = self._mine
+        if mine is None:
+            raise self.unavailable()
+        for _ in range(FORK_ID_ATTEMPTS):
+            candidate = f"fork-{uuid.uuid4().hex}"
+            if mine.owns_slot(slot_of(candidate)):
+                return candidate
+        raise errors.CrossGroupFork(  # only when my group owns no slot
+            f"group '{mine.name}' owns no slot, so a fork made here would lie in another "
+            "group; fork on the group that owns the parent",
+            source_group=mine.name,
+            map_epoch=self.epoch,
+        )
 
     def owns(self, session_id: str) -> bool:
         """My group owns ``session_id`` now (always unsharded; never while no map is held)."""

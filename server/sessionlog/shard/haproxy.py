@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from sessionlog.config import DEFAULT_HEARTBEAT_SECONDS
-from sessionlog.shard.shardmap import Group, ShardMap, ShardMapError
+from sessionlog.shard.shardmap import Group, ShardMap, ShardMapError, is_address
 from sessionlog.shard.slots import SESSION_HEADER, SLOTS
 
 SERVICE = "/sessionlog.v1.SessionLogService/"
@@ -61,8 +61,23 @@ def _seconds(value: float) -> str:
 
 
 def _split(address: str) -> tuple[str, str]:
+    """Host and port; an IPv6 host keeps its brackets (HAProxy's ``addr`` refuses ``::1``)."""
     host, _, port = address.rpartition(":")
-    return host.strip("[]"), port
+    return host, port
+
+
+def _check_bind(bind: str) -> None:
+    """``HOST:PORT``, ``[v6]:PORT`` or ``:PORT`` (every address): a line of haproxy.cfg."""
+    if not is_address(bind) and not (bind.startswith(":") and is_address("any" + bind)):
+        raise ShardMapError(f"--bind {bind!r}: HAProxy's listen address is HOST:PORT or :PORT")
+
+
+def _bind_argument(text: str) -> str:
+    try:
+        _check_bind(text)
+    except ShardMapError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
 
 
 def _check_groups(shard_map: ShardMap) -> None:
@@ -109,6 +124,7 @@ def render_config(
 ) -> str:
     """haproxy.cfg for ``shard_map``: the frontend on ``bind`` and two backends per group."""
     _check_groups(shard_map)
+    _check_bind(bind)
     if timeout <= 0 or check <= 0:
         raise ShardMapError("the timeout and the check interval must be positive")
     first = shard_map.groups[0].name
@@ -189,7 +205,11 @@ def add_command(actions: Any) -> None:
     command.add_argument("--shard-map", required=True, metavar="FILE", help="the map (TOML)")
     command.add_argument("--out", required=True, metavar="DIR", help="where the files go")
     command.add_argument(
-        "--bind", default=DEFAULT_BIND, metavar="HOST:PORT", help="where HAProxy listens"
+        "--bind",
+        type=_bind_argument,
+        default=DEFAULT_BIND,
+        metavar="HOST:PORT",
+        help="where HAProxy listens",
     )
     command.add_argument(
         "--timeout",

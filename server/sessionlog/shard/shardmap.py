@@ -53,6 +53,12 @@ MAX_MAP_BYTES = 4 << 20
 """A map file larger than this is refused unread (a map of a thousand groups is ~100 KB)."""
 
 
+def is_address(text: str) -> bool:
+    """``text`` is ``HOST:PORT`` (``[v6]:PORT`` for IPv6), port 1-65535, nothing around it."""
+    match = _ADDRESS.fullmatch(text)
+    return match is not None and 0 < int(match.group(2)) < 65536
+
+
 class ShardMapError(ValueError):
     """The map is not valid; the message says which field and why."""
 
@@ -307,8 +313,7 @@ def _validate(epoch: int, groups: Sequence[Group]) -> None:
         if not group.members:
             raise ShardMapError(f"group {group.name!r} has no members")
         for member in group.members:
-            match = _ADDRESS.fullmatch(member)
-            if not match or not 0 < int(match.group(2)) < 65536:
+            if not is_address(member):
                 raise ShardMapError(f"group {group.name!r}: member {member!r} is not HOST:PORT")
             if member in seen_members:
                 raise ShardMapError(
@@ -321,8 +326,7 @@ def _validate(epoch: int, groups: Sequence[Group]) -> None:
                 f"{len(group.members)} members (one per member, in the same order)"
             )
         for check in group.http:
-            match = _ADDRESS.fullmatch(check)
-            if not match or not 0 < int(match.group(2)) < 65536:
+            if not is_address(check):
                 raise ShardMapError(
                     f"group {group.name!r}: http address {check!r} is not HOST:PORT"
                 )

@@ -14,7 +14,10 @@ Invariants:
 - A fork stays within one group: its parent and its new session have one owner
   (``check_fork``).
 - Which group is mine is the ``--group`` name, else the group that lists my address as a member.
-  A map without my group is refused by ``install`` (ShardMapError) and changes nothing.
+  A first map without my group is refused by ``install`` (ShardMapError) and changes nothing. A
+  newer map that drops my group once I hold one is in force all the same, and my group then
+  owns nothing (every session is WRONG_GROUP, naming its new owner): keeping the older map would
+  leave this group writable for sessions the newer one gives to another.
 
 Pure: no gRPC, no etcd, no clock. ``shard.source`` feeds maps from etcd; ``on_change`` callbacks
 (the server wakes its follow streams, whose next read checks again) run after each install.
@@ -76,6 +79,8 @@ class Ownership:
         self.primary_of = primary_of
         self.map: ShardMap | None = None
         self._mine: Group | None = None
+        self._former = ""
+        """My group's name in the last map that had it (after a newer map dropped it)."""
         self._on_change: list[Callable[[ShardMap], None]] = []
 
     # --- what is held -------------------------------------------------------------------------
@@ -90,7 +95,7 @@ class Ownership:
         """My group's name ("" unsharded; the --group name, or "" until a map names mine)."""
         if self._mine is not None:
             return self._mine.name
-        return self._group_name
+        return self._group_name or self._former
 
     @property
     def owned_slots(self) -> int:
@@ -130,7 +135,17 @@ class Ownership:
         group of mine."""
         if self.map is not None and shard_map.epoch <= self.map.epoch:
             return False
-        mine = self.mine_in(shard_map)
+        try:
+            mine: Group | None = self.mine_in(shard_map)
+        except ShardMapError as exc:
+            if self.map is None:
+                raise
+            log.warning(
+                "the newer shard map has no group of this server: it owns no session now",
+                extra={"map_epoch": shard_map.epoch, "why": str(exc)},
+            )
+            mine = None
+            self._former = self.group
         self.map, self._mine = shard_map, mine
         for callback in self._on_change:
             try:
@@ -146,12 +161,12 @@ class Ownership:
         if not self.sharded:
             return
         shard_map, mine = self.map, self._mine
-        if shard_map is None or mine is None:
+        if shard_map is None:
             raise self.unavailable()
         for session_id in session_ids:
             slot = slot_of(session_id)
             owner = shard_map.owner_of_slot(slot)
-            if owner.name != mine.name:
+            if mine is None or owner.name != mine.name:
                 raise self._wrong_group(session_id, slot, owner, shard_map.epoch)
 
     def check_fork(self, source: str, target: str) -> None:

@@ -85,6 +85,13 @@ def _fail(message: str) -> int:
 
 
 def _slot(args: argparse.Namespace) -> int:
+    for session_id in args.session_ids:
+        try:
+            session_id.encode("utf-8")
+        except UnicodeEncodeError:  # bytes that are not UTF-8 on the command line
+            shown = session_id.encode("utf-8", "surrogateescape")[:60]
+            print(f"sessionlog cluster slot: {shown!r} is not valid UTF-8", file=sys.stderr)
+            return 2
     shard_map = None
     if args.shard_map:
         try:

@@ -298,3 +298,17 @@ def test_the_body_not_the_header_decides_ownership(groups: Groups) -> None:
         timeout=TIMEOUT,
     )
     check(error, FAILED, "WRONG_GROUP", session_id=foreign, group="g2")
+
+
+def test_an_invalid_id_of_another_groups_slot_is_invalid_not_wrong_group(groups: Groups) -> None:
+    """An id too long to be one: INVALID_SESSION_ID as on its owner, not a WRONG_GROUP that
+    echoes it (its trailers of 15 KB broke the call with RESOURCE_EXHAUSTED at the client)."""
+    long_id = next(
+        f"{'x' * 5000}{n}"
+        for n in range(100)
+        if groups.shard_map.owner(f"{'x' * 5000}{n}").name == "g2"
+    )
+    error = failure(
+        groups.stub1.GetSession, pb.GetSessionRequest(session_id=long_id), timeout=TIMEOUT
+    )
+    check(error, grpc.StatusCode.INVALID_ARGUMENT, "INVALID_SESSION_ID")

@@ -29,7 +29,7 @@ import logging
 import uuid
 from collections.abc import Callable
 
-from sessionlog import errors
+from sessionlog import errors, fold
 from sessionlog.shard.shardmap import Group, ShardMap, ShardMapError
 from sessionlog.shard.slots import SLOTS, slot_of
 
@@ -164,6 +164,9 @@ class Ownership:
         if shard_map is None:
             raise self.unavailable()
         for session_id in session_ids:
+            # Not an id at all (too long, ...): INVALID_SESSION_ID, as its owner would say; a
+            # WRONG_GROUP would echo it in trailers past the client's metadata limit.
+            fold.check_session_id(session_id)
             slot = slot_of(session_id)
             owner = shard_map.owner_of_slot(slot)
             if mine is None or owner.name != mine.name:

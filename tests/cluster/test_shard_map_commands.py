@@ -89,12 +89,20 @@ def test_put_says_when_etcd_cannot_be_reached(tmp_path: Path) -> None:
     assert "Traceback" not in done.stderr
 
 
-def test_a_non_utf8_id_is_a_usage_error(tmp_path: Path) -> None:
-    """An argument that is not UTF-8 has no slot: exit 2 with a sentence, not a traceback."""
+def test_bad_arguments_are_usage_errors(tmp_path: Path) -> None:
+    """An id that is not UTF-8 (it has no slot), a --cluster that is no etcd URL: exit 2 with
+    a sentence, not a traceback (and not 1, which says the map or etcd refused)."""
     done = _cli("slot", "fine", "\udcff")  # the byte 0xff on the command line
     assert done.returncode == 2, done.stderr
     assert "not valid UTF-8" in done.stderr
     assert "Traceback" not in done.stderr
+    path = tmp_path / "shards.toml"
+    path.write_text(MAP.format(epoch=1))
+    for args in (["get"], ["put", str(path)]):
+        done = _cli("map", *args, "--cluster", "nonsense")
+        assert done.returncode == 2, done.stderr
+        assert "--cluster" in done.stderr
+        assert "Traceback" not in done.stderr
 
 
 def test_a_damaged_key_is_refused_by_get_and_replaced_by_put(

@@ -127,6 +127,15 @@ def _check(args: argparse.Namespace) -> int:
     return 0
 
 
+class _Usage(Exception):
+    """A malformed argument: exit 2."""
+
+
+def _usage(exc: _Usage) -> int:
+    print(f"sessionlog cluster: {exc}", file=sys.stderr)
+    return 2
+
+
 def _endpoints(args: argparse.Namespace) -> etcd.Endpoints:
     # Here, not at the top: every other command of the CLI starts without requests and etcd3gw.
     from sessionlog.cluster import etcd
@@ -134,8 +143,8 @@ def _endpoints(args: argparse.Namespace) -> etcd.Endpoints:
 
     try:
         return etcd.Endpoints(parse_cluster(args.cluster), ETCD_TIMEOUT_SECONDS)
-    except ValueError as exc:
-        raise ShardMapError(f"--cluster: {exc}") from exc
+    except ValueError as exc:  # ShardMapError is one too: not a map's fault, a usage error
+        raise _Usage(f"--cluster: {exc}") from exc
 
 
 def _decode(found: etcd.KeyValue) -> ShardMap:
@@ -149,9 +158,13 @@ def _put(args: argparse.Namespace) -> int:
     from sessionlog.cluster import etcd
 
     try:
-        shard_map = ShardMap.load(args.file)
         endpoints = _endpoints(args)
+    except _Usage as exc:
+        return _usage(exc)
+    try:
+        shard_map = ShardMap.load(args.file)
     except ShardMapError as exc:
+        endpoints.close()
         return _fail(str(exc))
     try:
         found, _ = endpoints.get(SHARDS_KEY)
@@ -190,8 +203,8 @@ def _get(args: argparse.Namespace) -> int:
 
     try:
         endpoints = _endpoints(args)
-    except ShardMapError as exc:
-        return _fail(str(exc))
+    except _Usage as exc:
+        return _usage(exc)
     try:
         found, _ = endpoints.get(SHARDS_KEY)
         current = _decode(found) if found is not None else None

@@ -233,9 +233,9 @@ def run(args: argparse.Namespace) -> int:
     try:
         shard_map = ShardMap.load(args.shard_map)
         paths = write(shard_map, Path(args.out), args.bind, args.timeout, args.check_interval)
-    except ShardMapError as exc:
+    except ShardMapError as exc:  # a map that will not do: refused, as `map check` does
         print(f"sessionlog: {exc}", file=sys.stderr)
-        return 2
+        return 1
     except OSError as exc:
         print(f"sessionlog: cannot write into {args.out}: {exc.strerror}", file=sys.stderr)
         return 1

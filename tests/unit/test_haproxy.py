@@ -146,3 +146,19 @@ def test_a_bad_bind_address_is_a_usage_error(tmp_path: Path, bind: str) -> None:
     assert not out.exists()
     with pytest.raises(ShardMapError, match="--bind"):
         haproxy.render_config(ShardMap.load(str(EXAMPLE)), bind=bind)
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-1", "0", "0.0001", "1e300"])
+@pytest.mark.parametrize("option", ["--timeout", "--check-interval"])
+def test_a_duration_haproxy_cannot_write_is_a_usage_error(
+    tmp_path: Path, option: str, value: str
+) -> None:
+    """Not a traceback (nan, inf), not ``0s`` (which HAProxy reads as no timeout), not a number
+    past HAProxy's own limit: exit 2, nothing written."""
+    out = tmp_path / "out"
+    with pytest.raises(SystemExit) as exited:
+        cli.main(
+            ["cluster", "haproxy", "--shard-map", str(EXAMPLE), "--out", str(out), option, value]
+        )
+    assert exited.value.code == 2
+    assert not out.exists()

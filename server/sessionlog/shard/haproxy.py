@@ -125,8 +125,10 @@ def render_config(
     """haproxy.cfg for ``shard_map``: the frontend on ``bind`` and two backends per group."""
     _check_groups(shard_map)
     _check_bind(bind)
-    if timeout <= 0 or check <= 0:
-        raise ShardMapError("the timeout and the check interval must be positive")
+    if not (MIN_SECONDS <= timeout <= MAX_SECONDS and MIN_SECONDS <= check <= MAX_SECONDS):
+        raise ShardMapError(
+            f"the timeout and the check interval must be {MIN_SECONDS:g} to {MAX_SECONDS:g} s"
+        )
     first = shard_map.groups[0].name
     reads = " ".join(SERVICE + method for method in READ_METHODS)
     lines = [
@@ -182,13 +184,19 @@ def write(
     return config_path, map_path
 
 
+MIN_SECONDS, MAX_SECONDS = 0.001, 86_400.0
+"""The durations written: whole milliseconds (0 would read as no timeout), at most a day."""
+
+
 def _positive(text: str) -> float:
     try:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"{text!r}: must be above 0")
+    if not MIN_SECONDS <= value <= MAX_SECONDS:  # False for nan too
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: must be from {MIN_SECONDS:g} to {MAX_SECONDS:g} seconds"
+        )
     return value
 
 

@@ -13,6 +13,8 @@ for the whole module.
 from __future__ import annotations
 
 import json
+import signal
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -23,6 +25,8 @@ from typing import Any
 import grpc
 import pytest
 
+from sessionlog.service.servicer import encode_page_token
+from sessionlog.shard import scatter
 from sessionlog.shard.slots import slot_of
 from sessionlog.testing import error_info
 from sessionlog.v1 import event_pb2
@@ -330,3 +334,57 @@ def test_tail_every_group_follows_each_groups_feed_with_its_own_cursor(
     past_g2 = 1 + max(line["position"] for line in lines if line["group"] == "g2")
     later = tail("--cursor", f"g2={past_g2}")
     assert later == [line for line in lines if line["group"] == "g1"]
+
+
+def test_a_hanging_group_fails_the_listing_within_its_deadline(cluster: Cluster) -> None:
+    """g2's member stopped (SIGSTOP: it accepts connections and never answers): a listing
+    through g1 still ends, GROUP_UNAVAILABLE within the group deadline (no caller deadline), and
+    by the caller's own deadline when that is shorter; after SIGCONT it is whole again."""
+    process = cluster.members["g2"].process
+    assert process is not None
+    process.signal(signal.SIGSTOP)
+    try:
+        started = time.monotonic()
+        with pytest.raises(grpc.RpcError) as failed:
+            cluster.stub("g1").ListSessions(
+                pb.ListSessionsRequest(), metadata=bearer(ADMIN), timeout=30
+            )
+        took = time.monotonic() - started
+        assert failed.value.code() == grpc.StatusCode.UNAVAILABLE
+        assert error_info(failed.value).reason == "GROUP_UNAVAILABLE"
+        assert took < scatter.GROUP_DEADLINE_SECONDS + 3, took
+
+        started = time.monotonic()
+        with pytest.raises(grpc.RpcError) as failed:
+            cluster.stub("g1").ListSessions(
+                pb.ListSessionsRequest(), metadata=bearer(ADMIN), timeout=1.0
+            )
+        assert time.monotonic() - started < 3
+        assert failed.value.code() in (
+            grpc.StatusCode.DEADLINE_EXCEEDED,
+            grpc.StatusCode.UNAVAILABLE,
+        )
+    finally:
+        process.signal(signal.SIGCONT)
+    listed = [s for page in list_pages(cluster.stub("g1"), page_size=1000) for s in page]
+    assert listed == sorted(cluster.sessions)
+
+
+@pytest.mark.parametrize("page_size", [0, 1, 100_000])
+def test_any_page_size_pages_through_every_session_once(cluster: Cluster, page_size: int) -> None:
+    """0 is the default size and a huge one is capped: either way every session once."""
+    listed = [s for page in list_pages(cluster.stub("g2"), page_size=page_size) for s in page]
+    assert listed == sorted(cluster.sessions)
+
+
+@pytest.mark.parametrize(
+    "page_token",
+    ["x", "A" * 10_000, "AQ", encode_page_token("tenant-a.05", "other-prefix")],
+)
+def test_a_forged_page_token_is_malformed_request(cluster: Cluster, page_token: str) -> None:
+    with pytest.raises(grpc.RpcError) as failed:
+        cluster.stub("g1").ListSessions(
+            pb.ListSessionsRequest(page_token=page_token), metadata=bearer(ADMIN), timeout=10
+        )
+    assert failed.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert error_info(failed.value).reason == "MALFORMED_REQUEST"

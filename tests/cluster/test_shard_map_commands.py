@@ -5,7 +5,9 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
+from sessionlog.cluster.etcd import Endpoints
 from sessionlog.shard import ShardMap
+from sessionlog.shard.shardmap import SHARDS_KEY
 from tests.cluster._etcd import EtcdProcess
 from tests.e2e._proc import run_cli
 
@@ -85,3 +87,42 @@ def test_put_says_when_etcd_cannot_be_reached(tmp_path: Path) -> None:
     assert done.returncode == 1
     assert "etcd:" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_bad_arguments_are_usage_errors(tmp_path: Path) -> None:
+    """An id that is not UTF-8 (it has no slot), a --cluster that is no etcd URL: exit 2 with
+    a sentence, not a traceback (and not 1, which says the map or etcd refused)."""
+    done = _cli("slot", "fine", "\udcff")  # the byte 0xff on the command line
+    assert done.returncode == 2, done.stderr
+    assert "not valid UTF-8" in done.stderr
+    assert "Traceback" not in done.stderr
+    path = tmp_path / "shards.toml"
+    path.write_text(MAP.format(epoch=1))
+    for args in (["get"], ["put", str(path)]):
+        done = _cli("map", *args, "--cluster", "nonsense")
+        assert done.returncode == 2, done.stderr
+        assert "--cluster" in done.stderr
+        assert "Traceback" not in done.stderr
+
+
+def test_a_damaged_key_is_refused_by_get_and_replaced_by_put(
+    etcd: EtcdProcess, tmp_path: Path
+) -> None:
+    """etcd's key nested past any parser's limit: `map get` exits 1 naming it, `map put`
+    replaces it with a valid map."""
+    endpoints = Endpoints((etcd.endpoint,), 2.0)
+    try:
+        endpoints.put(SHARDS_KEY, b"[" * 100_000, 0)
+    finally:
+        endpoints.close()
+    cluster = f"etcd://{etcd.endpoint}"
+    done = _cli("map", "get", "--cluster", cluster)
+    assert done.returncode == 1, done.stderr
+    assert "is not valid" in done.stderr
+    assert "Traceback" not in done.stderr
+    path = tmp_path / "shards.toml"
+    path.write_text(MAP.format(epoch=1))
+    done = _cli("map", "put", str(path), "--cluster", cluster)
+    assert done.returncode == 0, done.stderr
+    assert "replacing it" in done.stderr
+    assert _cli("map", "get", "--cluster", cluster).returncode == 0

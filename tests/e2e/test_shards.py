@@ -269,3 +269,46 @@ def test_the_python_client_raises_wrong_group_with_the_owner(groups: Groups) -> 
     assert isinstance(error, client_errors.FailedPrecondition)
     assert (error.group, error.primary, error.members) == ("g2", groups.g2, [groups.g2])
     assert (error.slot, error.map_epoch) == (slot_of(foreign), 7)
+
+
+def test_a_fork_without_a_new_id_stays_in_its_parents_group(groups: Groups) -> None:
+    """ForkSession with no session_id: the id the server makes up lies in the parent's group
+    (not ``fork-<uuid>`` anywhere, which half the time named another group's slot; and not the
+    empty id's slot 0, which refused g2's forks as CROSS_GROUP_FORK)."""
+    for group, stub in (("g1", groups.stub1), ("g2", groups.stub2)):
+        parent = groups.session_of(group, 8)
+        append(stub, parent, user("fork me"))
+        for _ in range(6):
+            child = stub.ForkSession(
+                pb.ForkSessionRequest(parent_session_id=parent), timeout=TIMEOUT
+            ).session.session_id
+            assert groups.shard_map.owner(child).name == group, (group, child)
+            assert child.startswith("fork-")
+            assert get(stub, child).event_count == 1
+
+
+def test_the_body_not_the_header_decides_ownership(groups: Groups) -> None:
+    """An x-session-id header naming one of g1's sessions does not let a call for a g2 session
+    (named in the body) through g1."""
+    mine, foreign = groups.session_of("g1", 9), groups.session_of("g2", 9)
+    error = failure(
+        groups.stub1.Append,
+        pb.AppendRequest(session_id=foreign, events=[user("x")]),
+        metadata=(("x-session-id", mine),),
+        timeout=TIMEOUT,
+    )
+    check(error, FAILED, "WRONG_GROUP", session_id=foreign, group="g2")
+
+
+def test_an_invalid_id_of_another_groups_slot_is_invalid_not_wrong_group(groups: Groups) -> None:
+    """An id too long to be one: INVALID_SESSION_ID as on its owner, not a WRONG_GROUP that
+    echoes it (its trailers of 15 KB broke the call with RESOURCE_EXHAUSTED at the client)."""
+    long_id = next(
+        f"{'x' * 5000}{n}"
+        for n in range(100)
+        if groups.shard_map.owner(f"{'x' * 5000}{n}").name == "g2"
+    )
+    error = failure(
+        groups.stub1.GetSession, pb.GetSessionRequest(session_id=long_id), timeout=TIMEOUT
+    )
+    check(error, grpc.StatusCode.INVALID_ARGUMENT, "INVALID_SESSION_ID")

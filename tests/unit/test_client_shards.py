@@ -84,3 +84,41 @@ def test_a_wrong_groups_owner_replaces_the_old_one_for_that_slot() -> None:
     others = [s for s in (f"t{i}" for i in range(300)) if slot_of(s) != slot_of(session)]
     assert all(moved.owner(s).name == table.owner(s).name for s in others)
     assert owner_from_error({"group": "b", "members": "", "primary": ""}) is None
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "[" * 100_000,  # nested past json's recursion limit
+        '{"epoch": ' + "1" * 5000 + "}",  # past int()'s digit limit
+        '{"epoch": 1, "groups": {"a": {"members": ["h:1"], "slots": ["' + "1" * 5000 + '"]}}}',
+        '{"epoch": 1, "groups": {"a": {"members": ["h:1"], "slots": ["0-1023\\n"]}}}',
+    ],
+)
+def test_a_damaged_etcd_value_is_shard_map_invalid(text: str) -> None:
+    """Whatever the etcd key holds, the client gets ShardMapInvalid (which a WRONG_GROUP
+    refresh passes over for the error's owner), never RecursionError or a bare ValueError."""
+    with pytest.raises(ShardMapInvalid):
+        ShardTable.from_json(text)
+
+
+def test_a_stale_servers_wrong_group_does_not_undo_a_newer_map() -> None:
+    """The client holds epoch 5 (the slot is b's); b still holds epoch 4 and refuses, naming
+    a. Neither the older map b hands out nor its word replaces epoch 5: the call is not sent
+    on (no owner other than b), and the table still routes the slot to b."""
+    old = ShardMap.even_split({"a": ["h:1"], "b": ["h:2"]}, epoch=4)
+    session = next(f"s{i}" for i in range(100) if old.owner(f"s{i}").name == "a")
+    newer = ShardTable.from_json(old.with_slots([slot_of(session)], to="b").to_json())
+    assert newer.epoch == 5
+    stale = ShardTable.from_json(old.to_json())
+    error = {"group": "a", "primary": "h:1", "members": "h:1", "map_epoch": "4"}
+    table, owner = _shards.after_wrong_group(newer, stale, session, error)
+    assert table is newer
+    assert owner is not None
+    assert owner.name == "b"
+    fresh = {**error, "map_epoch": "6"}  # a newer word than the table's is taken
+    table, owner = _shards.after_wrong_group(newer, stale, session, fresh)
+    assert owner is not None
+    assert owner.name == "a"
+    assert table is not None
+    assert table.epoch == 6

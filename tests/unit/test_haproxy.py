@@ -102,9 +102,63 @@ def test_a_group_without_http_addresses_is_refused(tmp_path: Path) -> None:
     path.write_text(bare.to_toml())
     out = tmp_path / "out"
     code = cli.main(["cluster", "haproxy", "--shard-map", str(path), "--out", str(out)])
-    assert code == 2
+    assert code == 1  # a refusal, as `map check` refuses a bad map; 2 is a usage error
     assert not out.exists()
 
 
 def test_durations_as_haproxy_writes_them() -> None:
     assert [haproxy._seconds(s) for s in (60, 2, 0.3, 1.5)] == ["60s", "2s", "300ms", "1500ms"]
+
+
+def test_ipv6_members_and_dotted_group_names_make_a_config_haproxy_accepts(
+    tmp_path: Path,
+) -> None:
+    """An IPv6 member's health check keeps its brackets (``addr [::1]``: HAProxy refuses a bare
+    ``::1`` there), and a group name with '.', '_' and '-' is a valid backend name."""
+    shard_map = ShardMap.even_split(
+        {"g.1_a-x": ["[::1]:50051", "[::1]:50052"], "g2": ["localhost:50061"]},
+        http={"g.1_a-x": ["[::1]:8081", "[::1]:8082"], "g2": ["localhost:8091"]},
+    )
+    config, _ = haproxy.write(shard_map, tmp_path, bind="[::1]:50050")
+    assert "addr [::1] port 8081" in config.read_text()
+    checked = subprocess.run(
+        [_haproxy(), "-c", "-f", str(config)],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+
+
+@pytest.mark.parametrize("bind", ["nonsense", "127.0.0.1:1\n    stats enable", "h:99999", ""])
+def test_a_bad_bind_address_is_a_usage_error(tmp_path: Path, bind: str) -> None:
+    """--bind is HOST:PORT (or :PORT); anything else, a newline above all (it would add a line
+    to haproxy.cfg), is refused with exit 2 and nothing written."""
+    path = tmp_path / "map.toml"
+    path.write_text(ShardMap.load(str(EXAMPLE)).to_toml())
+    out = tmp_path / "out"
+    with pytest.raises(SystemExit) as exited:
+        cli.main(
+            ["cluster", "haproxy", "--shard-map", str(path), "--out", str(out), "--bind", bind]
+        )
+    assert exited.value.code == 2
+    assert not out.exists()
+    with pytest.raises(ShardMapError, match="--bind"):
+        haproxy.render_config(ShardMap.load(str(EXAMPLE)), bind=bind)
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-1", "0", "0.0001", "1e300"])
+@pytest.mark.parametrize("option", ["--timeout", "--check-interval"])
+def test_a_duration_haproxy_cannot_write_is_a_usage_error(
+    tmp_path: Path, option: str, value: str
+) -> None:
+    """Not a traceback (nan, inf), not ``0s`` (which HAProxy reads as no timeout), not a number
+    past HAProxy's own limit: exit 2, nothing written."""
+    out = tmp_path / "out"
+    with pytest.raises(SystemExit) as exited:
+        cli.main(
+            ["cluster", "haproxy", "--shard-map", str(EXAMPLE), "--out", str(out), option, value]
+        )
+    assert exited.value.code == 2
+    assert not out.exists()

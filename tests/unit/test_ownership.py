@@ -78,14 +78,35 @@ def test_my_group_is_the_one_listing_my_address() -> None:
         Ownership(address="127.0.0.1:9").install(two_groups())
 
 
-def test_a_map_without_my_group_is_refused_and_changes_nothing() -> None:
-    """Installing a map that lacks --group raises ShardMapError and keeps the held map."""
+def test_a_first_map_without_my_group_is_refused_and_changes_nothing() -> None:
+    """A server holding no map yet refuses one that lacks --group (ShardMapError)."""
     ownership = Ownership(group="g1")
-    ownership.install(two_groups(epoch=1))
     other = ShardMap.even_split({"g3": G1, "g2": G2}, epoch=2)
     with pytest.raises(ShardMapError, match="no group 'g1'"):
         ownership.install(other)
-    assert ownership.epoch == 1
+    assert ownership.map is None
+    assert not ownership.ready
+
+
+def test_a_newer_map_that_drops_my_group_leaves_me_owning_nothing() -> None:
+    """Held epoch 1 (g1 owns half), then epoch 2 without g1 (g3 took its slots): the newer map
+    is in force all the same, so every session is WRONG_GROUP naming its new owner. Keeping
+    epoch 1 would let stale callers write g3's sessions here: two groups writable at once."""
+    for ownership in (Ownership(group="g1"), Ownership(address=G1[0])):
+        ownership.install(two_groups(epoch=1))
+        mine = session_in(two_groups(epoch=1), "g1")
+        dropped = ShardMap.even_split({"g3": ["127.0.0.1:7001"], "g2": G2}, epoch=2)
+        assert ownership.install(dropped)
+        assert ownership.epoch == 2
+        assert (ownership.owned_slots, ownership.ready, ownership.owns(mine)) == (0, False, False)
+        with pytest.raises(errors.WrongGroup) as caught:
+            ownership.check(mine)
+        assert caught.value.metadata["group"] == "g3"
+        assert caught.value.metadata["map_epoch"] == "2"
+        assert ownership.group == "g1"
+        back = dropped.with_slots(range(SLOTS), to="g3")  # epoch 3, still without g1
+        assert ownership.install(back)
+        assert ownership.epoch == 3
 
 
 def test_only_a_higher_epoch_replaces_the_map() -> None:

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import zlib
+from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -134,3 +137,49 @@ def test_frozen_slots_round_trip_and_are_validated() -> None:
         ShardMap.from_toml('frozen = ["2000"]\n' + text)
     with pytest.raises(ShardMapError, match="`frozen` must be a list"):
         ShardMap.from_toml('frozen = "17"\n' + text)
+
+
+def _one_group(**fields: object) -> dict[str, Any]:
+    group = {"members": ["h:1"], "slots": ["0-1023"], **fields}
+    return {"epoch": 1, "groups": {"g1": group}}
+
+
+@pytest.mark.parametrize(
+    ("text", "says"),
+    [
+        ("[" * 100_000, "not valid JSON"),  # nested past the parser's recursion limit
+        ('{"epoch": ' + "1" * 5000 + "}", "not valid JSON"),  # past int()'s digit limit
+        (json.dumps({"epoch": 1 << 64, "groups": _one_group()["groups"]}), "at most"),
+        (json.dumps(_one_group(slots=["1" * 5000])), "not a slot or a range"),
+        (json.dumps({"epoch": 1, "groups": {"g1\n": _one_group()["groups"]["g1"]}}), "name"),
+        (json.dumps(_one_group(members=["h:1\n"])), "is not HOST:PORT"),
+        (json.dumps(_one_group(members=["h:1"], http=["h:2\n"])), "is not HOST:PORT"),
+    ],
+)
+def test_a_damaged_json_map_is_a_shard_map_error(text: str, says: str) -> None:
+    """Whatever etcd's key holds, from_json raises ShardMapError (which the poller logs and
+    survives), never RecursionError, a bare ValueError, or a map with a newline in a name."""
+    with pytest.raises(ShardMapError) as caught:
+        ShardMap.from_json(text)
+    assert says in str(caught.value)
+
+
+def test_a_deeply_nested_toml_map_is_a_shard_map_error() -> None:
+    with pytest.raises(ShardMapError, match="not valid TOML"):
+        ShardMap.from_toml("a = " + "[" * 100_000)
+
+
+@pytest.mark.parametrize(
+    ("content", "says"),
+    [
+        (b"\xff\xfe\x00 binary", "not UTF-8"),
+        (b"# " + b"x" * (5 << 20), "larger than"),
+    ],
+)
+def test_a_binary_or_huge_map_file_is_named(tmp_path: Path, content: bytes, says: str) -> None:
+    path = tmp_path / "shards.toml"
+    path.write_bytes(content)
+    with pytest.raises(ShardMapError) as caught:
+        ShardMap.load(str(path))
+    assert str(path) in str(caught.value)
+    assert says in str(caught.value)

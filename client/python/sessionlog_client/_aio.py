@@ -28,6 +28,7 @@ from sessionlog_client._routing import (
 from sessionlog_client._shards import (
     SERVER,
     ShardGroup,
+    ShardMapInvalid,
     ShardTable,
     after_wrong_group,
     is_wrong_group,
@@ -279,7 +280,7 @@ class _AsyncShards:
         async with self._lock:
             try:
                 newer = await self._read(refused_by)
-            except SessionLogError:
+            except (SessionLogError, ShardMapInvalid):  # a damaged map: the error's word
                 newer = None
             table, owner = after_wrong_group(self.table, newer, session_id, error.metadata)
             self.table = table if table is not None else self.table

@@ -27,7 +27,8 @@ WRONG_GROUP = "WRONG_GROUP"
 SERVER = "server"
 """``shard_map="server"``: load the map with GetShardMap from the addresses given."""
 
-_RANGE = re.compile(r"^([0-9]+)(?:-([0-9]+))?$")
+_RANGE = re.compile(r"([0-9]{1,9})(?:-([0-9]{1,9}))?")
+"""Matched whole (``fullmatch``); at most 9 digits, so int() never meets its digit limit."""
 
 
 def slot_of(session_id: str) -> int:
@@ -137,8 +138,8 @@ class ShardTable:
         "groups": {NAME: {"members": [...], "slots": ["0-511", ...], "http": [...]}}}``."""
         try:
             data = json.loads(text)
-        except (ValueError, UnicodeDecodeError) as error:
-            raise ShardMapInvalid(f"the shard map is not JSON: {error}") from None
+        except (ValueError, RecursionError) as error:  # RecursionError: nested too deep
+            raise ShardMapInvalid(f"the shard map is not JSON: {str(error)[:200]}") from None
         if not isinstance(data, Mapping) or not isinstance(data.get("groups"), Mapping):
             raise ShardMapInvalid("a shard map is an object with `epoch` and `groups`")
         epoch = data.get("epoch")
@@ -181,8 +182,9 @@ def after_wrong_group(
 ) -> tuple[ShardTable | None, ShardGroup | None]:
     """The map to keep and the owner to send a call to after a WRONG_GROUP refusal (with its
     ErrorInfo ``metadata``): ``newer`` (read from the server that refused) when its epoch is
-    higher, then the owner the refusal names when the map still says otherwise; no owner (None)
-    when neither names one."""
+    higher, then the owner the refusal names when the map still says otherwise, unless that
+    word comes from a map older than the one kept (a server that has not read the newer map
+    yet: its word would undo it); no owner (None) when neither names one."""
     table = (
         newer if newer is not None and (before is None or newer.epoch > before.epoch) else before
     )
@@ -191,7 +193,7 @@ def after_wrong_group(
         group, epoch = named
         if table is None:
             return None, group
-        if table.owner(session_id).name != group.name:
+        if table.owner(session_id).name != group.name and epoch >= table.epoch:
             table = table.with_owner(session_id, group, epoch)
     if table is None:
         return None, None
@@ -205,7 +207,7 @@ def is_wrong_group(error: BaseException) -> bool:
 def _parse_range(group: str, item: object) -> tuple[int, int]:
     if isinstance(item, int) and not isinstance(item, bool):
         return item, item
-    match = _RANGE.match(item) if isinstance(item, str) else None
+    match = _RANGE.fullmatch(item) if isinstance(item, str) else None
     if match is None:
         raise ShardMapInvalid(f'group {group!r}: a slot range looks like "0-511" or "7"')
     first = int(match.group(1))

@@ -30,6 +30,7 @@ from sessionlog_client._routing import (
 from sessionlog_client._shards import (
     SERVER,
     ShardGroup,
+    ShardMapInvalid,
     ShardTable,
     after_wrong_group,
     is_wrong_group,
@@ -322,7 +323,7 @@ class _Shards:
         with self._lock:
             try:
                 newer = self._read(refused_by)
-            except SessionLogError:
+            except (SessionLogError, ShardMapInvalid):  # a damaged map: the error's word
                 newer = None
             table, owner = after_wrong_group(self._table, newer, session_id, error.metadata)
             self._table = table if table is not None else self._table

@@ -685,7 +685,10 @@ export function afterWrongGroup(before, newer, sessionId, metadata) {
   const named = ownerFromError(metadata);
   if (named) {
     if (!table) return { table: null, owner: named.group };
-    if (table.owner(sessionId).name !== named.group.name) table = table.withOwner(sessionId, named.group, named.epoch);
+    // Not from a map older than the one kept: a server not yet at the newer epoch would undo it.
+    if (table.owner(sessionId).name !== named.group.name && named.epoch >= table.epoch) {
+      table = table.withOwner(sessionId, named.group, named.epoch);
+    }
   }
   return { table, owner: table ? table.owner(sessionId) : null };
 }

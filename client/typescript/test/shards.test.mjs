@@ -42,6 +42,18 @@ test("the slots and the table agree with the server's (crc32 of the UTF-8 id mod
   assert.throws(() => new ShardTable(1, [{ name: "a", members: ["h:1"], ranges: [[0, 10]], primary: "" }]), /no owner/);
 });
 
+test("a stale server's WRONG_GROUP does not undo a newer map", () => {
+  // The client holds epoch 5 (demo is b's); b, still at epoch 4, refuses naming a.
+  const table = ShardTable.fromJson('{"epoch":5,"groups":{"a":{"members":["h:1"],"slots":["0-511"]},"b":{"members":["h:2"],"slots":["512-1023"]}}}');
+  const stale = { group: "a", primary: "h:1", members: "h:1", map_epoch: "4" };
+  const kept = afterWrongGroup(table, null, "demo", stale);
+  assert.equal(kept.table, table);
+  assert.equal(kept.owner.name, "b");
+  const fresh = afterWrongGroup(table, null, "demo", { ...stale, map_epoch: "6" });
+  assert.equal(fresh.owner.name, "a");
+  assert.equal(fresh.table.epoch, 6);
+});
+
 test("calls go to the owner's primary, and a WRONG_GROUP reroutes once", async () => {
   const root = tempDir("sessionlog-ts-shards-");
   const [pa, pb] = [await freePort(), await freePort()];

@@ -616,14 +616,18 @@ class SessionLogServicer:
     @unary_write
     async def fork_session(self, raw: bytes, context: grpc.aio.ServicerContext) -> bytes:
         request = decode(pb.ForkSessionRequest, raw)
-        self.ownership.check_fork(request.parent_session_id, request.session_id)
+        self.ownership.check(request.parent_session_id)
+        # No id asked for: sharded, one made up here, in the parent's group (the store's own
+        # would lie anywhere); unsharded, "" (the store makes one up).
+        target = request.session_id or self.ownership.fork_id()
+        self.ownership.check_fork(request.parent_session_id, target)
         self._require_primary(context)
         self._scope(context, request.parent_session_id, request.session_id)
         at_seq = request.at_seq if request.HasField("at_seq") else None
         result = await self.store.commit_fork(
             request.parent_session_id,
             at_seq,
-            request.session_id,
+            target,
             lease_holder=request.lease_holder,
             lease_token=request.lease_token,
         )

@@ -87,6 +87,13 @@ def _fail(message: str) -> int:
 
 
 def _slot(args: argparse.Namespace) -> int:
+    for session_id in args.session_ids:
+        try:
+            session_id.encode("utf-8")
+        except UnicodeEncodeError:  # bytes that are not UTF-8 on the command line
+            shown = session_id.encode("utf-8", "surrogateescape")[:60]
+            print(f"sessionlog cluster slot: {shown!r} is not valid UTF-8", file=sys.stderr)
+            return 2
     shard_map = None
     if args.shard_map:
         try:
@@ -122,6 +129,15 @@ def _check(args: argparse.Namespace) -> int:
     return 0
 
 
+class _Usage(Exception):
+    """A malformed argument: exit 2."""
+
+
+def _usage(exc: _Usage) -> int:
+    print(f"sessionlog cluster: {exc}", file=sys.stderr)
+    return 2
+
+
 def _endpoints(args: argparse.Namespace) -> etcd.Endpoints:
     # Here, not at the top: every other command of the CLI starts without requests and etcd3gw.
     from sessionlog.cluster import etcd
@@ -129,8 +145,8 @@ def _endpoints(args: argparse.Namespace) -> etcd.Endpoints:
 
     try:
         return etcd.Endpoints(parse_cluster(args.cluster), ETCD_TIMEOUT_SECONDS)
-    except ValueError as exc:
-        raise ShardMapError(f"--cluster: {exc}") from exc
+    except ValueError as exc:  # ShardMapError is one too: not a map's fault, a usage error
+        raise _Usage(f"--cluster: {exc}") from exc
 
 
 def _decode(found: etcd.KeyValue) -> ShardMap:
@@ -144,9 +160,13 @@ def _put(args: argparse.Namespace) -> int:
     from sessionlog.cluster import etcd
 
     try:
-        shard_map = ShardMap.load(args.file)
         endpoints = _endpoints(args)
+    except _Usage as exc:
+        return _usage(exc)
+    try:
+        shard_map = ShardMap.load(args.file)
     except ShardMapError as exc:
+        endpoints.close()
         return _fail(str(exc))
     try:
         found, _ = endpoints.get(SHARDS_KEY)
@@ -185,8 +205,8 @@ def _get(args: argparse.Namespace) -> int:
 
     try:
         endpoints = _endpoints(args)
-    except ShardMapError as exc:
-        return _fail(str(exc))
+    except _Usage as exc:
+        return _usage(exc)
     try:
         found, _ = endpoints.get(SHARDS_KEY)
         current = _decode(found) if found is not None else None

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from sessionlog.config import DEFAULT_HEARTBEAT_SECONDS
-from sessionlog.shard.shardmap import Group, ShardMap, ShardMapError
+from sessionlog.shard.shardmap import Group, ShardMap, ShardMapError, is_address
 from sessionlog.shard.slots import SESSION_HEADER, SLOTS
 
 SERVICE = "/sessionlog.v1.SessionLogService/"
@@ -61,8 +61,23 @@ def _seconds(value: float) -> str:
 
 
 def _split(address: str) -> tuple[str, str]:
+    """Host and port; an IPv6 host keeps its brackets (HAProxy's ``addr`` refuses ``::1``)."""
     host, _, port = address.rpartition(":")
-    return host.strip("[]"), port
+    return host, port
+
+
+def _check_bind(bind: str) -> None:
+    """``HOST:PORT``, ``[v6]:PORT`` or ``:PORT`` (every address): a line of haproxy.cfg."""
+    if not is_address(bind) and not (bind.startswith(":") and is_address("any" + bind)):
+        raise ShardMapError(f"--bind {bind!r}: HAProxy's listen address is HOST:PORT or :PORT")
+
+
+def _bind_argument(text: str) -> str:
+    try:
+        _check_bind(text)
+    except ShardMapError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
 
 
 def _check_groups(shard_map: ShardMap) -> None:
@@ -109,8 +124,11 @@ def render_config(
 ) -> str:
     """haproxy.cfg for ``shard_map``: the frontend on ``bind`` and two backends per group."""
     _check_groups(shard_map)
-    if timeout <= 0 or check <= 0:
-        raise ShardMapError("the timeout and the check interval must be positive")
+    _check_bind(bind)
+    if not (MIN_SECONDS <= timeout <= MAX_SECONDS and MIN_SECONDS <= check <= MAX_SECONDS):
+        raise ShardMapError(
+            f"the timeout and the check interval must be {MIN_SECONDS:g} to {MAX_SECONDS:g} s"
+        )
     first = shard_map.groups[0].name
     reads = " ".join(SERVICE + method for method in READ_METHODS)
     lines = [
@@ -166,13 +184,19 @@ def write(
     return config_path, map_path
 
 
+MIN_SECONDS, MAX_SECONDS = 0.001, 86_400.0
+"""The durations written: whole milliseconds (0 would read as no timeout), at most a day."""
+
+
 def _positive(text: str) -> float:
     try:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"{text!r}: must be above 0")
+    if not MIN_SECONDS <= value <= MAX_SECONDS:  # False for nan too
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: must be from {MIN_SECONDS:g} to {MAX_SECONDS:g} seconds"
+        )
     return value
 
 
@@ -189,7 +213,11 @@ def add_command(actions: Any) -> None:
     command.add_argument("--shard-map", required=True, metavar="FILE", help="the map (TOML)")
     command.add_argument("--out", required=True, metavar="DIR", help="where the files go")
     command.add_argument(
-        "--bind", default=DEFAULT_BIND, metavar="HOST:PORT", help="where HAProxy listens"
+        "--bind",
+        type=_bind_argument,
+        default=DEFAULT_BIND,
+        metavar="HOST:PORT",
+        help="where HAProxy listens",
     )
     command.add_argument(
         "--timeout",
@@ -213,9 +241,9 @@ def run(args: argparse.Namespace) -> int:
     try:
         shard_map = ShardMap.load(args.shard_map)
         paths = write(shard_map, Path(args.out), args.bind, args.timeout, args.check_interval)
-    except ShardMapError as exc:
+    except ShardMapError as exc:  # a map that will not do: refused, as `map check` does
         print(f"sessionlog: {exc}", file=sys.stderr)
-        return 2
+        return 1
     except OSError as exc:
         print(f"sessionlog: cannot write into {args.out}: {exc.strerror}", file=sys.stderr)
         return 1

@@ -20,7 +20,10 @@ Invariants:
   ``settled_epoch`` is the epoch from which on that holds (``barrier``: every write checked
   against an older map has committed by then).
 - Which group is mine is the ``--group`` name, else the group that lists my address as a member.
-  A map without my group is refused by ``install`` (ShardMapError) and changes nothing.
+  A first map without my group is refused by ``install`` (ShardMapError) and changes nothing. A
+  newer map that drops my group once I hold one is in force all the same, and my group then
+  owns nothing (every session is WRONG_GROUP, naming its new owner): keeping the older map would
+  leave this group writable for sessions the newer one gives to another.
 
 Pure: no gRPC, no etcd, no clock. ``shard.source`` feeds maps from etcd; ``on_change`` callbacks
 (the server wakes its follow streams, whose next read checks again) run after each install.
@@ -29,9 +32,10 @@ Pure: no gRPC, no etcd, no clock. ``shard.source`` feeds maps from etcd; ``on_ch
 from __future__ import annotations
 
 import logging
+import uuid
 from collections.abc import Callable
 
-from sessionlog import errors
+from sessionlog import errors, fold
 from sessionlog.shard.shardmap import Group, ShardMap, ShardMapError
 from sessionlog.shard.slots import SLOTS, slot_of
 
@@ -42,6 +46,9 @@ MOVE_HEADER = "x-sessionlog-move"
 and ``expected_seq``, the events go verbatim (their times kept) into a session of a slot this
 group does not own yet. See ``Ownership.check_copy``."""
 MOVE_COPY = "copy"
+FORK_ID_ATTEMPTS = 100_000
+"""Random fork ids tried for one in my group's slots: owning one slot of 1,024, all of them
+miss with a chance of about e^-97."""
 
 PrimaryOf = Callable[[Group], str]
 """The address that takes a group's writes now ("" when unknown)."""
@@ -83,6 +90,8 @@ class Ownership:
         self.primary_of = primary_of
         self.map: ShardMap | None = None
         self._mine: Group | None = None
+        self._former = ""
+        """My group's name in the last map that had it (after a newer map dropped it)."""
         self._on_change: list[Callable[[ShardMap], None]] = []
         self._settled = 0
         self.barrier: Callable[[Callable[[], None]], None] | None = None
@@ -107,7 +116,7 @@ class Ownership:
         """My group's name ("" unsharded; the --group name, or "" until a map names mine)."""
         if self._mine is not None:
             return self._mine.name
-        return self._group_name
+        return self._group_name or self._former
 
     @property
     def owned_slots(self) -> int:
@@ -147,7 +156,17 @@ class Ownership:
         group of mine."""
         if self.map is not None and shard_map.epoch <= self.map.epoch:
             return False
-        mine = self.mine_in(shard_map)
+        try:
+            mine: Group | None = self.mine_in(shard_map)
+        except ShardMapError as exc:
+            if self.map is None:
+                raise
+            log.warning(
+                "the newer shard map has no group of this server: it owns no session now",
+                extra={"map_epoch": shard_map.epoch, "why": str(exc)},
+            )
+            mine = None
+            self._former = self.group
         self.map, self._mine = shard_map, mine
         epoch = shard_map.epoch
 
@@ -172,12 +191,15 @@ class Ownership:
         if not self.sharded:
             return
         shard_map, mine = self.map, self._mine
-        if shard_map is None or mine is None:
+        if shard_map is None:
             raise self.unavailable()
         for session_id in session_ids:
+            # Not an id at all (too long, ...): INVALID_SESSION_ID, as its owner would say; a
+            # WRONG_GROUP would echo it in trailers past the client's metadata limit.
+            fold.check_session_id(session_id)
             slot = slot_of(session_id)
             owner = shard_map.owner_of_slot(slot)
-            if owner.name != mine.name:
+            if mine is None or owner.name != mine.name:
                 raise self._wrong_group(session_id, slot, owner, shard_map.epoch)
 
     def check_write(self, *session_ids: str) -> None:
@@ -195,7 +217,7 @@ class Ownership:
         if not self.sharded:
             return None
         shard_map, mine = self.map, self._mine
-        if shard_map is None or mine is None:
+        if shard_map is None:
             return self.unavailable()
         slot = slot_of(session_id)
         owner = shard_map.owner_of_slot(slot)
@@ -208,7 +230,7 @@ class Ownership:
                 slot=slot,
                 map_epoch=shard_map.epoch,
             )
-        if owner.name != mine.name:
+        if mine is None or owner.name != mine.name:
             return self._wrong_group(session_id, slot, owner, shard_map.epoch)
         return None
 
@@ -257,6 +279,26 @@ class Ownership:
         refusal = self.refusal(target)  # the new session is written: not in a frozen slot
         if refusal is not None:
             raise refusal
+
+    def fork_id(self) -> str:
+        """The id of a fork whose caller named none: "" unsharded (the store makes one up),
+        else a new ``fork-<uuid>`` whose slot my group owns, so that the fork stays in its
+        parent's group (a made-up id anywhere would name another group's slot)."""
+        if not self.sharded:
+            return ""
+        mine = self._mine
+        if mine is None:
+            raise self.unavailable()
+        for _ in range(FORK_ID_ATTEMPTS):
+            candidate = f"fork-{uuid.uuid4().hex}"
+            if mine.owns_slot(slot_of(candidate)):
+                return candidate
+        raise errors.CrossGroupFork(  # only when my group owns no slot
+            f"group '{mine.name}' owns no slot, so a fork made here would lie in another "
+            "group; fork on the group that owns the parent",
+            source_group=mine.name,
+            map_epoch=self.epoch,
+        )
 
     def owns(self, session_id: str) -> bool:
         """My group owns ``session_id`` now (always unsharded; never while no map is held)."""

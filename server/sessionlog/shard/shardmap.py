@@ -49,10 +49,22 @@ from sessionlog.shard.slots import SLOTS, slot_of
 SHARDS_KEY = "/sessionlog/shards"
 """The etcd key that holds the cluster's shard map (JSON) in cluster mode."""
 
-_GROUP_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
+_GROUP_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}")
 """The same names as ``--group`` (cluster.settings): a cluster group is a shard map group."""
-_ADDRESS = re.compile(r"^(\[[0-9a-fA-F:.]+\]|[A-Za-z0-9.-]+):([0-9]{1,5})$")
-_RANGE = re.compile(r"^([0-9]+)(?:-([0-9]+))?$")
+_ADDRESS = re.compile(r"(\[[0-9a-fA-F:.]+\]|[A-Za-z0-9.-]+):([0-9]{1,5})")
+_RANGE = re.compile(r"([0-9]{1,9})(?:-([0-9]{1,9}))?")
+"""Matched whole (``fullmatch``): ``$`` would let a trailing newline through, into a name that
+haproxy.cfg then carries."""
+MAX_EPOCH = (1 << 63) - 1
+"""The highest epoch: GetShardMap carries it as a uint64, and the Go and etcd sides as int64."""
+MAX_MAP_BYTES = 4 << 20
+"""A map file larger than this is refused unread (a map of a thousand groups is ~100 KB)."""
+
+
+def is_address(text: str) -> bool:
+    """``text`` is ``HOST:PORT`` (``[v6]:PORT`` for IPv6), port 1-65535, nothing around it."""
+    match = _ADDRESS.fullmatch(text)
+    return match is not None and 0 < int(match.group(2)) < 65536
 
 
 class ShardMapError(ValueError):
@@ -241,26 +253,39 @@ class ShardMap:
     def from_toml(text: str) -> ShardMap:
         try:
             data = tomllib.loads(text)
-        except tomllib.TOMLDecodeError as exc:
-            raise ShardMapError(f"not valid TOML: {exc}") from exc
+        except (tomllib.TOMLDecodeError, RecursionError, ValueError) as exc:
+            # RecursionError: nested past the parser's limit; ValueError: an integer past
+            # int()'s digit limit. Either way not a map, and never an uncaught error.
+            raise ShardMapError(f"not valid TOML: {exc}") from None
         return ShardMap.from_dict(data)
 
     @staticmethod
     def from_json(text: str | bytes) -> ShardMap:
         try:
             data = json.loads(text)
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise ShardMapError(f"not valid JSON: {exc}") from exc
+        except (RecursionError, ValueError) as exc:
+            # ValueError covers JSONDecodeError, UnicodeDecodeError and an integer past int()'s
+            # digit limit; RecursionError, nesting past the parser's: etcd's key may hold any
+            # bytes, and the poller must survive them (shard.source).
+            raise ShardMapError(f"not valid JSON: {str(exc)[:200]}") from None
         return ShardMap.from_dict(data)
 
     @staticmethod
     def load(path: str) -> ShardMap:
         """Read a TOML map file; ShardMapError names the file when it is missing or invalid."""
         try:
-            with open(path, encoding="utf-8") as handle:
-                text = handle.read()
+            with open(path, "rb") as handle:
+                raw = handle.read(MAX_MAP_BYTES + 1)
         except OSError as exc:
             raise ShardMapError(f"cannot read the shard map {path}: {exc.strerror}") from exc
+        if len(raw) > MAX_MAP_BYTES:
+            raise ShardMapError(f"{path}: larger than {MAX_MAP_BYTES} bytes: not a shard map")
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise ShardMapError(
+                f"{path}: not UTF-8 text (byte {exc.start}): not a TOML map"
+            ) from None
         try:
             return ShardMap.from_toml(text)
         except ShardMapError as exc:
@@ -270,7 +295,7 @@ class ShardMap:
 def _parse_ranges(where: str, items: Sequence[str | int]) -> tuple[tuple[int, int], ...]:
     owned: set[int] = set()
     for item in items:
-        match = _RANGE.match(str(item).strip())
+        match = _RANGE.fullmatch(str(item).strip())
         if not match:
             raise ShardMapError(f"{where}: {item!r} is not a slot or a range like 0-511")
         first = int(match.group(1))
@@ -297,13 +322,15 @@ def _ranges_of(slots: Iterable[int]) -> tuple[tuple[int, int], ...]:
 def _validate(epoch: int, groups: Sequence[Group]) -> None:
     if epoch < 1:
         raise ShardMapError(f"`epoch` must be at least 1, not {epoch}")
+    if epoch > MAX_EPOCH:
+        raise ShardMapError(f"`epoch` must be at most {MAX_EPOCH}, not {epoch}")
     if not groups:
         raise ShardMapError("a shard map needs at least one group")
     seen_names: set[str] = set()
     seen_members: dict[str, str] = {}
     owner: dict[int, str] = {}
     for group in groups:
-        if not _GROUP_NAME.match(group.name):
+        if not _GROUP_NAME.fullmatch(group.name):
             raise ShardMapError(
                 f"group name {group.name!r}: letters, digits, '.', '_' and '-', 1-63 characters"
             )
@@ -313,8 +340,7 @@ def _validate(epoch: int, groups: Sequence[Group]) -> None:
         if not group.members:
             raise ShardMapError(f"group {group.name!r} has no members")
         for member in group.members:
-            match = _ADDRESS.match(member)
-            if not match or not 0 < int(match.group(2)) < 65536:
+            if not is_address(member):
                 raise ShardMapError(f"group {group.name!r}: member {member!r} is not HOST:PORT")
             if member in seen_members:
                 raise ShardMapError(
@@ -327,8 +353,7 @@ def _validate(epoch: int, groups: Sequence[Group]) -> None:
                 f"{len(group.members)} members (one per member, in the same order)"
             )
         for check in group.http:
-            match = _ADDRESS.match(check)
-            if not match or not 0 < int(match.group(2)) < 65536:
+            if not is_address(check):
                 raise ShardMapError(
                     f"group {group.name!r}: http address {check!r} is not HOST:PORT"
                 )

@@ -64,7 +64,10 @@ class EtcdShardMap:
 
     async def _run(self) -> None:
         while True:
-            await self.poll()
+            try:
+                await self.poll()
+            except Exception as exc:  # one bad poll must not stop every later one
+                self._say(f"reading the shard map from etcd failed: {exc!r}"[:300])
             await asyncio.sleep(self.poll_seconds)
 
     async def poll(self) -> None:
@@ -103,14 +106,26 @@ class EtcdShardMap:
         return names
 
     def _take(self, kv: etcd.KeyValue | None) -> None:
+        held = self.ownership.map
+        keeping = (
+            f"keeping the map at epoch {held.epoch}"
+            if held is not None
+            else "sessions are unavailable"
+        )
         if kv is None:
-            self._say(f"no shard map in etcd yet (key {SHARDS_KEY}): sessions are unavailable")
+            self._say(f"no shard map in etcd (key {SHARDS_KEY}): {keeping}")
             return
         try:
             shard_map = ShardMap.from_json(kv.value)
             installed = self.ownership.install(shard_map)
         except ShardMapError as exc:
-            self._say(f"the shard map in etcd ({SHARDS_KEY}) is not usable: {exc}")
+            self._say(f"the shard map in etcd ({SHARDS_KEY}) is not usable: {exc}; {keeping}")
+            return
+        if held is not None and shard_map.epoch < held.epoch:
+            self._say(
+                f"the shard map in etcd ({SHARDS_KEY}) has epoch {shard_map.epoch}, below the "
+                f"held map's {held.epoch}: ignored (put a map with a higher epoch)"
+            )
             return
         self._problem = ""
         if installed:

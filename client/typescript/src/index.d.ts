@@ -313,8 +313,10 @@ export class SessionLogClient {
   /** The address calls go to now (the primary as far as the client knows); null: none known. */
   readonly current: string | null;
   /**
-   * The highest leadership epoch a member named in a write reply (0: none yet); sent with every
-   * write, so a server at a lower epoch (a deposed primary) refuses it.
+   * The highest leadership epoch a member named in a write reply (0: none yet), of any group.
+   * Each write carries the highest epoch of its session's group (sharded servers name their
+   * group beside the epoch; unsharded: one epoch), so a server at a lower epoch (a deposed
+   * primary) refuses it.
    */
   readonly epoch: number;
   readonly timeoutMs: number;
@@ -383,6 +385,8 @@ export const DEAD_AFTER_HEARTBEATS: number;
 export const DEFAULT_REPLICAS_RETRIES: number;
 /** "sessionlog-epoch": the metadata that carries epochs on writes (both ways). */
 export const EPOCH_KEY: string;
+/** "sessionlog-epoch-group": beside EPOCH_KEY on a sharded server's replies and on writes, the group. */
+export const EPOCH_GROUP_KEY: string;
 /** "x-session-id": the metadata naming a call's session, sent on every call that names one. */
 export const SESSION_HEADER: string;
 /** The x-session-id value of an id: itself when plain ASCII, else percent-encoded UTF-8. */

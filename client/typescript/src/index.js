@@ -431,6 +431,12 @@ const sleep = (ms) => new Promise((done) => setTimeout(done, ms));
 // with a lower epoch is never taken for the primary: its NOT_PRIMARY hint is ignored and the next
 // address tried at once; a write it acknowledged anyway (a server too old to refuse) is not an
 // acknowledgement: sent again elsewhere if the call retries, else LeadershipLostError.
+// Per group: a sharded server names its group beside its epoch (sessionlog-epoch-group); groups
+// elect their leaders apart, so the client keeps the highest epoch per group ("": a server that
+// names none, not sharded: one epoch, as before), remembers the group each session's slot last
+// answered from, and sends a write the epoch of that group with the group's name (nothing while
+// that group's epoch is unknown). Through a proxy serving several groups, one client so never
+// sends one group's epoch to another; deposed is judged within the group.
 // REPLICAS_UNAVAILABLE is no reason to move (the write is committed on this member, the primary):
 // a retried call sends it again there at most retry.replicasRetries times.
 
@@ -439,6 +445,8 @@ const LATER = "later";
 const RAISE = "raise";
 const PRIMARY_HINT = "primary";
 export const EPOCH_KEY = "sessionlog-epoch";
+/** Beside EPOCH_KEY on a sharded server's write replies (and a client's writes): the group. */
+export const EPOCH_GROUP_KEY = "sessionlog-epoch-group";
 
 /**
  * "x-session-id": the metadata that names a call's session (a fork's source), sent on every call
@@ -518,6 +526,12 @@ async function readKey(endpoints, key, what, timeoutMs) {
 /** The epoch a reply's trailing metadata names (0: none). */
 function trailingEpoch(metadata) {
   return whole(metadata?.get?.(EPOCH_KEY)?.[0]);
+}
+
+/** The group a sharded server's reply names beside its epoch ("": none, not sharded). */
+function trailingGroup(metadata) {
+  const value = metadata?.get?.(EPOCH_GROUP_KEY)?.[0];
+  return value === undefined ? "" : String(value);
 }
 
 /** The error a call rejects with when no address it tried has ever answered. */
@@ -996,8 +1010,10 @@ export class SessionLogClient {
     this.timeoutMs = timeoutMs;
     this.retry = retry;
     this.replicasRetries = retry.replicasRetries ?? DEFAULT_REPLICAS_RETRIES;
-    /** The highest leadership epoch any member named (see routing). */
-    this.epoch = 0;
+    /** The highest leadership epoch any member named, per group ("": not sharded; see routing). */
+    this._epochs = new Map();
+    /** The group each slot's writes last answered from (sharded servers only). */
+    this._slotGroups = new Map();
     this._token = token;
     this._streams = new Set();
     const secure = tls || rootCerts || privateKey || certChain;
@@ -1032,6 +1048,11 @@ export class SessionLogClient {
   /** The shard map calls are routed by (option shardMap), loaded if not yet; null without one. */
   async shardMap() {
     return this._shards ? await this._shards.load() : null;
+  }
+
+  /** The highest leadership epoch any member named, of any group (see routing). */
+  get epoch() {
+    return Math.max(0, ...this._epochs.values());
   }
 
   /** Every address this client knows, given or learnt from hints and etcd. */
@@ -1112,10 +1133,11 @@ export class SessionLogClient {
   /** Record what error says about member and decide what the failed call does: AGAIN, LATER or
    * RAISE (or throw at once when no address has ever answered). deadlineMoves: a unary call that
    * retries, for which a deadline is no answer. */
-  _after(member, error, retry, hops, deadlineMoves = false) {
+  _after(member, error, retry, hops, deadlineMoves = false, sessionId = "") {
     const info = errorInfo(error);
     if (info) member.reached = true;
-    let current = this._learn(member, trailingEpoch(error?.metadata));
+    const group = trailingGroup(error?.metadata);
+    let current = this._learn(member, trailingEpoch(error?.metadata), group, sessionId);
     const unavailable = error?.code === grpc.status.UNAVAILABLE;
     if (info?.reason === "REPLICAS_UNAVAILABLE") return retry ? LATER : RAISE; // committed here
     if (!this._several) {
@@ -1124,7 +1146,7 @@ export class SessionLogClient {
       return retry && unavailable ? LATER : RAISE;
     }
     if (info?.reason === "NOT_PRIMARY") {
-      current = this._learn(member, whole(info.metadata?.epoch)) && current;
+      current = this._learn(member, whole(info.metadata?.epoch), group) && current;
       const hint = info.metadata?.[PRIMARY_HINT] ?? "";
       if (current && hint && hint !== member.address) {
         this._current = this._members.indexOf(this._member(hint));
@@ -1175,22 +1197,33 @@ export class SessionLogClient {
     }
   }
 
-  /** member named epoch (0: none); false when that is below the highest seen: it was deposed. */
-  _learn(member, epoch) {
-    if (!epoch) return true;
-    member.epoch = epoch;
-    const current = epoch >= this.epoch;
-    this.epoch = Math.max(this.epoch, epoch);
-    return current;
+  /** The group whose epoch a write for sessionId carries ("": none named, or not sharded). */
+  _groupOf(sessionId) {
+    if (!this._slotGroups.size || !sessionId) return "";
+    return this._slotGroups.get(slotOf(sessionId)) ?? "";
   }
 
-  /** A write member acknowledged at epoch: LeadershipLostError when that is below the highest
-   * epoch seen (a deposed server took it: it is not the group's). */
-  _accepted(member, epoch) {
-    if (this._learn(member, epoch)) return;
+  /** member of group named epoch (0: none) in a reply for sessionId; false when that is below
+   * the group's highest epoch seen before: it was deposed. */
+  _learn(member, epoch, group = "", sessionId = "") {
+    if (group && sessionId) this._slotGroups.set(slotOf(sessionId), group);
+    if (!epoch) return true;
+    member.epoch = epoch;
+    const seen = this._epochs.get(group) ?? 0;
+    this._epochs.set(group, Math.max(seen, epoch));
+    return epoch >= seen;
+  }
+
+  /** A write member acknowledged (its reply's trailers) for sessionId: LeadershipLostError when
+   * its epoch is below the highest seen of its group (a deposed server took it: it is not the
+   * group's). */
+  _accepted(member, trailers, sessionId = "") {
+    const epoch = trailingEpoch(trailers);
+    const group = trailingGroup(trailers);
+    if (this._learn(member, epoch, group, sessionId)) return;
     this._moved(member);
     throw new LeadershipLostError(
-      `${member.address} took the write at epoch ${epoch}, but this client has seen epoch ${this.epoch}: ` +
+      `${member.address} took the write at epoch ${epoch}, but this client has seen epoch ${this._epochs.get(group) ?? 0}: ` +
         "that server was deposed, and what it stored is on a history the group discards when it rejoins. " +
         "The write is not acknowledged; send it again (with the same requestId) to the current primary",
       { code: grpc.status.UNAVAILABLE, metadata: { committed: "True" } },
@@ -1201,7 +1234,14 @@ export class SessionLogClient {
     const metadata = new grpc.Metadata();
     if (this._token) metadata.add("authorization", `Bearer ${this._token}`);
     if (sessionId) metadata.add(SESSION_HEADER, sessionHeader(sessionId));
-    if (write && this.epoch) metadata.add(EPOCH_KEY, String(this.epoch));
+    if (write) {
+      const group = this._groupOf(sessionId);
+      const epoch = this._epochs.get(group) ?? 0;
+      if (epoch) {
+        metadata.add(EPOCH_KEY, String(epoch));
+        if (group) metadata.add(EPOCH_GROUP_KEY, group);
+      }
+    }
     return metadata;
   }
 
@@ -1257,14 +1297,14 @@ export class SessionLogClient {
         await this._settle(member, timeoutMs ?? this.timeoutMs);
         const { reply, trailers } = await this._once(member, method, request, timeoutMs, write);
         member.reached = true;
-        if (write) this._accepted(member, trailingEpoch(trailers));
+        if (write) this._accepted(member, trailers, sessionOf(request));
         return reply;
       } catch (error) {
         failure = error;
         if (error instanceof LeadershipLostError) {
           step = retry ? LATER : RAISE; // acknowledged by a deposed member: not an acknowledgement
         } else {
-          step = this._after(member, error, retry, hops, retry);
+          step = this._after(member, error, retry, hops, retry, sessionOf(request));
         }
       }
       if (step === AGAIN) {

@@ -60,10 +60,12 @@ def add_commands(commands: Any) -> None:
     actions = dev.add_subparsers(dest="dev_command", metavar="ACTION", required=True)
     cluster = actions.add_parser(
         "cluster",
-        help="etcd and a three-member group on 127.0.0.1, until Ctrl-C",
-        description="Start etcd (the `etcd` binary: apt-get install etcd-server) and three "
-        "`sessionlog serve --cluster` members with --ack replica --sync-replicas 1 on 127.0.0.1, "
-        "print their addresses and a client example, and stop them all on Ctrl-C.",
+        help="etcd and three-member groups on 127.0.0.1, until Ctrl-C",
+        description="Start etcd (the `etcd` binary: apt-get install etcd-server) and, for each "
+        "of --groups groups, three `sessionlog serve --cluster` members with --ack replica "
+        "--sync-replicas 1 on 127.0.0.1 (with two groups or more, --shard-map etcd, an even "
+        "shard map in etcd and HAProxy in front, the `haproxy` binary), print their addresses "
+        "and a client example, and stop them all on Ctrl-C.",
     )
     cluster.add_argument(
         "--dir", default="./sessionlog-cluster", help="where the folders and logs go"

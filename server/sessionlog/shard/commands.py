@@ -51,7 +51,10 @@ def add_commands(commands: Any) -> None:
     slot.set_defaults(run=_slot)
 
     shard_map = actions.add_parser(
-        "map", help="check a shard map, or put and get it in etcd", description=__doc__
+        "map",
+        help="check a shard map, or put and get it in etcd",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     map_actions = shard_map.add_subparsers(dest="map_command", metavar="ACTION", required=True)
     check = map_actions.add_parser("check", help="validate a TOML shard map and summarize it")

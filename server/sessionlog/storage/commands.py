@@ -70,10 +70,10 @@ class AppendBatch:
     lease_token: int = 0
     lenient: bool = False
     create_only: bool = False
+    """CreateSession / SeedSession: refuse an existing session, create even with no events."""
     moving_in: bool = False
     """Events copied in by a slot move (``shard.move``): the writer's ``admits`` hook, which
     refuses writes to sessions this group does not own, lets it through."""
-    """CreateSession / SeedSession: refuse an existing session, create even with no events."""
 
 
 @dataclass

@@ -380,8 +380,7 @@ def _print_cluster(
     print(
         f"""etcd     {cluster}  (pid {pids["etcd"]}, data {root / "etcd"})
 haproxy  {proxy}  (pid {pids["haproxy"]}, config {root / "haproxy"})
-         follows the map in etcd (`cluster haproxy-sync`, pid {pids["haproxy-sync"]}): a
-         `sessionlog cluster move-slot` needs no reload
+sync     (pid {pids["haproxy-sync"]}, cluster haproxy-sync): HAProxy follows etcd's map
 groups   {", ".join(leaders)}  (the shard map: sessionlog cluster map get --cluster {cluster})
 {listing}
 logs     {root}/*.log

@@ -599,10 +599,10 @@ def test_killing_one_groups_leader_pauses_only_that_group(
 
 
 def test_ctrl_c_stops_every_process_it_started(dev: Dev) -> None:
-    """SIGINT: the command exits 0 after stopping etcd, HAProxy and every member (the
-    restarted one too)."""
+    """SIGINT: the command exits 0 after stopping etcd, HAProxy, the HAProxy sync and every
+    member (the restarted one too)."""
     children = dev.children()
-    assert len(children) == 2 + MEMBERS, dev.text()
+    assert len(children) == 3 + MEMBERS, dev.text()
     dev.pids.update(children)
     dev.process.send_signal(signal.SIGINT)
     assert dev.process.wait(60) == 0, dev.logs()

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from sessionlog.shard import haproxy, hasync
-from sessionlog.shard.shardmap import ShardMap
+from sessionlog.shard.shardmap import ShardMap, ShardMapError
 from sessionlog.shard.slots import SLOTS
 
 SPLIT = ShardMap.even_split(
@@ -54,6 +54,8 @@ def test_the_backends_and_the_socket_come_from_the_written_config(tmp_path: Path
     assert f"stats socket {tmp_path.absolute() / haproxy.SOCKET_FILE} mode 600 level admin" in text
     other, _ = haproxy.write(SPLIT, tmp_path / "b", socket="/run/x.sock")
     assert "stats socket /run/x.sock mode 600" in other.read_text()
+    with pytest.raises(ShardMapError, match="at most 107 bytes"):
+        haproxy.write(SPLIT, tmp_path / "c", socket="/" + "s" * 107)
 
 
 def test_the_map_file_is_replaced_whole(tmp_path: Path) -> None:

@@ -51,6 +51,8 @@ CONFIG_FILE = "haproxy.cfg"
 MAP_FILE = "slots.map"
 SOCKET_FILE = "haproxy.sock"
 """The runtime API socket's default name, in the output folder (`cluster haproxy-sync`)."""
+MAX_SOCKET_BYTES = 107
+"""A UNIX socket path's limit on Linux (sun_path is 108 bytes with its NUL)."""
 DEFAULT_BIND = "127.0.0.1:50050"
 DEFAULT_TIMEOUT_SECONDS = 60.0
 """HAProxy's client, server and tunnel timeout: four of the servers' default heartbeat."""
@@ -135,6 +137,11 @@ def render_config(
     if not (MIN_SECONDS <= timeout <= MAX_SECONDS and MIN_SECONDS <= check <= MAX_SECONDS):
         raise ShardMapError(
             f"the timeout and the check interval must be {MIN_SECONDS:g} to {MAX_SECONDS:g} s"
+        )
+    if not socket or len(socket.encode()) > MAX_SOCKET_BYTES or any(c.isspace() for c in socket):
+        raise ShardMapError(
+            f"--socket {socket!r}: a UNIX socket path of at most {MAX_SOCKET_BYTES} bytes, "
+            "without spaces (pass a shorter --socket)"
         )
     first = shard_map.groups[0].name
     reads = " ".join(SERVICE + method for method in READ_METHODS)

@@ -16,7 +16,8 @@ With ``--groups N`` (N > 1; ``make cluster`` starts two) it starts N groups of t
 members m1..m{3N}, gRPC ports PORT.., console ports PORT+1000..), puts a shard map that splits the
 slots evenly into etcd (``/sessionlog/shards``) before the members start with ``--shard-map
 etcd``, and runs HAProxy (Debian's ``haproxy``) in front on ``--proxy-port`` with the
-configuration ``sessionlog cluster haproxy`` writes (DIR/haproxy/).
+configuration ``sessionlog cluster haproxy`` writes (DIR/haproxy/), and ``sessionlog cluster
+haproxy-sync`` beside it, so that HAProxy follows a slot moved in etcd by itself.
 """
 
 from __future__ import annotations
@@ -142,6 +143,7 @@ def run_cluster(args: argparse.Namespace) -> int:
         if args.groups > 1:
             proxy = f"127.0.0.1:{args.proxy_port}"
             processes.append(("haproxy", _start_haproxy(root, shard_map, proxy)))
+            processes.append(("haproxy-sync", _start_sync(root, cluster)))
         pids = {name: process.pid for name, process in processes}
         _print_cluster(root, cluster, members, leaders, pids, proxy)
         by_name = {member.name: member for member in members}
@@ -151,7 +153,7 @@ def run_cluster(args: argparse.Namespace) -> int:
                 if process.poll() is None:
                     continue
                 log = root / f"{name}.log"
-                if name in ("etcd", "haproxy"):
+                if name in ("etcd", "haproxy", "haproxy-sync"):
                     raise DevError(f"{name} exited with {process.returncode}; see {log}")
                 if time.monotonic() - restarted_at[name] < RESTART_AFTER_SECONDS:
                     raise DevError(f"{name} exited with {process.returncode} again; see {log}")
@@ -293,6 +295,21 @@ def _start_haproxy(root: Path, shard_map: ShardMap, bind: str) -> subprocess.Pop
     return process
 
 
+def _start_sync(root: Path, cluster: str) -> subprocess.Popen[bytes]:
+    """`sessionlog cluster haproxy-sync`: a slot moved (`cluster move-slot`) is set in HAProxy."""
+    from sessionlog.shard import haproxy, hasync
+
+    try:
+        hasync.wait_socket(str(root / "haproxy" / haproxy.SOCKET_FILE), 10.0)
+    except hasync.SyncError as exc:
+        raise DevError(str(exc)) from exc
+    argv = [
+        sys.executable, "-m", "sessionlog.cli", "cluster", "haproxy-sync",
+        "--cluster", cluster, "--out", str(root / "haproxy"),
+    ]  # fmt: skip
+    return _spawn(argv, root / "haproxy-sync.log", dict(os.environ))
+
+
 def _spawn(argv: list[str], log: Path, env: dict[str, str]) -> subprocess.Popen[bytes]:
     with log.open("ab") as out:
         # A session of its own: Ctrl-C in the terminal reaches this command only, which then
@@ -365,6 +382,7 @@ def _print_cluster(
     print(
         f"""etcd     {cluster}  (pid {pids["etcd"]}, data {root / "etcd"})
 haproxy  {proxy}  (pid {pids["haproxy"]}, config {root / "haproxy"})
+sync     (pid {pids["haproxy-sync"]}, cluster haproxy-sync): HAProxy follows etcd's map
 groups   {", ".join(leaders)}  (the shard map: sessionlog cluster map get --cluster {cluster})
 {listing}
 logs     {root}/*.log

@@ -240,7 +240,7 @@ def test_make_cluster_prints_both_groups_and_routes_through_haproxy(dev: Dev) ->
     assert f"etcd     etcd://127.0.0.1:{dev.etcd.port}" in text
     assert "groups   g1, g2" in text
     assert [m.group for m in dev.members] == ["g1"] * 3 + ["g2"] * 3
-    pids = re.findall(r"\(pid (\d+),", text)  # etcd's and HAProxy's
+    pids = re.findall(r"\(pid (\d+),", text)  # etcd's, HAProxy's and the sync's
     assert sorted(dev.children()) == sorted([*map(int, pids), *(m.pid for m in dev.members)])
     for group in GROUPS:
         [leader] = [m for m in MEMBER_LINE.findall(text) if m[1] == group and m[5]]
@@ -599,10 +599,10 @@ def test_killing_one_groups_leader_pauses_only_that_group(
 
 
 def test_ctrl_c_stops_every_process_it_started(dev: Dev) -> None:
-    """SIGINT: the command exits 0 after stopping etcd, HAProxy and every member (the
-    restarted one too)."""
+    """SIGINT: the command exits 0 after stopping etcd, HAProxy, the HAProxy sync and every
+    member (the restarted one too)."""
     children = dev.children()
-    assert len(children) == 2 + MEMBERS, dev.text()
+    assert len(children) == 3 + MEMBERS, dev.text()
     dev.pids.update(children)
     dev.process.send_signal(signal.SIGINT)
     assert dev.process.wait(60) == 0, dev.logs()

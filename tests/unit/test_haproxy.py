@@ -20,6 +20,7 @@ from sessionlog.v1 import session_log_service_pb2 as pb
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 EXAMPLE = DEPLOY / "shards.example.toml"
+DEPLOY_SOCKET = "/run/haproxy/sessionlog.sock"
 
 
 def _haproxy() -> str:
@@ -32,12 +33,13 @@ def _haproxy() -> str:
 
 
 def test_the_deploy_files_are_what_the_command_writes(tmp_path: Path) -> None:
-    code = cli.main(["cluster", "haproxy", "--shard-map", str(EXAMPLE), "--out", str(tmp_path)])
+    argv = ["cluster", "haproxy", "--shard-map", str(EXAMPLE), "--out", str(tmp_path)]
+    code = cli.main([*argv, "--socket", DEPLOY_SOCKET])
     assert code == 0
     for name in (haproxy.CONFIG_FILE, haproxy.MAP_FILE):
         assert (tmp_path / name).read_bytes() == (DEPLOY / name).read_bytes(), (
             f"deploy/{name} is stale: sessionlog cluster haproxy --shard-map "
-            "deploy/shards.example.toml --out deploy"
+            f"deploy/shards.example.toml --out deploy --socket {DEPLOY_SOCKET}"
         )
 
 

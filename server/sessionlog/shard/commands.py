@@ -6,6 +6,7 @@ and write HAProxy's configuration from it (shard.haproxy).
     sessionlog cluster map put FILE --cluster etcd://..  store it in etcd (epoch must grow)
     sessionlog cluster map get --cluster etcd://.. [--json]
     sessionlog cluster haproxy --shard-map FILE --out DIR   haproxy.cfg and slots.map
+    sessionlog cluster haproxy-sync --cluster etcd://.. --out DIR   HAProxy follows the map
     sessionlog cluster move-slot S --to G --cluster etcd://..  move a slot live (shard.move)
 
 ``map put`` writes the key in one etcd transaction that compares the key's revision with the one
@@ -21,7 +22,7 @@ import json
 import sys
 from typing import TYPE_CHECKING, Any
 
-from sessionlog.shard import haproxy, move
+from sessionlog.shard import haproxy, hasync, move
 from sessionlog.shard.shardmap import SHARDS_KEY, ShardMap, ShardMapError
 from sessionlog.shard.slots import SLOTS, slot_of
 
@@ -72,6 +73,7 @@ def add_commands(commands: Any) -> None:
     get.set_defaults(run=_get)
 
     haproxy.add_command(actions)
+    hasync.add_command(actions)
     move.add_command(actions)
 
 

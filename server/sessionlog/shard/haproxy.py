@@ -19,9 +19,11 @@ which the map lists as the group's ``http``.
 Timeouts: HAProxy ends a stream on which nothing moved for ``timeout client`` / ``timeout
 server``. An idle FollowSession (Since with follow) stream carries a heartbeat every
 ``--heartbeat`` seconds (15 by default), so the timeout must stay well above the servers'
-heartbeat: the default, 60 s, is four heartbeats. A map change (a new epoch): write the files
-again and reload HAProxy (``systemctl reload haproxy``, or ``haproxy -f haproxy.cfg -sf PID``);
-the old process ends the streams it still carries one timeout later (``hard-stop-after``).
+heartbeat: the default, 60 s, is four heartbeats. A slot moving (a new epoch, same groups):
+``sessionlog cluster haproxy-sync`` (shard.hasync) applies it through the runtime API socket the
+configuration opens. A change of groups or members: write the files again and reload HAProxy
+(``systemctl reload haproxy``, or ``haproxy -f haproxy.cfg -sf PID``); the old process ends the
+streams it still carries one timeout later (``hard-stop-after``).
 """
 
 from __future__ import annotations
@@ -47,6 +49,10 @@ READ_METHODS = (
 """The SessionLogService RPCs that only read: any serving member of the group answers them."""
 CONFIG_FILE = "haproxy.cfg"
 MAP_FILE = "slots.map"
+SOCKET_FILE = "haproxy.sock"
+"""The runtime API socket's default name, in the output folder (`cluster haproxy-sync`)."""
+MAX_SOCKET_BYTES = 107
+"""A UNIX socket path's limit on Linux (sun_path is 108 bytes with its NUL)."""
 DEFAULT_BIND = "127.0.0.1:50050"
 DEFAULT_TIMEOUT_SECONDS = 60.0
 """HAProxy's client, server and tunnel timeout: four of the servers' default heartbeat."""
@@ -121,13 +127,21 @@ def render_config(
     bind: str = DEFAULT_BIND,
     timeout: float = DEFAULT_TIMEOUT_SECONDS,
     check: float = DEFAULT_CHECK_SECONDS,
+    socket: str = SOCKET_FILE,
 ) -> str:
-    """haproxy.cfg for ``shard_map``: the frontend on ``bind`` and two backends per group."""
+    """haproxy.cfg for ``shard_map``: the frontend on ``bind``, two backends per group and the
+    runtime API on the UNIX socket ``socket`` (absolute: HAProxy binds it after reading the
+    configuration, relative to its own working folder, not to this file's)."""
     _check_groups(shard_map)
     _check_bind(bind)
     if not (MIN_SECONDS <= timeout <= MAX_SECONDS and MIN_SECONDS <= check <= MAX_SECONDS):
         raise ShardMapError(
             f"the timeout and the check interval must be {MIN_SECONDS:g} to {MAX_SECONDS:g} s"
+        )
+    if not socket or len(socket.encode()) > MAX_SOCKET_BYTES or any(c.isspace() for c in socket):
+        raise ShardMapError(
+            f"--socket {socket!r}: a UNIX socket path of at most {MAX_SOCKET_BYTES} bytes, "
+            "without spaces (pass a shorter --socket)"
         )
     first = shard_map.groups[0].name
     reads = " ".join(SERVICE + method for method in READ_METHODS)
@@ -139,6 +153,9 @@ def render_config(
         "    # After a reload (-sf), the old process ends what it still carries (follow streams)",
         "    # at the latest this long after: the clients resume through the new one.",
         f"    hard-stop-after {_seconds(timeout)}",
+        "    # The runtime API: `sessionlog cluster haproxy-sync` sets each moved slot in",
+        f"    # {MAP_FILE} through it (`set map {MAP_FILE} SLOT GROUP`).",
+        f"    stats socket {socket} mode 600 level admin",
         "",
         "defaults",
         "    mode http",
@@ -174,9 +191,13 @@ def write(
     bind: str = DEFAULT_BIND,
     timeout: float = DEFAULT_TIMEOUT_SECONDS,
     check: float = DEFAULT_CHECK_SECONDS,
+    socket: str | None = None,
 ) -> tuple[Path, Path]:
-    """Write haproxy.cfg and slots.map into ``out`` (made if missing); their paths."""
-    config = render_config(shard_map, bind, timeout, check)
+    """Write haproxy.cfg and slots.map into ``out`` (made if missing); their paths. The runtime
+    API socket: ``socket``, else haproxy.sock in ``out`` (as an absolute path)."""
+    if socket is None:
+        socket = str(out.absolute() / SOCKET_FILE)
+    config = render_config(shard_map, bind, timeout, check, socket)
     out.mkdir(parents=True, exist_ok=True)
     config_path, map_path = out / CONFIG_FILE, out / MAP_FILE
     map_path.write_text(render_map(shard_map), encoding="utf-8")
@@ -208,7 +229,8 @@ def add_command(actions: Any) -> None:
         description="Write HAProxy's haproxy.cfg and slots.map for a shard map (TOML): calls "
         f"carrying {SESSION_HEADER} go to the group owning the session's slot (reads to any "
         "serving member, writes to the primary), health-checked on the members' http "
-        "addresses. After a map change, run it again and reload HAProxy.",
+        "addresses. A slot moving later: `sessionlog cluster haproxy-sync` applies it through "
+        "HAProxy's runtime API; a change of groups or members: run this again and reload.",
     )
     command.add_argument("--shard-map", required=True, metavar="FILE", help="the map (TOML)")
     command.add_argument("--out", required=True, metavar="DIR", help="where the files go")
@@ -234,13 +256,20 @@ def add_command(actions: Any) -> None:
         metavar="SECONDS",
         help=f"between two health checks of a member (default {DEFAULT_CHECK_SECONDS:g})",
     )
+    command.add_argument(
+        "--socket",
+        metavar="PATH",
+        help=f"HAProxy's runtime API socket (default DIR/{SOCKET_FILE}, absolute)",
+    )
     command.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
     try:
         shard_map = ShardMap.load(args.shard_map)
-        paths = write(shard_map, Path(args.out), args.bind, args.timeout, args.check_interval)
+        paths = write(
+            shard_map, Path(args.out), args.bind, args.timeout, args.check_interval, args.socket
+        )
     except ShardMapError as exc:  # a map that will not do: refused, as `map check` does
         print(f"sessionlog: {exc}", file=sys.stderr)
         return 1

@@ -7,6 +7,7 @@ slots, and the check every server makes that a call's session belongs to its gro
     source.py     EtcdShardMap: --shard-map etcd, the map and each group's leader polled from etcd
     haproxy.py    `sessionlog cluster haproxy`: HAProxy's haproxy.cfg and slots.map from a map
     scatter.py    Scatter: ListSessions across groups (fan out to every group, merge by id)
+    stored.py     the map as etcd holds it: read, and a compare-and-put (map put, move-slot)
     feeds.py      every group's change feed with a cursor per group (`tail --every-group`)
 """
 

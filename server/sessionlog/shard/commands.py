@@ -22,7 +22,7 @@ import json
 import sys
 from typing import TYPE_CHECKING, Any
 
-from sessionlog.shard import haproxy, hasync, move
+from sessionlog.shard import haproxy, hasync, move, stored
 from sessionlog.shard.shardmap import SHARDS_KEY, ShardMap, ShardMapError
 from sessionlog.shard.slots import SLOTS, slot_of
 
@@ -154,13 +154,6 @@ def _endpoints(args: argparse.Namespace) -> etcd.Endpoints:
         raise _Usage(f"--cluster: {exc}") from exc
 
 
-def _decode(found: etcd.KeyValue) -> ShardMap:
-    try:
-        return ShardMap.from_json(found.value)
-    except ShardMapError as exc:
-        raise ShardMapError(f"the map stored at {SHARDS_KEY} is not valid: {exc}") from exc
-
-
 def _put(args: argparse.Namespace) -> int:
     from sessionlog.cluster import etcd
 
@@ -178,7 +171,7 @@ def _put(args: argparse.Namespace) -> int:
         current = None
         if found is not None:
             try:
-                current = _decode(found)
+                current = stored.decode(found.value)
             except ShardMapError as exc:
                 # A damaged key is replaced by a valid map: say so, but do not refuse.
                 print(f"sessionlog cluster: {exc}; replacing it", file=sys.stderr)
@@ -188,13 +181,7 @@ def _put(args: argparse.Namespace) -> int:
                 f"{args.file} has epoch {shard_map.epoch}, not above the stored map's "
                 f"{current.epoch}: servers keep the newer map, so raise the epoch"
             )
-        done, _, _ = endpoints.txn(
-            {
-                "compare": [etcd.compare_modified(SHARDS_KEY, revision)],
-                "success": [etcd.request_put(SHARDS_KEY, shard_map.to_json().encode())],
-            }
-        )
-        if not done:
+        if not stored.put(endpoints, shard_map, revision):
             return _fail(f"{SHARDS_KEY} changed while this map was being put: read it again")
     except (etcd.EtcdUnavailable, etcd.EtcdError) as exc:
         return _fail(f"etcd: {exc}")
@@ -213,8 +200,7 @@ def _get(args: argparse.Namespace) -> int:
     except _Usage as exc:
         return _usage(exc)
     try:
-        found, _ = endpoints.get(SHARDS_KEY)
-        current = _decode(found) if found is not None else None
+        current, _ = stored.read(endpoints)
     except ShardMapError as exc:
         return _fail(str(exc))
     except (etcd.EtcdUnavailable, etcd.EtcdError) as exc:

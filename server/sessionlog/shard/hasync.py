@@ -31,7 +31,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from sessionlog.shard import haproxy
+from sessionlog.shard import haproxy, stored
 from sessionlog.shard.shardmap import SHARDS_KEY, ShardMap, ShardMapError
 from sessionlog.shard.slots import SLOTS
 
@@ -214,15 +214,14 @@ def run(args: argparse.Namespace, stop: threading.Event | None = None) -> int:
         sync = Sync(out, socket)
         while True:
             try:
-                found, _ = endpoints.get(SHARDS_KEY)
-                shard_map = ShardMap.from_json(found.value) if found is not None else None
+                shard_map, _ = stored.read(endpoints)
             except (etcd.EtcdUnavailable, etcd.EtcdError) as exc:
                 if args.once:
                     raise SyncError(f"etcd: {exc}") from exc
                 shard_map = None  # etcd away for a moment: HAProxy keeps routing; try again
             except ShardMapError as exc:
                 if args.once:
-                    raise SyncError(f"the map at {SHARDS_KEY} is not valid: {exc}") from exc
+                    raise SyncError(str(exc)) from exc
                 shard_map = None  # the servers ignore a damaged value too
             if shard_map is not None:
                 moved = sync.apply(shard_map)

@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Any
 
 import grpc
 
+from sessionlog.shard import stored
 from sessionlog.shard.ownership import MOVE_COPY, MOVE_HEADER
 from sessionlog.shard.scatter import SCOPE_GROUP, SCOPE_HEADER
 from sessionlog.shard.shardmap import SHARDS_KEY, Group, ShardMap, ShardMapError
@@ -214,15 +215,14 @@ def _read_map(endpoints: etcd.Endpoints) -> tuple[ShardMap, int]:
     from sessionlog.cluster import etcd
 
     try:
-        found, _ = endpoints.get(SHARDS_KEY)
+        shard_map, revision = stored.read(endpoints)
     except (etcd.EtcdUnavailable, etcd.EtcdError) as exc:
         raise MoveError(f"etcd: {exc}") from exc
-    if found is None:
-        raise MoveError(f"etcd holds no shard map at {SHARDS_KEY} (`sessionlog cluster map put`)")
-    try:
-        return ShardMap.from_json(found.value), found.mod_revision
     except ShardMapError as exc:
-        raise MoveError(f"the map stored at {SHARDS_KEY} is not valid: {exc}") from exc
+        raise MoveError(str(exc)) from exc
+    if shard_map is None:
+        raise MoveError(f"etcd holds no shard map at {SHARDS_KEY} (`sessionlog cluster map put`)")
+    return shard_map, revision
 
 
 def _put(endpoints: etcd.Endpoints, expected: ShardMap, new: ShardMap) -> None:
@@ -230,19 +230,14 @@ def _put(endpoints: etcd.Endpoints, expected: ShardMap, new: ShardMap) -> None:
     from sessionlog.cluster import etcd
 
     try:
-        found, _ = endpoints.get(SHARDS_KEY)
-        if found is None or ShardMap.from_json(found.value) != expected:
+        current, revision = stored.read(endpoints)
+        if current != expected:
             raise MoveError(f"{SHARDS_KEY} was changed by someone else during the move")
-        done, _, _ = endpoints.txn(
-            {
-                "compare": [etcd.compare_modified(SHARDS_KEY, found.mod_revision)],
-                "success": [etcd.request_put(SHARDS_KEY, new.to_json().encode())],
-            }
-        )
+        done = stored.put(endpoints, new, revision)
     except (etcd.EtcdUnavailable, etcd.EtcdError) as exc:
         raise MoveError(f"etcd: {exc}") from exc
     except ShardMapError as exc:
-        raise MoveError(f"the map stored at {SHARDS_KEY} is not valid: {exc}") from exc
+        raise MoveError(str(exc)) from exc
     if not done:
         raise MoveError(f"{SHARDS_KEY} was changed by someone else during the move")
 

@@ -503,6 +503,10 @@ def _tail_groups(args: argparse.Namespace) -> int:
             f"{args.server} holds no shard map (not sharded): use tail --prefix without "
             "--every-group"
         )
+    unknown = sorted(set(cursors) - {name for name, _ in groups})
+    if unknown:
+        known = ", ".join(name for name, _ in groups)
+        _usage(f"--cursor names no group of the shard map: {', '.join(unknown)} (groups: {known})")
 
     def connect(address: str) -> Client:
         return _client(argparse.Namespace(**{**vars(args), "server": address}), retry)

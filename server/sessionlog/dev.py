@@ -252,10 +252,11 @@ def _start_member(
 
 def _put_map(etcd_port: int, members: list[Member]) -> ShardMap:
     """An even split of the slots over the groups, in etcd before any member reads it (a map
-    already there, from an earlier run of the same folder, is kept)."""
-    import requests
-
-    from sessionlog.shard.shardmap import SHARDS_KEY, ShardMap, ShardMapError
+    already there, from an earlier run of the same folder, is kept when it has the same groups)."""
+    from sessionlog.cluster import etcd
+    from sessionlog.cluster.settings import parse_cluster
+    from sessionlog.shard import stored
+    from sessionlog.shard.shardmap import ShardMap, ShardMapError
 
     groups: dict[str, list[Member]] = {}
     for member in members:
@@ -264,16 +265,14 @@ def _put_map(etcd_port: int, members: list[Member]) -> ShardMap:
         {name: [m.address for m in group] for name, group in groups.items()},
         http={name: [m.http for m in group] for name, group in groups.items()},
     )
-    gateway = f"http://127.0.0.1:{etcd_port}/v3/kv"
+    endpoints = etcd.Endpoints(parse_cluster(f"etcd://127.0.0.1:{etcd_port}"), 3.0)
     try:
-        reply = requests.post(f"{gateway}/range", json={"key": _b64(SHARDS_KEY)}, timeout=3)
-        for kv in reply.json().get("kvs", []):
-            stored = ShardMap.from_json(base64.b64decode(kv["value"]))
-            if {g.name for g in stored.groups} == set(groups):
-                return stored
-        body = {"key": _b64(SHARDS_KEY), "value": _b64(wanted.to_json())}
-        requests.post(f"{gateway}/put", json=body, timeout=3).raise_for_status()
-    except (requests.RequestException, ValueError, ShardMapError) as exc:
+        found, revision = stored.read(endpoints)
+        if found is not None and {g.name for g in found.groups} == set(groups):
+            return found
+        if not stored.put(endpoints, wanted, revision):
+            raise DevError("the shard map in etcd changed while it was being put; start again")
+    except (etcd.EtcdUnavailable, etcd.EtcdError, ShardMapError) as exc:
         raise DevError(f"could not put the shard map into etcd: {exc}") from exc
     return wanted
 

@@ -335,6 +335,10 @@ def test_tail_every_group_follows_each_groups_feed_with_its_own_cursor(
     later = tail("--cursor", f"g2={past_g2}")
     assert later == [line for line in lines if line["group"] == "g1"]
 
+    mistyped = run_cli([*args, "--cursor", "g3=5"], tmp_path, env=clean_env(workers=False))
+    assert mistyped.returncode == 2, mistyped.stdout
+    assert "--cursor names no group of the shard map: g3 (groups: g1, g2)" in mistyped.stderr
+
 
 def test_a_hanging_group_fails_the_listing_within_its_deadline(cluster: Cluster) -> None:
     """g2's member stopped (SIGSTOP: it accepts connections and never answers): a listing

@@ -69,6 +69,18 @@ def test_a_foreign_session_is_wrong_group_with_the_owner_in_the_metadata() -> No
     assert ownership.owned_slots == SLOTS // 2
 
 
+@pytest.mark.parametrize("session_id", ["", "x" * 300, "bad id"])
+def test_a_bad_id_is_invalid_session_id_before_any_owner_check(session_id: str) -> None:
+    """Reads and writes alike: a value that is no session id is refused as such, not sent to
+    an owner (whose slot it would otherwise hash to)."""
+    ownership = Ownership(group="g1")
+    assert ownership.install(two_groups())
+    with pytest.raises(errors.InvalidSessionId):
+        ownership.check(session_id)
+    with pytest.raises(errors.InvalidSessionId):
+        ownership.check_write(session_id)
+
+
 def test_my_group_is_the_one_listing_my_address() -> None:
     """Without --group, the map's group that lists the server's address is its own."""
     ownership = Ownership(address=G2[0])

@@ -154,6 +154,11 @@ def _one_group(**fields: object) -> dict[str, Any]:
         (json.dumps({"epoch": 1, "groups": {"g1\n": _one_group()["groups"]["g1"]}}), "name"),
         (json.dumps(_one_group(members=["h:1\n"])), "is not HOST:PORT"),
         (json.dumps(_one_group(members=["h:1"], http=["h:2\n"])), "is not HOST:PORT"),
+        (
+            '{"epoch": 1, "groups": {"g1": {"members": ["h:1"], "slots": ["0-1023"]}, '
+            '"g1": {"members": ["h:2"], "slots": ["0-1023"]}}}',
+            "'g1' is given twice",
+        ),
     ],
 )
 def test_a_damaged_json_map_is_a_shard_map_error(text: str, says: str) -> None:

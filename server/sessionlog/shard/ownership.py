@@ -207,6 +207,8 @@ class Ownership:
         frozen (being moved), on its owner and on any other group alike: a client whose map
         already names the slot's next owner waits there until the flip reaches it."""
         for session_id in session_ids:
+            if self.sharded:
+                fold.check_session_id(session_id)  # INVALID_SESSION_ID first, as in ``check``
             refusal = self.refusal(session_id)
             if refusal is not None:
                 raise refusal

@@ -67,6 +67,17 @@ def is_address(text: str) -> bool:
     return match is not None and 0 < int(match.group(2)) < 65536
 
 
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object, refusing a key given twice (TOML refuses it too): a map with a group
+    named twice must not quietly keep the last one."""
+    found: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in found:
+            raise ValueError(f"key {key!r} is given twice in one object")
+        found[key] = value
+    return found
+
+
 class ShardMapError(ValueError):
     """The map is not valid; the message says which field and why."""
 
@@ -262,7 +273,7 @@ class ShardMap:
     @staticmethod
     def from_json(text: str | bytes) -> ShardMap:
         try:
-            data = json.loads(text)
+            data = json.loads(text, object_pairs_hook=_unique_keys)
         except (RecursionError, ValueError) as exc:
             # ValueError covers JSONDecodeError, UnicodeDecodeError and an integer past int()'s
             # digit limit; RecursionError, nesting past the parser's: etcd's key may hold any

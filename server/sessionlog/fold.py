@@ -12,10 +12,16 @@ Shadowing (SPEC §4). The position of a replace is its start_seq, of any other e
 replace R with range [a, b] hides every earlier event (seq < R.seq) whose position is in [a, b].
 The surface is the unshadowed surface events, stably sorted by position.
 
+Hide (EVENT_TYPE_HIDE, beyond SPEC §2). A hide event carries a replace range and shadows exactly
+as a replace does, but it is not a surface type: it hides its range and takes no place on the
+surface. It is the one non-surface type that carries a surface_op, and it must: a hide without a
+replace range fails with INVALID_SURFACE_OP. It counts as a replace in replace_generation.
+
 Why the memo can be extended event by event: a plain event at seq n has position n, greater than
 every position before it (positions never exceed seqs), so it goes at the end. A replace at seq n
 hides exactly the currently visible events with position in [a, b], which, the surface being sorted
-by position, is one contiguous slice; the replace takes that slice's place. Events already hidden
+by position, is one contiguous slice; the replace takes that slice's place (a hide just removes
+the slice). Events already hidden
 stay hidden (shadowing is a union), so nothing ever needs to come back.
 """
 
@@ -51,6 +57,8 @@ ROLE_OF_TYPE = {
     EventType.EVENT_TYPE_TOOL_RESULT: Role.ROLE_TOOL,
 }
 TYPE_OF_ROLE = {role: type_ for type_, role in ROLE_OF_TYPE.items()}
+HIDE = EventType.EVENT_TYPE_HIDE
+"""The type that hides a range from the surface and adds nothing: it must carry a replace op."""
 
 STRING_FIELDS = ("content", "reasoning_content", "tool_call_id", "name")
 MAX_SESSION_ID_BYTES = 235
@@ -148,12 +156,22 @@ def check_event(
         )
     surface = event_type in SURFACE_TYPES
     op = event.surface_op.WhichOneof("kind") if event.HasField("surface_op") else None
-    if op and not surface:
+    if event_type == HIDE:
+        if op != "replace":
+            return Violation(
+                3,
+                errors.InvalidSurfaceOp(
+                    f"event {index} is an EVENT_TYPE_HIDE and must carry a surface_op.replace "
+                    "naming the range [start_seq, stop_seq] it hides",
+                    index=index,
+                ),
+            )
+    elif op and not surface:
         return Violation(
             2,
             errors.SurfaceOpOnNonSurfaceEvent(
                 f"event {index} is a {EventType.Name(event_type)}, a bookkeeping type, and may not "
-                "carry a surface_op; only message and tool-result events may",
+                "carry a surface_op; only message and tool-result events (and hides) may",
                 index=index,
             ),
         )
@@ -161,10 +179,11 @@ def check_event(
         replace = event.surface_op.replace
         start, stop = replace.start_seq, replace.stop_seq
         if start > stop:
+            verb = "hides" if event_type == HIDE else "replaces"
             return Violation(
                 3,
                 errors.InvalidSurfaceOp(
-                    f"event {index} replaces [{start}, {stop}]: start_seq must not exceed stop_seq",
+                    f"event {index} {verb} [{start}, {stop}]: start_seq must not exceed stop_seq",
                     index=index,
                     start_seq=start,
                     stop_seq=stop,
@@ -369,6 +388,7 @@ def fold_surface(events: Iterable[Event]) -> list[Event]:
     """The surface by the definition in SPEC §4, computed from scratch.
 
     The reference the memoized :class:`SurfaceFold` must always agree with; O(events x replaces).
+    Hides are among the replaces (they shadow) but, not being surface types, never visible.
     """
     log = list(events)
     replaces = [(e.seq, *rng) for e in log if (rng := replace_range(e)) is not None]
@@ -408,7 +428,8 @@ class SurfaceFold:
         if event.seq != self.count:
             raise ValueError(f"fold expected seq {self.count}, got {event.seq}")
         self.count += 1
-        if event.type not in SURFACE_TYPES:
+        hide = event.type == HIDE
+        if event.type not in SURFACE_TYPES and not hide:
             return
         rng = replace_range(event)
         if rng is None:
@@ -420,6 +441,9 @@ class SurfaceFold:
         start, stop = rng
         lo = bisect_left(self._positions, start)
         hi = bisect_right(self._positions, stop)
+        if hide:
+            del self._positions[lo:hi], self._events[lo:hi], self._projected[lo:hi]
+            return
         self._positions[lo:hi] = [start]
         self._events[lo:hi] = [event]
         self._projected[lo:hi] = [None]

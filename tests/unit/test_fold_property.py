@@ -7,20 +7,28 @@ from hypothesis import strategies as st
 
 from sessionlog.fold import SurfaceFold, derive_messages, fold_surface, position, project
 from sessionlog.v1.event_pb2 import Event
-from tests.unit._events import BOOKKEEPING, SURFACE, ev
+from tests.unit._events import BOOKKEEPING, HIDE, SURFACE, ev
 
 PROPERTY = settings(max_examples=300, deadline=None)
 
 
 @st.composite
 def logs(draw: st.DrawFn, max_size: int = 40) -> list[Event]:
-    """A valid log: surface and bookkeeping events, with replaces the writer would accept."""
+    """A valid log: surface and bookkeeping events, with replaces and hides the writer would
+    accept."""
     size = draw(st.integers(min_value=0, max_value=max_size))
     events = []
     for seq in range(size):
-        kind = draw(st.sampled_from(["append", "explicit", "bookkeeping", "replace", "replace"]))
+        kind = draw(
+            st.sampled_from(["append", "explicit", "bookkeeping", "replace", "replace", "hide"])
+        )
         if kind == "bookkeeping":
             events.append(ev(draw(st.sampled_from(BOOKKEEPING)), seq=seq))
+            continue
+        if kind == "hide":
+            start = draw(st.integers(min_value=0, max_value=seq))
+            stop = draw(st.integers(min_value=start, max_value=seq + 5))
+            events.append(ev(HIDE, seq=seq, replace=(start, stop)))
             continue
         type_ = draw(st.sampled_from(SURFACE))
         data = {"content": f"e{seq}"}

@@ -34,7 +34,7 @@ def reason_of(*events: Event, next_seq: int = 0, limits: Limits | None = None) -
 # -- rule 1: type ---------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("type_", [0, 11, 99])
+@pytest.mark.parametrize("type_", [0, 12, 99])
 def test_unknown_or_unspecified_type_is_rejected(type_: int) -> None:
     """An unspecified or out-of-enum type fails with UNKNOWN_EVENT_TYPE."""
     assert reason_of(ev(type_)) == "UNKNOWN_EVENT_TYPE"

@@ -23,6 +23,7 @@ class EventType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     EVENT_TYPE_STEP_START: _ClassVar[EventType]
     EVENT_TYPE_STEP_END: _ClassVar[EventType]
     EVENT_TYPE_REQUEST_HEADER: _ClassVar[EventType]
+    EVENT_TYPE_HIDE: _ClassVar[EventType]
 EVENT_TYPE_UNSPECIFIED: EventType
 EVENT_TYPE_SYSTEM_MESSAGE: EventType
 EVENT_TYPE_USER_MESSAGE: EventType
@@ -34,6 +35,7 @@ EVENT_TYPE_TURN_END: EventType
 EVENT_TYPE_STEP_START: EventType
 EVENT_TYPE_STEP_END: EventType
 EVENT_TYPE_REQUEST_HEADER: EventType
+EVENT_TYPE_HIDE: EventType
 
 class SurfaceOp(_message.Message):
     __slots__ = ("append", "replace")

@@ -92,7 +92,8 @@ type GetStatsResponse struct {
 	HistoryStart uint64 `protobuf:"varint,11,opt,name=history_start,json=historyStart,proto3" json:"history_start,omitempty"`
 	// "primary" or "replica".
 	Role string `protobuf:"bytes,12,opt,name=role,proto3" json:"role,omitempty"`
-	// The epoch of the shard map the server holds (0: unsharded, or no map read yet).
+	// The epoch of the shard map the server holds (0: unsharded, or no map read yet), reported once
+	// every write checked against an older map has committed (a slot move waits for it).
 	MapEpoch uint64 `protobuf:"varint,13,opt,name=map_epoch,json=mapEpoch,proto3" json:"map_epoch,omitempty"`
 	// The server's group in the shard map ("" when unsharded).
 	ShardGroup string `protobuf:"bytes,14,opt,name=shard_group,json=shardGroup,proto3" json:"shard_group,omitempty"`

@@ -1,9 +1,12 @@
 """EVENT_TYPE_HIDE end to end: hiding a range over gRPC, kept in the log, honoured by fork and
-at_seq, refused with INVALID_SURFACE_OP when it names no range."""
+at_seq, refused with INVALID_SURFACE_OP when it names no range; the clients' hide, pop_last and
+clear."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from itertools import count
 from pathlib import Path
 
@@ -13,6 +16,8 @@ import pytest
 from sessionlog.testing import RunningServer
 from sessionlog.v1 import event_pb2
 from sessionlog.v1 import session_log_service_pb2 as pb
+from sessionlog_client import AsyncClient, Client, event, event_type, struct_to_dict
+from sessionlog_client import Event as ClientEvent
 from tests.e2e._helpers import (
     ASSISTANT,
     SYSTEM,
@@ -164,3 +169,70 @@ def test_a_lenient_append_drops_a_bad_hide(stub: Stub, sid: str) -> None:
     reply = append(stub, sid, ev(HIDE), say("b"), lenient=True)
     assert [(d.index, d.reason) for d in reply.drops] == [(0, "INVALID_SURFACE_OP")]
     assert contents(stub, sid) == ["a", "b"]
+
+
+# -- the Python client ------------------------------------------------------------------------
+
+
+def msg(
+    content: str, type_: str = "user_message", replace: tuple[int, int] | None = None
+) -> ClientEvent:
+    """A message event as a client user builds it."""
+    return event(type_, {"content": content}, replace=replace)
+
+
+def test_client_hide_pop_last_and_clear(running: RunningServer, sid: str) -> None:
+    """Client.hide hides a range, pop_last returns the newest message with its seq (a summary
+    included) until none is left, clear hides all so far."""
+    with Client(running.address) as client:
+        client.append(sid, [msg("a"), msg("b"), msg("c", "assistant_message"), msg("d")])
+        assert client.hide(sid, 1, 1).next_seq == 5
+        assert [m.content for m in client.derive_messages(sid).messages] == ["a", "c", "d"]
+        popped = client.pop_last(sid)
+        assert popped is not None
+        assert (popped.seq, popped.message.content) == (3, "d")
+        client.append(sid, [msg("sum", replace=(0, 2))])  # seq 6, stands at position 0
+        popped = client.pop_last(sid)
+        assert popped is not None
+        assert (popped.seq, popped.message.content) == (6, "sum")
+        assert client.pop_last(sid) is None  # a, c hidden by the summary; the summary popped
+        stored = list(client.since(sid))
+        reasons = [
+            struct_to_dict(e.data).get("reason") for e in stored if e.type == event_type("hide")
+        ]
+        assert reasons == [None, "pop_last", "pop_last"]
+        client.append(sid, [msg("e"), msg("f")])
+        assert client.clear(sid) is not None
+        assert list(client.derive_messages(sid).messages) == []
+        assert client.clear("never-written") is None
+        assert client.pop_last("never-written") is None
+        assert not get(running.stub(), "never-written").exists
+
+
+def test_concurrent_pops_each_take_one_message(running: RunningServer, sid: str) -> None:
+    """Eight threads pop from eight messages at once: each gets a different one, none is
+    taken twice, and the view ends empty."""
+    with Client(running.address) as client:
+        client.append(sid, [msg(str(i)) for i in range(8)])
+        with ThreadPoolExecutor(8) as pool:
+            results = list(pool.map(lambda _: client.pop_last(sid), range(8)))
+        assert sorted(r.seq for r in results if r is not None) == list(range(8))
+        assert client.pop_last(sid) is None
+        assert client.surface(sid).event_count == 16
+
+
+def test_async_client_hide_pop_last_and_clear(running: RunningServer, sid: str) -> None:
+    """AsyncClient has the same three helpers."""
+
+    async def run() -> None:
+        async with AsyncClient(running.address) as client:
+            await client.append(sid, [msg("a"), msg("b"), msg("c")])
+            await client.hide(sid, 0, 0)
+            popped = await client.pop_last(sid)
+            assert popped is not None
+            assert (popped.seq, popped.message.content) == (2, "c")
+            assert await client.clear(sid) is not None
+            assert await client.pop_last(sid) is None
+            assert (await client.derive_messages(sid)).event_count == 6
+
+    asyncio.run(run())

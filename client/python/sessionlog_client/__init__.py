@@ -16,7 +16,7 @@ messages live in ``sessionlog_client.v1``.
 
 from sessionlog_client import errors
 from sessionlog_client._aio import AsyncClient, AsyncEventStream
-from sessionlog_client._common import DEFAULT_MAX_MESSAGE_BYTES, Retry
+from sessionlog_client._common import DEFAULT_MAX_MESSAGE_BYTES, Popped, Retry
 from sessionlog_client._status import Cancelled, DeadlineExceeded, TransportError
 from sessionlog_client._sync import Client, EventStream
 from sessionlog_client.convert import (
@@ -48,6 +48,7 @@ __all__ = [
     "EventStream",
     "EventType",
     "Message",
+    "Popped",
     "Retry",
     "Role",
     "SessionLogError",

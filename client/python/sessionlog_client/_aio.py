@@ -35,7 +35,7 @@ from sessionlog_client._shards import (
 )
 from sessionlog_client._status import to_error
 from sessionlog_client.convert import messages_to_dicts
-from sessionlog_client.errors import LeadershipLost, SessionLogError
+from sessionlog_client.errors import LeadershipLost, SeqConflict, SessionLogError
 from sessionlog_client.v1 import session_log_service_pb2 as pb
 from sessionlog_client.v1 import session_log_service_pb2_grpc as pb_grpc
 from sessionlog_client.v1.event_pb2 import Event
@@ -612,6 +612,66 @@ class AsyncClient:
             "DeriveMessages", request, timeout, retry=True
         )
         return reply
+
+    async def hide(
+        self,
+        session_id: str,
+        start_seq: int,
+        stop_seq: int,
+        *,
+        reason: str | None = None,
+        expected_seq: int | None = None,
+        timeout: float | None = None,
+    ) -> pb.AppendResponse:
+        """Hide the surface positions [start_seq, stop_seq] (inclusive) from the view, adding no
+        message (see :meth:`Client.hide`)."""
+        return await self.append(
+            session_id,
+            [c.hide_event(start_seq, stop_seq, reason)],
+            expected_seq=expected_seq,
+            timeout=timeout,
+        )
+
+    async def pop_last(
+        self, session_id: str, *, reason: str | None = "pop_last", timeout: float | None = None
+    ) -> c.Popped | None:
+        """Hide the newest message of the view and return it with its seq (see
+        :meth:`Client.pop_last`)."""
+        while True:
+            shown = await self.surface(session_id, timeout=timeout)
+            where = c.newest_position(shown)
+            if where is None:
+                return None
+            derived = await self.derive_messages(
+                session_id, at_seq=shown.event_count - 1, timeout=timeout
+            )
+            try:
+                await self.hide(
+                    session_id,
+                    where,
+                    where,
+                    reason=reason,
+                    expected_seq=shown.event_count,
+                    timeout=timeout,
+                )
+            except SeqConflict:
+                continue
+            return c.popped(shown, derived)
+
+    async def clear(
+        self, session_id: str, *, reason: str | None = "clear", timeout: float | None = None
+    ) -> pb.AppendResponse | None:
+        """Hide every message so far (see :meth:`Client.clear`)."""
+        while True:
+            length = (await self.surface(session_id, timeout=timeout)).event_count
+            if length == 0:
+                return None
+            try:
+                return await self.hide(
+                    session_id, 0, length - 1, reason=reason, expected_seq=length, timeout=timeout
+                )
+            except SeqConflict:
+                continue
 
     async def chat_messages(
         self,

@@ -10,7 +10,7 @@ import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import grpc
 from google.protobuf.duration_pb2 import Duration
@@ -18,7 +18,7 @@ from google.protobuf.duration_pb2 import Duration
 from sessionlog_client.convert import event_from_dict, messages_from_dicts
 from sessionlog_client.errors import Unavailable
 from sessionlog_client.v1 import session_log_service_pb2 as pb
-from sessionlog_client.v1.event_pb2 import Event
+from sessionlog_client.v1.event_pb2 import Event, EventType
 from sessionlog_client.v1.message_pb2 import Message
 
 DEFAULT_TARGET = "127.0.0.1:50051"
@@ -52,6 +52,43 @@ KEEPALIVE_OPTIONS: tuple[tuple[str, int], ...] = (
 )
 
 EventLike = Event | Mapping[str, Any]
+
+
+class Popped(NamedTuple):
+    """What :meth:`Client.pop_last` took off the view: the message and the seq it came from."""
+
+    seq: int
+    message: Message
+
+
+def hide_event(start_seq: int, stop_seq: int, reason: str | None = None) -> Event:
+    """An EVENT_TYPE_HIDE over the surface positions [start_seq, stop_seq] (``data.reason`` when
+    given): it shadows every earlier event whose position is in the range and adds nothing."""
+    made = Event(type=EventType.EVENT_TYPE_HIDE)
+    made.surface_op.replace.start_seq = start_seq
+    made.surface_op.replace.stop_seq = stop_seq
+    if reason is not None:
+        made.data["reason"] = reason
+    return made
+
+
+def newest_position(shown: pb.SurfaceResponse) -> int | None:
+    """Where the newest message of a surface stands (a summary at its range's start), or None
+    for an empty surface. The surface is sorted by position, and no two entries share one."""
+    if not shown.events:
+        return None
+    last = shown.events[-1]
+    return last.surface_op.replace.start_seq if last.surface_op.HasField("replace") else last.seq
+
+
+def popped(shown: pb.SurfaceResponse, derived: pb.DeriveMessagesResponse) -> Popped:
+    """The newest message of ``derived``, which must be derived at ``shown``'s length."""
+    seq = shown.events[-1].seq
+    if not derived.seqs or derived.seqs[-1] != seq:
+        raise RuntimeError(f"the surface ends at seq {seq} but the derived messages do not")
+    return Popped(seq, derived.messages[-1])
+
+
 MessageLike = Message | Mapping[str, Any]
 CertSource = bytes | str | Path
 

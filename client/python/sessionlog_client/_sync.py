@@ -37,7 +37,7 @@ from sessionlog_client._shards import (
 )
 from sessionlog_client._status import to_error
 from sessionlog_client.convert import messages_to_dicts
-from sessionlog_client.errors import LeadershipLost, SessionLogError
+from sessionlog_client.errors import LeadershipLost, SeqConflict, SessionLogError
 from sessionlog_client.v1 import replication_service_pb2 as rpb
 from sessionlog_client.v1 import replication_service_pb2_grpc as rpb_grpc
 from sessionlog_client.v1 import session_log_service_pb2 as pb
@@ -759,6 +759,78 @@ class Client:
             "DeriveMessages", request, timeout, retry=True
         )
         return reply
+
+    def hide(
+        self,
+        session_id: str,
+        start_seq: int,
+        stop_seq: int,
+        *,
+        reason: str | None = None,
+        expected_seq: int | None = None,
+        timeout: float | None = None,
+    ) -> pb.AppendResponse:
+        """Hide the surface positions [start_seq, stop_seq] (inclusive) from the view, adding no
+        message: one EVENT_TYPE_HIDE event, kept in the log with the events it hides. Only
+        events appended before it are hidden; ``stop_seq`` may run past the end.
+
+        >>> client.hide("demo", 1, 2).next_seq
+        5
+        """
+        return self.append(
+            session_id,
+            [c.hide_event(start_seq, stop_seq, reason)],
+            expected_seq=expected_seq,
+            timeout=timeout,
+        )
+
+    def pop_last(
+        self, session_id: str, *, reason: str | None = "pop_last", timeout: float | None = None
+    ) -> c.Popped | None:
+        """Hide the newest message of the view and return it with its seq; None when the view
+        is empty (nothing is written then).
+
+        Safe under concurrency: the hide is appended with ``expected_seq`` set to the length of
+        the log it read, so a message appended (or popped) by someone else meanwhile makes it
+        read again rather than hide the wrong message or a second one.
+        """
+        while True:
+            shown = self.surface(session_id, timeout=timeout)
+            where = c.newest_position(shown)
+            if where is None:
+                return None
+            derived = self.derive_messages(
+                session_id, at_seq=shown.event_count - 1, timeout=timeout
+            )
+            try:
+                self.hide(
+                    session_id,
+                    where,
+                    where,
+                    reason=reason,
+                    expected_seq=shown.event_count,
+                    timeout=timeout,
+                )
+            except SeqConflict:
+                continue
+            return c.popped(shown, derived)
+
+    def clear(
+        self, session_id: str, *, reason: str | None = "clear", timeout: float | None = None
+    ) -> pb.AppendResponse | None:
+        """Hide every message so far (one hide over [0, last seq]); messages appended later
+        show as usual. None, writing nothing, for a session with no events; a concurrent
+        append makes it read the length again, so the hide covers all it saw and no more."""
+        while True:
+            length = (self.surface(session_id, timeout=timeout)).event_count
+            if length == 0:
+                return None
+            try:
+                return self.hide(
+                    session_id, 0, length - 1, reason=reason, expected_seq=length, timeout=timeout
+                )
+            except SeqConflict:
+                continue
 
     def chat_messages(
         self,

@@ -117,6 +117,18 @@ def add_commands(commands: Any) -> None:
     p.add_argument("--lease-holder", default="", help="the writer lease holder to write as")
 
     p = sub(
+        "hide",
+        "hide the surface positions START..STOP (inclusive) from the model's view, adding no "
+        "message; the events stay in the log",
+        _hide,
+    )
+    p.add_argument("session_id")
+    p.add_argument("start", type=int, help="first position hidden")
+    p.add_argument("stop", type=int, help="last position hidden (may run past the end)")
+    p.add_argument("--reason", help="kept in the hide event's data as 'reason'")
+    p.add_argument("--expected-seq", type=int, help="fail with SEQ_CONFLICT unless at this seq")
+
+    p = sub(
         "tail",
         "print a session's events and follow new ones; resumes by itself after a restart",
         _tail,
@@ -405,6 +417,26 @@ def _append(args: argparse.Namespace) -> int:
     return 0
 
 
+def _hide(args: argparse.Namespace) -> int:
+    if args.start < 0 or args.stop < 0:
+        _usage("START and STOP are seqs: 0 or more")
+    with _client(args) as client:
+        reply = client.hide(
+            args.session_id,
+            args.start,
+            args.stop,
+            reason=args.reason,
+            expected_seq=args.expected_seq,
+        )
+    if args.json:
+        _print_json(message_to_json(reply))
+    else:
+        print(
+            f"hid {args.start}..{args.stop} at seq {reply.events[0].seq}; next seq {reply.next_seq}"
+        )
+    return 0
+
+
 def _batch(args: argparse.Namespace) -> list[event_pb2.Event]:
     if args.type or args.content is not None or args.data or args.replace:
         _usage("--events FILE takes the events from the file: give no TYPE, --content, --data")
@@ -568,7 +600,8 @@ def _pretty_event(event: event_pb2.Event) -> str:
     op = ""
     if event.surface_op.WhichOneof("kind") == "replace":
         r = event.surface_op.replace
-        op = f" replaces {r.start_seq}..{r.stop_seq}"
+        verb = "hides" if event.type == event_pb2.EVENT_TYPE_HIDE else "replaces"
+        op = f" {verb} {r.start_seq}..{r.stop_seq}"
     data = struct_to_dict(event.data)
     return f"{event.seq:>6}  {when}  {kind}{op}  {json.dumps(data, ensure_ascii=False)}"
 

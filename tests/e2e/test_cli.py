@@ -28,6 +28,7 @@ from tests.e2e._proc import SESSIONLOG, clean_env, free_port, run_cli
 
 COMMANDS = (
     "append",
+    "hide",
     "tail",
     "surface",
     "messages",

@@ -31,7 +31,8 @@ from tests.e2e._helpers import (
     replace,
     say,
 )
-from tests.e2e._proc import running_server
+from tests.e2e._proc import run_cli, running_server
+from tests.e2e._web import get as http_get
 
 HIDE = event_pb2.EventType.EVENT_TYPE_HIDE
 _ids = count()
@@ -39,9 +40,9 @@ _ids = count()
 
 @pytest.fixture(scope="module")
 def running(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
-    """One server for the module (each test writes its own sessions)."""
+    """One server for the module, with the web console (each test writes its own sessions)."""
     folder: Path = tmp_path_factory.mktemp("hide")
-    with running_server(folder / "data") as server:
+    with running_server(folder / "data", http_listen="127.0.0.1:0") as server:
         yield server
 
 
@@ -236,3 +237,52 @@ def test_async_client_hide_pop_last_and_clear(running: RunningServer, sid: str) 
             assert (await client.derive_messages(sid)).event_count == 6
 
     asyncio.run(run())
+
+
+# -- the CLI ----------------------------------------------------------------------------------
+
+
+def test_cli_hide_and_the_history_shows_it(
+    running: RunningServer, sid: str, tmp_path: Path
+) -> None:
+    """`sessionlog hide SESSION START STOP` hides the range; tail prints "hides A..B"."""
+    with Client(running.address) as client:
+        client.append(sid, [msg("a"), msg("b"), msg("c")])
+    done = run_cli(
+        ["hide", sid, "0", "1", "--reason", "undo", "--server", running.address], tmp_path
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "hid 0..1 at seq 3; next seq 4\n"
+    shown = run_cli(["tail", sid, "--no-follow", "--server", running.address], tmp_path)
+    assert shown.returncode == 0, shown.stderr
+    last = shown.stdout.splitlines()[-1]
+    assert last.split()[0] == "3"
+    assert "hide hides 0..1" in last
+    assert '"reason": "undo"' in last
+    refused = run_cli(["hide", sid, "2", "1", "--server", running.address], tmp_path)
+    assert refused.returncode == 1
+    assert "INVALID_SURFACE_OP" in refused.stderr
+    with Client(running.address) as client:
+        assert [m.content for m in client.derive_messages(sid).messages] == ["c"]
+
+
+# -- the web console ----------------------------------------------------------------------------
+
+
+def test_web_console_lists_the_hide_with_its_range(running: RunningServer, sid: str) -> None:
+    """/events shows the hide (type "hide", its range, not a surface event) and marks the
+    events it hides shadowed; /transcript leaves them out."""
+    append(running.stub(), sid, say("a"), say("b"), hide(0, 0))
+    base = f"http://127.0.0.1:{running.http_port}/api/sessions/{sid}"
+    status, _, body = http_get(f"{base}/events")
+    assert status == 200
+    events = body["events"]
+    assert (events[2]["type"], events[2]["replace"], events[2]["surface"]) == (
+        "hide",
+        [0, 0],
+        False,
+    )
+    assert [e["seq"] for e in events if e.get("shadowed")] == [0]
+    status, _, shown = http_get(f"{base}/transcript")
+    assert status == 200
+    assert [m["seq"] for m in shown["messages"]] == [1]

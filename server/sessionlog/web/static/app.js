@@ -254,9 +254,14 @@ function relation(replace, event) {
 
 const RANGE_HINT = "Hover a replace to mark the events its range covers.";
 
+// A hide shadows its range like a replace but puts nothing in its place.
+function rangeVerb(event) {
+  return event.type === "hide" ? "hides" : "replaces";
+}
+
 function describeRange(replace, marked) {
   const [start, stop] = replace.replace;
-  const parts = [`seq ${replace.seq} replaces positions ${start}..${stop}` +
+  const parts = [`seq ${replace.seq} ${rangeVerb(replace)} positions ${start}..${stop}` +
     (marked["in-range"].length ? `, hiding ${marked["in-range"].join(", ")}` : "")];
   if (marked["range-after"].length) {
     parts.push(`${marked["range-after"].join(", ")} in range, but appended after it: not hidden`);
@@ -313,7 +318,7 @@ function sessionView(sessionId) {
     if (event.shadowed) classes.push("shadowed");
     if (fresh) classes.push("new");
     const op = el("td", { class: "op" },
-      event.replace ? el("span", { class: "badge replace", text: `replaces ${event.replace[0]}..${event.replace[1]}` }) : null);
+      event.replace ? el("span", { class: "badge replace", text: `${rangeVerb(event)} ${event.replace[0]}..${event.replace[1]}` }) : null);
     const tr = el("tr", { class: classes.join(" "), "data-seq": event.seq },
       el("td", { class: "num mono", text: event.seq }),
       el("td", { class: "mono", text: fmtTime(event.time), title: event.time || "" }),

@@ -338,6 +338,21 @@ export class SessionLogClient {
     options?: { atSeq?: number; extra?: boolean } & CallOptions,
   ): Promise<DerivedMessages>;
 
+  /** Hide the surface positions [startSeq, stopSeq] (inclusive), adding no message. */
+  hide(
+    sessionId: string,
+    startSeq: number,
+    stopSeq: number,
+    options?: { reason?: string; expectedSeq?: number } & CallOptions,
+  ): Promise<AppendResult>;
+  /** Hide the newest message and return it with its seq; undefined when none is left. */
+  popLast(
+    sessionId: string,
+    options?: { reason?: string; extra?: boolean } & CallOptions,
+  ): Promise<{ seq: number; message: ChatMessage } | undefined>;
+  /** Hide every message so far; undefined (nothing written) for an empty session. */
+  clear(sessionId: string, options?: { reason?: string } & CallOptions): Promise<AppendResult | undefined>;
+
   createSession(
     sessionId: string,
     events?: NewEvent[],

@@ -1392,6 +1392,52 @@ export class SessionLogClient {
     };
   }
 
+  /**
+   * Hide the surface positions [startSeq, stopSeq] (inclusive) from the view, adding no message:
+   * one EVENT_TYPE_HIDE event, kept in the log. Only events appended before it are hidden.
+   */
+  async hide(sessionId, startSeq, stopSeq, { reason, expectedSeq, timeoutMs } = {}) {
+    const data = reason === undefined || reason === null ? {} : { reason };
+    return this.append(sessionId, [{ type: "hide", data, replace: [startSeq, stopSeq] }], { expectedSeq, timeoutMs });
+  }
+
+  /**
+   * Hide the newest message of the view and return { seq, message }; undefined when the view is
+   * empty. The hide carries expectedSeq (the length read), so a concurrent write makes it re-read
+   * instead of hiding the wrong message or a second one.
+   */
+  async popLast(sessionId, { reason = "pop_last", extra = false, timeoutMs } = {}) {
+    for (;;) {
+      const shown = await this.surface(sessionId, { timeoutMs });
+      const last = shown.events.at(-1);
+      if (last === undefined) return undefined;
+      const where = last.replace ? last.replace[0] : last.seq;
+      const derived = await this.deriveMessages(sessionId, { atSeq: shown.eventCount - 1, extra, timeoutMs });
+      try {
+        await this.hide(sessionId, where, where, { reason, expectedSeq: shown.eventCount, timeoutMs });
+      } catch (error) {
+        if (error?.reason === "SEQ_CONFLICT") continue;
+        throw error;
+      }
+      return { seq: last.seq, message: derived.messages.at(-1) };
+    }
+  }
+
+  /** Hide every message so far (one hide over [0, last seq]); undefined, writing nothing, for an
+   * empty session. A concurrent append makes it re-read the length. */
+  async clear(sessionId, { reason = "clear", timeoutMs } = {}) {
+    for (;;) {
+      const { eventCount } = await this.surface(sessionId, { timeoutMs });
+      if (eventCount === 0) return undefined;
+      try {
+        return await this.hide(sessionId, 0, eventCount - 1, { reason, expectedSeq: eventCount, timeoutMs });
+      } catch (error) {
+        if (error?.reason === "SEQ_CONFLICT") continue;
+        throw error;
+      }
+    }
+  }
+
   async createSession(sessionId, events = [], { leaseHolder = "", leaseToken = 0, timeoutMs } = {}) {
     const request = { session_id: sessionId, events: events.map(toEvent), lease_holder: leaseHolder, lease_token: leaseToken };
     const reply = await this._call("CreateSession", request, { timeoutMs, write: true });

@@ -197,6 +197,8 @@ def check_event(
         value = top[key] = fields[key]
         kinds[key] = value.WhichOneof("kind")
     problem = _time_problem(event) or _data_problem(top, kinds, limits.max_data_depth)
+    if problem is None and event.HasField("state_delta"):
+        problem = _state_delta_problem(event.state_delta, limits.max_data_depth)
     if problem:
         return Violation(
             4,
@@ -352,6 +354,15 @@ def _value_problem(
     return None
 
 
+def _state_delta_problem(delta: Struct, max_depth: int) -> str | None:
+    """Why a state_delta cannot round-trip as JSON, or None: the rules of data, same depth."""
+    fields = delta.fields
+    top = {key: fields[key] for key in fields}
+    kinds: dict[str, str | None] = {key: value.WhichOneof("kind") for key, value in top.items()}
+    problem = _data_problem(top, kinds, max_depth)
+    return None if problem is None else f"in state_delta, {problem}"
+
+
 _TOO_DEEP = "objects and lists are nested deeper than {} levels"
 _SCALAR_KINDS = frozenset({"string_value", "bool_value", "null_value"})
 """Value kinds that can never break JSON: nothing to check."""
@@ -410,7 +421,7 @@ class SurfaceFold:
     nothing.
     """
 
-    __slots__ = ("_events", "_positions", "_projected", "count", "replace_generation")
+    __slots__ = ("_events", "_positions", "_projected", "count", "replace_generation", "state")
 
     def __init__(self) -> None:
         self.count = 0
@@ -418,6 +429,8 @@ class SurfaceFold:
         self._positions: list[int] = []
         self._events: list[Event] = []
         self._projected: list[bytes | None] = []
+        self.state: dict[str, Value] = {}
+        """The session's state after ``count`` events (see :func:`fold_state`), folded along."""
 
     def extend(self, events: Iterable[Event]) -> None:
         for event in events:
@@ -428,6 +441,8 @@ class SurfaceFold:
         if event.seq != self.count:
             raise ValueError(f"fold expected seq {self.count}, got {event.seq}")
         self.count += 1
+        if event.HasField("state_delta"):
+            apply_state_delta(self.state, event.state_delta)
         hide = event.type == HIDE
         if event.type not in SURFACE_TYPES and not hide:
             return
@@ -485,6 +500,43 @@ class SurfaceFold:
                 cached = memo[i] = project(self._events[i]).SerializeToString(deterministic=True)
             out.append(cached)
         return out
+
+
+# -- session state ------------------------------------------------------------------------------
+
+
+def apply_state_delta(state: dict[str, Value], delta: Struct) -> None:
+    """Merge one state_delta into ``state``: a top-level null deletes the key, any other value
+    replaces it whole (shallow, as ADK's state_delta). The values are shared, not copied."""
+    fields = delta.fields
+    for key in fields:
+        value = fields[key]
+        if value.WhichOneof("kind") == "null_value":
+            state.pop(key, None)
+        else:
+            state[key] = value
+
+
+def fold_state(events: Iterable[Event]) -> Struct:
+    """The state of a log, folded from scratch: every event's state_delta in seq order.
+
+    Shadowing plays no part: an event a replace hides from the surface still changed the state
+    (the state records what happened, the surface what the model sees next).
+    """
+    state: dict[str, Value] = {}
+    for event in events:
+        if event.HasField("state_delta"):
+            apply_state_delta(state, event.state_delta)
+    return state_struct(state)
+
+
+def state_struct(state: dict[str, Value]) -> Struct:
+    """A Struct of its own holding ``state`` (serialize it deterministically: map order)."""
+    out = Struct()
+    fields = out.fields
+    for key, value in state.items():
+        fields[key].CopyFrom(value)
+    return out
 
 
 # -- projection (SPEC §5) -----------------------------------------------------------------------

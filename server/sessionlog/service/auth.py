@@ -17,10 +17,10 @@ Secrets are never logged.
 AdminService (the store's stats, a copy of the whole store) needs ``admin``, and like the change
 feed it is refused to a token limited to a session prefix.
 
-Permissions per RPC: reads (Since, Surface, DeriveMessages, GetSession, ListSessions,
-GetShardMap) need ``read``; writes (Append, CreateSession, SeedSession, ForkSession, leases) need
-``write``; a forced lease release and the change feed (which carries every tenant's data) need
-``admin``.
+Permissions per RPC: reads (Since, Surface, DeriveMessages, GetState, GetSession,
+ListSessions, GetShardMap) need ``read``; writes (Append, CreateSession, SeedSession,
+ForkSession, leases) need ``write``; a forced lease release and the change feed (which carries
+every tenant's data) need ``admin``.
 GetReplicationStatus needs ``read``. Calls whose answer spans every session (the change feed, and
 the replication status with its global positions) are refused to any token limited to a session
 prefix. Health and reflection need any valid token unless the operator opens them
@@ -57,6 +57,7 @@ _NEEDS = {
     "/sessionlog.v1.SessionLogService/Since": READ,
     "/sessionlog.v1.SessionLogService/Surface": READ,
     "/sessionlog.v1.SessionLogService/DeriveMessages": READ,
+    "/sessionlog.v1.SessionLogService/GetState": READ,
     "/sessionlog.v1.SessionLogService/CreateSession": WRITE,
     "/sessionlog.v1.SessionLogService/SeedSession": WRITE,
     "/sessionlog.v1.SessionLogService/GetSession": READ,

@@ -42,6 +42,7 @@ READ_METHODS = (
     "Since",
     "Surface",
     "DeriveMessages",
+    "GetState",
     "GetSession",
     "ListSessions",
     "GetShardMap",

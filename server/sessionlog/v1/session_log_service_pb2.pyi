@@ -1,6 +1,7 @@
 import datetime
 
 from google.protobuf import duration_pb2 as _duration_pb2
+from google.protobuf import struct_pb2 as _struct_pb2
 from google.protobuf import timestamp_pb2 as _timestamp_pb2
 from sessionlog.v1 import event_pb2 as _event_pb2
 from sessionlog.v1 import message_pb2 as _message_pb2
@@ -125,6 +126,22 @@ class DeriveMessagesResponse(_message.Message):
     replace_generation: int
     incremental: bool
     def __init__(self, messages: _Optional[_Iterable[_Union[_message_pb2.Message, _Mapping]]] = ..., seqs: _Optional[_Iterable[int]] = ..., event_count: _Optional[int] = ..., replace_generation: _Optional[int] = ..., incremental: _Optional[bool] = ...) -> None: ...
+
+class GetStateRequest(_message.Message):
+    __slots__ = ("session_id", "at_seq")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    AT_SEQ_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    at_seq: int
+    def __init__(self, session_id: _Optional[str] = ..., at_seq: _Optional[int] = ...) -> None: ...
+
+class GetStateResponse(_message.Message):
+    __slots__ = ("state", "event_count")
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    EVENT_COUNT_FIELD_NUMBER: _ClassVar[int]
+    state: _struct_pb2.Struct
+    event_count: int
+    def __init__(self, state: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., event_count: _Optional[int] = ...) -> None: ...
 
 class Session(_message.Message):
     __slots__ = ("session_id", "exists", "event_count", "replace_generation", "create_time", "last_append_time", "parent_session_id", "parent_event_count", "lease")

@@ -57,6 +57,11 @@ class SessionLogServiceStub:
                 request_serializer=sessionlog_dot_v1_dot_session__log__service__pb2.DeriveMessagesRequest.SerializeToString,
                 response_deserializer=sessionlog_dot_v1_dot_session__log__service__pb2.DeriveMessagesResponse.FromString,
                 _registered_method=True)
+        self.GetState = channel.unary_unary(
+                '/sessionlog.v1.SessionLogService/GetState',
+                request_serializer=sessionlog_dot_v1_dot_session__log__service__pb2.GetStateRequest.SerializeToString,
+                response_deserializer=sessionlog_dot_v1_dot_session__log__service__pb2.GetStateResponse.FromString,
+                _registered_method=True)
         self.CreateSession = channel.unary_unary(
                 '/sessionlog.v1.SessionLogService/CreateSession',
                 request_serializer=sessionlog_dot_v1_dot_session__log__service__pb2.CreateSessionRequest.SerializeToString,
@@ -135,6 +140,13 @@ class SessionLogServiceServicer:
 
     def DeriveMessages(self, request, context):
         """DeriveMessages returns the surface projected to chat messages, with the seq of each.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetState(self, request, context):
+        """GetState returns a session's state: the fold of every event's state_delta, in seq order.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -236,6 +248,11 @@ def add_SessionLogServiceServicer_to_server(servicer, server):
                     servicer.DeriveMessages,
                     request_deserializer=sessionlog_dot_v1_dot_session__log__service__pb2.DeriveMessagesRequest.FromString,
                     response_serializer=sessionlog_dot_v1_dot_session__log__service__pb2.DeriveMessagesResponse.SerializeToString,
+            ),
+            'GetState': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetState,
+                    request_deserializer=sessionlog_dot_v1_dot_session__log__service__pb2.GetStateRequest.FromString,
+                    response_serializer=sessionlog_dot_v1_dot_session__log__service__pb2.GetStateResponse.SerializeToString,
             ),
             'CreateSession': grpc.unary_unary_rpc_method_handler(
                     servicer.CreateSession,
@@ -394,6 +411,33 @@ class SessionLogService:
             '/sessionlog.v1.SessionLogService/DeriveMessages',
             sessionlog_dot_v1_dot_session__log__service__pb2.DeriveMessagesRequest.SerializeToString,
             sessionlog_dot_v1_dot_session__log__service__pb2.DeriveMessagesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetState(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sessionlog.v1.SessionLogService/GetState',
+            sessionlog_dot_v1_dot_session__log__service__pb2.GetStateRequest.SerializeToString,
+            sessionlog_dot_v1_dot_session__log__service__pb2.GetStateResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -27,6 +27,8 @@ type SessionLogServiceClient interface {
 	Surface(ctx context.Context, in *SurfaceRequest, opts ...grpc.CallOption) (*SurfaceResponse, error)
 	// DeriveMessages returns the surface projected to chat messages, with the seq of each.
 	DeriveMessages(ctx context.Context, in *DeriveMessagesRequest, opts ...grpc.CallOption) (*DeriveMessagesResponse, error)
+	// GetState returns a session's state: the fold of every event's state_delta, in seq order.
+	GetState(ctx context.Context, in *GetStateRequest, opts ...grpc.CallOption) (*GetStateResponse, error)
 	// CreateSession writes a new session with its initial events in one atomic step. It refuses a
 	// session that exists (SESSION_ALREADY_EXISTS) and validates events exactly as Append does.
 	CreateSession(ctx context.Context, in *CreateSessionRequest, opts ...grpc.CallOption) (*CreateSessionResponse, error)
@@ -119,6 +121,15 @@ func (c *sessionLogServiceClient) Surface(ctx context.Context, in *SurfaceReques
 func (c *sessionLogServiceClient) DeriveMessages(ctx context.Context, in *DeriveMessagesRequest, opts ...grpc.CallOption) (*DeriveMessagesResponse, error) {
 	out := new(DeriveMessagesResponse)
 	err := c.cc.Invoke(ctx, "/sessionlog.v1.SessionLogService/DeriveMessages", in, out, opts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *sessionLogServiceClient) GetState(ctx context.Context, in *GetStateRequest, opts ...grpc.CallOption) (*GetStateResponse, error) {
+	out := new(GetStateResponse)
+	err := c.cc.Invoke(ctx, "/sessionlog.v1.SessionLogService/GetState", in, out, opts...)
 	if err != nil {
 		return nil, err
 	}
@@ -220,6 +231,8 @@ type SessionLogServiceServer interface {
 	Surface(context.Context, *SurfaceRequest) (*SurfaceResponse, error)
 	// DeriveMessages returns the surface projected to chat messages, with the seq of each.
 	DeriveMessages(context.Context, *DeriveMessagesRequest) (*DeriveMessagesResponse, error)
+	// GetState returns a session's state: the fold of every event's state_delta, in seq order.
+	GetState(context.Context, *GetStateRequest) (*GetStateResponse, error)
 	// CreateSession writes a new session with its initial events in one atomic step. It refuses a
 	// session that exists (SESSION_ALREADY_EXISTS) and validates events exactly as Append does.
 	CreateSession(context.Context, *CreateSessionRequest) (*CreateSessionResponse, error)
@@ -267,6 +280,9 @@ func (UnimplementedSessionLogServiceServer) Surface(context.Context, *SurfaceReq
 }
 func (UnimplementedSessionLogServiceServer) DeriveMessages(context.Context, *DeriveMessagesRequest) (*DeriveMessagesResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method DeriveMessages not implemented")
+}
+func (UnimplementedSessionLogServiceServer) GetState(context.Context, *GetStateRequest) (*GetStateResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method GetState not implemented")
 }
 func (UnimplementedSessionLogServiceServer) CreateSession(context.Context, *CreateSessionRequest) (*CreateSessionResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method CreateSession not implemented")
@@ -379,6 +395,24 @@ func _SessionLogService_DeriveMessages_Handler(srv interface{}, ctx context.Cont
 	}
 	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
 		return srv.(SessionLogServiceServer).DeriveMessages(ctx, req.(*DeriveMessagesRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _SessionLogService_GetState_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(GetStateRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(SessionLogServiceServer).GetState(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: "/sessionlog.v1.SessionLogService/GetState",
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(SessionLogServiceServer).GetState(ctx, req.(*GetStateRequest))
 	}
 	return interceptor(ctx, in, info, handler)
 }
@@ -560,6 +594,10 @@ var _SessionLogService_serviceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "DeriveMessages",
 			Handler:    _SessionLogService_DeriveMessages_Handler,
+		},
+		{
+			MethodName: "GetState",
+			Handler:    _SessionLogService_GetState_Handler,
 		},
 		{
 			MethodName: "CreateSession",

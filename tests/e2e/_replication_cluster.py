@@ -251,6 +251,10 @@ def since_raw(channel: grpc.Channel, session_id: str, seq: int = 0) -> list[byte
     return events
 
 
+def state_raw(channel: grpc.Channel, session_id: str) -> bytes:
+    return _unary_raw(channel, f"{SERVICE}/GetState", pb.GetStateRequest(session_id=session_id))
+
+
 def derive_raw(channel: grpc.Channel, session_id: str) -> bytes:
     return _unary_raw(
         channel, f"{SERVICE}/DeriveMessages", pb.DeriveMessagesRequest(session_id=session_id)

@@ -164,6 +164,7 @@ def every_rpc(session_id: str) -> list[tuple[str, Message, bool]]:
         (SERVICE + "Since", pb.SinceRequest(session_id=session_id), True),
         (SERVICE + "Surface", pb.SurfaceRequest(session_id=session_id), False),
         (SERVICE + "DeriveMessages", pb.DeriveMessagesRequest(session_id=session_id), False),
+        (SERVICE + "GetState", pb.GetStateRequest(session_id=session_id), False),
         (SERVICE + "CreateSession", pb.CreateSessionRequest(session_id=session_id + ".new"), False),
         (
             SERVICE + "SeedSession",
@@ -398,7 +399,7 @@ def test_a_tenant_token_cannot_touch_another_tenants_session(server: RunningServ
         for method, request, streaming in every_rpc("tenant-b.x")
         if method.startswith(SERVICE) and not method.endswith("ListSessions")
     ]
-    assert len(calls) == 11
+    assert len(calls) == 12
     for method, request, streaming in calls:
         error = refusal(channel, method, request, TENANT_A, streaming)
         assert_refused(error, PERMISSION_DENIED)

@@ -41,6 +41,7 @@ from tests.e2e._replication_cluster import (
     run_writers,
     session_ids,
     since_raw,
+    state_raw,
     surface_raw,
     wait_for,
     wait_position,
@@ -170,11 +171,16 @@ def test_folded_replies_are_byte_identical(tmp_path: Path) -> None:
             event(event_pb2.EVENT_TYPE_ASSISTANT_MESSAGE, "", tool_calls=calls, metadata=metadata),
             event(event_pb2.EVENT_TYPE_TOOL_RESULT, "found", tool_call_id="c1", name="search"),
         ]
+        events[0].state_delta.update({"z": 1, "a": {"k": [1, 2], "b": None}, "m": "x"})
+        events[2].state_delta.update({"q": True, "z": None})
         primary.stub().Append(pb.AppendRequest(session_id="rich", events=events), timeout=10)
         wait_position(replica, primary.status().position)
         assert since_raw(replica.channel, "rich") == since_raw(primary.channel, "rich")
         assert surface_raw(replica.channel, "rich") == surface_raw(primary.channel, "rich")
         assert derive_raw(replica.channel, "rich") == derive_raw(primary.channel, "rich")
+        folded_state = state_raw(primary.channel, "rich")
+        assert state_raw(replica.channel, "rich") == folded_state
+        assert set(pb.GetStateResponse.FromString(folded_state).state.fields) == {"a", "m", "q"}
 
 
 def start_catching_up_and_kill(cluster: Cluster, primary: Node, head: int, tries: int = 3) -> int:

@@ -238,6 +238,7 @@ class SessionLogServicer:
                 ),
                 "Surface": grpc.unary_unary_rpc_method_handler(self.surface),
                 "DeriveMessages": grpc.unary_unary_rpc_method_handler(self.derive_messages),
+                "GetState": grpc.unary_unary_rpc_method_handler(self.get_state),
                 "CreateSession": grpc.unary_unary_rpc_method_handler(self.create_session),
                 "SeedSession": grpc.unary_unary_rpc_method_handler(self.seed_session),
                 "GetSession": grpc.unary_unary_rpc_method_handler(self.get_session),
@@ -507,6 +508,19 @@ class SessionLogServicer:
             incremental=incremental,
         )
         return self._fitting(_serialize(reply), request.session_id)
+
+    @unary
+    async def get_state(self, raw: bytes, context: grpc.aio.ServicerContext) -> bytes:
+        request = decode(pb.GetStateRequest, raw)
+        self.ownership.check(request.session_id)
+        self._scope(context, request.session_id)
+        fold.check_session_id(request.session_id)
+        at_seq = request.at_seq if request.HasField("at_seq") else None
+        state, count = self.store.state(request.session_id, at_seq)
+        reply = pb.GetStateResponse(state=state, event_count=count)
+        # Deterministic (the state is a map): a replica answers with its primary's bytes.
+        serialized: bytes = reply.SerializeToString(deterministic=True)
+        return self._fitting(serialized, request.session_id)
 
     # -- lifecycle (SPEC §5 Seed, §7) ---------------------------------------------------------
 

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import lmdb
+from google.protobuf.struct_pb2 import Struct
 
 from sessionlog import errors, fold, wire
 from sessionlog.config import DEFAULT_MAP_SIZE, DEFAULT_REQUEST_ID_TTL_SECONDS
@@ -635,6 +636,25 @@ class Store:
                 seqs=folded.seqs,
                 projected=folded.projected() if messages else [],
             )
+
+    def state(self, session_id: str, at_seq: int | None = None) -> tuple[Struct, int]:
+        """A session's state (fold.fold_state) after its whole log or events 0..at_seq, and
+        the number of events folded. Memoized with the surface: the same per-session fold,
+        extended by the events appended since (O(new)); a prefix is folded afresh."""
+        meta = self.meta(session_id)
+        count = 0 if meta is None else meta.next_seq
+        if at_seq is not None and at_seq >= count:
+            raise errors.BoundaryOutOfRange(
+                f"at_seq {at_seq} is past the end of session '{session_id}' ({count} events)",
+                at_seq=at_seq,
+                next_seq=count,
+            )
+        if meta is None:
+            return Struct(), 0
+        target = count if at_seq is None else at_seq + 1
+        with self._folds_lock:
+            folded = self._fold(session_id, meta, target)
+            return fold.state_struct(folded.state), folded.count
 
     def derive_tail(
         self, session_id: str, known_count: int, known_generation: int

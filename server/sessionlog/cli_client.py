@@ -173,6 +173,10 @@ def add_commands(commands: Any) -> None:
     p.add_argument("session_id")
     p.add_argument("--at-seq", type=int, help="as the surface was when the log ended here")
 
+    p = sub("state", "print the session's state (its events' state deltas, folded)", _state)
+    p.add_argument("session_id")
+    p.add_argument("--at-seq", type=int, help="as the state was when the log ended here")
+
     p = sub("messages", "print the derived messages as a transcript", _messages)
     p.add_argument("session_id")
     p.add_argument("--at-seq", type=int, help="as the model saw them when the log ended here")
@@ -603,7 +607,11 @@ def _pretty_event(event: event_pb2.Event) -> str:
         verb = "hides" if event.type == event_pb2.EVENT_TYPE_HIDE else "replaces"
         op = f" {verb} {r.start_seq}..{r.stop_seq}"
     data = struct_to_dict(event.data)
-    return f"{event.seq:>6}  {when}  {kind}{op}  {json.dumps(data, ensure_ascii=False)}"
+    line = f"{event.seq:>6}  {when}  {kind}{op}  {json.dumps(data, ensure_ascii=False)}"
+    if event.HasField("state_delta"):
+        delta = json.dumps(struct_to_dict(event.state_delta), ensure_ascii=False)
+        line += f"  state {delta}"
+    return line
 
 
 # -- reads -----------------------------------------------------------------------------------------
@@ -617,6 +625,16 @@ def _surface(args: argparse.Namespace) -> int:
     else:
         for event in reply.events:
             print(_pretty_event(event))
+    return 0
+
+
+def _state(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        state, count = client.get_state_with_count(args.session_id, at_seq=args.at_seq)
+    if args.json:
+        _print_json({"state": state, "event_count": count})
+    else:
+        print(json.dumps(state, ensure_ascii=False, indent=2, sort_keys=True))
     return 0
 
 

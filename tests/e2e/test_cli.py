@@ -31,6 +31,7 @@ COMMANDS = (
     "hide",
     "tail",
     "surface",
+    "state",
     "messages",
     "create",
     "seed",

@@ -5,8 +5,11 @@ One server for the module; each test writes its own sessions.
 
 from __future__ import annotations
 
+import asyncio
+import json
 import math
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -17,6 +20,7 @@ from sessionlog.testing import RunningServer
 from sessionlog.v1 import event_pb2
 from sessionlog.v1 import session_log_service_pb2 as pb
 from sessionlog.v1 import session_log_service_pb2_grpc as pb_grpc
+from sessionlog_client import AsyncClient, Client, event, event_from_dict, event_to_dict
 from tests.e2e._helpers import (
     TURN_END,
     TURN_START,
@@ -28,7 +32,7 @@ from tests.e2e._helpers import (
     replace,
     say,
 )
-from tests.e2e._proc import running_server
+from tests.e2e._proc import run_cli, running_server
 
 INVALID = grpc.StatusCode.INVALID_ARGUMENT
 
@@ -112,3 +116,56 @@ def test_a_bad_delta_is_refused_and_changes_nothing(stub: Any) -> None:
     check(error, INVALID, "UNSERIALIZABLE_EVENT_DATA", index=1)
     assert get(stub, "refused").event_count == 1
     assert state(stub, "refused") == ({"kept": True}, 1)
+
+
+# -- clients and CLI ------------------------------------------------------------------------------
+
+
+def test_python_clients_write_deltas_and_read_state(server: RunningServer) -> None:
+    """Client and AsyncClient: event(state_delta=...) appends, get_state reads (at_seq too)."""
+    with Client(server.address) as client:
+        client.append(
+            "py",
+            [
+                event("user_message", {"content": "hi"}, state_delta={"user": "ann", "n": 1}),
+                event_from_dict({"type": "turn_start", "state_delta": {"n": 2, "user": None}}),
+            ],
+        )
+        assert client.get_state("py") == {"n": 2}
+        assert client.get_state("py", at_seq=0) == {"user": "ann", "n": 1}
+        assert client.get_state_with_count("py") == ({"n": 2}, 2)
+        logged = [event_to_dict(e) for e in client.since("py")]
+        assert logged[0]["state_delta"] == {"user": "ann", "n": 1}
+        assert "state_delta" not in event_to_dict(event("user_message", {"content": "x"}))
+
+    async def read_async() -> tuple[dict[str, Any], tuple[dict[str, Any], int]]:
+        async with AsyncClient(server.address) as client:
+            return await client.get_state("py", at_seq=1), await client.get_state_with_count("py")
+
+    assert asyncio.run(read_async()) == ({"n": 2}, ({"n": 2}, 2))
+
+
+def test_cli_prints_state(server: RunningServer, tmp_path: Path) -> None:
+    """`sessionlog state SESSION [--at-seq N]`, as text and --json; tail shows each delta."""
+    with Client(server.address) as client:
+        client.append(
+            "cli",
+            [
+                event("user_message", {"content": "a"}, state_delta={"k": [1, "two"]}),
+                event("user_message", {"content": "b"}, state_delta={"k": None, "j": 1}),
+            ],
+        )
+
+    def ok(*args: str) -> str:
+        result = run_cli([*args, "--server", server.address], tmp_path)
+        assert result.returncode == 0, result.stderr
+        return result.stdout
+
+    assert json.loads(ok("state", "cli")) == {"j": 1}
+    assert json.loads(ok("state", "cli", "--at-seq", "0")) == {"k": [1, "two"]}
+    assert json.loads(ok("state", "cli", "--json")) == {"state": {"j": 1}, "event_count": 2}
+    tail = ok("tail", "cli", "--no-follow").splitlines()
+    assert tail[1].endswith('state {"k": null, "j": 1}')
+    refused = run_cli(["state", "cli", "--at-seq", "9", "--server", server.address], tmp_path)
+    assert refused.returncode == 1
+    assert "BOUNDARY_OUT_OF_RANGE" in refused.stderr

@@ -34,7 +34,7 @@ from sessionlog_client._shards import (
     is_wrong_group,
 )
 from sessionlog_client._status import to_error
-from sessionlog_client.convert import messages_to_dicts
+from sessionlog_client.convert import messages_to_dicts, struct_to_dict
 from sessionlog_client.errors import LeadershipLost, SeqConflict, SessionLogError
 from sessionlog_client.v1 import session_log_service_pb2 as pb
 from sessionlog_client.v1 import session_log_service_pb2_grpc as pb_grpc
@@ -592,6 +592,26 @@ class AsyncClient:
             "Surface", c.surface_request(session_id, at_seq), timeout, retry=True
         )
         return reply
+
+    async def get_state(
+        self, session_id: str, *, at_seq: int | None = None, timeout: float | None = None
+    ) -> dict[str, Any]:
+        """The session's state (every event's state_delta folded in seq order) as a dict, after
+        the whole log or as it was when the log ended at ``at_seq``.
+
+        >>> await client.get_state("demo")
+        {'user': 'ann'}
+        """
+        return (await self.get_state_with_count(session_id, at_seq=at_seq, timeout=timeout))[0]
+
+    async def get_state_with_count(
+        self, session_id: str, *, at_seq: int | None = None, timeout: float | None = None
+    ) -> tuple[dict[str, Any], int]:
+        """The state as a dict and the number of events it folds (``event_count``)."""
+        reply: pb.GetStateResponse = await self._call(
+            "GetState", c.state_request(session_id, at_seq), timeout, retry=True
+        )
+        return struct_to_dict(reply.state), reply.event_count
 
     async def derive_messages(
         self,

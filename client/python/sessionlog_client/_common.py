@@ -299,6 +299,13 @@ def surface_request(session_id: str, at_seq: int | None) -> pb.SurfaceRequest:
     return request
 
 
+def state_request(session_id: str, at_seq: int | None) -> pb.GetStateRequest:
+    request = pb.GetStateRequest(session_id=session_id)
+    if at_seq is not None:
+        request.at_seq = at_seq
+    return request
+
+
 def derive_request(
     session_id: str, at_seq: int | None, known: pb.DeriveMessagesResponse | None = None
 ) -> pb.DeriveMessagesRequest:

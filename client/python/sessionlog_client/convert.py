@@ -116,12 +116,14 @@ def event(
     *,
     replace: tuple[int, int] | Sequence[int] | None = None,
     time: TimeLike | None = None,
+    state_delta: Mapping[str, Any] | None = None,
 ) -> Event:
     """An event ready to append.
 
     ``replace=(start, stop)`` makes it a replace of positions start..stop (inclusive); ``time``
     (an aware datetime, an RFC 3339 string or a Timestamp) is stored exactly, else the server
-    stamps it.
+    stamps it. ``state_delta`` changes the session's state (``get_state``): each key replaces
+    the state's key, a None deletes it.
 
     >>> summary = event("system_message", {"content": "[summary]"}, replace=(1, 2))
     >>> summary.surface_op.replace.stop_seq
@@ -136,11 +138,14 @@ def event(
         built.surface_op.replace.stop_seq = int(stop)
     if time is not None:
         built.time.CopyFrom(_timestamp(time))
+    if state_delta is not None:
+        built.state_delta.update(dict(state_delta))
     return built
 
 
 def event_from_dict(value: Mapping[str, Any] | Event) -> Event:
-    """``{"type": ..., "data": {...}, "replace": [start, stop], "time": ...}`` -> an Event.
+    """``{"type": ..., "data": {...}, "replace": [start, stop], "time": ..., "state_delta": {...}}``
+    -> an Event.
 
     Only ``type`` is required; an Event passes through unchanged.
 
@@ -152,14 +157,20 @@ def event_from_dict(value: Mapping[str, Any] | Event) -> Event:
     if "type" not in value:
         raise ValueError(f"an event needs a type: {dict(value)!r}")
     return event(
-        value["type"], value.get("data"), replace=value.get("replace"), time=value.get("time")
+        value["type"],
+        value.get("data"),
+        replace=value.get("replace"),
+        time=value.get("time"),
+        state_delta=value.get("state_delta"),
     )
 
 
 def event_to_dict(value: Event) -> dict[str, Any]:
-    """An Event as plain values: seq, type (short name), time (aware datetime), data, replace.
+    """An Event as plain values: seq, type (short name), time (aware datetime), data, replace,
+    state_delta.
 
-    ``replace`` is present only on replace events, as ``[start_seq, stop_seq]``.
+    ``replace`` is present only on replace events, as ``[start_seq, stop_seq]``; ``state_delta``
+    only on events that carry one.
     """
     out: dict[str, Any] = {
         "seq": value.seq,
@@ -170,6 +181,8 @@ def event_to_dict(value: Event) -> dict[str, Any]:
     if value.surface_op.WhichOneof("kind") == "replace":
         r = value.surface_op.replace
         out["replace"] = [r.start_seq, r.stop_seq]
+    if value.HasField("state_delta"):
+        out["state_delta"] = struct_to_dict(value.state_delta)
     return out
 
 

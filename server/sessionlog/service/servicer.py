@@ -538,6 +538,7 @@ class SessionLogServicer:
             create_only=True,
             lease_holder=request.lease_holder,
             lease_token=request.lease_token,
+            request_id=request.request_id,
         )
         result = await self.store.commit_append(batch)
         await self._replicated(result.position)
@@ -557,6 +558,7 @@ class SessionLogServicer:
             limits=self.store.config.limits,
             lease_holder=request.lease_holder,
             lease_token=request.lease_token,
+            request_id=request.request_id,
         )
         result = await self.store.commit_append(batch)
         await self._replicated(result.position)
@@ -644,6 +646,8 @@ class SessionLogServicer:
             target,
             lease_holder=request.lease_holder,
             lease_token=request.lease_token,
+            request_id=request.request_id,
+            generated_id=not request.session_id,
         )
         await self._replicated(result.position)
         session = session_message(result.session_id, result.meta)

@@ -12,6 +12,8 @@ events one by one.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import uuid
 from collections.abc import Sequence
@@ -107,15 +109,16 @@ class AppendCommand:
     def apply(self, txn: RecordingTxn, now_ns: int) -> AppendResult:
         batch, tables = self._batch, self._tables
         meta = load_meta(txn, tables, batch.session_id)
+        if batch.request_id and meta is not None:
+            # Before SESSION_ALREADY_EXISTS: a retried create finds the session it made.
+            replay = self._replay(txn, meta, now_ns)
+            if replay is not None:
+                return replay
         if batch.create_only and meta is not None:
             raise errors.SessionAlreadyExists(
                 f"session '{batch.session_id}' already exists; append to it, or pick a new id",
                 session_id=batch.session_id,
             )
-        if batch.request_id and meta is not None:
-            replay = self._replay(txn, meta, now_ns)
-            if replay is not None:
-                return replay
         _check_lease(
             load_lease(txn, tables, batch.session_id),
             batch.session_id,
@@ -164,27 +167,46 @@ class AppendCommand:
 
     def _replay(self, txn: RecordingTxn, meta: SessionMeta, now_ns: int) -> AppendResult | None:
         batch = self._batch
-        raw = txn.get(schema.request_key(meta.sid, batch.request_id), db=self._tables.requests)
-        if raw is None:
-            return None
-        with damage.reading(
-            f"the request record '{batch.request_id}' of session '{batch.session_id}'",
-            session_id=batch.session_id,
-        ):
-            record = RequestRecord.decode(raw)
-        if now_ns - record.time_ns > self._ttl_ns:
+        record = _fresh_request(
+            txn, self._tables, meta, batch.session_id, batch.request_id, now_ns, self._ttl_ns
+        )
+        if record is None:
             return None
         if record.fingerprint != batch.fingerprint:
-            raise errors.RequestIdReused(
-                f"request_id '{batch.request_id}' was already used on session "
-                f"'{batch.session_id}' with different events; use a new request_id",
-                request_id=batch.request_id,
-            )
+            raise _reused(batch.request_id, batch.session_id)
         stop = record.first_seq + record.count
         events = read_range(
             txn, self._tables, meta.sid, record.first_seq, stop, session_id=batch.session_id
         )
         return AppendResult(events, record.next_seq, list(record.drops), meta)
+
+
+def _reused(request_id: str, session_id: str) -> errors.RequestIdReused:
+    return errors.RequestIdReused(
+        f"request_id '{request_id}' was already used on session '{session_id}' for a different "
+        "request; use a new request_id",
+        request_id=request_id,
+    )
+
+
+def _fresh_request(
+    txn: RecordingTxn,
+    tables: Tables,
+    meta: SessionMeta,
+    session_id: str,
+    request_id: str,
+    now_ns: int,
+    ttl_ns: int,
+) -> RequestRecord | None:
+    """The record ``request_id`` left on the session, unless there is none or it has expired."""
+    raw = txn.get(schema.request_key(meta.sid, request_id), db=tables.requests)
+    if raw is None:
+        return None
+    with damage.reading(
+        f"the request record '{request_id}' of session '{session_id}'", session_id=session_id
+    ):
+        record = RequestRecord.decode(raw)
+    return None if now_ns - record.time_ns > ttl_ns else record
 
 
 # -- fork ---------------------------------------------------------------------------------------
@@ -207,12 +229,19 @@ class ForkCommand:
         child_id: str,
         lease_holder: str = "",
         lease_token: int = 0,
+        request_id: str = "",
+        request_id_ttl_ns: int = 0,
+        generated_id: bool = False,
     ) -> None:
         self._tables = tables
         self._lease_holder = lease_holder
         self._lease_token = lease_token
         self._parent_id = parent_id
         self._at_seq = at_seq
+        self._request_id = request_id
+        self._ttl_ns = request_id_ttl_ns
+        asked = "" if generated_id else child_id
+        self._fingerprint = _fork_fingerprint(at_seq, asked, lease_holder, lease_token)
         self._child_id = child_id or f"fork-{uuid.uuid4().hex}"
         self.kind = "fork"
         self.moving_in = False
@@ -228,6 +257,10 @@ class ForkCommand:
     def apply(self, txn: RecordingTxn, now_ns: int) -> ForkResult:
         tables = self._tables
         parent = load_meta(txn, tables, self._parent_id)
+        if self._request_id and parent is not None:
+            replay = self._replay(txn, parent, now_ns)
+            if replay is not None:
+                return replay
         count = 0 if parent is None else parent.next_seq
         at_seq = count - 1 if self._at_seq is None else self._at_seq
         if count == 0:
@@ -266,8 +299,47 @@ class ForkCommand:
         child.parent_id = self._parent_id
         child.parent_length = len(copied)
         txn.put(self._child_id.encode(), child.encode(), db=tables.sessions)
+        if self._request_id:
+            record = RequestRecord(
+                fingerprint=self._fingerprint,
+                first_seq=0,
+                count=0,
+                next_seq=parent.next_seq,
+                drops=[],
+                time_ns=now_ns,
+                child_id=self._child_id,
+            )
+            key = schema.request_key(parent.sid, self._request_id)
+            txn.put(key, record.encode(), db=tables.requests)
         self._touched.append(self._child_id)
         return ForkResult(self._child_id, child)
+
+    def _replay(self, txn: RecordingTxn, parent: SessionMeta, now_ns: int) -> ForkResult | None:
+        """The child a fork with this request_id already made, if it did."""
+        record = _fresh_request(
+            txn, self._tables, parent, self._parent_id, self._request_id, now_ns, self._ttl_ns
+        )
+        if record is None:
+            return None
+        if record.fingerprint != self._fingerprint or not record.child_id:
+            raise _reused(self._request_id, self._parent_id)
+        child = load_meta(txn, self._tables, record.child_id)
+        if child is None:
+            raise errors.DataCorrupted(
+                f"the fork request '{self._request_id}' of session '{self._parent_id}' names "
+                f"child '{record.child_id}', which is not stored: the data file is damaged; "
+                f"{damage.VERIFY_HINT}",
+                kind="missing session",
+                session_id=record.child_id,
+            )
+        self._child_id = self.session_id = record.child_id
+        return ForkResult(record.child_id, child)
+
+
+def _fork_fingerprint(at_seq: int | None, child_id: str, holder: str, token: int) -> str:
+    """A fork request, for its request record: what a retry must repeat (the parent is the key)."""
+    asked = {"kind": "fork", "at_seq": at_seq, "child": child_id, "holder": holder, "token": token}
+    return hashlib.sha256(json.dumps(asked, sort_keys=True).encode()).hexdigest()
 
 
 def _refuse_open_turn(events: list[Event], parent_id: str, at_seq: int) -> None:

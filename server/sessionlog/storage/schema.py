@@ -10,7 +10,10 @@ One environment holds every session. Named databases:
                A session's events are one contiguous, seq-ordered key range: Since is a cursor
                walk over exactly the events it returns.
     requests   sid (u64 BE) + request id     -> RequestRecord (JSON)
-               Idempotency: what an append with a request_id wrote, for replays.
+               Idempotency: what an append, create, seed or fork with a request_id wrote, for
+               replays. A fork's record is keyed by its parent's sid (the child's id may be
+               generated, so a retry could not find it under the child), which makes a
+               session's request ids one namespace for its appends and the forks taken of it.
     counters   name (ASCII)                  -> u64 BE, or UTF-8 text for the identity keys
                next_sid: the internal id the next new session gets.
                history_id (text), history_start (u64), instance (text), replica_of (text):
@@ -145,14 +148,17 @@ class SessionMeta:
 
 @dataclass
 class RequestRecord:
-    """The outcome of an append that carried a request_id, kept to answer its retries."""
+    """The outcome of a write that carried a request_id, kept to answer its retries."""
 
     fingerprint: str
+    """What the request asked for (its kind included), to tell a retry from a reuse."""
     first_seq: int
     count: int
     next_seq: int
     drops: list[tuple[int, str, str]]
     time_ns: int
+    child_id: str = ""
+    """A fork's record only: the child it made (kept under the parent's sid)."""
 
     def encode(self) -> bytes:
         return json.dumps(asdict(self), separators=(",", ":")).encode()

@@ -89,6 +89,16 @@ class StoreConfig:
     and starts no history (see ``identity.reconcile``)."""
 
 
+def check_request_id(request_id: str) -> None:
+    """Refuse a request_id longer than the store keeps (INVALID_REQUEST_ID)."""
+    if len(request_id.encode()) > MAX_REQUEST_ID_BYTES:
+        raise errors.InvalidRequestId(
+            f"a request_id may be at most {MAX_REQUEST_ID_BYTES} bytes; this one has "
+            f"{len(request_id.encode())}",
+            limit=MAX_REQUEST_ID_BYTES,
+        )
+
+
 def prepare_append(
     session_id: str,
     events: Sequence[Event],
@@ -112,17 +122,14 @@ def prepare_append(
     unchanged, so possibly without a time), which the writer reads only for their surface ops.
     """
     fold.check_session_id(session_id)
-    if len(request_id.encode()) > MAX_REQUEST_ID_BYTES:
-        raise errors.InvalidRequestId(
-            f"a request_id may be at most {MAX_REQUEST_ID_BYTES} bytes; this one has "
-            f"{len(request_id.encode())}",
-            limit=MAX_REQUEST_ID_BYTES,
-        )
+    check_request_id(request_id)
     if len(lease_holder.encode()) > MAX_HOLDER_BYTES:
         raise errors.InvalidLease(
             f"a lease holder may be at most {MAX_HOLDER_BYTES} bytes", limit=MAX_HOLDER_BYTES
         )
-    fingerprint = _fingerprint(events, lenient) if request_id else ""
+    fingerprint = (
+        _fingerprint(events, lenient, b"create" if create_only else b"") if request_id else ""
+    )
     stamp = time.time_ns() if now_ns is None else now_ns
     # The server's time as a serialized `time` field, built once and put in place in the bytes
     # of each event that has none: no copy of the event, no Timestamp per event.
@@ -180,6 +187,7 @@ def prepare_seed(
     limits: fold.Limits = fold.DEFAULT_LIMITS,
     lease_holder: str = "",
     lease_token: int = 0,
+    request_id: str = "",
     now_ns: int | None = None,
 ) -> tuple[AppendBatch, list[int]]:
     """A create-only batch with one surface event per message (SPEC §5 Seed).
@@ -204,14 +212,24 @@ def prepare_seed(
         create_only=True,
         lease_holder=lease_holder,
         lease_token=lease_token,
+        request_id=request_id,
         now_ns=now_ns,
         indices=kept,
     )
+    if request_id:
+        # The dropped messages count too: a retry must send the same messages, not just the
+        # same kept ones.
+        marker = b"seed:" + ",".join(map(str, kept)).encode() + b"/" + str(len(messages)).encode()
+        batch.fingerprint = _fingerprint(events, False, marker)
     return batch, dropped
 
 
-def _fingerprint(events: Sequence[Event], lenient: bool) -> str:
+def _fingerprint(events: Sequence[Event], lenient: bool, kind: bytes = b"") -> str:
+    """What a request_id's retries must repeat. ``kind`` sets creates and seeds apart from
+    appends (empty, as before, so stored append records keep matching)."""
     parts = [b"lenient" if lenient else b"strict"]
+    if kind:
+        parts.append(kind)
     for event in events:
         body = event.SerializeToString(deterministic=True)
         parts.append(len(body).to_bytes(8, "big"))
@@ -347,10 +365,16 @@ class Store:
         child_id: str = "",
         lease_holder: str = "",
         lease_token: int = 0,
+        request_id: str = "",
+        generated_id: bool = False,
     ) -> Future[ForkResult]:
         """Queue a fork of ``parent_id`` at ``at_seq`` (None: the whole log) into ``child_id``
-        (generated when empty). A lease already taken on ``child_id`` must be named."""
-        command = self._fork_command(parent_id, at_seq, child_id, lease_holder, lease_token)
+        (generated when empty). A lease already taken on ``child_id`` must be named. A
+        ``request_id`` seen before on the parent replays that fork's child; ``generated_id``
+        says ``child_id`` was made up by the caller, so a retry need not repeat it."""
+        command = self._fork_command(
+            parent_id, at_seq, child_id, lease_holder, lease_token, request_id, generated_id
+        )
         return self.writer.submit(command)
 
     def commit_fork(
@@ -360,19 +384,40 @@ class Store:
         child_id: str = "",
         lease_holder: str = "",
         lease_token: int = 0,
+        request_id: str = "",
+        generated_id: bool = False,
     ) -> asyncio.Future[ForkResult]:
         """``submit_fork``, for a caller to await on the running loop."""
-        command = self._fork_command(parent_id, at_seq, child_id, lease_holder, lease_token)
+        command = self._fork_command(
+            parent_id, at_seq, child_id, lease_holder, lease_token, request_id, generated_id
+        )
         return self.writer.submit_on_loop(command)
 
     def _fork_command(
-        self, parent_id: str, at_seq: int | None, child_id: str, lease_holder: str, lease_token: int
+        self,
+        parent_id: str,
+        at_seq: int | None,
+        child_id: str,
+        lease_holder: str,
+        lease_token: int,
+        request_id: str,
+        generated_id: bool,
     ) -> commands.ForkCommand:
         fold.check_session_id(parent_id)
         if child_id:
             fold.check_session_id(child_id)
+        check_request_id(request_id)
+        ttl_ns = self.config.request_id_ttl_seconds * 1_000_000_000
         return commands.ForkCommand(
-            self.tables, parent_id, at_seq, child_id, lease_holder, lease_token
+            self.tables,
+            parent_id,
+            at_seq,
+            child_id,
+            lease_holder,
+            lease_token,
+            request_id=request_id,
+            request_id_ttl_ns=ttl_ns,
+            generated_id=generated_id,
         )
 
     def submit_lease(

@@ -192,16 +192,18 @@ class LeaseAuditEntry(_message.Message):
     def __init__(self, kind: _Optional[_Union[LeaseAuditKind, str]] = ..., actor: _Optional[str] = ..., previous_holder: _Optional[str] = ..., previous_token: _Optional[int] = ..., time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
 
 class CreateSessionRequest(_message.Message):
-    __slots__ = ("session_id", "events", "lease_holder", "lease_token")
+    __slots__ = ("session_id", "events", "lease_holder", "lease_token", "request_id")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     EVENTS_FIELD_NUMBER: _ClassVar[int]
     LEASE_HOLDER_FIELD_NUMBER: _ClassVar[int]
     LEASE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     events: _containers.RepeatedCompositeFieldContainer[_event_pb2.Event]
     lease_holder: str
     lease_token: int
-    def __init__(self, session_id: _Optional[str] = ..., events: _Optional[_Iterable[_Union[_event_pb2.Event, _Mapping]]] = ..., lease_holder: _Optional[str] = ..., lease_token: _Optional[int] = ...) -> None: ...
+    request_id: str
+    def __init__(self, session_id: _Optional[str] = ..., events: _Optional[_Iterable[_Union[_event_pb2.Event, _Mapping]]] = ..., lease_holder: _Optional[str] = ..., lease_token: _Optional[int] = ..., request_id: _Optional[str] = ...) -> None: ...
 
 class CreateSessionResponse(_message.Message):
     __slots__ = ("session", "events")
@@ -212,16 +214,18 @@ class CreateSessionResponse(_message.Message):
     def __init__(self, session: _Optional[_Union[Session, _Mapping]] = ..., events: _Optional[_Iterable[_Union[_event_pb2.Event, _Mapping]]] = ...) -> None: ...
 
 class SeedSessionRequest(_message.Message):
-    __slots__ = ("session_id", "messages", "lease_holder", "lease_token")
+    __slots__ = ("session_id", "messages", "lease_holder", "lease_token", "request_id")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     MESSAGES_FIELD_NUMBER: _ClassVar[int]
     LEASE_HOLDER_FIELD_NUMBER: _ClassVar[int]
     LEASE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     messages: _containers.RepeatedCompositeFieldContainer[_message_pb2.Message]
     lease_holder: str
     lease_token: int
-    def __init__(self, session_id: _Optional[str] = ..., messages: _Optional[_Iterable[_Union[_message_pb2.Message, _Mapping]]] = ..., lease_holder: _Optional[str] = ..., lease_token: _Optional[int] = ...) -> None: ...
+    request_id: str
+    def __init__(self, session_id: _Optional[str] = ..., messages: _Optional[_Iterable[_Union[_message_pb2.Message, _Mapping]]] = ..., lease_holder: _Optional[str] = ..., lease_token: _Optional[int] = ..., request_id: _Optional[str] = ...) -> None: ...
 
 class SeedDrop(_message.Message):
     __slots__ = ("index", "reason")
@@ -314,18 +318,20 @@ class SlotRange(_message.Message):
     def __init__(self, first: _Optional[int] = ..., last: _Optional[int] = ...) -> None: ...
 
 class ForkSessionRequest(_message.Message):
-    __slots__ = ("parent_session_id", "at_seq", "session_id", "lease_holder", "lease_token")
+    __slots__ = ("parent_session_id", "at_seq", "session_id", "lease_holder", "lease_token", "request_id")
     PARENT_SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     AT_SEQ_FIELD_NUMBER: _ClassVar[int]
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     LEASE_HOLDER_FIELD_NUMBER: _ClassVar[int]
     LEASE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     parent_session_id: str
     at_seq: int
     session_id: str
     lease_holder: str
     lease_token: int
-    def __init__(self, parent_session_id: _Optional[str] = ..., at_seq: _Optional[int] = ..., session_id: _Optional[str] = ..., lease_holder: _Optional[str] = ..., lease_token: _Optional[int] = ...) -> None: ...
+    request_id: str
+    def __init__(self, parent_session_id: _Optional[str] = ..., at_seq: _Optional[int] = ..., session_id: _Optional[str] = ..., lease_holder: _Optional[str] = ..., lease_token: _Optional[int] = ..., request_id: _Optional[str] = ...) -> None: ...
 
 class ForkSessionResponse(_message.Message):
     __slots__ = ("session",)

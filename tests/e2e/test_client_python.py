@@ -439,6 +439,53 @@ def test_append_retried_after_a_lost_reply_writes_once(
     assert [e.seq for e in client.since("once")] == [0, 1], "the retry wrote a second copy"
 
 
+def test_lifecycle_calls_retried_after_a_lost_reply_succeed_once(
+    server: RunningServer, proxy: DropProxy, client: Client
+) -> None:
+    """Create, seed and fork lose their reply: the retry carries the request_id the client made,
+    so it gets the first result instead of SESSION_ALREADY_EXISTS or a second fork child."""
+    with Client(proxy.address, retry=FAST_RETRY, timeout=5) as through_proxy:
+        through_proxy.get_session("lost")  # connect first, so the cut hits the reply
+        proxy.cut_on_next_reply()
+        created = through_proxy.create_session("lost-c", users("a", "b"))
+        assert [e.seq for e in created.events] == [0, 1]
+        proxy.cut_on_next_reply()
+        seeded = through_proxy.seed_session("lost-s", [{"role": "user", "content": "hi"}])
+        assert seeded.session.event_count == 1
+        proxy.cut_on_next_reply()
+        forked = through_proxy.fork_session("lost-c", at_seq=0)
+    assert proxy.connections >= 4, "the calls were not retried on new connections"
+    children = [
+        s.session_id
+        for page in client.list_sessions(page_size=100)
+        for s in page.sessions
+        if s.parent_session_id == "lost-c"
+    ]
+    assert children == [forked.session.session_id], "the retried fork made a second child"
+    assert [e.seq for e in client.since("lost-c")] == [0, 1]
+
+
+def test_lifecycle_calls_with_an_explicit_request_id(server: RunningServer, client: Client) -> None:
+    first = client.create_session("rid-c", users("x"), request_id="c-1")
+    again = client.create_session("rid-c", users("x"), request_id="c-1")
+    assert again.SerializeToString() == first.SerializeToString()
+    with pytest.raises(errors.RequestIdReused):
+        client.create_session("rid-c", users("y"), request_id="c-1")
+    fork = client.fork_session("rid-c", request_id="f-1")
+    assert client.fork_session("rid-c", request_id="f-1").session == fork.session
+    with pytest.raises(errors.SessionAlreadyExists):
+        client.create_session("rid-c", users("x"), request_id="")
+
+    async def scenario() -> tuple[str, str]:
+        async with AsyncClient(server.address) as aio:
+            one = await aio.fork_session("rid-c", request_id="f-2")
+            two = await aio.fork_session("rid-c", request_id="f-2")
+            return one.session.session_id, two.session.session_id
+
+    one, two = asyncio.run(asyncio.wait_for(scenario(), 30))
+    assert one == two != fork.session.session_id
+
+
 def test_appends_cancelled_by_their_callers_leave_the_server_writing(
     server: RunningServer, client: Client
 ) -> None:

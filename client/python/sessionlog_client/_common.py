@@ -97,12 +97,13 @@ CertSource = bytes | str | Path
 class Retry:
     """How long a client keeps trying when the server is UNAVAILABLE.
 
-    Appends (always with a request_id, so a retry never writes twice), the read RPCs, lease
-    acquire and renew (repeating them as the same holder changes nothing), and a
-    ``since``/``follow`` stream reconnecting after a drop all retry for at most ``give_up_after``
-    seconds, sleeping ``initial_backoff`` doubling up to ``max_backoff`` (with jitter) between
-    tries; then the last error is raised. Create, seed, fork and release are never retried: a
-    retry could not tell its own first success from a refusal. A client given several addresses
+    Appends, creates, seeds and forks (always with a request_id, so a retry never writes twice
+    and gets the first call's result), the read RPCs, lease acquire and renew (repeating them
+    as the same holder changes nothing), and a ``since``/``follow`` stream reconnecting after a
+    drop all retry for at most ``give_up_after`` seconds, sleeping ``initial_backoff`` doubling
+    up to ``max_backoff`` (with jitter) between tries; then the last error is raised. Release
+    is never retried, nor a create, seed or fork given ``request_id=""``: a retry could not
+    tell its own first success from a refusal. A client given several addresses
     also moves these retried calls to another member after a deadline with no answer, and
     re-sends any write refused with NOT_PRIMARY to the primary it names (see ``_routing``).
 
@@ -319,24 +320,34 @@ def derive_request(
 
 
 def create_request(
-    session_id: str, events: Iterable[EventLike], lease_holder: str, lease_token: int
+    session_id: str,
+    events: Iterable[EventLike],
+    lease_holder: str,
+    lease_token: int,
+    request_id: str = "",
 ) -> pb.CreateSessionRequest:
     return pb.CreateSessionRequest(
         session_id=session_id,
         events=[event_from_dict(e) for e in events],
         lease_holder=lease_holder,
         lease_token=lease_token,
+        request_id=request_id,
     )
 
 
 def seed_request(
-    session_id: str, messages: Iterable[MessageLike], lease_holder: str, lease_token: int
+    session_id: str,
+    messages: Iterable[MessageLike],
+    lease_holder: str,
+    lease_token: int,
+    request_id: str = "",
 ) -> pb.SeedSessionRequest:
     return pb.SeedSessionRequest(
         session_id=session_id,
         messages=messages_from_dicts(messages),
         lease_holder=lease_holder,
         lease_token=lease_token,
+        request_id=request_id,
     )
 
 
@@ -350,12 +361,14 @@ def fork_request(
     session_id: str,
     lease_holder: str,
     lease_token: int,
+    request_id: str = "",
 ) -> pb.ForkSessionRequest:
     request = pb.ForkSessionRequest(
         parent_session_id=parent_session_id,
         session_id=session_id,
         lease_holder=lease_holder,
         lease_token=lease_token,
+        request_id=request_id,
     )
     if at_seq is not None:
         request.at_seq = at_seq

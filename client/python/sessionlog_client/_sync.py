@@ -877,11 +877,19 @@ class Client:
         *,
         lease_holder: str = "",
         lease_token: int = 0,
+        request_id: str | None = None,
         timeout: float | None = None,
     ) -> pb.CreateSessionResponse:
-        """Create a session with its first events atomically (``SessionAlreadyExists`` if any)."""
-        request = c.create_request(session_id, events, lease_holder, lease_token)
-        reply: pb.CreateSessionResponse = self._call("CreateSession", request, timeout, retry=False)
+        """Create a session with its first events atomically (``SessionAlreadyExists`` if any).
+
+        Retried on UNAVAILABLE with one ``request_id`` (made when None), so a retry after a
+        lost reply gets the first result; ``request_id=""`` for no idempotency and no retry.
+        """
+        rid = c.new_request_id() if request_id is None else request_id
+        request = c.create_request(session_id, events, lease_holder, lease_token, rid)
+        reply: pb.CreateSessionResponse = self._call(
+            "CreateSession", request, timeout, retry=bool(rid)
+        )
         return reply
 
     def seed_session(
@@ -891,6 +899,7 @@ class Client:
         *,
         lease_holder: str = "",
         lease_token: int = 0,
+        request_id: str | None = None,
         timeout: float | None = None,
     ) -> pb.SeedSessionResponse:
         """Create a session from chat messages (Message protos or chat-format dicts).
@@ -898,8 +907,9 @@ class Client:
         >>> client.seed_session("copy", [{"role": "user", "content": "hi"}]).session.event_count
         1
         """
-        request = c.seed_request(session_id, messages, lease_holder, lease_token)
-        reply: pb.SeedSessionResponse = self._call("SeedSession", request, timeout, retry=False)
+        rid = c.new_request_id() if request_id is None else request_id
+        request = c.seed_request(session_id, messages, lease_holder, lease_token, rid)
+        reply: pb.SeedSessionResponse = self._call("SeedSession", request, timeout, retry=bool(rid))
         return reply
 
     def get_session(
@@ -935,11 +945,19 @@ class Client:
         session_id: str = "",
         lease_holder: str = "",
         lease_token: int = 0,
+        request_id: str | None = None,
         timeout: float | None = None,
     ) -> pb.ForkSessionResponse:
-        """Copy events 0..``at_seq`` of a session into a new one (id generated when empty)."""
-        request = c.fork_request(parent_session_id, at_seq, session_id, lease_holder, lease_token)
-        reply: pb.ForkSessionResponse = self._call("ForkSession", request, timeout, retry=False)
+        """Copy events 0..``at_seq`` of a session into a new one (id generated when empty).
+
+        Retried like :meth:`create_session`: the request_id is kept on the parent, so a retry
+        returns the first child (the same generated id), never a second one.
+        """
+        rid = c.new_request_id() if request_id is None else request_id
+        request = c.fork_request(
+            parent_session_id, at_seq, session_id, lease_holder, lease_token, rid
+        )
+        reply: pb.ForkSessionResponse = self._call("ForkSession", request, timeout, retry=bool(rid))
         return reply
 
     # -- the writer lease -------------------------------------------------------------------------

@@ -215,6 +215,12 @@ interface LeaseCallOptions extends CallOptions {
   leaseToken?: number;
 }
 
+/** createSession, seedSession and forkSession: retried on UNAVAILABLE with one requestId. */
+export interface LifecycleOptions extends LeaseCallOptions {
+  /** Idempotency key; a fresh UUID when absent, "" for none (and no retry). */
+  requestId?: string;
+}
+
 export interface AppendOptions extends LeaseCallOptions {
   /** Fail with SEQ_CONFLICT unless the first event gets this seq. */
   expectedSeq?: number;
@@ -356,12 +362,12 @@ export class SessionLogClient {
   createSession(
     sessionId: string,
     events?: NewEvent[],
-    options?: LeaseCallOptions,
+    options?: LifecycleOptions,
   ): Promise<{ session: Session; events: Event[] }>;
   seedSession(
     sessionId: string,
     messages: ChatMessageInput[],
-    options?: LeaseCallOptions,
+    options?: LifecycleOptions,
   ): Promise<{ session: Session; events: Event[]; drops: { index: number; reason: string }[] }>;
   getSession(
     sessionId: string,
@@ -372,7 +378,7 @@ export class SessionLogClient {
   ): AsyncGenerator<SessionPage, void, undefined>;
   forkSession(
     parentSessionId: string,
-    options?: { atSeq?: number; sessionId?: string } & LeaseCallOptions,
+    options?: { atSeq?: number; sessionId?: string } & LifecycleOptions,
   ): Promise<{ session: Session }>;
   acquireLease(
     sessionId: string,

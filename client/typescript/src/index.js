@@ -1438,15 +1438,34 @@ export class SessionLogClient {
     }
   }
 
-  async createSession(sessionId, events = [], { leaseHolder = "", leaseToken = 0, timeoutMs } = {}) {
-    const request = { session_id: sessionId, events: events.map(toEvent), lease_holder: leaseHolder, lease_token: leaseToken };
-    const reply = await this._call("CreateSession", request, { timeoutMs, write: true });
+  /**
+   * Create a session. Retried on UNAVAILABLE with one requestId (a fresh one unless given; ""
+   * for none and no retry): a retry after a lost reply gets the first result.
+   */
+  async createSession(sessionId, events = [], { leaseHolder = "", leaseToken = 0, requestId, timeoutMs } = {}) {
+    const request_id = requestId ?? randomUUID();
+    const request = {
+      session_id: sessionId,
+      events: events.map(toEvent),
+      lease_holder: leaseHolder,
+      lease_token: leaseToken,
+      request_id,
+    };
+    const reply = await this._call("CreateSession", request, { timeoutMs, retry: request_id !== "", write: true });
     return { session: fromSession(reply.session), events: (reply.events ?? []).map(fromEvent) };
   }
 
-  async seedSession(sessionId, messages, { leaseHolder = "", leaseToken = 0, timeoutMs } = {}) {
-    const request = { session_id: sessionId, messages: messages.map(toMessage), lease_holder: leaseHolder, lease_token: leaseToken };
-    const reply = await this._call("SeedSession", request, { timeoutMs, write: true });
+  /** Create a session from chat messages; requestId and retries as for createSession. */
+  async seedSession(sessionId, messages, { leaseHolder = "", leaseToken = 0, requestId, timeoutMs } = {}) {
+    const request_id = requestId ?? randomUUID();
+    const request = {
+      session_id: sessionId,
+      messages: messages.map(toMessage),
+      lease_holder: leaseHolder,
+      lease_token: leaseToken,
+      request_id,
+    };
+    const reply = await this._call("SeedSession", request, { timeoutMs, retry: request_id !== "", write: true });
     return {
       session: fromSession(reply.session),
       events: (reply.events ?? []).map(fromEvent),
@@ -1480,10 +1499,21 @@ export class SessionLogClient {
     }
   }
 
-  async forkSession(parentSessionId, { atSeq, sessionId = "", leaseHolder = "", leaseToken = 0, timeoutMs } = {}) {
-    const request = { parent_session_id: parentSessionId, session_id: sessionId, lease_holder: leaseHolder, lease_token: leaseToken };
+  /**
+   * Fork a session; requestId and retries as for createSession. The server keeps the requestId
+   * on the parent, so a retry returns the first child (the same generated id), never a second.
+   */
+  async forkSession(parentSessionId, { atSeq, sessionId = "", leaseHolder = "", leaseToken = 0, requestId, timeoutMs } = {}) {
+    const request_id = requestId ?? randomUUID();
+    const request = {
+      parent_session_id: parentSessionId,
+      session_id: sessionId,
+      lease_holder: leaseHolder,
+      lease_token: leaseToken,
+      request_id,
+    };
     if (atSeq !== undefined) request.at_seq = atSeq;
-    const reply = await this._call("ForkSession", request, { timeoutMs, write: true });
+    const reply = await this._call("ForkSession", request, { timeoutMs, retry: request_id !== "", write: true });
     return { session: fromSession(reply.session) };
   }
 

@@ -185,6 +185,24 @@ describe("against one server", () => {
     assert.equal(stream.closed, true);
   });
 
+  test("lifecycle: a repeated requestId replays create, seed and fork", async () => {
+    const first = await client.createSession("rid-1", [user("a")], { requestId: "c-1" });
+    const again = await client.createSession("rid-1", [user("a")], { requestId: "c-1" });
+    assert.deepEqual(again, first);
+    await assert.rejects(client.createSession("rid-1", [user("b")], { requestId: "c-1" }), {
+      reason: "REQUEST_ID_REUSED",
+    });
+    const seed = [{ role: "user", content: "hi" }];
+    const seeded = await client.seedSession("rid-2", seed, { requestId: "s-1" });
+    assert.deepEqual(await client.seedSession("rid-2", seed, { requestId: "s-1" }), seeded);
+    const fork = await client.forkSession("rid-1", { requestId: "f-1" });
+    assert.match(fork.session.sessionId, /^fork-/);
+    assert.equal((await client.forkSession("rid-1", { requestId: "f-1" })).session.sessionId, fork.session.sessionId);
+    await assert.rejects(client.createSession("rid-1", [user("a")], { requestId: "" }), {
+      reason: "SESSION_ALREADY_EXISTS",
+    });
+  });
+
   test("lifecycle: create, seed, get, list, fork and the lease", async () => {
     const created = await client.createSession("life-1", [user("hello")]);
     assert.equal(created.session.eventCount, 1);

@@ -189,6 +189,11 @@ def add_commands(commands: Any) -> None:
         help='events as a JSON list or JSON lines, e.g. [{"type": "system_message", "data": '
         '{"content": "hi"}}] (- reads stdin; default: no events)',
     )
+    p.add_argument(
+        "--request-id",
+        help="idempotency key: running the command again with it gets the first result "
+        "(default: a fresh one, kept across the client's own retries)",
+    )
 
     p = sub("seed", "create a session from chat messages (OpenAI format)", _seed)
     p.add_argument("session_id")
@@ -196,6 +201,11 @@ def add_commands(commands: Any) -> None:
         "messages",
         metavar="FILE",
         help='JSON list of messages, e.g. [{"role": "user", "content": "hi"}] (- reads stdin)',
+    )
+    p.add_argument(
+        "--request-id",
+        help="idempotency key: running the command again with it gets the first result "
+        "(default: a fresh one, kept across the client's own retries)",
     )
 
     p = sub("get", "describe a session (counts, parent, lease, lease audit)", _get)
@@ -209,6 +219,11 @@ def add_commands(commands: Any) -> None:
     p.add_argument("parent_session_id")
     p.add_argument("--at-seq", type=int, help="last seq copied (default: the whole log)")
     p.add_argument("--to", default="", help="the new session's id (default: generated)")
+    p.add_argument(
+        "--request-id",
+        help="idempotency key: running the command again with it gets the first result "
+        "(default: a fresh one, kept across the client's own retries)",
+    )
 
     p = sub("lease", "acquire, renew or release a session's writer lease", _lease)
     p.add_argument("action", choices=("acquire", "renew", "release"))
@@ -801,7 +816,7 @@ def _create(args: argparse.Namespace) -> int:
     items = _json_items(args.events, "events") if args.events else []
     events = [_event_from_item(item, number) for number, item in enumerate(items, start=1)]
     with _client(args) as client:
-        reply = client.create_session(args.session_id, events)
+        reply = client.create_session(args.session_id, events, request_id=args.request_id)
     if args.json:
         _print_json(message_to_json(reply))
     else:
@@ -812,7 +827,7 @@ def _create(args: argparse.Namespace) -> int:
 def _seed(args: argparse.Namespace) -> int:
     messages = _json_items(args.messages, "messages")
     with _client(args) as client:
-        reply = client.seed_session(args.session_id, messages)
+        reply = client.seed_session(args.session_id, messages, request_id=args.request_id)
     if args.json:
         _print_json(message_to_json(reply))
         return 0
@@ -865,7 +880,12 @@ def _sessions(args: argparse.Namespace) -> int:
 
 def _fork(args: argparse.Namespace) -> int:
     with _client(args) as client:
-        reply = client.fork_session(args.parent_session_id, at_seq=args.at_seq, session_id=args.to)
+        reply = client.fork_session(
+            args.parent_session_id,
+            at_seq=args.at_seq,
+            session_id=args.to,
+            request_id=args.request_id,
+        )
     if args.json:
         _print_json(message_to_json(reply))
     else:

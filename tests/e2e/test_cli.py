@@ -279,6 +279,11 @@ def test_sessions_get_and_fork(server: RunningServer, tmp_path: Path) -> None:
     generated = ok(server, tmp_path, "fork", "p-two").strip()
     assert generated
     assert generated != "p-two"
+    # With --request-id, running the fork again prints the first child, and makes no other.
+    once = ok(server, tmp_path, "fork", "p-two", "--request-id", "cli-f").strip()
+    assert ok(server, tmp_path, "fork", "p-two", "--request-id", "cli-f").strip() == once
+    assert once != generated
+    assert len(ok(server, tmp_path, "sessions", "--prefix", "fork-").splitlines()) == 2
 
 
 def test_lease_acquire_renew_release(server: RunningServer, tmp_path: Path) -> None:

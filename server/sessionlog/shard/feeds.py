@@ -9,6 +9,10 @@ feed is read from its primary, else from its other members in turn (any member s
 lost connection resumes that group's feed from its cursor, at the next member; the other
 groups' feeds go on meanwhile. Changes of one group arrive in order; of two groups, in no
 particular order with each other.
+
+A slot that moves shows its sessions' events a second time, as the copy in the target group's
+feed (same session, same seqs). ``follow_groups`` yields each ``(session, seq)`` once: it keeps
+the next seq it expects of every session it has yielded and passes over an event below it.
 """
 
 from __future__ import annotations
@@ -85,6 +89,7 @@ def follow_groups(
         )
         thread.start()
     running = len(groups)
+    fresh = FirstSight()
     try:
         while running:
             item = lines.get()
@@ -92,10 +97,26 @@ def follow_groups(
                 running -= 1
             elif isinstance(item, BaseException):
                 raise item
-            else:
+            elif fresh(item):
                 yield item
     finally:
         stop.set()
+
+
+class FirstSight:
+    """True for the first line of each ``(session, seq)``, False for a repeat (a moved slot's
+    copy in its new group's feed, or the original after the copy came first). A session's seqs
+    arrive in order within a feed, so the next seq expected of each session is all it keeps."""
+
+    def __init__(self) -> None:
+        self._next: dict[str, int] = {}
+
+    def __call__(self, line: Line) -> bool:
+        expected = self._next.get(line.session_id, 0)
+        if line.event.seq < expected:
+            return False
+        self._next[line.session_id] = line.event.seq + 1
+        return True
 
 
 def _follow_one(

@@ -208,3 +208,32 @@ def test_a_map_settles_after_the_writes_queued_before_it() -> None:
     assert (ownership.epoch, ownership.settled_epoch) == (3, 0)
     waiting.pop()()
     assert ownership.settled_epoch == 3
+
+
+def test_a_group_name_the_map_disagrees_with_is_warned_about(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """--group g1 on a server the map lists under g2: the server serves g1 (the name wins) and
+    warns once per map, naming both; a member of its group, or a wildcard --listen with no
+    --advertise, is not warned about."""
+    shard_map = two_groups(epoch=4)
+    misplaced = Ownership(group="g1", address=G2[0])
+    with caplog.at_level("WARNING", logger="sessionlog.shard.ownership"):
+        assert misplaced.install(shard_map)
+    assert misplaced.group == "g1"
+    warned = [r.getMessage() for r in caplog.records]
+    assert len(warned) == 1
+    assert "--group is 'g1'" in warned[0]
+    assert f"{G2[0]} under group 'g2'" in warned[0]
+    assert "epoch 4" in warned[0]
+
+    unlisted = Ownership(group="g1", address="127.0.0.1:7777")
+    why = unlisted.misplaced(shard_map, shard_map.group("g1"))
+    assert why is not None
+    assert "under no group" in why
+    for fine in (
+        Ownership(group="g1", address=G1[1]),
+        Ownership(group="g1", address="0.0.0.0:50051"),
+    ):
+        assert fine.misplaced(shard_map, shard_map.group("g1")) is None
+    assert Ownership(address=G1[0]).misplaced(shard_map, shard_map.group("g1")) is None

@@ -41,6 +41,8 @@ from sessionlog.shard.slots import SLOTS, slot_of
 
 log = logging.getLogger(__name__)
 
+WILDCARD_HOSTS = ("0.0.0.0", "[::]", "::", "")
+
 MOVE_HEADER = "x-sessionlog-move"
 """Append metadata (value ``copy``) of a slot move's copy (``shard.move``): with an admin token
 and ``expected_seq``, the events go verbatim (their times kept) into a session of a slot this
@@ -150,6 +152,28 @@ class Ownership:
             )
         return found
 
+    def misplaced(self, shard_map: ShardMap, mine: Group) -> str | None:
+        """Why the --group name and this server's address disagree in ``shard_map`` (the map
+        lists the address under another group, or the named group's members omit it), or None.
+        The --group name wins; the disagreement is only reported, since the members a map lists
+        are what routers and smart clients dial."""
+        if not self._group_name or not self._address or self._address in mine.members:
+            return None
+        listed = shard_map.group_of_member(self._address)
+        if listed is None and self._address.rpartition(":")[0] in WILDCARD_HOSTS:
+            return None  # --listen 0.0.0.0:P without --advertise: no address to compare
+        where = f"under group {listed.name!r}" if listed is not None else "under no group"
+        return (
+            f"--group is {mine.name!r}, but the shard map (epoch {shard_map.epoch}) lists this "
+            f"server's address {self._address} {where}, not among {mine.name!r}'s members "
+            f"({', '.join(mine.members)}): clients and routers reading the map will not find it"
+        )
+
+    def _warn_when_misplaced(self, shard_map: ShardMap, mine: Group) -> None:
+        why = self.misplaced(shard_map, mine)
+        if why is not None:
+            log.warning(why, extra={"map_epoch": shard_map.epoch, "group": mine.name})
+
     def install(self, shard_map: ShardMap) -> bool:
         """Hold ``shard_map`` when its epoch is above the held one's (True); an equal or lower
         epoch changes nothing (False). ShardMapError, holding nothing new, when the map has no
@@ -167,6 +191,8 @@ class Ownership:
             )
             mine = None
             self._former = self.group
+        if mine is not None:
+            self._warn_when_misplaced(shard_map, mine)
         self.map, self._mine = shard_map, mine
         epoch = shard_map.epoch
 

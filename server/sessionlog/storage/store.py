@@ -661,17 +661,9 @@ class Store:
         ``messages`` the snapshot also carries each surface entry's serialized Message (projected
         once per entry, then memoized).
         """
-        meta = self.meta(session_id)
-        count = 0 if meta is None else meta.next_seq
-        if at_seq is not None and at_seq >= count:
-            raise errors.BoundaryOutOfRange(
-                f"at_seq {at_seq} is past the end of session '{session_id}' ({count} events)",
-                at_seq=at_seq,
-                next_seq=count,
-            )
+        meta, target = self._fold_target(session_id, at_seq)
         if meta is None:
             return SurfaceSnapshot(0, 0, [], [], [])
-        target = count if at_seq is None else at_seq + 1
         with self._folds_lock:
             folded = self._fold(session_id, meta, target)
             return SurfaceSnapshot(
@@ -686,6 +678,16 @@ class Store:
         """A session's state (fold.fold_state) after its whole log or events 0..at_seq, and
         the number of events folded. Memoized with the surface: the same per-session fold,
         extended by the events appended since (O(new)); a prefix is folded afresh."""
+        meta, target = self._fold_target(session_id, at_seq)
+        if meta is None:
+            return Struct(), 0
+        with self._folds_lock:
+            folded = self._fold(session_id, meta, target)
+            return fold.state_struct(folded.state), folded.count
+
+    def _fold_target(self, session_id: str, at_seq: int | None) -> tuple[SessionMeta | None, int]:
+        """The session's record and how many events a fold through ``at_seq`` (None: the whole
+        log) covers; BOUNDARY_OUT_OF_RANGE when at_seq is past the end."""
         meta = self.meta(session_id)
         count = 0 if meta is None else meta.next_seq
         if at_seq is not None and at_seq >= count:
@@ -694,12 +696,7 @@ class Store:
                 at_seq=at_seq,
                 next_seq=count,
             )
-        if meta is None:
-            return Struct(), 0
-        target = count if at_seq is None else at_seq + 1
-        with self._folds_lock:
-            folded = self._fold(session_id, meta, target)
-            return fold.state_struct(folded.state), folded.count
+        return meta, count if at_seq is None else at_seq + 1
 
     def derive_tail(
         self, session_id: str, known_count: int, known_generation: int

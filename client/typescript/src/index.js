@@ -262,7 +262,11 @@ export function eventTypeName(type) {
 const SHORT_TYPE = (name) => String(name).slice(TYPE_PREFIX.length).toLowerCase();
 const SHORT_ROLE = (name) => String(name).slice(ROLE_PREFIX.length).toLowerCase();
 
-/** An event as sent: { type, data?, replace?: [start, stop], time? } -> the proto object. */
+/**
+ * An event as sent: { type, data?, replace?: [start, stop], time?, stateDelta? } -> the proto
+ * object. stateDelta (an object; a null value deletes its key) is sent only when given, so an
+ * event without one changes no state.
+ */
 export function toEvent(event) {
   const out = { type: eventTypeName(event.type), data: toStruct(event.data ?? {}) };
   if (event.replace) {
@@ -270,10 +274,11 @@ export function toEvent(event) {
     out.surface_op = { replace: { start_seq, stop_seq } };
   }
   if (event.time !== undefined) out.time = toTimestamp(event.time);
+  if (event.stateDelta !== undefined && event.stateDelta !== null) out.state_delta = toStruct(event.stateDelta);
   return out;
 }
 
-/** A stored event -> { seq, type: "user_message", time, data, replace? }. */
+/** A stored event -> { seq, type: "user_message", time, data, replace?, stateDelta? }. */
 export function fromEvent(raw) {
   const out = {
     seq: Number(raw.seq ?? 0),
@@ -283,6 +288,7 @@ export function fromEvent(raw) {
   };
   const replace = raw.surface_op?.replace;
   if (replace) out.replace = [Number(replace.start_seq ?? 0), Number(replace.stop_seq ?? 0)];
+  if (raw.state_delta) out.stateDelta = fromStruct(raw.state_delta);
   return out;
 }
 
@@ -1377,6 +1383,18 @@ export class SessionLogClient {
       eventCount: Number(reply.event_count ?? 0),
       replaceGeneration: Number(reply.replace_generation ?? 0),
     };
+  }
+
+  /**
+   * The session's state: every event's state_delta folded in seq order (each key replaces the
+   * one before; null deletes it), after the whole log or, with atSeq, after events 0..atSeq.
+   * eventCount is the number of events folded. A session never written has the state {}.
+   */
+  async getState(sessionId, { atSeq, timeoutMs } = {}) {
+    const request = { session_id: sessionId };
+    if (atSeq !== undefined) request.at_seq = atSeq;
+    const reply = await this._call("GetState", request, { timeoutMs, retry: true });
+    return { state: fromStruct(reply.state), eventCount: Number(reply.event_count ?? 0) };
   }
 
   /** The derived messages in the OpenAI chat format, with the seq each came from. */

@@ -105,6 +105,17 @@ export interface LeaseAuditEntry {
   time?: Time;
 }
 
+/** One entry of listLeaseAudit: a lease audit entry with its session and its index there. */
+export interface SessionLeaseAuditEntry extends LeaseAuditEntry {
+  sessionId: string;
+  index: number;
+}
+
+export interface LeaseAuditPage {
+  entries: SessionLeaseAuditEntry[];
+  nextPageToken: string;
+}
+
 export interface AppendResult {
   events: Event[];
   nextSeq: number;
@@ -389,6 +400,10 @@ export class SessionLogClient {
   listSessions(
     options?: { prefix?: string; pageSize?: number } & CallOptions,
   ): AsyncGenerator<SessionPage, void, undefined>;
+  /** Every session's lease takeovers and forced releases, paged (an admin token, no prefix). */
+  listLeaseAudit(
+    options?: { prefix?: string; pageSize?: number } & CallOptions,
+  ): AsyncGenerator<LeaseAuditPage, void, undefined>;
   forkSession(
     parentSessionId: string,
     options?: { atSeq?: number; sessionId?: string } & LifecycleOptions,

@@ -292,6 +292,17 @@ export function fromEvent(raw) {
   return out;
 }
 
+/** A LeaseAuditEntry -> { kind: "LEASE_AUDIT_KIND_TAKEOVER", actor, previousHolder, previousToken, time }. */
+function fromAuditEntry(a) {
+  return {
+    kind: a.kind,
+    actor: a.actor,
+    previousHolder: a.previous_holder,
+    previousToken: Number(a.previous_token ?? 0),
+    time: fromTimestamp(a.time),
+  };
+}
+
 /**
  * A derived Message -> the OpenAI chat format: role, content (null when absent; a multi-part list
  * kept in metadata.content_parts comes back as the list), tool_calls (when any), tool_call_id and
@@ -784,11 +795,13 @@ class Shards {
 
 let cachedPackage = null;
 
-function loadService(protoDir) {
-  if (cachedPackage?.protoDir === protoDir) return cachedPackage.service;
+/** The SessionLogService and AdminService client classes, from protoDir's .proto files. */
+function loadServices(protoDir) {
+  if (cachedPackage?.protoDir === protoDir) return cachedPackage.services;
   const file = resolve(protoDir, "sessionlog", "v1", "session_log_service.proto");
   if (!existsSync(file)) throw new Error(`no ${file}: pass { protoDir } (the repository's proto/ folder)`);
-  const definition = protoLoader.loadSync("sessionlog/v1/session_log_service.proto", {
+  const files = ["sessionlog/v1/session_log_service.proto", "sessionlog/v1/admin_service.proto"];
+  const definition = protoLoader.loadSync(files, {
     includeDirs: [protoDir],
     keepCase: true,
     longs: Number,
@@ -796,9 +809,10 @@ function loadService(protoDir) {
     defaults: true,
     oneofs: true,
   });
-  const service = grpc.loadPackageDefinition(definition).sessionlog.v1.SessionLogService;
-  cachedPackage = { protoDir, service };
-  return service;
+  const v1 = grpc.loadPackageDefinition(definition).sessionlog.v1;
+  const services = { log: v1.SessionLogService, admin: v1.AdminService };
+  cachedPackage = { protoDir, services };
+  return services;
 }
 
 /**
@@ -1026,7 +1040,10 @@ export class SessionLogClient {
     const credentials = secure
       ? grpc.credentials.createSsl(rootCerts ?? null, privateKey ?? null, certChain ?? null)
       : grpc.credentials.createInsecure();
-    const Service = loadService(protoDir);
+    const { log: Service, admin: AdminService } = loadServices(protoDir);
+    /** A member's AdminService client, on its SessionLogService client's channel. */
+    this._openAdmin = (member) =>
+      new AdminService(member.address, credentials, { channelOverride: member.stub.getChannel() });
     this._openStub = (address) =>
       new Service(address, credentials, {
         "grpc.max_receive_message_length": maxMessageBytes,
@@ -1252,12 +1269,13 @@ export class SessionLogClient {
   }
 
   /** One unary call: { reply, trailers } once its status has arrived. */
-  _once(member, method, request, timeoutMs, write = false) {
+  _once(member, method, request, timeoutMs, write = false, admin = false) {
     const options = { deadline: Date.now() + (timeoutMs ?? this.timeoutMs) };
     if (this.waitForReadyCalls) options.waitForReady = true;
+    const stub = admin ? (member.admin ??= this._openAdmin(member)) : member.stub;
     return new Promise((done, fail) => {
       let reply;
-      const call = member.stub[method](request, this._metadata(write, sessionOf(request)), options, (error, value) => {
+      const call = stub[method](request, this._metadata(write, sessionOf(request)), options, (error, value) => {
         if (error) fail(error);
         else reply = value;
       });
@@ -1284,7 +1302,7 @@ export class SessionLogClient {
     }
   }
 
-  async _send(method, request, { timeoutMs, retry = false, write = false } = {}) {
+  async _send(method, request, { timeoutMs, retry = false, write = false, admin = false } = {}) {
     const backoff = new Backoff(this.retry);
     let hops = 0;
     let waits = 0;
@@ -1301,7 +1319,7 @@ export class SessionLogClient {
       let failure;
       try {
         await this._settle(member, timeoutMs ?? this.timeoutMs);
-        const { reply, trailers } = await this._once(member, method, request, timeoutMs, write);
+        const { reply, trailers } = await this._once(member, method, request, timeoutMs, write, admin);
         member.reached = true;
         if (write) this._accepted(member, trailers, sessionOf(request));
         return reply;
@@ -1495,14 +1513,30 @@ export class SessionLogClient {
     const reply = await this._call("GetSession", { session_id: sessionId }, { timeoutMs, retry: true });
     return {
       session: fromSession(reply.session),
-      leaseAudit: (reply.lease_audit ?? []).map((a) => ({
-        kind: a.kind,
-        actor: a.actor,
-        previousHolder: a.previous_holder,
-        previousToken: Number(a.previous_token ?? 0),
-        time: fromTimestamp(a.time),
-      })),
+      leaseAudit: (reply.lease_audit ?? []).map(fromAuditEntry),
     };
+  }
+
+  /**
+   * Every page of the lease audit of every session (or of those whose id starts with prefix):
+   * takeovers and forced releases in session id order, each with its sessionId and its index
+   * in that session's audit. AdminService: needs an admin token without a session prefix.
+   * `for await (const page of client.listLeaseAudit({ prefix: "tenant-a." }))`.
+   */
+  async *listLeaseAudit({ prefix = "", pageSize = 0, timeoutMs } = {}) {
+    let page_token = "";
+    for (;;) {
+      const request = { page_size: pageSize, page_token, prefix };
+      const reply = await this._call("ListLeaseAudit", request, { timeoutMs, retry: true, admin: true });
+      const entries = (reply.entries ?? []).map((e) => ({
+        sessionId: e.session_id,
+        index: Number(e.index ?? 0),
+        ...fromAuditEntry(e.entry ?? {}),
+      }));
+      yield { entries, nextPageToken: reply.next_page_token ?? "" };
+      page_token = reply.next_page_token ?? "";
+      if (!page_token) return;
+    }
   }
 
   /** Every page of sessions in id order: `for await (const page of client.listSessions())`. */

@@ -39,6 +39,9 @@ export async function worker(target: string): Promise<ChatMessage[]> {
     for await (const page of client.listSessions({ prefix: "ty", pageSize: 10 })) {
       for (const session of page.sessions) seen.push(`${session.sessionId}: ${session.eventCount}`);
     }
+    for await (const page of client.listLeaseAudit({ prefix: "ty", pageSize: 10 })) {
+      for (const entry of page.entries) seen.push(`${entry.sessionId} #${entry.index}: ${entry.kind}`);
+    }
     const { lease } = await client.acquireLease("typed", "w-1", { ttlMs: 30_000 });
     await client.releaseLease("typed", "w-1", { force: lease.token > 0 });
     const { messages, seqs } = await client.deriveMessages("typed", { atSeq: next - 1 });

@@ -73,6 +73,7 @@ def list_lease_audit(
     store: Store, ownership: Ownership, request: apb.ListLeaseAuditRequest
 ) -> apb.ListLeaseAuditResponse:
     """One page of the audit under ``request.prefix``, after ``request.page_token``."""
+    ownership.check()  # sharded: a map must be held, or no session is known to be ours
     after = decode_token(request.page_token, request.prefix)
     size = min(request.page_size or DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE)
     entries, more = store.lease_audit(after, request.prefix, size, keep=ownership.owns)

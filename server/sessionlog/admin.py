@@ -7,6 +7,7 @@
     sessionlog admin restore BACKUP|FILE [--data DIR] [--force]
     sessionlog admin promote --server REPLICA [--epoch N] [--fence OLD_PRIMARY]
     sessionlog admin fence --server HOST:PORT --epoch N [--primary NEW]
+    sessionlog admin lease-audit [--server HOST:PORT] [--prefix P] [--json]
     sessionlog replica resync [--data DIR]
     sessionlog replica rejoin --primary NEW [--data DIR]
 
@@ -26,6 +27,10 @@ stopping the server and putting the copy's ``data.mdb`` in place of the data fol
 snapshot is the same compacted copy as ``backup``, taken by the server and streamed; it arrives
 in FILE.part and is renamed to FILE only once its size, SHA-256 and counts check out and it is
 synced, so FILE is a whole copy or absent.
+
+``lease-audit`` lists every session's lease takeovers and forced releases (AdminService's
+ListLeaseAudit, every page, an admin token), one line each: session, number, kind, time, who
+took or forced it, from whom.
 
 ``verify`` reads every record of every table and lists each one that is damaged or breaks an
 invariant of ``storage.schema``, like fsck: exit 0 when it found nothing, 1 when it found damage.
@@ -56,7 +61,7 @@ from typing import Any
 import lmdb
 
 from sessionlog import errors
-from sessionlog.cli_client import channel, connection_options, server_address
+from sessionlog.cli_client import _client, channel, connection_options, server_address
 from sessionlog.cluster.rejoin import RejoinRefused, rejoin
 from sessionlog.config import DEFAULT_DATA_DIR
 from sessionlog.storage import changes, folder, identity, integrity, schema, snapshot
@@ -67,6 +72,7 @@ from sessionlog.v1 import admin_service_pb2 as apb
 from sessionlog.v1 import admin_service_pb2_grpc as apb_grpc
 from sessionlog.v1 import replication_service_pb2 as rpb
 from sessionlog.v1 import replication_service_pb2_grpc as rpb_grpc
+from sessionlog_client.convert import message_to_json
 
 DATA_FILE = "data.mdb"
 _OPEN_ERRORS = (lmdb.Error, DamagedStore, errors.DataCorrupted)
@@ -212,6 +218,27 @@ def add_commands(commands: Any) -> None:
         "--primary", default="", help="the primary of that epoch, HOST:PORT (may be omitted)"
     )
     fence.set_defaults(run=_fence)
+
+    audit = actions.add_parser(
+        "lease-audit",
+        help="every session's lease takeovers and forced releases, from a server",
+        description="List the lease audit of every session on --server (or of the sessions "
+        "whose id starts with --prefix): each takeover of an expired lease and each forced "
+        "release, in session id order, one line each. Needs an admin token without a session "
+        "prefix.",
+        parents=[
+            connection_options(
+                server_default,
+                "the server to ask, HOST:PORT [env SESSIONLOG_SERVER] (default %(default)s)",
+            )
+        ],
+    )
+    audit.add_argument("--prefix", default="", help="only sessions whose id starts with this")
+    audit.add_argument(
+        "--page-size", type=int, default=0, help="entries per call (default: the server's, 100)"
+    )
+    audit.add_argument("--json", action="store_true", help="one JSON object per line")
+    audit.set_defaults(run=_lease_audit)
 
 
 def add_replica_commands(commands: Any) -> None:
@@ -577,6 +604,25 @@ def _fence(args: argparse.Namespace) -> int:
         f"fenced {args.server} at epoch {args.epoch}: "
         + ("it stopped taking writes" if stopped else "it was not taking writes")
     )
+    return 0
+
+
+def _lease_audit(args: argparse.Namespace) -> int:
+    """`admin lease-audit`: every page of ListLeaseAudit, printed as it arrives."""
+    with _client(args) as client:
+        for page in client.list_lease_audit(prefix=args.prefix, page_size=args.page_size):
+            for listed in page.entries:
+                entry = message_to_json(listed.entry)  # kind as "takeover" or "forced_release"
+                if args.json:
+                    line = {"session_id": listed.session_id, "index": listed.index, **entry}
+                    print(json.dumps(line, ensure_ascii=False), flush=True)
+                    continue
+                print(
+                    f"{listed.session_id}\t#{listed.index}\t{entry['kind']}\t"
+                    f"{entry.get('time', '')}\t{entry['actor']} from {entry['previous_holder']} "
+                    f"(token {entry['previous_token']})",
+                    flush=True,
+                )
     return 0
 
 

@@ -251,18 +251,19 @@ def since_raw(channel: grpc.Channel, session_id: str, seq: int = 0) -> list[byte
     return events
 
 
-def state_raw(channel: grpc.Channel, session_id: str) -> bytes:
-    return _unary_raw(channel, f"{SERVICE}/GetState", pb.GetStateRequest(session_id=session_id))
+def state_raw(channel: grpc.Channel, session_id: str, at_seq: int | None = None) -> bytes:
+    request = pb.GetStateRequest(session_id=session_id, at_seq=at_seq)
+    return _unary_raw(channel, f"{SERVICE}/GetState", request)
 
 
-def derive_raw(channel: grpc.Channel, session_id: str) -> bytes:
-    return _unary_raw(
-        channel, f"{SERVICE}/DeriveMessages", pb.DeriveMessagesRequest(session_id=session_id)
-    )
+def derive_raw(channel: grpc.Channel, session_id: str, at_seq: int | None = None) -> bytes:
+    request = pb.DeriveMessagesRequest(session_id=session_id, at_seq=at_seq)
+    return _unary_raw(channel, f"{SERVICE}/DeriveMessages", request)
 
 
-def surface_raw(channel: grpc.Channel, session_id: str) -> bytes:
-    return _unary_raw(channel, f"{SERVICE}/Surface", pb.SurfaceRequest(session_id=session_id))
+def surface_raw(channel: grpc.Channel, session_id: str, at_seq: int | None = None) -> bytes:
+    request = pb.SurfaceRequest(session_id=session_id, at_seq=at_seq)
+    return _unary_raw(channel, f"{SERVICE}/Surface", request)
 
 
 def get_session_raw(channel: grpc.Channel, session_id: str) -> bytes:

@@ -23,6 +23,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2
 
 from sessionlog.testing import RunningServer, error_info
+from sessionlog.v1 import admin_service_pb2 as apb
 from sessionlog.v1 import event_pb2, message_pb2
 from sessionlog.v1 import replication_service_pb2 as rpb
 from sessionlog.v1 import session_log_service_pb2 as pb
@@ -38,6 +39,7 @@ WRONG = "wrong-secret-b1e4c8f02d7a"
 
 SERVICE = "/sessionlog.v1.SessionLogService/"
 FEED = "/sessionlog.v1.ReplicationService/"
+ADMIN_SERVICE = "/sessionlog.v1.AdminService/"
 HEALTH_CHECK = "/grpc.health.v1.Health/Check"
 REFLECTION = "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo"
 TIMEOUT = 5.0
@@ -191,6 +193,7 @@ def every_rpc(session_id: str) -> list[tuple[str, Message, bool]]:
         ),
         (FEED + "Changes", rpb.ChangesRequest(start_position=1), True),
         (FEED + "GetReplicationStatus", rpb.GetReplicationStatusRequest(), False),
+        (ADMIN_SERVICE + "ListLeaseAudit", apb.ListLeaseAuditRequest(prefix=session_id), False),
         (HEALTH_CHECK, health_pb2.HealthCheckRequest(), False),
     ]
 

@@ -102,13 +102,20 @@ def test_go_example_prints_the_transcript(go_tree: GoTree, server: RunningServer
 
 @pytest.mark.timeout(BUILD_SECONDS + 60)
 def test_go_errors_carry_error_info(go_tree: GoTree, server: RunningServer) -> None:
-    """`go test` in client/go/example: SEQ_CONFLICT (next_seq) and INVALID_SESSION_ID ErrorInfo."""
+    """`go test` in client/go/example: SEQ_CONFLICT (next_seq) and INVALID_SESSION_ID ErrorInfo;
+    state deltas, GetState and a hide; ListLeaseAudit after a takeover."""
     env = {**go_tree.env, "SESSIONLOG_TEST_ADDRESS": server.address}
-    only = "-run=TestSeqConflictReportsNextSeq|TestInvalidSessionIdIsRefused"
+    names = (
+        "TestSeqConflictReportsNextSeq",
+        "TestInvalidSessionIdIsRefused",
+        "TestStateAndHide",
+        "TestLeaseAuditListsTakeovers",
+    )
+    only = "-run=" + "|".join(names)
     result = run_go(env, go_tree.package, "test", "-v", "-count=1", only, "./example")
     output = result.stdout + result.stderr
     assert result.returncode == 0, output
-    for name in ("TestSeqConflictReportsNextSeq", "TestInvalidSessionIdIsRefused"):
+    for name in names:
         assert f"--- PASS: {name}" in output, output
     assert "SKIP" not in output, output
 

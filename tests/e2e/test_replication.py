@@ -18,6 +18,7 @@ from typing import Any
 import grpc
 import pytest
 from google.protobuf.duration_pb2 import Duration
+from google.protobuf.json_format import MessageToDict
 from grpc_health.v1 import health_pb2
 
 from sessionlog import wire
@@ -181,6 +182,46 @@ def test_folded_replies_are_byte_identical(tmp_path: Path) -> None:
         folded_state = state_raw(primary.channel, "rich")
         assert state_raw(replica.channel, "rich") == folded_state
         assert set(pb.GetStateResponse.FromString(folded_state).state.fields) == {"a", "m", "q"}
+
+
+def test_hide_and_state_read_the_same_on_a_replica(tmp_path: Path) -> None:
+    """A hide and state deltas written on the primary give a replica the same surface, derived
+    messages and state, whole and at every seq, as the primary (bytes equal)."""
+    with Cluster(tmp_path) as cluster:
+        primary = cluster.primary()
+        replica = cluster.replica(primary, "replica")
+        user, assistant = event_pb2.EVENT_TYPE_USER_MESSAGE, event_pb2.EVENT_TYPE_ASSISTANT_MESSAGE
+        events = [event(user, "one"), event(assistant, "two"), event(user, "three")]
+        events[0].state_delta.update({"step": 1, "cart": {"apples": 1}})
+        events[2].state_delta.update({"step": 2, "user": "ann"})
+        hide = event_pb2.Event(type=event_pb2.EVENT_TYPE_HIDE)
+        hide.surface_op.replace.start_seq, hide.surface_op.replace.stop_seq = 1, 2
+        hide.state_delta.update({"cart": None, "hidden": True})
+        after = event(assistant, "four")
+        stub = primary.stub()
+        stub.Append(pb.AppendRequest(session_id="hidden", events=events), timeout=10)
+        stub.Append(pb.AppendRequest(session_id="hidden", events=[hide, after]), timeout=10)
+        wait_position(replica, primary.status().position)
+        derived = pb.DeriveMessagesResponse.FromString(derive_raw(primary.channel, "hidden"))
+        assert [m.content for m in derived.messages] == ["one", "four"]
+        assert list(derived.seqs) == [0, 4]
+        whole = pb.GetStateResponse.FromString(state_raw(primary.channel, "hidden"))
+        assert wire_state(whole) == ({"step": 2, "user": "ann", "hidden": True}, 5)
+        for at_seq in (None, 0, 1, 2, 3, 4):
+            where = f"at_seq {at_seq}"
+            for read in (surface_raw, derive_raw, state_raw):
+                on_primary = read(primary.channel, "hidden", at_seq)
+                assert read(replica.channel, "hidden", at_seq) == on_primary, where
+        before_hide = pb.SurfaceResponse.FromString(surface_raw(replica.channel, "hidden", 2))
+        assert [e.seq for e in before_hide.events] == [0, 1, 2]
+        at_hide = pb.GetStateResponse.FromString(state_raw(replica.channel, "hidden", 3))
+        assert wire_state(at_hide) == ({"step": 2, "user": "ann", "hidden": True}, 4)
+        early = pb.GetStateResponse.FromString(state_raw(replica.channel, "hidden", 0))
+        assert wire_state(early) == ({"step": 1, "cart": {"apples": 1}}, 1)
+
+
+def wire_state(reply: pb.GetStateResponse) -> tuple[dict[str, Any], int]:
+    return MessageToDict(reply.state), reply.event_count
 
 
 def start_catching_up_and_kill(cluster: Cluster, primary: Node, head: int, tries: int = 3) -> int:

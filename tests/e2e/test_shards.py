@@ -14,6 +14,8 @@ import pytest
 
 from sessionlog.shard import ShardMap, slot_of
 from sessionlog.testing import RunningServer, error_info
+from sessionlog.v1 import admin_service_pb2 as apb
+from sessionlog.v1 import admin_service_pb2_grpc as apb_grpc
 from sessionlog.v1 import session_log_service_pb2 as pb
 from sessionlog.v1 import session_log_service_pb2_grpc as pb_grpc
 from sessionlog_client import errors as client_errors
@@ -190,6 +192,23 @@ def test_get_stats_reports_the_map_epoch_group_and_owned_slots(groups: Groups) -
     assert done.returncode == 0, done.stderr
     shown = json.loads(done.stdout)
     assert (shown["map_epoch"], shown["shard_group"], shown["owned_slots"]) == (7, "g2", 512)
+
+
+def test_list_lease_audit_lists_the_groups_own(groups: Groups) -> None:
+    """ListLeaseAudit on each group lists the forced releases of the sessions it owns (the RPC
+    names no session, so no WRONG_GROUP: each group answers for its own)."""
+    mine = {"g1": groups.session_of("g1", 7), "g2": groups.session_of("g2", 7)}
+    for group, stub in (("g1", groups.stub1), ("g2", groups.stub2)):
+        stub.AcquireLease(pb.AcquireLeaseRequest(session_id=mine[group], holder="w"), timeout=10)
+        forced = pb.ReleaseLeaseRequest(session_id=mine[group], holder="ops", force=True)
+        stub.ReleaseLease(forced, timeout=10)
+    for group, channel in (("g1", groups.channel1), ("g2", groups.channel2)):
+        admin = apb_grpc.AdminServiceStub(channel)  # type: ignore[no-untyped-call]
+        reply = admin.ListLeaseAudit(apb.ListLeaseAuditRequest(prefix=mine[group]), timeout=10)
+        assert [(e.session_id, e.entry.actor) for e in reply.entries] == [(mine[group], "ops")]
+        everything = admin.ListLeaseAudit(apb.ListLeaseAuditRequest(page_size=1000), timeout=10)
+        owners = {groups.shard_map.owner(e.session_id).name for e in everything.entries}
+        assert owners == {group}
 
 
 def test_list_sessions_lists_the_groups_own(groups: Groups) -> None:

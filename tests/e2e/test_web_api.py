@@ -84,6 +84,33 @@ def test_transcript_pairs_tool_calls_with_results(console: RunningServer) -> Non
     assert messages[4]["content"] == RESULT
 
 
+def test_state_is_getstate_as_json_and_events_carry_their_deltas(console: RunningServer) -> None:
+    """/state is the folded state with the event count (a session never written: {} and 0);
+    /events gives each event's state_delta, null when it has none."""
+    first = event(event_pb2.EVENT_TYPE_USER_MESSAGE, content="hi")
+    first.state_delta.update({"user": "ann", "n": 1})
+    last = event(event_pb2.EVENT_TYPE_TURN_START)
+    last.state_delta.update({"n": None, "step": 2})
+    plain = event(event_pb2.EVENT_TYPE_USER_MESSAGE, content="no delta")
+    request = pb.AppendRequest(session_id="demo.state", events=[first, plain, last])
+    console.stub().Append(request, timeout=TIMEOUT)
+    status, _, body = get(f"{base(console)}/api/sessions/demo.state/state")
+    assert status == 200
+    assert body == {
+        "session_id": "demo.state",
+        "event_count": 3,
+        "state": {"user": "ann", "step": 2},
+    }
+    _, _, events = get(f"{base(console)}/api/sessions/demo.state/events")
+    assert [e["state_delta"] for e in events["events"]] == [
+        {"user": "ann", "n": 1},
+        None,
+        {"n": None, "step": 2},
+    ]
+    _, _, empty = get(f"{base(console)}/api/sessions/demo.never/state")
+    assert (empty["state"], empty["event_count"]) == ({}, 0)
+
+
 def test_sessions_status_and_metrics_on_the_console_port(tmp_path: Path) -> None:
     """The session list has counts and times, /api/status the store's numbers, and with
     --metrics-listen equal to --http-listen the same port also serves /metrics."""
@@ -270,7 +297,7 @@ def test_api_applies_permissions_and_session_prefixes(guarded: RunningServer) ->
     status, _, body = get(f"{base(guarded)}/api/sessions/{SESSION}/events", WRITER_ONLY)
     assert status == 403
     assert body["reason"] == "PERMISSION_DENIED"
-    for path in ("events", "transcript", "follow"):
+    for path in ("events", "transcript", "follow", "state"):
         status, _, body = get(f"{base(guarded)}/api/sessions/b.private/{path}", READER)
         assert status == 403, path
         assert body["reason"] == "PERMISSION_DENIED"

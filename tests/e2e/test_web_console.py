@@ -8,6 +8,7 @@ Needs Debian's chromium and chromium-driver (`make test` installs them with apt-
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import tempfile
@@ -339,6 +340,46 @@ def test_fork_label_names_the_last_copied_seq(
     assert origin == f"forked from {SESSION} at seq 3"
     link = browser.find_element(By.CSS_SELECTOR, "#origin a")
     assert (link.get_attribute("href") or "").endswith(f"#/s/{SESSION}")
+
+
+def test_session_page_shows_the_state_and_renders_a_hide(
+    browser: WebDriver, console: RunningServer, tmp_path: Path
+) -> None:
+    """The session view shows GetState's state as JSON (updated live as deltas commit), marks
+    the raw events that carry a delta, and renders a hide as "hides A..B" with its range greyed
+    and nothing in its place in the transcript."""
+    stub = console.stub()
+    first = event(event_pb2.EVENT_TYPE_USER_MESSAGE, content="one")
+    first.state_delta.update({"user": "ann", "cart": {"apples": 1}})
+    hide = event(event_pb2.EVENT_TYPE_HIDE)
+    hide.surface_op.replace.start_seq = hide.surface_op.replace.stop_seq = 1
+    events = [first, event(event_pb2.EVENT_TYPE_ASSISTANT_MESSAGE, content="two"), hide]
+    stub.Append(pb.AppendRequest(session_id="demo.state", events=events), timeout=5)
+    browser.get(url(console, "#/s/demo.state"))
+    shown = wait(browser, "the state", lambda d: (t := d.find_element(By.ID, "state").text) and t)
+    assert json.loads(shown) == {"user": "ann", "cart": {"apples": 1}}
+    hide_row = wait(
+        browser, "the hide row", lambda d: d.find_element(By.CSS_SELECTOR, '#raw tr[data-seq="2"]')
+    )
+    assert "hides 1..1" in hide_row.text
+    assert rows_with(browser, "shadowed") == {1}
+    delta_row = browser.find_element(By.CSS_SELECTOR, '#raw tr[data-seq="0"]')
+    assert "state Δ" in delta_row.text
+    messages = browser.find_elements(By.CSS_SELECTOR, "#transcript .message")
+    assert [m.get_attribute("data-seq") for m in messages] == ["0"]
+    wait(browser, "live", lambda d: d.find_element(By.ID, "live").text == "● live")
+    later = event(event_pb2.EVENT_TYPE_TURN_START)
+    later.state_delta.update({"user": None, "step": 2})
+    stub.Append(pb.AppendRequest(session_id="demo.state", events=[later]), timeout=5)
+    wait(
+        browser,
+        "the state after the live delta",
+        lambda d: (
+            json.loads(d.find_element(By.ID, "state").text or "{}")
+            == {"cart": {"apples": 1}, "step": 2}
+        ),
+    )
+    browser.save_screenshot(str(tmp_path / "state.png"))
 
 
 def test_token_prompt_when_auth_is_on(browser: WebDriver, tmp_path: Path) -> None:

@@ -21,9 +21,14 @@ import (
 	"github.com/sessionlog/sessionlog/client/go/sessionlogerr"
 )
 
+// testAddress is the running server's address, from SESSIONLOG_TEST_ADDRESS ("" when unset).
+func testAddress() string {
+	return os.Getenv("SESSIONLOG_TEST_ADDRESS")
+}
+
 func dial(t *testing.T) (sessionlogv1.SessionLogServiceClient, context.Context) {
 	t.Helper()
-	target := os.Getenv("SESSIONLOG_TEST_ADDRESS")
+	target := testAddress()
 	if target == "" {
 		t.Skip("SESSIONLOG_TEST_ADDRESS is not set (the address of a running sessionlog server)")
 	}

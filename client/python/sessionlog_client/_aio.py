@@ -17,6 +17,7 @@ from sessionlog_client import _common as c
 from sessionlog_client import _etcd
 from sessionlog_client._common import EventLike, MessageLike, Retry
 from sessionlog_client._routing import (
+    ADMIN,
     LOG,
     WRITES,
     Member,
@@ -36,6 +37,8 @@ from sessionlog_client._shards import (
 from sessionlog_client._status import to_error
 from sessionlog_client.convert import messages_to_dicts, struct_to_dict
 from sessionlog_client.errors import LeadershipLost, SeqConflict, SessionLogError
+from sessionlog_client.v1 import admin_service_pb2 as apb
+from sessionlog_client.v1 import admin_service_pb2_grpc as apb_grpc
 from sessionlog_client.v1 import session_log_service_pb2 as pb
 from sessionlog_client.v1 import session_log_service_pb2_grpc as pb_grpc
 from sessionlog_client.v1.event_pb2 import Event
@@ -402,7 +405,11 @@ class AsyncClient:
             )
         else:
             channel = grpc.aio.insecure_channel(address, options=conn.channel_options())
-        return channel, {LOG: pb_grpc.SessionLogServiceStub(channel)}  # type: ignore[no-untyped-call]
+        stubs = {
+            LOG: pb_grpc.SessionLogServiceStub(channel),  # type: ignore[no-untyped-call]
+            ADMIN: apb_grpc.AdminServiceStub(channel),  # type: ignore[no-untyped-call]
+        }
+        return channel, stubs
 
     @property
     def members(self) -> list[str]:
@@ -445,11 +452,13 @@ class AsyncClient:
     ) -> None:
         await self.close()
 
-    async def _call(self, method: str, request: Any, timeout: float | None, *, retry: bool) -> Any:
+    async def _call(
+        self, method: str, request: Any, timeout: float | None, *, retry: bool, stub: str = LOG
+    ) -> Any:
         """See ``Client._call``."""
         session = c.session_of(request) if self._shards is not None else ""
         if self._shards is None or not session:
-            return await self._send(method, request, timeout, retry=retry)
+            return await self._send(method, request, timeout, retry=retry, stub=stub)
         owner = await self._shards.client_for(session)
         if owner is self:
             return await self._send(method, request, timeout, retry=retry)
@@ -463,7 +472,9 @@ class AsyncClient:
                 raise
             return await again._call(method, request, timeout, retry=retry)
 
-    async def _send(self, method: str, request: Any, timeout: float | None, *, retry: bool) -> Any:
+    async def _send(
+        self, method: str, request: Any, timeout: float | None, *, retry: bool, stub: str = LOG
+    ) -> Any:
         """See ``Client._send``."""
         retries = self.connection.retry
         backoff = retries.backoff()
@@ -480,7 +491,7 @@ class AsyncClient:
             session = c.session_of(request)
             metadata = self.connection.call_metadata(session)
             try:
-                call = getattr(member.stubs[LOG], method)(
+                call = getattr(member.stubs[stub], method)(
                     request,
                     timeout=self.connection.deadline(timeout),
                     metadata=self._router.write_metadata(metadata, session) if write else metadata,
@@ -764,6 +775,23 @@ class AsyncClient:
             request = c.list_request(page_size, token, prefix)
             page: pb.ListSessionsResponse = await self._call(
                 "ListSessions", request, timeout, retry=True
+            )
+            yield page
+            token = page.next_page_token
+            if not token:
+                return
+
+    async def list_lease_audit(
+        self, *, prefix: str = "", page_size: int = 0, timeout: float | None = None
+    ) -> AsyncIterator[apb.ListLeaseAuditResponse]:
+        """Every page of the lease audit across sessions (see ``Client.list_lease_audit``)."""
+        token = ""
+        while True:
+            request = apb.ListLeaseAuditRequest(
+                page_size=page_size, page_token=token, prefix=prefix
+            )
+            page: apb.ListLeaseAuditResponse = await self._call(
+                "ListLeaseAudit", request, timeout, retry=True, stub=ADMIN
             )
             yield page
             token = page.next_page_token

@@ -65,7 +65,8 @@ from sessionlog_client.errors import LeadershipLost, NotPrimary, ReplicasUnavail
 
 LOG = "log"
 REPLICATION = "replication"
-"""The keys of ``Member.stubs``: SessionLogService and ReplicationService."""
+ADMIN = "admin"
+"""The keys of ``Member.stubs``: SessionLogService, ReplicationService and AdminService."""
 PRIMARY_HINT = "primary"
 """The ErrorInfo metadata key of NOT_PRIMARY that names the primary (empty: none known)."""
 EPOCH_GROUP_KEY = "sessionlog-epoch-group"

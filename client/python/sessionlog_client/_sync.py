@@ -18,6 +18,7 @@ from sessionlog_client import _common as c
 from sessionlog_client import _etcd
 from sessionlog_client._common import EventLike, MessageLike, Retry
 from sessionlog_client._routing import (
+    ADMIN,
     LOG,
     REPLICATION,
     WRITES,
@@ -38,6 +39,8 @@ from sessionlog_client._shards import (
 from sessionlog_client._status import to_error
 from sessionlog_client.convert import messages_to_dicts, struct_to_dict
 from sessionlog_client.errors import LeadershipLost, SeqConflict, SessionLogError
+from sessionlog_client.v1 import admin_service_pb2 as apb
+from sessionlog_client.v1 import admin_service_pb2_grpc as apb_grpc
 from sessionlog_client.v1 import replication_service_pb2 as rpb
 from sessionlog_client.v1 import replication_service_pb2_grpc as rpb_grpc
 from sessionlog_client.v1 import session_log_service_pb2 as pb
@@ -503,6 +506,7 @@ class Client:
         stubs = {
             LOG: pb_grpc.SessionLogServiceStub(channel),  # type: ignore[no-untyped-call]
             REPLICATION: rpb_grpc.ReplicationServiceStub(channel),  # type: ignore[no-untyped-call]
+            ADMIN: apb_grpc.AdminServiceStub(channel),  # type: ignore[no-untyped-call]
         }
         return channel, stubs
 
@@ -1004,6 +1008,32 @@ class Client:
         request = pb.ReleaseLeaseRequest(session_id=session_id, holder=holder, force=force)
         reply: pb.ReleaseLeaseResponse = self._call("ReleaseLease", request, timeout, retry=False)
         return reply
+
+    # -- admin ------------------------------------------------------------------------------------
+
+    def list_lease_audit(
+        self, *, prefix: str = "", page_size: int = 0, timeout: float | None = None
+    ) -> Iterator[apb.ListLeaseAuditResponse]:
+        """Every page of the lease audit of every session (or of those whose id starts with
+        ``prefix``): takeovers and forced releases, each with its session id, in session id
+        order, fetching the next page as you iterate. Needs an admin token without a session
+        prefix.
+
+        >>> [(e.session_id, e.entry.actor) for p in client.list_lease_audit() for e in p.entries]
+        [('demo', 'new-worker')]
+        """
+        token = ""
+        while True:
+            request = apb.ListLeaseAuditRequest(
+                page_size=page_size, page_token=token, prefix=prefix
+            )
+            page: apb.ListLeaseAuditResponse = self._call(
+                "ListLeaseAudit", request, timeout, retry=True, stub=ADMIN
+            )
+            yield page
+            token = page.next_page_token
+            if not token:
+                return
 
     # -- replication ------------------------------------------------------------------------------
 

@@ -15,7 +15,8 @@ export type EventTypeName =
   | "turn_end"
   | "step_start"
   | "step_end"
-  | "request_header";
+  | "request_header"
+  | "hide";
 
 /** RFC 3339 with up to nanoseconds, e.g. "2026-01-02T03:04:05.123456Z". */
 export type Time = string;
@@ -27,6 +28,8 @@ export interface NewEvent {
   replace?: [number, number];
   /** Stored exactly; the server's now when absent. */
   time?: Time | Date;
+  /** Changes the session's state (getState): each key replaces the one before; null deletes it. */
+  stateDelta?: JsonObject;
 }
 
 /** An event as stored. */
@@ -36,6 +39,14 @@ export interface Event {
   time: Time;
   data: JsonObject;
   replace?: [number, number];
+  /** Present only on events that carried a state delta. */
+  stateDelta?: JsonObject;
+}
+
+/** getState's reply: the folded state and how many events it covers. */
+export interface StateResult {
+  state: JsonObject;
+  eventCount: number;
 }
 
 export type Role = "system" | "user" | "assistant" | "tool";
@@ -92,6 +103,17 @@ export interface LeaseAuditEntry {
   previousHolder: string;
   previousToken: number;
   time?: Time;
+}
+
+/** One entry of listLeaseAudit: a lease audit entry with its session and its index there. */
+export interface SessionLeaseAuditEntry extends LeaseAuditEntry {
+  sessionId: string;
+  index: number;
+}
+
+export interface LeaseAuditPage {
+  entries: SessionLeaseAuditEntry[];
+  nextPageToken: string;
 }
 
 export interface AppendResult {
@@ -344,6 +366,8 @@ export class SessionLogClient {
     options?: { atSeq?: number; extra?: boolean } & CallOptions,
   ): Promise<DerivedMessages>;
 
+  /** The state folded from every event's stateDelta (after events 0..atSeq with atSeq). */
+  getState(sessionId: string, options?: { atSeq?: number } & CallOptions): Promise<StateResult>;
   /** Hide the surface positions [startSeq, stopSeq] (inclusive), adding no message. */
   hide(
     sessionId: string,
@@ -376,6 +400,10 @@ export class SessionLogClient {
   listSessions(
     options?: { prefix?: string; pageSize?: number } & CallOptions,
   ): AsyncGenerator<SessionPage, void, undefined>;
+  /** Every session's lease takeovers and forced releases, paged (an admin token, no prefix). */
+  listLeaseAudit(
+    options?: { prefix?: string; pageSize?: number } & CallOptions,
+  ): AsyncGenerator<LeaseAuditPage, void, undefined>;
   forkSession(
     parentSessionId: string,
     options?: { atSeq?: number; sessionId?: string } & LifecycleOptions,

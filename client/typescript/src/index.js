@@ -262,7 +262,11 @@ export function eventTypeName(type) {
 const SHORT_TYPE = (name) => String(name).slice(TYPE_PREFIX.length).toLowerCase();
 const SHORT_ROLE = (name) => String(name).slice(ROLE_PREFIX.length).toLowerCase();
 
-/** An event as sent: { type, data?, replace?: [start, stop], time? } -> the proto object. */
+/**
+ * An event as sent: { type, data?, replace?: [start, stop], time?, stateDelta? } -> the proto
+ * object. stateDelta (an object; a null value deletes its key) is sent only when given, so an
+ * event without one changes no state.
+ */
 export function toEvent(event) {
   const out = { type: eventTypeName(event.type), data: toStruct(event.data ?? {}) };
   if (event.replace) {
@@ -270,10 +274,11 @@ export function toEvent(event) {
     out.surface_op = { replace: { start_seq, stop_seq } };
   }
   if (event.time !== undefined) out.time = toTimestamp(event.time);
+  if (event.stateDelta !== undefined && event.stateDelta !== null) out.state_delta = toStruct(event.stateDelta);
   return out;
 }
 
-/** A stored event -> { seq, type: "user_message", time, data, replace? }. */
+/** A stored event -> { seq, type: "user_message", time, data, replace?, stateDelta? }. */
 export function fromEvent(raw) {
   const out = {
     seq: Number(raw.seq ?? 0),
@@ -283,7 +288,19 @@ export function fromEvent(raw) {
   };
   const replace = raw.surface_op?.replace;
   if (replace) out.replace = [Number(replace.start_seq ?? 0), Number(replace.stop_seq ?? 0)];
+  if (raw.state_delta) out.stateDelta = fromStruct(raw.state_delta);
   return out;
+}
+
+/** A LeaseAuditEntry -> { kind: "LEASE_AUDIT_KIND_TAKEOVER", actor, previousHolder, previousToken, time }. */
+function fromAuditEntry(a) {
+  return {
+    kind: a.kind,
+    actor: a.actor,
+    previousHolder: a.previous_holder,
+    previousToken: Number(a.previous_token ?? 0),
+    time: fromTimestamp(a.time),
+  };
 }
 
 /**
@@ -778,11 +795,13 @@ class Shards {
 
 let cachedPackage = null;
 
-function loadService(protoDir) {
-  if (cachedPackage?.protoDir === protoDir) return cachedPackage.service;
+/** The SessionLogService and AdminService client classes, from protoDir's .proto files. */
+function loadServices(protoDir) {
+  if (cachedPackage?.protoDir === protoDir) return cachedPackage.services;
   const file = resolve(protoDir, "sessionlog", "v1", "session_log_service.proto");
   if (!existsSync(file)) throw new Error(`no ${file}: pass { protoDir } (the repository's proto/ folder)`);
-  const definition = protoLoader.loadSync("sessionlog/v1/session_log_service.proto", {
+  const files = ["sessionlog/v1/session_log_service.proto", "sessionlog/v1/admin_service.proto"];
+  const definition = protoLoader.loadSync(files, {
     includeDirs: [protoDir],
     keepCase: true,
     longs: Number,
@@ -790,9 +809,10 @@ function loadService(protoDir) {
     defaults: true,
     oneofs: true,
   });
-  const service = grpc.loadPackageDefinition(definition).sessionlog.v1.SessionLogService;
-  cachedPackage = { protoDir, service };
-  return service;
+  const v1 = grpc.loadPackageDefinition(definition).sessionlog.v1;
+  const services = { log: v1.SessionLogService, admin: v1.AdminService };
+  cachedPackage = { protoDir, services };
+  return services;
 }
 
 /**
@@ -1020,7 +1040,10 @@ export class SessionLogClient {
     const credentials = secure
       ? grpc.credentials.createSsl(rootCerts ?? null, privateKey ?? null, certChain ?? null)
       : grpc.credentials.createInsecure();
-    const Service = loadService(protoDir);
+    const { log: Service, admin: AdminService } = loadServices(protoDir);
+    /** A member's AdminService client, on its SessionLogService client's channel. */
+    this._openAdmin = (member) =>
+      new AdminService(member.address, credentials, { channelOverride: member.stub.getChannel() });
     this._openStub = (address) =>
       new Service(address, credentials, {
         "grpc.max_receive_message_length": maxMessageBytes,
@@ -1246,12 +1269,13 @@ export class SessionLogClient {
   }
 
   /** One unary call: { reply, trailers } once its status has arrived. */
-  _once(member, method, request, timeoutMs, write = false) {
+  _once(member, method, request, timeoutMs, write = false, admin = false) {
     const options = { deadline: Date.now() + (timeoutMs ?? this.timeoutMs) };
     if (this.waitForReadyCalls) options.waitForReady = true;
+    const stub = admin ? (member.admin ??= this._openAdmin(member)) : member.stub;
     return new Promise((done, fail) => {
       let reply;
-      const call = member.stub[method](request, this._metadata(write, sessionOf(request)), options, (error, value) => {
+      const call = stub[method](request, this._metadata(write, sessionOf(request)), options, (error, value) => {
         if (error) fail(error);
         else reply = value;
       });
@@ -1278,7 +1302,7 @@ export class SessionLogClient {
     }
   }
 
-  async _send(method, request, { timeoutMs, retry = false, write = false } = {}) {
+  async _send(method, request, { timeoutMs, retry = false, write = false, admin = false } = {}) {
     const backoff = new Backoff(this.retry);
     let hops = 0;
     let waits = 0;
@@ -1295,7 +1319,7 @@ export class SessionLogClient {
       let failure;
       try {
         await this._settle(member, timeoutMs ?? this.timeoutMs);
-        const { reply, trailers } = await this._once(member, method, request, timeoutMs, write);
+        const { reply, trailers } = await this._once(member, method, request, timeoutMs, write, admin);
         member.reached = true;
         if (write) this._accepted(member, trailers, sessionOf(request));
         return reply;
@@ -1377,6 +1401,18 @@ export class SessionLogClient {
       eventCount: Number(reply.event_count ?? 0),
       replaceGeneration: Number(reply.replace_generation ?? 0),
     };
+  }
+
+  /**
+   * The session's state: every event's state_delta folded in seq order (each key replaces the
+   * one before; null deletes it), after the whole log or, with atSeq, after events 0..atSeq.
+   * eventCount is the number of events folded. A session never written has the state {}.
+   */
+  async getState(sessionId, { atSeq, timeoutMs } = {}) {
+    const request = { session_id: sessionId };
+    if (atSeq !== undefined) request.at_seq = atSeq;
+    const reply = await this._call("GetState", request, { timeoutMs, retry: true });
+    return { state: fromStruct(reply.state), eventCount: Number(reply.event_count ?? 0) };
   }
 
   /** The derived messages in the OpenAI chat format, with the seq each came from. */
@@ -1477,14 +1513,30 @@ export class SessionLogClient {
     const reply = await this._call("GetSession", { session_id: sessionId }, { timeoutMs, retry: true });
     return {
       session: fromSession(reply.session),
-      leaseAudit: (reply.lease_audit ?? []).map((a) => ({
-        kind: a.kind,
-        actor: a.actor,
-        previousHolder: a.previous_holder,
-        previousToken: Number(a.previous_token ?? 0),
-        time: fromTimestamp(a.time),
-      })),
+      leaseAudit: (reply.lease_audit ?? []).map(fromAuditEntry),
     };
+  }
+
+  /**
+   * Every page of the lease audit of every session (or of those whose id starts with prefix):
+   * takeovers and forced releases in session id order, each with its sessionId and its index
+   * in that session's audit. AdminService: needs an admin token without a session prefix.
+   * `for await (const page of client.listLeaseAudit({ prefix: "tenant-a." }))`.
+   */
+  async *listLeaseAudit({ prefix = "", pageSize = 0, timeoutMs } = {}) {
+    let page_token = "";
+    for (;;) {
+      const request = { page_size: pageSize, page_token, prefix };
+      const reply = await this._call("ListLeaseAudit", request, { timeoutMs, retry: true, admin: true });
+      const entries = (reply.entries ?? []).map((e) => ({
+        sessionId: e.session_id,
+        index: Number(e.index ?? 0),
+        ...fromAuditEntry(e.entry ?? {}),
+      }));
+      yield { entries, nextPageToken: reply.next_page_token ?? "" };
+      page_token = reply.next_page_token ?? "";
+      if (!page_token) return;
+    }
   }
 
   /** Every page of sessions in id order: `for await (const page of client.listSessions())`. */

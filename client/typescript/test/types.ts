@@ -9,6 +9,7 @@ import {
   ReplicasUnavailableError,
   SessionLogClient,
   SessionLogError,
+  type StateResult,
 } from "@sessionlog/client";
 
 export const seen: string[] = [];
@@ -32,8 +33,14 @@ export async function worker(target: string): Promise<ChatMessage[]> {
       if (seen.seq >= next - 1) break;
     }
     await client.append("typed", [eventFromMessage({ role: "assistant", content: "ok" })]);
+    await client.append("typed", [{ type: "turn_start", stateDelta: { step: 1, done: null } }]);
+    const { state, eventCount }: StateResult = await client.getState("typed", { atSeq: next });
+    if (eventCount !== next + 1 || !("step" in state)) throw new Error("state after the delta");
     for await (const page of client.listSessions({ prefix: "ty", pageSize: 10 })) {
       for (const session of page.sessions) seen.push(`${session.sessionId}: ${session.eventCount}`);
+    }
+    for await (const page of client.listLeaseAudit({ prefix: "ty", pageSize: 10 })) {
+      for (const entry of page.entries) seen.push(`${entry.sessionId} #${entry.index}: ${entry.kind}`);
     }
     const { lease } = await client.acquireLease("typed", "w-1", { ttlMs: 30_000 });
     await client.releaseLease("typed", "w-1", { force: lease.token > 0 });

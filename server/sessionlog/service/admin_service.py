@@ -7,7 +7,8 @@ the stream ends however it ends: sent, failed, or the client gone (then as soon 
 running in its thread has finished). A stream holds one chunk in memory at a time, and gRPC's
 flow control holds back a slow reader.
 
-Promote and Fence change the server's role through ``cluster.promotion``.
+Promote and Fence change the server's role through ``cluster.promotion``. ListLeaseAudit pages
+through every session's lease audit (``service.lease_audit``).
 
 Every RPC needs the admin permission and a token with no session prefix (``service.auth``).
 """
@@ -29,6 +30,7 @@ from sessionlog import errors
 from sessionlog.cluster.promotion import Promoter
 from sessionlog.service.counters import Counters
 from sessionlog.service.errors import abort
+from sessionlog.service.lease_audit import list_lease_audit
 from sessionlog.service.servicer import decode, unary
 from sessionlog.shard.ownership import Ownership
 from sessionlog.storage import snapshot
@@ -73,6 +75,7 @@ class AdminServicer:
                 "SaveSnapshot": grpc.unary_stream_rpc_method_handler(self.save_snapshot),
                 "Promote": grpc.unary_unary_rpc_method_handler(self.promote),
                 "Fence": grpc.unary_unary_rpc_method_handler(self.fence),
+                "ListLeaseAudit": grpc.unary_unary_rpc_method_handler(self.list_lease_audit),
             },
         )
 
@@ -114,6 +117,13 @@ class AdminServicer:
         self._refuse_if_elected("fenced")
         before, after = await self._promoter().fence(request.epoch, request.primary)
         reply = apb.FenceResponse(epoch=after.epoch, stopped_writes=before.may_write)
+        serialized: bytes = reply.SerializeToString()
+        return serialized
+
+    @unary
+    async def list_lease_audit(self, raw: bytes, context: grpc.aio.ServicerContext) -> bytes:
+        request = decode(apb.ListLeaseAuditRequest, raw)
+        reply = list_lease_audit(self.store, self.ownership, request)
         serialized: bytes = reply.SerializeToString()
         return serialized
 

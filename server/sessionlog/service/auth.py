@@ -14,8 +14,8 @@ PERMISSION_DENIED. Secrets are compared by their SHA-256 digests with ``hmac.com
 against every configured token, so the time taken says nothing about which one nearly matched.
 Secrets are never logged.
 
-AdminService (the store's stats, a copy of the whole store) needs ``admin``, and like the change
-feed it is refused to a token limited to a session prefix.
+AdminService (the store's stats, a copy of the whole store, every session's lease audit) needs
+``admin``, and like the change feed it is refused to a token limited to a session prefix.
 
 Permissions per RPC: reads (Since, Surface, DeriveMessages, GetState, GetSession,
 ListSessions, GetShardMap) need ``read``; writes (Append, CreateSession, SeedSession,
@@ -71,6 +71,7 @@ _NEEDS = {
     "/sessionlog.v1.AdminService/SaveSnapshot": ADMIN,
     "/sessionlog.v1.AdminService/Promote": ADMIN,
     "/sessionlog.v1.AdminService/Fence": ADMIN,
+    "/sessionlog.v1.AdminService/ListLeaseAudit": ADMIN,
     "/sessionlog.v1.ReplicationService/Changes": ADMIN,
     "/sessionlog.v1.ReplicationService/GetReplicationStatus": READ,
     "/sessionlog.v1.ReplicationService/ReportProgress": ADMIN,
@@ -81,6 +82,7 @@ _EVERY_SESSION = frozenset(
         "/sessionlog.v1.AdminService/SaveSnapshot",
         "/sessionlog.v1.AdminService/Promote",
         "/sessionlog.v1.AdminService/Fence",
+        "/sessionlog.v1.AdminService/ListLeaseAudit",
         "/sessionlog.v1.ReplicationService/Changes",
         "/sessionlog.v1.ReplicationService/GetReplicationStatus",
         "/sessionlog.v1.ReplicationService/ReportProgress",

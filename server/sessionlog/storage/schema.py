@@ -107,6 +107,13 @@ def audit_key(session_id: str, n: int) -> bytes:
     return audit_prefix(session_id) + _U64.pack(n)
 
 
+def split_audit_key(key: bytes) -> tuple[str, int]:
+    """An audit key's session id and record number (ValueError for anything else)."""
+    if len(key) < 10 or key[-9] != 0:
+        raise ValueError("not an audit key")
+    return key[:-9].decode("utf-8"), read_u64(key[-8:])
+
+
 @dataclass
 class SessionMeta:
     """What the store knows about a session besides its events."""

@@ -260,6 +260,16 @@ class SessionView:
     audit: list[AuditRecord]
 
 
+@dataclass(frozen=True)
+class AuditEntry:
+    """One lease audit record with the session it belongs to (ListLeaseAudit)."""
+
+    session_id: str
+    index: int
+    """The record's number in its session's audit, from 0."""
+    record: AuditRecord
+
+
 class Store:
     """One LMDB environment holding every session."""
 
@@ -619,6 +629,42 @@ class Store:
                         break
                     audit.append(AuditRecord.decode(value))
         return audit
+
+    def lease_audit(
+        self,
+        after: tuple[str, int] | None = None,
+        prefix: str = "",
+        limit: int = 100,
+        keep: Callable[[str], bool] = lambda session_id: True,
+    ) -> tuple[list[AuditEntry], bool]:
+        """Up to ``limit`` lease audit records of the sessions whose id starts with ``prefix``
+        (and that ``keep`` accepts), in key order: session id (UTF-8 bytes), then record number.
+        Strictly after ``after`` (session id, record number). Returns them and whether more may
+        follow. One cursor range in one read transaction: the cost is the records walked."""
+        want = prefix.encode()
+        start = want if after is None else max(schema.audit_key(*after), want)
+        skip = None if after is None else schema.audit_key(*after)
+        out: list[AuditEntry] = []
+        with self.env.begin() as txn:
+            cursor = txn.cursor(db=self.tables.audit)
+            with damage.reading("the lease audit"):
+                if not cursor.set_range(start):
+                    return out, False
+            for key, value in _walk(cursor, "the lease audit"):
+                if not key.startswith(want):
+                    return out, False
+                if key == skip:
+                    continue
+                with damage.reading("a key of the lease audit"):
+                    session_id, index = schema.split_audit_key(key)
+                if not keep(session_id):
+                    continue
+                if len(out) == limit:
+                    return out, True
+                with damage.reading(f"the lease audit of session '{session_id}'"):
+                    record = AuditRecord.decode(value)
+                out.append(AuditEntry(session_id, index, record))
+        return out, False
 
     def list_sessions(
         self, after: str = "", prefix: str = "", limit: int = 100, now_ns: int | None = None

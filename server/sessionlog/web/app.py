@@ -7,6 +7,7 @@
                                  GET /api/sessions/ID  one session's metadata
                                  GET /api/sessions/ID/events      ?from= &limit= raw events
                                  GET /api/sessions/ID/transcript  derived messages, calls paired
+                                 GET /api/sessions/ID/state       GetState's state, as JSON
                                  GET /api/sessions/ID/follow      ?from= live events (SSE)
                                  GET /healthz          200 while the server serves, else 503
                                  GET /primary          200 while it takes writes, else 503
@@ -140,8 +141,8 @@ def _ms(ns: int) -> int:
 
 
 def event_json(event: Event, visible: set[int] | None = None) -> dict[str, Any]:
-    """A stored event for the page: type name, time, data, replace range, and (when the
-    surface is known) whether a later replace hides it."""
+    """A stored event for the page: type name, time, data, replace range, its state delta
+    (null when it has none), and (when the surface is known) whether a later replace hides it."""
     surface = event.type in fold.SURFACE_TYPES
     rng = fold.replace_range(event)
     out: dict[str, Any] = {
@@ -151,6 +152,7 @@ def event_json(event: Event, visible: set[int] | None = None) -> dict[str, Any]:
         "data": struct_to_dict(event.data),
         "surface": surface,
         "replace": list(rng) if rng is not None else None,
+        "state_delta": struct_to_dict(event.state_delta) if event.HasField("state_delta") else None,
     }
     if visible is not None:
         out["shadowed"] = surface and event.seq not in visible
@@ -359,6 +361,14 @@ class Console:
             }
         )
 
+    async def state(self, request: web.Request) -> web.Response:
+        """The session's state after its whole log (GetState, memoized with the surface)."""
+        session_id = self.session_id(request, "GetState")
+        state, count = self.store.state(session_id)
+        return _json(
+            {"session_id": session_id, "event_count": count, "state": struct_to_dict(state)}
+        )
+
     async def follow(self, request: web.Request) -> web.StreamResponse:
         """Server-sent events: ``events`` batches from ``from`` on, one ``caught_up``, then live
         batches as they commit, with a comment line as heartbeat while idle; a refusal, or
@@ -521,6 +531,7 @@ def console_app(server: Served) -> web.Application:
     app.router.add_get("/api/sessions/{session_id}/events", console.events)
     app.router.add_get("/api/sessions/{session_id}/transcript", console.transcript)
     app.router.add_get("/api/sessions/{session_id}/follow", console.follow)
+    app.router.add_get("/api/sessions/{session_id}/state", console.state)
     return app
 
 

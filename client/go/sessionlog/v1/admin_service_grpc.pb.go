@@ -37,6 +37,11 @@ type AdminServiceClient interface {
 	// primary. An epoch not above this server's own is refused (FAILED_PRECONDITION /
 	// STALE_EPOCH) and changes nothing.
 	Fence(ctx context.Context, in *FenceRequest, opts ...grpc.CallOption) (*FenceResponse, error)
+	// ListLeaseAudit lists the lease audit of every session (each takeover and forced release,
+	// as GetSession reports it for one session), or of the sessions whose id starts with a
+	// prefix: in session id order (UTF-8 bytes), and within a session in the order the changes
+	// happened. Paged (AIP-132). A sharded server lists the sessions its group owns.
+	ListLeaseAudit(ctx context.Context, in *ListLeaseAuditRequest, opts ...grpc.CallOption) (*ListLeaseAuditResponse, error)
 }
 
 type adminServiceClient struct {
@@ -106,6 +111,15 @@ func (c *adminServiceClient) Fence(ctx context.Context, in *FenceRequest, opts .
 	return out, nil
 }
 
+func (c *adminServiceClient) ListLeaseAudit(ctx context.Context, in *ListLeaseAuditRequest, opts ...grpc.CallOption) (*ListLeaseAuditResponse, error) {
+	out := new(ListLeaseAuditResponse)
+	err := c.cc.Invoke(ctx, "/sessionlog.v1.AdminService/ListLeaseAudit", in, out, opts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // AdminServiceServer is the server API for AdminService service.
 // All implementations must embed UnimplementedAdminServiceServer
 // for forward compatibility
@@ -130,6 +144,11 @@ type AdminServiceServer interface {
 	// primary. An epoch not above this server's own is refused (FAILED_PRECONDITION /
 	// STALE_EPOCH) and changes nothing.
 	Fence(context.Context, *FenceRequest) (*FenceResponse, error)
+	// ListLeaseAudit lists the lease audit of every session (each takeover and forced release,
+	// as GetSession reports it for one session), or of the sessions whose id starts with a
+	// prefix: in session id order (UTF-8 bytes), and within a session in the order the changes
+	// happened. Paged (AIP-132). A sharded server lists the sessions its group owns.
+	ListLeaseAudit(context.Context, *ListLeaseAuditRequest) (*ListLeaseAuditResponse, error)
 	mustEmbedUnimplementedAdminServiceServer()
 }
 
@@ -148,6 +167,9 @@ func (UnimplementedAdminServiceServer) Promote(context.Context, *PromoteRequest)
 }
 func (UnimplementedAdminServiceServer) Fence(context.Context, *FenceRequest) (*FenceResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method Fence not implemented")
+}
+func (UnimplementedAdminServiceServer) ListLeaseAudit(context.Context, *ListLeaseAuditRequest) (*ListLeaseAuditResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method ListLeaseAudit not implemented")
 }
 func (UnimplementedAdminServiceServer) mustEmbedUnimplementedAdminServiceServer() {}
 
@@ -237,6 +259,24 @@ func _AdminService_Fence_Handler(srv interface{}, ctx context.Context, dec func(
 	return interceptor(ctx, in, info, handler)
 }
 
+func _AdminService_ListLeaseAudit_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListLeaseAuditRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServiceServer).ListLeaseAudit(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: "/sessionlog.v1.AdminService/ListLeaseAudit",
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServiceServer).ListLeaseAudit(ctx, req.(*ListLeaseAuditRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 var _AdminService_serviceDesc = grpc.ServiceDesc{
 	ServiceName: "sessionlog.v1.AdminService",
 	HandlerType: (*AdminServiceServer)(nil),
@@ -252,6 +292,10 @@ var _AdminService_serviceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Fence",
 			Handler:    _AdminService_Fence_Handler,
+		},
+		{
+			MethodName: "ListLeaseAudit",
+			Handler:    _AdminService_ListLeaseAudit_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

@@ -1,9 +1,11 @@
 import datetime
 
 from google.protobuf import timestamp_pb2 as _timestamp_pb2
+from sessionlog_client.v1 import session_log_service_pb2 as _session_log_service_pb2
+from google.protobuf.internal import containers as _containers
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
-from collections.abc import Mapping as _Mapping
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
 from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
@@ -111,3 +113,31 @@ class FenceResponse(_message.Message):
     epoch: int
     stopped_writes: bool
     def __init__(self, epoch: _Optional[int] = ..., stopped_writes: _Optional[bool] = ...) -> None: ...
+
+class ListLeaseAuditRequest(_message.Message):
+    __slots__ = ("page_size", "page_token", "prefix")
+    PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    PREFIX_FIELD_NUMBER: _ClassVar[int]
+    page_size: int
+    page_token: str
+    prefix: str
+    def __init__(self, page_size: _Optional[int] = ..., page_token: _Optional[str] = ..., prefix: _Optional[str] = ...) -> None: ...
+
+class ListLeaseAuditResponse(_message.Message):
+    __slots__ = ("entries", "next_page_token")
+    ENTRIES_FIELD_NUMBER: _ClassVar[int]
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    entries: _containers.RepeatedCompositeFieldContainer[SessionLeaseAuditEntry]
+    next_page_token: str
+    def __init__(self, entries: _Optional[_Iterable[_Union[SessionLeaseAuditEntry, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
+
+class SessionLeaseAuditEntry(_message.Message):
+    __slots__ = ("session_id", "entry", "index")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    ENTRY_FIELD_NUMBER: _ClassVar[int]
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    entry: _session_log_service_pb2.LeaseAuditEntry
+    index: int
+    def __init__(self, session_id: _Optional[str] = ..., entry: _Optional[_Union[_session_log_service_pb2.LeaseAuditEntry, _Mapping]] = ..., index: _Optional[int] = ...) -> None: ...

@@ -57,6 +57,11 @@ class AdminServiceStub:
                 request_serializer=sessionlog_dot_v1_dot_admin__service__pb2.FenceRequest.SerializeToString,
                 response_deserializer=sessionlog_dot_v1_dot_admin__service__pb2.FenceResponse.FromString,
                 _registered_method=True)
+        self.ListLeaseAudit = channel.unary_unary(
+                '/sessionlog.v1.AdminService/ListLeaseAudit',
+                request_serializer=sessionlog_dot_v1_dot_admin__service__pb2.ListLeaseAuditRequest.SerializeToString,
+                response_deserializer=sessionlog_dot_v1_dot_admin__service__pb2.ListLeaseAuditResponse.FromString,
+                _registered_method=True)
 
 
 class AdminServiceServicer:
@@ -105,6 +110,16 @@ class AdminServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListLeaseAudit(self, request, context):
+        """ListLeaseAudit lists the lease audit of every session (each takeover and forced release,
+        as GetSession reports it for one session), or of the sessions whose id starts with a
+        prefix: in session id order (UTF-8 bytes), and within a session in the order the changes
+        happened. Paged (AIP-132). A sharded server lists the sessions its group owns.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdminServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -127,6 +142,11 @@ def add_AdminServiceServicer_to_server(servicer, server):
                     servicer.Fence,
                     request_deserializer=sessionlog_dot_v1_dot_admin__service__pb2.FenceRequest.FromString,
                     response_serializer=sessionlog_dot_v1_dot_admin__service__pb2.FenceResponse.SerializeToString,
+            ),
+            'ListLeaseAudit': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListLeaseAudit,
+                    request_deserializer=sessionlog_dot_v1_dot_admin__service__pb2.ListLeaseAuditRequest.FromString,
+                    response_serializer=sessionlog_dot_v1_dot_admin__service__pb2.ListLeaseAuditResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -240,6 +260,33 @@ class AdminService:
             '/sessionlog.v1.AdminService/Fence',
             sessionlog_dot_v1_dot_admin__service__pb2.FenceRequest.SerializeToString,
             sessionlog_dot_v1_dot_admin__service__pb2.FenceResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListLeaseAudit(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sessionlog.v1.AdminService/ListLeaseAudit',
+            sessionlog_dot_v1_dot_admin__service__pb2.ListLeaseAuditRequest.SerializeToString,
+            sessionlog_dot_v1_dot_admin__service__pb2.ListLeaseAuditResponse.FromString,
             options,
             channel_credentials,
             insecure,

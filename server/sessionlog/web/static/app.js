@@ -1,7 +1,7 @@
 // The sessionlog web console: read-only views over the server's /api, no build step.
 //
 //   #/              status at a glance + the sessions, refreshed every few seconds
-//   #/s/<id>        one session: derived transcript beside its raw events, followed live
+//   #/s/<id>        one session: derived transcript and state beside its raw events, followed live
 //
 // Everything from the server is put on the page as text (never as HTML).
 "use strict";
@@ -286,6 +286,7 @@ function sessionView(sessionId) {
   const rows = new Map(); // seq -> { event, tr }
   const tbody = el("tbody");
   const transcript = el("div", { id: "transcript", class: "scroll" });
+  const stateBox = el("pre", { id: "state", class: "state" });
   const live = el("span", { id: "live", class: "live", text: "connecting…" });
   const counts = el("span", { class: "muted", id: "counts" });
   const origin = el("span", { class: "muted", id: "origin" });
@@ -300,7 +301,10 @@ function sessionView(sessionId) {
   document.getElementById("view").replaceChildren(
     el("div", { class: "session-head" }, el("h1", { text: sessionId }), counts, origin, live),
     el("div", { class: "columns" },
-      el("section", { class: "panel" }, el("h2", { text: "Transcript (derived messages)" }), transcript),
+      el("div", { class: "stack" },
+        el("section", { class: "panel" }, el("h2", { text: "Transcript (derived messages)" }), transcript),
+        el("section", { class: "panel", id: "state-panel" },
+          el("h2", { text: "State (GetState)" }), stateBox)),
       el("section", { class: "panel" }, el("h2", { text: "Raw events" }),
         el("div", { class: "legend", id: "legend" },
           el("span", {}, el("span", { class: "swatch shadow" }), "greyed: hidden by a later replace"),
@@ -324,7 +328,8 @@ function sessionView(sessionId) {
       el("td", { class: "mono", text: fmtTime(event.time), title: event.time || "" }),
       el("td", { class: "type", text: event.type }),
       op,
-      el("td", { class: "data" }, el("pre", { text: dataText(event.data), title: JSON.stringify(event.data, null, 2) })));
+      el("td", { class: "data" }, el("pre", { text: dataText(event.data), title: JSON.stringify(event.data, null, 2) }),
+        event.state_delta ? el("pre", { class: "delta", text: `state Δ ${dataText(event.state_delta) || "{}"}` }) : null));
     if (event.replace) {
       tr.addEventListener("mouseenter", () => highlight(event, true));
       tr.addEventListener("mouseleave", () => highlight(event, false));
@@ -415,9 +420,19 @@ function sessionView(sessionId) {
     }
   }
 
+  async function loadState() {
+    try {
+      const data = await getJSON(`/api/sessions/${encodeURIComponent(sessionId)}/state`);
+      stateBox.textContent = JSON.stringify(data.state, null, 2);
+      stateBox.title = `after ${fmtCount(data.event_count)} events`;
+    } catch (error) {
+      stateBox.textContent = error.message;
+    }
+  }
+
   function scheduleTranscript() {
     clearTimeout(transcriptTimer);
-    transcriptTimer = setTimeout(loadTranscript, 150);
+    transcriptTimer = setTimeout(() => Promise.all([loadTranscript(), loadState()]), 150);
   }
 
   async function loadEvents(from) {
@@ -513,7 +528,7 @@ function sessionView(sessionId) {
     }
     const scroller = document.getElementById("raw-scroll");
     if (scroller) scroller.scrollTop = scroller.scrollHeight;
-    await Promise.all([loadTranscript(), loadOrigin()]);
+    await Promise.all([loadTranscript(), loadState(), loadOrigin()]);
     follow();
   })();
 

@@ -1,0 +1,323 @@
+"""A sessionlog session for the OpenAI Agents SDK: ``Runner.run(agent, input, session=...)``.
+
+    from agents import Agent, Runner
+    from sessionlog_client.openai_agents import SessionlogSession
+
+    session = SessionlogSession("chat-42", "127.0.0.1:50051")
+    result = await Runner.run(Agent(name="helper"), "What is LMDB?", session=session)
+
+Install with ``pip install 'sessionlog-client[openai-agents]'``.
+
+How items become events (the README's "Framework backends" has the table). Every item is one
+event, and the item itself is kept verbatim in the event's data (``item``, or ``item_json`` when
+the object would not come back from a ``Struct`` exactly), so :meth:`SessionlogSession.get_items`
+returns exactly what was added, item types this module has never heard of included. Beside it the
+event carries the fields the derived view projects, so ``DeriveMessages``, ``sessionlog messages``
+and the web console show the same conversation:
+
+- a message (``type`` "message" or absent, with a ``role``) is a system (``system`` and
+  ``developer``), user or assistant message whose ``content`` is its text (the text parts joined);
+- a function or custom tool call is an assistant message whose ``tool_calls`` holds the call;
+- its output is a tool result naming the call (``tool_call_id``) with the output's text;
+- every other item (reasoning, hosted tool calls, compaction, references, unknown types) is a
+  bookkeeping event: ``TOOL_CALL`` when its type names a call or a tool, ``STEP_END`` otherwise.
+  It keeps its place in the log and never reaches the derived view.
+
+Removal is non-destructive: :meth:`~SessionlogSession.pop_item` and
+:meth:`~SessionlogSession.clear_session` append an ``EVENT_TYPE_HIDE``. A hide shadows every
+earlier event whose position lies in its range, the rule the server's fold applies to surface
+events; this module applies the same rule to the bookkeeping items, so a popped reasoning item is
+gone from ``get_items`` (the server's view never showed it) while the log keeps it for audit and
+fork.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+from collections.abc import Iterable, Sequence
+from typing import Any, NamedTuple, cast
+
+from sessionlog_client._aio import AsyncClient
+from sessionlog_client.convert import struct_to_dict
+from sessionlog_client.errors import SeqConflict
+from sessionlog_client.v1.event_pb2 import Event, EventType
+
+try:
+    from agents.items import TResponseInputItem
+    from agents.memory.session_settings import (
+        SessionSettings,
+        coerce_session_settings,
+        resolve_session_limit,
+    )
+except ImportError as exc:  # pragma: no cover - depends on the installed extras
+    raise ImportError(
+        "sessionlog_client.openai_agents needs the OpenAI Agents SDK: "
+        "pip install 'sessionlog-client[openai-agents]'"
+    ) from exc
+
+__all__ = ["SessionItem", "SessionlogSession", "item_to_event", "visible_items"]
+
+ITEM_KEY = "item"
+"""The data key holding the item as a JSON object."""
+ITEM_JSON_KEY = "item_json"
+"""The data key holding the item as JSON text, when the object form would not be exact."""
+ITEM_TYPE_KEY = "item_type"
+"""The data key naming the item's type ("message" for role messages without one)."""
+
+_ROLE_TYPES = {
+    "user": EventType.EVENT_TYPE_USER_MESSAGE,
+    "system": EventType.EVENT_TYPE_SYSTEM_MESSAGE,
+    "developer": EventType.EVENT_TYPE_SYSTEM_MESSAGE,
+    "assistant": EventType.EVENT_TYPE_ASSISTANT_MESSAGE,
+}
+_TOOL_CALLS = frozenset({"function_call", "custom_tool_call"})
+_TOOL_OUTPUTS = frozenset({"function_call_output", "custom_tool_call_output"})
+_TEXT_PARTS = frozenset({"input_text", "output_text", "text", "summary_text"})
+_WHOLE_LIMIT = 2**53
+
+
+class SessionItem(NamedTuple):
+    """One item of the session as the log holds it: the seq of its event and the item."""
+
+    seq: int
+    item: dict[str, Any]
+
+
+# -- items -> events (pure) ---------------------------------------------------------------------
+
+
+def item_type(item: dict[str, Any]) -> str:
+    """The item's type; a role message without one (EasyInputMessage) is a "message"."""
+    kind = item.get("type")
+    if isinstance(kind, str):
+        return kind
+    return "message" if "role" in item else "unknown"
+
+
+def item_to_event(item: dict[str, Any]) -> Event:
+    """The event that stores ``item``: verbatim, plus the fields the derived view shows."""
+    kind = item_type(item)
+    data: dict[str, Any] = {ITEM_TYPE_KEY: kind}
+    if _struct_exact(item):
+        data[ITEM_KEY] = item
+    else:
+        data[ITEM_JSON_KEY] = json.dumps(item, ensure_ascii=False, allow_nan=False)
+    role = item.get("role")
+    if kind == "message" and isinstance(role, str) and role in _ROLE_TYPES:
+        type_ = _ROLE_TYPES[role]
+        text = _text(item.get("content"))
+        if text is not None:
+            data["content"] = text
+    elif kind in _TOOL_CALLS:
+        type_ = EventType.EVENT_TYPE_ASSISTANT_MESSAGE
+        data["tool_calls"] = [_tool_call(kind, item)]
+    elif kind in _TOOL_OUTPUTS:
+        type_ = EventType.EVENT_TYPE_TOOL_RESULT
+        if isinstance(item.get("call_id"), str):
+            data["tool_call_id"] = item["call_id"]
+        text = _text(item.get("output"))
+        if text is not None:
+            data["content"] = text
+    elif "call" in kind or "tool" in kind or kind.startswith("mcp_"):
+        type_ = EventType.EVENT_TYPE_TOOL_CALL
+    else:
+        type_ = EventType.EVENT_TYPE_STEP_END
+    made = Event(type=type_)
+    made.data.update(data)
+    return made
+
+
+def _tool_call(kind: str, item: dict[str, Any]) -> dict[str, Any]:
+    """The chat-format tool call of a function (or custom tool) call item."""
+    if kind == "function_call":
+        detail = {"name": item.get("name"), "arguments": item.get("arguments")}
+        return {"id": item.get("call_id"), "type": "function", "function": detail}
+    custom = {"name": item.get("name"), "input": item.get("input")}
+    return {"id": item.get("call_id"), "type": "custom", "custom": custom}
+
+
+def _text(content: Any) -> str | None:
+    """The text a content value shows: a string as is, a list's text parts joined by newlines
+    (refusals included); None when it has no text."""
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        return None
+    texts: list[str] = []
+    for part in content:
+        if not isinstance(part, dict):
+            continue
+        if part.get("type") in _TEXT_PARTS and isinstance(part.get("text"), str):
+            texts.append(part["text"])
+        elif part.get("type") == "refusal" and isinstance(part.get("refusal"), str):
+            texts.append(part["refusal"])
+    return "\n".join(texts) if texts else None
+
+
+def _struct_exact(value: Any, depth: int = 1) -> bool:
+    """Whether ``value`` comes back from a Struct (through :func:`struct_to_dict`) as itself:
+    strings, bools, None, ints within 2^53, floats that are not whole, and lists and dicts of
+    those (string keys) nested less than the server's 24 levels (the item is level 2)."""
+    if value is None or isinstance(value, (str, bool)):
+        return True
+    if isinstance(value, int):
+        return abs(value) < _WHOLE_LIMIT
+    if isinstance(value, float):
+        return math.isfinite(value) and not value.is_integer()
+    if depth >= 23:
+        return False
+    if isinstance(value, list):
+        return all(_struct_exact(v, depth + 1) for v in value)
+    if isinstance(value, dict):
+        return all(isinstance(k, str) and _struct_exact(v, depth + 1) for k, v in value.items())
+    return False
+
+
+# -- events -> items (pure) ---------------------------------------------------------------------
+
+
+def event_item(event: Event) -> dict[str, Any] | None:
+    """The item an event stores, or None for an event that stores none."""
+    fields = event.data.fields
+    if ITEM_JSON_KEY in fields and fields[ITEM_JSON_KEY].WhichOneof("kind") == "string_value":
+        loaded = json.loads(fields[ITEM_JSON_KEY].string_value)
+        return loaded if isinstance(loaded, dict) else None
+    if ITEM_KEY in fields and fields[ITEM_KEY].WhichOneof("kind") == "struct_value":
+        return struct_to_dict(fields[ITEM_KEY].struct_value)
+    return None
+
+
+def visible_items(events: Iterable[Event]) -> list[SessionItem]:
+    """The items of a log still in view, in position order.
+
+    An event is out of view when a later replace or hide (any event with a replace range)
+    covers its position: the server's shadowing rule, here applied to every item event, the
+    bookkeeping ones included. Events storing no item (a turn marker, a summary written by
+    someone else) are passed over.
+    """
+    log = list(events)
+    ranges = [
+        (e.seq, e.surface_op.replace.start_seq, e.surface_op.replace.stop_seq)
+        for e in log
+        if e.surface_op.WhichOneof("kind") == "replace"
+    ]
+    shown: list[tuple[int, SessionItem]] = []
+    for e in log:
+        where = _position(e)
+        if any(r_seq > e.seq and a <= where <= b for r_seq, a, b in ranges):
+            continue
+        item = event_item(e)
+        if item is not None:
+            shown.append((where, SessionItem(e.seq, item)))
+    shown.sort(key=lambda pair: pair[0])
+    return [entry for _, entry in shown]
+
+
+def _position(event: Event) -> int:
+    if event.surface_op.WhichOneof("kind") == "replace":
+        return int(event.surface_op.replace.start_seq)
+    return int(event.seq)
+
+
+# -- the session --------------------------------------------------------------------------------
+
+
+class SessionlogSession:
+    """The OpenAI Agents SDK ``Session`` protocol, stored in a sessionlog session.
+
+    ``client`` is an :class:`~sessionlog_client.AsyncClient`, or the address(es) of the server:
+    then the session opens one client per event loop it is used from (``Runner.run_sync`` runs
+    its own loop) and :meth:`close` closes them. A client passed in is the caller's to close.
+    """
+
+    session_settings: SessionSettings | None
+
+    def __init__(
+        self,
+        session_id: str,
+        client: AsyncClient | str | Sequence[str],
+        *,
+        session_settings: SessionSettings | dict[str, Any] | None = None,
+        **client_options: Any,
+    ) -> None:
+        self.session_id = session_id
+        self.session_settings = (
+            coerce_session_settings(session_settings)
+            if session_settings is not None
+            else SessionSettings()
+        )
+        self._given = client if isinstance(client, AsyncClient) else None
+        self._target = None if isinstance(client, AsyncClient) else client
+        self._options = client_options
+        self._opened: dict[asyncio.AbstractEventLoop, AsyncClient] = {}
+
+    def _client(self) -> AsyncClient:
+        if self._given is not None:
+            return self._given
+        loop = asyncio.get_running_loop()
+        for old in [lp for lp in self._opened if lp.is_closed()]:
+            del self._opened[old]  # its loop is gone, and its channel with it
+        if loop not in self._opened:
+            self._opened[loop] = AsyncClient(self._target, **self._options)
+        return self._opened[loop]
+
+    async def close(self) -> None:
+        """Close the client this session opened for the running loop (none if one was given)."""
+        opened = self._opened.pop(asyncio.get_running_loop(), None)
+        if opened is not None:
+            await opened.close()
+
+    async def _log(self, limit: int | None) -> tuple[list[Event], int]:
+        """The events ``get_items(limit)`` needs and the log's length.
+
+        Today the whole log; the one place to switch to reading only the end of the log once
+        the server offers it (``limit`` is passed for that reason).
+        """
+        del limit
+        client = self._client()
+        events = [e async for e in client.since(self.session_id)]
+        return events, len(events)
+
+    async def get_entries(self, limit: int | None = None) -> list[SessionItem]:
+        """The items in view with the seq of the event storing each (the latest ``limit``)."""
+        limit = resolve_session_limit(limit, self.session_settings)
+        events, _ = await self._log(limit)
+        entries = visible_items(events)
+        if limit is not None:
+            entries = entries[-limit:] if limit > 0 else []
+        return entries
+
+    async def get_items(self, limit: int | None = None) -> list[TResponseInputItem]:
+        """The conversation, oldest first; with ``limit``, the latest ``limit`` items in order."""
+        return [cast("TResponseInputItem", e.item) for e in await self.get_entries(limit)]
+
+    async def add_items(self, items: list[TResponseInputItem]) -> None:
+        """Append one event per item, all in one atomic append."""
+        if not items:
+            return
+        events = [item_to_event(cast("dict[str, Any]", item)) for item in items]
+        await self._client().append(self.session_id, events)
+
+    async def pop_item(self) -> TResponseInputItem | None:
+        """Hide the newest item in view and return it; None when nothing is in view."""
+        client = self._client()
+        while True:
+            events, length = await self._log(None)
+            entries = visible_items(events)
+            if not entries:
+                return None
+            newest = entries[-1]
+            where = _position(events[newest.seq])
+            try:
+                await client.hide(
+                    self.session_id, where, where, reason="pop_item", expected_seq=length
+                )
+            except SeqConflict:
+                continue
+            return cast("TResponseInputItem", newest.item)
+
+    async def clear_session(self) -> None:
+        """Hide every item so far; the log keeps them."""
+        await self._client().clear(self.session_id, reason="clear_session")

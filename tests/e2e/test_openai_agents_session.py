@@ -252,7 +252,7 @@ def test_every_item_type_round_trips(running: RunningServer) -> None:
             await session.add_items(items(*stored[10:]))
             back: list[Any] = await session.get_items()
             assert back == stored
-            assert json.dumps(back, sort_keys=True) == json.dumps(stored, sort_keys=True)
+            assert json.dumps(back) == json.dumps(stored)  # key order and number types too
             assert type(back[-1]["depth"]) is float
             assert back[-1]["big"] == 2**60
 

@@ -9,9 +9,9 @@
 Install with ``pip install 'sessionlog-client[openai-agents]'``.
 
 How items become events (the README's "Framework backends" has the table). Every item is one
-event, and the item itself is kept verbatim in the event's data (``item``, or ``item_json`` when
-the object would not come back from a ``Struct`` exactly), so :meth:`SessionlogSession.get_items`
-returns exactly what was added, item types this module has never heard of included. Beside it the
+event, and the item itself is kept verbatim in the event's data, as its JSON text in
+``item_json``, so :meth:`SessionlogSession.get_items` returns exactly what was added (key order
+and number types included), item types this module has never heard of too. Beside it the
 event carries the fields the derived view projects, so ``DeriveMessages``, ``sessionlog messages``
 and the web console show the same conversation:
 
@@ -34,13 +34,11 @@ fork.
 from __future__ import annotations
 
 import asyncio
-import json
-import math
 from collections.abc import Iterable, Sequence
 from typing import Any, NamedTuple, cast
 
 from sessionlog_client._aio import AsyncClient
-from sessionlog_client.convert import struct_to_dict
+from sessionlog_client._items import get_exact, in_view, position, put_exact, text_of
 from sessionlog_client.errors import SeqConflict
 from sessionlog_client.v1.event_pb2 import Event, EventType
 
@@ -60,9 +58,7 @@ except ImportError as exc:  # pragma: no cover - depends on the installed extras
 __all__ = ["SessionItem", "SessionlogSession", "item_to_event", "visible_items"]
 
 ITEM_KEY = "item"
-"""The data key holding the item as a JSON object."""
-ITEM_JSON_KEY = "item_json"
-"""The data key holding the item as JSON text, when the object form would not be exact."""
+"""The item's JSON text is in the data key ``item_json``."""
 ITEM_TYPE_KEY = "item_type"
 """The data key naming the item's type ("message" for role messages without one)."""
 
@@ -74,8 +70,7 @@ _ROLE_TYPES = {
 }
 _TOOL_CALLS = frozenset({"function_call", "custom_tool_call"})
 _TOOL_OUTPUTS = frozenset({"function_call_output", "custom_tool_call_output"})
-_TEXT_PARTS = frozenset({"input_text", "output_text", "text", "summary_text"})
-_WHOLE_LIMIT = 2**53
+_TEXT_PARTS = {"input_text": "text", "output_text": "text", "text": "text", "refusal": "refusal"}
 
 
 class SessionItem(NamedTuple):
@@ -100,14 +95,11 @@ def item_to_event(item: dict[str, Any]) -> Event:
     """The event that stores ``item``: verbatim, plus the fields the derived view shows."""
     kind = item_type(item)
     data: dict[str, Any] = {ITEM_TYPE_KEY: kind}
-    if _struct_exact(item):
-        data[ITEM_KEY] = item
-    else:
-        data[ITEM_JSON_KEY] = json.dumps(item, ensure_ascii=False, allow_nan=False)
+    put_exact(data, ITEM_KEY, item)
     role = item.get("role")
     if kind == "message" and isinstance(role, str) and role in _ROLE_TYPES:
         type_ = _ROLE_TYPES[role]
-        text = _text(item.get("content"))
+        text = text_of(item.get("content"), _TEXT_PARTS)
         if text is not None:
             data["content"] = text
     elif kind in _TOOL_CALLS:
@@ -117,7 +109,7 @@ def item_to_event(item: dict[str, Any]) -> Event:
         type_ = EventType.EVENT_TYPE_TOOL_RESULT
         if isinstance(item.get("call_id"), str):
             data["tool_call_id"] = item["call_id"]
-        text = _text(item.get("output"))
+        text = text_of(item.get("output"), _TEXT_PARTS)
         if text is not None:
             data["content"] = text
     elif "call" in kind or "tool" in kind or kind.startswith("mcp_"):
@@ -138,87 +130,25 @@ def _tool_call(kind: str, item: dict[str, Any]) -> dict[str, Any]:
     return {"id": item.get("call_id"), "type": "custom", "custom": custom}
 
 
-def _text(content: Any) -> str | None:
-    """The text a content value shows: a string as is, a list's text parts joined by newlines
-    (refusals included); None when it has no text."""
-    if isinstance(content, str):
-        return content
-    if not isinstance(content, list):
-        return None
-    texts: list[str] = []
-    for part in content:
-        if not isinstance(part, dict):
-            continue
-        if part.get("type") in _TEXT_PARTS and isinstance(part.get("text"), str):
-            texts.append(part["text"])
-        elif part.get("type") == "refusal" and isinstance(part.get("refusal"), str):
-            texts.append(part["refusal"])
-    return "\n".join(texts) if texts else None
-
-
-def _struct_exact(value: Any, depth: int = 1) -> bool:
-    """Whether ``value`` comes back from a Struct (through :func:`struct_to_dict`) as itself:
-    strings, bools, None, ints within 2^53, floats that are not whole, and lists and dicts of
-    those (string keys) nested less than the server's 24 levels (the item is level 2)."""
-    if value is None or isinstance(value, (str, bool)):
-        return True
-    if isinstance(value, int):
-        return abs(value) < _WHOLE_LIMIT
-    if isinstance(value, float):
-        return math.isfinite(value) and not value.is_integer()
-    if depth >= 23:
-        return False
-    if isinstance(value, list):
-        return all(_struct_exact(v, depth + 1) for v in value)
-    if isinstance(value, dict):
-        return all(isinstance(k, str) and _struct_exact(v, depth + 1) for k, v in value.items())
-    return False
-
-
 # -- events -> items (pure) ---------------------------------------------------------------------
 
 
 def event_item(event: Event) -> dict[str, Any] | None:
     """The item an event stores, or None for an event that stores none."""
-    fields = event.data.fields
-    if ITEM_JSON_KEY in fields and fields[ITEM_JSON_KEY].WhichOneof("kind") == "string_value":
-        loaded = json.loads(fields[ITEM_JSON_KEY].string_value)
-        return loaded if isinstance(loaded, dict) else None
-    if ITEM_KEY in fields and fields[ITEM_KEY].WhichOneof("kind") == "struct_value":
-        return struct_to_dict(fields[ITEM_KEY].struct_value)
-    return None
+    found, item = get_exact(event, ITEM_KEY)
+    return item if found and isinstance(item, dict) else None
 
 
 def visible_items(events: Iterable[Event]) -> list[SessionItem]:
     """The items of a log still in view, in position order.
 
-    An event is out of view when a later replace or hide (any event with a replace range)
-    covers its position: the server's shadowing rule, here applied to every item event, the
-    bookkeeping ones included. Events storing no item (a turn marker, a summary written by
-    someone else) are passed over.
+    An event is out of view when a later replace or hide covers its position: the server's
+    shadowing rule, here applied to every item event, the bookkeeping ones included. Events
+    storing no item (a turn marker, a summary written by someone else) are passed over.
     """
-    log = list(events)
-    ranges = [
-        (e.seq, e.surface_op.replace.start_seq, e.surface_op.replace.stop_seq)
-        for e in log
-        if e.surface_op.WhichOneof("kind") == "replace"
+    return [
+        SessionItem(e.seq, item) for e in in_view(events) if (item := event_item(e)) is not None
     ]
-    shown: list[tuple[int, SessionItem]] = []
-    for e in log:
-        where = _position(e)
-        if any(r_seq > e.seq and a <= where <= b for r_seq, a, b in ranges):
-            continue
-        item = event_item(e)
-        if item is not None:
-            shown.append((where, SessionItem(e.seq, item)))
-    shown.sort(key=lambda pair: pair[0])
-    return [entry for _, entry in shown]
-
-
-def _position(event: Event) -> int:
-    if event.surface_op.WhichOneof("kind") == "replace":
-        return int(event.surface_op.replace.start_seq)
-    return int(event.seq)
 
 
 # -- the session --------------------------------------------------------------------------------
@@ -309,7 +239,7 @@ class SessionlogSession:
             if not entries:
                 return None
             newest = entries[-1]
-            where = _position(events[newest.seq])
+            where = position(events[newest.seq])
             try:
                 await client.hide(
                     self.session_id, where, where, reason="pop_item", expected_seq=length

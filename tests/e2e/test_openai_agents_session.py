@@ -29,7 +29,7 @@ from openai.types.responses import (
 from openai.types.responses.response_input_item_param import ResponseInputItemParam
 
 from sessionlog.testing import RunningServer
-from sessionlog_client import AsyncClient, event_type
+from sessionlog_client import AsyncClient, event, event_type
 from sessionlog_client.openai_agents import SessionlogSession, item_to_event
 from tests.e2e._proc import running_server
 
@@ -383,6 +383,40 @@ def test_clear_empties_the_view_and_keeps_the_history(running: RunningServer) ->
                 SAMPLES["McpCall"],
                 say("user", "b"),
             ]
+
+    asyncio.run(run())
+
+
+def test_a_summary_another_writer_appends_shows_in_get_items(running: RunningServer) -> None:
+    """A replace that summarizes three items (written with the plain client) takes their place
+    in get_items as DeriveMessages shows it; a seeded assistant tool call reads as a function
+    call; pop_item takes the summary off again."""
+
+    async def run() -> None:
+        async with AsyncClient(running.address) as client:
+            sid = new_id()
+            session = SessionlogSession(sid, client)
+            await session.add_items(
+                items(say("user", "a"), SAMPLES["ResponseReasoningItemParam"], say("user", "b"))
+            )
+            summary = event("user_message", {"content": "[a and b]"}, replace=(0, 2))
+            call = {"id": "c9", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+            seeded = event("assistant_message", {"tool_calls": [call]})
+            await client.append(sid, [summary, seeded])
+            assert await session.get_items() == [
+                {"role": "user", "content": "[a and b]"},
+                {"type": "function_call", "call_id": "c9", "name": "f", "arguments": "{}"},
+            ]
+            assert [e.seq for e in await session.get_entries()] == await derived(client, sid)
+            assert await session.pop_item() == {
+                "type": "function_call",
+                "call_id": "c9",
+                "name": "f",
+                "arguments": "{}",
+            }
+            assert await session.pop_item() == {"role": "user", "content": "[a and b]"}
+            assert await session.get_items() == []
+            assert await derived(client, sid) == []
 
     asyncio.run(run())
 

@@ -23,6 +23,11 @@ and the web console show the same conversation:
   bookkeeping event: ``TOOL_CALL`` when its type names a call or a tool, ``STEP_END`` otherwise.
   It keeps its place in the log and never reaches the derived view.
 
+Events other writers append show too: a surface event storing no item (a summary that replaces
+a range, a seeded message, a tool result) reads as the items its message amounts to (a role
+message, function calls, a function call output), so ``get_items`` and ``DeriveMessages`` show
+one conversation however it was written.
+
 Removal is non-destructive: :meth:`~SessionlogSession.pop_item` and
 :meth:`~SessionlogSession.clear_session` append an ``EVENT_TYPE_HIDE``. A hide shadows every
 earlier event whose position lies in its range, the rule the server's fold applies to surface
@@ -39,6 +44,7 @@ from typing import Any, NamedTuple, cast
 
 from sessionlog_client._aio import AsyncClient
 from sessionlog_client._items import get_exact, in_view, position, put_exact, text_of
+from sessionlog_client.convert import struct_to_dict
 from sessionlog_client.errors import SeqConflict
 from sessionlog_client.v1.event_pb2 import Event, EventType
 
@@ -55,7 +61,7 @@ except ImportError as exc:  # pragma: no cover - depends on the installed extras
         "pip install 'sessionlog-client[openai-agents]'"
     ) from exc
 
-__all__ = ["SessionItem", "SessionlogSession", "item_to_event", "visible_items"]
+__all__ = ["SessionItem", "SessionlogSession", "event_items", "item_to_event", "visible_items"]
 
 ITEM_KEY = "item"
 """The item's JSON text is in the data key ``item_json``."""
@@ -67,6 +73,11 @@ _ROLE_TYPES = {
     "system": EventType.EVENT_TYPE_SYSTEM_MESSAGE,
     "developer": EventType.EVENT_TYPE_SYSTEM_MESSAGE,
     "assistant": EventType.EVENT_TYPE_ASSISTANT_MESSAGE,
+}
+_ROLE_OF_TYPE = {
+    EventType.EVENT_TYPE_USER_MESSAGE: "user",
+    EventType.EVENT_TYPE_SYSTEM_MESSAGE: "system",
+    EventType.EVENT_TYPE_ASSISTANT_MESSAGE: "assistant",
 }
 _TOOL_CALLS = frozenset({"function_call", "custom_tool_call"})
 _TOOL_OUTPUTS = frozenset({"function_call_output", "custom_tool_call_output"})
@@ -134,21 +145,55 @@ def _tool_call(kind: str, item: dict[str, Any]) -> dict[str, Any]:
 
 
 def event_item(event: Event) -> dict[str, Any] | None:
-    """The item an event stores, or None for an event that stores none."""
+    """The item an event of this module stores, or None for an event that stores none."""
     found, item = get_exact(event, ITEM_KEY)
     return item if found and isinstance(item, dict) else None
+
+
+def event_items(event: Event) -> list[dict[str, Any]]:
+    """The items an event shows: the one it stores, or for a surface event some other writer
+    appended (a summary replacing a range, a seeded message), the items its message reads as."""
+    item = event_item(event)
+    if item is not None:
+        return [item]
+    fields = struct_to_dict(event.data)
+    content = fields.get("content")
+    text = content if isinstance(content, str) else ""
+    role = _ROLE_OF_TYPE.get(event.type)
+    if event.type == EventType.EVENT_TYPE_TOOL_RESULT:
+        call_id = fields.get("tool_call_id")
+        if not isinstance(call_id, str):
+            return []
+        return [{"type": "function_call_output", "call_id": call_id, "output": text}]
+    if role is None:
+        return []
+    shown: list[dict[str, Any]] = []
+    if text or role != "assistant" or not fields.get("tool_calls"):
+        shown.append({"role": role, "content": text})
+    for call in fields.get("tool_calls") or []:
+        function = call.get("function") if isinstance(call, dict) else None
+        if isinstance(function, dict):
+            shown.append(
+                {
+                    "type": "function_call",
+                    "call_id": call.get("id"),
+                    "name": function.get("name"),
+                    "arguments": function.get("arguments"),
+                }
+            )
+    return shown
 
 
 def visible_items(events: Iterable[Event]) -> list[SessionItem]:
     """The items of a log still in view, in position order.
 
     An event is out of view when a later replace or hide covers its position: the server's
-    shadowing rule, here applied to every item event, the bookkeeping ones included. Events
-    storing no item (a turn marker, a summary written by someone else) are passed over.
+    shadowing rule, here applied to every item event, the bookkeeping ones included. A surface
+    event another writer appended shows as the items its message reads as (see
+    :func:`event_items`), so ``get_items`` shows what ``DeriveMessages`` shows; other events
+    storing no item (a turn marker) are passed over.
     """
-    return [
-        SessionItem(e.seq, item) for e in in_view(events) if (item := event_item(e)) is not None
-    ]
+    return [SessionItem(e.seq, item) for e in in_view(events) for item in event_items(e)]
 
 
 # -- the session --------------------------------------------------------------------------------
@@ -231,7 +276,11 @@ class SessionlogSession:
         await self._client().append(self.session_id, events)
 
     async def pop_item(self) -> TResponseInputItem | None:
-        """Hide the newest item in view and return it; None when nothing is in view."""
+        """Hide the newest item in view and return it; None when nothing is in view.
+
+        It hides the event that item came from: for a message of another writer that reads as
+        several items (an assistant message with tool calls), all of them.
+        """
         client = self._client()
         while True:
             events, length = await self._log(None)

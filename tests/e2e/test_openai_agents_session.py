@@ -31,7 +31,7 @@ from openai.types.responses.response_input_item_param import ResponseInputItemPa
 from sessionlog.testing import RunningServer
 from sessionlog_client import AsyncClient, event, event_type
 from sessionlog_client.openai_agents import SessionlogSession, item_to_event
-from tests.e2e._proc import running_server
+from tests.e2e._proc import run_cli, running_server
 
 _ids = count()
 
@@ -419,6 +419,37 @@ def test_a_summary_another_writer_appends_shows_in_get_items(running: RunningSer
             assert await derived(client, sid) == []
 
     asyncio.run(run())
+
+
+def test_the_cli_prints_the_items_in_view(running: RunningServer, tmp_path: Path) -> None:
+    """`sessionlog items` prints each stored item in view as a JSON line with its seq (a popped
+    one left out), and `sessionlog messages` the conversation they show."""
+
+    async def write(sid: str) -> None:
+        async with AsyncClient(running.address) as client:
+            session = SessionlogSession(sid, client)
+            await session.add_items(
+                items(say("user", "q"), SAMPLES["ResponseFunctionToolCallParam"], say("user", "x"))
+            )
+            await session.pop_item()
+
+    sid = new_id()
+    asyncio.run(write(sid))
+    shown = run_cli(["items", sid, "--server", running.address], tmp_path)
+    assert shown.returncode == 0, shown.stderr
+    lines = [json.loads(line) for line in shown.stdout.splitlines()]
+    assert lines == [
+        {"seq": 0, "item": say("user", "q")},
+        {"seq": 1, "item": SAMPLES["ResponseFunctionToolCallParam"]},
+    ]
+    last = run_cli(["items", sid, "--last", "1", "--server", running.address], tmp_path)
+    assert [json.loads(line)["seq"] for line in last.stdout.splitlines()] == [1]
+    transcript = run_cli(["messages", sid, "--server", running.address], tmp_path)
+    assert transcript.stdout.splitlines() == [
+        "[0] user: q",
+        "[1] assistant:",
+        '      -> lookup({"word": "lmdb"})  [call call_1]',
+    ]
 
 
 # -- the SDK's runner with a fake model -----------------------------------------------------------

@@ -359,6 +359,28 @@ def test_pop_returns_newest_first_then_none(running: RunningServer) -> None:
     asyncio.run(run())
 
 
+def test_concurrent_pops_take_different_items(running: RunningServer) -> None:
+    """Three pops at once (three clients) return the three items, each once: a pop that lost the
+    race (SEQ_CONFLICT on its expected_seq) reads the log again."""
+
+    async def run() -> None:
+        sid = new_id()
+        stored = [say("user", f"m{i}") for i in range(3)]
+        clients = [AsyncClient(running.address) for _ in range(3)]
+        try:
+            await SessionlogSession(sid, clients[0]).add_items(items(*stored))
+            popped = await asyncio.gather(
+                *(SessionlogSession(sid, client).pop_item() for client in clients)
+            )
+            assert sorted(json.dumps(p) for p in popped) == sorted(json.dumps(i) for i in stored)
+            assert await SessionlogSession(sid, clients[0]).get_items() == []
+        finally:
+            for client in clients:
+                await client.close()
+
+    asyncio.run(run())
+
+
 def test_clear_empties_the_view_and_keeps_the_history(running: RunningServer) -> None:
     """clear_session hides everything; items added after it are the whole view; a fork at a
     seq before the clear still has the items."""

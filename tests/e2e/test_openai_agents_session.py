@@ -29,7 +29,7 @@ from openai.types.responses import (
 from openai.types.responses.response_input_item_param import ResponseInputItemParam
 
 from sessionlog.testing import RunningServer
-from sessionlog_client import AsyncClient, event, event_type
+from sessionlog_client import AsyncClient, errors, event, event_type
 from sessionlog_client.openai_agents import SessionlogSession, item_to_event
 from tests.e2e._proc import run_cli, running_server
 
@@ -472,6 +472,33 @@ def test_the_cli_prints_the_items_in_view(running: RunningServer, tmp_path: Path
         "[1] assistant:",
         '      -> lookup({"word": "lmdb"})  [call call_1]',
     ]
+
+
+def test_a_tenant_token_keeps_the_session_inside_its_prefix(tmp_path: Path) -> None:
+    """Client options pass through (``token=``): a tenant's token writes and reads sessions under
+    its prefix and is refused, writing nothing, outside it."""
+    tokens = tmp_path / "tokens.toml"
+    tokens.write_text(
+        '[[token]]\nname = "tenant-a"\ntoken = "tenant-a-secret-0d9c2e7f"\n'
+        'permissions = ["read", "write"]\nsession_prefix = "tenant-a."\n'
+    )
+
+    async def run(address: str) -> None:
+        inside = SessionlogSession("tenant-a.chat", address, token="tenant-a-secret-0d9c2e7f")
+        outside = SessionlogSession("tenant-b.chat", address, token="tenant-a-secret-0d9c2e7f")
+        try:
+            await inside.add_items(items(say("user", "mine")))
+            assert await inside.get_items() == [say("user", "mine")]
+            with pytest.raises(errors.PermissionDenied):
+                await outside.add_items(items(say("user", "theirs")))
+            with pytest.raises(errors.PermissionDenied):
+                await outside.get_items()
+        finally:
+            await inside.close()
+            await outside.close()
+
+    with running_server(tmp_path / "data", auth_tokens=str(tokens)) as server:
+        asyncio.run(run(server.address))
 
 
 # -- the SDK's runner with a fake model -----------------------------------------------------------

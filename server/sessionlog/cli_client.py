@@ -32,6 +32,7 @@ import grpc
 
 from sessionlog.shard import feeds
 from sessionlog_client import Client, DeadlineExceeded, Retry, errors
+from sessionlog_client import _items as backend_items
 from sessionlog_client._status import to_error
 from sessionlog_client.convert import (
     event_from_dict,
@@ -180,6 +181,16 @@ def add_commands(commands: Any) -> None:
     p = sub("messages", "print the derived messages as a transcript", _messages)
     p.add_argument("session_id")
     p.add_argument("--at-seq", type=int, help="as the model saw them when the log ended here")
+
+    p = sub(
+        "items",
+        "print what the framework backends stored, in view (hides applied): one JSON line per "
+        'event, {"seq", "item"} for an OpenAI Agents item, {"seq", "message", "part"} for a '
+        "Pydantic AI part (message only on a message's first part)",
+        _items,
+    )
+    p.add_argument("session_id")
+    p.add_argument("--last", type=int, metavar="N", help="only the last N lines")
 
     p = sub("create", "create a session with initial events, atomically", _create)
     p.add_argument("session_id")
@@ -662,6 +673,29 @@ def _messages(args: argparse.Namespace) -> int:
         return 0
     for line in _transcript(reply, replaced, _colour(args)):
         print(line)
+    return 0
+
+
+_STORED_KEYS = ("item", "message", "part")
+"""What sessionlog_client.openai_agents and .pydantic_ai keep in an event (as KEY_json)."""
+
+
+def _items(args: argparse.Namespace) -> int:
+    with _client(args) as client, client.since(args.session_id) as stream:
+        shown = backend_items.in_view(list(stream))
+    lines = []
+    for event in shown:
+        line: dict[str, Any] = {}
+        for key in _STORED_KEYS:
+            found, value = backend_items.get_exact(event, key)
+            if found:
+                line[key] = value
+        if line:
+            lines.append({"seq": event.seq, **line})
+    if args.last is not None:
+        lines = lines[-args.last :] if args.last > 0 else []
+    for entry in lines:
+        print(json.dumps(entry, ensure_ascii=False))
     return 0
 
 

@@ -1,0 +1,77 @@
+"""What the framework backends share (pure): keeping a JSON value in event data exactly, and
+which events a log still shows once its replaces and hides are applied.
+
+A ``Struct`` holds every number as a double and nests at most 24 levels (SPEC §3), so a value
+is stored as an object only when it comes back from :func:`struct_to_dict` as itself; anything
+else (a whole float such as ``1.0``, an int past 2^53, deep nesting) is stored as its JSON text
+under the key with ``_json`` appended. Either way the value read back equals the value given.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from sessionlog_client.v1.event_pb2 import Event
+
+
+def put_exact(data: dict[str, Any], key: str, value: Any) -> None:
+    """Store ``value`` in ``data`` as its JSON text, under ``key`` with ``_json`` appended."""
+    data[f"{key}_json"] = json.dumps(value, ensure_ascii=False, allow_nan=False)
+
+
+def get_exact(event: Event, key: str) -> tuple[bool, Any]:
+    """``(True, value)`` for what :func:`put_exact` stored under ``key``; ``(False, None)``
+    when the event holds nothing there."""
+    text = event.data.fields.get(f"{key}_json")
+    if text is None or text.WhichOneof("kind") != "string_value":
+        return False, None
+    return True, json.loads(text.string_value)
+
+
+def position(event: Event) -> int:
+    """A replace's (or hide's) position is its start_seq, any other event's its seq (SPEC §4)."""
+    if event.surface_op.WhichOneof("kind") == "replace":
+        return int(event.surface_op.replace.start_seq)
+    return int(event.seq)
+
+
+def in_view(events: Iterable[Event]) -> list[Event]:
+    """The events no later replace or hide covers, in position order (ties in seq order).
+
+    The server's shadowing rule (SPEC §4, and Hide in the README), applied to every event and
+    not only the surface ones: a backend keeps framework items the server does not show (a
+    reasoning item) in bookkeeping events, and a hide over them must take them out of view too.
+    """
+    log = list(events)
+    ranges = [(e.seq, *_range(e)) for e in log if e.surface_op.WhichOneof("kind") == "replace"]
+    shown = [
+        e for e in log if not any(r_seq > e.seq and a <= position(e) <= b for r_seq, a, b in ranges)
+    ]
+    return sorted(shown, key=position)
+
+
+def _range(event: Event) -> tuple[int, int]:
+    return int(event.surface_op.replace.start_seq), int(event.surface_op.replace.stop_seq)
+
+
+def text_of(value: Any, parts: Mapping[str, str]) -> str | None:
+    """The text a content value shows: a string as is; for a list, the text of each part whose
+    ``type`` (or ``part_kind``) is a key of ``parts``, read from the field it names, joined by
+    newlines; None when there is no text."""
+    if isinstance(value, str):
+        return value
+    if not isinstance(value, list):
+        return None
+    texts: list[str] = []
+    for part in value:
+        if isinstance(part, str):
+            texts.append(part)
+            continue
+        if not isinstance(part, dict):
+            continue
+        field = parts.get(part.get("type") or part.get("part_kind") or "")
+        if field is not None and isinstance(part.get(field), str):
+            texts.append(part[field])
+    return "\n".join(texts) if texts else None

@@ -1,0 +1,302 @@
+"""A sessionlog session for the OpenAI Agents SDK: ``Runner.run(agent, input, session=...)``.
+
+    from agents import Agent, Runner
+    from sessionlog_client.openai_agents import SessionlogSession
+
+    session = SessionlogSession("chat-42", "127.0.0.1:50051")
+    result = await Runner.run(Agent(name="helper"), "What is LMDB?", session=session)
+
+Install with ``pip install 'sessionlog-client[openai-agents]'``.
+
+How items become events (the README's "Framework backends" has the table). Every item is one
+event, and the item itself is kept verbatim in the event's data, as its JSON text in
+``item_json``, so :meth:`SessionlogSession.get_items` returns exactly what was added (key order
+and number types included), item types this module has never heard of too. Beside it the
+event carries the fields the derived view projects, so ``DeriveMessages``, ``sessionlog messages``
+and the web console show the same conversation:
+
+- a message (``type`` "message" or absent, with a ``role``) is a system (``system`` and
+  ``developer``), user or assistant message whose ``content`` is its text (the text parts joined);
+- a function or custom tool call is an assistant message whose ``tool_calls`` holds the call;
+- its output is a tool result naming the call (``tool_call_id``) with the output's text;
+- every other item (reasoning, hosted tool calls, compaction, references, unknown types) is a
+  bookkeeping event: ``TOOL_CALL`` when its type names a call or a tool, ``STEP_END`` otherwise.
+  It keeps its place in the log and never reaches the derived view.
+
+Events other writers append show too: a surface event storing no item (a summary that replaces
+a range, a seeded message, a tool result) reads as the items its message amounts to (a role
+message, function calls, a function call output), so ``get_items`` and ``DeriveMessages`` show
+one conversation however it was written.
+
+Removal is non-destructive: :meth:`~SessionlogSession.pop_item` and
+:meth:`~SessionlogSession.clear_session` append an ``EVENT_TYPE_HIDE``. A hide shadows every
+earlier event whose position lies in its range, the rule the server's fold applies to surface
+events; this module applies the same rule to the bookkeeping items, so a popped reasoning item is
+gone from ``get_items`` (the server's view never showed it) while the log keeps it for audit and
+fork.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterable, Sequence
+from typing import Any, NamedTuple, cast
+
+from sessionlog_client._aio import AsyncClient
+from sessionlog_client._items import get_exact, in_view, position, put_exact, text_of
+from sessionlog_client.convert import struct_to_dict
+from sessionlog_client.errors import SeqConflict
+from sessionlog_client.v1.event_pb2 import Event, EventType
+
+try:
+    from agents.items import TResponseInputItem
+    from agents.memory.session_settings import (
+        SessionSettings,
+        coerce_session_settings,
+        resolve_session_limit,
+    )
+except ImportError as exc:  # pragma: no cover - depends on the installed extras
+    raise ImportError(
+        "sessionlog_client.openai_agents needs the OpenAI Agents SDK: "
+        "pip install 'sessionlog-client[openai-agents]'"
+    ) from exc
+
+__all__ = ["SessionItem", "SessionlogSession", "event_items", "item_to_event", "visible_items"]
+
+ITEM_KEY = "item"
+"""The item's JSON text is in the data key ``item_json``."""
+ITEM_TYPE_KEY = "item_type"
+"""The data key naming the item's type ("message" for role messages without one)."""
+
+_ROLE_TYPES = {
+    "user": EventType.EVENT_TYPE_USER_MESSAGE,
+    "system": EventType.EVENT_TYPE_SYSTEM_MESSAGE,
+    "developer": EventType.EVENT_TYPE_SYSTEM_MESSAGE,
+    "assistant": EventType.EVENT_TYPE_ASSISTANT_MESSAGE,
+}
+_ROLE_OF_TYPE = {
+    EventType.EVENT_TYPE_USER_MESSAGE: "user",
+    EventType.EVENT_TYPE_SYSTEM_MESSAGE: "system",
+    EventType.EVENT_TYPE_ASSISTANT_MESSAGE: "assistant",
+}
+_TOOL_CALLS = frozenset({"function_call", "custom_tool_call"})
+_TOOL_OUTPUTS = frozenset({"function_call_output", "custom_tool_call_output"})
+_TEXT_PARTS = {"input_text": "text", "output_text": "text", "text": "text", "refusal": "refusal"}
+
+
+class SessionItem(NamedTuple):
+    """One item of the session as the log holds it: the seq of its event and the item."""
+
+    seq: int
+    item: dict[str, Any]
+
+
+# -- items -> events (pure) ---------------------------------------------------------------------
+
+
+def item_type(item: dict[str, Any]) -> str:
+    """The item's type; a role message without one (EasyInputMessage) is a "message"."""
+    kind = item.get("type")
+    if isinstance(kind, str):
+        return kind
+    return "message" if "role" in item else "unknown"
+
+
+def item_to_event(item: dict[str, Any]) -> Event:
+    """The event that stores ``item``: verbatim, plus the fields the derived view shows."""
+    kind = item_type(item)
+    data: dict[str, Any] = {ITEM_TYPE_KEY: kind}
+    put_exact(data, ITEM_KEY, item)
+    role = item.get("role")
+    if kind == "message" and isinstance(role, str) and role in _ROLE_TYPES:
+        type_ = _ROLE_TYPES[role]
+        text = text_of(item.get("content"), _TEXT_PARTS)
+        if text is not None:
+            data["content"] = text
+    elif kind in _TOOL_CALLS:
+        type_ = EventType.EVENT_TYPE_ASSISTANT_MESSAGE
+        data["tool_calls"] = [_tool_call(kind, item)]
+    elif kind in _TOOL_OUTPUTS:
+        type_ = EventType.EVENT_TYPE_TOOL_RESULT
+        if isinstance(item.get("call_id"), str):
+            data["tool_call_id"] = item["call_id"]
+        text = text_of(item.get("output"), _TEXT_PARTS)
+        if text is not None:
+            data["content"] = text
+    elif "call" in kind or "tool" in kind or kind.startswith("mcp_"):
+        type_ = EventType.EVENT_TYPE_TOOL_CALL
+    else:
+        type_ = EventType.EVENT_TYPE_STEP_END
+    made = Event(type=type_)
+    made.data.update(data)
+    return made
+
+
+def _tool_call(kind: str, item: dict[str, Any]) -> dict[str, Any]:
+    """The chat-format tool call of a function (or custom tool) call item."""
+    if kind == "function_call":
+        detail = {"name": item.get("name"), "arguments": item.get("arguments")}
+        return {"id": item.get("call_id"), "type": "function", "function": detail}
+    custom = {"name": item.get("name"), "input": item.get("input")}
+    return {"id": item.get("call_id"), "type": "custom", "custom": custom}
+
+
+# -- events -> items (pure) ---------------------------------------------------------------------
+
+
+def event_item(event: Event) -> dict[str, Any] | None:
+    """The item an event of this module stores, or None for an event that stores none."""
+    found, item = get_exact(event, ITEM_KEY)
+    return item if found and isinstance(item, dict) else None
+
+
+def event_items(event: Event) -> list[dict[str, Any]]:
+    """The items an event shows: the one it stores, or for a surface event some other writer
+    appended (a summary replacing a range, a seeded message), the items its message reads as."""
+    item = event_item(event)
+    if item is not None:
+        return [item]
+    fields = struct_to_dict(event.data)
+    content = fields.get("content")
+    text = content if isinstance(content, str) else ""
+    role = _ROLE_OF_TYPE.get(event.type)
+    if event.type == EventType.EVENT_TYPE_TOOL_RESULT:
+        call_id = fields.get("tool_call_id")
+        if not isinstance(call_id, str):
+            return []
+        return [{"type": "function_call_output", "call_id": call_id, "output": text}]
+    if role is None:
+        return []
+    shown: list[dict[str, Any]] = []
+    if text or role != "assistant" or not fields.get("tool_calls"):
+        shown.append({"role": role, "content": text})
+    for call in fields.get("tool_calls") or []:
+        function = call.get("function") if isinstance(call, dict) else None
+        if isinstance(function, dict):
+            shown.append(
+                {
+                    "type": "function_call",
+                    "call_id": call.get("id"),
+                    "name": function.get("name"),
+                    "arguments": function.get("arguments"),
+                }
+            )
+    return shown
+
+
+def visible_items(events: Iterable[Event]) -> list[SessionItem]:
+    """The items of a log still in view, in position order.
+
+    An event is out of view when a later replace or hide covers its position: the server's
+    shadowing rule, here applied to every item event, the bookkeeping ones included. A surface
+    event another writer appended shows as the items its message reads as (see
+    :func:`event_items`), so ``get_items`` shows what ``DeriveMessages`` shows; other events
+    storing no item (a turn marker) are passed over.
+    """
+    return [SessionItem(e.seq, item) for e in in_view(events) for item in event_items(e)]
+
+
+# -- the session --------------------------------------------------------------------------------
+
+
+class SessionlogSession:
+    """The OpenAI Agents SDK ``Session`` protocol, stored in a sessionlog session.
+
+    ``client`` is an :class:`~sessionlog_client.AsyncClient`, or the address(es) of the server:
+    then the session opens one client per event loop it is used from (``Runner.run_sync`` runs
+    its own loop) and :meth:`close` closes them. A client passed in is the caller's to close.
+    """
+
+    session_settings: SessionSettings | None
+
+    def __init__(
+        self,
+        session_id: str,
+        client: AsyncClient | str | Sequence[str],
+        *,
+        session_settings: SessionSettings | dict[str, Any] | None = None,
+        **client_options: Any,
+    ) -> None:
+        self.session_id = session_id
+        self.session_settings = (
+            coerce_session_settings(session_settings)
+            if session_settings is not None
+            else SessionSettings()
+        )
+        self._given = client if isinstance(client, AsyncClient) else None
+        self._target = None if isinstance(client, AsyncClient) else client
+        self._options = client_options
+        self._opened: dict[asyncio.AbstractEventLoop, AsyncClient] = {}
+
+    def _client(self) -> AsyncClient:
+        if self._given is not None:
+            return self._given
+        loop = asyncio.get_running_loop()
+        for old in [lp for lp in self._opened if lp.is_closed()]:
+            del self._opened[old]  # its loop is gone, and its channel with it
+        if loop not in self._opened:
+            self._opened[loop] = AsyncClient(self._target, **self._options)
+        return self._opened[loop]
+
+    async def close(self) -> None:
+        """Close the client this session opened for the running loop (none if one was given)."""
+        opened = self._opened.pop(asyncio.get_running_loop(), None)
+        if opened is not None:
+            await opened.close()
+
+    async def _log(self, limit: int | None) -> tuple[list[Event], int]:
+        """The events ``get_items(limit)`` needs and the log's length.
+
+        Today the whole log; the one place to switch to reading only the end of the log once
+        the server offers it (``limit`` is passed for that reason).
+        """
+        del limit
+        client = self._client()
+        events = [e async for e in client.since(self.session_id)]
+        return events, len(events)
+
+    async def get_entries(self, limit: int | None = None) -> list[SessionItem]:
+        """The items in view with the seq of the event storing each (the latest ``limit``)."""
+        limit = resolve_session_limit(limit, self.session_settings)
+        events, _ = await self._log(limit)
+        entries = visible_items(events)
+        if limit is not None:
+            entries = entries[-limit:] if limit > 0 else []
+        return entries
+
+    async def get_items(self, limit: int | None = None) -> list[TResponseInputItem]:
+        """The conversation, oldest first; with ``limit``, the latest ``limit`` items in order."""
+        return [cast("TResponseInputItem", e.item) for e in await self.get_entries(limit)]
+
+    async def add_items(self, items: list[TResponseInputItem]) -> None:
+        """Append one event per item, all in one atomic append."""
+        if not items:
+            return
+        events = [item_to_event(cast("dict[str, Any]", item)) for item in items]
+        await self._client().append(self.session_id, events)
+
+    async def pop_item(self) -> TResponseInputItem | None:
+        """Hide the newest item in view and return it; None when nothing is in view.
+
+        It hides the event that item came from: for a message of another writer that reads as
+        several items (an assistant message with tool calls), all of them.
+        """
+        client = self._client()
+        while True:
+            events, length = await self._log(None)
+            entries = visible_items(events)
+            if not entries:
+                return None
+            newest = entries[-1]
+            where = position(events[newest.seq])
+            try:
+                await client.hide(
+                    self.session_id, where, where, reason="pop_item", expected_seq=length
+                )
+            except SeqConflict:
+                continue
+            return cast("TResponseInputItem", newest.item)
+
+    async def clear_session(self) -> None:
+        """Hide every item so far; the log keeps them."""
+        await self._client().clear(self.session_id, reason="clear_session")

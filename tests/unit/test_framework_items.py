@@ -1,0 +1,84 @@
+"""The framework backends' pure part (sessionlog_client._items): values kept exactly, and the
+view of a log that hides apply to, bookkeeping events included, agreeing with the server's fold."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hypothesis import given, settings
+
+from sessionlog.fold import SURFACE_TYPES, fold_surface
+from sessionlog.fold import position as fold_position
+from sessionlog.v1.event_pb2 import Event
+from sessionlog_client._items import get_exact, in_view, put_exact, text_of
+from sessionlog_client.v1.event_pb2 import Event as ClientEvent
+from tests.unit._events import HIDE, USER, ev
+from tests.unit.test_fold_property import logs
+
+
+def client_events(events: list[Event]) -> list[ClientEvent]:
+    return [ClientEvent.FromString(e.SerializeToString()) for e in events]
+
+
+@settings(max_examples=300, deadline=None)
+@given(logs())
+def test_in_view_shows_the_surface_the_fold_shows(events: list[Event]) -> None:
+    """Restricted to surface events, the backends' view is the server's surface, in order."""
+    shown = [e.seq for e in in_view(client_events(events)) if int(e.type) in SURFACE_TYPES]
+    assert shown == [e.seq for e in fold_surface(events)]
+
+
+@settings(max_examples=300, deadline=None)
+@given(logs())
+def test_in_view_hides_bookkeeping_events_by_the_same_rule(events: list[Event]) -> None:
+    """A bookkeeping event is out of view exactly when a later replace or hide covers its seq."""
+    ranges = [
+        (e.seq, e.surface_op.replace.start_seq, e.surface_op.replace.stop_seq)
+        for e in events
+        if e.surface_op.HasField("replace")
+    ]
+    expected = [
+        e.seq
+        for e in events
+        if not any(r > e.seq and a <= fold_position(e) <= b for r, a, b in ranges)
+    ]
+    assert sorted(e.seq for e in in_view(client_events(events))) == sorted(expected)
+
+
+def test_a_hide_over_a_bookkeeping_event_takes_it_out_of_view() -> None:
+    """user 0, step_end 1, hide(1, 1): the step_end is gone; the user message and the hide
+    itself (which stores no item, so a backend passes over it) stay."""
+    log = [ev(USER, {"content": "a"}, seq=0), ev(9, seq=1), ev(HIDE, seq=2, replace=(1, 1))]
+    assert [e.seq for e in in_view(client_events(log))] == [0, 2]
+
+
+def test_values_come_back_exactly() -> None:
+    """Whole floats, big ints, key order and deep nesting survive put_exact / get_exact."""
+    deep: object = 1
+    for _ in range(30):
+        deep = [deep]
+    value = {"z": 1.0, "a": 2**60, "deep": deep}
+    data: dict[str, Any] = {}
+    put_exact(data, "item", value)
+    made = ClientEvent()
+    made.data.update(data)
+    found, back = get_exact(ClientEvent.FromString(made.SerializeToString()), "item")
+    assert found
+    assert back == value
+    assert list(back) == ["z", "a", "deep"]
+    assert type(back["z"]) is float
+    assert get_exact(made, "other") == (False, None)
+
+
+def test_text_of_joins_the_text_parts() -> None:
+    """A string is its own text; a list's named parts are joined; no text is None."""
+    parts = {"input_text": "text", "refusal": "refusal"}
+    assert text_of("hi", parts) == "hi"
+    content = [
+        {"type": "input_text", "text": "a"},
+        {"type": "input_image", "image_url": "u"},
+        {"type": "refusal", "refusal": "b"},
+    ]
+    assert text_of(content, parts) == "a\nb"
+    assert text_of([{"type": "input_image"}], parts) is None
+    assert text_of(None, parts) is None

@@ -11,6 +11,7 @@ from __future__ import annotations
 import grpc
 from google.protobuf.duration_pb2 import Duration
 
+from sessionlog.shard import move
 from sessionlog.v1 import session_log_service_pb2 as pb
 from tests.cluster import test_move_slot as base
 from tests.cluster.test_move_slot import Cluster, ids_of_slot
@@ -113,3 +114,48 @@ def test_an_import_copy_is_refused_where_the_slot_is_owned(cluster: Cluster) -> 
     )  # fmt: skip
     check(error, grpc.StatusCode.FAILED_PRECONDITION, "FAILED_PRECONDITION", session_id=owned)
     assert not get(cluster.stub("g2"), owned).exists
+
+
+def test_records_changed_after_an_earlier_copy_are_carried(cluster: Cluster) -> None:
+    """A copy made earlier (an interrupted move's), then a request, a forced release and a new
+    holder at the source: the move continues from the copy and carries the records as they are."""
+    current = cluster.map()
+    slot = current.group("g1").ranges[0][0] + 57
+    (session,) = ids_of_slot(slot, 1, "late-")
+    g1, g2 = cluster.stub("g1"), cluster.stub("g2")
+    g1.Append(pb.AppendRequest(session_id=session, events=[user("a"), user("b")]), timeout=5)
+    ttl = Duration(seconds=600)
+    g1.AcquireLease(pb.AcquireLeaseRequest(session_id=session, holder="w1", ttl=ttl), timeout=5)
+    earlier = move._Copier(cluster.channel("g1"), cluster.channel("g2"), slot, ())
+    assert earlier.copy_all() == 2
+    not_yet = failure(g2.GetSession, pb.GetSessionRequest(session_id=session), timeout=5)
+    check(not_yet, grpc.StatusCode.FAILED_PRECONDITION, "WRONG_GROUP")  # a copy, not served
+
+    release = pb.ReleaseLeaseRequest(session_id=session, holder="operator", force=True)
+    g1.ReleaseLease(release, timeout=5)
+    lease = g1.AcquireLease(
+        pb.AcquireLeaseRequest(session_id=session, holder="w2", ttl=ttl), timeout=5
+    ).lease
+    asked = pb.AppendRequest(
+        session_id=session, events=[user("late")], request_id="late-1", lease_holder="w2"
+    )
+    first = g1.Append(asked, timeout=5)
+    was = _session(g1, session)
+    assert len(was.lease_audit) == 1
+
+    done = run_cli(
+        ["cluster", "move-slot", str(slot), "--to", "g2", "--cluster", cluster.cluster],
+        cluster.etcd.directory,
+        timeout=90,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "1 event(s) copied live" in done.stdout, done.stdout
+    now = _session(g2, session)
+    assert now.session == was.session
+    assert list(now.lease_audit) == list(was.lease_audit)
+    replayed = g2.Append(asked, timeout=5)
+    assert (list(replayed.events), replayed.next_seq) == (list(first.events), 3)
+    assert now.session.lease.token == lease.token
+    lost = pb.AppendRequest(session_id=session, events=[user("old holder")], lease_holder="w1")
+    check(failure(g2.Append, lost, timeout=5), grpc.StatusCode.FAILED_PRECONDITION, "LEASE_LOST")
+    assert get(g2, session).event_count == 3

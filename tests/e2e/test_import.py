@@ -9,6 +9,7 @@ its prefix only. One server (auth on, the tokens of ``test_auth``) for the modul
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import grpc
 import pytest
@@ -223,3 +224,38 @@ def test_a_moves_extras_need_admin_and_replay(stub: pb_grpc.SessionLogServiceStu
     plain = pb.AppendRequest(session_id="imp-dst", events=[user("not the holder")])
     error = failure(stub.Append, plain, metadata=as_(WRITER), timeout=5)
     check(error, grpc.StatusCode.FAILED_PRECONDITION, "LEASE_HELD")
+
+
+def test_an_import_replicates_byte_for_byte(tmp_path: Path) -> None:
+    """Import chunks (with a move's extras, no auth here) reach a replica as they are: the
+    events, the record, the request records and the lease read the same there."""
+    from tests.e2e._replication_cluster import Cluster, wait_position
+    from tests.e2e.test_replication import assert_same_data
+
+    with Cluster(tmp_path) as nodes:
+        primary = nodes.primary()
+        replica = nodes.replica(primary, "replica-1")
+        stub = primary.stub()
+        stub.Append(pb.AppendRequest(session_id="src", events=[user("a")], request_id="r"))
+        stub.AcquireLease(
+            pb.AcquireLeaseRequest(session_id="src", holder="w", ttl=Duration(seconds=60))
+        )
+        records = stub.GetSessionRecords(pb.GetSessionRecordsRequest(session_id="src"))
+        first = pb.ImportSessionRequest(
+            session_id="copy", events=[timed(0, "a", T0)], create_time=stamp(T0)
+        )
+        stub.ImportSession(first, timeout=5)
+        later = pb.ImportSessionRequest(
+            session_id="copy",
+            first_seq=1,
+            events=[timed(1, "b", T0 + 1000)],
+            request_records=records.request_records,
+            lease=records.lease,
+        )
+        stub.ImportSession(later, timeout=5)
+        wait_position(replica, primary.status().position, timeout=30)
+        assert assert_same_data(primary, replica) == 2
+        asked = pb.GetSessionRecordsRequest(session_id="copy")
+        on_primary = stub.GetSessionRecords(asked, timeout=5)
+        assert on_primary.request_records[0].request_id == "r"
+        assert replica.stub().GetSessionRecords(asked, timeout=5) == on_primary

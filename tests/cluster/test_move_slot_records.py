@@ -102,6 +102,23 @@ def test_a_move_carries_records_requests_leases_and_empty_sessions(cluster: Clus
     )
     assert renewed.lease.token == lease.token
 
+    # And back: g1 still holds the sessions it made (not imports), as the move left them; the
+    # move back continues them and carries what g2 added.
+    g2.Append(pb.AppendRequest(session_id=full, events=[user("at g2")]), timeout=5)
+    held = {s: _session(g2, s) for s in (full, forked, empty, leased, retried)}
+    at_g2 = log(g2, full)
+    done = run_cli(
+        ["cluster", "move-slot", str(slot), "--to", "g1", "--cluster", cluster.cluster],
+        cluster.etcd.directory,
+        timeout=90,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    for session_id, was in held.items():
+        assert _session(g1, session_id).session == was.session, session_id
+    assert log(g1, full) == at_g2
+    assert len(at_g2) == 4
+    assert g1.Append(mine, timeout=5).events[0].seq == 2  # the holder writes on at g1
+
 
 def test_an_import_copy_is_refused_where_the_slot_is_owned(cluster: Cluster) -> None:
     """The move's ImportSession only fills a group that does not own the slot yet."""

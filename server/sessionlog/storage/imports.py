@@ -11,7 +11,10 @@ Invariants:
 - seqs stay dense: a chunk whose ``first_seq`` is not the session's next seq (a gap or an
   overlap) writes nothing (IMPORT_SEQ_MISMATCH, naming the next seq);
 - only an imported session takes chunks: a session created any other way is refused
-  (SESSION_ALREADY_EXISTS), so an import can never rewrite or extend a session's own history;
+  (SESSION_ALREADY_EXISTS), so an import can never rewrite or extend a session's own history.
+  A slot move's chunk is the exception: it only reaches a group that does not own the slot
+  (``Ownership.check_copy``), where such a session is the copy a move away left behind, a
+  prefix of the session's history that a move back continues at its next seq;
 - events are checked as an append checks them (``fold.admit``, strict);
 - the extras of a slot move (request records, lease, audit) come only from a caller the
   servicer checked for the admin permission. The lease check an append makes is skipped for a
@@ -85,7 +88,7 @@ class ImportCommand:
     def apply(self, txn: RecordingTxn, now_ns: int) -> AppendResult:
         batch, tables, session_id = self._batch, self._tables, self.session_id
         meta = load_meta(txn, tables, session_id)
-        if meta is not None and not meta.imported:
+        if meta is not None and not meta.imported and not batch.moving_in:
             raise errors.SessionAlreadyExists(
                 f"session '{session_id}' already exists and was not made by an import; "
                 "import under another id (--session-id)",

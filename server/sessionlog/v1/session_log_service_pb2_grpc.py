@@ -244,7 +244,8 @@ class SessionLogServiceServicer:
         seq (FAILED_PRECONDITION / IMPORT_SEQ_MISMATCH otherwise, naming next_seq). Each chunk is
         one atomic write. Events are checked as Append checks them. A slot move (`cluster
         move-slot`) sends it with the x-sessionlog-move: copy header and an admin token, and carries
-        the session's request records and writer lease too.
+        the session's request records and writer lease too; its chunks also continue the copy a
+        move away left behind in a group that no longer owns the slot (a move back).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -65,7 +65,8 @@ type SessionLogServiceClient interface {
 	// seq (FAILED_PRECONDITION / IMPORT_SEQ_MISMATCH otherwise, naming next_seq). Each chunk is
 	// one atomic write. Events are checked as Append checks them. A slot move (`cluster
 	// move-slot`) sends it with the x-sessionlog-move: copy header and an admin token, and carries
-	// the session's request records and writer lease too.
+	// the session's request records and writer lease too; its chunks also continue the copy a
+	// move away left behind in a group that no longer owns the slot (a move back).
 	ImportSession(ctx context.Context, in *ImportSessionRequest, opts ...grpc.CallOption) (*ImportSessionResponse, error)
 	// GetSessionRecords reads what a session holds besides its events and its record: its
 	// request records (for replays of retried writes) and its writer lease with its audit. A slot
@@ -300,7 +301,8 @@ type SessionLogServiceServer interface {
 	// seq (FAILED_PRECONDITION / IMPORT_SEQ_MISMATCH otherwise, naming next_seq). Each chunk is
 	// one atomic write. Events are checked as Append checks them. A slot move (`cluster
 	// move-slot`) sends it with the x-sessionlog-move: copy header and an admin token, and carries
-	// the session's request records and writer lease too.
+	// the session's request records and writer lease too; its chunks also continue the copy a
+	// move away left behind in a group that no longer owns the slot (a move back).
 	ImportSession(context.Context, *ImportSessionRequest) (*ImportSessionResponse, error)
 	// GetSessionRecords reads what a session holds besides its events and its record: its
 	// request records (for replays of retried writes) and its writer lease with its audit. A slot

@@ -243,6 +243,10 @@ def add_commands(commands: Any) -> None:
     p.add_argument("--ttl", type=float, default=30.0, help="seconds (acquire, renew)")
     p.add_argument("--force", action="store_true", help="release another holder's lease")
 
+    from sessionlog import transfer  # it builds on this module's helpers
+
+    transfer.add_commands(sub)
+
     p = sub("health", "check the server's gRPC health: exit 0 when SERVING, 1 otherwise", _health)
     p.add_argument("--service", default="", help="one service's health (default: the server's)")
 

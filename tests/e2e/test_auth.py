@@ -191,6 +191,12 @@ def every_rpc(session_id: str) -> list[tuple[str, Message, bool]]:
             pb.ReleaseLeaseRequest(session_id=session_id, holder="w"),
             False,
         ),
+        (
+            SERVICE + "ImportSession",
+            pb.ImportSessionRequest(session_id=session_id + ".imp", events=[user("x")]),
+            False,
+        ),
+        (SERVICE + "GetSessionRecords", pb.GetSessionRecordsRequest(session_id=session_id), False),
         (FEED + "Changes", rpb.ChangesRequest(start_position=1), True),
         (FEED + "GetReplicationStatus", rpb.GetReplicationStatusRequest(), False),
         (ADMIN_SERVICE + "ListLeaseAudit", apb.ListLeaseAuditRequest(prefix=session_id), False),
@@ -226,7 +232,7 @@ def test_every_rpc_without_a_valid_token_is_unauthenticated(
         reflection_list(channel, token)
     assert_refused(caught.value, UNAUTHENTICATED)
     assert session(channel, "seen").event_count == 1
-    for created in ("seen.new", "seen.seed", "seen.fork"):
+    for created in ("seen.new", "seen.seed", "seen.fork", "seen.imp"):
         assert not session(channel, created).exists
 
 
@@ -400,9 +406,9 @@ def test_a_tenant_token_cannot_touch_another_tenants_session(server: RunningServ
     calls = [
         (method, request, streaming)
         for method, request, streaming in every_rpc("tenant-b.x")
-        if method.startswith(SERVICE) and not method.endswith("ListSessions")
+        if method.startswith(SERVICE) and not method.endswith(("ListSessions", "GetSessionRecords"))
     ]
-    assert len(calls) == 12
+    assert len(calls) == 13
     for method, request, streaming in calls:
         error = refusal(channel, method, request, TENANT_A, streaming)
         assert_refused(error, PERMISSION_DENIED)
@@ -412,7 +418,7 @@ def test_a_tenant_token_cannot_touch_another_tenants_session(server: RunningServ
     after = session(channel, "tenant-b.x")
     assert after.event_count == before.event_count == 2
     assert not after.lease.holder
-    for created in ("tenant-b.x.new", "tenant-b.x.seed", "tenant-b.x.fork"):
+    for created in ("tenant-b.x.new", "tenant-b.x.seed", "tenant-b.x.fork", "tenant-b.x.imp"):
         assert not session(channel, created).exists
 
 

@@ -39,6 +39,8 @@ COMMANDS = (
     "sessions",
     "fork",
     "lease",
+    "export",
+    "import",
 )
 
 

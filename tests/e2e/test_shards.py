@@ -124,6 +124,12 @@ def _calls(stub: pb_grpc.SessionLogServiceStub, sid: str) -> dict[str, Callable[
         "ReleaseLease": lambda: stub.ReleaseLease(
             pb.ReleaseLeaseRequest(session_id=sid, holder="w"), timeout=TIMEOUT
         ),
+        "ImportSession": lambda: stub.ImportSession(
+            pb.ImportSessionRequest(session_id=sid, events=[user()]), timeout=TIMEOUT
+        ),
+        "GetSessionRecords": lambda: stub.GetSessionRecords(
+            pb.GetSessionRecordsRequest(session_id=sid), timeout=TIMEOUT
+        ),
     }
 
 

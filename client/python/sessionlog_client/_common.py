@@ -15,7 +15,7 @@ from typing import Any, NamedTuple
 import grpc
 from google.protobuf.duration_pb2 import Duration
 
-from sessionlog_client.convert import event_from_dict, messages_from_dicts
+from sessionlog_client.convert import TimeLike, _timestamp, event_from_dict, messages_from_dicts
 from sessionlog_client.errors import Unavailable
 from sessionlog_client.v1 import session_log_service_pb2 as pb
 from sessionlog_client.v1.event_pb2 import Event, EventType
@@ -333,6 +333,37 @@ def create_request(
         lease_token=lease_token,
         request_id=request_id,
     )
+
+
+def import_request(
+    session_id: str,
+    events: Iterable[EventLike],
+    first_seq: int,
+    create_time: TimeLike | None,
+    last_append_time: TimeLike | None,
+    parent_session_id: str,
+    parent_event_count: int,
+) -> pb.ImportSessionRequest:
+    """An ImportSession chunk. Events without a seq (0) are numbered from ``first_seq``; an
+    event carrying one keeps it (the server refuses seqs that do not follow each other)."""
+    built = []
+    for index, value in enumerate(events):
+        made = Event()
+        made.CopyFrom(event_from_dict(value))  # never the caller's event: its seq may be set
+        made.seq = made.seq or first_seq + index
+        built.append(made)
+    request = pb.ImportSessionRequest(
+        session_id=session_id,
+        first_seq=first_seq,
+        events=built,
+        parent_session_id=parent_session_id,
+        parent_event_count=parent_event_count,
+    )
+    if create_time is not None:
+        request.create_time.CopyFrom(_timestamp(create_time))
+    if last_append_time is not None:
+        request.last_append_time.CopyFrom(_timestamp(last_append_time))
+    return request
 
 
 def seed_request(

@@ -87,6 +87,7 @@ WRITES = frozenset(
         "AcquireLease",
         "RenewLease",
         "ReleaseLease",
+        "ImportSession",
     }
 )
 """The write RPCs: they carry the epoch both ways."""

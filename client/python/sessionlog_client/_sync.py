@@ -37,7 +37,7 @@ from sessionlog_client._shards import (
     is_wrong_group,
 )
 from sessionlog_client._status import to_error
-from sessionlog_client.convert import messages_to_dicts, struct_to_dict
+from sessionlog_client.convert import TimeLike, messages_to_dicts, struct_to_dict
 from sessionlog_client.errors import LeadershipLost, SeqConflict, SessionLogError
 from sessionlog_client.v1 import admin_service_pb2 as apb
 from sessionlog_client.v1 import admin_service_pb2_grpc as apb_grpc
@@ -962,6 +962,41 @@ class Client:
             parent_session_id, at_seq, session_id, lease_holder, lease_token, rid
         )
         reply: pb.ForkSessionResponse = self._call("ForkSession", request, timeout, retry=bool(rid))
+        return reply
+
+    def import_session(
+        self,
+        session_id: str,
+        events: Iterable[EventLike] = (),
+        *,
+        first_seq: int = 0,
+        create_time: TimeLike | None = None,
+        last_append_time: TimeLike | None = None,
+        parent_session_id: str = "",
+        parent_event_count: int = 0,
+        timeout: float | None = None,
+    ) -> pb.ImportSessionResponse:
+        """Write one chunk of a session as it was elsewhere: events keep their seqs and
+        times, the chunk that creates the session (``first_seq`` 0) sets its create time and
+        fork parent. Later chunks continue at the session's next seq (``ImportSeqMismatch``
+        otherwise, naming it); a session not made by an import is ``SessionAlreadyExists``.
+        Not retried: a chunk written before a lost reply is refused when sent again, and the
+        error's ``next_seq`` says where to go on.
+
+        >>> when = "2024-01-01T00:00:00Z"
+        >>> client.import_session("copy", [{"type": "user_message", "time": when}]).imported_count
+        1
+        """
+        request = c.import_request(
+            session_id,
+            events,
+            first_seq,
+            create_time,
+            last_append_time,
+            parent_session_id,
+            parent_event_count,
+        )
+        reply: pb.ImportSessionResponse = self._call("ImportSession", request, timeout, retry=False)
         return reply
 
     # -- the writer lease -------------------------------------------------------------------------

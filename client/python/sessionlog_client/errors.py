@@ -24,7 +24,8 @@ status back into the same class with :func:`from_reason`.
     │   ├── BatchTooLarge                   BATCH_TOO_LARGE (the reply would not fit a message)
     │   ├── TooManyEvents                   TOO_MANY_EVENTS (over the events-per-append limit)
     │   ├── InvalidEpoch                    INVALID_EPOCH (a fence without an epoch)
-    │   └── InvalidAddress                  INVALID_ADDRESS (not HOST:PORT)
+    │   ├── InvalidAddress                  INVALID_ADDRESS (not HOST:PORT)
+    │   └── ImportSeqNotDense               IMPORT_SEQ_NOT_DENSE (an import's seqs skip or repeat)
     ├── SessionAlreadyExists                ALREADY_EXISTS
     ├── FailedPrecondition                  FAILED_PRECONDITION
     │   ├── OpenTurn                        OPEN_TURN
@@ -36,7 +37,8 @@ status back into the same class with :func:`from_reason`.
     │   ├── StaleEpoch                      STALE_EPOCH (an epoch not above the one known)
     │   ├── ClusterManaged                  CLUSTER_MANAGED (promote or fence of a --cluster member)
     │   ├── WrongGroup                      WRONG_GROUP (another group owns the session's slot)
-    │   └── CrossGroupFork                  CROSS_GROUP_FORK (a fork's target in another group)
+    │   ├── CrossGroupFork                  CROSS_GROUP_FORK (a fork's target in another group)
+    │   └── ImportSeqMismatch               IMPORT_SEQ_MISMATCH (a chunk not at the next seq)
     ├── SeqConflict                         ABORTED
     ├── Unauthenticated                     UNAUTHENTICATED (no or unknown bearer token)
     ├── PermissionDenied                    PERMISSION_DENIED (token lacks the right or prefix)
@@ -149,6 +151,13 @@ class InvalidEpoch(InvalidArgument):
 
 class InvalidAddress(InvalidArgument):
     reason = "INVALID_ADDRESS"
+
+
+class ImportSeqNotDense(InvalidArgument):
+    """An imported chunk's events do not carry consecutive seqs from its first_seq. Metadata
+    ``index`` (the first event out of line), ``seq`` (what it carries), ``expected_seq``."""
+
+    reason = "IMPORT_SEQ_NOT_DENSE"
 
 
 class Unauthenticated(SessionLogError):
@@ -268,6 +277,13 @@ class CrossGroupFork(FailedPrecondition):
     ``source_group``, ``target_slot``, ``target_group``, ``map_epoch``."""
 
     reason = "CROSS_GROUP_FORK"
+
+
+class ImportSeqMismatch(FailedPrecondition):
+    """An import chunk's first_seq is not the session's next seq (a gap or an overlap): nothing
+    was written. Metadata ``session_id``, ``first_seq``, ``next_seq`` (where to continue)."""
+
+    reason = "IMPORT_SEQ_MISMATCH"
 
 
 class HistoryDiverged(FailedPrecondition):

@@ -243,6 +243,18 @@ export interface LifecycleOptions extends LeaseCallOptions {
   requestId?: string;
 }
 
+export interface ImportOptions extends CallOptions {
+  /** The seq of the chunk's first event: 0 creates the session, then its next seq. */
+  firstSeq?: number;
+  /** Read by the chunk that creates the session; the first event's time when absent. */
+  createTime?: Time | Date;
+  /** The session's last-append time after the chunk; its last event's when absent. */
+  lastAppendTime?: Time | Date;
+  /** The session it was forked from, read by the chunk that creates it. */
+  parentSessionId?: string;
+  parentEventCount?: number;
+}
+
 export interface AppendOptions extends LeaseCallOptions {
   /** Fail with SEQ_CONFLICT unless the first event gets this seq. */
   expectedSeq?: number;
@@ -397,6 +409,12 @@ export class SessionLogClient {
     sessionId: string,
     options?: CallOptions,
   ): Promise<{ session: Session; leaseAudit: LeaseAuditEntry[] }>;
+  /** One ImportSession chunk: seqs (from firstSeq when absent) and times kept; not retried. */
+  importSession(
+    sessionId: string,
+    events?: (NewEvent & { seq?: number })[],
+    options?: ImportOptions,
+  ): Promise<{ session: Session; importedCount: number }>;
   listSessions(
     options?: { prefix?: string; pageSize?: number } & CallOptions,
   ): AsyncGenerator<SessionPage, void, undefined>;

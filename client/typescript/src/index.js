@@ -1569,6 +1569,28 @@ export class SessionLogClient {
     return { session: fromSession(reply.session) };
   }
 
+  /**
+   * Import one chunk of a session as it was elsewhere (ImportSession): events keep their seqs
+   * (numbered from firstSeq when they carry none) and times; the chunk that creates the session
+   * (firstSeq 0) sets its createTime and fork parent, later ones continue at its next seq. Not
+   * retried: a chunk sent twice is refused (IMPORT_SEQ_MISMATCH, whose next_seq says where to
+   * go on). Events read with since() go back in as they are.
+   */
+  async importSession(sessionId, events = [], options = {}) {
+    const { firstSeq = 0, createTime, lastAppendTime, parentSessionId = "", parentEventCount = 0, timeoutMs } = options;
+    const request = {
+      session_id: sessionId,
+      first_seq: firstSeq,
+      events: events.map((event, index) => ({ ...toEvent(event), seq: event.seq ?? firstSeq + index })),
+      parent_session_id: parentSessionId,
+      parent_event_count: parentEventCount,
+    };
+    if (createTime !== undefined) request.create_time = toTimestamp(createTime);
+    if (lastAppendTime !== undefined) request.last_append_time = toTimestamp(lastAppendTime);
+    const reply = await this._call("ImportSession", request, { timeoutMs, retry: false, write: true });
+    return { session: fromSession(reply.session), importedCount: Number(reply.imported_count ?? 0) };
+  }
+
   async acquireLease(sessionId, holder, { ttlMs, timeoutMs } = {}) {
     const request = { session_id: sessionId, holder, ttl: duration(ttlMs) };
     const reply = await this._call("AcquireLease", request, { timeoutMs, retry: true, write: true });

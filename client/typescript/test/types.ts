@@ -27,6 +27,9 @@ export async function worker(target: string): Promise<ChatMessage[]> {
       { expectedSeq: 0, requestId: "r-1" },
     );
     const next: number = reply.nextSeq;
+    const copied = await client.importSession("typed-copy", reply.events, { createTime: new Date(), firstSeq: 0 });
+    const imported: number = copied.importedCount;
+    seen.push(String(imported));
     const stream = client.follow("typed", { seq: next - 1 });
     for await (const event of stream) {
       const seen: Event = event;

@@ -67,6 +67,8 @@ _NEEDS = {
     "/sessionlog.v1.SessionLogService/RenewLease": WRITE,
     "/sessionlog.v1.SessionLogService/ReleaseLease": WRITE,
     "/sessionlog.v1.SessionLogService/GetShardMap": READ,
+    "/sessionlog.v1.SessionLogService/ImportSession": WRITE,
+    "/sessionlog.v1.SessionLogService/GetSessionRecords": ADMIN,
     "/sessionlog.v1.AdminService/GetStats": ADMIN,
     "/sessionlog.v1.AdminService/SaveSnapshot": ADMIN,
     "/sessionlog.v1.AdminService/Promote": ADMIN,

@@ -36,6 +36,7 @@ _CODES: dict[type[errors.SessionLogError], grpc.StatusCode] = {
     errors.ClusterManaged: grpc.StatusCode.FAILED_PRECONDITION,
     errors.WrongGroup: grpc.StatusCode.FAILED_PRECONDITION,
     errors.CrossGroupFork: grpc.StatusCode.FAILED_PRECONDITION,
+    errors.ImportSeqMismatch: grpc.StatusCode.FAILED_PRECONDITION,
     errors.ShardMapUnavailable: grpc.StatusCode.UNAVAILABLE,
     errors.SlotMoving: grpc.StatusCode.UNAVAILABLE,
     errors.DataCorrupted: grpc.StatusCode.DATA_LOSS,

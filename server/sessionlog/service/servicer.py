@@ -27,6 +27,7 @@ from sessionlog.config import (
     DEFAULT_MAX_EVENTS_PER_APPEND,
     DEFAULT_MAX_MESSAGE_BYTES,
 )
+from sessionlog.service import importing
 from sessionlog.service.auth import ADMIN, Authorizer, Principal, bearer
 from sessionlog.service.counters import CANCELLED, INTERNAL, OK, Counters
 from sessionlog.service.errors import abort, refusal_level
@@ -248,6 +249,8 @@ class SessionLogServicer:
                 "RenewLease": grpc.unary_unary_rpc_method_handler(self.renew_lease),
                 "ReleaseLease": grpc.unary_unary_rpc_method_handler(self.release_lease),
                 "GetShardMap": grpc.unary_unary_rpc_method_handler(self.get_shard_map),
+                "ImportSession": grpc.unary_unary_rpc_method_handler(self.import_session),
+                "GetSessionRecords": grpc.unary_unary_rpc_method_handler(self.get_session_records),
             },
         )
 
@@ -652,6 +655,46 @@ class SessionLogServicer:
         await self._replicated(result.position)
         session = session_message(result.session_id, result.meta)
         return _serialize(pb.ForkSessionResponse(session=session))
+
+    @unary_write
+    async def import_session(self, raw: bytes, context: grpc.aio.ServicerContext) -> bytes:
+        request = decode(pb.ImportSessionRequest, raw)
+        copy = _is_move_copy(context)
+        if copy:  # a slot move fills the slot's next owner (shard.move)
+            self.ownership.check_copy(request.session_id, request.first_seq)
+            self._require_admin(context, "a slot move's copy")
+        else:
+            self.ownership.check_write(request.session_id)
+        self._require_primary(context)
+        self._scope(context, request.session_id)
+        if importing.has_extras(request):
+            self._require_admin(context, "importing request records, a lease or its audit")
+        self._check_count(len(request.events))
+        batch = importing.prepare_import(request, self.store.config.limits, moving_in=copy)
+        result = await self.store.commit_import(batch)
+        await self._replicated(result.position)
+        reply = pb.ImportSessionResponse(
+            session=session_message(request.session_id, result.meta),
+            imported_count=len(result.events),
+        )
+        return _serialize(reply)
+
+    @unary
+    async def get_session_records(self, raw: bytes, context: grpc.aio.ServicerContext) -> bytes:
+        request = decode(pb.GetSessionRecordsRequest, raw)
+        self.ownership.check(request.session_id)
+        self._scope(context, request.session_id)
+        self._require_admin(context, "reading a session's request records and lease")
+        fold.check_session_id(request.session_id)
+        found = self.store.records(request.session_id)
+        reply = pb.GetSessionRecordsResponse(
+            session=session_message(request.session_id, found.meta),
+            request_records=[importing.request_message(i, r) for i, r in found.requests],
+            lease_audit=[audit_message(record) for record in found.audit],
+        )
+        if found.lease is not None:
+            reply.lease.CopyFrom(importing.lease_record_message(found.lease))
+        return self._fitting(_serialize(reply), request.session_id)
 
     @unary_write
     async def acquire_lease(self, raw: bytes, context: grpc.aio.ServicerContext) -> bytes:

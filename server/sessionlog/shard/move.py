@@ -1,8 +1,10 @@
 """`sessionlog cluster move-slot S --to G`: move one slot's sessions to another group, live.
 
-    1. copy      every session of the slot, read from the source group's primary (Since), is
-                 appended verbatim (times kept, seqs checked with expected_seq) to the target
-                 group's primary, while the slot keeps taking writes on the source;
+    1. copy      every session of the slot, read from the source group's primary (Since and
+                 GetSessionRecords), is imported (ImportSession: seqs and times kept, the
+                 record's create and last-append times and fork parent, its request records,
+                 its writer lease and lease audit; empty sessions too) into the target group's
+                 primary, while the slot keeps taking writes on the source;
     2. freeze    a map one epoch up lists the slot under ``frozen``: the source serves its reads
                  but refuses its writes (UNAVAILABLE, SLOT_MOVING, which clients retry); the
                  mover waits until every member of the source group reports that epoch as
@@ -10,17 +12,23 @@
                  committed, and the writer refuses the slot's writes in their transaction), and
                  of the target group (which then answers the slot's writes SLOT_MOVING too, so
                  that a client sent there early waits for the flip instead of bouncing back);
-    3. tail      what was appended since the copy (and sessions created meanwhile) is copied;
+    3. tail      what was appended since the copy (and sessions created meanwhile) is copied,
+                 with the request records and lease changes made since (the last chunk of
+                 each session carries them as the source holds them now);
     4. flip      a map one more epoch up gives the slot to the target, unfrozen; the mover waits
                  until every member of both groups holds it. A write retried against the source
                  is now told WRONG_GROUP, naming the target's primary.
 
 Writes to the slot pause from the freeze to the flip (the report prints how long). The copy
-goes to a session of a slot the target does not own yet (an Append with ``x-sessionlog-move:
-copy``, an admin token and ``expected_seq``, see ``Ownership.check_copy``), so no session is
+goes to a session of a slot the target does not own yet (an ImportSession with
+``x-sessionlog-move: copy`` and an admin token, see ``Ownership.check_copy``), so no session is
 writable in two groups at once: before the flip only the source takes the slot's writes, after
 it only the target. A move that fails before the flip puts the map back unfrozen; a copy found
-on the target from an earlier, interrupted attempt is continued from its next seq.
+on the target from an earlier, interrupted attempt is continued from its next seq (the target's
+IMPORT_SEQ_MISMATCH names it).
+
+Request records: those the source still replays (younger than its request-id TTL), at most the
+newest 10,000 per session (``storage.imports.MAX_REQUEST_RECORDS``).
 
 Maps live in etcd (``--shard-map etcd`` servers): a static map file cannot be frozen and flipped
 under running servers, so the command needs ``--cluster etcd://...``.
@@ -385,61 +393,94 @@ class _Copier:
         return found
 
     def _copy(self, session_id: str) -> int:
+        """Bring the target's copy of ``session_id`` up to the source's: the events it lacks,
+        then (on the last chunk) the record's times, the request records and the lease with
+        its audit as the source holds them now. The events copied."""
         from sessionlog_client.v1 import session_log_service_pb2 as pb
 
+        routed = (*self._metadata, (SESSION_HEADER, session_id))
+        records = self._source.GetSessionRecords(
+            pb.GetSessionRecordsRequest(session_id=session_id),
+            timeout=CALL_TIMEOUT_SECONDS,
+            metadata=routed,
+        )
+        if not records.session.exists:  # gone since the listing (it cannot be): nothing to copy
+            return 0
         start = self.copied.get(session_id, 0)
         events = []
         stream = self._source.Since(
             pb.SinceRequest(session_id=session_id, seq=start),
             timeout=CALL_TIMEOUT_SECONDS * 6,
-            metadata=(*self._metadata, (SESSION_HEADER, session_id)),
+            metadata=routed,
         )
         for reply in stream:
             events.extend(reply.events)
         copied = 0
         seq = start
-        while events:
+        while True:
             take, size = 0, 0
             while take < min(len(events), COPY_BATCH):
                 size += events[take].ByteSize()
                 if take and size > COPY_BATCH_BYTES:
                     break
                 take += 1
-            batch, events = events[:take], events[take:]
-            for event in batch:
-                event.ClearField("seq")
+            batch = events[:take]
+            last = take == len(events)
+            request = _chunk(session_id, seq, batch, records, last)
             try:
-                reply = self._target.Append(
-                    pb.AppendRequest(session_id=session_id, events=batch, expected_seq=seq),
+                reply = self._target.ImportSession(
+                    request,
                     timeout=CALL_TIMEOUT_SECONDS,
-                    metadata=(
-                        *self._metadata,
-                        (SESSION_HEADER, session_id),
-                        (MOVE_HEADER, MOVE_COPY),
-                    ),
+                    metadata=(*routed, (MOVE_HEADER, MOVE_COPY)),
                 )
             except grpc.RpcError as exc:
                 held = _conflict_next_seq(exc)
-                if held is None or held < seq:
+                if held is None or held < seq or held > seq + len(events):
                     raise MoveError(
                         f"copying session '{session_id}' to the target failed: "
                         f"{exc.code().name} {exc.details()}"
                     ) from None
                 # An earlier attempt copied up to ``held`` already: carry on from there.
-                skip = held - seq
-                events = (batch + events)[skip:]
+                events = events[held - seq :]
                 seq = held
                 self.copied[session_id] = seq
                 continue
             copied += len(batch)
-            seq = reply.next_seq
+            events = events[take:]
+            seq = reply.session.event_count
             self.copied[session_id] = seq
-        return copied
+            if last:
+                return copied
+
+
+def _chunk(session_id: str, seq: int, events: Sequence[Any], records: Any, last: bool) -> Any:
+    """One ImportSession of a move: ``events`` from ``seq``, the session's record, and on the
+    ``last`` chunk the request records, lease and audit (``records``, a
+    GetSessionRecordsResponse)."""
+    from sessionlog_client.v1 import session_log_service_pb2 as pb
+
+    session = records.session
+    request = pb.ImportSessionRequest(
+        session_id=session_id,
+        first_seq=seq,
+        events=events,
+        create_time=session.create_time,
+        last_append_time=session.last_append_time,
+        parent_session_id=session.parent_session_id,
+        parent_event_count=session.parent_event_count,
+    )
+    if last:
+        request.request_records.extend(records.request_records)
+        request.lease_audit.extend(records.lease_audit)
+        if records.HasField("lease"):
+            request.lease.CopyFrom(records.lease)
+    return request
 
 
 def _conflict_next_seq(exc: grpc.RpcError) -> int | None:
-    """The target's next seq when an Append was refused with SeqConflict (ABORTED), else None."""
-    if exc.code() != grpc.StatusCode.ABORTED:
+    """The target's next seq when an import chunk was refused for starting elsewhere
+    (FAILED_PRECONDITION / IMPORT_SEQ_MISMATCH), else None."""
+    if exc.code() != grpc.StatusCode.FAILED_PRECONDITION:
         return None
     from google.rpc import error_details_pb2, status_pb2
 
@@ -449,6 +490,6 @@ def _conflict_next_seq(exc: grpc.RpcError) -> int | None:
         status = status_pb2.Status.FromString(value)
         for detail in status.details:
             info = error_details_pb2.ErrorInfo()
-            if detail.Unpack(info) and "next_seq" in info.metadata:
+            if detail.Unpack(info) and info.reason == "IMPORT_SEQ_MISMATCH":
                 return int(info.metadata["next_seq"])
     return None

@@ -44,9 +44,10 @@ log = logging.getLogger(__name__)
 WILDCARD_HOSTS = ("0.0.0.0", "[::]", "::", "")
 
 MOVE_HEADER = "x-sessionlog-move"
-"""Append metadata (value ``copy``) of a slot move's copy (``shard.move``): with an admin token
-and ``expected_seq``, the events go verbatim (their times kept) into a session of a slot this
-group does not own yet. See ``Ownership.check_copy``."""
+"""ImportSession metadata (value ``copy``) of a slot move's copy (``shard.move``): with an admin
+token, the session goes as it is (seqs, times, record, request records, lease) into a slot this
+group does not own yet. See ``Ownership.check_copy``. (An Append with it and ``expected_seq``,
+what movers before ImportSession sent, still copies events alone.)"""
 MOVE_COPY = "copy"
 FORK_ID_ATTEMPTS = 100_000
 """Random fork ids tried for one in my group's slots: owning one slot of 1,024, all of them

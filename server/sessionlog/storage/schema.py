@@ -2,7 +2,8 @@
 
 One environment holds every session. Named databases:
 
-    sessions   session id (UTF-8)            -> SessionMeta (packed binary, see SessionMeta)
+    sessions   session id (UTF-8)            -> SessionMeta (packed binary, see SessionMeta;
+               its format byte also says whether ImportSession created the session)
                Ordered by id, so listing and prefix filters are a cursor range.
     ids        sid (u64 BE)                  -> session id (UTF-8)
                The reverse map of the fixed-width internal id.
@@ -75,6 +76,9 @@ _META = struct.Struct(">BQQQqqQ")
 ns), parent_length; the parent id's UTF-8 bytes follow."""
 META_FORMAT = 1
 """The first byte of a packed SessionMeta. The JSON form it replaced starts with "{" (0x7B)."""
+META_FORMAT_IMPORTED = 2
+"""The first byte of a packed SessionMeta of a session ImportSession created (same layout):
+only such a session takes further import chunks (``storage.imports``)."""
 
 
 def u64(value: int) -> bytes:
@@ -125,11 +129,13 @@ class SessionMeta:
     last_append_time_ns: int = 0
     parent_id: str = ""
     parent_length: int = 0
+    imported: bool = False
+    """Created by ImportSession (stored as the format byte META_FORMAT_IMPORTED)."""
 
     def encode(self) -> bytes:
         # Packed, not JSON: this is read and written on every append.
         return _META.pack(
-            META_FORMAT,
+            META_FORMAT_IMPORTED if self.imported else META_FORMAT,
             self.sid,
             self.next_seq,
             self.replace_generation,
@@ -146,11 +152,12 @@ class SessionMeta:
         format_, sid, next_seq, generation, created, appended, parent_length = _META.unpack_from(
             data
         )
-        if format_ != META_FORMAT:
+        if format_ != META_FORMAT and format_ != META_FORMAT_IMPORTED:
             raise ValueError(f"unknown session record format {format_}")
         parent_id = data[_META.size :].decode("utf-8") if len(data) > _META.size else ""
+        imported = format_ == META_FORMAT_IMPORTED
         # Positional, in field order: read on every append, and half the cost of keywords.
-        return cls(sid, next_seq, generation, created, appended, parent_id, parent_length)
+        return cls(sid, next_seq, generation, created, appended, parent_id, parent_length, imported)
 
 
 @dataclass

@@ -31,6 +31,7 @@ from sessionlog.storage import (
     damage,
     folder,
     identity,
+    imports,
     integrity,
     leadership,
     rebuild,
@@ -429,6 +430,21 @@ class Store:
             request_id_ttl_ns=ttl_ns,
             generated_id=generated_id,
         )
+
+    def commit_import(self, batch: imports.ImportBatch) -> asyncio.Future[AppendResult]:
+        """Queue one ImportSession chunk (``imports``), for a caller on the running loop."""
+        return self.writer.submit_on_loop(imports.ImportCommand(self.tables, batch))
+
+    def submit_import(self, batch: imports.ImportBatch) -> Future[AppendResult]:
+        """``commit_import`` for any thread."""
+        return self.writer.submit(imports.ImportCommand(self.tables, batch))
+
+    def records(self, session_id: str, now_ns: int | None = None) -> imports.SessionRecords:
+        """A session's meta, request records, lease record and audit, in one transaction."""
+        now = time.time_ns() if now_ns is None else now_ns
+        ttl_ns = self.config.request_id_ttl_seconds * 1_000_000_000
+        with self.env.begin() as txn:
+            return imports.read_records(txn, self.tables, session_id, now, ttl_ns)
 
     def submit_lease(
         self, action: str, session_id: str, holder: str, ttl_ns: int = 0, force: bool = False

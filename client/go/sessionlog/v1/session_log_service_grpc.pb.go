@@ -58,6 +58,20 @@ type SessionLogServiceClient interface {
 	// A call naming a session of another group fails FAILED_PRECONDITION / WRONG_GROUP, with the
 	// owner in the error's metadata (session_id, slot, group, primary, members, map_epoch).
 	GetShardMap(ctx context.Context, in *GetShardMapRequest, opts ...grpc.CallOption) (*GetShardMapResponse, error)
+	// ImportSession writes a session exactly as it was elsewhere: its events keep their seqs and
+	// times, its record its create time, last-append time and fork parent. A large session comes
+	// in chunks: the first creates it (a session that exists and was not made by an import is
+	// refused, ALREADY_EXISTS / SESSION_ALREADY_EXISTS), each later one continues it at its next
+	// seq (FAILED_PRECONDITION / IMPORT_SEQ_MISMATCH otherwise, naming next_seq). Each chunk is
+	// one atomic write. Events are checked as Append checks them. A slot move (`cluster
+	// move-slot`) sends it with the x-sessionlog-move: copy header and an admin token, and carries
+	// the session's request records and writer lease too; its chunks also continue the copy a
+	// move away left behind in a group that no longer owns the slot (a move back).
+	ImportSession(ctx context.Context, in *ImportSessionRequest, opts ...grpc.CallOption) (*ImportSessionResponse, error)
+	// GetSessionRecords reads what a session holds besides its events and its record: its
+	// request records (for replays of retried writes) and its writer lease with its audit. A slot
+	// move reads them to carry them over with ImportSession. Needs the admin permission.
+	GetSessionRecords(ctx context.Context, in *GetSessionRecordsRequest, opts ...grpc.CallOption) (*GetSessionRecordsResponse, error)
 }
 
 type sessionLogServiceClient struct {
@@ -217,6 +231,24 @@ func (c *sessionLogServiceClient) GetShardMap(ctx context.Context, in *GetShardM
 	return out, nil
 }
 
+func (c *sessionLogServiceClient) ImportSession(ctx context.Context, in *ImportSessionRequest, opts ...grpc.CallOption) (*ImportSessionResponse, error) {
+	out := new(ImportSessionResponse)
+	err := c.cc.Invoke(ctx, "/sessionlog.v1.SessionLogService/ImportSession", in, out, opts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *sessionLogServiceClient) GetSessionRecords(ctx context.Context, in *GetSessionRecordsRequest, opts ...grpc.CallOption) (*GetSessionRecordsResponse, error) {
+	out := new(GetSessionRecordsResponse)
+	err := c.cc.Invoke(ctx, "/sessionlog.v1.SessionLogService/GetSessionRecords", in, out, opts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // SessionLogServiceServer is the server API for SessionLogService service.
 // All implementations must embed UnimplementedSessionLogServiceServer
 // for forward compatibility
@@ -262,6 +294,20 @@ type SessionLogServiceServer interface {
 	// A call naming a session of another group fails FAILED_PRECONDITION / WRONG_GROUP, with the
 	// owner in the error's metadata (session_id, slot, group, primary, members, map_epoch).
 	GetShardMap(context.Context, *GetShardMapRequest) (*GetShardMapResponse, error)
+	// ImportSession writes a session exactly as it was elsewhere: its events keep their seqs and
+	// times, its record its create time, last-append time and fork parent. A large session comes
+	// in chunks: the first creates it (a session that exists and was not made by an import is
+	// refused, ALREADY_EXISTS / SESSION_ALREADY_EXISTS), each later one continues it at its next
+	// seq (FAILED_PRECONDITION / IMPORT_SEQ_MISMATCH otherwise, naming next_seq). Each chunk is
+	// one atomic write. Events are checked as Append checks them. A slot move (`cluster
+	// move-slot`) sends it with the x-sessionlog-move: copy header and an admin token, and carries
+	// the session's request records and writer lease too; its chunks also continue the copy a
+	// move away left behind in a group that no longer owns the slot (a move back).
+	ImportSession(context.Context, *ImportSessionRequest) (*ImportSessionResponse, error)
+	// GetSessionRecords reads what a session holds besides its events and its record: its
+	// request records (for replays of retried writes) and its writer lease with its audit. A slot
+	// move reads them to carry them over with ImportSession. Needs the admin permission.
+	GetSessionRecords(context.Context, *GetSessionRecordsRequest) (*GetSessionRecordsResponse, error)
 	mustEmbedUnimplementedSessionLogServiceServer()
 }
 
@@ -310,6 +356,12 @@ func (UnimplementedSessionLogServiceServer) ReleaseLease(context.Context, *Relea
 }
 func (UnimplementedSessionLogServiceServer) GetShardMap(context.Context, *GetShardMapRequest) (*GetShardMapResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method GetShardMap not implemented")
+}
+func (UnimplementedSessionLogServiceServer) ImportSession(context.Context, *ImportSessionRequest) (*ImportSessionResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method ImportSession not implemented")
+}
+func (UnimplementedSessionLogServiceServer) GetSessionRecords(context.Context, *GetSessionRecordsRequest) (*GetSessionRecordsResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method GetSessionRecords not implemented")
 }
 func (UnimplementedSessionLogServiceServer) mustEmbedUnimplementedSessionLogServiceServer() {}
 
@@ -579,6 +631,42 @@ func _SessionLogService_GetShardMap_Handler(srv interface{}, ctx context.Context
 	return interceptor(ctx, in, info, handler)
 }
 
+func _SessionLogService_ImportSession_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ImportSessionRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(SessionLogServiceServer).ImportSession(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: "/sessionlog.v1.SessionLogService/ImportSession",
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(SessionLogServiceServer).ImportSession(ctx, req.(*ImportSessionRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _SessionLogService_GetSessionRecords_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(GetSessionRecordsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(SessionLogServiceServer).GetSessionRecords(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: "/sessionlog.v1.SessionLogService/GetSessionRecords",
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(SessionLogServiceServer).GetSessionRecords(ctx, req.(*GetSessionRecordsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 var _SessionLogService_serviceDesc = grpc.ServiceDesc{
 	ServiceName: "sessionlog.v1.SessionLogService",
 	HandlerType: (*SessionLogServiceServer)(nil),
@@ -634,6 +722,14 @@ var _SessionLogService_serviceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "GetShardMap",
 			Handler:    _SessionLogService_GetShardMap_Handler,
+		},
+		{
+			MethodName: "ImportSession",
+			Handler:    _SessionLogService_ImportSession_Handler,
+		},
+		{
+			MethodName: "GetSessionRecords",
+			Handler:    _SessionLogService_GetSessionRecords_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

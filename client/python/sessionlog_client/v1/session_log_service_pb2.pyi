@@ -386,3 +386,81 @@ class ReleaseLeaseResponse(_message.Message):
     RELEASED_FIELD_NUMBER: _ClassVar[int]
     released: Lease
     def __init__(self, released: _Optional[_Union[Lease, _Mapping]] = ...) -> None: ...
+
+class ImportSessionRequest(_message.Message):
+    __slots__ = ("session_id", "first_seq", "events", "create_time", "last_append_time", "parent_session_id", "parent_event_count", "request_records", "lease", "lease_audit")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    FIRST_SEQ_FIELD_NUMBER: _ClassVar[int]
+    EVENTS_FIELD_NUMBER: _ClassVar[int]
+    CREATE_TIME_FIELD_NUMBER: _ClassVar[int]
+    LAST_APPEND_TIME_FIELD_NUMBER: _ClassVar[int]
+    PARENT_SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    PARENT_EVENT_COUNT_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_RECORDS_FIELD_NUMBER: _ClassVar[int]
+    LEASE_FIELD_NUMBER: _ClassVar[int]
+    LEASE_AUDIT_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    first_seq: int
+    events: _containers.RepeatedCompositeFieldContainer[_event_pb2.Event]
+    create_time: _timestamp_pb2.Timestamp
+    last_append_time: _timestamp_pb2.Timestamp
+    parent_session_id: str
+    parent_event_count: int
+    request_records: _containers.RepeatedCompositeFieldContainer[SessionRequestRecord]
+    lease: SessionLeaseRecord
+    lease_audit: _containers.RepeatedCompositeFieldContainer[LeaseAuditEntry]
+    def __init__(self, session_id: _Optional[str] = ..., first_seq: _Optional[int] = ..., events: _Optional[_Iterable[_Union[_event_pb2.Event, _Mapping]]] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., last_append_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., parent_session_id: _Optional[str] = ..., parent_event_count: _Optional[int] = ..., request_records: _Optional[_Iterable[_Union[SessionRequestRecord, _Mapping]]] = ..., lease: _Optional[_Union[SessionLeaseRecord, _Mapping]] = ..., lease_audit: _Optional[_Iterable[_Union[LeaseAuditEntry, _Mapping]]] = ...) -> None: ...
+
+class ImportSessionResponse(_message.Message):
+    __slots__ = ("session", "imported_count")
+    SESSION_FIELD_NUMBER: _ClassVar[int]
+    IMPORTED_COUNT_FIELD_NUMBER: _ClassVar[int]
+    session: Session
+    imported_count: int
+    def __init__(self, session: _Optional[_Union[Session, _Mapping]] = ..., imported_count: _Optional[int] = ...) -> None: ...
+
+class SessionRequestRecord(_message.Message):
+    __slots__ = ("request_id", "fingerprint", "first_seq", "event_count", "next_seq", "drops", "time", "child_session_id")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
+    FIRST_SEQ_FIELD_NUMBER: _ClassVar[int]
+    EVENT_COUNT_FIELD_NUMBER: _ClassVar[int]
+    NEXT_SEQ_FIELD_NUMBER: _ClassVar[int]
+    DROPS_FIELD_NUMBER: _ClassVar[int]
+    TIME_FIELD_NUMBER: _ClassVar[int]
+    CHILD_SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    fingerprint: str
+    first_seq: int
+    event_count: int
+    next_seq: int
+    drops: _containers.RepeatedCompositeFieldContainer[AppendDrop]
+    time: _timestamp_pb2.Timestamp
+    child_session_id: str
+    def __init__(self, request_id: _Optional[str] = ..., fingerprint: _Optional[str] = ..., first_seq: _Optional[int] = ..., event_count: _Optional[int] = ..., next_seq: _Optional[int] = ..., drops: _Optional[_Iterable[_Union[AppendDrop, _Mapping]]] = ..., time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., child_session_id: _Optional[str] = ...) -> None: ...
+
+class SessionLeaseRecord(_message.Message):
+    __slots__ = ("lease", "former_holders")
+    LEASE_FIELD_NUMBER: _ClassVar[int]
+    FORMER_HOLDERS_FIELD_NUMBER: _ClassVar[int]
+    lease: Lease
+    former_holders: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, lease: _Optional[_Union[Lease, _Mapping]] = ..., former_holders: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class GetSessionRecordsRequest(_message.Message):
+    __slots__ = ("session_id",)
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    def __init__(self, session_id: _Optional[str] = ...) -> None: ...
+
+class GetSessionRecordsResponse(_message.Message):
+    __slots__ = ("session", "request_records", "lease", "lease_audit")
+    SESSION_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_RECORDS_FIELD_NUMBER: _ClassVar[int]
+    LEASE_FIELD_NUMBER: _ClassVar[int]
+    LEASE_AUDIT_FIELD_NUMBER: _ClassVar[int]
+    session: Session
+    request_records: _containers.RepeatedCompositeFieldContainer[SessionRequestRecord]
+    lease: SessionLeaseRecord
+    lease_audit: _containers.RepeatedCompositeFieldContainer[LeaseAuditEntry]
+    def __init__(self, session: _Optional[_Union[Session, _Mapping]] = ..., request_records: _Optional[_Iterable[_Union[SessionRequestRecord, _Mapping]]] = ..., lease: _Optional[_Union[SessionLeaseRecord, _Mapping]] = ..., lease_audit: _Optional[_Iterable[_Union[LeaseAuditEntry, _Mapping]]] = ...) -> None: ...

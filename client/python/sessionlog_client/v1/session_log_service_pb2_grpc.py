@@ -107,6 +107,16 @@ class SessionLogServiceStub:
                 request_serializer=sessionlog_dot_v1_dot_session__log__service__pb2.GetShardMapRequest.SerializeToString,
                 response_deserializer=sessionlog_dot_v1_dot_session__log__service__pb2.GetShardMapResponse.FromString,
                 _registered_method=True)
+        self.ImportSession = channel.unary_unary(
+                '/sessionlog.v1.SessionLogService/ImportSession',
+                request_serializer=sessionlog_dot_v1_dot_session__log__service__pb2.ImportSessionRequest.SerializeToString,
+                response_deserializer=sessionlog_dot_v1_dot_session__log__service__pb2.ImportSessionResponse.FromString,
+                _registered_method=True)
+        self.GetSessionRecords = channel.unary_unary(
+                '/sessionlog.v1.SessionLogService/GetSessionRecords',
+                request_serializer=sessionlog_dot_v1_dot_session__log__service__pb2.GetSessionRecordsRequest.SerializeToString,
+                response_deserializer=sessionlog_dot_v1_dot_session__log__service__pb2.GetSessionRecordsResponse.FromString,
+                _registered_method=True)
 
 
 class SessionLogServiceServicer:
@@ -226,6 +236,30 @@ class SessionLogServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ImportSession(self, request, context):
+        """ImportSession writes a session exactly as it was elsewhere: its events keep their seqs and
+        times, its record its create time, last-append time and fork parent. A large session comes
+        in chunks: the first creates it (a session that exists and was not made by an import is
+        refused, ALREADY_EXISTS / SESSION_ALREADY_EXISTS), each later one continues it at its next
+        seq (FAILED_PRECONDITION / IMPORT_SEQ_MISMATCH otherwise, naming next_seq). Each chunk is
+        one atomic write. Events are checked as Append checks them. A slot move (`cluster
+        move-slot`) sends it with the x-sessionlog-move: copy header and an admin token, and carries
+        the session's request records and writer lease too; its chunks also continue the copy a
+        move away left behind in a group that no longer owns the slot (a move back).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetSessionRecords(self, request, context):
+        """GetSessionRecords reads what a session holds besides its events and its record: its
+        request records (for replays of retried writes) and its writer lease with its audit. A slot
+        move reads them to carry them over with ImportSession. Needs the admin permission.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_SessionLogServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -298,6 +332,16 @@ def add_SessionLogServiceServicer_to_server(servicer, server):
                     servicer.GetShardMap,
                     request_deserializer=sessionlog_dot_v1_dot_session__log__service__pb2.GetShardMapRequest.FromString,
                     response_serializer=sessionlog_dot_v1_dot_session__log__service__pb2.GetShardMapResponse.SerializeToString,
+            ),
+            'ImportSession': grpc.unary_unary_rpc_method_handler(
+                    servicer.ImportSession,
+                    request_deserializer=sessionlog_dot_v1_dot_session__log__service__pb2.ImportSessionRequest.FromString,
+                    response_serializer=sessionlog_dot_v1_dot_session__log__service__pb2.ImportSessionResponse.SerializeToString,
+            ),
+            'GetSessionRecords': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetSessionRecords,
+                    request_deserializer=sessionlog_dot_v1_dot_session__log__service__pb2.GetSessionRecordsRequest.FromString,
+                    response_serializer=sessionlog_dot_v1_dot_session__log__service__pb2.GetSessionRecordsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -681,6 +725,60 @@ class SessionLogService:
             '/sessionlog.v1.SessionLogService/GetShardMap',
             sessionlog_dot_v1_dot_session__log__service__pb2.GetShardMapRequest.SerializeToString,
             sessionlog_dot_v1_dot_session__log__service__pb2.GetShardMapResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ImportSession(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sessionlog.v1.SessionLogService/ImportSession',
+            sessionlog_dot_v1_dot_session__log__service__pb2.ImportSessionRequest.SerializeToString,
+            sessionlog_dot_v1_dot_session__log__service__pb2.ImportSessionResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetSessionRecords(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sessionlog.v1.SessionLogService/GetSessionRecords',
+            sessionlog_dot_v1_dot_session__log__service__pb2.GetSessionRecordsRequest.SerializeToString,
+            sessionlog_dot_v1_dot_session__log__service__pb2.GetSessionRecordsResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,0 +1,252 @@
+"""`sessionlog export` and `sessionlog import`: a session to a file and back, exactly.
+
+The export format (``--format jsonl``), one JSON object per line:
+
+    {"sessionlog_export": 1, "session": {...}}       the session's record (GetSession's Session
+                                                      in protobuf's JSON mapping, lease left out)
+    {"seq": "0", "type": "EVENT_TYPE_USER_MESSAGE", "time": "...", "data": {...}, ...}
+                                                      one event per line, seq order, protobuf's
+                                                      JSON mapping of Event (lossless)
+
+Both ends stream: the export writes events as Since returns them (up to the record's
+event_count, so the record and the events agree), the import reads the file line by line and
+sends ImportSession chunks of at most CHUNK_EVENTS events (CHUNK_BYTES), so a session of any
+length is never held whole. The imported session keeps its seqs, times, types, data, surface
+ops, create and last-append times and fork parent. ``--format openai`` writes the derived
+messages in the chat-completions format instead (a JSON list, what `sessionlog seed` reads):
+a view for a model, not a copy (it cannot be imported).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack
+from pathlib import Path
+from typing import IO, Any
+
+from google.protobuf import json_format
+
+from sessionlog.cli_client import EXIT_REFUSED, EXIT_USAGE, _client, _print_json, _usage
+from sessionlog_client import Client, errors
+from sessionlog_client.convert import message_to_json
+from sessionlog_client.v1 import event_pb2
+from sessionlog_client.v1 import session_log_service_pb2 as pb
+
+EXPORT_VERSION = 1
+CHUNK_EVENTS = 500
+"""Events per ImportSession chunk, at most."""
+CHUNK_BYTES = 1 << 20
+"""Bytes of events per chunk, at most (one larger event goes alone)."""
+
+
+class BadLine(Exception):
+    """A line of the import file that is not what it should be; the message names it."""
+
+
+def add_commands(sub: Callable[[str, str, Callable[[argparse.Namespace], int]], Any]) -> None:
+    """Register `export` and `import` (``sub`` is ``cli_client``'s subcommand maker)."""
+    p = sub(
+        "export",
+        "write a session to a file: its record and every event as JSON lines (an exact copy "
+        "that `sessionlog import` restores), or its messages in the OpenAI chat format",
+        _export,
+    )
+    p.add_argument("session_id")
+    p.add_argument(
+        "--format",
+        choices=("jsonl", "openai"),
+        default="jsonl",
+        help="jsonl: the record, then one line per event (default); openai: the derived "
+        "messages as a JSON list of chat-completions messages",
+    )
+    p.add_argument("-o", "--output", metavar="FILE", help="write here (default: stdout)")
+
+    p = sub(
+        "import",
+        "create a session from a `sessionlog export --format jsonl` file, keeping its ids, "
+        "seqs and times; streamed in chunks",
+        _import,
+    )
+    p.add_argument("file", metavar="FILE", help="the export file (- reads stdin)")
+    p.add_argument(
+        "--session-id", default="", help="import under this id (default: the exported one)"
+    )
+
+
+# -- export ---------------------------------------------------------------------------------------
+
+
+def _export(args: argparse.Namespace) -> int:
+    with _client(args) as client, ExitStack() as files:
+        out: IO[str] = sys.stdout
+        if args.output:
+            try:
+                out = files.enter_context(Path(args.output).open("w", encoding="utf-8"))
+            except OSError as exc:
+                _usage(f"cannot write {args.output!r}: {exc}")
+        if args.format == "openai":
+            json.dump(client.chat_messages(args.session_id), out, ensure_ascii=False, indent=2)
+            out.write("\n")
+            return 0
+        try:
+            count = export_jsonl(client, args.session_id, out)
+        except LookupError as exc:
+            print(f"sessionlog: {exc}", file=sys.stderr)
+            return EXIT_REFUSED
+    if args.output:
+        print(f"exported {count} events of {args.session_id} to {args.output}", file=sys.stderr)
+    return 0
+
+
+def export_jsonl(client: Client, session_id: str, out: IO[str]) -> int:
+    """Write the export lines of ``session_id`` to ``out``; the number of events written.
+    LookupError when there is no such session."""
+    session = client.get_session(session_id).session
+    if not session.exists:
+        raise LookupError(f"session '{session_id}' does not exist: nothing to export")
+    session.ClearField("lease")
+    header = {"sessionlog_export": EXPORT_VERSION, "session": _json(session)}
+    out.write(json.dumps(header, ensure_ascii=False) + "\n")
+    written = 0
+    if session.event_count:
+        for event in client.since(session_id):
+            if event.seq >= session.event_count:
+                break  # appended after the record was read: the next export's
+            out.write(json.dumps(_json(event), ensure_ascii=False) + "\n")
+            written += 1
+    return written
+
+
+def _json(message: Any) -> dict[str, Any]:
+    value: dict[str, Any] = json_format.MessageToDict(message, preserving_proto_field_name=True)
+    return value
+
+
+# -- import ---------------------------------------------------------------------------------------
+
+
+def _import(args: argparse.Namespace) -> int:
+    try:
+        source = sys.stdin if args.file == "-" else Path(args.file).open(encoding="utf-8")  # noqa: SIM115
+    except OSError as exc:
+        _usage(f"cannot read {args.file!r}: {exc}")
+    with source, _client(args) as client:
+        try:
+            reply = import_jsonl(client, _numbered(source), args.session_id)
+        except BadLine as exc:
+            print(f"sessionlog: {args.file}: {exc}", file=sys.stderr)
+            return EXIT_USAGE
+    if args.json:
+        _print_json(message_to_json(reply))
+    else:
+        print(f"imported {reply.session_id} with {reply.event_count} events")
+    return 0
+
+
+def _numbered(lines: IO[str]) -> Iterator[tuple[int, str]]:
+    for number, line in enumerate(lines, start=1):
+        if line.strip():
+            yield number, line
+
+
+def import_jsonl(
+    client: Client, lines: Iterator[tuple[int, str]], session_id: str = ""
+) -> pb.Session:
+    """Import export lines (numbered) as ``session_id`` (default: the exported id); the
+    session as stored. BadLine names the first line that is wrong, and its fault."""
+    first = next(lines, None)
+    if first is None:
+        raise BadLine("the file is empty; it should start with the session's record line")
+    record = _header(*first)
+    target = session_id or record.session_id
+    seq = 0
+    sent: pb.ImportSessionResponse | None = None
+    for chunk in _chunks(lines):
+        for number, event in chunk:
+            if event.seq != seq:
+                raise BadLine(
+                    f"line {number}: seq {event.seq}, but the line before it makes it {seq}"
+                )
+            seq += 1
+        sent = _send(client, target, record, seq - len(chunk), chunk)
+    if seq < record.event_count:
+        raise BadLine(
+            f"the record says {record.event_count} events, but the file holds {seq}: it is "
+            f"cut short (the {seq} before the cut are imported)"
+        )
+    if sent is None:  # an empty session: one chunk without events creates it
+        sent = _send(client, target, record, 0, [])
+    return sent.session
+
+
+def _header(number: int, line: str) -> pb.Session:
+    try:
+        value = json.loads(line)
+    except json.JSONDecodeError as exc:
+        raise BadLine(f"line {number}: not JSON ({exc.msg})") from None
+    if not isinstance(value, dict) or value.get("sessionlog_export") != EXPORT_VERSION:
+        raise BadLine(
+            f"line {number}: not a session record line (a `sessionlog export` file starts "
+            f'with {{"sessionlog_export": {EXPORT_VERSION}, "session": ...}})'
+        )
+    try:
+        return json_format.ParseDict(value.get("session") or {}, pb.Session())
+    except json_format.ParseError as exc:
+        raise BadLine(f"line {number}: the session record is not valid ({exc})") from None
+
+
+def _chunks(lines: Iterator[tuple[int, str]]) -> Iterator[list[tuple[int, event_pb2.Event]]]:
+    chunk: list[tuple[int, event_pb2.Event]] = []
+    size = 0
+    for number, line in lines:
+        event = _event(number, line)
+        size += event.ByteSize()
+        if chunk and (len(chunk) >= CHUNK_EVENTS or size > CHUNK_BYTES):
+            yield chunk
+            chunk, size = [], event.ByteSize()
+        chunk.append((number, event))
+    if chunk:
+        yield chunk
+
+
+def _event(number: int, line: str) -> event_pb2.Event:
+    try:
+        value = json.loads(line)
+    except json.JSONDecodeError as exc:
+        raise BadLine(f"line {number}: not JSON ({exc.msg})") from None
+    if not isinstance(value, dict):
+        raise BadLine(f"line {number}: an event line holds a JSON object")
+    try:
+        return json_format.ParseDict(value, event_pb2.Event())
+    except json_format.ParseError as exc:
+        raise BadLine(f"line {number}: not an event ({exc})") from None
+
+
+def _send(
+    client: Client,
+    session_id: str,
+    record: pb.Session,
+    first_seq: int,
+    chunk: list[tuple[int, event_pb2.Event]],
+) -> pb.ImportSessionResponse:
+    """One chunk, with the record's times and parent; a refused event names its line."""
+    try:
+        return client.import_session(
+            session_id,
+            [event for _, event in chunk],
+            first_seq=first_seq,
+            create_time=record.create_time if record.HasField("create_time") else None,
+            last_append_time=(
+                record.last_append_time if record.HasField("last_append_time") else None
+            ),
+            parent_session_id=record.parent_session_id,
+            parent_event_count=record.parent_event_count,
+        )
+    except errors.SessionLogError as exc:
+        index = exc.metadata.get("index", "")
+        if index.isdigit() and int(index) < len(chunk):
+            exc.message = f"line {chunk[int(index)][0]}: {exc.message}"
+        raise

@@ -1,0 +1,209 @@
+"""`sessionlog export` and `sessionlog import` round trips, and the clients' import_session.
+
+A session exported from one server and imported into another (or under another id) reads back
+the same: every event with its seq, time, type, data, surface op and state delta, and the
+record's create and last-append times and fork parent. Large sessions go in several chunks.
+Bad lines are refused naming the line. Two servers for the module.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from sessionlog.testing import RunningServer
+from sessionlog_client import AsyncClient, Client, errors, event
+from sessionlog_client.v1 import event_pb2
+from sessionlog_client.v1 import session_log_service_pb2 as pb
+from tests.e2e._proc import SESSIONLOG, run_cli, running_server
+
+
+@pytest.fixture(scope="module")
+def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[RunningServer, ...]]:
+    root = tmp_path_factory.mktemp("transfer")
+    with running_server(root / "a") as a, running_server(root / "b") as b:
+        yield a, b
+
+
+def cli(server: RunningServer, cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return run_cli([*args, "--server", server.address], cwd, timeout=120)
+
+
+def events_of(client: Client, session_id: str) -> list[event_pb2.Event]:
+    return list(client.since(session_id))
+
+
+def record_of(client: Client, session_id: str) -> pb.Session:
+    session = client.get_session(session_id).session
+    session.ClearField("lease")
+    return session
+
+
+def build(client: Client, session_id: str) -> None:
+    """A session of every kind of event: messages, tool calls, turns, a replace, a hide, state."""
+    client.create_session(session_id, [event("system_message", {"content": "be brief"})])
+    client.append(
+        session_id,
+        [
+            event("turn_start", {}),
+            event("user_message", {"content": "hi", "metadata": {"n": 1, "x": 0.25}}),
+            event("tool_call", {"name": "look", "args": [1, "two", None, True]}),
+            event("tool_result", {"tool_call_id": "c1", "content": "found"}),
+            event("assistant_message", {"content": "done", "reasoning_content": "r"}),
+            event("turn_end", {}, state_delta={"step": 2, "nested": {"k": [1, 2]}}),
+        ],
+    )
+    client.append(session_id, [event("user_message", {"content": "[sum]"}, replace=(1, 3))])
+    client.hide(session_id, 4, 5)
+
+
+def test_export_then_import_elsewhere_is_identical(
+    servers: tuple[RunningServer, ...], tmp_path: Path
+) -> None:
+    """Export from A, import into B under the same id, and under another id on A."""
+    a, b = servers
+    with Client(a.address) as ca, Client(b.address) as cb:
+        build(ca, "tr-parent")
+        ca.fork_session("tr-parent", at_seq=6, session_id="tr-child")
+        ca.append("tr-child", [event("assistant_message", {"content": "after the fork"})])
+        for session_id in ("tr-parent", "tr-child"):
+            out = tmp_path / f"{session_id}.jsonl"
+            done = cli(a, tmp_path, "export", session_id, "-o", str(out))
+            assert done.returncode == 0, done.stderr
+            lines = out.read_text().splitlines()
+            assert json.loads(lines[0])["sessionlog_export"] == 1
+            assert len(lines) == 1 + record_of(ca, session_id).event_count
+            done = cli(b, tmp_path, "import", str(out))
+            assert done.returncode == 0, done.stderr
+            assert f"imported {session_id}" in done.stdout
+            assert events_of(cb, session_id) == events_of(ca, session_id)
+            assert record_of(cb, session_id) == record_of(ca, session_id)
+            assert cb.chat_messages(session_id) == ca.chat_messages(session_id)
+            assert cb.get_state(session_id) == ca.get_state(session_id)
+        child = record_of(cb, "tr-child")
+        assert (child.parent_session_id, child.parent_event_count) == ("tr-parent", 7)
+
+        done = cli(a, tmp_path, "import", str(tmp_path / "tr-child.jsonl"), "--session-id", "tr-2")
+        assert done.returncode == 0, done.stderr
+        assert events_of(ca, "tr-2") == events_of(ca, "tr-child")
+        renamed, original = record_of(ca, "tr-2"), record_of(ca, "tr-child")
+        renamed.session_id = original.session_id
+        assert renamed == original
+
+
+def test_a_long_session_goes_in_chunks_through_stdout_and_stdin(
+    servers: tuple[RunningServer, ...], tmp_path: Path
+) -> None:
+    """1,200 events (three chunks) piped from export to import; an empty session too."""
+    a, b = servers
+    with Client(a.address) as ca, Client(b.address) as cb:
+        for start in range(0, 1200, 400):
+            batch = [event("user_message", {"content": f"m{n}"}) for n in range(start, start + 400)]
+            ca.append("tr-long", batch)
+        ca.create_session("tr-empty")
+        for session_id in ("tr-long", "tr-empty"):
+            exported = cli(a, tmp_path, "export", session_id)
+            assert exported.returncode == 0, exported.stderr
+            imported = subprocess.run(
+                [str(SESSIONLOG), "import", "-", "--server", b.address],
+                input=exported.stdout,
+                capture_output=True,
+                text=True,
+                timeout=120,
+                check=False,
+            )
+            assert imported.returncode == 0, imported.stderr
+            assert events_of(cb, session_id) == events_of(ca, session_id)
+            assert record_of(cb, session_id) == record_of(ca, session_id)
+        assert record_of(cb, "tr-long").event_count == 1200
+        assert record_of(cb, "tr-empty").exists
+
+
+def test_the_openai_format_is_the_chat_messages(
+    servers: tuple[RunningServer, ...], tmp_path: Path
+) -> None:
+    a, _ = servers
+    with Client(a.address) as ca:
+        build(ca, "tr-chat")
+        done = cli(a, tmp_path, "export", "tr-chat", "--format", "openai")
+        assert done.returncode == 0, done.stderr
+        assert json.loads(done.stdout) == ca.chat_messages("tr-chat")
+
+
+def test_bad_lines_are_refused_naming_the_line(
+    servers: tuple[RunningServer, ...], tmp_path: Path
+) -> None:
+    """Not JSON, not an event, a seq out of line, an event the server refuses, no record line,
+    a session that exists: each refused with its line (or reason), nothing imported."""
+    a, b = servers
+    header = json.dumps({"sessionlog_export": 1, "session": {"session_id": "tr-bad"}})
+    good = json.dumps({"seq": 0, "type": "EVENT_TYPE_USER_MESSAGE", "data": {"content": "a"}})
+    cases = [
+        ([header, good, "{not json"], 2, "line 3: not JSON"),
+        ([header, good, '{"seq": 1, "type": "EVENT_TYPE_NOPE"}'], 2, "line 3: not an event"),
+        ([header, good.replace('"seq": 0', '"seq": 4')], 2, "line 2: seq 4"),
+        (
+            [header, good, '{"seq": 1, "type": "EVENT_TYPE_TOOL_CALL", "surface_op": '
+             '{"replace": {"start_seq": 0, "stop_seq": 0}}}'],
+            1,
+            "line 3:",
+        ),
+        ([good], 2, "line 1: not a session record line"),
+        ([], 2, "the file is empty"),
+    ]  # fmt: skip
+    with Client(b.address) as cb:
+        for lines, status, message in cases:
+            path = tmp_path / "bad.jsonl"
+            path.write_text("".join(line + "\n" for line in lines))
+            done = cli(b, tmp_path, "import", str(path))
+            assert done.returncode == status, (lines, done.stdout, done.stderr)
+            assert message in done.stderr, (lines, done.stderr)
+            assert not cb.get_session("tr-bad").session.exists
+        cb.append("tr-taken", [event("user_message", {"content": "mine"})])
+        path.write_text(header.replace("tr-bad", "tr-taken") + "\n" + good + "\n")
+        done = cli(b, tmp_path, "import", str(path))
+        assert done.returncode == 1
+        assert "SESSION_ALREADY_EXISTS" in done.stderr
+        assert cb.get_session("tr-taken").session.event_count == 1
+    done = cli(a, tmp_path, "export", "tr-never")
+    assert done.returncode == 1
+    assert "does not exist" in done.stderr
+
+
+def test_the_python_clients_import_in_chunks(servers: tuple[RunningServer, ...]) -> None:
+    """Sync and async import_session: numbered from first_seq, times kept, continued."""
+    a, _ = servers
+    when = "2024-05-01T12:00:00.123456Z"
+    with Client(a.address) as client:
+        reply = client.import_session(
+            "tr-py",
+            [{"type": "user_message", "data": {"content": "one"}, "time": when}],
+            create_time=when,
+            parent_session_id="elsewhere",
+            parent_event_count=3,
+        )
+        assert (reply.imported_count, reply.session.event_count) == (1, 1)
+        with pytest.raises(errors.ImportSeqMismatch) as caught:
+            client.import_session("tr-py", [event("user_message", {"content": "x"})])
+        assert caught.value.metadata["next_seq"] == "1"
+
+    async def go_on() -> pb.ImportSessionResponse:
+        async with AsyncClient(a.address) as aio:
+            return await aio.import_session(
+                "tr-py", [event("user_message", {"content": "two"}, time=when)], first_seq=1
+            )
+
+    reply = asyncio.run(asyncio.wait_for(go_on(), 30))
+    assert reply.session.event_count == 2
+    with Client(a.address) as client:
+        stored = list(client.since("tr-py"))
+        assert [e.seq for e in stored] == [0, 1]
+        assert {e.time.ToJsonString() for e in stored} == {when}
+        session = client.get_session("tr-py").session
+        assert session.create_time.ToJsonString() == when
+        assert session.parent_session_id == "elsewhere"

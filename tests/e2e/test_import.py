@@ -1,0 +1,261 @@
+"""ImportSession and GetSessionRecords over gRPC: a session written as it was elsewhere.
+
+Seqs, times and the record (create and last-append time, fork parent) are kept; chunks continue
+an import at its next seq and nothing else; events are checked as Append checks them; the extras
+of a slot move (request records, lease, audit) need an admin token, and a tenant imports inside
+its prefix only. One server (auth on, the tokens of ``test_auth``) for the module.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+from google.protobuf.duration_pb2 import Duration
+from google.protobuf.timestamp_pb2 import Timestamp
+
+from sessionlog.testing import RunningServer
+from sessionlog.v1 import event_pb2
+from sessionlog.v1 import session_log_service_pb2 as pb
+from sessionlog.v1 import session_log_service_pb2_grpc as pb_grpc
+from tests.e2e._helpers import check, ev, failure, replace, user
+from tests.e2e._proc import running_server
+from tests.e2e.test_auth import ADMIN, TENANT_A, WRITER, tokens_file
+
+T0 = 1_700_000_000_123_456_000
+"""A past time, in ns, to the microsecond (what Timestamp keeps exactly here)."""
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+    root = tmp_path_factory.mktemp("import")
+    tokens = tokens_file(root / "tokens.toml")
+    with running_server(root / "data", auth_tokens=str(tokens)) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def stub(server: RunningServer) -> pb_grpc.SessionLogServiceStub:
+    return pb_grpc.SessionLogServiceStub(server.channel())  # type: ignore[no-untyped-call]
+
+
+def as_(token: str) -> tuple[tuple[str, str], ...]:
+    return (("authorization", f"Bearer {token}"),)
+
+
+def stamp(ns: int) -> Timestamp:
+    value = Timestamp()
+    value.FromNanoseconds(ns)
+    return value
+
+
+def timed(seq: int, content: str, ns: int) -> event_pb2.Event:
+    event = user(content)
+    event.seq = seq
+    event.time.CopyFrom(stamp(ns))
+    return event
+
+
+def stored(stub: pb_grpc.SessionLogServiceStub, session_id: str) -> list[event_pb2.Event]:
+    request = pb.SinceRequest(session_id=session_id)
+    return [e for r in stub.Since(request, metadata=as_(ADMIN), timeout=5) for e in r.events]
+
+
+def record(stub: pb_grpc.SessionLogServiceStub, session_id: str) -> pb.Session:
+    request = pb.GetSessionRequest(session_id=session_id)
+    session: pb.Session = stub.GetSession(request, metadata=as_(ADMIN), timeout=5).session
+    return session
+
+
+def test_chunks_keep_seqs_times_and_the_record(stub: pb_grpc.SessionLogServiceStub) -> None:
+    """Two chunks: the session holds the events with their seqs and times, and the record."""
+    first = pb.ImportSessionRequest(
+        session_id="imp-1",
+        events=[timed(0, "a", T0 + 1000), timed(1, "b", T0 + 2000)],
+        create_time=stamp(T0),
+        last_append_time=stamp(T0 + 2000),
+        parent_session_id="imp-parent",
+        parent_event_count=1,
+    )
+    reply = stub.ImportSession(first, metadata=as_(WRITER), timeout=5)
+    assert (reply.imported_count, reply.session.event_count) == (2, 2)
+    later = pb.ImportSessionRequest(
+        session_id="imp-1",
+        first_seq=2,
+        events=[timed(2, "c", T0 + 3000), replace(0, 1, "sum")],
+    )
+    later.events[1].seq = 3
+    later.events[1].time.CopyFrom(stamp(T0 + 9000))
+    reply = stub.ImportSession(later, metadata=as_(WRITER), timeout=5)
+    assert reply.imported_count == 2
+    events = stored(stub, "imp-1")
+    assert [e.seq for e in events] == [0, 1, 2, 3]
+    assert [e.time.ToNanoseconds() for e in events] == [T0 + 1000, T0 + 2000, T0 + 3000, T0 + 9000]
+    session = record(stub, "imp-1")
+    assert session.create_time.ToNanoseconds() == T0
+    assert session.last_append_time.ToNanoseconds() == T0 + 9000  # the last event's: unset
+    assert (session.parent_session_id, session.parent_event_count) == ("imp-parent", 1)
+    assert session.replace_generation == 1
+    # An imported session takes appends like any other.
+    append = pb.AppendRequest(session_id="imp-1", events=[user("d")])
+    assert stub.Append(append, metadata=as_(WRITER), timeout=5).events[0].seq == 4
+
+
+def test_an_empty_session_is_imported(stub: pb_grpc.SessionLogServiceStub) -> None:
+    """A chunk without events creates the session with its times."""
+    request = pb.ImportSessionRequest(
+        session_id="imp-empty", create_time=stamp(T0), last_append_time=stamp(T0 + 5)
+    )
+    stub.ImportSession(request, metadata=as_(WRITER), timeout=5)
+    session = record(stub, "imp-empty")
+    assert (session.exists, session.event_count) == (True, 0)
+    assert session.create_time.ToNanoseconds() == T0
+
+
+def test_seqs_out_of_line_are_refused_and_change_nothing(
+    stub: pb_grpc.SessionLogServiceStub,
+) -> None:
+    """Seqs that skip inside a chunk, a chunk past or before the next seq: refused."""
+    stub.ImportSession(
+        pb.ImportSessionRequest(session_id="imp-seq", events=[timed(0, "a", T0)]),
+        metadata=as_(WRITER),
+        timeout=5,
+    )
+    skipping = pb.ImportSessionRequest(
+        session_id="imp-seq", first_seq=1, events=[timed(1, "b", T0), timed(3, "c", T0)]
+    )
+    error = failure(stub.ImportSession, skipping, metadata=as_(WRITER), timeout=5)
+    check(error, grpc.StatusCode.INVALID_ARGUMENT, "IMPORT_SEQ_NOT_DENSE", index=1, seq=3)
+    for first_seq in (0, 2):  # an overlap, a gap
+        chunk = pb.ImportSessionRequest(
+            session_id="imp-seq", first_seq=first_seq, events=[timed(first_seq, "x", T0)]
+        )
+        error = failure(stub.ImportSession, chunk, metadata=as_(WRITER), timeout=5)
+        check(error, grpc.StatusCode.FAILED_PRECONDITION, "IMPORT_SEQ_MISMATCH", next_seq=1)
+    fresh = pb.ImportSessionRequest(session_id="imp-new", first_seq=5, events=[timed(5, "x", T0)])
+    error = failure(stub.ImportSession, fresh, metadata=as_(WRITER), timeout=5)
+    check(error, grpc.StatusCode.FAILED_PRECONDITION, "IMPORT_SEQ_MISMATCH", next_seq=0)
+    assert record(stub, "imp-seq").event_count == 1
+    assert not record(stub, "imp-new").exists
+
+
+def test_events_are_checked_as_append_checks_them(stub: pb_grpc.SessionLogServiceStub) -> None:
+    """An unknown type, a replace pointing at the future: the Append reasons, nothing written."""
+    bad_type = ev(99, content="a")
+    future = replace(5, 6, "later")
+    for events, reason in (([bad_type], "UNKNOWN_EVENT_TYPE"), ([future], "INVALID_SURFACE_OP")):
+        request = pb.ImportSessionRequest(session_id="imp-bad", events=events)
+        error = failure(stub.ImportSession, request, metadata=as_(WRITER), timeout=5)
+        check(error, grpc.StatusCode.INVALID_ARGUMENT, reason, index=0)
+    assert not record(stub, "imp-bad").exists
+
+
+def test_a_session_not_made_by_an_import_is_refused(stub: pb_grpc.SessionLogServiceStub) -> None:
+    """Importing onto a session created by an append: SESSION_ALREADY_EXISTS, at any seq."""
+    stub.Append(
+        pb.AppendRequest(session_id="imp-own", events=[user("a")]), metadata=as_(WRITER), timeout=5
+    )
+    for first_seq in (0, 1):
+        request = pb.ImportSessionRequest(
+            session_id="imp-own", first_seq=first_seq, events=[timed(first_seq, "b", T0)]
+        )
+        error = failure(stub.ImportSession, request, metadata=as_(WRITER), timeout=5)
+        check(error, grpc.StatusCode.ALREADY_EXISTS, "SESSION_ALREADY_EXISTS", session_id="imp-own")
+    assert record(stub, "imp-own").event_count == 1
+
+
+def test_a_live_lease_holds_off_a_plain_import(stub: pb_grpc.SessionLogServiceStub) -> None:
+    """A lease taken on the id before the import: LEASE_HELD, as for an append."""
+    acquire = pb.AcquireLeaseRequest(session_id="imp-leased", holder="w", ttl=Duration(seconds=60))
+    stub.AcquireLease(acquire, metadata=as_(WRITER), timeout=5)
+    request = pb.ImportSessionRequest(session_id="imp-leased", events=[timed(0, "a", T0)])
+    error = failure(stub.ImportSession, request, metadata=as_(WRITER), timeout=5)
+    check(error, grpc.StatusCode.FAILED_PRECONDITION, "LEASE_HELD")
+    assert not record(stub, "imp-leased").exists
+
+
+def test_tenants_import_inside_their_prefix_only(stub: pb_grpc.SessionLogServiceStub) -> None:
+    """A tenant token imports a plain session in its prefix, and is refused outside it."""
+    inside = pb.ImportSessionRequest(session_id="tenant-a.imp", events=[timed(0, "a", T0)])
+    stub.ImportSession(inside, metadata=as_(TENANT_A), timeout=5)
+    assert record(stub, "tenant-a.imp").event_count == 1
+    outside = pb.ImportSessionRequest(session_id="tenant-b.imp", events=[timed(0, "a", T0)])
+    error = failure(stub.ImportSession, outside, metadata=as_(TENANT_A), timeout=5)
+    assert error.code() == grpc.StatusCode.PERMISSION_DENIED
+    assert not record(stub, "tenant-b.imp").exists
+
+
+def test_a_moves_extras_need_admin_and_replay(stub: pb_grpc.SessionLogServiceStub) -> None:
+    """Request records, a lease and its audit: refused to a writer, kept for an admin; a
+    request record read from one session and imported with it replays its append."""
+    appended = stub.Append(
+        pb.AppendRequest(session_id="imp-src", events=[user("once")], request_id="r-1"),
+        metadata=as_(WRITER),
+        timeout=5,
+    )
+    lease = pb.AcquireLeaseRequest(session_id="imp-src", holder="w", ttl=Duration(seconds=600))
+    held = stub.AcquireLease(lease, metadata=as_(WRITER), timeout=5).lease
+    records_request = pb.GetSessionRecordsRequest(session_id="imp-src")
+    error = failure(stub.GetSessionRecords, records_request, metadata=as_(WRITER), timeout=5)
+    check(error, grpc.StatusCode.PERMISSION_DENIED, "PERMISSION_DENIED")
+    records = stub.GetSessionRecords(records_request, metadata=as_(ADMIN), timeout=5)
+    assert [r.request_id for r in records.request_records] == ["r-1"]
+    assert (records.lease.lease.holder, records.lease.lease.token) == ("w", held.token)
+
+    copy = pb.ImportSessionRequest(
+        session_id="imp-dst",
+        events=stored(stub, "imp-src"),
+        request_records=records.request_records,
+        lease=records.lease,
+    )
+    error = failure(stub.ImportSession, copy, metadata=as_(WRITER), timeout=5)
+    check(error, grpc.StatusCode.PERMISSION_DENIED, "PERMISSION_DENIED")
+    assert not record(stub, "imp-dst").exists
+    stub.ImportSession(copy, metadata=as_(ADMIN), timeout=5)
+    retry = pb.AppendRequest(
+        session_id="imp-dst", events=[user("once")], request_id="r-1", lease_holder="w"
+    )
+    replayed = stub.Append(retry, metadata=as_(WRITER), timeout=5)
+    assert (list(replayed.events), replayed.next_seq) == (list(appended.events), 1)
+    assert record(stub, "imp-dst").event_count == 1
+    assert record(stub, "imp-dst").lease.holder == "w"
+    plain = pb.AppendRequest(session_id="imp-dst", events=[user("not the holder")])
+    error = failure(stub.Append, plain, metadata=as_(WRITER), timeout=5)
+    check(error, grpc.StatusCode.FAILED_PRECONDITION, "LEASE_HELD")
+
+
+def test_an_import_replicates_byte_for_byte(tmp_path: Path) -> None:
+    """Import chunks (with a move's extras, no auth here) reach a replica as they are: the
+    events, the record, the request records and the lease read the same there."""
+    from tests.e2e._replication_cluster import Cluster, wait_position
+    from tests.e2e.test_replication import assert_same_data
+
+    with Cluster(tmp_path) as nodes:
+        primary = nodes.primary()
+        replica = nodes.replica(primary, "replica-1")
+        stub = primary.stub()
+        stub.Append(pb.AppendRequest(session_id="src", events=[user("a")], request_id="r"))
+        stub.AcquireLease(
+            pb.AcquireLeaseRequest(session_id="src", holder="w", ttl=Duration(seconds=60))
+        )
+        records = stub.GetSessionRecords(pb.GetSessionRecordsRequest(session_id="src"))
+        first = pb.ImportSessionRequest(
+            session_id="copy", events=[timed(0, "a", T0)], create_time=stamp(T0)
+        )
+        stub.ImportSession(first, timeout=5)
+        later = pb.ImportSessionRequest(
+            session_id="copy",
+            first_seq=1,
+            events=[timed(1, "b", T0 + 1000)],
+            request_records=records.request_records,
+            lease=records.lease,
+        )
+        stub.ImportSession(later, timeout=5)
+        wait_position(replica, primary.status().position, timeout=30)
+        assert assert_same_data(primary, replica) == 2
+        asked = pb.GetSessionRecordsRequest(session_id="copy")
+        on_primary = stub.GetSessionRecords(asked, timeout=5)
+        assert on_primary.request_records[0].request_id == "r"
+        assert replica.stub().GetSessionRecords(asked, timeout=5) == on_primary

@@ -402,7 +402,8 @@ def test_the_python_clients_retry_replicas_unavailable_a_bounded_number_of_times
 ) -> None:
     """With no replica, an append with a request id is sent 1 + Retry.replicas_retries times
     (each waits --sync-timeout), then raises ReplicasUnavailable with needed, counted and
-    position; AsyncClient the same; a write that is never retried raises it after one try. The
+    position; AsyncClient the same; a write without a request id raises it after one try, a
+    create_session with its generated one after as many as an append. The
     write is committed: once a replica holds it, the same request id returns the original."""
     metrics_port = free_port()
     with Cluster(tmp_path) as cluster:
@@ -424,8 +425,11 @@ def test_the_python_clients_retry_replicas_unavailable_a_bounded_number_of_times
             assert again.value.position == 1  # the same write: the request id replayed it
             assert _metrics(metrics_port)["sessionlog_sync_timeouts_total"] == 5
             with pytest.raises(errors.ReplicasUnavailable):
-                client.create_session("other", [note("x")])
+                client.create_session("other", [note("x")], request_id="")  # no id: one try
             assert _metrics(metrics_port)["sessionlog_sync_timeouts_total"] == 6
+            with pytest.raises(errors.ReplicasUnavailable):
+                client.create_session("other2", [note("x")])  # a generated id: retried as append
+            assert _metrics(metrics_port)["sessionlog_sync_timeouts_total"] == 9
             assert client.get_session("s").session.event_count == 1
             cluster.replica(primary, "replica")
             reply = client.append("s", [note("one")], request_id="r-1")

@@ -33,6 +33,7 @@ import unicodedata
 from bisect import bisect_left, bisect_right
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from heapq import heappush, heapreplace
 from typing import NamedTuple
 
 from google.protobuf.struct_pb2 import ListValue, Struct, Value
@@ -412,6 +413,70 @@ def fold_surface(events: Iterable[Event]) -> list[Event]:
     return sorted(visible, key=position)
 
 
+def surface_tail(
+    events_desc: Iterable[Event], limit: int, before: int | None = None
+) -> list[Event]:
+    """The last ``limit`` entries of the surface with position below ``before`` (None: no bound),
+    in surface order, from the log's events given newest first, read only as far as needed.
+
+    ``events_desc`` must be a log's events in descending seq, starting at its last event (the
+    view's end) with none left out. Why the walk may stop early (SPEC §4): when an event at seq s
+    is reached, every event that could shadow it has a larger seq and has already been seen, so
+    whether it is visible is known; and every event not yet seen has a position at most its seq,
+    below s. Visible entries never share a position (a replace hides the event at its start and
+    any earlier replace from there), so once the next seq is below the position of the
+    ``limit``-th candidate, nothing unseen can enter the page.
+
+    Cost: the events from the view's end down to the page's first entry (and the seq that
+    proves it), whatever the length of the log.
+    """
+    if limit <= 0:
+        return []
+    hidden = _Ranges()
+    page: list[tuple[int, int, Event]] = []  # a min-heap of (position, seq, event), <= limit
+    for event in events_desc:
+        seq = event.seq
+        if len(page) == limit and seq < page[0][0]:
+            break
+        rng = replace_range(event)
+        pos = seq if rng is None else rng[0]
+        if (
+            event.type in SURFACE_TYPES
+            and (before is None or pos < before)
+            and not hidden.covers(pos)
+        ):
+            if len(page) < limit:
+                heappush(page, (pos, seq, event))
+            elif (pos, seq) > page[0][:2]:
+                heapreplace(page, (pos, seq, event))
+        if rng is not None:
+            hidden.add(*rng)
+    return [event for _, _, event in sorted(page, key=lambda entry: entry[:2])]
+
+
+class _Ranges:
+    """A union of closed integer ranges, kept as sorted disjoint (start, stop) pairs."""
+
+    __slots__ = ("_starts", "_stops")
+
+    def __init__(self) -> None:
+        self._starts: list[int] = []
+        self._stops: list[int] = []
+
+    def covers(self, value: int) -> bool:
+        i = bisect_right(self._starts, value) - 1
+        return i >= 0 and self._stops[i] >= value
+
+    def add(self, start: int, stop: int) -> None:
+        starts, stops = self._starts, self._stops
+        lo = bisect_left(stops, start - 1)  # the first range ending at or after start - 1
+        hi = bisect_right(starts, stop + 1)  # one past the last starting at or before stop + 1
+        if lo < hi:
+            start, stop = min(start, starts[lo]), max(stop, stops[hi - 1])
+        starts[lo:hi] = [start]
+        stops[lo:hi] = [stop]
+
+
 class SurfaceFold:
     """The surface of one session, extended one event at a time.
 
@@ -486,6 +551,18 @@ class SurfaceFold:
             if memo[i] is None:
                 memo[i] = project(events[i]).SerializeToString(deterministic=True)
         return [e.seq for e in events[start:]], memo[start:]  # type: ignore[return-value]
+
+    def page(self, limit: int, before: int | None = None) -> tuple[list[Event], list[bytes]]:
+        """The last ``limit`` entries with position below ``before`` (None: no bound) and their
+        serialized Messages: what :func:`surface_tail` returns for the same log, served from
+        the memo in O(log n + limit)."""
+        end = len(self._events) if before is None else bisect_left(self._positions, before)
+        start = max(0, end - limit) if limit > 0 else end
+        memo = self._projected
+        for i in range(start, end):
+            if memo[i] is None:
+                memo[i] = project(self._events[i]).SerializeToString(deterministic=True)
+        return self._events[start:end], memo[start:end]  # type: ignore[return-value]
 
     def projected(self) -> list[bytes]:
         """Each surface entry's Message, serialized; projected once per entry and memoized.

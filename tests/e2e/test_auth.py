@@ -162,6 +162,7 @@ def every_rpc(session_id: str) -> list[tuple[str, Message, bool]]:
     return [
         (SERVICE + "Append", pb.AppendRequest(session_id=session_id, events=[user("x")]), False),
         (SERVICE + "Since", pb.SinceRequest(session_id=session_id), True),
+        (SERVICE + "ListEvents", pb.ListEventsRequest(session_id=session_id), False),
         (SERVICE + "Surface", pb.SurfaceRequest(session_id=session_id), False),
         (SERVICE + "DeriveMessages", pb.DeriveMessagesRequest(session_id=session_id), False),
         (SERVICE + "GetState", pb.GetStateRequest(session_id=session_id), False),
@@ -399,7 +400,7 @@ def test_a_tenant_token_cannot_touch_another_tenants_session(server: RunningServ
         for method, request, streaming in every_rpc("tenant-b.x")
         if method.startswith(SERVICE) and not method.endswith("ListSessions")
     ]
-    assert len(calls) == 12
+    assert len(calls) == 13
     for method, request, streaming in calls:
         error = refusal(channel, method, request, TENANT_A, streaming)
         assert_refused(error, PERMISSION_DENIED)

@@ -24,7 +24,10 @@ status back into the same class with :func:`from_reason`.
     │   ├── BatchTooLarge                   BATCH_TOO_LARGE (the reply would not fit a message)
     │   ├── TooManyEvents                   TOO_MANY_EVENTS (over the events-per-append limit)
     │   ├── InvalidEpoch                    INVALID_EPOCH (a fence without an epoch)
-    │   └── InvalidAddress                  INVALID_ADDRESS (not HOST:PORT)
+    │   ├── InvalidAddress                  INVALID_ADDRESS (not HOST:PORT)
+    │   ├── InvalidPageToken                INVALID_PAGE_TOKEN (not this listing's token)
+    │   ├── InvalidPageSize                 INVALID_PAGE_SIZE (a negative page_size)
+    │   └── InvalidOrderBy                  INVALID_ORDER_BY (an order_by the RPC does not offer)
     ├── SessionAlreadyExists                ALREADY_EXISTS
     ├── FailedPrecondition                  FAILED_PRECONDITION
     │   ├── OpenTurn                        OPEN_TURN
@@ -149,6 +152,18 @@ class InvalidEpoch(InvalidArgument):
 
 class InvalidAddress(InvalidArgument):
     reason = "INVALID_ADDRESS"
+
+
+class InvalidPageToken(InvalidArgument):
+    reason = "INVALID_PAGE_TOKEN"
+
+
+class InvalidPageSize(InvalidArgument):
+    reason = "INVALID_PAGE_SIZE"
+
+
+class InvalidOrderBy(InvalidArgument):
+    reason = "INVALID_ORDER_BY"
 
 
 class Unauthenticated(SessionLogError):

@@ -5,6 +5,7 @@ One server for the module; each test writes its own sessions.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 from typing import Any
 
@@ -14,6 +15,7 @@ import pytest
 from sessionlog.testing import RunningServer
 from sessionlog.v1 import session_log_service_pb2 as pb
 from sessionlog.v1 import session_log_service_pb2_grpc as pb_grpc
+from sessionlog_client import AsyncClient, Client, event
 from tests.e2e._helpers import (
     ASSISTANT,
     STEP_START,
@@ -250,3 +252,44 @@ def test_paged_derive_refusals(stub: Any) -> None:
     check(failure(derive, stub, "dref-a", page_size=-3), INVALID, "INVALID_PAGE_SIZE")
     empty = derive(stub, "never-derived", page_size=5)
     assert (list(empty.seqs), empty.next_page_token, empty.event_count) == ([], "", 0)
+
+
+# -- clients ------------------------------------------------------------------------------------
+
+
+def test_python_clients_read_the_last_events_and_messages(server: RunningServer) -> None:
+    """Client and AsyncClient: last_events(n) in seq order, last_messages(n) across pages (n
+    above a page's 1000), list_events pages and derive_messages(page_size=...)."""
+    with Client(server.address) as client:
+        client.append("py-tail", [event("user_message", {"content": f"m{i}"}) for i in range(1203)])
+        client.append("py-tail", [event("turn_start")])
+        assert [e.seq for e in client.last_events("py-tail", 3)] == [1201, 1202, 1203]
+        assert len(client.last_events("py-tail", 1100)) == 1100
+        assert len(client.last_events("py-tail", 5000)) == 1204
+        assert client.last_events("py-tail", 0) == []
+        page = client.list_events("py-tail", page_size=2, order_by="seq desc")
+        older = client.list_events(
+            "py-tail", page_size=2, order_by="seq desc", page_token=page.next_page_token
+        )
+        assert [e.seq for e in [*page.events, *older.events]] == [1203, 1202, 1201, 1200]
+        last = client.last_messages("py-tail", 2)
+        assert [m.content for m in last.messages] == ["m1201", "m1202"]
+        assert list(last.seqs) == [1201, 1202]
+        many = client.last_messages("py-tail", 1150)
+        assert list(many.seqs) == list(range(53, 1203))
+        assert many.next_page_token
+        assert len(client.last_messages("py-tail", 2000).messages) == 1203
+        paged = client.derive_messages("py-tail", page_size=1, at_seq=5)
+        assert list(paged.seqs) == [5]
+        with pytest.raises(ValueError, match="must not be negative"):
+            client.last_events("py-tail", -1)
+
+    async def read_async() -> tuple[list[int], list[int]]:
+        async with AsyncClient(server.address) as client:
+            events = await client.last_events("py-tail", 2)
+            messages = await client.last_messages("py-tail", 1001)
+            return [e.seq for e in events], list(messages.seqs)
+
+    events, seqs = asyncio.run(read_async())
+    assert events == [1202, 1203]
+    assert seqs == list(range(202, 1203))

@@ -6,7 +6,9 @@ One server for the module; each test writes its own sessions.
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -27,7 +29,7 @@ from tests.e2e._helpers import (
     replace,
     say,
 )
-from tests.e2e._proc import running_server
+from tests.e2e._proc import run_cli, running_server
 
 INVALID = grpc.StatusCode.INVALID_ARGUMENT
 
@@ -293,3 +295,26 @@ def test_python_clients_read_the_last_events_and_messages(server: RunningServer)
     events, seqs = asyncio.run(read_async())
     assert events == [1202, 1203]
     assert seqs == list(range(202, 1203))
+
+
+def test_cli_prints_the_last_messages(server: RunningServer, tmp_path: Path) -> None:
+    """`sessionlog messages SESSION --last N` prints the last N of the transcript (and --json
+    them with their seqs); `tail --last N --no-follow` the last N events."""
+    with Client(server.address) as client:
+        client.append("cli-tail", [event("user_message", {"content": f"m{i}"}) for i in range(40)])
+
+    def ok(*args: str) -> str:
+        result = run_cli([*args, "--server", server.address], tmp_path)
+        assert result.returncode == 0, result.stderr
+        return result.stdout
+
+    assert ok("messages", "cli-tail", "--last", "2").splitlines() == [
+        "[38] user: m38",
+        "[39] user: m39",
+    ]
+    shown = json.loads(ok("messages", "cli-tail", "--last", "3", "--at-seq", "9", "--json"))
+    assert [m["seq"] for m in shown["messages"]] == [7, 8, 9]
+    assert shown["event_count"] == 10
+    assert len(ok("tail", "cli-tail", "--last", "3", "--no-follow").splitlines()) == 3
+    refused = run_cli(["messages", "cli-tail", "--last", "-1"], tmp_path)
+    assert refused.returncode == 2

@@ -265,7 +265,8 @@ def test_last_case_reads_the_end_and_the_whole_log_and_tabulates_both(tmp_path: 
     for m in measured:
         d = m.details
         assert d["events_in_log"] == 3_000
-        assert d["warm_ms"] > 0 and d["baseline_warm_ms"] > 0
+        assert d["warm_ms"] > 0
+        assert d["baseline_warm_ms"] > 0
         assert d["warm_ratio"] == pytest.approx(d["baseline_warm_ms"] / d["warm_ms"])
     assert measured[2].details["cold_ms"] is None
     report = render(Results([], [], [], [], last=measured), SETTINGS, "quick", _machine())

@@ -423,12 +423,14 @@ def surface_tail(
     view's end) with none left out. Why the walk may stop early (SPEC §4): when an event at seq s
     is reached, every event that could shadow it has a larger seq and has already been seen, so
     whether it is visible is known; and every event not yet seen has a position at most its seq,
-    below s. Visible entries never share a position (a replace hides the event at its start and
-    any earlier replace from there), so once the next seq is below the position of the
-    ``limit``-th candidate, nothing unseen can enter the page.
+    so at most s, and if visible, at a position no replace seen so far covers: at most u, the
+    largest position up to s left uncovered. Visible entries never share a position (a replace
+    hides the event at its start and any earlier replace from there), so once u is below the
+    position of the ``limit``-th candidate, nothing unseen can enter the page. (Looking at u,
+    not s, is what stops the walk right after a summary over the start of a long log.)
 
-    Cost: the events from the view's end down to the page's first entry (and the seq that
-    proves it), whatever the length of the log.
+    Cost: the events from the view's end down to the page's first entry, or to the replace that
+    hides what lies below it (and the event that proves it), whatever the length of the log.
     """
     if limit <= 0:
         return []
@@ -436,7 +438,7 @@ def surface_tail(
     page: list[tuple[int, int, Event]] = []  # a min-heap of (position, seq, event), <= limit
     for event in events_desc:
         seq = event.seq
-        if len(page) == limit and seq < page[0][0]:
+        if len(page) == limit and hidden.uncovered_at_or_below(seq) < page[0][0]:
             break
         rng = replace_range(event)
         pos = seq if rng is None else rng[0]
@@ -466,6 +468,14 @@ class _Ranges:
     def covers(self, value: int) -> bool:
         i = bisect_right(self._starts, value) - 1
         return i >= 0 and self._stops[i] >= value
+
+    def uncovered_at_or_below(self, value: int) -> int:
+        """The largest integer <= ``value`` in no range (-1 when every one from 0 is covered).
+        Ranges are kept merged when they touch, so the one below a covering range is free."""
+        i = bisect_right(self._starts, value) - 1
+        if i >= 0 and self._stops[i] >= value:
+            return self._starts[i] - 1
+        return value
 
     def add(self, start: int, stop: int) -> None:
         starts, stops = self._starts, self._stops

@@ -98,6 +98,26 @@ def test_the_walk_stops_once_the_page_is_certain() -> None:
     assert read == 11
 
 
+def test_a_summary_over_everything_before_it_ends_the_walk() -> None:
+    """A million events, then a summary of all but the last few and nine more messages: the
+    last 10 are the summary and those nine, found without reading what the summary hides."""
+    read = 0
+    count = 1_000_000
+
+    def newest_first() -> Iterator[Event]:
+        nonlocal read
+        for seq in range(count + 9, -1, -1):
+            read += 1
+            if seq == count:
+                yield ev(USER, {"content": "summary"}, seq=seq, replace=(0, count - 1))
+            else:
+                yield ev(USER, {"content": str(seq)}, seq=seq)
+
+    page = surface_tail(newest_first(), 10)
+    assert [e.seq for e in page] == [count, *range(count + 1, count + 10)]
+    assert read == 11
+
+
 def test_a_summary_over_the_start_is_found_from_the_end() -> None:
     """sys, a, b, c, then a summary replacing a..b: the last two are [summary] and c, and the
     page before holds sys; the walk reads past the summary's seq down to its position."""

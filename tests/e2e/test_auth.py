@@ -467,7 +467,8 @@ def test_a_tenant_lists_only_its_own_sessions(server: RunningServer) -> None:
 
 
 def test_a_tenant_works_inside_its_prefix(server: RunningServer) -> None:
-    """The tenant token creates, appends, reads and follows sessions under tenant-a."""
+    """The tenant token creates, appends, reads (from the end too) and follows sessions under
+    tenant-a."""
     channel = server.channel()
     create = pb.CreateSessionRequest(session_id="tenant-a.c", events=[user("c0")])
     unary(channel, SERVICE + "CreateSession", create, TENANT_A)
@@ -475,6 +476,14 @@ def test_a_tenant_works_inside_its_prefix(server: RunningServer) -> None:
     replies = stream(channel, SERVICE + "Since", pb.SinceRequest(session_id="tenant-a.c"), TENANT_A)
     contents = [e.data["content"] for r in replies for e in pb.SinceResponse.FromString(r).events]
     assert contents == ["c0", "c1"]
+    newest = pb.ListEventsRequest(session_id="tenant-a.c", page_size=1, order_by="seq desc")
+    page = pb.ListEventsResponse.FromString(
+        unary(channel, SERVICE + "ListEvents", newest, TENANT_A)
+    )
+    assert [e.data["content"] for e in page.events] == ["c1"]
+    last = pb.DeriveMessagesRequest(session_id="tenant-a.c", page_size=1)
+    derived = unary(channel, SERVICE + "DeriveMessages", last, TENANT_A)
+    assert [m.content for m in pb.DeriveMessagesResponse.FromString(derived).messages] == ["c1"]
 
 
 # -- health and reflection ----------------------------------------------------------------------

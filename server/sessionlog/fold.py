@@ -432,13 +432,57 @@ def surface_tail(
     Cost: the events from the view's end down to the page's first entry, or to the replace that
     hides what lies below it (and the event that proves it), whatever the length of the log.
     """
-    if limit <= 0:
-        return []
+    return walk_back(events_desc, limit, before)[0] if limit > 0 else []
+
+
+@dataclass(frozen=True)
+class TailWalk:
+    """Where a backwards walk stopped, so that the page before can go on from there instead of
+    walking from the view's end again (see :func:`walk_back`)."""
+
+    next_seq: int
+    """The events below this seq are not read yet (0: none is left)."""
+    hidden: tuple[tuple[int, int], ...]
+    """The replace ranges read so far, merged, cut to positions below ``next_seq`` (the only
+    ones an unread event can have)."""
+    pending: tuple[Event, ...]
+    """Visible entries read but left out of the page, below it: they belong to earlier pages."""
+
+
+def walk_back(
+    events_desc: Iterable[Event],
+    limit: int,
+    before: int | None = None,
+    resume: TailWalk | None = None,
+) -> tuple[list[Event], TailWalk]:
+    """:func:`surface_tail`, and where its walk stopped. With ``resume`` (the walk a page before
+    position ``before`` left), ``events_desc`` starts at ``resume.next_seq - 1`` instead of the
+    view's end and the page is the same as a walk from the end would find. ``limit`` must be
+    at least 1."""
+    if limit < 1:
+        raise ValueError(f"a page holds at least one entry, not {limit}")
     hidden = _Ranges()
     page: list[tuple[int, int, Event]] = []  # a min-heap of (position, seq, event), <= limit
+    left: list[Event] = []  # visible entries below the page, for the pages before it
+
+    def offer(event: Event, pos: int) -> None:
+        if len(page) < limit:
+            heappush(page, (pos, event.seq, event))
+        elif (pos, event.seq) > page[0][:2]:
+            left.append(heapreplace(page, (pos, event.seq, event))[2])
+        else:
+            left.append(event)
+
+    next_seq: int | None = None
+    if resume is not None:
+        for start, stop in resume.hidden:
+            hidden.add(start, stop)
+        for event in resume.pending:
+            offer(event, position(event))
     for event in events_desc:
         seq = event.seq
         if len(page) == limit and hidden.uncovered_at_or_below(seq) < page[0][0]:
+            next_seq = seq + 1
             break
         rng = replace_range(event)
         pos = seq if rng is None else rng[0]
@@ -447,13 +491,12 @@ def surface_tail(
             and (before is None or pos < before)
             and not hidden.covers(pos)
         ):
-            if len(page) < limit:
-                heappush(page, (pos, seq, event))
-            elif (pos, seq) > page[0][:2]:
-                heapreplace(page, (pos, seq, event))
+            offer(event, pos)
         if rng is not None:
             hidden.add(*rng)
-    return [event for _, _, event in sorted(page, key=lambda entry: entry[:2])]
+    stopped = 0 if next_seq is None else next_seq
+    walk = TailWalk(stopped, hidden.below(stopped), tuple(left))
+    return [event for _, _, event in sorted(page, key=lambda entry: entry[:2])], walk
 
 
 class _Ranges:
@@ -468,6 +511,14 @@ class _Ranges:
     def covers(self, value: int) -> bool:
         i = bisect_right(self._starts, value) - 1
         return i >= 0 and self._stops[i] >= value
+
+    def below(self, limit: int) -> tuple[tuple[int, int], ...]:
+        """The ranges cut to the integers below ``limit``."""
+        return tuple(
+            (start, min(stop, limit - 1))
+            for start, stop in zip(self._starts, self._stops, strict=True)
+            if start < limit
+        )
 
     def uncovered_at_or_below(self, value: int) -> int:
         """The largest integer <= ``value`` in no range (-1 when every one from 0 is covered).

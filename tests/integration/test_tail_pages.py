@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from sessionlog import errors, fold
-from sessionlog.storage.store import MessagesPage, Store
+from sessionlog.storage.store import MessagesPage, Resume, Store
 from sessionlog.v1.event_pb2 import Event
 from tests.integration.helpers import STEP_START, decoded, event, opened, read_all, replace, user
 
@@ -94,3 +94,38 @@ def test_list_events_walks_either_way(tmp_path: Path) -> None:
         assert store.list_events("never", None, 5, descending=True).events == []
         with pytest.raises(errors.InvalidPageToken):
             store.list_events("e", 11, 5, descending=True)
+
+
+def test_each_page_goes_on_from_where_the_last_walk_stopped(tmp_path: Path) -> None:
+    """The walk a page leaves (unread seqs, ranges, leftovers) finds the page before it just as
+    a walk from the end does, reading only what lies below; a leftover that is no message below
+    the page is InvalidPageToken."""
+    with opened(tmp_path / "db") as store:
+        store.append("p", [user(f"m{i}") for i in range(200)])
+        first = store.derive_page("p", 10)
+        assert first.seqs == list(range(190, 200))
+        assert first.walk == Resume(189, (), (189,))
+        again = store.derive_page("p", 10, pinned=200, before=first.first_position)
+        resumed = store.derive_page(
+            "p", 10, pinned=200, before=first.first_position, resume=first.walk
+        )
+        assert resumed.seqs == again.seqs == list(range(180, 190))
+        assert resumed.walk == Resume(179, (), (179,))
+        _log(store)
+        expected = _fresh(decoded(read_all(store, "s")))
+        for limit in (1, 2, 5):
+            pages = [store.derive_page("s", limit)]
+            while pages[-1].more:
+                last = pages[-1]
+                pages.append(
+                    store.derive_page(
+                        "s", limit, pinned=last.count, before=last.first_position, resume=last.walk
+                    )
+                )
+            assert _seqs(pages) == expected
+        bad = Resume(5, (), (3,))  # seq 3 is a message, but not below position 2
+        with pytest.raises(errors.InvalidPageToken):
+            store.derive_page("s", 2, pinned=10, before=2, resume=bad)
+        step = Resume(14, (), (12,))  # seq 12 is a step marker, no message
+        with pytest.raises(errors.InvalidPageToken):
+            store.derive_page("s", 2, pinned=20, before=13, resume=step)

@@ -7,7 +7,15 @@ from collections.abc import Iterator
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sessionlog.fold import SurfaceFold, fold_surface, position, project, surface_tail
+from sessionlog.fold import (
+    SurfaceFold,
+    TailWalk,
+    fold_surface,
+    position,
+    project,
+    surface_tail,
+    walk_back,
+)
 from sessionlog.v1.event_pb2 import Event
 from tests.unit._events import SURFACE, USER, ev
 from tests.unit.test_fold_property import logs
@@ -65,6 +73,29 @@ def test_paging_back_covers_the_surface_once_in_order(events: list[Event], limit
         e.seq for e in fold_surface(events)
     ]
     assert all(len(page) == limit for page in walked[:-1])
+
+
+@PROPERTY
+@given(st.one_of(logs(), sparse_logs()), st.integers(min_value=1, max_value=7))
+def test_a_walk_resumed_where_it_stopped_finds_the_same_pages(
+    events: list[Event], limit: int
+) -> None:
+    """Each page walked on from the previous walk's state (unread seqs, ranges, entries left
+    over) equals the page a walk from the view's end finds; the state holds only what it must:
+    ranges below the unread seqs, leftovers below the page."""
+    resumed: list[list[int]] = []
+    walk: TailWalk | None = None
+    before: int | None = None
+    while True:
+        start = len(events) if walk is None else walk.next_seq
+        page, walk = walk_back(reversed(events[:start]), limit, before, walk)
+        if not page:
+            break
+        resumed.append([e.seq for e in page])
+        before = position(page[0])
+        assert all(stop < walk.next_seq for _, stop in walk.hidden)
+        assert all(position(e) < before for e in walk.pending)
+    assert resumed == pages(events, limit)
 
 
 @PROPERTY

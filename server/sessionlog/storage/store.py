@@ -16,7 +16,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -58,6 +58,7 @@ __all__ = [
     "AppendResult",
     "EventsPage",
     "MessagesPage",
+    "Resume",
     "Store",
     "StoreConfig",
     "prepare_append",
@@ -283,6 +284,18 @@ class MessagesPage:
     from_memo: bool
     replace_generation: int
     """The session's replace generation as read (that of the view when it is the whole log)."""
+    walk: Resume | None = None
+    """Where the walk behind the page stopped, for the page before (None when served by the
+    memo, or when no page comes before)."""
+
+
+@dataclass(frozen=True)
+class Resume:
+    """Where a backwards walk stopped (``fold.TailWalk``), its pending entries by seq."""
+
+    next_seq: int
+    hidden: tuple[tuple[int, int], ...]
+    pending: tuple[int, ...]
 
 
 @dataclass
@@ -800,14 +813,17 @@ class Store:
         at_seq: int | None = None,
         pinned: int | None = None,
         before: int | None = None,
+        resume: Resume | None = None,
     ) -> MessagesPage:
         """The last ``limit`` messages of a view, before position ``before`` (None: the end).
 
         The view is the fold of events 0..pinned-1; without ``pinned`` (a first page), of
         0..at_seq, or of the whole log. The memo serves it when it holds exactly that view;
-        otherwise ``fold.surface_tail`` walks the log backwards from the view's end, never
-        folding the whole of it, and nothing is memoized. A ``pinned`` past the end of the log
-        (a token of another server's copy, a replica behind) is InvalidPageToken.
+        otherwise ``fold.walk_back`` walks the log backwards, from where the page after it
+        stopped (``resume``, the page's ``walk``) or from the view's end, never folding the
+        whole of it, and nothing is memoized. A ``pinned`` past the end of the log (a token of
+        another server's copy, a replica behind), or a ``resume`` whose pending entries are not
+        surface events below ``before``, is InvalidPageToken.
         """
         with self.env.begin() as txn:
             meta = load_meta(txn, self.tables, session_id)
@@ -835,23 +851,68 @@ class Store:
                 served = (
                     cached.page(limit + 1, before) if cached and cached.count == pinned else None
                 )
+            walked: Resume | None = None
             if served is not None:
                 entries, projected = served
             else:
-                what = f"events before seq {pinned} of session '{session_id}'"
-                with damage.reading(what, session_id=session_id, seq=pinned):
-                    walk = (
-                        damage.decode_event(raw, seq, session_id)
-                        for seq, raw in walk_desc(txn, self.tables, meta.sid, pinned, session_id)
-                    )
-                    entries = fold.surface_tail(walk, limit + 1, before)
+                entries, walked = self._walk_back(
+                    txn, meta.sid, session_id, pinned, limit, before, resume
+                )
                 projected = [fold.project(e).SerializeToString(deterministic=True) for e in entries]
         more = len(entries) > limit
         if more:
+            if walked is not None:  # the entry that showed there is more belongs to the next page
+                walked = Resume(walked.next_seq, walked.hidden, (*walked.pending, entries[0].seq))
             entries, projected = entries[1:], projected[1:]
         first = fold.position(entries[0]) if entries else 0
         seqs = [e.seq for e in entries]
-        return MessagesPage(pinned, seqs, projected, first, more, served is not None, generation)
+        page = MessagesPage(pinned, seqs, projected, first, more, served is not None, generation)
+        return replace(page, walk=walked) if more else page
+
+    def _walk_back(
+        self,
+        txn: lmdb.Transaction,
+        sid: int,
+        session_id: str,
+        pinned: int,
+        limit: int,
+        before: int | None,
+        resume: Resume | None,
+    ) -> tuple[list[Event], Resume]:
+        """``fold.walk_back`` over the stored events, for limit + 1 entries."""
+        what = f"events before seq {pinned} of session '{session_id}'"
+        with damage.reading(what, session_id=session_id, seq=pinned):
+            start = pinned
+            state = None
+            if resume is not None:
+                start = resume.next_seq
+                pending = tuple(self._pending(txn, sid, session_id, resume, before))
+                state = fold.TailWalk(resume.next_seq, resume.hidden, pending)
+            walk = (
+                damage.decode_event(raw, seq, session_id)
+                for seq, raw in walk_desc(txn, self.tables, sid, start, session_id)
+            )
+            entries, stopped = fold.walk_back(walk, limit + 1, before, state)
+        pending_seqs = tuple(e.seq for e in stopped.pending)
+        return entries, Resume(stopped.next_seq, stopped.hidden, pending_seqs)
+
+    def _pending(
+        self, txn: lmdb.Transaction, sid: int, session_id: str, resume: Resume, before: int | None
+    ) -> Iterator[Event]:
+        for seq in resume.pending:
+            raw = txn.get(schema.event_key(sid, seq), db=self.tables.events)
+            event = None if raw is None else damage.decode_event(bytes(raw), seq, session_id)
+            if (
+                event is None
+                or event.type not in fold.SURFACE_TYPES
+                or (before is not None and fold.position(event) >= before)
+            ):
+                raise errors.InvalidPageToken(
+                    f"page_token names seq {seq} of session '{session_id}' as a message left "
+                    "for the next page, which it is not; derive again without a page_token",
+                    field="page_token",
+                )
+            yield event
 
     def _fold(self, session_id: str, meta: SessionMeta, target: int) -> fold.SurfaceFold:
         """The fold of events 0..target-1: the session's memo, brought up to date (O(new)),

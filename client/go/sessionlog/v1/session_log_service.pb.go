@@ -774,8 +774,9 @@ type DeriveMessagesRequest struct {
 	// pinned to the event count of the first page, so later pages stay consistent while the
 	// session grows or is compacted. The server walks the log backwards and stops once the page
 	// is certain: the cost is the events from the end of the view back to the page's first
-	// message, not the whole log. 0, with no page_token: the whole list. Negative fails with
-	// INVALID_PAGE_SIZE. known_event_count is ignored when paging.
+	// message, not the whole log; a later page goes on from where the walk stopped. 0, with no
+	// page_token: the whole list. Negative fails with INVALID_PAGE_SIZE. known_event_count is
+	// ignored when paging.
 	PageSize int32 `protobuf:"varint,10,opt,name=page_size,json=pageSize,proto3" json:"page_size,omitempty"`
 	// From a previous response's next_page_token: the page before it (page_size 0 means 100).
 	// at_seq must be as on the first page. A token of another session, another at_seq, or

@@ -11,7 +11,10 @@ size reached is reported), then a server is started on it. Pairs:
   from seq 0 read to its end (the whole log: how a client found the last events before);
 - last 10 messages: ``DeriveMessages`` with page_size 10 (the backwards fold), beside a full
   ``DeriveMessages`` (the fold of the whole log when cold, the memo when warm);
-- last 10 messages from the memo: the same paged call once a full derive has built the memo.
+- last 10 messages from the memo: the same paged call once a full derive has built the memo;
+- page back: 100 pages of 10 read back from the end, each with the token of the one after it
+  (events, then messages, before the full derive: the walk goes on from where it stopped),
+  the median page beside the same read from the start.
 
 cold: the first call of its kind after the server started (no memo; the data file was just
 written, so the OS page cache is warm either way); warm: the median of repeated calls. Calls
@@ -25,6 +28,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import grpc
 
@@ -37,6 +41,8 @@ from sessionlog.v1 import session_log_service_pb2 as pb
 SERVICE = "/sessionlog.v1.SessionLogService"
 SESSION = "last-reads"
 PAGE = 10
+PAGES_BACK = 100
+"""Pages read back with tokens for the page-back rows (each one timed; the median is shown)."""
 REPLACE_EVERY = 10
 FILL_BATCH = 10_000
 MAX_MESSAGE_BYTES = 64 << 20
@@ -142,7 +148,9 @@ def measure(address: str, written: int, calls: int, full_calls: int) -> list[Pai
         check_events = _check_last_events(written)
         events_cold, events_warm = _cold_and_warm(lambda: list_events(last_events), calls)
         check_events(pb.ListEventsResponse.FromString(list_events(last_events)))
+        events_back = _paging_back(list_events, last_events, pb.ListEventsResponse)
         walk_cold, walk_warm = _cold_and_warm(lambda: derive(last_messages), calls)
+        messages_back = _paging_back(derive, last_messages, pb.DeriveMessagesResponse)
         since_cold, since_warm = _cold_and_warm(read_all, full_calls)
         full_cold, full_warm = _cold_and_warm(lambda: derive(full), full_calls)
         _, memo_warm = _cold_and_warm(lambda: derive(last_messages), calls)
@@ -160,10 +168,26 @@ def measure(address: str, written: int, calls: int, full_calls: int) -> list[Pai
             since_warm,
         ),
         Pair(
+            f"11 events, page back (x{PAGES_BACK}, token)",
+            "Since from 0",
+            None,
+            events_back,
+            since_cold,
+            since_warm,
+        ),
+        Pair(
             "11 last 10 messages (walk back)",
             "full DeriveMessages",
             walk_cold,
             walk_warm,
+            full_cold,
+            full_warm,
+        ),
+        Pair(
+            f"11 messages, page back (x{PAGES_BACK}, token)",
+            "full DeriveMessages",
+            None,
+            messages_back,
             full_cold,
             full_warm,
         ),
@@ -176,6 +200,22 @@ def measure(address: str, written: int, calls: int, full_calls: int) -> list[Pai
             full_warm,
         ),
     ]
+
+
+def _paging_back(send: Callable[[Any], bytes], first: Any, reply_type: Any) -> float:
+    """The median milliseconds of each of PAGES_BACK pages read back from the end with the
+    previous page's token (before any full derive: no memo serves them)."""
+    request = type(first)()
+    request.CopyFrom(first)
+    times = []
+    for _ in range(PAGES_BACK):
+        started = time.perf_counter()
+        reply = reply_type.FromString(send(request))
+        times.append((time.perf_counter() - started) * 1000)
+        if not reply.next_page_token:
+            break
+        request.page_token = reply.next_page_token
+    return statistics.median(times)
 
 
 def _unary(channel: grpc.Channel, method: str) -> Callable[[object], bytes]:

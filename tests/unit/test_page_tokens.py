@@ -8,18 +8,19 @@ import pytest
 
 from sessionlog import errors
 from sessionlog.service import paging
-from sessionlog.service.paging import MessagesCursor, Walk
+from sessionlog.service.paging import MessagesCursor
+from sessionlog.storage.store import Resume
 
 
 def test_cursors_round_trip_with_and_without_their_walk() -> None:
     """A messages cursor comes back as it went, its walk too; a walk too large to carry is left
     out (the next page then walks from the end)."""
-    walk = Walk(50, ((0, 9), (20, 30)), (55, 60))
+    walk = Resume(50, ((0, 9), (20, 30)), (55, 60))
     cursor = MessagesCursor(100, 40, 3, None, walk)
     assert MessagesCursor.decode(cursor.encode("s"), "s", None) == cursor
     plain = MessagesCursor(100, 40, 3, 99)
     assert MessagesCursor.decode(plain.encode("s"), "s", 99) == plain
-    huge = Walk(50, (), tuple(range(50, 50 + paging.MAX_WALK_VALUES + 1)))
+    huge = Resume(50, (), tuple(range(50, 50 + paging.MAX_WALK_VALUES + 1)))
     dropped = MessagesCursor.decode(MessagesCursor(200, 40, 0, None, huge).encode("s"), "s", None)
     assert dropped.walk is None
     assert paging.decode(paging.encode(paging.DESCENDING, "s", 7), paging.DESCENDING, "s", "x") == (
@@ -30,15 +31,15 @@ def test_cursors_round_trip_with_and_without_their_walk() -> None:
 @pytest.mark.parametrize(
     "walk",
     [
-        Walk(101, (), ()),  # resumes past the pinned end
-        Walk(50, ((9, 0),), ()),  # a range backwards
-        Walk(50, ((0, 50),), ()),  # a range reaching the unread seqs' end
-        Walk(50, (), (49,)),  # a leftover among the unread seqs
-        Walk(50, (), (100,)),  # a leftover past the view
-        Walk(50, (), (60, 60)),  # a leftover twice
+        Resume(101, (), ()),  # resumes past the pinned end
+        Resume(50, ((9, 0),), ()),  # a range backwards
+        Resume(50, ((0, 50),), ()),  # a range reaching the unread seqs' end
+        Resume(50, (), (49,)),  # a leftover among the unread seqs
+        Resume(50, (), (100,)),  # a leftover past the view
+        Resume(50, (), (60, 60)),  # a leftover twice
     ],
 )
-def test_a_walk_that_does_not_hold_together_is_refused(walk: Walk) -> None:
+def test_a_walk_that_does_not_hold_together_is_refused(walk: Resume) -> None:
     """A token forged in the right layout but with an impossible walk is INVALID_PAGE_TOKEN."""
     token = MessagesCursor(100, 40, 0, None, walk).encode("s")
     with pytest.raises(errors.InvalidPageToken):

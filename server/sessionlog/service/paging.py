@@ -28,6 +28,7 @@ import struct
 from dataclasses import dataclass
 
 from sessionlog import errors
+from sessionlog.storage.store import Resume
 
 VERSION = 1
 DEFAULT_PAGE_SIZE = 100
@@ -105,19 +106,6 @@ def invalid(rpc: str, session_id: str) -> errors.InvalidPageToken:
 
 
 @dataclass(frozen=True)
-class Walk:
-    """Where the walk behind a page stopped (``fold.TailWalk``, pending entries by seq)."""
-
-    next_seq: int
-    hidden: tuple[tuple[int, int], ...]
-    pending: tuple[int, ...]
-
-    @property
-    def values(self) -> int:
-        return 2 * len(self.hidden) + len(self.pending)
-
-
-@dataclass(frozen=True)
 class MessagesCursor:
     """Where the next page of a paged DeriveMessages stops, and the view it belongs to."""
 
@@ -128,12 +116,14 @@ class MessagesCursor:
     generation: int
     """The replace generation the first page reported (0 with at_seq)."""
     at_seq: int | None
-    walk: Walk | None = None
+    walk: Resume | None = None
     """Where the walk stopped, when small enough to carry (None: walk from the end again)."""
 
     def encode(self, session_id: str) -> str:
         at = 0 if self.at_seq is None else self.at_seq + 1
-        walk = self.walk if self.walk is not None and self.walk.values <= MAX_WALK_VALUES else None
+        walk = (
+            self.walk if self.walk is not None and _values(self.walk) <= MAX_WALK_VALUES else None
+        )
         head = (self.pinned, self.before, self.generation, at)
         if walk is None:
             return encode(MESSAGES, session_id, *head, 0, 0, 0)
@@ -169,4 +159,9 @@ class MessagesCursor:
             or len(set(seqs)) != len(seqs)
         ):
             raise invalid("DeriveMessages", session_id)
-        return cls(pinned, before, generation, cursor.at_seq, Walk(next_seq, hidden, seqs))
+        return cls(pinned, before, generation, cursor.at_seq, Resume(next_seq, hidden, seqs))
+
+
+def _values(walk: Resume) -> int:
+    """The u64s a walk takes in a token."""
+    return 2 * len(walk.hidden) + len(walk.pending)

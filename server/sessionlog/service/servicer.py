@@ -38,7 +38,7 @@ from sessionlog.shard import scatter
 from sessionlog.shard.ownership import MOVE_COPY, MOVE_HEADER, Ownership
 from sessionlog.storage import leadership
 from sessionlog.storage.schema import AuditRecord, LeaseRecord, SessionMeta
-from sessionlog.storage.store import AppendResult, Resume, Store, prepare_append, prepare_seed
+from sessionlog.storage.store import AppendResult, Store, prepare_append, prepare_seed
 from sessionlog.v1 import session_log_service_pb2 as pb
 
 log = logging.getLogger(__name__)
@@ -521,14 +521,13 @@ class SessionLogServicer:
         cursor = None
         if request.page_token:
             cursor = paging.MessagesCursor.decode(request.page_token, session_id, at_seq)
-        walk = None if cursor is None else cursor.walk
         page = self.store.derive_page(
             session_id,
             size,
             at_seq=at_seq,
             pinned=None if cursor is None else cursor.pinned,
             before=None if cursor is None else cursor.before,
-            resume=None if walk is None else Resume(walk.next_seq, walk.hidden, walk.pending),
+            resume=None if cursor is None else cursor.walk,
         )
         if cursor is not None:
             generation = cursor.generation
@@ -538,14 +537,8 @@ class SessionLogServicer:
             generation = 0
         token = ""
         if page.more:
-            stopped = page.walk
-            carried = (
-                None
-                if stopped is None
-                else paging.Walk(stopped.next_seq, stopped.hidden, stopped.pending)
-            )
             cursor = paging.MessagesCursor(
-                page.count, page.first_position, generation, at_seq, carried
+                page.count, page.first_position, generation, at_seq, page.walk
             )
             token = cursor.encode(session_id)
         reply = mirrors.DeriveMessagesResponse(

@@ -30,6 +30,7 @@ from bench import (
     derive,
     etcd,
     h2load,
+    last,
     peer,
     procs,
     sessions,
@@ -59,6 +60,7 @@ GROUPS = (
     "checksums",
     "ack",
     "shards",
+    "last",
 )
 """Case groups ``--only`` can pick: append = cases 1-3 (with h2load's rows when it is installed),
 since = 4, tail = 5, derive = 6, sessions = 7, redis = the peer's rows (its XADD rows need the
@@ -69,7 +71,8 @@ beside N (reusing the rows the other groups measured), checksums = 8 (the store'
 with and without change-record checksums, in this process), ack = 9 (cases 2 and 3 on a primary
 with one replica, --ack local beside --ack replica), shards = 10 (16 clients through h2load
 directly to one static group's primary, through HAProxy to it, and through HAProxy to two
-groups, with HAProxy's CPU per call)."""
+groups, with HAProxy's CPU per call), last = 11 (the last 10 events and messages of a
+1,000,000-event session beside Since from 0 and a full DeriveMessages: see ``bench.last``)."""
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -224,6 +227,11 @@ def run_all(settings: Settings, work: Path, groups: list[str]) -> Results:
     if "derive" in groups:
         progress("case 6 derive messages (filling sessions, then restarting a server)")
         results.derives.extend(derive.run_derive(settings, work))
+    if "last" in groups:
+        progress(f"case 11 reads from the end (filling {settings.last_events:,} events)")
+        results.last.extend(last.run_last(settings, work))
+        for m in results.last:
+            progress(f"  {m.name}: warm {m.details['warm_ms']:.2f} ms")
     if "checksums" in groups:
         progress("case 8 change-record checksums, with and without (in this process)")
         for row in checksums.run_checksums(settings, work):

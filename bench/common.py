@@ -62,6 +62,12 @@ class Settings:
     """Concurrent Appends while filling them (untimed setup)."""
     sessions_list_passes: int = 3
     """Timed ListSessions passes over all of them, per page size."""
+    last_events: int = 1_000_000
+    """Events in the session the reads-from-the-end case reads the last of."""
+    last_fill_seconds: float = 240.0
+    """Writing that session stops at the batch that passes this (its size is then reported)."""
+    last_full_calls: int = 3
+    """Repeated reads of the whole log (Since from 0, a full DeriveMessages) for warm figures."""
 
     @classmethod
     def default(cls) -> Settings:
@@ -90,6 +96,9 @@ class Settings:
             workers_duration=1.5,
             sessions_count=2_000,
             sessions_list_passes=2,
+            last_events=50_000,
+            last_fill_seconds=30.0,
+            last_full_calls=1,
         )
 
 

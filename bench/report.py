@@ -10,6 +10,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bench import last
 from bench.common import Measurement, Settings
 from bench.sessions import SessionsResult
 
@@ -106,6 +107,8 @@ class Results:
     """sessionlog beside etcd, both driven by h2load (kind "etcd"), in a table of their own."""
     workers: list[WorkersRow] = field(default_factory=list)
     """Each write and tail case at ``--workers 1`` and ``--workers N``, etcd beside N."""
+    last: list[Measurement] = field(default_factory=list)
+    """Case 11: reads from the end beside the same reads from the start (``bench.last``)."""
     shards: list[Row] = field(default_factory=list)
     """Case 10: through HAProxy beside direct (kind "direct"), two groups beside one (kind
     "haproxy 1 group"), in a table of their own."""
@@ -121,6 +124,7 @@ class Results:
             *(m for row in self.workers for m in row.measurements()),
             *self.tails,
             *self.derives,
+            *self.last,
             *(self.sessions.measurements() if self.sessions else []),
         ]
 
@@ -732,6 +736,8 @@ def render(results: Results, settings: Settings, mode: str, info: dict[str, Any]
             "cold: first call after a server start (fold built from LMDB); memoized: nothing "
             "appended since the last call; after 1 append: the memo extended by one event.",
         ]
+    if results.last:
+        parts += ["", last.table(results.last), "", last.note(results.last)]
     if results.etcd:
         parts += [
             "",
@@ -801,6 +807,7 @@ def write_json(
         "rows": [row.to_json() for row in results.rows],
         "live_tail": [m.to_json() for m in results.tails],
         "derive": [m.to_json() for m in results.derives],
+        "last": [m.to_json() for m in results.last],
         "sessions": results.sessions.to_json() if results.sessions else None,
         "etcd": [row.to_json() for row in results.etcd],
         "workers": [row.to_json() for row in results.workers],

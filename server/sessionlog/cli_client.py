@@ -181,6 +181,13 @@ def add_commands(commands: Any) -> None:
     p = sub("messages", "print the derived messages as a transcript", _messages)
     p.add_argument("session_id")
     p.add_argument("--at-seq", type=int, help="as the model saw them when the log ended here")
+    p.add_argument(
+        "--last",
+        type=int,
+        metavar="N",
+        help="only the last N messages, read from the end of the log (summaries are then not "
+        "marked with the range they replace: that would read the whole surface)",
+    )
 
     p = sub(
         "items",
@@ -669,9 +676,15 @@ def _state(args: argparse.Namespace) -> int:
 
 
 def _messages(args: argparse.Namespace) -> int:
+    if args.last is not None and args.last < 0:
+        _usage("--last takes a number of messages: 0 or more")
     with _client(args) as client:
-        reply = client.derive_messages(args.session_id, at_seq=args.at_seq)
-        replaced = {} if args.json else _replaced_ranges(client, args.session_id, reply)
+        if args.last is not None:
+            reply = client.last_messages(args.session_id, args.last, at_seq=args.at_seq)
+            replaced: dict[int, tuple[int, int]] = {}
+        else:
+            reply = client.derive_messages(args.session_id, at_seq=args.at_seq)
+            replaced = {} if args.json else _replaced_ranges(client, args.session_id, reply)
     if args.json:
         _print_json(_messages_json(reply))
         return 0

@@ -24,7 +24,10 @@ status back into the same class with :func:`from_reason`.
     │   ├── TooManyEvents                   TOO_MANY_EVENTS (over the events-per-append limit)
     │   ├── InvalidEpoch                    INVALID_EPOCH (a fence without an epoch)
     │   ├── InvalidAddress                  INVALID_ADDRESS (not HOST:PORT)
-    │   └── ImportSeqNotDense               IMPORT_SEQ_NOT_DENSE (an import's seqs skip or repeat)
+    │   ├── ImportSeqNotDense               IMPORT_SEQ_NOT_DENSE (an import's seqs skip or repeat)
+    │   ├── InvalidPageToken                INVALID_PAGE_TOKEN (not this listing's token)
+    │   ├── InvalidPageSize                 INVALID_PAGE_SIZE (a negative page_size)
+    │   └── InvalidOrderBy                  INVALID_ORDER_BY (an order_by the RPC does not offer)
     ├── SessionAlreadyExists                ALREADY_EXISTS
     ├── FailedPrecondition                  FAILED_PRECONDITION
     │   ├── OpenTurn                        OPEN_TURN
@@ -157,6 +160,18 @@ class ImportSeqNotDense(InvalidArgument):
     ``index`` (the first event out of line), ``seq`` (what it carries), ``expected_seq``."""
 
     reason = "IMPORT_SEQ_NOT_DENSE"
+
+
+class InvalidPageToken(InvalidArgument):
+    reason = "INVALID_PAGE_TOKEN"
+
+
+class InvalidPageSize(InvalidArgument):
+    reason = "INVALID_PAGE_SIZE"
+
+
+class InvalidOrderBy(InvalidArgument):
+    reason = "INVALID_ORDER_BY"
 
 
 class Unauthenticated(SessionLogError):

@@ -33,6 +33,7 @@ import unicodedata
 from bisect import bisect_left, bisect_right
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from heapq import heappush, heapreplace
 from typing import NamedTuple
 
 from google.protobuf.struct_pb2 import ListValue, Struct, Value
@@ -412,6 +413,131 @@ def fold_surface(events: Iterable[Event]) -> list[Event]:
     return sorted(visible, key=position)
 
 
+def surface_tail(
+    events_desc: Iterable[Event], limit: int, before: int | None = None
+) -> list[Event]:
+    """The last ``limit`` entries of the surface with position below ``before`` (None: no bound),
+    in surface order, from the log's events given newest first, read only as far as needed.
+
+    ``events_desc`` must be a log's events in descending seq, starting at its last event (the
+    view's end) with none left out. Why the walk may stop early (SPEC §4): when an event at seq s
+    is reached, every event that could shadow it has a larger seq and has already been seen, so
+    whether it is visible is known; and every event not yet seen has a position at most its seq,
+    so at most s, and if visible, at a position no replace seen so far covers: at most u, the
+    largest position up to s left uncovered. Visible entries never share a position (a replace
+    hides the event at its start and any earlier replace from there), so once u is below the
+    position of the ``limit``-th candidate, nothing unseen can enter the page. (Looking at u,
+    not s, is what stops the walk right after a summary over the start of a long log.)
+
+    Cost: the events from the view's end down to the page's first entry, or to the replace that
+    hides what lies below it (and the event that proves it), whatever the length of the log.
+    """
+    return walk_back(events_desc, limit, before)[0] if limit > 0 else []
+
+
+@dataclass(frozen=True)
+class TailWalk:
+    """Where a backwards walk stopped, so that the page before can go on from there instead of
+    walking from the view's end again (see :func:`walk_back`)."""
+
+    next_seq: int
+    """The events below this seq are not read yet (0: none is left)."""
+    hidden: tuple[tuple[int, int], ...]
+    """The replace ranges read so far, merged, cut to positions below ``next_seq`` (the only
+    ones an unread event can have)."""
+    pending: tuple[Event, ...]
+    """Visible entries read but left out of the page, below it: they belong to earlier pages."""
+
+
+def walk_back(
+    events_desc: Iterable[Event],
+    limit: int,
+    before: int | None = None,
+    resume: TailWalk | None = None,
+) -> tuple[list[Event], TailWalk]:
+    """:func:`surface_tail`, and where its walk stopped. With ``resume`` (the walk a page before
+    position ``before`` left), ``events_desc`` starts at ``resume.next_seq - 1`` instead of the
+    view's end and the page is the same as a walk from the end would find. ``limit`` must be
+    at least 1."""
+    if limit < 1:
+        raise ValueError(f"a page holds at least one entry, not {limit}")
+    hidden = _Ranges()
+    page: list[tuple[int, int, Event]] = []  # a min-heap of (position, seq, event), <= limit
+    left: list[Event] = []  # visible entries below the page, for the pages before it
+
+    def offer(event: Event, pos: int) -> None:
+        if len(page) < limit:
+            heappush(page, (pos, event.seq, event))
+        elif (pos, event.seq) > page[0][:2]:
+            left.append(heapreplace(page, (pos, event.seq, event))[2])
+        else:
+            left.append(event)
+
+    next_seq: int | None = None
+    if resume is not None:
+        for start, stop in resume.hidden:
+            hidden.add(start, stop)
+        for event in resume.pending:
+            offer(event, position(event))
+    for event in events_desc:
+        seq = event.seq
+        if len(page) == limit and hidden.uncovered_at_or_below(seq) < page[0][0]:
+            next_seq = seq + 1
+            break
+        rng = replace_range(event)
+        pos = seq if rng is None else rng[0]
+        if (
+            event.type in SURFACE_TYPES
+            and (before is None or pos < before)
+            and not hidden.covers(pos)
+        ):
+            offer(event, pos)
+        if rng is not None:
+            hidden.add(*rng)
+    stopped = 0 if next_seq is None else next_seq
+    walk = TailWalk(stopped, hidden.below(stopped), tuple(left))
+    return [event for _, _, event in sorted(page, key=lambda entry: entry[:2])], walk
+
+
+class _Ranges:
+    """A union of closed integer ranges, kept as sorted disjoint (start, stop) pairs."""
+
+    __slots__ = ("_starts", "_stops")
+
+    def __init__(self) -> None:
+        self._starts: list[int] = []
+        self._stops: list[int] = []
+
+    def covers(self, value: int) -> bool:
+        i = bisect_right(self._starts, value) - 1
+        return i >= 0 and self._stops[i] >= value
+
+    def below(self, limit: int) -> tuple[tuple[int, int], ...]:
+        """The ranges cut to the integers below ``limit``."""
+        return tuple(
+            (start, min(stop, limit - 1))
+            for start, stop in zip(self._starts, self._stops, strict=True)
+            if start < limit
+        )
+
+    def uncovered_at_or_below(self, value: int) -> int:
+        """The largest integer <= ``value`` in no range (-1 when every one from 0 is covered).
+        Ranges are kept merged when they touch, so the one below a covering range is free."""
+        i = bisect_right(self._starts, value) - 1
+        if i >= 0 and self._stops[i] >= value:
+            return self._starts[i] - 1
+        return value
+
+    def add(self, start: int, stop: int) -> None:
+        starts, stops = self._starts, self._stops
+        lo = bisect_left(stops, start - 1)  # the first range ending at or after start - 1
+        hi = bisect_right(starts, stop + 1)  # one past the last starting at or before stop + 1
+        if lo < hi:
+            start, stop = min(start, starts[lo]), max(stop, stops[hi - 1])
+        starts[lo:hi] = [start]
+        stops[lo:hi] = [stop]
+
+
 class SurfaceFold:
     """The surface of one session, extended one event at a time.
 
@@ -486,6 +612,18 @@ class SurfaceFold:
             if memo[i] is None:
                 memo[i] = project(events[i]).SerializeToString(deterministic=True)
         return [e.seq for e in events[start:]], memo[start:]  # type: ignore[return-value]
+
+    def page(self, limit: int, before: int | None = None) -> tuple[list[Event], list[bytes]]:
+        """The last ``limit`` entries with position below ``before`` (None: no bound) and their
+        serialized Messages: what :func:`surface_tail` returns for the same log, served from
+        the memo in O(log n + limit)."""
+        end = len(self._events) if before is None else bisect_left(self._positions, before)
+        start = max(0, end - limit) if limit > 0 else end
+        memo = self._projected
+        for i in range(start, end):
+            if memo[i] is None:
+                memo[i] = project(self._events[i]).SerializeToString(deterministic=True)
+        return self._events[start:end], memo[start:end]  # type: ignore[return-value]
 
     def projected(self) -> list[bytes]:
         """Each surface entry's Message, serialized; projected once per entry and memoized.

@@ -33,6 +33,7 @@ CHECK_EVERY = 25
 RESPONSES: dict[str, type[Message]] = {
     "Append": pb.AppendResponse,
     "Since": pb.SinceResponse,
+    "ListEvents": pb.ListEventsResponse,
     "Surface": pb.SurfaceResponse,
     "DeriveMessages": pb.DeriveMessagesResponse,
     "CreateSession": pb.CreateSessionResponse,

@@ -249,7 +249,42 @@ def surface_requests(draw: st.DrawFn) -> pb.SurfaceRequest:
 def derive_requests(draw: st.DrawFn) -> pb.DeriveMessagesRequest:
     request = pb.DeriveMessagesRequest(session_id=draw(session_ids()))
     optional(request, "at_seq", draw(st.none() | uint64s()))
+    if draw(st.booleans()):
+        request.page_size = draw(page_sizes())
+        request.page_token = draw(tail_tokens(b"M", 4))
     return request
+
+
+def page_sizes() -> st.SearchStrategy[int]:
+    return st.sampled_from((0, 1, 2, 10, 1000, 1001, -1, 2**31 - 1, -(2**31)))
+
+
+def tail_tokens(kind: bytes, fields: int) -> st.SearchStrategy[str]:
+    """Page tokens of ListEvents and paged DeriveMessages: empty, forged in the right layout
+    (version, kind, an 8-byte digest that rarely matches, u64 fields at their edges), or junk."""
+
+    def token(payload: bytes) -> str:
+        return base64.urlsafe_b64encode(payload).decode().rstrip("=")
+
+    u64 = st.sampled_from((0, 1, 2, 5, 2**63, 2**64 - 1)).map(lambda n: n.to_bytes(8, "big"))
+    forged = st.builds(
+        lambda kind_, digest, values: token(bytes((1,)) + kind_ + digest + b"".join(values)),
+        st.sampled_from((kind, b"A", b"D", b"M")),
+        st.binary(min_size=8, max_size=8),
+        st.lists(u64, min_size=fields, max_size=fields),
+    )
+    return st.one_of(st.just(""), forged, st.text(max_size=40))
+
+
+@st.composite
+def list_events_requests(draw: st.DrawFn) -> pb.ListEventsRequest:
+    order = draw(st.sampled_from(("", "seq", "seq desc", "SEQ DESC", "seq asc", "time", "seq,x")))
+    return pb.ListEventsRequest(
+        session_id=draw(session_ids()),
+        page_size=draw(page_sizes()),
+        page_token=draw(tail_tokens(b"D" if "desc" in order.lower() else b"A", 1)),
+        order_by=order,
+    )
 
 
 @st.composite
@@ -326,6 +361,7 @@ def release_requests(draw: st.DrawFn) -> pb.ReleaseLeaseRequest:
 REQUESTS: dict[str, Callable[[], st.SearchStrategy[Any]]] = {
     "Append": append_requests,
     "Since": since_requests,
+    "ListEvents": list_events_requests,
     "Surface": surface_requests,
     "DeriveMessages": derive_requests,
     "CreateSession": create_requests,

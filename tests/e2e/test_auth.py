@@ -164,6 +164,7 @@ def every_rpc(session_id: str) -> list[tuple[str, Message, bool]]:
     return [
         (SERVICE + "Append", pb.AppendRequest(session_id=session_id, events=[user("x")]), False),
         (SERVICE + "Since", pb.SinceRequest(session_id=session_id), True),
+        (SERVICE + "ListEvents", pb.ListEventsRequest(session_id=session_id), False),
         (SERVICE + "Surface", pb.SurfaceRequest(session_id=session_id), False),
         (SERVICE + "DeriveMessages", pb.DeriveMessagesRequest(session_id=session_id), False),
         (SERVICE + "GetState", pb.GetStateRequest(session_id=session_id), False),
@@ -408,7 +409,11 @@ def test_a_tenant_token_cannot_touch_another_tenants_session(server: RunningServ
         for method, request, streaming in every_rpc("tenant-b.x")
         if method.startswith(SERVICE) and not method.endswith(("ListSessions", "GetSessionRecords"))
     ]
-    assert len(calls) == 13
+    # Every RPC that names a session: GetShardMap names none, ListSessions is scoped to the
+    # tenant's prefix rather than refused, and GetSessionRecords is admin-only.
+    service = pb.DESCRIPTOR.services_by_name["SessionLogService"]
+    named = {m.name for m in service.methods} - {"ListSessions", "GetSessionRecords", "GetShardMap"}
+    assert {method.rsplit("/", 1)[1] for method, _, _ in calls} == named
     for method, request, streaming in calls:
         error = refusal(channel, method, request, TENANT_A, streaming)
         assert_refused(error, PERMISSION_DENIED)
@@ -475,7 +480,8 @@ def test_a_tenant_lists_only_its_own_sessions(server: RunningServer) -> None:
 
 
 def test_a_tenant_works_inside_its_prefix(server: RunningServer) -> None:
-    """The tenant token creates, appends, reads and follows sessions under tenant-a."""
+    """The tenant token creates, appends, reads (from the end too) and follows sessions under
+    tenant-a."""
     channel = server.channel()
     create = pb.CreateSessionRequest(session_id="tenant-a.c", events=[user("c0")])
     unary(channel, SERVICE + "CreateSession", create, TENANT_A)
@@ -483,6 +489,14 @@ def test_a_tenant_works_inside_its_prefix(server: RunningServer) -> None:
     replies = stream(channel, SERVICE + "Since", pb.SinceRequest(session_id="tenant-a.c"), TENANT_A)
     contents = [e.data["content"] for r in replies for e in pb.SinceResponse.FromString(r).events]
     assert contents == ["c0", "c1"]
+    newest = pb.ListEventsRequest(session_id="tenant-a.c", page_size=1, order_by="seq desc")
+    page = pb.ListEventsResponse.FromString(
+        unary(channel, SERVICE + "ListEvents", newest, TENANT_A)
+    )
+    assert [e.data["content"] for e in page.events] == ["c1"]
+    last = pb.DeriveMessagesRequest(session_id="tenant-a.c", page_size=1)
+    derived = unary(channel, SERVICE + "DeriveMessages", last, TENANT_A)
+    assert [m.content for m in pb.DeriveMessagesResponse.FromString(derived).messages] == ["c1"]
 
 
 # -- health and reflection ----------------------------------------------------------------------

@@ -25,6 +25,7 @@ from bench import (
     echo,
     etcd,
     h2load,
+    last,
     procs,
     sessions,
     tail,
@@ -249,6 +250,31 @@ def test_checksum_case_measures_both_ways_and_writes_the_records_accordingly(
             assert bool(record.checksum) is enabled
         finally:
             store.close()
+
+
+def test_last_case_reads_the_end_and_the_whole_log_and_tabulates_both(tmp_path: Path) -> None:
+    """Case 11 on a small session: the last 10 events and messages (checked against the whole
+    log's end by the case itself) beside Since from 0 and a full derive, with their ratios."""
+    small = replace(SETTINGS, last_events=3_000, derive_calls=2, last_full_calls=1)
+    measured = last.run_last(small, tmp_path)
+    assert [m.name for m in measured] == [
+        "11 last 10 events (ListEvents desc)",
+        "11 events, page back (x100, token)",
+        "11 last 10 messages (walk back)",
+        "11 messages, page back (x100, token)",
+        "11 last 10 messages (memo warm)",
+    ]
+    for m in measured:
+        d = m.details
+        assert d["events_in_log"] == 3_000
+        assert d["warm_ms"] > 0
+        assert d["baseline_warm_ms"] > 0
+        assert d["warm_ratio"] == pytest.approx(d["baseline_warm_ms"] / d["warm_ms"])
+    assert [m.details["cold_ms"] is None for m in measured] == [False, True, False, True, True]
+    report = render(Results([], [], [], [], last=measured), SETTINGS, "quick", _machine())
+    assert "11 last 10 messages (walk back)" in report
+    assert "full DeriveMessages" in report
+    assert "One session of 3,000 events" in report
 
 
 # -- the etcd peer ------------------------------------------------------------------------------

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from sessionlog.testing import RunningServer
 from sessionlog.v1 import session_log_service_pb2 as pb
 from tests.e2e._helpers import ASSISTANT, STEP_START, USER, append, replace, say
 
 
-def derive(stub: object, session_id: str, **known: int) -> pb.DeriveMessagesResponse:
+def derive(stub: object, session_id: str, **known: Any) -> pb.DeriveMessagesResponse:
     request = pb.DeriveMessagesRequest(session_id=session_id, **known)
     reply: pb.DeriveMessagesResponse = stub.DeriveMessages(request)  # type: ignore[attr-defined]
     return reply

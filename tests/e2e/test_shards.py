@@ -97,6 +97,9 @@ def _calls(stub: pb_grpc.SessionLogServiceStub, sid: str) -> dict[str, Callable[
         "Follow": lambda: list(
             stub.Since(pb.SinceRequest(session_id=sid, follow=True), timeout=TIMEOUT)
         ),
+        "ListEvents": lambda: stub.ListEvents(
+            pb.ListEventsRequest(session_id=sid, order_by="seq desc"), timeout=TIMEOUT
+        ),
         "Surface": lambda: stub.Surface(pb.SurfaceRequest(session_id=sid), timeout=TIMEOUT),
         "DeriveMessages": lambda: stub.DeriveMessages(
             pb.DeriveMessagesRequest(session_id=sid), timeout=TIMEOUT

@@ -630,6 +630,8 @@ class AsyncClient:
         *,
         at_seq: int | None = None,
         known: pb.DeriveMessagesResponse | None = None,
+        page_size: int = 0,
+        page_token: str = "",
         timeout: float | None = None,
     ) -> pb.DeriveMessagesResponse:
         """The derived messages, with ``seqs[i]`` the seq that ``messages[i]`` came from.
@@ -637,12 +639,83 @@ class AsyncClient:
         Pass an earlier reply as ``known`` to get only what was added since: the reply then has
         ``incremental = True`` and its messages extend the earlier ones, unless a replace
         happened since (``incremental = False``: the full list).
+
+        With ``page_size`` (at most 1000), only the last ``page_size`` messages, and a
+        ``next_page_token`` to pass as ``page_token`` for the ones before them (the view stays
+        as the first page saw it). The server reads the log backwards, not all of it.
         """
-        request = c.derive_request(session_id, at_seq, known)
+        request = c.derive_request(session_id, at_seq, known, page_size, page_token)
         reply: pb.DeriveMessagesResponse = await self._call(
             "DeriveMessages", request, timeout, retry=True
         )
         return reply
+
+    async def last_messages(
+        self,
+        session_id: str,
+        n: int,
+        *,
+        at_seq: int | None = None,
+        timeout: float | None = None,
+    ) -> pb.DeriveMessagesResponse:
+        """The last ``n`` derived messages (fewer when the view has fewer), in order, with their
+        seqs; ``next_page_token`` continues before them (``derive_messages(page_token=...)``).
+        Costs the events from the end back to the first of them, whatever the log's length.
+        """
+        c.last_page_size(n, 0)
+        held = await self.derive_messages(
+            session_id, at_seq=at_seq, page_size=max(1, min(n, c.MAX_PAGE_SIZE)), timeout=timeout
+        )
+        if n == 0:
+            del held.messages[:], held.seqs[:]
+            held.next_page_token = ""
+        while len(held.messages) < n and held.next_page_token:
+            size = c.last_page_size(n, len(held.messages))
+            older = await self.derive_messages(
+                session_id,
+                at_seq=at_seq,
+                page_size=size,
+                page_token=held.next_page_token,
+                timeout=timeout,
+            )
+            held = c.prepend_page(held, older)
+        return held
+
+    async def list_events(
+        self,
+        session_id: str,
+        *,
+        page_size: int = 0,
+        page_token: str = "",
+        order_by: str = "seq",
+        timeout: float | None = None,
+    ) -> pb.ListEventsResponse:
+        """One page of stored events: oldest first (``order_by="seq"``) or newest first
+        (``"seq desc"``), ``page_size`` of them (0: 100; at most 1000). Pass the reply's
+        ``next_page_token`` as ``page_token`` for the next page; newest first stays pinned to
+        the log as the first page saw it."""
+        request = c.list_events_request(session_id, page_size, page_token, order_by)
+        reply: pb.ListEventsResponse = await self._call("ListEvents", request, timeout, retry=True)
+        return reply
+
+    async def last_events(
+        self, session_id: str, n: int, *, timeout: float | None = None
+    ) -> list[Event]:
+        """The last ``n`` stored events (fewer when the log is shorter), in seq order: newest
+        first pages read backwards, ``n`` reads whatever the log's length."""
+        c.last_page_size(n, 0)
+        newest: list[Event] = []
+        token = ""
+        while len(newest) < n:
+            size = c.last_page_size(n, len(newest))
+            page = await self.list_events(
+                session_id, page_size=size, page_token=token, order_by="seq desc", timeout=timeout
+            )
+            newest.extend(page.events)
+            token = page.next_page_token
+            if not token:
+                break
+        return newest[::-1]
 
     async def hide(
         self,

@@ -308,15 +308,57 @@ def state_request(session_id: str, at_seq: int | None) -> pb.GetStateRequest:
 
 
 def derive_request(
-    session_id: str, at_seq: int | None, known: pb.DeriveMessagesResponse | None = None
+    session_id: str,
+    at_seq: int | None,
+    known: pb.DeriveMessagesResponse | None = None,
+    page_size: int = 0,
+    page_token: str = "",
 ) -> pb.DeriveMessagesRequest:
-    request = pb.DeriveMessagesRequest(session_id=session_id)
+    request = pb.DeriveMessagesRequest(
+        session_id=session_id, page_size=page_size, page_token=page_token
+    )
     if at_seq is not None:
         request.at_seq = at_seq
     if known is not None:
         request.known_event_count = known.event_count
         request.known_replace_generation = known.replace_generation
     return request
+
+
+MAX_PAGE_SIZE = 1000
+"""The most a server puts in one page of ListEvents or of a paged DeriveMessages."""
+
+
+def list_events_request(
+    session_id: str, page_size: int, page_token: str, order_by: str
+) -> pb.ListEventsRequest:
+    return pb.ListEventsRequest(
+        session_id=session_id, page_size=page_size, page_token=page_token, order_by=order_by
+    )
+
+
+def last_page_size(wanted: int, held: int) -> int:
+    """The page size that asks for what is still wanted (at most a server's maximum)."""
+    if wanted < 0:
+        raise ValueError(f"n must not be negative (got {wanted})")
+    return min(wanted - held, MAX_PAGE_SIZE)
+
+
+def prepend_page(
+    held: pb.DeriveMessagesResponse | None, page: pb.DeriveMessagesResponse
+) -> pb.DeriveMessagesResponse:
+    """``page`` (an older page of the same pinned view) put before ``held``; the result keeps
+    ``page``'s next_page_token, the newest page's counts."""
+    if held is None:
+        return page
+    merged = pb.DeriveMessagesResponse()
+    merged.CopyFrom(held)
+    del merged.messages[:]
+    del merged.seqs[:]
+    merged.messages.extend([*page.messages, *held.messages])
+    merged.seqs.extend([*page.seqs, *held.seqs])
+    merged.next_page_token = page.next_page_token
+    return merged
 
 
 def create_request(

@@ -134,6 +134,17 @@ export interface DerivedMessages {
   seqs: number[];
   eventCount: number;
   replaceGeneration: number;
+  /** When paging (pageSize or pageToken): the token for the messages before these; else "". */
+  nextPageToken: string;
+}
+
+export interface EventPage {
+  /** In the order asked for: seq ascending, or descending for "seq desc". */
+  events: Event[];
+  /** For the next page; "" when there is none. */
+  nextPageToken: string;
+  /** The session's event count when the page was read. */
+  eventCount: number;
 }
 
 export interface SessionPage {
@@ -375,8 +386,21 @@ export class SessionLogClient {
   surface(sessionId: string, options?: { atSeq?: number } & CallOptions): Promise<SurfaceResult>;
   deriveMessages(
     sessionId: string,
+    options?: { atSeq?: number; extra?: boolean; pageSize?: number; pageToken?: string } & CallOptions,
+  ): Promise<DerivedMessages>;
+  /** The last n derived messages, in order, read from the end of the log. */
+  lastMessages(
+    sessionId: string,
+    n: number,
     options?: { atSeq?: number; extra?: boolean } & CallOptions,
   ): Promise<DerivedMessages>;
+  /** One page of stored events, oldest first ("seq", the default) or newest first ("seq desc"). */
+  listEvents(
+    sessionId: string,
+    options?: { pageSize?: number; pageToken?: string; orderBy?: "seq" | "seq asc" | "seq desc" } & CallOptions,
+  ): Promise<EventPage>;
+  /** The last n stored events, in seq order. */
+  lastEvents(sessionId: string, n: number, options?: CallOptions): Promise<Event[]>;
 
   /** The state folded from every event's stateDelta (after events 0..atSeq with atSeq). */
   getState(sessionId: string, options?: { atSeq?: number } & CallOptions): Promise<StateResult>;

@@ -193,6 +193,13 @@ export function toError(error) {
 
 // -- values -----------------------------------------------------------------------------------
 
+/** The most a server puts in one page of ListEvents or of a paged DeriveMessages. */
+const MAX_PAGE_SIZE = 1000;
+
+function checkCount(n) {
+  if (!Number.isInteger(n) || n < 0) throw new RangeError(`n must be a whole number, 0 or more (got ${n})`);
+}
+
 /** A plain JSON value -> google.protobuf.Value as proto-loader expects it. */
 function toValue(value) {
   if (value === null || value === undefined) return { nullValue: "NULL_VALUE" };
@@ -1415,9 +1422,14 @@ export class SessionLogClient {
     return { state: fromStruct(reply.state), eventCount: Number(reply.event_count ?? 0) };
   }
 
-  /** The derived messages in the OpenAI chat format, with the seq each came from. */
-  async deriveMessages(sessionId, { atSeq, extra = false, timeoutMs } = {}) {
-    const request = { session_id: sessionId };
+  /**
+   * The derived messages in the OpenAI chat format, with the seq each came from. With pageSize
+   * (at most 1000), only the last pageSize messages and a nextPageToken to pass as pageToken for
+   * the ones before them; the view stays as the first page saw it, and the server reads the log
+   * backwards, not all of it.
+   */
+  async deriveMessages(sessionId, { atSeq, extra = false, pageSize = 0, pageToken = "", timeoutMs } = {}) {
+    const request = { session_id: sessionId, page_size: pageSize, page_token: pageToken };
     if (atSeq !== undefined) request.at_seq = atSeq;
     const reply = await this._call("DeriveMessages", request, { timeoutMs, retry: true });
     return {
@@ -1425,7 +1437,57 @@ export class SessionLogClient {
       seqs: (reply.seqs ?? []).map(Number),
       eventCount: Number(reply.event_count ?? 0),
       replaceGeneration: Number(reply.replace_generation ?? 0),
+      nextPageToken: reply.next_page_token ?? "",
     };
+  }
+
+  /**
+   * The last n derived messages (fewer when the view has fewer), in order, with their seqs;
+   * nextPageToken continues before them. Costs the events from the end back to the first of
+   * them, whatever the log's length.
+   */
+  async lastMessages(sessionId, n, { atSeq, extra = false, timeoutMs } = {}) {
+    checkCount(n);
+    const held = await this.deriveMessages(sessionId, { atSeq, extra, pageSize: Math.max(1, Math.min(n, MAX_PAGE_SIZE)), timeoutMs });
+    if (n === 0) Object.assign(held, { messages: [], seqs: [], nextPageToken: "" });
+    while (held.messages.length < n && held.nextPageToken) {
+      const pageSize = Math.min(n - held.messages.length, MAX_PAGE_SIZE);
+      const older = await this.deriveMessages(sessionId, { atSeq, extra, pageSize, pageToken: held.nextPageToken, timeoutMs });
+      held.messages = [...older.messages, ...held.messages];
+      held.seqs = [...older.seqs, ...held.seqs];
+      held.nextPageToken = older.nextPageToken;
+    }
+    return held;
+  }
+
+  /**
+   * One page of stored events: oldest first (orderBy "seq") or newest first ("seq desc"),
+   * pageSize of them (0: 100; at most 1000). Pass nextPageToken as pageToken for the next page;
+   * newest first stays pinned to the log as the first page saw it.
+   */
+  async listEvents(sessionId, { pageSize = 0, pageToken = "", orderBy = "seq", timeoutMs } = {}) {
+    const request = { session_id: sessionId, page_size: pageSize, page_token: pageToken, order_by: orderBy };
+    const reply = await this._call("ListEvents", request, { timeoutMs, retry: true });
+    return {
+      events: (reply.events ?? []).map(fromEvent),
+      nextPageToken: reply.next_page_token ?? "",
+      eventCount: Number(reply.event_count ?? 0),
+    };
+  }
+
+  /** The last n stored events (fewer when the log is shorter), in seq order: n reads, not the log. */
+  async lastEvents(sessionId, n, { timeoutMs } = {}) {
+    checkCount(n);
+    const newest = [];
+    let pageToken = "";
+    while (newest.length < n) {
+      const pageSize = Math.min(n - newest.length, MAX_PAGE_SIZE);
+      const page = await this.listEvents(sessionId, { pageSize, pageToken, orderBy: "seq desc", timeoutMs });
+      newest.push(...page.events);
+      pageToken = page.nextPageToken;
+      if (!pageToken) break;
+    }
+    return newest.reverse();
   }
 
   /**

@@ -2,7 +2,9 @@
 // src/index.d.ts describe the API as a TypeScript worker uses it.
 import {
   type ChatMessage,
+  type DerivedMessages,
   type Event,
+  type EventPage,
   eventFromMessage,
   LeadershipLostError,
   NotPrimaryError,
@@ -49,6 +51,10 @@ export async function worker(target: string): Promise<ChatMessage[]> {
     await client.releaseLease("typed", "w-1", { force: lease.token > 0 });
     const { messages, seqs } = await client.deriveMessages("typed", { atSeq: next - 1 });
     if (seqs.length !== messages.length) throw new Error("one seq per message");
+    const newest: EventPage = await client.listEvents("typed", { pageSize: 5, orderBy: "seq desc" });
+    const last: Event[] = await client.lastEvents("typed", newest.events.length);
+    const tail: DerivedMessages = await client.lastMessages("typed", 2, { atSeq: next - 1 });
+    if (last.length > newest.eventCount || tail.nextPageToken.length < 0) throw new Error("impossible");
     return messages;
   } catch (error) {
     if (error instanceof SessionLogError && error.reason === "SEQ_CONFLICT") {

@@ -17,7 +17,7 @@ Secrets are never logged.
 AdminService (the store's stats, a copy of the whole store, every session's lease audit) needs
 ``admin``, and like the change feed it is refused to a token limited to a session prefix.
 
-Permissions per RPC: reads (Since, Surface, DeriveMessages, GetState, GetSession,
+Permissions per RPC: reads (Since, ListEvents, Surface, DeriveMessages, GetState, GetSession,
 ListSessions, GetShardMap) need ``read``; writes (Append, CreateSession, SeedSession,
 ForkSession, leases) need ``write``; a forced lease release and the change feed (which carries
 every tenant's data) need ``admin``.
@@ -55,6 +55,7 @@ PERMISSIONS = frozenset({READ, WRITE, ADMIN})
 _NEEDS = {
     "/sessionlog.v1.SessionLogService/Append": WRITE,
     "/sessionlog.v1.SessionLogService/Since": READ,
+    "/sessionlog.v1.SessionLogService/ListEvents": READ,
     "/sessionlog.v1.SessionLogService/Surface": READ,
     "/sessionlog.v1.SessionLogService/DeriveMessages": READ,
     "/sessionlog.v1.SessionLogService/GetState": READ,

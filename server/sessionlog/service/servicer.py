@@ -27,7 +27,7 @@ from sessionlog.config import (
     DEFAULT_MAX_EVENTS_PER_APPEND,
     DEFAULT_MAX_MESSAGE_BYTES,
 )
-from sessionlog.service import importing
+from sessionlog.service import importing, paging
 from sessionlog.service.auth import ADMIN, Authorizer, Principal, bearer
 from sessionlog.service.counters import CANCELLED, INTERNAL, OK, Counters
 from sessionlog.service.errors import abort, refusal_level
@@ -166,6 +166,7 @@ def _log_refusal(rpc: str, error: errors.SessionLogError) -> None:
 
 
 _SINCE_EVENTS = pb.SinceResponse.DESCRIPTOR.fields_by_name["events"].number
+_LIST_EVENTS = pb.ListEventsResponse.DESCRIPTOR.fields_by_name["events"].number
 
 
 def encode_events(events: list[bytes]) -> bytes:
@@ -237,6 +238,7 @@ class SessionLogServicer:
                 "Since": grpc.unary_stream_rpc_method_handler(
                     self.streams.guard(self.since, self._since_scope, self._since_subject)
                 ),
+                "ListEvents": grpc.unary_unary_rpc_method_handler(self.list_events),
                 "Surface": grpc.unary_unary_rpc_method_handler(self.surface),
                 "DeriveMessages": grpc.unary_unary_rpc_method_handler(self.derive_messages),
                 "GetState": grpc.unary_unary_rpc_method_handler(self.get_state),
@@ -495,6 +497,8 @@ class SessionLogServicer:
         self._scope(context, request.session_id)
         fold.check_session_id(request.session_id)
         at_seq = request.at_seq if request.HasField("at_seq") else None
+        if request.page_size or request.page_token:
+            return self._derive_page(request, at_seq)
         folded = None
         if at_seq is None and request.HasField("known_event_count"):
             folded = self.store.derive_tail(
@@ -511,6 +515,69 @@ class SessionLogServicer:
             incremental=incremental,
         )
         return self._fitting(_serialize(reply), request.session_id)
+
+    def _derive_page(self, request: pb.DeriveMessagesRequest, at_seq: int | None) -> bytes:
+        """The last page_size messages of a pinned view (see ``Store.derive_page``)."""
+        session_id = request.session_id
+        size = paging.page_size(request.page_size)
+        cursor = None
+        if request.page_token:
+            cursor = paging.MessagesCursor.decode(request.page_token, session_id, at_seq)
+        page = self.store.derive_page(
+            session_id,
+            size,
+            at_seq=at_seq,
+            pinned=None if cursor is None else cursor.pinned,
+            before=None if cursor is None else cursor.before,
+            resume=None if cursor is None else cursor.walk,
+        )
+        if cursor is not None:
+            generation = cursor.generation
+        elif at_seq is None:  # the view is the whole log as it was read
+            generation = page.replace_generation
+        else:
+            generation = 0
+        token = ""
+        if page.more:
+            cursor = paging.MessagesCursor(
+                page.count, page.first_position, generation, at_seq, page.walk
+            )
+            token = cursor.encode(session_id)
+        reply = mirrors.DeriveMessagesResponse(
+            messages=page.projected,
+            seqs=page.seqs,
+            event_count=page.count,
+            replace_generation=generation,
+            next_page_token=token,
+        )
+        return self._fitting(_serialize(reply), session_id)
+
+    @unary
+    async def list_events(self, raw: bytes, context: grpc.aio.ServicerContext) -> bytes:
+        """One page of stored events, oldest or newest first, sent as stored."""
+        request = decode(pb.ListEventsRequest, raw)
+        self.ownership.check(request.session_id)
+        self._scope(context, request.session_id)
+        session_id = request.session_id
+        fold.check_session_id(session_id)
+        size = paging.page_size(request.page_size)
+        desc = paging.descending(request.order_by)
+        kind = paging.DESCENDING if desc else paging.ASCENDING
+        cursor = None
+        if request.page_token:
+            (cursor,) = paging.decode(request.page_token, kind, session_id, "ListEvents")
+        budget = self.max_message_bytes - FRAMING_BYTES - STORED_EVENT_OVERHEAD * size
+        page = self.store.list_events(session_id, cursor, size, descending=desc, max_bytes=budget)
+        if desc:
+            after = page.first_seq - len(page.events) + 1  # the oldest seq of this page
+            more = bool(page.events) and after > 0
+        else:
+            after = page.first_seq + len(page.events)  # the next seq to read
+            more = after < page.next_seq
+        token = paging.encode(kind, session_id, after) if more else ""
+        events = wire.length_delimited(_LIST_EVENTS, page.events)
+        reply = pb.ListEventsResponse(next_page_token=token, event_count=page.next_seq)
+        return events + _serialize(reply)
 
     @unary
     async def get_state(self, raw: bytes, context: grpc.aio.ServicerContext) -> bytes:

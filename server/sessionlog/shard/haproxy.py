@@ -40,6 +40,7 @@ from sessionlog.shard.slots import SESSION_HEADER, SLOTS
 SERVICE = "/sessionlog.v1.SessionLogService/"
 READ_METHODS = (
     "Since",
+    "ListEvents",
     "Surface",
     "DeriveMessages",
     "GetState",

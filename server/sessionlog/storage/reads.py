@@ -150,3 +150,53 @@ def _read_range_walk(
             break
         out.append(bytes(value))
     return out
+
+
+def read_range_desc(
+    txn: Txn,
+    tables: Tables,
+    sid: int,
+    stop: int,
+    count: int,
+    max_bytes: int = 1 << 62,
+    session_id: str = "",
+) -> list[bytes]:
+    """Up to ``count`` stored events of ``sid`` from seq ``stop - 1`` down, newest first: the
+    first one whatever its size, then more while their total stays within ``max_bytes``. One
+    backwards cursor walk over a contiguous key range: O(events returned). ``stop`` must not
+    pass the session's next seq (the caller read it in the same transaction); the values are
+    not decoded here, and a gap (an invariant broken) raises DataCorrupted."""
+    out: list[bytes] = []
+    if stop <= 0 or count <= 0:
+        return out
+    name = f"session '{session_id}'" if session_id else f"the session of internal id {sid}"
+    with damage.reading(f"events before seq {stop} of {name}", session_id=session_id, seq=stop):
+        total = 0
+        for _, value in walk_desc(txn, tables, sid, stop, session_id):
+            total += len(value)
+            if out and (total > max_bytes or len(out) == count):
+                break
+            out.append(value)
+    return out
+
+
+def walk_desc(
+    txn: Txn, tables: Tables, sid: int, stop: int, session_id: str = ""
+) -> Iterator[tuple[int, bytes]]:
+    """(seq, stored bytes) of ``sid``'s events from ``stop - 1`` down to 0, read lazily by one
+    cursor walking backwards. Seqs are dense; a key out of place raises DataCorrupted naming
+    the seq that should have been there."""
+    if stop <= 0:
+        return
+    cursor = txn.cursor(db=tables.events)
+    if not cursor.set_key(schema.event_key(sid, stop - 1)):
+        raise damage.missing_events(session_id or str(sid), stop - 1, stop)
+    seq = stop - 1
+    while True:
+        value = cursor.value()
+        yield seq, value if type(value) is bytes else bytes(value)
+        if seq == 0:
+            return
+        seq -= 1
+        if not cursor.prev() or cursor.key() != schema.event_key(sid, seq):
+            raise damage.missing_events(session_id or str(sid), seq, seq + 1)

@@ -16,7 +16,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -47,14 +47,23 @@ from sessionlog.storage.changes import (
 from sessionlog.storage.commands import AppendBatch, AppendResult, ForkResult, LeaseChange
 from sessionlog.storage.leadership import Change as LeadershipChange
 from sessionlog.storage.leadership import Leadership
-from sessionlog.storage.reads import load_lease, load_meta, read_range
+from sessionlog.storage.reads import load_lease, load_meta, read_range, read_range_desc, walk_desc
 from sessionlog.storage.schema import AuditRecord, LeaseRecord, SessionMeta
 from sessionlog.storage.tables import Tables
 from sessionlog.storage.writer import Writer
 from sessionlog.v1.event_pb2 import Event
 from sessionlog.v1.message_pb2 import Message
 
-__all__ = ["AppendBatch", "AppendResult", "Store", "StoreConfig", "prepare_append"]
+__all__ = [
+    "AppendBatch",
+    "AppendResult",
+    "EventsPage",
+    "MessagesPage",
+    "Resume",
+    "Store",
+    "StoreConfig",
+    "prepare_append",
+]
 
 MAX_REQUEST_ID_BYTES = 256
 MIN_LEASE_TTL_NS = 1_000_000
@@ -248,6 +257,46 @@ class SurfaceSnapshot:
     seqs: list[int]
     projected: list[bytes]
     """Serialized Messages, one per surface event; empty unless asked for."""
+
+
+@dataclass(frozen=True)
+class EventsPage:
+    """One page of ListEvents: stored event bytes, and the session's event count at the read."""
+
+    events: list[bytes]
+    first_seq: int
+    """The seq of ``events[0]`` (the newest one, newest first)."""
+    next_seq: int
+
+
+@dataclass(frozen=True)
+class MessagesPage:
+    """The last messages of a pinned view before a position (see ``Store.derive_page``)."""
+
+    count: int
+    """The events the view covers (pinned by the first page)."""
+    seqs: list[int]
+    projected: list[bytes]
+    """Serialized Messages, one per seq, in view order."""
+    first_position: int
+    """The position of the page's first entry: the next page holds the entries before it."""
+    more: bool
+    """Whether entries before the page exist."""
+    from_memo: bool
+    replace_generation: int
+    """The session's replace generation as read (that of the view when it is the whole log)."""
+    walk: Resume | None = None
+    """Where the walk behind the page stopped, for the page before (None when served by the
+    memo, or when no page comes before)."""
+
+
+@dataclass(frozen=True)
+class Resume:
+    """Where a backwards walk stopped (``fold.TailWalk``), its pending entries by seq."""
+
+    next_seq: int
+    hidden: tuple[tuple[int, int], ...]
+    pending: tuple[int, ...]
 
 
 @dataclass
@@ -778,6 +827,151 @@ class Store:
                 return None
             seqs, projected = folded.tail(known_count)
             return SurfaceSnapshot(folded.count, folded.replace_generation, [], seqs, projected)
+
+    def list_events(
+        self,
+        session_id: str,
+        cursor: int | None,
+        limit: int,
+        *,
+        descending: bool,
+        max_bytes: int = 1 << 62,
+    ) -> EventsPage:
+        """Up to ``limit`` stored events: oldest first from seq ``cursor`` (None: 0), or newest
+        first from seq ``cursor - 1`` down (None: the last event). Within ``max_bytes`` but at
+        least one event; the session's record and its events are read in one transaction, and
+        the cost is the events returned."""
+        with self.env.begin() as txn:
+            meta = load_meta(txn, self.tables, session_id)
+            count = 0 if meta is None else meta.next_seq
+            if meta is None:
+                return EventsPage([], 0, count)
+            if descending:
+                if cursor is not None and cursor > count:
+                    raise errors.InvalidPageToken(
+                        f"page_token goes back from seq {cursor} of session '{session_id}', "
+                        f"which has {count} events here; list again without a page_token",
+                        field="page_token",
+                    )
+                stop = count if cursor is None else cursor
+                raws = read_range_desc(
+                    txn, self.tables, meta.sid, stop, limit, max_bytes, session_id
+                )
+                return EventsPage(raws, stop - 1, count)
+            start = cursor or 0
+            raws = read_range(
+                txn, self.tables, meta.sid, start, min(start + limit, count), max_bytes, session_id
+            )
+            return EventsPage(raws, start, count)
+
+    def derive_page(
+        self,
+        session_id: str,
+        limit: int,
+        *,
+        at_seq: int | None = None,
+        pinned: int | None = None,
+        before: int | None = None,
+        resume: Resume | None = None,
+    ) -> MessagesPage:
+        """The last ``limit`` messages of a view, before position ``before`` (None: the end).
+
+        The view is the fold of events 0..pinned-1; without ``pinned`` (a first page), of
+        0..at_seq, or of the whole log. The memo serves it when it holds exactly that view;
+        otherwise ``fold.walk_back`` walks the log backwards, from where the page after it
+        stopped (``resume``, the page's ``walk``) or from the view's end, never folding the
+        whole of it, and nothing is memoized. A ``pinned`` past the end of the log (a token of
+        another server's copy, a replica behind), or a ``resume`` whose pending entries are not
+        surface events below ``before``, is InvalidPageToken.
+        """
+        with self.env.begin() as txn:
+            meta = load_meta(txn, self.tables, session_id)
+            count = 0 if meta is None else meta.next_seq
+            if pinned is None:
+                if at_seq is not None and at_seq >= count:
+                    raise errors.BoundaryOutOfRange(
+                        f"at_seq {at_seq} is past the end of session '{session_id}' "
+                        f"({count} events)",
+                        at_seq=at_seq,
+                        next_seq=count,
+                    )
+                pinned = count if at_seq is None else at_seq + 1
+            elif pinned > count:
+                raise errors.InvalidPageToken(
+                    f"page_token is for {pinned} events of session '{session_id}', which has "
+                    f"{count} here; derive again without a page_token",
+                    field="page_token",
+                )
+            generation = 0 if meta is None else meta.replace_generation
+            if meta is None or pinned == 0:
+                return MessagesPage(pinned, [], [], 0, False, False, generation)
+            with self._folds_lock:
+                cached = self._folds.get(meta.sid)
+                served = (
+                    cached.page(limit + 1, before) if cached and cached.count == pinned else None
+                )
+            walked: Resume | None = None
+            if served is not None:
+                entries, projected = served
+            else:
+                entries, walked = self._walk_back(
+                    txn, meta.sid, session_id, pinned, limit, before, resume
+                )
+                projected = [fold.project(e).SerializeToString(deterministic=True) for e in entries]
+        more = len(entries) > limit
+        if more:
+            if walked is not None:  # the entry that showed there is more belongs to the next page
+                walked = Resume(walked.next_seq, walked.hidden, (*walked.pending, entries[0].seq))
+            entries, projected = entries[1:], projected[1:]
+        first = fold.position(entries[0]) if entries else 0
+        seqs = [e.seq for e in entries]
+        page = MessagesPage(pinned, seqs, projected, first, more, served is not None, generation)
+        return replace(page, walk=walked) if more else page
+
+    def _walk_back(
+        self,
+        txn: lmdb.Transaction,
+        sid: int,
+        session_id: str,
+        pinned: int,
+        limit: int,
+        before: int | None,
+        resume: Resume | None,
+    ) -> tuple[list[Event], Resume]:
+        """``fold.walk_back`` over the stored events, for limit + 1 entries."""
+        what = f"events before seq {pinned} of session '{session_id}'"
+        with damage.reading(what, session_id=session_id, seq=pinned):
+            start = pinned
+            state = None
+            if resume is not None:
+                start = resume.next_seq
+                pending = tuple(self._pending(txn, sid, session_id, resume, before))
+                state = fold.TailWalk(resume.next_seq, resume.hidden, pending)
+            walk = (
+                damage.decode_event(raw, seq, session_id)
+                for seq, raw in walk_desc(txn, self.tables, sid, start, session_id)
+            )
+            entries, stopped = fold.walk_back(walk, limit + 1, before, state)
+        pending_seqs = tuple(e.seq for e in stopped.pending)
+        return entries, Resume(stopped.next_seq, stopped.hidden, pending_seqs)
+
+    def _pending(
+        self, txn: lmdb.Transaction, sid: int, session_id: str, resume: Resume, before: int | None
+    ) -> Iterator[Event]:
+        for seq in resume.pending:
+            raw = txn.get(schema.event_key(sid, seq), db=self.tables.events)
+            event = None if raw is None else damage.decode_event(bytes(raw), seq, session_id)
+            if (
+                event is None
+                or event.type not in fold.SURFACE_TYPES
+                or (before is not None and fold.position(event) >= before)
+            ):
+                raise errors.InvalidPageToken(
+                    f"page_token names seq {seq} of session '{session_id}' as a message left "
+                    "for the next page, which it is not; derive again without a page_token",
+                    field="page_token",
+                )
+            yield event
 
     def _fold(self, session_id: str, meta: SessionMeta, target: int) -> fold.SurfaceFold:
         """The fold of events 0..target-1: the session's memo, brought up to date (O(new)),

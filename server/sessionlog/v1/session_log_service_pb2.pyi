@@ -83,6 +83,28 @@ class SinceResponse(_message.Message):
     next_seq: int
     def __init__(self, events: _Optional[_Iterable[_Union[_event_pb2.Event, _Mapping]]] = ..., caught_up: _Optional[bool] = ..., next_seq: _Optional[int] = ...) -> None: ...
 
+class ListEventsRequest(_message.Message):
+    __slots__ = ("session_id", "page_size", "page_token", "order_by")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    ORDER_BY_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    page_size: int
+    page_token: str
+    order_by: str
+    def __init__(self, session_id: _Optional[str] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ..., order_by: _Optional[str] = ...) -> None: ...
+
+class ListEventsResponse(_message.Message):
+    __slots__ = ("events", "next_page_token", "event_count")
+    EVENTS_FIELD_NUMBER: _ClassVar[int]
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    EVENT_COUNT_FIELD_NUMBER: _ClassVar[int]
+    events: _containers.RepeatedCompositeFieldContainer[_event_pb2.Event]
+    next_page_token: str
+    event_count: int
+    def __init__(self, events: _Optional[_Iterable[_Union[_event_pb2.Event, _Mapping]]] = ..., next_page_token: _Optional[str] = ..., event_count: _Optional[int] = ...) -> None: ...
+
 class SurfaceRequest(_message.Message):
     __slots__ = ("session_id", "at_seq")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
@@ -102,30 +124,36 @@ class SurfaceResponse(_message.Message):
     def __init__(self, events: _Optional[_Iterable[_Union[_event_pb2.Event, _Mapping]]] = ..., event_count: _Optional[int] = ..., replace_generation: _Optional[int] = ...) -> None: ...
 
 class DeriveMessagesRequest(_message.Message):
-    __slots__ = ("session_id", "at_seq", "known_event_count", "known_replace_generation")
+    __slots__ = ("session_id", "at_seq", "known_event_count", "known_replace_generation", "page_size", "page_token")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     AT_SEQ_FIELD_NUMBER: _ClassVar[int]
     KNOWN_EVENT_COUNT_FIELD_NUMBER: _ClassVar[int]
     KNOWN_REPLACE_GENERATION_FIELD_NUMBER: _ClassVar[int]
+    PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     at_seq: int
     known_event_count: int
     known_replace_generation: int
-    def __init__(self, session_id: _Optional[str] = ..., at_seq: _Optional[int] = ..., known_event_count: _Optional[int] = ..., known_replace_generation: _Optional[int] = ...) -> None: ...
+    page_size: int
+    page_token: str
+    def __init__(self, session_id: _Optional[str] = ..., at_seq: _Optional[int] = ..., known_event_count: _Optional[int] = ..., known_replace_generation: _Optional[int] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
 
 class DeriveMessagesResponse(_message.Message):
-    __slots__ = ("messages", "seqs", "event_count", "replace_generation", "incremental")
+    __slots__ = ("messages", "seqs", "event_count", "replace_generation", "incremental", "next_page_token")
     MESSAGES_FIELD_NUMBER: _ClassVar[int]
     SEQS_FIELD_NUMBER: _ClassVar[int]
     EVENT_COUNT_FIELD_NUMBER: _ClassVar[int]
     REPLACE_GENERATION_FIELD_NUMBER: _ClassVar[int]
     INCREMENTAL_FIELD_NUMBER: _ClassVar[int]
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
     messages: _containers.RepeatedCompositeFieldContainer[_message_pb2.Message]
     seqs: _containers.RepeatedScalarFieldContainer[int]
     event_count: int
     replace_generation: int
     incremental: bool
-    def __init__(self, messages: _Optional[_Iterable[_Union[_message_pb2.Message, _Mapping]]] = ..., seqs: _Optional[_Iterable[int]] = ..., event_count: _Optional[int] = ..., replace_generation: _Optional[int] = ..., incremental: _Optional[bool] = ...) -> None: ...
+    next_page_token: str
+    def __init__(self, messages: _Optional[_Iterable[_Union[_message_pb2.Message, _Mapping]]] = ..., seqs: _Optional[_Iterable[int]] = ..., event_count: _Optional[int] = ..., replace_generation: _Optional[int] = ..., incremental: _Optional[bool] = ..., next_page_token: _Optional[str] = ...) -> None: ...
 
 class GetStateRequest(_message.Message):
     __slots__ = ("session_id", "at_seq")

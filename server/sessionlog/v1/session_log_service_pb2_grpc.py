@@ -47,6 +47,11 @@ class SessionLogServiceStub:
                 request_serializer=sessionlog_dot_v1_dot_session__log__service__pb2.SinceRequest.SerializeToString,
                 response_deserializer=sessionlog_dot_v1_dot_session__log__service__pb2.SinceResponse.FromString,
                 _registered_method=True)
+        self.ListEvents = channel.unary_unary(
+                '/sessionlog.v1.SessionLogService/ListEvents',
+                request_serializer=sessionlog_dot_v1_dot_session__log__service__pb2.ListEventsRequest.SerializeToString,
+                response_deserializer=sessionlog_dot_v1_dot_session__log__service__pb2.ListEventsResponse.FromString,
+                _registered_method=True)
         self.Surface = channel.unary_unary(
                 '/sessionlog.v1.SessionLogService/Surface',
                 request_serializer=sessionlog_dot_v1_dot_session__log__service__pb2.SurfaceRequest.SerializeToString,
@@ -136,6 +141,14 @@ class SessionLogServiceServicer:
     def Since(self, request, context):
         """Since streams a session's events from a seq on, in batches. With follow it keeps the stream
         open and sends new events as they are committed.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListEvents(self, request, context):
+        """ListEvents pages through a session's stored events, oldest first or (order_by "seq desc")
+        newest first: the last N events cost N reads, whatever the length of the log.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -273,6 +286,11 @@ def add_SessionLogServiceServicer_to_server(servicer, server):
                     request_deserializer=sessionlog_dot_v1_dot_session__log__service__pb2.SinceRequest.FromString,
                     response_serializer=sessionlog_dot_v1_dot_session__log__service__pb2.SinceResponse.SerializeToString,
             ),
+            'ListEvents': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListEvents,
+                    request_deserializer=sessionlog_dot_v1_dot_session__log__service__pb2.ListEventsRequest.FromString,
+                    response_serializer=sessionlog_dot_v1_dot_session__log__service__pb2.ListEventsResponse.SerializeToString,
+            ),
             'Surface': grpc.unary_unary_rpc_method_handler(
                     servicer.Surface,
                     request_deserializer=sessionlog_dot_v1_dot_session__log__service__pb2.SurfaceRequest.FromString,
@@ -401,6 +419,33 @@ class SessionLogService:
             '/sessionlog.v1.SessionLogService/Since',
             sessionlog_dot_v1_dot_session__log__service__pb2.SinceRequest.SerializeToString,
             sessionlog_dot_v1_dot_session__log__service__pb2.SinceResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListEvents(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sessionlog.v1.SessionLogService/ListEvents',
+            sessionlog_dot_v1_dot_session__log__service__pb2.ListEventsRequest.SerializeToString,
+            sessionlog_dot_v1_dot_session__log__service__pb2.ListEventsResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -23,6 +23,9 @@ type SessionLogServiceClient interface {
 	// Since streams a session's events from a seq on, in batches. With follow it keeps the stream
 	// open and sends new events as they are committed.
 	Since(ctx context.Context, in *SinceRequest, opts ...grpc.CallOption) (SessionLogService_SinceClient, error)
+	// ListEvents pages through a session's stored events, oldest first or (order_by "seq desc")
+	// newest first: the last N events cost N reads, whatever the length of the log.
+	ListEvents(ctx context.Context, in *ListEventsRequest, opts ...grpc.CallOption) (*ListEventsResponse, error)
 	// Surface returns the events the model sees, in the order it sees them.
 	Surface(ctx context.Context, in *SurfaceRequest, opts ...grpc.CallOption) (*SurfaceResponse, error)
 	// DeriveMessages returns the surface projected to chat messages, with the seq of each.
@@ -121,6 +124,15 @@ func (x *sessionLogServiceSinceClient) Recv() (*SinceResponse, error) {
 		return nil, err
 	}
 	return m, nil
+}
+
+func (c *sessionLogServiceClient) ListEvents(ctx context.Context, in *ListEventsRequest, opts ...grpc.CallOption) (*ListEventsResponse, error) {
+	out := new(ListEventsResponse)
+	err := c.cc.Invoke(ctx, "/sessionlog.v1.SessionLogService/ListEvents", in, out, opts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
 }
 
 func (c *sessionLogServiceClient) Surface(ctx context.Context, in *SurfaceRequest, opts ...grpc.CallOption) (*SurfaceResponse, error) {
@@ -259,6 +271,9 @@ type SessionLogServiceServer interface {
 	// Since streams a session's events from a seq on, in batches. With follow it keeps the stream
 	// open and sends new events as they are committed.
 	Since(*SinceRequest, SessionLogService_SinceServer) error
+	// ListEvents pages through a session's stored events, oldest first or (order_by "seq desc")
+	// newest first: the last N events cost N reads, whatever the length of the log.
+	ListEvents(context.Context, *ListEventsRequest) (*ListEventsResponse, error)
 	// Surface returns the events the model sees, in the order it sees them.
 	Surface(context.Context, *SurfaceRequest) (*SurfaceResponse, error)
 	// DeriveMessages returns the surface projected to chat messages, with the seq of each.
@@ -320,6 +335,9 @@ func (UnimplementedSessionLogServiceServer) Append(context.Context, *AppendReque
 }
 func (UnimplementedSessionLogServiceServer) Since(*SinceRequest, SessionLogService_SinceServer) error {
 	return status.Errorf(codes.Unimplemented, "method Since not implemented")
+}
+func (UnimplementedSessionLogServiceServer) ListEvents(context.Context, *ListEventsRequest) (*ListEventsResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method ListEvents not implemented")
 }
 func (UnimplementedSessionLogServiceServer) Surface(context.Context, *SurfaceRequest) (*SurfaceResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method Surface not implemented")
@@ -413,6 +431,24 @@ type sessionLogServiceSinceServer struct {
 
 func (x *sessionLogServiceSinceServer) Send(m *SinceResponse) error {
 	return x.ServerStream.SendMsg(m)
+}
+
+func _SessionLogService_ListEvents_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListEventsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(SessionLogServiceServer).ListEvents(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: "/sessionlog.v1.SessionLogService/ListEvents",
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(SessionLogServiceServer).ListEvents(ctx, req.(*ListEventsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
 }
 
 func _SessionLogService_Surface_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
@@ -674,6 +710,10 @@ var _SessionLogService_serviceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Append",
 			Handler:    _SessionLogService_Append_Handler,
+		},
+		{
+			MethodName: "ListEvents",
+			Handler:    _SessionLogService_ListEvents_Handler,
 		},
 		{
 			MethodName: "Surface",

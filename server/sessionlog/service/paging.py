@@ -1,0 +1,167 @@
+"""Page sizes, orders and page tokens of ListEvents and of paged DeriveMessages.
+
+A token is opaque to clients and no secret: base64url (no padding) of fixed-width fields,
+
+    version (1 byte) | kind (1 byte) | digest (8 bytes) | fields (u64 BE each)
+
+where the digest is the first 8 bytes of SHA-256 over the kind and the session id, which binds a
+token to its session and to the listing that made it. The kinds and their fields:
+
+    ListEvents, oldest first   b"A"   the next seq to read
+    ListEvents, newest first   b"D"   the seq the next page stops before (exclusive)
+    DeriveMessages             b"M"   the pinned event count, the position the next page stops
+                                      before, the replace generation, at_seq + 1 (0: unset),
+                                      then where the walk stopped: its next seq + 1 (0: walk
+                                      from the view's end again), the number of hidden ranges
+                                      and of pending entries, each range's start and stop, each
+                                      pending entry's seq (``fold.TailWalk``)
+
+Fixed offsets mean decoding needs no general parser; anything that does not decode to a token of
+the same kind and session is InvalidPageToken, never anything else.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import struct
+from dataclasses import dataclass
+
+from sessionlog import errors
+from sessionlog.storage.store import Resume
+
+VERSION = 1
+DEFAULT_PAGE_SIZE = 100
+MAX_PAGE_SIZE = 1000
+_HEAD = struct.Struct(">BB8s")
+_U64 = struct.Struct(">Q")
+ASCENDING, DESCENDING, MESSAGES = b"A", b"D", b"M"
+_FIELDS = {ASCENDING: 1, DESCENDING: 1, MESSAGES: 7}
+"""How many u64 fields a token of each kind has (a messages token: at least this many)."""
+MAX_WALK_VALUES = 64
+"""A messages token carries its walk when its ranges and pending entries take at most this many
+u64s; otherwise the next page walks from the view's end again."""
+_ORDERS = {"": False, "seq": False, "seq asc": False, "seq desc": True}
+
+
+def page_size(asked: int) -> int:
+    """The page size a request gets: 0 means the default, above the maximum is the maximum."""
+    if asked < 0:
+        raise errors.InvalidPageSize(
+            f"page_size must not be negative (got {asked}); 0 means {DEFAULT_PAGE_SIZE}",
+            page_size=asked,
+        )
+    return min(asked or DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE)
+
+
+def descending(order_by: str) -> bool:
+    """Whether ``order_by`` asks for newest first: "seq" (or "", "seq asc") or "seq desc"."""
+    order = _ORDERS.get(" ".join(order_by.split()).lower())
+    if order is None:
+        raise errors.InvalidOrderBy(
+            f'order_by {order_by[:40]!r} is not offered; use "seq" (oldest first, the default) '
+            'or "seq desc" (newest first)',
+            order_by=order_by[:40],
+        )
+    return order
+
+
+def _digest(kind: bytes, session_id: str) -> bytes:
+    return hashlib.sha256(kind + session_id.encode("utf-8", "surrogatepass")).digest()[:8]
+
+
+def encode(kind: bytes, session_id: str, *fields: int) -> str:
+    """A token of ``kind`` for ``session_id`` carrying ``fields``."""
+    payload = _HEAD.pack(VERSION, kind[0], _digest(kind, session_id))
+    payload += b"".join(_U64.pack(value) for value in fields)
+    return base64.urlsafe_b64encode(payload).decode().rstrip("=")
+
+
+def decode(token: str, kind: bytes, session_id: str, rpc: str) -> tuple[int, ...]:
+    """The fields of a token made by ``encode(kind, session_id, ...)``; InvalidPageToken for
+    anything else: another session's, another order's, another RPC's, or no token at all."""
+    fewest = _FIELDS[kind]
+    most = fewest + (MAX_WALK_VALUES if kind == MESSAGES else 0)
+    try:
+        if len(token) > 4 * -(-(_HEAD.size + _U64.size * most) // 3):
+            raise ValueError("longer than a token")
+        payload = base64.b64decode(token + "=" * (-len(token) % 4), altchars=b"-_", validate=True)
+        count, rest = divmod(len(payload) - _HEAD.size, _U64.size)
+        if rest or not fewest <= count <= most:
+            raise ValueError("not a token's size")
+        version, got, digest = _HEAD.unpack_from(payload)
+        if version != VERSION or got != kind[0] or digest != _digest(kind, session_id):
+            raise ValueError("not this listing's token")
+    except ValueError:
+        raise invalid(rpc, session_id) from None
+    return tuple(_U64.unpack_from(payload, _HEAD.size + i * _U64.size)[0] for i in range(count))
+
+
+def invalid(rpc: str, session_id: str) -> errors.InvalidPageToken:
+    return errors.InvalidPageToken(
+        f"page_token is not a token from a previous {rpc} call for session "
+        f"'{session_id}' with the same order and options; start again without one",
+        field="page_token",
+    )
+
+
+@dataclass(frozen=True)
+class MessagesCursor:
+    """Where the next page of a paged DeriveMessages stops, and the view it belongs to."""
+
+    pinned: int
+    """The event count the first page saw: every page folds events 0..pinned-1."""
+    before: int
+    """The next page holds the entries whose position is below this."""
+    generation: int
+    """The replace generation the first page reported (0 with at_seq)."""
+    at_seq: int | None
+    walk: Resume | None = None
+    """Where the walk stopped, when small enough to carry (None: walk from the end again)."""
+
+    def encode(self, session_id: str) -> str:
+        at = 0 if self.at_seq is None else self.at_seq + 1
+        walk = (
+            self.walk if self.walk is not None and _values(self.walk) <= MAX_WALK_VALUES else None
+        )
+        head = (self.pinned, self.before, self.generation, at)
+        if walk is None:
+            return encode(MESSAGES, session_id, *head, 0, 0, 0)
+        ranges = [value for pair in walk.hidden for value in pair]
+        counts = (walk.next_seq + 1, len(walk.hidden), len(walk.pending))
+        return encode(MESSAGES, session_id, *head, *counts, *ranges, *walk.pending)
+
+    @classmethod
+    def decode(cls, token: str, session_id: str, at_seq: int | None) -> MessagesCursor:
+        """The cursor in ``token``; InvalidPageToken also when ``at_seq`` differs from the
+        first page's, or the walk it carries does not hold together."""
+        fields = decode(token, MESSAGES, session_id, "DeriveMessages")
+        pinned, before, generation, at, resume, ranges, pending = fields[:7]
+        cursor = cls(pinned, before, generation, None if at == 0 else at - 1)
+        if cursor.at_seq != at_seq or (at_seq is not None and pinned != at_seq + 1):
+            raise errors.InvalidPageToken(
+                "page_token was made with another at_seq; send the first page's at_seq with it, "
+                "or start again without a token",
+                field="page_token",
+            )
+        values = fields[7:]
+        if len(values) != 2 * ranges + pending or (resume == 0 and values):
+            raise invalid("DeriveMessages", session_id)
+        if resume == 0:
+            return cursor
+        next_seq = resume - 1
+        hidden = tuple(zip(values[: 2 * ranges : 2], values[1 : 2 * ranges : 2], strict=True))
+        seqs = values[2 * ranges :]
+        if (
+            next_seq > pinned
+            or any(not start <= stop < next_seq for start, stop in hidden)
+            or any(not next_seq <= seq < pinned for seq in seqs)
+            or len(set(seqs)) != len(seqs)
+        ):
+            raise invalid("DeriveMessages", session_id)
+        return cls(pinned, before, generation, cursor.at_seq, Resume(next_seq, hidden, seqs))
+
+
+def _values(walk: Resume) -> int:
+    """The u64s a walk takes in a token."""
+    return 2 * len(walk.hidden) + len(walk.pending)

@@ -255,6 +255,10 @@ def state_raw(channel: grpc.Channel, session_id: str) -> bytes:
     return _unary_raw(channel, f"{SERVICE}/GetState", pb.GetStateRequest(session_id=session_id))
 
 
+def usage_raw(channel: grpc.Channel, session_id: str) -> bytes:
+    return _unary_raw(channel, f"{SERVICE}/GetUsage", pb.GetUsageRequest(session_id=session_id))
+
+
 def derive_raw(channel: grpc.Channel, session_id: str) -> bytes:
     return _unary_raw(
         channel, f"{SERVICE}/DeriveMessages", pb.DeriveMessagesRequest(session_id=session_id)

@@ -100,6 +100,7 @@ def _calls(stub: pb_grpc.SessionLogServiceStub, sid: str) -> dict[str, Callable[
             pb.DeriveMessagesRequest(session_id=sid), timeout=TIMEOUT
         ),
         "GetState": lambda: stub.GetState(pb.GetStateRequest(session_id=sid), timeout=TIMEOUT),
+        "GetUsage": lambda: stub.GetUsage(pb.GetUsageRequest(session_id=sid), timeout=TIMEOUT),
         "CreateSession": lambda: stub.CreateSession(
             pb.CreateSessionRequest(session_id=sid, events=[user()]), timeout=TIMEOUT
         ),

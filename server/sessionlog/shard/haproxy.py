@@ -43,6 +43,7 @@ READ_METHODS = (
     "Surface",
     "DeriveMessages",
     "GetState",
+    "GetUsage",
     "GetSession",
     "ListSessions",
     "GetShardMap",

@@ -25,4 +25,5 @@ class Tables:
         self.leases = self.by_name["leases"]
         self.audit = self.by_name["audit"]
         self.changes = self.by_name["changes"]
+        self.usage = self.by_name["usage"]
         self.names: dict[int, str] = {id(db): name for name, db in self.by_name.items()}

@@ -6,7 +6,10 @@ One server for the module; each test writes its own sessions.
 
 from __future__ import annotations
 
+import asyncio
+import json
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -16,6 +19,15 @@ from sessionlog.testing import RunningServer
 from sessionlog.v1 import event_pb2
 from sessionlog.v1 import session_log_service_pb2 as pb
 from sessionlog.v1 import session_log_service_pb2_grpc as pb_grpc
+from sessionlog_client import (
+    AsyncClient,
+    Client,
+    errors,
+    event,
+    event_from_dict,
+    event_to_dict,
+    usage_to_dict,
+)
 from tests.e2e._helpers import (
     ASSISTANT,
     STEP_END,
@@ -30,7 +42,7 @@ from tests.e2e._helpers import (
     replace,
     say,
 )
-from tests.e2e._proc import running_server
+from tests.e2e._proc import run_cli, running_server
 
 INVALID = grpc.StatusCode.INVALID_ARGUMENT
 Row = tuple[str, int, int, int, int, int]
@@ -214,3 +226,97 @@ def test_an_unknown_session_has_no_usage(stub: Any) -> None:
     reply = usage(stub, "never-written")
     assert (rows(reply.usage), reply.event_count) == ([], 0)
     check(failure(usage, stub, "bad id!"), INVALID, "INVALID_SESSION_ID")
+
+
+# -- clients and CLI ------------------------------------------------------------------------------
+
+
+def test_python_clients_record_and_read_usage(server: RunningServer) -> None:
+    """Client and AsyncClient: event(usage=...) and event dicts append usage, get_usage reads it
+    (at_seq, include_descendants), usage_to_dict makes a dict of it."""
+    with Client(server.address) as client:
+        client.append(
+            "py",
+            [
+                event(
+                    "assistant_message", {"content": "a"}, usage={"model": "m", "input_tokens": 9}
+                ),
+                event_from_dict({"type": "step_end", "usage": {"model": "m", "output_tokens": 4}}),
+            ],
+        )
+        reply = client.get_usage("py")
+        assert usage_to_dict(reply.usage) == {
+            "m": {
+                "input_tokens": 9,
+                "output_tokens": 4,
+                "cached_input_tokens": 0,
+                "reasoning_tokens": 0,
+                "event_count": 2,
+            }
+        }
+        assert usage_to_dict(client.get_usage("py", at_seq=0).usage)["m"]["output_tokens"] == 0
+        logged = [event_to_dict(e) for e in client.since("py")]
+        assert logged[1]["usage"] == {
+            "model": "m",
+            "input_tokens": 0,
+            "output_tokens": 4,
+            "cached_input_tokens": 0,
+            "reasoning_tokens": 0,
+        }
+        assert "usage" not in event_to_dict(event("user_message", {"content": "x"}))
+        client.fork_session("py", session_id="py.fork", at_seq=0)
+        with pytest.raises(errors.InvalidUsage):
+            client.append("py", [event("step_end", usage={"model": ""})])
+
+    async def read_async() -> tuple[list[str], int]:
+        async with AsyncClient(server.address) as client:
+            tree = await client.get_usage("py", include_descendants=True)
+            return list(tree.descendant_session_ids), tree.usage[0].input_tokens
+
+    assert asyncio.run(read_async()) == (["py.fork"], 9)
+
+
+def test_cli_prints_usage(server: RunningServer, tmp_path: Path) -> None:
+    """`sessionlog usage SESSION` prints a table per model with a total (--at-seq, --tree,
+    --json); `sessions` adds the tokens of sessions with usage and a total line."""
+    with Client(server.address) as client:
+        client.append(
+            "cli.u",
+            [
+                event(
+                    "assistant_message",
+                    usage={"model": "big", "input_tokens": 100, "output_tokens": 7},
+                ),
+                event(
+                    "step_end",
+                    usage={"model": "small", "input_tokens": 5, "cached_input_tokens": 2},
+                ),
+            ],
+        )
+        client.append("cli.v", [event("user_message", {"content": "none"})])
+
+    def ok(*args: str) -> str:
+        result = run_cli([*args, "--server", server.address], tmp_path)
+        assert result.returncode == 0, result.stderr
+        return result.stdout
+
+    table = ok("usage", "cli.u").splitlines()
+    assert table[0] == "2 events"
+    assert table[1].split() == ["model", "input", "cached", "output", "reasoning", "events"]
+    assert [line.split() for line in table[2:]] == [
+        ["big", "100", "0", "7", "0", "1"],
+        ["small", "5", "2", "0", "0", "1"],
+        ["total", "105", "2", "7", "0", "2"],
+    ]
+    assert ok("usage", "cli.u", "--at-seq", "0").splitlines()[2].split()[:2] == ["big", "100"]
+    described = json.loads(ok("usage", "cli.u", "--json"))
+    assert [u["model"] for u in described["usage"]] == ["big", "small"]
+    assert ok("usage", "cli.v").splitlines() == ["1 events", "no usage recorded"]
+    assert ok("sessions", "--prefix", "cli.").splitlines() == [
+        "cli.u\t2 events\t105 in / 7 out tokens",
+        "cli.v\t1 events",
+        "total\t2 sessions\t105 in / 7 out tokens",
+    ]
+    refused = run_cli(["usage", "cli.u", "--at-seq", "9", "--server", server.address], tmp_path)
+    assert refused.returncode == 1
+    assert "BOUNDARY_OUT_OF_RANGE" in refused.stderr

@@ -262,7 +262,7 @@ export function eventTypeName(type) {
 const SHORT_TYPE = (name) => String(name).slice(TYPE_PREFIX.length).toLowerCase();
 const SHORT_ROLE = (name) => String(name).slice(ROLE_PREFIX.length).toLowerCase();
 
-/** An event as sent: { type, data?, replace?: [start, stop], time? } -> the proto object. */
+/** An event as sent: { type, data?, replace?: [start, stop], time?, usage? } -> the proto object. */
 export function toEvent(event) {
   const out = { type: eventTypeName(event.type), data: toStruct(event.data ?? {}) };
   if (event.replace) {
@@ -270,10 +270,11 @@ export function toEvent(event) {
     out.surface_op = { replace: { start_seq, stop_seq } };
   }
   if (event.time !== undefined) out.time = toTimestamp(event.time);
+  if (event.usage) out.usage = toUsage(event.usage);
   return out;
 }
 
-/** A stored event -> { seq, type: "user_message", time, data, replace? }. */
+/** A stored event -> { seq, type: "user_message", time, data, replace?, usage? }. */
 export function fromEvent(raw) {
   const out = {
     seq: Number(raw.seq ?? 0),
@@ -283,7 +284,33 @@ export function fromEvent(raw) {
   };
   const replace = raw.surface_op?.replace;
   if (replace) out.replace = [Number(replace.start_seq ?? 0), Number(replace.stop_seq ?? 0)];
+  if (raw.usage) out.usage = { model: raw.usage.model ?? "", ...usageCounts(raw.usage) };
   return out;
+}
+
+/** { model, inputTokens?, outputTokens?, cachedInputTokens?, reasoningTokens? } -> the proto Usage. */
+function toUsage(usage) {
+  return {
+    model: String(usage.model ?? ""),
+    input_tokens: usage.inputTokens ?? 0,
+    output_tokens: usage.outputTokens ?? 0,
+    cached_input_tokens: usage.cachedInputTokens ?? 0,
+    reasoning_tokens: usage.reasoningTokens ?? 0,
+  };
+}
+
+function usageCounts(raw) {
+  return {
+    inputTokens: Number(raw.input_tokens ?? 0),
+    outputTokens: Number(raw.output_tokens ?? 0),
+    cachedInputTokens: Number(raw.cached_input_tokens ?? 0),
+    reasoningTokens: Number(raw.reasoning_tokens ?? 0),
+  };
+}
+
+/** ModelUsage messages -> [{ model, inputTokens, outputTokens, cachedInputTokens, reasoningTokens, eventCount }]. */
+function fromModelUsages(list) {
+  return (list ?? []).map((u) => ({ model: u.model, ...usageCounts(u), eventCount: Number(u.event_count ?? 0) }));
 }
 
 /**
@@ -352,6 +379,7 @@ function fromSession(raw) {
     parentSessionId: raw.parent_session_id ?? "",
     parentEventCount: Number(raw.parent_event_count ?? 0),
     lease: fromLease(raw.lease),
+    usage: fromModelUsages(raw.usage),
   };
 }
 
@@ -1379,6 +1407,23 @@ export class SessionLogClient {
     };
   }
 
+  /**
+   * The session's token usage totals per model (the usage ledger), over the whole log or events
+   * 0..atSeq. ownUsage leaves out what a fork copied from its parent; includeDescendants adds
+   * the own usage of every fork taken of the session (and of those), counting copies once.
+   */
+  async getUsage(sessionId, { atSeq, includeDescendants = false, timeoutMs } = {}) {
+    const request = { session_id: sessionId, include_descendants: includeDescendants };
+    if (atSeq !== undefined) request.at_seq = atSeq;
+    const reply = await this._call("GetUsage", request, { timeoutMs, retry: true });
+    return {
+      usage: fromModelUsages(reply.usage),
+      eventCount: Number(reply.event_count ?? 0),
+      ownUsage: fromModelUsages(reply.own_usage),
+      descendantSessionIds: reply.descendant_session_ids ?? [],
+    };
+  }
+
   /** The derived messages in the OpenAI chat format, with the seq each came from. */
   async deriveMessages(sessionId, { atSeq, extra = false, timeoutMs } = {}) {
     const request = { session_id: sessionId };
@@ -1493,7 +1538,11 @@ export class SessionLogClient {
     for (;;) {
       const request = { page_size: pageSize, page_token, prefix };
       const reply = await this._call("ListSessions", request, { timeoutMs, retry: true });
-      yield { sessions: (reply.sessions ?? []).map(fromSession), nextPageToken: reply.next_page_token ?? "" };
+      yield {
+        sessions: (reply.sessions ?? []).map(fromSession),
+        nextPageToken: reply.next_page_token ?? "",
+        usageTotal: fromModelUsages(reply.usage_total),
+      };
       page_token = reply.next_page_token ?? "";
       if (!page_token) return;
     }

@@ -221,6 +221,20 @@ def test_a_lenient_append_drops_only_the_bad_usage(stub: Any) -> None:
     assert totals(stub, "lenient") == [("m", 5, 0, 0, 0, 2)]
 
 
+def test_a_retried_append_counts_once(stub: Any) -> None:
+    """A replayed request_id writes nothing, so its usage is not added again."""
+    for _ in range(2):
+        append(stub, "retried", answer("m", 40, 4), request_id="r-1")
+    assert totals(stub, "retried") == [("m", 40, 4, 0, 0, 1)]
+
+
+def test_a_seeded_or_created_session_counts_its_events(stub: Any) -> None:
+    """CreateSession's initial events carry usage like an append's."""
+    created = pb.CreateSessionRequest(session_id="created", events=[answer("m", 11, 1)])
+    stub.CreateSession(created)
+    assert totals(stub, "created") == [("m", 11, 1, 0, 0, 1)]
+
+
 def test_an_unknown_session_has_no_usage(stub: Any) -> None:
     """Never written: no totals, no error; a bad id is INVALID_SESSION_ID."""
     reply = usage(stub, "never-written")

@@ -27,6 +27,8 @@ def load(txn: Txn, tables: Tables, sid: int, session_id: str = "") -> dict[str, 
     bytes). One cursor walk over the session's rows; DataCorrupted names a damaged one."""
     prefix = schema.u64(sid)
     out: dict[str, UsageRecord] = {}
+    if tables.usage is None:  # a store from before the ledger, opened read-only
+        return out
     with damage.reading(f"the usage of session '{session_id or sid}'", session_id=session_id):
         cursor = txn.cursor(db=tables.usage)
         if not cursor.set_range(prefix):

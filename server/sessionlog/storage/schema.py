@@ -63,6 +63,11 @@ AUDIT = b"audit"
 CHANGES = b"changes"
 USAGE = b"usage"
 ALL_DBS = (SESSIONS, IDS, EVENTS, REQUESTS, COUNTERS, LEASES, AUDIT, CHANGES, USAGE)
+LATER_DBS = frozenset({USAGE})
+"""Tables added after stores were first written: a store no server of this version has opened
+for writing lacks them (opening it so creates them, empty, which is what they would hold), and
+one opened read-only (``sessionlog admin``, a rejoin's look at its folder) reads as if they were
+empty."""
 
 NEXT_SID = b"next_sid"
 HISTORY_ID = b"history_id"

@@ -605,7 +605,14 @@ class ModelTotals:
         self.event_count += 1
 
     def plus(self, other: ModelTotals) -> ModelTotals:
-        return ModelTotals(*(a + b for a, b in zip(self.values(), other.values(), strict=True)))
+        # Field by field, not a zip over values(): this runs in every append that carries usage.
+        return ModelTotals(
+            self.input_tokens + other.input_tokens,
+            self.output_tokens + other.output_tokens,
+            self.cached_input_tokens + other.cached_input_tokens,
+            self.reasoning_tokens + other.reasoning_tokens,
+            self.event_count + other.event_count,
+        )
 
     def minus(self, other: ModelTotals) -> ModelTotals:
         return ModelTotals(*(a - b for a, b in zip(self.values(), other.values(), strict=True)))

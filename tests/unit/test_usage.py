@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from sessionlog import errors
 from sessionlog.fold import (
@@ -145,3 +147,29 @@ def test_usage_record_round_trips() -> None:
     assert UsageRecord.decode(raw) == record
     with pytest.raises(ValueError, match="format"):
         UsageRecord.decode(b"\x09" + raw[1:])
+
+
+@st.composite
+def spending_logs(draw: st.DrawFn) -> list[Event]:
+    """A log where some events carry a usage of one of three models."""
+    events = []
+    for _ in range(draw(st.integers(min_value=0, max_value=30))):
+        event = text("x", ASSISTANT)
+        if draw(st.booleans()):
+            counts = st.integers(min_value=0, max_value=1000)
+            spent(event, draw(st.sampled_from(["a", "b", "c"])), draw(counts), draw(counts))
+        events.append(event)
+    return log(events)
+
+
+@settings(max_examples=200, deadline=None)
+@given(spending_logs(), st.data())
+def test_totals_add_up_over_any_cut(events: list[Event], data: st.DataObject) -> None:
+    """Totals are additive: the ledger's per-append sums equal one fold of the whole log, and a
+    fork's copied part plus its own part is its whole (so a tree counts each event once)."""
+    cut = data.draw(st.integers(min_value=0, max_value=len(events)))
+    appended = sum_usage([fold_usage(events[:cut]), fold_usage(events[cut:])])
+    assert appended == fold_usage(events)
+    whole, copied = fold_usage(events), fold_usage(events[:cut])
+    assert sum_usage([copied, own_usage(whole, copied)]) == whole
+    assert own_usage(whole, copied) == fold_usage(events, cut)

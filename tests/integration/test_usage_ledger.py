@@ -35,6 +35,24 @@ def test_rows_equal_a_fresh_fold_of_the_events(tmp_path: Path) -> None:
         assert integrity.verify(store.env, store.tables)[0] == []
 
 
+def test_every_prefix_equals_a_fresh_fold(tmp_path: Path) -> None:
+    """at_seq, whichever side of it is folded (the prefix, or the rest taken off the rows),
+    gives the fold of events 0..at_seq, and a fork's own part from parent_event_count."""
+    with opened(tmp_path / "data") as store:
+        models = ("a", "b", "c")
+        store.append("p", [spent(models[i % 3], i + 1) for i in range(9)])
+        store.submit_fork("p", 4, "p.f").result()
+        store.append("p.f", [spent(models[i % 2], 100 + i) for i in range(6)] + [Event(type=USER)])
+        for session_id, parent_length in (("p", 0), ("p.f", 5)):
+            events = store.decode_events(store.read_session(session_id, 0), 0, session_id)
+            for at_seq in range(len(events)):
+                view = store.usage(session_id, at_seq)
+                prefix = events[: at_seq + 1]
+                assert view.totals == fold.fold_usage(prefix), (session_id, at_seq)
+                assert view.own == fold.fold_usage(prefix, parent_length), (session_id, at_seq)
+                assert view.event_count == at_seq + 1
+
+
 def test_rows_travel_as_puts_in_the_change_feed(tmp_path: Path) -> None:
     """The append's record carries the usage table's put, so a replica applies the same row."""
     with opened(tmp_path / "data") as store:

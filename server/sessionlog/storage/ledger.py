@@ -84,7 +84,9 @@ def session_usage(
     txn: Txn, tables: Tables, session_id: str, at_seq: int | None = None
 ) -> SessionUsage:
     """A session's usage over its whole log (its rows: no event is read) or over events
-    0..at_seq (those events folded: O(at_seq)). BoundaryOutOfRange past the end."""
+    0..at_seq, BoundaryOutOfRange past the end. A prefix folds whichever side of at_seq is
+    shorter: the prefix itself, or the events after it, subtracted from the rows (read in the
+    same transaction, so they agree), which makes a view near the end cheap too."""
     meta = load_meta(txn, tables, session_id)
     count = 0 if meta is None else meta.next_seq
     if at_seq is not None and at_seq >= count:
@@ -98,13 +100,29 @@ def session_usage(
     if at_seq is None:
         rows = load(txn, tables, meta.sid, session_id)
         return SessionUsage(totals(rows), own(rows), count)
-    raws = read_range(txn, tables, meta.sid, 0, at_seq + 1, session_id=session_id)
-    events = damage.decode_events(raws, 0, session_id)
-    if len(events) != at_seq + 1:
-        raise damage.missing_events(session_id, len(events), at_seq + 1)
+    after = count - at_seq - 1
+    if after < at_seq + 1 and at_seq + 1 >= meta.parent_length:
+        # Every later event is the session's own, so it comes off its own usage as well.
+        rows = load(txn, tables, meta.sid, session_id)
+        later = fold.fold_usage(_events(txn, tables, meta.sid, at_seq + 1, count, session_id))
+        return SessionUsage(
+            fold.own_usage(totals(rows), later), fold.own_usage(own(rows), later), at_seq + 1
+        )
+    events = _events(txn, tables, meta.sid, 0, at_seq + 1, session_id)
     return SessionUsage(
         fold.fold_usage(events), fold.fold_usage(events, meta.parent_length), at_seq + 1
     )
+
+
+def _events(
+    txn: Txn, tables: Tables, sid: int, start: int, stop: int, session_id: str
+) -> list[Event]:
+    """Events start..stop-1, decoded; DataCorrupted when any is damaged or missing."""
+    raws = read_range(txn, tables, sid, start, stop, session_id=session_id)
+    events = damage.decode_events(raws, start, session_id)
+    if len(events) != stop - start:
+        raise damage.missing_events(session_id, start + len(events), stop)
+    return events
 
 
 def fork_descendants(txn: Txn, tables: Tables, session_id: str) -> list[str]:

@@ -331,6 +331,8 @@ def test_cli_prints_usage(server: RunningServer, tmp_path: Path) -> None:
         "cli.v\t1 events",
         "total\t2 sessions\t105 in / 7 out tokens",
     ]
+    tail = ok("tail", "cli.u", "--no-follow").splitlines()
+    assert tail[0].endswith("usage big 100 in / 7 out")
     refused = run_cli(["usage", "cli.u", "--at-seq", "9", "--server", server.address], tmp_path)
     assert refused.returncode == 1
     assert "BOUNDARY_OUT_OF_RANGE" in refused.stderr

@@ -35,6 +35,7 @@ RESPONSES: dict[str, type[Message]] = {
     "Since": pb.SinceResponse,
     "Surface": pb.SurfaceResponse,
     "DeriveMessages": pb.DeriveMessagesResponse,
+    "GetUsage": pb.GetUsageResponse,
     "CreateSession": pb.CreateSessionResponse,
     "SeedSession": pb.SeedSessionResponse,
     "GetSession": pb.GetSessionResponse,

@@ -1,7 +1,7 @@
 """Hostile input over the wire: every RPC fuzzed, and hand-picked nasties, against one server.
 
 One `sessionlog serve` process takes every case of this module. Hypothesis builds requests for all
-twelve RPCs (``_fuzz_strategies``) and also sends random and mangled bytes to each method. Every
+thirteen RPCs (``_fuzz_strategies``) and also sends random and mangled bytes to each method. Every
 call is checked by ``_fuzz_harness``: never INTERNAL or UNKNOWN, exactly one sessionlog ErrorInfo
 on each error with the code its reason maps to, the sessions a rejected call names unchanged, and
 every 25 calls the full session listing equal to a model built only from successful writes. The
@@ -304,7 +304,7 @@ def test_longest_session_id_is_accepted(target: Target) -> None:
 
 def test_unknown_enum_numbers(target: Target) -> None:
     """Types past the enum are UNKNOWN_EVENT_TYPE (dropped when lenient); such roles are dropped."""
-    for number in (0, 11, 2**31 - 1, -1):
+    for number in (0, 12, 2**31 - 1, -1):  # 11 is EVENT_TYPE_HIDE
         event = user()
         event.type = cast(event_pb2.EventType, number)
         expect(

@@ -178,6 +178,15 @@ def add_commands(commands: Any) -> None:
     p.add_argument("session_id")
     p.add_argument("--at-seq", type=int, help="as the state was when the log ended here")
 
+    p = sub("usage", "print the session's token usage per model (the usage ledger)", _usage_cmd)
+    p.add_argument("session_id")
+    p.add_argument("--at-seq", type=int, help="as the totals were when the log ended here")
+    p.add_argument(
+        "--tree",
+        action="store_true",
+        help="add the session's fork descendants, each counting only its own events",
+    )
+
     p = sub("messages", "print the derived messages as a transcript", _messages)
     p.add_argument("session_id")
     p.add_argument("--at-seq", type=int, help="as the model saw them when the log ended here")
@@ -648,6 +657,9 @@ def _pretty_event(event: event_pb2.Event) -> str:
     if event.HasField("state_delta"):
         delta = json.dumps(struct_to_dict(event.state_delta), ensure_ascii=False)
         line += f"  state {delta}"
+    if event.HasField("usage"):
+        u = event.usage
+        line += f"  usage {u.model} {u.input_tokens} in / {u.output_tokens} out"
     return line
 
 
@@ -673,6 +685,45 @@ def _state(args: argparse.Namespace) -> int:
     else:
         print(json.dumps(state, ensure_ascii=False, indent=2, sort_keys=True))
     return 0
+
+
+USAGE_COLUMNS = ("input_tokens", "cached_input_tokens", "output_tokens", "reasoning_tokens")
+
+
+def _usage_cmd(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        reply = client.get_usage(args.session_id, at_seq=args.at_seq, include_descendants=args.tree)
+    if args.json:
+        _print_json(message_to_json(reply))
+        return 0
+    print(f"{reply.event_count} events")
+    _print_usage_table(reply.usage)
+    if list(reply.own_usage) != list(reply.usage) and not args.tree:
+        print("own (without the events copied from its parent):")
+        _print_usage_table(reply.own_usage)
+    if reply.descendant_session_ids:
+        print("descendants: " + ", ".join(reply.descendant_session_ids))
+    return 0
+
+
+def _print_usage_table(usages: Any) -> None:
+    """One row per model and a total: input (cached), output (reasoning), events."""
+    rows = [(u.model, *(getattr(u, c) for c in USAGE_COLUMNS), u.event_count) for u in usages]
+    if not rows:
+        print("no usage recorded")
+        return
+    if len(rows) > 1:
+        rows.append(("total", *(sum(r[i] for r in rows) for i in range(1, 6))))
+    width = max(len("model"), *(len(r[0]) for r in rows))
+    header = ("model", "input", "cached", "output", "reasoning", "events")
+    print(f"{header[0]:<{width}}" + "".join(f"  {h:>10}" for h in header[1:]))
+    for row in rows:
+        print(f"{row[0]:<{width}}" + "".join(f"  {n:>10}" for n in row[1:]))
+
+
+def _tokens(usages: Any) -> tuple[int, int]:
+    """(input, output) tokens summed over models."""
+    return sum(u.input_tokens for u in usages), sum(u.output_tokens for u in usages)
 
 
 def _messages(args: argparse.Namespace) -> int:
@@ -914,18 +965,28 @@ def _text(value: Any) -> str:
 
 
 def _sessions(args: argparse.Namespace) -> int:
+    """One line per session; the ones with usage say their tokens, and a total line follows."""
     shown = 0
+    spent = [0, 0]
     with _client(args) as client:
         pages = client.list_sessions(prefix=args.prefix, page_size=min(1000, max(1, args.limit)))
         for page in pages:
             for session in page.sessions[: args.limit - shown]:
                 if args.json:
                     _print_json(message_to_json(session))
-                else:
-                    print(f"{session.session_id}\t{session.event_count} events")
+                    shown += 1
+                    continue
+                line = f"{session.session_id}\t{session.event_count} events"
+                if session.usage:
+                    tokens = _tokens(session.usage)
+                    spent = [spent[0] + tokens[0], spent[1] + tokens[1]]
+                    line += f"\t{tokens[0]} in / {tokens[1]} out tokens"
+                print(line)
                 shown += 1
             if shown >= args.limit:
                 break
+    if any(spent):
+        print(f"total\t{shown} sessions\t{spent[0]} in / {spent[1]} out tokens")
     return 0
 
 

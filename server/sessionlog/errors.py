@@ -13,6 +13,7 @@ status back into the same class with :func:`from_reason`.
     │   ├── UnserializableEventData         UNSERIALIZABLE_EVENT_DATA
     │   ├── MalformedRequest                MALFORMED_REQUEST
     │   ├── InvalidMessageField             INVALID_MESSAGE_FIELD
+    │   ├── InvalidUsage                    INVALID_USAGE (an event's token usage; names the field)
     │   ├── RequestIdReused                 REQUEST_ID_REUSED
     │   ├── EventTooLarge                   EVENT_TOO_LARGE
     │   ├── SeqAssignedByServer             SEQ_ASSIGNED_BY_SERVER
@@ -109,6 +110,10 @@ class MalformedRequest(InvalidArgument):
 
 class InvalidMessageField(InvalidArgument):
     reason = "INVALID_MESSAGE_FIELD"
+
+
+class InvalidUsage(InvalidArgument):
+    reason = "INVALID_USAGE"
 
 
 class RequestIdReused(InvalidArgument):

@@ -39,7 +39,7 @@ from typing import NamedTuple
 from google.protobuf.struct_pb2 import ListValue, Struct, Value
 
 from sessionlog import errors
-from sessionlog.v1.event_pb2 import Event, EventType
+from sessionlog.v1.event_pb2 import Event, EventType, Usage
 from sessionlog.v1.message_pb2 import Message, Role
 
 SURFACE_TYPES = frozenset(
@@ -228,6 +228,16 @@ def check_event(
                     f"event {index}: data.{field} has the wrong type ({_FIELD_SHAPES[field]})",
                     index=index,
                     field=field,
+                ),
+            )
+    if event.HasField("usage"):
+        bad = usage_problem(event.usage)
+        if bad is not None:
+            field, why = bad
+            return Violation(
+                5,
+                errors.InvalidUsage(
+                    f"event {index}: usage.{field} {why}", index=index, field=f"usage.{field}"
                 ),
             )
     seq = event.seq
@@ -675,6 +685,136 @@ def state_struct(state: dict[str, Value]) -> Struct:
     for key, value in state.items():
         fields[key].CopyFrom(value)
     return out
+
+
+# -- usage ledger -------------------------------------------------------------------------------
+
+MAX_USAGE_TOKENS = (1 << 32) - 1
+"""The largest token count one event's usage may report (per field): far above any call, and
+small enough that a session's sums stay within the u64 they are stored as."""
+MAX_MODEL_BYTES = 256
+
+
+def usage_problem(usage: Usage) -> tuple[str, str] | None:
+    """(field, what is wrong with it) for a usage the ledger refuses, or None.
+
+    The model is required (totals are kept per model; an unnamed model would pool unrelated
+    calls), with no control characters. Cached tokens are part of the input and reasoning tokens
+    part of the output, so neither may exceed its whole.
+    """
+    model = usage.model
+    size = len(model.encode("utf-8", "surrogatepass"))
+    if not 1 <= size <= MAX_MODEL_BYTES:
+        return "model", f"must be 1 to {MAX_MODEL_BYTES} bytes of UTF-8; it has {size}"
+    if any(unicodedata.category(ch) == "Cc" for ch in model):
+        return "model", "must not contain control characters"
+    for name in ("input_tokens", "output_tokens", "cached_input_tokens", "reasoning_tokens"):
+        count = getattr(usage, name)
+        if count > MAX_USAGE_TOKENS:
+            return name, f"is {count}, over the limit of {MAX_USAGE_TOKENS} per event"
+    if usage.cached_input_tokens > usage.input_tokens:
+        return "cached_input_tokens", (
+            f"is {usage.cached_input_tokens}, more than input_tokens ({usage.input_tokens}); "
+            "cached tokens are counted within the input"
+        )
+    if usage.reasoning_tokens > usage.output_tokens:
+        return "reasoning_tokens", (
+            f"is {usage.reasoning_tokens}, more than output_tokens ({usage.output_tokens}); "
+            "reasoning tokens are counted within the output"
+        )
+    return None
+
+
+@dataclass(slots=True)
+class ModelTotals:
+    """The sums of the usages that named one model, and how many events carried one."""
+
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cached_input_tokens: int = 0
+    reasoning_tokens: int = 0
+    event_count: int = 0
+
+    def add(self, usage: Usage) -> None:
+        self.input_tokens += usage.input_tokens
+        self.output_tokens += usage.output_tokens
+        self.cached_input_tokens += usage.cached_input_tokens
+        self.reasoning_tokens += usage.reasoning_tokens
+        self.event_count += 1
+
+    def plus(self, other: ModelTotals) -> ModelTotals:
+        # Field by field, not a zip over values(): this runs in every append that carries usage.
+        return ModelTotals(
+            self.input_tokens + other.input_tokens,
+            self.output_tokens + other.output_tokens,
+            self.cached_input_tokens + other.cached_input_tokens,
+            self.reasoning_tokens + other.reasoning_tokens,
+            self.event_count + other.event_count,
+        )
+
+    def minus(self, other: ModelTotals) -> ModelTotals:
+        return ModelTotals(*(a - b for a, b in zip(self.values(), other.values(), strict=True)))
+
+    def values(self) -> tuple[int, int, int, int, int]:
+        return (
+            self.input_tokens,
+            self.output_tokens,
+            self.cached_input_tokens,
+            self.reasoning_tokens,
+            self.event_count,
+        )
+
+
+UsageByModel = dict[str, ModelTotals]
+"""Totals keyed by model name."""
+
+
+def fold_usage(events: Iterable[Event], start_seq: int = 0) -> UsageByModel:
+    """The usage totals of a log: every event's usage summed per model, in seq order.
+
+    Shadowing plays no part (tokens spent stay spent, whatever a replace or hide later does to
+    the surface), so a compaction never lowers a total. Events with seq < ``start_seq`` are
+    skipped: a fork's own usage starts at its parent_event_count.
+    """
+    totals: UsageByModel = {}
+    for event in events:
+        if event.seq >= start_seq and event.HasField("usage"):
+            usage = event.usage
+            totals.setdefault(usage.model, ModelTotals()).add(usage)
+    return totals
+
+
+def sum_usage(parts: Iterable[UsageByModel]) -> UsageByModel:
+    """Several totals added model by model (a listing's page, a session tree)."""
+    out: UsageByModel = {}
+    for part in parts:
+        for model, totals in part.items():
+            mine = out.get(model)
+            out[model] = totals.plus(ModelTotals()) if mine is None else mine.plus(totals)
+    return out
+
+
+def own_usage(totals: UsageByModel, inherited: UsageByModel) -> UsageByModel:
+    """A fork's own usage: its totals less what it copied from its parent (models left with
+    nothing of their own are dropped)."""
+    out: UsageByModel = {}
+    for model, whole in totals.items():
+        copied = inherited.get(model)
+        own = whole if copied is None else whole.minus(copied)
+        if own.event_count:
+            out[model] = own
+    return out
+
+
+def tree_usage(root: UsageByModel, descendants_own: Iterable[UsageByModel]) -> UsageByModel:
+    """A session tree's usage: the root's whole totals plus each descendant's own usage.
+
+    Each descendant counts only what it spent itself (``own_usage``): the events a fork copied
+    were spent by an ancestor in the tree, which already counts them, so nothing is counted
+    twice. Takes the descendants' usages, however they were found (fork children by
+    parent_session_id today, sub-agent links later).
+    """
+    return sum_usage([root, *descendants_own])
 
 
 # -- projection (SPEC §5) -----------------------------------------------------------------------

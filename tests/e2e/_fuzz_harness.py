@@ -36,6 +36,7 @@ RESPONSES: dict[str, type[Message]] = {
     "ListEvents": pb.ListEventsResponse,
     "Surface": pb.SurfaceResponse,
     "DeriveMessages": pb.DeriveMessagesResponse,
+    "GetUsage": pb.GetUsageResponse,
     "CreateSession": pb.CreateSessionResponse,
     "SeedSession": pb.SeedSessionResponse,
     "GetSession": pb.GetSessionResponse,

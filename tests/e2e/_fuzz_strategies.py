@@ -165,7 +165,23 @@ def events(draw: st.DrawFn) -> event_pb2.Event:
     if draw(st.integers(0, 9)) == 0:
         event.seq = draw(uint64s())
     event.data.CopyFrom(draw(structs()))
+    if draw(st.integers(0, 2)) == 0:
+        event.usage.CopyFrom(draw(usages()))
     return event
+
+
+@st.composite
+def usages(draw: st.DrawFn) -> event_pb2.Usage:
+    """A usage, valid or not: any model text (empty, control characters, too long), and counts
+    that may pass the limit or exceed the total they are part of."""
+    counts = st.one_of(st.integers(0, 2000), uint64s())
+    return event_pb2.Usage(
+        model=draw(st.one_of(st.sampled_from(("m", "gpt-5", "")), st.text(max_size=300))),
+        input_tokens=draw(counts),
+        output_tokens=draw(counts),
+        cached_input_tokens=draw(counts),
+        reasoning_tokens=draw(counts),
+    )
 
 
 def event_lists() -> st.SearchStrategy[list[event_pb2.Event]]:
@@ -288,6 +304,15 @@ def list_events_requests(draw: st.DrawFn) -> pb.ListEventsRequest:
 
 
 @st.composite
+def usage_requests(draw: st.DrawFn) -> pb.GetUsageRequest:
+    request = pb.GetUsageRequest(
+        session_id=draw(session_ids()), include_descendants=draw(st.booleans())
+    )
+    optional(request, "at_seq", draw(st.none() | uint64s()))
+    return request
+
+
+@st.composite
 def create_requests(draw: st.DrawFn) -> pb.CreateSessionRequest:
     return pb.CreateSessionRequest(
         session_id=draw(session_ids()),
@@ -364,6 +389,7 @@ REQUESTS: dict[str, Callable[[], st.SearchStrategy[Any]]] = {
     "ListEvents": list_events_requests,
     "Surface": surface_requests,
     "DeriveMessages": derive_requests,
+    "GetUsage": usage_requests,
     "CreateSession": create_requests,
     "SeedSession": seed_requests,
     "GetSession": get_requests,

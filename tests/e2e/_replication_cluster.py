@@ -261,6 +261,10 @@ def derive_raw(channel: grpc.Channel, session_id: str, at_seq: int | None = None
     return _unary_raw(channel, f"{SERVICE}/DeriveMessages", request)
 
 
+def usage_raw(channel: grpc.Channel, session_id: str) -> bytes:
+    return _unary_raw(channel, f"{SERVICE}/GetUsage", pb.GetUsageRequest(session_id=session_id))
+
+
 def surface_raw(channel: grpc.Channel, session_id: str, at_seq: int | None = None) -> bytes:
     request = pb.SurfaceRequest(session_id=session_id, at_seq=at_seq)
     return _unary_raw(channel, f"{SERVICE}/Surface", request)

@@ -168,6 +168,7 @@ def every_rpc(session_id: str) -> list[tuple[str, Message, bool]]:
         (SERVICE + "Surface", pb.SurfaceRequest(session_id=session_id), False),
         (SERVICE + "DeriveMessages", pb.DeriveMessagesRequest(session_id=session_id), False),
         (SERVICE + "GetState", pb.GetStateRequest(session_id=session_id), False),
+        (SERVICE + "GetUsage", pb.GetUsageRequest(session_id=session_id), False),
         (SERVICE + "CreateSession", pb.CreateSessionRequest(session_id=session_id + ".new"), False),
         (
             SERVICE + "SeedSession",
@@ -455,6 +456,28 @@ def test_a_tenant_cannot_fork_across_prefixes(server: RunningServer) -> None:
     inside = pb.ForkSessionRequest(parent_session_id="tenant-a.parent", session_id="tenant-a.c3")
     unary(channel, method, inside, TENANT_A)
     assert session(channel, "tenant-a.c3").event_count == 2
+
+
+def test_a_tenants_usage_tree_stays_inside_its_prefix(server: RunningServer) -> None:
+    """GetUsage with include_descendants leaves out a fork another token made outside the
+    tenant's prefix; the unscoped writer sees the whole tree."""
+    channel = server.channel()
+    spending = user("u")
+    spending.usage.CopyFrom(event_pb2.Usage(model="m", input_tokens=10))
+    request = pb.AppendRequest(session_id="tenant-a.spend", events=[spending])
+    unary(channel, SERVICE + "Append", request, TENANT_A)
+    for child in ("tenant-a.spend.kid", "tenant-b.stolen"):
+        fork = pb.ForkSessionRequest(parent_session_id="tenant-a.spend", session_id=child)
+        unary(channel, SERVICE + "ForkSession", fork, WRITER)
+        more = pb.AppendRequest(session_id=child, events=[spending])
+        unary(channel, SERVICE + "Append", more, WRITER)
+    tree = pb.GetUsageRequest(session_id="tenant-a.spend", include_descendants=True)
+    seen = {}
+    for token in (TENANT_A, WRITER):
+        reply = pb.GetUsageResponse.FromString(unary(channel, SERVICE + "GetUsage", tree, token))
+        seen[token] = (list(reply.descendant_session_ids), reply.usage[0].input_tokens)
+    assert seen[TENANT_A] == (["tenant-a.spend.kid"], 20)
+    assert seen[WRITER] == (["tenant-a.spend.kid", "tenant-b.stolen"], 30)
 
 
 def test_a_tenant_lists_only_its_own_sessions(server: RunningServer) -> None:

@@ -32,6 +32,7 @@ COMMANDS = (
     "tail",
     "surface",
     "state",
+    "usage",
     "messages",
     "create",
     "seed",

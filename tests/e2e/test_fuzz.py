@@ -1,7 +1,7 @@
 """Hostile input over the wire: every RPC fuzzed, and hand-picked nasties, against one server.
 
 One `sessionlog serve` process takes every case of this module. Hypothesis builds requests for all
-twelve RPCs (``_fuzz_strategies``) and also sends random and mangled bytes to each method. Every
+thirteen RPCs (``_fuzz_strategies``) and also sends random and mangled bytes to each method. Every
 call is checked by ``_fuzz_harness``: never INTERNAL or UNKNOWN, exactly one sessionlog ErrorInfo
 on each error with the code its reason maps to, the sessions a rejected call names unchanged, and
 every 25 calls the full session listing equal to a model built only from successful writes. The

@@ -44,6 +44,7 @@ from tests.e2e._replication_cluster import (
     since_raw,
     state_raw,
     surface_raw,
+    usage_raw,
     wait_for,
     wait_position,
 )
@@ -174,6 +175,8 @@ def test_folded_replies_are_byte_identical(tmp_path: Path) -> None:
         ]
         events[0].state_delta.update({"z": 1, "a": {"k": [1, 2], "b": None}, "m": "x"})
         events[2].state_delta.update({"q": True, "z": None})
+        events[1].usage.CopyFrom(event_pb2.Usage(model="gpt", input_tokens=9, output_tokens=4))
+        events[2].usage.CopyFrom(event_pb2.Usage(model="alt", input_tokens=2))
         primary.stub().Append(pb.AppendRequest(session_id="rich", events=events), timeout=10)
         wait_position(replica, primary.status().position)
         assert since_raw(replica.channel, "rich") == since_raw(primary.channel, "rich")
@@ -182,6 +185,15 @@ def test_folded_replies_are_byte_identical(tmp_path: Path) -> None:
         folded_state = state_raw(primary.channel, "rich")
         assert state_raw(replica.channel, "rich") == folded_state
         assert set(pb.GetStateResponse.FromString(folded_state).state.fields) == {"a", "m", "q"}
+        totals = usage_raw(primary.channel, "rich")
+        assert usage_raw(replica.channel, "rich") == totals
+        assert [u.model for u in pb.GetUsageResponse.FromString(totals).usage] == ["alt", "gpt"]
+        fork = pb.ForkSessionRequest(parent_session_id="rich", session_id="rich.f", at_seq=1)
+        primary.stub().ForkSession(fork, timeout=10)
+        wait_position(replica, primary.status().position)
+        copied = usage_raw(primary.channel, "rich.f")
+        assert usage_raw(replica.channel, "rich.f") == copied
+        assert [u.model for u in pb.GetUsageResponse.FromString(copied).usage] == ["gpt"]
 
 
 def test_hide_and_state_read_the_same_on_a_replica(tmp_path: Path) -> None:

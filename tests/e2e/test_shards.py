@@ -16,6 +16,7 @@ from sessionlog.shard import ShardMap, slot_of
 from sessionlog.testing import RunningServer, error_info
 from sessionlog.v1 import admin_service_pb2 as apb
 from sessionlog.v1 import admin_service_pb2_grpc as apb_grpc
+from sessionlog.v1 import event_pb2
 from sessionlog.v1 import session_log_service_pb2 as pb
 from sessionlog.v1 import session_log_service_pb2_grpc as pb_grpc
 from sessionlog_client import errors as client_errors
@@ -105,6 +106,7 @@ def _calls(stub: pb_grpc.SessionLogServiceStub, sid: str) -> dict[str, Callable[
             pb.DeriveMessagesRequest(session_id=sid), timeout=TIMEOUT
         ),
         "GetState": lambda: stub.GetState(pb.GetStateRequest(session_id=sid), timeout=TIMEOUT),
+        "GetUsage": lambda: stub.GetUsage(pb.GetUsageRequest(session_id=sid), timeout=TIMEOUT),
         "CreateSession": lambda: stub.CreateSession(
             pb.CreateSessionRequest(session_id=sid, events=[user()]), timeout=TIMEOUT
         ),
@@ -230,6 +232,22 @@ def test_list_sessions_lists_the_groups_own(groups: Groups) -> None:
     )
     assert reply.sessions
     assert {groups.shard_map.owner(s.session_id).name for s in reply.sessions} == {"g1"}
+
+
+def test_a_listing_across_groups_sums_every_groups_usage(groups: Groups) -> None:
+    """An unscoped ListSessions gathers both groups' sessions, each with its usage, and the
+    page's usage_total sums them all; GetUsage answers on the owner's group only."""
+    ids = {name: groups.session_of(name, 9) for name in ("g1", "g2")}
+    for (name, session_id), stub in zip(ids.items(), (groups.stub1, groups.stub2), strict=True):
+        spent = user()
+        spent.usage.CopyFrom(event_pb2.Usage(model="m", input_tokens=10 if name == "g1" else 5))
+        append(stub, session_id, spent)
+    reply = groups.stub1.ListSessions(pb.ListSessionsRequest(page_size=1000), timeout=TIMEOUT)
+    listed = {s.session_id: s.usage[0].input_tokens for s in reply.sessions if s.usage}
+    assert listed == {ids["g1"]: 10, ids["g2"]: 5}
+    assert [(u.model, u.input_tokens, u.event_count) for u in reply.usage_total] == [("m", 15, 2)]
+    own = groups.stub2.GetUsage(pb.GetUsageRequest(session_id=ids["g2"]), timeout=TIMEOUT)
+    assert own.usage[0].input_tokens == 5
 
 
 def test_the_console_answers_421_for_another_groups_session(groups: Groups) -> None:

@@ -58,6 +58,27 @@ def test_events_mark_shadowed_bookkeeping_and_replace_ranges(console: RunningSer
     assert [e["seq"] for e in page["events"]] == [7]
 
 
+def test_a_session_and_the_list_carry_usage(console: RunningServer) -> None:
+    """/api/sessions/{id} and /api/sessions give each session's usage totals per model."""
+    spent = event(event_pb2.EVENT_TYPE_STEP_END)
+    spent.usage.CopyFrom(event_pb2.Usage(model="m", input_tokens=30, cached_input_tokens=10))
+    console.stub().Append(pb.AppendRequest(session_id="spender", events=[spent, spent]))
+    status, _, body = get(f"{base(console)}/api/sessions/spender")
+    assert status == 200
+    assert body["usage"] == [
+        {
+            "model": "m",
+            "input_tokens": 60,
+            "output_tokens": 0,
+            "cached_input_tokens": 20,
+            "reasoning_tokens": 0,
+            "event_count": 2,
+        }
+    ]
+    _, _, listing = get(f"{base(console)}/api/sessions?prefix=spender")
+    assert [s["usage"][0]["input_tokens"] for s in listing["sessions"]] == [60]
+
+
 def test_transcript_pairs_tool_calls_with_results(console: RunningServer) -> None:
     """/transcript is the derived messages in surface order with roles; the assistant's tool
     call points at the tool result that answers it, and the result back at the call."""

@@ -137,8 +137,17 @@ def test_sessions_page_lists_the_seeded_session(
     browser: WebDriver, console: RunningServer, tmp_path: Path
 ) -> None:
     """The front page shows the status cards and the session with its event count, linking to
-    the session's page."""
+    the session's page; a session with usage shows its tokens."""
+    spent = event(event_pb2.EVENT_TYPE_STEP_END)
+    spent.usage.CopyFrom(event_pb2.Usage(model="m", input_tokens=1200, output_tokens=80))
+    console.stub().Append(pb.AppendRequest(session_id="spender", events=[spent]))
     browser.get(url(console))
+    tokens = wait(
+        browser,
+        "the spender's row",
+        lambda d: d.find_element(By.CSS_SELECTOR, '#sessions tr[data-session="spender"]'),
+    )
+    assert tokens.find_elements(By.TAG_NAME, "td")[6].text == "1,200 in / 80 out"
     row = wait(
         browser,
         "the session row",
@@ -147,6 +156,7 @@ def test_sessions_page_lists_the_seeded_session(
     cells = [c.text for c in row.find_elements(By.TAG_NAME, "td")]
     assert cells[0] == SESSION
     assert cells[1] == "9"
+    assert cells[6] == "\u2013"  # an en dash: no usage
     status = wait(browser, "status cards", lambda d: d.find_element(By.ID, "status").text)
     assert "SESSIONS" in status.upper()
     assert "MAP USAGE" in status.upper()

@@ -32,6 +32,7 @@ from sessionlog_client.convert import (
     role_name,
     struct_to_dict,
     type_name,
+    usage_to_dict,
 )
 from sessionlog_client.errors import SessionLogError
 from sessionlog_client.v1.event_pb2 import Event, EventType, SurfaceOp
@@ -67,4 +68,5 @@ __all__ = [
     "role_name",
     "struct_to_dict",
     "type_name",
+    "usage_to_dict",
 ]

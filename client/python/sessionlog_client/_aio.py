@@ -624,6 +624,26 @@ class AsyncClient:
         )
         return struct_to_dict(reply.state), reply.event_count
 
+    async def get_usage(
+        self,
+        session_id: str,
+        *,
+        at_seq: int | None = None,
+        include_descendants: bool = False,
+        timeout: float | None = None,
+    ) -> pb.GetUsageResponse:
+        """The session's token usage totals per model (``reply.usage``; ``usage_to_dict`` makes a
+        dict of them), over the whole log or events 0..``at_seq``. ``reply.own_usage`` leaves
+        out what a fork copied from its parent; ``include_descendants`` adds the own usage of
+        every fork taken of the session (and of those), counting copied events once.
+
+        >>> usage_to_dict((await client.get_usage("demo")).usage)
+        {'gpt-5': {'input_tokens': 1200, 'output_tokens': 80, ...}}
+        """
+        request = c.usage_request(session_id, at_seq, include_descendants)
+        reply: pb.GetUsageResponse = await self._call("GetUsage", request, timeout, retry=True)
+        return reply
+
     async def derive_messages(
         self,
         session_id: str,

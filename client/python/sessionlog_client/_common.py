@@ -307,6 +307,15 @@ def state_request(session_id: str, at_seq: int | None) -> pb.GetStateRequest:
     return request
 
 
+def usage_request(
+    session_id: str, at_seq: int | None, include_descendants: bool
+) -> pb.GetUsageRequest:
+    request = pb.GetUsageRequest(session_id=session_id, include_descendants=include_descendants)
+    if at_seq is not None:
+        request.at_seq = at_seq
+    return request
+
+
 def derive_request(
     session_id: str,
     at_seq: int | None,

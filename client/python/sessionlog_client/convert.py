@@ -38,8 +38,9 @@ from google.protobuf.message import Message as ProtoMessage
 from google.protobuf.struct_pb2 import Struct
 from google.protobuf.timestamp_pb2 import Timestamp
 
-from sessionlog_client.v1.event_pb2 import Event, EventType
+from sessionlog_client.v1.event_pb2 import Event, EventType, Usage
 from sessionlog_client.v1.message_pb2 import Message, Role
+from sessionlog_client.v1.session_log_service_pb2 import ModelUsage
 
 __all__ = [
     "enum_name",
@@ -117,13 +118,16 @@ def event(
     replace: tuple[int, int] | Sequence[int] | None = None,
     time: TimeLike | None = None,
     state_delta: Mapping[str, Any] | None = None,
+    usage: Mapping[str, Any] | Usage | None = None,
 ) -> Event:
     """An event ready to append.
 
     ``replace=(start, stop)`` makes it a replace of positions start..stop (inclusive); ``time``
     (an aware datetime, an RFC 3339 string or a Timestamp) is stored exactly, else the server
     stamps it. ``state_delta`` changes the session's state (``get_state``): each key replaces
-    the state's key, a None deletes it.
+    the state's key, a None deletes it. ``usage`` records the tokens a model call spent
+    (``{"model": ..., "input_tokens": ..., "output_tokens": ..., "cached_input_tokens": ...,
+    "reasoning_tokens": ...}``, counts defaulting to 0), summed by ``get_usage``.
 
     >>> summary = event("system_message", {"content": "[summary]"}, replace=(1, 2))
     >>> summary.surface_op.replace.stop_seq
@@ -140,12 +144,14 @@ def event(
         built.time.CopyFrom(_timestamp(time))
     if state_delta is not None:
         built.state_delta.update(dict(state_delta))
+    if usage is not None:
+        built.usage.CopyFrom(usage if isinstance(usage, Usage) else Usage(**dict(usage)))
     return built
 
 
 def event_from_dict(value: Mapping[str, Any] | Event) -> Event:
-    """``{"type": ..., "data": {...}, "replace": [start, stop], "time": ..., "state_delta": {...}}``
-    -> an Event.
+    """``{"type": ..., "data": {...}, "replace": [start, stop], "time": ..., "state_delta": {...},
+    "usage": {...}}`` -> an Event.
 
     Only ``type`` is required; an Event passes through unchanged.
 
@@ -162,15 +168,16 @@ def event_from_dict(value: Mapping[str, Any] | Event) -> Event:
         replace=value.get("replace"),
         time=value.get("time"),
         state_delta=value.get("state_delta"),
+        usage=value.get("usage"),
     )
 
 
 def event_to_dict(value: Event) -> dict[str, Any]:
     """An Event as plain values: seq, type (short name), time (aware datetime), data, replace,
-    state_delta.
+    state_delta, usage.
 
     ``replace`` is present only on replace events, as ``[start_seq, stop_seq]``; ``state_delta``
-    only on events that carry one.
+    and ``usage`` (a dict of model and every count) only on events that carry one.
     """
     out: dict[str, Any] = {
         "seq": value.seq,
@@ -183,7 +190,22 @@ def event_to_dict(value: Event) -> dict[str, Any]:
         out["replace"] = [r.start_seq, r.stop_seq]
     if value.HasField("state_delta"):
         out["state_delta"] = struct_to_dict(value.state_delta)
+    if value.HasField("usage"):
+        out["usage"] = {f.name: getattr(value.usage, f.name) for f in Usage.DESCRIPTOR.fields}
     return out
+
+
+_USAGE_COUNTS = ("input_tokens", "output_tokens", "cached_input_tokens", "reasoning_tokens")
+
+
+def usage_to_dict(usages: Iterable[ModelUsage]) -> dict[str, dict[str, int]]:
+    """Usage totals (``GetUsageResponse.usage``, ``Session.usage``, a page's ``usage_total``)
+    as ``{model: {"input_tokens": ..., "output_tokens": ..., "cached_input_tokens": ...,
+    "reasoning_tokens": ..., "event_count": ...}}``, in the server's model order."""
+    return {
+        u.model: {name: getattr(u, name) for name in (*_USAGE_COUNTS, "event_count")}
+        for u in usages
+    }
 
 
 def event_from_message(

@@ -30,6 +30,46 @@ export interface NewEvent {
   time?: Time | Date;
   /** Changes the session's state (getState): each key replaces the one before; null deletes it. */
   stateDelta?: JsonObject;
+  /** The tokens a model call spent (the usage ledger sums them per model). */
+  usage?: UsageInput;
+}
+
+/**
+ * One model call's token usage. Cached input tokens are part of inputTokens, reasoning tokens
+ * part of outputTokens; every count at most 2^32 - 1. model is required (INVALID_USAGE).
+ */
+export interface UsageInput {
+  model: string;
+  inputTokens?: number;
+  outputTokens?: number;
+  cachedInputTokens?: number;
+  reasoningTokens?: number;
+}
+
+/** A usage as stored on an event: every count present. */
+export interface Usage {
+  model: string;
+  inputTokens: number;
+  outputTokens: number;
+  cachedInputTokens: number;
+  reasoningTokens: number;
+}
+
+/** Totals of one model: the sums of the events that named it, and how many did. */
+export interface ModelUsage extends Usage {
+  eventCount: number;
+}
+
+/** What getUsage returns. */
+export interface UsageReport {
+  /** Per model, in model order: the whole history (a fork's copies included), descendants added. */
+  usage: ModelUsage[];
+  /** The session's events covered (atSeq + 1, or its event count). */
+  eventCount: number;
+  /** Only the session's own events (from parentEventCount on). */
+  ownUsage: ModelUsage[];
+  /** With includeDescendants: the forks whose own usage was added. */
+  descendantSessionIds: string[];
 }
 
 /** An event as stored. */
@@ -39,6 +79,7 @@ export interface Event {
   time: Time;
   data: JsonObject;
   replace?: [number, number];
+  usage?: Usage;
   /** Present only on events that carried a state delta. */
   stateDelta?: JsonObject;
 }
@@ -95,6 +136,8 @@ export interface Session {
   parentSessionId: string;
   parentEventCount: number;
   lease?: Lease;
+  /** Usage totals per model (set by getSession and listSessions; empty from writes). */
+  usage: ModelUsage[];
 }
 
 export interface LeaseAuditEntry {
@@ -150,6 +193,8 @@ export interface EventPage {
 export interface SessionPage {
   sessions: Session[];
   nextPageToken: string;
+  /** The page's sessions' usage summed per model. */
+  usageTotal: ModelUsage[];
 }
 
 export interface RetryOptions {
@@ -384,6 +429,11 @@ export class SessionLogClient {
    */
   follow(sessionId: string, options?: { seq?: number; heartbeatMs?: number }): EventStream;
   surface(sessionId: string, options?: { atSeq?: number } & CallOptions): Promise<SurfaceResult>;
+  /** Token usage totals per model; includeDescendants adds forks' own usage. */
+  getUsage(
+    sessionId: string,
+    options?: { atSeq?: number; includeDescendants?: boolean } & CallOptions,
+  ): Promise<UsageReport>;
   deriveMessages(
     sessionId: string,
     options?: { atSeq?: number; extra?: boolean; pageSize?: number; pageToken?: string } & CallOptions,

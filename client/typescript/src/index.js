@@ -270,8 +270,8 @@ const SHORT_TYPE = (name) => String(name).slice(TYPE_PREFIX.length).toLowerCase(
 const SHORT_ROLE = (name) => String(name).slice(ROLE_PREFIX.length).toLowerCase();
 
 /**
- * An event as sent: { type, data?, replace?: [start, stop], time?, stateDelta? } -> the proto
- * object. stateDelta (an object; a null value deletes its key) is sent only when given, so an
+ * An event as sent: { type, data?, replace?: [start, stop], time?, stateDelta?, usage? } -> the
+ * proto object. stateDelta (an object; a null value deletes its key) is sent only when given, so an
  * event without one changes no state.
  */
 export function toEvent(event) {
@@ -282,10 +282,11 @@ export function toEvent(event) {
   }
   if (event.time !== undefined) out.time = toTimestamp(event.time);
   if (event.stateDelta !== undefined && event.stateDelta !== null) out.state_delta = toStruct(event.stateDelta);
+  if (event.usage) out.usage = toUsage(event.usage);
   return out;
 }
 
-/** A stored event -> { seq, type: "user_message", time, data, replace?, stateDelta? }. */
+/** A stored event -> { seq, type: "user_message", time, data, replace?, stateDelta?, usage? }. */
 export function fromEvent(raw) {
   const out = {
     seq: Number(raw.seq ?? 0),
@@ -296,6 +297,7 @@ export function fromEvent(raw) {
   const replace = raw.surface_op?.replace;
   if (replace) out.replace = [Number(replace.start_seq ?? 0), Number(replace.stop_seq ?? 0)];
   if (raw.state_delta) out.stateDelta = fromStruct(raw.state_delta);
+  if (raw.usage) out.usage = { model: raw.usage.model ?? "", ...usageCounts(raw.usage) };
   return out;
 }
 
@@ -308,6 +310,31 @@ function fromAuditEntry(a) {
     previousToken: Number(a.previous_token ?? 0),
     time: fromTimestamp(a.time),
   };
+}
+
+/** { model, inputTokens?, outputTokens?, cachedInputTokens?, reasoningTokens? } -> the proto Usage. */
+function toUsage(usage) {
+  return {
+    model: String(usage.model ?? ""),
+    input_tokens: usage.inputTokens ?? 0,
+    output_tokens: usage.outputTokens ?? 0,
+    cached_input_tokens: usage.cachedInputTokens ?? 0,
+    reasoning_tokens: usage.reasoningTokens ?? 0,
+  };
+}
+
+function usageCounts(raw) {
+  return {
+    inputTokens: Number(raw.input_tokens ?? 0),
+    outputTokens: Number(raw.output_tokens ?? 0),
+    cachedInputTokens: Number(raw.cached_input_tokens ?? 0),
+    reasoningTokens: Number(raw.reasoning_tokens ?? 0),
+  };
+}
+
+/** ModelUsage messages -> [{ model, inputTokens, outputTokens, cachedInputTokens, reasoningTokens, eventCount }]. */
+function fromModelUsages(list) {
+  return (list ?? []).map((u) => ({ model: u.model, ...usageCounts(u), eventCount: Number(u.event_count ?? 0) }));
 }
 
 /**
@@ -376,6 +403,7 @@ function fromSession(raw) {
     parentSessionId: raw.parent_session_id ?? "",
     parentEventCount: Number(raw.parent_event_count ?? 0),
     lease: fromLease(raw.lease),
+    usage: fromModelUsages(raw.usage),
   };
 }
 
@@ -1411,6 +1439,23 @@ export class SessionLogClient {
   }
 
   /**
+   * The session's token usage totals per model (the usage ledger), over the whole log or events
+   * 0..atSeq. ownUsage leaves out what a fork copied from its parent; includeDescendants adds
+   * the own usage of every fork taken of the session (and of those), counting copies once.
+   */
+  async getUsage(sessionId, { atSeq, includeDescendants = false, timeoutMs } = {}) {
+    const request = { session_id: sessionId, include_descendants: includeDescendants };
+    if (atSeq !== undefined) request.at_seq = atSeq;
+    const reply = await this._call("GetUsage", request, { timeoutMs, retry: true });
+    return {
+      usage: fromModelUsages(reply.usage),
+      eventCount: Number(reply.event_count ?? 0),
+      ownUsage: fromModelUsages(reply.own_usage),
+      descendantSessionIds: reply.descendant_session_ids ?? [],
+    };
+  }
+
+  /**
    * The session's state: every event's state_delta folded in seq order (each key replaces the
    * one before; null deletes it), after the whole log or, with atSeq, after events 0..atSeq.
    * eventCount is the number of events folded. A session never written has the state {}.
@@ -1607,7 +1652,11 @@ export class SessionLogClient {
     for (;;) {
       const request = { page_size: pageSize, page_token, prefix };
       const reply = await this._call("ListSessions", request, { timeoutMs, retry: true });
-      yield { sessions: (reply.sessions ?? []).map(fromSession), nextPageToken: reply.next_page_token ?? "" };
+      yield {
+        sessions: (reply.sessions ?? []).map(fromSession),
+        nextPageToken: reply.next_page_token ?? "",
+        usageTotal: fromModelUsages(reply.usage_total),
+      };
       page_token = reply.next_page_token ?? "";
       if (!page_token) return;
     }

@@ -7,11 +7,13 @@ import {
   type EventPage,
   eventFromMessage,
   LeadershipLostError,
+  type ModelUsage,
   NotPrimaryError,
   ReplicasUnavailableError,
   SessionLogClient,
   SessionLogError,
   type StateResult,
+  type UsageReport,
 } from "@sessionlog/client";
 
 export const seen: string[] = [];
@@ -93,4 +95,13 @@ export async function groupWorker(addresses: string[], etcd?: string): Promise<s
   } finally {
     client.close();
   }
+}
+
+export async function spending(client: SessionLogClient): Promise<number> {
+  await client.append("typed", [{ type: "step_end", usage: { model: "m", inputTokens: 5 } }]);
+  const report: UsageReport = await client.getUsage("typed", { includeDescendants: true });
+  const own: ModelUsage[] = report.ownUsage;
+  const { session } = await client.getSession("typed");
+  for await (const page of client.listSessions()) seen.push(String(page.usageTotal.length));
+  return report.usage.reduce((sum, u) => sum + u.inputTokens, 0) + own.length + session.usage.length;
 }

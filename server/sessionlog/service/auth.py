@@ -17,7 +17,8 @@ Secrets are never logged.
 AdminService (the store's stats, a copy of the whole store, every session's lease audit) needs
 ``admin``, and like the change feed it is refused to a token limited to a session prefix.
 
-Permissions per RPC: reads (Since, ListEvents, Surface, DeriveMessages, GetState, GetSession,
+Permissions per RPC: reads (Since, ListEvents, Surface, DeriveMessages, GetState, GetUsage,
+GetSession,
 ListSessions, GetShardMap) need ``read``; writes (Append, CreateSession, SeedSession,
 ForkSession, leases) need ``write``; a forced lease release and the change feed (which carries
 every tenant's data) need ``admin``.
@@ -59,6 +60,7 @@ _NEEDS = {
     "/sessionlog.v1.SessionLogService/Surface": READ,
     "/sessionlog.v1.SessionLogService/DeriveMessages": READ,
     "/sessionlog.v1.SessionLogService/GetState": READ,
+    "/sessionlog.v1.SessionLogService/GetUsage": READ,
     "/sessionlog.v1.SessionLogService/CreateSession": WRITE,
     "/sessionlog.v1.SessionLogService/SeedSession": WRITE,
     "/sessionlog.v1.SessionLogService/GetSession": READ,
@@ -122,6 +124,10 @@ class Principal:
             return allowed
         self.check_session(asked)
         return asked
+
+    def admits(self, session_id: str) -> bool:
+        """Whether this token may touch ``session_id`` (``check_session`` without the error)."""
+        return not self.session_prefix or session_id.startswith(self.session_prefix)
 
     def check_session(self, session_id: str) -> None:
         """Refuse a session outside this token's prefix (PERMISSION_DENIED, id not echoed)."""

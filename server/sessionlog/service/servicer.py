@@ -27,7 +27,7 @@ from sessionlog.config import (
     DEFAULT_MAX_EVENTS_PER_APPEND,
     DEFAULT_MAX_MESSAGE_BYTES,
 )
-from sessionlog.service import importing, paging
+from sessionlog.service import importing, ledger, paging
 from sessionlog.service.auth import ADMIN, Authorizer, Principal, bearer
 from sessionlog.service.counters import CANCELLED, INTERNAL, OK, Counters
 from sessionlog.service.errors import abort, refusal_level
@@ -242,6 +242,7 @@ class SessionLogServicer:
                 "Surface": grpc.unary_unary_rpc_method_handler(self.surface),
                 "DeriveMessages": grpc.unary_unary_rpc_method_handler(self.derive_messages),
                 "GetState": grpc.unary_unary_rpc_method_handler(self.get_state),
+                "GetUsage": grpc.unary_unary_rpc_method_handler(self.get_usage),
                 "CreateSession": grpc.unary_unary_rpc_method_handler(self.create_session),
                 "SeedSession": grpc.unary_unary_rpc_method_handler(self.seed_session),
                 "GetSession": grpc.unary_unary_rpc_method_handler(self.get_session),
@@ -592,6 +593,36 @@ class SessionLogServicer:
         serialized: bytes = reply.SerializeToString(deterministic=True)
         return self._fitting(serialized, request.session_id)
 
+    @unary
+    async def get_usage(self, raw: bytes, context: grpc.aio.ServicerContext) -> bytes:
+        request = decode(pb.GetUsageRequest, raw)
+        self.ownership.check(request.session_id)
+        self._scope(context, request.session_id)
+        fold.check_session_id(request.session_id)
+        at_seq = request.at_seq if request.HasField("at_seq") else None
+        if at_seq is not None and request.include_descendants:
+            raise errors.MalformedRequest(
+                "at_seq and include_descendants cannot be combined: a descendant's log has no "
+                "place in its ancestor's seqs; ask for one or the other",
+                field="at_seq",
+            )
+        principal = self._principal(context)
+        spent = self.store.usage(
+            request.session_id,
+            at_seq,
+            include_descendants=request.include_descendants,
+            # A tenant's tree stops at its prefix: a fork another token made outside it is not
+            # the tenant's to read.
+            admits=None if principal is None else principal.admits,
+        )
+        reply = pb.GetUsageResponse(
+            usage=ledger.model_usages(spent.totals),
+            event_count=spent.event_count,
+            own_usage=ledger.model_usages(spent.own),
+            descendant_session_ids=spent.descendants,
+        )
+        return self._fitting(_serialize(reply), request.session_id)
+
     # -- lifecycle (SPEC §5 Seed, §7) ---------------------------------------------------------
 
     @unary_write
@@ -644,8 +675,12 @@ class SessionLogServicer:
         self._scope(context, request.session_id)
         fold.check_session_id(request.session_id)
         view = self.store.session(request.session_id)
+        session = session_message(view.session_id, view.meta, view.lease)
+        if view.meta is not None:
+            spent = self.store.usage_of([view.session_id])[view.session_id]
+            session.usage.extend(ledger.model_usages(spent))
         response = pb.GetSessionResponse(
-            session=session_message(view.session_id, view.meta, view.lease),
+            session=session,
             lease_audit=[audit_message(record) for record in view.audit],
         )
         return _serialize(response)
@@ -665,7 +700,9 @@ class SessionLogServicer:
         else:
             sessions, last = self.local_sessions(after, prefix, size)
         response = pb.ListSessionsResponse(
-            sessions=sessions, next_page_token=encode_page_token(last, prefix) if last else ""
+            sessions=sessions,
+            next_page_token=encode_page_token(last, prefix) if last else "",
+            usage_total=ledger.page_total(sessions),
         )
         return _serialize(response)
 
@@ -678,6 +715,9 @@ class SessionLogServicer:
         sessions = [
             session_message(v.session_id, v.meta, v.lease) for v in page if owns(v.session_id)
         ]
+        spent = self.store.usage_of([s.session_id for s in sessions if s.exists])
+        for session in sessions:
+            session.usage.extend(ledger.model_usages(spent.get(session.session_id, {})))
         return sessions, page[-1].session_id if more else ""
 
     @unary

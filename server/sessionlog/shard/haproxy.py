@@ -44,6 +44,7 @@ READ_METHODS = (
     "Surface",
     "DeriveMessages",
     "GetState",
+    "GetUsage",
     "GetSession",
     "ListSessions",
     "GetShardMap",

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from sessionlog import errors, fold, wire
-from sessionlog.storage import damage, schema
+from sessionlog.storage import damage, ledger, schema
 from sessionlog.storage.reads import load_lease, load_meta, read_range
 from sessionlog.storage.recording import RecordingTxn
 from sessionlog.storage.schema import AuditRecord, LeaseRecord, RequestRecord, SessionMeta
@@ -145,6 +145,10 @@ class AppendCommand:
         bodies, with_seq = batch.bodies, wire.with_seq
         stored = [with_seq(seq, bodies[index]) for seq, index in enumerate(kept, meta.next_seq)]
         txn.put_events(meta.sid, meta.next_seq, stored)  # one LMDB call for the batch
+        events = batch.events
+        spent = [events[index] for index in kept if events[index].HasField("usage")]
+        if spent:
+            ledger.record_appended(txn, tables, meta.sid, spent)
         meta.next_seq += len(stored)
         replaces = batch.replaces
         if any(replaces):
@@ -294,6 +298,7 @@ class ForkCommand:
         _refuse_open_turn(events, self._parent_id, at_seq)
         child = _new_session(txn, tables, self._child_id, now_ns)
         txn.put_events(child.sid, 0, copied)
+        ledger.record_fork(txn, tables, child.sid, events)
         child.next_seq = len(copied)
         child.replace_generation = sum(1 for e in events if fold.replace_range(e) is not None)
         child.parent_id = self._parent_id

@@ -35,7 +35,13 @@ import lmdb
 
 from sessionlog import errors, fold
 from sessionlog.storage import damage, schema
-from sessionlog.storage.schema import AuditRecord, LeaseRecord, RequestRecord, SessionMeta
+from sessionlog.storage.schema import (
+    AuditRecord,
+    LeaseRecord,
+    RequestRecord,
+    SessionMeta,
+    UsageRecord,
+)
 from sessionlog.v1 import replication_service_pb2 as rpb
 from sessionlog.v1.event_pb2 import Event
 
@@ -197,7 +203,7 @@ def verify(
     events decode, their keys are dense 0..next_seq-1 with the seq inside each event matching
     its key, and replace_generation counts its replace events; the change feed is dense from 1,
     each record decodes and names events that exist, and passes every ``change_checks``;
-    request, lease and audit records decode. A table LMDB cannot walk to its end is reported
+    request, lease, audit and usage records decode. A table LMDB cannot walk to its end is reported
     and the walk goes on with the next one, in a fresh transaction.
     """
     walk = _Walk(file_bytes=_map_bytes(env))
@@ -209,6 +215,7 @@ def verify(
         ("requests", _records("requests", RequestRecord.decode, _request_where)),
         ("leases", _records("leases", LeaseRecord.decode, _text_key)),
         ("audit", _records("audit", AuditRecord.decode, _audit_where)),
+        ("usage", _records("usage", UsageRecord.decode, _usage_where)),
         ("counters", _counters),
     ):
         walk.counts[name] = 0
@@ -384,6 +391,12 @@ def _request_where(key: bytes) -> str:
     return f"sid {schema.read_u64(key[:8])} request {_text_key(key[8:])}"
 
 
+def _usage_where(key: bytes) -> str:
+    if len(key) < 8:
+        return _hex(key)
+    return f"sid {schema.read_u64(key[:8])} model {_text_key(key[8:])}"
+
+
 def _audit_where(key: bytes) -> str:
     session, _, number = key.rpartition(b"\x00")
     if len(number) != 8:
@@ -397,6 +410,8 @@ def _records(
     """A step that checks every record of ``table`` decodes."""
 
     def step(walk: _Walk, txn: lmdb.Transaction, tables: Tables) -> None:
+        if tables.by_name[table] is None:  # schema.LATER_DBS, on a read-only older store
+            return
         for key, value in _items(walk, txn, tables.by_name[table], table):
             try:
                 decode(bytes(value))

@@ -28,13 +28,19 @@ One environment holds every session. Named databases:
     audit      session id + 0x00 + n (u64 BE) -> AuditRecord (JSON)
                Lease takeovers and forced releases, in order. Ids cannot contain 0x00, so one
                session's records are one contiguous range.
+    usage      sid (u64 BE) + model (UTF-8)  -> UsageRecord (packed binary, see UsageRecord)
+               The usage ledger: per session and model, the sums of every event's usage, and
+               the part a fork copied from its parent. A session's models are one contiguous
+               range in model order; a session with no usage has no rows.
 
 Invariants (the single writer thread keeps them; every change commits in one transaction):
 - seq is dense from 0 per session: events holds exactly the keys (sid, 0) .. (sid, next_seq - 1);
 - an event's stored bytes never change after commit;
 - SessionMeta.next_seq and .replace_generation match the events stored for that session;
 - sid values are never reused, so a session id maps to one key prefix for all time;
-- every committed write has exactly one record in ``changes``, committed with it.
+- every committed write has exactly one record in ``changes``, committed with it;
+- a session's usage rows equal ``fold.fold_usage`` over its stored events (an append that
+  carries usage updates them in its own transaction, a fork writes its child's).
 
 Variable-length session ids are never used as a key prefix: "ab" and "abc" would interleave. The
 fixed-width sid keeps each session's events contiguous.
@@ -44,7 +50,9 @@ from __future__ import annotations
 
 import json
 import struct
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
+
+from sessionlog.fold import ModelTotals
 
 SESSIONS = b"sessions"
 IDS = b"ids"
@@ -54,7 +62,13 @@ COUNTERS = b"counters"
 LEASES = b"leases"
 AUDIT = b"audit"
 CHANGES = b"changes"
-ALL_DBS = (SESSIONS, IDS, EVENTS, REQUESTS, COUNTERS, LEASES, AUDIT, CHANGES)
+USAGE = b"usage"
+ALL_DBS = (SESSIONS, IDS, EVENTS, REQUESTS, COUNTERS, LEASES, AUDIT, CHANGES, USAGE)
+LATER_DBS = frozenset({USAGE})
+"""Tables added after stores were first written: a store no server of this version has opened
+for writing lacks them (opening it so creates them, empty, which is what they would hold), and
+one opened read-only (``sessionlog admin``, a rejoin's look at its folder) reads as if they were
+empty."""
 
 NEXT_SID = b"next_sid"
 HISTORY_ID = b"history_id"
@@ -101,6 +115,14 @@ def event_key_seq(key: bytes) -> int:
 
 def request_key(sid: int, request_id: str) -> bytes:
     return _U64.pack(sid) + request_id.encode("utf-8")
+
+
+def usage_key(sid: int, model: str) -> bytes:
+    return _U64.pack(sid) + model.encode("utf-8")
+
+
+def usage_key_model(key: bytes) -> str:
+    return key[8:].decode("utf-8")
 
 
 def audit_prefix(session_id: str) -> bytes:
@@ -158,6 +180,30 @@ class SessionMeta:
         imported = format_ == META_FORMAT_IMPORTED
         # Positional, in field order: read on every append, and half the cost of keywords.
         return cls(sid, next_seq, generation, created, appended, parent_id, parent_length, imported)
+
+
+_USAGE = struct.Struct(">B10Q")
+USAGE_FORMAT = 1
+
+
+@dataclass
+class UsageRecord:
+    """One session's usage of one model: the whole log's sums, and the copied part of them."""
+
+    total: ModelTotals = field(default_factory=ModelTotals)
+    """Over every event of the session, shadowed and hidden ones and a fork's copies included."""
+    inherited: ModelTotals = field(default_factory=ModelTotals)
+    """Over the events a fork copied from its parent (seq < parent_length); zero otherwise."""
+
+    def encode(self) -> bytes:
+        return _USAGE.pack(USAGE_FORMAT, *self.total.values(), *self.inherited.values())
+
+    @classmethod
+    def decode(cls, raw: bytes | memoryview) -> UsageRecord:
+        format_, *counts = _USAGE.unpack(bytes(raw))
+        if format_ != USAGE_FORMAT:
+            raise ValueError(f"unknown usage record format {format_}")
+        return cls(ModelTotals(*counts[:5]), ModelTotals(*counts[5:]))
 
 
 @dataclass

@@ -34,6 +34,7 @@ from sessionlog.storage import (
     imports,
     integrity,
     leadership,
+    ledger,
     rebuild,
     schema,
 )
@@ -808,6 +809,31 @@ class Store:
                 next_seq=count,
             )
         return meta, count if at_seq is None else at_seq + 1
+
+    def usage(
+        self,
+        session_id: str,
+        at_seq: int | None = None,
+        *,
+        include_descendants: bool = False,
+        admits: Callable[[str], bool] | None = None,
+    ) -> ledger.SessionUsage:
+        """A session's usage totals (``ledger.session_usage``), read in one transaction: from
+        the ledger's rows for the whole log, folded from events 0..at_seq for a prefix. With
+        ``include_descendants``, its fork descendants' own usage added (``ledger.tree``), those
+        ``admits`` refuses (outside a token's prefix) left out."""
+        with self.env.begin() as txn:
+            if not include_descendants:
+                return ledger.session_usage(txn, self.tables, session_id, at_seq)
+            descendants = ledger.fork_descendants(txn, self.tables, session_id)
+            if admits is not None:
+                descendants = [d for d in descendants if admits(d)]
+            return ledger.tree(txn, self.tables, session_id, descendants)
+
+    def usage_of(self, session_ids: Sequence[str]) -> dict[str, fold.UsageByModel]:
+        """The whole-log usage totals of several sessions, read in one transaction."""
+        with self.env.begin() as txn:
+            return ledger.many(txn, self.tables, session_ids)
 
     def derive_tail(
         self, session_id: str, known_count: int, known_generation: int

@@ -10,13 +10,20 @@ from sessionlog.storage import damage, schema
 
 
 class Tables:
-    """The open handles of every named database."""
+    """The open handles of every named database. On a read-only environment, a table of
+    ``schema.LATER_DBS`` the store does not have yet is None (its readers treat it as empty)."""
 
     def __init__(self, env: lmdb.Environment) -> None:
+        readonly = env.flags()["readonly"]
         with damage.reading("the directory of named tables"):
-            self.by_name: dict[str, Any] = {
-                name.decode(): env.open_db(name) for name in schema.ALL_DBS
-            }
+            self.by_name: dict[str, Any] = {}
+            for name in schema.ALL_DBS:
+                try:
+                    self.by_name[name.decode()] = env.open_db(name)
+                except lmdb.ReadonlyError:
+                    if not (readonly and name in schema.LATER_DBS):
+                        raise
+                    self.by_name[name.decode()] = None
         self.sessions = self.by_name["sessions"]
         self.ids = self.by_name["ids"]
         self.events = self.by_name["events"]
@@ -25,4 +32,7 @@ class Tables:
         self.leases = self.by_name["leases"]
         self.audit = self.by_name["audit"]
         self.changes = self.by_name["changes"]
-        self.names: dict[int, str] = {id(db): name for name, db in self.by_name.items()}
+        self.usage = self.by_name["usage"]
+        self.names: dict[int, str] = {
+            id(db): name for name, db in self.by_name.items() if db is not None
+        }

@@ -56,17 +56,33 @@ class SurfaceOp(_message.Message):
     def __init__(self, append: _Optional[_Union[SurfaceOp.Append, _Mapping]] = ..., replace: _Optional[_Union[SurfaceOp.Replace, _Mapping]] = ...) -> None: ...
 
 class Event(_message.Message):
-    __slots__ = ("seq", "type", "time", "data", "surface_op", "state_delta")
+    __slots__ = ("seq", "type", "time", "data", "surface_op", "usage", "state_delta")
     SEQ_FIELD_NUMBER: _ClassVar[int]
     TYPE_FIELD_NUMBER: _ClassVar[int]
     TIME_FIELD_NUMBER: _ClassVar[int]
     DATA_FIELD_NUMBER: _ClassVar[int]
     SURFACE_OP_FIELD_NUMBER: _ClassVar[int]
+    USAGE_FIELD_NUMBER: _ClassVar[int]
     STATE_DELTA_FIELD_NUMBER: _ClassVar[int]
     seq: int
     type: EventType
     time: _timestamp_pb2.Timestamp
     data: _struct_pb2.Struct
     surface_op: SurfaceOp
+    usage: Usage
     state_delta: _struct_pb2.Struct
-    def __init__(self, seq: _Optional[int] = ..., type: _Optional[_Union[EventType, str]] = ..., time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., data: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., surface_op: _Optional[_Union[SurfaceOp, _Mapping]] = ..., state_delta: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ...) -> None: ...
+    def __init__(self, seq: _Optional[int] = ..., type: _Optional[_Union[EventType, str]] = ..., time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., data: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., surface_op: _Optional[_Union[SurfaceOp, _Mapping]] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ..., state_delta: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ...) -> None: ...
+
+class Usage(_message.Message):
+    __slots__ = ("model", "input_tokens", "output_tokens", "cached_input_tokens", "reasoning_tokens")
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    INPUT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    OUTPUT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    CACHED_INPUT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    REASONING_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    model: str
+    input_tokens: int
+    output_tokens: int
+    cached_input_tokens: int
+    reasoning_tokens: int
+    def __init__(self, model: _Optional[str] = ..., input_tokens: _Optional[int] = ..., output_tokens: _Optional[int] = ..., cached_input_tokens: _Optional[int] = ..., reasoning_tokens: _Optional[int] = ...) -> None: ...

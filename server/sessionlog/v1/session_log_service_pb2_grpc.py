@@ -67,6 +67,11 @@ class SessionLogServiceStub:
                 request_serializer=sessionlog_dot_v1_dot_session__log__service__pb2.GetStateRequest.SerializeToString,
                 response_deserializer=sessionlog_dot_v1_dot_session__log__service__pb2.GetStateResponse.FromString,
                 _registered_method=True)
+        self.GetUsage = channel.unary_unary(
+                '/sessionlog.v1.SessionLogService/GetUsage',
+                request_serializer=sessionlog_dot_v1_dot_session__log__service__pb2.GetUsageRequest.SerializeToString,
+                response_deserializer=sessionlog_dot_v1_dot_session__log__service__pb2.GetUsageResponse.FromString,
+                _registered_method=True)
         self.CreateSession = channel.unary_unary(
                 '/sessionlog.v1.SessionLogService/CreateSession',
                 request_serializer=sessionlog_dot_v1_dot_session__log__service__pb2.CreateSessionRequest.SerializeToString,
@@ -170,6 +175,14 @@ class SessionLogServiceServicer:
 
     def GetState(self, request, context):
         """GetState returns a session's state: the fold of every event's state_delta, in seq order.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetUsage(self, request, context):
+        """GetUsage returns a session's token usage totals per model (the sum of every event's
+        usage), optionally over a prefix of the log or with its fork descendants added.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -305,6 +318,11 @@ def add_SessionLogServiceServicer_to_server(servicer, server):
                     servicer.GetState,
                     request_deserializer=sessionlog_dot_v1_dot_session__log__service__pb2.GetStateRequest.FromString,
                     response_serializer=sessionlog_dot_v1_dot_session__log__service__pb2.GetStateResponse.SerializeToString,
+            ),
+            'GetUsage': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetUsage,
+                    request_deserializer=sessionlog_dot_v1_dot_session__log__service__pb2.GetUsageRequest.FromString,
+                    response_serializer=sessionlog_dot_v1_dot_session__log__service__pb2.GetUsageResponse.SerializeToString,
             ),
             'CreateSession': grpc.unary_unary_rpc_method_handler(
                     servicer.CreateSession,
@@ -527,6 +545,33 @@ class SessionLogService:
             '/sessionlog.v1.SessionLogService/GetState',
             sessionlog_dot_v1_dot_session__log__service__pb2.GetStateRequest.SerializeToString,
             sessionlog_dot_v1_dot_session__log__service__pb2.GetStateResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetUsage(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sessionlog.v1.SessionLogService/GetUsage',
+            sessionlog_dot_v1_dot_session__log__service__pb2.GetUsageRequest.SerializeToString,
+            sessionlog_dot_v1_dot_session__log__service__pb2.GetUsageResponse.FromString,
             options,
             channel_credentials,
             insecure,

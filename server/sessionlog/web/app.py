@@ -38,6 +38,7 @@ from typing import Any, Protocol
 from aiohttp import web
 
 from sessionlog import errors, fold
+from sessionlog.service import ledger
 from sessionlog.service.auth import Authorizer, Principal
 from sessionlog.service.errors import refusal_level, status_code
 from sessionlog.service.follow import follow
@@ -159,7 +160,22 @@ def event_json(event: Event, visible: set[int] | None = None) -> dict[str, Any]:
     return out
 
 
-def session_json(view: SessionView) -> dict[str, Any]:
+def usage_json(totals: fold.UsageByModel) -> list[dict[str, Any]]:
+    """Usage totals per model, in model order, as the console shows them."""
+    return [
+        {
+            "model": u.model,
+            "input_tokens": u.input_tokens,
+            "output_tokens": u.output_tokens,
+            "cached_input_tokens": u.cached_input_tokens,
+            "reasoning_tokens": u.reasoning_tokens,
+            "event_count": u.event_count,
+        }
+        for u in ledger.model_usages(totals)
+    ]
+
+
+def session_json(view: SessionView, usage: fold.UsageByModel | None = None) -> dict[str, Any]:
     meta = view.meta
     out: dict[str, Any] = {"session_id": view.session_id, "exists": meta is not None}
     if meta is not None:
@@ -170,6 +186,7 @@ def session_json(view: SessionView) -> dict[str, Any]:
             last_append_time_ms=_ms(meta.last_append_time_ns),
             parent_session_id=meta.parent_id,
             parent_event_count=meta.parent_length,
+            usage=usage_json(usage or {}),
         )
     if view.lease is not None:
         out["lease"] = {
@@ -191,6 +208,7 @@ def session_message_json(session: Session) -> dict[str, Any]:
             last_append_time_ms=session.last_append_time.ToMilliseconds(),
             parent_session_id=session.parent_session_id,
             parent_event_count=session.parent_event_count,
+            usage=usage_json(ledger.from_messages(session.usage)),
         )
     if session.HasField("lease"):
         out["lease"] = {
@@ -304,7 +322,9 @@ class Console:
         scatter = self.server.scatter
         if scatter is None:
             page, more = self.store.list_sessions(after=after, prefix=prefix, limit=limit)
-            return _json({"sessions": [session_json(v) for v in page], "more": more})
+            spent = self.store.usage_of([v.session_id for v in page if v.meta is not None])
+            listed_json = [session_json(v, spent.get(v.session_id)) for v in page]
+            return _json({"sessions": listed_json, "more": more})
         # A sharded server lists every group, as its ListSessions does (``shard.scatter``).
         self.server.ownership.check()  # a map must be held
         token = [("authorization", request.headers.get("Authorization", ""))]
@@ -319,11 +339,16 @@ class Console:
         sessions = [
             session_message(v.session_id, v.meta, v.lease) for v in page if owns(v.session_id)
         ]
+        spent = self.store.usage_of([s.session_id for s in sessions if s.exists])
+        for session in sessions:
+            session.usage.extend(ledger.model_usages(spent.get(session.session_id, {})))
         return sessions, page[-1].session_id if more else ""
 
     async def session(self, request: web.Request) -> web.Response:
         session_id = self.session_id(request, "GetSession")
-        return _json(session_json(self.store.session(session_id)))
+        view = self.store.session(session_id)
+        spent = self.store.usage_of([session_id])[session_id] if view.meta is not None else {}
+        return _json(session_json(view, spent))
 
     async def events(self, request: web.Request) -> web.Response:
         """A page of raw events (by default the newest ones), each marked shadowed or not."""

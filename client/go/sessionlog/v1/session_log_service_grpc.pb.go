@@ -32,6 +32,9 @@ type SessionLogServiceClient interface {
 	DeriveMessages(ctx context.Context, in *DeriveMessagesRequest, opts ...grpc.CallOption) (*DeriveMessagesResponse, error)
 	// GetState returns a session's state: the fold of every event's state_delta, in seq order.
 	GetState(ctx context.Context, in *GetStateRequest, opts ...grpc.CallOption) (*GetStateResponse, error)
+	// GetUsage returns a session's token usage totals per model (the sum of every event's
+	// usage), optionally over a prefix of the log or with its fork descendants added.
+	GetUsage(ctx context.Context, in *GetUsageRequest, opts ...grpc.CallOption) (*GetUsageResponse, error)
 	// CreateSession writes a new session with its initial events in one atomic step. It refuses a
 	// session that exists (SESSION_ALREADY_EXISTS) and validates events exactly as Append does.
 	CreateSession(ctx context.Context, in *CreateSessionRequest, opts ...grpc.CallOption) (*CreateSessionResponse, error)
@@ -162,6 +165,15 @@ func (c *sessionLogServiceClient) GetState(ctx context.Context, in *GetStateRequ
 	return out, nil
 }
 
+func (c *sessionLogServiceClient) GetUsage(ctx context.Context, in *GetUsageRequest, opts ...grpc.CallOption) (*GetUsageResponse, error) {
+	out := new(GetUsageResponse)
+	err := c.cc.Invoke(ctx, "/sessionlog.v1.SessionLogService/GetUsage", in, out, opts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 func (c *sessionLogServiceClient) CreateSession(ctx context.Context, in *CreateSessionRequest, opts ...grpc.CallOption) (*CreateSessionResponse, error) {
 	out := new(CreateSessionResponse)
 	err := c.cc.Invoke(ctx, "/sessionlog.v1.SessionLogService/CreateSession", in, out, opts...)
@@ -280,6 +292,9 @@ type SessionLogServiceServer interface {
 	DeriveMessages(context.Context, *DeriveMessagesRequest) (*DeriveMessagesResponse, error)
 	// GetState returns a session's state: the fold of every event's state_delta, in seq order.
 	GetState(context.Context, *GetStateRequest) (*GetStateResponse, error)
+	// GetUsage returns a session's token usage totals per model (the sum of every event's
+	// usage), optionally over a prefix of the log or with its fork descendants added.
+	GetUsage(context.Context, *GetUsageRequest) (*GetUsageResponse, error)
 	// CreateSession writes a new session with its initial events in one atomic step. It refuses a
 	// session that exists (SESSION_ALREADY_EXISTS) and validates events exactly as Append does.
 	CreateSession(context.Context, *CreateSessionRequest) (*CreateSessionResponse, error)
@@ -347,6 +362,9 @@ func (UnimplementedSessionLogServiceServer) DeriveMessages(context.Context, *Der
 }
 func (UnimplementedSessionLogServiceServer) GetState(context.Context, *GetStateRequest) (*GetStateResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method GetState not implemented")
+}
+func (UnimplementedSessionLogServiceServer) GetUsage(context.Context, *GetUsageRequest) (*GetUsageResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method GetUsage not implemented")
 }
 func (UnimplementedSessionLogServiceServer) CreateSession(context.Context, *CreateSessionRequest) (*CreateSessionResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method CreateSession not implemented")
@@ -501,6 +519,24 @@ func _SessionLogService_GetState_Handler(srv interface{}, ctx context.Context, d
 	}
 	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
 		return srv.(SessionLogServiceServer).GetState(ctx, req.(*GetStateRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _SessionLogService_GetUsage_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(GetUsageRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(SessionLogServiceServer).GetUsage(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: "/sessionlog.v1.SessionLogService/GetUsage",
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(SessionLogServiceServer).GetUsage(ctx, req.(*GetUsageRequest))
 	}
 	return interceptor(ctx, in, info, handler)
 }
@@ -726,6 +762,10 @@ var _SessionLogService_serviceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "GetState",
 			Handler:    _SessionLogService_GetState_Handler,
+		},
+		{
+			MethodName: "GetUsage",
+			Handler:    _SessionLogService_GetUsage_Handler,
 		},
 		{
 			MethodName: "CreateSession",

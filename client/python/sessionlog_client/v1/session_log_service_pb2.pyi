@@ -171,8 +171,46 @@ class GetStateResponse(_message.Message):
     event_count: int
     def __init__(self, state: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., event_count: _Optional[int] = ...) -> None: ...
 
+class GetUsageRequest(_message.Message):
+    __slots__ = ("session_id", "at_seq", "include_descendants")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    AT_SEQ_FIELD_NUMBER: _ClassVar[int]
+    INCLUDE_DESCENDANTS_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    at_seq: int
+    include_descendants: bool
+    def __init__(self, session_id: _Optional[str] = ..., at_seq: _Optional[int] = ..., include_descendants: _Optional[bool] = ...) -> None: ...
+
+class GetUsageResponse(_message.Message):
+    __slots__ = ("usage", "event_count", "own_usage", "descendant_session_ids")
+    USAGE_FIELD_NUMBER: _ClassVar[int]
+    EVENT_COUNT_FIELD_NUMBER: _ClassVar[int]
+    OWN_USAGE_FIELD_NUMBER: _ClassVar[int]
+    DESCENDANT_SESSION_IDS_FIELD_NUMBER: _ClassVar[int]
+    usage: _containers.RepeatedCompositeFieldContainer[ModelUsage]
+    event_count: int
+    own_usage: _containers.RepeatedCompositeFieldContainer[ModelUsage]
+    descendant_session_ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, usage: _Optional[_Iterable[_Union[ModelUsage, _Mapping]]] = ..., event_count: _Optional[int] = ..., own_usage: _Optional[_Iterable[_Union[ModelUsage, _Mapping]]] = ..., descendant_session_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class ModelUsage(_message.Message):
+    __slots__ = ("model", "input_tokens", "output_tokens", "cached_input_tokens", "reasoning_tokens", "event_count")
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    INPUT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    OUTPUT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    CACHED_INPUT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    REASONING_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    EVENT_COUNT_FIELD_NUMBER: _ClassVar[int]
+    model: str
+    input_tokens: int
+    output_tokens: int
+    cached_input_tokens: int
+    reasoning_tokens: int
+    event_count: int
+    def __init__(self, model: _Optional[str] = ..., input_tokens: _Optional[int] = ..., output_tokens: _Optional[int] = ..., cached_input_tokens: _Optional[int] = ..., reasoning_tokens: _Optional[int] = ..., event_count: _Optional[int] = ...) -> None: ...
+
 class Session(_message.Message):
-    __slots__ = ("session_id", "exists", "event_count", "replace_generation", "create_time", "last_append_time", "parent_session_id", "parent_event_count", "lease")
+    __slots__ = ("session_id", "exists", "event_count", "replace_generation", "create_time", "last_append_time", "parent_session_id", "parent_event_count", "lease", "usage")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     EXISTS_FIELD_NUMBER: _ClassVar[int]
     EVENT_COUNT_FIELD_NUMBER: _ClassVar[int]
@@ -182,6 +220,7 @@ class Session(_message.Message):
     PARENT_SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     PARENT_EVENT_COUNT_FIELD_NUMBER: _ClassVar[int]
     LEASE_FIELD_NUMBER: _ClassVar[int]
+    USAGE_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     exists: bool
     event_count: int
@@ -191,7 +230,8 @@ class Session(_message.Message):
     parent_session_id: str
     parent_event_count: int
     lease: Lease
-    def __init__(self, session_id: _Optional[str] = ..., exists: _Optional[bool] = ..., event_count: _Optional[int] = ..., replace_generation: _Optional[int] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., last_append_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., parent_session_id: _Optional[str] = ..., parent_event_count: _Optional[int] = ..., lease: _Optional[_Union[Lease, _Mapping]] = ...) -> None: ...
+    usage: _containers.RepeatedCompositeFieldContainer[ModelUsage]
+    def __init__(self, session_id: _Optional[str] = ..., exists: _Optional[bool] = ..., event_count: _Optional[int] = ..., replace_generation: _Optional[int] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., last_append_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., parent_session_id: _Optional[str] = ..., parent_event_count: _Optional[int] = ..., lease: _Optional[_Union[Lease, _Mapping]] = ..., usage: _Optional[_Iterable[_Union[ModelUsage, _Mapping]]] = ...) -> None: ...
 
 class Lease(_message.Message):
     __slots__ = ("holder", "token", "acquire_time", "expire_time")
@@ -298,12 +338,14 @@ class ListSessionsRequest(_message.Message):
     def __init__(self, page_size: _Optional[int] = ..., page_token: _Optional[str] = ..., prefix: _Optional[str] = ...) -> None: ...
 
 class ListSessionsResponse(_message.Message):
-    __slots__ = ("sessions", "next_page_token")
+    __slots__ = ("sessions", "next_page_token", "usage_total")
     SESSIONS_FIELD_NUMBER: _ClassVar[int]
     NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    USAGE_TOTAL_FIELD_NUMBER: _ClassVar[int]
     sessions: _containers.RepeatedCompositeFieldContainer[Session]
     next_page_token: str
-    def __init__(self, sessions: _Optional[_Iterable[_Union[Session, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
+    usage_total: _containers.RepeatedCompositeFieldContainer[ModelUsage]
+    def __init__(self, sessions: _Optional[_Iterable[_Union[Session, _Mapping]]] = ..., next_page_token: _Optional[str] = ..., usage_total: _Optional[_Iterable[_Union[ModelUsage, _Mapping]]] = ...) -> None: ...
 
 class GetShardMapRequest(_message.Message):
     __slots__ = ()

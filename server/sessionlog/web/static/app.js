@@ -181,6 +181,13 @@ function forkPoint(s) {
   return s.parent_event_count ? `at seq ${s.parent_event_count - 1}` : "before its first event";
 }
 
+// The usage ledger's totals of a session, summed over its models: "1,200 in / 80 out".
+function tokensText(usage) {
+  if (!usage || !usage.length) return "–";
+  const sum = (key) => usage.reduce((total, u) => total + u[key], 0);
+  return `${fmtCount(sum("input_tokens"))} in / ${fmtCount(sum("output_tokens"))} out`;
+}
+
 function sessionsView() {
   let prefix = "";
   let shown = 100;
@@ -191,7 +198,7 @@ function sessionsView() {
   const note = el("p", { class: "muted" });
   const table = el("table", { id: "sessions" },
     el("thead", {}, el("tr", {},
-      ["session", "events", "last append", "created", "parent", "lease"].map((h) => el("th", { text: h })))),
+      ["session", "events", "last append", "created", "parent", "lease", "tokens"].map((h) => el("th", { text: h })))),
     body);
 
   async function load() {
@@ -212,7 +219,8 @@ function sessionsView() {
       el("td", { text: fmtAgo(s.last_append_time_ms) }),
       el("td", { text: fmtAgo(s.create_time_ms) }),
       el("td", {}, s.parent_session_id ? [sessionLink(s.parent_session_id), ` ${forkPoint(s)}`] : "–"),
-      el("td", { text: s.lease ? `${s.lease.holder} (token ${s.lease.token})` : "–" }))));
+      el("td", { text: s.lease ? `${s.lease.holder} (token ${s.lease.token})` : "–" }),
+      el("td", { class: "num", text: tokensText(s.usage) }))));
     more.hidden = !data.more;
   }
 

@@ -259,3 +259,33 @@ def test_an_import_replicates_byte_for_byte(tmp_path: Path) -> None:
         on_primary = stub.GetSessionRecords(asked, timeout=5)
         assert on_primary.request_records[0].request_id == "r"
         assert replica.stub().GetSessionRecords(asked, timeout=5) == on_primary
+
+
+def test_imported_usage_is_in_the_ledger(stub: pb_grpc.SessionLogServiceStub) -> None:
+    """Events that carry usage add to the imported session's totals, chunk by chunk, and an
+    imported fork's copied part (seq < parent_event_count) counts as inherited, not its own."""
+
+    def spent(seq: int, tokens: int) -> event_pb2.Event:
+        event = timed(seq, f"m{seq}", T0 + seq)
+        event.usage.model = "m-1"
+        event.usage.input_tokens = tokens
+        return event
+
+    first = pb.ImportSessionRequest(
+        session_id="imp-usage",
+        events=[spent(0, 10), spent(1, 20)],
+        parent_session_id="imp-usage-parent",
+        parent_event_count=1,
+    )
+    stub.ImportSession(first, metadata=as_(WRITER), timeout=5)
+    more = pb.ImportSessionRequest(session_id="imp-usage", first_seq=2, events=[spent(2, 5)])
+    stub.ImportSession(more, metadata=as_(WRITER), timeout=5)
+    reply = stub.GetUsage(
+        pb.GetUsageRequest(session_id="imp-usage"), metadata=as_(ADMIN), timeout=5
+    )
+    assert [(u.model, u.input_tokens, u.event_count) for u in reply.usage] == [("m-1", 35, 3)]
+    assert [(u.model, u.input_tokens, u.event_count) for u in reply.own_usage] == [("m-1", 25, 2)]
+    at = stub.GetUsage(
+        pb.GetUsageRequest(session_id="imp-usage", at_seq=1), metadata=as_(ADMIN), timeout=5
+    )
+    assert [(u.input_tokens, u.event_count) for u in at.usage] == [(30, 2)]

@@ -27,7 +27,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from sessionlog import errors, fold, wire
-from sessionlog.storage import damage, schema
+from sessionlog.storage import damage, ledger, schema
 from sessionlog.storage.commands import AppendBatch, AppendResult, _check_lease, _new_session
 from sessionlog.storage.reads import Txn, load_lease, load_meta
 from sessionlog.storage.recording import RecordingTxn
@@ -119,6 +119,8 @@ class ImportCommand:
             meta.parent_id, meta.parent_length = batch.parent_id, batch.parent_length
         stored = [wire.with_seq(seq, events.bodies[i]) for seq, i in enumerate(kept, next_seq)]
         txn.put_events(meta.sid, next_seq, stored)
+        imported = [events.events[i] for i in kept]
+        ledger.record_imported(txn, tables, meta.sid, next_seq, imported, meta.parent_length)
         meta.next_seq += len(stored)
         meta.replace_generation += sum(1 for i in kept if events.replaces[i])
         if batch.last_append_time_ns is not None:

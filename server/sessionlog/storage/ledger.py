@@ -52,6 +52,30 @@ def record_appended(txn: RecordingTxn, tables: Tables, sid: int, events: Iterabl
         txn.put(key, record.encode(), db=tables.usage)
 
 
+def record_imported(
+    txn: RecordingTxn,
+    tables: Tables,
+    sid: int,
+    first_seq: int,
+    events: Sequence[Event],
+    copied: int,
+) -> None:
+    """Add the usage of imported events (seqs first_seq onward) to their session's rows; those
+    below ``copied`` (an imported fork's parent_length) count as inherited too, as a fork's do."""
+    spent = fold.fold_usage(events)
+    if not spent:
+        return
+    inherited = fold.fold_usage(events[: max(0, copied - first_seq)])
+    for model, totals in spent.items():
+        key = schema.usage_key(sid, model)
+        raw = txn.get(key, db=tables.usage)
+        record = UsageRecord() if raw is None else UsageRecord.decode(raw)
+        record.total = record.total.plus(totals)
+        if model in inherited:
+            record.inherited = record.inherited.plus(inherited[model])
+        txn.put(key, record.encode(), db=tables.usage)
+
+
 def record_fork(txn: RecordingTxn, tables: Tables, sid: int, copied: Iterable[Event]) -> None:
     """Write a fork child's rows: the usage of the events it copied, all of it inherited."""
     for model, totals in fold.fold_usage(copied).items():

@@ -4,6 +4,7 @@
     sessionlog admin backup DEST [--data DIR]
     sessionlog admin snapshot save FILE --server HOST:PORT
     sessionlog admin verify [--data DIR] [--json]
+    sessionlog admin compact [--data DIR] [--json]
     sessionlog admin restore BACKUP|FILE [--data DIR] [--force]
     sessionlog admin promote --server REPLICA [--epoch N] [--fence OLD_PRIMARY]
     sessionlog admin fence --server HOST:PORT --epoch N [--primary NEW]
@@ -50,6 +51,7 @@ import time
 from collections.abc import Iterable
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -59,7 +61,15 @@ from sessionlog import errors
 from sessionlog.cli_client import channel, connection_options, server_address
 from sessionlog.cluster.rejoin import RejoinRefused, rejoin
 from sessionlog.config import DEFAULT_DATA_DIR
-from sessionlog.storage import changes, folder, identity, integrity, schema, snapshot
+from sessionlog.storage import (
+    changes,
+    compaction,
+    folder,
+    identity,
+    integrity,
+    schema,
+    snapshot,
+)
 from sessionlog.storage.integrity import DamagedStore
 from sessionlog.storage.rebuild import RebuildRefused
 from sessionlog.storage.usage import Usage, open_readonly, usage
@@ -164,6 +174,18 @@ def add_commands(commands: Any) -> None:
     verify.add_argument("--data", default=data_default, help=data_help)
     verify.add_argument("--json", action="store_true", help="print one JSON object")
     verify.set_defaults(run=_verify_store)
+
+    compact_parser = actions.add_parser(
+        "compact",
+        help="rewrite the data file so erased bytes are gone from it (server stopped)",
+        description="Rewrite the data folder's data.mdb as a logical copy of its records, "
+        "then swap it in: what DeleteSession and RedactEvents erased no longer lingers in the "
+        "file's free pages. Takes the folder lock: stop the server (or replica) first. The old "
+        "file is deleted, not kept.",
+    )
+    compact_parser.add_argument("--data", default=data_default, help=data_help)
+    compact_parser.add_argument("--json", action="store_true", help="print one JSON object")
+    compact_parser.set_defaults(run=_compact)
 
     server_default = os.environ.get("SESSIONLOG_SERVER", "127.0.0.1:50051")
     promote = actions.add_parser(
@@ -533,6 +555,32 @@ def _resync(args: argparse.Namespace) -> int:
         print(
             f"moved the replica's store to {aside} (delete it when no longer needed); start the "
             "replica again with --replica-of and it rebuilds from its primary's change feed"
+        )
+    return 0
+
+
+def _compact(args: argparse.Namespace) -> int:
+    """`admin compact`: see ``storage.compaction``."""
+    data = Path(args.data)
+    if not (data / DATA_FILE).is_file():
+        return _fail(f"no sessionlog store in {str(data)!r} (no {DATA_FILE}); check --data")
+    try:
+        lock = folder.acquire(data)
+    except folder.FolderInUse as exc:
+        return _fail(f"{exc}; stop the server first")
+    try:
+        integrity.refuse_damaged(data)
+        done = compaction.compact(data)
+    except (DamagedStore, lmdb.Error, OSError) as exc:
+        return _fail(f"could not compact {str(data)!r}: {exc}")
+    finally:
+        lock.release()
+    if args.json:
+        print(json.dumps(asdict(done)))
+    else:
+        print(
+            f"compacted {data}: {done.records} records copied, {_human(done.bytes_before)} -> "
+            f"{_human(done.bytes_after)}"
         )
     return 0
 

@@ -24,8 +24,11 @@ status back into the same class with :func:`from_reason`.
     │   ├── BatchTooLarge                   BATCH_TOO_LARGE (the reply would not fit a message)
     │   ├── TooManyEvents                   TOO_MANY_EVENTS (over the events-per-append limit)
     │   ├── InvalidEpoch                    INVALID_EPOCH (a fence without an epoch)
+    │   ├── InvalidRedaction                INVALID_REDACTION (no seqs, or an empty prefix)
+    │   ├── InvalidFilter                   INVALID_FILTER (a filter that cannot be evaluated)
     │   └── InvalidAddress                  INVALID_ADDRESS (not HOST:PORT)
     ├── SessionAlreadyExists                ALREADY_EXISTS
+    ├── SessionNotFound                     NOT_FOUND (SESSION_NOT_FOUND: delete or redact)
     ├── FailedPrecondition                  FAILED_PRECONDITION
     │   ├── OpenTurn                        OPEN_TURN
     │   ├── LeaseHeld                       LEASE_HELD
@@ -149,6 +152,20 @@ class InvalidEpoch(InvalidArgument):
 
 class InvalidAddress(InvalidArgument):
     reason = "INVALID_ADDRESS"
+
+
+class InvalidRedaction(InvalidArgument):
+    reason = "INVALID_REDACTION"
+
+
+class InvalidFilter(InvalidArgument):
+    reason = "INVALID_FILTER"
+
+
+class SessionNotFound(SessionLogError):
+    """A delete or redact of a session that is not stored (never written, or deleted)."""
+
+    reason = "SESSION_NOT_FOUND"
 
 
 class Unauthenticated(SessionLogError):

@@ -8,6 +8,7 @@ events go out exactly as stored, with no parse and no re-serialize.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import functools
 import hashlib
@@ -248,6 +249,8 @@ class SessionLogServicer:
                 "RenewLease": grpc.unary_unary_rpc_method_handler(self.renew_lease),
                 "ReleaseLease": grpc.unary_unary_rpc_method_handler(self.release_lease),
                 "GetShardMap": grpc.unary_unary_rpc_method_handler(self.get_shard_map),
+                "DeleteSession": grpc.unary_unary_rpc_method_handler(self.delete_session),
+                "RedactEvents": grpc.unary_unary_rpc_method_handler(self.redact_events),
             },
         )
 
@@ -652,6 +655,56 @@ class SessionLogServicer:
         await self._replicated(result.position)
         session = session_message(result.session_id, result.meta)
         return _serialize(pb.ForkSessionResponse(session=session))
+
+    # -- erasure (storage.erasure) -------------------------------------------------------------
+
+    @unary_write
+    async def delete_session(self, raw: bytes, context: grpc.aio.ServicerContext) -> bytes:
+        request = decode(pb.DeleteSessionRequest, raw)
+        self.ownership.check_write(request.session_id)
+        self._require_primary(context)
+        self._scope(context, request.session_id)
+        if request.force:
+            self._require_admin(context, "a forced delete")
+        # The feed scan reads every record: off the loop, beside the writer.
+        command = await asyncio.to_thread(
+            self.store.delete_command,
+            request.session_id,
+            expected_seq=request.expected_seq if request.HasField("expected_seq") else None,
+            lease_holder=request.lease_holder,
+            force=request.force,
+            actor=self._actor(context),
+            reason=request.reason,
+        )
+        result = await self.store.commit_delete(command)
+        await self._replicated(result.position)
+        session = session_message(result.session_id, result.meta)
+        reply = pb.DeleteSessionResponse(
+            session=session, event_count=result.event_count, position=result.position
+        )
+        return _serialize(reply)
+
+    @unary_write
+    async def redact_events(self, raw: bytes, context: grpc.aio.ServicerContext) -> bytes:
+        request = decode(pb.RedactEventsRequest, raw)
+        self.ownership.check_write(request.session_id)
+        self._require_primary(context)
+        self._scope(context, request.session_id)
+        command = self.store.redact_command(
+            request.session_id,
+            list(request.seqs),
+            reason=request.reason,
+            lease_holder=request.lease_holder,
+            actor=self._actor(context),
+        )
+        result = await self.store.writer.submit_on_loop(command)
+        await self._replicated(result.position)
+        return _serialize(pb.RedactEventsResponse(seqs=result.seqs, position=result.position))
+
+    def _actor(self, context: grpc.aio.ServicerContext) -> str:
+        """Who asks, for an erasure's audit record: the token's name when auth is on."""
+        principal = self._principal(context)
+        return "" if principal is None else principal.name
 
     @unary_write
     async def acquire_lease(self, raw: bytes, context: grpc.aio.ServicerContext) -> bytes:

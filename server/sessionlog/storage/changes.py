@@ -26,15 +26,16 @@ checksum, and the chain starts again after them.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import lmdb
 
 from sessionlog import errors, wire
 from sessionlog.storage import damage, leadership, schema
-from sessionlog.storage.reads import read_range
-from sessionlog.storage.recording import RecordingTxn
+from sessionlog.storage.reads import Txn, read_range
+from sessionlog.storage.recording import RecordingTxn, delete_keys
 from sessionlog.storage.tables import Tables
 from sessionlog.v1 import replication_service_pb2 as rpb
 
@@ -55,6 +56,8 @@ KIND_BY_NAME = {
     "create": rpb.CHANGE_KIND_CREATE,
     "fork": rpb.CHANGE_KIND_FORK,
     "lease": rpb.CHANGE_KIND_LEASE,
+    "delete": rpb.CHANGE_KIND_DELETE,
+    "redact": rpb.CHANGE_KIND_REDACT,
 }
 
 
@@ -96,6 +99,14 @@ def encode_change(
         parts += (_PUTS_TAG, varint(len(body)), body)
     if epoch:
         parts += (_EPOCH_TAG, varint(epoch))
+    for table, key, end_key in recorded.deletes:
+        removal = [_TABLE_FIELDS[table]]
+        if key:
+            removal += (_KEY_TAG, varint(len(key)), key)
+        if end_key:
+            removal += (_END_KEY_TAG, varint(len(end_key)), end_key)
+        body = b"".join(removal)
+        parts += (_DELETES_TAG, varint(len(body)), body)
     return b"".join(parts)
 
 
@@ -109,6 +120,10 @@ _PUTS_TAG = wire.tag(_CHANGE["puts"], wire.LENGTH_DELIMITED)
 _EPOCH_TAG = wire.tag(_CHANGE["epoch"], wire.VARINT)
 _KEY_TAG = wire.tag(_PUT["key"], wire.LENGTH_DELIMITED)
 _VALUE_TAG = wire.tag(_PUT["value"], wire.LENGTH_DELIMITED)
+_DELETES_TAG = wire.tag(_CHANGE["deletes"], wire.LENGTH_DELIMITED)
+_END_KEY_TAG = wire.tag(
+    rpb.StorageDelete.DESCRIPTOR.fields_by_name["end_key"].number, wire.LENGTH_DELIMITED
+)
 _last_commit_time = (0, wire.message_field(_CHANGE["commit_time"], wire.timestamp(0)))
 """The commit_time field last encoded, with its time in ns (one tuple: swapped whole)."""
 
@@ -156,7 +171,11 @@ class ChecksumChain:
 
     def __call__(self, position: int, record: bytes, events: Sequence[bytes]) -> str | None:
         record = bytes(record)
-        checksum = rpb.Change.FromString(record).checksum
+        change = rpb.Change.FromString(record)
+        checksum = change.checksum
+        if change.erased:  # rewritten by an erasure: its checksum is taken as stored
+            self._previous = checksum
+            return None
         if not checksum:  # written before checksums: the chain starts again after it
             self._previous = chain(b"", record, [bytes(e) for e in events])
             return None
@@ -278,7 +297,7 @@ def fingerprint_at(txn: lmdb.Transaction, tables: Tables, position: int) -> byte
     return _fingerprint(txn, tables, record, rpb.Change.FromString(record))
 
 
-def _fingerprint(txn: lmdb.Transaction, tables: Tables, record: bytes, change: rpb.Change) -> bytes:
+def _fingerprint(txn: Txn, tables: Tables, record: bytes, change: rpb.Change) -> bytes:
     """A record's checksum; for a record written before checksums, the same hash of it and its
     events with no previous checksum (what a replica computes for the same record)."""
     if change.checksum:
@@ -391,8 +410,7 @@ class ApplyChangesCommand:
             leadership.write(txn, tables, record)
         for received, fingerprint in zip(self._changes, fingerprints, strict=True):
             change = received.change
-            for put in change.puts:
-                txn.put(put.key, put.value, db=by_name[put.table])
+            apply_writes(txn, by_name, change)
             for offset, event in enumerate(received.events):
                 key = schema.event_key(change.internal_id, change.first_seq + offset)
                 txn.put(key, event, db=tables.events)
@@ -409,6 +427,8 @@ class ApplyChangesCommand:
         """The received record's fingerprint, once its checksum proves it follows ``previous``
         (this store's newest record); HistoryDiverged when it does not (nothing is applied)."""
         change, record = received.change, received.record
+        if change.erased:  # rewritten by an erasure: its checksum is taken as stored
+            return change.checksum
         if not change.checksum:  # a record from before checksums: nothing to check it by
             return chain(b"", record, received.events)
         expected = chain(previous, without_checksum(record, change.checksum), received.events)
@@ -420,6 +440,42 @@ class ApplyChangesCommand:
                 position=change.position,
             )
         return expected
+
+
+def apply_writes(txn: lmdb.Transaction, by_name: dict[str, Any], change: rpb.Change) -> None:
+    """A received (or rebuilt) change's puts, then its deletes, verbatim."""
+    for put in change.puts:
+        txn.put(put.key, put.value, db=by_name[put.table])
+    for removal in change.deletes:
+        delete_keys(txn, by_name[removal.table], removal.key, removal.end_key)
+
+
+def placeholder(
+    txn: Txn,
+    tables: Tables,
+    record: bytes,
+    keep_put: Callable[[rpb.StoragePut], bool] | None = None,
+) -> bytes:
+    """The erased form of a stored record (see ``Change.erased``). With ``keep_put`` (a
+    DELETE's), the placeholder names no session and no events and keeps only the puts
+    ``keep_put`` accepts; without it (a REDACT's), the record stays whole but is marked. The
+    stored checksum is kept (for a record from before checksums, its fingerprint, computed now
+    while its events are still there), so the chain after it verifies unchanged."""
+    change = rpb.Change.FromString(record)
+    checksum = _fingerprint(txn, tables, record, change)
+    if keep_put is not None:
+        kept = [put for put in change.puts if keep_put(put)]
+        change = rpb.Change(
+            position=change.position,
+            kind=change.kind,
+            commit_time=change.commit_time,
+            puts=kept,
+            epoch=change.epoch,
+            deletes=change.deletes,
+        )
+    change.ClearField("checksum")
+    change.erased = True
+    return with_checksum(change.SerializeToString(), checksum)
 
 
 def _in_epoch(record: leadership.Leadership, change: rpb.Change) -> leadership.Leadership:

@@ -157,8 +157,7 @@ def _copy(
                 problem = check(at, record, events)
                 if problem is not None:
                     raise RebuildRefused(f"change-feed record {at}: {problem}")
-                for put in change.puts:
-                    target.put(put.key, put.value, db=by_name[put.table])
+                changes.apply_writes(target, by_name, change)
                 for offset, event in enumerate(events):
                     key = schema.event_key(change.internal_id, change.first_seq + offset)
                     target.put(key, event, db=new_tables.events)

@@ -29,6 +29,7 @@ from sessionlog.storage import (
     changes,
     commands,
     damage,
+    erasure,
     folder,
     identity,
     integrity,
@@ -59,6 +60,8 @@ MAX_REQUEST_ID_BYTES = 256
 MIN_LEASE_TTL_NS = 1_000_000
 MAX_LEASE_TTL_NS = 24 * 3600 * 1_000_000_000
 MAX_HOLDER_BYTES = 256
+ERASE_BATCH = 100
+"""Sessions an erase by prefix looks up (and scans the feed for) at a time."""
 
 
 @dataclass(frozen=True)
@@ -140,6 +143,10 @@ def prepare_append(
     for index, original in enumerate(events):
         number = index if indices is None else indices[index]
         event = original
+        if original.HasField("redacted"):  # only RedactEvents marks an event: dropped here
+            event = Event()
+            event.CopyFrom(original)
+            event.ClearField("redacted")
         stamp_it = not event.HasField("time")
         body: bytes | None = None
         if time_field or not stamp_it:
@@ -333,6 +340,9 @@ class Store:
         self._folds: OrderedDict[int, fold.SurfaceFold] = OrderedDict()
         self._fold_bytes: dict[int, int] = {}
         self._folds_lock = threading.Lock()
+        self._fold_marks: dict[int, int] = {}
+        """Per memoized sid: its redaction count when the memo was made (``_fold`` checks it:
+        a redaction by any process of the server leaves the count of events unchanged)."""
 
     def close(self) -> None:
         """Finish queued writes, then close the environment and give up the folder (unless
@@ -444,6 +454,124 @@ class Store:
                 ttl_seconds=ttl_ns / 1e9,
             )
         return commands.LeaseCommand(self.tables, action, session_id, holder, ttl_ns, force)
+
+    # -- erasure (see ``erasure``) ----------------------------------------------------------
+
+    def delete_command(
+        self,
+        session_id: str,
+        *,
+        expected_seq: int | None = None,
+        lease_holder: str = "",
+        force: bool = False,
+        actor: str = "",
+        reason: str = "",
+    ) -> erasure.DeleteCommand:
+        """A delete of ``session_id``, its feed records found by a scan in a read transaction
+        (O(feed): call it off the event loop); submit it with ``writer.submit``."""
+        fold.check_session_id(session_id)
+        if lease_holder:
+            _check_holder(lease_holder)
+        with self.env.begin() as txn:
+            found = erasure.scan(txn, self.tables, [session_id])
+        return erasure.DeleteCommand(
+            self.tables,
+            session_id,
+            found,
+            expected_seq=expected_seq,
+            lease_holder=lease_holder,
+            force=force,
+            actor=actor,
+            reason=reason,
+        )
+
+    async def commit_delete(self, command: erasure.DeleteCommand) -> erasure.DeleteResult:
+        """Run a delete (from ``delete_command``) on the running loop; its fold memo is
+        dropped, so no erased content stays in this process's memory."""
+        result: erasure.DeleteResult = await self.writer.submit_on_loop(command)
+        self.forget_fold(result.meta.sid)
+        return result
+
+    def delete(self, session_id: str, **options: Any) -> erasure.DeleteResult:
+        """Erase a session, blocking until durable (see ``delete_command``)."""
+        result: erasure.DeleteResult = self.writer.submit(
+            self.delete_command(session_id, **options)
+        ).result()
+        self.forget_fold(result.meta.sid)
+        return result
+
+    def redact_command(
+        self,
+        session_id: str,
+        seqs: Sequence[int],
+        *,
+        reason: str = "",
+        lease_holder: str = "",
+        actor: str = "",
+    ) -> erasure.RedactCommand:
+        """A redaction of events ``seqs`` of ``session_id``; submit it with ``writer.submit``."""
+        fold.check_session_id(session_id)
+        if lease_holder:
+            _check_holder(lease_holder)
+        if not seqs:
+            raise errors.InvalidRedaction(
+                f"name at least one seq of session '{session_id}' to redact", session_id=session_id
+            )
+        return erasure.RedactCommand(
+            self.tables, session_id, seqs, reason=reason, lease_holder=lease_holder, actor=actor
+        )
+
+    def redact(self, session_id: str, seqs: Sequence[int], **options: Any) -> erasure.RedactResult:
+        """Redact events, blocking until durable (see ``redact_command``)."""
+        command = self.redact_command(session_id, seqs, **options)
+        result: erasure.RedactResult = self.writer.submit(command).result()
+        return result
+
+    def erase_prefix(
+        self, prefix: str, *, actor: str = "", reason: str = "", batch: int = ERASE_BATCH
+    ) -> tuple[int, int, int]:
+        """Delete every session whose id starts with ``prefix`` (force: leases do not stop
+        it), ``batch`` sessions at a time: one feed scan per batch, one record per session.
+        Blocks; returns (sessions erased, events they held, the last erase's position)."""
+        if not prefix:
+            raise errors.InvalidRedaction("erasing by prefix needs a non-empty prefix")
+        sessions = events = position = 0
+        while True:
+            page, _ = self.list_sessions(prefix=prefix, limit=batch)
+            if not page:
+                return sessions, events, position
+            ids = [view.session_id for view in page]
+            with self.env.begin() as txn:
+                found = erasure.scan(txn, self.tables, ids)
+            futures = [
+                self.writer.submit(
+                    erasure.DeleteCommand(
+                        self.tables, session_id, found, force=True, actor=actor, reason=reason
+                    )
+                )
+                for session_id in ids
+            ]
+            for future in futures:
+                try:
+                    result: erasure.DeleteResult = future.result()
+                except errors.SessionNotFound:
+                    continue  # deleted by someone else meanwhile
+                sessions += 1
+                events += result.event_count
+                position = max(position, result.position)
+                self.forget_fold(result.meta.sid)
+
+    def forget_fold(self, sid: int) -> None:
+        """Drop a session's memoized fold (a redaction or delete made it stale)."""
+        with self._folds_lock:
+            if self._folds.pop(sid, None) is not None:
+                del self._fold_bytes[sid]
+            self._fold_marks.pop(sid, None)
+
+    def _redactions(self, sid: int) -> int:
+        with self.env.begin() as txn:
+            raw = txn.get(schema.u64(sid), db=self.tables.redactions)
+        return 0 if raw is None else schema.read_u64(raw)
 
     def submit_apply(self, received: Sequence[ReceivedChange]) -> Future[ApplyResult]:
         """Queue changes a replica received from its primary, applied verbatim in one commit."""
@@ -725,10 +853,16 @@ class Store:
         when target is the whole log; a fresh fold otherwise. Call with ``_folds_lock`` held.
         A damaged event raises DataCorrupted and leaves the memo as it was."""
         cached = self._folds.get(meta.sid)
+        mark = self._redactions(meta.sid)
+        if cached is not None and self._fold_marks.get(meta.sid, 0) != mark:
+            self._folds.pop(meta.sid)
+            del self._fold_bytes[meta.sid]
+            cached = None
         if cached is None or cached.count > target:
             cached = fold.SurfaceFold()
             if target == meta.next_seq:
                 self._remember(meta.sid, cached)
+                self._fold_marks[meta.sid] = mark
         else:
             self._folds.move_to_end(meta.sid)
         if cached.count < target:
@@ -755,6 +889,7 @@ class Store:
         ):
             sid, _ = self._folds.popitem(last=False)
             del self._fold_bytes[sid]
+            self._fold_marks.pop(sid, None)
 
 
 def _walk(cursor: lmdb.Cursor, what: str) -> Iterator[tuple[bytes, bytes]]:

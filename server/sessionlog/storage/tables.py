@@ -25,4 +25,6 @@ class Tables:
         self.leases = self.by_name["leases"]
         self.audit = self.by_name["audit"]
         self.changes = self.by_name["changes"]
+        self.erasures = self.by_name["erasures"]
+        self.redactions = self.by_name["redactions"]
         self.names: dict[int, str] = {id(db): name for name, db in self.by_name.items()}

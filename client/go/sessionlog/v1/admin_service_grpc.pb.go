@@ -37,6 +37,10 @@ type AdminServiceClient interface {
 	// primary. An epoch not above this server's own is refused (FAILED_PRECONDITION /
 	// STALE_EPOCH) and changes nothing.
 	Fence(ctx context.Context, in *FenceRequest, opts ...grpc.CallOption) (*FenceResponse, error)
+	// EraseSessions deletes every session whose id starts with prefix (and matches filter), each
+	// as DeleteSession would with force, in bounded batches. A filter the server cannot evaluate
+	// fails with INVALID_ARGUMENT / INVALID_FILTER before anything is erased.
+	EraseSessions(ctx context.Context, in *EraseSessionsRequest, opts ...grpc.CallOption) (*EraseSessionsResponse, error)
 }
 
 type adminServiceClient struct {
@@ -106,6 +110,15 @@ func (c *adminServiceClient) Fence(ctx context.Context, in *FenceRequest, opts .
 	return out, nil
 }
 
+func (c *adminServiceClient) EraseSessions(ctx context.Context, in *EraseSessionsRequest, opts ...grpc.CallOption) (*EraseSessionsResponse, error) {
+	out := new(EraseSessionsResponse)
+	err := c.cc.Invoke(ctx, "/sessionlog.v1.AdminService/EraseSessions", in, out, opts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // AdminServiceServer is the server API for AdminService service.
 // All implementations must embed UnimplementedAdminServiceServer
 // for forward compatibility
@@ -130,6 +143,10 @@ type AdminServiceServer interface {
 	// primary. An epoch not above this server's own is refused (FAILED_PRECONDITION /
 	// STALE_EPOCH) and changes nothing.
 	Fence(context.Context, *FenceRequest) (*FenceResponse, error)
+	// EraseSessions deletes every session whose id starts with prefix (and matches filter), each
+	// as DeleteSession would with force, in bounded batches. A filter the server cannot evaluate
+	// fails with INVALID_ARGUMENT / INVALID_FILTER before anything is erased.
+	EraseSessions(context.Context, *EraseSessionsRequest) (*EraseSessionsResponse, error)
 	mustEmbedUnimplementedAdminServiceServer()
 }
 
@@ -148,6 +165,9 @@ func (UnimplementedAdminServiceServer) Promote(context.Context, *PromoteRequest)
 }
 func (UnimplementedAdminServiceServer) Fence(context.Context, *FenceRequest) (*FenceResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method Fence not implemented")
+}
+func (UnimplementedAdminServiceServer) EraseSessions(context.Context, *EraseSessionsRequest) (*EraseSessionsResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method EraseSessions not implemented")
 }
 func (UnimplementedAdminServiceServer) mustEmbedUnimplementedAdminServiceServer() {}
 
@@ -237,6 +257,24 @@ func _AdminService_Fence_Handler(srv interface{}, ctx context.Context, dec func(
 	return interceptor(ctx, in, info, handler)
 }
 
+func _AdminService_EraseSessions_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(EraseSessionsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServiceServer).EraseSessions(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: "/sessionlog.v1.AdminService/EraseSessions",
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServiceServer).EraseSessions(ctx, req.(*EraseSessionsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 var _AdminService_serviceDesc = grpc.ServiceDesc{
 	ServiceName: "sessionlog.v1.AdminService",
 	HandlerType: (*AdminServiceServer)(nil),
@@ -252,6 +290,10 @@ var _AdminService_serviceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Fence",
 			Handler:    _AdminService_Fence_Handler,
+		},
+		{
+			MethodName: "EraseSessions",
+			Handler:    _AdminService_EraseSessions_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

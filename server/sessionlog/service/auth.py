@@ -19,8 +19,9 @@ feed it is refused to a token limited to a session prefix.
 
 Permissions per RPC: reads (Since, Surface, DeriveMessages, GetState, GetSession,
 ListSessions, GetShardMap) need ``read``; writes (Append, CreateSession, SeedSession,
-ForkSession, leases) need ``write``; a forced lease release and the change feed (which carries
-every tenant's data) need ``admin``.
+ForkSession, leases, DeleteSession, RedactEvents) need ``write``; a forced lease release, a
+forced delete, EraseSessions and the change feed (which carries every tenant's data) need
+``admin``.
 GetReplicationStatus needs ``read``. Calls whose answer spans every session (the change feed, and
 the replication status with its global positions) are refused to any token limited to a session
 prefix. Health and reflection need any valid token unless the operator opens them
@@ -67,10 +68,13 @@ _NEEDS = {
     "/sessionlog.v1.SessionLogService/RenewLease": WRITE,
     "/sessionlog.v1.SessionLogService/ReleaseLease": WRITE,
     "/sessionlog.v1.SessionLogService/GetShardMap": READ,
+    "/sessionlog.v1.SessionLogService/DeleteSession": WRITE,
+    "/sessionlog.v1.SessionLogService/RedactEvents": WRITE,
     "/sessionlog.v1.AdminService/GetStats": ADMIN,
     "/sessionlog.v1.AdminService/SaveSnapshot": ADMIN,
     "/sessionlog.v1.AdminService/Promote": ADMIN,
     "/sessionlog.v1.AdminService/Fence": ADMIN,
+    "/sessionlog.v1.AdminService/EraseSessions": ADMIN,
     "/sessionlog.v1.ReplicationService/Changes": ADMIN,
     "/sessionlog.v1.ReplicationService/GetReplicationStatus": READ,
     "/sessionlog.v1.ReplicationService/ReportProgress": ADMIN,
@@ -81,6 +85,7 @@ _EVERY_SESSION = frozenset(
         "/sessionlog.v1.AdminService/SaveSnapshot",
         "/sessionlog.v1.AdminService/Promote",
         "/sessionlog.v1.AdminService/Fence",
+        "/sessionlog.v1.AdminService/EraseSessions",
         "/sessionlog.v1.ReplicationService/Changes",
         "/sessionlog.v1.ReplicationService/GetReplicationStatus",
         "/sessionlog.v1.ReplicationService/ReportProgress",

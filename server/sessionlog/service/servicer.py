@@ -218,7 +218,7 @@ class SessionLogServicer:
         write gets while the member does not lead with a live lease, else None."""
         self.notifier = notifier
         self.max_message_bytes = max_message_bytes
-        self._recent_batches: dict[tuple[str, int, int], tuple[bytes, int, int]] = {}
+        self._recent_batches: dict[tuple[Any, ...], tuple[bytes, int, int]] = {}
         # A Since response holds whole events; leave room for the framing around them.
         self.since_batch_bytes = min(SINCE_BATCH_BYTES, max_message_bytes - FRAMING_BYTES)
         self.heartbeat_seconds = heartbeat_seconds
@@ -439,10 +439,10 @@ class SessionLogServicer:
         """One Since batch from ``start``: the encoded response, its event count, and the
         session's next seq, which bounds the read (seqs are dense: no key compare per event)."""
         store = self.store
-        next_seq = store.next_seq(session_id)
+        next_seq, version = store.log_version(session_id)
         if start >= next_seq:
             return b"", 0, next_seq
-        key = (session_id, start, next_seq)
+        key = (session_id, start, next_seq, version)  # version: a delete or redaction since
         shared = self._recent_batches.get(key)
         if shared is not None:
             return shared
@@ -451,7 +451,7 @@ class SessionLogServicer:
         self._share(key, batch)
         return batch
 
-    def _share(self, key: tuple[str, int, int], batch: tuple[bytes, int, int]) -> None:
+    def _share(self, key: tuple[Any, ...], batch: tuple[bytes, int, int]) -> None:
         """Keep a few recent batches: after a commit every follower of a session wakes at the
         same seq, and one read and encode then serves them all. A key names the whole state it
         was read at (start and next seq), so a hit is exactly what a fresh read would return."""

@@ -589,6 +589,17 @@ class Store:
         with self.env.begin() as txn:
             return load_meta(txn, self.tables, session_id)
 
+    def log_version(self, session_id: str) -> tuple[int, tuple[int, int]]:
+        """The session's next seq and an opaque stamp of its stored bytes: equal stamps and
+        next seqs mean equal events (the stamp changes when the session is deleted and written
+        again, or redacted). What a cache of read events keys on."""
+        with self.env.begin() as txn:
+            meta = load_meta(txn, self.tables, session_id)
+            if meta is None:
+                return 0, (-1, 0)
+            raw = txn.get(schema.u64(meta.sid), db=self.tables.redactions)
+        return meta.next_seq, (meta.sid, 0 if raw is None else schema.read_u64(raw))
+
     def next_seq(self, session_id: str) -> int:
         """The seq the session's next event will get: its event count (0 if never written)."""
         meta = self.meta(session_id)
@@ -837,7 +848,8 @@ class Store:
         caller needs the full list. The snapshot's ``projected``/``seqs`` hold only the tail,
         and the cost is O(new): no copy of the whole surface."""
         meta = self.meta(session_id)
-        if meta is None:
+        if meta is None or self._redactions(meta.sid):
+            # A redacted session always gets the full list: a caller's copy may predate it.
             return None
         with self._folds_lock:
             folded = self._fold(session_id, meta, meta.next_seq)

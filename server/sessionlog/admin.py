@@ -5,6 +5,7 @@
     sessionlog admin snapshot save FILE --server HOST:PORT
     sessionlog admin verify [--data DIR] [--json]
     sessionlog admin compact [--data DIR] [--json]
+    sessionlog admin erase --prefix P --server HOST:PORT [--reason R]
     sessionlog admin restore BACKUP|FILE [--data DIR] [--force]
     sessionlog admin promote --server REPLICA [--epoch N] [--fence OLD_PRIMARY]
     sessionlog admin fence --server HOST:PORT --epoch N [--primary NEW]
@@ -234,6 +235,26 @@ def add_commands(commands: Any) -> None:
         "--primary", default="", help="the primary of that epoch, HOST:PORT (may be omitted)"
     )
     fence.set_defaults(run=_fence)
+
+    erase = actions.add_parser(
+        "erase",
+        help="delete every session whose id starts with --prefix (AdminService.EraseSessions)",
+        description="Erase every session under --prefix on --server, as DeleteSession with "
+        "force does, in bounded batches, on the primary and (through the change feed) its "
+        "replicas. Needs an admin token without a session prefix. Run `admin compact` on each "
+        "folder afterwards to clear the erased bytes from the data file.",
+        parents=[
+            connection_options(
+                server_default,
+                "the primary, HOST:PORT [env SESSIONLOG_SERVER] (default %(default)s)",
+            )
+        ],
+    )
+    erase.add_argument("--prefix", required=True, help="the session id prefix (not empty)")
+    erase.add_argument("--filter", default="", help="a label filter (not supported yet)")
+    erase.add_argument("--reason", default="", help="kept in each erasure audit record")
+    erase.add_argument("--json", action="store_true", help="print one JSON object")
+    erase.set_defaults(run=_erase)
 
 
 def add_replica_commands(commands: Any) -> None:
@@ -581,6 +602,30 @@ def _compact(args: argparse.Namespace) -> int:
         print(
             f"compacted {data}: {done.records} records copied, {_human(done.bytes_before)} -> "
             f"{_human(done.bytes_after)}"
+        )
+    return 0
+
+
+def _erase(args: argparse.Namespace) -> int:
+    """`admin erase`: EraseSessions on --server."""
+    request = apb.EraseSessionsRequest(prefix=args.prefix, filter=args.filter, reason=args.reason)
+    with channel(args) as opened:
+        stub = apb_grpc.AdminServiceStub(opened)  # type: ignore[no-untyped-call]
+        reply = stub.EraseSessions(request, timeout=args.timeout)
+    if args.json:
+        print(
+            json.dumps(
+                {
+                    "sessions": reply.session_count,
+                    "events": reply.event_count,
+                    "position": reply.position,
+                }
+            )
+        )
+    else:
+        print(
+            f"erased {reply.session_count} sessions ({reply.event_count} events) under "
+            f"{args.prefix!r}; the last erase is at position {reply.position}"
         )
     return 0
 

@@ -7,6 +7,7 @@ One plain server and one with auth for the module; the replication tests start t
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,8 @@ from sessionlog.v1 import admin_service_pb2 as apb
 from sessionlog.v1 import admin_service_pb2_grpc as apb_grpc
 from sessionlog.v1 import replication_service_pb2 as rpb
 from sessionlog.v1 import session_log_service_pb2 as pb
+from sessionlog_client import AsyncClient, Client, event
+from sessionlog_client.errors import SessionNotFound
 from tests.e2e._helpers import append, check, failure, get, log, replace, say, stats, user
 from tests.e2e._proc import run_cli, running_server
 from tests.e2e._replication_cluster import (
@@ -189,6 +192,64 @@ def test_the_feed_shows_the_erase_and_no_erased_content(stub: Any, server: Runni
     assert not any(r.session_id == "feed-del" for r in records[: reply.position - 1])
 
 
+# -- clients and CLI ----------------------------------------------------------------------------
+
+
+def test_python_client_deletes_and_redacts(server: RunningServer) -> None:
+    """Client.delete_session / redact_events, and the async ones; SessionNotFound comes back as
+    the client's exception."""
+    with Client(server.address) as client:
+        client.append("py-sync", [event("user_message", {"content": SECRET}), event("turn_start")])
+        assert list(client.redact_events("py-sync", [0], reason="r").seqs) == [0]
+        assert client.derive_messages("py-sync").messages[0].metadata["redacted"] is True
+        assert client.delete_session("py-sync", expected_seq=2).event_count == 2
+        with pytest.raises(SessionNotFound):
+            client.delete_session("py-sync")
+
+    async def run() -> tuple[list[int], int]:
+        async with AsyncClient(server.address) as client:
+            await client.append("py-async", [event("user_message", {"content": "x"})])
+            redacted = await client.redact_events("py-async", [0])
+            deleted = await client.delete_session("py-async", reason="test")
+            return list(redacted.seqs), deleted.event_count
+
+    assert asyncio.run(run()) == ([0], 1)
+
+
+def test_cli_delete_redact_erase_and_tail_prefix(server: RunningServer, tmp_path: Path) -> None:
+    """`sessionlog delete`, `redact`, `admin erase`; `tail --prefix` shows the redacted event
+    and the delete."""
+    stub = server.stub()
+    append(stub, "cli-e.one", user(SECRET), user("two"))
+    append(stub, "cli-e.two", user("x"))
+    start = stats(server.channel()).position
+
+    def cli(*args: str) -> str:
+        done = run_cli([*args, "--server", server.address], tmp_path)
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+    tail = ("tail", "--prefix", "cli-e.", "--from-position", str(start + 1), "--no-follow")
+    assert "redacted seqs 0" in cli("redact", "cli-e.one", "0", "--reason", "privacy")
+    assert "nothing to redact" in cli("redact", "cli-e.one", "0")
+    redacted = cli(*tail).splitlines()
+    assert len(redacted) == 1
+    assert "[redacted]" in redacted[0]
+    assert "cli-e.one" in redacted[0]
+    assert "deleted cli-e.one (2 events)" in cli("delete", "cli-e.one")
+    refused = run_cli(["delete", "cli-e.one", "--server", server.address], tmp_path)
+    assert refused.returncode == 1
+    assert "SESSION_NOT_FOUND" in refused.stderr
+    assert "erased 1 sessions" in cli("admin", "erase", "--prefix", "cli-e.")
+    tailed = cli(*tail)
+    # The redact record is now a placeholder of the deleted session: only the deletes show.
+    assert [line.split()[1:] for line in tailed.splitlines()] == [
+        ["cli-e.one", "deleted"],
+        ["cli-e.two", "deleted"],
+    ]
+    assert SECRET not in tailed
+
+
 # -- tenants ------------------------------------------------------------------------------------
 
 
@@ -270,3 +331,39 @@ def test_replicas_erase_too_caught_up_or_behind(tmp_path: Path) -> None:
         for node in (primary, live, behind):
             assert node.stop() == 0
             verify_clean(node.data)
+
+
+# -- the data file ------------------------------------------------------------------------------
+
+
+def test_admin_compact_clears_the_data_file_and_the_server_starts_on_it(tmp_path: Path) -> None:
+    """Erased text stays in data.mdb after delete and redact; `admin compact` (refused while
+    the server runs) rewrites the file without it, and a server started on it serves every
+    other session unchanged, `admin verify` clean."""
+    data = tmp_path / "data"
+    with running_server(data) as running:
+        stub = running.stub()
+        for n in range(20):
+            append(stub, f"keep-{n}", user(f"kept {n}"))
+        append(stub, "gone", user(SECRET))
+        append(stub, "red", user(SECRET + "-redacted"), user("fine"))
+        for n in range(20):
+            append(stub, f"keep-{n}", user(f"more {n}"))
+        delete(stub, "gone")
+        redact(stub, "red", 0)
+        kept = {f"keep-{n}": log(stub, f"keep-{n}") for n in range(20)}
+        busy = run_cli(["admin", "compact", "--data", str(data)], tmp_path)
+        assert busy.returncode == 1
+        assert "stop the server" in busy.stderr
+    assert SECRET.encode() in (data / "data.mdb").read_bytes()
+    done = run_cli(["admin", "compact", "--data", str(data)], tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "compacted" in done.stdout
+    assert SECRET.encode() not in (data / "data.mdb").read_bytes()
+    verify_clean(data)
+    with running_server(data) as running:
+        stub = running.stub()
+        assert {session_id: log(stub, session_id) for session_id in kept} == kept
+        assert [e.data["content"] for e in log(stub, "red")[1:]] == ["fine"]
+        assert not get(stub, "gone").exists
+        append(stub, "keep-0", user("after"))

@@ -86,6 +86,8 @@ WRITES = frozenset(
         "AcquireLease",
         "RenewLease",
         "ReleaseLease",
+        "DeleteSession",
+        "RedactEvents",
     }
 )
 """The write RPCs: they carry the epoch both ways."""

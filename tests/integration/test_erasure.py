@@ -266,3 +266,13 @@ def test_erased_text_lingers_in_the_data_file_until_compacted(tmp_path: Path) ->
         assert problems(store) == []
         store.append("other-1", [user("after compaction")])
         assert store.next_seq("other-1") == 3
+
+
+def test_an_append_cannot_mark_an_event_redacted(store: Store) -> None:
+    """Only RedactEvents sets the mark: an appended event's is dropped."""
+    marked = user("mine")
+    marked.redacted.reason = "forged"
+    store.append("forge", [marked])
+    stored = Event.FromString(store.read_session("forge", 0)[0])
+    assert not stored.HasField("redacted")
+    assert stored.data["content"] == "mine"

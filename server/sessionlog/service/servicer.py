@@ -278,6 +278,7 @@ class SessionLogServicer:
             lease_holder=request.lease_holder,
             lease_token=request.lease_token,
             lenient=request.lenient,
+            keep_redacted=copy,
         )
         batch.moving_in = copy
         self._check_reply_fits(batch.bodies)

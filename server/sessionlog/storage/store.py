@@ -115,6 +115,7 @@ def prepare_append(
     create_only: bool = False,
     now_ns: int | None = None,
     indices: Sequence[int] | None = None,
+    keep_redacted: bool = False,
 ) -> AppendBatch:
     """Validate what needs no state, stamp missing times with now, serialize the events.
 
@@ -123,6 +124,8 @@ def prepare_append(
     give the events (by default their positions; a seed uses the positions of its messages).
     The batch's ``bodies`` carry the stamped times; its ``events`` are the caller's events (left
     unchanged, so possibly without a time), which the writer reads only for their surface ops.
+    An event's ``redacted`` mark is dropped (only RedactEvents sets it) unless ``keep_redacted``:
+    a slot move's copy of stored events keeps them as they are.
     """
     fold.check_session_id(session_id)
     check_request_id(request_id)
@@ -143,7 +146,7 @@ def prepare_append(
     for index, original in enumerate(events):
         number = index if indices is None else indices[index]
         event = original
-        if original.HasField("redacted"):  # only RedactEvents marks an event: dropped here
+        if not keep_redacted and original.HasField("redacted"):
             event = Event()
             event.CopyFrom(original)
             event.ClearField("redacted")

@@ -82,9 +82,11 @@ class _Recorded:
         first: int,
         count: int,
         deletes: list[tuple[str, bytes, bytes]] | None = None,
+        erased_positions: list[int] | None = None,
     ):
         self.puts, self.event_sid, self.first_seq, self.event_count = puts, sid, first, count
         self.deletes = deletes or []
+        self.erased_positions = erased_positions or []
 
 
 CHANGES = [
@@ -104,11 +106,12 @@ CHANGES = [
         "gone",
         6,
         (
-            [("changes", b"\x00" * 7 + b"\x01", b"placeholder"), ("erasures", b"k", b"{}")],
+            [("erasures", b"k", b"{}")],
             -1,
             0,
             0,
             [("sessions", b"gone", b""), ("events", b"\x00" * 8, b"\x00" * 7 + b"\x01")],
+            [1, 3, 2**40],
         ),
     ),
 ]
@@ -124,7 +127,7 @@ def test_change_records_are_the_change_message(
 ) -> None:
     raw = changes.encode_change(position, kind, session_id, commit_ns, _Recorded(*recorded))  # type: ignore[arg-type]
     puts, sid, first, count, *more = recorded
-    deletes = more[0] if more else []
+    deletes, erased_positions = (more[0], more[1]) if more else ([], [])
     expected = rpb.Change(
         position=position,
         kind=changes.KIND_BY_NAME[kind],
@@ -134,6 +137,7 @@ def test_change_records_are_the_change_message(
         internal_id=max(sid, 0),
         puts=[rpb.StoragePut(table=t, key=k, value=v) for t, k, v in puts],
         deletes=[rpb.StorageDelete(table=t, key=k, end_key=e) for t, k, e in deletes],
+        erased_positions=erased_positions,
     )
     expected.commit_time.FromNanoseconds(commit_ns)
     assert rpb.Change.FromString(raw) == expected

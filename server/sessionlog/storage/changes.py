@@ -28,7 +28,6 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 import lmdb
 
@@ -107,6 +106,8 @@ def encode_change(
             removal += (_END_KEY_TAG, varint(len(end_key)), end_key)
         body = b"".join(removal)
         parts += (_DELETES_TAG, varint(len(body)), body)
+    if recorded.erased_positions:
+        parts.append(wire.packed_uints(_CHANGE["erased_positions"], recorded.erased_positions))
     return b"".join(parts)
 
 
@@ -388,7 +389,6 @@ class ApplyChangesCommand:
         """Check every received change first (dense positions, all events there, each checksum
         chaining from the one before), then write them all: a refused batch writes nothing."""
         tables = self._tables
-        by_name = tables.by_name
         last = ApplyResult(0, 0)
         expected, previous = tail(txn, tables)
         expected += 1
@@ -410,7 +410,7 @@ class ApplyChangesCommand:
             leadership.write(txn, tables, record)
         for received, fingerprint in zip(self._changes, fingerprints, strict=True):
             change = received.change
-            apply_writes(txn, by_name, change)
+            apply_writes(txn, tables, change)
             for offset, event in enumerate(received.events):
                 key = schema.event_key(change.internal_id, change.first_seq + offset)
                 txn.put(key, event, db=tables.events)
@@ -442,12 +442,70 @@ class ApplyChangesCommand:
         return expected
 
 
-def apply_writes(txn: lmdb.Transaction, by_name: dict[str, Any], change: rpb.Change) -> None:
-    """A received (or rebuilt) change's puts, then its deletes, verbatim."""
+def apply_writes(txn: lmdb.Transaction, tables: Tables, change: rpb.Change) -> None:
+    """A received (or rebuilt) change's writes as the primary made them: its erased records
+    first (their placeholders may read events the rest removes), then its puts and deletes."""
+    if change.erased_positions:
+
+        def rewrite(position: int, erased: bytes) -> None:
+            txn.put(schema.u64(position), erased, db=tables.changes)
+
+        removals = [(d.table, d.key, d.end_key) for d in change.deletes]
+        erase_earlier(txn, tables, change.kind, change.erased_positions, removals, rewrite)
+    by_name = tables.by_name
     for put in change.puts:
         txn.put(put.key, put.value, db=by_name[put.table])
     for removal in change.deletes:
         delete_keys(txn, by_name[removal.table], removal.key, removal.end_key)
+
+
+Removal = tuple[str, bytes, bytes]
+"""(table, key, end_key): one key when end_key is empty, else [key, end_key)."""
+
+
+def covered(removals: Sequence[Removal], table: str, key: bytes) -> bool:
+    """Whether ``key`` of ``table`` is among ``removals``."""
+    for removed_table, start, end in removals:
+        if removed_table == table and (key == start if not end else start <= key < end):
+            return True
+    return False
+
+
+def erase_earlier(
+    txn: Txn,
+    tables: Tables,
+    kind: int,
+    positions: Sequence[int],
+    removals: Sequence[Removal],
+    write: Callable[[int, bytes], None],
+) -> int:
+    """Rewrite the records at ``positions`` to the placeholders of an erase of ``kind``
+    (``write`` stores each); how many were rewritten. The rule, the same on a primary and its
+    replicas: a DELETE's placeholder keeps the puts its ``removals`` do not remove (and none on
+    the changes table), a REDACT's marks the record. A record already in that form (a replica
+    behind the erase received it so) is left."""
+    rewritten = 0
+    for position in positions:
+        raw = txn.get(schema.u64(position), db=tables.changes)
+        if raw is None:
+            continue
+        record = bytes(raw)
+        change = rpb.Change.FromString(record)
+        if kind == rpb.CHANGE_KIND_DELETE:
+            if not change.session_id:  # already a delete's placeholder
+                continue
+
+            def keep(put: rpb.StoragePut) -> bool:
+                return put.table != "changes" and not covered(removals, put.table, put.key)
+
+            erased = placeholder(txn, tables, record, keep)
+        else:
+            if change.erased:
+                continue
+            erased = placeholder(txn, tables, record)
+        write(position, erased)
+        rewritten += 1
+    return rewritten
 
 
 def placeholder(

@@ -18,9 +18,10 @@ the puts the erase did not remove (the ``next_sid`` counter, a parent's fork req
 REDACT's keeps the record but marks it, and serves the redacted bytes of the events it names.
 Each keeps its position, kind, time, epoch and its original checksum, which can no longer be
 recomputed: the replica's check, ``admin verify`` and rejoin's rebuild take an erased record's
-checksum as stored, and every record after it still chains from it. The rewrites are themselves
-puts of the erase record (on the ``changes`` table), so a caught-up replica rewrites its own copies
-to the same bytes; a replica behind the erase receives the placeholders and ends the same.
+checksum as stored, and every record after it still chains from it. The erase record names the
+positions it rewrote (``Change.erased_positions``) and ``changes.erase_earlier`` is the one rule
+both sides apply, so a caught-up replica rewrites its own copies to the same bytes; a replica
+behind the erase has received the placeholders already, leaves them, and ends the same.
 
 The feed is searched for a session's records once per erase, outside the writer (``scan``), and
 the command itself looks only at the records written since that scan.
@@ -68,18 +69,9 @@ def _after_audit(session_id: str) -> bytes:
     return session_id.encode() + b"\x01"
 
 
-def session_keys(session_id: str, sid: int) -> list[tuple[str, bytes, bytes]]:
+def session_keys(session_id: str, sid: int) -> list[changes.Removal]:
     """(table, key, end_key) of everything ``PER_SESSION`` erases for the session."""
     return [(table, *keys(session_id, sid)) for table, keys in PER_SESSION]
-
-
-def _covered(removals: Sequence[tuple[str, bytes, bytes]], table: str, key: bytes) -> bool:
-    for removed_table, start, end in removals:
-        if removed_table != table:
-            continue
-        if key == start if not end else start <= key < end:
-            return True
-    return False
 
 
 @dataclass
@@ -113,10 +105,6 @@ def _next_position(txn: RecordingTxn, tables: Tables) -> int:
     command of the same group has already put its own)."""
     cursor = txn.cursor(db=tables.changes)
     return schema.read_u64(cursor.key()) + 1 if cursor.last() else 1
-
-
-def _rewrite(txn: RecordingTxn, tables: Tables, position: int, erased: bytes) -> None:
-    txn.put(schema.u64(position), erased, db=tables.changes)
 
 
 def _missing(session_id: str) -> errors.SessionNotFound:
@@ -192,15 +180,9 @@ class DeleteCommand:
         later = scan(txn, tables, [session_id], self._found.upto)
         olds = [*self._found.positions.get(session_id, []), *later.positions[session_id]]
 
-        def keep(put: rpb.StoragePut) -> bool:
-            # An older erase's rewrites of this session's records: this erase rewrites them all.
-            return put.table != "changes" and not _covered(removals, put.table, put.key)
-
-        for old in olds:
-            raw = txn.get(schema.u64(old), db=tables.changes)
-            if raw is None:
-                continue
-            _rewrite(txn, tables, old, changes.placeholder(txn, tables, bytes(raw), keep))
+        rewritten = changes.erase_earlier(
+            txn, tables, rpb.CHANGE_KIND_DELETE, sorted(olds), removals, txn.erase_record
+        )
         for table, key, end_key in removals:
             txn.delete(tables.by_name[table], key, end_key)
         audit = ErasureRecord(
@@ -212,11 +194,11 @@ class DeleteCommand:
             time_ns=now_ns,
             event_count=meta.next_seq,
             seqs=[],
-            feed_records=len(olds),
+            feed_records=rewritten,
         )
         txn.put(schema.u64(position), audit.encode(), db=tables.erasures)
         self._touched.append(session_id)
-        return DeleteResult(session_id, meta, meta.next_seq, len(olds))
+        return DeleteResult(session_id, meta, meta.next_seq, rewritten)
 
 
 # -- redact -------------------------------------------------------------------------------------
@@ -298,8 +280,10 @@ class RedactCommand:
             return RedactResult([])
         position = _next_position(txn, tables)
         olds = self._records_naming(txn, meta.sid, [event.seq for _, event in stored])
-        for old, raw in olds:  # before the events change: an unchecksummed record's fingerprint
-            _rewrite(txn, tables, old, changes.placeholder(txn, tables, raw))
+        # Before the events change: an unchecksummed record's fingerprint reads them.
+        rewritten = changes.erase_earlier(
+            txn, tables, rpb.CHANGE_KIND_REDACT, sorted(olds), [], txn.erase_record
+        )
         for key, event in stored:
             txn.rewrite_event(key, redacted(event, now_ns, self._reason).SerializeToString())
         raw_count = txn.get(schema.u64(meta.sid), db=tables.redactions)
@@ -315,19 +299,17 @@ class RedactCommand:
             time_ns=now_ns,
             event_count=len(seqs),
             seqs=seqs,
-            feed_records=len(olds),
+            feed_records=rewritten,
         )
         txn.put(schema.u64(position), audit.encode(), db=tables.erasures)
         self._touched.append(session_id)
         return RedactResult(seqs)
 
-    def _records_naming(
-        self, txn: RecordingTxn, sid: int, seqs: Sequence[int]
-    ) -> list[tuple[int, bytes]]:
+    def _records_naming(self, txn: RecordingTxn, sid: int, seqs: Sequence[int]) -> list[int]:
         """The feed records not yet erased whose events include any of ``seqs`` of ``sid``.
         Records of one session name consecutive, growing seq ranges, so the walk goes from the
         newest record back and stops once it passes below the smallest seq."""
-        out: list[tuple[int, bytes]] = []
+        out: list[int] = []
         wanted = set(seqs)
         lowest = min(seqs)
         session_id = self.session_id
@@ -340,7 +322,7 @@ class RedactCommand:
             if change.session_id == session_id and change.internal_id == sid:
                 names = range(change.first_seq, change.first_seq + change.event_count)
                 if change.event_count and not change.erased and wanted.intersection(names):
-                    out.append((change.position, record))
+                    out.append(change.position)
                 if change.event_count and (
                     change.first_seq == 0 or change.first_seq + change.event_count <= lowest
                 ):

@@ -87,7 +87,7 @@ class StoragePut(_message.Message):
     def __init__(self, table: _Optional[str] = ..., key: _Optional[bytes] = ..., value: _Optional[bytes] = ...) -> None: ...
 
 class Change(_message.Message):
-    __slots__ = ("position", "kind", "session_id", "commit_time", "first_seq", "event_count", "internal_id", "puts", "events", "checksum", "epoch", "deletes", "erased")
+    __slots__ = ("position", "kind", "session_id", "commit_time", "first_seq", "event_count", "internal_id", "puts", "events", "checksum", "epoch", "deletes", "erased", "erased_positions")
     POSITION_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
@@ -101,6 +101,7 @@ class Change(_message.Message):
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     DELETES_FIELD_NUMBER: _ClassVar[int]
     ERASED_FIELD_NUMBER: _ClassVar[int]
+    ERASED_POSITIONS_FIELD_NUMBER: _ClassVar[int]
     position: int
     kind: ChangeKind
     session_id: str
@@ -114,7 +115,8 @@ class Change(_message.Message):
     epoch: int
     deletes: _containers.RepeatedCompositeFieldContainer[StorageDelete]
     erased: bool
-    def __init__(self, position: _Optional[int] = ..., kind: _Optional[_Union[ChangeKind, str]] = ..., session_id: _Optional[str] = ..., commit_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., first_seq: _Optional[int] = ..., event_count: _Optional[int] = ..., internal_id: _Optional[int] = ..., puts: _Optional[_Iterable[_Union[StoragePut, _Mapping]]] = ..., events: _Optional[_Iterable[_Union[_event_pb2.Event, _Mapping]]] = ..., checksum: _Optional[bytes] = ..., epoch: _Optional[int] = ..., deletes: _Optional[_Iterable[_Union[StorageDelete, _Mapping]]] = ..., erased: _Optional[bool] = ...) -> None: ...
+    erased_positions: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, position: _Optional[int] = ..., kind: _Optional[_Union[ChangeKind, str]] = ..., session_id: _Optional[str] = ..., commit_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., first_seq: _Optional[int] = ..., event_count: _Optional[int] = ..., internal_id: _Optional[int] = ..., puts: _Optional[_Iterable[_Union[StoragePut, _Mapping]]] = ..., events: _Optional[_Iterable[_Union[_event_pb2.Event, _Mapping]]] = ..., checksum: _Optional[bytes] = ..., epoch: _Optional[int] = ..., deletes: _Optional[_Iterable[_Union[StorageDelete, _Mapping]]] = ..., erased: _Optional[bool] = ..., erased_positions: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class ChangesRequest(_message.Message):
     __slots__ = ("start_position", "follow", "after_checksum", "heartbeat_interval", "epoch")

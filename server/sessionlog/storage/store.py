@@ -571,10 +571,15 @@ class Store:
                 del self._fold_bytes[sid]
             self._fold_marks.pop(sid, None)
 
-    def _redactions(self, sid: int) -> int:
+    def _meta_and_mark(self, session_id: str) -> tuple[SessionMeta | None, int]:
+        """The session's metadata and its redaction count (what its fold memo keys on
+        besides the event count), read in one transaction."""
         with self.env.begin() as txn:
-            raw = txn.get(schema.u64(sid), db=self.tables.redactions)
-        return 0 if raw is None else schema.read_u64(raw)
+            meta = load_meta(txn, self.tables, session_id)
+            if meta is None:
+                return None, 0
+            raw = txn.get(schema.u64(meta.sid), db=self.tables.redactions)
+        return meta, 0 if raw is None else schema.read_u64(raw)
 
     def submit_apply(self, received: Sequence[ReceivedChange]) -> Future[ApplyResult]:
         """Queue changes a replica received from its primary, applied verbatim in one commit."""
@@ -596,12 +601,10 @@ class Store:
         """The session's next seq and an opaque stamp of its stored bytes: equal stamps and
         next seqs mean equal events (the stamp changes when the session is deleted and written
         again, or redacted). What a cache of read events keys on."""
-        with self.env.begin() as txn:
-            meta = load_meta(txn, self.tables, session_id)
-            if meta is None:
-                return 0, (-1, 0)
-            raw = txn.get(schema.u64(meta.sid), db=self.tables.redactions)
-        return meta.next_seq, (meta.sid, 0 if raw is None else schema.read_u64(raw))
+        meta, mark = self._meta_and_mark(session_id)
+        if meta is None:
+            return 0, (-1, 0)
+        return meta.next_seq, (meta.sid, mark)
 
     def next_seq(self, session_id: str) -> int:
         """The seq the session's next event will get: its event count (0 if never written)."""
@@ -803,7 +806,7 @@ class Store:
         ``messages`` the snapshot also carries each surface entry's serialized Message (projected
         once per entry, then memoized).
         """
-        meta = self.meta(session_id)
+        meta, mark = self._meta_and_mark(session_id)
         count = 0 if meta is None else meta.next_seq
         if at_seq is not None and at_seq >= count:
             raise errors.BoundaryOutOfRange(
@@ -815,7 +818,7 @@ class Store:
             return SurfaceSnapshot(0, 0, [], [], [])
         target = count if at_seq is None else at_seq + 1
         with self._folds_lock:
-            folded = self._fold(session_id, meta, target)
+            folded = self._fold(session_id, meta, target, mark)
             return SurfaceSnapshot(
                 count=folded.count,
                 replace_generation=folded.replace_generation,
@@ -828,7 +831,7 @@ class Store:
         """A session's state (fold.fold_state) after its whole log or events 0..at_seq, and
         the number of events folded. Memoized with the surface: the same per-session fold,
         extended by the events appended since (O(new)); a prefix is folded afresh."""
-        meta = self.meta(session_id)
+        meta, mark = self._meta_and_mark(session_id)
         count = 0 if meta is None else meta.next_seq
         if at_seq is not None and at_seq >= count:
             raise errors.BoundaryOutOfRange(
@@ -840,7 +843,7 @@ class Store:
             return Struct(), 0
         target = count if at_seq is None else at_seq + 1
         with self._folds_lock:
-            folded = self._fold(session_id, meta, target)
+            folded = self._fold(session_id, meta, target, mark)
             return fold.state_struct(folded.state), folded.count
 
     def derive_tail(
@@ -850,12 +853,12 @@ class Store:
         a replace happened since (or the caller's numbers are not this session's): then the
         caller needs the full list. The snapshot's ``projected``/``seqs`` hold only the tail,
         and the cost is O(new): no copy of the whole surface."""
-        meta = self.meta(session_id)
-        if meta is None or self._redactions(meta.sid):
+        meta, mark = self._meta_and_mark(session_id)
+        if meta is None or mark:
             # A redacted session always gets the full list: a caller's copy may predate it.
             return None
         with self._folds_lock:
-            folded = self._fold(session_id, meta, meta.next_seq)
+            folded = self._fold(session_id, meta, meta.next_seq, mark)
             if folded.replace_generation != known_generation or not (
                 0 <= known_count <= folded.count
             ):
@@ -863,12 +866,13 @@ class Store:
             seqs, projected = folded.tail(known_count)
             return SurfaceSnapshot(folded.count, folded.replace_generation, [], seqs, projected)
 
-    def _fold(self, session_id: str, meta: SessionMeta, target: int) -> fold.SurfaceFold:
+    def _fold(self, session_id: str, meta: SessionMeta, target: int, mark: int) -> fold.SurfaceFold:
         """The fold of events 0..target-1: the session's memo, brought up to date (O(new)),
-        when target is the whole log; a fresh fold otherwise. Call with ``_folds_lock`` held.
-        A damaged event raises DataCorrupted and leaves the memo as it was."""
+        when target is the whole log; a fresh fold otherwise. ``mark`` is the session's
+        redaction count read with ``meta``: a memo made under another one is dropped. Call with
+        ``_folds_lock`` held. A damaged event raises DataCorrupted and leaves the memo as it
+        was."""
         cached = self._folds.get(meta.sid)
-        mark = self._redactions(meta.sid)
         if cached is not None and self._fold_marks.get(meta.sid, 0) != mark:
             self._folds.pop(meta.sid)
             del self._fold_bytes[meta.sid]

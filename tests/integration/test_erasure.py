@@ -280,3 +280,15 @@ def test_an_append_cannot_mark_an_event_redacted(store: Store) -> None:
     stored = Event.FromString(store.read_session("forge", 0)[0])
     assert not stored.HasField("redacted")
     assert stored.data["content"] == "mine"
+
+
+def test_a_fork_retried_after_its_child_was_deleted_forks_again(store: Store) -> None:
+    """The parent's request record of a deleted child goes with it: a retry of that fork makes
+    a new child instead of finding a missing one (which would read as damage)."""
+    store.append("parent", [user("p")])
+    first = store.submit_fork("parent", None, "", request_id="fork-1", generated_id=True).result()
+    store.delete(first.session_id)
+    again = store.submit_fork("parent", None, "", request_id="fork-1", generated_id=True).result()
+    assert again.session_id != first.session_id
+    assert store.meta(again.session_id) is not None
+    assert problems(store) == []

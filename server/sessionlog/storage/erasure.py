@@ -39,7 +39,7 @@ from sessionlog.storage import changes, damage, schema
 from sessionlog.storage.commands import Written, _check_lease
 from sessionlog.storage.reads import Txn, load_lease, load_meta
 from sessionlog.storage.recording import RecordingTxn
-from sessionlog.storage.schema import ErasureRecord, SessionMeta
+from sessionlog.storage.schema import ErasureRecord, RequestRecord, SessionMeta
 from sessionlog.storage.tables import Tables
 from sessionlog.v1 import replication_service_pb2 as rpb
 from sessionlog.v1.event_pb2 import Event, Redaction
@@ -176,7 +176,9 @@ class DeleteCommand:
             lease = load_lease(txn, tables, session_id)
             _check_lease(lease, session_id, self._lease_holder, 0, now_ns)
         position = _next_position(txn, tables)
-        removals = session_keys(session_id, meta.sid)
+        removals = session_keys(session_id, meta.sid) + _fork_requests(
+            txn, tables, session_id, meta
+        )
         later = scan(txn, tables, [session_id], self._found.upto)
         olds = [*self._found.positions.get(session_id, []), *later.positions[session_id]]
 
@@ -199,6 +201,32 @@ class DeleteCommand:
         txn.put(schema.u64(position), audit.encode(), db=tables.erasures)
         self._touched.append(session_id)
         return DeleteResult(session_id, meta, meta.next_seq, rewritten)
+
+
+def _fork_requests(
+    txn: RecordingTxn, tables: Tables, session_id: str, meta: SessionMeta
+) -> list[changes.Removal]:
+    """The parent's request records of the fork that made this session (a fork's request id is
+    kept under its parent and names the child): a retry of that fork must not find a child that
+    is gone. Without the record, it forks again."""
+    if not meta.parent_id:
+        return []
+    parent = load_meta(txn, tables, meta.parent_id)
+    if parent is None:
+        return []
+    found: list[changes.Removal] = []
+    start, end = _sid_range(parent.sid)
+    cursor = txn.cursor(db=tables.requests)
+    if not cursor.set_range(start):
+        return found
+    for key, value in cursor:
+        if bytes(key) >= end:
+            break
+        with damage.reading(f"a request record of session '{meta.parent_id}'"):
+            record = RequestRecord.decode(value)
+        if record.child_id == session_id:
+            found.append(("requests", bytes(key), b""))
+    return found
 
 
 # -- redact -------------------------------------------------------------------------------------

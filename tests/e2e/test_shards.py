@@ -122,6 +122,12 @@ def _calls(stub: pb_grpc.SessionLogServiceStub, sid: str) -> dict[str, Callable[
         "ReleaseLease": lambda: stub.ReleaseLease(
             pb.ReleaseLeaseRequest(session_id=sid, holder="w"), timeout=TIMEOUT
         ),
+        "DeleteSession": lambda: stub.DeleteSession(
+            pb.DeleteSessionRequest(session_id=sid), timeout=TIMEOUT
+        ),
+        "RedactEvents": lambda: stub.RedactEvents(
+            pb.RedactEventsRequest(session_id=sid, seqs=[0]), timeout=TIMEOUT
+        ),
     }
 
 

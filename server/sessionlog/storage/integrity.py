@@ -35,7 +35,13 @@ import lmdb
 
 from sessionlog import errors, fold
 from sessionlog.storage import damage, schema
-from sessionlog.storage.schema import AuditRecord, LeaseRecord, RequestRecord, SessionMeta
+from sessionlog.storage.schema import (
+    AuditRecord,
+    ErasureRecord,
+    LeaseRecord,
+    RequestRecord,
+    SessionMeta,
+)
 from sessionlog.v1 import replication_service_pb2 as rpb
 from sessionlog.v1.event_pb2 import Event
 
@@ -197,8 +203,8 @@ def verify(
     events decode, their keys are dense 0..next_seq-1 with the seq inside each event matching
     its key, and replace_generation counts its replace events; the change feed is dense from 1,
     each record decodes and names events that exist, and passes every ``change_checks``;
-    request, lease and audit records decode. A table LMDB cannot walk to its end is reported
-    and the walk goes on with the next one, in a fresh transaction.
+    request, lease, audit and erasure records decode. A table LMDB cannot walk to its end is
+    reported and the walk goes on with the next one, in a fresh transaction.
     """
     walk = _Walk(file_bytes=_map_bytes(env))
     for name, step in (
@@ -209,6 +215,7 @@ def verify(
         ("requests", _records("requests", RequestRecord.decode, _request_where)),
         ("leases", _records("leases", LeaseRecord.decode, _text_key)),
         ("audit", _records("audit", AuditRecord.decode, _audit_where)),
+        ("erasures", _records("erasures", ErasureRecord.decode, _position_where)),
         ("counters", _counters),
     ):
         walk.counts[name] = 0
@@ -382,6 +389,10 @@ def _request_where(key: bytes) -> str:
     if len(key) < 8:
         return _hex(key)
     return f"sid {schema.read_u64(key[:8])} request {_text_key(key[8:])}"
+
+
+def _position_where(key: bytes) -> str:
+    return f"position {schema.read_u64(key)}" if len(key) == 8 else _hex(key)
 
 
 def _audit_where(key: bytes) -> str:

@@ -85,6 +85,21 @@ def test_delete_then_get_finds_nothing_and_the_id_can_be_used_again(
     verify_clean(Path(server.config.data_dir))
 
 
+def test_a_follower_of_a_deleted_session_is_told(stub: Any) -> None:
+    """A live Since on a session that gets deleted ends with SESSION_NOT_FOUND instead of
+    waiting on (and later mixing in) a new log of the same id."""
+    append(stub, "del-followed", user("one"))
+    stream = stub.Since(pb.SinceRequest(session_id="del-followed", follow=True), timeout=30)
+    first = next(stream)
+    assert [e.seq for e in first.events] == [0]
+    assert next(stream).caught_up
+    delete(stub, "del-followed")
+    append(stub, "del-followed", user("new"), user("log"))
+    with pytest.raises(grpc.RpcError) as caught:
+        next(stream)
+    check(caught.value, NOT_FOUND, "SESSION_NOT_FOUND", session_id="del-followed")
+
+
 def test_delete_refusals_change_nothing(stub: Any, server: RunningServer) -> None:
     """A bad id, a stale expected_seq and another holder's live lease are refused; the store is
     unchanged."""

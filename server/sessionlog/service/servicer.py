@@ -409,10 +409,21 @@ class SessionLogServicer:
             await abort(context, error)
             return
         session_id = request.session_id
+        started: list[Any] = []
+        """The log the stream first read (its version's identity): another one means deleted."""
 
         def read(cursor: int) -> tuple[bytes, int, bool]:
             self.ownership.check(session_id)  # the map may have moved it (the stream ends)
-            encoded, count, next_seq = self._read_since(session_id, cursor)
+            encoded, count, next_seq, version = self._read_since(session_id, cursor)
+            if next_seq or started:
+                if not started:
+                    started.append(version[0])
+                elif version[0] != started[0]:
+                    raise errors.SessionNotFound(
+                        f"session '{session_id}' was deleted while you read it; anything of the "
+                        "same id now is a new log: read it again from seq 0",
+                        session_id=session_id,
+                    )
             return encoded, count, cursor + count < next_seq
 
         def marker(caught_up: bool) -> bytes:
@@ -436,21 +447,21 @@ class SessionLogServicer:
         async for response in stream:
             yield response
 
-    def _read_since(self, session_id: str, start: int) -> tuple[bytes, int, int]:
-        """One Since batch from ``start``: the encoded response, its event count, and the
-        session's next seq, which bounds the read (seqs are dense: no key compare per event)."""
+    def _read_since(self, session_id: str, start: int) -> tuple[bytes, int, int, Any]:
+        """One Since batch from ``start``: the encoded response, its event count, the
+        session's next seq, which bounds the read (seqs are dense: no key compare per event),
+        and the version of its log (``Store.log_version``)."""
         store = self.store
         next_seq, version = store.log_version(session_id)
         if start >= next_seq:
-            return b"", 0, next_seq
+            return b"", 0, next_seq, version
         key = (session_id, start, next_seq, version)  # version: a delete or redaction since
         shared = self._recent_batches.get(key)
-        if shared is not None:
-            return shared
-        events = store.read_session(session_id, start, next_seq, self.since_batch_bytes)
-        batch = encode_events(events), len(events), next_seq
-        self._share(key, batch)
-        return batch
+        if shared is None:
+            events = store.read_session(session_id, start, next_seq, self.since_batch_bytes)
+            shared = encode_events(events), len(events), next_seq
+            self._share(key, shared)
+        return (*shared, version)
 
     def _share(self, key: tuple[Any, ...], batch: tuple[bytes, int, int]) -> None:
         """Keep a few recent batches: after a commit every follower of a session wakes at the

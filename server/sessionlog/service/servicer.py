@@ -702,7 +702,8 @@ class SessionLogServicer:
         self.ownership.check_write(request.session_id)
         self._require_primary(context)
         self._scope(context, request.session_id)
-        command = self.store.redact_command(
+        command = await asyncio.to_thread(
+            self.store.redact_command,
             request.session_id,
             list(request.seqs),
             reason=request.reason,

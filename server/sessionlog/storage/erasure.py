@@ -260,12 +260,14 @@ class RedactCommand:
         tables: Tables,
         session_id: str,
         seqs: Sequence[int],
+        found: Scan,
         *,
         reason: str = "",
         lease_holder: str = "",
         actor: str = "",
     ) -> None:
         self._tables = tables
+        self._found = found
         self._seqs = sorted(set(seqs))
         self._reason = reason
         self._lease_holder = lease_holder
@@ -334,27 +336,18 @@ class RedactCommand:
         return RedactResult(seqs)
 
     def _records_naming(self, txn: RecordingTxn, sid: int, seqs: Sequence[int]) -> list[int]:
-        """The feed records not yet erased whose events include any of ``seqs`` of ``sid``.
-        Records of one session name consecutive, growing seq ranges, so the walk goes from the
-        newest record back and stops once it passes below the smallest seq."""
-        out: list[int] = []
-        wanted = set(seqs)
-        lowest = min(seqs)
+        """The feed records not yet erased that name any of ``seqs`` of ``sid``: of those the
+        scan found (and the records written since it), the ones whose events include one."""
         session_id = self.session_id
-        cursor = txn.cursor(db=self._tables.changes)
-        if not cursor.last():
-            return out
-        while True:
-            record = bytes(cursor.value())
-            change = rpb.Change.FromString(record)
-            if change.session_id == session_id and change.internal_id == sid:
-                names = range(change.first_seq, change.first_seq + change.event_count)
-                if change.event_count and not change.erased and wanted.intersection(names):
-                    out.append(change.position)
-                if change.event_count and (
-                    change.first_seq == 0 or change.first_seq + change.event_count <= lowest
-                ):
-                    break  # no older record names any of the seqs
-            if not cursor.prev():
-                break
+        later = scan(txn, self._tables, [session_id], self._found.upto).positions[session_id]
+        wanted = set(seqs)
+        out: list[int] = []
+        for position in [*self._found.positions.get(session_id, []), *later]:
+            raw = txn.get(schema.u64(position), db=self._tables.changes)
+            if raw is None:
+                continue
+            change = rpb.Change.FromString(bytes(raw))
+            names = range(change.first_seq, change.first_seq + change.event_count)
+            if change.internal_id == sid and not change.erased and wanted.intersection(names):
+                out.append(position)
         return out

@@ -512,7 +512,9 @@ class Store:
         lease_holder: str = "",
         actor: str = "",
     ) -> erasure.RedactCommand:
-        """A redaction of events ``seqs`` of ``session_id``; submit it with ``writer.submit``."""
+        """A redaction of events ``seqs`` of ``session_id``, its feed records found by a scan
+        in a read transaction (O(feed): call it off the event loop); submit it with
+        ``writer.submit``."""
         fold.check_session_id(session_id)
         if lease_holder:
             _check_holder(lease_holder)
@@ -520,8 +522,16 @@ class Store:
             raise errors.InvalidRedaction(
                 f"name at least one seq of session '{session_id}' to redact", session_id=session_id
             )
+        with self.env.begin() as txn:
+            found = erasure.scan(txn, self.tables, [session_id])
         return erasure.RedactCommand(
-            self.tables, session_id, seqs, reason=reason, lease_holder=lease_holder, actor=actor
+            self.tables,
+            session_id,
+            seqs,
+            found,
+            reason=reason,
+            lease_holder=lease_holder,
+            actor=actor,
         )
 
     def redact(self, session_id: str, seqs: Sequence[int], **options: Any) -> erasure.RedactResult:

@@ -637,9 +637,10 @@ def _tail_groups(args: argparse.Namespace) -> int:
     for line in lines:
         if args.json:
             shown = {"group": line.group, "position": line.position, "session_id": line.session_id}
-            print(json.dumps({**shown, **message_to_json(line.event)}, ensure_ascii=False))
+            what = {"deleted": True} if line.event is None else message_to_json(line.event)
+            print(json.dumps({**shown, **what}, ensure_ascii=False))
         else:
-            event = _pretty_event(line.event)
+            event = "deleted" if line.event is None else _pretty_event(line.event)
             print(f"{line.group}  {line.position:>6}  {line.session_id}  {event}", flush=True)
     return 0
 
@@ -663,7 +664,7 @@ def _feed_events(
                 for change in response.changes:
                     position = change.position + 1
                     if change.session_id.startswith(args.prefix):
-                        for event in _change_events(change):
+                        for event in feeds.change_events(change):
                             yield change.position, change.session_id, event
             return
         except grpc.RpcError as error:
@@ -673,15 +674,6 @@ def _feed_events(
         finally:
             call.cancel()
         time.sleep(delay)
-
-
-def _change_events(change: rpb.Change) -> list[event_pb2.Event | None]:
-    if change.kind == rpb.CHANGE_KIND_DELETE:
-        return [None]
-    if change.kind == rpb.CHANGE_KIND_REDACT:
-        rewritten = [put.value for put in change.puts if put.table == "events"]
-        return [event_pb2.Event.FromString(value) for value in rewritten]
-    return list(change.events)
 
 
 def _json_line(event: event_pb2.Event) -> str:

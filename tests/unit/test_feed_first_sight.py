@@ -31,7 +31,7 @@ def test_the_copy_first_then_the_lagging_original() -> None:
         line("g1", 3, "s", 2),
         line("g2", 6, "s", 3),
     ]
-    shown = [(x.group, x.event.seq) for x in lines if fresh(x)]
+    shown = [(x.group, x.event.seq if x.event else -1) for x in lines if fresh(x)]
     assert shown == [("g1", 0), ("g2", 1), ("g2", 2), ("g2", 3)]
 
 
@@ -42,3 +42,17 @@ def test_sessions_are_counted_apart() -> None:
     assert not fresh(line("g2", 3, "a", 0))
     assert fresh(line("g2", 3, "a", 1))
     assert fresh(line("g1", 9, "c", 4)), "a tail resumed mid-feed starts where the feed is"
+
+
+def test_a_redaction_and_a_deletion_are_shown() -> None:
+    """A redacted event is a rewrite of a seq already shown: printed again. A deletion is
+    printed, and the id's seqs start over (a new log of the same id is not passed over)."""
+    fresh = FirstSight()
+    assert fresh(line("g1", 1, "s", 0))
+    assert fresh(line("g1", 1, "s", 1))
+    rewritten = event_pb2.Event(seq=0)
+    rewritten.redacted.reason = "privacy"
+    assert fresh(Line("g1", 2, "s", rewritten))
+    assert not fresh(line("g1", 1, "s", 1))  # still a repeat
+    assert fresh(Line("g1", 3, "s", None))
+    assert fresh(line("g1", 4, "s", 0))

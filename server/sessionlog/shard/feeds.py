@@ -108,7 +108,10 @@ def follow_groups(
 
 def change_events(change: rpb.Change) -> list[event_pb2.Event | None]:
     """What a follower of the feed shows of a change: its events; for a REDACT the events it
-    rewrote, as now stored; for a DELETE one None."""
+    rewrote, as now stored; for a DELETE one None; for a later erase's placeholder of a deleted
+    session's record, nothing."""
+    if change.erased and not change.session_id:
+        return []
     if change.kind == rpb.CHANGE_KIND_DELETE:
         return [None]
     if change.kind == rpb.CHANGE_KIND_REDACT:

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from sessionlog import errors
-from sessionlog.storage import changes, compaction, folder, integrity, rebuild, schema
+from sessionlog.storage import changes, compaction, folder, integrity, rebuild, schema, usage
 from sessionlog.storage.changes import ReceivedChange
 from sessionlog.storage.store import Store
 from sessionlog.v1 import replication_service_pb2 as rpb
@@ -292,3 +292,32 @@ def test_a_fork_retried_after_its_child_was_deleted_forks_again(store: Store) ->
     assert again.session_id != first.session_id
     assert store.meta(again.session_id) is not None
     assert problems(store) == []
+
+
+def test_a_store_from_before_the_erasure_tables_reads_and_compacts(tmp_path: Path) -> None:
+    """A folder no server of this version has opened lacks the erasures and redactions tables:
+    read-only tools (stats, verify) read them as empty, compact copies the rest, and a server
+    opening it creates them."""
+    path = tmp_path / "old"
+    with opened(path) as store:
+        store.append("a", [user("x")])
+        with store.env.begin(write=True) as txn:
+            for name in (schema.ERASURES, schema.REDACTIONS):
+                txn.drop(store.env.open_db(name, txn=txn), delete=True)
+    env, tables = usage.open_readonly(str(path))
+    try:
+        assert tables.erasures is None
+        found, counts = integrity.verify(env, tables, change_checks=[changes.ChecksumChain()])
+        assert found == []
+        assert counts["erasures"] == 0
+    finally:
+        env.close()
+    lock = folder.acquire(path)
+    try:
+        assert compaction.compact(path).records > 0
+    finally:
+        lock.release()
+    with opened(path) as store:
+        assert store.tables.erasures is not None
+        store.redact("a", [0])
+        assert problems(store) == []

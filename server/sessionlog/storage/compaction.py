@@ -84,7 +84,7 @@ def _copy_table(old: lmdb.Environment, new: lmdb.Environment, name: bytes) -> in
     target = new.open_db(name)
     try:
         source = old.open_db(name, create=False)
-    except lmdb.NotFoundError:
+    except (lmdb.NotFoundError, lmdb.ReadonlyError):  # not in the old store: none to copy
         return 0
     copied = 0
     after: bytes | None = None

@@ -408,6 +408,8 @@ def _records(
     """A step that checks every record of ``table`` decodes."""
 
     def step(walk: _Walk, txn: lmdb.Transaction, tables: Tables) -> None:
+        if table not in tables.by_name:  # a table newer than this store: empty
+            return
         for key, value in _items(walk, txn, tables.by_name[table], table):
             try:
                 decode(bytes(value))

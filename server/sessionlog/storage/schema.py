@@ -67,6 +67,10 @@ CHANGES = b"changes"
 ERASURES = b"erasures"
 REDACTIONS = b"redactions"
 ALL_DBS = (SESSIONS, IDS, EVENTS, REQUESTS, COUNTERS, LEASES, AUDIT, CHANGES, ERASURES, REDACTIONS)
+OPTIONAL_DBS = frozenset({ERASURES, REDACTIONS})
+"""Tables newer than the first stores: a folder no server of this version has opened yet lacks
+them (a server creates them on open). A read-only open (``admin stats``, ``verify``, a rejoin's
+old store) reads them as absent, which means empty."""
 
 NEXT_SID = b"next_sid"
 HISTORY_ID = b"history_id"

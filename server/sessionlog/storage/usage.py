@@ -83,7 +83,9 @@ def open_readonly(path: str, lock: bool = True) -> tuple[lmdb.Environment, Table
     )
     try:
         with damage.reading(f"the directory of named tables in {path}"), env.begin() as txn:
-            missing = [n for n in schema.ALL_DBS if txn.get(n) is None]
+            missing = [
+                n for n in schema.ALL_DBS if n not in schema.OPTIONAL_DBS and txn.get(n) is None
+            ]
         if missing:
             names = ", ".join(n.decode() for n in missing)
             raise lmdb.Error(f"{path}: not a sessionlog store (no {names} table)")

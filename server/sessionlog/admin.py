@@ -5,6 +5,7 @@
     sessionlog admin snapshot save FILE --server HOST:PORT
     sessionlog admin verify [--data DIR] [--json]
     sessionlog admin compact [--data DIR] [--json]
+    sessionlog admin erasures [--data DIR] [--json]
     sessionlog admin erase --prefix P --server HOST:PORT [--reason R]
     sessionlog admin restore BACKUP|FILE [--data DIR] [--force]
     sessionlog admin promote --server REPLICA [--epoch N] [--fence OLD_PRIMARY]
@@ -65,6 +66,7 @@ from sessionlog.config import DEFAULT_DATA_DIR
 from sessionlog.storage import (
     changes,
     compaction,
+    damage,
     folder,
     identity,
     integrity,
@@ -82,6 +84,8 @@ from sessionlog.v1 import replication_service_pb2_grpc as rpb_grpc
 DATA_FILE = "data.mdb"
 _OPEN_ERRORS = (lmdb.Error, DamagedStore, errors.DataCorrupted)
 """Why a data folder may not open: not a store, a truncated file, damaged tables."""
+_DAMAGED_RECORD: tuple[type[Exception], ...] = (errors.DataCorrupted, *damage.DAMAGE)
+"""What reading a damaged record raises."""
 
 
 def add_commands(commands: Any) -> None:
@@ -175,6 +179,16 @@ def add_commands(commands: Any) -> None:
     verify.add_argument("--data", default=data_default, help=data_help)
     verify.add_argument("--json", action="store_true", help="print one JSON object")
     verify.set_defaults(run=_verify_store)
+
+    erasures = actions.add_parser(
+        "erasures",
+        help="list the erasure audit: every DeleteSession, RedactEvents and EraseSessions",
+        description="Print the erasure audit records of the data folder (beside a running "
+        "server): position, time, kind, session, actor, reason and counts. Never content.",
+    )
+    erasures.add_argument("--data", default=data_default, help=data_help)
+    erasures.add_argument("--json", action="store_true", help="one JSON object per line")
+    erasures.set_defaults(run=_erasures)
 
     compact_parser = actions.add_parser(
         "compact",
@@ -576,6 +590,35 @@ def _resync(args: argparse.Namespace) -> int:
         print(
             f"moved the replica's store to {aside} (delete it when no longer needed); start the "
             "replica again with --replica-of and it rebuilds from its primary's change feed"
+        )
+    return 0
+
+
+def _erasures(args: argparse.Namespace) -> int:
+    """`admin erasures`: the erasure audit, oldest first."""
+    try:
+        env, tables = _open(args.data)
+    except _OPEN_ERRORS as exc:
+        return _fail(str(exc))
+    try:
+        records = []
+        if tables.erasures is not None:
+            with env.begin() as txn:
+                for key, value in txn.cursor(db=tables.erasures):
+                    records.append((schema.read_u64(key), schema.ErasureRecord.decode(value)))
+    except _DAMAGED_RECORD as exc:
+        return _fail(f"an erasure record is damaged ({exc}); run `sessionlog admin verify`")
+    finally:
+        env.close()
+    for position, record in records:
+        if args.json:
+            print(json.dumps({"position": position, **asdict(record)}))
+            continue
+        what = f"seqs {', '.join(map(str, record.seqs))}" if record.seqs else "the session"
+        print(
+            f"{position:>8}  {_iso(record.time_ns)}  {record.kind:<6}  {record.session_id}  "
+            f"{what} ({record.event_count} events, {record.feed_records} feed records)  "
+            f"by {record.actor or '-'}: {record.reason or '-'}"
         )
     return 0
 

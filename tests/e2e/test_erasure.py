@@ -376,6 +376,11 @@ def test_admin_compact_clears_the_data_file_and_the_server_starts_on_it(tmp_path
     assert "compacted" in done.stdout
     assert SECRET.encode() not in (data / "data.mdb").read_bytes()
     verify_clean(data)
+    audit = run_cli(["admin", "erasures", "--data", str(data)], tmp_path)
+    assert audit.returncode == 0, audit.stderr
+    kinds = [line.split()[2:4] for line in audit.stdout.splitlines()]
+    assert kinds == [["DELETE", "gone"], ["REDACT", "red"]]
+    assert SECRET not in audit.stdout
     with running_server(data) as running:
         stub = running.stub()
         assert {session_id: log(stub, session_id) for session_id in kept} == kept

@@ -4,6 +4,9 @@
     sessionlog admin backup DEST [--data DIR]
     sessionlog admin snapshot save FILE --server HOST:PORT
     sessionlog admin verify [--data DIR] [--json]
+    sessionlog admin compact [--data DIR] [--json]
+    sessionlog admin erasures [--data DIR] [--json]
+    sessionlog admin erase --prefix P --server HOST:PORT [--reason R]
     sessionlog admin restore BACKUP|FILE [--data DIR] [--force]
     sessionlog admin promote --server REPLICA [--epoch N] [--fence OLD_PRIMARY]
     sessionlog admin fence --server HOST:PORT --epoch N [--primary NEW]
@@ -55,6 +58,7 @@ import time
 from collections.abc import Iterable
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -64,7 +68,16 @@ from sessionlog import errors
 from sessionlog.cli_client import _client, channel, connection_options, server_address
 from sessionlog.cluster.rejoin import RejoinRefused, rejoin
 from sessionlog.config import DEFAULT_DATA_DIR
-from sessionlog.storage import changes, folder, identity, integrity, schema, snapshot
+from sessionlog.storage import (
+    changes,
+    compaction,
+    damage,
+    folder,
+    identity,
+    integrity,
+    schema,
+    snapshot,
+)
 from sessionlog.storage.integrity import DamagedStore
 from sessionlog.storage.rebuild import RebuildRefused
 from sessionlog.storage.usage import Usage, open_readonly, usage
@@ -77,6 +90,8 @@ from sessionlog_client.convert import message_to_json
 DATA_FILE = "data.mdb"
 _OPEN_ERRORS = (lmdb.Error, DamagedStore, errors.DataCorrupted)
 """Why a data folder may not open: not a store, a truncated file, damaged tables."""
+_DAMAGED_RECORD: tuple[type[Exception], ...] = (errors.DataCorrupted, *damage.DAMAGE)
+"""What reading a damaged record raises."""
 
 
 def add_commands(commands: Any) -> None:
@@ -171,6 +186,28 @@ def add_commands(commands: Any) -> None:
     verify.add_argument("--json", action="store_true", help="print one JSON object")
     verify.set_defaults(run=_verify_store)
 
+    erasures = actions.add_parser(
+        "erasures",
+        help="list the erasure audit: every DeleteSession, RedactEvents and EraseSessions",
+        description="Print the erasure audit records of the data folder (beside a running "
+        "server): position, time, kind, session, actor, reason and counts. Never content.",
+    )
+    erasures.add_argument("--data", default=data_default, help=data_help)
+    erasures.add_argument("--json", action="store_true", help="one JSON object per line")
+    erasures.set_defaults(run=_erasures)
+
+    compact_parser = actions.add_parser(
+        "compact",
+        help="rewrite the data file so erased bytes are gone from it (server stopped)",
+        description="Rewrite the data folder's data.mdb as a logical copy of its records, "
+        "then swap it in: what DeleteSession and RedactEvents erased no longer lingers in the "
+        "file's free pages. Takes the folder lock: stop the server (or replica) first. The old "
+        "file is deleted, not kept.",
+    )
+    compact_parser.add_argument("--data", default=data_default, help=data_help)
+    compact_parser.add_argument("--json", action="store_true", help="print one JSON object")
+    compact_parser.set_defaults(run=_compact)
+
     server_default = os.environ.get("SESSIONLOG_SERVER", "127.0.0.1:50051")
     promote = actions.add_parser(
         "promote",
@@ -239,6 +276,25 @@ def add_commands(commands: Any) -> None:
     )
     audit.add_argument("--json", action="store_true", help="one JSON object per line")
     audit.set_defaults(run=_lease_audit)
+    erase = actions.add_parser(
+        "erase",
+        help="delete every session whose id starts with --prefix (AdminService.EraseSessions)",
+        description="Erase every session under --prefix on --server, as DeleteSession with "
+        "force does, in bounded batches, on the primary and (through the change feed) its "
+        "replicas. Needs an admin token without a session prefix. Run `admin compact` on each "
+        "folder afterwards to clear the erased bytes from the data file.",
+        parents=[
+            connection_options(
+                server_default,
+                "the primary, HOST:PORT [env SESSIONLOG_SERVER] (default %(default)s)",
+            )
+        ],
+    )
+    erase.add_argument("--prefix", required=True, help="the session id prefix (not empty)")
+    erase.add_argument("--filter", default="", help="a label filter (not supported yet)")
+    erase.add_argument("--reason", default="", help="kept in each erasure audit record")
+    erase.add_argument("--json", action="store_true", help="print one JSON object")
+    erase.set_defaults(run=_erase)
 
 
 def add_replica_commands(commands: Any) -> None:
@@ -560,6 +616,85 @@ def _resync(args: argparse.Namespace) -> int:
         print(
             f"moved the replica's store to {aside} (delete it when no longer needed); start the "
             "replica again with --replica-of and it rebuilds from its primary's change feed"
+        )
+    return 0
+
+
+def _erasures(args: argparse.Namespace) -> int:
+    """`admin erasures`: the erasure audit, oldest first."""
+    try:
+        env, tables = _open(args.data)
+    except _OPEN_ERRORS as exc:
+        return _fail(str(exc))
+    try:
+        records = []
+        if tables.erasures is not None:
+            with env.begin() as txn:
+                for key, value in txn.cursor(db=tables.erasures):
+                    records.append((schema.read_u64(key), schema.ErasureRecord.decode(value)))
+    except _DAMAGED_RECORD as exc:
+        return _fail(f"an erasure record is damaged ({exc}); run `sessionlog admin verify`")
+    finally:
+        env.close()
+    for position, record in records:
+        if args.json:
+            print(json.dumps({"position": position, **asdict(record)}))
+            continue
+        what = f"seqs {', '.join(map(str, record.seqs))}" if record.seqs else "the session"
+        print(
+            f"{position:>8}  {_iso(record.time_ns)}  {record.kind:<6}  {record.session_id}  "
+            f"{what} ({record.event_count} events, {record.feed_records} feed records)  "
+            f"by {record.actor or '-'}: {record.reason or '-'}"
+        )
+    return 0
+
+
+def _compact(args: argparse.Namespace) -> int:
+    """`admin compact`: see ``storage.compaction``."""
+    data = Path(args.data)
+    if not (data / DATA_FILE).is_file():
+        return _fail(f"no sessionlog store in {str(data)!r} (no {DATA_FILE}); check --data")
+    try:
+        lock = folder.acquire(data)
+    except folder.FolderInUse as exc:
+        return _fail(f"{exc}; stop the server first")
+    try:
+        integrity.refuse_damaged(data)
+        done = compaction.compact(data)
+    except (DamagedStore, lmdb.Error, OSError) as exc:
+        return _fail(f"could not compact {str(data)!r}: {exc}")
+    finally:
+        lock.release()
+    if args.json:
+        print(json.dumps(asdict(done)))
+    else:
+        print(
+            f"compacted {data}: {done.records} records copied, {_human(done.bytes_before)} -> "
+            f"{_human(done.bytes_after)}"
+        )
+    return 0
+
+
+def _erase(args: argparse.Namespace) -> int:
+    """`admin erase`: EraseSessions on --server."""
+    request = apb.EraseSessionsRequest(prefix=args.prefix, filter=args.filter, reason=args.reason)
+    with channel(args) as opened:
+        stub = apb_grpc.AdminServiceStub(opened)  # type: ignore[no-untyped-call]
+        reply = stub.EraseSessions(request, timeout=args.timeout)
+    if args.json:
+        print(
+            json.dumps(
+                {
+                    "sessions": reply.session_count,
+                    "events": reply.event_count,
+                    "position": reply.position,
+                }
+            )
+        )
+    else:
+        print(
+            f"erased {reply.session_count} sessions ({reply.event_count} events) under "
+            f"{args.prefix!r}; the last erase is at position {reply.position}"
         )
     return 0
 

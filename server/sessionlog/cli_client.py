@@ -130,6 +130,30 @@ def add_commands(commands: Any) -> None:
     p.add_argument("--expected-seq", type=int, help="fail with SEQ_CONFLICT unless at this seq")
 
     p = sub(
+        "delete",
+        "erase a session for good: its events, request records, lease and audit, on the primary "
+        "and its replicas (see README 'Erasure'; run `admin compact` to clear the data file)",
+        _delete,
+    )
+    p.add_argument("session_id")
+    p.add_argument("--expected-seq", type=int, help="fail with SEQ_CONFLICT unless at this seq")
+    p.add_argument("--lease-holder", default="", help="the writer lease holder to delete as")
+    p.add_argument(
+        "--force", action="store_true", help="delete under another holder's live lease (admin)"
+    )
+    p.add_argument("--reason", default="", help="kept in the erasure audit record")
+
+    p = sub(
+        "redact",
+        "erase the data of events SEQ... of a session, keeping their seq, type and time",
+        _redact,
+    )
+    p.add_argument("session_id")
+    p.add_argument("seqs", type=int, nargs="+", metavar="SEQ", help="the events to redact")
+    p.add_argument("--reason", default="", help="kept on each redacted event and in the audit")
+    p.add_argument("--lease-holder", default="", help="the writer lease holder to redact as")
+
+    p = sub(
         "tail",
         "print a session's events and follow new ones; resumes by itself after a restart",
         _tail,
@@ -487,6 +511,40 @@ def _hide(args: argparse.Namespace) -> int:
     return 0
 
 
+def _delete(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        reply = client.delete_session(
+            args.session_id,
+            expected_seq=args.expected_seq,
+            lease_holder=args.lease_holder,
+            force=args.force,
+            reason=args.reason,
+        )
+    if args.json:
+        _print_json(message_to_json(reply))
+    else:
+        print(
+            f"deleted {args.session_id} ({reply.event_count} events) at position {reply.position}"
+        )
+    return 0
+
+
+def _redact(args: argparse.Namespace) -> int:
+    if any(seq < 0 for seq in args.seqs):
+        _usage("SEQ is a seq: 0 or more")
+    with _client(args) as client:
+        reply = client.redact_events(
+            args.session_id, args.seqs, reason=args.reason, lease_holder=args.lease_holder
+        )
+    if args.json:
+        _print_json(message_to_json(reply))
+    elif reply.seqs:
+        print(f"redacted seqs {', '.join(map(str, reply.seqs))} at position {reply.position}")
+    else:
+        print("nothing to redact: every named event was already redacted")
+    return 0
+
+
 def _batch(args: argparse.Namespace) -> list[event_pb2.Event]:
     if args.type or args.content is not None or args.data or args.replace:
         _usage("--events FILE takes the events from the file: give no TYPE, --content, --data")
@@ -561,7 +619,13 @@ def _tail_prefix(args: argparse.Namespace) -> int:
     retry = NO_RETRY if args.no_resume else FOREVER
     with _client(args, retry=retry) as client:
         for position, session_id, event in _feed_events(client, args, retry):
-            if args.json:
+            if event is None:  # the session was deleted
+                if args.json:
+                    line = {"position": position, "session_id": session_id, "deleted": True}
+                    print(json.dumps(line, ensure_ascii=False), flush=True)
+                else:
+                    print(f"{position:>6}  {session_id}  deleted", flush=True)
+            elif args.json:
                 line = {"position": position, "session_id": session_id, **message_to_json(event)}
                 print(json.dumps(line, ensure_ascii=False), flush=True)
             else:
@@ -604,16 +668,19 @@ def _tail_groups(args: argparse.Namespace) -> int:
     for line in lines:
         if args.json:
             shown = {"group": line.group, "position": line.position, "session_id": line.session_id}
-            print(json.dumps({**shown, **message_to_json(line.event)}, ensure_ascii=False))
+            what = {"deleted": True} if line.event is None else message_to_json(line.event)
+            print(json.dumps({**shown, **what}, ensure_ascii=False))
         else:
-            event = _pretty_event(line.event)
+            event = "deleted" if line.event is None else _pretty_event(line.event)
             print(f"{line.group}  {line.position:>6}  {line.session_id}  {event}", flush=True)
     return 0
 
 
 def _feed_events(
     client: Client, args: argparse.Namespace, retry: Retry
-) -> Iterator[tuple[int, str, event_pb2.Event]]:
+) -> Iterator[tuple[int, str, event_pb2.Event | None]]:
+    """The events of the feed's changes under the prefix; a REDACT change gives its redacted
+    events again (as now stored), a DELETE change None."""
     stub: Any = rpb_grpc.ReplicationServiceStub(client.channel)  # type: ignore[no-untyped-call]
     position = max(1, args.from_position)
     backoff = retry.backoff()
@@ -628,7 +695,7 @@ def _feed_events(
                 for change in response.changes:
                     position = change.position + 1
                     if change.session_id.startswith(args.prefix):
-                        for event in change.events:
+                        for event in feeds.change_events(change):
                             yield change.position, change.session_id, event
             return
         except grpc.RpcError as error:
@@ -653,7 +720,8 @@ def _pretty_event(event: event_pb2.Event) -> str:
         verb = "hides" if event.type == event_pb2.EVENT_TYPE_HIDE else "replaces"
         op = f" {verb} {r.start_seq}..{r.stop_seq}"
     data = struct_to_dict(event.data)
-    line = f"{event.seq:>6}  {when}  {kind}{op}  {json.dumps(data, ensure_ascii=False)}"
+    shown = "[redacted]" if event.HasField("redacted") else json.dumps(data, ensure_ascii=False)
+    line = f"{event.seq:>6}  {when}  {kind}{op}  {shown}"
     if event.HasField("state_delta"):
         delta = json.dumps(struct_to_dict(event.state_delta), ensure_ascii=False)
         line += f"  state {delta}"

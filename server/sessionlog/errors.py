@@ -28,8 +28,11 @@ status back into the same class with :func:`from_reason`.
     │   ├── ImportSeqNotDense               IMPORT_SEQ_NOT_DENSE (an import's seqs skip or repeat)
     │   ├── InvalidPageToken                INVALID_PAGE_TOKEN (not this listing's token)
     │   ├── InvalidPageSize                 INVALID_PAGE_SIZE (a negative page_size)
-    │   └── InvalidOrderBy                  INVALID_ORDER_BY (an order_by the RPC does not offer)
+    │   ├── InvalidOrderBy                  INVALID_ORDER_BY (an order_by the RPC does not offer)
+    │   ├── InvalidRedaction                INVALID_REDACTION (no seqs, or an empty prefix)
+    │   └── InvalidFilter                   INVALID_FILTER (a filter that cannot be evaluated)
     ├── SessionAlreadyExists                ALREADY_EXISTS
+    ├── SessionNotFound                     NOT_FOUND (SESSION_NOT_FOUND: delete or redact)
     ├── FailedPrecondition                  FAILED_PRECONDITION
     │   ├── OpenTurn                        OPEN_TURN
     │   ├── LeaseHeld                       LEASE_HELD
@@ -177,6 +180,20 @@ class InvalidPageSize(InvalidArgument):
 
 class InvalidOrderBy(InvalidArgument):
     reason = "INVALID_ORDER_BY"
+
+
+class InvalidRedaction(InvalidArgument):
+    reason = "INVALID_REDACTION"
+
+
+class InvalidFilter(InvalidArgument):
+    reason = "INVALID_FILTER"
+
+
+class SessionNotFound(SessionLogError):
+    """A delete or redact of a session that is not stored (never written, or deleted)."""
+
+    reason = "SESSION_NOT_FOUND"
 
 
 class Unauthenticated(SessionLogError):

@@ -820,6 +820,10 @@ def tree_usage(root: UsageByModel, descendants_own: Iterable[UsageByModel]) -> U
 # -- projection (SPEC §5) -----------------------------------------------------------------------
 
 
+REDACTED_MARK = "redacted"
+"""The metadata key (true) of a message projected from a redacted event (RedactEvents)."""
+
+
 def project(event: Event) -> Message:
     """The message a surface event shows the model, field for field from its data."""
     message = Message(role=ROLE_OF_TYPE[event.type])
@@ -833,6 +837,8 @@ def project(event: Event) -> Message:
         message.tool_calls.extend(v.struct_value for v in fields["tool_calls"].list_value.values)
     if "metadata" in fields:
         message.metadata.CopyFrom(fields["metadata"].struct_value)
+    if event.HasField("redacted"):  # its data is gone: say so, or it reads as an empty message
+        message.metadata.update({REDACTED_MARK: True})
     return message
 
 

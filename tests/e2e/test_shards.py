@@ -135,6 +135,12 @@ def _calls(stub: pb_grpc.SessionLogServiceStub, sid: str) -> dict[str, Callable[
         "GetSessionRecords": lambda: stub.GetSessionRecords(
             pb.GetSessionRecordsRequest(session_id=sid), timeout=TIMEOUT
         ),
+        "DeleteSession": lambda: stub.DeleteSession(
+            pb.DeleteSessionRequest(session_id=sid), timeout=TIMEOUT
+        ),
+        "RedactEvents": lambda: stub.RedactEvents(
+            pb.RedactEventsRequest(session_id=sid, seqs=[0]), timeout=TIMEOUT
+        ),
     }
 
 

@@ -8,6 +8,7 @@ serialize, exactly as the ``Change`` message it stands for.
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import pytest
 
@@ -74,8 +75,18 @@ def test_a_store_written_with_json_records_keeps_working(store: Store) -> None:
 class _Recorded:
     """What encode_change reads of a RecordingTxn."""
 
-    def __init__(self, puts: list[tuple[str, bytes, bytes]], sid: int, first: int, count: int):
+    def __init__(
+        self,
+        puts: list[tuple[str, bytes, bytes]],
+        sid: int,
+        first: int,
+        count: int,
+        deletes: list[tuple[str, bytes, bytes]] | None = None,
+        erased_positions: list[int] | None = None,
+    ):
         self.puts, self.event_sid, self.first_seq, self.event_count = puts, sid, first, count
+        self.deletes = deletes or []
+        self.erased_positions = erased_positions or []
 
 
 CHANGES = [
@@ -89,6 +100,20 @@ CHANGES = [
         ([("sessions", b"c", b""), ("ids", b"\x00" * 8, b"c" * 20000)], 9, 2**33, 300),
     ),
     (7, "lease", "x" * 200, 5, ([("leases", b"x" * 200, b'{"holder":"a"}')], -1, 0, 0)),
+    (
+        9,
+        "delete",
+        "gone",
+        6,
+        (
+            [("erasures", b"k", b"{}")],
+            -1,
+            0,
+            0,
+            [("sessions", b"gone", b""), ("events", b"\x00" * 8, b"\x00" * 7 + b"\x01")],
+            [1, 3, 2**40],
+        ),
+    ),
 ]
 
 
@@ -98,10 +123,11 @@ def test_change_records_are_the_change_message(
     kind: str,
     session_id: str,
     commit_ns: int,
-    recorded: tuple[list[tuple[str, bytes, bytes]], int, int, int],
+    recorded: tuple[Any, ...],
 ) -> None:
     raw = changes.encode_change(position, kind, session_id, commit_ns, _Recorded(*recorded))  # type: ignore[arg-type]
-    puts, sid, first, count = recorded
+    puts, sid, first, count, *more = recorded
+    deletes, erased_positions = (more[0], more[1]) if more else ([], [])
     expected = rpb.Change(
         position=position,
         kind=changes.KIND_BY_NAME[kind],
@@ -110,6 +136,8 @@ def test_change_records_are_the_change_message(
         event_count=count,
         internal_id=max(sid, 0),
         puts=[rpb.StoragePut(table=t, key=k, value=v) for t, k, v in puts],
+        deletes=[rpb.StorageDelete(table=t, key=k, end_key=e) for t, k, e in deletes],
+        erased_positions=erased_positions,
     )
     expected.commit_time.FromNanoseconds(commit_ns)
     assert rpb.Change.FromString(raw) == expected

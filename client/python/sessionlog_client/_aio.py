@@ -998,3 +998,38 @@ class AsyncClient:
             "ReleaseLease", request, timeout, retry=False
         )
         return reply
+
+    # -- erasure ----------------------------------------------------------------------------------
+
+    async def delete_session(
+        self,
+        session_id: str,
+        *,
+        expected_seq: int | None = None,
+        lease_holder: str = "",
+        force: bool = False,
+        reason: str = "",
+        timeout: float | None = None,
+    ) -> pb.DeleteSessionResponse:
+        """``Client.delete_session``: erase a session for good (not retried)."""
+        request = c.delete_request(session_id, expected_seq, lease_holder, force, reason)
+        reply: pb.DeleteSessionResponse = await self._call(
+            "DeleteSession", request, timeout, retry=False
+        )
+        return reply
+
+    async def redact_events(
+        self,
+        session_id: str,
+        seqs: Iterable[int],
+        *,
+        reason: str = "",
+        lease_holder: str = "",
+        timeout: float | None = None,
+    ) -> pb.RedactEventsResponse:
+        """``Client.redact_events``: erase the data of events ``seqs`` (retried: idempotent)."""
+        request = c.redact_request(session_id, seqs, reason, lease_holder)
+        reply: pb.RedactEventsResponse = await self._call(
+            "RedactEvents", request, timeout, retry=True
+        )
+        return reply

@@ -316,6 +316,25 @@ def usage_request(
     return request
 
 
+def delete_request(
+    session_id: str, expected_seq: int | None, lease_holder: str, force: bool, reason: str
+) -> pb.DeleteSessionRequest:
+    request = pb.DeleteSessionRequest(
+        session_id=session_id, lease_holder=lease_holder, force=force, reason=reason
+    )
+    if expected_seq is not None:
+        request.expected_seq = expected_seq
+    return request
+
+
+def redact_request(
+    session_id: str, seqs: Iterable[int], reason: str, lease_holder: str
+) -> pb.RedactEventsRequest:
+    return pb.RedactEventsRequest(
+        session_id=session_id, seqs=list(seqs), reason=reason, lease_holder=lease_holder
+    )
+
+
 def derive_request(
     session_id: str,
     at_seq: int | None,

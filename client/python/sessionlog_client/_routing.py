@@ -88,6 +88,8 @@ WRITES = frozenset(
         "RenewLease",
         "ReleaseLease",
         "ImportSession",
+        "DeleteSession",
+        "RedactEvents",
     }
 )
 """The write RPCs: they carry the epoch both ways."""

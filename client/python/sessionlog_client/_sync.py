@@ -1161,6 +1161,43 @@ class Client:
             if not token:
                 return
 
+    # -- erasure ----------------------------------------------------------------------------------
+
+    def delete_session(
+        self,
+        session_id: str,
+        *,
+        expected_seq: int | None = None,
+        lease_holder: str = "",
+        force: bool = False,
+        reason: str = "",
+        timeout: float | None = None,
+    ) -> pb.DeleteSessionResponse:
+        """Erase a session for good: its events, request records, lease and lease audit, on the
+        primary and its replicas (an audit record without content stays). ``SessionNotFound``
+        when it is not stored; ``LeaseHeld`` while another holder's lease lives, unless
+        ``force`` (an admin token). Not retried: a retry after a lost reply would find nothing
+        and raise ``SessionNotFound``."""
+        request = c.delete_request(session_id, expected_seq, lease_holder, force, reason)
+        reply: pb.DeleteSessionResponse = self._call("DeleteSession", request, timeout, retry=False)
+        return reply
+
+    def redact_events(
+        self,
+        session_id: str,
+        seqs: Iterable[int],
+        *,
+        reason: str = "",
+        lease_holder: str = "",
+        timeout: float | None = None,
+    ) -> pb.RedactEventsResponse:
+        """Erase the data and state_delta of events ``seqs`` (their seq, type, time and
+        surface_op stay; ``Event.redacted`` marks them). Retried like a read: redacting an
+        event again changes nothing. The reply's ``seqs`` are those this call redacted."""
+        request = c.redact_request(session_id, seqs, reason, lease_holder)
+        reply: pb.RedactEventsResponse = self._call("RedactEvents", request, timeout, retry=True)
+        return reply
+
     # -- replication ------------------------------------------------------------------------------
 
     def replication_status(

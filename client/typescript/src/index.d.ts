@@ -79,6 +79,8 @@ export interface Event {
   time: Time;
   data: JsonObject;
   replace?: [number, number];
+  /** Set on an event erased by redactEvents: its data is empty. */
+  redacted?: { time: Time; reason: string };
   usage?: Usage;
   /** Present only on events that carried a state delta. */
   stateDelta?: JsonObject;
@@ -515,6 +517,15 @@ export class SessionLogClient {
     holder: string,
     options?: { force?: boolean } & CallOptions,
   ): Promise<{ released?: Lease }>;
+  deleteSession(
+    sessionId: string,
+    options?: { expectedSeq?: number; leaseHolder?: string; force?: boolean; reason?: string } & CallOptions,
+  ): Promise<{ session: Session; eventCount: number; position: number }>;
+  redactEvents(
+    sessionId: string,
+    seqs: number[],
+    options?: { reason?: string; leaseHolder?: string } & CallOptions,
+  ): Promise<{ seqs: number[]; position: number }>;
 }
 
 export const DEFAULT_PROTO_DIR: string;

@@ -298,6 +298,7 @@ export function fromEvent(raw) {
   if (replace) out.replace = [Number(replace.start_seq ?? 0), Number(replace.stop_seq ?? 0)];
   if (raw.state_delta) out.stateDelta = fromStruct(raw.state_delta);
   if (raw.usage) out.usage = { model: raw.usage.model ?? "", ...usageCounts(raw.usage) };
+  if (raw.redacted) out.redacted = { time: fromTimestamp(raw.redacted.redact_time), reason: raw.redacted.reason ?? "" };
   return out;
 }
 
@@ -1717,5 +1718,31 @@ export class SessionLogClient {
   async releaseLease(sessionId, holder, { force = false, timeoutMs } = {}) {
     const reply = await this._call("ReleaseLease", { session_id: sessionId, holder, force }, { timeoutMs, write: true });
     return { released: fromLease(reply.released) };
+  }
+
+  /**
+   * Erase a session for good (events, request records, lease and audit; replicas too). Fails
+   * with SESSION_NOT_FOUND when it is not stored. Not retried: a retry after a lost reply would
+   * find nothing.
+   */
+  async deleteSession(sessionId, { expectedSeq, leaseHolder = "", force = false, reason = "", timeoutMs } = {}) {
+    const request = { session_id: sessionId, lease_holder: leaseHolder, force, reason };
+    if (expectedSeq !== undefined) request.expected_seq = expectedSeq;
+    const reply = await this._call("DeleteSession", request, { timeoutMs, write: true });
+    return {
+      session: fromSession(reply.session),
+      eventCount: Number(reply.event_count ?? 0),
+      position: Number(reply.position ?? 0),
+    };
+  }
+
+  /**
+   * Erase the data and state of events `seqs` (seq, type, time and replace stay; the events
+   * come back with `redacted`). Retried on UNAVAILABLE: redacting again changes nothing.
+   */
+  async redactEvents(sessionId, seqs, { reason = "", leaseHolder = "", timeoutMs } = {}) {
+    const request = { session_id: sessionId, seqs, reason, lease_holder: leaseHolder };
+    const reply = await this._call("RedactEvents", request, { timeoutMs, retry: true, write: true });
+    return { seqs: (reply.seqs ?? []).map(Number), position: Number(reply.position ?? 0) };
   }
 }

@@ -51,6 +51,9 @@ export async function worker(target: string): Promise<ChatMessage[]> {
     }
     const { lease } = await client.acquireLease("typed", "w-1", { ttlMs: 30_000 });
     await client.releaseLease("typed", "w-1", { force: lease.token > 0 });
+    const redacted: { seqs: number[]; position: number } = await client.redactEvents("typed", [0], { reason: "r" });
+    const erased = await client.deleteSession("typed-copy", { expectedSeq: redacted.seqs.length, force: true });
+    seen.push(`${erased.session.sessionId}: ${erased.eventCount} at ${erased.position}`);
     const { messages, seqs } = await client.deriveMessages("typed", { atSeq: next - 1 });
     if (seqs.length !== messages.length) throw new Error("one seq per message");
     const newest: EventPage = await client.listEvents("typed", { pageSize: 5, orderBy: "seq desc" });

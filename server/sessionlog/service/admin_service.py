@@ -76,6 +76,7 @@ class AdminServicer:
                 "Promote": grpc.unary_unary_rpc_method_handler(self.promote),
                 "Fence": grpc.unary_unary_rpc_method_handler(self.fence),
                 "ListLeaseAudit": grpc.unary_unary_rpc_method_handler(self.list_lease_audit),
+                "EraseSessions": grpc.unary_unary_rpc_method_handler(self.erase_sessions),
             },
         )
 
@@ -124,6 +125,27 @@ class AdminServicer:
     async def list_lease_audit(self, raw: bytes, context: grpc.aio.ServicerContext) -> bytes:
         request = decode(apb.ListLeaseAuditRequest, raw)
         reply = list_lease_audit(self.store, self.ownership, request)
+        serialized: bytes = reply.SerializeToString()
+        return serialized
+
+    @unary
+    async def erase_sessions(self, raw: bytes, context: grpc.aio.ServicerContext) -> bytes:
+        request = decode(apb.EraseSessionsRequest, raw)
+        if request.filter:
+            raise errors.InvalidFilter(
+                "EraseSessions cannot evaluate a filter yet (session labels are not stored); "
+                "erase by prefix alone",
+                filter_length=len(request.filter),
+            )
+        if not request.prefix:
+            raise errors.InvalidRedaction("EraseSessions needs a non-empty prefix", field="prefix")
+        self.ownership.check()  # sharded: erases this group's own sessions under the prefix
+        sessions, events, position = await asyncio.to_thread(
+            self.store.erase_prefix, request.prefix, actor="admin", reason=request.reason
+        )
+        reply = apb.EraseSessionsResponse(
+            session_count=sessions, event_count=events, position=position
+        )
         serialized: bytes = reply.SerializeToString()
         return serialized
 

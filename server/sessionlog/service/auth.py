@@ -20,8 +20,9 @@ AdminService (the store's stats, a copy of the whole store, every session's leas
 Permissions per RPC: reads (Since, ListEvents, Surface, DeriveMessages, GetState, GetUsage,
 GetSession,
 ListSessions, GetShardMap) need ``read``; writes (Append, CreateSession, SeedSession,
-ForkSession, leases) need ``write``; a forced lease release and the change feed (which carries
-every tenant's data) need ``admin``.
+ForkSession, leases, DeleteSession, RedactEvents) need ``write``; a forced lease release, a
+forced delete, EraseSessions and the change feed (which carries every tenant's data) need
+``admin``.
 GetReplicationStatus needs ``read``. Calls whose answer spans every session (the change feed, and
 the replication status with its global positions) are refused to any token limited to a session
 prefix. Health and reflection need any valid token unless the operator opens them
@@ -72,11 +73,14 @@ _NEEDS = {
     "/sessionlog.v1.SessionLogService/GetShardMap": READ,
     "/sessionlog.v1.SessionLogService/ImportSession": WRITE,
     "/sessionlog.v1.SessionLogService/GetSessionRecords": ADMIN,
+    "/sessionlog.v1.SessionLogService/DeleteSession": WRITE,
+    "/sessionlog.v1.SessionLogService/RedactEvents": WRITE,
     "/sessionlog.v1.AdminService/GetStats": ADMIN,
     "/sessionlog.v1.AdminService/SaveSnapshot": ADMIN,
     "/sessionlog.v1.AdminService/Promote": ADMIN,
     "/sessionlog.v1.AdminService/Fence": ADMIN,
     "/sessionlog.v1.AdminService/ListLeaseAudit": ADMIN,
+    "/sessionlog.v1.AdminService/EraseSessions": ADMIN,
     "/sessionlog.v1.ReplicationService/Changes": ADMIN,
     "/sessionlog.v1.ReplicationService/GetReplicationStatus": READ,
     "/sessionlog.v1.ReplicationService/ReportProgress": ADMIN,
@@ -88,6 +92,7 @@ _EVERY_SESSION = frozenset(
         "/sessionlog.v1.AdminService/Promote",
         "/sessionlog.v1.AdminService/Fence",
         "/sessionlog.v1.AdminService/ListLeaseAudit",
+        "/sessionlog.v1.AdminService/EraseSessions",
         "/sessionlog.v1.ReplicationService/Changes",
         "/sessionlog.v1.ReplicationService/GetReplicationStatus",
         "/sessionlog.v1.ReplicationService/ReportProgress",

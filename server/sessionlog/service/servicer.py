@@ -8,6 +8,7 @@ events go out exactly as stored, with no parse and no re-serialize.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import functools
 import hashlib
@@ -219,7 +220,7 @@ class SessionLogServicer:
         write gets while the member does not lead with a live lease, else None."""
         self.notifier = notifier
         self.max_message_bytes = max_message_bytes
-        self._recent_batches: dict[tuple[str, int, int], tuple[bytes, int, int]] = {}
+        self._recent_batches: dict[tuple[Any, ...], tuple[bytes, int, int]] = {}
         # A Since response holds whole events; leave room for the framing around them.
         self.since_batch_bytes = min(SINCE_BATCH_BYTES, max_message_bytes - FRAMING_BYTES)
         self.heartbeat_seconds = heartbeat_seconds
@@ -254,6 +255,8 @@ class SessionLogServicer:
                 "GetShardMap": grpc.unary_unary_rpc_method_handler(self.get_shard_map),
                 "ImportSession": grpc.unary_unary_rpc_method_handler(self.import_session),
                 "GetSessionRecords": grpc.unary_unary_rpc_method_handler(self.get_session_records),
+                "DeleteSession": grpc.unary_unary_rpc_method_handler(self.delete_session),
+                "RedactEvents": grpc.unary_unary_rpc_method_handler(self.redact_events),
             },
         )
 
@@ -281,6 +284,7 @@ class SessionLogServicer:
             lease_holder=request.lease_holder,
             lease_token=request.lease_token,
             lenient=request.lenient,
+            keep_redacted=copy,
         )
         batch.moving_in = copy
         self._check_reply_fits(batch.bodies)
@@ -411,10 +415,21 @@ class SessionLogServicer:
             await abort(context, error)
             return
         session_id = request.session_id
+        started: list[Any] = []
+        """The log the stream first read (its version's identity): another one means deleted."""
 
         def read(cursor: int) -> tuple[bytes, int, bool]:
             self.ownership.check(session_id)  # the map may have moved it (the stream ends)
-            encoded, count, next_seq = self._read_since(session_id, cursor)
+            encoded, count, next_seq, version = self._read_since(session_id, cursor)
+            if next_seq or started:
+                if not started:
+                    started.append(version[0])
+                elif version[0] != started[0]:
+                    raise errors.SessionNotFound(
+                        f"session '{session_id}' was deleted while you read it; anything of the "
+                        "same id now is a new log: read it again from seq 0",
+                        session_id=session_id,
+                    )
             return encoded, count, cursor + count < next_seq
 
         def marker(caught_up: bool) -> bytes:
@@ -438,23 +453,23 @@ class SessionLogServicer:
         async for response in stream:
             yield response
 
-    def _read_since(self, session_id: str, start: int) -> tuple[bytes, int, int]:
-        """One Since batch from ``start``: the encoded response, its event count, and the
-        session's next seq, which bounds the read (seqs are dense: no key compare per event)."""
+    def _read_since(self, session_id: str, start: int) -> tuple[bytes, int, int, Any]:
+        """One Since batch from ``start``: the encoded response, its event count, the
+        session's next seq, which bounds the read (seqs are dense: no key compare per event),
+        and the version of its log (``Store.log_version``)."""
         store = self.store
-        next_seq = store.next_seq(session_id)
+        next_seq, version = store.log_version(session_id)
         if start >= next_seq:
-            return b"", 0, next_seq
-        key = (session_id, start, next_seq)
+            return b"", 0, next_seq, version
+        key = (session_id, start, next_seq, version)  # version: a delete or redaction since
         shared = self._recent_batches.get(key)
-        if shared is not None:
-            return shared
-        events = store.read_session(session_id, start, next_seq, self.since_batch_bytes)
-        batch = encode_events(events), len(events), next_seq
-        self._share(key, batch)
-        return batch
+        if shared is None:
+            events = store.read_session(session_id, start, next_seq, self.since_batch_bytes)
+            shared = encode_events(events), len(events), next_seq
+            self._share(key, shared)
+        return (*shared, version)
 
-    def _share(self, key: tuple[str, int, int], batch: tuple[bytes, int, int]) -> None:
+    def _share(self, key: tuple[Any, ...], batch: tuple[bytes, int, int]) -> None:
         """Keep a few recent batches: after a commit every follower of a session wakes at the
         same seq, and one read and encode then serves them all. A key names the whole state it
         was read at (start and next seq), so a hit is exactly what a fresh read would return."""
@@ -762,6 +777,57 @@ class SessionLogServicer:
         await self._replicated(result.position)
         session = session_message(result.session_id, result.meta)
         return _serialize(pb.ForkSessionResponse(session=session))
+
+    # -- erasure (storage.erasure) -------------------------------------------------------------
+
+    @unary_write
+    async def delete_session(self, raw: bytes, context: grpc.aio.ServicerContext) -> bytes:
+        request = decode(pb.DeleteSessionRequest, raw)
+        self.ownership.check_write(request.session_id)
+        self._require_primary(context)
+        self._scope(context, request.session_id)
+        if request.force:
+            self._require_admin(context, "a forced delete")
+        # The feed scan reads every record: off the loop, beside the writer.
+        command = await asyncio.to_thread(
+            self.store.delete_command,
+            request.session_id,
+            expected_seq=request.expected_seq if request.HasField("expected_seq") else None,
+            lease_holder=request.lease_holder,
+            force=request.force,
+            actor=self._actor(context),
+            reason=request.reason,
+        )
+        result = await self.store.commit_delete(command)
+        await self._replicated(result.position)
+        session = session_message(result.session_id, result.meta)
+        reply = pb.DeleteSessionResponse(
+            session=session, event_count=result.event_count, position=result.position
+        )
+        return _serialize(reply)
+
+    @unary_write
+    async def redact_events(self, raw: bytes, context: grpc.aio.ServicerContext) -> bytes:
+        request = decode(pb.RedactEventsRequest, raw)
+        self.ownership.check_write(request.session_id)
+        self._require_primary(context)
+        self._scope(context, request.session_id)
+        command = await asyncio.to_thread(
+            self.store.redact_command,
+            request.session_id,
+            list(request.seqs),
+            reason=request.reason,
+            lease_holder=request.lease_holder,
+            actor=self._actor(context),
+        )
+        result = await self.store.writer.submit_on_loop(command)
+        await self._replicated(result.position)
+        return _serialize(pb.RedactEventsResponse(seqs=result.seqs, position=result.position))
+
+    def _actor(self, context: grpc.aio.ServicerContext) -> str:
+        """Who asks, for an erasure's audit record: the token's name when auth is on."""
+        principal = self._principal(context)
+        return "" if principal is None else principal.name
 
     @unary_write
     async def import_session(self, raw: bytes, context: grpc.aio.ServicerContext) -> bytes:

@@ -13,6 +13,8 @@ particular order with each other.
 A slot that moves shows its sessions' events a second time, as the copy in the target group's
 feed (same session, same seqs). ``follow_groups`` yields each ``(session, seq)`` once: it keeps
 the next seq it expects of every session it has yielded and passes over an event below it.
+Erasures are shown too: a redaction's rewritten events, and a deletion (as a line without an
+event), after which the session's seqs start again from 0.
 """
 
 from __future__ import annotations
@@ -42,7 +44,8 @@ class Line:
     group: str
     position: int
     session_id: str
-    event: event_pb2.Event
+    event: event_pb2.Event | None
+    """None: the session was deleted (a DELETE change)."""
 
 
 Connect = Callable[[str], Any]
@@ -103,6 +106,20 @@ def follow_groups(
         stop.set()
 
 
+def change_events(change: rpb.Change) -> list[event_pb2.Event | None]:
+    """What a follower of the feed shows of a change: its events; for a REDACT the events it
+    rewrote, as now stored; for a DELETE one None; for a later erase's placeholder of a deleted
+    session's record, nothing."""
+    if change.erased and not change.session_id:
+        return []
+    if change.kind == rpb.CHANGE_KIND_DELETE:
+        return [None]
+    if change.kind == rpb.CHANGE_KIND_REDACT:
+        rewritten = [put.value for put in change.puts if put.table == "events"]
+        return [event_pb2.Event.FromString(value) for value in rewritten]
+    return list(change.events)
+
+
 class FirstSight:
     """True for the first line of each ``(session, seq)``, False for a repeat (a moved slot's
     copy in its new group's feed, or the original after the copy came first). A session's seqs
@@ -112,6 +129,11 @@ class FirstSight:
         self._next: dict[str, int] = {}
 
     def __call__(self, line: Line) -> bool:
+        if line.event is None:  # deleted: a new log of the id starts again at seq 0
+            self._next.pop(line.session_id, None)
+            return True
+        if line.event.HasField("redacted"):  # a rewrite of an event already shown
+            return True
         expected = self._next.get(line.session_id, 0)
         if line.event.seq < expected:
             return False
@@ -147,7 +169,7 @@ def _follow_one(
                         for change in response.changes:
                             position = change.position + 1
                             if change.session_id.startswith(prefix):
-                                for event in change.events:
+                                for event in change_events(change):
                                     line = Line(name, change.position, change.session_id, event)
                                     _put(out, line, stop)
                         if stop.is_set():

@@ -26,15 +26,15 @@ checksum, and the chain starts again after them.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import lmdb
 
 from sessionlog import errors, wire
 from sessionlog.storage import damage, leadership, schema
-from sessionlog.storage.reads import read_range
-from sessionlog.storage.recording import RecordingTxn
+from sessionlog.storage.reads import Txn, read_range
+from sessionlog.storage.recording import RecordingTxn, delete_keys
 from sessionlog.storage.tables import Tables
 from sessionlog.v1 import replication_service_pb2 as rpb
 
@@ -55,6 +55,8 @@ KIND_BY_NAME = {
     "create": rpb.CHANGE_KIND_CREATE,
     "fork": rpb.CHANGE_KIND_FORK,
     "lease": rpb.CHANGE_KIND_LEASE,
+    "delete": rpb.CHANGE_KIND_DELETE,
+    "redact": rpb.CHANGE_KIND_REDACT,
 }
 
 
@@ -96,6 +98,16 @@ def encode_change(
         parts += (_PUTS_TAG, varint(len(body)), body)
     if epoch:
         parts += (_EPOCH_TAG, varint(epoch))
+    for table, key, end_key in recorded.deletes:
+        removal = [_TABLE_FIELDS[table]]
+        if key:
+            removal += (_KEY_TAG, varint(len(key)), key)
+        if end_key:
+            removal += (_END_KEY_TAG, varint(len(end_key)), end_key)
+        body = b"".join(removal)
+        parts += (_DELETES_TAG, varint(len(body)), body)
+    if recorded.erased_positions:
+        parts.append(wire.packed_uints(_CHANGE["erased_positions"], recorded.erased_positions))
     return b"".join(parts)
 
 
@@ -109,6 +121,10 @@ _PUTS_TAG = wire.tag(_CHANGE["puts"], wire.LENGTH_DELIMITED)
 _EPOCH_TAG = wire.tag(_CHANGE["epoch"], wire.VARINT)
 _KEY_TAG = wire.tag(_PUT["key"], wire.LENGTH_DELIMITED)
 _VALUE_TAG = wire.tag(_PUT["value"], wire.LENGTH_DELIMITED)
+_DELETES_TAG = wire.tag(_CHANGE["deletes"], wire.LENGTH_DELIMITED)
+_END_KEY_TAG = wire.tag(
+    rpb.StorageDelete.DESCRIPTOR.fields_by_name["end_key"].number, wire.LENGTH_DELIMITED
+)
 _last_commit_time = (0, wire.message_field(_CHANGE["commit_time"], wire.timestamp(0)))
 """The commit_time field last encoded, with its time in ns (one tuple: swapped whole)."""
 
@@ -156,7 +172,11 @@ class ChecksumChain:
 
     def __call__(self, position: int, record: bytes, events: Sequence[bytes]) -> str | None:
         record = bytes(record)
-        checksum = rpb.Change.FromString(record).checksum
+        change = rpb.Change.FromString(record)
+        checksum = change.checksum
+        if change.erased:  # rewritten by an erasure: its checksum is taken as stored
+            self._previous = checksum
+            return None
         if not checksum:  # written before checksums: the chain starts again after it
             self._previous = chain(b"", record, [bytes(e) for e in events])
             return None
@@ -278,7 +298,7 @@ def fingerprint_at(txn: lmdb.Transaction, tables: Tables, position: int) -> byte
     return _fingerprint(txn, tables, record, rpb.Change.FromString(record))
 
 
-def _fingerprint(txn: lmdb.Transaction, tables: Tables, record: bytes, change: rpb.Change) -> bytes:
+def _fingerprint(txn: Txn, tables: Tables, record: bytes, change: rpb.Change) -> bytes:
     """A record's checksum; for a record written before checksums, the same hash of it and its
     events with no previous checksum (what a replica computes for the same record)."""
     if change.checksum:
@@ -369,7 +389,6 @@ class ApplyChangesCommand:
         """Check every received change first (dense positions, all events there, each checksum
         chaining from the one before), then write them all: a refused batch writes nothing."""
         tables = self._tables
-        by_name = tables.by_name
         last = ApplyResult(0, 0)
         expected, previous = tail(txn, tables)
         expected += 1
@@ -391,8 +410,7 @@ class ApplyChangesCommand:
             leadership.write(txn, tables, record)
         for received, fingerprint in zip(self._changes, fingerprints, strict=True):
             change = received.change
-            for put in change.puts:
-                txn.put(put.key, put.value, db=by_name[put.table])
+            apply_writes(txn, tables, change)
             for offset, event in enumerate(received.events):
                 key = schema.event_key(change.internal_id, change.first_seq + offset)
                 txn.put(key, event, db=tables.events)
@@ -409,6 +427,8 @@ class ApplyChangesCommand:
         """The received record's fingerprint, once its checksum proves it follows ``previous``
         (this store's newest record); HistoryDiverged when it does not (nothing is applied)."""
         change, record = received.change, received.record
+        if change.erased:  # rewritten by an erasure: its checksum is taken as stored
+            return change.checksum
         if not change.checksum:  # a record from before checksums: nothing to check it by
             return chain(b"", record, received.events)
         expected = chain(previous, without_checksum(record, change.checksum), received.events)
@@ -420,6 +440,100 @@ class ApplyChangesCommand:
                 position=change.position,
             )
         return expected
+
+
+def apply_writes(txn: lmdb.Transaction, tables: Tables, change: rpb.Change) -> None:
+    """A received (or rebuilt) change's writes as the primary made them: its erased records
+    first (their placeholders may read events the rest removes), then its puts and deletes."""
+    if change.erased_positions:
+
+        def rewrite(position: int, erased: bytes) -> None:
+            txn.put(schema.u64(position), erased, db=tables.changes)
+
+        removals = [(d.table, d.key, d.end_key) for d in change.deletes]
+        erase_earlier(txn, tables, change.kind, change.erased_positions, removals, rewrite)
+    by_name = tables.by_name
+    for put in change.puts:
+        txn.put(put.key, put.value, db=by_name[put.table])
+    for removal in change.deletes:
+        delete_keys(txn, by_name[removal.table], removal.key, removal.end_key)
+
+
+Removal = tuple[str, bytes, bytes]
+"""(table, key, end_key): one key when end_key is empty, else [key, end_key)."""
+
+
+def covered(removals: Sequence[Removal], table: str, key: bytes) -> bool:
+    """Whether ``key`` of ``table`` is among ``removals``."""
+    for removed_table, start, end in removals:
+        if removed_table == table and (key == start if not end else start <= key < end):
+            return True
+    return False
+
+
+def erase_earlier(
+    txn: Txn,
+    tables: Tables,
+    kind: int,
+    positions: Sequence[int],
+    removals: Sequence[Removal],
+    write: Callable[[int, bytes], None],
+) -> int:
+    """Rewrite the records at ``positions`` to the placeholders of an erase of ``kind``
+    (``write`` stores each); how many were rewritten. The rule, the same on a primary and its
+    replicas: a DELETE's placeholder keeps the puts its ``removals`` do not remove (and none on
+    the changes table), a REDACT's marks the record. A record already in that form (a replica
+    behind the erase received it so) is left."""
+    rewritten = 0
+    for position in positions:
+        raw = txn.get(schema.u64(position), db=tables.changes)
+        if raw is None:
+            continue
+        record = bytes(raw)
+        change = rpb.Change.FromString(record)
+        if kind == rpb.CHANGE_KIND_DELETE:
+            if not change.session_id:  # already a delete's placeholder
+                continue
+
+            def keep(put: rpb.StoragePut) -> bool:
+                return put.table != "changes" and not covered(removals, put.table, put.key)
+
+            erased = placeholder(txn, tables, record, keep)
+        else:
+            if change.erased:
+                continue
+            erased = placeholder(txn, tables, record)
+        write(position, erased)
+        rewritten += 1
+    return rewritten
+
+
+def placeholder(
+    txn: Txn,
+    tables: Tables,
+    record: bytes,
+    keep_put: Callable[[rpb.StoragePut], bool] | None = None,
+) -> bytes:
+    """The erased form of a stored record (see ``Change.erased``). With ``keep_put`` (a
+    DELETE's), the placeholder names no session and no events and keeps only the puts
+    ``keep_put`` accepts; without it (a REDACT's), the record stays whole but is marked. The
+    stored checksum is kept (for a record from before checksums, its fingerprint, computed now
+    while its events are still there), so the chain after it verifies unchanged."""
+    change = rpb.Change.FromString(record)
+    checksum = _fingerprint(txn, tables, record, change)
+    if keep_put is not None:
+        kept = [put for put in change.puts if keep_put(put)]
+        change = rpb.Change(
+            position=change.position,
+            kind=change.kind,
+            commit_time=change.commit_time,
+            puts=kept,
+            epoch=change.epoch,
+            deletes=change.deletes,
+        )
+    change.ClearField("checksum")
+    change.erased = True
+    return with_checksum(change.SerializeToString(), checksum)
 
 
 def _in_epoch(record: leadership.Leadership, change: rpb.Change) -> leadership.Leadership:

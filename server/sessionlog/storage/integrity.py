@@ -37,6 +37,7 @@ from sessionlog import errors, fold
 from sessionlog.storage import damage, schema
 from sessionlog.storage.schema import (
     AuditRecord,
+    ErasureRecord,
     LeaseRecord,
     RequestRecord,
     SessionMeta,
@@ -203,8 +204,8 @@ def verify(
     events decode, their keys are dense 0..next_seq-1 with the seq inside each event matching
     its key, and replace_generation counts its replace events; the change feed is dense from 1,
     each record decodes and names events that exist, and passes every ``change_checks``;
-    request, lease, audit and usage records decode. A table LMDB cannot walk to its end is reported
-    and the walk goes on with the next one, in a fresh transaction.
+    request, lease, audit, usage and erasure records decode. A table LMDB cannot walk to its end
+    is reported and the walk goes on with the next one, in a fresh transaction.
     """
     walk = _Walk(file_bytes=_map_bytes(env))
     for name, step in (
@@ -216,6 +217,7 @@ def verify(
         ("leases", _records("leases", LeaseRecord.decode, _text_key)),
         ("audit", _records("audit", AuditRecord.decode, _audit_where)),
         ("usage", _records("usage", UsageRecord.decode, _usage_where)),
+        ("erasures", _records("erasures", ErasureRecord.decode, _position_where)),
         ("counters", _counters),
     ):
         walk.counts[name] = 0
@@ -397,6 +399,10 @@ def _usage_where(key: bytes) -> str:
     return f"sid {schema.read_u64(key[:8])} model {_text_key(key[8:])}"
 
 
+def _position_where(key: bytes) -> str:
+    return f"position {schema.read_u64(key)}" if len(key) == 8 else _hex(key)
+
+
 def _audit_where(key: bytes) -> str:
     session, _, number = key.rpartition(b"\x00")
     if len(number) != 8:
@@ -410,7 +416,7 @@ def _records(
     """A step that checks every record of ``table`` decodes."""
 
     def step(walk: _Walk, txn: lmdb.Transaction, tables: Tables) -> None:
-        if tables.by_name[table] is None:  # schema.LATER_DBS, on a read-only older store
+        if tables.by_name[table] is None:  # schema.OPTIONAL_DBS, on a read-only older store
             return
         for key, value in _items(walk, txn, tables.by_name[table], table):
             try:

@@ -145,7 +145,6 @@ def _copy(
 ) -> None:
     """Apply records 1..last of ``old`` to ``new`` as a replica would, checking the chain."""
     check = changes.ChecksumChain()
-    by_name = new_tables.by_name
     position = 1
     while position <= last:
         stop = min(last, position + TXN_RECORDS - 1)
@@ -157,8 +156,7 @@ def _copy(
                 problem = check(at, record, events)
                 if problem is not None:
                     raise RebuildRefused(f"change-feed record {at}: {problem}")
-                for put in change.puts:
-                    target.put(put.key, put.value, db=by_name[put.table])
+                changes.apply_writes(target, new_tables, change)
                 for offset, event in enumerate(events):
                     key = schema.event_key(change.internal_id, change.first_seq + offset)
                     target.put(key, event, db=new_tables.events)

@@ -23,7 +23,12 @@ class RecordingTxn:
         self._txn = txn
         self._names = tables.names
         self._events_db = tables.events
+        self._changes_db = tables.changes
         self.puts: list[tuple[str, bytes, bytes]] = []
+        self.deletes: list[tuple[str, bytes, bytes]] = []
+        """(table, key, end_key) removals, in order; an empty end_key removes the key alone."""
+        self.erased_positions: list[int] = []
+        """Earlier change records an erase rewrote to placeholders (named, not carried)."""
         self.events: list[bytes] = []
         """The stored bytes of the events written, in seq order (for the record's checksum)."""
         self.event_sid = -1
@@ -43,6 +48,26 @@ class RecordingTxn:
         if written:
             self.puts.append((self._names[id(db)], bytes(key), bytes(value)))
         return written
+
+    def rewrite_event(self, key: bytes, value: bytes) -> None:
+        """Overwrite a stored event (a redaction: the one change of an event's bytes), recorded
+        as a put on the events table so replicas write the same bytes."""
+        self._txn.put(key, value, db=self._events_db)
+        self.puts.append((self._names[id(self._events_db)], bytes(key), bytes(value)))
+
+    def erase_record(self, position: int, placeholder: bytes) -> None:
+        """Rewrite the change record at ``position`` to its erased placeholder; the record of
+        this command names the position, and replicas rewrite their own copy the same way."""
+        self._txn.put(schema.u64(position), placeholder, db=self._changes_db)
+        self.erased_positions.append(position)
+
+    def delete(self, db: Any, key: bytes, end_key: bytes = b"") -> int:
+        """Remove ``key``, or with ``end_key`` every key in [key, end_key); recorded for the
+        change record only when something was removed. Returns how many keys were."""
+        removed = delete_keys(self._txn, db, key, end_key)
+        if removed:
+            self.deletes.append((self._names[id(db)], bytes(key), bytes(end_key)))
+        return removed
 
     def put_events(self, sid: int, first_seq: int, values: Sequence[bytes]) -> None:
         """Write events under consecutive seqs of one session from ``first_seq`` on, in one call
@@ -70,4 +95,22 @@ class RecordingTxn:
 
     @property
     def wrote(self) -> bool:
-        return bool(self.puts) or self.event_count > 0
+        return bool(self.puts or self.deletes or self.erased_positions) or self.event_count > 0
+
+
+def delete_keys(txn: lmdb.Transaction, db: Any, key: bytes, end_key: bytes = b"") -> int:
+    """Remove ``key``, or with ``end_key`` every key in [key, end_key); how many were removed.
+    What a primary's erase does, and what a replica or a rebuild does with its StorageDelete."""
+    if not end_key:
+        return int(txn.delete(key, db=db))
+    removed = 0
+    cursor = txn.cursor(db=db)
+    if not cursor.set_range(key):
+        return 0
+    while bytes(cursor.key()) < end_key:
+        removed += 1
+        if not cursor.delete():  # deleting moves the cursor to the next key
+            break
+        if not cursor.key():
+            break
+    return removed

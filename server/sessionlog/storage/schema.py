@@ -32,10 +32,21 @@ One environment holds every session. Named databases:
                The usage ledger: per session and model, the sums of every event's usage, and
                the part a fork copied from its parent. A session's models are one contiguous
                range in model order; a session with no usage has no rows.
+    erasures   change position (u64 BE)      -> ErasureRecord (JSON)
+               The erasure audit: one record per DeleteSession / RedactEvents, keyed by the
+               position of its change record. What was erased, when, by whom, how much: never
+               the content.
+    redactions sid (u64 BE)                  -> u64 BE
+               How many RedactEvents calls changed the session's events; the fold memo keys
+               on it, so every process of a server sees a redaction (``store``).
 
 Invariants (the single writer thread keeps them; every change commits in one transaction):
 - seq is dense from 0 per session: events holds exactly the keys (sid, 0) .. (sid, next_seq - 1);
-- an event's stored bytes never change after commit;
+- an event's stored bytes never change after commit, with one exception: RedactEvents rewrites
+  an event to its redacted form (same seq, type, time and surface_op; no data or state_delta;
+  ``redacted`` set), so the fold's shape (positions, shadowing, replace_generation) holds;
+- a deleted session leaves no key in any per-session table (``erasure.PER_SESSION``); the
+  change records that wrote it are rewritten to erased placeholders (see ``changes``);
 - SessionMeta.next_seq and .replace_generation match the events stored for that session;
 - sid values are never reused, so a session id maps to one key prefix for all time;
 - every committed write has exactly one record in ``changes``, committed with it;
@@ -63,12 +74,26 @@ LEASES = b"leases"
 AUDIT = b"audit"
 CHANGES = b"changes"
 USAGE = b"usage"
-ALL_DBS = (SESSIONS, IDS, EVENTS, REQUESTS, COUNTERS, LEASES, AUDIT, CHANGES, USAGE)
-LATER_DBS = frozenset({USAGE})
-"""Tables added after stores were first written: a store no server of this version has opened
-for writing lacks them (opening it so creates them, empty, which is what they would hold), and
-one opened read-only (``sessionlog admin``, a rejoin's look at its folder) reads as if they were
-empty."""
+ERASURES = b"erasures"
+REDACTIONS = b"redactions"
+ALL_DBS = (
+    SESSIONS,
+    IDS,
+    EVENTS,
+    REQUESTS,
+    COUNTERS,
+    LEASES,
+    AUDIT,
+    CHANGES,
+    USAGE,
+    ERASURES,
+    REDACTIONS,
+)
+OPTIONAL_DBS = frozenset({USAGE, ERASURES, REDACTIONS})
+"""Tables added after stores were first written: a folder no server of this version has opened
+for writing lacks them (a server creates them, empty, on open, which is what they would hold). A
+read-only open (``sessionlog admin``, ``verify``, a rejoin's old store) has no handle for them
+(None in ``Tables``) and reads them as empty."""
 
 NEXT_SID = b"next_sid"
 HISTORY_ID = b"history_id"
@@ -273,4 +298,35 @@ class AuditRecord:
 
     @classmethod
     def decode(cls, raw: bytes | memoryview) -> AuditRecord:
+        return cls(**json.loads(bytes(raw)))
+
+
+DELETE = "DELETE"
+REDACT = "REDACT"
+
+
+@dataclass
+class ErasureRecord:
+    """One erasure, for audit: what kind, of which session, by whom, when and how much. Never
+    the erased content. The session id is kept (an operator must be able to show that session X
+    was erased); ids must therefore not carry personal data themselves (README "Erasure")."""
+
+    kind: str
+    session_id: str
+    sid: int
+    actor: str
+    reason: str
+    time_ns: int
+    event_count: int
+    """DELETE: the events the session held; REDACT: the events redacted."""
+    seqs: list[int]
+    """REDACT: the seqs redacted (empty for DELETE)."""
+    feed_records: int
+    """How many earlier change records were rewritten to erased placeholders."""
+
+    def encode(self) -> bytes:
+        return json.dumps(asdict(self), separators=(",", ":")).encode()
+
+    @classmethod
+    def decode(cls, raw: bytes | memoryview) -> ErasureRecord:
         return cls(**json.loads(bytes(raw)))

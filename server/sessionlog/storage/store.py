@@ -29,6 +29,7 @@ from sessionlog.storage import (
     changes,
     commands,
     damage,
+    erasure,
     folder,
     identity,
     imports,
@@ -70,6 +71,8 @@ MAX_REQUEST_ID_BYTES = 256
 MIN_LEASE_TTL_NS = 1_000_000
 MAX_LEASE_TTL_NS = 24 * 3600 * 1_000_000_000
 MAX_HOLDER_BYTES = 256
+ERASE_BATCH = 100
+"""Sessions an erase by prefix looks up (and scans the feed for) at a time."""
 
 
 @dataclass(frozen=True)
@@ -123,6 +126,7 @@ def prepare_append(
     create_only: bool = False,
     now_ns: int | None = None,
     indices: Sequence[int] | None = None,
+    keep_redacted: bool = False,
 ) -> AppendBatch:
     """Validate what needs no state, stamp missing times with now, serialize the events.
 
@@ -131,6 +135,8 @@ def prepare_append(
     give the events (by default their positions; a seed uses the positions of its messages).
     The batch's ``bodies`` carry the stamped times; its ``events`` are the caller's events (left
     unchanged, so possibly without a time), which the writer reads only for their surface ops.
+    An event's ``redacted`` mark is dropped (only RedactEvents sets it) unless ``keep_redacted``:
+    a slot move's copy of stored events keeps them as they are.
     """
     fold.check_session_id(session_id)
     check_request_id(request_id)
@@ -151,6 +157,10 @@ def prepare_append(
     for index, original in enumerate(events):
         number = index if indices is None else indices[index]
         event = original
+        if not keep_redacted and original.HasField("redacted"):
+            event = Event()
+            event.CopyFrom(original)
+            event.ClearField("redacted")
         stamp_it = not event.HasField("time")
         body: bytes | None = None
         if time_field or not stamp_it:
@@ -394,6 +404,9 @@ class Store:
         self._folds: OrderedDict[int, fold.SurfaceFold] = OrderedDict()
         self._fold_bytes: dict[int, int] = {}
         self._folds_lock = threading.Lock()
+        self._fold_marks: dict[int, int] = {}
+        """Per memoized sid: its redaction count when the memo was made (``_fold`` checks it:
+        a redaction by any process of the server leaves the count of events unchanged)."""
 
     def close(self) -> None:
         """Finish queued writes, then close the environment and give up the folder (unless
@@ -521,6 +534,150 @@ class Store:
             )
         return commands.LeaseCommand(self.tables, action, session_id, holder, ttl_ns, force)
 
+    # -- erasure (see ``erasure``) ----------------------------------------------------------
+
+    def delete_command(
+        self,
+        session_id: str,
+        *,
+        expected_seq: int | None = None,
+        lease_holder: str = "",
+        force: bool = False,
+        actor: str = "",
+        reason: str = "",
+    ) -> erasure.DeleteCommand:
+        """A delete of ``session_id``, its feed records found by a scan in a read transaction
+        (O(feed): call it off the event loop); submit it with ``writer.submit``."""
+        fold.check_session_id(session_id)
+        if lease_holder:
+            _check_holder(lease_holder)
+        with self.env.begin() as txn:
+            found = erasure.scan(txn, self.tables, [session_id])
+        return erasure.DeleteCommand(
+            self.tables,
+            session_id,
+            found,
+            expected_seq=expected_seq,
+            lease_holder=lease_holder,
+            force=force,
+            actor=actor,
+            reason=reason,
+        )
+
+    async def commit_delete(self, command: erasure.DeleteCommand) -> erasure.DeleteResult:
+        """Run a delete (from ``delete_command``) on the running loop; its fold memo is
+        dropped, so no erased content stays in this process's memory."""
+        result: erasure.DeleteResult = await self.writer.submit_on_loop(command)
+        self.forget_fold(result.meta.sid)
+        return result
+
+    def delete(self, session_id: str, **options: Any) -> erasure.DeleteResult:
+        """Erase a session, blocking until durable (see ``delete_command``)."""
+        result: erasure.DeleteResult = self.writer.submit(
+            self.delete_command(session_id, **options)
+        ).result()
+        self.forget_fold(result.meta.sid)
+        return result
+
+    def redact_command(
+        self,
+        session_id: str,
+        seqs: Sequence[int],
+        *,
+        reason: str = "",
+        lease_holder: str = "",
+        actor: str = "",
+    ) -> erasure.RedactCommand:
+        """A redaction of events ``seqs`` of ``session_id``, its feed records found by a scan
+        in a read transaction (O(feed): call it off the event loop); submit it with
+        ``writer.submit``."""
+        fold.check_session_id(session_id)
+        if lease_holder:
+            _check_holder(lease_holder)
+        if not seqs:
+            raise errors.InvalidRedaction(
+                f"name at least one seq of session '{session_id}' to redact", session_id=session_id
+            )
+        with self.env.begin() as txn:
+            found = erasure.scan(txn, self.tables, [session_id])
+        return erasure.RedactCommand(
+            self.tables,
+            session_id,
+            seqs,
+            found,
+            reason=reason,
+            lease_holder=lease_holder,
+            actor=actor,
+        )
+
+    def redact(self, session_id: str, seqs: Sequence[int], **options: Any) -> erasure.RedactResult:
+        """Redact events, blocking until durable (see ``redact_command``)."""
+        command = self.redact_command(session_id, seqs, **options)
+        result: erasure.RedactResult = self.writer.submit(command).result()
+        return result
+
+    def erase_prefix(
+        self, prefix: str, *, actor: str = "", reason: str = "", batch: int = ERASE_BATCH
+    ) -> tuple[int, int, int]:
+        """Delete every session whose id starts with ``prefix`` (force: leases do not stop
+        it), ``batch`` sessions at a time: one feed scan per batch, one record per session.
+        Blocks; returns (sessions erased, events they held, the last erase's position)."""
+        if not prefix:
+            raise errors.InvalidRedaction("erasing by prefix needs a non-empty prefix")
+        sessions = events = position = 0
+        after = ""
+        while True:
+            page, _ = self.list_sessions(after=after, prefix=prefix, limit=batch)
+            if not page:
+                return sessions, events, position
+            ids = [view.session_id for view in page]
+            after = ids[-1]  # one skipped below (not this group's) is not listed again
+            with self.env.begin() as txn:
+                found = erasure.scan(txn, self.tables, ids)
+            futures = [
+                self.writer.submit(
+                    erasure.DeleteCommand(
+                        self.tables, session_id, found, force=True, actor=actor, reason=reason
+                    )
+                )
+                for session_id in ids
+            ]
+            for future in futures:
+                try:
+                    result: erasure.DeleteResult = future.result()
+                except errors.SessionNotFound:
+                    continue  # deleted by someone else meanwhile
+                except errors.WrongGroup:
+                    continue  # sharded: a copy left of a slot this group no longer owns
+                sessions += 1
+                events += result.event_count
+                position = max(position, result.position)
+                self.forget_fold(result.meta.sid)
+
+    def forget_fold(self, sid: int) -> None:
+        """Drop a session's memoized fold (a redaction or delete made it stale)."""
+        with self._folds_lock:
+            if self._folds.pop(sid, None) is not None:
+                del self._fold_bytes[sid]
+            self._fold_marks.pop(sid, None)
+
+    def _meta_and_mark(self, session_id: str) -> tuple[SessionMeta | None, int]:
+        """The session's metadata and its redaction count (what its fold memo keys on
+        besides the event count), read in one transaction."""
+        with self.env.begin() as txn:
+            meta = load_meta(txn, self.tables, session_id)
+            if meta is None:
+                return None, 0
+            return meta, self._redaction_mark(txn, meta.sid)
+
+    def _redaction_mark(self, txn: lmdb.Transaction, sid: int) -> int:
+        """How many RedactEvents calls changed the session ``sid`` (0 on a read-only store from
+        before the redactions table)."""
+        if self.tables.redactions is None:
+            return 0
+        raw = txn.get(schema.u64(sid), db=self.tables.redactions)
+        return 0 if raw is None else schema.read_u64(raw)
+
     def submit_apply(self, received: Sequence[ReceivedChange]) -> Future[ApplyResult]:
         """Queue changes a replica received from its primary, applied verbatim in one commit."""
         return self.writer.submit_replicated(ApplyChangesCommand(self.tables, received))
@@ -536,6 +693,15 @@ class Store:
         """The session's metadata, or None if it was never written."""
         with self.env.begin() as txn:
             return load_meta(txn, self.tables, session_id)
+
+    def log_version(self, session_id: str) -> tuple[int, tuple[int, int]]:
+        """The session's next seq and an opaque stamp of its stored bytes: equal stamps and
+        next seqs mean equal events (the stamp changes when the session is deleted and written
+        again, or redacted). What a cache of read events keys on."""
+        meta, mark = self._meta_and_mark(session_id)
+        if meta is None:
+            return 0, (-1, 0)
+        return meta.next_seq, (meta.sid, mark)
 
     def next_seq(self, session_id: str) -> int:
         """The seq the session's next event will get: its event count (0 if never written)."""
@@ -773,11 +939,11 @@ class Store:
         ``messages`` the snapshot also carries each surface entry's serialized Message (projected
         once per entry, then memoized).
         """
-        meta, target = self._fold_target(session_id, at_seq)
+        meta, target, mark = self._fold_target(session_id, at_seq)
         if meta is None:
             return SurfaceSnapshot(0, 0, [], [], [])
         with self._folds_lock:
-            folded = self._fold(session_id, meta, target)
+            folded = self._fold(session_id, meta, target, mark)
             return SurfaceSnapshot(
                 count=folded.count,
                 replace_generation=folded.replace_generation,
@@ -790,17 +956,20 @@ class Store:
         """A session's state (fold.fold_state) after its whole log or events 0..at_seq, and
         the number of events folded. Memoized with the surface: the same per-session fold,
         extended by the events appended since (O(new)); a prefix is folded afresh."""
-        meta, target = self._fold_target(session_id, at_seq)
+        meta, target, mark = self._fold_target(session_id, at_seq)
         if meta is None:
             return Struct(), 0
         with self._folds_lock:
-            folded = self._fold(session_id, meta, target)
+            folded = self._fold(session_id, meta, target, mark)
             return fold.state_struct(folded.state), folded.count
 
-    def _fold_target(self, session_id: str, at_seq: int | None) -> tuple[SessionMeta | None, int]:
-        """The session's record and how many events a fold through ``at_seq`` (None: the whole
-        log) covers; BOUNDARY_OUT_OF_RANGE when at_seq is past the end."""
-        meta = self.meta(session_id)
+    def _fold_target(
+        self, session_id: str, at_seq: int | None
+    ) -> tuple[SessionMeta | None, int, int]:
+        """The session's record, how many events a fold through ``at_seq`` (None: the whole
+        log) covers, and its redaction count (the memo's mark); BOUNDARY_OUT_OF_RANGE when
+        at_seq is past the end."""
+        meta, mark = self._meta_and_mark(session_id)
         count = 0 if meta is None else meta.next_seq
         if at_seq is not None and at_seq >= count:
             raise errors.BoundaryOutOfRange(
@@ -808,7 +977,7 @@ class Store:
                 at_seq=at_seq,
                 next_seq=count,
             )
-        return meta, count if at_seq is None else at_seq + 1
+        return meta, count if at_seq is None else at_seq + 1, mark
 
     def usage(
         self,
@@ -842,11 +1011,12 @@ class Store:
         a replace happened since (or the caller's numbers are not this session's): then the
         caller needs the full list. The snapshot's ``projected``/``seqs`` hold only the tail,
         and the cost is O(new): no copy of the whole surface."""
-        meta = self.meta(session_id)
-        if meta is None:
+        meta, mark = self._meta_and_mark(session_id)
+        if meta is None or mark:
+            # A redacted session always gets the full list: a caller's copy may predate it.
             return None
         with self._folds_lock:
-            folded = self._fold(session_id, meta, meta.next_seq)
+            folded = self._fold(session_id, meta, meta.next_seq, mark)
             if folded.replace_generation != known_generation or not (
                 0 <= known_count <= folded.count
             ):
@@ -931,8 +1101,11 @@ class Store:
             generation = 0 if meta is None else meta.replace_generation
             if meta is None or pinned == 0:
                 return MessagesPage(pinned, [], [], 0, False, False, generation)
+            mark = self._redaction_mark(txn, meta.sid)
             with self._folds_lock:
                 cached = self._folds.get(meta.sid)
+                if cached is not None and self._fold_marks.get(meta.sid, 0) != mark:
+                    cached = None  # made before a redaction: the walk reads what is stored now
                 served = (
                     cached.page(limit + 1, before) if cached and cached.count == pinned else None
                 )
@@ -999,15 +1172,22 @@ class Store:
                 )
             yield event
 
-    def _fold(self, session_id: str, meta: SessionMeta, target: int) -> fold.SurfaceFold:
+    def _fold(self, session_id: str, meta: SessionMeta, target: int, mark: int) -> fold.SurfaceFold:
         """The fold of events 0..target-1: the session's memo, brought up to date (O(new)),
-        when target is the whole log; a fresh fold otherwise. Call with ``_folds_lock`` held.
-        A damaged event raises DataCorrupted and leaves the memo as it was."""
+        when target is the whole log; a fresh fold otherwise. ``mark`` is the session's
+        redaction count read with ``meta``: a memo made under another one is dropped. Call with
+        ``_folds_lock`` held. A damaged event raises DataCorrupted and leaves the memo as it
+        was."""
         cached = self._folds.get(meta.sid)
+        if cached is not None and self._fold_marks.get(meta.sid, 0) != mark:
+            self._folds.pop(meta.sid)
+            del self._fold_bytes[meta.sid]
+            cached = None
         if cached is None or cached.count > target:
             cached = fold.SurfaceFold()
             if target == meta.next_seq:
                 self._remember(meta.sid, cached)
+                self._fold_marks[meta.sid] = mark
         else:
             self._folds.move_to_end(meta.sid)
         if cached.count < target:
@@ -1034,6 +1214,7 @@ class Store:
         ):
             sid, _ = self._folds.popitem(last=False)
             del self._fold_bytes[sid]
+            self._fold_marks.pop(sid, None)
 
 
 def _walk(cursor: lmdb.Cursor, what: str) -> Iterator[tuple[bytes, bytes]]:

@@ -1,4 +1,8 @@
-"""The open handles of every named database (``schema.ALL_DBS``), opened once per environment."""
+"""The open handles of every named database (``schema.ALL_DBS``), opened once per environment.
+
+A read-only environment of a store from before one of ``schema.OPTIONAL_DBS`` has no handle
+for it (``None``, in ``by_name`` too): its readers treat it as empty, and the writer's paths open
+the store read-write, which creates it."""
 
 from __future__ import annotations
 
@@ -11,7 +15,7 @@ from sessionlog.storage import damage, schema
 
 class Tables:
     """The open handles of every named database. On a read-only environment, a table of
-    ``schema.LATER_DBS`` the store does not have yet is None (its readers treat it as empty)."""
+    ``schema.OPTIONAL_DBS`` the store does not have yet is None (its readers treat it as empty)."""
 
     def __init__(self, env: lmdb.Environment) -> None:
         readonly = env.flags()["readonly"]
@@ -21,7 +25,7 @@ class Tables:
                 try:
                     self.by_name[name.decode()] = env.open_db(name)
                 except lmdb.ReadonlyError:
-                    if not (readonly and name in schema.LATER_DBS):
+                    if not (readonly and name in schema.OPTIONAL_DBS):
                         raise
                     self.by_name[name.decode()] = None
         self.sessions = self.by_name["sessions"]
@@ -33,6 +37,8 @@ class Tables:
         self.audit = self.by_name["audit"]
         self.changes = self.by_name["changes"]
         self.usage = self.by_name["usage"]
+        self.erasures = self.by_name["erasures"]
+        self.redactions = self.by_name["redactions"]
         self.names: dict[int, str] = {
             id(db): name for name, db in self.by_name.items() if db is not None
         }

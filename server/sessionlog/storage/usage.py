@@ -84,7 +84,7 @@ def open_readonly(path: str, lock: bool = True) -> tuple[lmdb.Environment, Table
     try:
         with damage.reading(f"the directory of named tables in {path}"), env.begin() as txn:
             missing = [
-                n for n in schema.ALL_DBS if txn.get(n) is None and n not in schema.LATER_DBS
+                n for n in schema.ALL_DBS if txn.get(n) is None and n not in schema.OPTIONAL_DBS
             ]
         if missing:
             names = ", ".join(n.decode() for n in missing)

@@ -10,6 +10,26 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class EraseSessionsRequest(_message.Message):
+    __slots__ = ("prefix", "filter", "reason")
+    PREFIX_FIELD_NUMBER: _ClassVar[int]
+    FILTER_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    prefix: str
+    filter: str
+    reason: str
+    def __init__(self, prefix: _Optional[str] = ..., filter: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class EraseSessionsResponse(_message.Message):
+    __slots__ = ("session_count", "event_count", "position")
+    SESSION_COUNT_FIELD_NUMBER: _ClassVar[int]
+    EVENT_COUNT_FIELD_NUMBER: _ClassVar[int]
+    POSITION_FIELD_NUMBER: _ClassVar[int]
+    session_count: int
+    event_count: int
+    position: int
+    def __init__(self, session_count: _Optional[int] = ..., event_count: _Optional[int] = ..., position: _Optional[int] = ...) -> None: ...
+
 class GetStatsRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...

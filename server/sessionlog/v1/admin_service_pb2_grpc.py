@@ -62,6 +62,11 @@ class AdminServiceStub:
                 request_serializer=sessionlog_dot_v1_dot_admin__service__pb2.ListLeaseAuditRequest.SerializeToString,
                 response_deserializer=sessionlog_dot_v1_dot_admin__service__pb2.ListLeaseAuditResponse.FromString,
                 _registered_method=True)
+        self.EraseSessions = channel.unary_unary(
+                '/sessionlog.v1.AdminService/EraseSessions',
+                request_serializer=sessionlog_dot_v1_dot_admin__service__pb2.EraseSessionsRequest.SerializeToString,
+                response_deserializer=sessionlog_dot_v1_dot_admin__service__pb2.EraseSessionsResponse.FromString,
+                _registered_method=True)
 
 
 class AdminServiceServicer:
@@ -120,6 +125,15 @@ class AdminServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def EraseSessions(self, request, context):
+        """EraseSessions deletes every session whose id starts with prefix (and matches filter), each
+        as DeleteSession would with force, in bounded batches. A filter the server cannot evaluate
+        fails with INVALID_ARGUMENT / INVALID_FILTER before anything is erased.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdminServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -147,6 +161,11 @@ def add_AdminServiceServicer_to_server(servicer, server):
                     servicer.ListLeaseAudit,
                     request_deserializer=sessionlog_dot_v1_dot_admin__service__pb2.ListLeaseAuditRequest.FromString,
                     response_serializer=sessionlog_dot_v1_dot_admin__service__pb2.ListLeaseAuditResponse.SerializeToString,
+            ),
+            'EraseSessions': grpc.unary_unary_rpc_method_handler(
+                    servicer.EraseSessions,
+                    request_deserializer=sessionlog_dot_v1_dot_admin__service__pb2.EraseSessionsRequest.FromString,
+                    response_serializer=sessionlog_dot_v1_dot_admin__service__pb2.EraseSessionsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -287,6 +306,33 @@ class AdminService:
             '/sessionlog.v1.AdminService/ListLeaseAudit',
             sessionlog_dot_v1_dot_admin__service__pb2.ListLeaseAuditRequest.SerializeToString,
             sessionlog_dot_v1_dot_admin__service__pb2.ListLeaseAuditResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def EraseSessions(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sessionlog.v1.AdminService/EraseSessions',
+            sessionlog_dot_v1_dot_admin__service__pb2.EraseSessionsRequest.SerializeToString,
+            sessionlog_dot_v1_dot_admin__service__pb2.EraseSessionsResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -409,6 +409,50 @@ class ForkSessionResponse(_message.Message):
     session: Session
     def __init__(self, session: _Optional[_Union[Session, _Mapping]] = ...) -> None: ...
 
+class DeleteSessionRequest(_message.Message):
+    __slots__ = ("session_id", "expected_seq", "lease_holder", "force", "reason")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    EXPECTED_SEQ_FIELD_NUMBER: _ClassVar[int]
+    LEASE_HOLDER_FIELD_NUMBER: _ClassVar[int]
+    FORCE_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    expected_seq: int
+    lease_holder: str
+    force: bool
+    reason: str
+    def __init__(self, session_id: _Optional[str] = ..., expected_seq: _Optional[int] = ..., lease_holder: _Optional[str] = ..., force: _Optional[bool] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class DeleteSessionResponse(_message.Message):
+    __slots__ = ("session", "event_count", "position")
+    SESSION_FIELD_NUMBER: _ClassVar[int]
+    EVENT_COUNT_FIELD_NUMBER: _ClassVar[int]
+    POSITION_FIELD_NUMBER: _ClassVar[int]
+    session: Session
+    event_count: int
+    position: int
+    def __init__(self, session: _Optional[_Union[Session, _Mapping]] = ..., event_count: _Optional[int] = ..., position: _Optional[int] = ...) -> None: ...
+
+class RedactEventsRequest(_message.Message):
+    __slots__ = ("session_id", "seqs", "reason", "lease_holder")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    SEQS_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    LEASE_HOLDER_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    seqs: _containers.RepeatedScalarFieldContainer[int]
+    reason: str
+    lease_holder: str
+    def __init__(self, session_id: _Optional[str] = ..., seqs: _Optional[_Iterable[int]] = ..., reason: _Optional[str] = ..., lease_holder: _Optional[str] = ...) -> None: ...
+
+class RedactEventsResponse(_message.Message):
+    __slots__ = ("seqs", "position")
+    SEQS_FIELD_NUMBER: _ClassVar[int]
+    POSITION_FIELD_NUMBER: _ClassVar[int]
+    seqs: _containers.RepeatedScalarFieldContainer[int]
+    position: int
+    def __init__(self, seqs: _Optional[_Iterable[int]] = ..., position: _Optional[int] = ...) -> None: ...
+
 class AcquireLeaseRequest(_message.Message):
     __slots__ = ("session_id", "holder", "ttl")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]

@@ -112,6 +112,16 @@ class SessionLogServiceStub:
                 request_serializer=sessionlog_dot_v1_dot_session__log__service__pb2.ReleaseLeaseRequest.SerializeToString,
                 response_deserializer=sessionlog_dot_v1_dot_session__log__service__pb2.ReleaseLeaseResponse.FromString,
                 _registered_method=True)
+        self.DeleteSession = channel.unary_unary(
+                '/sessionlog.v1.SessionLogService/DeleteSession',
+                request_serializer=sessionlog_dot_v1_dot_session__log__service__pb2.DeleteSessionRequest.SerializeToString,
+                response_deserializer=sessionlog_dot_v1_dot_session__log__service__pb2.DeleteSessionResponse.FromString,
+                _registered_method=True)
+        self.RedactEvents = channel.unary_unary(
+                '/sessionlog.v1.SessionLogService/RedactEvents',
+                request_serializer=sessionlog_dot_v1_dot_session__log__service__pb2.RedactEventsRequest.SerializeToString,
+                response_deserializer=sessionlog_dot_v1_dot_session__log__service__pb2.RedactEventsResponse.FromString,
+                _registered_method=True)
         self.GetShardMap = channel.unary_unary(
                 '/sessionlog.v1.SessionLogService/GetShardMap',
                 request_serializer=sessionlog_dot_v1_dot_session__log__service__pb2.GetShardMapRequest.SerializeToString,
@@ -251,6 +261,25 @@ class SessionLogServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def DeleteSession(self, request, context):
+        """DeleteSession erases a session for good: its record, events, request records, lease and
+        lease audit, on the primary and (through the change feed) on every replica. An erasure audit
+        record without content is kept. A session that is not stored fails with SESSION_NOT_FOUND.
+        The id may be used again afterwards (the new session gets a new internal id).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RedactEvents(self, request, context):
+        """RedactEvents erases the data and state_delta of chosen events of a session, keeping their
+        seq, type, time and surface_op, and marks them redacted. The only write that changes an
+        event once stored.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def GetShardMap(self, request, context):
         """GetShardMap returns the shard map this server holds: which group owns which slots (a
         session's slot is crc32(UTF-8 session id) % 1024) and each group's members and primary.
@@ -363,6 +392,16 @@ def add_SessionLogServiceServicer_to_server(servicer, server):
                     servicer.ReleaseLease,
                     request_deserializer=sessionlog_dot_v1_dot_session__log__service__pb2.ReleaseLeaseRequest.FromString,
                     response_serializer=sessionlog_dot_v1_dot_session__log__service__pb2.ReleaseLeaseResponse.SerializeToString,
+            ),
+            'DeleteSession': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteSession,
+                    request_deserializer=sessionlog_dot_v1_dot_session__log__service__pb2.DeleteSessionRequest.FromString,
+                    response_serializer=sessionlog_dot_v1_dot_session__log__service__pb2.DeleteSessionResponse.SerializeToString,
+            ),
+            'RedactEvents': grpc.unary_unary_rpc_method_handler(
+                    servicer.RedactEvents,
+                    request_deserializer=sessionlog_dot_v1_dot_session__log__service__pb2.RedactEventsRequest.FromString,
+                    response_serializer=sessionlog_dot_v1_dot_session__log__service__pb2.RedactEventsResponse.SerializeToString,
             ),
             'GetShardMap': grpc.unary_unary_rpc_method_handler(
                     servicer.GetShardMap,
@@ -788,6 +827,60 @@ class SessionLogService:
             '/sessionlog.v1.SessionLogService/ReleaseLease',
             sessionlog_dot_v1_dot_session__log__service__pb2.ReleaseLeaseRequest.SerializeToString,
             sessionlog_dot_v1_dot_session__log__service__pb2.ReleaseLeaseResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeleteSession(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sessionlog.v1.SessionLogService/DeleteSession',
+            sessionlog_dot_v1_dot_session__log__service__pb2.DeleteSessionRequest.SerializeToString,
+            sessionlog_dot_v1_dot_session__log__service__pb2.DeleteSessionResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RedactEvents(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sessionlog.v1.SessionLogService/RedactEvents',
+            sessionlog_dot_v1_dot_session__log__service__pb2.RedactEventsRequest.SerializeToString,
+            sessionlog_dot_v1_dot_session__log__service__pb2.RedactEventsResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -42,6 +42,10 @@ type AdminServiceClient interface {
 	// prefix: in session id order (UTF-8 bytes), and within a session in the order the changes
 	// happened. Paged (AIP-132). A sharded server lists the sessions its group owns.
 	ListLeaseAudit(ctx context.Context, in *ListLeaseAuditRequest, opts ...grpc.CallOption) (*ListLeaseAuditResponse, error)
+	// EraseSessions deletes every session whose id starts with prefix (and matches filter), each
+	// as DeleteSession would with force, in bounded batches. A filter the server cannot evaluate
+	// fails with INVALID_ARGUMENT / INVALID_FILTER before anything is erased.
+	EraseSessions(ctx context.Context, in *EraseSessionsRequest, opts ...grpc.CallOption) (*EraseSessionsResponse, error)
 }
 
 type adminServiceClient struct {
@@ -120,6 +124,15 @@ func (c *adminServiceClient) ListLeaseAudit(ctx context.Context, in *ListLeaseAu
 	return out, nil
 }
 
+func (c *adminServiceClient) EraseSessions(ctx context.Context, in *EraseSessionsRequest, opts ...grpc.CallOption) (*EraseSessionsResponse, error) {
+	out := new(EraseSessionsResponse)
+	err := c.cc.Invoke(ctx, "/sessionlog.v1.AdminService/EraseSessions", in, out, opts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // AdminServiceServer is the server API for AdminService service.
 // All implementations must embed UnimplementedAdminServiceServer
 // for forward compatibility
@@ -149,6 +162,10 @@ type AdminServiceServer interface {
 	// prefix: in session id order (UTF-8 bytes), and within a session in the order the changes
 	// happened. Paged (AIP-132). A sharded server lists the sessions its group owns.
 	ListLeaseAudit(context.Context, *ListLeaseAuditRequest) (*ListLeaseAuditResponse, error)
+	// EraseSessions deletes every session whose id starts with prefix (and matches filter), each
+	// as DeleteSession would with force, in bounded batches. A filter the server cannot evaluate
+	// fails with INVALID_ARGUMENT / INVALID_FILTER before anything is erased.
+	EraseSessions(context.Context, *EraseSessionsRequest) (*EraseSessionsResponse, error)
 	mustEmbedUnimplementedAdminServiceServer()
 }
 
@@ -170,6 +187,9 @@ func (UnimplementedAdminServiceServer) Fence(context.Context, *FenceRequest) (*F
 }
 func (UnimplementedAdminServiceServer) ListLeaseAudit(context.Context, *ListLeaseAuditRequest) (*ListLeaseAuditResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method ListLeaseAudit not implemented")
+}
+func (UnimplementedAdminServiceServer) EraseSessions(context.Context, *EraseSessionsRequest) (*EraseSessionsResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method EraseSessions not implemented")
 }
 func (UnimplementedAdminServiceServer) mustEmbedUnimplementedAdminServiceServer() {}
 
@@ -277,6 +297,24 @@ func _AdminService_ListLeaseAudit_Handler(srv interface{}, ctx context.Context, 
 	return interceptor(ctx, in, info, handler)
 }
 
+func _AdminService_EraseSessions_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(EraseSessionsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServiceServer).EraseSessions(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: "/sessionlog.v1.AdminService/EraseSessions",
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServiceServer).EraseSessions(ctx, req.(*EraseSessionsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 var _AdminService_serviceDesc = grpc.ServiceDesc{
 	ServiceName: "sessionlog.v1.AdminService",
 	HandlerType: (*AdminServiceServer)(nil),
@@ -296,6 +334,10 @@ var _AdminService_serviceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ListLeaseAudit",
 			Handler:    _AdminService_ListLeaseAudit_Handler,
+		},
+		{
+			MethodName: "EraseSessions",
+			Handler:    _AdminService_EraseSessions_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

@@ -58,6 +58,15 @@ type SessionLogServiceClient interface {
 	// ReleaseLease gives the lease up. Only its holder may release it, unless force is set (an
 	// operator's forced release, which is recorded).
 	ReleaseLease(ctx context.Context, in *ReleaseLeaseRequest, opts ...grpc.CallOption) (*ReleaseLeaseResponse, error)
+	// DeleteSession erases a session for good: its record, events, request records, lease and
+	// lease audit, on the primary and (through the change feed) on every replica. An erasure audit
+	// record without content is kept. A session that is not stored fails with SESSION_NOT_FOUND.
+	// The id may be used again afterwards (the new session gets a new internal id).
+	DeleteSession(ctx context.Context, in *DeleteSessionRequest, opts ...grpc.CallOption) (*DeleteSessionResponse, error)
+	// RedactEvents erases the data and state_delta of chosen events of a session, keeping their
+	// seq, type, time and surface_op, and marks them redacted. The only write that changes an
+	// event once stored.
+	RedactEvents(ctx context.Context, in *RedactEventsRequest, opts ...grpc.CallOption) (*RedactEventsResponse, error)
 	// GetShardMap returns the shard map this server holds: which group owns which slots (a
 	// session's slot is crc32(UTF-8 session id) % 1024) and each group's members and primary.
 	// A server started without a shard map answers epoch 0 and no groups: it owns every session.
@@ -246,6 +255,24 @@ func (c *sessionLogServiceClient) ReleaseLease(ctx context.Context, in *ReleaseL
 	return out, nil
 }
 
+func (c *sessionLogServiceClient) DeleteSession(ctx context.Context, in *DeleteSessionRequest, opts ...grpc.CallOption) (*DeleteSessionResponse, error) {
+	out := new(DeleteSessionResponse)
+	err := c.cc.Invoke(ctx, "/sessionlog.v1.SessionLogService/DeleteSession", in, out, opts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *sessionLogServiceClient) RedactEvents(ctx context.Context, in *RedactEventsRequest, opts ...grpc.CallOption) (*RedactEventsResponse, error) {
+	out := new(RedactEventsResponse)
+	err := c.cc.Invoke(ctx, "/sessionlog.v1.SessionLogService/RedactEvents", in, out, opts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 func (c *sessionLogServiceClient) GetShardMap(ctx context.Context, in *GetShardMapRequest, opts ...grpc.CallOption) (*GetShardMapResponse, error) {
 	out := new(GetShardMapResponse)
 	err := c.cc.Invoke(ctx, "/sessionlog.v1.SessionLogService/GetShardMap", in, out, opts...)
@@ -318,6 +345,15 @@ type SessionLogServiceServer interface {
 	// ReleaseLease gives the lease up. Only its holder may release it, unless force is set (an
 	// operator's forced release, which is recorded).
 	ReleaseLease(context.Context, *ReleaseLeaseRequest) (*ReleaseLeaseResponse, error)
+	// DeleteSession erases a session for good: its record, events, request records, lease and
+	// lease audit, on the primary and (through the change feed) on every replica. An erasure audit
+	// record without content is kept. A session that is not stored fails with SESSION_NOT_FOUND.
+	// The id may be used again afterwards (the new session gets a new internal id).
+	DeleteSession(context.Context, *DeleteSessionRequest) (*DeleteSessionResponse, error)
+	// RedactEvents erases the data and state_delta of chosen events of a session, keeping their
+	// seq, type, time and surface_op, and marks them redacted. The only write that changes an
+	// event once stored.
+	RedactEvents(context.Context, *RedactEventsRequest) (*RedactEventsResponse, error)
 	// GetShardMap returns the shard map this server holds: which group owns which slots (a
 	// session's slot is crc32(UTF-8 session id) % 1024) and each group's members and primary.
 	// A server started without a shard map answers epoch 0 and no groups: it owns every session.
@@ -389,6 +425,12 @@ func (UnimplementedSessionLogServiceServer) RenewLease(context.Context, *RenewLe
 }
 func (UnimplementedSessionLogServiceServer) ReleaseLease(context.Context, *ReleaseLeaseRequest) (*ReleaseLeaseResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method ReleaseLease not implemented")
+}
+func (UnimplementedSessionLogServiceServer) DeleteSession(context.Context, *DeleteSessionRequest) (*DeleteSessionResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method DeleteSession not implemented")
+}
+func (UnimplementedSessionLogServiceServer) RedactEvents(context.Context, *RedactEventsRequest) (*RedactEventsResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method RedactEvents not implemented")
 }
 func (UnimplementedSessionLogServiceServer) GetShardMap(context.Context, *GetShardMapRequest) (*GetShardMapResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method GetShardMap not implemented")
@@ -685,6 +727,42 @@ func _SessionLogService_ReleaseLease_Handler(srv interface{}, ctx context.Contex
 	return interceptor(ctx, in, info, handler)
 }
 
+func _SessionLogService_DeleteSession_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(DeleteSessionRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(SessionLogServiceServer).DeleteSession(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: "/sessionlog.v1.SessionLogService/DeleteSession",
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(SessionLogServiceServer).DeleteSession(ctx, req.(*DeleteSessionRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _SessionLogService_RedactEvents_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(RedactEventsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(SessionLogServiceServer).RedactEvents(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: "/sessionlog.v1.SessionLogService/RedactEvents",
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(SessionLogServiceServer).RedactEvents(ctx, req.(*RedactEventsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 func _SessionLogService_GetShardMap_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(GetShardMapRequest)
 	if err := dec(in); err != nil {
@@ -798,6 +876,14 @@ var _SessionLogService_serviceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ReleaseLease",
 			Handler:    _SessionLogService_ReleaseLease_Handler,
+		},
+		{
+			MethodName: "DeleteSession",
+			Handler:    _SessionLogService_DeleteSession_Handler,
+		},
+		{
+			MethodName: "RedactEvents",
+			Handler:    _SessionLogService_RedactEvents_Handler,
 		},
 		{
 			MethodName: "GetShardMap",

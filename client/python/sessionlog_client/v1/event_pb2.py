@@ -26,7 +26,7 @@ from google.protobuf import struct_pb2 as google_dot_protobuf_dot_struct__pb2
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19sessionlog/v1/event.proto\x12\rsessionlog.v1\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xb5\x01\n\tSurfaceOp\x12\x31\n\x06\x61ppend\x18\x01 \x01(\x0b\x32\x1f.sessionlog.v1.SurfaceOp.AppendH\x00\x12\x33\n\x07replace\x18\x02 \x01(\x0b\x32 .sessionlog.v1.SurfaceOp.ReplaceH\x00\x1a\x08\n\x06\x41ppend\x1a.\n\x07Replace\x12\x11\n\tstart_seq\x18\x01 \x01(\x04\x12\x10\n\x08stop_seq\x18\x02 \x01(\x04\x42\x06\n\x04kind\"\x8e\x02\n\x05\x45vent\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x12&\n\x04type\x18\x02 \x01(\x0e\x32\x18.sessionlog.v1.EventType\x12(\n\x04time\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12%\n\x04\x64\x61ta\x18\x04 \x01(\x0b\x32\x17.google.protobuf.Struct\x12,\n\nsurface_op\x18\x05 \x01(\x0b\x32\x18.sessionlog.v1.SurfaceOp\x12#\n\x05usage\x18\x06 \x01(\x0b\x32\x14.sessionlog.v1.Usage\x12,\n\x0bstate_delta\x18\x07 \x01(\x0b\x32\x17.google.protobuf.Struct\"z\n\x05Usage\x12\r\n\x05model\x18\x01 \x01(\t\x12\x14\n\x0cinput_tokens\x18\x02 \x01(\x04\x12\x15\n\routput_tokens\x18\x03 \x01(\x04\x12\x1b\n\x13\x63\x61\x63hed_input_tokens\x18\x04 \x01(\x04\x12\x18\n\x10reasoning_tokens\x18\x05 \x01(\x04*\xd7\x02\n\tEventType\x12\x1a\n\x16\x45VENT_TYPE_UNSPECIFIED\x10\x00\x12\x1d\n\x19\x45VENT_TYPE_SYSTEM_MESSAGE\x10\x01\x12\x1b\n\x17\x45VENT_TYPE_USER_MESSAGE\x10\x02\x12 \n\x1c\x45VENT_TYPE_ASSISTANT_MESSAGE\x10\x03\x12\x1a\n\x16\x45VENT_TYPE_TOOL_RESULT\x10\x04\x12\x18\n\x14\x45VENT_TYPE_TOOL_CALL\x10\x05\x12\x19\n\x15\x45VENT_TYPE_TURN_START\x10\x06\x12\x17\n\x13\x45VENT_TYPE_TURN_END\x10\x07\x12\x19\n\x15\x45VENT_TYPE_STEP_START\x10\x08\x12\x17\n\x13\x45VENT_TYPE_STEP_END\x10\t\x12\x1d\n\x19\x45VENT_TYPE_REQUEST_HEADER\x10\n\x12\x13\n\x0f\x45VENT_TYPE_HIDE\x10\x0b\x42l\n\x11\x64\x65v.sessionlog.v1P\x01ZEgithub.com/sessionlog/sessionlog/client/go/sessionlog/v1;sessionlogv1\xaa\x02\rSessionlog.V1b\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19sessionlog/v1/event.proto\x12\rsessionlog.v1\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xb5\x01\n\tSurfaceOp\x12\x31\n\x06\x61ppend\x18\x01 \x01(\x0b\x32\x1f.sessionlog.v1.SurfaceOp.AppendH\x00\x12\x33\n\x07replace\x18\x02 \x01(\x0b\x32 .sessionlog.v1.SurfaceOp.ReplaceH\x00\x1a\x08\n\x06\x41ppend\x1a.\n\x07Replace\x12\x11\n\tstart_seq\x18\x01 \x01(\x04\x12\x10\n\x08stop_seq\x18\x02 \x01(\x04\x42\x06\n\x04kind\"\xba\x02\n\x05\x45vent\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x12&\n\x04type\x18\x02 \x01(\x0e\x32\x18.sessionlog.v1.EventType\x12(\n\x04time\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12%\n\x04\x64\x61ta\x18\x04 \x01(\x0b\x32\x17.google.protobuf.Struct\x12,\n\nsurface_op\x18\x05 \x01(\x0b\x32\x18.sessionlog.v1.SurfaceOp\x12#\n\x05usage\x18\x06 \x01(\x0b\x32\x14.sessionlog.v1.Usage\x12,\n\x0bstate_delta\x18\x07 \x01(\x0b\x32\x17.google.protobuf.Struct\x12*\n\x08redacted\x18\x08 \x01(\x0b\x32\x18.sessionlog.v1.Redaction\"L\n\tRedaction\x12/\n\x0bredact_time\x18\x01 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0e\n\x06reason\x18\x02 \x01(\t\"z\n\x05Usage\x12\r\n\x05model\x18\x01 \x01(\t\x12\x14\n\x0cinput_tokens\x18\x02 \x01(\x04\x12\x15\n\routput_tokens\x18\x03 \x01(\x04\x12\x1b\n\x13\x63\x61\x63hed_input_tokens\x18\x04 \x01(\x04\x12\x18\n\x10reasoning_tokens\x18\x05 \x01(\x04*\xd7\x02\n\tEventType\x12\x1a\n\x16\x45VENT_TYPE_UNSPECIFIED\x10\x00\x12\x1d\n\x19\x45VENT_TYPE_SYSTEM_MESSAGE\x10\x01\x12\x1b\n\x17\x45VENT_TYPE_USER_MESSAGE\x10\x02\x12 \n\x1c\x45VENT_TYPE_ASSISTANT_MESSAGE\x10\x03\x12\x1a\n\x16\x45VENT_TYPE_TOOL_RESULT\x10\x04\x12\x18\n\x14\x45VENT_TYPE_TOOL_CALL\x10\x05\x12\x19\n\x15\x45VENT_TYPE_TURN_START\x10\x06\x12\x17\n\x13\x45VENT_TYPE_TURN_END\x10\x07\x12\x19\n\x15\x45VENT_TYPE_STEP_START\x10\x08\x12\x17\n\x13\x45VENT_TYPE_STEP_END\x10\t\x12\x1d\n\x19\x45VENT_TYPE_REQUEST_HEADER\x10\n\x12\x13\n\x0f\x45VENT_TYPE_HIDE\x10\x0b\x42l\n\x11\x64\x65v.sessionlog.v1P\x01ZEgithub.com/sessionlog/sessionlog/client/go/sessionlog/v1;sessionlogv1\xaa\x02\rSessionlog.V1b\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -34,8 +34,8 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'sessionlog.v1.event_pb2', _
 if not _descriptor._USE_C_DESCRIPTORS:
   _globals['DESCRIPTOR']._loaded_options = None
   _globals['DESCRIPTOR']._serialized_options = b'\n\021dev.sessionlog.v1P\001ZEgithub.com/sessionlog/sessionlog/client/go/sessionlog/v1;sessionlogv1\252\002\rSessionlog.V1'
-  _globals['_EVENTTYPE']._serialized_start=689
-  _globals['_EVENTTYPE']._serialized_end=1032
+  _globals['_EVENTTYPE']._serialized_start=811
+  _globals['_EVENTTYPE']._serialized_end=1154
   _globals['_SURFACEOP']._serialized_start=108
   _globals['_SURFACEOP']._serialized_end=289
   _globals['_SURFACEOP_APPEND']._serialized_start=225
@@ -43,7 +43,9 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_SURFACEOP_REPLACE']._serialized_start=235
   _globals['_SURFACEOP_REPLACE']._serialized_end=281
   _globals['_EVENT']._serialized_start=292
-  _globals['_EVENT']._serialized_end=562
-  _globals['_USAGE']._serialized_start=564
-  _globals['_USAGE']._serialized_end=686
+  _globals['_EVENT']._serialized_end=606
+  _globals['_REDACTION']._serialized_start=608
+  _globals['_REDACTION']._serialized_end=684
+  _globals['_USAGE']._serialized_start=686
+  _globals['_USAGE']._serialized_end=808
 # @@protoc_insertion_point(module_scope)

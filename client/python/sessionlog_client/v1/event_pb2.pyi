@@ -56,7 +56,7 @@ class SurfaceOp(_message.Message):
     def __init__(self, append: _Optional[_Union[SurfaceOp.Append, _Mapping]] = ..., replace: _Optional[_Union[SurfaceOp.Replace, _Mapping]] = ...) -> None: ...
 
 class Event(_message.Message):
-    __slots__ = ("seq", "type", "time", "data", "surface_op", "usage", "state_delta")
+    __slots__ = ("seq", "type", "time", "data", "surface_op", "usage", "state_delta", "redacted")
     SEQ_FIELD_NUMBER: _ClassVar[int]
     TYPE_FIELD_NUMBER: _ClassVar[int]
     TIME_FIELD_NUMBER: _ClassVar[int]
@@ -64,6 +64,7 @@ class Event(_message.Message):
     SURFACE_OP_FIELD_NUMBER: _ClassVar[int]
     USAGE_FIELD_NUMBER: _ClassVar[int]
     STATE_DELTA_FIELD_NUMBER: _ClassVar[int]
+    REDACTED_FIELD_NUMBER: _ClassVar[int]
     seq: int
     type: EventType
     time: _timestamp_pb2.Timestamp
@@ -71,7 +72,16 @@ class Event(_message.Message):
     surface_op: SurfaceOp
     usage: Usage
     state_delta: _struct_pb2.Struct
-    def __init__(self, seq: _Optional[int] = ..., type: _Optional[_Union[EventType, str]] = ..., time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., data: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., surface_op: _Optional[_Union[SurfaceOp, _Mapping]] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ..., state_delta: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ...) -> None: ...
+    redacted: Redaction
+    def __init__(self, seq: _Optional[int] = ..., type: _Optional[_Union[EventType, str]] = ..., time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., data: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., surface_op: _Optional[_Union[SurfaceOp, _Mapping]] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ..., state_delta: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., redacted: _Optional[_Union[Redaction, _Mapping]] = ...) -> None: ...
+
+class Redaction(_message.Message):
+    __slots__ = ("redact_time", "reason")
+    REDACT_TIME_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    redact_time: _timestamp_pb2.Timestamp
+    reason: str
+    def __init__(self, redact_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class Usage(_message.Message):
     __slots__ = ("model", "input_tokens", "output_tokens", "cached_input_tokens", "reasoning_tokens")

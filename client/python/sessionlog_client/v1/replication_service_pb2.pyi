@@ -19,6 +19,8 @@ class ChangeKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     CHANGE_KIND_CREATE: _ClassVar[ChangeKind]
     CHANGE_KIND_FORK: _ClassVar[ChangeKind]
     CHANGE_KIND_LEASE: _ClassVar[ChangeKind]
+    CHANGE_KIND_DELETE: _ClassVar[ChangeKind]
+    CHANGE_KIND_REDACT: _ClassVar[ChangeKind]
 
 class ClusterRole(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -47,6 +49,8 @@ CHANGE_KIND_APPEND: ChangeKind
 CHANGE_KIND_CREATE: ChangeKind
 CHANGE_KIND_FORK: ChangeKind
 CHANGE_KIND_LEASE: ChangeKind
+CHANGE_KIND_DELETE: ChangeKind
+CHANGE_KIND_REDACT: ChangeKind
 CLUSTER_ROLE_UNSPECIFIED: ClusterRole
 CLUSTER_ROLE_LEADER: ClusterRole
 CLUSTER_ROLE_FOLLOWER: ClusterRole
@@ -62,6 +66,16 @@ REPLICATION_STATE_STREAMING: ReplicationState
 REPLICATION_STATE_DIVERGED: ReplicationState
 REPLICATION_STATE_FENCED: ReplicationState
 
+class StorageDelete(_message.Message):
+    __slots__ = ("table", "key", "end_key")
+    TABLE_FIELD_NUMBER: _ClassVar[int]
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    END_KEY_FIELD_NUMBER: _ClassVar[int]
+    table: str
+    key: bytes
+    end_key: bytes
+    def __init__(self, table: _Optional[str] = ..., key: _Optional[bytes] = ..., end_key: _Optional[bytes] = ...) -> None: ...
+
 class StoragePut(_message.Message):
     __slots__ = ("table", "key", "value")
     TABLE_FIELD_NUMBER: _ClassVar[int]
@@ -73,7 +87,7 @@ class StoragePut(_message.Message):
     def __init__(self, table: _Optional[str] = ..., key: _Optional[bytes] = ..., value: _Optional[bytes] = ...) -> None: ...
 
 class Change(_message.Message):
-    __slots__ = ("position", "kind", "session_id", "commit_time", "first_seq", "event_count", "internal_id", "puts", "events", "checksum", "epoch")
+    __slots__ = ("position", "kind", "session_id", "commit_time", "first_seq", "event_count", "internal_id", "puts", "events", "checksum", "epoch", "deletes", "erased", "erased_positions")
     POSITION_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
@@ -85,6 +99,9 @@ class Change(_message.Message):
     EVENTS_FIELD_NUMBER: _ClassVar[int]
     CHECKSUM_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
+    DELETES_FIELD_NUMBER: _ClassVar[int]
+    ERASED_FIELD_NUMBER: _ClassVar[int]
+    ERASED_POSITIONS_FIELD_NUMBER: _ClassVar[int]
     position: int
     kind: ChangeKind
     session_id: str
@@ -96,7 +113,10 @@ class Change(_message.Message):
     events: _containers.RepeatedCompositeFieldContainer[_event_pb2.Event]
     checksum: bytes
     epoch: int
-    def __init__(self, position: _Optional[int] = ..., kind: _Optional[_Union[ChangeKind, str]] = ..., session_id: _Optional[str] = ..., commit_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., first_seq: _Optional[int] = ..., event_count: _Optional[int] = ..., internal_id: _Optional[int] = ..., puts: _Optional[_Iterable[_Union[StoragePut, _Mapping]]] = ..., events: _Optional[_Iterable[_Union[_event_pb2.Event, _Mapping]]] = ..., checksum: _Optional[bytes] = ..., epoch: _Optional[int] = ...) -> None: ...
+    deletes: _containers.RepeatedCompositeFieldContainer[StorageDelete]
+    erased: bool
+    erased_positions: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, position: _Optional[int] = ..., kind: _Optional[_Union[ChangeKind, str]] = ..., session_id: _Optional[str] = ..., commit_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., first_seq: _Optional[int] = ..., event_count: _Optional[int] = ..., internal_id: _Optional[int] = ..., puts: _Optional[_Iterable[_Union[StoragePut, _Mapping]]] = ..., events: _Optional[_Iterable[_Union[_event_pb2.Event, _Mapping]]] = ..., checksum: _Optional[bytes] = ..., epoch: _Optional[int] = ..., deletes: _Optional[_Iterable[_Union[StorageDelete, _Mapping]]] = ..., erased: _Optional[bool] = ..., erased_positions: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class ChangesRequest(_message.Message):
     __slots__ = ("start_position", "follow", "after_checksum", "heartbeat_interval", "epoch")

@@ -289,3 +289,22 @@ def test_imported_usage_is_in_the_ledger(stub: pb_grpc.SessionLogServiceStub) ->
         pb.GetUsageRequest(session_id="imp-usage", at_seq=1), metadata=as_(ADMIN), timeout=5
     )
     assert [(u.input_tokens, u.event_count) for u in at.usage] == [(30, 2)]
+
+
+def test_a_redacted_event_imports_with_its_mark(stub: pb_grpc.SessionLogServiceStub) -> None:
+    """An exported redacted session imports identically: the event keeps ``redacted``."""
+    stub.Append(
+        pb.AppendRequest(session_id="imp-red-src", events=[user("secret"), user("kept")]),
+        metadata=as_(WRITER),
+        timeout=5,
+    )
+    stub.RedactEvents(
+        pb.RedactEventsRequest(session_id="imp-red-src", seqs=[0], reason="privacy"),
+        metadata=as_(WRITER),
+        timeout=5,
+    )
+    source = stored(stub, "imp-red-src")
+    assert source[0].HasField("redacted")
+    copied = pb.ImportSessionRequest(session_id="imp-red-copy", events=source)
+    stub.ImportSession(copied, metadata=as_(WRITER), timeout=5)
+    assert stored(stub, "imp-red-copy") == source

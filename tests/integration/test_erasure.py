@@ -55,7 +55,9 @@ def replicate(primary: Store, replica: Store, start: int = 1) -> None:
 
 def write_some(store: Store) -> None:
     store.append("keep", [user("kept one"), user("kept two")])
-    store.append("gone", [user(SECRET), user("hello")])
+    spent = user(SECRET)
+    spent.usage.model, spent.usage.input_tokens = "m-1", 7  # a row in the usage ledger
+    store.append("gone", [spent, user("hello")])
     store.submit_lease("acquire", "gone", "worker", 60_000_000_000).result()
     store.submit_lease("release", "gone", "worker").result()
     store.append("gone", [user("more " + SECRET)], request_id="r1")
@@ -79,7 +81,7 @@ def test_delete_removes_every_key_and_rewrites_its_feed_records(store: Store) ->
         for key, value in rows:
             if name in ("sessions", "leases", "audit"):
                 assert key.split(b"\x00")[0] != b"gone", (name, key)
-            if name in ("events", "requests", "ids", "redactions"):
+            if name in ("events", "requests", "ids", "redactions", "usage"):
                 assert key[:8] != schema.u64(meta.sid), (name, key)
             if name != "erasures":
                 assert SECRET.encode() not in value, (name, key)

@@ -51,7 +51,11 @@ def prepare_import(
             limit=imports.MAX_REQUEST_RECORDS,
         )
     now_ns = time.time_ns()
-    events = prepare_append(request.session_id, request.events, limits=limits, now_ns=now_ns)
+    # An import copies history as it was, an erased event's mark included (a slot move of a
+    # redacted session, an export re-imported).
+    events = prepare_append(
+        request.session_id, request.events, limits=limits, now_ns=now_ns, keep_redacted=True
+    )
     last_event = None
     if request.events:
         last = request.events[-1]

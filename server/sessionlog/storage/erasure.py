@@ -60,6 +60,7 @@ PER_SESSION: tuple[tuple[str, Callable[[str, int], KeyRange]], ...] = (
     ("leases", lambda session_id, sid: (session_id.encode(), b"")),
     ("audit", lambda session_id, sid: (schema.audit_prefix(session_id), _after_audit(session_id))),
     ("redactions", lambda session_id, sid: (schema.u64(sid), b"")),
+    ("usage", lambda session_id, sid: _sid_range(sid)),
 )
 """Every table that holds a session's keys, and the keys it holds for (session id, sid). A
 table added for sessions (labels, usage totals) is one line here: DeleteSession then erases it."""

@@ -199,9 +199,17 @@ def every_rpc(session_id: str) -> list[tuple[str, Message, bool]]:
             False,
         ),
         (SERVICE + "GetSessionRecords", pb.GetSessionRecordsRequest(session_id=session_id), False),
+        (
+            SERVICE + "RedactEvents",
+            pb.RedactEventsRequest(session_id=session_id, seqs=[0]),
+            False,
+        ),
+        # Last of the session's RPCs: where a call gets through, it erases the session.
+        (SERVICE + "DeleteSession", pb.DeleteSessionRequest(session_id=session_id), False),
         (FEED + "Changes", rpb.ChangesRequest(start_position=1), True),
         (FEED + "GetReplicationStatus", rpb.GetReplicationStatusRequest(), False),
         (ADMIN_SERVICE + "ListLeaseAudit", apb.ListLeaseAuditRequest(prefix=session_id), False),
+        (ADMIN_SERVICE + "EraseSessions", apb.EraseSessionsRequest(prefix=session_id), False),
         (HEALTH_CHECK, health_pb2.HealthCheckRequest(), False),
     ]
 

@@ -23,7 +23,12 @@ status back into the same class with :func:`from_reason`.
     │   ├── BatchTooLarge                   BATCH_TOO_LARGE (the reply would not fit a message)
     │   ├── TooManyEvents                   TOO_MANY_EVENTS (over the events-per-append limit)
     │   ├── InvalidEpoch                    INVALID_EPOCH (a fence without an epoch)
-    │   └── InvalidAddress                  INVALID_ADDRESS (not HOST:PORT)
+    │   ├── InvalidAddress                  INVALID_ADDRESS (not HOST:PORT)
+    │   ├── InvalidFilter                   INVALID_FILTER (a ListSessions filter that fails)
+    │   ├── InvalidOrderBy                  INVALID_ORDER_BY (an order_by ListSessions lacks)
+    │   ├── InvalidUpdateMask               INVALID_UPDATE_MASK (an unknown or output-only path)
+    │   └── InvalidSessionField             INVALID_SESSION_FIELD (bad title, label, owner...)
+    ├── SessionNotFound                     NOT_FOUND (SESSION_NOT_FOUND: updated or parent session)
     ├── SessionAlreadyExists                ALREADY_EXISTS
     ├── FailedPrecondition                  FAILED_PRECONDITION
     │   ├── OpenTurn                        OPEN_TURN
@@ -148,6 +153,34 @@ class InvalidEpoch(InvalidArgument):
 
 class InvalidAddress(InvalidArgument):
     reason = "INVALID_ADDRESS"
+
+
+class InvalidFilter(InvalidArgument):
+    """A ListSessions filter outside the supported AIP-160 subset; the message names the spot."""
+
+    reason = "INVALID_FILTER"
+
+
+class InvalidOrderBy(InvalidArgument):
+    reason = "INVALID_ORDER_BY"
+
+
+class InvalidUpdateMask(InvalidArgument):
+    """An UpdateSession mask path that names no settable field (output-only or unknown)."""
+
+    reason = "INVALID_UPDATE_MASK"
+
+
+class InvalidSessionField(InvalidArgument):
+    """A title, label, owner or status outside its rules (metadata ``field``)."""
+
+    reason = "INVALID_SESSION_FIELD"
+
+
+class SessionNotFound(SessionLogError):
+    """A call that needs an existing session (UpdateSession, a child's parent) named none."""
+
+    reason = "SESSION_NOT_FOUND"
 
 
 class Unauthenticated(SessionLogError):

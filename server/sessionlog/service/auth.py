@@ -19,8 +19,8 @@ feed it is refused to a token limited to a session prefix.
 
 Permissions per RPC: reads (Since, Surface, DeriveMessages, GetState, GetSession,
 ListSessions, GetShardMap) need ``read``; writes (Append, CreateSession, SeedSession,
-ForkSession, leases) need ``write``; a forced lease release and the change feed (which carries
-every tenant's data) need ``admin``.
+ForkSession, UpdateSession, leases) need ``write``; a forced lease release and the change feed
+(which carries every tenant's data) need ``admin``.
 GetReplicationStatus needs ``read``. Calls whose answer spans every session (the change feed, and
 the replication status with its global positions) are refused to any token limited to a session
 prefix. Health and reflection need any valid token unless the operator opens them
@@ -62,6 +62,7 @@ _NEEDS = {
     "/sessionlog.v1.SessionLogService/SeedSession": WRITE,
     "/sessionlog.v1.SessionLogService/GetSession": READ,
     "/sessionlog.v1.SessionLogService/ListSessions": READ,
+    "/sessionlog.v1.SessionLogService/UpdateSession": WRITE,
     "/sessionlog.v1.SessionLogService/ForkSession": WRITE,
     "/sessionlog.v1.SessionLogService/AcquireLease": WRITE,
     "/sessionlog.v1.SessionLogService/RenewLease": WRITE,

@@ -20,6 +20,7 @@ log = logging.getLogger(__name__)
 _CODES: dict[type[errors.SessionLogError], grpc.StatusCode] = {
     errors.InvalidArgument: grpc.StatusCode.INVALID_ARGUMENT,
     errors.SessionAlreadyExists: grpc.StatusCode.ALREADY_EXISTS,
+    errors.SessionNotFound: grpc.StatusCode.NOT_FOUND,
     errors.FailedPrecondition: grpc.StatusCode.FAILED_PRECONDITION,
     errors.SeqConflict: grpc.StatusCode.ABORTED,
     errors.StorageFull: grpc.StatusCode.RESOURCE_EXHAUSTED,

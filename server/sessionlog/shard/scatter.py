@@ -170,18 +170,20 @@ class Scatter:
         size: int,
         metadata: Iterable[tuple[str, Any]] | None,
         within: float | None = None,
+        filter_text: str = "",
     ) -> Merged:
         """Up to ``size`` sessions of every group after ``after`` whose id starts with
         ``prefix`` (already narrowed to the caller's token), merged in id order; within
         ``within`` seconds (the caller's deadline) when that is sooner than
-        GROUP_DEADLINE_SECONDS."""
+        GROUP_DEADLINE_SECONDS. ``filter_text`` (a ListSessions filter) goes to every group,
+        which applies it to its own sessions; ``local`` applies it already."""
         shard_map, mine = self._current()
         sent = forwarded(metadata)
         others = [g for g in shard_map.groups if g.name != mine]
         wait = GROUP_DEADLINE_SECONDS if within is None else min(within, GROUP_DEADLINE_SECONDS)
         ends = time.monotonic() + wait
         pages = await asyncio.gather(
-            *(self._ask(group, after, prefix, size, sent, ends) for group in others)
+            *(self._ask(group, after, prefix, size, sent, ends, filter_text) for group in others)
         )
         answers = [Answer(mine, *local(after, prefix, size)), *pages]
         return merge(answers, size, lambda session_id: shard_map.owner(session_id).name)
@@ -194,16 +196,23 @@ class Scatter:
         size: int,
         metadata: tuple[tuple[str, str], ...],
         ends: float,
+        filter_text: str = "",
     ) -> Answer:
         """One group's page from its primary, else from its other members in turn, by
         ``ends`` (``time.monotonic``)."""
         # Imported here: the servicer imports this module (its one page token format).
-        from sessionlog.service.servicer import decode_page_token, encode_page_token
+        from sessionlog.service.servicer import (
+            Listing,
+            decode_listing_token,
+            encode_listing_token,
+        )
 
+        listing = Listing(prefix, filter_text, "session_id")
         request = pb.ListSessionsRequest(
             prefix=prefix,
             page_size=size,
-            page_token=encode_page_token(after, prefix) if after else "",
+            page_token=encode_listing_token(after.encode(), listing) if after else "",
+            filter=filter_text,
         ).SerializeToString()
         primary = self._primary_of(group)
         order = list(dict.fromkeys([primary, *group.members] if primary else group.members))
@@ -225,7 +234,7 @@ class Scatter:
                 await self._forget(address, channel)
                 continue
             reply = pb.ListSessionsResponse.FromString(raw)
-            last = decode_page_token(reply.next_page_token, prefix)
+            last = decode_listing_token(reply.next_page_token, listing).decode()
             return Answer(group.name, list(reply.sessions), last)
         tried = "; ".join(failures) or "no time left"
         raise errors.GroupUnavailable(

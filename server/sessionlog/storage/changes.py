@@ -28,6 +28,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import lmdb
 
@@ -55,6 +56,7 @@ KIND_BY_NAME = {
     "create": rpb.CHANGE_KIND_CREATE,
     "fork": rpb.CHANGE_KIND_FORK,
     "lease": rpb.CHANGE_KIND_LEASE,
+    "update": rpb.CHANGE_KIND_UPDATE,
 }
 
 
@@ -90,7 +92,9 @@ def encode_change(
         put = [_TABLE_FIELDS[table]]
         if key:
             put += (_KEY_TAG, varint(len(key)), key)
-        if value:
+        if value is None:
+            put.append(_REMOVE_FIELD)
+        elif value:
             put += (_VALUE_TAG, varint(len(value)), value)
         body = b"".join(put)
         parts += (_PUTS_TAG, varint(len(body)), body)
@@ -109,6 +113,7 @@ _PUTS_TAG = wire.tag(_CHANGE["puts"], wire.LENGTH_DELIMITED)
 _EPOCH_TAG = wire.tag(_CHANGE["epoch"], wire.VARINT)
 _KEY_TAG = wire.tag(_PUT["key"], wire.LENGTH_DELIMITED)
 _VALUE_TAG = wire.tag(_PUT["value"], wire.LENGTH_DELIMITED)
+_REMOVE_FIELD = wire.int_field(_PUT["remove"], 1)
 _last_commit_time = (0, wire.message_field(_CHANGE["commit_time"], wire.timestamp(0)))
 """The commit_time field last encoded, with its time in ns (one tuple: swapped whole)."""
 
@@ -120,6 +125,14 @@ def _commit_time_field(commit_ns: int) -> bytes:
         field = wire.message_field(_CHANGE["commit_time"], wire.timestamp(commit_ns))
         _last_commit_time = (commit_ns, field)
     return field
+
+
+def apply_put(txn: lmdb.Transaction, put: rpb.StoragePut, by_name: Any) -> None:
+    """One recorded write, as a replica (or a rebuild) repeats it: a put, or a removal."""
+    if put.remove:
+        txn.delete(put.key, db=by_name[put.table])
+    else:
+        txn.put(put.key, put.value, db=by_name[put.table])
 
 
 def chain(previous: bytes, record: bytes, events: Sequence[bytes]) -> bytes:
@@ -392,7 +405,7 @@ class ApplyChangesCommand:
         for received, fingerprint in zip(self._changes, fingerprints, strict=True):
             change = received.change
             for put in change.puts:
-                txn.put(put.key, put.value, db=by_name[put.table])
+                apply_put(txn, put, by_name)
             for offset, event in enumerate(received.events):
                 key = schema.event_key(change.internal_id, change.first_seq + offset)
                 txn.put(key, event, db=tables.events)

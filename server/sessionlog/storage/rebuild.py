@@ -158,7 +158,7 @@ def _copy(
                 if problem is not None:
                     raise RebuildRefused(f"change-feed record {at}: {problem}")
                 for put in change.puts:
-                    target.put(put.key, put.value, db=by_name[put.table])
+                    changes.apply_put(target, put, by_name)
                 for offset, event in enumerate(events):
                     key = schema.event_key(change.internal_id, change.first_seq + offset)
                     target.put(key, event, db=new_tables.events)

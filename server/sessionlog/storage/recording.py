@@ -16,14 +16,15 @@ class RecordingTxn:
     """A write transaction that remembers what a command puts, for its change record.
 
     Events go through ``put_events`` and are remembered as a range (consecutive seqs of one
-    session); every other put is kept whole.
+    session); every other put is kept whole, and a removal (``remove``) as a put of value None,
+    in the same order, so a replica that applies them in turn ends with the same keys.
     """
 
     def __init__(self, txn: lmdb.Transaction, tables: Tables) -> None:
         self._txn = txn
         self._names = tables.names
         self._events_db = tables.events
-        self.puts: list[tuple[str, bytes, bytes]] = []
+        self.puts: list[tuple[str, bytes, bytes | None]] = []
         self.events: list[bytes] = []
         """The stored bytes of the events written, in seq order (for the record's checksum)."""
         self.event_sid = -1
@@ -43,6 +44,16 @@ class RecordingTxn:
         if written:
             self.puts.append((self._names[id(db)], bytes(key), bytes(value)))
         return written
+
+    def remove(self, key: bytes, db: Any = None) -> bool:
+        """Delete ``key`` (an index entry: events and records of other tables are never
+        deleted); recorded for the feed only when it was there."""
+        if db is self._events_db:
+            raise RuntimeError("events are never deleted")
+        removed: bool = self._txn.delete(key, db=db)
+        if removed:
+            self.puts.append((self._names[id(db)], bytes(key), None))
+        return removed
 
     def put_events(self, sid: int, first_seq: int, values: Sequence[bytes]) -> None:
         """Write events under consecutive seqs of one session from ``first_seq`` on, in one call

@@ -27,13 +27,34 @@ One environment holds every session. Named databases:
     audit      session id + 0x00 + n (u64 BE) -> AuditRecord (JSON)
                Lease takeovers and forced releases, in order. Ids cannot contain 0x00, so one
                session's records are one contiguous range.
+    records    session id (UTF-8)            -> last UpdateSession time (u64 BE ns, 0: never)
+                                                + SessionRecord fields (JSON)
+               What a person sets on a session (``sessionlog.records``); only sessions that
+               have such fields (or a sub-agent parent_seq) have a record. Apart from SessionMeta
+               so that appends, which read the meta every time, never decode it: an append
+               reads the first 8 bytes only (its update time, for the ``recent`` index).
+    recent     (2^64 - 1 - update time ns) (u64 BE) + session id -> empty
+               Every session once, by update time (the later of its last append and its last
+               UpdateSession), newest first: ListSessions' "update_time desc" is a cursor walk.
+               Moved (one remove, one put) in the transaction of every append and update.
+    labels     label key + 0x00 + value + 0x00 + session id -> empty
+               Sessions by label, in id order within a key and value: a filter
+               ``labels.K = "V"`` lists by id from this range. Label keys and values cannot
+               hold 0x00 (``records``' rules).
+    children   parent session id + 0x00 + child session id -> empty
+               The sub-agent children and forks of a session, in id order (filter
+               ``parent = "ID"``).
 
 Invariants (the single writer thread keeps them; every change commits in one transaction):
 - seq is dense from 0 per session: events holds exactly the keys (sid, 0) .. (sid, next_seq - 1);
 - an event's stored bytes never change after commit;
 - SessionMeta.next_seq and .replace_generation match the events stored for that session;
 - sid values are never reused, so a session id maps to one key prefix for all time;
-- every committed write has exactly one record in ``changes``, committed with it.
+- every committed write has exactly one record in ``changes``, committed with it;
+- ``recent`` holds exactly one key per session: its current update time (an index removal
+  travels in the change feed as a StoragePut with remove set, so replicas match);
+- ``labels`` holds exactly the (key, value, id) of every record's labels; ``children`` one key
+  per session with a parent.
 
 Variable-length session ids are never used as a key prefix: "ab" and "abc" would interleave. The
 fixed-width sid keeps each session's events contiguous.
@@ -45,6 +66,8 @@ import json
 import struct
 from dataclasses import asdict, dataclass
 
+from sessionlog.records import SessionRecord
+
 SESSIONS = b"sessions"
 IDS = b"ids"
 EVENTS = b"events"
@@ -53,7 +76,24 @@ COUNTERS = b"counters"
 LEASES = b"leases"
 AUDIT = b"audit"
 CHANGES = b"changes"
-ALL_DBS = (SESSIONS, IDS, EVENTS, REQUESTS, COUNTERS, LEASES, AUDIT, CHANGES)
+RECORDS = b"records"
+RECENT = b"recent"
+LABELS = b"labels"
+CHILDREN = b"children"
+ALL_DBS = (
+    SESSIONS,
+    IDS,
+    EVENTS,
+    REQUESTS,
+    COUNTERS,
+    LEASES,
+    AUDIT,
+    CHANGES,
+    RECORDS,
+    RECENT,
+    LABELS,
+    CHILDREN,
+)
 
 NEXT_SID = b"next_sid"
 HISTORY_ID = b"history_id"
@@ -97,6 +137,52 @@ def event_key_seq(key: bytes) -> int:
 
 def request_key(sid: int, request_id: str) -> bytes:
     return _U64.pack(sid) + request_id.encode("utf-8")
+
+
+_NEWEST = (1 << 64) - 1
+
+
+def recent_key(update_time_ns: int, session_id: str) -> bytes:
+    return _U64.pack(_NEWEST - max(0, update_time_ns)) + session_id.encode("utf-8")
+
+
+def recent_key_parts(key: bytes) -> tuple[int, str]:
+    """(update time ns, session id) of a ``recent`` key."""
+    return _NEWEST - read_u64(key[:8]), key[8:].decode("utf-8")
+
+
+def label_prefix(key: str, value: str | None = None) -> bytes:
+    """The ``labels`` range of one key (every value) or of one key and value."""
+    head = key.encode("utf-8") + b"\x00"
+    return head if value is None else head + value.encode("utf-8") + b"\x00"
+
+
+def child_prefix(parent_id: str) -> bytes:
+    return parent_id.encode("utf-8") + b"\x00"
+
+
+def encode_record(record: SessionRecord) -> bytes:
+    fields: dict[str, object] = {}
+    for name in ("title", "labels", "owner", "status"):
+        if getattr(record, name):
+            fields[name] = getattr(record, name)
+    if record.parent_seq is not None:
+        fields["parent_seq"] = record.parent_seq
+    body = json.dumps(fields, separators=(",", ":"), sort_keys=True).encode()
+    return _U64.pack(record.update_time_ns) + body
+
+
+def decode_record(raw: bytes | memoryview) -> SessionRecord:
+    data = bytes(raw)
+    fields = json.loads(data[8:])
+    return SessionRecord(
+        title=fields.get("title", ""),
+        labels=dict(fields.get("labels", {})),
+        owner=fields.get("owner", ""),
+        status=fields.get("status", ""),
+        update_time_ns=read_u64(data[:8]),
+        parent_seq=fields.get("parent_seq"),
+    )
 
 
 def audit_prefix(session_id: str) -> bytes:

@@ -25,15 +25,18 @@ from google.protobuf.struct_pb2 import Struct
 
 from sessionlog import errors, fold, wire
 from sessionlog.config import DEFAULT_MAP_SIZE, DEFAULT_REQUEST_ID_TTL_SECONDS
+from sessionlog.records import Filter, SessionRecord
 from sessionlog.storage import (
     changes,
     commands,
     damage,
     folder,
     identity,
+    indexes,
     integrity,
     leadership,
     rebuild,
+    records,
     schema,
 )
 from sessionlog.storage.changes import (
@@ -445,6 +448,24 @@ class Store:
             )
         return commands.LeaseCommand(self.tables, action, session_id, holder, ttl_ns, force)
 
+    def submit_update(
+        self, session_id: str, given: SessionRecord, paths: Sequence[str] | None
+    ) -> Future[records.Updated]:
+        """Queue an UpdateSession: the fields ``paths`` names (None: those ``given`` fills)."""
+        return self.writer.submit(self._update_command(session_id, given, paths))
+
+    def commit_update(
+        self, session_id: str, given: SessionRecord, paths: Sequence[str] | None
+    ) -> asyncio.Future[records.Updated]:
+        """``submit_update``, for a caller to await on the running loop."""
+        return self.writer.submit_on_loop(self._update_command(session_id, given, paths))
+
+    def _update_command(
+        self, session_id: str, given: SessionRecord, paths: Sequence[str] | None
+    ) -> records.UpdateSessionCommand:
+        fold.check_session_id(session_id)
+        return records.UpdateSessionCommand(self.tables, session_id, given, paths)
+
     def submit_apply(self, received: Sequence[ReceivedChange]) -> Future[ApplyResult]:
         """Queue changes a replica received from its primary, applied verbatim in one commit."""
         return self.writer.submit_replicated(ApplyChangesCommand(self.tables, received))
@@ -650,6 +671,35 @@ class Store:
                     meta = SessionMeta.decode(value)
                 out.append(SessionView(session_id, meta, live, []))
         return out, False
+
+    def record(self, session_id: str) -> SessionRecord | None:
+        """The session's person-set fields, or None when it has none."""
+        with self.env.begin() as txn:
+            return indexes.load_record(txn, self.tables, session_id)
+
+    def list_records(
+        self,
+        after: bytes = b"",
+        prefix: str = "",
+        query: Filter | None = None,
+        order: str = records.BY_ID,
+        limit: int = 100,
+        now_ns: int | None = None,
+    ) -> tuple[list[records.Listed], bool]:
+        """A page of sessions with their records, filtered and ordered (``records.list_page``):
+        strictly after the cursor ``after``; and whether more may follow. Reads no events."""
+        now = time.time_ns() if now_ns is None else now_ns
+        with self.env.begin() as txn:
+            return records.list_page(
+                txn,
+                self.tables,
+                after=after,
+                prefix=prefix,
+                query=query or Filter(),
+                order=order,
+                limit=limit,
+                now_ns=now,
+            )
 
     def surface(
         self, session_id: str, at_seq: int | None = None, *, messages: bool = False

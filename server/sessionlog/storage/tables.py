@@ -25,4 +25,8 @@ class Tables:
         self.leases = self.by_name["leases"]
         self.audit = self.by_name["audit"]
         self.changes = self.by_name["changes"]
+        self.records = self.by_name["records"]
+        self.recent = self.by_name["recent"]
+        self.labels = self.by_name["labels"]
+        self.children = self.by_name["children"]
         self.names: dict[int, str] = {id(db): name for name, db in self.by_name.items()}

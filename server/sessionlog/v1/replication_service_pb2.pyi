@@ -19,6 +19,7 @@ class ChangeKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     CHANGE_KIND_CREATE: _ClassVar[ChangeKind]
     CHANGE_KIND_FORK: _ClassVar[ChangeKind]
     CHANGE_KIND_LEASE: _ClassVar[ChangeKind]
+    CHANGE_KIND_UPDATE: _ClassVar[ChangeKind]
 
 class ClusterRole(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -47,6 +48,7 @@ CHANGE_KIND_APPEND: ChangeKind
 CHANGE_KIND_CREATE: ChangeKind
 CHANGE_KIND_FORK: ChangeKind
 CHANGE_KIND_LEASE: ChangeKind
+CHANGE_KIND_UPDATE: ChangeKind
 CLUSTER_ROLE_UNSPECIFIED: ClusterRole
 CLUSTER_ROLE_LEADER: ClusterRole
 CLUSTER_ROLE_FOLLOWER: ClusterRole
@@ -63,14 +65,16 @@ REPLICATION_STATE_DIVERGED: ReplicationState
 REPLICATION_STATE_FENCED: ReplicationState
 
 class StoragePut(_message.Message):
-    __slots__ = ("table", "key", "value")
+    __slots__ = ("table", "key", "value", "remove")
     TABLE_FIELD_NUMBER: _ClassVar[int]
     KEY_FIELD_NUMBER: _ClassVar[int]
     VALUE_FIELD_NUMBER: _ClassVar[int]
+    REMOVE_FIELD_NUMBER: _ClassVar[int]
     table: str
     key: bytes
     value: bytes
-    def __init__(self, table: _Optional[str] = ..., key: _Optional[bytes] = ..., value: _Optional[bytes] = ...) -> None: ...
+    remove: bool
+    def __init__(self, table: _Optional[str] = ..., key: _Optional[bytes] = ..., value: _Optional[bytes] = ..., remove: _Optional[bool] = ...) -> None: ...
 
 class Change(_message.Message):
     __slots__ = ("position", "kind", "session_id", "commit_time", "first_seq", "event_count", "internal_id", "puts", "events", "checksum", "epoch")

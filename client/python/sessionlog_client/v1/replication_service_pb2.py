@@ -27,7 +27,7 @@ from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__
 from sessionlog_client.v1 import event_pb2 as sessionlog_dot_v1_dot_event__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\'sessionlog/v1/replication_service.proto\x12\rsessionlog.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x19sessionlog/v1/event.proto\"7\n\nStoragePut\x12\r\n\x05table\x18\x01 \x01(\t\x12\x0b\n\x03key\x18\x02 \x01(\x0c\x12\r\n\x05value\x18\x03 \x01(\x0c\"\xb5\x02\n\x06\x43hange\x12\x10\n\x08position\x18\x01 \x01(\x04\x12\'\n\x04kind\x18\x02 \x01(\x0e\x32\x19.sessionlog.v1.ChangeKind\x12\x12\n\nsession_id\x18\x03 \x01(\t\x12/\n\x0b\x63ommit_time\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x11\n\tfirst_seq\x18\x05 \x01(\x04\x12\x13\n\x0b\x65vent_count\x18\x06 \x01(\x04\x12\x13\n\x0binternal_id\x18\x07 \x01(\x04\x12\'\n\x04puts\x18\x08 \x03(\x0b\x32\x19.sessionlog.v1.StoragePut\x12$\n\x06\x65vents\x18\t \x03(\x0b\x32\x14.sessionlog.v1.Event\x12\x10\n\x08\x63hecksum\x18\n \x01(\x0c\x12\r\n\x05\x65poch\x18\x0b \x01(\x04\"\x96\x01\n\x0e\x43hangesRequest\x12\x16\n\x0estart_position\x18\x01 \x01(\x04\x12\x0e\n\x06\x66ollow\x18\x02 \x01(\x08\x12\x16\n\x0e\x61\x66ter_checksum\x18\x03 \x01(\x0c\x12\x35\n\x12heartbeat_interval\x18\x04 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\r\n\x05\x65poch\x18\x05 \x01(\x04\"\xe7\x01\n\x0f\x43hangesResponse\x12&\n\x07\x63hanges\x18\x01 \x03(\x0b\x32\x15.sessionlog.v1.Change\x12\x11\n\tcaught_up\x18\x02 \x01(\x08\x12\x15\n\rhead_position\x18\x03 \x01(\x04\x12\x34\n\x10head_commit_time\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x12\n\nhistory_id\x18\x05 \x01(\t\x12\r\n\x05\x65poch\x18\x06 \x01(\x04\x12\x14\n\x0c\x66\x65nced_epoch\x18\x07 \x01(\x04\x12\x13\n\x0bnew_primary\x18\x08 \x01(\t\"3\n\nEpochStart\x12\r\n\x05\x65poch\x18\x01 \x01(\x04\x12\x16\n\x0e\x66irst_position\x18\x02 \x01(\x04\"\x1d\n\x1bGetReplicationStatusRequest\"\xcf\x04\n\x1cGetReplicationStatusResponse\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07primary\x18\x02 \x01(\t\x12\x10\n\x08position\x18\x03 \x01(\x04\x12\x18\n\x10primary_position\x18\x04 \x01(\x04\x12\x15\n\rlag_positions\x18\x05 \x01(\x04\x12&\n\x03lag\x18\x06 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x11\n\tcaught_up\x18\x07 \x01(\x08\x12\x11\n\tconnected\x18\x08 \x01(\x08\x12\x35\n\x11last_contact_time\x18\t \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12.\n\x05state\x18\n \x01(\x0e\x32\x1f.sessionlog.v1.ReplicationState\x12\x12\n\nhistory_id\x18\x0b \x01(\t\x12\x1a\n\x12primary_history_id\x18\x0c \x01(\t\x12\x0e\n\x06\x64\x65tail\x18\r \x01(\t\x12\r\n\x05\x65poch\x18\x0e \x01(\x04\x12\x30\n\repoch_history\x18\x0f \x03(\x0b\x32\x19.sessionlog.v1.EpochStart\x12#\n\x03\x61\x63k\x18\x14 \x01(\x0e\x32\x16.sessionlog.v1.AckMode\x12\x15\n\rsync_replicas\x18\x15 \x01(\r\x12,\n\x08replicas\x18\x16 \x03(\x0b\x32\x1a.sessionlog.v1.SyncReplica\x12-\n\x07\x63luster\x18\x17 \x01(\x0b\x32\x1c.sessionlog.v1.ClusterStatus\"\x86\x02\n\rClusterStatus\x12\r\n\x05group\x18\x01 \x01(\t\x12\x0e\n\x06member\x18\x02 \x01(\t\x12(\n\x04role\x18\x03 \x01(\x0e\x32\x1a.sessionlog.v1.ClusterRole\x12\x0e\n\x06leader\x18\x04 \x01(\t\x12\r\n\x05\x65poch\x18\x05 \x01(\x04\x12\x0e\n\x06reason\x18\x06 \x01(\t\x12\r\n\x05lease\x18\x07 \x01(\x03\x12\x32\n\x0flease_remaining\x18\x08 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x15\n\retcd_endpoint\x18\t \x01(\t\x12\x12\n\nblocked_by\x18\n \x03(\t\x12\x0f\n\x07\x64\x65posed\x18\x0b \x01(\t\"[\n\x15ReportProgressRequest\x12\x0f\n\x07replica\x18\x01 \x01(\t\x12\x10\n\x08position\x18\x02 \x01(\x04\x12\x10\n\x08\x63hecksum\x18\x03 \x01(\x0c\x12\r\n\x05\x65poch\x18\x04 \x01(\x04\"\x18\n\x16ReportProgressResponse\"\xb1\x01\n\x0bSyncReplica\x12\x0f\n\x07replica\x18\x01 \x01(\t\x12\x0c\n\x04peer\x18\x02 \x01(\t\x12\x10\n\x08position\x18\x03 \x01(\x04\x12\x11\n\tconnected\x18\x04 \x01(\x08\x12\x0e\n\x06\x63ounts\x18\x05 \x01(\x08\x12/\n\x0breport_time\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0e\n\x06\x64\x65tail\x18\x07 \x01(\t\x12\r\n\x05\x65poch\x18\x08 \x01(\x04*\x86\x01\n\nChangeKind\x12\x1b\n\x17\x43HANGE_KIND_UNSPECIFIED\x10\x00\x12\x16\n\x12\x43HANGE_KIND_APPEND\x10\x01\x12\x16\n\x12\x43HANGE_KIND_CREATE\x10\x02\x12\x14\n\x10\x43HANGE_KIND_FORK\x10\x03\x12\x15\n\x11\x43HANGE_KIND_LEASE\x10\x04*x\n\x0b\x43lusterRole\x12\x1c\n\x18\x43LUSTER_ROLE_UNSPECIFIED\x10\x00\x12\x17\n\x13\x43LUSTER_ROLE_LEADER\x10\x01\x12\x19\n\x15\x43LUSTER_ROLE_FOLLOWER\x10\x02\x12\x17\n\x13\x43LUSTER_ROLE_FENCED\x10\x03*M\n\x07\x41\x63kMode\x12\x18\n\x14\x41\x43K_MODE_UNSPECIFIED\x10\x00\x12\x12\n\x0e\x41\x43K_MODE_LOCAL\x10\x01\x12\x14\n\x10\x41\x43K_MODE_REPLICA\x10\x02*\xfa\x01\n\x10ReplicationState\x12!\n\x1dREPLICATION_STATE_UNSPECIFIED\x10\x00\x12\x1d\n\x19REPLICATION_STATE_PRIMARY\x10\x01\x12\"\n\x1eREPLICATION_STATE_DISCONNECTED\x10\x02\x12!\n\x1dREPLICATION_STATE_CATCHING_UP\x10\x03\x12\x1f\n\x1bREPLICATION_STATE_STREAMING\x10\x04\x12\x1e\n\x1aREPLICATION_STATE_DIVERGED\x10\x05\x12\x1c\n\x18REPLICATION_STATE_FENCED\x10\x06\x32\xb2\x02\n\x12ReplicationService\x12J\n\x07\x43hanges\x12\x1d.sessionlog.v1.ChangesRequest\x1a\x1e.sessionlog.v1.ChangesResponse0\x01\x12o\n\x14GetReplicationStatus\x12*.sessionlog.v1.GetReplicationStatusRequest\x1a+.sessionlog.v1.GetReplicationStatusResponse\x12_\n\x0eReportProgress\x12$.sessionlog.v1.ReportProgressRequest\x1a%.sessionlog.v1.ReportProgressResponse(\x01\x42l\n\x11\x64\x65v.sessionlog.v1P\x01ZEgithub.com/sessionlog/sessionlog/client/go/sessionlog/v1;sessionlogv1\xaa\x02\rSessionlog.V1b\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\'sessionlog/v1/replication_service.proto\x12\rsessionlog.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x19sessionlog/v1/event.proto\"G\n\nStoragePut\x12\r\n\x05table\x18\x01 \x01(\t\x12\x0b\n\x03key\x18\x02 \x01(\x0c\x12\r\n\x05value\x18\x03 \x01(\x0c\x12\x0e\n\x06remove\x18\x04 \x01(\x08\"\xb5\x02\n\x06\x43hange\x12\x10\n\x08position\x18\x01 \x01(\x04\x12\'\n\x04kind\x18\x02 \x01(\x0e\x32\x19.sessionlog.v1.ChangeKind\x12\x12\n\nsession_id\x18\x03 \x01(\t\x12/\n\x0b\x63ommit_time\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x11\n\tfirst_seq\x18\x05 \x01(\x04\x12\x13\n\x0b\x65vent_count\x18\x06 \x01(\x04\x12\x13\n\x0binternal_id\x18\x07 \x01(\x04\x12\'\n\x04puts\x18\x08 \x03(\x0b\x32\x19.sessionlog.v1.StoragePut\x12$\n\x06\x65vents\x18\t \x03(\x0b\x32\x14.sessionlog.v1.Event\x12\x10\n\x08\x63hecksum\x18\n \x01(\x0c\x12\r\n\x05\x65poch\x18\x0b \x01(\x04\"\x96\x01\n\x0e\x43hangesRequest\x12\x16\n\x0estart_position\x18\x01 \x01(\x04\x12\x0e\n\x06\x66ollow\x18\x02 \x01(\x08\x12\x16\n\x0e\x61\x66ter_checksum\x18\x03 \x01(\x0c\x12\x35\n\x12heartbeat_interval\x18\x04 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\r\n\x05\x65poch\x18\x05 \x01(\x04\"\xe7\x01\n\x0f\x43hangesResponse\x12&\n\x07\x63hanges\x18\x01 \x03(\x0b\x32\x15.sessionlog.v1.Change\x12\x11\n\tcaught_up\x18\x02 \x01(\x08\x12\x15\n\rhead_position\x18\x03 \x01(\x04\x12\x34\n\x10head_commit_time\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x12\n\nhistory_id\x18\x05 \x01(\t\x12\r\n\x05\x65poch\x18\x06 \x01(\x04\x12\x14\n\x0c\x66\x65nced_epoch\x18\x07 \x01(\x04\x12\x13\n\x0bnew_primary\x18\x08 \x01(\t\"3\n\nEpochStart\x12\r\n\x05\x65poch\x18\x01 \x01(\x04\x12\x16\n\x0e\x66irst_position\x18\x02 \x01(\x04\"\x1d\n\x1bGetReplicationStatusRequest\"\xcf\x04\n\x1cGetReplicationStatusResponse\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07primary\x18\x02 \x01(\t\x12\x10\n\x08position\x18\x03 \x01(\x04\x12\x18\n\x10primary_position\x18\x04 \x01(\x04\x12\x15\n\rlag_positions\x18\x05 \x01(\x04\x12&\n\x03lag\x18\x06 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x11\n\tcaught_up\x18\x07 \x01(\x08\x12\x11\n\tconnected\x18\x08 \x01(\x08\x12\x35\n\x11last_contact_time\x18\t \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12.\n\x05state\x18\n \x01(\x0e\x32\x1f.sessionlog.v1.ReplicationState\x12\x12\n\nhistory_id\x18\x0b \x01(\t\x12\x1a\n\x12primary_history_id\x18\x0c \x01(\t\x12\x0e\n\x06\x64\x65tail\x18\r \x01(\t\x12\r\n\x05\x65poch\x18\x0e \x01(\x04\x12\x30\n\repoch_history\x18\x0f \x03(\x0b\x32\x19.sessionlog.v1.EpochStart\x12#\n\x03\x61\x63k\x18\x14 \x01(\x0e\x32\x16.sessionlog.v1.AckMode\x12\x15\n\rsync_replicas\x18\x15 \x01(\r\x12,\n\x08replicas\x18\x16 \x03(\x0b\x32\x1a.sessionlog.v1.SyncReplica\x12-\n\x07\x63luster\x18\x17 \x01(\x0b\x32\x1c.sessionlog.v1.ClusterStatus\"\x86\x02\n\rClusterStatus\x12\r\n\x05group\x18\x01 \x01(\t\x12\x0e\n\x06member\x18\x02 \x01(\t\x12(\n\x04role\x18\x03 \x01(\x0e\x32\x1a.sessionlog.v1.ClusterRole\x12\x0e\n\x06leader\x18\x04 \x01(\t\x12\r\n\x05\x65poch\x18\x05 \x01(\x04\x12\x0e\n\x06reason\x18\x06 \x01(\t\x12\r\n\x05lease\x18\x07 \x01(\x03\x12\x32\n\x0flease_remaining\x18\x08 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x15\n\retcd_endpoint\x18\t \x01(\t\x12\x12\n\nblocked_by\x18\n \x03(\t\x12\x0f\n\x07\x64\x65posed\x18\x0b \x01(\t\"[\n\x15ReportProgressRequest\x12\x0f\n\x07replica\x18\x01 \x01(\t\x12\x10\n\x08position\x18\x02 \x01(\x04\x12\x10\n\x08\x63hecksum\x18\x03 \x01(\x0c\x12\r\n\x05\x65poch\x18\x04 \x01(\x04\"\x18\n\x16ReportProgressResponse\"\xb1\x01\n\x0bSyncReplica\x12\x0f\n\x07replica\x18\x01 \x01(\t\x12\x0c\n\x04peer\x18\x02 \x01(\t\x12\x10\n\x08position\x18\x03 \x01(\x04\x12\x11\n\tconnected\x18\x04 \x01(\x08\x12\x0e\n\x06\x63ounts\x18\x05 \x01(\x08\x12/\n\x0breport_time\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0e\n\x06\x64\x65tail\x18\x07 \x01(\t\x12\r\n\x05\x65poch\x18\x08 \x01(\x04*\x9e\x01\n\nChangeKind\x12\x1b\n\x17\x43HANGE_KIND_UNSPECIFIED\x10\x00\x12\x16\n\x12\x43HANGE_KIND_APPEND\x10\x01\x12\x16\n\x12\x43HANGE_KIND_CREATE\x10\x02\x12\x14\n\x10\x43HANGE_KIND_FORK\x10\x03\x12\x15\n\x11\x43HANGE_KIND_LEASE\x10\x04\x12\x16\n\x12\x43HANGE_KIND_UPDATE\x10\x05*x\n\x0b\x43lusterRole\x12\x1c\n\x18\x43LUSTER_ROLE_UNSPECIFIED\x10\x00\x12\x17\n\x13\x43LUSTER_ROLE_LEADER\x10\x01\x12\x19\n\x15\x43LUSTER_ROLE_FOLLOWER\x10\x02\x12\x17\n\x13\x43LUSTER_ROLE_FENCED\x10\x03*M\n\x07\x41\x63kMode\x12\x18\n\x14\x41\x43K_MODE_UNSPECIFIED\x10\x00\x12\x12\n\x0e\x41\x43K_MODE_LOCAL\x10\x01\x12\x14\n\x10\x41\x43K_MODE_REPLICA\x10\x02*\xfa\x01\n\x10ReplicationState\x12!\n\x1dREPLICATION_STATE_UNSPECIFIED\x10\x00\x12\x1d\n\x19REPLICATION_STATE_PRIMARY\x10\x01\x12\"\n\x1eREPLICATION_STATE_DISCONNECTED\x10\x02\x12!\n\x1dREPLICATION_STATE_CATCHING_UP\x10\x03\x12\x1f\n\x1bREPLICATION_STATE_STREAMING\x10\x04\x12\x1e\n\x1aREPLICATION_STATE_DIVERGED\x10\x05\x12\x1c\n\x18REPLICATION_STATE_FENCED\x10\x06\x32\xb2\x02\n\x12ReplicationService\x12J\n\x07\x43hanges\x12\x1d.sessionlog.v1.ChangesRequest\x1a\x1e.sessionlog.v1.ChangesResponse0\x01\x12o\n\x14GetReplicationStatus\x12*.sessionlog.v1.GetReplicationStatusRequest\x1a+.sessionlog.v1.GetReplicationStatusResponse\x12_\n\x0eReportProgress\x12$.sessionlog.v1.ReportProgressRequest\x1a%.sessionlog.v1.ReportProgressResponse(\x01\x42l\n\x11\x64\x65v.sessionlog.v1P\x01ZEgithub.com/sessionlog/sessionlog/client/go/sessionlog/v1;sessionlogv1\xaa\x02\rSessionlog.V1b\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -35,36 +35,36 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'sessionlog.v1.replication_s
 if not _descriptor._USE_C_DESCRIPTORS:
   _globals['DESCRIPTOR']._loaded_options = None
   _globals['DESCRIPTOR']._serialized_options = b'\n\021dev.sessionlog.v1P\001ZEgithub.com/sessionlog/sessionlog/client/go/sessionlog/v1;sessionlogv1\252\002\rSessionlog.V1'
-  _globals['_CHANGEKIND']._serialized_start=2149
-  _globals['_CHANGEKIND']._serialized_end=2283
-  _globals['_CLUSTERROLE']._serialized_start=2285
-  _globals['_CLUSTERROLE']._serialized_end=2405
-  _globals['_ACKMODE']._serialized_start=2407
-  _globals['_ACKMODE']._serialized_end=2484
-  _globals['_REPLICATIONSTATE']._serialized_start=2487
-  _globals['_REPLICATIONSTATE']._serialized_end=2737
+  _globals['_CHANGEKIND']._serialized_start=2165
+  _globals['_CHANGEKIND']._serialized_end=2323
+  _globals['_CLUSTERROLE']._serialized_start=2325
+  _globals['_CLUSTERROLE']._serialized_end=2445
+  _globals['_ACKMODE']._serialized_start=2447
+  _globals['_ACKMODE']._serialized_end=2524
+  _globals['_REPLICATIONSTATE']._serialized_start=2527
+  _globals['_REPLICATIONSTATE']._serialized_end=2777
   _globals['_STORAGEPUT']._serialized_start=150
-  _globals['_STORAGEPUT']._serialized_end=205
-  _globals['_CHANGE']._serialized_start=208
-  _globals['_CHANGE']._serialized_end=517
-  _globals['_CHANGESREQUEST']._serialized_start=520
-  _globals['_CHANGESREQUEST']._serialized_end=670
-  _globals['_CHANGESRESPONSE']._serialized_start=673
-  _globals['_CHANGESRESPONSE']._serialized_end=904
-  _globals['_EPOCHSTART']._serialized_start=906
-  _globals['_EPOCHSTART']._serialized_end=957
-  _globals['_GETREPLICATIONSTATUSREQUEST']._serialized_start=959
-  _globals['_GETREPLICATIONSTATUSREQUEST']._serialized_end=988
-  _globals['_GETREPLICATIONSTATUSRESPONSE']._serialized_start=991
-  _globals['_GETREPLICATIONSTATUSRESPONSE']._serialized_end=1582
-  _globals['_CLUSTERSTATUS']._serialized_start=1585
-  _globals['_CLUSTERSTATUS']._serialized_end=1847
-  _globals['_REPORTPROGRESSREQUEST']._serialized_start=1849
-  _globals['_REPORTPROGRESSREQUEST']._serialized_end=1940
-  _globals['_REPORTPROGRESSRESPONSE']._serialized_start=1942
-  _globals['_REPORTPROGRESSRESPONSE']._serialized_end=1966
-  _globals['_SYNCREPLICA']._serialized_start=1969
-  _globals['_SYNCREPLICA']._serialized_end=2146
-  _globals['_REPLICATIONSERVICE']._serialized_start=2740
-  _globals['_REPLICATIONSERVICE']._serialized_end=3046
+  _globals['_STORAGEPUT']._serialized_end=221
+  _globals['_CHANGE']._serialized_start=224
+  _globals['_CHANGE']._serialized_end=533
+  _globals['_CHANGESREQUEST']._serialized_start=536
+  _globals['_CHANGESREQUEST']._serialized_end=686
+  _globals['_CHANGESRESPONSE']._serialized_start=689
+  _globals['_CHANGESRESPONSE']._serialized_end=920
+  _globals['_EPOCHSTART']._serialized_start=922
+  _globals['_EPOCHSTART']._serialized_end=973
+  _globals['_GETREPLICATIONSTATUSREQUEST']._serialized_start=975
+  _globals['_GETREPLICATIONSTATUSREQUEST']._serialized_end=1004
+  _globals['_GETREPLICATIONSTATUSRESPONSE']._serialized_start=1007
+  _globals['_GETREPLICATIONSTATUSRESPONSE']._serialized_end=1598
+  _globals['_CLUSTERSTATUS']._serialized_start=1601
+  _globals['_CLUSTERSTATUS']._serialized_end=1863
+  _globals['_REPORTPROGRESSREQUEST']._serialized_start=1865
+  _globals['_REPORTPROGRESSREQUEST']._serialized_end=1956
+  _globals['_REPORTPROGRESSRESPONSE']._serialized_start=1958
+  _globals['_REPORTPROGRESSRESPONSE']._serialized_end=1982
+  _globals['_SYNCREPLICA']._serialized_start=1985
+  _globals['_SYNCREPLICA']._serialized_end=2162
+  _globals['_REPLICATIONSERVICE']._serialized_start=2780
+  _globals['_REPLICATIONSERVICE']._serialized_end=3086
 # @@protoc_insertion_point(module_scope)

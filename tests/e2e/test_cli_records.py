@@ -51,8 +51,11 @@ def test_create_label_update_and_list(server: RunningServer, tmp_path: Path) -> 
 def test_bad_input_is_refused(server: RunningServer, tmp_path: Path) -> None:
     """A bad filter exits with the server's reason; a label without = is a usage error."""
     bad = run_cli(["sessions", "--filter", "nonsense", "--server", server.address], tmp_path)
-    assert bad.returncode != 0 and "INVALID_FILTER" in bad.stderr
+    assert bad.returncode != 0
+    assert "INVALID_FILTER" in bad.stderr
     usage = run_cli(["label", "cli.none", "novalue", "--server", server.address], tmp_path)
-    assert usage.returncode == 2 and "KEY=VALUE" in usage.stderr
+    assert usage.returncode == 2
+    assert "KEY=VALUE" in usage.stderr
     missing = run_cli(["update", "cli.none", "--title", "x", "--server", server.address], tmp_path)
-    assert missing.returncode != 0 and "SESSION_NOT_FOUND" in missing.stderr
+    assert missing.returncode != 0
+    assert "SESSION_NOT_FOUND" in missing.stderr

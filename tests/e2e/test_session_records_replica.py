@@ -1,9 +1,12 @@
-"""Session records beyond one unsharded server: a replica holds the same records and indexes
-(byte-identical listings in every order), and a tenant's token keeps UpdateSession, listing
-and children inside its prefix."""
+"""Session records beyond one server and its tests: a replica holds the same records and indexes
+(byte-identical listings in every order), a tenant's token keeps UpdateSession, listing and
+children inside its prefix, and the records bench (case 11) runs at a small size."""
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 from pathlib import Path
 
 import grpc
@@ -110,3 +113,21 @@ def test_a_tenant_updates_and_lists_only_inside_its_prefix(tmp_path: Path) -> No
             pb.GetSessionRequest(session_id="tenant-b.1"), metadata=bearer(WRITER)
         ).session
         assert described.title == ""
+
+
+def test_the_records_bench_runs_and_checks_its_listings(tmp_path: Path) -> None:
+    """`python -m bench.records` at a small size: every row lists what its filter selects."""
+    out = tmp_path / "records.json"
+    argv = ["--sessions", "300", "--page-size", "50", "--json", str(out)]
+    result = subprocess.run(
+        [sys.executable, "-m", "bench.records", *argv],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    rows = json.loads(out.read_text())["rows"]
+    assert [row["listed"] for row in rows] == [300, 30, 6, 3, 300, 30]
+    assert all(not row["error"] for row in rows)
+    assert "by id (today's listing)" in result.stdout

@@ -190,3 +190,24 @@ def given_record(
     record = SessionRecord(title, dict(labels), owner, status, 0, parent_seq)
     records.check(record)
     return record
+
+
+def descendants(txn: lmdb.Transaction, tables: Tables, session_id: str, limit: int) -> list[str]:
+    """Every session below ``session_id`` in the parent tree (sub-agent children and forks, their
+    children, ...), breadth first, each level in id order; at most ``limit``. The walk a tree's
+    usage (issue 17 part 4) sums its sessions' usage over; reads the ``children`` index only."""
+    found: list[str] = []
+    level = [session_id]
+    seen = {session_id}
+    while level and len(found) < limit:
+        below: list[str] = []
+        for parent in level:
+            head = schema.child_prefix(parent)
+            for key in _keys(txn, tables.children, head, b"", b""):
+                child = key[len(head) :].decode("utf-8")
+                if child not in seen:
+                    seen.add(child)
+                    below.append(child)
+        found += below[: limit - len(found)]
+        level = below
+    return found

@@ -677,6 +677,12 @@ class Store:
         with self.env.begin() as txn:
             return indexes.load_record(txn, self.tables, session_id)
 
+    def descendants(self, session_id: str, limit: int = 10_000) -> list[str]:
+        """The sessions below ``session_id`` in its tree, breadth first (``records.descendants``):
+        the hook for a tree's usage totals."""
+        with self.env.begin() as txn:
+            return records.descendants(txn, self.tables, session_id, limit)
+
     def list_records(
         self,
         after: bytes = b"",

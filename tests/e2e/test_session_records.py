@@ -289,3 +289,13 @@ def test_paging_under_concurrent_appends(stub: Stub) -> None:
     times = [get(stub, name).update_time.ToNanoseconds() for name in final]
     assert sorted(final) == names
     assert times == sorted(times, reverse=True)
+
+
+def test_create_retries_must_repeat_the_record(stub: Stub) -> None:
+    """A create's request_id covers its labels and parent: the same request replays, another
+    record under the same id is REQUEST_ID_REUSED."""
+    first = create(stub, "r-idem", labels={"a": "1"}, request_id="rid-1")
+    assert create(stub, "r-idem", labels={"a": "1"}, request_id="rid-1") == first
+    error = failure(create, stub, "r-idem", labels={"a": "2"}, request_id="rid-1")
+    check(error, INVALID, "REQUEST_ID_REUSED")
+    assert dict(get(stub, "r-idem").labels) == {"a": "1"}

@@ -74,6 +74,8 @@ def test_a_replica_lists_and_describes_records_as_its_primary(tmp_path: Path) ->
             ).sessions
         ]
         assert core == ["r1", "r5", "r7"]  # r3 lost its team label
+        refused = failure(replica_stub.UpdateSession, removal, timeout=10)
+        check(refused, grpc.StatusCode.FAILED_PRECONDITION, "NOT_PRIMARY")
         for session_id in ("r3", "r-kid"):
             assert get_session_raw(replica.channel, session_id) == get_session_raw(
                 primary.channel, session_id

@@ -1,6 +1,7 @@
 """Session records beyond one server and its tests: a replica holds the same records and indexes
 (byte-identical listings in every order), a tenant's token keeps UpdateSession, listing and
-children inside its prefix, and the records bench (case 11) runs at a small size."""
+children inside its prefix, a primary indexes an older server's sessions at start, and the
+records bench (case 11) runs at a small size."""
 
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ from pathlib import Path
 import grpc
 from google.protobuf.field_mask_pb2 import FieldMask
 
+from sessionlog.storage.store import Store
+from sessionlog.v1 import event_pb2
 from sessionlog.v1 import session_log_service_pb2 as pb
 from tests.e2e._helpers import check, failure
 from tests.e2e._proc import running_server
@@ -133,3 +136,18 @@ def test_the_records_bench_runs_and_checks_its_listings(tmp_path: Path) -> None:
     assert [row["listed"] for row in rows] == [300, 30, 6, 3, 300, 30]
     assert all(not row["error"] for row in rows)
     assert "by id (today's listing)" in result.stdout
+
+
+def test_a_primary_indexes_an_older_servers_sessions_at_start(tmp_path: Path) -> None:
+    """A folder whose sessions lack their update-time entries (written before the index) lists
+    them all newest first once a primary has started on it."""
+    data = tmp_path / "data"
+    store = Store(data)
+    for name in ("old.a", "old.b", "old.c"):
+        store.append(name, [event_pb2.Event(type=event_pb2.EVENT_TYPE_USER_MESSAGE)])
+    with store.env.begin(write=True) as txn:
+        txn.drop(store.tables.recent, delete=False)
+    store.close()
+    with running_server(data) as server:
+        reply = server.stub().ListSessions(pb.ListSessionsRequest(order_by="update_time desc"))
+        assert [s.session_id for s in reply.sessions] == ["old.c", "old.b", "old.a"]

@@ -1,9 +1,13 @@
-"""The parent tree in the store: children and forks indexed under their parent, walked breadth
-first by ``Store.descendants`` (the hook a tree's usage totals will use)."""
+"""The session indexes in the store: children and forks under their parent, walked breadth first
+by ``Store.descendants`` (the hook a tree's usage totals will use), and ``Store.reindex``, which
+indexes what a server older than the indexes wrote."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from sessionlog.records import SessionRecord
+from sessionlog.storage.records import BY_UPDATE
 from sessionlog.storage.store import Store, prepare_append
 from sessionlog.v1 import event_pb2
 
@@ -28,3 +32,34 @@ def test_descendants_walk_children_and_forks_breadth_first(store: Store) -> None
     assert store.descendants("root.a") == ["root.a.1"]
     assert store.descendants("root.b") == []
     assert store.meta("root.a.1").parent_id == "root.a"  # type: ignore[union-attr]
+
+
+def test_reindex_gives_an_older_servers_sessions_their_index_entries(tmp_path: Path) -> None:
+    """Sessions whose index entries are missing (written before the indexes existed) get them
+    from ``reindex``, batch by batch, as replicated change records; a second run writes nothing."""
+    path = tmp_path / "data"
+    store = Store(path)
+    tool = event_pb2.Event(type=event_pb2.EVENT_TYPE_TOOL_CALL)
+    names = [f"old{i:04d}" for i in range(2500)]
+    for name in names[:10]:
+        store.append(name, [tool])
+    batch = [prepare_append(name, [tool]) for name in names[10:]]
+    for future in [store.submit_append(b) for b in batch]:
+        future.result()
+    store.submit_fork("old0000", None, "old-fork").result()
+    with store.env.begin(write=True) as txn:  # what an older server left: no index entries
+        txn.drop(store.tables.recent, delete=False)
+        txn.drop(store.tables.children, delete=False)
+    assert store.unindexed()
+    assert store.list_records(order=BY_UPDATE, limit=5)[0] == []
+    head = store.head()[0]
+    assert store.reindex() == len(names) + 2  # a recent key each, and the fork's children key
+    assert not store.unindexed()
+    assert store.head()[0] == head + 2  # two batches of at most REINDEX_BATCH sessions
+    assert store.descendants("old0000") == ["old-fork"]
+    page, _ = store.list_records(order=BY_UPDATE, limit=3000)
+    assert sorted(v.session_id for v in page) == sorted([*names, "old-fork"])
+    assert page[0].session_id == "old-fork"
+    assert store.reindex() == 0
+    assert store.head()[0] == head + 2
+    store.close()

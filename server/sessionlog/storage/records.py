@@ -85,6 +85,66 @@ class UpdateSessionCommand:
         return Updated(meta, new)
 
 
+# -- sessions written before the indexes existed ------------------------------------------------
+
+
+REINDEX_BATCH = 2000
+"""Sessions a ReindexCommand visits: each batch is one commit and one change record."""
+
+
+@dataclass
+class Reindexed(Written):
+    visited: int
+    added: int
+    last: str
+    """The last session visited: the next batch starts after it ("" when the walk ended)."""
+
+
+class ReindexCommand:
+    """Give sessions written by a server older than the indexes their ``recent`` key (and a
+    fork its ``children`` key), ``REINDEX_BATCH`` sessions at a time in id order after
+    ``after``. Writes only what is missing, so it can run again (and on an indexed store it
+    writes nothing, and makes no change record). Index-only: no session's data changes."""
+
+    def __init__(self, tables: Tables, after: str) -> None:
+        self._tables = tables
+        self._after = after
+        self.kind = "update"
+        self.moving_in = True  # not a write to a session's data: ``admits`` is not asked
+        self.session_id = after
+
+    def size(self) -> int:
+        return 0
+
+    def touched(self) -> Sequence[str]:
+        return ()
+
+    def apply(self, txn: RecordingTxn, now_ns: int) -> Reindexed:
+        tables = self._tables
+        visited = added = 0
+        last = ""
+        for key in _keys(txn, tables.sessions, b"", self._after.encode(), self._after.encode()):
+            if visited == REINDEX_BATCH:
+                return Reindexed(visited, added, last)
+            session_id = key.decode("utf-8")
+            meta = load_meta(txn, tables, session_id)
+            if meta is None:
+                continue
+            visited, last = visited + 1, session_id
+            self.session_id = self.session_id or session_id
+            stamp = update_time(meta, load_record(txn, tables, session_id))
+            recent = schema.recent_key(stamp, session_id)
+            if txn.get(recent, db=tables.recent) is None:
+                txn.put(recent, b"", db=tables.recent)
+                added += 1
+            if meta.parent_id:
+                link = schema.child_prefix(meta.parent_id) + key
+                if txn.get(link, db=tables.children) is None:
+                    txn.put(link, b"", db=tables.children)
+                    added += 1
+        return Reindexed(visited, added, "")
+
+
 # -- listing ------------------------------------------------------------------------------------
 
 
@@ -166,7 +226,7 @@ def _candidates(
 
 
 def _keys(
-    txn: lmdb.Transaction, db: Any, head: bytes, after: bytes, start: bytes
+    txn: lmdb.Transaction | RecordingTxn, db: Any, head: bytes, after: bytes, start: bytes
 ) -> Iterator[bytes]:
     """The keys of ``db`` that start with ``head``, in order, from ``head + start`` on and
     strictly after ``head + after`` (``after`` empty: no key skipped)."""

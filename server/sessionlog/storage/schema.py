@@ -36,7 +36,8 @@ One environment holds every session. Named databases:
     recent     (2^64 - 1 - update time ns) (u64 BE) + session id -> empty
                Every session once, by update time (the later of its last append and its last
                UpdateSession), newest first: ListSessions' "update_time desc" is a cursor walk.
-               Moved (one remove, one put) in the transaction of every append and update.
+               Moved (one remove, one put) in the transaction of every append and update. A
+               folder written before this table existed is filled by ``records.ReindexCommand``.
     labels     label key + 0x00 + value + 0x00 + session id -> empty
                Sessions by label, in id order within a key and value: a filter
                ``labels.K = "V"`` lists by id from this range. Label keys and values cannot

@@ -677,6 +677,28 @@ class Store:
         with self.env.begin() as txn:
             return indexes.load_record(txn, self.tables, session_id)
 
+    def unindexed(self) -> bool:
+        """Fewer sessions in the update-time index than in the store: some were written by a
+        server older than the index (``reindex`` fills it)."""
+        with self.env.begin() as txn:
+            listed: int = txn.stat(self.tables.recent)["entries"]
+            stored: int = txn.stat(self.tables.sessions)["entries"]
+        return listed < stored
+
+    def reindex(self) -> int:
+        """Index the sessions an older server wrote (``records.ReindexCommand``), a batch per
+        commit; the index entries added. Only a primary may run it (its writes are replicated
+        like any other); a store that is fully indexed writes nothing."""
+        added, after = 0, ""
+        while True:
+            done: records.Reindexed = self.writer.submit(
+                records.ReindexCommand(self.tables, after)
+            ).result()
+            added += done.added
+            if not done.last:
+                return added
+            after = done.last
+
     def descendants(self, session_id: str, limit: int = 10_000) -> list[str]:
         """The sessions below ``session_id`` in its tree, breadth first (``records.descendants``):
         the hook for a tree's usage totals."""

@@ -81,6 +81,9 @@ RECORDS = b"records"
 RECENT = b"recent"
 LABELS = b"labels"
 CHILDREN = b"children"
+INDEX_DBS = (RECORDS, RECENT, LABELS, CHILDREN)
+"""The session record tables (issue 17): a folder written before them lacks them until a
+server opens it for writing (which creates them; a static primary then fills the indexes)."""
 ALL_DBS = (
     SESSIONS,
     IDS,

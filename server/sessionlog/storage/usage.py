@@ -84,6 +84,11 @@ def open_readonly(path: str, lock: bool = True) -> tuple[lmdb.Environment, Table
     try:
         with damage.reading(f"the directory of named tables in {path}"), env.begin() as txn:
             missing = [n for n in schema.ALL_DBS if txn.get(n) is None]
+        if missing and set(missing) <= set(schema.INDEX_DBS):
+            raise lmdb.Error(
+                f"{path}: written by an older sessionlog, without the session index tables; "
+                "start this version's server on it once (it adds them), then read it"
+            )
         if missing:
             names = ", ".join(n.decode() for n in missing)
             raise lmdb.Error(f"{path}: not a sessionlog store (no {names} table)")

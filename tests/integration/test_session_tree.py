@@ -7,9 +7,11 @@ from __future__ import annotations
 from pathlib import Path
 
 from sessionlog.records import SessionRecord
+from sessionlog.storage import changes
 from sessionlog.storage.records import BY_UPDATE
 from sessionlog.storage.store import Store, prepare_append
 from sessionlog.v1 import event_pb2
+from sessionlog.v1 import replication_service_pb2 as rpb
 
 
 def child(store: Store, session_id: str, parent: str) -> None:
@@ -63,3 +65,29 @@ def test_reindex_gives_an_older_servers_sessions_their_index_entries(tmp_path: P
     assert store.reindex() == 0
     assert store.head()[0] == head + 2
     store.close()
+
+
+class _Recorded:
+    """What encode_change reads of a RecordingTxn."""
+
+    def __init__(self, puts: list[tuple[str, bytes, bytes | None]]) -> None:
+        self.puts, self.event_sid, self.first_seq, self.event_count = puts, -1, 0, 0
+
+
+def test_an_index_move_is_a_removal_then_a_put_in_the_change_record() -> None:
+    """A removal (value None) encodes as StoragePut.remove, byte for byte what protobuf writes,
+    in the order made, so a replica that applies the puts in turn ends with the same keys."""
+    puts = [("recent", b"old-key", None), ("recent", b"new-key", b""), ("records", b"s", b"x")]
+    raw = changes.encode_change(9, "update", "s", 5, _Recorded(puts))  # type: ignore[arg-type]
+    expected = rpb.Change(
+        position=9,
+        kind=rpb.CHANGE_KIND_UPDATE,
+        session_id="s",
+        puts=[
+            rpb.StoragePut(table="recent", key=b"old-key", remove=True),
+            rpb.StoragePut(table="recent", key=b"new-key"),
+            rpb.StoragePut(table="records", key=b"s", value=b"x"),
+        ],
+    )
+    expected.commit_time.FromNanoseconds(5)
+    assert raw == expected.SerializeToString()

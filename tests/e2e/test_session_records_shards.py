@@ -1,6 +1,6 @@
 """Session records on sharded servers: a cluster-wide listing applies the filter in every group
-and merges by id; it refuses update-time order (one group at a time has it); UpdateSession and
-a sub-agent child check ownership like the other writes."""
+and merges by id, or newest first by (update_time desc, id); UpdateSession and a sub-agent child
+check ownership like the other writes."""
 
 from __future__ import annotations
 
@@ -41,16 +41,39 @@ def test_a_filter_lists_matches_of_every_group_in_id_order(groups: Groups) -> No
     assert found == sorted(labelled)
 
 
-def test_update_time_order_is_refused_across_groups_but_served_per_group(
+def test_update_time_order_merges_every_groups_newest_first(
     groups: Groups,  # noqa: F811
 ) -> None:
-    by_time = pb.ListSessionsRequest(order_by="update_time desc")
-    error = failure(groups.stub1.ListSessions, by_time, timeout=TIMEOUT)
-    check(error, grpc.StatusCode.INVALID_ARGUMENT, "INVALID_ORDER_BY", sharded="true")
-    mine = groups.session_of("g1", 7)
-    append(groups.stub1, mine, user("newest"))
-    reply = groups.stub1.ListSessions(by_time, metadata=SCOPE_GROUP, timeout=TIMEOUT)
-    assert reply.sessions[0].session_id == mine
+    """Newest first across groups, page by page: sessions touched last in either group come
+    first, each once; one group alone (x-sessionlog-scope: group) lists only its own."""
+    stubs = {"g1": groups.stub1, "g2": groups.stub2}
+    by_group = {
+        name: [f"new{n}" for n in range(400) if groups.shard_map.owner(f"new{n}").name == name]
+        for name in stubs
+    }
+    touched = [ids[i] for i in range(4) for ids in by_group.values()]  # g1, g2, g1, g2, ...
+    for session_id in touched:
+        append(stubs[groups.shard_map.owner(session_id).name], session_id, user("now"))
+    assert {groups.shard_map.owner(s).name for s in touched} == {"g1", "g2"}
+    found: list[str] = []
+    token = ""
+    while True:
+        request = pb.ListSessionsRequest(
+            order_by="update_time desc", prefix="new", page_size=3, page_token=token
+        )
+        reply = groups.stub1.ListSessions(request, timeout=TIMEOUT)
+        found += [s.session_id for s in reply.sessions]
+        token = reply.next_page_token
+        if not token:
+            break
+    assert found == list(reversed(touched))
+    alone = groups.stub1.ListSessions(
+        pb.ListSessionsRequest(order_by="update_time desc", prefix="new"),
+        metadata=SCOPE_GROUP,
+        timeout=TIMEOUT,
+    )
+    mine = [s for s in reversed(touched) if groups.shard_map.owner(s).name == "g1"]
+    assert [s.session_id for s in alone.sessions] == mine
 
 
 def test_updates_and_children_check_ownership(groups: Groups) -> None:  # noqa: F811

@@ -635,14 +635,21 @@ class SessionLogServicer:
         listing = Listing(prefix, request.filter, order)
         after = decode_listing_token(request.page_token, listing)
         metadata = context.invocation_metadata()
-        if self.scatter is not None and not scatter.local_only(metadata):
-            if order != BY_ID:
-                raise errors.InvalidOrderBy(
-                    'order_by "update_time desc" is not offered across shard groups; order by '
-                    "session_id, or list each group alone (x-sessionlog-scope: group)",
-                    order_by=request.order_by,
-                    sharded="true",
-                )
+        if self.scatter is not None and not scatter.local_only(metadata) and order == BY_UPDATE:
+
+            def recent(after: bytes, prefix: str, size: int) -> tuple[list[pb.Session], bytes]:
+                return self._local_page(after, Listing(prefix, request.filter, order), query, size)
+
+            sessions, cursor = await self.scatter.list_recent(
+                recent,
+                after,
+                prefix,
+                size,
+                metadata,
+                context.time_remaining(),
+                filter_text=request.filter,
+            )
+        elif self.scatter is not None and not scatter.local_only(metadata):
             sessions, last = await self.scatter.list(
                 functools.partial(self.local_sessions, query=query, filter_text=request.filter),
                 after.decode(),

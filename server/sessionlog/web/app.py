@@ -348,13 +348,26 @@ class Console:
             return _json({"sessions": [listed_json(v) for v in page], "more": more})
         # A sharded server lists every group, as its ListSessions does (``shard.scatter``).
         self.server.ownership.check()  # a map must be held
-        if by_update:
-            raise errors.InvalidOrderBy(
-                "newest-first order is not offered across shard groups; list by id",
-                order_by="update_time desc",
-                sharded="true",
-            )
         token = [("authorization", request.headers.get("Authorization", ""))]
+        if by_update:
+
+            def recent(after: bytes, prefix: str, limit: int) -> tuple[list[Session], bytes]:
+                page, more = self.store.list_records(
+                    after=after, prefix=prefix, query=query, order=BY_UPDATE, limit=limit
+                )
+                owns = self.server.ownership.owns
+                sessions = [
+                    session_message(v.session_id, v.meta, v.lease, v.record)
+                    for v in page
+                    if owns(v.session_id)
+                ]
+                return sessions, page[-1].cursor if more else b""
+
+            newest, cursor = await scatter.list_recent(
+                recent, b"", prefix, limit, token, filter_text=filter_text
+            )
+            sessions = [session_message_json(s) for s in newest]
+            return _json({"sessions": sessions, "more": bool(cursor)})
 
         def local(after: str, prefix: str, limit: int) -> tuple[list[Session], str]:
             return self._local_sessions(after, prefix, limit, query)

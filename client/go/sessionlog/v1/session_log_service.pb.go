@@ -1775,7 +1775,7 @@ type ListSessionsRequest struct {
 	Filter string `protobuf:"bytes,4,opt,name=filter,proto3" json:"filter,omitempty"`
 	// "session_id" (the default, also when empty) or "update_time desc" (last update, newest
 	// first; ties by session id). Anything else fails with INVALID_ORDER_BY. A sharded server
-	// refuses "update_time desc" across groups (INVALID_ORDER_BY); list one group at a time.
+	// merges every group's pages in either order.
 	OrderBy string `protobuf:"bytes,5,opt,name=order_by,json=orderBy,proto3" json:"order_by,omitempty"`
 }
 

@@ -179,8 +179,14 @@ def run(count: int, page_size: int) -> tuple[float, list[Row]]:
                 ("by id (today's listing)", "", "", exactly(everyone)),
                 ('by id, labels.bucket = "3" (10%)', 'labels.bucket = "3"', "", exactly(bucket3)),
                 ('by id, labels.team = "core" (2%)', 'labels.team = "core"', "", exactly(core)),
-                ('by id, owner = "user7" (1%, no index)', 'owner = "user7"', "", exactly(owner7)),
+                ('by id, owner = "user7" (1%)', 'owner = "user7"', "", exactly(owner7)),
                 ("update_time desc", "", "update_time desc", same_set(everyone)),
+                (
+                    'by id, labels.bucket != "3" (90%, no index)',
+                    'labels.bucket != "3"',
+                    "",
+                    exactly([x for x in everyone if x not in set(bucket3)]),
+                ),
                 (
                     'update_time desc, labels.bucket = "3"',
                     'labels.bucket = "3"',

@@ -299,3 +299,17 @@ def test_create_retries_must_repeat_the_record(stub: Stub) -> None:
     error = failure(create, stub, "r-idem", labels={"a": "2"}, request_id="rid-1")
     check(error, INVALID, "REQUEST_ID_REUSED")
     assert dict(get(stub, "r-idem").labels) == {"a": "1"}
+
+
+def test_owner_and_status_filters_follow_updates(stub: Stub) -> None:
+    """Owner and status are indexed like labels: an update moves the session between them."""
+    create(stub, "x.1", owner="ana", status="running")
+    create(stub, "x.2", owner="ana", status="done")
+    assert ids(stub, prefix="x.", filter='status = "running"') == ["x.1"]
+    update(stub, pb.Session(session_id="x.1", status="done", owner="bob"), "status", "owner")
+    assert ids(stub, prefix="x.", filter='status = "running"') == []
+    assert ids(stub, prefix="x.", filter='status = "done"') == ["x.1", "x.2"]
+    assert ids(stub, prefix="x.", filter='owner = "ana"') == ["x.2"]
+    update(stub, pb.Session(session_id="x.2", owner=""), "owner")
+    assert ids(stub, prefix="x.", filter='owner = "ana"') == []
+    assert ids(stub, prefix="x.", filter='owner = ""') == ["x.2"]

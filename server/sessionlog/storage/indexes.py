@@ -48,6 +48,24 @@ def touch(
     txn.put(schema.recent_key(new, session_id), b"", db=tables.recent)
 
 
+OWNER_KEY = "/owner"
+STATUS_KEY = "/status"
+"""The ``labels`` keys under which owner and status are indexed too: no label key starts with
+"/" (``records`` refuses an empty prefix), so they never meet a real label."""
+
+
+def indexed_pairs(record: SessionRecord | None) -> dict[str, str]:
+    """What the ``labels`` table holds for a record: its labels, its owner and its status."""
+    if record is None:
+        return {}
+    pairs = dict(record.labels)
+    if record.owner:
+        pairs[OWNER_KEY] = record.owner
+    if record.status:
+        pairs[STATUS_KEY] = record.status
+    return pairs
+
+
 def put_record(
     txn: RecordingTxn,
     tables: Tables,
@@ -56,11 +74,11 @@ def put_record(
     new: SessionRecord,
 ) -> None:
     """Store ``new`` as the session's record and move its ``labels`` entries to match."""
-    before = {} if old is None else old.labels
+    before, after = indexed_pairs(old), indexed_pairs(new)
     for key, value in before.items():
-        if new.labels.get(key) != value:
+        if after.get(key) != value:
             txn.remove(_label_key(key, value, session_id), db=tables.labels)
-    for key, value in new.labels.items():
+    for key, value in after.items():
         if before.get(key) != value:
             txn.put(_label_key(key, value, session_id), b"", db=tables.labels)
     txn.put(session_id.encode(), schema.encode_record(new), db=tables.records)

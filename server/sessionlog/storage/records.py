@@ -13,7 +13,7 @@ import lmdb
 
 from sessionlog import errors, records
 from sessionlog.records import Filter, SessionRecord
-from sessionlog.storage import damage, schema
+from sessionlog.storage import damage, indexes, schema
 from sessionlog.storage.commands import Written
 from sessionlog.storage.indexes import load_record, put_record, update_time
 from sessionlog.storage.reads import load_lease, load_meta
@@ -175,9 +175,9 @@ def list_page(
     the cursor ``after`` (b"": from the start); and whether more may follow.
 
     The walk picks the narrowest index it can: ``children`` for ``parent = "ID"``, ``labels``
-    for ``labels.K = "V"`` (both in id order), ``recent`` for update-time order (stopping at
-    an ``update_time >`` bound), else the session table itself. Each candidate costs a meta
-    and a record read, never an event read.
+    for ``labels.K = "V"``, ``owner = "X"`` or ``status = "X"`` (all in id order), ``recent``
+    for update-time order (stopping at an ``update_time >`` bound), else the session table
+    itself. Each candidate costs a meta and a record read, never an event read.
     """
     out: list[Listed] = []
     floor = query.updated_after()
@@ -211,10 +211,15 @@ def _candidates(
         return
     parent = query.first("parent")
     label = query.first("labels")
+    owner, status = query.first("owner"), query.first("status")
     if parent is not None:
         head = schema.child_prefix(parent.value)
     elif label is not None:
         head = schema.label_prefix(label.key, label.value)
+    elif owner is not None and owner.value:
+        head = schema.label_prefix(indexes.OWNER_KEY, owner.value)
+    elif status is not None and status.value:
+        head = schema.label_prefix(indexes.STATUS_KEY, status.value)
     else:
         head = b""
     db = tables.sessions if not head else (tables.children if parent else tables.labels)

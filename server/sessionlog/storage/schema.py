@@ -40,8 +40,9 @@ One environment holds every session. Named databases:
                folder written before this table existed is filled by ``records.ReindexCommand``.
     labels     label key + 0x00 + value + 0x00 + session id -> empty
                Sessions by label, in id order within a key and value: a filter
-               ``labels.K = "V"`` lists by id from this range. Label keys and values cannot
-               hold 0x00 (``records``' rules).
+               ``labels.K = "V"`` lists by id from this range. Owner and status are indexed
+               here too, under the keys "/owner" and "/status", which no label key can be.
+               Keys and values cannot hold 0x00 (``records``' rules).
     children   parent session id + 0x00 + child session id -> empty
                The sub-agent children and forks of a session, in id order (filter
                ``parent = "ID"``).

@@ -234,6 +234,16 @@ def add_commands(commands: Any) -> None:
 
     p = sub("create", "create a session with initial events, atomically", _create)
     p.add_argument("session_id")
+    _record_flags(p)
+    p.add_argument(
+        "--parent",
+        default="",
+        metavar="SESSION",
+        help="make it a sub-agent child of SESSION (it starts empty, linked to the parent)",
+    )
+    p.add_argument(
+        "--parent-seq", type=int, help="with --parent: the seq of the tool call that spawned it"
+    )
     p.add_argument(
         "--events",
         metavar="FILE",
@@ -262,9 +272,40 @@ def add_commands(commands: Any) -> None:
     p = sub("get", "describe a session (counts, parent, lease, lease audit)", _get)
     p.add_argument("session_id")
 
-    p = sub("sessions", "list sessions in id order", _sessions)
+    p = sub("sessions", "list sessions (id order, or newest update first), filtered", _sessions)
     p.add_argument("--prefix", default="", help="only ids starting with this")
     p.add_argument("--limit", type=int, default=100, help="at most this many (default 100)")
+    p.add_argument(
+        "--filter",
+        default="",
+        help='AIP-160 subset, terms joined by AND: labels.KEY = "V", labels.KEY:*, owner = "X", '
+        'status = "X", parent = "ID", update_time > "RFC3339"',
+    )
+    p.add_argument(
+        "--order-by",
+        default="",
+        choices=("", "session_id", "update_time desc"),
+        help='"session_id" (default) or "update_time desc" (newest update first)',
+    )
+
+    p = sub(
+        "label",
+        "set labels on a session: KEY=VALUE sets, KEY- removes; other labels stay",
+        _label,
+    )
+    p.add_argument("session_id")
+    p.add_argument("labels", nargs="+", metavar="KEY=VALUE|KEY-")
+
+    p = sub(
+        "update",
+        "set a session's title, owner, status or labels (only the fields given change)",
+        _update,
+    )
+    p.add_argument("session_id")
+    _record_flags(p)
+    p.add_argument(
+        "--remove-label", action="append", default=[], metavar="KEY", help="remove this label"
+    )
 
     p = sub("fork", "copy a session's events 0..AT_SEQ into a new session (rewind)", _fork)
     p.add_argument("parent_session_id")
@@ -982,11 +1023,42 @@ def _json_lines(text: str) -> list[Any]:
     return items
 
 
+def _record_flags(parser: Any) -> None:
+    parser.add_argument("--title", help="the session's title")
+    parser.add_argument("--owner", help="who the session belongs to")
+    parser.add_argument("--status", help="a status of your choosing, e.g. running or done")
+    parser.add_argument(
+        "--label", action="append", default=[], metavar="KEY=VALUE", help="a label (repeat it)"
+    )
+
+
+def _label_pairs(items: list[str]) -> dict[str, str]:
+    pairs = {}
+    for item in items:
+        key, eq, value = item.partition("=")
+        if not eq or not key:
+            _usage(f"a label is KEY=VALUE, not {item!r}")
+        pairs[key] = value
+    return pairs
+
+
 def _create(args: argparse.Namespace) -> int:
     items = _json_items(args.events, "events") if args.events else []
     events = [_event_from_item(item, number) for number, item in enumerate(items, start=1)]
+    if args.parent_seq is not None and not args.parent:
+        _usage("--parent-seq needs --parent")
     with _client(args) as client:
-        reply = client.create_session(args.session_id, events, request_id=args.request_id)
+        reply = client.create_session(
+            args.session_id,
+            events,
+            request_id=args.request_id,
+            title=args.title or "",
+            labels=_label_pairs(args.label),
+            owner=args.owner or "",
+            status=args.status or "",
+            parent_session_id=args.parent,
+            parent_seq=args.parent_seq,
+        )
     if args.json:
         _print_json(message_to_json(reply))
     else:
@@ -1037,14 +1109,19 @@ def _sessions(args: argparse.Namespace) -> int:
     shown = 0
     spent = [0, 0]
     with _client(args) as client:
-        pages = client.list_sessions(prefix=args.prefix, page_size=min(1000, max(1, args.limit)))
+        pages = client.list_sessions(
+            prefix=args.prefix,
+            page_size=min(1000, max(1, args.limit)),
+            filter=args.filter,
+            order_by=args.order_by,
+        )
         for page in pages:
             for session in page.sessions[: args.limit - shown]:
                 if args.json:
                     _print_json(message_to_json(session))
                     shown += 1
                     continue
-                line = f"{session.session_id}\t{session.event_count} events"
+                line = _session_line(session)
                 if session.usage:
                     tokens = _tokens(session.usage)
                     spent = [spent[0] + tokens[0], spent[1] + tokens[1]]
@@ -1055,6 +1132,49 @@ def _sessions(args: argparse.Namespace) -> int:
                 break
     if any(spent):
         print(f"total\t{shown} sessions\t{spent[0]} in / {spent[1]} out tokens")
+    return 0
+
+
+def _session_line(session: Any) -> str:
+    """id and events, then the title and labels when it has them (tab-separated)."""
+    parts = [session.session_id, f"{session.event_count} events"]
+    if session.title:
+        parts.append(json.dumps(session.title, ensure_ascii=False))
+    labels = ",".join(f"{k}={v}" for k, v in sorted(session.labels.items()))
+    if labels:
+        parts.append(labels)
+    return "\t".join(parts)
+
+
+def _label(args: argparse.Namespace) -> int:
+    removed = [item[:-1] for item in args.labels if item.endswith("-") and "=" not in item]
+    pairs = _label_pairs([item for item in args.labels if item[:-1] not in removed])
+    with _client(args) as client:
+        session = client.update_session(args.session_id, set_labels=pairs, remove_labels=removed)
+    return _print_session(args, session)
+
+
+def _update(args: argparse.Namespace) -> int:
+    fields: dict[str, Any] = {
+        name: getattr(args, name)
+        for name in ("title", "owner", "status")
+        if getattr(args, name) is not None
+    }
+    pairs = _label_pairs(args.label)
+    if not fields and not pairs and not args.remove_label:
+        _usage("name a field to set: --title, --owner, --status, --label or --remove-label")
+    with _client(args) as client:
+        session = client.update_session(
+            args.session_id, set_labels=pairs, remove_labels=args.remove_label, **fields
+        )
+    return _print_session(args, session)
+
+
+def _print_session(args: argparse.Namespace, session: Any) -> int:
+    if args.json:
+        _print_json(message_to_json(session))
+    else:
+        print(_session_line(session))
     return 0
 
 

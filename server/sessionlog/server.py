@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 import grpc
 from grpc_health.v1._async import HealthServicer
 
+from sessionlog import errors
 from sessionlog.cluster.promotion import Promoter
 from sessionlog.cluster.sync import SyncTracker
 from sessionlog.config import (
@@ -183,6 +184,8 @@ class SessionLogServer:
         if self.group is not None:
             await self.group.prepare()  # a deposed folder rejoins before it is opened
         store = self.store = self._open_store()
+        if self.peers is None:  # with workers, the supervisor has done it (``_prepare``)
+            index_old_sessions(store, config)
         self._hold_writes_to_map(store)
         server = app.grpc_server(
             config,
@@ -711,3 +714,17 @@ def _replica_name(store: Store) -> str:
 
 def _bearer_metadata(token: str) -> tuple[tuple[str, str], ...]:
     return (("authorization", f"Bearer {token}"),) if token else ()
+
+
+def index_old_sessions(store: Store, config: ServerConfig) -> None:
+    """A static primary gives sessions written before the session indexes existed their place
+    in them (``Store.reindex``), once, at start. A replica gets those writes from its primary; a
+    cluster member's leader is elected later, and does it at its next start."""
+    if config.replica_of or config.cluster or not store.unindexed():
+        return
+    try:
+        added = store.reindex()
+    except errors.SessionLogError as error:
+        log.warning("could not index the sessions of an older server", extra={"error": str(error)})
+        return
+    log.info("indexed the sessions of an older server", extra={"entries": added})

@@ -6,8 +6,9 @@
 //
 //	conn, err := grpc.Dial(target, append(sessionheader.DialOptions(), grpc.WithInsecure())...)
 //
-// Every request that names a session gets the header: its session_id, or for ForkSession the
-// source (parent_session_id). ListSessions and the other services' requests name none and are
+// Every request that names a session gets the header: its session_id, for ForkSession the
+// source (parent_session_id, also a sub-agent CreateSession's parent), for UpdateSession
+// session.session_id. ListSessions and the other services' requests name none and are
 // left alone, as is metadata the caller set (a token, or an x-session-id of its own).
 package sessionheader
 
@@ -17,6 +18,8 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/metadata"
+
+	sessionlogv1 "github.com/sessionlog/sessionlog/client/go/sessionlog/v1"
 )
 
 // Key is the metadata key that names a call's session.
@@ -40,10 +43,16 @@ func Value(sessionID string) string {
 	return string(out)
 }
 
-// SessionOf is the session a request names: a fork's source, else its session id; "" for none.
+// SessionOf is the session a request names: a fork's source (or a sub-agent child's parent, in
+// the same group), an UpdateSession's session, else its session id; "" for none.
 func SessionOf(request interface{}) string {
-	if fork, ok := request.(interface{ GetParentSessionId() string }); ok {
+	if fork, ok := request.(interface{ GetParentSessionId() string }); ok && fork.GetParentSessionId() != "" {
 		return fork.GetParentSessionId()
+	}
+	if update, ok := request.(interface {
+		GetSession() *sessionlogv1.Session
+	}); ok {
+		return update.GetSession().GetSessionId()
 	}
 	if named, ok := request.(interface{ GetSessionId() string }); ok {
 		return named.GetSessionId()

@@ -112,6 +112,14 @@ func TestEveryCallNamingASessionCarriesTheHeader(t *testing.T) {
 			_, err := client.ReleaseLease(ctx, &sessionlogv1.ReleaseLeaseRequest{SessionId: sid, Holder: "w1"})
 			return err
 		}},
+		{"UpdateSession", sid, func() error {
+			_, err := client.UpdateSession(ctx, &sessionlogv1.UpdateSessionRequest{Session: &sessionlogv1.Session{SessionId: sid}})
+			return err
+		}},
+		{"CreateSession", source, func() error {
+			_, err := client.CreateSession(ctx, &sessionlogv1.CreateSessionRequest{SessionId: "kid", ParentSessionId: source})
+			return err
+		}},
 		{"ListSessions", "", func() error {
 			_, err := client.ListSessions(ctx, &sessionlogv1.ListSessionsRequest{Prefix: "s"})
 			return err

@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 import datetime as dt
 import weakref
-from collections.abc import AsyncGenerator, AsyncIterator, Iterable, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Iterable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -819,15 +819,24 @@ class AsyncClient:
         lease_holder: str = "",
         lease_token: int = 0,
         request_id: str | None = None,
+        title: str = "",
+        labels: Mapping[str, str] | None = None,
+        owner: str = "",
+        status: str = "",
+        parent_session_id: str = "",
+        parent_seq: int | None = None,
         timeout: float | None = None,
     ) -> pb.CreateSessionResponse:
-        """Create a session with its first events atomically (``SessionAlreadyExists`` if any).
+        """Create a session with its first events atomically (``SessionAlreadyExists`` if any),
+        with its title, labels, owner and status; ``parent_session_id`` (and the ``parent_seq``
+        of the tool call that spawned it) makes it a sub-agent child, which starts empty.
 
         Retried on UNAVAILABLE with one ``request_id`` (made when None), so a retry after a
         lost reply gets the first result; ``request_id=""`` for no idempotency and no retry.
         """
         rid = c.new_request_id() if request_id is None else request_id
-        request = c.create_request(session_id, events, lease_holder, lease_token, rid)
+        record = c.SessionFields(title, labels, owner, status, parent_session_id, parent_seq)
+        request = c.create_request(session_id, events, lease_holder, lease_token, rid, record)
         reply: pb.CreateSessionResponse = await self._call(
             "CreateSession", request, timeout, retry=bool(rid)
         )
@@ -860,12 +869,18 @@ class AsyncClient:
         return reply
 
     async def list_sessions(
-        self, *, prefix: str = "", page_size: int = 0, timeout: float | None = None
+        self,
+        *,
+        prefix: str = "",
+        page_size: int = 0,
+        filter: str = "",
+        order_by: str = "",
+        timeout: float | None = None,
     ) -> AsyncIterator[pb.ListSessionsResponse]:
         """Every page of sessions in id order (``async for page in client.list_sessions()``)."""
         token = ""
         while True:
-            request = c.list_request(page_size, token, prefix)
+            request = c.list_request(page_size, token, prefix, filter, order_by)
             page: pb.ListSessionsResponse = await self._call(
                 "ListSessions", request, timeout, retry=True
             )
@@ -890,6 +905,38 @@ class AsyncClient:
             token = page.next_page_token
             if not token:
                 return
+
+    async def update_session(
+        self,
+        session_id: str,
+        *,
+        title: str = c.UNSET,
+        labels: Mapping[str, str] = c.UNSET,
+        owner: str = c.UNSET,
+        status: str = c.UNSET,
+        set_labels: Mapping[str, str] | None = None,
+        remove_labels: Iterable[str] = (),
+        timeout: float | None = None,
+    ) -> pb.Session:
+        """Set the fields given, and only those (the update mask names exactly them):
+        ``labels`` replaces the whole map, ``set_labels`` / ``remove_labels`` change single
+        keys. Returns the session as updated. ``SessionNotFound`` for a session never written.
+        Retried on UNAVAILABLE: setting the same values twice is the same update."""
+        request = c.update_request(
+            session_id, title, labels, owner, status, set_labels, remove_labels
+        )
+        reply: pb.UpdateSessionResponse = await self._call(
+            "UpdateSession", request, timeout, retry=True
+        )
+        return reply.session
+
+    async def children(self, session_id: str, *, timeout: float | None = None) -> list[pb.Session]:
+        """The sub-agent children and forks of a session, in id order (every page)."""
+        quoted = session_id.replace("\\", "\\\\").replace('"', '\\"')
+        found: list[pb.Session] = []
+        async for page in self.list_sessions(filter=f'parent = "{quoted}"', timeout=timeout):
+            found.extend(page.sessions)
+        return found
 
     async def fork_session(
         self,

@@ -14,6 +14,7 @@ from typing import Any, NamedTuple
 
 import grpc
 from google.protobuf.duration_pb2 import Duration
+from google.protobuf.field_mask_pb2 import FieldMask
 
 from sessionlog_client.convert import TimeLike, _timestamp, event_from_dict, messages_from_dicts
 from sessionlog_client.errors import Unavailable
@@ -225,6 +226,8 @@ def session_of(request: Any) -> str:
     other session call's ``session_id``; "" for a request that names none (ListSessions)."""
     if isinstance(request, pb.ForkSessionRequest):
         return request.parent_session_id
+    if isinstance(request, pb.UpdateSessionRequest):
+        return request.session.session_id
     return str(getattr(request, "session_id", ""))
 
 
@@ -395,14 +398,70 @@ def create_request(
     lease_holder: str,
     lease_token: int,
     request_id: str = "",
+    record: SessionFields | None = None,
 ) -> pb.CreateSessionRequest:
-    return pb.CreateSessionRequest(
+    request = pb.CreateSessionRequest(
         session_id=session_id,
         events=[event_from_dict(e) for e in events],
         lease_holder=lease_holder,
         lease_token=lease_token,
         request_id=request_id,
     )
+    if record is not None:
+        request.title = record.title
+        request.labels.update(record.labels or {})
+        request.owner = record.owner
+        request.status = record.status
+        request.parent_session_id = record.parent_session_id
+        if record.parent_seq is not None:
+            request.parent_seq = record.parent_seq
+    return request
+
+
+@dataclass(frozen=True)
+class SessionFields:
+    """What CreateSession may set besides the events: the person-set fields and a sub-agent
+    child's parent link."""
+
+    title: str = ""
+    labels: Mapping[str, str] | None = None
+    owner: str = ""
+    status: str = ""
+    parent_session_id: str = ""
+    parent_seq: int | None = None
+
+
+UNSET: Any = object()
+"""An UpdateSession argument left out: not in the mask."""
+
+
+def update_request(
+    session_id: str,
+    title: Any = UNSET,
+    labels: Any = UNSET,
+    owner: Any = UNSET,
+    status: Any = UNSET,
+    set_labels: Mapping[str, str] | None = None,
+    remove_labels: Iterable[str] = (),
+) -> pb.UpdateSessionRequest:
+    """An UpdateSession whose mask names exactly the fields given: ``labels`` replaces the map,
+    ``set_labels`` / ``remove_labels`` change single keys ("labels.KEY" paths)."""
+    session = pb.Session(session_id=session_id)
+    paths: list[str] = []
+    for name, value in (("title", title), ("owner", owner), ("status", status)):
+        if value is not UNSET:
+            setattr(session, name, value)
+            paths.append(name)
+    if labels is not UNSET:
+        session.labels.update(labels)
+        paths.append("labels")
+    for key, value in (set_labels or {}).items():
+        session.labels[key] = value
+        paths.append(f"labels.{key}")
+    paths += [f"labels.{key}" for key in remove_labels]
+    if not paths:
+        raise ValueError("update_session: name at least one field to set")
+    return pb.UpdateSessionRequest(session=session, update_mask=FieldMask(paths=paths))
 
 
 def import_request(
@@ -452,8 +511,16 @@ def seed_request(
     )
 
 
-def list_request(page_size: int, page_token: str, prefix: str) -> pb.ListSessionsRequest:
-    return pb.ListSessionsRequest(page_size=page_size, page_token=page_token, prefix=prefix)
+def list_request(
+    page_size: int, page_token: str, prefix: str, filter: str = "", order_by: str = ""
+) -> pb.ListSessionsRequest:
+    return pb.ListSessionsRequest(
+        page_size=page_size,
+        page_token=page_token,
+        prefix=prefix,
+        filter=filter,
+        order_by=order_by,
+    )
 
 
 def fork_request(

@@ -31,9 +31,11 @@ status back into the same class with :func:`from_reason`.
     │   ├── InvalidPageSize                 INVALID_PAGE_SIZE (a negative page_size)
     │   ├── InvalidOrderBy                  INVALID_ORDER_BY (an order_by the RPC does not offer)
     │   ├── InvalidRedaction                INVALID_REDACTION (no seqs, or an empty prefix)
-    │   └── InvalidFilter                   INVALID_FILTER (a filter that cannot be evaluated)
+    │   ├── InvalidFilter                   INVALID_FILTER (a filter that cannot be evaluated)
+    │   ├── InvalidUpdateMask               INVALID_UPDATE_MASK (an unknown or output-only path)
+    │   └── InvalidSessionField             INVALID_SESSION_FIELD (bad title, label, owner...)
     ├── SessionAlreadyExists                ALREADY_EXISTS
-    ├── SessionNotFound                     NOT_FOUND (SESSION_NOT_FOUND: delete or redact)
+    ├── SessionNotFound                     NOT_FOUND (SESSION_NOT_FOUND: delete, redact, update)
     ├── FailedPrecondition                  FAILED_PRECONDITION
     │   ├── OpenTurn                        OPEN_TURN
     │   ├── LeaseHeld                       LEASE_HELD
@@ -188,11 +190,27 @@ class InvalidRedaction(InvalidArgument):
 
 
 class InvalidFilter(InvalidArgument):
+    """A filter outside the supported AIP-160 subset (ListSessions, EraseSessions); the message
+    names the spot."""
+
     reason = "INVALID_FILTER"
 
 
+class InvalidUpdateMask(InvalidArgument):
+    """An UpdateSession mask path that names no settable field (output-only or unknown)."""
+
+    reason = "INVALID_UPDATE_MASK"
+
+
+class InvalidSessionField(InvalidArgument):
+    """A title, label, owner or status outside its rules (metadata ``field``)."""
+
+    reason = "INVALID_SESSION_FIELD"
+
+
 class SessionNotFound(SessionLogError):
-    """A delete or redact of a session that is not stored (never written, or deleted)."""
+    """A call that needs an existing session found none: a delete or redact of a session not
+    stored (never written, or deleted), an UpdateSession, a sub-agent child's parent."""
 
     reason = "SESSION_NOT_FOUND"
 

@@ -140,6 +140,26 @@ export interface Session {
   lease?: Lease;
   /** Usage totals per model (set by getSession and listSessions; empty from writes). */
   usage: ModelUsage[];
+  title: string;
+  labels: Record<string, string>;
+  owner: string;
+  status: string;
+  /** The later of the last append and the last updateSession. */
+  updateTime?: Time;
+  /** A sub-agent child's spawning seq in its parent; undefined otherwise. */
+  parentSeq?: number;
+}
+
+/** What createSession may set besides the events: a record and a sub-agent parent link. */
+export interface SessionFields {
+  title?: string;
+  labels?: Record<string, string>;
+  owner?: string;
+  status?: string;
+  /** Make the new session a child of this one (it starts empty). */
+  parentSessionId?: string;
+  /** With parentSessionId: the seq of the tool call that spawned the child. */
+  parentSeq?: number;
 }
 
 export interface LeaseAuditEntry {
@@ -474,7 +494,7 @@ export class SessionLogClient {
   createSession(
     sessionId: string,
     events?: NewEvent[],
-    options?: LifecycleOptions,
+    options?: LifecycleOptions & SessionFields,
   ): Promise<{ session: Session; events: Event[] }>;
   seedSession(
     sessionId: string,
@@ -492,12 +512,26 @@ export class SessionLogClient {
     options?: ImportOptions,
   ): Promise<{ session: Session; importedCount: number }>;
   listSessions(
-    options?: { prefix?: string; pageSize?: number } & CallOptions,
+    options?: { prefix?: string; pageSize?: number; filter?: string; orderBy?: string } & CallOptions,
   ): AsyncGenerator<SessionPage, void, undefined>;
   /** Every session's lease takeovers and forced releases, paged (an admin token, no prefix). */
   listLeaseAudit(
     options?: { prefix?: string; pageSize?: number } & CallOptions,
   ): AsyncGenerator<LeaseAuditPage, void, undefined>;
+  /** Set only the fields given; labels replaces the map, setLabels/removeLabels single keys. */
+  updateSession(
+    sessionId: string,
+    options: {
+      title?: string;
+      labels?: Record<string, string>;
+      owner?: string;
+      status?: string;
+      setLabels?: Record<string, string>;
+      removeLabels?: string[];
+    } & CallOptions,
+  ): Promise<Session>;
+  /** The sub-agent children and forks of a session, in id order. */
+  children(sessionId: string, options?: CallOptions): Promise<Session[]>;
   forkSession(
     parentSessionId: string,
     options?: { atSeq?: number; sessionId?: string } & LifecycleOptions,

@@ -405,6 +405,12 @@ function fromSession(raw) {
     parentEventCount: Number(raw.parent_event_count ?? 0),
     lease: fromLease(raw.lease),
     usage: fromModelUsages(raw.usage),
+    title: raw.title ?? "",
+    labels: { ...(raw.labels ?? {}) },
+    owner: raw.owner ?? "",
+    status: raw.status ?? "",
+    updateTime: fromTimestamp(raw.update_time),
+    parentSeq: raw._parent_seq === "parent_seq" ? Number(raw.parent_seq) : undefined,
   };
 }
 
@@ -515,9 +521,13 @@ export function sessionHeader(sessionId) {
   return encodeURIComponent(sessionId);
 }
 
-/** The session a request names: a fork's source, else its session_id ("" for none). */
+/**
+ * The session a request names: an update's session, a fork's source (a sub-agent child's
+ * parent, in the same group), else its session_id ("" for none).
+ */
 function sessionOf(request) {
-  return request.parent_session_id ?? request.session_id ?? "";
+  if (request.session !== undefined) return request.session.session_id ?? "";
+  return request.parent_session_id || request.session_id || "";
 }
 const ETCD_SCHEME = "etcd://";
 
@@ -1586,7 +1596,22 @@ export class SessionLogClient {
    * Create a session. Retried on UNAVAILABLE with one requestId (a fresh one unless given; ""
    * for none and no retry): a retry after a lost reply gets the first result.
    */
-  async createSession(sessionId, events = [], { leaseHolder = "", leaseToken = 0, requestId, timeoutMs } = {}) {
+  async createSession(
+    sessionId,
+    events = [],
+    {
+      leaseHolder = "",
+      leaseToken = 0,
+      requestId,
+      timeoutMs,
+      title = "",
+      labels = {},
+      owner = "",
+      status = "",
+      parentSessionId = "",
+      parentSeq,
+    } = {},
+  ) {
     const request_id = requestId ?? randomUUID();
     const request = {
       session_id: sessionId,
@@ -1594,7 +1619,13 @@ export class SessionLogClient {
       lease_holder: leaseHolder,
       lease_token: leaseToken,
       request_id,
+      title,
+      labels,
+      owner,
+      status,
+      parent_session_id: parentSessionId,
     };
+    if (parentSeq !== undefined) request.parent_seq = parentSeq;
     const reply = await this._call("CreateSession", request, { timeoutMs, retry: request_id !== "", write: true });
     return { session: fromSession(reply.session), events: (reply.events ?? []).map(fromEvent) };
   }
@@ -1647,11 +1678,15 @@ export class SessionLogClient {
     }
   }
 
-  /** Every page of sessions in id order: `for await (const page of client.listSessions())`. */
-  async *listSessions({ prefix = "", pageSize = 0, timeoutMs } = {}) {
+  /**
+   * Every page of sessions: `for await (const page of client.listSessions())`. `filter` is the
+   * server's AIP-160 subset (`labels.team = "core" AND owner = "ana"`), `orderBy` is
+   * "session_id" (default) or "update_time desc".
+   */
+  async *listSessions({ prefix = "", pageSize = 0, filter = "", orderBy = "", timeoutMs } = {}) {
     let page_token = "";
     for (;;) {
-      const request = { page_size: pageSize, page_token, prefix };
+      const request = { page_size: pageSize, page_token, prefix, filter, order_by: orderBy };
       const reply = await this._call("ListSessions", request, { timeoutMs, retry: true });
       yield {
         sessions: (reply.sessions ?? []).map(fromSession),
@@ -1661,6 +1696,43 @@ export class SessionLogClient {
       page_token = reply.next_page_token ?? "";
       if (!page_token) return;
     }
+  }
+
+  /**
+   * Set a session's title, owner, status or labels: only the fields given change (the update
+   * mask names exactly them). `labels` replaces the whole map; `setLabels` / `removeLabels`
+   * change single keys. Resolves to the session as updated.
+   */
+  async updateSession(sessionId, { title, labels, owner, status, setLabels = {}, removeLabels = [], timeoutMs } = {}) {
+    const session = { session_id: sessionId, labels: {} };
+    const paths = [];
+    for (const [name, value] of [["title", title], ["owner", owner], ["status", status]]) {
+      if (value !== undefined) {
+        session[name] = value;
+        paths.push(name);
+      }
+    }
+    if (labels !== undefined) {
+      Object.assign(session.labels, labels);
+      paths.push("labels");
+    }
+    for (const [key, value] of Object.entries(setLabels)) {
+      session.labels[key] = value;
+      paths.push(`labels.${key}`);
+    }
+    for (const key of removeLabels) paths.push(`labels.${key}`);
+    if (paths.length === 0) throw new TypeError("updateSession: name at least one field to set");
+    const request = { session, update_mask: { paths } };
+    const reply = await this._call("UpdateSession", request, { timeoutMs, retry: true, write: true });
+    return fromSession(reply.session);
+  }
+
+  /** The sub-agent children and forks of a session, in id order (every page). */
+  async children(sessionId, { timeoutMs } = {}) {
+    const found = [];
+    const filter = `parent = ${JSON.stringify(sessionId)}`;
+    for await (const page of this.listSessions({ filter, timeoutMs })) found.push(...page.sessions);
+    return found;
   }
 
   /**

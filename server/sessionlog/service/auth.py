@@ -18,11 +18,10 @@ AdminService (the store's stats, a copy of the whole store, every session's leas
 ``admin``, and like the change feed it is refused to a token limited to a session prefix.
 
 Permissions per RPC: reads (Since, ListEvents, Surface, DeriveMessages, GetState, GetUsage,
-GetSession,
-ListSessions, GetShardMap) need ``read``; writes (Append, CreateSession, SeedSession,
-ForkSession, leases, DeleteSession, RedactEvents) need ``write``; a forced lease release, a
-forced delete, EraseSessions and the change feed (which carries every tenant's data) need
-``admin``.
+GetSession, ListSessions, GetShardMap) need ``read``; writes (Append, CreateSession, SeedSession,
+ForkSession, UpdateSession, leases, DeleteSession, RedactEvents) need ``write``; a forced lease
+release, a forced delete, EraseSessions and the change feed (which carries every tenant's data)
+need ``admin``.
 GetReplicationStatus needs ``read``. Calls whose answer spans every session (the change feed, and
 the replication status with its global positions) are refused to any token limited to a session
 prefix. Health and reflection need any valid token unless the operator opens them
@@ -66,6 +65,7 @@ _NEEDS = {
     "/sessionlog.v1.SessionLogService/SeedSession": WRITE,
     "/sessionlog.v1.SessionLogService/GetSession": READ,
     "/sessionlog.v1.SessionLogService/ListSessions": READ,
+    "/sessionlog.v1.SessionLogService/UpdateSession": WRITE,
     "/sessionlog.v1.SessionLogService/ForkSession": WRITE,
     "/sessionlog.v1.SessionLogService/AcquireLease": WRITE,
     "/sessionlog.v1.SessionLogService/RenewLease": WRITE,

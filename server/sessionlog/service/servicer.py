@@ -15,6 +15,7 @@ import hashlib
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import grpc
@@ -28,6 +29,7 @@ from sessionlog.config import (
     DEFAULT_MAX_EVENTS_PER_APPEND,
     DEFAULT_MAX_MESSAGE_BYTES,
 )
+from sessionlog.records import Filter, SessionRecord, parse_filter
 from sessionlog.service import importing, ledger, paging
 from sessionlog.service.auth import ADMIN, Authorizer, Principal, bearer
 from sessionlog.service.counters import CANCELLED, INTERNAL, OK, Counters
@@ -37,7 +39,9 @@ from sessionlog.service.limits import Outgoing, StreamLimiter
 from sessionlog.service.notifier import Notifier
 from sessionlog.shard import scatter
 from sessionlog.shard.ownership import MOVE_COPY, MOVE_HEADER, Ownership
-from sessionlog.storage import leadership
+from sessionlog.storage import leadership, schema
+from sessionlog.storage.indexes import update_time
+from sessionlog.storage.records import BY_ID, BY_UPDATE, given_record
 from sessionlog.storage.schema import AuditRecord, LeaseRecord, SessionMeta
 from sessionlog.storage.store import AppendResult, Store, prepare_append, prepare_seed
 from sessionlog.v1 import session_log_service_pb2 as pb
@@ -248,6 +252,7 @@ class SessionLogServicer:
                 "SeedSession": grpc.unary_unary_rpc_method_handler(self.seed_session),
                 "GetSession": grpc.unary_unary_rpc_method_handler(self.get_session),
                 "ListSessions": grpc.unary_unary_rpc_method_handler(self.list_sessions),
+                "UpdateSession": grpc.unary_unary_rpc_method_handler(self.update_session),
                 "ForkSession": grpc.unary_unary_rpc_method_handler(self.fork_session),
                 "AcquireLease": grpc.unary_unary_rpc_method_handler(self.acquire_lease),
                 "RenewLease": grpc.unary_unary_rpc_method_handler(self.renew_lease),
@@ -643,10 +648,27 @@ class SessionLogServicer:
     @unary_write
     async def create_session(self, raw: bytes, context: grpc.aio.ServicerContext) -> bytes:
         request = decode(pb.CreateSessionRequest, raw)
+        parent = request.parent_session_id
+        if parent:
+            self.ownership.check_fork(parent, request.session_id)
         self.ownership.check_write(request.session_id)
         self._require_primary(context)
-        self._scope(context, request.session_id)
+        self._scope(context, request.session_id, *([parent] if parent else []))
         self._check_count(len(request.events))
+        if parent:
+            fold.check_session_id(parent)
+        elif request.HasField("parent_seq"):
+            raise errors.InvalidSessionField(
+                "parent_seq needs parent_session_id: name the parent session",
+                field="parent_seq",
+            )
+        record = given_record(
+            request.title,
+            request.labels,
+            request.owner,
+            request.status,
+            request.parent_seq if request.HasField("parent_seq") else None,
+        )
         batch = prepare_append(
             request.session_id,
             request.events,
@@ -656,10 +678,31 @@ class SessionLogServicer:
             lease_token=request.lease_token,
             request_id=request.request_id,
         )
+        batch.record, batch.parent_id = record, parent
+        if batch.fingerprint:  # a retry must repeat the record and the parent link too
+            asked = f"{batch.fingerprint}|{parent}|{schema.encode_record(record).hex()}"
+            batch.fingerprint = hashlib.sha256(asked.encode()).hexdigest()
         result = await self.store.commit_append(batch)
         await self._replicated(result.position)
-        session = session_message(request.session_id, result.meta)
+        session = session_message(request.session_id, result.meta, record=record)
         return _serialize(mirrors.CreateSessionResponse(session=session, events=result.events))
+
+    @unary_write
+    async def update_session(self, raw: bytes, context: grpc.aio.ServicerContext) -> bytes:
+        request = decode(pb.UpdateSessionRequest, raw)
+        session_id = request.session.session_id
+        self.ownership.check_write(session_id)
+        self._require_primary(context)
+        self._scope(context, session_id)
+        fold.check_session_id(session_id)
+        given = request.session
+        record = SessionRecord(given.title, dict(given.labels), given.owner, given.status)
+        paths = list(request.update_mask.paths) if request.HasField("update_mask") else None
+        updated = await self.store.commit_update(session_id, record, paths)
+        await self._replicated(updated.position)
+        view = self.store.session(session_id)
+        session = session_message(session_id, updated.meta, view.lease, updated.record)
+        return _serialize(pb.UpdateSessionResponse(session=session))
 
     @unary_write
     async def seed_session(self, raw: bytes, context: grpc.aio.ServicerContext) -> bytes:
@@ -690,7 +733,8 @@ class SessionLogServicer:
         self._scope(context, request.session_id)
         fold.check_session_id(request.session_id)
         view = self.store.session(request.session_id)
-        session = session_message(view.session_id, view.meta, view.lease)
+        record = self.store.record(request.session_id)
+        session = session_message(view.session_id, view.meta, view.lease, record)
         if view.meta is not None:
             spent = self.store.usage_of([view.session_id])[view.session_id]
             session.usage.extend(ledger.model_usages(spent))
@@ -706,34 +750,71 @@ class SessionLogServicer:
         self.ownership.check()  # sharded: a map must be held; the page keeps my group's own
         prefix = self._listing_prefix(context, request.prefix)
         size = min(request.page_size or DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE)
-        after = decode_page_token(request.page_token, prefix)
+        order = listing_order(request.order_by)
+        query = parse_filter(request.filter)
+        listing = Listing(prefix, request.filter, order)
+        after = decode_listing_token(request.page_token, listing)
         metadata = context.invocation_metadata()
-        if self.scatter is not None and not scatter.local_only(metadata):
-            sessions, last = await self.scatter.list(
-                self.local_sessions, after, prefix, size, metadata, context.time_remaining()
+        if self.scatter is not None and not scatter.local_only(metadata) and order == BY_UPDATE:
+
+            def recent(after: bytes, prefix: str, size: int) -> tuple[list[pb.Session], bytes]:
+                return self._local_page(after, Listing(prefix, request.filter, order), query, size)
+
+            sessions, cursor = await self.scatter.list_recent(
+                recent,
+                after,
+                prefix,
+                size,
+                metadata,
+                context.time_remaining(),
+                filter_text=request.filter,
             )
+        elif self.scatter is not None and not scatter.local_only(metadata):
+            sessions, last = await self.scatter.list(
+                functools.partial(self.local_sessions, query=query, filter_text=request.filter),
+                after.decode(),
+                prefix,
+                size,
+                metadata,
+                context.time_remaining(),
+                filter_text=request.filter,
+            )
+            cursor = last.encode()
         else:
-            sessions, last = self.local_sessions(after, prefix, size)
+            sessions, cursor = self._local_page(after, listing, query, size)
+        token = encode_listing_token(cursor, listing) if cursor else ""
         response = pb.ListSessionsResponse(
-            sessions=sessions,
-            next_page_token=encode_page_token(last, prefix) if last else "",
-            usage_total=ledger.page_total(sessions),
+            sessions=sessions, next_page_token=token, usage_total=ledger.page_total(sessions)
         )
         return _serialize(response)
 
-    def local_sessions(self, after: str, prefix: str, size: int) -> tuple[list[pb.Session], str]:
-        """This server's own sessions among the next ``size`` of its store after ``after``
-        (those of its group: not a copy of a slot on the move), and the id the next page
-        starts after ("" when none follows)."""
-        page, more = self.store.list_sessions(after=after, prefix=prefix, limit=size)
+    def _local_page(
+        self, after: bytes, listing: Listing, query: Filter, size: int
+    ) -> tuple[list[pb.Session], bytes]:
+        """This server's own sessions of the next page, and the cursor it ends at (b"": last)."""
+        page, more = self.store.list_records(
+            after=after, prefix=listing.prefix, query=query, order=listing.order, limit=size
+        )
         owns = self.ownership.owns
         sessions = [
-            session_message(v.session_id, v.meta, v.lease) for v in page if owns(v.session_id)
+            session_message(v.session_id, v.meta, v.lease, v.record)
+            for v in page
+            if owns(v.session_id)
         ]
         spent = self.store.usage_of([s.session_id for s in sessions if s.exists])
         for session in sessions:
             session.usage.extend(ledger.model_usages(spent.get(session.session_id, {})))
-        return sessions, page[-1].session_id if more else ""
+        return sessions, page[-1].cursor if more else b""
+
+    def local_sessions(
+        self, after: str, prefix: str, size: int, query: Filter | None = None, filter_text: str = ""
+    ) -> tuple[list[pb.Session], str]:
+        """This server's own sessions among the next ``size`` of its store after ``after`` in
+        id order (those of its group: not a copy of a slot on the move), and the id the next
+        page starts after ("" when none follows)."""
+        listing = Listing(prefix, filter_text, BY_ID)
+        sessions, cursor = self._local_page(after.encode(), listing, query or Filter(), size)
+        return sessions, cursor.decode()
 
     @unary
     async def get_shard_map(self, raw: bytes, context: grpc.aio.ServicerContext) -> bytes:
@@ -859,7 +940,7 @@ class SessionLogServicer:
         self._scope(context, request.session_id)
         self._require_admin(context, "reading a session's request records and lease")
         fold.check_session_id(request.session_id)
-        found = self.store.records(request.session_id)
+        found = self.store.session_records(request.session_id)
         reply = pb.GetSessionRecordsResponse(
             session=session_message(request.session_id, found.meta),
             request_records=[importing.request_message(i, r) for i, r in found.requests],
@@ -954,7 +1035,10 @@ def _timestamp(ns: int) -> Timestamp:
 
 
 def session_message(
-    session_id: str, meta: SessionMeta | None, lease: LeaseRecord | None = None
+    session_id: str,
+    meta: SessionMeta | None,
+    lease: LeaseRecord | None = None,
+    record: SessionRecord | None = None,
 ) -> pb.Session:
     session = pb.Session(session_id=session_id, exists=meta is not None)
     if meta is not None:
@@ -964,6 +1048,14 @@ def session_message(
         session.last_append_time.CopyFrom(_timestamp(meta.last_append_time_ns))
         session.parent_session_id = meta.parent_id
         session.parent_event_count = meta.parent_length
+        session.update_time.CopyFrom(_timestamp(update_time(meta, record)))
+    if meta is not None and record is not None:
+        session.title = record.title
+        session.labels.update(record.labels)
+        session.owner = record.owner
+        session.status = record.status
+        if record.parent_seq is not None:
+            session.parent_seq = record.parent_seq
     if lease is not None:
         session.lease.CopyFrom(lease_message(lease))
     return session
@@ -1010,6 +1102,76 @@ def encode_page_token(last_id: str, prefix: str) -> str:
     """
     payload = bytes((PAGE_TOKEN_VERSION,)) + _prefix_digest(prefix) + last_id.encode()
     return base64.urlsafe_b64encode(payload).decode().rstrip("=")
+
+
+@dataclass(frozen=True)
+class Listing:
+    """What a page token is bound to: a token continues only the listing it came from."""
+
+    prefix: str
+    filter: str
+    order: str
+
+    def digest(self) -> bytes:
+        if not self.filter and self.order == BY_ID:
+            return _prefix_digest(self.prefix)  # the tokens of plain listings stay as they were
+        bound = "\x00".join((self.prefix, self.filter, self.order))
+        return hashlib.sha256(bound.encode()).digest()[:_PREFIX_DIGEST_BYTES]
+
+
+ORDER_TOKEN_VERSION = 2
+"""The first byte of a token of an update-time listing: its cursor is a ``recent`` key."""
+_MAX_LISTING_TOKEN_CHARS = _MAX_PAGE_TOKEN_CHARS + 12
+
+
+def listing_order(order_by: str) -> str:
+    """The listing order an order_by names, or InvalidOrderBy."""
+    spelled = " ".join(order_by.split())
+    if spelled in ("", BY_ID, f"{BY_ID} asc"):
+        return BY_ID
+    if spelled == BY_UPDATE:
+        return BY_UPDATE
+    raise errors.InvalidOrderBy(
+        f'order_by {order_by[:60]!r} is not offered; use "session_id" (the default) or '
+        '"update_time desc"',
+        order_by=order_by[:60],
+    )
+
+
+def encode_listing_token(cursor: bytes, listing: Listing) -> str:
+    """A page token: like ``encode_page_token``, bound to the prefix, filter and order; an
+    update-time listing's cursor is its last ``recent`` key (version 2)."""
+    version = ORDER_TOKEN_VERSION if listing.order == BY_UPDATE else PAGE_TOKEN_VERSION
+    payload = bytes((version,)) + listing.digest() + cursor
+    return base64.urlsafe_b64encode(payload).decode().rstrip("=")
+
+
+def decode_listing_token(token: str, listing: Listing) -> bytes:
+    """The cursor a token continues from; MalformedRequest for anything that is not a token
+    of this same listing."""
+    if not token:
+        return b""
+    version = ORDER_TOKEN_VERSION if listing.order == BY_UPDATE else PAGE_TOKEN_VERSION
+    try:
+        if len(token) > _MAX_LISTING_TOKEN_CHARS:
+            raise ValueError("longer than any page token")
+        padded = token + "=" * (-len(token) % 4)
+        payload = base64.b64decode(padded, altchars=b"-_", validate=True)
+        digest = payload[1 : 1 + _PREFIX_DIGEST_BYTES]
+        if payload[:1] != bytes((version,)) or digest != listing.digest():
+            raise ValueError("token does not match this listing")
+        cursor = payload[1 + _PREFIX_DIGEST_BYTES :]
+        id_part = cursor[8:] if version == ORDER_TOKEN_VERSION else cursor
+        if version == ORDER_TOKEN_VERSION and len(cursor) < 9:
+            raise ValueError("no update-time cursor")
+        fold.check_session_id(id_part.decode("utf-8"))
+    except (ValueError, errors.InvalidSessionId):
+        raise errors.MalformedRequest(
+            "page_token is not a token from a previous ListSessions call with the same prefix, "
+            "filter and order_by; list again from the start without one",
+            field="page_token",
+        ) from None
+    return cursor
 
 
 def decode_page_token(token: str, prefix: str) -> str:

@@ -16,6 +16,10 @@ Invariants:
   group has answered for (``merge``). A token is therefore a point in the one id order every
   group shares: it stays valid across writes and across groups, and no session is listed
   twice or skipped (one created behind the cursor meanwhile is not listed, as unsharded).
+- Newest first (``order_by: "update_time desc"``, ``list_recent``): the same, in the order of
+  the store's ``recent`` keys, (update time desc, id), which every group shares too: each group
+  lists after the cursor key, and ``merge_recent`` keeps the first ``size`` up to the earliest
+  key every group has answered for. A session updated meanwhile moves, as unsharded.
 - Each session is listed by the group that owns its slot in this server's map only: a copy a
   group holds without owning it (a slot on the move) is not listed.
 - No recursion: a forwarded call carries ``x-sessionlog-scope: group`` (SCOPE_HEADER), and a
@@ -42,6 +46,7 @@ from google.rpc import error_details_pb2, status_pb2
 
 from sessionlog import errors
 from sessionlog.shard.shardmap import Group, ShardMap
+from sessionlog.storage import schema
 from sessionlog.v1 import session_log_service_pb2 as pb
 
 SCOPE_HEADER = "x-sessionlog-scope"
@@ -118,6 +123,53 @@ def merge(answers: Sequence[Answer], size: int, owner: Callable[[str], str]) -> 
     return Merged(kept, bound or "")
 
 
+RecentPage = tuple[list[pb.Session], bytes]
+"""Sessions newest first, and the cursor the next page starts after (b"": none)."""
+Recent = Callable[[bytes, str, int], RecentPage]
+"""This server's own listing newest first: (after cursor, prefix, limit) -> (sessions in
+(update_time desc, id) order, the cursor its next page starts after: b"" when nothing follows).
+A cursor is the session's key in the store's ``recent`` index (``schema.recent_key``)."""
+
+
+@dataclass(frozen=True)
+class RecentAnswer:
+    """One group's page newest first, and the cursor its next page starts after (b"": none)."""
+
+    group: str
+    sessions: Sequence[pb.Session]
+    last: bytes
+
+
+def recent_key(session: pb.Session) -> bytes:
+    """Where a listed session stands in the newest-first order every group shares."""
+    return schema.recent_key(session.update_time.ToNanoseconds(), session.session_id)
+
+
+def merge_recent(
+    answers: Sequence[RecentAnswer], size: int, owner: Callable[[str], str]
+) -> RecentPage:
+    """``merge`` for the newest-first order: by (update_time desc, id), up to the earliest
+    point every group has answered for."""
+    bound: bytes | None = None
+    for answer in answers:
+        if answer.last and (bound is None or answer.last < bound):
+            bound = answer.last
+    keyed = sorted(
+        (
+            (recent_key(s), s)
+            for answer in answers
+            for s in answer.sessions
+            if owner(s.session_id) == answer.group
+        ),
+        key=lambda pair: pair[0],
+    )
+    candidates = [(k, s) for k, s in keyed if bound is None or k <= bound]
+    kept = candidates[:size]
+    if len(candidates) > size:
+        return [s for _, s in kept], kept[-1][0]
+    return [s for _, s in kept], bound or b""
+
+
 class Held(Protocol):
     """What a listing reads of the server's ownership (``shard.ownership.Ownership``)."""
 
@@ -170,21 +222,65 @@ class Scatter:
         size: int,
         metadata: Iterable[tuple[str, Any]] | None,
         within: float | None = None,
+        filter_text: str = "",
     ) -> Merged:
         """Up to ``size`` sessions of every group after ``after`` whose id starts with
         ``prefix`` (already narrowed to the caller's token), merged in id order; within
         ``within`` seconds (the caller's deadline) when that is sooner than
-        GROUP_DEADLINE_SECONDS."""
+        GROUP_DEADLINE_SECONDS. ``filter_text`` (a ListSessions filter) goes to every group,
+        which applies it to its own sessions; ``local`` applies it already."""
         shard_map, mine = self._current()
         sent = forwarded(metadata)
         others = [g for g in shard_map.groups if g.name != mine]
         wait = GROUP_DEADLINE_SECONDS if within is None else min(within, GROUP_DEADLINE_SECONDS)
         ends = time.monotonic() + wait
         pages = await asyncio.gather(
-            *(self._ask(group, after, prefix, size, sent, ends) for group in others)
+            *(self._ask(group, after, prefix, size, sent, ends, filter_text) for group in others)
         )
         answers = [Answer(mine, *local(after, prefix, size)), *pages]
         return merge(answers, size, lambda session_id: shard_map.owner(session_id).name)
+
+    async def list_recent(
+        self,
+        local: Recent,
+        after: bytes,
+        prefix: str,
+        size: int,
+        metadata: Iterable[tuple[str, Any]] | None,
+        within: float | None = None,
+        filter_text: str = "",
+    ) -> RecentPage:
+        """``list`` in the newest-first order (ListSessions' "update_time desc"), merged by
+        (update_time desc, id); ``after`` and the cursor returned are ``recent`` keys."""
+        shard_map, mine = self._current()
+        sent = forwarded(metadata)
+        others = [g for g in shard_map.groups if g.name != mine]
+        wait = GROUP_DEADLINE_SECONDS if within is None else min(within, GROUP_DEADLINE_SECONDS)
+        ends = time.monotonic() + wait
+
+        async def ask(group: Group) -> RecentAnswer:
+            from sessionlog.service.servicer import (
+                Listing,
+                decode_listing_token,
+                encode_listing_token,
+            )
+
+            listing = Listing(prefix, filter_text, "update_time desc")
+            token = encode_listing_token(after, listing) if after else ""
+            request = pb.ListSessionsRequest(
+                prefix=prefix,
+                page_size=size,
+                page_token=token,
+                filter=filter_text,
+                order_by=listing.order,
+            )
+            reply = await self._call(group, request.SerializeToString(), sent, ends)
+            last = decode_listing_token(reply.next_page_token, listing)
+            return RecentAnswer(group.name, list(reply.sessions), last)
+
+        pages = await asyncio.gather(*(ask(group) for group in others))
+        answers = [RecentAnswer(mine, *local(after, prefix, size)), *pages]
+        return merge_recent(answers, size, lambda session_id: shard_map.owner(session_id).name)
 
     async def _ask(
         self,
@@ -194,17 +290,37 @@ class Scatter:
         size: int,
         metadata: tuple[tuple[str, str], ...],
         ends: float,
+        filter_text: str = "",
     ) -> Answer:
         """One group's page from its primary, else from its other members in turn, by
         ``ends`` (``time.monotonic``)."""
         # Imported here: the servicer imports this module (its one page token format).
-        from sessionlog.service.servicer import decode_page_token, encode_page_token
+        from sessionlog.service.servicer import (
+            Listing,
+            decode_listing_token,
+            encode_listing_token,
+        )
 
+        listing = Listing(prefix, filter_text, "session_id")
         request = pb.ListSessionsRequest(
             prefix=prefix,
             page_size=size,
-            page_token=encode_page_token(after, prefix) if after else "",
+            page_token=encode_listing_token(after.encode(), listing) if after else "",
+            filter=filter_text,
         ).SerializeToString()
+        reply = await self._call(group, request, metadata, ends)
+        last = decode_listing_token(reply.next_page_token, listing).decode()
+        return Answer(group.name, list(reply.sessions), last)
+
+    async def _call(
+        self,
+        group: Group,
+        request: bytes,
+        metadata: tuple[tuple[str, str], ...],
+        ends: float,
+    ) -> pb.ListSessionsResponse:
+        """One group's ListSessions reply from its primary, else from its other members in
+        turn, by ``ends`` (``time.monotonic``)."""
         primary = self._primary_of(group)
         order = list(dict.fromkeys([primary, *group.members] if primary else group.members))
         failures: list[str] = []
@@ -224,9 +340,7 @@ class Scatter:
                 failures.append(f"{address}: {error.code().name}")
                 await self._forget(address, channel)
                 continue
-            reply = pb.ListSessionsResponse.FromString(raw)
-            last = decode_page_token(reply.next_page_token, prefix)
-            return Answer(group.name, list(reply.sessions), last)
+            return pb.ListSessionsResponse.FromString(raw)
         tried = "; ".join(failures) or "no time left"
         raise errors.GroupUnavailable(
             f"no member of group '{group.name}' answered the session listing ({tried}): the "

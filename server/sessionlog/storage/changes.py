@@ -28,6 +28,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import lmdb
 
@@ -57,6 +58,7 @@ KIND_BY_NAME = {
     "lease": rpb.CHANGE_KIND_LEASE,
     "delete": rpb.CHANGE_KIND_DELETE,
     "redact": rpb.CHANGE_KIND_REDACT,
+    "update": rpb.CHANGE_KIND_UPDATE,
 }
 
 
@@ -92,7 +94,9 @@ def encode_change(
         put = [_TABLE_FIELDS[table]]
         if key:
             put += (_KEY_TAG, varint(len(key)), key)
-        if value:
+        if value is None:
+            put.append(_REMOVE_FIELD)
+        elif value:
             put += (_VALUE_TAG, varint(len(value)), value)
         body = b"".join(put)
         parts += (_PUTS_TAG, varint(len(body)), body)
@@ -125,6 +129,7 @@ _DELETES_TAG = wire.tag(_CHANGE["deletes"], wire.LENGTH_DELIMITED)
 _END_KEY_TAG = wire.tag(
     rpb.StorageDelete.DESCRIPTOR.fields_by_name["end_key"].number, wire.LENGTH_DELIMITED
 )
+_REMOVE_FIELD = wire.int_field(_PUT["remove"], 1)
 _last_commit_time = (0, wire.message_field(_CHANGE["commit_time"], wire.timestamp(0)))
 """The commit_time field last encoded, with its time in ns (one tuple: swapped whole)."""
 
@@ -136,6 +141,14 @@ def _commit_time_field(commit_ns: int) -> bytes:
         field = wire.message_field(_CHANGE["commit_time"], wire.timestamp(commit_ns))
         _last_commit_time = (commit_ns, field)
     return field
+
+
+def apply_put(txn: lmdb.Transaction, put: rpb.StoragePut, by_name: Any) -> None:
+    """One recorded write, as a replica (or a rebuild) repeats it: a put, or a removal."""
+    if put.remove:
+        txn.delete(put.key, db=by_name[put.table])
+    else:
+        txn.put(put.key, put.value, db=by_name[put.table])
 
 
 def chain(previous: bytes, record: bytes, events: Sequence[bytes]) -> bytes:
@@ -444,7 +457,8 @@ class ApplyChangesCommand:
 
 def apply_writes(txn: lmdb.Transaction, tables: Tables, change: rpb.Change) -> None:
     """A received (or rebuilt) change's writes as the primary made them: its erased records
-    first (their placeholders may read events the rest removes), then its puts and deletes."""
+    first (their placeholders may read events the rest removes), then its puts (an index
+    entry's removal among them, in order) and its range deletes."""
     if change.erased_positions:
 
         def rewrite(position: int, erased: bytes) -> None:
@@ -454,7 +468,7 @@ def apply_writes(txn: lmdb.Transaction, tables: Tables, change: rpb.Change) -> N
         erase_earlier(txn, tables, change.kind, change.erased_positions, removals, rewrite)
     by_name = tables.by_name
     for put in change.puts:
-        txn.put(put.key, put.value, db=by_name[put.table])
+        apply_put(txn, put, by_name)
     for removal in change.deletes:
         delete_keys(txn, by_name[removal.table], removal.key, removal.end_key)
 

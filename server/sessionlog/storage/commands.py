@@ -20,7 +20,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from sessionlog import errors, fold, wire
-from sessionlog.storage import damage, ledger, schema
+from sessionlog.records import SessionRecord
+from sessionlog.storage import damage, indexes, ledger, schema
 from sessionlog.storage.reads import load_lease, load_meta, read_range
 from sessionlog.storage.recording import RecordingTxn
 from sessionlog.storage.schema import AuditRecord, LeaseRecord, RequestRecord, SessionMeta
@@ -73,6 +74,10 @@ class AppendBatch:
     lenient: bool = False
     create_only: bool = False
     """CreateSession / SeedSession: refuse an existing session, create even with no events."""
+    record: SessionRecord | None = None
+    """CreateSession: the new session's person-set fields (checked), parent_seq included."""
+    parent_id: str = ""
+    """CreateSession: the parent of a sub-agent child (checked to exist here)."""
     moving_in: bool = False
     """Events copied in by a slot move (``shard.move``): the writer's ``admits`` hook, which
     refuses writes to sessions this group does not own, lets it through."""
@@ -140,8 +145,13 @@ class AppendCommand:
         drops = [(i, e.reason, e.message) for i, e in dropped] if dropped else []
         if not kept and not batch.create_only:
             return AppendResult([], next_seq, drops, meta)
+        if batch.parent_id:
+            parent_seq = None if batch.record is None else batch.record.parent_seq
+            indexes.check_parent(txn, tables, batch.parent_id, parent_seq)
+        before_ns = None if meta is None else meta.last_append_time_ns
         if meta is None:
             meta = _new_session(txn, tables, batch.session_id, now_ns)
+            meta.parent_id = batch.parent_id
         bodies, with_seq = batch.bodies, wire.with_seq
         stored = [with_seq(seq, bodies[index]) for seq, index in enumerate(kept, meta.next_seq)]
         txn.put_events(meta.sid, meta.next_seq, stored)  # one LMDB call for the batch
@@ -155,6 +165,12 @@ class AppendCommand:
             meta.replace_generation += sum(1 for index in kept if replaces[index])
         meta.last_append_time_ns = now_ns
         txn.put(batch.session_id.encode(), meta.encode(), db=tables.sessions)
+        indexes.touch(txn, tables, batch.session_id, before_ns, now_ns)
+        if before_ns is None:
+            if batch.record is not None and not batch.record.empty():
+                indexes.put_record(txn, tables, batch.session_id, None, batch.record)
+            if batch.parent_id:
+                indexes.link_child(txn, tables, batch.parent_id, batch.session_id)
         if batch.request_id:
             record = RequestRecord(
                 fingerprint=batch.fingerprint,
@@ -304,6 +320,8 @@ class ForkCommand:
         child.parent_id = self._parent_id
         child.parent_length = len(copied)
         txn.put(self._child_id.encode(), child.encode(), db=tables.sessions)
+        indexes.touch(txn, tables, self._child_id, None, now_ns)
+        indexes.link_child(txn, tables, self._parent_id, self._child_id)
         if self._request_id:
             record = RequestRecord(
                 fingerprint=self._fingerprint,

@@ -35,7 +35,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from sessionlog import errors
-from sessionlog.storage import changes, damage, schema
+from sessionlog.storage import changes, damage, indexes, schema
 from sessionlog.storage.commands import Written, _check_lease
 from sessionlog.storage.reads import Txn, load_lease, load_meta
 from sessionlog.storage.recording import RecordingTxn
@@ -177,9 +177,11 @@ class DeleteCommand:
             lease = load_lease(txn, tables, session_id)
             _check_lease(lease, session_id, self._lease_holder, 0, now_ns)
         position = _next_position(txn, tables)
-        removals = session_keys(session_id, meta.sid) + _fork_requests(
-            txn, tables, session_id, meta
-        )
+        removals = [
+            *session_keys(session_id, meta.sid),
+            *_index_keys(txn, tables, session_id, meta),
+            *_fork_requests(txn, tables, session_id, meta),
+        ]
         later = scan(txn, tables, [session_id], self._found.upto)
         olds = [*self._found.positions.get(session_id, []), *later.positions[session_id]]
 
@@ -202,6 +204,24 @@ class DeleteCommand:
         txn.put(schema.u64(position), audit.encode(), db=tables.erasures)
         self._touched.append(session_id)
         return DeleteResult(session_id, meta, meta.next_seq, rewritten)
+
+
+def _index_keys(
+    txn: RecordingTxn, tables: Tables, session_id: str, meta: SessionMeta
+) -> list[changes.Removal]:
+    """The session's record and its index entries (``indexes``): its place in ``recent``, its
+    labels, owner and status in ``labels``, and its entry under its parent in ``children``. Its
+    own children's entries stay: they still exist and still name it as their parent."""
+    record = indexes.load_record(txn, tables, session_id)
+    found: list[changes.Removal] = [
+        ("records", session_id.encode(), b""),
+        ("recent", schema.recent_key(indexes.update_time(meta, record), session_id), b""),
+    ]
+    for key, value in indexes.indexed_pairs(record).items():
+        found.append(("labels", schema.label_prefix(key, value) + session_id.encode(), b""))
+    if meta.parent_id:
+        found.append(("children", schema.child_prefix(meta.parent_id) + session_id.encode(), b""))
+    return found
 
 
 def _fork_requests(

@@ -16,7 +16,8 @@ class RecordingTxn:
     """A write transaction that remembers what a command puts, for its change record.
 
     Events go through ``put_events`` and are remembered as a range (consecutive seqs of one
-    session); every other put is kept whole.
+    session); every other put is kept whole, and a removal (``remove``) as a put of value None,
+    in the same order, so a replica that applies them in turn ends with the same keys.
     """
 
     def __init__(self, txn: lmdb.Transaction, tables: Tables) -> None:
@@ -24,7 +25,8 @@ class RecordingTxn:
         self._names = tables.names
         self._events_db = tables.events
         self._changes_db = tables.changes
-        self.puts: list[tuple[str, bytes, bytes]] = []
+        self.puts: list[tuple[str, bytes, bytes | None]] = []
+        """(table, key, value) writes in order; a None value is a removal of the key."""
         self.deletes: list[tuple[str, bytes, bytes]] = []
         """(table, key, end_key) removals, in order; an empty end_key removes the key alone."""
         self.erased_positions: list[int] = []
@@ -67,6 +69,16 @@ class RecordingTxn:
         removed = delete_keys(self._txn, db, key, end_key)
         if removed:
             self.deletes.append((self._names[id(db)], bytes(key), bytes(end_key)))
+        return removed
+
+    def remove(self, key: bytes, db: Any = None) -> bool:
+        """Delete ``key`` (an index entry: events and records of other tables are never
+        deleted); recorded for the feed only when it was there."""
+        if db is self._events_db:
+            raise RuntimeError("events are never deleted")
+        removed: bool = self._txn.delete(key, db=db)
+        if removed:
+            self.puts.append((self._names[id(db)], bytes(key), None))
         return removed
 
     def put_events(self, sid: int, first_seq: int, values: Sequence[bytes]) -> None:

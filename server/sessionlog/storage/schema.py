@@ -39,6 +39,25 @@ One environment holds every session. Named databases:
     redactions sid (u64 BE)                  -> u64 BE
                How many RedactEvents calls changed the session's events; the fold memo keys
                on it, so every process of a server sees a redaction (``store``).
+    records    session id (UTF-8)            -> last UpdateSession time (u64 BE ns, 0: never)
+                                                + SessionRecord fields (JSON)
+               What a person sets on a session (``sessionlog.records``); only sessions that
+               have such fields (or a sub-agent parent_seq) have a record. Apart from SessionMeta
+               so that appends, which read the meta every time, never decode it: an append
+               reads the first 8 bytes only (its update time, for the ``recent`` index).
+    recent     (2^64 - 1 - update time ns) (u64 BE) + session id -> empty
+               Every session once, by update time (the later of its last append and its last
+               UpdateSession), newest first: ListSessions' "update_time desc" is a cursor walk.
+               Moved (one remove, one put) in the transaction of every append and update. A
+               folder written before this table existed is filled by ``records.ReindexCommand``.
+    labels     label key + 0x00 + value + 0x00 + session id -> empty
+               Sessions by label, in id order within a key and value: a filter
+               ``labels.K = "V"`` lists by id from this range. Owner and status are indexed
+               here too, under the keys "/owner" and "/status", which no label key can be.
+               Keys and values cannot hold 0x00 (``records``' rules).
+    children   parent session id + 0x00 + child session id -> empty
+               The sub-agent children and forks of a session, in id order (filter
+               ``parent = "ID"``).
 
 Invariants (the single writer thread keeps them; every change commits in one transaction):
 - seq is dense from 0 per session: events holds exactly the keys (sid, 0) .. (sid, next_seq - 1);
@@ -52,6 +71,10 @@ Invariants (the single writer thread keeps them; every change commits in one tra
 - every committed write has exactly one record in ``changes``, committed with it;
 - a session's usage rows equal ``fold.fold_usage`` over its stored events (an append that
   carries usage updates them in its own transaction, a fork writes its child's).
+- ``recent`` holds exactly one key per session: its current update time (an index removal
+  travels in the change feed as a StoragePut with remove set, so replicas match);
+- ``labels`` holds exactly the (key, value, id) of every record's labels; ``children`` one key
+  per session with a parent.
 
 Variable-length session ids are never used as a key prefix: "ab" and "abc" would interleave. The
 fixed-width sid keeps each session's events contiguous.
@@ -64,6 +87,7 @@ import struct
 from dataclasses import asdict, dataclass, field
 
 from sessionlog.fold import ModelTotals
+from sessionlog.records import SessionRecord
 
 SESSIONS = b"sessions"
 IDS = b"ids"
@@ -76,6 +100,13 @@ CHANGES = b"changes"
 USAGE = b"usage"
 ERASURES = b"erasures"
 REDACTIONS = b"redactions"
+RECORDS = b"records"
+RECENT = b"recent"
+LABELS = b"labels"
+CHILDREN = b"children"
+INDEX_DBS = (RECORDS, RECENT, LABELS, CHILDREN)
+"""The session record tables (issue 17): a folder written before them lacks them until a
+server opens it for writing (which creates them; a static primary then fills the indexes)."""
 ALL_DBS = (
     SESSIONS,
     IDS,
@@ -88,6 +119,10 @@ ALL_DBS = (
     USAGE,
     ERASURES,
     REDACTIONS,
+    RECORDS,
+    RECENT,
+    LABELS,
+    CHILDREN,
 )
 OPTIONAL_DBS = frozenset({USAGE, ERASURES, REDACTIONS})
 """Tables added after stores were first written: a folder no server of this version has opened
@@ -148,6 +183,52 @@ def usage_key(sid: int, model: str) -> bytes:
 
 def usage_key_model(key: bytes) -> str:
     return key[8:].decode("utf-8")
+
+
+_NEWEST = (1 << 64) - 1
+
+
+def recent_key(update_time_ns: int, session_id: str) -> bytes:
+    return _U64.pack(_NEWEST - max(0, update_time_ns)) + session_id.encode("utf-8")
+
+
+def recent_key_parts(key: bytes) -> tuple[int, str]:
+    """(update time ns, session id) of a ``recent`` key."""
+    return _NEWEST - read_u64(key[:8]), key[8:].decode("utf-8")
+
+
+def label_prefix(key: str, value: str | None = None) -> bytes:
+    """The ``labels`` range of one key (every value) or of one key and value."""
+    head = key.encode("utf-8") + b"\x00"
+    return head if value is None else head + value.encode("utf-8") + b"\x00"
+
+
+def child_prefix(parent_id: str) -> bytes:
+    return parent_id.encode("utf-8") + b"\x00"
+
+
+def encode_record(record: SessionRecord) -> bytes:
+    fields: dict[str, object] = {}
+    for name in ("title", "labels", "owner", "status"):
+        if getattr(record, name):
+            fields[name] = getattr(record, name)
+    if record.parent_seq is not None:
+        fields["parent_seq"] = record.parent_seq
+    body = json.dumps(fields, separators=(",", ":"), sort_keys=True).encode()
+    return _U64.pack(record.update_time_ns) + body
+
+
+def decode_record(raw: bytes | memoryview) -> SessionRecord:
+    data = bytes(raw)
+    fields = json.loads(data[8:])
+    return SessionRecord(
+        title=fields.get("title", ""),
+        labels=dict(fields.get("labels", {})),
+        owner=fields.get("owner", ""),
+        status=fields.get("status", ""),
+        update_time_ns=read_u64(data[:8]),
+        parent_seq=fields.get("parent_seq"),
+    )
 
 
 def audit_prefix(session_id: str) -> bytes:

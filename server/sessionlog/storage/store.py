@@ -25,6 +25,7 @@ from google.protobuf.struct_pb2 import Struct
 
 from sessionlog import errors, fold, wire
 from sessionlog.config import DEFAULT_MAP_SIZE, DEFAULT_REQUEST_ID_TTL_SECONDS
+from sessionlog.records import Filter, SessionRecord
 from sessionlog.storage import (
     changes,
     commands,
@@ -33,10 +34,12 @@ from sessionlog.storage import (
     folder,
     identity,
     imports,
+    indexes,
     integrity,
     leadership,
     ledger,
     rebuild,
+    records,
     schema,
 )
 from sessionlog.storage.changes import (
@@ -502,7 +505,7 @@ class Store:
         """``commit_import`` for any thread."""
         return self.writer.submit(imports.ImportCommand(self.tables, batch))
 
-    def records(self, session_id: str, now_ns: int | None = None) -> imports.SessionRecords:
+    def session_records(self, session_id: str, now_ns: int | None = None) -> imports.SessionRecords:
         """A session's meta, request records, lease record and audit, in one transaction."""
         now = time.time_ns() if now_ns is None else now_ns
         ttl_ns = self.config.request_id_ttl_seconds * 1_000_000_000
@@ -677,6 +680,24 @@ class Store:
             return 0
         raw = txn.get(schema.u64(sid), db=self.tables.redactions)
         return 0 if raw is None else schema.read_u64(raw)
+
+    def submit_update(
+        self, session_id: str, given: SessionRecord, paths: Sequence[str] | None
+    ) -> Future[records.Updated]:
+        """Queue an UpdateSession: the fields ``paths`` names (None: those ``given`` fills)."""
+        return self.writer.submit(self._update_command(session_id, given, paths))
+
+    def commit_update(
+        self, session_id: str, given: SessionRecord, paths: Sequence[str] | None
+    ) -> asyncio.Future[records.Updated]:
+        """``submit_update``, for a caller to await on the running loop."""
+        return self.writer.submit_on_loop(self._update_command(session_id, given, paths))
+
+    def _update_command(
+        self, session_id: str, given: SessionRecord, paths: Sequence[str] | None
+    ) -> records.UpdateSessionCommand:
+        fold.check_session_id(session_id)
+        return records.UpdateSessionCommand(self.tables, session_id, given, paths)
 
     def submit_apply(self, received: Sequence[ReceivedChange]) -> Future[ApplyResult]:
         """Queue changes a replica received from its primary, applied verbatim in one commit."""
@@ -928,6 +949,63 @@ class Store:
                     meta = SessionMeta.decode(value)
                 out.append(SessionView(session_id, meta, live, []))
         return out, False
+
+    def record(self, session_id: str) -> SessionRecord | None:
+        """The session's person-set fields, or None when it has none."""
+        with self.env.begin() as txn:
+            return indexes.load_record(txn, self.tables, session_id)
+
+    def unindexed(self) -> bool:
+        """Fewer sessions in the update-time index than in the store: some were written by a
+        server older than the index (``reindex`` fills it)."""
+        with self.env.begin() as txn:
+            listed: int = txn.stat(self.tables.recent)["entries"]
+            stored: int = txn.stat(self.tables.sessions)["entries"]
+        return listed < stored
+
+    def reindex(self) -> int:
+        """Index the sessions an older server wrote (``records.ReindexCommand``), a batch per
+        commit; the index entries added. Only a primary may run it (its writes are replicated
+        like any other); a store that is fully indexed writes nothing."""
+        added, after = 0, ""
+        while True:
+            done: records.Reindexed = self.writer.submit(
+                records.ReindexCommand(self.tables, after)
+            ).result()
+            added += done.added
+            if not done.last:
+                return added
+            after = done.last
+
+    def descendants(self, session_id: str, limit: int = 10_000) -> list[str]:
+        """The sessions below ``session_id`` in its tree, breadth first (``records.descendants``):
+        the hook for a tree's usage totals."""
+        with self.env.begin() as txn:
+            return records.descendants(txn, self.tables, session_id, limit)
+
+    def list_records(
+        self,
+        after: bytes = b"",
+        prefix: str = "",
+        query: Filter | None = None,
+        order: str = records.BY_ID,
+        limit: int = 100,
+        now_ns: int | None = None,
+    ) -> tuple[list[records.Listed], bool]:
+        """A page of sessions with their records, filtered and ordered (``records.list_page``):
+        strictly after the cursor ``after``; and whether more may follow. Reads no events."""
+        now = time.time_ns() if now_ns is None else now_ns
+        with self.env.begin() as txn:
+            return records.list_page(
+                txn,
+                self.tables,
+                after=after,
+                prefix=prefix,
+                query=query or Filter(),
+                order=order,
+                limit=limit,
+                now_ns=now,
+            )
 
     def surface(
         self, session_id: str, at_seq: int | None = None, *, messages: bool = False

@@ -86,6 +86,11 @@ def open_readonly(path: str, lock: bool = True) -> tuple[lmdb.Environment, Table
             missing = [
                 n for n in schema.ALL_DBS if txn.get(n) is None and n not in schema.OPTIONAL_DBS
             ]
+        if missing and set(missing) <= set(schema.INDEX_DBS):
+            raise lmdb.Error(
+                f"{path}: written by an older sessionlog, without the session index tables; "
+                "start this version's server on it once (it adds them), then read it"
+            )
         if missing:
             names = ", ".join(n.decode() for n in missing)
             raise lmdb.Error(f"{path}: not a sessionlog store (no {names} table)")

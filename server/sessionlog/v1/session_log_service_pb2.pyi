@@ -1,6 +1,7 @@
 import datetime
 
 from google.protobuf import duration_pb2 as _duration_pb2
+from google.protobuf import field_mask_pb2 as _field_mask_pb2
 from google.protobuf import struct_pb2 as _struct_pb2
 from google.protobuf import timestamp_pb2 as _timestamp_pb2
 from sessionlog.v1 import event_pb2 as _event_pb2
@@ -210,7 +211,14 @@ class ModelUsage(_message.Message):
     def __init__(self, model: _Optional[str] = ..., input_tokens: _Optional[int] = ..., output_tokens: _Optional[int] = ..., cached_input_tokens: _Optional[int] = ..., reasoning_tokens: _Optional[int] = ..., event_count: _Optional[int] = ...) -> None: ...
 
 class Session(_message.Message):
-    __slots__ = ("session_id", "exists", "event_count", "replace_generation", "create_time", "last_append_time", "parent_session_id", "parent_event_count", "lease", "usage")
+    __slots__ = ("session_id", "exists", "event_count", "replace_generation", "create_time", "last_append_time", "parent_session_id", "parent_event_count", "lease", "title", "labels", "owner", "status", "update_time", "parent_seq", "usage")
+    class LabelsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     EXISTS_FIELD_NUMBER: _ClassVar[int]
     EVENT_COUNT_FIELD_NUMBER: _ClassVar[int]
@@ -220,6 +228,12 @@ class Session(_message.Message):
     PARENT_SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     PARENT_EVENT_COUNT_FIELD_NUMBER: _ClassVar[int]
     LEASE_FIELD_NUMBER: _ClassVar[int]
+    TITLE_FIELD_NUMBER: _ClassVar[int]
+    LABELS_FIELD_NUMBER: _ClassVar[int]
+    OWNER_FIELD_NUMBER: _ClassVar[int]
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    UPDATE_TIME_FIELD_NUMBER: _ClassVar[int]
+    PARENT_SEQ_FIELD_NUMBER: _ClassVar[int]
     USAGE_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     exists: bool
@@ -230,8 +244,14 @@ class Session(_message.Message):
     parent_session_id: str
     parent_event_count: int
     lease: Lease
+    title: str
+    labels: _containers.ScalarMap[str, str]
+    owner: str
+    status: str
+    update_time: _timestamp_pb2.Timestamp
+    parent_seq: int
     usage: _containers.RepeatedCompositeFieldContainer[ModelUsage]
-    def __init__(self, session_id: _Optional[str] = ..., exists: _Optional[bool] = ..., event_count: _Optional[int] = ..., replace_generation: _Optional[int] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., last_append_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., parent_session_id: _Optional[str] = ..., parent_event_count: _Optional[int] = ..., lease: _Optional[_Union[Lease, _Mapping]] = ..., usage: _Optional[_Iterable[_Union[ModelUsage, _Mapping]]] = ...) -> None: ...
+    def __init__(self, session_id: _Optional[str] = ..., exists: _Optional[bool] = ..., event_count: _Optional[int] = ..., replace_generation: _Optional[int] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., last_append_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., parent_session_id: _Optional[str] = ..., parent_event_count: _Optional[int] = ..., lease: _Optional[_Union[Lease, _Mapping]] = ..., title: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ..., owner: _Optional[str] = ..., status: _Optional[str] = ..., update_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., parent_seq: _Optional[int] = ..., usage: _Optional[_Iterable[_Union[ModelUsage, _Mapping]]] = ...) -> None: ...
 
 class Lease(_message.Message):
     __slots__ = ("holder", "token", "acquire_time", "expire_time")
@@ -260,18 +280,37 @@ class LeaseAuditEntry(_message.Message):
     def __init__(self, kind: _Optional[_Union[LeaseAuditKind, str]] = ..., actor: _Optional[str] = ..., previous_holder: _Optional[str] = ..., previous_token: _Optional[int] = ..., time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
 
 class CreateSessionRequest(_message.Message):
-    __slots__ = ("session_id", "events", "lease_holder", "lease_token", "request_id")
+    __slots__ = ("session_id", "events", "lease_holder", "lease_token", "request_id", "title", "labels", "owner", "status", "parent_session_id", "parent_seq")
+    class LabelsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     EVENTS_FIELD_NUMBER: _ClassVar[int]
     LEASE_HOLDER_FIELD_NUMBER: _ClassVar[int]
     LEASE_TOKEN_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    TITLE_FIELD_NUMBER: _ClassVar[int]
+    LABELS_FIELD_NUMBER: _ClassVar[int]
+    OWNER_FIELD_NUMBER: _ClassVar[int]
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    PARENT_SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    PARENT_SEQ_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     events: _containers.RepeatedCompositeFieldContainer[_event_pb2.Event]
     lease_holder: str
     lease_token: int
     request_id: str
-    def __init__(self, session_id: _Optional[str] = ..., events: _Optional[_Iterable[_Union[_event_pb2.Event, _Mapping]]] = ..., lease_holder: _Optional[str] = ..., lease_token: _Optional[int] = ..., request_id: _Optional[str] = ...) -> None: ...
+    title: str
+    labels: _containers.ScalarMap[str, str]
+    owner: str
+    status: str
+    parent_session_id: str
+    parent_seq: int
+    def __init__(self, session_id: _Optional[str] = ..., events: _Optional[_Iterable[_Union[_event_pb2.Event, _Mapping]]] = ..., lease_holder: _Optional[str] = ..., lease_token: _Optional[int] = ..., request_id: _Optional[str] = ..., title: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ..., owner: _Optional[str] = ..., status: _Optional[str] = ..., parent_session_id: _Optional[str] = ..., parent_seq: _Optional[int] = ...) -> None: ...
 
 class CreateSessionResponse(_message.Message):
     __slots__ = ("session", "events")
@@ -328,14 +367,18 @@ class GetSessionResponse(_message.Message):
     def __init__(self, session: _Optional[_Union[Session, _Mapping]] = ..., lease_audit: _Optional[_Iterable[_Union[LeaseAuditEntry, _Mapping]]] = ...) -> None: ...
 
 class ListSessionsRequest(_message.Message):
-    __slots__ = ("page_size", "page_token", "prefix")
+    __slots__ = ("page_size", "page_token", "prefix", "filter", "order_by")
     PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
     PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
     PREFIX_FIELD_NUMBER: _ClassVar[int]
+    FILTER_FIELD_NUMBER: _ClassVar[int]
+    ORDER_BY_FIELD_NUMBER: _ClassVar[int]
     page_size: int
     page_token: str
     prefix: str
-    def __init__(self, page_size: _Optional[int] = ..., page_token: _Optional[str] = ..., prefix: _Optional[str] = ...) -> None: ...
+    filter: str
+    order_by: str
+    def __init__(self, page_size: _Optional[int] = ..., page_token: _Optional[str] = ..., prefix: _Optional[str] = ..., filter: _Optional[str] = ..., order_by: _Optional[str] = ...) -> None: ...
 
 class ListSessionsResponse(_message.Message):
     __slots__ = ("sessions", "next_page_token", "usage_total")
@@ -346,6 +389,20 @@ class ListSessionsResponse(_message.Message):
     next_page_token: str
     usage_total: _containers.RepeatedCompositeFieldContainer[ModelUsage]
     def __init__(self, sessions: _Optional[_Iterable[_Union[Session, _Mapping]]] = ..., next_page_token: _Optional[str] = ..., usage_total: _Optional[_Iterable[_Union[ModelUsage, _Mapping]]] = ...) -> None: ...
+
+class UpdateSessionRequest(_message.Message):
+    __slots__ = ("session", "update_mask")
+    SESSION_FIELD_NUMBER: _ClassVar[int]
+    UPDATE_MASK_FIELD_NUMBER: _ClassVar[int]
+    session: Session
+    update_mask: _field_mask_pb2.FieldMask
+    def __init__(self, session: _Optional[_Union[Session, _Mapping]] = ..., update_mask: _Optional[_Union[_field_mask_pb2.FieldMask, _Mapping]] = ...) -> None: ...
+
+class UpdateSessionResponse(_message.Message):
+    __slots__ = ("session",)
+    SESSION_FIELD_NUMBER: _ClassVar[int]
+    session: Session
+    def __init__(self, session: _Optional[_Union[Session, _Mapping]] = ...) -> None: ...
 
 class GetShardMapRequest(_message.Message):
     __slots__ = ()

@@ -3,7 +3,8 @@
     --http-listen HOST:PORT      GET /                 the console (static/index.html, app.js)
                                  GET /api/status       role, counts, map usage, replication
                                                        (a prefix-scoped token: role only)
-                                 GET /api/sessions     ?prefix= &after= &limit=
+                                 GET /api/sessions     ?prefix= &after= &limit= &filter=
+                                                       &order=update_time (newest first)
                                  GET /api/sessions/ID  one session's metadata
                                  GET /api/sessions/ID/events      ?from= &limit= raw events
                                  GET /api/sessions/ID/transcript  derived messages, calls paired
@@ -38,6 +39,7 @@ from typing import Any, Protocol
 from aiohttp import web
 
 from sessionlog import errors, fold
+from sessionlog.records import Filter, SessionRecord, parse_filter
 from sessionlog.service import ledger
 from sessionlog.service.auth import Authorizer, Principal
 from sessionlog.service.errors import refusal_level, status_code
@@ -54,6 +56,8 @@ from sessionlog.service.notifier import Notifier
 from sessionlog.service.servicer import session_message
 from sessionlog.shard.ownership import Ownership
 from sessionlog.shard.scatter import Scatter
+from sessionlog.storage.indexes import update_time
+from sessionlog.storage.records import BY_ID, BY_UPDATE, Listed
 from sessionlog.storage.store import SessionView, Store
 from sessionlog.v1.event_pb2 import Event, EventType
 from sessionlog.v1.message_pb2 import Message, Role
@@ -197,6 +201,28 @@ def session_json(view: SessionView, usage: fold.UsageByModel | None = None) -> d
     return out
 
 
+def listed_json(listed: Listed, usage: fold.UsageByModel | None = None) -> dict[str, Any]:
+    """``session_json`` of a listed session, with its record, update time and usage."""
+    out = session_json(SessionView(listed.session_id, listed.meta, listed.lease, []), usage)
+    out.update(_record_json(listed.record))
+    out["update_time_ms"] = _ms(update_time(listed.meta, listed.record))
+    return out
+
+
+def _record_json(record: SessionRecord | None) -> dict[str, Any]:
+    if record is None:
+        return {"title": "", "labels": {}, "owner": "", "status": ""}
+    out: dict[str, Any] = {
+        "title": record.title,
+        "labels": dict(sorted(record.labels.items())),
+        "owner": record.owner,
+        "status": record.status,
+    }
+    if record.parent_seq is not None:
+        out["parent_seq"] = record.parent_seq
+    return out
+
+
 def session_message_json(session: Session) -> dict[str, Any]:
     """``session_json`` of a listed Session message (another group's, in a sharded listing)."""
     out: dict[str, Any] = {"session_id": session.session_id, "exists": session.exists}
@@ -209,7 +235,14 @@ def session_message_json(session: Session) -> dict[str, Any]:
             parent_session_id=session.parent_session_id,
             parent_event_count=session.parent_event_count,
             usage=usage_json(ledger.from_messages(session.usage)),
+            title=session.title,
+            labels=dict(sorted(session.labels.items())),
+            owner=session.owner,
+            status=session.status,
+            update_time_ms=session.update_time.ToMilliseconds(),
         )
+        if session.HasField("parent_seq"):
+            out["parent_seq"] = session.parent_seq
     if session.HasField("lease"):
         out["lease"] = {
             "holder": session.lease.holder,
@@ -314,30 +347,71 @@ class Console:
         return _json(status(self.server, self.server.listen))
 
     async def sessions(self, request: web.Request) -> web.Response:
+        """A page of sessions as ListSessions lists them: ``filter`` is its filter, ``order``
+        ``update_time`` its "update_time desc" (newest first; ``after`` then does not apply:
+        ask for a larger ``limit``)."""
         principal = self.principal(request, "ListSessions")
         asked = request.query.get("prefix", "")
         prefix = asked if principal is None else principal.listing_prefix(asked)
         limit = _int(request, "limit", 100, 1, MAX_SESSIONS_PAGE)
         after = request.query.get("after", "")
+        filter_text = request.query.get("filter", "")
+        query = parse_filter(filter_text)
+        by_update = request.query.get("order", "") == "update_time"
+        order = BY_UPDATE if by_update else BY_ID
         scatter = self.server.scatter
         if scatter is None:
-            page, more = self.store.list_sessions(after=after, prefix=prefix, limit=limit)
+            cursor = b"" if by_update else after.encode()
+            page, more = self.store.list_records(
+                after=cursor, prefix=prefix, query=query, order=order, limit=limit
+            )
             spent = self.store.usage_of([v.session_id for v in page if v.meta is not None])
-            listed_json = [session_json(v, spent.get(v.session_id)) for v in page]
-            return _json({"sessions": listed_json, "more": more})
+            shown = [listed_json(v, spent.get(v.session_id)) for v in page]
+            return _json({"sessions": shown, "more": more})
         # A sharded server lists every group, as its ListSessions does (``shard.scatter``).
         self.server.ownership.check()  # a map must be held
         token = [("authorization", request.headers.get("Authorization", ""))]
-        listed, last = await scatter.list(self._local_sessions, after, prefix, limit, token)
+        if by_update:
+
+            def recent(after: bytes, prefix: str, limit: int) -> tuple[list[Session], bytes]:
+                page, more = self.store.list_records(
+                    after=after, prefix=prefix, query=query, order=BY_UPDATE, limit=limit
+                )
+                owns = self.server.ownership.owns
+                sessions = [
+                    session_message(v.session_id, v.meta, v.lease, v.record)
+                    for v in page
+                    if owns(v.session_id)
+                ]
+                return sessions, page[-1].cursor if more else b""
+
+            newest, cursor = await scatter.list_recent(
+                recent, b"", prefix, limit, token, filter_text=filter_text
+            )
+            sessions = [session_message_json(s) for s in newest]
+            return _json({"sessions": sessions, "more": bool(cursor)})
+
+        def local(after: str, prefix: str, limit: int) -> tuple[list[Session], str]:
+            return self._local_sessions(after, prefix, limit, query)
+
+        listed, last = await scatter.list(
+            local, after, prefix, limit, token, filter_text=filter_text
+        )
         return _json({"sessions": [session_message_json(s) for s in listed], "more": bool(last)})
 
-    def _local_sessions(self, after: str, prefix: str, limit: int) -> tuple[list[Session], str]:
+    def _local_sessions(
+        self, after: str, prefix: str, limit: int, query: Filter
+    ) -> tuple[list[Session], str]:
         """This server's own sessions of the next ``limit`` after ``after``, and where its next
         page starts after (``SessionLogServicer.local_sessions``)."""
-        page, more = self.store.list_sessions(after=after, prefix=prefix, limit=limit)
+        page, more = self.store.list_records(
+            after=after.encode(), prefix=prefix, query=query, limit=limit
+        )
         owns = self.server.ownership.owns
         sessions = [
-            session_message(v.session_id, v.meta, v.lease) for v in page if owns(v.session_id)
+            session_message(v.session_id, v.meta, v.lease, v.record)
+            for v in page
+            if owns(v.session_id)
         ]
         spent = self.store.usage_of([s.session_id for s in sessions if s.exists])
         for session in sessions:

@@ -37,7 +37,7 @@ from pathlib import Path
 from prometheus_client import multiprocess
 
 from sessionlog.config import ServerConfig, worker_count
-from sessionlog.server import store_config
+from sessionlog.server import index_old_sessions, store_config
 from sessionlog.storage import folder
 from sessionlog.storage.store import Store
 from sessionlog.workers import doorbell, ports, shared
@@ -118,6 +118,7 @@ class Supervisor:
         self._lock = folder.acquire(path)
         # The checks may read the whole file: off the loop, so signals are still answered.
         store = await asyncio.to_thread(Store, path, store_config(config), lock=self._lock)
+        await asyncio.to_thread(index_old_sessions, store, config)
         await asyncio.to_thread(store.close)
         wanted = [(config.listen, "--listen")]
         if config.http_listen:

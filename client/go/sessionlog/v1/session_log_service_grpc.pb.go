@@ -44,8 +44,14 @@ type SessionLogServiceClient interface {
 	SeedSession(ctx context.Context, in *SeedSessionRequest, opts ...grpc.CallOption) (*SeedSessionResponse, error)
 	// GetSession describes a session. A session never written is exists = false, not an error.
 	GetSession(ctx context.Context, in *GetSessionRequest, opts ...grpc.CallOption) (*GetSessionResponse, error)
-	// ListSessions pages through sessions in session id order (by UTF-8 bytes).
+	// ListSessions pages through sessions in session id order (by UTF-8 bytes), or by last update,
+	// newest first; a filter keeps those with given labels, owner, status, parent or update time.
+	// It reads session records only, never a session's events.
 	ListSessions(ctx context.Context, in *ListSessionsRequest, opts ...grpc.CallOption) (*ListSessionsResponse, error)
+	// UpdateSession sets what a person sets on a session record (title, labels, owner, status),
+	// the fields named in update_mask only (AIP-134). What the server derives (counts, times,
+	// parent) cannot be set. A session never written is NOT_FOUND / SESSION_NOT_FOUND.
+	UpdateSession(ctx context.Context, in *UpdateSessionRequest, opts ...grpc.CallOption) (*UpdateSessionResponse, error)
 	// ForkSession copies a parent's events 0..at_seq into a new session, keeping their seq, time
 	// and data, and records the parent. Rewind is a fork at an earlier seq; nothing is deleted.
 	ForkSession(ctx context.Context, in *ForkSessionRequest, opts ...grpc.CallOption) (*ForkSessionResponse, error)
@@ -219,6 +225,15 @@ func (c *sessionLogServiceClient) ListSessions(ctx context.Context, in *ListSess
 	return out, nil
 }
 
+func (c *sessionLogServiceClient) UpdateSession(ctx context.Context, in *UpdateSessionRequest, opts ...grpc.CallOption) (*UpdateSessionResponse, error) {
+	out := new(UpdateSessionResponse)
+	err := c.cc.Invoke(ctx, "/sessionlog.v1.SessionLogService/UpdateSession", in, out, opts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 func (c *sessionLogServiceClient) ForkSession(ctx context.Context, in *ForkSessionRequest, opts ...grpc.CallOption) (*ForkSessionResponse, error) {
 	out := new(ForkSessionResponse)
 	err := c.cc.Invoke(ctx, "/sessionlog.v1.SessionLogService/ForkSession", in, out, opts...)
@@ -331,8 +346,14 @@ type SessionLogServiceServer interface {
 	SeedSession(context.Context, *SeedSessionRequest) (*SeedSessionResponse, error)
 	// GetSession describes a session. A session never written is exists = false, not an error.
 	GetSession(context.Context, *GetSessionRequest) (*GetSessionResponse, error)
-	// ListSessions pages through sessions in session id order (by UTF-8 bytes).
+	// ListSessions pages through sessions in session id order (by UTF-8 bytes), or by last update,
+	// newest first; a filter keeps those with given labels, owner, status, parent or update time.
+	// It reads session records only, never a session's events.
 	ListSessions(context.Context, *ListSessionsRequest) (*ListSessionsResponse, error)
+	// UpdateSession sets what a person sets on a session record (title, labels, owner, status),
+	// the fields named in update_mask only (AIP-134). What the server derives (counts, times,
+	// parent) cannot be set. A session never written is NOT_FOUND / SESSION_NOT_FOUND.
+	UpdateSession(context.Context, *UpdateSessionRequest) (*UpdateSessionResponse, error)
 	// ForkSession copies a parent's events 0..at_seq into a new session, keeping their seq, time
 	// and data, and records the parent. Rewind is a fork at an earlier seq; nothing is deleted.
 	ForkSession(context.Context, *ForkSessionRequest) (*ForkSessionResponse, error)
@@ -413,6 +434,9 @@ func (UnimplementedSessionLogServiceServer) GetSession(context.Context, *GetSess
 }
 func (UnimplementedSessionLogServiceServer) ListSessions(context.Context, *ListSessionsRequest) (*ListSessionsResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method ListSessions not implemented")
+}
+func (UnimplementedSessionLogServiceServer) UpdateSession(context.Context, *UpdateSessionRequest) (*UpdateSessionResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method UpdateSession not implemented")
 }
 func (UnimplementedSessionLogServiceServer) ForkSession(context.Context, *ForkSessionRequest) (*ForkSessionResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method ForkSession not implemented")
@@ -655,6 +679,24 @@ func _SessionLogService_ListSessions_Handler(srv interface{}, ctx context.Contex
 	return interceptor(ctx, in, info, handler)
 }
 
+func _SessionLogService_UpdateSession_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(UpdateSessionRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(SessionLogServiceServer).UpdateSession(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: "/sessionlog.v1.SessionLogService/UpdateSession",
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(SessionLogServiceServer).UpdateSession(ctx, req.(*UpdateSessionRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 func _SessionLogService_ForkSession_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(ForkSessionRequest)
 	if err := dec(in); err != nil {
@@ -860,6 +902,10 @@ var _SessionLogService_serviceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ListSessions",
 			Handler:    _SessionLogService_ListSessions_Handler,
+		},
+		{
+			MethodName: "UpdateSession",
+			Handler:    _SessionLogService_UpdateSession_Handler,
 		},
 		{
 			MethodName: "ForkSession",

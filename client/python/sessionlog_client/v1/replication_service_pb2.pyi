@@ -21,6 +21,7 @@ class ChangeKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     CHANGE_KIND_LEASE: _ClassVar[ChangeKind]
     CHANGE_KIND_DELETE: _ClassVar[ChangeKind]
     CHANGE_KIND_REDACT: _ClassVar[ChangeKind]
+    CHANGE_KIND_UPDATE: _ClassVar[ChangeKind]
 
 class ClusterRole(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -51,6 +52,7 @@ CHANGE_KIND_FORK: ChangeKind
 CHANGE_KIND_LEASE: ChangeKind
 CHANGE_KIND_DELETE: ChangeKind
 CHANGE_KIND_REDACT: ChangeKind
+CHANGE_KIND_UPDATE: ChangeKind
 CLUSTER_ROLE_UNSPECIFIED: ClusterRole
 CLUSTER_ROLE_LEADER: ClusterRole
 CLUSTER_ROLE_FOLLOWER: ClusterRole
@@ -77,14 +79,16 @@ class StorageDelete(_message.Message):
     def __init__(self, table: _Optional[str] = ..., key: _Optional[bytes] = ..., end_key: _Optional[bytes] = ...) -> None: ...
 
 class StoragePut(_message.Message):
-    __slots__ = ("table", "key", "value")
+    __slots__ = ("table", "key", "value", "remove")
     TABLE_FIELD_NUMBER: _ClassVar[int]
     KEY_FIELD_NUMBER: _ClassVar[int]
     VALUE_FIELD_NUMBER: _ClassVar[int]
+    REMOVE_FIELD_NUMBER: _ClassVar[int]
     table: str
     key: bytes
     value: bytes
-    def __init__(self, table: _Optional[str] = ..., key: _Optional[bytes] = ..., value: _Optional[bytes] = ...) -> None: ...
+    remove: bool
+    def __init__(self, table: _Optional[str] = ..., key: _Optional[bytes] = ..., value: _Optional[bytes] = ..., remove: _Optional[bool] = ...) -> None: ...
 
 class Change(_message.Message):
     __slots__ = ("position", "kind", "session_id", "commit_time", "first_seq", "event_count", "internal_id", "puts", "events", "checksum", "epoch", "deletes", "erased", "erased_positions")

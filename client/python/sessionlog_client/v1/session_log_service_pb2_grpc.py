@@ -92,6 +92,11 @@ class SessionLogServiceStub:
                 request_serializer=sessionlog_dot_v1_dot_session__log__service__pb2.ListSessionsRequest.SerializeToString,
                 response_deserializer=sessionlog_dot_v1_dot_session__log__service__pb2.ListSessionsResponse.FromString,
                 _registered_method=True)
+        self.UpdateSession = channel.unary_unary(
+                '/sessionlog.v1.SessionLogService/UpdateSession',
+                request_serializer=sessionlog_dot_v1_dot_session__log__service__pb2.UpdateSessionRequest.SerializeToString,
+                response_deserializer=sessionlog_dot_v1_dot_session__log__service__pb2.UpdateSessionResponse.FromString,
+                _registered_method=True)
         self.ForkSession = channel.unary_unary(
                 '/sessionlog.v1.SessionLogService/ForkSession',
                 request_serializer=sessionlog_dot_v1_dot_session__log__service__pb2.ForkSessionRequest.SerializeToString,
@@ -223,7 +228,18 @@ class SessionLogServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def ListSessions(self, request, context):
-        """ListSessions pages through sessions in session id order (by UTF-8 bytes).
+        """ListSessions pages through sessions in session id order (by UTF-8 bytes), or by last update,
+        newest first; a filter keeps those with given labels, owner, status, parent or update time.
+        It reads session records only, never a session's events.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def UpdateSession(self, request, context):
+        """UpdateSession sets what a person sets on a session record (title, labels, owner, status),
+        the fields named in update_mask only (AIP-134). What the server derives (counts, times,
+        parent) cannot be set. A session never written is NOT_FOUND / SESSION_NOT_FOUND.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -372,6 +388,11 @@ def add_SessionLogServiceServicer_to_server(servicer, server):
                     servicer.ListSessions,
                     request_deserializer=sessionlog_dot_v1_dot_session__log__service__pb2.ListSessionsRequest.FromString,
                     response_serializer=sessionlog_dot_v1_dot_session__log__service__pb2.ListSessionsResponse.SerializeToString,
+            ),
+            'UpdateSession': grpc.unary_unary_rpc_method_handler(
+                    servicer.UpdateSession,
+                    request_deserializer=sessionlog_dot_v1_dot_session__log__service__pb2.UpdateSessionRequest.FromString,
+                    response_serializer=sessionlog_dot_v1_dot_session__log__service__pb2.UpdateSessionResponse.SerializeToString,
             ),
             'ForkSession': grpc.unary_unary_rpc_method_handler(
                     servicer.ForkSession,
@@ -719,6 +740,33 @@ class SessionLogService:
             '/sessionlog.v1.SessionLogService/ListSessions',
             sessionlog_dot_v1_dot_session__log__service__pb2.ListSessionsRequest.SerializeToString,
             sessionlog_dot_v1_dot_session__log__service__pb2.ListSessionsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UpdateSession(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sessionlog.v1.SessionLogService/UpdateSession',
+            sessionlog_dot_v1_dot_session__log__service__pb2.UpdateSessionRequest.SerializeToString,
+            sessionlog_dot_v1_dot_session__log__service__pb2.UpdateSessionResponse.FromString,
             options,
             channel_credentials,
             insecure,

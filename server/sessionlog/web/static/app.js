@@ -178,6 +178,7 @@ function sessionLink(id) {
 // A fork copies the parent's events 0..at_seq, so it records at_seq + 1 copied events: name the
 // last copied seq, the number the fork was asked for.
 function forkPoint(s) {
+  if (s.parent_seq !== undefined && s.parent_seq !== null) return `spawned at seq ${s.parent_seq}`;
   return s.parent_event_count ? `at seq ${s.parent_event_count - 1}` : "before its first event";
 }
 
@@ -188,21 +189,39 @@ function tokensText(usage) {
   return `${fmtCount(sum("input_tokens"))} in / ${fmtCount(sum("output_tokens"))} out`;
 }
 
+function labelChips(labels) {
+  const pairs = Object.entries(labels ?? {});
+  if (!pairs.length) return "–";
+  return pairs.map(([k, v]) => el("span", { class: "label", text: v ? `${k}=${v}` : k }));
+}
+
 function sessionsView() {
   let prefix = "";
+  let filter = "";
+  let order = "";
   let shown = 100;
   let timer = null;
   const input = el("input", { type: "search", placeholder: "filter by id prefix", "aria-label": "prefix" });
+  const filterInput = el("input", {
+    type: "search",
+    id: "filter",
+    placeholder: 'filter, e.g. labels.team = "core" AND status = "done"',
+    "aria-label": "filter",
+  });
+  const orderSelect = el("select", { id: "order", "aria-label": "order" },
+    el("option", { value: "", text: "by id" }),
+    el("option", { value: "update_time", text: "newest update first" }));
   const body = el("tbody");
   const more = el("button", { class: "small", type: "button", hidden: true, text: "more" });
   const note = el("p", { class: "muted" });
   const table = el("table", { id: "sessions" },
     el("thead", {}, el("tr", {},
-      ["session", "events", "last append", "created", "parent", "lease", "tokens"].map((h) => el("th", { text: h })))),
+      ["session", "events", "updated", "created", "parent", "lease", "title", "labels", "status", "tokens"]
+        .map((h) => el("th", { text: h })))),
     body);
 
   async function load() {
-    const query = new URLSearchParams({ prefix, limit: String(shown) });
+    const query = new URLSearchParams({ prefix, limit: String(shown), filter, order });
     let data;
     try {
       data = await getJSON(`/api/sessions?${query}`);
@@ -216,20 +235,25 @@ function sessionsView() {
     body.replaceChildren(...data.sessions.map((s) => el("tr", { "data-session": s.session_id },
       el("td", {}, sessionLink(s.session_id)),
       el("td", { class: "num", text: fmtCount(s.event_count) }),
-      el("td", { text: fmtAgo(s.last_append_time_ms) }),
+      el("td", { text: fmtAgo(s.update_time_ms ?? s.last_append_time_ms) }),
       el("td", { text: fmtAgo(s.create_time_ms) }),
       el("td", {}, s.parent_session_id ? [sessionLink(s.parent_session_id), ` ${forkPoint(s)}`] : "–"),
       el("td", { text: s.lease ? `${s.lease.holder} (token ${s.lease.token})` : "–" }),
+      el("td", { class: "title", text: s.title || "–" }),
+      el("td", { class: "labels" }, labelChips(s.labels)),
+      el("td", { text: s.status || "–" }),
       el("td", { class: "num", text: tokensText(s.usage) }))));
     more.hidden = !data.more;
   }
 
   input.addEventListener("input", () => { prefix = input.value; shown = 100; load(); });
+  filterInput.addEventListener("change", () => { filter = filterInput.value; shown = 100; load(); });
+  orderSelect.addEventListener("change", () => { order = orderSelect.value; shown = 100; load(); });
   more.addEventListener("click", () => { shown = Math.min(1000, shown + 100); load(); });
   document.getElementById("crumbs").replaceChildren();
   document.getElementById("view").replaceChildren(
     el("h1", { text: "Sessions" }),
-    el("div", { class: "toolbar" }, input),
+    el("div", { class: "toolbar" }, input, filterInput, orderSelect),
     table, note, more);
   load();
   timer = setInterval(load, LIST_EVERY_MS);

@@ -244,6 +244,7 @@ def _send(
             ),
             parent_session_id=record.parent_session_id,
             parent_event_count=record.parent_event_count,
+            record=record if first_seq == 0 else None,
         )
     except errors.SessionLogError as exc:
         index = exc.metadata.get("index", "")

@@ -308,3 +308,65 @@ def test_a_redacted_event_imports_with_its_mark(stub: pb_grpc.SessionLogServiceS
     copied = pb.ImportSessionRequest(session_id="imp-red-copy", events=source)
     stub.ImportSession(copied, metadata=as_(WRITER), timeout=5)
     assert stored(stub, "imp-red-copy") == source
+
+
+def test_the_record_is_kept_and_indexed(stub: pb_grpc.SessionLogServiceStub) -> None:
+    """A record sent with the chunk: title, labels, owner and status read back, the session is
+    listed by a label filter and by update time (its update_time as given, not the import's),
+    and a later chunk's record replaces it."""
+    record = pb.Session(title="moved", owner="ana", status="open", labels={"team": "core"})
+    record.update_time.CopyFrom(stamp(T0 + 9000))
+    first = pb.ImportSessionRequest(
+        session_id="imp-rec", events=[timed(0, "a", T0 + 1000)], record=record
+    )
+    stub.ImportSession(first, metadata=as_(WRITER), timeout=5)
+    got = stub.GetSession(
+        pb.GetSessionRequest(session_id="imp-rec"), metadata=as_(ADMIN), timeout=5
+    ).session
+    assert (got.title, got.owner, got.status, dict(got.labels)) == (
+        "moved",
+        "ana",
+        "open",
+        {"team": "core"},
+    )
+    assert got.update_time.ToNanoseconds() == T0 + 9000
+    by_label = stub.ListSessions(
+        pb.ListSessionsRequest(filter='labels.team = "core"'), metadata=as_(ADMIN), timeout=5
+    )
+    assert "imp-rec" in [s.session_id for s in by_label.sessions]
+    recent = stub.ListSessions(
+        pb.ListSessionsRequest(order_by="update_time desc", page_size=1000),
+        metadata=as_(ADMIN),
+        timeout=5,
+    )
+    listed = [s for s in recent.sessions if s.session_id == "imp-rec"]
+    assert [s.update_time.ToNanoseconds() for s in listed] == [T0 + 9000]
+    later = pb.Session(title="renamed", labels={"team": "ops"})
+    more = pb.ImportSessionRequest(
+        session_id="imp-rec", first_seq=1, events=[timed(1, "b", T0 + 2000)], record=later
+    )
+    stub.ImportSession(more, metadata=as_(WRITER), timeout=5)
+    record_of = stub.GetSession(
+        pb.GetSessionRequest(session_id="imp-rec"), metadata=as_(ADMIN), timeout=5
+    ).session
+    assert (record_of.title, dict(record_of.labels), record_of.owner) == (
+        "renamed",
+        {"team": "ops"},
+        "",
+    )
+    old_label = stub.ListSessions(
+        pb.ListSessionsRequest(filter='labels.team = "core"'), metadata=as_(ADMIN), timeout=5
+    )
+    assert "imp-rec" not in [s.session_id for s in old_label.sessions]
+    recent = stub.ListSessions(
+        pb.ListSessionsRequest(order_by="update_time desc", page_size=1000),
+        metadata=as_(ADMIN),
+        timeout=5,
+    )
+    assert [s.session_id for s in recent.sessions].count("imp-rec") == 1
+    bad = pb.ImportSessionRequest(
+        session_id="imp-rec-bad", record=pb.Session(labels={"bad key!": "x"})
+    )
+    error = failure(stub.ImportSession, bad, metadata=as_(WRITER), timeout=5)
+    check(error, grpc.StatusCode.INVALID_ARGUMENT, "INVALID_SESSION_FIELD")
+    assert "imp-rec-bad" not in [s.session_id for s in recent.sessions]

@@ -472,6 +472,7 @@ def import_request(
     last_append_time: TimeLike | None,
     parent_session_id: str,
     parent_event_count: int,
+    record: pb.Session | None = None,
 ) -> pb.ImportSessionRequest:
     """An ImportSession chunk. Events without a seq (0) are numbered from ``first_seq``; an
     event carrying one keeps it (the server refuses seqs that do not follow each other)."""
@@ -492,6 +493,8 @@ def import_request(
         request.create_time.CopyFrom(_timestamp(create_time))
     if last_append_time is not None:
         request.last_append_time.CopyFrom(_timestamp(last_append_time))
+    if record is not None:
+        request.record.CopyFrom(record)
     return request
 
 

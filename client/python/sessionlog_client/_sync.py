@@ -1110,14 +1110,16 @@ class Client:
         last_append_time: TimeLike | None = None,
         parent_session_id: str = "",
         parent_event_count: int = 0,
+        record: pb.Session | None = None,
         timeout: float | None = None,
     ) -> pb.ImportSessionResponse:
         """Write one chunk of a session as it was elsewhere: events keep their seqs and
-        times, the chunk that creates the session (``first_seq`` 0) sets its create time and
-        fork parent. Later chunks continue at the session's next seq (``ImportSeqMismatch``
-        otherwise, naming it); a session not made by an import is ``SessionAlreadyExists``.
-        Not retried: a chunk written before a lost reply is refused when sent again, and the
-        error's ``next_seq`` says where to go on.
+        times, the chunk that creates the session (``first_seq`` 0) sets its create time and fork
+        parent; ``record`` (a Session, as GetSession returns it) keeps its title, labels, owner,
+        status, parent_seq and update time. Later chunks continue at the session's next seq
+        (``ImportSeqMismatch`` otherwise, naming it); a session not made by an import is
+        ``SessionAlreadyExists``. Not retried: a chunk written before a lost reply is refused when
+        sent again, and the error's ``next_seq`` says where to go on.
 
         >>> when = "2024-01-01T00:00:00Z"
         >>> client.import_session("copy", [{"type": "user_message", "time": when}]).imported_count
@@ -1131,6 +1133,7 @@ class Client:
             last_append_time,
             parent_session_id,
             parent_event_count,
+            record,
         )
         reply: pb.ImportSessionResponse = self._call("ImportSession", request, timeout, retry=False)
         return reply

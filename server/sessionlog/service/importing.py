@@ -12,7 +12,9 @@ import time
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from sessionlog import errors, fold
+from sessionlog.records import SessionRecord
 from sessionlog.storage import imports, schema
+from sessionlog.storage.records import given_record
 from sessionlog.storage.schema import AuditRecord, LeaseRecord, RequestRecord
 from sessionlog.storage.store import check_request_id, prepare_append
 from sessionlog.v1 import session_log_service_pb2 as pb
@@ -72,6 +74,7 @@ def prepare_import(
         lease=_lease_record(request.lease) if request.HasField("lease") else None,
         audit=[_audit_record(entry) for entry in request.lease_audit],
         moving_in=moving_in,
+        record=_record(request.record) if request.HasField("record") else None,
     )
 
 
@@ -153,3 +156,17 @@ def lease_record_message(lease: LeaseRecord) -> pb.SessionLeaseRecord:
         ),
         former_holders=lease.former_holders,
     )
+
+
+def _record(session: pb.Session) -> SessionRecord:
+    """The record fields an import keeps, checked as CreateSession checks them."""
+    record = given_record(
+        session.title,
+        session.labels,
+        session.owner,
+        session.status,
+        session.parent_seq if session.HasField("parent_seq") else None,
+    )
+    if session.HasField("update_time"):
+        record.update_time_ns = session.update_time.ToNanoseconds()
+    return record

@@ -941,8 +941,9 @@ class SessionLogServicer:
         self._require_admin(context, "reading a session's request records and lease")
         fold.check_session_id(request.session_id)
         found = self.store.session_records(request.session_id)
+        record = self.store.record(request.session_id)
         reply = pb.GetSessionRecordsResponse(
-            session=session_message(request.session_id, found.meta),
+            session=session_message(request.session_id, found.meta, None, record),
             request_records=[importing.request_message(i, r) for i, r in found.requests],
             lease_audit=[audit_message(record) for record in found.audit],
         )

@@ -469,6 +469,8 @@ def _chunk(session_id: str, seq: int, events: Sequence[Any], records: Any, last:
         parent_session_id=session.parent_session_id,
         parent_event_count=session.parent_event_count,
     )
+    if seq == 0 or last:  # the record when the copy starts, and as it is at the pause
+        request.record.CopyFrom(session)
     if last:
         request.request_records.extend(records.request_records)
         request.lease_audit.extend(records.lease_audit)

@@ -27,7 +27,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from sessionlog import errors, fold, wire
-from sessionlog.storage import damage, ledger, schema
+from sessionlog.records import SessionRecord
+from sessionlog.storage import damage, indexes, ledger, schema
 from sessionlog.storage.commands import AppendBatch, AppendResult, _check_lease, _new_session
 from sessionlog.storage.reads import Txn, load_lease, load_meta
 from sessionlog.storage.recording import RecordingTxn
@@ -56,6 +57,9 @@ class ImportBatch:
     audit: Sequence[AuditRecord] = ()
     moving_in: bool = False
     """A slot move's chunk: ``admits`` is not asked, the lease is not checked."""
+    record: SessionRecord | None = None
+    """The session's record (title, labels, owner, status, parent_seq, update time), checked:
+    it replaces the one stored (a slot move's last chunk carries the latest)."""
 
 
 @dataclass
@@ -109,6 +113,7 @@ class ImportCommand:
         kept, _ = fold.admit(
             events.events, events.prechecked, next_seq, lenient=False, ranges=events.replaces
         )
+        before_ns = None if meta is None else meta.last_append_time_ns
         if meta is None:
             self.kind = "create"
             created = batch.create_time_ns
@@ -128,6 +133,14 @@ class ImportCommand:
         elif batch.last_event_time_ns is not None:
             meta.last_append_time_ns = batch.last_event_time_ns
         txn.put(session_id.encode(), meta.encode(), db=tables.sessions)
+        old_record = None if before_ns is None else indexes.load_record(txn, tables, session_id)
+        new_record = old_record
+        if batch.record is not None and (old_record is not None or not batch.record.empty()):
+            indexes.put_record(txn, tables, session_id, old_record, batch.record)
+            new_record = batch.record
+        if before_ns is None and meta.parent_id:
+            indexes.link_child(txn, tables, meta.parent_id, session_id)
+        _move_recent(txn, tables, session_id, before_ns, old_record, meta, new_record)
         for request_id, record in batch.requests:
             key = schema.request_key(meta.sid, request_id)
             txn.put(key, record.encode(), db=tables.requests)
@@ -150,6 +163,26 @@ class ImportCommand:
             lease = LeaseRecord("", 0, now_ns, now_ns, [])
         lease.audit_count = max(have, len(batch.audit))
         txn.put(session_id.encode(), lease.encode(), db=tables.leases)
+
+
+def _move_recent(
+    txn: RecordingTxn,
+    tables: Tables,
+    session_id: str,
+    before_ns: int | None,
+    old: SessionRecord | None,
+    meta: SessionMeta,
+    new: SessionRecord | None,
+) -> None:
+    """Keep the session's one ``recent`` key at its update time (the later of its last append
+    and its record's update time) after a chunk that may have changed both."""
+    now = indexes.update_time(meta, new)
+    if before_ns is not None:
+        was = max(before_ns, 0 if old is None else old.update_time_ns)
+        if was == now:
+            return
+        txn.remove(schema.recent_key(was, session_id), db=tables.recent)
+    txn.put(schema.recent_key(now, session_id), b"", db=tables.recent)
 
 
 def _first_time(batch: ImportBatch) -> int:

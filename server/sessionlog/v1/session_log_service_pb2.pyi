@@ -559,7 +559,7 @@ class ReleaseLeaseResponse(_message.Message):
     def __init__(self, released: _Optional[_Union[Lease, _Mapping]] = ...) -> None: ...
 
 class ImportSessionRequest(_message.Message):
-    __slots__ = ("session_id", "first_seq", "events", "create_time", "last_append_time", "parent_session_id", "parent_event_count", "request_records", "lease", "lease_audit")
+    __slots__ = ("session_id", "first_seq", "events", "create_time", "last_append_time", "parent_session_id", "parent_event_count", "request_records", "lease", "lease_audit", "record")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     FIRST_SEQ_FIELD_NUMBER: _ClassVar[int]
     EVENTS_FIELD_NUMBER: _ClassVar[int]
@@ -570,6 +570,7 @@ class ImportSessionRequest(_message.Message):
     REQUEST_RECORDS_FIELD_NUMBER: _ClassVar[int]
     LEASE_FIELD_NUMBER: _ClassVar[int]
     LEASE_AUDIT_FIELD_NUMBER: _ClassVar[int]
+    RECORD_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     first_seq: int
     events: _containers.RepeatedCompositeFieldContainer[_event_pb2.Event]
@@ -580,7 +581,8 @@ class ImportSessionRequest(_message.Message):
     request_records: _containers.RepeatedCompositeFieldContainer[SessionRequestRecord]
     lease: SessionLeaseRecord
     lease_audit: _containers.RepeatedCompositeFieldContainer[LeaseAuditEntry]
-    def __init__(self, session_id: _Optional[str] = ..., first_seq: _Optional[int] = ..., events: _Optional[_Iterable[_Union[_event_pb2.Event, _Mapping]]] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., last_append_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., parent_session_id: _Optional[str] = ..., parent_event_count: _Optional[int] = ..., request_records: _Optional[_Iterable[_Union[SessionRequestRecord, _Mapping]]] = ..., lease: _Optional[_Union[SessionLeaseRecord, _Mapping]] = ..., lease_audit: _Optional[_Iterable[_Union[LeaseAuditEntry, _Mapping]]] = ...) -> None: ...
+    record: Session
+    def __init__(self, session_id: _Optional[str] = ..., first_seq: _Optional[int] = ..., events: _Optional[_Iterable[_Union[_event_pb2.Event, _Mapping]]] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., last_append_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., parent_session_id: _Optional[str] = ..., parent_event_count: _Optional[int] = ..., request_records: _Optional[_Iterable[_Union[SessionRequestRecord, _Mapping]]] = ..., lease: _Optional[_Union[SessionLeaseRecord, _Mapping]] = ..., lease_audit: _Optional[_Iterable[_Union[LeaseAuditEntry, _Mapping]]] = ..., record: _Optional[_Union[Session, _Mapping]] = ...) -> None: ...
 
 class ImportSessionResponse(_message.Message):
     __slots__ = ("session", "imported_count")

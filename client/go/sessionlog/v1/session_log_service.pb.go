@@ -3594,6 +3594,10 @@ type ImportSessionRequest struct {
 	// The session's whole lease audit, oldest first (a slot move): entries this server lacks
 	// (from the count it holds on) are added. Needs an admin token (else PERMISSION_DENIED).
 	LeaseAudit []*LeaseAuditEntry `protobuf:"bytes,10,rep,name=lease_audit,json=leaseAudit,proto3" json:"lease_audit,omitempty"`
+	// The session's record, read by the chunk that creates it: its title, labels, owner, status,
+	// parent_seq and update_time are kept as given (checked as CreateSession checks them); every
+	// other field is ignored. GetSession's reply is what to send. Unset: none of them.
+	Record *Session `protobuf:"bytes,11,opt,name=record,proto3,oneof" json:"record,omitempty"`
 }
 
 func (x *ImportSessionRequest) Reset() {
@@ -3694,6 +3698,13 @@ func (x *ImportSessionRequest) GetLease() *SessionLeaseRecord {
 func (x *ImportSessionRequest) GetLeaseAudit() []*LeaseAuditEntry {
 	if x != nil {
 		return x.LeaseAudit
+	}
+	return nil
+}
+
+func (x *ImportSessionRequest) GetRecord() *Session {
+	if x != nil {
+		return x.Record
 	}
 	return nil
 }
@@ -4531,7 +4542,7 @@ var file_sessionlog_v1_session_log_service_proto_rawDesc = []byte{
 	0x6f, 0x6e, 0x73, 0x65, 0x12, 0x30, 0x0a, 0x08, 0x72, 0x65, 0x6c, 0x65, 0x61, 0x73, 0x65, 0x64,
 	0x18, 0x01, 0x20, 0x01, 0x28, 0x0b, 0x32, 0x14, 0x2e, 0x73, 0x65, 0x73, 0x73, 0x69, 0x6f, 0x6e,
 	0x6c, 0x6f, 0x67, 0x2e, 0x76, 0x31, 0x2e, 0x4c, 0x65, 0x61, 0x73, 0x65, 0x52, 0x08, 0x72, 0x65,
-	0x6c, 0x65, 0x61, 0x73, 0x65, 0x64, 0x22, 0xb4, 0x04, 0x0a, 0x14, 0x49, 0x6d, 0x70, 0x6f, 0x72,
+	0x6c, 0x65, 0x61, 0x73, 0x65, 0x64, 0x22, 0xf4, 0x04, 0x0a, 0x14, 0x49, 0x6d, 0x70, 0x6f, 0x72,
 	0x74, 0x53, 0x65, 0x73, 0x73, 0x69, 0x6f, 0x6e, 0x52, 0x65, 0x71, 0x75, 0x65, 0x73, 0x74, 0x12,
 	0x1d, 0x0a, 0x0a, 0x73, 0x65, 0x73, 0x73, 0x69, 0x6f, 0x6e, 0x5f, 0x69, 0x64, 0x18, 0x01, 0x20,
 	0x01, 0x28, 0x09, 0x52, 0x09, 0x73, 0x65, 0x73, 0x73, 0x69, 0x6f, 0x6e, 0x49, 0x64, 0x12, 0x1b,
@@ -4566,7 +4577,11 @@ var file_sessionlog_v1_session_log_service_proto_rawDesc = []byte{
 	0x74, 0x18, 0x0a, 0x20, 0x03, 0x28, 0x0b, 0x32, 0x1e, 0x2e, 0x73, 0x65, 0x73, 0x73, 0x69, 0x6f,
 	0x6e, 0x6c, 0x6f, 0x67, 0x2e, 0x76, 0x31, 0x2e, 0x4c, 0x65, 0x61, 0x73, 0x65, 0x41, 0x75, 0x64,
 	0x69, 0x74, 0x45, 0x6e, 0x74, 0x72, 0x79, 0x52, 0x0a, 0x6c, 0x65, 0x61, 0x73, 0x65, 0x41, 0x75,
-	0x64, 0x69, 0x74, 0x42, 0x08, 0x0a, 0x06, 0x5f, 0x6c, 0x65, 0x61, 0x73, 0x65, 0x22, 0x70, 0x0a,
+	0x64, 0x69, 0x74, 0x12, 0x33, 0x0a, 0x06, 0x72, 0x65, 0x63, 0x6f, 0x72, 0x64, 0x18, 0x0b, 0x20,
+	0x01, 0x28, 0x0b, 0x32, 0x16, 0x2e, 0x73, 0x65, 0x73, 0x73, 0x69, 0x6f, 0x6e, 0x6c, 0x6f, 0x67,
+	0x2e, 0x76, 0x31, 0x2e, 0x53, 0x65, 0x73, 0x73, 0x69, 0x6f, 0x6e, 0x48, 0x01, 0x52, 0x06, 0x72,
+	0x65, 0x63, 0x6f, 0x72, 0x64, 0x88, 0x01, 0x01, 0x42, 0x08, 0x0a, 0x06, 0x5f, 0x6c, 0x65, 0x61,
+	0x73, 0x65, 0x42, 0x09, 0x0a, 0x07, 0x5f, 0x72, 0x65, 0x63, 0x6f, 0x72, 0x64, 0x22, 0x70, 0x0a,
 	0x15, 0x49, 0x6d, 0x70, 0x6f, 0x72, 0x74, 0x53, 0x65, 0x73, 0x73, 0x69, 0x6f, 0x6e, 0x52, 0x65,
 	0x73, 0x70, 0x6f, 0x6e, 0x73, 0x65, 0x12, 0x30, 0x0a, 0x07, 0x73, 0x65, 0x73, 0x73, 0x69, 0x6f,
 	0x6e, 0x18, 0x01, 0x20, 0x01, 0x28, 0x0b, 0x32, 0x16, 0x2e, 0x73, 0x65, 0x73, 0x73, 0x69, 0x6f,
@@ -4885,61 +4900,62 @@ var file_sessionlog_v1_session_log_service_proto_depIdxs = []int32{
 	50, // 49: sessionlog.v1.ImportSessionRequest.request_records:type_name -> sessionlog.v1.SessionRequestRecord
 	51, // 50: sessionlog.v1.ImportSessionRequest.lease:type_name -> sessionlog.v1.SessionLeaseRecord
 	19, // 51: sessionlog.v1.ImportSessionRequest.lease_audit:type_name -> sessionlog.v1.LeaseAuditEntry
-	17, // 52: sessionlog.v1.ImportSessionResponse.session:type_name -> sessionlog.v1.Session
-	2,  // 53: sessionlog.v1.SessionRequestRecord.drops:type_name -> sessionlog.v1.AppendDrop
-	60, // 54: sessionlog.v1.SessionRequestRecord.time:type_name -> google.protobuf.Timestamp
-	18, // 55: sessionlog.v1.SessionLeaseRecord.lease:type_name -> sessionlog.v1.Lease
-	17, // 56: sessionlog.v1.GetSessionRecordsResponse.session:type_name -> sessionlog.v1.Session
-	50, // 57: sessionlog.v1.GetSessionRecordsResponse.request_records:type_name -> sessionlog.v1.SessionRequestRecord
-	51, // 58: sessionlog.v1.GetSessionRecordsResponse.lease:type_name -> sessionlog.v1.SessionLeaseRecord
-	19, // 59: sessionlog.v1.GetSessionRecordsResponse.lease_audit:type_name -> sessionlog.v1.LeaseAuditEntry
-	1,  // 60: sessionlog.v1.SessionLogService.Append:input_type -> sessionlog.v1.AppendRequest
-	4,  // 61: sessionlog.v1.SessionLogService.Since:input_type -> sessionlog.v1.SinceRequest
-	6,  // 62: sessionlog.v1.SessionLogService.ListEvents:input_type -> sessionlog.v1.ListEventsRequest
-	8,  // 63: sessionlog.v1.SessionLogService.Surface:input_type -> sessionlog.v1.SurfaceRequest
-	10, // 64: sessionlog.v1.SessionLogService.DeriveMessages:input_type -> sessionlog.v1.DeriveMessagesRequest
-	12, // 65: sessionlog.v1.SessionLogService.GetState:input_type -> sessionlog.v1.GetStateRequest
-	14, // 66: sessionlog.v1.SessionLogService.GetUsage:input_type -> sessionlog.v1.GetUsageRequest
-	20, // 67: sessionlog.v1.SessionLogService.CreateSession:input_type -> sessionlog.v1.CreateSessionRequest
-	22, // 68: sessionlog.v1.SessionLogService.SeedSession:input_type -> sessionlog.v1.SeedSessionRequest
-	25, // 69: sessionlog.v1.SessionLogService.GetSession:input_type -> sessionlog.v1.GetSessionRequest
-	27, // 70: sessionlog.v1.SessionLogService.ListSessions:input_type -> sessionlog.v1.ListSessionsRequest
-	29, // 71: sessionlog.v1.SessionLogService.UpdateSession:input_type -> sessionlog.v1.UpdateSessionRequest
-	36, // 72: sessionlog.v1.SessionLogService.ForkSession:input_type -> sessionlog.v1.ForkSessionRequest
-	42, // 73: sessionlog.v1.SessionLogService.AcquireLease:input_type -> sessionlog.v1.AcquireLeaseRequest
-	44, // 74: sessionlog.v1.SessionLogService.RenewLease:input_type -> sessionlog.v1.RenewLeaseRequest
-	46, // 75: sessionlog.v1.SessionLogService.ReleaseLease:input_type -> sessionlog.v1.ReleaseLeaseRequest
-	38, // 76: sessionlog.v1.SessionLogService.DeleteSession:input_type -> sessionlog.v1.DeleteSessionRequest
-	40, // 77: sessionlog.v1.SessionLogService.RedactEvents:input_type -> sessionlog.v1.RedactEventsRequest
-	31, // 78: sessionlog.v1.SessionLogService.GetShardMap:input_type -> sessionlog.v1.GetShardMapRequest
-	48, // 79: sessionlog.v1.SessionLogService.ImportSession:input_type -> sessionlog.v1.ImportSessionRequest
-	52, // 80: sessionlog.v1.SessionLogService.GetSessionRecords:input_type -> sessionlog.v1.GetSessionRecordsRequest
-	3,  // 81: sessionlog.v1.SessionLogService.Append:output_type -> sessionlog.v1.AppendResponse
-	5,  // 82: sessionlog.v1.SessionLogService.Since:output_type -> sessionlog.v1.SinceResponse
-	7,  // 83: sessionlog.v1.SessionLogService.ListEvents:output_type -> sessionlog.v1.ListEventsResponse
-	9,  // 84: sessionlog.v1.SessionLogService.Surface:output_type -> sessionlog.v1.SurfaceResponse
-	11, // 85: sessionlog.v1.SessionLogService.DeriveMessages:output_type -> sessionlog.v1.DeriveMessagesResponse
-	13, // 86: sessionlog.v1.SessionLogService.GetState:output_type -> sessionlog.v1.GetStateResponse
-	15, // 87: sessionlog.v1.SessionLogService.GetUsage:output_type -> sessionlog.v1.GetUsageResponse
-	21, // 88: sessionlog.v1.SessionLogService.CreateSession:output_type -> sessionlog.v1.CreateSessionResponse
-	24, // 89: sessionlog.v1.SessionLogService.SeedSession:output_type -> sessionlog.v1.SeedSessionResponse
-	26, // 90: sessionlog.v1.SessionLogService.GetSession:output_type -> sessionlog.v1.GetSessionResponse
-	28, // 91: sessionlog.v1.SessionLogService.ListSessions:output_type -> sessionlog.v1.ListSessionsResponse
-	30, // 92: sessionlog.v1.SessionLogService.UpdateSession:output_type -> sessionlog.v1.UpdateSessionResponse
-	37, // 93: sessionlog.v1.SessionLogService.ForkSession:output_type -> sessionlog.v1.ForkSessionResponse
-	43, // 94: sessionlog.v1.SessionLogService.AcquireLease:output_type -> sessionlog.v1.AcquireLeaseResponse
-	45, // 95: sessionlog.v1.SessionLogService.RenewLease:output_type -> sessionlog.v1.RenewLeaseResponse
-	47, // 96: sessionlog.v1.SessionLogService.ReleaseLease:output_type -> sessionlog.v1.ReleaseLeaseResponse
-	39, // 97: sessionlog.v1.SessionLogService.DeleteSession:output_type -> sessionlog.v1.DeleteSessionResponse
-	41, // 98: sessionlog.v1.SessionLogService.RedactEvents:output_type -> sessionlog.v1.RedactEventsResponse
-	32, // 99: sessionlog.v1.SessionLogService.GetShardMap:output_type -> sessionlog.v1.GetShardMapResponse
-	49, // 100: sessionlog.v1.SessionLogService.ImportSession:output_type -> sessionlog.v1.ImportSessionResponse
-	53, // 101: sessionlog.v1.SessionLogService.GetSessionRecords:output_type -> sessionlog.v1.GetSessionRecordsResponse
-	81, // [81:102] is the sub-list for method output_type
-	60, // [60:81] is the sub-list for method input_type
-	60, // [60:60] is the sub-list for extension type_name
-	60, // [60:60] is the sub-list for extension extendee
-	0,  // [0:60] is the sub-list for field type_name
+	17, // 52: sessionlog.v1.ImportSessionRequest.record:type_name -> sessionlog.v1.Session
+	17, // 53: sessionlog.v1.ImportSessionResponse.session:type_name -> sessionlog.v1.Session
+	2,  // 54: sessionlog.v1.SessionRequestRecord.drops:type_name -> sessionlog.v1.AppendDrop
+	60, // 55: sessionlog.v1.SessionRequestRecord.time:type_name -> google.protobuf.Timestamp
+	18, // 56: sessionlog.v1.SessionLeaseRecord.lease:type_name -> sessionlog.v1.Lease
+	17, // 57: sessionlog.v1.GetSessionRecordsResponse.session:type_name -> sessionlog.v1.Session
+	50, // 58: sessionlog.v1.GetSessionRecordsResponse.request_records:type_name -> sessionlog.v1.SessionRequestRecord
+	51, // 59: sessionlog.v1.GetSessionRecordsResponse.lease:type_name -> sessionlog.v1.SessionLeaseRecord
+	19, // 60: sessionlog.v1.GetSessionRecordsResponse.lease_audit:type_name -> sessionlog.v1.LeaseAuditEntry
+	1,  // 61: sessionlog.v1.SessionLogService.Append:input_type -> sessionlog.v1.AppendRequest
+	4,  // 62: sessionlog.v1.SessionLogService.Since:input_type -> sessionlog.v1.SinceRequest
+	6,  // 63: sessionlog.v1.SessionLogService.ListEvents:input_type -> sessionlog.v1.ListEventsRequest
+	8,  // 64: sessionlog.v1.SessionLogService.Surface:input_type -> sessionlog.v1.SurfaceRequest
+	10, // 65: sessionlog.v1.SessionLogService.DeriveMessages:input_type -> sessionlog.v1.DeriveMessagesRequest
+	12, // 66: sessionlog.v1.SessionLogService.GetState:input_type -> sessionlog.v1.GetStateRequest
+	14, // 67: sessionlog.v1.SessionLogService.GetUsage:input_type -> sessionlog.v1.GetUsageRequest
+	20, // 68: sessionlog.v1.SessionLogService.CreateSession:input_type -> sessionlog.v1.CreateSessionRequest
+	22, // 69: sessionlog.v1.SessionLogService.SeedSession:input_type -> sessionlog.v1.SeedSessionRequest
+	25, // 70: sessionlog.v1.SessionLogService.GetSession:input_type -> sessionlog.v1.GetSessionRequest
+	27, // 71: sessionlog.v1.SessionLogService.ListSessions:input_type -> sessionlog.v1.ListSessionsRequest
+	29, // 72: sessionlog.v1.SessionLogService.UpdateSession:input_type -> sessionlog.v1.UpdateSessionRequest
+	36, // 73: sessionlog.v1.SessionLogService.ForkSession:input_type -> sessionlog.v1.ForkSessionRequest
+	42, // 74: sessionlog.v1.SessionLogService.AcquireLease:input_type -> sessionlog.v1.AcquireLeaseRequest
+	44, // 75: sessionlog.v1.SessionLogService.RenewLease:input_type -> sessionlog.v1.RenewLeaseRequest
+	46, // 76: sessionlog.v1.SessionLogService.ReleaseLease:input_type -> sessionlog.v1.ReleaseLeaseRequest
+	38, // 77: sessionlog.v1.SessionLogService.DeleteSession:input_type -> sessionlog.v1.DeleteSessionRequest
+	40, // 78: sessionlog.v1.SessionLogService.RedactEvents:input_type -> sessionlog.v1.RedactEventsRequest
+	31, // 79: sessionlog.v1.SessionLogService.GetShardMap:input_type -> sessionlog.v1.GetShardMapRequest
+	48, // 80: sessionlog.v1.SessionLogService.ImportSession:input_type -> sessionlog.v1.ImportSessionRequest
+	52, // 81: sessionlog.v1.SessionLogService.GetSessionRecords:input_type -> sessionlog.v1.GetSessionRecordsRequest
+	3,  // 82: sessionlog.v1.SessionLogService.Append:output_type -> sessionlog.v1.AppendResponse
+	5,  // 83: sessionlog.v1.SessionLogService.Since:output_type -> sessionlog.v1.SinceResponse
+	7,  // 84: sessionlog.v1.SessionLogService.ListEvents:output_type -> sessionlog.v1.ListEventsResponse
+	9,  // 85: sessionlog.v1.SessionLogService.Surface:output_type -> sessionlog.v1.SurfaceResponse
+	11, // 86: sessionlog.v1.SessionLogService.DeriveMessages:output_type -> sessionlog.v1.DeriveMessagesResponse
+	13, // 87: sessionlog.v1.SessionLogService.GetState:output_type -> sessionlog.v1.GetStateResponse
+	15, // 88: sessionlog.v1.SessionLogService.GetUsage:output_type -> sessionlog.v1.GetUsageResponse
+	21, // 89: sessionlog.v1.SessionLogService.CreateSession:output_type -> sessionlog.v1.CreateSessionResponse
+	24, // 90: sessionlog.v1.SessionLogService.SeedSession:output_type -> sessionlog.v1.SeedSessionResponse
+	26, // 91: sessionlog.v1.SessionLogService.GetSession:output_type -> sessionlog.v1.GetSessionResponse
+	28, // 92: sessionlog.v1.SessionLogService.ListSessions:output_type -> sessionlog.v1.ListSessionsResponse
+	30, // 93: sessionlog.v1.SessionLogService.UpdateSession:output_type -> sessionlog.v1.UpdateSessionResponse
+	37, // 94: sessionlog.v1.SessionLogService.ForkSession:output_type -> sessionlog.v1.ForkSessionResponse
+	43, // 95: sessionlog.v1.SessionLogService.AcquireLease:output_type -> sessionlog.v1.AcquireLeaseResponse
+	45, // 96: sessionlog.v1.SessionLogService.RenewLease:output_type -> sessionlog.v1.RenewLeaseResponse
+	47, // 97: sessionlog.v1.SessionLogService.ReleaseLease:output_type -> sessionlog.v1.ReleaseLeaseResponse
+	39, // 98: sessionlog.v1.SessionLogService.DeleteSession:output_type -> sessionlog.v1.DeleteSessionResponse
+	41, // 99: sessionlog.v1.SessionLogService.RedactEvents:output_type -> sessionlog.v1.RedactEventsResponse
+	32, // 100: sessionlog.v1.SessionLogService.GetShardMap:output_type -> sessionlog.v1.GetShardMapResponse
+	49, // 101: sessionlog.v1.SessionLogService.ImportSession:output_type -> sessionlog.v1.ImportSessionResponse
+	53, // 102: sessionlog.v1.SessionLogService.GetSessionRecords:output_type -> sessionlog.v1.GetSessionRecordsResponse
+	82, // [82:103] is the sub-list for method output_type
+	61, // [61:82] is the sub-list for method input_type
+	61, // [61:61] is the sub-list for extension type_name
+	61, // [61:61] is the sub-list for extension extendee
+	0,  // [0:61] is the sub-list for field type_name
 }
 
 func init() { file_sessionlog_v1_session_log_service_proto_init() }

@@ -210,6 +210,98 @@ def test_events_round_trip_and_show_as_the_conversation(running: RunningServer) 
     run(running, test)
 
 
+def test_a_complete_event_and_bytes_round_trip(running: RunningServer) -> None:
+    """An event with every kind of field ADK's own test sets (bytes, grounding, usage,
+    transcriptions, a set of ids, actions) reads back equal, and the session got back equals the
+    one appended through, state, time and storage marker included."""
+
+    async def test(service: SessionlogSessionService, client: AsyncClient) -> None:
+        app = new_app()
+        session = await service.create_session(app_name=app, user_id="u", state={"k": 1})
+        assert await service.get_session(app_name=app, user_id="u", session_id=session.id) == (
+            session
+        )
+        picture = types.Content(
+            role="user",
+            parts=[types.Part.from_bytes(data=b"test_image_data", mime_type="image/png")],
+        )
+        grounding = types.GroundingMetadata(
+            search_entry_point=types.SearchEntryPoint(sdk_blob=b"test_sdk_blob")
+        )
+        complete = AdkEvent(
+            invocation_id="invocation",
+            author="user",
+            content=types.Content(role="user", parts=[types.Part(text="test_text")]),
+            turn_complete=True,
+            partial=False,
+            actions=EventActions(
+                artifact_delta={"file": 0},
+                transfer_to_agent="agent",
+                escalate=True,
+                state_delta={"n": 2.5},
+            ),
+            long_running_tool_ids={"tool1", "tool2"},
+            error_code="error_code",
+            error_message="error_message",
+            interrupted=True,
+            grounding_metadata=types.GroundingMetadata(web_search_queries=["query1"]),
+            usage_metadata=types.GenerateContentResponseUsageMetadata(
+                prompt_token_count=1, candidates_token_count=1, total_token_count=2
+            ),
+            citation_metadata=types.CitationMetadata(),
+            custom_metadata={"custom_key": "custom_value"},
+            timestamp=1700000000.123,
+            input_transcription=types.Transcription(text="input transcription", finished=True),
+            output_transcription=types.Transcription(text="output transcription", finished=True),
+        )
+        await service.append_event(
+            session,
+            AdkEvent(
+                invocation_id="invocation",
+                author="user",
+                content=picture,
+                grounding_metadata=grounding,
+            ),
+        )
+        await service.append_event(session, complete)
+        got = await service.get_session(app_name=app, user_id="u", session_id=session.id)
+        assert got is not None
+        assert got.events[0].content == picture
+        assert got.events[0].grounding_metadata == grounding
+        assert got == session
+
+    run(running, test)
+
+
+def test_concurrent_stale_writers_one_wins(running: RunningServer) -> None:
+    """Two appends through copies of one read race: one is stored, the other is
+    StaleSessionError, and the log holds exactly the winners' deltas and events."""
+
+    async def test(service: SessionlogSessionService, client: AsyncClient) -> None:
+        app = new_app()
+        made = await service.create_session(app_name=app, user_id="u")
+        rounds = 5
+        for i in range(rounds):
+            latest = await service.get_session(app_name=app, user_id="u", session_id=made.id)
+            assert latest is not None
+            one, two = latest.model_copy(deep=True), latest.model_copy(deep=True)
+            results = await asyncio.gather(
+                service.append_event(one, AdkEvent(author="user", actions=delta(**{f"a{i}": 1}))),
+                service.append_event(two, AdkEvent(author="user", actions=delta(**{f"b{i}": 2}))),
+                return_exceptions=True,
+            )
+            failed = [r for r in results if isinstance(r, BaseException)]
+            assert len(failed) == 1
+            assert isinstance(failed[0], StaleSessionError)
+        final = await service.get_session(app_name=app, user_id="u", session_id=made.id)
+        assert final is not None
+        assert len(final.events) == rounds
+        for i in range(rounds):
+            assert (f"a{i}" in final.state) != (f"b{i}" in final.state)
+
+    run(running, test)
+
+
 def test_get_with_num_recent_events_and_after_timestamp(running: RunningServer) -> None:
     """num_recent_events keeps the latest N (0: none), after_timestamp the events from that time
     on, both as ADK's in-memory service applies them."""

@@ -410,6 +410,32 @@ def test_append_event_updates_last_update_time_and_skips_partial(running: Runnin
     run(running, test)
 
 
+def test_an_event_delivered_again_is_stored_once(running: RunningServer) -> None:
+    """append_event is idempotent for an equal re-delivery (ADK's in-memory rule): the event and
+    its deltas are stored once; another event that merely shares the id is kept."""
+
+    async def test(service: SessionlogSessionService, client: AsyncClient) -> None:
+        app = new_app()
+        session = await service.create_session(app_name=app, user_id="u", session_id="again")
+        first = said("user", "once", id="fixed", actions=delta(**{"n": 1, "user:seen": 1}))
+        await service.append_event(session, first)
+        await service.append_event(session, first)
+        assert len(session.events) == 1
+        fresh = await service.get_session(app_name=app, user_id="u", session_id="again")
+        assert fresh is not None
+        await service.append_event(fresh, said("user", "later", actions=delta(**{"user:seen": 2})))
+        await service.append_event(fresh, first)  # a late retry changes nothing
+        other = said("user", "same id, other event", id="fixed")
+        await service.append_event(fresh, other)
+        got = await service.get_session(app_name=app, user_id="u", session_id="again")
+        assert got is not None
+        assert [e.id for e in got.events] == ["fixed", fresh.events[1].id, "fixed"]
+        assert got.events[2] == other
+        assert got.state == {"n": 1, "user:seen": 2}
+
+    run(running, test)
+
+
 def test_a_stale_session_append_fails_and_writes_nothing(running: RunningServer) -> None:
     """Appending through a session object another writer has moved past is StaleSessionError;
     through a deleted or unknown session, SessionNotFoundError."""

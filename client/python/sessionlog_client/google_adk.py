@@ -29,7 +29,8 @@ How ADK sessions live in sessionlog (the README's "Framework backends" has the t
   ``sessionlog:deleted``, and never shows them.
 - A session's ``_storage_update_marker`` is its log's length: an append names it as
   ``expected_seq``, so a session another writer moved on since it was read fails with ADK's
-  ``StaleSessionError`` and writes nothing.
+  ``StaleSessionError`` and writes nothing. The ADK event's id is the append's request id, so
+  an equal event delivered again is stored once.
 
 Delete is :func:`_erase`: one atomic append of a deleted mark and a hide over the whole log, so
 get and list no longer see the session while its history stays for audit and fork. Creating the
@@ -50,7 +51,8 @@ from typing import Any
 from sessionlog_client import _common as c
 from sessionlog_client._aio import AsyncClient
 from sessionlog_client._items import get_exact, in_view, put_exact
-from sessionlog_client.errors import SeqConflict, SessionAlreadyExists
+from sessionlog_client.errors import RequestIdReused, SeqConflict, SessionAlreadyExists
+from sessionlog_client.v1 import session_log_service_pb2 as pb
 from sessionlog_client.v1.event_pb2 import Event, EventType
 
 try:
@@ -437,17 +439,18 @@ class SessionlogSessionService(BaseSessionService):
         """The sessions of ``app_name`` (of ``user_id`` only, when given), without events,
         with their merged state, oldest update first."""
         client = self._client()
-        under = f"{self.prefix}s.{escape(app_name)}."
-        if user_id is not None:
-            under += f"{escape(user_id)}."
+        of_app = f"{self.prefix}s.{escape(app_name)}."
+        under = of_app if user_id is None else f"{of_app}{escape(user_id)}."
         names: list[tuple[str, str, str]] = []
         async for page in client.list_sessions(prefix=under):
             for held in page.sessions:
-                owner, _, sid = held.session_id[
-                    len(f"{self.prefix}s.{escape(app_name)}.") :
-                ].partition(".")
-                names.append((held.session_id, unescape(owner), unescape(sid)))
-        states = await asyncio.gather(*(client.get_state(log_id) for log_id, _, _ in names))
+                owner, dot, sid = held.session_id.removeprefix(of_app).partition(".")
+                if dot and "." not in sid:  # skip what this service did not name
+                    names.append((held.session_id, unescape(owner), unescape(sid)))
+        states: list[dict[str, Any]] = []
+        for start in range(0, len(names), _PAGE):  # at most _PAGE reads in flight
+            batch = names[start : start + _PAGE]
+            states.extend(await asyncio.gather(*(client.get_state(n[0]) for n in batch)))
         scoped: dict[str, dict[str, Any]] = {}
         found: list[Session] = []
         for (_, owner, sid), state in zip(names, states, strict=True):
@@ -496,7 +499,7 @@ class SessionlogSessionService(BaseSessionService):
             count = int(marker)
         stored = event_of_adk(event, {**deltas["session"], UPDATE_TIME: event.timestamp})
         try:
-            reply = await client.append(log_id, [stored], expected_seq=count)
+            reply = await _append_once(client, log_id, stored, event.id, count)
         except SeqConflict as exc:
             state, now = await client.get_state_with_count(log_id)
             if now == 0 or state.get(DELETED):
@@ -505,10 +508,26 @@ class SessionlogSessionService(BaseSessionService):
                 "The session has been modified in storage since it was loaded. "
                 "Please reload the session before appending more events."
             ) from exc
+        if reply.events and reply.events[0].seq < count:
+            return event  # delivered again: stored the first time, its deltas applied then
         await self._write_scoped(session.app_name, session.user_id, deltas)
         session.last_update_time = event.timestamp
         session._storage_update_marker = str(reply.next_seq)
         return self._commit_event_to_session(session, event)
+
+
+async def _append_once(
+    client: AsyncClient, log_id: str, stored: Event, event_id: str, count: int
+) -> pb.AppendResponse:
+    """Append ``stored`` with the ADK event's id as the request id, so an equal event delivered
+    again is not stored twice (the reply is the first one's, an earlier seq). Another event
+    that merely shares the id is kept, as ADK keeps it: appended without a request id."""
+    try:
+        return await client.append(
+            log_id, [stored], expected_seq=count, request_id=f"adk-event.{event_id}"
+        )
+    except RequestIdReused:
+        return await client.append(log_id, [stored], expected_seq=count)
 
 
 async def _erase(client: AsyncClient, log_id: str) -> None:

@@ -124,6 +124,7 @@ def test_create_get_list_delete(running: RunningServer) -> None:
         times = [s.last_update_time for s in everyone.sessions]
         assert times == sorted(times)
 
+        await service.append_event(got, said("user", "old life"))
         await service.delete_session(app_name=app, user_id="ann", session_id="s1")
         await service.delete_session(app_name=app, user_id="ann", session_id="s1")
         assert await service.get_session(app_name=app, user_id="ann", session_id="s1") is None
@@ -142,6 +143,15 @@ def test_create_get_list_delete(running: RunningServer) -> None:
         back = await service.get_session(app_name=app, user_id="ann", session_id="s1")
         assert back is not None
         assert (back.state, back.events) == ({"fresh": 1}, [])
+        await service.append_event(back, said("user", "new life"))
+        for config in (None, GetSessionConfig(num_recent_events=5)):
+            reborn = await service.get_session(
+                app_name=app, user_id="ann", session_id="s1", config=config
+            )
+            assert reborn is not None
+            assert [
+                e.content.parts[0].text for e in reborn.events if e.content and e.content.parts
+            ] == ["new life"]
 
     run(running, test)
 
@@ -319,6 +329,16 @@ def test_get_with_num_recent_events_and_after_timestamp(running: RunningServer) 
         assert await get(after_timestamp=0.0) == appended
         assert await get(num_recent_events=10, after_timestamp=1247.0) == appended[247:]
         assert await get() == appended
+
+        log_id = service.session_log_id(app, "u", "long")
+        newest = (await client.last_events(log_id, 1))[0].seq
+        await client.hide(log_id, newest - 1, newest - 1)  # another writer hides one event
+        shown = appended[:-2] + appended[-1:]
+        fresh = await service.get_session(app_name=app, user_id="u", session_id="long")
+        assert fresh is not None
+        assert fresh.events == shown
+        assert await get(num_recent_events=3) == shown[-3:]
+        assert await get(after_timestamp=1247.0) == shown[-2:]
         with pytest.raises(ValueError, match="num_recent_events"):
             GetSessionConfig(num_recent_events=-1)
 

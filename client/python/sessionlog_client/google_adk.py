@@ -406,9 +406,10 @@ class SessionlogSessionService(BaseSessionService):
         newest: list[AdkEvent] = []
         hidden: list[tuple[int, int]] = []
         token = ""
+        size = min(recent, 1000) if recent is not None else _PAGE
         while True:
             page = await client.list_events(
-                log_id, page_size=_PAGE, page_token=token, order_by="seq desc"
+                log_id, page_size=size, page_token=token, order_by="seq desc"
             )
             for stored in page.events:
                 if stored.seq >= count:

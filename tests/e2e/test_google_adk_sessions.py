@@ -609,3 +609,35 @@ def test_a_runner_turn_is_stored_with_its_state(running: RunningServer) -> None:
         assert len(after.events) == 8
 
     run(running, test)
+
+
+def test_the_sync_runner_works_on_a_service_given_an_address(running: RunningServer) -> None:
+    """Runner.run (ADK runs it on an event loop of its own, in a thread) with a service made from
+    the server's address: the service opens a client for each loop, and the turn is stored."""
+    app = new_app()
+    service = SessionlogSessionService(running.address)
+    agent = LlmAgent(name="helper", model=StubLlm(model="stub"), tools=[lookup])
+    runner = Runner(app_name=app, agent=agent, session_service=service)
+
+    async def create() -> None:
+        try:
+            await service.create_session(app_name=app, user_id="u", session_id="sync")
+        finally:
+            await service.close()
+
+    asyncio.run(create())
+    question = types.Content(role="user", parts=[types.Part(text="What is LMDB?")])
+    events = list(runner.run(user_id="u", session_id="sync", new_message=question))
+    assert events[-1].content is not None
+    assert events[-1].content.parts is not None
+    assert events[-1].content.parts[0].text == "LMDB is a key-value store"
+
+    async def read() -> int:
+        try:
+            got = await service.get_session(app_name=app, user_id="u", session_id="sync")
+            assert got is not None
+            return len(got.events)
+        finally:
+            await service.close()
+
+    assert asyncio.run(read()) == 4

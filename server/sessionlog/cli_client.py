@@ -226,7 +226,8 @@ def add_commands(commands: Any) -> None:
         "items",
         "print what the framework backends stored, in view (hides applied): one JSON line per "
         'event, {"seq", "item"} for an OpenAI Agents item, {"seq", "message", "part"} for a '
-        "Pydantic AI part (message only on a message's first part)",
+        "Pydantic AI part (message only on a message's first part), "
+        '{"seq", "event"} for a Google ADK event',
         _items,
     )
     p.add_argument("session_id")
@@ -853,8 +854,9 @@ def _messages(args: argparse.Namespace) -> int:
     return 0
 
 
-_STORED_KEYS = ("item", "message", "part")
-"""What sessionlog_client.openai_agents and .pydantic_ai keep in an event (as KEY_json)."""
+_STORED_KEYS = ("item", "message", "part", "event")
+"""What sessionlog_client.openai_agents, .pydantic_ai and .google_adk keep in an event (as
+KEY_json)."""
 
 
 def _items(args: argparse.Namespace) -> int:

@@ -63,6 +63,8 @@ def node_modules() -> Path:
 
 FAILOVER_SUITE = "test/failover.test.mjs"
 """Its own run (and pytest test): a group of servers per test makes it as long as the rest."""
+AGENTS_SUITE = "test/openai-agents.test.mjs"
+"""Its own run: the OpenAI Agents SDK session, whose interop test starts Python workers."""
 NODE_SUITE_SECONDS = 180
 """One `node --test` run's limit (each takes about a minute on a busy 2-core machine)."""
 
@@ -71,8 +73,9 @@ NODE_SUITE_SECONDS = 180
 def test_node_client_suite_passes(node_modules: Path) -> None:
     """`node --test` on client/typescript/test passes against real servers, with no failure."""
     tests = sorted(str(p.relative_to(PACKAGE)) for p in (PACKAGE / "test").glob("*.test.mjs"))
-    assert FAILOVER_SUITE in tests
-    tests.remove(FAILOVER_SUITE)
+    for own_run in (FAILOVER_SUITE, AGENTS_SUITE):
+        assert own_run in tests
+        tests.remove(own_run)
     assert run_node_tests(tests) >= 8
 
 
@@ -81,6 +84,14 @@ def test_node_client_failover_suite_passes(node_modules: Path) -> None:
     """The Node client's group tests pass: either address order, etcd discovery, and a writer
     and a follow across SIGKILL of the primary and a promotion."""
     assert run_node_tests([FAILOVER_SUITE]) >= 3
+
+
+@pytest.mark.timeout(NODE_SUITE_SECONDS + 30)
+def test_node_openai_agents_session_suite_passes(node_modules: Path) -> None:
+    """SessionlogSession (@sessionlog/client/openai-agents) against a real server: every item
+    type round-trips, the SDK's session scenarios, the Python backend reading what it wrote and
+    the reverse, and a run() of an Agent with a fake model."""
+    assert run_node_tests([AGENTS_SUITE]) >= 10
 
 
 def run_node_tests(tests: list[str]) -> int:
@@ -114,6 +125,21 @@ def test_typescript_declarations_typecheck(node_modules: Path) -> None:
         capture_output=True,
         text=True,
         timeout=120,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+@pytest.mark.timeout(210)
+def test_openai_agents_session_typechecks_as_an_sdk_session(node_modules: Path) -> None:
+    """tsc accepts SessionlogSession where @openai/agents wants a Session (tsconfig.agents.json:
+    the SDK's own declarations are not re-checked, which alone takes most of a minute)."""
+    result = subprocess.run(
+        [node(), str(node_modules / "typescript" / "bin" / "tsc"), "-p", "tsconfig.agents.json"],
+        cwd=PACKAGE,
+        capture_output=True,
+        text=True,
+        timeout=180,
         check=False,
     )
     assert result.returncode == 0, result.stdout + result.stderr

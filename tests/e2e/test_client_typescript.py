@@ -166,6 +166,30 @@ def test_readme_typescript_example_runs_as_written(
     ]
 
 
+def test_readme_openai_agents_typescript_example_runs_as_written(
+    node_modules: Path, server: RunningServer, tmp_path: Path
+) -> None:
+    """The README's SessionlogSession example (Framework backends), importing the package's
+    subpath export by name, pops the assistant item and leaves the user message in view."""
+    text = (ROOT / "README.md").read_text()
+    section = text.split("\n### OpenAI Agents SDK, TypeScript\n", 1)[1].split("\n### ", 1)[0]
+    blocks = [
+        b for b in re.findall(r"```js\n(.*?)```", section, flags=re.DOTALL) if "agents-ts-demo" in b
+    ]
+    assert len(blocks) == 1
+    assert len(blocks[0].strip().splitlines()) <= 10
+    scoped = tmp_path / "node_modules" / "@sessionlog"
+    scoped.mkdir(parents=True)
+    (scoped / "client").symlink_to(PACKAGE, target_is_directory=True)
+    script = tmp_path / "example.mjs"
+    script.write_text(blocks[0].replace("127.0.0.1:50051", server.address))
+    result = subprocess.run(
+        [node(), str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=60, check=False
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == ['{"role":"assistant","content":"hello"}', "[ 'hi' ]"]
+
+
 class NodeWorker:
     """test/polyglot-worker.mjs, spoken to line by line over stdin/stdout."""
 

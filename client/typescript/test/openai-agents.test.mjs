@@ -185,6 +185,15 @@ describe("SessionlogSession (OpenAI Agents SDK)", () => {
     assert.deepEqual((await client.deriveMessages("clears")).messages.map((m) => m.content), ["new"]);
   });
 
+  test("concurrent popItem calls each take a different item", async () => {
+    const items = Array.from({ length: 8 }, (_, i) => user(`c${i}`));
+    await session("concurrent").addItems(items);
+    const poppers = Array.from({ length: 4 }, () => session("concurrent"));
+    const popped = (await Promise.all(poppers.flatMap((p) => [p.popItem(), p.popItem()]))).map((i) => i.content);
+    assert.deepEqual(popped.sort(), items.map((i) => i.content).sort());
+    assert.equal(await session("concurrent").popItem(), undefined);
+  });
+
   test("DeriveMessages agrees with getItems after pops", async () => {
     const s = session("agree");
     await s.addItems([
@@ -243,6 +252,18 @@ async def main():
     await s.close()
 asyncio.run(main())
 `;
+    const { stdout: cli } = await promisify(execFile)(
+      SESSIONLOG_BIN,
+      ["items", "ts-wrote", "--last", "2", "--server", server.address],
+      { timeout: 60_000 },
+    );
+    assert.deepEqual(
+      cli.trim().split("\n").map((line) => JSON.parse(line)),
+      [
+        { seq: 13, item: EVERY_ITEM[13] },
+        { seq: 14, item: EVERY_ITEM[14] },
+      ],
+    );
     const fromPython = JSON.parse(await py(read, "ts-wrote"));
     assert.deepEqual(fromPython.all, EVERY_ITEM);
     assert.deepEqual(fromPython.last, EVERY_ITEM.slice(-2));
@@ -273,6 +294,34 @@ asyncio.run(main())
     assert.deepEqual(await s.getItems(), pythonItems.slice(0, -1));
     assert.deepEqual(await s.popItem(), pythonItems.at(-2));
     assert.deepEqual(JSON.parse(await py(read, "py-wrote")).all, pythonItems.slice(0, -2));
+  });
+
+  test("a streamed run() stores the turn too", async () => {
+    const streamingModel = {
+      async getResponse() {
+        throw new Error("this test streams");
+      },
+      async *getStreamedResponse() {
+        yield { type: "response_started" };
+        yield { type: "output_text_delta", delta: "Streamed." };
+        const usage = { requests: 1, inputTokens: 3, outputTokens: 1, totalTokens: 4 };
+        yield { type: "response_done", response: { id: "resp_s", usage, output: [assistant("Streamed.", "msg_s")] } };
+      },
+    };
+    const s = session("agent-stream");
+    const result = await run(new Agent({ name: "streamer", model: streamingModel }), "Stream it.", {
+      session: s,
+      stream: true,
+    });
+    for await (const _ of result) {
+      // drain the events
+    }
+    await result.completed;
+    assert.equal(result.finalOutput, "Streamed.");
+    assert.deepEqual(await s.getItems(), [
+      { type: "message", role: "user", content: "Stream it." },
+      assistant("Streamed.", "msg_s"),
+    ]);
   });
 
   test("run() of an Agent with a fake model stores the turn, and the next turn sees it", async () => {

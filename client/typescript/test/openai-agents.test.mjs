@@ -7,9 +7,9 @@ import { dirname, join } from "node:path";
 import { after, before, describe, test } from "node:test";
 import { promisify } from "node:util";
 
-import { Agent, run, setTracingDisabled, tool, Usage } from "@openai/agents";
+import { Agent, protocol, run, setTracingDisabled, tool, Usage } from "@openai/agents";
 import { SessionLogClient } from "@sessionlog/client";
-import { knownFrom, SessionlogSession } from "@sessionlog/client/openai-agents";
+import { itemType, knownFrom, SessionlogSession } from "@sessionlog/client/openai-agents";
 import { z } from "zod";
 
 import { SESSIONLOG_BIN, startServer } from "./server.mjs";
@@ -63,10 +63,34 @@ const EVERY_ITEM = [
   { type: "computer_call", id: "cc_1", callId: "call_3", status: "completed", action: { type: "click", x: 1, y: 2, button: "left" } },
   { type: "computer_call_result", callId: "call_3", output: { type: "computer_screenshot", data: "iVBOR" } },
   { type: "shell_call", callId: "call_4", status: "completed", action: { commands: ["ls"], timeoutMs: 1000 } },
+  {
+    type: "shell_call_output",
+    callId: "call_4",
+    output: [{ stdout: "a.txt\n", stderr: "", outcome: { type: "exit", exitCode: 0 } }],
+  },
   { type: "apply_patch_call", callId: "call_5", status: "completed", operation: { type: "delete_file", path: "a.txt" } },
+  { type: "apply_patch_call_output", callId: "call_5", status: "completed", output: "deleted" },
+  { type: "tool_search_call", id: "ts_1", callId: "call_6", execution: "server", arguments: { query: "weather" } },
+  { type: "tool_search_output", callId: "call_6", execution: "server", tools: [{ type: "function", name: "weather" }] },
+  { type: "program", id: "pg_1", callId: "call_7", code: "print(1)", fingerprint: "f1" },
+  { type: "program_output", callId: "call_7", output: "1", status: "completed" },
   { type: "compaction", encrypted_content: "opaque" },
+  { type: "unknown", id: "u_1", providerData: { whatever: [1, 2] } },
   { type: "a_type_from_the_future", payload: { deep: [[[{ x: 0.1 }]]], empty: {} } },
 ];
+const FUTURE = EVERY_ITEM.at(-1);
+
+/** The item types the SDK's protocol (its ModelItem union) defines: "message" for role messages. */
+function protocolItemTypes() {
+  const types = new Set();
+  const walk = (schema) => {
+    if (schema.options) return schema.options.forEach(walk);
+    const type = schema.shape.type;
+    types.add(type.value ?? type.unwrap().value);
+  };
+  walk(protocol.ModelItem);
+  return types;
+}
 
 describe("SessionlogSession (OpenAI Agents SDK)", () => {
   let server;
@@ -82,6 +106,16 @@ describe("SessionlogSession (OpenAI Agents SDK)", () => {
     client?.close();
     await server?.stop();
     server?.remove();
+  });
+
+  test("the samples cover every item type the SDK defines, each valid for the SDK", () => {
+    const sampled = new Set(EVERY_ITEM.filter((i) => i !== FUTURE).map(itemType));
+    assert.deepEqual([...sampled].sort(), [...protocolItemTypes()].sort());
+    for (const item of EVERY_ITEM.filter((i) => i !== FUTURE)) {
+      const parsed = protocol.ModelItem.safeParse(item);
+      assert.ok(parsed.success, `${JSON.stringify(item)}: ${parsed.error}`);
+    }
+    assert.equal(protocol.ModelItem.safeParse(FUTURE).success, false);
   });
 
   test("every item type reads back as added, and the derived view shows the conversation", async () => {
@@ -107,8 +141,15 @@ describe("SessionlogSession (OpenAI Agents SDK)", () => {
         ["tool_call", "computer_call"],
         ["tool_call", "computer_call_result"],
         ["tool_call", "shell_call"],
+        ["tool_call", "shell_call_output"],
         ["tool_call", "apply_patch_call"],
+        ["tool_call", "apply_patch_call_output"],
+        ["tool_call", "tool_search_call"],
+        ["tool_call", "tool_search_output"],
+        ["step_end", "program"],
+        ["step_end", "program_output"],
         ["step_end", "compaction"],
+        ["step_end", "unknown"],
         ["step_end", "a_type_from_the_future"],
       ],
     );
@@ -259,10 +300,7 @@ asyncio.run(main())
     );
     assert.deepEqual(
       cli.trim().split("\n").map((line) => JSON.parse(line)),
-      [
-        { seq: 13, item: EVERY_ITEM[13] },
-        { seq: 14, item: EVERY_ITEM[14] },
-      ],
+      EVERY_ITEM.slice(-2).map((item, i) => ({ seq: EVERY_ITEM.length - 2 + i, item })),
     );
     const fromPython = JSON.parse(await py(read, "ts-wrote"));
     assert.deepEqual(fromPython.all, EVERY_ITEM);

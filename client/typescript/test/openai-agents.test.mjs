@@ -80,6 +80,18 @@ const EVERY_ITEM = [
 ];
 const FUTURE = EVERY_ITEM.at(-1);
 
+/** A small seeded PRNG (mulberry32): the random logs are the same on every run. */
+function mulberry32(seed) {
+  let a = seed >>> 0;
+  return () => {
+    a = (a + 0x6d2b79f5) >>> 0;
+    let t = a;
+    t = Math.imul(t ^ (t >>> 15), t | 1);
+    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
+    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
+  };
+}
+
 /** The item types the SDK's protocol (its ModelItem union) defines: "message" for role messages. */
 function protocolItemTypes() {
   const types = new Set();
@@ -268,6 +280,55 @@ describe("SessionlogSession (OpenAI Agents SDK)", () => {
     assert.deepEqual(await s.popItem(), user("c"));
     assert.deepEqual(await s.popItem(), { role: "system", content: "[a and b]" });
     assert.equal(await s.popItem(), undefined);
+  });
+
+  test("getItems(limit) read from the end equals the full read's last items, over random logs", async () => {
+    for (const seed of [1, 2, 3]) {
+      const random = mulberry32(seed);
+      const pick = (n) => Math.floor(random() * n);
+      const id = `random-${seed}`;
+      const s = session(id);
+      let next = 0;
+      for (let step = 0; step < 40; step++) {
+        const roll = random();
+        const length = (await client.listEvents(id, { pageSize: 1 })).eventCount;
+        if (roll < 0.55 || length === 0) {
+          const kinds = [user, (n) => ({ type: "reasoning", id: `rs${n}`, content: [] }), (n) => assistant(`a${n}`)];
+          await s.addItems(Array.from({ length: 1 + pick(4) }, () => kinds[pick(3)](next++)));
+        } else if (roll < 0.75) {
+          const newest = (await s.getItems()).at(-1);
+          assert.deepEqual(await s.popItem(), newest);
+        } else if (roll < 0.87) {
+          const start = pick(length);
+          await client.hide(id, start, start + pick(6));
+        } else if (roll < 0.97) {
+          const start = pick(length);
+          const summary = { type: "system_message", data: { content: `[summary ${step}]` }, replace: [start, start + pick(8)] };
+          await client.append(id, [summary]);
+        } else {
+          await s.clearSession();
+        }
+        if (step % 4 !== 3) continue;
+        const all = await s.getItems();
+        for (const limit of [1, 2, 3, 5, 8, 13, 40, 200]) {
+          assert.deepEqual(await s.getItems(limit), all.slice(-limit), `seed ${seed}, step ${step}, limit ${limit}`);
+        }
+      }
+      assert.ok((await client.listEvents(id, { pageSize: 1 })).eventCount > 32, "the log spans several pages");
+    }
+  });
+
+  test("a summary read on the last page but standing below it waits for the events between", async () => {
+    const s = session("summary-below");
+    const items = Array.from({ length: 100 }, (_, i) => user(`m${i}`));
+    await s.addItems(items);
+    await client.hide("summary-below", 40, 99);
+    await client.append("summary-below", [{ type: "system_message", data: { content: "[five]" }, replace: [5, 5] }]);
+    assert.deepEqual(await s.getItems(1), [items[39]]);
+    assert.deepEqual(await s.getItems(2), items.slice(38, 40));
+    const all = await s.getItems();
+    assert.equal(all.length, 40);
+    assert.deepEqual(all[5], { role: "system", content: "[five]" });
   });
 
   test("knownFrom: a tail decides the view from its first seq, or lower under a hide reaching it", () => {

@@ -3,6 +3,7 @@
 // one wrote and the reverse, and a run() of an Agent with a fake model.
 import assert from "node:assert/strict";
 import { execFile } from "node:child_process";
+import { writeFileSync } from "node:fs";
 import { dirname, join } from "node:path";
 import { after, before, describe, test } from "node:test";
 import { promisify } from "node:util";
@@ -12,7 +13,7 @@ import { SessionLogClient } from "@sessionlog/client";
 import { itemType, knownFrom, SessionlogSession } from "@sessionlog/client/openai-agents";
 import { z } from "zod";
 
-import { SESSIONLOG_BIN, startServer } from "./server.mjs";
+import { SESSIONLOG_BIN, startServer, tempDir } from "./server.mjs";
 
 setTracingDisabled(true); // no exporter, no network
 
@@ -483,4 +484,36 @@ asyncio.run(main())
       ],
     );
   });
+});
+
+test("a tenant's token keeps SessionlogSession inside its session prefix, writing nothing outside", async () => {
+  const root = tempDir();
+  const admin = "admin-admin-admin-0001";
+  const tenant = "tenant-a-secret-0d9c2e7f";
+  writeFileSync(
+    join(root, "tokens.toml"),
+    `[[token]]\nname = "admin"\ntoken = "${admin}"\npermissions = ["read", "write", "admin"]\n\n` +
+      `[[token]]\nname = "tenant-a"\ntoken = "${tenant}"\npermissions = ["read", "write"]\nsession_prefix = "tenant-a."\n`,
+  );
+  const server = await startServer({ root, args: ["--auth-tokens", join(root, "tokens.toml")], clientOptions: { token: admin } });
+  const inside = new SessionlogSession("tenant-a.chat", server.address, { token: tenant });
+  const outside = new SessionlogSession("tenant-b.chat", server.address, { token: tenant, retry: { giveUpAfterMs: 0 } });
+  const adminClient = new SessionLogClient(server.address, { token: admin });
+  try {
+    await inside.addItems([user("mine")]);
+    assert.deepEqual(await inside.getItems(), [user("mine")]);
+    assert.deepEqual(await inside.getItems(1), [user("mine")]);
+    await assert.rejects(outside.addItems([user("theirs")]), { reason: "PERMISSION_DENIED" });
+    await assert.rejects(outside.getItems(), { reason: "PERMISSION_DENIED" });
+    await assert.rejects(outside.getItems(1), { reason: "PERMISSION_DENIED" });
+    await assert.rejects(outside.popItem(), { reason: "PERMISSION_DENIED" });
+    assert.equal((await adminClient.listEvents("tenant-b.chat")).eventCount, 0);
+    assert.deepEqual(await inside.popItem(), user("mine"));
+  } finally {
+    inside.close();
+    outside.close();
+    adminClient.close();
+    await server.stop();
+    server.remove();
+  }
 });

@@ -18,6 +18,9 @@ import { SESSIONLOG_BIN, startServer, tempDir } from "./server.mjs";
 setTracingDisabled(true); // no exporter, no network
 
 const PYTHON = join(dirname(SESSIONLOG_BIN), "python");
+/** `make test-workers` runs this suite too (SESSIONLOG_TEST_WORKERS=2): then the server has workers. */
+const WORKERS = Number(process.env.SESSIONLOG_TEST_WORKERS ?? 1);
+const SERVE_ARGS = WORKERS >= 2 ? ["--workers", String(WORKERS)] : [];
 const user = (content) => ({ role: "user", content });
 const assistant = (text, id = "msg_a") => ({
   type: "message",
@@ -111,7 +114,7 @@ describe("SessionlogSession (OpenAI Agents SDK)", () => {
   const session = (id) => new SessionlogSession(id, client);
 
   before(async () => {
-    server = await startServer();
+    server = await startServer({ args: SERVE_ARGS });
     client = new SessionLogClient(server.address);
   });
 
@@ -495,7 +498,7 @@ test("a tenant's token keeps SessionlogSession inside its session prefix, writin
     `[[token]]\nname = "admin"\ntoken = "${admin}"\npermissions = ["read", "write", "admin"]\n\n` +
       `[[token]]\nname = "tenant-a"\ntoken = "${tenant}"\npermissions = ["read", "write"]\nsession_prefix = "tenant-a."\n`,
   );
-  const server = await startServer({ root, args: ["--auth-tokens", join(root, "tokens.toml")], clientOptions: { token: admin } });
+  const server = await startServer({ root, args: [...SERVE_ARGS, "--auth-tokens", join(root, "tokens.toml")], clientOptions: { token: admin } });
   const inside = new SessionlogSession("tenant-a.chat", server.address, { token: tenant });
   const outside = new SessionlogSession("tenant-b.chat", server.address, { token: tenant, retry: { giveUpAfterMs: 0 } });
   const adminClient = new SessionLogClient(server.address, { token: admin });

@@ -91,7 +91,7 @@ def test_node_openai_agents_session_suite_passes(node_modules: Path) -> None:
     """SessionlogSession (@sessionlog/client/openai-agents) against a real server: every item
     type round-trips, the SDK's session scenarios, the Python backend reading what it wrote and
     the reverse, and run() of an Agent with a fake model, plain and streamed."""
-    assert run_node_tests([AGENTS_SUITE]) >= 16
+    assert run_node_tests([AGENTS_SUITE]) >= 18
 
 
 def run_node_tests(tests: list[str]) -> int:

@@ -1,5 +1,10 @@
 // Types of @sessionlog/client/openai-agents (the implementation is src/openai-agents.js).
-import type { AgentInputItem, Session } from "@openai/agents";
+import type {
+  AgentInputItem,
+  Session,
+  SessionHistoryTransactionArgs,
+  SessionHistoryTransactionAwareSession,
+} from "@openai/agents";
 
 import type { ClientOptions, Event, NewEvent, SessionLogClient } from "./index.js";
 
@@ -34,12 +39,19 @@ export function visibleEntries(events: Event[], from?: number): SessionEntry[];
 /** The lowest position from which a tail of the log decides the view. */
 export function knownFrom(tail: Event[]): number;
 
+/** JSON with every object's keys sorted (how items are compared). */
+export function canonicalJson(value: unknown): string;
+/** The request id an operation id of applyHistoryTransaction travels as. */
+export function transactionRequestId(operationId: string): string;
+/** applyHistoryTransaction refused the change (a suffix that does not match, a reused id); nothing was written. */
+export class HistoryTransactionError extends Error {}
+
 /**
  * The OpenAI Agents SDK's Session, stored in a sessionlog session: popItem and clearSession hide,
  * nothing is deleted. `client`: a SessionLogClient (yours to close), or the address(es) of the
  * server (the session opens a client with `options`; close() closes it).
  */
-export class SessionlogSession implements Session {
+export class SessionlogSession implements Session, SessionHistoryTransactionAwareSession {
   constructor(sessionId: string, client?: SessionLogClient | string | string[], options?: ClientOptions);
   readonly sessionId: string;
   readonly client: SessionLogClient;
@@ -51,5 +63,11 @@ export class SessionlogSession implements Session {
   addItems(items: AgentInputItem[]): Promise<void>;
   popItem(): Promise<AgentInputItem | undefined>;
   clearSession(): Promise<void>;
+  /**
+   * One atomic append under the operation id as request id: append_items, or replace_suffix (the
+   * newest items must be expectedSuffix; they are hidden and the replacement appended). A retry
+   * succeeds without applying it again; another transaction under the same id fails.
+   */
+  applyHistoryTransaction(args: SessionHistoryTransactionArgs): Promise<void>;
   close(): void;
 }

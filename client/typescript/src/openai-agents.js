@@ -24,6 +24,8 @@
 // shadowing rule (a replace or hide covers every earlier event whose position is in its range) is
 // applied here to every event, the bookkeeping ones too, so a popped reasoning item leaves getItems.
 
+import { createHash } from "node:crypto";
+
 import { SessionLogClient } from "./index.js";
 
 /** The data key holding the item's JSON text. */
@@ -197,6 +199,28 @@ export function knownFrom(tail) {
   return from;
 }
 
+/** JSON with every object's keys sorted: two items compare equal when their JSON does. */
+export function canonicalJson(value) {
+  return JSON.stringify(value, (_, v) =>
+    v !== null && typeof v === "object" && !Array.isArray(v)
+      ? Object.fromEntries(Object.keys(v).sort().map((k) => [k, v[k]]))
+      : v,
+  );
+}
+
+/** The request id an operation id travels as (fixed length, whatever the SDK's id holds). */
+export function transactionRequestId(operationId) {
+  return `openai-agents-tx-${createHash("sha256").update(operationId).digest("hex")}`;
+}
+
+/** What applyHistoryTransaction throws for a change it refuses (nothing is written). */
+export class HistoryTransactionError extends Error {
+  constructor(message) {
+    super(message);
+    this.name = "HistoryTransactionError";
+  }
+}
+
 /**
  * The `Session` of the OpenAI Agents SDK, stored in a sessionlog session.
  *
@@ -271,6 +295,78 @@ export class SessionlogSession {
       }
       return newest.item;
     }
+  }
+
+  /**
+   * The SDK's atomic, idempotent history change (SessionHistoryTransactionAwareSession): one
+   * append carrying the operation id as its request id, so the server stores both in one commit
+   * and a retry of the same append is answered from the first. append_items appends the items;
+   * replace_suffix checks that the newest items in view are expectedSuffix, then hides them and
+   * appends the replacement in the same append (with expectedSeq: a concurrent write makes it
+   * check again). The hide records the operation id and the transaction, so a retry after it
+   * was applied (whose hide range would differ) is recognised and succeeds; the same id with
+   * another transaction fails (HistoryTransactionError, or the server's REQUEST_ID_REUSED).
+   */
+  async applyHistoryTransaction({ operationId, transaction }) {
+    if (typeof operationId !== "string" || operationId === "") {
+      throw new HistoryTransactionError("operationId must be a non-empty string");
+    }
+    const requestId = transactionRequestId(operationId);
+    const recorded = canonicalJson(transaction);
+    if (transaction?.type === "append_items") {
+      await this._applyOnce(operationId, recorded, () => ({ events: transaction.items.map(itemToEvent) }), requestId);
+      return;
+    }
+    if (transaction?.type !== "replace_suffix") {
+      throw new HistoryTransactionError(`unknown session history transaction type ${JSON.stringify(transaction?.type)}`);
+    }
+    for (;;) {
+      const { entries, length } = await this.entries();
+      const expected = transaction.expectedSuffix;
+      const start = entries.length - expected.length;
+      const suffix = entries.slice(Math.max(start, 0));
+      if (start < 0 || suffix.some((e, i) => canonicalJson(e.item) !== canonicalJson(expected[i]))) {
+        if (await this._applied(operationId, recorded)) return;
+        throw new HistoryTransactionError("the session's newest items are not the expected suffix; nothing was changed");
+      }
+      if (start > 0 && suffix.length > 0 && entries[start - 1].event === suffix[0].event) {
+        throw new HistoryTransactionError("the expected suffix starts inside one event's items; nothing was changed");
+      }
+      const events = [];
+      if (suffix.length > 0) {
+        const data = { reason: "replace_suffix", operation_id: operationId, transaction_json: recorded };
+        events.push({ type: "hide", data, replace: [position(suffix[0].event), length - 1] });
+      }
+      events.push(...transaction.replacement.map(itemToEvent));
+      try {
+        await this._applyOnce(operationId, recorded, () => ({ events, expectedSeq: length }), requestId);
+        return;
+      } catch (error) {
+        if (error?.reason === "SEQ_CONFLICT") continue;
+        throw error;
+      }
+    }
+  }
+
+  /** Append `make()`'s events under the request id; REQUEST_ID_REUSED is fine when the log shows
+   * this very transaction applied. */
+  async _applyOnce(operationId, recorded, make, requestId) {
+    const { events, expectedSeq } = make();
+    if (events.length === 0) return;
+    try {
+      await this.client.append(this.sessionId, events, { requestId, expectedSeq });
+    } catch (error) {
+      if (error?.reason === "REQUEST_ID_REUSED" && (await this._applied(operationId, recorded))) return;
+      throw error;
+    }
+  }
+
+  /** Whether a replace_suffix hide in the log records this operation with this transaction. */
+  async _applied(operationId, recorded) {
+    for await (const event of this.client.since(this.sessionId)) {
+      if (event.type === "hide" && event.data.operation_id === operationId) return event.data.transaction_json === recorded;
+    }
+    return false;
   }
 
   /** Hide every item so far; the log keeps them. */

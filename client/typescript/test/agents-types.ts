@@ -1,6 +1,6 @@
 // Type-checked by `npm run typecheck` (tsc, no emit; never run): SessionlogSession is the
 // OpenAI Agents SDK's Session, as a TypeScript worker passes it to run().
-import { Agent, type AgentInputItem, run, type Session } from "@openai/agents";
+import { Agent, type AgentInputItem, run, type Session, type SessionHistoryTransactionAwareSession } from "@openai/agents";
 import { SessionLogClient } from "@sessionlog/client";
 import { SessionlogSession } from "@sessionlog/client/openai-agents";
 
@@ -17,6 +17,16 @@ export async function turn(target: string): Promise<AgentInputItem[]> {
   } finally {
     client.close();
   }
+}
+
+export async function transact(client: SessionLogClient): Promise<void> {
+  const session: SessionHistoryTransactionAwareSession = new SessionlogSession("typed-tx", client);
+  const items: AgentInputItem[] = [{ role: "user", content: "hi" }];
+  await session.applyHistoryTransaction({ operationId: "op-1", transaction: { type: "append_items", items } });
+  await session.applyHistoryTransaction({
+    operationId: "op-2",
+    transaction: { type: "replace_suffix", expectedSuffix: items, replacement: [] },
+  });
 }
 
 export function owned(target: string[]): string {

@@ -335,6 +335,41 @@ describe("SessionlogSession (OpenAI Agents SDK)", () => {
     assert.deepEqual(all[5], { role: "system", content: "[five]" });
   });
 
+  test("applyHistoryTransaction appends once per operation id; another transaction under it fails", async () => {
+    const s = session("tx-append");
+    const transaction = { type: "append_items", items: [user("q"), assistant("a")] };
+    await s.applyHistoryTransaction({ operationId: "op-1", transaction });
+    await s.applyHistoryTransaction({ operationId: "op-1", transaction });
+    assert.deepEqual(await s.getItems(), [user("q"), assistant("a")]);
+    const other = { type: "append_items", items: [user("something else")] };
+    await assert.rejects(s.applyHistoryTransaction({ operationId: "op-1", transaction: other }), { reason: "REQUEST_ID_REUSED" });
+    assert.equal((await client.listEvents("tx-append")).eventCount, 2);
+  });
+
+  test("applyHistoryTransaction replaces a matching suffix atomically, once; a mismatch changes nothing", async () => {
+    const s = session("tx-replace");
+    await s.addItems([user("a"), assistant("b"), user("c")]);
+    const transaction = { type: "replace_suffix", expectedSuffix: [assistant("b"), user("c")], replacement: [user("x")] };
+    await s.applyHistoryTransaction({ operationId: "op-r", transaction });
+    assert.deepEqual(await s.getItems(), [user("a"), user("x")]);
+    const length = (await client.listEvents("tx-replace")).eventCount;
+    await s.applyHistoryTransaction({ operationId: "op-r", transaction });
+    assert.equal((await client.listEvents("tx-replace")).eventCount, length);
+    const stale = { type: "replace_suffix", expectedSuffix: [user("c")], replacement: [] };
+    await assert.rejects(s.applyHistoryTransaction({ operationId: "op-s", transaction: stale }), {
+      name: "HistoryTransactionError",
+    });
+    await assert.rejects(
+      s.applyHistoryTransaction({ operationId: "op-r", transaction: { ...transaction, replacement: [user("y")] } }),
+      { name: "HistoryTransactionError" },
+    );
+    assert.equal((await client.listEvents("tx-replace")).eventCount, length);
+    assert.deepEqual((await client.deriveMessages("tx-replace")).messages.map((m) => m.content), ["a", "x"]);
+    const empty = { type: "replace_suffix", expectedSuffix: [], replacement: [assistant("z")] };
+    await s.applyHistoryTransaction({ operationId: "op-e", transaction: empty });
+    assert.deepEqual(await s.getItems(), [user("a"), user("x"), assistant("z")]);
+  });
+
   test("knownFrom: a tail decides the view from its first seq, or lower under a hide reaching it", () => {
     const at = (seq, replace) => ({ seq, type: "hide", time: "", data: {}, ...(replace ? { replace } : {}) });
     assert.equal(knownFrom([at(9), at(8)]), 8);

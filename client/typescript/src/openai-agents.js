@@ -23,6 +23,8 @@
 // popItem and clearSession append EVENT_TYPE_HIDE events; nothing is deleted. The server's
 // shadowing rule (a replace or hide covers every earlier event whose position is in its range) is
 // applied here to every event, the bookkeeping ones too, so a popped reasoning item leaves getItems.
+// applyHistoryTransaction (the SDK's atomic, idempotent history change) is one append under a
+// request id derived from the operation id.
 
 import { createHash } from "node:crypto";
 

@@ -63,6 +63,8 @@ def node_modules() -> Path:
 
 FAILOVER_SUITE = "test/failover.test.mjs"
 """Its own run (and pytest test): a group of servers per test makes it as long as the rest."""
+AGENTS_SUITE = "test/openai-agents.test.mjs"
+"""Its own run: the OpenAI Agents SDK session, whose interop test starts Python workers."""
 NODE_SUITE_SECONDS = 180
 """One `node --test` run's limit (each takes about a minute on a busy 2-core machine)."""
 
@@ -71,8 +73,9 @@ NODE_SUITE_SECONDS = 180
 def test_node_client_suite_passes(node_modules: Path) -> None:
     """`node --test` on client/typescript/test passes against real servers, with no failure."""
     tests = sorted(str(p.relative_to(PACKAGE)) for p in (PACKAGE / "test").glob("*.test.mjs"))
-    assert FAILOVER_SUITE in tests
-    tests.remove(FAILOVER_SUITE)
+    for own_run in (FAILOVER_SUITE, AGENTS_SUITE):
+        assert own_run in tests
+        tests.remove(own_run)
     assert run_node_tests(tests) >= 8
 
 
@@ -81,6 +84,14 @@ def test_node_client_failover_suite_passes(node_modules: Path) -> None:
     """The Node client's group tests pass: either address order, etcd discovery, and a writer
     and a follow across SIGKILL of the primary and a promotion."""
     assert run_node_tests([FAILOVER_SUITE]) >= 3
+
+
+@pytest.mark.timeout(NODE_SUITE_SECONDS + 30)
+def test_node_openai_agents_session_suite_passes(node_modules: Path) -> None:
+    """SessionlogSession (@sessionlog/client/openai-agents) against a real server: every item
+    type round-trips, the SDK's session scenarios, the Python backend reading what it wrote and
+    the reverse, and run() of an Agent with a fake model, plain and streamed."""
+    assert run_node_tests([AGENTS_SUITE]) >= 18
 
 
 def run_node_tests(tests: list[str]) -> int:
@@ -119,6 +130,21 @@ def test_typescript_declarations_typecheck(node_modules: Path) -> None:
     assert result.returncode == 0, result.stdout + result.stderr
 
 
+@pytest.mark.timeout(210)
+def test_openai_agents_session_typechecks_as_an_sdk_session(node_modules: Path) -> None:
+    """tsc accepts SessionlogSession where @openai/agents wants a Session (tsconfig.agents.json:
+    the SDK's own declarations are not re-checked, which alone takes most of a minute)."""
+    result = subprocess.run(
+        [node(), str(node_modules / "typescript" / "bin" / "tsc"), "-p", "tsconfig.agents.json"],
+        cwd=PACKAGE,
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
 def test_readme_typescript_example_runs_as_written(
     node_modules: Path, server: RunningServer, tmp_path: Path
 ) -> None:
@@ -138,6 +164,30 @@ def test_readme_typescript_example_runs_as_written(
         "user What is LMDB?",
         "assistant A memory-mapped B+tree store.",
     ]
+
+
+def test_readme_openai_agents_typescript_example_runs_as_written(
+    node_modules: Path, server: RunningServer, tmp_path: Path
+) -> None:
+    """The README's SessionlogSession example (Framework backends), importing the package's
+    subpath export by name, pops the assistant item and leaves the user message in view."""
+    text = (ROOT / "README.md").read_text()
+    section = text.split("\n### OpenAI Agents SDK, TypeScript\n", 1)[1].split("\n### ", 1)[0]
+    blocks = [
+        b for b in re.findall(r"```js\n(.*?)```", section, flags=re.DOTALL) if "agents-ts-demo" in b
+    ]
+    assert len(blocks) == 1
+    assert len(blocks[0].strip().splitlines()) <= 10
+    scoped = tmp_path / "node_modules" / "@sessionlog"
+    scoped.mkdir(parents=True)
+    (scoped / "client").symlink_to(PACKAGE, target_is_directory=True)
+    script = tmp_path / "example.mjs"
+    script.write_text(blocks[0].replace("127.0.0.1:50051", server.address))
+    result = subprocess.run(
+        [node(), str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=60, check=False
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == ['{"role":"assistant","content":"hello"}', "[ 'hi' ]"]
 
 
 class NodeWorker:

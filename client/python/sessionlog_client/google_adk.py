@@ -32,10 +32,8 @@ How ADK sessions live in sessionlog (the README's "Framework backends" has the t
   ``StaleSessionError`` and writes nothing. The ADK event's id is the append's request id, so
   an equal event delivered again is stored once.
 
-Delete is :func:`_erase`: one atomic append of a deleted mark and a hide over the whole log, so
-get and list no longer see the session while its history stays for audit and fork. Creating the
-same id again starts it over (its old state keys are cleared). It becomes a DeleteSession call
-once the server has one.
+Delete is :func:`_erase`: the server's DeleteSession, a real erasure (see the README's Erasure
+section); creating the same id again starts a new session.
 """
 
 from __future__ import annotations
@@ -48,10 +46,14 @@ import uuid
 from collections.abc import Sequence
 from typing import Any
 
-from sessionlog_client import _common as c
 from sessionlog_client._aio import AsyncClient
 from sessionlog_client._items import get_exact, in_view, put_exact
-from sessionlog_client.errors import RequestIdReused, SeqConflict, SessionAlreadyExists
+from sessionlog_client.errors import (
+    RequestIdReused,
+    SeqConflict,
+    SessionAlreadyExists,
+    SessionNotFound,
+)
 from sessionlog_client.v1 import session_log_service_pb2 as pb
 from sessionlog_client.v1.event_pb2 import Event, EventType
 
@@ -472,8 +474,7 @@ class SessionlogSessionService(BaseSessionService):
         return ListSessionsResponse(sessions=found)
 
     async def delete_session(self, *, app_name: str, user_id: str, session_id: str) -> None:
-        """Remove the session from get and list (a no-op for one that is not there); its log
-        stays, hidden (see :func:`_erase`)."""
+        """Erase the session (a no-op for one that is not there; see :func:`_erase`)."""
         session_id = session_id.strip() if session_id else session_id
         await _erase(self._client(), self.session_log_id(app_name, user_id, session_id))
 
@@ -532,19 +533,11 @@ async def _append_once(
 
 
 async def _erase(client: AsyncClient, log_id: str) -> None:
-    """Take a session out of get and list: one atomic append of a state-only event marking it
-    deleted and a hide over the whole log, that event included. The log stays for audit.
-
-    The one place to switch to the server's DeleteSession once it has one.
-    """
-    while True:
-        state, count = await client.get_state_with_count(log_id)
-        if count == 0 or state.get(DELETED):
-            return
-        mark = _state_only({DELETED: True}, "delete_session")
-        hide = c.hide_event(0, count, "delete_session")
-        try:
-            await client.append(log_id, [mark, hide], expected_seq=count)
-        except SeqConflict:
-            continue
+    """Erase a session for good (the server's DeleteSession: events, state, records, on every
+    replica; an audit record without content stays). A session that is not there is a no-op,
+    as ADK's services treat it. A log an older version of this service marked deleted (a hide
+    and the ``sessionlog:deleted`` key) is erased the same way."""
+    try:
+        await client.delete_session(log_id)
+    except SessionNotFound:
         return

@@ -18,6 +18,7 @@ from pathlib import Path
 import grpc
 import pytest
 from google.protobuf.duration_pb2 import Duration
+from google.protobuf.field_mask_pb2 import FieldMask
 from google.protobuf.message import Message
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2
@@ -176,6 +177,14 @@ def every_rpc(session_id: str) -> list[tuple[str, Message, bool]]:
             False,
         ),
         (SERVICE + "GetSession", pb.GetSessionRequest(session_id=session_id), False),
+        (
+            SERVICE + "UpdateSession",
+            pb.UpdateSessionRequest(
+                session=pb.Session(session_id=session_id, title="t"),
+                update_mask=FieldMask(paths=["title"]),
+            ),
+            False,
+        ),
         (SERVICE + "ListSessions", pb.ListSessionsRequest(), False),
         (
             SERVICE + "ForkSession",
@@ -297,9 +306,17 @@ def test_reader_reads_but_may_not_write(server: RunningServer) -> None:
         (method, request)
         for method, request, _ in every_rpc("shared")
         if method.rsplit("/", 1)[1]
-        in {"Append", "CreateSession", "SeedSession", "ForkSession", "AcquireLease", "RenewLease"}
+        in {
+            "Append",
+            "CreateSession",
+            "SeedSession",
+            "ForkSession",
+            "AcquireLease",
+            "RenewLease",
+            "UpdateSession",
+        }
     ]
-    assert len(writes) == 6
+    assert len(writes) == 7
     for method, request in writes:
         error = refusal(channel, method, request, READER, streaming=False)
         assert_refused(error, PERMISSION_DENIED)

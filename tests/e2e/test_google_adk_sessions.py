@@ -27,7 +27,7 @@ from google.adk.sessions.base_session_service import GetSessionConfig
 from google.genai import types
 
 from sessionlog.testing import RunningServer
-from sessionlog_client import AsyncClient, errors, event_type
+from sessionlog_client import AsyncClient, errors
 from sessionlog_client.convert import struct_to_dict
 from sessionlog_client.google_adk import SessionlogSessionService
 from sessionlog_client.v1.message_pb2 import Role
@@ -130,11 +130,9 @@ def test_create_get_list_delete(running: RunningServer) -> None:
         assert await service.get_session(app_name=app, user_id="ann", session_id="s1") is None
         listed = await service.list_sessions(app_name=app, user_id="ann")
         assert [s.id for s in listed.sessions] == [made.id]
-        log = [e async for e in client.since(service.session_log_id(app, "ann", "s1"))]
-        assert log[-1].type == event_type("hide")  # the history stays, hidden
-        assert (
-            await client.derive_messages(service.session_log_id(app, "ann", "s1"))
-        ).messages == []
+        erased = await client.get_session(service.session_log_id(app, "ann", "s1"))
+        assert not erased.session.exists  # DeleteSession: the log itself is gone
+        assert [e async for e in client.since(service.session_log_id(app, "ann", "s1"))] == []
 
         again = await service.create_session(
             app_name=app, user_id="ann", session_id="s1", state={"fresh": 1}

@@ -92,7 +92,7 @@ def test_page_shows_records_and_follows_updates(
     def updated(d: WebDriver) -> bool:
         cells = d.find_elements(By.CSS_SELECTOR, '#sessions tr[data-session="w.second"] td')
         texts = [c.text for c in cells]
-        return len(texts) == 9 and "env=prod" in texts[7] and texts[8] == "done"
+        return len(texts) == 10 and "env=prod" in texts[7] and texts[8] == "done"
 
     wait(browser, "the update to show", updated)
     Select(browser.find_element(By.ID, "order")).select_by_value("update_time")

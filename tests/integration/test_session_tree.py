@@ -72,6 +72,8 @@ class _Recorded:
 
     def __init__(self, puts: list[tuple[str, bytes, bytes | None]]) -> None:
         self.puts, self.event_sid, self.first_seq, self.event_count = puts, -1, 0, 0
+        self.deletes: list[tuple[str, bytes, bytes]] = []
+        self.erased_positions: list[int] = []
 
 
 def test_an_index_move_is_a_removal_then_a_put_in_the_change_record() -> None:

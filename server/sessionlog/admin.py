@@ -278,8 +278,9 @@ def add_commands(commands: Any) -> None:
     audit.set_defaults(run=_lease_audit)
     erase = actions.add_parser(
         "erase",
-        help="delete every session whose id starts with --prefix (AdminService.EraseSessions)",
-        description="Erase every session under --prefix on --server, as DeleteSession with "
+        help="delete every session under --prefix matching --filter (AdminService.EraseSessions)",
+        description="Erase every session under --prefix that matches --filter on --server, as "
+        "DeleteSession with "
         "force does, in bounded batches, on the primary and (through the change feed) its "
         "replicas. Needs an admin token without a session prefix. Run `admin compact` on each "
         "folder afterwards to clear the erased bytes from the data file.",
@@ -290,8 +291,13 @@ def add_commands(commands: Any) -> None:
             )
         ],
     )
-    erase.add_argument("--prefix", required=True, help="the session id prefix (not empty)")
-    erase.add_argument("--filter", default="", help="a label filter (not supported yet)")
+    erase.add_argument("--prefix", default="", help="the session id prefix")
+    erase.add_argument(
+        "--filter",
+        default="",
+        help="a ListSessions filter, e.g. 'owner = \"ana\"' or 'labels.team = \"x\"' "
+        "(--prefix, --filter or both)",
+    )
     erase.add_argument("--reason", default="", help="kept in each erasure audit record")
     erase.add_argument("--json", action="store_true", help="print one JSON object")
     erase.set_defaults(run=_erase)

@@ -175,18 +175,26 @@ def test_bad_redactions_are_clear_errors_and_change_nothing(
     assert log(stub, "red-bad")[0].data["content"] == "only"
 
 
-def test_erase_sessions_by_prefix_and_a_filter_is_refused(stub: Any, server: RunningServer) -> None:
-    """EraseSessions removes every session under the prefix and nothing else; a filter it cannot
-    evaluate yet is INVALID_FILTER and erases nothing."""
+def test_erase_sessions_by_prefix_and_by_owner(stub: Any, server: RunningServer) -> None:
+    """EraseSessions removes every session under the prefix and nothing else; with a filter
+    (owner = "X": everything of user X), only the sessions it matches, under any prefix; a bad
+    filter is INVALID_FILTER and erases nothing."""
     admin = apb_grpc.AdminServiceStub(server.channel())  # type: ignore[no-untyped-call]
     for n in range(5):
         append(stub, f"erase-u1.{n}", user(f"u1 {n}"))
     append(stub, "erase-u2.0", user("u2"))
+    for session_id, owner in (("own-a.1", "xena"), ("own-b.1", "xena"), ("own-a.2", "yuri")):
+        stub.CreateSession(pb.CreateSessionRequest(session_id=session_id, owner=owner))
     error = failure(
-        admin.EraseSessions, apb.EraseSessionsRequest(prefix="erase-u1.", filter='owner="x"')
+        admin.EraseSessions, apb.EraseSessionsRequest(prefix="erase-u1.", filter="owner ~ x")
     )
     check(error, INVALID, "INVALID_FILTER")
     assert get(stub, "erase-u1.0").exists
+    by_owner = admin.EraseSessions(apb.EraseSessionsRequest(filter='owner = "xena"'))
+    assert by_owner.session_count == 2
+    assert not get(stub, "own-a.1").exists
+    assert not get(stub, "own-b.1").exists
+    assert get(stub, "own-a.2").exists
     check(failure(admin.EraseSessions, apb.EraseSessionsRequest()), INVALID, "INVALID_REDACTION")
     reply = admin.EraseSessions(apb.EraseSessionsRequest(prefix="erase-u1.", reason="closed"))
     assert (reply.session_count, reply.event_count) == (5, 5)

@@ -16,6 +16,7 @@ Every RPC needs the admin permission and a token with no session prefix (``servi
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import logging
 import time
@@ -28,6 +29,7 @@ import lmdb
 
 from sessionlog import errors
 from sessionlog.cluster.promotion import Promoter
+from sessionlog.records import parse_filter
 from sessionlog.service.counters import Counters
 from sessionlog.service.errors import abort
 from sessionlog.service.lease_audit import list_lease_audit
@@ -131,17 +133,20 @@ class AdminServicer:
     @unary
     async def erase_sessions(self, raw: bytes, context: grpc.aio.ServicerContext) -> bytes:
         request = decode(apb.EraseSessionsRequest, raw)
-        if request.filter:
-            raise errors.InvalidFilter(
-                "EraseSessions cannot evaluate a filter yet (session labels are not stored); "
-                "erase by prefix alone",
-                filter_length=len(request.filter),
+        query = parse_filter(request.filter)  # INVALID_FILTER before anything is erased
+        if not request.prefix and not query.terms:
+            raise errors.InvalidRedaction(
+                "EraseSessions needs a non-empty prefix or a filter", field="prefix"
             )
-        if not request.prefix:
-            raise errors.InvalidRedaction("EraseSessions needs a non-empty prefix", field="prefix")
         self.ownership.check()  # sharded: erases this group's own sessions under the prefix
         sessions, events, position = await asyncio.to_thread(
-            self.store.erase_prefix, request.prefix, actor="admin", reason=request.reason
+            functools.partial(
+                self.store.erase_prefix,
+                request.prefix,
+                query=query,
+                actor="admin",
+                reason=request.reason,
+            )
         )
         reply = apb.EraseSessionsResponse(
             session_count=sessions, event_count=events, position=position

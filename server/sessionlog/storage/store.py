@@ -620,21 +620,30 @@ class Store:
         return result
 
     def erase_prefix(
-        self, prefix: str, *, actor: str = "", reason: str = "", batch: int = ERASE_BATCH
+        self,
+        prefix: str,
+        *,
+        query: Filter | None = None,
+        actor: str = "",
+        reason: str = "",
+        batch: int = ERASE_BATCH,
     ) -> tuple[int, int, int]:
-        """Delete every session whose id starts with ``prefix`` (force: leases do not stop
-        it), ``batch`` sessions at a time: one feed scan per batch, one record per session.
-        Blocks; returns (sessions erased, events they held, the last erase's position)."""
-        if not prefix:
-            raise errors.InvalidRedaction("erasing by prefix needs a non-empty prefix")
+        """Delete every session whose id starts with ``prefix`` and that matches ``query`` (a
+        ListSessions filter: labels, owner, status...; force: leases do not stop it), ``batch``
+        sessions at a time: one feed scan per batch, one record per session. Blocks; returns
+        (sessions erased, events they held, the last erase's position)."""
+        if not prefix and (query is None or not query.terms):
+            raise errors.InvalidRedaction(
+                "erasing needs a non-empty prefix or a filter (every session is not an option)"
+            )
         sessions = events = position = 0
-        after = ""
+        after = b""
         while True:
-            page, _ = self.list_sessions(after=after, prefix=prefix, limit=batch)
+            page, _ = self.list_records(after=after, prefix=prefix, query=query, limit=batch)
             if not page:
                 return sessions, events, position
-            ids = [view.session_id for view in page]
-            after = ids[-1]  # one skipped below (not this group's) is not listed again
+            ids = [listed.session_id for listed in page]
+            after = page[-1].cursor  # one skipped below (not this group's) is not listed again
             with self.env.begin() as txn:
                 found = erasure.scan(txn, self.tables, ids)
             futures = [

@@ -126,9 +126,10 @@ class AdminServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def EraseSessions(self, request, context):
-        """EraseSessions deletes every session whose id starts with prefix (and matches filter), each
-        as DeleteSession would with force, in bounded batches. A filter the server cannot evaluate
-        fails with INVALID_ARGUMENT / INVALID_FILTER before anything is erased.
+        """EraseSessions deletes every session whose id starts with prefix and matches filter (for
+        "everything of user X": filter owner = "X"), each as DeleteSession would with force, in
+        bounded batches. A bad filter fails with INVALID_ARGUMENT / INVALID_FILTER before anything
+        is erased; neither a prefix nor a filter is INVALID_REDACTION.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -27,11 +27,11 @@ type EraseSessionsRequest struct {
 	sizeCache     protoimpl.SizeCache
 	unknownFields protoimpl.UnknownFields
 
-	// The id prefix of the sessions to erase; must not be empty (erasing every session takes an
-	// explicit prefix per id space).
+	// The id prefix of the sessions to erase. Empty: every id, which needs a filter (erasing
+	// every session takes an explicit prefix per id space).
 	Prefix string `protobuf:"bytes,1,opt,name=prefix,proto3" json:"prefix,omitempty"`
-	// An AIP-160 filter over the sessions' labels. Not supported yet: any non-empty filter fails
-	// with INVALID_FILTER.
+	// A ListSessions filter (AIP-160 subset: labels, owner, status, parent, update_time, joined
+	// with AND); empty: every session under prefix.
 	Filter string `protobuf:"bytes,2,opt,name=filter,proto3" json:"filter,omitempty"`
 	// Why, kept in each erasure audit record.
 	Reason string `protobuf:"bytes,3,opt,name=reason,proto3" json:"reason,omitempty"`

@@ -42,9 +42,10 @@ type AdminServiceClient interface {
 	// prefix: in session id order (UTF-8 bytes), and within a session in the order the changes
 	// happened. Paged (AIP-132). A sharded server lists the sessions its group owns.
 	ListLeaseAudit(ctx context.Context, in *ListLeaseAuditRequest, opts ...grpc.CallOption) (*ListLeaseAuditResponse, error)
-	// EraseSessions deletes every session whose id starts with prefix (and matches filter), each
-	// as DeleteSession would with force, in bounded batches. A filter the server cannot evaluate
-	// fails with INVALID_ARGUMENT / INVALID_FILTER before anything is erased.
+	// EraseSessions deletes every session whose id starts with prefix and matches filter (for
+	// "everything of user X": filter owner = "X"), each as DeleteSession would with force, in
+	// bounded batches. A bad filter fails with INVALID_ARGUMENT / INVALID_FILTER before anything
+	// is erased; neither a prefix nor a filter is INVALID_REDACTION.
 	EraseSessions(ctx context.Context, in *EraseSessionsRequest, opts ...grpc.CallOption) (*EraseSessionsResponse, error)
 }
 
@@ -162,9 +163,10 @@ type AdminServiceServer interface {
 	// prefix: in session id order (UTF-8 bytes), and within a session in the order the changes
 	// happened. Paged (AIP-132). A sharded server lists the sessions its group owns.
 	ListLeaseAudit(context.Context, *ListLeaseAuditRequest) (*ListLeaseAuditResponse, error)
-	// EraseSessions deletes every session whose id starts with prefix (and matches filter), each
-	// as DeleteSession would with force, in bounded batches. A filter the server cannot evaluate
-	// fails with INVALID_ARGUMENT / INVALID_FILTER before anything is erased.
+	// EraseSessions deletes every session whose id starts with prefix and matches filter (for
+	// "everything of user X": filter owner = "X"), each as DeleteSession would with force, in
+	// bounded batches. A bad filter fails with INVALID_ARGUMENT / INVALID_FILTER before anything
+	// is erased; neither a prefix nor a filter is INVALID_REDACTION.
 	EraseSessions(context.Context, *EraseSessionsRequest) (*EraseSessionsResponse, error)
 	mustEmbedUnimplementedAdminServiceServer()
 }

@@ -3594,9 +3594,9 @@ type ImportSessionRequest struct {
 	// The session's whole lease audit, oldest first (a slot move): entries this server lacks
 	// (from the count it holds on) are added. Needs an admin token (else PERMISSION_DENIED).
 	LeaseAudit []*LeaseAuditEntry `protobuf:"bytes,10,rep,name=lease_audit,json=leaseAudit,proto3" json:"lease_audit,omitempty"`
-	// The session's record, read by the chunk that creates it: its title, labels, owner, status,
-	// parent_seq and update_time are kept as given (checked as CreateSession checks them); every
-	// other field is ignored. GetSession's reply is what to send. Unset: none of them.
+	// The session's record: its title, labels, owner, status, parent_seq and update_time are
+	// kept as given (checked as CreateSession checks them), replacing those stored; every other
+	// field is ignored. GetSession's reply is what to send. Unset: the stored record stays.
 	Record *Session `protobuf:"bytes,11,opt,name=record,proto3,oneof" json:"record,omitempty"`
 }
 

@@ -322,6 +322,7 @@ def test_limit_returns_the_latest_items_in_order(running: RunningServer) -> None
             await session.add_items(items(*stored))
             assert await session.get_items(limit=2) == stored[-2:]
             assert await session.get_items(limit=0) == []
+            assert await session.get_items(limit=-1) == stored  # as SQLiteSession: no limit
             assert await session.get_items(limit=50) == stored
             limited = SessionlogSession(sid, client, session_settings={"limit": 3})
             assert await limited.get_items() == stored[-3:]

@@ -258,6 +258,8 @@ class SessionlogSession:
     async def get_entries(self, limit: int | None = None) -> list[SessionItem]:
         """The items in view with the seq of the event storing each (the latest ``limit``)."""
         limit = resolve_session_limit(limit, self.session_settings)
+        if limit is not None and limit < 0:
+            limit = None  # as the SDK's SQLiteSession: a negative limit is no limit
         events, _ = await self._log(limit)
         entries = visible_items(events)
         if limit is not None:

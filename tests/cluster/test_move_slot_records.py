@@ -102,8 +102,8 @@ def test_a_move_carries_records_requests_leases_and_empty_sessions(cluster: Clus
     )
     assert renewed.lease.token == lease.token
 
-    # And back: g1 still holds the sessions it made (not imports), as the move left them; the
-    # move back continues them and carries what g2 added.
+    # And back: g1 still holds its old copies of the sessions; the move back erases them first
+    # and copies g2's whole sessions, what g2 added included.
     g2.Append(pb.AppendRequest(session_id=full, events=[user("at g2")]), timeout=5)
     held = {s: _session(g2, s) for s in (full, forked, empty, leased, retried)}
     at_g2 = log(g2, full)
@@ -135,7 +135,8 @@ def test_an_import_copy_is_refused_where_the_slot_is_owned(cluster: Cluster) -> 
 
 def test_records_changed_after_an_earlier_copy_are_carried(cluster: Cluster) -> None:
     """A copy made earlier (an interrupted move's), then a request, a forced release and a new
-    holder at the source: the move continues from the copy and carries the records as they are."""
+    holder at the source: the move erases that copy, copies afresh and carries the records as
+    they are."""
     current = cluster.map()
     slot = current.group("g1").ranges[0][0] + 57
     (session,) = ids_of_slot(slot, 1, "late-")
@@ -166,7 +167,8 @@ def test_records_changed_after_an_earlier_copy_are_carried(cluster: Cluster) -> 
         timeout=90,
     )
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "1 event(s) copied live" in done.stdout, done.stdout
+    assert "erased 1 stale copies" in done.stdout, done.stdout
+    assert "3 event(s) copied live" in done.stdout, done.stdout
     now = _session(g2, session)
     assert now.session == was.session
     assert list(now.lease_audit) == list(was.lease_audit)
@@ -176,3 +178,44 @@ def test_records_changed_after_an_earlier_copy_are_carried(cluster: Cluster) -> 
     lost = pb.AppendRequest(session_id=session, events=[user("old holder")], lease_holder="w1")
     check(failure(g2.Append, lost, timeout=5), grpc.StatusCode.FAILED_PRECONDITION, "LEASE_LOST")
     assert get(g2, session).event_count == 3
+
+
+def test_a_session_deleted_or_recreated_since_an_earlier_move_does_not_come_back(
+    cluster: Cluster,
+) -> None:
+    """g1's copies outlive a move to g2; a session deleted at g2, and one deleted and written
+    again, must not come back from them when the slot moves back to g1 (each move starts by
+    erasing the target's copies of the slot). Erasing the copies of an owned slot is refused,
+    SLOT_OWNED, and erases nothing."""
+    from sessionlog.v1 import admin_service_pb2 as apb
+    from sessionlog.v1 import admin_service_pb2_grpc as apb_grpc
+
+    slot = cluster.map().group("g1").ranges[0][0] + 73
+    gone, renewed = ids_of_slot(slot, 2, "del-")
+    g1, g2 = cluster.stub("g1"), cluster.stub("g2")
+    g1.Append(pb.AppendRequest(session_id=gone, events=[user("gone")]), timeout=5)
+    g1.Append(pb.AppendRequest(session_id=renewed, events=[user("o1"), user("o2")]), timeout=5)
+
+    def move_to(group: str) -> str:
+        done = run_cli(
+            ["cluster", "move-slot", str(slot), "--to", group, "--cluster", cluster.cluster],
+            cluster.etcd.directory,
+            timeout=90,
+        )
+        assert done.returncode == 0, done.stdout + done.stderr
+        return done.stdout
+
+    move_to("g2")
+    admin = apb_grpc.AdminServiceStub(cluster.channel("g2"))  # type: ignore[no-untyped-call]
+    refused = failure(admin.EraseSessions, apb.EraseSessionsRequest(slot_copies=slot), timeout=5)
+    check(refused, grpc.StatusCode.FAILED_PRECONDITION, "SLOT_OWNED", slot=slot)
+    assert get(g2, gone).exists
+    g2.DeleteSession(pb.DeleteSessionRequest(session_id=gone), timeout=5)
+    g2.DeleteSession(pb.DeleteSessionRequest(session_id=renewed), timeout=5)
+    g2.Append(pb.AppendRequest(session_id=renewed, events=[user("new")]), timeout=5)
+    said = move_to("g1")
+    assert "erased 2 stale copies" in said, said
+    assert not get(g1, gone).exists
+    assert [e.data["content"] for e in log(g1, renewed)] == ["new"]
+    listed = g1.ListSessions(pb.ListSessionsRequest(prefix="del-"), timeout=5)
+    assert [s.session_id for s in listed.sessions] == [renewed]

@@ -46,6 +46,7 @@ status back into the same class with :func:`from_reason`.
     │   ├── StaleEpoch                      STALE_EPOCH (an epoch not above the one known)
     │   ├── ClusterManaged                  CLUSTER_MANAGED (promote or fence of a --cluster member)
     │   ├── WrongGroup                      WRONG_GROUP (another group owns the session's slot)
+    │   ├── SlotOwned                       SLOT_OWNED (erasing a slot's copies where it is owned)
     │   ├── CrossGroupFork                  CROSS_GROUP_FORK (a fork's target in another group)
     │   └── ImportSeqMismatch               IMPORT_SEQ_MISMATCH (a chunk not at the next seq)
     ├── SeqConflict                         ABORTED
@@ -291,6 +292,13 @@ class ClusterManaged(FailedPrecondition):
     its primary and hands out its epochs. Metadata ``group``: the group's name."""
 
     reason = "CLUSTER_MANAGED"
+
+
+class SlotOwned(FailedPrecondition):
+    """EraseSessions(slot_copies) on a server whose group owns the slot: its sessions there are
+    live, not a move's copies; nothing was erased. Metadata ``slot``, ``group``."""
+
+    reason = "SLOT_OWNED"
 
 
 class WrongGroup(FailedPrecondition):

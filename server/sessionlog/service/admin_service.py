@@ -34,6 +34,7 @@ from sessionlog.service.counters import Counters
 from sessionlog.service.errors import abort
 from sessionlog.service.lease_audit import list_lease_audit
 from sessionlog.service.servicer import decode, unary
+from sessionlog.shard import SLOTS, slot_of
 from sessionlog.shard.ownership import Ownership
 from sessionlog.storage import snapshot
 from sessionlog.storage.store import Store
@@ -133,6 +134,8 @@ class AdminServicer:
     @unary
     async def erase_sessions(self, raw: bytes, context: grpc.aio.ServicerContext) -> bytes:
         request = decode(apb.EraseSessionsRequest, raw)
+        if request.HasField("slot_copies"):
+            return await self._erase_slot_copies(request)
         query = parse_filter(request.filter)  # INVALID_FILTER before anything is erased
         if not request.prefix and not query.terms:
             raise errors.InvalidRedaction(
@@ -146,6 +149,53 @@ class AdminServicer:
                 query=query,
                 actor="admin",
                 reason=request.reason,
+            )
+        )
+        reply = apb.EraseSessionsResponse(
+            session_count=sessions, event_count=events, position=position
+        )
+        serialized: bytes = reply.SerializeToString()
+        return serialized
+
+    async def _erase_slot_copies(self, request: apb.EraseSessionsRequest) -> bytes:
+        """EraseSessions(slot_copies): this server's copies of a slot its group does not own."""
+        slot, ownership = request.slot_copies, self.ownership
+        if not ownership.sharded:
+            raise errors.SlotOwned(
+                "this server is not sharded (no --shard-map): it owns every slot, so it holds "
+                "no slot's copies; nothing was erased",
+                slot=slot,
+            )
+        if slot >= SLOTS:
+            raise errors.MalformedRequest(
+                f"slot_copies {slot} is outside 0-{SLOTS - 1}", field="slot_copies"
+            )
+        ownership.check()  # a map must be held to tell a copy from an owned session
+
+        def copy_of(session_id: str) -> errors.SessionLogError | None:
+            if ownership.owns(session_id):
+                return errors.SlotOwned(
+                    f"group {ownership.group!r} owns slot {slot}: its sessions there are live, "
+                    "not a move's copies; nothing was erased",
+                    slot=slot,
+                    group=ownership.group,
+                )
+            return None
+
+        if ownership.owns_slot(slot):
+            raise errors.SlotOwned(
+                f"group {ownership.group!r} owns slot {slot}: its sessions there are live, not a "
+                "move's copies; nothing was erased",
+                slot=slot,
+                group=ownership.group,
+            )
+        sessions, events, position = await asyncio.to_thread(
+            functools.partial(
+                self.store.erase_slot_copies,
+                lambda session_id: slot_of(session_id) == slot,
+                copy_of,
+                actor="admin",
+                reason=request.reason or f"slot {slot} copies, before a move",
             )
         )
         reply = apb.EraseSessionsResponse(

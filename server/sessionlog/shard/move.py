@@ -1,5 +1,9 @@
 """`sessionlog cluster move-slot S --to G`: move one slot's sessions to another group, live.
 
+    0. clear     the target group's primary erases its copies of the slot's sessions
+                 (EraseSessions with slot_copies; refused where the slot is owned), so no copy
+                 an earlier move left there (of a session deleted or recreated since, or
+                 planted) outlives this one: the target ends with exactly the source's;
     1. copy      every session of the slot, read from the source group's primary (Since and
                  GetSessionRecords), is imported (ImportSession: seqs and times kept, the
                  record's create and last-append times and fork parent, its request records,
@@ -23,9 +27,9 @@ Writes to the slot pause from the freeze to the flip (the report prints how long
 goes to a session of a slot the target does not own yet (an ImportSession with
 ``x-sessionlog-move: copy`` and an admin token, see ``Ownership.check_copy``), so no session is
 writable in two groups at once: before the flip only the source takes the slot's writes, after
-it only the target. A move that fails before the flip puts the map back unfrozen; a copy found
-on the target from an earlier, interrupted attempt is continued from its next seq (the target's
-IMPORT_SEQ_MISMATCH names it).
+it only the target. A move that fails before the flip puts the map back unfrozen; running it
+again clears the target and copies afresh. Within one run, a chunk the target already took (a
+lost reply) is continued from its next seq (the target's IMPORT_SEQ_MISMATCH names it).
 
 Request records: those the source still replays (younger than its request-id TTL), at most the
 newest 10,000 per session (``storage.imports.MAX_REQUEST_RECORDS``).
@@ -175,6 +179,9 @@ def move_slot(
         src = groups.primary(source)
         dst = groups.primary(target)
         copier = _Copier(groups.channel(src), groups.channel(dst), slot, groups.metadata)
+        erased = copier.clear_target()
+        if erased:
+            say(f"erased {erased} stale copies of slot {slot}'s sessions on {target.name}")
         if not current.is_frozen(slot):
             say(f"copying slot {slot} from {source.name} ({src}) to {target.name} ({dst})")
             report.copied_live = copier.copy_all()
@@ -361,6 +368,30 @@ class _Copier:
 
         self._source = rpc.SessionLogServiceStub(source)  # type: ignore[no-untyped-call]
         self._target = rpc.SessionLogServiceStub(target)  # type: ignore[no-untyped-call]
+        self._target_channel = target
+
+    def clear_target(self) -> int:
+        """Erase the target's copies of the slot (EraseSessions with slot_copies) before the
+        first copy, so what the target holds at the flip is exactly the source's: a copy an
+        earlier move left there may be of a session deleted or recreated since. The copies
+        erased."""
+        from sessionlog_client.v1 import admin_service_pb2 as apb
+        from sessionlog_client.v1 import admin_service_pb2_grpc as apb_grpc
+
+        stub: Any = apb_grpc.AdminServiceStub(self._target_channel)  # type: ignore[no-untyped-call]
+        try:
+            reply = stub.EraseSessions(
+                apb.EraseSessionsRequest(slot_copies=self._slot, reason="before a slot move"),
+                timeout=CALL_TIMEOUT_SECONDS * 6,
+                metadata=self._metadata,
+            )
+        except grpc.RpcError as exc:
+            raise MoveError(
+                f"erasing the target's old copies of slot {self._slot} failed: "
+                f"{exc.code().name} {exc.details()}"
+            ) from None
+        self.copied.clear()
+        return int(reply.session_count)
 
     def copy_all(self) -> int:
         """Copy what the target lacks of every session of the slot; the events copied."""

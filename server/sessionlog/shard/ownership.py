@@ -336,6 +336,13 @@ class Ownership:
         mine = self._mine
         return mine is not None and mine.owns_slot(slot_of(session_id))
 
+    def owns_slot(self, slot: int) -> bool:
+        """My group owns ``slot`` now (always unsharded; never while no map is held)."""
+        if not self.sharded:
+            return True
+        mine = self._mine
+        return mine is not None and mine.owns_slot(slot)
+
     def unavailable(self) -> errors.ShardMapUnavailable:
         held = f" (the map at epoch {self.epoch} has no group of mine)" if self.map else ""
         return errors.ShardMapUnavailable(

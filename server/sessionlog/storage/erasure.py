@@ -142,9 +142,11 @@ class DeleteCommand:
         force: bool = False,
         actor: str = "",
         reason: str = "",
+        copy_of: Callable[[str], errors.SessionLogError | None] | None = None,
     ) -> None:
         self._tables = tables
         self._found = found
+        self._copy_of = copy_of
         self._expected_seq = expected_seq
         self._lease_holder = lease_holder
         self._force = force
@@ -152,7 +154,9 @@ class DeleteCommand:
         self._reason = reason
         self.kind = "delete"
         self.session_id = session_id
-        self.moving_in = False
+        self.moving_in = copy_of is not None
+        """A slot move's stale copy (``copy_of``): the writer's ownership check is not asked (the
+        group does not own it); ``copy_of`` is, in the transaction, and refuses an owned one."""
         self._touched: list[str] = []
 
     def size(self) -> int:
@@ -163,6 +167,10 @@ class DeleteCommand:
 
     def apply(self, txn: RecordingTxn, now_ns: int) -> DeleteResult:
         tables, session_id = self._tables, self.session_id
+        if self._copy_of is not None:
+            refusal = self._copy_of(session_id)
+            if refusal is not None:
+                raise refusal
         meta = load_meta(txn, tables, session_id)
         if meta is None:
             raise _missing(session_id)

@@ -666,6 +666,53 @@ class Store:
                 position = max(position, result.position)
                 self.forget_fold(result.meta.sid)
 
+    def erase_slot_copies(
+        self,
+        in_slot: Callable[[str], bool],
+        copy_of: Callable[[str], errors.SessionLogError | None],
+        *,
+        actor: str = "",
+        reason: str = "",
+        batch: int = ERASE_BATCH,
+    ) -> tuple[int, int, int]:
+        """Delete every stored session ``in_slot`` accepts (a slot's copies, before a move copies
+        it afresh), each refused inside its transaction when ``copy_of`` says it is no copy (the
+        group owns it now). Reads every session's id; returns what ``erase_prefix`` does."""
+        sessions = events = position = 0
+        after = b""
+        while True:
+            page, more = self.list_records(after=after, limit=batch)
+            ids = [listed.session_id for listed in page if in_slot(listed.session_id)]
+            if ids:
+                with self.env.begin() as txn:
+                    found = erasure.scan(txn, self.tables, ids)
+                futures = [
+                    self.writer.submit(
+                        erasure.DeleteCommand(
+                            self.tables,
+                            session_id,
+                            found,
+                            force=True,
+                            actor=actor,
+                            reason=reason,
+                            copy_of=copy_of,
+                        )
+                    )
+                    for session_id in ids
+                ]
+                for future in futures:
+                    try:
+                        result: erasure.DeleteResult = future.result()
+                    except errors.SessionNotFound:
+                        continue
+                    sessions += 1
+                    events += result.event_count
+                    position = max(position, result.position)
+                    self.forget_fold(result.meta.sid)
+            if not page or not more:
+                return sessions, events, position
+            after = page[-1].cursor
+
     def forget_fold(self, sid: int) -> None:
         """Drop a session's memoized fold (a redaction or delete made it stale)."""
         with self._folds_lock:

@@ -26,7 +26,7 @@ from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__
 from sessionlog.v1 import session_log_service_pb2 as sessionlog_dot_v1_dot_session__log__service__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n!sessionlog/v1/admin_service.proto\x12\rsessionlog.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\'sessionlog/v1/session_log_service.proto\"F\n\x14\x45raseSessionsRequest\x12\x0e\n\x06prefix\x18\x01 \x01(\t\x12\x0e\n\x06\x66ilter\x18\x02 \x01(\t\x12\x0e\n\x06reason\x18\x03 \x01(\t\"U\n\x15\x45raseSessionsResponse\x12\x15\n\rsession_count\x18\x01 \x01(\x04\x12\x13\n\x0b\x65vent_count\x18\x02 \x01(\x04\x12\x10\n\x08position\x18\x03 \x01(\x04\"\x11\n\x0fGetStatsRequest\"\xd9\x02\n\x10GetStatsResponse\x12\x10\n\x08\x64\x61ta_dir\x18\x01 \x01(\t\x12\x15\n\rsession_count\x18\x02 \x01(\x04\x12\x13\n\x0b\x65vent_count\x18\x03 \x01(\x04\x12\x10\n\x08position\x18\x04 \x01(\x04\x12\x34\n\x10last_commit_time\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x10\n\x08map_size\x18\x06 \x01(\x04\x12\x12\n\nused_bytes\x18\x07 \x01(\x04\x12\x12\n\nfile_bytes\x18\x08 \x01(\x04\x12\x0f\n\x07readers\x18\t \x01(\r\x12\x12\n\nhistory_id\x18\n \x01(\t\x12\x15\n\rhistory_start\x18\x0b \x01(\x04\x12\x0c\n\x04role\x18\x0c \x01(\t\x12\x11\n\tmap_epoch\x18\r \x01(\x04\x12\x13\n\x0bshard_group\x18\x0e \x01(\t\x12\x13\n\x0bowned_slots\x18\x0f \x01(\r\"\x15\n\x13SaveSnapshotRequest\"n\n\x14SaveSnapshotResponse\x12+\n\x04info\x18\x01 \x01(\x0b\x32\x1b.sessionlog.v1.SnapshotInfoH\x00\x12\x0f\n\x05\x63hunk\x18\x02 \x01(\x0cH\x00\x12\x10\n\x06sha256\x18\x03 \x01(\x0cH\x00\x42\x06\n\x04kind\"\xbc\x01\n\x0cSnapshotInfo\x12\x12\n\nsize_bytes\x18\x01 \x01(\x04\x12\x15\n\rsession_count\x18\x02 \x01(\x04\x12\x13\n\x0b\x65vent_count\x18\x03 \x01(\x04\x12\x10\n\x08position\x18\x04 \x01(\x04\x12\x34\n\x10last_commit_time\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x10\n\x08map_size\x18\x06 \x01(\x04\x12\x12\n\nhistory_id\x18\x07 \x01(\t\"\x1f\n\x0ePromoteRequest\x12\r\n\x05\x65poch\x18\x01 \x01(\x04\"f\n\x0fPromoteResponse\x12\r\n\x05\x65poch\x18\x01 \x01(\x04\x12\x16\n\x0e\x66irst_position\x18\x02 \x01(\x04\x12\x12\n\nhistory_id\x18\x03 \x01(\t\x12\x18\n\x10previous_primary\x18\x04 \x01(\t\".\n\x0c\x46\x65nceRequest\x12\r\n\x05\x65poch\x18\x01 \x01(\x04\x12\x0f\n\x07primary\x18\x02 \x01(\t\"6\n\rFenceResponse\x12\r\n\x05\x65poch\x18\x01 \x01(\x04\x12\x16\n\x0estopped_writes\x18\x02 \x01(\x08\"N\n\x15ListLeaseAuditRequest\x12\x11\n\tpage_size\x18\x01 \x01(\r\x12\x12\n\npage_token\x18\x02 \x01(\t\x12\x0e\n\x06prefix\x18\x03 \x01(\t\"i\n\x16ListLeaseAuditResponse\x12\x36\n\x07\x65ntries\x18\x01 \x03(\x0b\x32%.sessionlog.v1.SessionLeaseAuditEntry\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"j\n\x16SessionLeaseAuditEntry\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12-\n\x05\x65ntry\x18\x02 \x01(\x0b\x32\x1e.sessionlog.v1.LeaseAuditEntry\x12\r\n\x05index\x18\x03 \x01(\x04\x32\xff\x03\n\x0c\x41\x64minService\x12K\n\x08GetStats\x12\x1e.sessionlog.v1.GetStatsRequest\x1a\x1f.sessionlog.v1.GetStatsResponse\x12Y\n\x0cSaveSnapshot\x12\".sessionlog.v1.SaveSnapshotRequest\x1a#.sessionlog.v1.SaveSnapshotResponse0\x01\x12H\n\x07Promote\x12\x1d.sessionlog.v1.PromoteRequest\x1a\x1e.sessionlog.v1.PromoteResponse\x12\x42\n\x05\x46\x65nce\x12\x1b.sessionlog.v1.FenceRequest\x1a\x1c.sessionlog.v1.FenceResponse\x12]\n\x0eListLeaseAudit\x12$.sessionlog.v1.ListLeaseAuditRequest\x1a%.sessionlog.v1.ListLeaseAuditResponse\x12Z\n\rEraseSessions\x12#.sessionlog.v1.EraseSessionsRequest\x1a$.sessionlog.v1.EraseSessionsResponseBl\n\x11\x64\x65v.sessionlog.v1P\x01ZEgithub.com/sessionlog/sessionlog/client/go/sessionlog/v1;sessionlogv1\xaa\x02\rSessionlog.V1b\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n!sessionlog/v1/admin_service.proto\x12\rsessionlog.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\'sessionlog/v1/session_log_service.proto\"p\n\x14\x45raseSessionsRequest\x12\x0e\n\x06prefix\x18\x01 \x01(\t\x12\x0e\n\x06\x66ilter\x18\x02 \x01(\t\x12\x0e\n\x06reason\x18\x03 \x01(\t\x12\x18\n\x0bslot_copies\x18\x04 \x01(\rH\x00\x88\x01\x01\x42\x0e\n\x0c_slot_copies\"U\n\x15\x45raseSessionsResponse\x12\x15\n\rsession_count\x18\x01 \x01(\x04\x12\x13\n\x0b\x65vent_count\x18\x02 \x01(\x04\x12\x10\n\x08position\x18\x03 \x01(\x04\"\x11\n\x0fGetStatsRequest\"\xd9\x02\n\x10GetStatsResponse\x12\x10\n\x08\x64\x61ta_dir\x18\x01 \x01(\t\x12\x15\n\rsession_count\x18\x02 \x01(\x04\x12\x13\n\x0b\x65vent_count\x18\x03 \x01(\x04\x12\x10\n\x08position\x18\x04 \x01(\x04\x12\x34\n\x10last_commit_time\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x10\n\x08map_size\x18\x06 \x01(\x04\x12\x12\n\nused_bytes\x18\x07 \x01(\x04\x12\x12\n\nfile_bytes\x18\x08 \x01(\x04\x12\x0f\n\x07readers\x18\t \x01(\r\x12\x12\n\nhistory_id\x18\n \x01(\t\x12\x15\n\rhistory_start\x18\x0b \x01(\x04\x12\x0c\n\x04role\x18\x0c \x01(\t\x12\x11\n\tmap_epoch\x18\r \x01(\x04\x12\x13\n\x0bshard_group\x18\x0e \x01(\t\x12\x13\n\x0bowned_slots\x18\x0f \x01(\r\"\x15\n\x13SaveSnapshotRequest\"n\n\x14SaveSnapshotResponse\x12+\n\x04info\x18\x01 \x01(\x0b\x32\x1b.sessionlog.v1.SnapshotInfoH\x00\x12\x0f\n\x05\x63hunk\x18\x02 \x01(\x0cH\x00\x12\x10\n\x06sha256\x18\x03 \x01(\x0cH\x00\x42\x06\n\x04kind\"\xbc\x01\n\x0cSnapshotInfo\x12\x12\n\nsize_bytes\x18\x01 \x01(\x04\x12\x15\n\rsession_count\x18\x02 \x01(\x04\x12\x13\n\x0b\x65vent_count\x18\x03 \x01(\x04\x12\x10\n\x08position\x18\x04 \x01(\x04\x12\x34\n\x10last_commit_time\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x10\n\x08map_size\x18\x06 \x01(\x04\x12\x12\n\nhistory_id\x18\x07 \x01(\t\"\x1f\n\x0ePromoteRequest\x12\r\n\x05\x65poch\x18\x01 \x01(\x04\"f\n\x0fPromoteResponse\x12\r\n\x05\x65poch\x18\x01 \x01(\x04\x12\x16\n\x0e\x66irst_position\x18\x02 \x01(\x04\x12\x12\n\nhistory_id\x18\x03 \x01(\t\x12\x18\n\x10previous_primary\x18\x04 \x01(\t\".\n\x0c\x46\x65nceRequest\x12\r\n\x05\x65poch\x18\x01 \x01(\x04\x12\x0f\n\x07primary\x18\x02 \x01(\t\"6\n\rFenceResponse\x12\r\n\x05\x65poch\x18\x01 \x01(\x04\x12\x16\n\x0estopped_writes\x18\x02 \x01(\x08\"N\n\x15ListLeaseAuditRequest\x12\x11\n\tpage_size\x18\x01 \x01(\r\x12\x12\n\npage_token\x18\x02 \x01(\t\x12\x0e\n\x06prefix\x18\x03 \x01(\t\"i\n\x16ListLeaseAuditResponse\x12\x36\n\x07\x65ntries\x18\x01 \x03(\x0b\x32%.sessionlog.v1.SessionLeaseAuditEntry\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"j\n\x16SessionLeaseAuditEntry\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12-\n\x05\x65ntry\x18\x02 \x01(\x0b\x32\x1e.sessionlog.v1.LeaseAuditEntry\x12\r\n\x05index\x18\x03 \x01(\x04\x32\xff\x03\n\x0c\x41\x64minService\x12K\n\x08GetStats\x12\x1e.sessionlog.v1.GetStatsRequest\x1a\x1f.sessionlog.v1.GetStatsResponse\x12Y\n\x0cSaveSnapshot\x12\".sessionlog.v1.SaveSnapshotRequest\x1a#.sessionlog.v1.SaveSnapshotResponse0\x01\x12H\n\x07Promote\x12\x1d.sessionlog.v1.PromoteRequest\x1a\x1e.sessionlog.v1.PromoteResponse\x12\x42\n\x05\x46\x65nce\x12\x1b.sessionlog.v1.FenceRequest\x1a\x1c.sessionlog.v1.FenceResponse\x12]\n\x0eListLeaseAudit\x12$.sessionlog.v1.ListLeaseAuditRequest\x1a%.sessionlog.v1.ListLeaseAuditResponse\x12Z\n\rEraseSessions\x12#.sessionlog.v1.EraseSessionsRequest\x1a$.sessionlog.v1.EraseSessionsResponseBl\n\x11\x64\x65v.sessionlog.v1P\x01ZEgithub.com/sessionlog/sessionlog/client/go/sessionlog/v1;sessionlogv1\xaa\x02\rSessionlog.V1b\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -35,33 +35,33 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['DESCRIPTOR']._loaded_options = None
   _globals['DESCRIPTOR']._serialized_options = b'\n\021dev.sessionlog.v1P\001ZEgithub.com/sessionlog/sessionlog/client/go/sessionlog/v1;sessionlogv1\252\002\rSessionlog.V1'
   _globals['_ERASESESSIONSREQUEST']._serialized_start=126
-  _globals['_ERASESESSIONSREQUEST']._serialized_end=196
-  _globals['_ERASESESSIONSRESPONSE']._serialized_start=198
-  _globals['_ERASESESSIONSRESPONSE']._serialized_end=283
-  _globals['_GETSTATSREQUEST']._serialized_start=285
-  _globals['_GETSTATSREQUEST']._serialized_end=302
-  _globals['_GETSTATSRESPONSE']._serialized_start=305
-  _globals['_GETSTATSRESPONSE']._serialized_end=650
-  _globals['_SAVESNAPSHOTREQUEST']._serialized_start=652
-  _globals['_SAVESNAPSHOTREQUEST']._serialized_end=673
-  _globals['_SAVESNAPSHOTRESPONSE']._serialized_start=675
-  _globals['_SAVESNAPSHOTRESPONSE']._serialized_end=785
-  _globals['_SNAPSHOTINFO']._serialized_start=788
-  _globals['_SNAPSHOTINFO']._serialized_end=976
-  _globals['_PROMOTEREQUEST']._serialized_start=978
-  _globals['_PROMOTEREQUEST']._serialized_end=1009
-  _globals['_PROMOTERESPONSE']._serialized_start=1011
-  _globals['_PROMOTERESPONSE']._serialized_end=1113
-  _globals['_FENCEREQUEST']._serialized_start=1115
-  _globals['_FENCEREQUEST']._serialized_end=1161
-  _globals['_FENCERESPONSE']._serialized_start=1163
-  _globals['_FENCERESPONSE']._serialized_end=1217
-  _globals['_LISTLEASEAUDITREQUEST']._serialized_start=1219
-  _globals['_LISTLEASEAUDITREQUEST']._serialized_end=1297
-  _globals['_LISTLEASEAUDITRESPONSE']._serialized_start=1299
-  _globals['_LISTLEASEAUDITRESPONSE']._serialized_end=1404
-  _globals['_SESSIONLEASEAUDITENTRY']._serialized_start=1406
-  _globals['_SESSIONLEASEAUDITENTRY']._serialized_end=1512
-  _globals['_ADMINSERVICE']._serialized_start=1515
-  _globals['_ADMINSERVICE']._serialized_end=2026
+  _globals['_ERASESESSIONSREQUEST']._serialized_end=238
+  _globals['_ERASESESSIONSRESPONSE']._serialized_start=240
+  _globals['_ERASESESSIONSRESPONSE']._serialized_end=325
+  _globals['_GETSTATSREQUEST']._serialized_start=327
+  _globals['_GETSTATSREQUEST']._serialized_end=344
+  _globals['_GETSTATSRESPONSE']._serialized_start=347
+  _globals['_GETSTATSRESPONSE']._serialized_end=692
+  _globals['_SAVESNAPSHOTREQUEST']._serialized_start=694
+  _globals['_SAVESNAPSHOTREQUEST']._serialized_end=715
+  _globals['_SAVESNAPSHOTRESPONSE']._serialized_start=717
+  _globals['_SAVESNAPSHOTRESPONSE']._serialized_end=827
+  _globals['_SNAPSHOTINFO']._serialized_start=830
+  _globals['_SNAPSHOTINFO']._serialized_end=1018
+  _globals['_PROMOTEREQUEST']._serialized_start=1020
+  _globals['_PROMOTEREQUEST']._serialized_end=1051
+  _globals['_PROMOTERESPONSE']._serialized_start=1053
+  _globals['_PROMOTERESPONSE']._serialized_end=1155
+  _globals['_FENCEREQUEST']._serialized_start=1157
+  _globals['_FENCEREQUEST']._serialized_end=1203
+  _globals['_FENCERESPONSE']._serialized_start=1205
+  _globals['_FENCERESPONSE']._serialized_end=1259
+  _globals['_LISTLEASEAUDITREQUEST']._serialized_start=1261
+  _globals['_LISTLEASEAUDITREQUEST']._serialized_end=1339
+  _globals['_LISTLEASEAUDITRESPONSE']._serialized_start=1341
+  _globals['_LISTLEASEAUDITRESPONSE']._serialized_end=1446
+  _globals['_SESSIONLEASEAUDITENTRY']._serialized_start=1448
+  _globals['_SESSIONLEASEAUDITENTRY']._serialized_end=1554
+  _globals['_ADMINSERVICE']._serialized_start=1557
+  _globals['_ADMINSERVICE']._serialized_end=2068
 # @@protoc_insertion_point(module_scope)

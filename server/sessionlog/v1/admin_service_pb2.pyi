@@ -11,14 +11,16 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class EraseSessionsRequest(_message.Message):
-    __slots__ = ("prefix", "filter", "reason")
+    __slots__ = ("prefix", "filter", "reason", "slot_copies")
     PREFIX_FIELD_NUMBER: _ClassVar[int]
     FILTER_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
+    SLOT_COPIES_FIELD_NUMBER: _ClassVar[int]
     prefix: str
     filter: str
     reason: str
-    def __init__(self, prefix: _Optional[str] = ..., filter: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+    slot_copies: int
+    def __init__(self, prefix: _Optional[str] = ..., filter: _Optional[str] = ..., reason: _Optional[str] = ..., slot_copies: _Optional[int] = ...) -> None: ...
 
 class EraseSessionsResponse(_message.Message):
     __slots__ = ("session_count", "event_count", "position")

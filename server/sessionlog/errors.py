@@ -45,7 +45,7 @@ status back into the same class with :func:`from_reason`.
     │   ├── StaleEpoch                      STALE_EPOCH (an epoch not above the one known)
     │   ├── ClusterManaged                  CLUSTER_MANAGED (promote or fence of a --cluster member)
     │   ├── WrongGroup                      WRONG_GROUP (another group owns the session's slot)
-    │   ├── SlotOwned                       SLOT_OWNED (erasing a slot's copies where it is owned)
+    │   ├── SlotOwned                       SLOT_OWNED (a move's step where the slot is owned)
     │   ├── CrossGroupFork                  CROSS_GROUP_FORK (a fork's target in another group)
     │   └── ImportSeqMismatch               IMPORT_SEQ_MISMATCH (a chunk not at the next seq)
     ├── SeqConflict                         ABORTED
@@ -294,8 +294,9 @@ class ClusterManaged(FailedPrecondition):
 
 
 class SlotOwned(FailedPrecondition):
-    """EraseSessions(slot_copies) on a server whose group owns the slot: its sessions there are
-    live, not a move's copies; nothing was erased. Metadata ``slot``, ``group``."""
+    """A slot move's step on a server whose group owns the slot (EraseSessions slot_copies, or
+    a move's copy): its sessions there are live, not a move's copies; nothing was done.
+    Metadata ``slot``, ``group`` (and ``session_id`` for a copy)."""
 
     reason = "SLOT_OWNED"
 

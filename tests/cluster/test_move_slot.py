@@ -268,7 +268,7 @@ def test_bad_input_is_refused_with_a_clear_message(cluster: Cluster) -> None:
     owner_of_5 = cluster.map().owner_of_slot(5).name
     cases = [
         (["5", "--to", "nowhere", *etcd], 1, "has no group 'nowhere'"),
-        (["5000", "--to", "g1", *etcd], 1, "slot 5000 is outside 0-1023"),
+        (["5000", "--to", "g1", *etcd], 2, "slot 5000 is outside 0-1023"),
         (["5", "--to", owner_of_5, *etcd], 1, f"already owned by group '{owner_of_5}'"),
         (["5", "--to", "g2"], 2, "needs --cluster etcd://"),
         (["5", "--to", "g2", "--cluster", f"etcd://127.0.0.1:{free_port()}"], 1, "etcd:"),
@@ -287,7 +287,7 @@ def test_bad_input_is_refused_with_a_clear_message(cluster: Cluster) -> None:
     stub = cluster.stub("g2")
     request = pb.AppendRequest(session_id=owned, events=[user("x")], expected_seq=0)
     error = failure(stub.Append, request, metadata=copy, timeout=5)
-    check(error, grpc.StatusCode.FAILED_PRECONDITION, "FAILED_PRECONDITION", session_id=owned)
+    check(error, grpc.StatusCode.FAILED_PRECONDITION, "SLOT_OWNED", session_id=owned)
     request = pb.AppendRequest(session_id=foreign, events=[user("x")])
     error = failure(stub.Append, request, metadata=copy, timeout=5)
     check(error, grpc.StatusCode.INVALID_ARGUMENT, "MALFORMED_REQUEST")

@@ -129,7 +129,7 @@ def test_an_import_copy_is_refused_where_the_slot_is_owned(cluster: Cluster) -> 
         cluster.stub("g2").ImportSession, request, metadata=(("x-sessionlog-move", "copy"),),
         timeout=5,
     )  # fmt: skip
-    check(error, grpc.StatusCode.FAILED_PRECONDITION, "FAILED_PRECONDITION", session_id=owned)
+    check(error, grpc.StatusCode.FAILED_PRECONDITION, "SLOT_OWNED", session_id=owned, group="g2")
     assert not get(cluster.stub("g2"), owned).exists
 
 

@@ -126,3 +126,18 @@ def test_a_damaged_key_is_refused_by_get_and_replaced_by_put(
     assert done.returncode == 0, done.stderr
     assert "replacing it" in done.stderr
     assert _cli("map", "get", "--cluster", cluster).returncode == 0
+
+
+def test_move_slot_refuses_a_bad_slot_or_wait_as_a_usage_error() -> None:
+    """A slot outside 0-1023, or a --wait of 0 or less (which would freeze the slot and give up
+    at once), is refused by the argument parser (exit 2) before anything is read or written."""
+    for args, said in (
+        (["1024"], "slot 1024 is outside 0-1023"),
+        (["-1"], "slot -1 is outside 0-1023"),
+        (["x"], "'x' is not a slot number"),
+        (["5", "--wait", "0"], "--wait must be above 0 seconds, not 0"),
+        (["5", "--wait", "-5"], "--wait must be above 0 seconds, not -5"),
+    ):
+        done = _cli("move-slot", *args, "--to", "g1", "--cluster", "etcd://127.0.0.1:9")
+        assert done.returncode == 2, (args, done.stdout, done.stderr)
+        assert said in done.stderr, (args, done.stderr)

@@ -97,7 +97,7 @@ def add_command(actions: Any) -> None:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    move.add_argument("slot", metavar="S", type=int, help=f"the slot (0-{SLOTS - 1})")
+    move.add_argument("slot", metavar="S", type=_slot, help=f"the slot (0-{SLOTS - 1})")
     move.add_argument("--to", required=True, metavar="GROUP", help="the group to move it to")
     move.add_argument(
         "--cluster",
@@ -106,7 +106,7 @@ def add_command(actions: Any) -> None:
     )
     move.add_argument(
         "--wait",
-        type=float,
+        type=_seconds,
         default=SETTLE_TIMEOUT_SECONDS,
         metavar="SECONDS",
         help="how long to wait for every member to take a new map (default %(default)s)",
@@ -117,6 +117,28 @@ def add_command(actions: Any) -> None:
         help="an admin token, for servers with --auth-tokens [env SESSIONLOG_TOKEN]",
     )
     move.set_defaults(run=_run)
+
+
+def _slot(text: str) -> int:
+    """A slot number, 0 to SLOTS - 1 (argparse: anything else is a usage error, exit 2)."""
+    try:
+        slot = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a slot number") from None
+    if not 0 <= slot < SLOTS:
+        raise argparse.ArgumentTypeError(f"slot {slot} is outside 0-{SLOTS - 1}")
+    return slot
+
+
+def _seconds(text: str) -> float:
+    """A wait above zero, in seconds (a zero or negative one would freeze the slot and give up)."""
+    try:
+        seconds = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not seconds > 0:
+        raise argparse.ArgumentTypeError(f"--wait must be above 0 seconds, not {text}")
+    return seconds
 
 
 def _run(args: argparse.Namespace) -> int:

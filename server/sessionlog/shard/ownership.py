@@ -273,12 +273,13 @@ class Ownership:
         if self.map is None or self._mine is None:
             raise self.unavailable()
         if self.owns(session_id):
-            raise errors.FailedPrecondition(
+            raise errors.SlotOwned(
                 f"session '{session_id}' (slot {slot_of(session_id)}) is owned by this group "
                 f"'{self.group}' (shard map epoch {self.epoch}): a move's copy only fills a "
                 "group before the map gives it the slot",
                 session_id=session_id,
                 slot=slot_of(session_id),
+                group=self.group,
                 map_epoch=self.epoch,
             )
         if expected_seq is None:

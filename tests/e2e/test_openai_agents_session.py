@@ -624,9 +624,18 @@ def test_runner_run_sync_keeps_the_turn(running: RunningServer) -> None:
     outcome: dict[str, Any] = {}
 
     def work() -> None:
-        outcome["result"] = Runner.run_sync(
-            _agent(FakeModel()), "look up x", session=session, run_config=QUIET
-        )
+        # run_sync runs on the thread's current loop and leaves it open by design: give it one
+        # of ours, then close the client the session opened on it, and the loop.
+        loop = asyncio.new_event_loop()
+        asyncio.set_event_loop(loop)
+        try:
+            outcome["result"] = Runner.run_sync(
+                _agent(FakeModel()), "look up x", session=session, run_config=QUIET
+            )
+            loop.run_until_complete(session.close())
+        finally:
+            asyncio.set_event_loop(None)
+            loop.close()
 
     worker = threading.Thread(target=work)
     worker.start()

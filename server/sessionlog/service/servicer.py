@@ -733,8 +733,7 @@ class SessionLogServicer:
         self._scope(context, request.session_id)
         fold.check_session_id(request.session_id)
         view = self.store.session(request.session_id)
-        record = self.store.record(request.session_id)
-        session = session_message(view.session_id, view.meta, view.lease, record)
+        session = session_message(view.session_id, view.meta, view.lease, view.record)
         if view.meta is not None:
             spent = self.store.usage_of([view.session_id])[view.session_id]
             session.usage.extend(ledger.model_usages(spent))
@@ -941,9 +940,8 @@ class SessionLogServicer:
         self._require_admin(context, "reading a session's request records and lease")
         fold.check_session_id(request.session_id)
         found = self.store.session_records(request.session_id)
-        record = self.store.record(request.session_id)
         reply = pb.GetSessionRecordsResponse(
-            session=session_message(request.session_id, found.meta, None, record),
+            session=session_message(request.session_id, found.meta, None, found.record),
             request_records=[importing.request_message(i, r) for i, r in found.requests],
             lease_audit=[audit_message(record) for record in found.audit],
         )

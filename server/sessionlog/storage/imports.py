@@ -70,6 +70,8 @@ class SessionRecords:
     requests: list[tuple[str, RequestRecord]] = field(default_factory=list)
     lease: LeaseRecord | None = None
     audit: list[AuditRecord] = field(default_factory=list)
+    record: SessionRecord | None = None
+    """The person-set fields, read with the meta so the two agree."""
 
 
 class ImportCommand:
@@ -197,10 +199,11 @@ def _first_time(batch: ImportBatch) -> int:
 def read_records(
     txn: Txn, tables: Tables, session_id: str, now_ns: int, ttl_ns: int
 ) -> SessionRecords:
-    """A session's meta, unexpired request records (the newest MAX_REQUEST_RECORDS, oldest
-    first), lease record and audit, read in the caller's transaction."""
+    """A session's meta, record, unexpired request records (the newest MAX_REQUEST_RECORDS,
+    oldest first), lease record and audit, read in the caller's transaction."""
     meta = load_meta(txn, tables, session_id)
     found = SessionRecords(meta, lease=load_lease(txn, tables, session_id))
+    found.record = indexes.load_record(txn, tables, session_id)
     what = f"the records of session '{session_id}'"
     with damage.reading(what, session_id=session_id):
         if meta is not None:

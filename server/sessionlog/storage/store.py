@@ -322,6 +322,8 @@ class SessionView:
     lease: LeaseRecord | None
     """The current lease, only while it is live."""
     audit: list[AuditRecord]
+    record: SessionRecord | None = None
+    """The person-set fields (title, labels, ...), read with the meta so the two agree."""
 
 
 @dataclass(frozen=True)
@@ -506,7 +508,8 @@ class Store:
         return self.writer.submit(imports.ImportCommand(self.tables, batch))
 
     def session_records(self, session_id: str, now_ns: int | None = None) -> imports.SessionRecords:
-        """A session's meta, request records, lease record and audit, in one transaction."""
+        """A session's meta, record, request records, lease record and audit, in one
+        transaction."""
         now = time.time_ns() if now_ns is None else now_ns
         ttl_ns = self.config.request_id_ttl_seconds * 1_000_000_000
         with self.env.begin() as txn:
@@ -918,14 +921,15 @@ class Store:
         return self.submit_leadership(promote, new_history=True)
 
     def session(self, session_id: str, now_ns: int | None = None) -> SessionView:
-        """A session's metadata, live lease and lease audit, read in one transaction."""
+        """A session's metadata, live lease, lease audit and record, read in one transaction."""
         now = time.time_ns() if now_ns is None else now_ns
         with self.env.begin() as txn:
             meta = load_meta(txn, self.tables, session_id)
             lease = load_lease(txn, self.tables, session_id)
             audit = self._audit(txn, session_id)
+            record = indexes.load_record(txn, self.tables, session_id)
         live = lease if lease is not None and lease.live(now) else None
-        return SessionView(session_id, meta, live, audit)
+        return SessionView(session_id, meta, live, audit, record)
 
     def _audit(self, txn: lmdb.Transaction, session_id: str) -> list[AuditRecord]:
         audit = []
@@ -1005,11 +1009,6 @@ class Store:
                     meta = SessionMeta.decode(value)
                 out.append(SessionView(session_id, meta, live, []))
         return out, False
-
-    def record(self, session_id: str) -> SessionRecord | None:
-        """The session's person-set fields, or None when it has none."""
-        with self.env.begin() as txn:
-            return indexes.load_record(txn, self.tables, session_id)
 
     def unindexed(self) -> bool:
         """Fewer sessions in the update-time index than in the store: some were written by a

@@ -331,6 +331,59 @@ def test_limit_returns_the_latest_items_in_order(running: RunningServer) -> None
     asyncio.run(run())
 
 
+class CountingClient(AsyncClient):
+    """A client that counts the events its ListEvents pages and Since streams bring back."""
+
+    events_read = 0
+    pages = 0
+
+    async def list_events(self, *args: Any, **kwargs: Any) -> Any:
+        page = await super().list_events(*args, **kwargs)
+        self.pages += 1
+        self.events_read += len(page.events)
+        return page
+
+    async def since(self, *args: Any, **kwargs: Any) -> AsyncIterator[Any]:  # type: ignore[override]
+        async for found in super().since(*args, **kwargs):
+            self.events_read += 1
+            yield found
+
+
+def test_a_limit_reads_the_end_of_a_long_log_past_its_hides(running: RunningServer) -> None:
+    """On 300 items whose last 60 are hidden one by one (a hide each, newest first, so the
+    hides fill the first pages read), get_items(limit=3) equals the whole read's last 3 and
+    reads a few pages from the end, not the log; a summary replacing a range and a pop agree
+    with the whole read too."""
+
+    async def run() -> None:
+        client = CountingClient(running.address)
+        async with client:
+            sid = new_id()
+            session = SessionlogSession(sid, client)
+            stored = [say("user", f"m{i}") for i in range(300)]
+            await session.add_items(items(*stored))
+            for seq in range(299, 239, -1):
+                await client.hide(sid, seq, seq)
+            client.events_read = client.pages = 0
+            latest = await session.get_items(limit=3)
+            assert latest == stored[237:240]
+            assert latest == (await session.get_items())[-3:]
+            assert 0 < client.pages <= 5
+            client.events_read = 0
+            assert await session.get_items(limit=3) == latest
+            assert client.events_read < 360 // 2  # the whole log is 360 events
+            summary = event("user_message", {"content": "[m200-m239]"}, replace=(200, 239))
+            await client.append(sid, [summary])
+            whole = await session.get_items()
+            assert whole[-2:] == [stored[199], {"role": "user", "content": "[m200-m239]"}]
+            for limit in (1, 2, 3, 7):
+                assert await session.get_items(limit=limit) == whole[-limit:]
+            assert await session.pop_item() == whole[-1]
+            assert await session.get_items(limit=2) == whole[-3:-1]
+
+    asyncio.run(run())
+
+
 def test_pop_returns_newest_first_then_none(running: RunningServer) -> None:
     """pop_item hides and returns items newest first, bookkeeping ones included, then None; the
     log keeps every item and DeriveMessages agrees with get_items after each pop."""

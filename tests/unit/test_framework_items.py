@@ -6,11 +6,12 @@ from __future__ import annotations
 from typing import Any
 
 from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from sessionlog.fold import SURFACE_TYPES, fold_surface
 from sessionlog.fold import position as fold_position
 from sessionlog.v1.event_pb2 import Event
-from sessionlog_client._items import get_exact, in_view, put_exact, text_of
+from sessionlog_client._items import get_exact, in_view, known_from, position, put_exact, text_of
 from sessionlog_client.v1.event_pb2 import Event as ClientEvent
 from tests.unit._events import HIDE, USER, ev
 from tests.unit.test_fold_property import logs
@@ -43,6 +44,21 @@ def test_in_view_hides_bookkeeping_events_by_the_same_rule(events: list[Event]) 
         if not any(r > e.seq and a <= fold_position(e) <= b for r, a, b in ranges)
     ]
     assert sorted(e.seq for e in in_view(client_events(events))) == sorted(expected)
+
+
+@settings(max_examples=300, deadline=None)
+@given(logs(), st.integers(min_value=0, max_value=60))
+def test_a_tail_decides_the_view_from_known_from_on(events: list[Event], cut: int) -> None:
+    """The events from any seq on (what pages read from the end hold) show, from position
+    ``known_from`` on, exactly what the whole log shows there; the whole log decides it all."""
+    whole = client_events(events)
+    tail = [e for e in whole if e.seq >= min(cut, len(whole) - 1)]  # a page holds one or more
+    start = known_from(tail)
+    assert start <= min((e.seq for e in tail), default=0)
+    assert [e.seq for e in in_view(tail) if position(e) >= start] == [
+        e.seq for e in in_view(whole) if position(e) >= start
+    ]
+    assert known_from(whole) == 0
 
 
 def test_a_hide_over_a_bookkeeping_event_takes_it_out_of_view() -> None:

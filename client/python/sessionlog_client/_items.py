@@ -57,6 +57,32 @@ def in_view(events: Iterable[Event]) -> list[Event]:
     return sorted(shown, key=lambda e: (position(e), e.seq))
 
 
+def known_from(tail: Iterable[Event]) -> int:
+    """The lowest position whose view a tail of the log (every event from its lowest seq on)
+    decides; 0 for an empty tail.
+
+    An unread event is older than every read one, so only a read replace or hide can cover it:
+    the read events are in view or not exactly as in the whole log, and an unread event sits at
+    a position below the tail's first seq. Ranges that reach down to that seq, or to one that an
+    earlier such range reached, cover every unread event between, so the view from the lowest of
+    them on is known; below it an unread event may still show.
+    """
+    seqs = [int(e.seq) for e in tail]
+    if not seqs:
+        return 0
+    start = min(seqs)
+    ranges = sorted(
+        (_range(e) for e in tail if e.surface_op.WhichOneof("kind") == "replace"), reverse=True
+    )
+    lowered = True
+    while lowered:
+        lowered = False
+        for low, high in ranges:
+            if low < start <= high + 1:
+                start, lowered = low, True
+    return start
+
+
 class _Covered:
     """A union of inclusive integer intervals, kept merged and sorted by start."""
 

@@ -43,7 +43,15 @@ from collections.abc import Iterable, Sequence
 from typing import Any, NamedTuple, cast
 
 from sessionlog_client._aio import AsyncClient
-from sessionlog_client._items import get_exact, in_view, position, put_exact, text_of
+from sessionlog_client._common import MAX_PAGE_SIZE
+from sessionlog_client._items import (
+    get_exact,
+    in_view,
+    known_from,
+    position,
+    put_exact,
+    text_of,
+)
 from sessionlog_client.convert import struct_to_dict
 from sessionlog_client.errors import SeqConflict
 from sessionlog_client.v1.event_pb2 import Event, EventType
@@ -79,6 +87,9 @@ _ROLE_OF_TYPE = {
     EventType.EVENT_TYPE_SYSTEM_MESSAGE: "system",
     EventType.EVENT_TYPE_ASSISTANT_MESSAGE: "assistant",
 }
+TAIL_PAGE_MIN = 32
+"""The fewest events a ``get_items(limit)`` page asks for: a hide takes items out of view, so a
+page of exactly ``limit`` events would often need a second one."""
 _TOOL_CALLS = frozenset({"function_call", "custom_tool_call"})
 _TOOL_OUTPUTS = frozenset({"function_call_output", "custom_tool_call_output"})
 _TEXT_PARTS = {"input_text": "text", "output_text": "text", "text": "text", "refusal": "refusal"}
@@ -184,8 +195,9 @@ def event_items(event: Event) -> list[dict[str, Any]]:
     return shown
 
 
-def visible_items(events: Iterable[Event]) -> list[SessionItem]:
-    """The items of a log still in view, in position order.
+def visible_items(events: Iterable[Event], start: int = 0) -> list[SessionItem]:
+    """The items of a log still in view, in position order; from position ``start`` on when
+    ``events`` is a tail of the log (see ``known_from``).
 
     An event is out of view when a later replace or hide covers its position: the server's
     shadowing rule, here applied to every item event, the bookkeeping ones included. A surface
@@ -193,7 +205,12 @@ def visible_items(events: Iterable[Event]) -> list[SessionItem]:
     :func:`event_items`), so ``get_items`` shows what ``DeriveMessages`` shows; other events
     storing no item (a turn marker) are passed over.
     """
-    return [SessionItem(e.seq, item) for e in in_view(events) for item in event_items(e)]
+    return [
+        SessionItem(e.seq, item)
+        for e in in_view(events)
+        if position(e) >= start
+        for item in event_items(e)
+    ]
 
 
 # -- the session --------------------------------------------------------------------------------
@@ -244,26 +261,42 @@ class SessionlogSession:
         if opened is not None:
             await opened.close()
 
-    async def _log(self, limit: int | None) -> tuple[list[Event], int]:
-        """The events ``get_items(limit)`` needs and the log's length.
+    async def _read(self, limit: int | None) -> tuple[list[SessionItem], list[Event], int]:
+        """The items in view (with ``limit``, the latest ``limit`` of them), the events read,
+        and the log's length as read.
 
-        Today the whole log; the one place to switch to reading only the end of the log once
-        the server offers it (``limit`` is passed for that reason).
+        Without a limit the whole log; with one, pages of ListEvents "seq desc" (pinned to the
+        log as the first page saw it) until the latest ``limit`` items are known: a hide near
+        the end may cover items further back, so a page can add fewer items than it holds
+        (``known_from`` tells which positions the pages read so far decide).
         """
-        del limit
         client = self._client()
-        events = [e async for e in client.since(self.session_id)]
-        return events, len(events)
+        if limit is None:
+            events = [e async for e in client.since(self.session_id)]
+            return visible_items(events), events, len(events)
+        tail: list[Event] = []
+        token, length = "", -1
+        size = min(max(limit + 1, TAIL_PAGE_MIN), MAX_PAGE_SIZE)
+        while True:
+            page = await client.list_events(
+                self.session_id, page_size=size, page_token=token, order_by="seq desc"
+            )
+            length = page.event_count if length < 0 else length
+            tail.extend(page.events)
+            token = page.next_page_token
+            start = known_from(tail) if token else 0
+            entries = visible_items(tail, start)
+            if start == 0 or len(entries) >= limit:
+                return entries[-limit:], tail, length
 
     async def get_entries(self, limit: int | None = None) -> list[SessionItem]:
         """The items in view with the seq of the event storing each (the latest ``limit``)."""
         limit = resolve_session_limit(limit, self.session_settings)
         if limit is not None and limit < 0:
             limit = None  # as the SDK's SQLiteSession: a negative limit is no limit
-        events, _ = await self._log(limit)
-        entries = visible_items(events)
-        if limit is not None:
-            entries = entries[-limit:] if limit > 0 else []
+        if limit == 0:
+            return []
+        entries, _, _ = await self._read(limit)
         return entries
 
     async def get_items(self, limit: int | None = None) -> list[TResponseInputItem]:
@@ -285,12 +318,11 @@ class SessionlogSession:
         """
         client = self._client()
         while True:
-            events, length = await self._log(None)
-            entries = visible_items(events)
+            entries, events, length = await self._read(1)
             if not entries:
                 return None
             newest = entries[-1]
-            where = position(events[newest.seq])
+            where = next(position(e) for e in events if e.seq == newest.seq)
             try:
                 await client.hide(
                     self.session_id, where, where, reason="pop_item", expected_seq=length

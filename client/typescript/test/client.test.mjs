@@ -4,7 +4,7 @@ import assert from "node:assert/strict";
 import { spawnSync } from "node:child_process";
 import { readFileSync, writeFileSync } from "node:fs";
 import { createServer } from "node:net";
-import { after, before, describe, test } from "node:test";
+import { describe, test } from "node:test";
 import { dirname, join } from "node:path";
 import { fileURLToPath } from "node:url";
 
@@ -21,7 +21,7 @@ import {
   toError,
 } from "@sessionlog/client";
 
-import { freePort, startServer, tempDir } from "./server.mjs";
+import { freePort, startServer, tempDir, useServer } from "./server.mjs";
 
 const PACKAGE = join(dirname(fileURLToPath(import.meta.url)), "..");
 const FAST = { giveUpAfterMs: 20_000, initialBackoffMs: 20, maxBackoffMs: 200 };
@@ -86,22 +86,10 @@ test("NOT_PRIMARY, LEADERSHIP_LOST and REPLICAS_UNAVAILABLE become errors of the
 });
 
 describe("against one server", () => {
-  let server;
-  let client;
-
-  before(async () => {
-    server = await startServer();
-    client = new SessionLogClient(server.address, { retry: FAST });
-  });
-
-  after(async () => {
-    client?.close();
-    await server?.stop();
-    server?.remove();
-  });
+  const live = useServer({ clientOptions: { retry: FAST } });
 
   test("SPEC §4's third example: surface and messages after a summary", async () => {
-    const first = await client.append("demo", [
+    const first = await live.client.append("demo", [
       { type: "system_message", data: { content: "sys" } },
       user("a"),
       { type: "assistant_message", data: { content: "b" } },
@@ -109,28 +97,28 @@ describe("against one server", () => {
     ]);
     assert.deepEqual(first.events.map((e) => e.seq), [0, 1, 2, 3]);
     assert.equal(first.nextSeq, 4);
-    const summary = await client.append(
+    const summary = await live.client.append(
       "demo",
       [{ type: "system_message", data: { content: "[summary]" }, replace: [1, 2] }],
       { expectedSeq: 4 },
     );
     assert.deepEqual(summary.events[0].replace, [1, 2]);
     const since = [];
-    for await (const event of client.since("demo", { seq: 3 })) since.push(event.seq);
+    for await (const event of live.client.since("demo", { seq: 3 })) since.push(event.seq);
     assert.deepEqual(since, [3, 4]);
-    const surface = await client.surface("demo");
+    const surface = await live.client.surface("demo");
     assert.deepEqual(surface.events.map((e) => e.seq), [0, 4, 3]);
     assert.equal(surface.replaceGeneration, 1);
-    const derived = await client.deriveMessages("demo");
+    const derived = await live.client.deriveMessages("demo");
     assert.deepEqual(derived.messages.map((m) => m.content), ["sys", "[summary]", "c"]);
     assert.deepEqual(derived.seqs, [0, 4, 3]);
-    const before = await client.deriveMessages("demo", { atSeq: 3 });
+    const before = await live.client.deriveMessages("demo", { atSeq: 3 });
     assert.deepEqual(before.messages.map((m) => m.role), ["system", "user", "assistant", "user"]);
   });
 
   test("refusals carry the ErrorInfo reason and metadata", async () => {
-    await client.append("err", [user("one")]);
-    await assert.rejects(client.append("err", [user("two")], { expectedSeq: 0 }), (error) => {
+    await live.client.append("err", [user("one")]);
+    await assert.rejects(live.client.append("err", [user("two")], { expectedSeq: 0 }), (error) => {
       assert.ok(error instanceof SessionLogError);
       assert.equal(error.reason, "SEQ_CONFLICT");
       assert.equal(error.codeName, "ABORTED");
@@ -138,34 +126,34 @@ describe("against one server", () => {
       assert.equal(error.metadata.next_seq, "1");
       return true;
     });
-    await assert.rejects(client.getSession("not valid!"), { reason: "INVALID_SESSION_ID" });
-    await assert.rejects(client.append("err", [{ type: "tool_call", data: {}, replace: [0, 0] }]), {
+    await assert.rejects(live.client.getSession("not valid!"), { reason: "INVALID_SESSION_ID" });
+    await assert.rejects(live.client.append("err", [{ type: "tool_call", data: {}, replace: [0, 0] }]), {
       reason: "SURFACE_OP_ON_NON_SURFACE_EVENT",
     });
-    await assert.rejects(client.surface("err", { atSeq: 7 }), { reason: "BOUNDARY_OUT_OF_RANGE" });
+    await assert.rejects(live.client.surface("err", { atSeq: 7 }), { reason: "BOUNDARY_OUT_OF_RANGE" });
   });
 
   test("an explicit requestId makes a repeated append a replay", async () => {
-    const first = await client.append("idem", [user("x")], { requestId: "r-1" });
-    const again = await client.append("idem", [user("x")], { requestId: "r-1" });
+    const first = await live.client.append("idem", [user("x")], { requestId: "r-1" });
+    const again = await live.client.append("idem", [user("x")], { requestId: "r-1" });
     assert.equal(again.nextSeq, first.nextSeq);
-    await assert.rejects(client.append("idem", [user("y")], { requestId: "r-1" }), {
+    await assert.rejects(live.client.append("idem", [user("y")], { requestId: "r-1" }), {
       reason: "REQUEST_ID_REUSED",
     });
   });
 
   test("follow yields stored then live events, and close() ends it", async () => {
-    await client.append("live", [user("0"), user("1")]);
-    const stream = client.follow("live");
+    await live.client.append("live", [user("0"), user("1")]);
+    const stream = live.client.follow("live");
     const seen = collect(stream, 4);
     await new Promise((done) => setTimeout(done, 100));
-    await client.append("live", [user("2")]);
-    await client.append("live", [user("3")]);
+    await live.client.append("live", [user("2")]);
+    await live.client.append("live", [user("3")]);
     assert.deepEqual((await seen).map((e) => e.seq), [0, 1, 2, 3]);
     assert.equal(stream.caughtUp, true);
     assert.equal(stream.nextSeq, 4);
 
-    const closing = client.follow("live", { seq: 4 });
+    const closing = live.client.follow("live", { seq: 4 });
     const started = Date.now();
     const pending = collect(closing, 1);
     setTimeout(() => closing.close(), 100);
@@ -175,7 +163,7 @@ describe("against one server", () => {
   });
 
   test("closing the client ends the streams it opened", async () => {
-    const other = new SessionLogClient(server.address);
+    const other = new SessionLogClient(live.server.address);
     const stream = other.follow("live", { seq: 4 });
     const started = Date.now();
     const pending = collect(stream, 1);
@@ -186,53 +174,53 @@ describe("against one server", () => {
   });
 
   test("lifecycle: a repeated requestId replays create, seed and fork", async () => {
-    const first = await client.createSession("rid-1", [user("a")], { requestId: "c-1" });
-    const again = await client.createSession("rid-1", [user("a")], { requestId: "c-1" });
+    const first = await live.client.createSession("rid-1", [user("a")], { requestId: "c-1" });
+    const again = await live.client.createSession("rid-1", [user("a")], { requestId: "c-1" });
     assert.deepEqual(again, first);
-    await assert.rejects(client.createSession("rid-1", [user("b")], { requestId: "c-1" }), {
+    await assert.rejects(live.client.createSession("rid-1", [user("b")], { requestId: "c-1" }), {
       reason: "REQUEST_ID_REUSED",
     });
     const seed = [{ role: "user", content: "hi" }];
-    const seeded = await client.seedSession("rid-2", seed, { requestId: "s-1" });
-    assert.deepEqual(await client.seedSession("rid-2", seed, { requestId: "s-1" }), seeded);
-    const fork = await client.forkSession("rid-1", { requestId: "f-1" });
+    const seeded = await live.client.seedSession("rid-2", seed, { requestId: "s-1" });
+    assert.deepEqual(await live.client.seedSession("rid-2", seed, { requestId: "s-1" }), seeded);
+    const fork = await live.client.forkSession("rid-1", { requestId: "f-1" });
     assert.match(fork.session.sessionId, /^fork-/);
-    assert.equal((await client.forkSession("rid-1", { requestId: "f-1" })).session.sessionId, fork.session.sessionId);
-    await assert.rejects(client.createSession("rid-1", [user("a")], { requestId: "" }), {
+    assert.equal((await live.client.forkSession("rid-1", { requestId: "f-1" })).session.sessionId, fork.session.sessionId);
+    await assert.rejects(live.client.createSession("rid-1", [user("a")], { requestId: "" }), {
       reason: "SESSION_ALREADY_EXISTS",
     });
   });
 
   test("lifecycle: create, seed, get, list, fork and the lease", async () => {
-    const created = await client.createSession("life-1", [user("hello")]);
+    const created = await live.client.createSession("life-1", [user("hello")]);
     assert.equal(created.session.eventCount, 1);
-    await assert.rejects(client.createSession("life-1"), { reason: "SESSION_ALREADY_EXISTS" });
-    const seeded = await client.seedSession("life-2", [
+    await assert.rejects(live.client.createSession("life-1"), { reason: "SESSION_ALREADY_EXISTS" });
+    const seeded = await live.client.seedSession("life-2", [
       { role: "system", content: "s", created_at: "2026-01-02T03:04:05.123456Z" },
       { role: "robot", content: "?" },
     ]);
     assert.deepEqual(seeded.drops, [{ index: 1, reason: "UNKNOWN_ROLE" }]);
     assert.equal(seeded.events[0].time, "2026-01-02T03:04:05.123456Z");
-    await client.createSession("life-3");
+    await live.client.createSession("life-3");
     const pages = [];
-    for await (const page of client.listSessions({ prefix: "life-", pageSize: 2 })) pages.push(page);
+    for await (const page of live.client.listSessions({ prefix: "life-", pageSize: 2 })) pages.push(page);
     assert.deepEqual(
       pages.map((p) => p.sessions.map((s) => s.sessionId)),
       [["life-1", "life-2"], ["life-3"]],
     );
-    const fork = await client.forkSession("life-1", { atSeq: 0, sessionId: "life-fork" });
+    const fork = await live.client.forkSession("life-1", { atSeq: 0, sessionId: "life-fork" });
     assert.equal(fork.session.parentSessionId, "life-1");
-    assert.equal((await client.getSession("never")).session.exists, false);
+    assert.equal((await live.client.getSession("never")).session.exists, false);
 
-    const { lease } = await client.acquireLease("life-1", "node-1", { ttlMs: 30_000 });
+    const { lease } = await live.client.acquireLease("life-1", "node-1", { ttlMs: 30_000 });
     assert.equal(lease.holder, "node-1");
-    await assert.rejects(client.append("life-1", [user("intruder")]), { reason: "LEASE_HELD" });
-    await client.append("life-1", [user("mine")], { leaseHolder: "node-1", leaseToken: lease.token });
-    const renewed = await client.renewLease("life-1", "node-1", { ttlMs: 60_000 });
+    await assert.rejects(live.client.append("life-1", [user("intruder")]), { reason: "LEASE_HELD" });
+    await live.client.append("life-1", [user("mine")], { leaseHolder: "node-1", leaseToken: lease.token });
+    const renewed = await live.client.renewLease("life-1", "node-1", { ttlMs: 60_000 });
     assert.equal(renewed.lease.token, lease.token);
-    const released = await client.releaseLease("life-1", "node-1");
+    const released = await live.client.releaseLease("life-1", "node-1");
     assert.equal(released.released.token, lease.token);
-    assert.equal((await client.getSession("life-1")).session.lease, undefined);
+    assert.equal((await live.client.getSession("life-1")).session.lease, undefined);
   });
 
   test("chat-format messages round-trip through seed and deriveMessages", async () => {
@@ -242,16 +230,16 @@ describe("against one server", () => {
       { role: "assistant", content: null, tool_calls: [{ id: "c1", type: "function", function: { name: "f", arguments: "{}" } }] },
       { role: "tool", content: "42", tool_call_id: "c1", name: "f" },
     ];
-    await client.seedSession("chat", chat);
-    assert.deepEqual((await client.deriveMessages("chat")).messages, chat);
-    await client.append("chat", [eventFromMessage({ role: "assistant", content: "done" })]);
-    const { messages } = await client.deriveMessages("chat", { extra: true });
+    await live.client.seedSession("chat", chat);
+    assert.deepEqual((await live.client.deriveMessages("chat")).messages, chat);
+    await live.client.append("chat", [eventFromMessage({ role: "assistant", content: "done" })]);
+    const { messages } = await live.client.deriveMessages("chat", { extra: true });
     assert.equal(messages.at(-1).content, "done");
     assert.match(messages.at(-1).created_at, /^\d{4}-\d\d-\d\dT/);
   });
 
   test("example.mjs runs against the server", () => {
-    const result = spawnSync(process.execPath, ["example.mjs", server.address, "example-test"], {
+    const result = spawnSync(process.execPath, ["example.mjs", live.server.address, "example-test"], {
       cwd: PACKAGE,
       encoding: "utf8",
       timeout: 30_000,

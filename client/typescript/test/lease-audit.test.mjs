@@ -1,36 +1,26 @@
 // listLeaseAudit against a real server: every session's takeovers and forced releases, paged.
 import assert from "node:assert/strict";
-import { after, before, describe, test } from "node:test";
+import { before, describe, test } from "node:test";
 
-import { SessionLogClient } from "../src/index.js";
-import { startServer } from "./server.mjs";
+import { useServer } from "./server.mjs";
 
 const sleep = (ms) => new Promise((done) => setTimeout(done, ms));
 
 describe("the lease audit across sessions", () => {
-  let server;
-  let client;
+  const live = useServer();
 
   before(async () => {
-    server = await startServer();
-    client = new SessionLogClient(server.address);
     for (const [sessionId, old, next] of [["b.two", "x", "y"], ["a.one", "p", "q"]]) {
-      await client.acquireLease(sessionId, old, { ttlMs: 1 });
+      await live.client.acquireLease(sessionId, old, { ttlMs: 1 });
       await sleep(10);
-      await client.acquireLease(sessionId, next, { ttlMs: 60_000 });
+      await live.client.acquireLease(sessionId, next, { ttlMs: 60_000 });
     }
-    await client.releaseLease("a.one", "ops", { force: true });
-  });
-
-  after(async () => {
-    client?.close();
-    await server?.stop();
-    server?.remove();
+    await live.client.releaseLease("a.one", "ops", { force: true });
   });
 
   test("every page in session id order, each entry with its session and index", async () => {
     const pages = [];
-    for await (const page of client.listLeaseAudit({ pageSize: 2 })) pages.push(page);
+    for await (const page of live.client.listLeaseAudit({ pageSize: 2 })) pages.push(page);
     assert.deepEqual(pages.map((p) => p.entries.length), [2, 1]);
     assert.equal(pages[1].nextPageToken, "");
     const entries = pages.flatMap((p) => p.entries);
@@ -43,13 +33,13 @@ describe("the lease audit across sessions", () => {
       ],
     );
     assert.match(entries[0].time, /^\d{4}-\d\d-\d\dT/);
-    const { leaseAudit } = await client.getSession("a.one");
+    const { leaseAudit } = await live.client.getSession("a.one");
     assert.deepEqual(entries.slice(0, 2).map(({ sessionId, index, ...rest }) => rest), leaseAudit);
   });
 
   test("a prefix narrows the listing", async () => {
     const listed = [];
-    for await (const page of client.listLeaseAudit({ prefix: "b." })) listed.push(...page.entries.map((e) => e.sessionId));
+    for await (const page of live.client.listLeaseAudit({ prefix: "b." })) listed.push(...page.entries.map((e) => e.sessionId));
     assert.deepEqual(listed, ["b.two"]);
   });
 });

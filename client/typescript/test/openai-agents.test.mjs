@@ -5,7 +5,7 @@ import assert from "node:assert/strict";
 import { execFile } from "node:child_process";
 import { writeFileSync } from "node:fs";
 import { dirname, join } from "node:path";
-import { after, before, describe, test } from "node:test";
+import { describe, test } from "node:test";
 import { promisify } from "node:util";
 
 import { Agent, protocol, run, setTracingDisabled, tool, Usage } from "@openai/agents";
@@ -13,7 +13,7 @@ import { SessionLogClient } from "@sessionlog/client";
 import { itemType, knownFrom, SessionlogSession } from "@sessionlog/client/openai-agents";
 import { z } from "zod";
 
-import { SESSIONLOG_BIN, startServer, tempDir } from "./server.mjs";
+import { SESSIONLOG_BIN, startServer, tempDir, useServer } from "./server.mjs";
 
 setTracingDisabled(true); // no exporter, no network
 
@@ -109,20 +109,8 @@ function protocolItemTypes() {
 }
 
 describe("SessionlogSession (OpenAI Agents SDK)", () => {
-  let server;
-  let client;
-  const session = (id) => new SessionlogSession(id, client);
-
-  before(async () => {
-    server = await startServer({ args: SERVE_ARGS });
-    client = new SessionLogClient(server.address);
-  });
-
-  after(async () => {
-    client?.close();
-    await server?.stop();
-    server?.remove();
-  });
+  const live = useServer({ args: SERVE_ARGS });
+  const session = (id) => new SessionlogSession(id, live.client);
 
   test("the samples cover every item type the SDK defines, each valid for the SDK", () => {
     const sampled = new Set(EVERY_ITEM.filter((i) => i !== FUTURE).map(itemType));
@@ -141,7 +129,7 @@ describe("SessionlogSession (OpenAI Agents SDK)", () => {
     assert.deepEqual(await s.getItems(), EVERY_ITEM);
     assert.deepEqual(await s.getItems(3), EVERY_ITEM.slice(-3));
     const events = [];
-    for await (const e of client.since("every-item")) events.push(e);
+    for await (const e of live.client.since("every-item")) events.push(e);
     assert.deepEqual(
       events.map((e) => [e.type, e.data.item_type]),
       [
@@ -169,7 +157,7 @@ describe("SessionlogSession (OpenAI Agents SDK)", () => {
         ["step_end", "a_type_from_the_future"],
       ],
     );
-    const { messages } = await client.deriveMessages("every-item");
+    const { messages } = await live.client.deriveMessages("every-item");
     assert.deepEqual(
       messages.map((m) => [m.role, m.content]),
       [
@@ -211,7 +199,7 @@ describe("SessionlogSession (OpenAI Agents SDK)", () => {
     for (let i = 0; i < 40; i++) await s.popItem();
     assert.deepEqual(await s.getItems(3), items.slice(37, 40));
     assert.deepEqual(await s.getItems(), items.slice(0, 40));
-    await client.hide("limits", 10, 35);
+    await live.client.hide("limits", 10, 35);
     assert.deepEqual(await s.getItems(6), [...items.slice(8, 10), ...items.slice(36, 40)]);
   });
 
@@ -226,7 +214,7 @@ describe("SessionlogSession (OpenAI Agents SDK)", () => {
     assert.equal(await s.popItem(), undefined);
     assert.deepEqual(await s.getItems(), []);
     const stored = [];
-    for await (const e of client.since("pops")) stored.push(e.type);
+    for await (const e of live.client.since("pops")) stored.push(e.type);
     assert.deepEqual(stored, ["user_message", "step_end", "assistant_message", "hide", "hide", "hide"]);
   });
 
@@ -239,7 +227,7 @@ describe("SessionlogSession (OpenAI Agents SDK)", () => {
     assert.equal(await s.popItem(), undefined);
     await s.addItems([user("new")]);
     assert.deepEqual(await s.getItems(), [user("new")]);
-    assert.deepEqual((await client.deriveMessages("clears")).messages.map((m) => m.content), ["new"]);
+    assert.deepEqual((await live.client.deriveMessages("clears")).messages.map((m) => m.content), ["new"]);
   });
 
   test("concurrent popItem calls each take a different item", async () => {
@@ -264,7 +252,7 @@ describe("SessionlogSession (OpenAI Agents SDK)", () => {
     await s.popItem();
     const items = await s.getItems();
     assert.equal(items.length, 3);
-    const { messages } = await client.deriveMessages("agree");
+    const { messages } = await live.client.deriveMessages("agree");
     assert.deepEqual(
       messages.map((m) => [m.role, m.content, m.tool_calls?.[0]?.id]),
       [
@@ -278,7 +266,7 @@ describe("SessionlogSession (OpenAI Agents SDK)", () => {
   test("a summary another writer appends reads as the items its message is", async () => {
     const s = session("summarised");
     await s.addItems([user("a"), assistant("b"), user("c")]);
-    await client.append("summarised", [{ type: "system_message", data: { content: "[a and b]" }, replace: [0, 1] }]);
+    await live.client.append("summarised", [{ type: "system_message", data: { content: "[a and b]" }, replace: [0, 1] }]);
     assert.deepEqual(await s.getItems(), [{ role: "system", content: "[a and b]" }, user("c")]);
     assert.deepEqual(await s.getItems(1), [user("c")]);
     assert.deepEqual(await s.popItem(), user("c"));
@@ -295,7 +283,7 @@ describe("SessionlogSession (OpenAI Agents SDK)", () => {
       let next = 0;
       for (let step = 0; step < 40; step++) {
         const roll = random();
-        const length = (await client.listEvents(id, { pageSize: 1 })).eventCount;
+        const length = (await live.client.listEvents(id, { pageSize: 1 })).eventCount;
         if (roll < 0.55 || length === 0) {
           const kinds = [user, (n) => ({ type: "reasoning", id: `rs${n}`, content: [] }), (n) => assistant(`a${n}`)];
           await s.addItems(Array.from({ length: 1 + pick(4) }, () => kinds[pick(3)](next++)));
@@ -304,11 +292,11 @@ describe("SessionlogSession (OpenAI Agents SDK)", () => {
           assert.deepEqual(await s.popItem(), newest);
         } else if (roll < 0.87) {
           const start = pick(length);
-          await client.hide(id, start, start + pick(6));
+          await live.client.hide(id, start, start + pick(6));
         } else if (roll < 0.97) {
           const start = pick(length);
           const summary = { type: "system_message", data: { content: `[summary ${step}]` }, replace: [start, start + pick(8)] };
-          await client.append(id, [summary]);
+          await live.client.append(id, [summary]);
         } else {
           await s.clearSession();
         }
@@ -318,7 +306,7 @@ describe("SessionlogSession (OpenAI Agents SDK)", () => {
           assert.deepEqual(await s.getItems(limit), all.slice(-limit), `seed ${seed}, step ${step}, limit ${limit}`);
         }
       }
-      assert.ok((await client.listEvents(id, { pageSize: 1 })).eventCount > 32, "the log spans several pages");
+      assert.ok((await live.client.listEvents(id, { pageSize: 1 })).eventCount > 32, "the log spans several pages");
     }
   });
 
@@ -326,8 +314,8 @@ describe("SessionlogSession (OpenAI Agents SDK)", () => {
     const s = session("summary-below");
     const items = Array.from({ length: 100 }, (_, i) => user(`m${i}`));
     await s.addItems(items);
-    await client.hide("summary-below", 40, 99);
-    await client.append("summary-below", [{ type: "system_message", data: { content: "[five]" }, replace: [5, 5] }]);
+    await live.client.hide("summary-below", 40, 99);
+    await live.client.append("summary-below", [{ type: "system_message", data: { content: "[five]" }, replace: [5, 5] }]);
     assert.deepEqual(await s.getItems(1), [items[39]]);
     assert.deepEqual(await s.getItems(2), items.slice(38, 40));
     const all = await s.getItems();
@@ -343,7 +331,7 @@ describe("SessionlogSession (OpenAI Agents SDK)", () => {
     assert.deepEqual(await s.getItems(), [user("q"), assistant("a")]);
     const other = { type: "append_items", items: [user("something else")] };
     await assert.rejects(s.applyHistoryTransaction({ operationId: "op-1", transaction: other }), { reason: "REQUEST_ID_REUSED" });
-    assert.equal((await client.listEvents("tx-append")).eventCount, 2);
+    assert.equal((await live.client.listEvents("tx-append")).eventCount, 2);
   });
 
   test("applyHistoryTransaction replaces a matching suffix atomically, once; a mismatch changes nothing", async () => {
@@ -352,9 +340,9 @@ describe("SessionlogSession (OpenAI Agents SDK)", () => {
     const transaction = { type: "replace_suffix", expectedSuffix: [assistant("b"), user("c")], replacement: [user("x")] };
     await s.applyHistoryTransaction({ operationId: "op-r", transaction });
     assert.deepEqual(await s.getItems(), [user("a"), user("x")]);
-    const length = (await client.listEvents("tx-replace")).eventCount;
+    const length = (await live.client.listEvents("tx-replace")).eventCount;
     await s.applyHistoryTransaction({ operationId: "op-r", transaction });
-    assert.equal((await client.listEvents("tx-replace")).eventCount, length);
+    assert.equal((await live.client.listEvents("tx-replace")).eventCount, length);
     const stale = { type: "replace_suffix", expectedSuffix: [user("c")], replacement: [] };
     await assert.rejects(s.applyHistoryTransaction({ operationId: "op-s", transaction: stale }), {
       name: "HistoryTransactionError",
@@ -363,8 +351,8 @@ describe("SessionlogSession (OpenAI Agents SDK)", () => {
       s.applyHistoryTransaction({ operationId: "op-r", transaction: { ...transaction, replacement: [user("y")] } }),
       { name: "HistoryTransactionError" },
     );
-    assert.equal((await client.listEvents("tx-replace")).eventCount, length);
-    assert.deepEqual((await client.deriveMessages("tx-replace")).messages.map((m) => m.content), ["a", "x"]);
+    assert.equal((await live.client.listEvents("tx-replace")).eventCount, length);
+    assert.deepEqual((await live.client.deriveMessages("tx-replace")).messages.map((m) => m.content), ["a", "x"]);
     const empty = { type: "replace_suffix", expectedSuffix: [], replacement: [assistant("z")] };
     await s.applyHistoryTransaction({ operationId: "op-e", transaction: empty });
     assert.deepEqual(await s.getItems(), [user("a"), user("x"), assistant("z")]);
@@ -380,7 +368,7 @@ describe("SessionlogSession (OpenAI Agents SDK)", () => {
 
   test("the Python backend reads what this one wrote, and this one reads what Python wrote", async () => {
     const py = async (code, ...args) => {
-      const { stdout } = await promisify(execFile)(PYTHON, ["-c", code, server.address, ...args], { timeout: 60_000 });
+      const { stdout } = await promisify(execFile)(PYTHON, ["-c", code, live.server.address, ...args], { timeout: 60_000 });
       return stdout;
     };
     await session("ts-wrote").addItems(EVERY_ITEM);
@@ -395,7 +383,7 @@ asyncio.run(main())
 `;
     const { stdout: cli } = await promisify(execFile)(
       SESSIONLOG_BIN,
-      ["items", "ts-wrote", "--last", "2", "--server", server.address],
+      ["items", "ts-wrote", "--last", "2", "--server", live.server.address],
       { timeout: 60_000 },
     );
     assert.deepEqual(
@@ -509,7 +497,7 @@ asyncio.run(main())
     assert.equal(history[0].content, "Weather in Oslo?");
     assert.equal(history[4].content, "What did I ask?");
     assert.equal((await s.getItems()).length, 6);
-    const { messages } = await client.deriveMessages("agent-run");
+    const { messages } = await live.client.deriveMessages("agent-run");
     assert.deepEqual(
       messages.map((m) => [m.role, m.content]),
       [

@@ -1,8 +1,10 @@
 // Real `sessionlog serve` processes for the tests: a free port, a temp data folder, readiness by
-// connecting, and stop by PID (SIGTERM, then SIGKILL if it hangs).
+// connecting, and stop by PID (SIGTERM, then SIGKILL if it hangs). useServer() gives a describe
+// block one server and one client.
 import { spawn } from "node:child_process";
 import { mkdtempSync, openSync, readFileSync, rmSync } from "node:fs";
 import { createServer } from "node:net";
+import { after, before } from "node:test";
 import { tmpdir } from "node:os";
 import { dirname, join, resolve } from "node:path";
 import { fileURLToPath } from "node:url";
@@ -89,6 +91,26 @@ export async function startServer({ port, root, args = [], clientOptions = {} } 
       rmSync(folder, { recursive: true, force: true });
     },
   };
+}
+
+/**
+ * One server and one client for the tests of the describe block this is called in: started by
+ * its before hook, closed, stopped and removed by its after hook. The tests read `live.server`
+ * and `live.client` (set before the first test runs). `args` are extra `serve` flags,
+ * `clientOptions` the client's.
+ */
+export function useServer({ args = [], clientOptions = {} } = {}) {
+  const live = { server: undefined, client: undefined };
+  before(async () => {
+    live.server = await startServer({ args });
+    live.client = new SessionLogClient(live.server.address, clientOptions);
+  });
+  after(async () => {
+    live.client?.close();
+    await live.server?.stop();
+    live.server?.remove();
+  });
+  return live;
 }
 
 /**

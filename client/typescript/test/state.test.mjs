@@ -1,48 +1,35 @@
 // getState and stateDelta against a real server: the session state from the Node client.
 import assert from "node:assert/strict";
-import { after, before, describe, test } from "node:test";
+import { describe, test } from "node:test";
 
-import { SessionLogClient } from "../src/index.js";
-import { startServer } from "./server.mjs";
+import { useServer } from "./server.mjs";
 
 const user = (content, stateDelta) => ({ type: "user_message", data: { content }, stateDelta });
 
 describe("session state", () => {
-  let server;
-  let client;
-
-  before(async () => {
-    server = await startServer();
-    client = new SessionLogClient(server.address);
-  });
-
-  after(async () => {
-    client?.close();
-    await server?.stop();
-    server?.remove();
-  });
+  const live = useServer();
 
   test("deltas fold shallowly in seq order; null deletes; atSeq reads a prefix", async () => {
-    const reply = await client.append("s", [
+    const reply = await live.client.append("s", [
       user("a", { user: "ann", cart: { apples: 1 } }),
       user("b"),
       user("c", { cart: { pears: 2 }, user: null, step: 3 }),
     ]);
     assert.deepEqual(reply.events[0].stateDelta, { user: "ann", cart: { apples: 1 } });
     assert.equal("stateDelta" in reply.events[1], false);
-    assert.deepEqual(await client.getState("s"), { state: { cart: { pears: 2 }, step: 3 }, eventCount: 3 });
-    assert.deepEqual(await client.getState("s", { atSeq: 1 }), {
+    assert.deepEqual(await live.client.getState("s"), { state: { cart: { pears: 2 }, step: 3 }, eventCount: 3 });
+    assert.deepEqual(await live.client.getState("s", { atSeq: 1 }), {
       state: { user: "ann", cart: { apples: 1 } },
       eventCount: 2,
     });
     const stored = [];
-    for await (const event of client.since("s")) stored.push(event.stateDelta ?? null);
+    for await (const event of live.client.since("s")) stored.push(event.stateDelta ?? null);
     assert.deepEqual(stored, [{ user: "ann", cart: { apples: 1 } }, null, { cart: { pears: 2 }, user: null, step: 3 }]);
   });
 
   test("a session never written has the empty state; a boundary past the end is refused", async () => {
-    assert.deepEqual(await client.getState("never-written"), { state: {}, eventCount: 0 });
-    await client.append("short", [user("only", { n: 1 })]);
-    await assert.rejects(client.getState("short", { atSeq: 5 }), (error) => error.reason === "BOUNDARY_OUT_OF_RANGE");
+    assert.deepEqual(await live.client.getState("never-written"), { state: {}, eventCount: 0 });
+    await live.client.append("short", [user("only", { n: 1 })]);
+    await assert.rejects(live.client.getState("short", { atSeq: 5 }), (error) => error.reason === "BOUNDARY_OUT_OF_RANGE");
   });
 });

@@ -719,7 +719,7 @@ def _bearer_metadata(token: str) -> tuple[tuple[str, str], ...]:
 def index_old_sessions(store: Store, config: ServerConfig) -> None:
     """A static primary gives sessions written before the session indexes existed their place
     in them (``Store.reindex``), once, at start. A replica gets those writes from its primary; a
-    cluster member's leader is elected later, and does it at its next start."""
+    cluster member does it once elected (``GroupMember``), as only the leader may write."""
     if config.replica_of or config.cluster or not store.unindexed():
         return
     try:

@@ -138,6 +138,8 @@ class GroupMember:
         self._publisher: SyncSetPublisher | None = None
         self._publishing: tuple[int, asyncio.Task[None]] | None = None
         """The epoch whose synchronous set is being published, and the task that does it."""
+        self._indexing: asyncio.Task[None] | None = None
+        """Indexing what an older server wrote, once this member leads (``_index_old_sessions``)."""
 
     # -- the interface the server uses -----------------------------------------------------------
 
@@ -320,7 +322,8 @@ class GroupMember:
         """Leave the group: writes stop at once, and the lease is revoked so that another
         member may lead without waiting for it to run out."""
         publishing = self._publishing[1] if self._publishing is not None else None
-        tasks = [t for t in (self._task, publishing, *self._rechecks) if t is not None]
+        running = (self._task, publishing, self._indexing, *self._rechecks)
+        tasks = [t for t in running if t is not None]
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -375,6 +378,18 @@ class GroupMember:
         await self._start_publishing(role.epoch)  # before a write may be acknowledged
         self._leading = role.epoch
         self.following, self._followed_epoch, self.deposed = "", 0, ""
+        self._index_old_sessions()
+
+    def _index_old_sessions(self) -> None:
+        """A leader gives the sessions an older server wrote their index entries, as a static
+        primary does at start (``server.index_old_sessions``); the followers get those writes
+        like any other. In the background, so a large store holds up no role change; a leader
+        deposed meanwhile has its writes refused, and the next one starts again."""
+        store = self._store
+        if store is None or (self._indexing is not None and not self._indexing.done()):
+            return
+        if store.unindexed():
+            self._indexing = asyncio.create_task(_reindex(store))
 
     async def _start_publishing(self, epoch: int) -> None:
         """A leadership at ``epoch``: its synchronous set starts empty (nothing is acknowledged
@@ -513,6 +528,15 @@ class GroupMember:
         )
         assert self._host is not None
         self._host.restart(self.deposed)
+
+
+async def _reindex(store: Store) -> None:
+    try:
+        added = await store.reindex_on_loop()
+    except errors.SessionLogError as error:
+        log.warning("could not index the sessions of an older server", extra={"error": str(error)})
+        return
+    log.info("indexed the sessions of an older server", extra={"entries": added})
 
 
 def _leads(status: rpb.GetReplicationStatusResponse, epoch: int) -> bool:

@@ -1032,6 +1032,18 @@ class Store:
                 return added
             after = done.last
 
+    async def reindex_on_loop(self) -> int:
+        """``reindex`` for a caller on the running loop (a cluster member once it leads): each
+        batch is awaited there, so cancelling it stops between batches."""
+        added, after = 0, ""
+        while True:
+            command = records.ReindexCommand(self.tables, after)
+            done: records.Reindexed = await self.writer.submit_on_loop(command)
+            added += done.added
+            if not done.last:
+                return added
+            after = done.last
+
     def descendants(self, session_id: str, limit: int = 10_000) -> list[str]:
         """The sessions below ``session_id`` in its tree, breadth first (``records.descendants``):
         the hook for a tree's usage totals."""

@@ -31,6 +31,7 @@ from typing import Any, NoReturn
 import grpc
 
 from sessionlog.shard import feeds
+from sessionlog.terminal import escaped
 from sessionlog_client import Client, DeadlineExceeded, Retry, errors
 from sessionlog_client import _items as backend_items
 from sessionlog_client._status import to_error
@@ -770,7 +771,7 @@ def _pretty_event(event: event_pb2.Event) -> str:
     if event.HasField("usage"):
         u = event.usage
         line += f"  usage {u.model} {u.input_tokens} in / {u.output_tokens} out"
-    return line
+    return escaped(line)
 
 
 # -- reads -----------------------------------------------------------------------------------------
@@ -898,7 +899,8 @@ def _transcript(
     reply: pb.DeriveMessagesResponse, replaced: dict[int, tuple[int, int]], colour: bool
 ) -> Iterator[str]:
     """One line per message, then one per tool call: ``[seq] role (name) [replaces seqs A-B]:
-    content``, ``-> name(arguments)  [call ID]``; a tool result names the call it answers."""
+    content``, ``-> name(arguments)  [call ID]``; a tool result names the call it answers. What
+    the messages hold is ``terminal.escaped``: only the role's colour reaches the terminal."""
     calls: dict[str, tuple[str, int]] = {}  # call id -> (function name, seq of its message)
     for seq, message in zip(reply.seqs, reply.messages, strict=True):
         role = message_pb2.Role.Name(message.role)[len("ROLE_") :].lower()
@@ -912,12 +914,14 @@ def _transcript(
             origin = f"{answered[0]} from [{answered[1]}], " if answered else ""
             extra += f" [answers {origin}call {message.tool_call_id}]"
         content = message.content if message.HasField("content") else ""
-        yield f"[{seq}] {label}{extra}:{' ' if content else ''}{content}"
+        yield f"[{seq}] {label}" + escaped(f"{extra}:{' ' if content else ''}{content}")
         for call in message.tool_calls:
             name, arguments, call_id = _tool_call(struct_to_dict(call))
             if call_id:
                 calls[call_id] = (name, seq)
-            yield f"      -> {name}({arguments})" + (f"  [call {call_id}]" if call_id else "")
+            yield escaped(
+                f"      -> {name}({arguments})" + (f"  [call {call_id}]" if call_id else "")
+            )
 
 
 def _tool_call(call: dict[str, Any]) -> tuple[str, str, str]:
@@ -1091,9 +1095,9 @@ def _get(args: argparse.Namespace) -> int:
         _print_json(described)
         return 0
     for name, value in described["session"].items():
-        print(f"{name:<18}  {_text(value)}")
+        print(f"{name:<18}  {escaped(_text(value))}")
     for entry in described["lease_audit"]:
-        print(f"{'lease audit':<18}  {_text(entry)}")
+        print(f"{'lease audit':<18}  {escaped(_text(entry))}")
     return 0
 
 
@@ -1145,7 +1149,7 @@ def _session_line(session: Any) -> str:
     labels = ",".join(f"{k}={v}" for k, v in sorted(session.labels.items()))
     if labels:
         parts.append(labels)
-    return "\t".join(parts)
+    return escaped("\t".join(parts))
 
 
 def _label(args: argparse.Namespace) -> int:

@@ -226,6 +226,45 @@ def test_messages_print_tool_calls_and_what_results_answer(
     ]
 
 
+SNEAKY = "pay \u202eyap\u202c\x00 now\x1b[2J\r\x7f\u2066x\u2069\nsecond line\tend"
+"""A message whose characters would reorder, clear or overwrite what a terminal shows."""
+SHOWN = (
+    "pay \\u202eyap\\u202c\\u0000 now\\u001b[2J\\u000d\\u007f\\u2066x\\u2069",
+    "second line\tend",
+)
+"""The same, as the human output prints it: escapes, the newline and tab kept."""
+
+
+def test_messages_and_tail_escape_control_and_bidi_characters(
+    server: RunningServer, tmp_path: Path
+) -> None:
+    """messages and tail print NUL, ESC, CR, DEL and the bidi controls of stored text as \\uXXXX
+    (a tool call's arguments too), keeping newlines and tabs; --json keeps the text exact."""
+    call = {"id": "c\u202e1", "name": "f", "arguments": '{"q": "\u202eevil"}'}
+    with Client(server.address) as client:
+        client.append(
+            "sneaky",
+            [
+                event("user_message", {"content": SNEAKY}),
+                event("assistant_message", {"content": "", "tool_calls": [call]}),
+            ],
+        )
+    assert ok(server, tmp_path, "messages", "sneaky").splitlines() == [
+        f"[0] user: {SHOWN[0]}",
+        SHOWN[1],
+        "[1] assistant:",
+        '      -> f({"q": "\\u202eevil"})  [call c\\u202e1]',
+    ]
+    as_json = json.loads(ok(server, tmp_path, "messages", "sneaky", "--json"))
+    assert as_json["messages"][0]["content"] == SNEAKY
+    pretty = ok(server, tmp_path, "tail", "sneaky", "--no-follow")
+    assert "\u202e" not in pretty
+    assert "\x1b" not in pretty
+    assert "\\u202eyap\\u202c" in pretty.splitlines()[0]
+    line = ok(server, tmp_path, "tail", "sneaky", "--no-follow", "--json").splitlines()[0]
+    assert json.loads(line)["data"]["content"] == SNEAKY
+
+
 def test_messages_colour_roles_on_a_terminal(server: RunningServer, tmp_path: Path) -> None:
     """With a terminal for stdout, messages colours each role (ANSI escapes)."""
     seed(server, "tty", "hello")

@@ -15,6 +15,10 @@ length is never held whole. The imported session keeps its seqs, times, types, d
 ops, create and last-append times and fork parent. ``--format openai`` writes the derived
 messages in the chat-completions format instead (a JSON list, what `sessionlog seed` reads):
 a view for a model, not a copy (it cannot be imported).
+
+``import --resume`` continues an import that stopped midway: it reads the whole file again (the
+seqs are checked as ever) but sends only the events from the target session's next seq on, once
+the target's last event is found to be the file's at that seq.
 """
 
 from __future__ import annotations
@@ -46,6 +50,10 @@ class BadLine(Exception):
     """A line of the import file that is not what it should be; the message names it."""
 
 
+class NotTheSameImport(Exception):
+    """--resume onto a session that is not a prefix of the file; the message says how."""
+
+
 def add_commands(sub: Callable[[str, str, Callable[[argparse.Namespace], int]], Any]) -> None:
     """Register `export` and `import` (``sub`` is ``cli_client``'s subcommand maker)."""
     p = sub(
@@ -73,6 +81,12 @@ def add_commands(sub: Callable[[str, str, Callable[[argparse.Namespace], int]], 
     p.add_argument("file", metavar="FILE", help="the export file (- reads stdin)")
     p.add_argument(
         "--session-id", default="", help="import under this id (default: the exported one)"
+    )
+    p.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue an import that stopped midway: send the file's events from the "
+        "target session's next seq (its last stored event must be the file's at that seq)",
     )
 
 
@@ -135,10 +149,13 @@ def _import(args: argparse.Namespace) -> int:
         _usage(f"cannot read {args.file!r}: {exc}")
     with source, _client(args) as client:
         try:
-            reply = import_jsonl(client, _numbered(source), args.session_id)
+            reply = import_jsonl(client, _numbered(source), args.session_id, resume=args.resume)
         except BadLine as exc:
             print(f"sessionlog: {args.file}: {exc}", file=sys.stderr)
             return EXIT_USAGE
+        except NotTheSameImport as exc:
+            print(f"sessionlog: {args.file}: {exc}", file=sys.stderr)
+            return EXIT_REFUSED
     if args.json:
         _print_json(message_to_json(reply))
     else:
@@ -153,15 +170,21 @@ def _numbered(lines: IO[str]) -> Iterator[tuple[int, str]]:
 
 
 def import_jsonl(
-    client: Client, lines: Iterator[tuple[int, str]], session_id: str = ""
+    client: Client, lines: Iterator[tuple[int, str]], session_id: str = "", *, resume: bool = False
 ) -> pb.Session:
     """Import export lines (numbered) as ``session_id`` (default: the exported id); the
-    session as stored. BadLine names the first line that is wrong, and its fault."""
+    session as stored. BadLine names the first line that is wrong, and its fault.
+
+    With ``resume``, an import that stopped midway goes on: the events before the target's next
+    seq are read (and checked) but not sent, once the target's last event is found to be the
+    file's at its seq (NotTheSameImport otherwise). The server takes the rest only into a
+    session an import made (SESSION_ALREADY_EXISTS for any other)."""
     first = next(lines, None)
     if first is None:
         raise BadLine("the file is empty; it should start with the session's record line")
     record = _header(*first)
     target = session_id or record.session_id
+    start, last_stored = _resume_point(client, target) if resume else (0, None)
     seq = 0
     sent: pb.ImportSessionResponse | None = None
     for chunk in _chunks(lines):
@@ -170,16 +193,49 @@ def import_jsonl(
                 raise BadLine(
                     f"line {number}: seq {event.seq}, but the line before it makes it {seq}"
                 )
+            if last_stored is not None and seq == start - 1:
+                _check_same(target, number, event, last_stored)
             seq += 1
-        sent = _send(client, target, record, seq - len(chunk), chunk)
+        unsent = [(number, event) for number, event in chunk if event.seq >= start]
+        if unsent:
+            sent = _send(client, target, record, unsent[0][1].seq, unsent, resume=resume)
     if seq < record.event_count:
         raise BadLine(
             f"the record says {record.event_count} events, but the file holds {seq}: it is "
             f"cut short (the {seq} before the cut are imported)"
         )
+    if seq < start:
+        raise NotTheSameImport(
+            f"session '{target}' holds {start} events, more than the file's {seq}: it is not "
+            "this import stopped midway"
+        )
+    if sent is None and start > 0:  # resumed where nothing was left to send
+        return client.get_session(target).session
     if sent is None:  # an empty session: one chunk without events creates it
         sent = _send(client, target, record, 0, [])
     return sent.session
+
+
+def _resume_point(client: Client, session_id: str) -> tuple[int, event_pb2.Event | None]:
+    """Where a resumed import goes on: the session's next seq and its last event (0 and None
+    for a session that does not exist yet)."""
+    page = client.list_events(session_id, page_size=1, order_by="seq desc")
+    if not page.events:
+        return 0, None
+    return page.event_count, page.events[0]
+
+
+def _check_same(
+    session_id: str, number: int, event: event_pb2.Event, stored: event_pb2.Event
+) -> None:
+    """The file's event at the session's last seq is the one stored there (an import keeps
+    events as sent: type, time, data and all)."""
+    if event != stored:
+        raise NotTheSameImport(
+            f"line {number}: seq {event.seq} differs from the event session '{session_id}' "
+            "holds there: the session is not this file's import stopped midway; import under "
+            "another id (--session-id) instead"
+        )
 
 
 def _header(number: int, line: str) -> pb.Session:
@@ -231,8 +287,11 @@ def _send(
     record: pb.Session,
     first_seq: int,
     chunk: list[tuple[int, event_pb2.Event]],
+    *,
+    resume: bool = False,
 ) -> pb.ImportSessionResponse:
-    """One chunk, with the record's times and parent; a refused event names its line."""
+    """One chunk, with the record's times and parent; a refused event names its line, and a
+    first chunk that finds the session begun says how to go on."""
     try:
         return client.import_session(
             session_id,
@@ -246,6 +305,10 @@ def _send(
             parent_event_count=record.parent_event_count,
             record=record if first_seq == 0 else None,
         )
+    except errors.ImportSeqMismatch as exc:
+        if first_seq == 0 and not resume:
+            exc.message += "; `sessionlog import --resume` continues an import that stopped"
+        raise
     except errors.SessionLogError as exc:
         index = exc.metadata.get("index", "")
         if index.isdigit() and int(index) < len(chunk):

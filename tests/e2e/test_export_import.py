@@ -175,6 +175,54 @@ def test_bad_lines_are_refused_naming_the_line(
     assert "does not exist" in done.stderr
 
 
+def test_import_resume_continues_an_import_that_stopped(
+    servers: tuple[RunningServer, ...], tmp_path: Path
+) -> None:
+    """An import cut short (the file ends at event 700 of 1,200: two chunks in) is continued by
+    --resume from the target's next seq, to the same session as the source; a plain import of
+    it names --resume; resuming a finished import changes nothing; resuming onto a session that
+    is not that import, or into a new id, is refused or imports the whole file."""
+    a, b = servers
+    with Client(a.address) as ca, Client(b.address) as cb:
+        for start in range(0, 1200, 400):
+            batch = [event("user_message", {"content": f"r{n}"}) for n in range(start, start + 400)]
+            ca.append("tr-resume", batch)
+        whole = tmp_path / "resume.jsonl"
+        assert cli(a, tmp_path, "export", "tr-resume", "-o", str(whole)).returncode == 0
+        lines = whole.read_text().splitlines(keepends=True)
+        cut = tmp_path / "cut.jsonl"
+        cut.write_text("".join(lines[: 1 + 700]))
+        done = cli(b, tmp_path, "import", str(cut))
+        assert done.returncode == 2
+        assert "cut short" in done.stderr
+        assert record_of(cb, "tr-resume").event_count == 700
+
+        done = cli(b, tmp_path, "import", str(whole))
+        assert done.returncode == 1
+        assert "IMPORT_SEQ_MISMATCH" in done.stderr
+        assert "--resume" in done.stderr
+        done = cli(b, tmp_path, "import", str(whole), "--resume")
+        assert done.returncode == 0, done.stderr
+        assert "imported tr-resume with 1200 events" in done.stdout
+        assert events_of(cb, "tr-resume") == events_of(ca, "tr-resume")
+        assert record_of(cb, "tr-resume") == record_of(ca, "tr-resume")
+
+        done = cli(b, tmp_path, "import", str(whole), "--resume")
+        assert done.returncode == 0, done.stderr
+        assert record_of(cb, "tr-resume").event_count == 1200
+
+        other = [event("user_message", {"content": f"other{n}"}) for n in range(3)]
+        cb.import_session("tr-other", other)
+        done = cli(b, tmp_path, "import", str(whole), "--resume", "--session-id", "tr-other")
+        assert done.returncode == 1
+        assert "line 4: seq 2 differs" in done.stderr
+        assert record_of(cb, "tr-other").event_count == 3
+
+        done = cli(b, tmp_path, "import", str(whole), "--resume", "--session-id", "tr-fresh")
+        assert done.returncode == 0, done.stderr
+        assert events_of(cb, "tr-fresh") == events_of(ca, "tr-resume")
+
+
 def test_the_python_clients_import_in_chunks(servers: tuple[RunningServer, ...]) -> None:
     """Sync and async import_session: numbered from first_seq, times kept, continued."""
     a, _ = servers

@@ -840,11 +840,14 @@ class SessionLogServicer:
         request = decode(pb.ForkSessionRequest, raw)
         self.ownership.check(request.parent_session_id)
         # No id asked for: sharded, one made up here, in the parent's group (the store's own
-        # would lie anywhere); unsharded, "" (the store makes one up).
-        target = request.session_id or self.ownership.fork_id()
+        # would lie anywhere); unsharded, "" (the store makes one up). Either way inside the
+        # caller's token prefix, where the caller may use it.
+        principal = self._principal(context)
+        under = "" if principal is None else principal.session_prefix
+        target = request.session_id or self.ownership.fork_id(under)
         self.ownership.check_fork(request.parent_session_id, target)
         self._require_primary(context)
-        self._scope(context, request.parent_session_id, request.session_id)
+        self._scope(context, request.parent_session_id, target)
         at_seq = request.at_seq if request.HasField("at_seq") else None
         result = await self.store.commit_fork(
             request.parent_session_id,

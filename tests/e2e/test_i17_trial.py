@@ -1,0 +1,84 @@
+"""Issue 17's parts as a hostile but realistic user meets them: each test is a problem found by
+trying to break them through a real server, and shows it fixed.
+
+One server for the module, with auth on: an admin token and two tenants (``a.`` and ``b.``);
+each test writes its own sessions.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+
+from sessionlog.testing import RunningServer
+from sessionlog.v1 import event_pb2
+from sessionlog.v1 import session_log_service_pb2 as pb
+from sessionlog.v1 import session_log_service_pb2_grpc as pb_grpc
+from tests.e2e._helpers import check, failure, user
+from tests.e2e._proc import running_server
+
+ADMIN = (("authorization", "Bearer admin-secret-7d2e91c04b5a"),)
+TENANT_A = (("authorization", "Bearer tenant-a-secret-3f8c1d6e29b0"),)
+TENANT_B = (("authorization", "Bearer tenant-b-secret-b04e7a9c5d12"),)
+
+TOKENS = """
+[[token]]
+name = "admin"
+token = "admin-secret-7d2e91c04b5a"
+permissions = ["admin"]
+
+[[token]]
+name = "tenant-a"
+token = "tenant-a-secret-3f8c1d6e29b0"
+permissions = ["read", "write"]
+session_prefix = "a."
+
+[[token]]
+name = "tenant-b"
+token = "tenant-b-secret-b04e7a9c5d12"
+permissions = ["read", "write"]
+session_prefix = "b."
+"""
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+    folder: Path = tmp_path_factory.mktemp("i17-trial")
+    tokens = folder / "tokens.toml"
+    tokens.write_text(TOKENS)
+    with running_server(folder / "data", auth_tokens=str(tokens)) as running:
+        yield running
+
+
+@pytest.fixture
+def stub(server: RunningServer) -> pb_grpc.SessionLogServiceStub:
+    return server.stub()
+
+
+def spent(event: event_pb2.Event, model: str, tokens: int) -> event_pb2.Event:
+    event.usage.model, event.usage.input_tokens = model, tokens
+    return event
+
+
+def test_a_tenant_forks_without_naming_the_child(stub: pb_grpc.SessionLogServiceStub) -> None:
+    """A tenant's fork with a generated id gets one inside its prefix (it was PERMISSION_DENIED:
+    the id the store made up lay outside it), and a retry under its request_id replays it."""
+    stub.Append(pb.AppendRequest(session_id="a.gen", events=[user("one")]), metadata=TENANT_A)
+    request = pb.ForkSessionRequest(parent_session_id="a.gen", request_id="fork-1")
+    child = stub.ForkSession(request, metadata=TENANT_A).session
+    assert child.session_id.startswith("a.fork-"), child.session_id
+    assert (child.parent_session_id, child.event_count) == ("a.gen", 1)
+    assert stub.ForkSession(request, metadata=TENANT_A).session.session_id == child.session_id
+    read = stub.GetSession(pb.GetSessionRequest(session_id=child.session_id), metadata=TENANT_A)
+    assert read.session.event_count == 1
+    other = pb.ForkSessionRequest(parent_session_id="a.gen")
+    check(
+        failure(stub.ForkSession, other, metadata=TENANT_B),
+        grpc.StatusCode.PERMISSION_DENIED,
+        "PERMISSION_DENIED",
+    )
+    untenanted = stub.ForkSession(other, metadata=ADMIN).session.session_id
+    assert untenanted.startswith("fork-"), untenanted

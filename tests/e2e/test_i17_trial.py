@@ -82,3 +82,30 @@ def test_a_tenant_forks_without_naming_the_child(stub: pb_grpc.SessionLogService
     )
     untenanted = stub.ForkSession(other, metadata=ADMIN).session.session_id
     assert untenanted.startswith("fork-"), untenanted
+
+
+def test_a_session_made_again_has_no_forks_of_its_erased_namesake(
+    stub: pb_grpc.SessionLogServiceStub,
+) -> None:
+    """GetUsage include_descendants of a session deleted and written again leaves out the forks
+    of the erased session of that id (they were summed into the new session's tree)."""
+    first = [spent(user("old"), "m", 100)]
+    stub.Append(pb.AppendRequest(session_id="a.again", events=first), metadata=ADMIN)
+    fork = pb.ForkSessionRequest(parent_session_id="a.again", session_id="a.again-fork")
+    stub.ForkSession(fork, metadata=ADMIN)
+    more = [spent(user("fork's own"), "m", 7)]
+    stub.Append(pb.AppendRequest(session_id="a.again-fork", events=more), metadata=ADMIN)
+    stub.DeleteSession(pb.DeleteSessionRequest(session_id="a.again"), metadata=ADMIN)
+    fresh = [spent(user("new"), "m", 1)]
+    stub.Append(pb.AppendRequest(session_id="a.again", events=fresh), metadata=ADMIN)
+    tree = pb.GetUsageRequest(session_id="a.again", include_descendants=True)
+    reply = stub.GetUsage(tree, metadata=ADMIN)
+    assert list(reply.descendant_session_ids) == []
+    assert [(u.model, u.input_tokens) for u in reply.usage] == [("m", 1)]
+    stub.ForkSession(
+        pb.ForkSessionRequest(parent_session_id="a.again", session_id="a.again-2"), metadata=ADMIN
+    )
+    stub.Append(pb.AppendRequest(session_id="a.again-2", events=more), metadata=ADMIN)
+    reply = stub.GetUsage(tree, metadata=ADMIN)
+    assert list(reply.descendant_session_ids) == ["a.again-2"]
+    assert [(u.model, u.input_tokens) for u in reply.usage] == [("m", 8)]

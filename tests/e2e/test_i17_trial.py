@@ -7,6 +7,7 @@ each test writes its own sessions.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,7 +19,7 @@ from sessionlog.v1 import event_pb2
 from sessionlog.v1 import session_log_service_pb2 as pb
 from sessionlog.v1 import session_log_service_pb2_grpc as pb_grpc
 from tests.e2e._helpers import check, failure, user
-from tests.e2e._proc import running_server
+from tests.e2e._proc import run_cli, running_server
 
 ADMIN = (("authorization", "Bearer admin-secret-7d2e91c04b5a"),)
 TENANT_A = (("authorization", "Bearer tenant-a-secret-3f8c1d6e29b0"),)
@@ -109,3 +110,25 @@ def test_a_session_made_again_has_no_forks_of_its_erased_namesake(
     reply = stub.GetUsage(tree, metadata=ADMIN)
     assert list(reply.descendant_session_ids) == ["a.again-2"]
     assert [(u.model, u.input_tokens) for u in reply.usage] == [("m", 8)]
+
+
+def test_an_export_is_the_same_file_every_time(
+    stub: pb_grpc.SessionLogServiceStub, server: RunningServer, tmp_path: Path
+) -> None:
+    """Exporting an unchanged session twice writes the same bytes: map and JSON object keys
+    (labels, data, state_delta) come sorted (they came in the hash order of each process, so
+    two exports, or an export and the export of its import, differed)."""
+    keys = [f"k{i:02d}" for i in range(30)]
+    event = user("x", **{key: i for i, key in enumerate(keys)})
+    event.state_delta.update({key: {"inner": keys} for key in keys})
+    labels = dict.fromkeys(keys, "v")
+    create = pb.CreateSessionRequest(session_id="a.exp", labels=labels, events=[event])
+    stub.CreateSession(create, metadata=ADMIN)
+    token = ADMIN[0][1].removeprefix("Bearer ")
+    args = ["export", "a.exp", "--server", server.address, "--token", token]
+    exports = {run_cli(args, tmp_path).stdout for _ in range(3)}
+    assert len(exports) == 1, exports
+    header, line = exports.pop().splitlines()
+    assert list(json.loads(header)["session"]["labels"]) == keys
+    assert list(json.loads(line)["data"]) == ["content", *keys]
+    assert list(json.loads(line)["state_delta"]) == keys

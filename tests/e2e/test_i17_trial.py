@@ -132,3 +132,36 @@ def test_an_export_is_the_same_file_every_time(
     assert list(json.loads(header)["session"]["labels"]) == keys
     assert list(json.loads(line)["data"]) == ["content", *keys]
     assert list(json.loads(line)["state_delta"]) == keys
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["state", "a.neg", "--at-seq", "-1"],
+        ["usage", "a.neg", "--at-seq", "-1"],
+        ["messages", "a.neg", "--at-seq", "-1"],
+        ["surface", "a.neg", "--at-seq", "-1"],
+        ["fork", "a.neg", "--at-seq", "-1"],
+        ["create", "a.neg-child", "--parent", "a.neg", "--parent-seq", "-1"],
+        ["tail", "a.neg", "--last", "-3", "--no-follow"],
+        ["tail", "a.neg", "--from-seq", "-1", "--no-follow"],
+        ["append", "a.neg", "user_message", "--content", "x", "--expected-seq", "-1"],
+        ["items", "a.neg", "--last", "-1"],
+        ["admin", "lease-audit", "--page-size", "-1"],
+    ],
+)
+def test_the_cli_refuses_a_negative_seq_or_count(
+    stub: pb_grpc.SessionLogServiceStub, server: RunningServer, tmp_path: Path, args: list[str]
+) -> None:
+    """A negative --at-seq, --parent-seq, --last, --from-seq, --expected-seq or --page-size is a
+    usage error (exit 2, one line), changing nothing (it was a traceback, or for tail --last a
+    silent empty success)."""
+    stub.Append(pb.AppendRequest(session_id="a.neg", events=[user("x")]), metadata=ADMIN)
+    before = stub.GetSession(pb.GetSessionRequest(session_id="a.neg"), metadata=ADMIN).session
+    token = ADMIN[0][1].removeprefix("Bearer ")
+    result = run_cli([*args, "--server", server.address, "--token", token], tmp_path)
+    assert result.returncode == 2, result
+    assert "Traceback" not in result.stderr
+    assert "0 or more" in result.stderr, result.stderr
+    after = stub.GetSession(pb.GetSessionRequest(session_id="a.neg"), metadata=ADMIN).session
+    assert after.event_count == before.event_count

@@ -15,6 +15,8 @@ import grpc
 import pytest
 
 from sessionlog.testing import RunningServer
+from sessionlog.v1 import admin_service_pb2 as apb
+from sessionlog.v1 import admin_service_pb2_grpc as apb_grpc
 from sessionlog.v1 import event_pb2
 from sessionlog.v1 import session_log_service_pb2 as pb
 from sessionlog.v1 import session_log_service_pb2_grpc as pb_grpc
@@ -165,3 +167,33 @@ def test_the_cli_refuses_a_negative_seq_or_count(
     assert "0 or more" in result.stderr, result.stderr
     after = stub.GetSession(pb.GetSessionRequest(session_id="a.neg"), metadata=ADMIN).session
     assert after.event_count == before.event_count
+
+
+def test_erasing_by_owner_reaches_the_forks_and_sub_agents_of_the_owners_sessions(
+    stub: pb_grpc.SessionLogServiceStub, server: RunningServer
+) -> None:
+    """A fork or a sub-agent child of a session with an owner takes that owner (unless it names
+    its own), so EraseSessions by owner erases them too: a fork kept a copy of the erased
+    user's events, owned by no one."""
+    create = pb.CreateSessionRequest(session_id="a.own", owner="user-9", events=[user("secret")])
+    stub.CreateSession(create, metadata=ADMIN)
+    fork = pb.ForkSessionRequest(parent_session_id="a.own", session_id="a.own-fork")
+    assert stub.ForkSession(fork, metadata=ADMIN).session.session_id == "a.own-fork"
+    child = pb.CreateSessionRequest(session_id="a.own-sub", parent_session_id="a.own")
+    assert stub.CreateSession(child, metadata=ADMIN).session.owner == "user-9"
+    other = pb.CreateSessionRequest(
+        session_id="a.own-other", parent_session_id="a.own", owner="someone-else"
+    )
+    assert stub.CreateSession(other, metadata=ADMIN).session.owner == "someone-else"
+    listed = stub.ListSessions(pb.ListSessionsRequest(filter='owner = "user-9"'), metadata=ADMIN)
+    assert [s.session_id for s in listed.sessions] == ["a.own", "a.own-fork", "a.own-sub"]
+    admin = apb_grpc.AdminServiceStub(server.channel())  # type: ignore[no-untyped-call]
+    erased = admin.EraseSessions(
+        apb.EraseSessionsRequest(filter='owner = "user-9"'), metadata=ADMIN
+    )
+    assert erased.session_count == 3
+    for gone in ("a.own", "a.own-fork", "a.own-sub"):
+        read = stub.GetSession(pb.GetSessionRequest(session_id=gone), metadata=ADMIN)
+        assert not read.session.exists, gone
+    kept = stub.GetSession(pb.GetSessionRequest(session_id="a.own-other"), metadata=ADMIN)
+    assert kept.session.owner == "someone-else"

@@ -684,7 +684,8 @@ class SessionLogServicer:
             batch.fingerprint = hashlib.sha256(asked.encode()).hexdigest()
         result = await self.store.commit_append(batch)
         await self._replicated(result.position)
-        session = session_message(request.session_id, result.meta, record=record)
+        # batch.record: as stored (a child without an owner takes its parent's).
+        session = session_message(request.session_id, result.meta, record=batch.record)
         return _serialize(mirrors.CreateSessionResponse(session=session, events=result.events))
 
     @unary_write

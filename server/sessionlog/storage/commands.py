@@ -167,6 +167,8 @@ class AppendCommand:
         txn.put(batch.session_id.encode(), meta.encode(), db=tables.sessions)
         indexes.touch(txn, tables, batch.session_id, before_ns, now_ns)
         if before_ns is None:
+            if batch.parent_id:
+                batch.record = indexes.inherit_owner(txn, tables, batch.parent_id, batch.record)
             if batch.record is not None and not batch.record.empty():
                 indexes.put_record(txn, tables, batch.session_id, None, batch.record)
             if batch.parent_id:
@@ -322,6 +324,9 @@ class ForkCommand:
         txn.put(self._child_id.encode(), child.encode(), db=tables.sessions)
         indexes.touch(txn, tables, self._child_id, None, now_ns)
         indexes.link_child(txn, tables, self._parent_id, self._child_id)
+        owned = indexes.inherit_owner(txn, tables, self._parent_id, None)
+        if owned is not None:
+            indexes.put_record(txn, tables, self._child_id, None, owned)
         if self._request_id:
             record = RequestRecord(
                 fingerprint=self._fingerprint,

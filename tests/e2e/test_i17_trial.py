@@ -197,3 +197,26 @@ def test_erasing_by_owner_reaches_the_forks_and_sub_agents_of_the_owners_session
         assert not read.session.exists, gone
     kept = stub.GetSession(pb.GetSessionRequest(session_id="a.own-other"), metadata=ADMIN)
     assert kept.session.owner == "someone-else"
+
+
+def test_a_tenant_cannot_import_a_session_under_another_tenants_parent(
+    stub: pb_grpc.SessionLogServiceStub,
+) -> None:
+    """ImportSession with a parent_session_id outside the token's prefix is PERMISSION_DENIED and
+    writes nothing, as CreateSession's parent is (it hung the import under tenant b's session:
+    listed as its child, its usage summed into b's tree)."""
+    stub.Append(pb.AppendRequest(session_id="b.victim", events=[user("b's")]), metadata=TENANT_B)
+    event = spent(user("planted"), "m", 1_000_000)
+    event.time.FromSeconds(1_700_000_000)
+    planted = pb.ImportSessionRequest(
+        session_id="a.planted", first_seq=0, events=[event], parent_session_id="b.victim"
+    )
+    refused = failure(stub.ImportSession, planted, metadata=TENANT_A)
+    check(refused, grpc.StatusCode.PERMISSION_DENIED, "PERMISSION_DENIED")
+    read = stub.GetSession(pb.GetSessionRequest(session_id="a.planted"), metadata=TENANT_A)
+    assert not read.session.exists
+    tree = pb.GetUsageRequest(session_id="b.victim", include_descendants=True)
+    assert list(stub.GetUsage(tree, metadata=ADMIN).descendant_session_ids) == []
+    planted.parent_session_id = "a.planted-parent"
+    stub.Append(pb.AppendRequest(session_id="a.planted-parent", events=[user()]), metadata=TENANT_A)
+    assert stub.ImportSession(planted, metadata=TENANT_A).imported_count == 1

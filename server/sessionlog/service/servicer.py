@@ -924,7 +924,10 @@ class SessionLogServicer:
         else:
             self.ownership.check_write(request.session_id)
         self._require_primary(context)
-        self._scope(context, request.session_id)
+        # The parent link too, as CreateSession's: a tenant must not hang a session under
+        # another tenant's (it would count in that session's tree usage and children).
+        parent = [request.parent_session_id] if request.parent_session_id else []
+        self._scope(context, request.session_id, *parent)
         if importing.has_extras(request):
             self._require_admin(context, "importing request records, a lease or its audit")
         self._check_count(len(request.events))

@@ -220,3 +220,39 @@ def test_a_tenant_cannot_import_a_session_under_another_tenants_parent(
     planted.parent_session_id = "a.planted-parent"
     stub.Append(pb.AppendRequest(session_id="a.planted-parent", events=[user()]), metadata=TENANT_A)
     assert stub.ImportSession(planted, metadata=TENANT_A).imported_count == 1
+
+
+def test_a_page_token_does_not_carry_over_to_a_new_session_of_the_same_id(
+    stub: pb_grpc.SessionLogServiceStub,
+) -> None:
+    """A ListEvents or DeriveMessages token taken before DeleteSession is INVALID_PAGE_TOKEN on
+    a session written again under that id (it went on paging the new log, pinned to the old
+    one's length: another conversation's events and messages as the older pages)."""
+    old = [user(f"old {i}") for i in range(6)]
+    stub.Append(pb.AppendRequest(session_id="a.reborn", events=old), metadata=ADMIN)
+    messages = pb.DeriveMessagesRequest(session_id="a.reborn", page_size=2)
+    derive_token = stub.DeriveMessages(messages, metadata=ADMIN).next_page_token
+    events = pb.ListEventsRequest(session_id="a.reborn", page_size=2, order_by="seq desc")
+    desc_token = stub.ListEvents(events, metadata=ADMIN).next_page_token
+    ascending = pb.ListEventsRequest(session_id="a.reborn", page_size=2)
+    asc_token = stub.ListEvents(ascending, metadata=ADMIN).next_page_token
+    assert all((derive_token, desc_token, asc_token))
+    assert (
+        stub.ListEvents(
+            pb.ListEventsRequest(session_id="a.reborn", page_size=2, page_token=asc_token),
+            metadata=ADMIN,
+        )
+        .events[0]
+        .seq
+        == 2
+    )  # the same incarnation continues
+    stub.DeleteSession(pb.DeleteSessionRequest(session_id="a.reborn"), metadata=ADMIN)
+    new = [user(f"new {i}") for i in range(8)]
+    stub.Append(pb.AppendRequest(session_id="a.reborn", events=new), metadata=ADMIN)
+    invalid = grpc.StatusCode.INVALID_ARGUMENT
+    messages.page_token = derive_token
+    check(failure(stub.DeriveMessages, messages, metadata=ADMIN), invalid, "INVALID_PAGE_TOKEN")
+    events.page_token = desc_token
+    check(failure(stub.ListEvents, events, metadata=ADMIN), invalid, "INVALID_PAGE_TOKEN")
+    ascending.page_token = asc_token
+    check(failure(stub.ListEvents, ascending, metadata=ADMIN), invalid, "INVALID_PAGE_TOKEN")

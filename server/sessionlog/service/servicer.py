@@ -338,6 +338,11 @@ class SessionLogServicer:
         principal = self._principal(context)
         return asked if principal is None else principal.listing_prefix(asked)
 
+    def _sid(self, session_id: str) -> int:
+        """The session's internal id (0: not stored), which a page token is bound to."""
+        meta = self.store.meta(session_id)
+        return 0 if meta is None else meta.sid
+
     def _check_count(self, count: int) -> None:
         if count > self.max_events_per_append:
             raise errors.TooManyEvents(
@@ -541,9 +546,10 @@ class SessionLogServicer:
         """The last page_size messages of a pinned view (see ``Store.derive_page``)."""
         session_id = request.session_id
         size = paging.page_size(request.page_size)
+        sid = self._sid(session_id)
         cursor = None
         if request.page_token:
-            cursor = paging.MessagesCursor.decode(request.page_token, session_id, at_seq)
+            cursor = paging.MessagesCursor.decode(request.page_token, session_id, at_seq, sid)
         page = self.store.derive_page(
             session_id,
             size,
@@ -563,7 +569,7 @@ class SessionLogServicer:
             cursor = paging.MessagesCursor(
                 page.count, page.first_position, generation, at_seq, page.walk
             )
-            token = cursor.encode(session_id)
+            token = cursor.encode(session_id, sid)
         reply = mirrors.DeriveMessagesResponse(
             messages=page.projected,
             seqs=page.seqs,
@@ -584,9 +590,10 @@ class SessionLogServicer:
         size = paging.page_size(request.page_size)
         desc = paging.descending(request.order_by)
         kind = paging.DESCENDING if desc else paging.ASCENDING
+        sid = self._sid(session_id)
         cursor = None
         if request.page_token:
-            (cursor,) = paging.decode(request.page_token, kind, session_id, "ListEvents")
+            (cursor,) = paging.decode(request.page_token, kind, session_id, "ListEvents", sid=sid)
         budget = self.max_message_bytes - FRAMING_BYTES - STORED_EVENT_OVERHEAD * size
         page = self.store.list_events(session_id, cursor, size, descending=desc, max_bytes=budget)
         if desc:
@@ -595,7 +602,7 @@ class SessionLogServicer:
         else:
             after = page.first_seq + len(page.events)  # the next seq to read
             more = after < page.next_seq
-        token = paging.encode(kind, session_id, after) if more else ""
+        token = paging.encode(kind, session_id, after, sid=sid) if more else ""
         events = wire.length_delimited(_LIST_EVENTS, page.events)
         reply = pb.ListEventsResponse(next_page_token=token, event_count=page.next_seq)
         return events + _serialize(reply)

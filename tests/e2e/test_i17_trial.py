@@ -256,3 +256,30 @@ def test_a_page_token_does_not_carry_over_to_a_new_session_of_the_same_id(
     check(failure(stub.ListEvents, events, metadata=ADMIN), invalid, "INVALID_PAGE_TOKEN")
     ascending.page_token = asc_token
     check(failure(stub.ListEvents, ascending, metadata=ADMIN), invalid, "INVALID_PAGE_TOKEN")
+
+
+def test_a_redacted_event_keeps_its_usage(stub: pb_grpc.SessionLogServiceStub) -> None:
+    """RedactEvents keeps an event's usage (the tokens were spent; no content in it), so every
+    GetUsage at_seq and a fork after the redaction agree with the ledger's totals (the usage was
+    erased from the event but not from the totals: at_seq folds missed it or subtracted too
+    little, and a fork's totals lost it)."""
+    events = [spent(user(f"m{i}"), "m", 10**i) for i in range(10)]
+    stub.Append(pb.AppendRequest(session_id="a.red-use", events=events), metadata=ADMIN)
+    redact = pb.RedactEventsRequest(session_id="a.red-use", seqs=[1, 8])
+    stub.RedactEvents(redact, metadata=ADMIN)
+    for at in range(10):
+        asked = pb.GetUsageRequest(session_id="a.red-use", at_seq=at)
+        reply = stub.GetUsage(asked, metadata=ADMIN)
+        assert [u.input_tokens for u in reply.usage] == [int("1" * (at + 1))], at
+    fork = pb.ForkSessionRequest(parent_session_id="a.red-use", session_id="a.red-use-f", at_seq=8)
+    stub.ForkSession(fork, metadata=ADMIN)
+    reply = stub.GetUsage(pb.GetUsageRequest(session_id="a.red-use-f"), metadata=ADMIN)
+    assert [u.input_tokens for u in reply.usage] == [111_111_111]
+    stored = [
+        e
+        for r in stub.Since(pb.SinceRequest(session_id="a.red-use"), metadata=ADMIN)
+        for e in r.events
+    ]
+    assert stored[1].HasField("redacted")
+    assert stored[1].usage.input_tokens == 10
+    assert not stored[1].HasField("data")

@@ -88,7 +88,10 @@ def _export(args: argparse.Namespace) -> int:
             except OSError as exc:
                 _usage(f"cannot write {args.output!r}: {exc}")
         if args.format == "openai":
-            json.dump(client.chat_messages(args.session_id), out, ensure_ascii=False, indent=2)
+            # Each message's fields in their order, the objects inside them sorted (as _json).
+            messages = client.chat_messages(args.session_id)
+            same = [{key: _sorted(value) for key, value in m.items()} for m in messages]
+            json.dump(same, out, ensure_ascii=False, indent=2)
             out.write("\n")
             return 0
         try:

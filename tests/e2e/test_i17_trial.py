@@ -20,7 +20,7 @@ from sessionlog.v1 import admin_service_pb2_grpc as apb_grpc
 from sessionlog.v1 import event_pb2
 from sessionlog.v1 import session_log_service_pb2 as pb
 from sessionlog.v1 import session_log_service_pb2_grpc as pb_grpc
-from tests.e2e._helpers import check, failure, user
+from tests.e2e._helpers import ASSISTANT, check, failure, user
 from tests.e2e._proc import run_cli, running_server
 
 ADMIN = (("authorization", "Bearer admin-secret-7d2e91c04b5a"),)
@@ -121,7 +121,8 @@ def test_an_export_is_the_same_file_every_time(
     (labels, data, state_delta) come sorted (they came in the hash order of each process, so
     two exports, or an export and the export of its import, differed)."""
     keys = [f"k{i:02d}" for i in range(30)]
-    event = user("x", **{key: i for i, key in enumerate(keys)})
+    event = user("x", metadata={key: i for i, key in enumerate(keys)}, type_=ASSISTANT)
+    event.data["tool_calls"] = [{key: i for i, key in enumerate(keys)}]
     event.state_delta.update({key: {"inner": keys} for key in keys})
     labels = dict.fromkeys(keys, "v")
     create = pb.CreateSessionRequest(session_id="a.exp", labels=labels, events=[event])
@@ -130,9 +131,14 @@ def test_an_export_is_the_same_file_every_time(
     args = ["export", "a.exp", "--server", server.address, "--token", token]
     exports = {run_cli(args, tmp_path).stdout for _ in range(3)}
     assert len(exports) == 1, exports
+    openai = {run_cli([*args, "--format", "openai"], tmp_path).stdout for _ in range(3)}
+    assert len(openai) == 1, openai
+    (message,) = json.loads(openai.pop())
+    assert list(message["tool_calls"][0]) == keys
     header, line = exports.pop().splitlines()
     assert list(json.loads(header)["session"]["labels"]) == keys
-    assert list(json.loads(line)["data"]) == ["content", *keys]
+    assert list(json.loads(line)["data"]) == ["content", "metadata", "tool_calls"]
+    assert list(json.loads(line)["data"]["metadata"]) == keys
     assert list(json.loads(line)["state_delta"]) == keys
 
 

@@ -289,3 +289,20 @@ def test_a_redacted_event_keeps_its_usage(stub: pb_grpc.SessionLogServiceStub) -
     assert stored[1].HasField("redacted")
     assert stored[1].usage.input_tokens == 10
     assert not stored[1].HasField("data")
+
+
+def test_a_redaction_refused_by_a_lease_says_what_to_send(
+    stub: pb_grpc.SessionLogServiceStub,
+) -> None:
+    """LEASE_HELD on RedactEvents or DeleteSession names the write, not just an append (its
+    message told a caller redacting to "append with lease_holder")."""
+    stub.Append(pb.AppendRequest(session_id="a.leased", events=[user()]), metadata=ADMIN)
+    stub.AcquireLease(pb.AcquireLeaseRequest(session_id="a.leased", holder="w1"), metadata=ADMIN)
+    redact = pb.RedactEventsRequest(session_id="a.leased", seqs=[0])
+    refused = failure(stub.RedactEvents, redact, metadata=ADMIN)
+    check(refused, grpc.StatusCode.FAILED_PRECONDITION, "LEASE_HELD", holder="w1")
+    assert "a redaction" in refused.details(), refused.details()
+    delete = pb.DeleteSessionRequest(session_id="a.leased")
+    refused = failure(stub.DeleteSession, delete, metadata=ADMIN)
+    check(refused, grpc.StatusCode.FAILED_PRECONDITION, "LEASE_HELD", holder="w1")
+    assert "a delete" in refused.details(), refused.details()

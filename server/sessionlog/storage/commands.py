@@ -422,8 +422,9 @@ def _check_lease(
 
 def _held(session_id: str, lease: LeaseRecord) -> errors.LeaseHeld:
     return errors.LeaseHeld(
-        f"session '{session_id}' has a live writer lease held by '{lease.holder}'; append with "
-        "lease_holder set to it, or wait until the lease expires",
+        f"session '{session_id}' has a live writer lease held by '{lease.holder}'; send the "
+        "write (an append, a redaction, a delete, a fork into it) with lease_holder set to it, "
+        "or wait until the lease expires",
         holder=lease.holder,
         token=lease.token,
         expire_time_ns=lease.expire_time_ns,

@@ -65,7 +65,7 @@ from typing import Any
 import lmdb
 
 from sessionlog import errors
-from sessionlog.cli_client import _client, channel, connection_options, server_address
+from sessionlog.cli_client import _client, channel, connection_options, natural, server_address
 from sessionlog.cluster.rejoin import RejoinRefused, rejoin
 from sessionlog.config import DEFAULT_DATA_DIR
 from sessionlog.storage import (
@@ -272,7 +272,7 @@ def add_commands(commands: Any) -> None:
     )
     audit.add_argument("--prefix", default="", help="only sessions whose id starts with this")
     audit.add_argument(
-        "--page-size", type=int, default=0, help="entries per call (default: the server's, 100)"
+        "--page-size", type=natural, default=0, help="entries per call (default: the server's, 100)"
     )
     audit.add_argument("--json", action="store_true", help="one JSON object per line")
     audit.set_defaults(run=_lease_audit)

@@ -114,7 +114,7 @@ def add_commands(commands: Any) -> None:
         '{"content": "hi"}} (also "replace": [START, STOP], "time"); - reads stdin. '
         "All are appended in one atomic batch",
     )
-    p.add_argument("--expected-seq", type=int, help="fail with SEQ_CONFLICT unless at this seq")
+    p.add_argument("--expected-seq", type=natural, help="fail with SEQ_CONFLICT unless at this seq")
     p.add_argument("--request-id", default="", help="idempotency key")
     p.add_argument("--lease-holder", default="", help="the writer lease holder to write as")
 
@@ -128,7 +128,7 @@ def add_commands(commands: Any) -> None:
     p.add_argument("start", type=int, help="first position hidden")
     p.add_argument("stop", type=int, help="last position hidden (may run past the end)")
     p.add_argument("--reason", help="kept in the hide event's data as 'reason'")
-    p.add_argument("--expected-seq", type=int, help="fail with SEQ_CONFLICT unless at this seq")
+    p.add_argument("--expected-seq", type=natural, help="fail with SEQ_CONFLICT unless at this seq")
 
     p = sub(
         "delete",
@@ -137,7 +137,7 @@ def add_commands(commands: Any) -> None:
         _delete,
     )
     p.add_argument("session_id")
-    p.add_argument("--expected-seq", type=int, help="fail with SEQ_CONFLICT unless at this seq")
+    p.add_argument("--expected-seq", type=natural, help="fail with SEQ_CONFLICT unless at this seq")
     p.add_argument("--lease-holder", default="", help="the writer lease holder to delete as")
     p.add_argument(
         "--force", action="store_true", help="delete under another holder's live lease (admin)"
@@ -160,8 +160,8 @@ def add_commands(commands: Any) -> None:
         _tail,
     )
     p.add_argument("session_id", nargs="?", help="the session (or --prefix)")
-    p.add_argument("--from-seq", type=int, help="first seq to print (default 0)")
-    p.add_argument("--last", type=int, metavar="N", help="start with the last N stored events")
+    p.add_argument("--from-seq", type=natural, help="first seq to print (default 0)")
+    p.add_argument("--last", type=natural, metavar="N", help="start with the last N stored events")
     p.add_argument("--no-follow", action="store_true", help="stop after the stored events")
     p.add_argument(
         "--no-resume",
@@ -197,15 +197,15 @@ def add_commands(commands: Any) -> None:
 
     p = sub("surface", "print the events the model sees", _surface)
     p.add_argument("session_id")
-    p.add_argument("--at-seq", type=int, help="as the surface was when the log ended here")
+    p.add_argument("--at-seq", type=natural, help="as the surface was when the log ended here")
 
     p = sub("state", "print the session's state (its events' state deltas, folded)", _state)
     p.add_argument("session_id")
-    p.add_argument("--at-seq", type=int, help="as the state was when the log ended here")
+    p.add_argument("--at-seq", type=natural, help="as the state was when the log ended here")
 
     p = sub("usage", "print the session's token usage per model (the usage ledger)", _usage_cmd)
     p.add_argument("session_id")
-    p.add_argument("--at-seq", type=int, help="as the totals were when the log ended here")
+    p.add_argument("--at-seq", type=natural, help="as the totals were when the log ended here")
     p.add_argument(
         "--tree",
         action="store_true",
@@ -214,10 +214,10 @@ def add_commands(commands: Any) -> None:
 
     p = sub("messages", "print the derived messages as a transcript", _messages)
     p.add_argument("session_id")
-    p.add_argument("--at-seq", type=int, help="as the model saw them when the log ended here")
+    p.add_argument("--at-seq", type=natural, help="as the model saw them when the log ended here")
     p.add_argument(
         "--last",
-        type=int,
+        type=natural,
         metavar="N",
         help="only the last N messages, read from the end of the log (summaries are then not "
         "marked with the range they replace: that would read the whole surface)",
@@ -232,7 +232,7 @@ def add_commands(commands: Any) -> None:
         _items,
     )
     p.add_argument("session_id")
-    p.add_argument("--last", type=int, metavar="N", help="only the last N lines")
+    p.add_argument("--last", type=natural, metavar="N", help="only the last N lines")
 
     p = sub("create", "create a session with initial events, atomically", _create)
     p.add_argument("session_id")
@@ -244,7 +244,7 @@ def add_commands(commands: Any) -> None:
         help="make it a sub-agent child of SESSION (it starts empty, linked to the parent)",
     )
     p.add_argument(
-        "--parent-seq", type=int, help="with --parent: the seq of the tool call that spawned it"
+        "--parent-seq", type=natural, help="with --parent: the seq of the tool call that spawned it"
     )
     p.add_argument(
         "--events",
@@ -311,7 +311,7 @@ def add_commands(commands: Any) -> None:
 
     p = sub("fork", "copy a session's events 0..AT_SEQ into a new session (rewind)", _fork)
     p.add_argument("parent_session_id")
-    p.add_argument("--at-seq", type=int, help="last seq copied (default: the whole log)")
+    p.add_argument("--at-seq", type=natural, help="last seq copied (default: the whole log)")
     p.add_argument("--to", default="", help="the new session's id (default: generated)")
     p.add_argument(
         "--request-id",
@@ -423,6 +423,18 @@ def _report(error: errors.SessionLogError) -> int:
     print(f"sessionlog: {error.reason}: {details}", file=sys.stderr)
     unreachable = isinstance(error, errors.Unavailable | DeadlineExceeded | errors.StorageIoError)
     return EXIT_UNREACHABLE if unreachable else EXIT_REFUSED
+
+
+def natural(text: str) -> int:
+    """An argparse type for a seq, a count or a page size: a whole number, 0 or more (a
+    negative one would fail later, in the request, with a traceback)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid int value: {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{value} is not a number 0 or more")
+    return value
 
 
 def _usage(message: str) -> NoReturn:

@@ -102,7 +102,10 @@ def _export(args: argparse.Namespace) -> int:
             except OSError as exc:
                 _usage(f"cannot write {args.output!r}: {exc}")
         if args.format == "openai":
-            json.dump(client.chat_messages(args.session_id), out, ensure_ascii=False, indent=2)
+            # Each message's fields in their order, the objects inside them sorted (as _json).
+            messages = client.chat_messages(args.session_id)
+            same = [{key: _sorted(value) for key, value in m.items()} for m in messages]
+            json.dump(same, out, ensure_ascii=False, indent=2)
             out.write("\n")
             return 0
         try:
@@ -135,7 +138,25 @@ def export_jsonl(client: Client, session_id: str, out: IO[str]) -> int:
 
 
 def _json(message: Any) -> dict[str, Any]:
+    """A message as JSON, fields in field order and the keys of its maps and Structs (labels,
+    data, state_delta) sorted: the runtime gives those in a hash order of its own, different
+    in every process, and an export must come out the same each time."""
     value: dict[str, Any] = json_format.MessageToDict(message, preserving_proto_field_name=True)
+    for name in _MAPS:
+        if isinstance(value.get(name), dict):
+            value[name] = _sorted(value[name])
+    return value
+
+
+_MAPS = ("labels", "data", "state_delta")
+"""The map and Struct fields of a Session or an Event."""
+
+
+def _sorted(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {key: _sorted(value[key]) for key in sorted(value)}
+    if isinstance(value, list):
+        return [_sorted(item) for item in value]
     return value
 
 

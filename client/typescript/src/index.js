@@ -200,6 +200,19 @@ function checkCount(n) {
   if (!Number.isInteger(n) || n < 0) throw new RangeError(`n must be a whole number, 0 or more (got ${n})`);
 }
 
+/**
+ * A seq the API takes as uint64 (at_seq, expected_seq, parent_seq, a seq to redact), checked
+ * before it is sent: a whole number 0 or more, or a bigint below 2^64. protobufjs would send
+ * another seq in place of a negative, fractional or too large one without a word
+ * (redactEvents([-1]) redacted seq 0).
+ */
+function checkSeq(value, name) {
+  const whole =
+    typeof value === "bigint" ? value >= 0n && value < 2n ** 64n : Number.isSafeInteger(value) && value >= 0;
+  if (!whole) throw new RangeError(`${name} must be a whole number, 0 or more (got ${String(value)})`);
+  return value;
+}
+
 /** A plain JSON value -> google.protobuf.Value as proto-loader expects it. */
 function toValue(value) {
   if (value === null || value === undefined) return { nullValue: "NULL_VALUE" };
@@ -1403,7 +1416,7 @@ export class SessionLogClient {
       lease_token: leaseToken,
       lenient,
     };
-    if (expectedSeq !== undefined && expectedSeq !== null) request.expected_seq = expectedSeq;
+    if (expectedSeq !== undefined && expectedSeq !== null) request.expected_seq = checkSeq(expectedSeq, "expectedSeq");
     const reply = await this._call("Append", request, { timeoutMs, retry: request_id !== "", write: true });
     return {
       events: (reply.events ?? []).map(fromEvent),
@@ -1440,7 +1453,7 @@ export class SessionLogClient {
 
   async surface(sessionId, { atSeq, timeoutMs } = {}) {
     const request = { session_id: sessionId };
-    if (atSeq !== undefined) request.at_seq = atSeq;
+    if (atSeq !== undefined) request.at_seq = checkSeq(atSeq, "atSeq");
     const reply = await this._call("Surface", request, { timeoutMs, retry: true });
     return {
       events: (reply.events ?? []).map(fromEvent),
@@ -1456,7 +1469,7 @@ export class SessionLogClient {
    */
   async getUsage(sessionId, { atSeq, includeDescendants = false, timeoutMs } = {}) {
     const request = { session_id: sessionId, include_descendants: includeDescendants };
-    if (atSeq !== undefined) request.at_seq = atSeq;
+    if (atSeq !== undefined) request.at_seq = checkSeq(atSeq, "atSeq");
     const reply = await this._call("GetUsage", request, { timeoutMs, retry: true });
     return {
       usage: fromModelUsages(reply.usage),
@@ -1473,7 +1486,7 @@ export class SessionLogClient {
    */
   async getState(sessionId, { atSeq, timeoutMs } = {}) {
     const request = { session_id: sessionId };
-    if (atSeq !== undefined) request.at_seq = atSeq;
+    if (atSeq !== undefined) request.at_seq = checkSeq(atSeq, "atSeq");
     const reply = await this._call("GetState", request, { timeoutMs, retry: true });
     return { state: fromStruct(reply.state), eventCount: Number(reply.event_count ?? 0) };
   }
@@ -1486,7 +1499,7 @@ export class SessionLogClient {
    */
   async deriveMessages(sessionId, { atSeq, extra = false, pageSize = 0, pageToken = "", timeoutMs } = {}) {
     const request = { session_id: sessionId, page_size: pageSize, page_token: pageToken };
-    if (atSeq !== undefined) request.at_seq = atSeq;
+    if (atSeq !== undefined) request.at_seq = checkSeq(atSeq, "atSeq");
     const reply = await this._call("DeriveMessages", request, { timeoutMs, retry: true });
     return {
       messages: (reply.messages ?? []).map((m) => fromMessage(m, { extra })),
@@ -1625,7 +1638,7 @@ export class SessionLogClient {
       status,
       parent_session_id: parentSessionId,
     };
-    if (parentSeq !== undefined) request.parent_seq = parentSeq;
+    if (parentSeq !== undefined) request.parent_seq = checkSeq(parentSeq, "parentSeq");
     const reply = await this._call("CreateSession", request, { timeoutMs, retry: request_id !== "", write: true });
     return { session: fromSession(reply.session), events: (reply.events ?? []).map(fromEvent) };
   }
@@ -1748,7 +1761,7 @@ export class SessionLogClient {
       lease_token: leaseToken,
       request_id,
     };
-    if (atSeq !== undefined) request.at_seq = atSeq;
+    if (atSeq !== undefined) request.at_seq = checkSeq(atSeq, "atSeq");
     const reply = await this._call("ForkSession", request, { timeoutMs, retry: request_id !== "", write: true });
     return { session: fromSession(reply.session) };
   }
@@ -1799,7 +1812,7 @@ export class SessionLogClient {
    */
   async deleteSession(sessionId, { expectedSeq, leaseHolder = "", force = false, reason = "", timeoutMs } = {}) {
     const request = { session_id: sessionId, lease_holder: leaseHolder, force, reason };
-    if (expectedSeq !== undefined) request.expected_seq = expectedSeq;
+    if (expectedSeq !== undefined) request.expected_seq = checkSeq(expectedSeq, "expectedSeq");
     const reply = await this._call("DeleteSession", request, { timeoutMs, write: true });
     return {
       session: fromSession(reply.session),
@@ -1813,7 +1826,7 @@ export class SessionLogClient {
    * come back with `redacted`). Retried on UNAVAILABLE: redacting again changes nothing.
    */
   async redactEvents(sessionId, seqs, { reason = "", leaseHolder = "", timeoutMs } = {}) {
-    const request = { session_id: sessionId, seqs, reason, lease_holder: leaseHolder };
+    const request = { session_id: sessionId, seqs: seqs.map((seq) => checkSeq(seq, "a seq")), reason, lease_holder: leaseHolder };
     const reply = await this._call("RedactEvents", request, { timeoutMs, retry: true, write: true });
     return { seqs: (reply.seqs ?? []).map(Number), position: Number(reply.position ?? 0) };
   }

@@ -4,8 +4,10 @@ A token is opaque to clients and no secret: base64url (no padding) of fixed-widt
 
     version (1 byte) | kind (1 byte) | digest (8 bytes) | fields (u64 BE each)
 
-where the digest is the first 8 bytes of SHA-256 over the kind and the session id, which binds a
-token to its session and to the listing that made it. The kinds and their fields:
+where the digest is the first 8 bytes of SHA-256 over the kind, the session id and its internal
+id (sid, never reused), which binds a token to its session, to the listing that made it, and to
+that session's life: a session deleted and written again under the same id is another log, and
+a token of the first is nobody's token there. The kinds and their fields:
 
     ListEvents, oldest first   b"A"   the next seq to read
     ListEvents, newest first   b"D"   the seq the next page stops before (exclusive)
@@ -66,20 +68,23 @@ def descending(order_by: str) -> bool:
     return order
 
 
-def _digest(kind: bytes, session_id: str) -> bytes:
-    return hashlib.sha256(kind + session_id.encode("utf-8", "surrogatepass")).digest()[:8]
+def _digest(kind: bytes, session_id: str, sid: int) -> bytes:
+    named = kind + session_id.encode("utf-8", "surrogatepass") + b"\x00" + _U64.pack(sid)
+    return hashlib.sha256(named).digest()[:8]
 
 
-def encode(kind: bytes, session_id: str, *fields: int) -> str:
-    """A token of ``kind`` for ``session_id`` carrying ``fields``."""
-    payload = _HEAD.pack(VERSION, kind[0], _digest(kind, session_id))
+def encode(kind: bytes, session_id: str, *fields: int, sid: int = 0) -> str:
+    """A token of ``kind`` for ``session_id`` (its internal id ``sid``; 0: never written)
+    carrying ``fields``."""
+    payload = _HEAD.pack(VERSION, kind[0], _digest(kind, session_id, sid))
     payload += b"".join(_U64.pack(value) for value in fields)
     return base64.urlsafe_b64encode(payload).decode().rstrip("=")
 
 
-def decode(token: str, kind: bytes, session_id: str, rpc: str) -> tuple[int, ...]:
-    """The fields of a token made by ``encode(kind, session_id, ...)``; InvalidPageToken for
-    anything else: another session's, another order's, another RPC's, or no token at all."""
+def decode(token: str, kind: bytes, session_id: str, rpc: str, *, sid: int = 0) -> tuple[int, ...]:
+    """The fields of a token made by ``encode(kind, session_id, ..., sid=sid)``;
+    InvalidPageToken for anything else: another session's (or another life's of this id),
+    another order's, another RPC's, or no token at all."""
     fewest = _FIELDS[kind]
     most = fewest + (MAX_WALK_VALUES if kind == MESSAGES else 0)
     try:
@@ -90,7 +95,7 @@ def decode(token: str, kind: bytes, session_id: str, rpc: str) -> tuple[int, ...
         if rest or not fewest <= count <= most:
             raise ValueError("not a token's size")
         version, got, digest = _HEAD.unpack_from(payload)
-        if version != VERSION or got != kind[0] or digest != _digest(kind, session_id):
+        if version != VERSION or got != kind[0] or digest != _digest(kind, session_id, sid):
             raise ValueError("not this listing's token")
     except ValueError:
         raise invalid(rpc, session_id) from None
@@ -119,23 +124,25 @@ class MessagesCursor:
     walk: Resume | None = None
     """Where the walk stopped, when small enough to carry (None: walk from the end again)."""
 
-    def encode(self, session_id: str) -> str:
+    def encode(self, session_id: str, sid: int = 0) -> str:
         at = 0 if self.at_seq is None else self.at_seq + 1
         walk = (
             self.walk if self.walk is not None and _values(self.walk) <= MAX_WALK_VALUES else None
         )
         head = (self.pinned, self.before, self.generation, at)
         if walk is None:
-            return encode(MESSAGES, session_id, *head, 0, 0, 0)
+            return encode(MESSAGES, session_id, *head, 0, 0, 0, sid=sid)
         ranges = [value for pair in walk.hidden for value in pair]
         counts = (walk.next_seq + 1, len(walk.hidden), len(walk.pending))
-        return encode(MESSAGES, session_id, *head, *counts, *ranges, *walk.pending)
+        return encode(MESSAGES, session_id, *head, *counts, *ranges, *walk.pending, sid=sid)
 
     @classmethod
-    def decode(cls, token: str, session_id: str, at_seq: int | None) -> MessagesCursor:
+    def decode(
+        cls, token: str, session_id: str, at_seq: int | None, sid: int = 0
+    ) -> MessagesCursor:
         """The cursor in ``token``; InvalidPageToken also when ``at_seq`` differs from the
         first page's, or the walk it carries does not hold together."""
-        fields = decode(token, MESSAGES, session_id, "DeriveMessages")
+        fields = decode(token, MESSAGES, session_id, "DeriveMessages", sid=sid)
         pinned, before, generation, at, resume, ranges, pending = fields[:7]
         cursor = cls(pinned, before, generation, None if at == 0 else at - 1)
         if cursor.at_seq != at_seq or (at_seq is not None and pinned != at_seq + 1):

@@ -338,6 +338,11 @@ class SessionLogServicer:
         principal = self._principal(context)
         return asked if principal is None else principal.listing_prefix(asked)
 
+    def _sid(self, session_id: str) -> int:
+        """The session's internal id (0: not stored), which a page token is bound to."""
+        meta = self.store.meta(session_id)
+        return 0 if meta is None else meta.sid
+
     def _check_count(self, count: int) -> None:
         if count > self.max_events_per_append:
             raise errors.TooManyEvents(
@@ -541,9 +546,10 @@ class SessionLogServicer:
         """The last page_size messages of a pinned view (see ``Store.derive_page``)."""
         session_id = request.session_id
         size = paging.page_size(request.page_size)
+        sid = self._sid(session_id)
         cursor = None
         if request.page_token:
-            cursor = paging.MessagesCursor.decode(request.page_token, session_id, at_seq)
+            cursor = paging.MessagesCursor.decode(request.page_token, session_id, at_seq, sid)
         page = self.store.derive_page(
             session_id,
             size,
@@ -563,7 +569,7 @@ class SessionLogServicer:
             cursor = paging.MessagesCursor(
                 page.count, page.first_position, generation, at_seq, page.walk
             )
-            token = cursor.encode(session_id)
+            token = cursor.encode(session_id, sid)
         reply = mirrors.DeriveMessagesResponse(
             messages=page.projected,
             seqs=page.seqs,
@@ -584,9 +590,10 @@ class SessionLogServicer:
         size = paging.page_size(request.page_size)
         desc = paging.descending(request.order_by)
         kind = paging.DESCENDING if desc else paging.ASCENDING
+        sid = self._sid(session_id)
         cursor = None
         if request.page_token:
-            (cursor,) = paging.decode(request.page_token, kind, session_id, "ListEvents")
+            (cursor,) = paging.decode(request.page_token, kind, session_id, "ListEvents", sid=sid)
         budget = self.max_message_bytes - FRAMING_BYTES - STORED_EVENT_OVERHEAD * size
         page = self.store.list_events(session_id, cursor, size, descending=desc, max_bytes=budget)
         if desc:
@@ -595,7 +602,7 @@ class SessionLogServicer:
         else:
             after = page.first_seq + len(page.events)  # the next seq to read
             more = after < page.next_seq
-        token = paging.encode(kind, session_id, after) if more else ""
+        token = paging.encode(kind, session_id, after, sid=sid) if more else ""
         events = wire.length_delimited(_LIST_EVENTS, page.events)
         reply = pb.ListEventsResponse(next_page_token=token, event_count=page.next_seq)
         return events + _serialize(reply)
@@ -684,7 +691,8 @@ class SessionLogServicer:
             batch.fingerprint = hashlib.sha256(asked.encode()).hexdigest()
         result = await self.store.commit_append(batch)
         await self._replicated(result.position)
-        session = session_message(request.session_id, result.meta, record=record)
+        # batch.record: as stored (a child without an owner takes its parent's).
+        session = session_message(request.session_id, result.meta, record=batch.record)
         return _serialize(mirrors.CreateSessionResponse(session=session, events=result.events))
 
     @unary_write
@@ -839,11 +847,14 @@ class SessionLogServicer:
         request = decode(pb.ForkSessionRequest, raw)
         self.ownership.check(request.parent_session_id)
         # No id asked for: sharded, one made up here, in the parent's group (the store's own
-        # would lie anywhere); unsharded, "" (the store makes one up).
-        target = request.session_id or self.ownership.fork_id()
+        # would lie anywhere); unsharded, "" (the store makes one up). Either way inside the
+        # caller's token prefix, where the caller may use it.
+        principal = self._principal(context)
+        under = "" if principal is None else principal.session_prefix
+        target = request.session_id or self.ownership.fork_id(under)
         self.ownership.check_fork(request.parent_session_id, target)
         self._require_primary(context)
-        self._scope(context, request.parent_session_id, request.session_id)
+        self._scope(context, request.parent_session_id, target)
         at_seq = request.at_seq if request.HasField("at_seq") else None
         result = await self.store.commit_fork(
             request.parent_session_id,
@@ -919,7 +930,10 @@ class SessionLogServicer:
         else:
             self.ownership.check_write(request.session_id)
         self._require_primary(context)
-        self._scope(context, request.session_id)
+        # The parent link too, as CreateSession's: a tenant must not hang a session under
+        # another tenant's (it would count in that session's tree usage and children).
+        parent = [request.parent_session_id] if request.parent_session_id else []
+        self._scope(context, request.session_id, *parent)
         if importing.has_extras(request):
             self._require_admin(context, "importing request records, a lease or its audit")
         self._check_count(len(request.events))

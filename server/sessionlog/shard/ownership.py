@@ -310,17 +310,19 @@ class Ownership:
         if refusal is not None:
             raise refusal
 
-    def fork_id(self) -> str:
-        """The id of a fork whose caller named none: "" unsharded (the store makes one up),
-        else a new ``fork-<uuid>`` whose slot my group owns, so that the fork stays in its
+    def fork_id(self, prefix: str = "") -> str:
+        """The id of a fork whose caller named none: unsharded, "" (the store makes one up)
+        or, given a tenant token's ``prefix``, a new ``<prefix>fork-<uuid>`` (a made-up id
+        outside the prefix would be refused to the caller); sharded, a new
+        ``<prefix>fork-<uuid>`` whose slot my group owns, so that the fork stays in its
         parent's group (a made-up id anywhere would name another group's slot)."""
         if not self.sharded:
-            return ""
+            return f"{prefix}fork-{uuid.uuid4().hex}" if prefix else ""
         mine = self._mine
         if mine is None:
             raise self.unavailable()
         for _ in range(FORK_ID_ATTEMPTS):
-            candidate = f"fork-{uuid.uuid4().hex}"
+            candidate = f"{prefix}fork-{uuid.uuid4().hex}"
             if mine.owns_slot(slot_of(candidate)):
                 return candidate
         raise errors.CrossGroupFork(  # only when my group owns no slot

@@ -167,6 +167,8 @@ class AppendCommand:
         txn.put(batch.session_id.encode(), meta.encode(), db=tables.sessions)
         indexes.touch(txn, tables, batch.session_id, before_ns, now_ns)
         if before_ns is None:
+            if batch.parent_id:
+                batch.record = indexes.inherit_owner(txn, tables, batch.parent_id, batch.record)
             if batch.record is not None and not batch.record.empty():
                 indexes.put_record(txn, tables, batch.session_id, None, batch.record)
             if batch.parent_id:
@@ -322,6 +324,9 @@ class ForkCommand:
         txn.put(self._child_id.encode(), child.encode(), db=tables.sessions)
         indexes.touch(txn, tables, self._child_id, None, now_ns)
         indexes.link_child(txn, tables, self._parent_id, self._child_id)
+        owned = indexes.inherit_owner(txn, tables, self._parent_id, None)
+        if owned is not None:
+            indexes.put_record(txn, tables, self._child_id, None, owned)
         if self._request_id:
             record = RequestRecord(
                 fingerprint=self._fingerprint,
@@ -417,8 +422,9 @@ def _check_lease(
 
 def _held(session_id: str, lease: LeaseRecord) -> errors.LeaseHeld:
     return errors.LeaseHeld(
-        f"session '{session_id}' has a live writer lease held by '{lease.holder}'; append with "
-        "lease_holder set to it, or wait until the lease expires",
+        f"session '{session_id}' has a live writer lease held by '{lease.holder}'; send the "
+        "write (an append, a redaction, a delete, a fork into it) with lease_holder set to it, "
+        "or wait until the lease expires",
         holder=lease.holder,
         token=lease.token,
         expire_time_ns=lease.expire_time_ns,

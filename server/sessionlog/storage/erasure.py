@@ -269,12 +269,17 @@ class RedactResult(Written):
 
 
 def redacted(event: Event, now_ns: int, reason: str) -> Event:
-    """The redacted form of a stored event: seq, type, time and surface_op, and the mark."""
+    """The redacted form of a stored event: seq, type, time, surface_op and usage, and the
+    mark. Usage stays: it holds no content (a model name and counts), the ledger's totals keep
+    counting it, and the reads that fold usage from events (GetUsage at_seq, a fork's totals)
+    must agree with them."""
     out = Event(seq=event.seq, type=event.type)
     if event.HasField("time"):
         out.time.CopyFrom(event.time)
     if event.HasField("surface_op"):
         out.surface_op.CopyFrom(event.surface_op)
+    if event.HasField("usage"):
+        out.usage.CopyFrom(event.usage)
     mark = Redaction(reason=reason)
     mark.redact_time.FromNanoseconds(now_ns)
     out.redacted.CopyFrom(mark)

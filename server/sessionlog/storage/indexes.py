@@ -84,6 +84,22 @@ def put_record(
     txn.put(session_id.encode(), schema.encode_record(new), db=tables.records)
 
 
+def inherit_owner(
+    txn: Txn, tables: Tables, parent_id: str, record: SessionRecord | None
+) -> SessionRecord | None:
+    """A new child's record (a fork's or a sub-agent's) with its parent's owner when it names
+    none: a child holds its parent's conversation (a fork copies its events), so erasing
+    "everything of user X" by owner must reach it too."""
+    if record is not None and record.owner:
+        return record
+    parent = load_record(txn, tables, parent_id)
+    if parent is None or not parent.owner:
+        return record
+    inherited = SessionRecord() if record is None else record.copy()
+    inherited.owner = parent.owner
+    return inherited
+
+
 def link_child(txn: RecordingTxn, tables: Tables, parent_id: str, child_id: str) -> None:
     txn.put(schema.child_prefix(parent_id) + child_id.encode(), b"", db=tables.children)
 

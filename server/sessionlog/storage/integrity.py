@@ -34,7 +34,8 @@ from typing import TYPE_CHECKING, Any
 import lmdb
 
 from sessionlog import errors, fold
-from sessionlog.storage import damage, schema
+from sessionlog.records import SessionRecord
+from sessionlog.storage import damage, indexes, schema
 from sessionlog.storage.schema import (
     AuditRecord,
     ErasureRecord,
@@ -204,7 +205,10 @@ def verify(
     events decode, their keys are dense 0..next_seq-1 with the seq inside each event matching
     its key, and replace_generation counts its replace events; the change feed is dense from 1,
     each record decodes and names events that exist, and passes every ``change_checks``;
-    request, lease, audit, usage and erasure records decode. A table LMDB cannot walk to its end
+    request, lease, audit, usage and erasure records decode; the session records and their
+    indexes agree (``recent`` one key per session at its update time, ``labels`` exactly the
+    records' labels, owners and statuses, ``children`` one key per session with a parent, no
+    record of a session not stored). A table LMDB cannot walk to its end
     is reported and the walk goes on with the next one, in a fresh transaction.
     """
     walk = _Walk(file_bytes=_map_bytes(env))
@@ -219,6 +223,7 @@ def verify(
         ("usage", _records("usage", UsageRecord.decode, _usage_where)),
         ("erasures", _records("erasures", ErasureRecord.decode, _position_where)),
         ("counters", _counters),
+        ("records", _indexes),
     ):
         walk.counts[name] = 0
         try:
@@ -425,6 +430,58 @@ def _records(
                 walk.add(table, where(key), f"the record does not decode ({type(exc).__name__})")
 
     return step
+
+
+def _indexes(walk: _Walk, txn: lmdb.Transaction, tables: Tables) -> None:
+    """The session records and the three indexes built from them and the sessions (schema's
+    invariants); each entry missing or left over is one problem, named by its key."""
+    for name in schema.INDEX_DBS[1:]:
+        walk.counts[name.decode()] = 0
+    stored = {s.session_id: s.meta for s in walk.by_sid.values()}
+    records: dict[str, SessionRecord] = {}
+    for key, value in _items(walk, txn, tables.records, "records"):
+        where = _text_key(key)
+        try:
+            session_id = bytes(key).decode()
+            records[session_id] = schema.decode_record(value)
+        except damage.UNDECODABLE as exc:
+            walk.add("records", where, f"the record does not decode ({type(exc).__name__})")
+            continue
+        if session_id not in stored:
+            walk.add("records", where, "the record of a session that is not stored")
+    recent = {
+        schema.recent_key(indexes.update_time(meta, records.get(session_id)), session_id)
+        for session_id, meta in stored.items()
+    }
+    labels = {
+        schema.label_prefix(key, value) + session_id.encode()
+        for session_id, record in records.items()
+        if session_id in stored
+        for key, value in indexes.indexed_pairs(record).items()
+    }
+    children = {
+        schema.child_prefix(meta.parent_id) + session_id.encode()
+        for session_id, meta in stored.items()
+        if meta.parent_id
+    }
+    hint = "(a folder from before the indexes: start it once as a static primary)"
+    for table, expected, missing in (
+        ("recent", recent, f"missing: the session's update-time key {hint}"),
+        ("labels", labels, "missing: a label, owner or status of a session's record"),
+        ("children", children, f"missing: the link of a session to its parent {hint}"),
+    ):
+        found = {bytes(key) for key, _ in _items(walk, txn, tables.by_name[table], table)}
+        for key in sorted(found - expected):
+            walk.add(table, _index_where(table, key), "left over: no session or record has it")
+        for key in sorted(expected - found):
+            walk.add(table, _index_where(table, key), missing)
+
+
+def _index_where(table: str, key: bytes) -> str:
+    if table == "recent" and len(key) > 8:
+        update_ns, session_id = schema.recent_key_parts(key)
+        return f"'{session_id}' at {update_ns} ns"
+    return key.replace(b"\x00", b" ").decode("utf-8", "replace")
 
 
 def _counters(walk: _Walk, txn: lmdb.Transaction, tables: Tables) -> None:

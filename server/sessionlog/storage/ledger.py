@@ -154,21 +154,27 @@ def fork_descendants(txn: Txn, tables: Tables, session_id: str) -> list[str]:
 
     Found by each session's parent id, so this walks every session record once: O(sessions),
     meant for an occasional report. (Sub-agent links, once sessions have them, can hand their
-    own list to ``tree``.)
+    own list to ``tree``.) A session created before its parent is not that parent's: it was
+    forked from an earlier session of the parent's id, since deleted (a child is always made
+    after its parent, and an import keeps both times).
     """
+    created: dict[str, int] = {}
     children: dict[str, list[str]] = {}
     with damage.reading("the session list, for fork descendants"):
         for key, value in txn.cursor(db=tables.sessions):
-            parent = SessionMeta.decode(value).parent_id
-            if parent:
-                children.setdefault(parent, []).append(bytes(key).decode("utf-8"))
+            meta = SessionMeta.decode(value)
+            name = bytes(key).decode("utf-8")
+            created[name] = meta.create_time_ns
+            if meta.parent_id:
+                children.setdefault(meta.parent_id, []).append(name)
     found: list[str] = []
-    pending = list(children.get(session_id, ()))
+    pending = [(session_id, child) for child in children.get(session_id, ())]
     while pending:
-        child = pending.pop()
-        if child != session_id and child not in found:
-            found.append(child)
-            pending.extend(children.get(child, ()))
+        parent, child = pending.pop()
+        if child == session_id or child in found or created[child] < created.get(parent, 0):
+            continue
+        found.append(child)
+        pending.extend((child, grandchild) for grandchild in children.get(child, ()))
     return sorted(found, key=lambda sid: sid.encode("utf-8"))
 
 

@@ -62,7 +62,8 @@ One environment holds every session. Named databases:
 Invariants (the single writer thread keeps them; every change commits in one transaction):
 - seq is dense from 0 per session: events holds exactly the keys (sid, 0) .. (sid, next_seq - 1);
 - an event's stored bytes never change after commit, with one exception: RedactEvents rewrites
-  an event to its redacted form (same seq, type, time and surface_op; no data or state_delta;
+  an event to its redacted form (same seq, type, time, surface_op and usage; no data or
+  state_delta;
   ``redacted`` set), so the fold's shape (positions, shadowing, replace_generation) holds;
 - a deleted session leaves no key in any per-session table (``erasure.PER_SESSION``); the
   change records that wrote it are rewritten to erased placeholders (see ``changes``);

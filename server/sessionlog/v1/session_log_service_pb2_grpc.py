@@ -289,8 +289,8 @@ class SessionLogServiceServicer:
 
     def RedactEvents(self, request, context):
         """RedactEvents erases the data and state_delta of chosen events of a session, keeping their
-        seq, type, time and surface_op, and marks them redacted. The only write that changes an
-        event once stored.
+        seq, type, time, surface_op and usage, and marks them redacted. The only write that changes
+        an event once stored.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

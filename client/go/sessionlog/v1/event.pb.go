@@ -241,8 +241,8 @@ type Event struct {
 	// nothing.
 	StateDelta *structpb.Struct `protobuf:"bytes,7,opt,name=state_delta,json=stateDelta,proto3" json:"state_delta,omitempty"`
 	// Set once the event was redacted (RedactEvents): its data and state_delta were erased for
-	// good, and only seq, type, time and surface_op were kept. Unset on every other event; clients
-	// never set it (an append ignores it).
+	// good, and only seq, type, time, surface_op and usage were kept. Unset on every other event;
+	// clients never set it (an append ignores it).
 	Redacted *Redaction `protobuf:"bytes,8,opt,name=redacted,proto3" json:"redacted,omitempty"`
 }
 

@@ -70,8 +70,8 @@ type SessionLogServiceClient interface {
 	// The id may be used again afterwards (the new session gets a new internal id).
 	DeleteSession(ctx context.Context, in *DeleteSessionRequest, opts ...grpc.CallOption) (*DeleteSessionResponse, error)
 	// RedactEvents erases the data and state_delta of chosen events of a session, keeping their
-	// seq, type, time and surface_op, and marks them redacted. The only write that changes an
-	// event once stored.
+	// seq, type, time, surface_op and usage, and marks them redacted. The only write that changes
+	// an event once stored.
 	RedactEvents(ctx context.Context, in *RedactEventsRequest, opts ...grpc.CallOption) (*RedactEventsResponse, error)
 	// GetShardMap returns the shard map this server holds: which group owns which slots (a
 	// session's slot is crc32(UTF-8 session id) % 1024) and each group's members and primary.
@@ -372,8 +372,8 @@ type SessionLogServiceServer interface {
 	// The id may be used again afterwards (the new session gets a new internal id).
 	DeleteSession(context.Context, *DeleteSessionRequest) (*DeleteSessionResponse, error)
 	// RedactEvents erases the data and state_delta of chosen events of a session, keeping their
-	// seq, type, time and surface_op, and marks them redacted. The only write that changes an
-	// event once stored.
+	// seq, type, time, surface_op and usage, and marks them redacted. The only write that changes
+	// an event once stored.
 	RedactEvents(context.Context, *RedactEventsRequest) (*RedactEventsResponse, error)
 	// GetShardMap returns the shard map this server holds: which group owns which slots (a
 	// session's slot is crc32(UTF-8 session id) % 1024) and each group's members and primary.

@@ -1,0 +1,53 @@
+// A seq the API takes as uint64, given as a negative, fractional or too large number: the client
+// refuses it (protobufjs would send another seq in its place: redactEvents([-1]) redacted seq 0).
+import assert from "node:assert/strict";
+import { after, before, describe, test } from "node:test";
+
+import { SessionLogClient } from "../src/index.js";
+import { startServer } from "./server.mjs";
+
+const user = (content) => ({ type: "user_message", data: { content } });
+const BAD = [-1, 1.5, Number.NaN, 2 ** 64, -1n, 2n ** 64n, "1"];
+
+describe("bad seqs", () => {
+  let server;
+  let client;
+
+  before(async () => {
+    server = await startServer();
+    client = new SessionLogClient(server.address);
+    await client.append("ts-bad", [user("a"), user("b"), user("c")]);
+    await client.append("ts-bad", [{ type: "user_message", data: { content: "d" }, stateDelta: { k: 4 } }]);
+  });
+
+  after(async () => {
+    client?.close();
+    await server?.stop();
+    server?.remove();
+  });
+
+  test("redactEvents refuses a bad seq and redacts nothing", async () => {
+    for (const seq of BAD) {
+      await assert.rejects(client.redactEvents("ts-bad", [seq]), RangeError, String(seq));
+    }
+    const stored = [];
+    for await (const event of client.since("ts-bad")) stored.push(event);
+    assert.deepEqual(stored.map((e) => e.redacted), [undefined, undefined, undefined, undefined]);
+  });
+
+  test("reads and writes that take a seq refuse a bad one before sending", async () => {
+    for (const seq of BAD) {
+      await assert.rejects(client.getState("ts-bad", { atSeq: seq }), RangeError);
+      await assert.rejects(client.getUsage("ts-bad", { atSeq: seq }), RangeError);
+      await assert.rejects(client.deriveMessages("ts-bad", { atSeq: seq }), RangeError);
+      await assert.rejects(client.forkSession("ts-bad", { atSeq: seq, sessionId: "ts-bad-fork" }), RangeError);
+      await assert.rejects(client.deleteSession("ts-bad", { expectedSeq: seq }), RangeError);
+      await assert.rejects(client.createSession("ts-bad-child", [], { parentSessionId: "ts-bad", parentSeq: seq }), RangeError);
+    }
+    assert.equal((await client.getSession("ts-bad")).session.eventCount, 4);
+    assert.equal((await client.getSession("ts-bad-fork")).session.exists, false);
+    assert.equal((await client.getSession("ts-bad-child")).session.exists, false);
+    assert.deepEqual((await client.getState("ts-bad", { atSeq: 2 })).state, {});
+    assert.deepEqual((await client.getState("ts-bad", { atSeq: 3n })).state, { k: 4 });
+  });
+});

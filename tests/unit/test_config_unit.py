@@ -273,6 +273,8 @@ def test_flags_of_a_config_make_that_config_again() -> None:
         auth_open_health=True,
         log_level="debug",
         log_format="text",
+        retention_idle_seconds=7 * 86400.0,
+        retention_sweep_interval_seconds=30.0,
     )
     replica = ServerConfig(
         workers=1,

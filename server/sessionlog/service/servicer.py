@@ -15,14 +15,14 @@ import hashlib
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
 import grpc
 from google.protobuf.message import DecodeError, Message
 from google.protobuf.timestamp_pb2 import Timestamp
 
-from sessionlog import errors, fold, mirrors, wire
+from sessionlog import errors, fold, mirrors, retention, wire
 from sessionlog.cluster.sync import SyncTracker
 from sessionlog.config import (
     DEFAULT_HEARTBEAT_SECONDS,
@@ -668,6 +668,8 @@ class SessionLogServicer:
             request.owner,
             request.status,
             request.parent_seq if request.HasField("parent_seq") else None,
+            expire_time_ns=_requested_expiry(request),
+            pinned=request.pinned,
         )
         batch = prepare_append(
             request.session_id,
@@ -680,7 +682,11 @@ class SessionLogServicer:
         )
         batch.record, batch.parent_id = record, parent
         if batch.fingerprint:  # a retry must repeat the record and the parent link too
-            asked = f"{batch.fingerprint}|{parent}|{schema.encode_record(record).hex()}"
+            # the expiry as asked (a ttl, not the time it gave), so that a retry matches
+            asked_record = replace(record, expire_time_ns=0)
+            asked = f"{batch.fingerprint}|{parent}|{schema.encode_record(asked_record).hex()}"
+            if request.HasField("expiration"):
+                asked += f"|{_expiry_asked(request)}"
             batch.fingerprint = hashlib.sha256(asked.encode()).hexdigest()
         result = await self.store.commit_append(batch)
         await self._replicated(result.position)
@@ -698,6 +704,8 @@ class SessionLogServicer:
         given = request.session
         record = SessionRecord(given.title, dict(given.labels), given.owner, given.status)
         paths = list(request.update_mask.paths) if request.HasField("update_mask") else None
+        if paths is not None:
+            paths = _retention_paths(given, record, paths)
         updated = await self.store.commit_update(session_id, record, paths)
         await self._replicated(updated.position)
         view = self.store.session(session_id)
@@ -1035,6 +1043,48 @@ def _timestamp(ns: int) -> Timestamp:
     return stamp
 
 
+def _requested_expiry(request: pb.CreateSessionRequest) -> int:
+    """The expiry a CreateSession asks for, as ns (0: none), checked against now."""
+    which = request.WhichOneof("expiration")
+    now_ns = time.time_ns()
+    if which == "ttl":
+        return retention.expire_at(now_ns, ttl_ns=request.ttl.ToNanoseconds())
+    if which == "expire_time":
+        return retention.expire_at(now_ns, expire_time_ns=request.expire_time.ToNanoseconds())
+    return 0
+
+
+def _expiry_asked(request: pb.CreateSessionRequest) -> str:
+    """A CreateSession's expiry as the request states it, for its retry fingerprint."""
+    if request.WhichOneof("expiration") == "ttl":
+        return f"ttl={request.ttl.ToNanoseconds()}"
+    return f"at={request.expire_time.ToNanoseconds()}"
+
+
+def _retention_paths(given: pb.Session, record: SessionRecord, paths: list[str]) -> list[str]:
+    """UpdateSession's retention paths: "ttl" becomes "expire_time" at now + ttl, and the
+    expiry and pin asked for are checked and put on ``record``. Other paths pass as they are."""
+    if "ttl" in paths and "expire_time" in paths:
+        raise errors.InvalidExpiration(
+            'update_mask names both "ttl" and "expire_time"; name one', field="ttl"
+        )
+    now_ns = time.time_ns()
+    if "ttl" in paths:
+        if not given.HasField("ttl"):
+            raise errors.InvalidExpiration(
+                'update_mask names "ttl" but session.ttl is unset; set it, or clear the expiry '
+                'with the path "expire_time" and no session.expire_time',
+                field="ttl",
+            )
+        record.expire_time_ns = retention.expire_at(now_ns, ttl_ns=given.ttl.ToNanoseconds())
+        paths = ["expire_time" if path == "ttl" else path for path in paths]
+    elif "expire_time" in paths and given.HasField("expire_time"):
+        at = given.expire_time.ToNanoseconds()
+        record.expire_time_ns = retention.expire_at(now_ns, expire_time_ns=at)
+    record.pinned = given.pinned
+    return paths
+
+
 def session_message(
     session_id: str,
     meta: SessionMeta | None,
@@ -1057,6 +1107,9 @@ def session_message(
         session.status = record.status
         if record.parent_seq is not None:
             session.parent_seq = record.parent_seq
+        if record.expire_time_ns:
+            session.expire_time.CopyFrom(_timestamp(record.expire_time_ns))
+        session.pinned = record.pinned
     if lease is not None:
         session.lease.CopyFrom(lease_message(lease))
     return session

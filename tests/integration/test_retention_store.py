@@ -1,0 +1,107 @@
+"""The retention sweep against a real LMDB: the expiry index follows every record write, a
+sweep deletes exactly the due sessions through DeleteCommand (audit actor and reason, DELETE on
+the feed a replica applies), pinned sessions stay, and the in-transaction re-check keeps a
+session that is no longer due."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from sessionlog.records import SessionRecord
+from sessionlog.retention import NS, Policy
+from sessionlog.storage import retention, schema
+from sessionlog.storage.store import Store
+from tests.integration.helpers import opened, user
+from tests.integration.test_erasure import replicate, tables_dump
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[Store]:
+    with opened(tmp_path / "primary") as opened_store:
+        yield opened_store
+
+
+def set_retention(store: Store, session_id: str, expire_time_ns: int, pinned: bool) -> None:
+    given = SessionRecord(expire_time_ns=expire_time_ns, pinned=pinned)
+    store.submit_update(session_id, given, ["expire_time", "pinned"]).result()
+
+
+def expiry_index(store: Store) -> list[tuple[int, str]]:
+    with store.env.begin() as txn:
+        return [schema.expiry_key_parts(bytes(k)) for k, _ in txn.cursor(db=store.tables.expiry)]
+
+
+def audit(store: Store) -> list[tuple[str, str, str]]:
+    with store.env.begin() as txn:
+        found = [schema.ErasureRecord.decode(v) for _, v in txn.cursor(db=store.tables.erasures)]
+    return [(r.session_id, r.actor, r.reason) for r in found]
+
+
+def test_the_expiry_index_holds_unpinned_expiring_sessions_only(store: Store) -> None:
+    """Setting, moving, pinning and clearing an expiry moves the one index key to match."""
+    store.append("s", [user("x")])
+    set_retention(store, "s", 5 * NS, False)
+    assert expiry_index(store) == [(5 * NS, "s")]
+    set_retention(store, "s", 9 * NS, False)
+    assert expiry_index(store) == [(9 * NS, "s")]
+    set_retention(store, "s", 9 * NS, True)
+    assert expiry_index(store) == []
+    set_retention(store, "s", 9 * NS, False)
+    set_retention(store, "s", 0, False)
+    assert expiry_index(store) == []
+    set_retention(store, "s", 3 * NS, False)
+    store.delete("s")
+    assert expiry_index(store) == []
+
+
+def test_a_sweep_deletes_due_sessions_and_a_replica_follows(store: Store, tmp_path: Path) -> None:
+    """Expired and idle sessions go, each with its audit reason; pinned, future and active
+    ones stay; the replica that applies the feed ends with the same tables."""
+    for session_id in ("past", "pinned", "future", "plain"):
+        store.append(session_id, [user(session_id)])
+    now = time.time_ns()
+    set_retention(store, "past", now - NS, False)
+    set_retention(store, "pinned", now - NS, True)
+    set_retention(store, "future", now + 3600 * NS, False)
+    swept = store.sweep(Policy())
+    assert (swept.expired, swept.idle, swept.events) == (1, 0, 1)
+    assert store.session("past").meta is None
+    assert all(store.session(s).meta is not None for s in ("pinned", "future", "plain"))
+    assert audit(store) == [("past", "retention", "expired")]
+    time.sleep(1.0)
+    store.append("plain2", [user("fresh")])
+    swept = store.sweep(Policy(idle_ns=round(0.9 * NS)))
+    assert (swept.expired, swept.idle) == (0, 2)  # "future" and "plain"; "plain2" is fresh
+    assert [s for s in ("pinned", "future", "plain", "plain2") if store.session(s).meta] == [
+        "pinned",
+        "plain2",
+    ]
+    assert sorted(audit(store)[1:]) == [  # oldest update first: "future" was updated last
+        ("future", "retention", "retention policy"),
+        ("plain", "retention", "retention policy"),
+    ]
+    with opened(tmp_path / "replica") as replica:
+        replicate(store, replica)
+        mine, theirs = tables_dump(store), tables_dump(replica)
+        for table in ("sessions", "events", "records", "recent", "expiry", "erasures"):
+            assert mine[table] == theirs[table], table
+
+
+def test_the_delete_rechecks_in_its_transaction(store: Store) -> None:
+    """A session picked as due but pinned or extended before its delete commits is kept."""
+    store.append("s", [user("x")])
+    now = time.time_ns()
+    set_retention(store, "s", now - NS, False)
+    with store.env.begin() as txn:
+        picked = retention.expired(txn, store.tables, time.time_ns(), 10)
+    assert picked == ["s"]
+    set_retention(store, "s", now + 3600 * NS, False)  # extended after it was picked
+    check = retention.still_due(store.tables, Policy())
+    done = store.delete_batch(picked, actor="retention", reason="expired", still_due=check)
+    assert done == (0, 0, 0)
+    assert store.session("s").meta is not None
+    assert audit(store) == []

@@ -283,3 +283,22 @@ def test_a_replica_erases_an_expired_session_too(tmp_path: Path) -> None:
         assert since_raw(replica.channel, "rep-kept") == since_raw(primary.channel, "rep-kept")
         kept = replica.stub().GetSession(pb.GetSessionRequest(session_id="rep-kept"), timeout=10)
         assert kept.session.expire_time.ToNanoseconds() > time.time_ns()
+
+
+def test_export_and_import_keep_expiry_and_pin(server: RunningServer, data: Path) -> None:
+    """`sessionlog export` then `import --session-id` makes a copy with the same expire_time
+    and pin (a moved or restored session keeps its retention)."""
+    stub = server.stub()
+    made = stub.CreateSession(
+        pb.CreateSessionRequest(session_id="exp-1", events=[user("x")], ttl=ttl(3600), pinned=True)
+    ).session
+    out = data.parent / "exp-1.jsonl"
+    for args in (
+        ["export", "exp-1", "-o", str(out)],
+        ["import", str(out), "--session-id", "exp-2"],
+    ):
+        done = run_cli([*args, "--server", server.address], data.parent)
+        assert done.returncode == 0, done.stderr
+    copy = get(stub, "exp-2")
+    assert copy.expire_time == made.expire_time
+    assert copy.pinned

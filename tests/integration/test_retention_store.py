@@ -105,3 +105,15 @@ def test_the_delete_rechecks_in_its_transaction(store: Store) -> None:
     assert done == (0, 0, 0)
     assert store.session("s").meta is not None
     assert audit(store) == []
+
+
+def test_a_sweep_leaves_sessions_that_are_not_ours(store: Store) -> None:
+    """Sharded, ``ours`` (the ownership check) keeps another group's expired copy; the sweep
+    deletes the group's own."""
+    for session_id in ("mine", "theirs"):
+        store.append(session_id, [user(session_id)])
+        set_retention(store, session_id, time.time_ns() - NS, False)
+    swept = store.sweep(Policy(), ours=lambda session_id: session_id != "theirs")
+    assert swept.expired == 1
+    assert store.session("mine").meta is None
+    assert store.session("theirs").meta is not None

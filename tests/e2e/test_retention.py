@@ -14,6 +14,8 @@ import asyncio
 import datetime as dt
 import json
 import time
+import urllib.parse
+import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -75,7 +77,8 @@ def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def server(data: Path) -> Iterator[RunningServer]:
-    with running_server(data, retention_sweep_interval_seconds=SWEEP) as running:
+    config = {"retention_sweep_interval_seconds": SWEEP, "http_listen": "127.0.0.1:0"}
+    with running_server(data, **config) as running:
         yield running
 
 
@@ -302,3 +305,20 @@ def test_export_and_import_keep_expiry_and_pin(server: RunningServer, data: Path
     copy = get(stub, "exp-2")
     assert copy.expire_time == made.expire_time
     assert copy.pinned
+
+
+def test_the_console_api_shows_expiry_and_pin(server: RunningServer) -> None:
+    """/api/sessions rows carry expire_time_ms and pinned when set, and neither otherwise."""
+    stub = server.stub()
+    made = stub.CreateSession(
+        pb.CreateSessionRequest(session_id="web-1", ttl=ttl(3600), pinned=True)
+    ).session
+    stub.CreateSession(pb.CreateSessionRequest(session_id="web-2"))
+    query = urllib.parse.urlencode({"prefix": "web-"})
+    url = f"http://127.0.0.1:{server.http_port}/api/sessions?{query}"
+    with urllib.request.urlopen(url, timeout=10) as reply:
+        rows = {row["session_id"]: row for row in json.load(reply)["sessions"]}
+    assert rows["web-1"]["expire_time_ms"] == made.expire_time.ToMilliseconds()
+    assert rows["web-1"]["pinned"] is True
+    assert "expire_time_ms" not in rows["web-2"]
+    assert "pinned" not in rows["web-2"]

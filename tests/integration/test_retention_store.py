@@ -117,3 +117,23 @@ def test_a_sweep_leaves_sessions_that_are_not_ours(store: Store) -> None:
     assert swept.expired == 1
     assert store.session("mine").meta is None
     assert store.session("theirs").meta is not None
+
+
+def test_the_idle_walk_resumes_past_its_scan_limit(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With more pinned idle sessions than one walk reads, the next sweeps go on from where the
+    last stopped and reach the unpinned session behind them."""
+    monkeypatch.setattr(retention, "SCAN_LIMIT", 3)
+    for n in range(7):
+        store.append(f"held-{n}", [user("x")])
+        set_retention(store, f"held-{n}", 0, True)
+    time.sleep(0.01)
+    store.append("idle", [user("x")])
+    time.sleep(0.3)
+    policy = Policy(idle_ns=round(0.2 * NS))
+    deleted = [store.sweep(policy).idle for _ in range(4)]
+    assert sum(deleted) == 1
+    assert deleted[0] == 0  # the first walk stopped among the pinned ones
+    assert store.session("idle").meta is None
+    assert all(store.session(f"held-{n}").meta is not None for n in range(7))

@@ -77,24 +77,37 @@ def idle(
     policy: Policy,
     limit: int,
     ours: Callable[[str], bool] = lambda _: True,
-) -> list[str]:
+    below: bytes = b"",
+) -> tuple[list[str], bytes]:
     """Up to ``limit`` unpinned sessions ``ours`` accepts whose update time is older than the
-    policy's idle duration, oldest first (none when the policy keeps sessions forever)."""
+    policy's idle duration, oldest first (none when the policy keeps sessions forever), from
+    the oldest end of ``recent`` or, given ``below``, from the key before it. Also where the
+    next sweep resumes: the key after which this walk stopped for its ``SCAN_LIMIT`` (so that
+    many pinned idle sessions cannot hold back the rest; the next walk starts at it), else b""
+    (from the oldest end)."""
     if not policy.idle_ns:
-        return []
+        return [], b""
     found: list[str] = []
     with damage.reading("the recent index, for retention"):
         cursor = txn.cursor(db=tables.recent)
-        if not cursor.last():
-            return found
+        placed = cursor.set_range(below) if below else cursor.last()
+        if below and not placed:
+            placed = cursor.last()  # past the end: nothing at or after it any more
+        elif below and bytes(cursor.key()) > below:
+            placed = cursor.prev()  # ``below`` itself is gone; the keys after it were read
+        if not placed:
+            return found, b""
         for read, raw in enumerate(cursor.iterprev(keys=True, values=False)):
-            stamp, session_id = schema.recent_key_parts(bytes(raw))
-            if stamp + policy.idle_ns > now_ns or read == SCAN_LIMIT or len(found) == limit:
-                break
+            key = bytes(raw)
+            stamp, session_id = schema.recent_key_parts(key)
+            if stamp + policy.idle_ns > now_ns or len(found) == limit:
+                return found, b""
+            if read == SCAN_LIMIT:
+                return found, key
             record = load_record(txn, tables, session_id)
             if (record is None or not record.pinned) and ours(session_id):
                 found.append(session_id)
-    return found
+    return found, b""
 
 
 def still_due(tables: Tables, policy: Policy) -> Callable[[Txn, str, SessionMeta, int], bool]:

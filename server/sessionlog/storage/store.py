@@ -416,6 +416,8 @@ class Store:
         self._folds: OrderedDict[int, fold.SurfaceFold] = OrderedDict()
         self._fold_bytes: dict[int, int] = {}
         self._folds_lock = threading.Lock()
+        self._idle_resume = b""
+        """Where the next retention sweep's idle walk resumes (``retention.idle``)."""
         self._fold_marks: dict[int, int] = {}
         """Per memoized sid: its redaction count when the memo was made (``_fold`` checks it:
         a redaction by any process of the server leaves the count of events unchanged)."""
@@ -738,7 +740,9 @@ class Store:
         now_ns = time.time_ns()
         with self.env.begin() as txn:
             expired = retention.expired(txn, self.tables, now_ns, batch, ours)
-            idle = retention.idle(txn, self.tables, now_ns, policy, batch, ours)
+            idle, self._idle_resume = retention.idle(
+                txn, self.tables, now_ns, policy, batch, ours, self._idle_resume
+            )
         chosen = set(expired)
         idle = [session_id for session_id in idle if session_id not in chosen]
         check = retention.still_due(self.tables, policy)

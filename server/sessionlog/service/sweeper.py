@@ -42,6 +42,9 @@ async def keep_swept(
         except errors.SessionLogError as error:
             log.warning("the retention sweep stopped early", extra={"error": str(error)})
             continue
+        except Exception:  # never let one failed sweep end retention for the server's life
+            log.exception("the retention sweep failed; the next one tries again")
+            continue
         if swept.expired or swept.idle:
             log.info(
                 "the retention sweep deleted sessions",

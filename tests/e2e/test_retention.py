@@ -322,3 +322,15 @@ def test_the_console_api_shows_expiry_and_pin(server: RunningServer) -> None:
     assert rows["web-1"]["pinned"] is True
     assert "expire_time_ms" not in rows["web-2"]
     assert "pinned" not in rows["web-2"]
+
+
+def test_a_retried_create_with_a_ttl_is_the_first_result(stub: Any) -> None:
+    """The same request_id and ttl again returns the first call's session and expiry (the
+    fingerprint holds the ttl, not the time it gave); a different ttl is REQUEST_ID_REUSED."""
+    request = pb.CreateSessionRequest(session_id="retry-1", request_id="r-1", ttl=ttl(600))
+    first = stub.CreateSession(request, timeout=10).session
+    time.sleep(0.01)
+    again = stub.CreateSession(request, timeout=10).session
+    assert again.expire_time == first.expire_time
+    other = pb.CreateSessionRequest(session_id="retry-1", request_id="r-1", ttl=ttl(601))
+    check(failure(stub.CreateSession, other), INVALID, "REQUEST_ID_REUSED")

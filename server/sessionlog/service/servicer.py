@@ -690,6 +690,8 @@ class SessionLogServicer:
             batch.fingerprint = hashlib.sha256(asked.encode()).hexdigest()
         result = await self.store.commit_append(batch)
         await self._replicated(result.position)
+        if request.HasField("expiration"):  # a retry's ttl gave another time: show the stored
+            record = self.store.record(request.session_id) or record
         session = session_message(request.session_id, result.meta, record=record)
         return _serialize(mirrors.CreateSessionResponse(session=session, events=result.events))
 

@@ -282,7 +282,8 @@ def add_commands(commands: Any) -> None:
         "--filter",
         default="",
         help='AIP-160 subset, terms joined by AND: labels.KEY = "V", labels.KEY:*, owner = "X", '
-        'status = "X", parent = "ID", update_time > "RFC3339"',
+        'status = "X", parent = "ID", update_time > "RFC3339", pinned = true, '
+        'expire_time < "RFC3339"',
     )
     p.add_argument(
         "--order-by",

@@ -2338,7 +2338,9 @@ type ListSessionsRequest struct {
 	// AIP-160 subset: terms joined by AND, each one of `labels.KEY = "V"`, `labels.KEY != "V"`,
 	// `labels.KEY:*` (has the label), `owner = "X"`, `status = "X"`, `parent = "SESSION_ID"`
 	// (sub-agent children and forks of that session), `update_time > "RFC3339"` (also >=, <,
-	// <=). Values are double-quoted strings or bare words. Empty: every session. A filter that
+	// <=), `pinned = true` (or false, or !=), `expire_time < "RFC3339"` (also <=, >, >=; a
+	// session that never expires matches none). Values are double-quoted strings or bare words.
+	// Empty: every session. A filter that
 	// does not parse fails with INVALID_ARGUMENT / INVALID_FILTER naming the problem.
 	Filter string `protobuf:"bytes,4,opt,name=filter,proto3" json:"filter,omitempty"`
 	// "session_id" (the default, also when empty) or "update_time desc" (last update, newest

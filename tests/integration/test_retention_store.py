@@ -137,3 +137,11 @@ def test_the_idle_walk_resumes_past_its_scan_limit(
     assert deleted[0] == 0  # the first walk stopped among the pinned ones
     assert store.session("idle").meta is None
     assert all(store.session(f"held-{n}").meta is not None for n in range(7))
+
+
+def test_expiring_counts_the_expiry_index(store: Store) -> None:
+    """``Store.expiring`` (the metrics gauge) counts unpinned sessions with an expiry."""
+    for session_id, pinned in (("a", False), ("b", True), ("c", False)):
+        store.append(session_id, [user("x")])
+        set_retention(store, session_id, time.time_ns() + 3600 * NS, pinned)
+    assert store.expiring() == 2

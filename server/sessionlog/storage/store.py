@@ -1043,6 +1043,14 @@ class Store:
                 out.append(SessionView(session_id, meta, live, []))
         return out, False
 
+    def expiring(self) -> int:
+        """How many sessions the ``expiry`` index holds (unpinned, with an expire_time)."""
+        if self.tables.expiry is None:
+            return 0
+        with self.env.begin() as txn:
+            entries: int = txn.stat(self.tables.expiry)["entries"]
+        return entries
+
     def record(self, session_id: str) -> SessionRecord | None:
         """The session's person-set fields, or None when it has none."""
         with self.env.begin() as txn:

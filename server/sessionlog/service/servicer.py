@@ -22,7 +22,7 @@ import grpc
 from google.protobuf.message import DecodeError, Message
 from google.protobuf.timestamp_pb2 import Timestamp
 
-from sessionlog import errors, fold, mirrors, retention, wire
+from sessionlog import errors, fold, mirrors, wire
 from sessionlog.cluster.sync import SyncTracker
 from sessionlog.config import (
     DEFAULT_HEARTBEAT_SECONDS,
@@ -30,7 +30,7 @@ from sessionlog.config import (
     DEFAULT_MAX_MESSAGE_BYTES,
 )
 from sessionlog.records import Filter, SessionRecord, parse_filter
-from sessionlog.service import importing, ledger, paging
+from sessionlog.service import expiration, importing, ledger, paging
 from sessionlog.service.auth import ADMIN, Authorizer, Principal, bearer
 from sessionlog.service.counters import CANCELLED, INTERNAL, OK, Counters
 from sessionlog.service.errors import abort, refusal_level
@@ -668,7 +668,7 @@ class SessionLogServicer:
             request.owner,
             request.status,
             request.parent_seq if request.HasField("parent_seq") else None,
-            expire_time_ns=_requested_expiry(request),
+            expire_time_ns=expiration.requested(request),
             pinned=request.pinned,
         )
         batch = prepare_append(
@@ -686,7 +686,7 @@ class SessionLogServicer:
             asked_record = replace(record, expire_time_ns=0)
             asked = f"{batch.fingerprint}|{parent}|{schema.encode_record(asked_record).hex()}"
             if request.HasField("expiration"):
-                asked += f"|{_expiry_asked(request)}"
+                asked += f"|{expiration.asked(request)}"
             batch.fingerprint = hashlib.sha256(asked.encode()).hexdigest()
         result = await self.store.commit_append(batch)
         await self._replicated(result.position)
@@ -707,7 +707,7 @@ class SessionLogServicer:
         record = SessionRecord(given.title, dict(given.labels), given.owner, given.status)
         paths = list(request.update_mask.paths) if request.HasField("update_mask") else None
         if paths is not None:
-            paths = _retention_paths(given, record, paths)
+            paths = expiration.update_paths(given, record, paths)
         updated = await self.store.commit_update(session_id, record, paths)
         await self._replicated(updated.position)
         view = self.store.session(session_id)
@@ -1043,48 +1043,6 @@ def _timestamp(ns: int) -> Timestamp:
     stamp = Timestamp()
     stamp.FromNanoseconds(ns)
     return stamp
-
-
-def _requested_expiry(request: pb.CreateSessionRequest) -> int:
-    """The expiry a CreateSession asks for, as ns (0: none), checked against now."""
-    which = request.WhichOneof("expiration")
-    now_ns = time.time_ns()
-    if which == "ttl":
-        return retention.expire_at(now_ns, ttl_ns=request.ttl.ToNanoseconds())
-    if which == "expire_time":
-        return retention.expire_at(now_ns, expire_time_ns=request.expire_time.ToNanoseconds())
-    return 0
-
-
-def _expiry_asked(request: pb.CreateSessionRequest) -> str:
-    """A CreateSession's expiry as the request states it, for its retry fingerprint."""
-    if request.WhichOneof("expiration") == "ttl":
-        return f"ttl={request.ttl.ToNanoseconds()}"
-    return f"at={request.expire_time.ToNanoseconds()}"
-
-
-def _retention_paths(given: pb.Session, record: SessionRecord, paths: list[str]) -> list[str]:
-    """UpdateSession's retention paths: "ttl" becomes "expire_time" at now + ttl, and the
-    expiry and pin asked for are checked and put on ``record``. Other paths pass as they are."""
-    if "ttl" in paths and "expire_time" in paths:
-        raise errors.InvalidExpiration(
-            'update_mask names both "ttl" and "expire_time"; name one', field="ttl"
-        )
-    now_ns = time.time_ns()
-    if "ttl" in paths:
-        if not given.HasField("ttl"):
-            raise errors.InvalidExpiration(
-                'update_mask names "ttl" but session.ttl is unset; set it, or clear the expiry '
-                'with the path "expire_time" and no session.expire_time',
-                field="ttl",
-            )
-        record.expire_time_ns = retention.expire_at(now_ns, ttl_ns=given.ttl.ToNanoseconds())
-        paths = ["expire_time" if path == "ttl" else path for path in paths]
-    elif "expire_time" in paths and given.HasField("expire_time"):
-        at = given.expire_time.ToNanoseconds()
-        record.expire_time_ns = retention.expire_at(now_ns, expire_time_ns=at)
-    record.pinned = given.pinned
-    return paths
 
 
 def session_message(

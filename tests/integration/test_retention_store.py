@@ -100,7 +100,7 @@ def test_the_delete_rechecks_in_its_transaction(store: Store) -> None:
         picked = retention.expired(txn, store.tables, time.time_ns(), 10)
     assert picked == ["s"]
     set_retention(store, "s", now + 3600 * NS, False)  # extended after it was picked
-    check = retention.still_due(store.tables, Policy())
+    check = retention.still_due(store.tables, Policy(), "expired")
     done = store.delete_batch(picked, actor="retention", reason="expired", still_due=check)
     assert done == (0, 0, 0)
     assert store.session("s").meta is not None
@@ -145,3 +145,20 @@ def test_expiring_counts_the_expiry_index(store: Store) -> None:
         store.append(session_id, [user("x")])
         set_retention(store, session_id, time.time_ns() + 3600 * NS, pinned)
     assert store.expiring() == 2
+
+
+def test_the_recheck_keeps_the_audit_reason_true(store: Store) -> None:
+    """A session picked as expired whose expiry was then cleared is not deleted as "expired",
+    even though the idle policy would delete it: the idle walk's sweep does, with its reason."""
+    store.append("s", [user("x")])
+    set_retention(store, "s", time.time_ns() - NS, False)
+    set_retention(store, "s", 0, False)  # cleared after it was picked
+    time.sleep(0.05)
+    policy = Policy(idle_ns=round(0.01 * NS))
+    expired_check = retention.still_due(store.tables, policy, "expired")
+    assert (
+        store.delete_batch(["s"], actor="retention", reason="expired", still_due=expired_check)[0]
+        == 0
+    )
+    assert store.sweep(policy).idle == 1
+    assert audit(store) == [("s", "retention", "retention policy")]

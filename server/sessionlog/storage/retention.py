@@ -110,19 +110,22 @@ def idle(
     return found, b""
 
 
-def still_due(tables: Tables, policy: Policy) -> Callable[[Txn, str, SessionMeta, int], bool]:
-    """The delete's re-check in its write transaction: the session is due at the commit's own
-    time, as its record and update time stand there."""
+def still_due(
+    tables: Tables, policy: Policy, reason: str
+) -> Callable[[Txn, str, SessionMeta, int], bool]:
+    """The delete's re-check in its write transaction: the session is due, for ``reason``, at
+    the commit's own time, as its record and update time stand there (one due for the other
+    reason only is left for the walk that finds it, so the audit's reason is always true)."""
 
     def check(txn: Txn, session_id: str, meta: SessionMeta, now_ns: int) -> bool:
         record = load_record(txn, tables, session_id)
-        reason = retention.due(
+        now_due = retention.due(
             expire_time_ns=0 if record is None else record.expire_time_ns,
             pinned=record is not None and record.pinned,
             update_time_ns=update_time(meta, record),
             now_ns=now_ns,
             policy=policy,
         )
-        return reason is not None
+        return now_due == reason
 
     return check

@@ -745,9 +745,18 @@ class Store:
             )
         chosen = set(expired)
         idle = [session_id for session_id in idle if session_id not in chosen]
-        check = retention.still_due(self.tables, policy)
-        first = self.delete_batch(expired, actor=ACTOR, reason=EXPIRED, still_due=check)
-        second = self.delete_batch(idle, actor=ACTOR, reason=IDLE, still_due=check)
+        first = self.delete_batch(
+            expired,
+            actor=ACTOR,
+            reason=EXPIRED,
+            still_due=retention.still_due(self.tables, policy, EXPIRED),
+        )
+        second = self.delete_batch(
+            idle,
+            actor=ACTOR,
+            reason=IDLE,
+            still_due=retention.still_due(self.tables, policy, IDLE),
+        )
         return retention.Swept(first[0], second[0], first[1] + second[1])
 
     def forget_fold(self, sid: int) -> None:

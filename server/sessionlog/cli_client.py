@@ -1185,13 +1185,17 @@ def _sessions(args: argparse.Namespace) -> int:
 
 
 def _session_line(session: Any) -> str:
-    """id and events, then the title and labels when it has them (tab-separated)."""
+    """id and events, then the title, labels, expiry and pin when it has them (tab-separated)."""
     parts = [session.session_id, f"{session.event_count} events"]
     if session.title:
         parts.append(json.dumps(session.title, ensure_ascii=False))
     labels = ",".join(f"{k}={v}" for k, v in sorted(session.labels.items()))
     if labels:
         parts.append(labels)
+    if session.HasField("expire_time"):
+        parts.append(f"expires {session.expire_time.ToJsonString()}")
+    if session.pinned:
+        parts.append("pinned")
     return "\t".join(parts)
 
 

@@ -204,6 +204,12 @@ def test_python_clients_and_cli_set_retention(server: RunningServer, data: Path)
     unpinned = json.loads(cli("update", "cli-1", "--unpin", "--expire-time", "never"))
     assert unpinned.get("pinned", False) is False
     assert "expire_time" not in unpinned
+    again = run_cli(
+        ["update", "cli-1", "--pin", "--ttl", "1h", "--server", server.address], data.parent
+    )
+    assert again.returncode == 0, again.stderr
+    assert again.stdout.rstrip().endswith("pinned")
+    assert "\texpires 20" in again.stdout
     bad = run_cli(["create", "cli-2", "--ttl", "soon", "--server", server.address], data.parent)
     assert bad.returncode == 2
     assert "--ttl" in bad.stderr

@@ -30,6 +30,7 @@ from typing import Any, NoReturn
 
 import grpc
 
+from sessionlog import retention
 from sessionlog.shard import feeds
 from sessionlog.terminal import escaped
 from sessionlog_client import Client, DeadlineExceeded, Retry, errors
@@ -237,6 +238,7 @@ def add_commands(commands: Any) -> None:
     p = sub("create", "create a session with initial events, atomically", _create)
     p.add_argument("session_id")
     _record_flags(p)
+    _retention_flags(p, update=False)
     p.add_argument(
         "--parent",
         default="",
@@ -281,7 +283,8 @@ def add_commands(commands: Any) -> None:
         "--filter",
         default="",
         help='AIP-160 subset, terms joined by AND: labels.KEY = "V", labels.KEY:*, owner = "X", '
-        'status = "X", parent = "ID", update_time > "RFC3339"',
+        'status = "X", parent = "ID", update_time > "RFC3339", pinned = true, '
+        'expire_time < "RFC3339"',
     )
     p.add_argument(
         "--order-by",
@@ -308,6 +311,7 @@ def add_commands(commands: Any) -> None:
     p.add_argument(
         "--remove-label", action="append", default=[], metavar="KEY", help="remove this label"
     )
+    _retention_flags(p, update=True)
 
     p = sub("fork", "copy a session's events 0..AT_SEQ into a new session (rewind)", _fork)
     p.add_argument("parent_session_id")
@@ -1050,6 +1054,48 @@ def _record_flags(parser: Any) -> None:
     )
 
 
+def _retention_flags(parser: Any, *, update: bool) -> None:
+    expiry = parser.add_mutually_exclusive_group()
+    expiry.add_argument(
+        "--ttl",
+        metavar="DURATION",
+        help="the server deletes the session this long from now (90s, 12h, 7d, 2w)",
+    )
+    expiry.add_argument(
+        "--expire-time",
+        metavar="RFC3339",
+        help="the server deletes the session at this time"
+        + (' ("never" clears the expiry)' if update else ""),
+    )
+    pin = parser.add_mutually_exclusive_group()
+    pin.add_argument(
+        "--pin",
+        dest="pinned",
+        action="store_const",
+        const=True,
+        help="keep the session whatever its expiry and the server's retention policy say",
+    )
+    if update:
+        pin.add_argument(
+            "--unpin", dest="pinned", action="store_const", const=False, help="undo --pin"
+        )
+
+
+def _retention_fields(args: argparse.Namespace) -> dict[str, Any]:
+    """The client's ttl / expire_time / pinned arguments from the retention flags given."""
+    fields: dict[str, Any] = {}
+    if args.ttl is not None:
+        try:
+            fields["ttl"] = retention.parse_duration(args.ttl) / retention.NS
+        except ValueError as exc:
+            _usage(f"--ttl: {exc}")
+    if args.expire_time is not None:
+        fields["expire_time"] = None if args.expire_time == "never" else args.expire_time
+    if args.pinned is not None:
+        fields["pinned"] = args.pinned
+    return fields
+
+
 def _label_pairs(items: list[str]) -> dict[str, str]:
     pairs = {}
     for item in items:
@@ -1076,6 +1122,7 @@ def _create(args: argparse.Namespace) -> int:
             status=args.status or "",
             parent_session_id=args.parent,
             parent_seq=args.parent_seq,
+            **_retention_fields(args),
         )
     if args.json:
         _print_json(message_to_json(reply))
@@ -1154,13 +1201,17 @@ def _sessions(args: argparse.Namespace) -> int:
 
 
 def _session_line(session: Any) -> str:
-    """id and events, then the title and labels when it has them (tab-separated)."""
+    """id and events, then the title, labels, expiry and pin when it has them (tab-separated)."""
     parts = [session.session_id, f"{session.event_count} events"]
     if session.title:
         parts.append(json.dumps(session.title, ensure_ascii=False))
     labels = ",".join(f"{k}={v}" for k, v in sorted(session.labels.items()))
     if labels:
         parts.append(labels)
+    if session.HasField("expire_time"):
+        parts.append(f"expires {session.expire_time.ToJsonString()}")
+    if session.pinned:
+        parts.append("pinned")
     return escaped("\t".join(parts))
 
 
@@ -1179,8 +1230,12 @@ def _update(args: argparse.Namespace) -> int:
         if getattr(args, name) is not None
     }
     pairs = _label_pairs(args.label)
+    fields.update(_retention_fields(args))
     if not fields and not pairs and not args.remove_label:
-        _usage("name a field to set: --title, --owner, --status, --label or --remove-label")
+        _usage(
+            "name a field to set: --title, --owner, --status, --label, --remove-label, --ttl, "
+            "--expire-time, --pin or --unpin"
+        )
     with _client(args) as client:
         session = client.update_session(
             args.session_id, set_labels=pairs, remove_labels=args.remove_label, **fields

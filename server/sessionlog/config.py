@@ -24,7 +24,7 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from sessionlog import fold
+from sessionlog import fold, retention
 
 if TYPE_CHECKING:
     from sessionlog.cluster.settings import ClusterSettings
@@ -77,6 +77,20 @@ def _positive_seconds(value: Any) -> float:
     if number == 0:
         raise ValueError(f"must be a number of seconds above 0, not {value!r}")
     return number
+
+
+def _duration_seconds(value: Any) -> float:
+    """A duration ("90s", "12h", "7d", or a number of seconds) as seconds; 0 or "forever": off."""
+    if str(value).strip().lower() in ("forever", "off", "never"):
+        return 0.0
+    return retention.parse_duration(value) / retention.NS
+
+
+def _positive_duration_seconds(value: Any) -> float:
+    seconds = _duration_seconds(value)
+    if seconds <= 0:
+        raise ValueError(f"must be a duration above 0 (such as 60s), not {value!r}")
+    return seconds
 
 
 def _workers(value: Any) -> str | int:
@@ -192,6 +206,7 @@ DEFAULT_FOLLOW_SEND_RATE = 5_000
 """Live follow responses per second, all streams together, that one server paces itself to:
 about what one Python process sends while leaving time for appends (see ``StreamLimiter.pace``)."""
 DEFAULT_SHUTDOWN_GRACE_SECONDS = 10.0
+DEFAULT_RETENTION_SWEEP_INTERVAL_SECONDS = 60.0
 DEFAULT_REPLICA_TIMEOUT_SECONDS = 5.0
 DEFAULT_SYNC_TIMEOUT_SECONDS = 5.0
 DEFAULT_LEASE_TTL_SECONDS = 5
@@ -352,6 +367,22 @@ class ServerConfig:
         DEFAULT_SHUTDOWN_GRACE_SECONDS,
         "seconds in-flight calls get to finish on SIGTERM",
         "SECONDS",
+    )
+    retention_idle_seconds: float = _setting(
+        "retention_idle",
+        _duration_seconds,
+        0.0,
+        "delete unpinned sessions whose last append or update is older than this (such as 90d); "
+        "0 or forever (the default): keep them",
+        "DURATION",
+    )
+    retention_sweep_interval_seconds: float = _setting(
+        "retention_sweep_interval",
+        _positive_duration_seconds,
+        DEFAULT_RETENTION_SWEEP_INTERVAL_SECONDS,
+        "how often the retention sweeper deletes expired sessions (and idle ones, with "
+        "--retention-idle)",
+        "DURATION",
     )
     request_id_ttl_seconds: int = _setting(
         "request_id_ttl",

@@ -39,6 +39,9 @@ _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 SETTABLE = ("title", "labels", "owner", "status")
 """The Session fields UpdateSession may set, in the order "*" names them."""
+RETENTION = ("expire_time", "pinned")
+"""The retention fields (``sessionlog.retention``): UpdateSession sets them only when a path
+names them ("ttl" is turned into "expire_time" by the service, which knows the time)."""
 OUTPUT_ONLY = frozenset(
     {
         "session_id",
@@ -68,6 +71,10 @@ class SessionRecord:
     """The last UpdateSession (0: never; creating a session with fields is no update)."""
     parent_seq: int | None = None
     """A sub-agent child's spawning event in its parent (set once, at create)."""
+    expire_time_ns: int = 0
+    """When the retention sweeper deletes the session (0: never)."""
+    pinned: bool = False
+    """Exempt from expiry and the retention policy."""
 
     def copy(self) -> SessionRecord:
         return SessionRecord(
@@ -77,12 +84,19 @@ class SessionRecord:
             self.status,
             self.update_time_ns,
             self.parent_seq,
+            self.expire_time_ns,
+            self.pinned,
         )
 
     def empty(self) -> bool:
-        return not (self.title or self.labels or self.owner or self.status) and (
-            self.parent_seq is None
-        )
+        return not (
+            self.title
+            or self.labels
+            or self.owner
+            or self.status
+            or self.expire_time_ns
+            or self.pinned
+        ) and (self.parent_seq is None)
 
 
 # -- rules --------------------------------------------------------------------------------------
@@ -146,7 +160,7 @@ def check(record: SessionRecord) -> None:
 def check_mask(paths: Sequence[str]) -> None:
     """Raise InvalidUpdateMask for a path UpdateSession cannot set."""
     for path in paths:
-        if path == "*" or path in SETTABLE:
+        if path == "*" or path in SETTABLE or path in RETENTION:
             continue
         if path.startswith("labels."):
             check_label_key(path[len("labels.") :])
@@ -154,12 +168,12 @@ def check_mask(paths: Sequence[str]) -> None:
         if path in OUTPUT_ONLY:
             raise errors.InvalidUpdateMask(
                 f"update_mask names '{path}', which the server keeps (output only or "
-                f"immutable); settable: {', '.join(SETTABLE)}, labels.KEY",
+                f"immutable); settable: {', '.join(SETTABLE + RETENTION)}, ttl, labels.KEY",
                 path=path,
             )
         raise errors.InvalidUpdateMask(
             f"update_mask names '{path[:80]}', which is no Session field UpdateSession sets; "
-            f"settable: {', '.join(SETTABLE)}, labels.KEY",
+            f"settable: {', '.join(SETTABLE + RETENTION)}, ttl, labels.KEY",
             path=path[:80],
         )
 
@@ -171,10 +185,21 @@ def apply_mask(
     owner: str,
     status: str,
     paths: Sequence[str] | None,
+    *,
+    expire_time_ns: int = 0,
+    pinned: bool = False,
 ) -> SessionRecord:
     """The record after an update: ``current`` with the fields ``paths`` names taken from the
-    request (None: no mask given, so the settable fields the request fills). Checked whole."""
-    given = {"title": title, "labels": dict(labels), "owner": owner, "status": status}
+    request (None: no mask given, so the settable fields the request fills). Checked whole;
+    ``expire_time_ns`` has been checked by the caller (``retention.expire_at``)."""
+    given: dict[str, object] = {
+        "title": title,
+        "labels": dict(labels),
+        "owner": owner,
+        "status": status,
+        "expire_time": expire_time_ns,
+        "pinned": pinned,
+    }
     if paths is None or not paths:
         paths = [name for name in SETTABLE if given[name]]
     elif "*" in paths:
@@ -190,6 +215,8 @@ def apply_mask(
                 updated.labels[key] = labels[key]
             else:
                 updated.labels.pop(key, None)
+        elif path == "expire_time":
+            updated.expire_time_ns = expire_time_ns
         else:
             setattr(updated, path, given[path])
     check(updated)
@@ -204,14 +231,15 @@ class Term:
     """One comparison of a filter."""
 
     name: str
-    """``labels``, ``owner``, ``status``, ``parent`` or ``update_time``."""
+    """``labels``, ``owner``, ``status``, ``parent``, ``pinned``, ``update_time`` or
+    ``expire_time``."""
     op: str
     """``=``, ``!=``, ``:*`` (has), ``>``, ``>=``, ``<``, ``<=``."""
     key: str = ""
     """The label key, for ``labels``."""
     value: str = ""
     time_ns: int = 0
-    """For ``update_time``: the value as ns since the epoch."""
+    """For ``update_time`` and ``expire_time``: the value as ns since the epoch."""
 
 
 @dataclass(frozen=True)
@@ -233,6 +261,13 @@ class Filter:
                     ok = have != term.value
             elif term.name == "update_time":
                 ok = _compare(update_time_ns, term.op, term.time_ns)
+            elif term.name == "expire_time":
+                # a session that never expires has no expire_time: no comparison matches it
+                expires = 0 if record is None else record.expire_time_ns
+                ok = bool(expires) and _compare(expires, term.op, term.time_ns)
+            elif term.name == "pinned":
+                pinned = record is not None and record.pinned
+                ok = (pinned == (term.value == "true")) == (term.op == "=")
             else:
                 if term.name == "parent":
                     have_text = parent_id
@@ -270,7 +305,7 @@ _TERM = re.compile(
     r"(?P<value>\"(?:[^\"\\]|\\.)*\"|\*|[^\s\"()]+)\s*"
 )
 _AND = re.compile(r"AND(?:\s+|$)")
-FIELDS = "labels.KEY, owner, status, parent, update_time"
+FIELDS = "labels.KEY, owner, status, parent, pinned, update_time, expire_time"
 
 
 def parse_filter(text: str) -> Filter:
@@ -324,10 +359,14 @@ def _term(match: re.Match[str]) -> Term:
         if op not in ("=", "!="):
             raise _bad(f"{name} compares with = or != only, not {op}")
         return Term(name, op, value=value)
-    if name == "update_time":
+    if name == "pinned":
+        if op not in ("=", "!=") or value not in ("true", "false"):
+            raise _bad("pinned compares with = or != to true or false: pinned = true")
+        return Term(name, op, value=value)
+    if name in ("update_time", "expire_time"):
         if op not in (">", ">=", "<", "<="):
-            raise _bad(f"update_time compares with >, >=, < or <=, not {op}")
-        return Term(name, op, value=value, time_ns=_rfc3339_ns(value))
+            raise _bad(f"{name} compares with >, >=, < or <=, not {op}")
+        return Term(name, op, value=value, time_ns=_rfc3339_ns(name, value))
     raise _bad(f"unknown field '{name[:40]}'; filterable: {FIELDS}")
 
 
@@ -341,13 +380,13 @@ def _unquote(raw: str) -> str:
     return value
 
 
-def _rfc3339_ns(text: str) -> int:
+def _rfc3339_ns(name: str, text: str) -> int:
     stamp = Timestamp()
     try:
         stamp.FromJsonString(text)
     except ValueError:
         raise _bad(
-            "update_time wants an RFC 3339 time with a zone, such as "
+            f"{name} wants an RFC 3339 time with a zone, such as "
             f'"2026-01-02T15:04:05Z", not {text[:40]!r}'
         ) from None
     nanos: int = stamp.ToNanoseconds()

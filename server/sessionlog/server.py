@@ -33,7 +33,8 @@ from sessionlog.config import (
     ServerConfig,
     replica_token_of,
 )
-from sessionlog.service import app, metrics
+from sessionlog.retention import NS, Policy
+from sessionlog.service import app, metrics, sweeper
 from sessionlog.service.admin_service import AdminServicer
 from sessionlog.service.auth import AuthConfigError, AuthInterceptor, Authorizer, TokenTable
 from sessionlog.service.counters import Counters
@@ -127,6 +128,7 @@ class SessionLogServer:
         (``--workers N``); None for a server on its own."""
         self._publishing: asyncio.Task[None] | None = None
         self._watchdog: asyncio.Task[None] | None = None
+        self._sweeper: asyncio.Task[None] | None = None
         self.streams = StreamLimiter(
             config.max_streams,
             config.max_streams_per_connection,
@@ -214,6 +216,16 @@ class SessionLogServer:
                 metrics.keep_published(self, self.shared_metrics)
             )
         self._watchdog = asyncio.create_task(self._watch_writes(store))
+        if self.peers is None or self.peers.slot == 0:  # --workers N: worker 0 sweeps
+            self._sweeper = asyncio.create_task(
+                sweeper.keep_swept(
+                    store,
+                    Policy(idle_ns=round(config.retention_idle_seconds * NS)),
+                    config.retention_sweep_interval_seconds,
+                    may_sweep=lambda: self.takes_writes,
+                    ours=lambda session_id: self.ownership.refusal(session_id) is None,
+                )
+            )
         if config.shard_map == SHARD_MAP_ETCD and config.cluster_settings is not None:
             from sessionlog.shard.source import EtcdShardMap
 
@@ -573,9 +585,10 @@ class SessionLogServer:
             await self._shard_source.stop()
         if self.group is not None:
             await self.group.stop()  # writes stop, and the lease goes: another member may lead
-        if self._watchdog is not None:
-            self._watchdog.cancel()
-            await asyncio.gather(self._watchdog, return_exceptions=True)
+        for task in (self._watchdog, self._sweeper):
+            if task is not None:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
         await self._stop_replication()
         await self._health.enter_graceful_shutdown()
         if self.sync is not None:

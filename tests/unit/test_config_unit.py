@@ -130,6 +130,22 @@ def test_durations_are_finite_and_not_negative() -> None:
         heartbeat("0")
 
 
+def test_retention_durations_take_units() -> None:
+    """--retention-idle reads 90d, 12h, a number of seconds, or forever/0 (off); the sweep
+    interval must be above 0; anything else names the value."""
+    idle = config.BY_NAME["retention_idle"].parse
+    interval = config.BY_NAME["retention_sweep_interval"].parse
+    assert idle("90d") == 90 * 86400.0
+    assert idle("12h") == interval("12h") == 43200.0
+    assert idle("forever") == idle("0") == 0.0
+    assert interval("0.2") == 0.2
+    for bad in ("-1d", "soon", True):
+        with pytest.raises(ValueError, match="not a duration"):
+            idle(bad)
+    with pytest.raises(ValueError, match="above 0"):
+        interval("0")
+
+
 def test_choices_refuse_unknown_values() -> None:
     """durability and log settings accept only their listed values, case-sensitively."""
     assert config.BY_NAME["durability"].parse("nosync") == "nosync"
@@ -273,6 +289,8 @@ def test_flags_of_a_config_make_that_config_again() -> None:
         auth_open_health=True,
         log_level="debug",
         log_format="text",
+        retention_idle_seconds=7 * 86400.0,
+        retention_sweep_interval_seconds=30.0,
     )
     replica = ServerConfig(
         workers=1,

@@ -415,6 +415,14 @@ def create_request(
         request.parent_session_id = record.parent_session_id
         if record.parent_seq is not None:
             request.parent_seq = record.parent_seq
+        if record.ttl is not None and record.expire_time is not None:
+            raise ValueError("create_session: give ttl or expire_time, not both")
+        ttl = duration(record.ttl)
+        if ttl is not None:
+            request.ttl.CopyFrom(ttl)
+        if record.expire_time is not None:
+            request.expire_time.CopyFrom(_timestamp(record.expire_time))
+        request.pinned = record.pinned
     return request
 
 
@@ -429,6 +437,11 @@ class SessionFields:
     status: str = ""
     parent_session_id: str = ""
     parent_seq: int | None = None
+    ttl: float | dt.timedelta | None = None
+    """Expire this long after the create (seconds or a timedelta); None: no ttl."""
+    expire_time: TimeLike | None = None
+    """Expire at this time; None: no expire_time (give ttl or expire_time, not both)."""
+    pinned: bool = False
 
 
 UNSET: Any = object()
@@ -443,9 +456,15 @@ def update_request(
     status: Any = UNSET,
     set_labels: Mapping[str, str] | None = None,
     remove_labels: Iterable[str] = (),
+    *,
+    ttl: Any = UNSET,
+    expire_time: Any = UNSET,
+    pinned: Any = UNSET,
 ) -> pb.UpdateSessionRequest:
     """An UpdateSession whose mask names exactly the fields given: ``labels`` replaces the map,
-    ``set_labels`` / ``remove_labels`` change single keys ("labels.KEY" paths)."""
+    ``set_labels`` / ``remove_labels`` change single keys ("labels.KEY" paths); ``ttl`` sets
+    the expiry to the server's now plus it, ``expire_time`` to a time (None: never expire),
+    ``pinned`` pins or unpins."""
     session = pb.Session(session_id=session_id)
     paths: list[str] = []
     for name, value in (("title", title), ("owner", owner), ("status", status)):
@@ -459,6 +478,21 @@ def update_request(
         session.labels[key] = value
         paths.append(f"labels.{key}")
     paths += [f"labels.{key}" for key in remove_labels]
+    if ttl is not UNSET and expire_time is not UNSET:
+        raise ValueError("update_session: give ttl or expire_time, not both")
+    if ttl is not UNSET:
+        given = duration(ttl)
+        if given is None:
+            raise ValueError("update_session: ttl=None; clear the expiry with expire_time=None")
+        session.ttl.CopyFrom(given)
+        paths.append("ttl")
+    if expire_time is not UNSET:
+        if expire_time is not None:
+            session.expire_time.CopyFrom(_timestamp(expire_time))
+        paths.append("expire_time")
+    if pinned is not UNSET:
+        session.pinned = bool(pinned)
+        paths.append("pinned")
     if not paths:
         raise ValueError("update_session: name at least one field to set")
     return pb.UpdateSessionRequest(session=session, update_mask=FieldMask(paths=paths))

@@ -979,17 +979,32 @@ class Client:
         status: str = "",
         parent_session_id: str = "",
         parent_seq: int | None = None,
+        ttl: float | dt.timedelta | None = None,
+        expire_time: TimeLike | None = None,
+        pinned: bool = False,
         timeout: float | None = None,
     ) -> pb.CreateSessionResponse:
         """Create a session with its first events atomically (``SessionAlreadyExists`` if any),
         with its title, labels, owner and status; ``parent_session_id`` (and the ``parent_seq``
         of the tool call that spawned it) makes it a sub-agent child, which starts empty.
+        ``ttl`` (seconds or a timedelta) or ``expire_time`` makes the server delete it then,
+        unless it is ``pinned`` (README "Retention").
 
         Retried on UNAVAILABLE with one ``request_id`` (made when None), so a retry after a
         lost reply gets the first result; ``request_id=""`` for no idempotency and no retry.
         """
         rid = c.new_request_id() if request_id is None else request_id
-        record = c.SessionFields(title, labels, owner, status, parent_session_id, parent_seq)
+        record = c.SessionFields(
+            title,
+            labels,
+            owner,
+            status,
+            parent_session_id,
+            parent_seq,
+            ttl=ttl,
+            expire_time=expire_time,
+            pinned=pinned,
+        )
         request = c.create_request(session_id, events, lease_holder, lease_token, rid, record)
         reply: pb.CreateSessionResponse = self._call(
             "CreateSession", request, timeout, retry=bool(rid)
@@ -1057,14 +1072,28 @@ class Client:
         status: str = c.UNSET,
         set_labels: Mapping[str, str] | None = None,
         remove_labels: Iterable[str] = (),
+        ttl: float | dt.timedelta = c.UNSET,
+        expire_time: TimeLike | None = c.UNSET,
+        pinned: bool = c.UNSET,
         timeout: float | None = None,
     ) -> pb.Session:
         """Set the fields given, and only those (the update mask names exactly them):
         ``labels`` replaces the whole map, ``set_labels`` / ``remove_labels`` change single
-        keys. Returns the session as updated. ``SessionNotFound`` for a session never written.
+        keys; ``ttl`` expires the session that long from now, ``expire_time`` at a time (None:
+        never), ``pinned`` pins or unpins it. Returns the session as updated.
+        ``SessionNotFound`` for a session never written.
         Retried on UNAVAILABLE: setting the same values twice is the same update."""
         request = c.update_request(
-            session_id, title, labels, owner, status, set_labels, remove_labels
+            session_id,
+            title,
+            labels,
+            owner,
+            status,
+            set_labels,
+            remove_labels,
+            ttl=ttl,
+            expire_time=expire_time,
+            pinned=pinned,
         )
         reply: pb.UpdateSessionResponse = self._call("UpdateSession", request, timeout, retry=True)
         return reply.session

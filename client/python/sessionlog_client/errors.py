@@ -33,6 +33,7 @@ status back into the same class with :func:`from_reason`.
     │   ├── InvalidRedaction                INVALID_REDACTION (no seqs, or an empty prefix)
     │   ├── InvalidFilter                   INVALID_FILTER (a filter that cannot be evaluated)
     │   ├── InvalidUpdateMask               INVALID_UPDATE_MASK (an unknown or output-only path)
+    │   ├── InvalidExpiration               INVALID_EXPIRATION (a past expire_time, a bad ttl)
     │   └── InvalidSessionField             INVALID_SESSION_FIELD (bad title, label, owner...)
     ├── SessionAlreadyExists                ALREADY_EXISTS
     ├── SessionNotFound                     NOT_FOUND (SESSION_NOT_FOUND: delete, redact, update)
@@ -48,6 +49,7 @@ status back into the same class with :func:`from_reason`.
     │   ├── WrongGroup                      WRONG_GROUP (another group owns the session's slot)
     │   ├── SlotOwned                       SLOT_OWNED (a move's step where the slot is owned)
     │   ├── CrossGroupFork                  CROSS_GROUP_FORK (a fork's target in another group)
+    │   ├── NotExpired                      NOT_EXPIRED (the sweeper's re-check: kept after all)
     │   └── ImportSeqMismatch               IMPORT_SEQ_MISMATCH (a chunk not at the next seq)
     ├── SeqConflict                         ABORTED
     ├── Unauthenticated                     UNAUTHENTICATED (no or unknown bearer token)
@@ -203,6 +205,13 @@ class InvalidUpdateMask(InvalidArgument):
     reason = "INVALID_UPDATE_MASK"
 
 
+class InvalidExpiration(InvalidArgument):
+    """An expire_time not after now or too far ahead, or a ttl that is not above 0 or too long
+    (metadata ``field``)."""
+
+    reason = "INVALID_EXPIRATION"
+
+
 class InvalidSessionField(InvalidArgument):
     """A title, label, owner or status outside its rules (metadata ``field``)."""
 
@@ -333,6 +342,14 @@ class WrongGroup(FailedPrecondition):
     @property
     def map_epoch(self) -> int:
         return _whole(self.metadata.get("map_epoch"))
+
+
+class NotExpired(FailedPrecondition):
+    """The retention sweeper's delete found, inside its transaction, that the session is no
+    longer due (pinned, its expiry extended, or active again): nothing was deleted. Internal to
+    the server's sweep; no RPC answers it."""
+
+    reason = "NOT_EXPIRED"
 
 
 class CrossGroupFork(FailedPrecondition):

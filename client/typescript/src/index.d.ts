@@ -148,6 +148,10 @@ export interface Session {
   updateTime?: Time;
   /** A sub-agent child's spawning seq in its parent; undefined otherwise. */
   parentSeq?: number;
+  /** When the server's retention sweeper deletes the session; undefined: never. */
+  expireTime?: Time;
+  /** Kept whatever its expireTime and the server's retention policy say. */
+  pinned: boolean;
 }
 
 /** What createSession may set besides the events: a record and a sub-agent parent link. */
@@ -160,6 +164,12 @@ export interface SessionFields {
   parentSessionId?: string;
   /** With parentSessionId: the seq of the tool call that spawned the child. */
   parentSeq?: number;
+  /** Expire this many milliseconds after the create (not with expireTime). */
+  ttlMs?: number;
+  /** Expire at this time (not with ttlMs). */
+  expireTime?: Time | Date;
+  /** Exempt from expiry and the server's retention policy. */
+  pinned?: boolean;
 }
 
 export interface LeaseAuditEntry {
@@ -528,6 +538,11 @@ export class SessionLogClient {
       status?: string;
       setLabels?: Record<string, string>;
       removeLabels?: string[];
+      /** Expire this long from now (not with expireTime). */
+      ttlMs?: number;
+      /** Expire at this time; null: never. */
+      expireTime?: Time | Date | null;
+      pinned?: boolean;
     } & CallOptions,
   ): Promise<Session>;
   /** The sub-agent children and forks of a session, in id order. */

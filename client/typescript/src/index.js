@@ -424,6 +424,8 @@ function fromSession(raw) {
     status: raw.status ?? "",
     updateTime: fromTimestamp(raw.update_time),
     parentSeq: raw._parent_seq === "parent_seq" ? Number(raw.parent_seq) : undefined,
+    expireTime: fromTimestamp(raw.expire_time),
+    pinned: Boolean(raw.pinned),
   };
 }
 
@@ -1623,6 +1625,9 @@ export class SessionLogClient {
       status = "",
       parentSessionId = "",
       parentSeq,
+      ttlMs,
+      expireTime,
+      pinned = false,
     } = {},
   ) {
     const request_id = requestId ?? randomUUID();
@@ -1639,6 +1644,12 @@ export class SessionLogClient {
       parent_session_id: parentSessionId,
     };
     if (parentSeq !== undefined) request.parent_seq = checkSeq(parentSeq, "parentSeq");
+    if (ttlMs !== undefined && expireTime !== undefined) {
+      throw new TypeError("createSession: give ttlMs or expireTime, not both");
+    }
+    if (ttlMs !== undefined) request.ttl = duration(ttlMs);
+    if (expireTime !== undefined) request.expire_time = toTimestamp(expireTime);
+    request.pinned = pinned;
     const reply = await this._call("CreateSession", request, { timeoutMs, retry: request_id !== "", write: true });
     return { session: fromSession(reply.session), events: (reply.events ?? []).map(fromEvent) };
   }
@@ -1714,9 +1725,14 @@ export class SessionLogClient {
   /**
    * Set a session's title, owner, status or labels: only the fields given change (the update
    * mask names exactly them). `labels` replaces the whole map; `setLabels` / `removeLabels`
-   * change single keys. Resolves to the session as updated.
+   * change single keys. `ttlMs` expires the session that long from now, `expireTime` at a time
+   * (null: never), `pinned` pins or unpins it (README "Retention"). Resolves to the session as
+   * updated.
    */
-  async updateSession(sessionId, { title, labels, owner, status, setLabels = {}, removeLabels = [], timeoutMs } = {}) {
+  async updateSession(
+    sessionId,
+    { title, labels, owner, status, setLabels = {}, removeLabels = [], ttlMs, expireTime, pinned, timeoutMs } = {},
+  ) {
     const session = { session_id: sessionId, labels: {} };
     const paths = [];
     for (const [name, value] of [["title", title], ["owner", owner], ["status", status]]) {
@@ -1734,6 +1750,21 @@ export class SessionLogClient {
       paths.push(`labels.${key}`);
     }
     for (const key of removeLabels) paths.push(`labels.${key}`);
+    if (ttlMs !== undefined && expireTime !== undefined) {
+      throw new TypeError("updateSession: give ttlMs or expireTime, not both");
+    }
+    if (ttlMs !== undefined) {
+      session.ttl = duration(ttlMs);
+      paths.push("ttl");
+    }
+    if (expireTime !== undefined) {
+      if (expireTime !== null) session.expire_time = toTimestamp(expireTime);
+      paths.push("expire_time");
+    }
+    if (pinned !== undefined) {
+      session.pinned = Boolean(pinned);
+      paths.push("pinned");
+    }
     if (paths.length === 0) throw new TypeError("updateSession: name at least one field to set");
     const request = { session, update_mask: { paths } };
     const reply = await this._call("UpdateSession", request, { timeoutMs, retry: true, write: true });

@@ -169,4 +169,9 @@ def _record(session: pb.Session) -> SessionRecord:
     )
     if session.HasField("update_time"):
         record.update_time_ns = session.update_time.ToNanoseconds()
+    # A moved or restored session keeps its expiry as it was, even one already past (the
+    # target's sweeper then deletes it) and its pin.
+    if session.HasField("expire_time"):
+        record.expire_time_ns = max(0, session.expire_time.ToNanoseconds())
+    record.pinned = session.pinned
     return record

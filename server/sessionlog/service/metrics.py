@@ -414,6 +414,11 @@ class SessionLogCollector(Collector):
             "sessionlog_lmdb_readers", "LMDB reader slots in use", value=used.readers
         )
         yield GaugeMetricFamily(
+            "sessionlog_expiring_sessions",
+            "Unpinned sessions with an expire_time (the retention sweeper's expiry index)",
+            value=store.expiring(),
+        )
+        yield GaugeMetricFamily(
             "sessionlog_replication_position",
             "Newest change-feed position stored here (primary: written; replica: applied)",
             value=used.position,

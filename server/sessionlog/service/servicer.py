@@ -15,7 +15,7 @@ import hashlib
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
 import grpc
@@ -30,7 +30,7 @@ from sessionlog.config import (
     DEFAULT_MAX_MESSAGE_BYTES,
 )
 from sessionlog.records import Filter, SessionRecord, parse_filter
-from sessionlog.service import importing, ledger, paging
+from sessionlog.service import expiration, importing, ledger, paging
 from sessionlog.service.auth import ADMIN, Authorizer, Principal, bearer
 from sessionlog.service.counters import CANCELLED, INTERNAL, OK, Counters
 from sessionlog.service.errors import abort, refusal_level
@@ -675,6 +675,8 @@ class SessionLogServicer:
             request.owner,
             request.status,
             request.parent_seq if request.HasField("parent_seq") else None,
+            expire_time_ns=expiration.requested(request),
+            pinned=request.pinned,
         )
         batch = prepare_append(
             request.session_id,
@@ -687,12 +689,19 @@ class SessionLogServicer:
         )
         batch.record, batch.parent_id = record, parent
         if batch.fingerprint:  # a retry must repeat the record and the parent link too
-            asked = f"{batch.fingerprint}|{parent}|{schema.encode_record(record).hex()}"
+            # the expiry as asked (a ttl, not the time it gave), so that a retry matches
+            asked_record = replace(record, expire_time_ns=0)
+            asked = f"{batch.fingerprint}|{parent}|{schema.encode_record(asked_record).hex()}"
+            if request.HasField("expiration"):
+                asked += f"|{expiration.asked(request)}"
             batch.fingerprint = hashlib.sha256(asked.encode()).hexdigest()
         result = await self.store.commit_append(batch)
         await self._replicated(result.position)
         # batch.record: as stored (a child without an owner takes its parent's).
-        session = session_message(request.session_id, result.meta, record=batch.record)
+        stored = batch.record
+        if request.HasField("expiration"):  # a retry's ttl gave another time: show the stored
+            stored = self.store.record(request.session_id) or stored
+        session = session_message(request.session_id, result.meta, record=stored)
         return _serialize(mirrors.CreateSessionResponse(session=session, events=result.events))
 
     @unary_write
@@ -706,6 +715,8 @@ class SessionLogServicer:
         given = request.session
         record = SessionRecord(given.title, dict(given.labels), given.owner, given.status)
         paths = list(request.update_mask.paths) if request.HasField("update_mask") else None
+        if paths is not None:
+            paths = expiration.update_paths(given, record, paths)
         updated = await self.store.commit_update(session_id, record, paths)
         await self._replicated(updated.position)
         view = self.store.session(session_id)
@@ -1069,6 +1080,9 @@ def session_message(
         session.status = record.status
         if record.parent_seq is not None:
             session.parent_seq = record.parent_seq
+        if record.expire_time_ns:
+            session.expire_time.CopyFrom(_timestamp(record.expire_time_ns))
+        session.pinned = record.pinned
     if lease is not None:
         session.lease.CopyFrom(lease_message(lease))
     return session

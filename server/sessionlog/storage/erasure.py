@@ -143,8 +143,12 @@ class DeleteCommand:
         actor: str = "",
         reason: str = "",
         copy_of: Callable[[str], errors.SessionLogError | None] | None = None,
+        still_due: Callable[[Txn, str, SessionMeta, int], bool] | None = None,
     ) -> None:
         self._tables = tables
+        self._still_due = still_due
+        """The retention sweeper's re-check, asked in the transaction: False (the session was
+        pinned, its expiry extended, or it was written since) refuses with NotExpired."""
         self._found = found
         self._copy_of = copy_of
         self._expected_seq = expected_seq
@@ -174,6 +178,10 @@ class DeleteCommand:
         meta = load_meta(txn, tables, session_id)
         if meta is None:
             raise _missing(session_id)
+        if self._still_due is not None and not self._still_due(txn, session_id, meta, now_ns):
+            raise errors.NotExpired(
+                f"session '{session_id}' is no longer due for retention", session_id=session_id
+            )
         if self._expected_seq is not None and self._expected_seq != meta.next_seq:
             raise errors.SeqConflict(
                 f"session '{session_id}' expected seq {self._expected_seq} but the log is at "
@@ -229,6 +237,9 @@ def _index_keys(
         found.append(("labels", schema.label_prefix(key, value) + session_id.encode(), b""))
     if meta.parent_id:
         found.append(("children", schema.child_prefix(meta.parent_id) + session_id.encode(), b""))
+    expiry = indexes.expiry_key(session_id, record)
+    if expiry is not None:
+        found.append(("expiry", expiry, b""))
     return found
 
 

@@ -1,4 +1,5 @@
-"""The ``records`` table and its indexes (``recent``, ``labels``, ``children``; see ``schema``):
+"""The ``records`` table and its indexes (``recent``, ``labels``, ``children``, ``expiry``; see
+``schema``):
 the writes every command that creates, appends to or updates a session makes to keep them true.
 
 Writes happen on the writer thread only (the helpers take its ``RecordingTxn``), so every index
@@ -66,6 +67,13 @@ def indexed_pairs(record: SessionRecord | None) -> dict[str, str]:
     return pairs
 
 
+def expiry_key(session_id: str, record: SessionRecord | None) -> bytes | None:
+    """The session's ``expiry`` key: only an unpinned record with an expire_time has one."""
+    if record is None or record.pinned or not record.expire_time_ns:
+        return None
+    return schema.expiry_key(record.expire_time_ns, session_id)
+
+
 def put_record(
     txn: RecordingTxn,
     tables: Tables,
@@ -73,7 +81,8 @@ def put_record(
     old: SessionRecord | None,
     new: SessionRecord,
 ) -> None:
-    """Store ``new`` as the session's record and move its ``labels`` entries to match."""
+    """Store ``new`` as the session's record and move its ``labels`` and ``expiry`` entries to
+    match."""
     before, after = indexed_pairs(old), indexed_pairs(new)
     for key, value in before.items():
         if after.get(key) != value:
@@ -81,6 +90,12 @@ def put_record(
     for key, value in after.items():
         if before.get(key) != value:
             txn.put(_label_key(key, value, session_id), b"", db=tables.labels)
+    old_expiry, new_expiry = expiry_key(session_id, old), expiry_key(session_id, new)
+    if old_expiry != new_expiry:
+        if old_expiry is not None:
+            txn.remove(old_expiry, db=tables.expiry)
+        if new_expiry is not None:
+            txn.put(new_expiry, b"", db=tables.expiry)
     txn.put(session_id.encode(), schema.encode_record(new), db=tables.records)
 
 

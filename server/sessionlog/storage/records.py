@@ -75,6 +75,8 @@ class UpdateSessionCommand:
             given.owner,
             given.status,
             self._paths,
+            expire_time_ns=given.expire_time_ns,
+            pinned=given.pinned,
         )
         new.update_time_ns = max(now_ns, 0 if current is None else current.update_time_ns)
         old_time, new_time = update_time(meta, current), update_time(meta, new)
@@ -249,10 +251,19 @@ def _keys(
 
 
 def given_record(
-    title: str, labels: Mapping[str, str], owner: str, status: str, parent_seq: int | None = None
+    title: str,
+    labels: Mapping[str, str],
+    owner: str,
+    status: str,
+    parent_seq: int | None = None,
+    *,
+    expire_time_ns: int = 0,
+    pinned: bool = False,
 ) -> SessionRecord:
-    """A record from request fields, checked."""
-    record = SessionRecord(title, dict(labels), owner, status, 0, parent_seq)
+    """A record from request fields, checked (``expire_time_ns`` by ``retention.expire_at``)."""
+    record = SessionRecord(
+        title, dict(labels), owner, status, 0, parent_seq, expire_time_ns, pinned
+    )
     records.check(record)
     return record
 

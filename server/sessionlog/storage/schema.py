@@ -58,6 +58,10 @@ One environment holds every session. Named databases:
     children   parent session id + 0x00 + child session id -> empty
                The sub-agent children and forks of a session, in id order (filter
                ``parent = "ID"``).
+    expiry     expire time ns (u64 BE) + session id -> empty
+               The unpinned sessions that have an expire_time, soonest first: the retention
+               sweeper (``retention``) reads it from the start up to now, never every session.
+               Kept by every write of a record (``indexes.put_record``); removed by a delete.
 
 Invariants (the single writer thread keeps them; every change commits in one transaction):
 - seq is dense from 0 per session: events holds exactly the keys (sid, 0) .. (sid, next_seq - 1);
@@ -75,7 +79,9 @@ Invariants (the single writer thread keeps them; every change commits in one tra
 - ``recent`` holds exactly one key per session: its current update time (an index removal
   travels in the change feed as a StoragePut with remove set, so replicas match);
 - ``labels`` holds exactly the (key, value, id) of every record's labels; ``children`` one key
-  per session with a parent.
+  per session with a parent;
+- ``expiry`` holds exactly one key per session whose record has an expire_time and is not
+  pinned, at that time.
 
 Variable-length session ids are never used as a key prefix: "ab" and "abc" would interleave. The
 fixed-width sid keeps each session's events contiguous.
@@ -105,6 +111,7 @@ RECORDS = b"records"
 RECENT = b"recent"
 LABELS = b"labels"
 CHILDREN = b"children"
+EXPIRY = b"expiry"
 INDEX_DBS = (RECORDS, RECENT, LABELS, CHILDREN)
 """The session record tables (issue 17): a folder written before them lacks them until a
 server opens it for writing (which creates them; a static primary then fills the indexes)."""
@@ -124,8 +131,9 @@ ALL_DBS = (
     RECENT,
     LABELS,
     CHILDREN,
+    EXPIRY,
 )
-OPTIONAL_DBS = frozenset({USAGE, ERASURES, REDACTIONS})
+OPTIONAL_DBS = frozenset({USAGE, ERASURES, REDACTIONS, EXPIRY})
 """Tables added after stores were first written: a folder no server of this version has opened
 for writing lacks them (a server creates them, empty, on open, which is what they would hold). A
 read-only open (``sessionlog admin``, ``verify``, a rejoin's old store) has no handle for them
@@ -198,6 +206,15 @@ def recent_key_parts(key: bytes) -> tuple[int, str]:
     return _NEWEST - read_u64(key[:8]), key[8:].decode("utf-8")
 
 
+def expiry_key(expire_time_ns: int, session_id: str) -> bytes:
+    return _U64.pack(max(0, expire_time_ns)) + session_id.encode("utf-8")
+
+
+def expiry_key_parts(key: bytes) -> tuple[int, str]:
+    """(expire time ns, session id) of an ``expiry`` key."""
+    return read_u64(key[:8]), key[8:].decode("utf-8")
+
+
 def label_prefix(key: str, value: str | None = None) -> bytes:
     """The ``labels`` range of one key (every value) or of one key and value."""
     head = key.encode("utf-8") + b"\x00"
@@ -215,6 +232,10 @@ def encode_record(record: SessionRecord) -> bytes:
             fields[name] = getattr(record, name)
     if record.parent_seq is not None:
         fields["parent_seq"] = record.parent_seq
+    if record.expire_time_ns:
+        fields["expire_time_ns"] = record.expire_time_ns
+    if record.pinned:
+        fields["pinned"] = True
     body = json.dumps(fields, separators=(",", ":"), sort_keys=True).encode()
     return _U64.pack(record.update_time_ns) + body
 
@@ -229,6 +250,8 @@ def decode_record(raw: bytes | memoryview) -> SessionRecord:
         status=fields.get("status", ""),
         update_time_ns=read_u64(data[:8]),
         parent_seq=fields.get("parent_seq"),
+        expire_time_ns=fields.get("expire_time_ns", 0),
+        pinned=fields.get("pinned", False),
     )
 
 

@@ -26,6 +26,7 @@ from google.protobuf.struct_pb2 import Struct
 from sessionlog import errors, fold, wire
 from sessionlog.config import DEFAULT_MAP_SIZE, DEFAULT_REQUEST_ID_TTL_SECONDS
 from sessionlog.records import Filter, SessionRecord
+from sessionlog.retention import ACTOR, EXPIRED, IDLE, Policy
 from sessionlog.storage import (
     changes,
     commands,
@@ -40,6 +41,7 @@ from sessionlog.storage import (
     ledger,
     rebuild,
     records,
+    retention,
     schema,
 )
 from sessionlog.storage.changes import (
@@ -52,7 +54,14 @@ from sessionlog.storage.changes import (
 from sessionlog.storage.commands import AppendBatch, AppendResult, ForkResult, LeaseChange
 from sessionlog.storage.leadership import Change as LeadershipChange
 from sessionlog.storage.leadership import Leadership
-from sessionlog.storage.reads import load_lease, load_meta, read_range, read_range_desc, walk_desc
+from sessionlog.storage.reads import (
+    Txn,
+    load_lease,
+    load_meta,
+    read_range,
+    read_range_desc,
+    walk_desc,
+)
 from sessionlog.storage.schema import AuditRecord, LeaseRecord, SessionMeta
 from sessionlog.storage.tables import Tables
 from sessionlog.storage.writer import Writer
@@ -409,6 +418,8 @@ class Store:
         self._folds: OrderedDict[int, fold.SurfaceFold] = OrderedDict()
         self._fold_bytes: dict[int, int] = {}
         self._folds_lock = threading.Lock()
+        self._idle_resume = b""
+        """Where the next retention sweep's idle walk resumes (``retention.idle``)."""
         self._fold_marks: dict[int, int] = {}
         """Per memoized sid: its redaction count when the memo was made (``_fold`` checks it:
         a redaction by any process of the server leaves the count of events unchanged)."""
@@ -647,27 +658,9 @@ class Store:
                 return sessions, events, position
             ids = [listed.session_id for listed in page]
             after = page[-1].cursor  # one skipped below (not this group's) is not listed again
-            with self.env.begin() as txn:
-                found = erasure.scan(txn, self.tables, ids)
-            futures = [
-                self.writer.submit(
-                    erasure.DeleteCommand(
-                        self.tables, session_id, found, force=True, actor=actor, reason=reason
-                    )
-                )
-                for session_id in ids
-            ]
-            for future in futures:
-                try:
-                    result: erasure.DeleteResult = future.result()
-                except errors.SessionNotFound:
-                    continue  # deleted by someone else meanwhile
-                except errors.WrongGroup:
-                    continue  # sharded: a copy left of a slot this group no longer owns
-                sessions += 1
-                events += result.event_count
-                position = max(position, result.position)
-                self.forget_fold(result.meta.sid)
+            done = self.delete_batch(ids, actor=actor, reason=reason)
+            sessions, events = sessions + done[0], events + done[1]
+            position = max(position, done[2])
 
     def erase_slot_copies(
         self,
@@ -686,35 +679,88 @@ class Store:
         while True:
             page, more = self.list_records(after=after, limit=batch)
             ids = [listed.session_id for listed in page if in_slot(listed.session_id)]
-            if ids:
-                with self.env.begin() as txn:
-                    found = erasure.scan(txn, self.tables, ids)
-                futures = [
-                    self.writer.submit(
-                        erasure.DeleteCommand(
-                            self.tables,
-                            session_id,
-                            found,
-                            force=True,
-                            actor=actor,
-                            reason=reason,
-                            copy_of=copy_of,
-                        )
-                    )
-                    for session_id in ids
-                ]
-                for future in futures:
-                    try:
-                        result: erasure.DeleteResult = future.result()
-                    except errors.SessionNotFound:
-                        continue
-                    sessions += 1
-                    events += result.event_count
-                    position = max(position, result.position)
-                    self.forget_fold(result.meta.sid)
+            done = self.delete_batch(ids, actor=actor, reason=reason, copy_of=copy_of)
+            sessions, events = sessions + done[0], events + done[1]
+            position = max(position, done[2])
             if not page or not more:
                 return sessions, events, position
             after = page[-1].cursor
+
+    def delete_batch(
+        self,
+        ids: Sequence[str],
+        *,
+        actor: str,
+        reason: str,
+        copy_of: Callable[[str], errors.SessionLogError | None] | None = None,
+        still_due: Callable[[Txn, str, SessionMeta, int], bool] | None = None,
+    ) -> tuple[int, int, int]:
+        """Delete ``ids`` (force: leases do not stop it), one feed scan for all and one command
+        and change record each, all queued before any is awaited; blocks. A session gone
+        meanwhile, not this group's (sharded) or no longer due (``still_due``) is skipped.
+        Returns (sessions erased, events they held, the last erase's position)."""
+        if not ids:
+            return 0, 0, 0
+        with self.env.begin() as txn:
+            found = erasure.scan(txn, self.tables, ids)
+        futures = [
+            self.writer.submit(
+                erasure.DeleteCommand(
+                    self.tables,
+                    session_id,
+                    found,
+                    force=True,
+                    actor=actor,
+                    reason=reason,
+                    copy_of=copy_of,
+                    still_due=still_due,
+                )
+            )
+            for session_id in ids
+        ]
+        sessions = events = position = 0
+        for future in futures:
+            try:
+                result: erasure.DeleteResult = future.result()
+            except (errors.SessionNotFound, errors.WrongGroup, errors.NotExpired):
+                continue
+            sessions += 1
+            events += result.event_count
+            position = max(position, result.position)
+            self.forget_fold(result.meta.sid)
+        return sessions, events, position
+
+    def sweep(
+        self,
+        policy: Policy,
+        *,
+        ours: Callable[[str], bool] = lambda _: True,
+        batch: int = retention.SWEEP_BATCH,
+    ) -> retention.Swept:
+        """One retention sweep (``storage.retention``): delete up to ``batch`` expired and up
+        to ``batch`` idle sessions that ``ours`` accepts, each re-checked in its transaction.
+        Blocks; call it where writes are accepted, off the event loop."""
+        now_ns = time.time_ns()
+        with self.env.begin() as txn:
+            expired = retention.expired(txn, self.tables, now_ns, batch, ours)
+            idle, self._idle_resume = retention.idle(
+                txn, self.tables, now_ns, policy, batch, ours, self._idle_resume
+            )
+        chosen = set(expired)
+        idle = [session_id for session_id in idle if session_id not in chosen]
+        first = self.delete_batch(
+            expired,
+            actor=ACTOR,
+            reason=EXPIRED,
+            still_due=retention.still_due(self.tables, policy, EXPIRED),
+        )
+        second = self.delete_batch(
+            idle,
+            actor=ACTOR,
+            reason=IDLE,
+            still_due=retention.still_due(self.tables, policy, IDLE),
+        )
+        return retention.Swept(first[0], second[0], first[1] + second[1])
 
     def forget_fold(self, sid: int) -> None:
         """Drop a session's memoized fold (a redaction or delete made it stale)."""
@@ -1009,6 +1055,19 @@ class Store:
                     meta = SessionMeta.decode(value)
                 out.append(SessionView(session_id, meta, live, []))
         return out, False
+
+    def expiring(self) -> int:
+        """How many sessions the ``expiry`` index holds (unpinned, with an expire_time)."""
+        if self.tables.expiry is None:
+            return 0
+        with self.env.begin() as txn:
+            entries: int = txn.stat(self.tables.expiry)["entries"]
+        return entries
+
+    def record(self, session_id: str) -> SessionRecord | None:
+        """The session's person-set fields, or None when it has none."""
+        with self.env.begin() as txn:
+            return indexes.load_record(txn, self.tables, session_id)
 
     def unindexed(self) -> bool:
         """Fewer sessions in the update-time index than in the store: some were written by a

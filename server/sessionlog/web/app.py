@@ -220,6 +220,10 @@ def _record_json(record: SessionRecord | None) -> dict[str, Any]:
     }
     if record.parent_seq is not None:
         out["parent_seq"] = record.parent_seq
+    if record.expire_time_ns:
+        out["expire_time_ms"] = record.expire_time_ns // 1_000_000
+    if record.pinned:
+        out["pinned"] = True
     return out
 
 
@@ -243,6 +247,10 @@ def session_message_json(session: Session) -> dict[str, Any]:
         )
         if session.HasField("parent_seq"):
             out["parent_seq"] = session.parent_seq
+        if session.HasField("expire_time"):
+            out["expire_time_ms"] = session.expire_time.ToMilliseconds()
+        if session.pinned:
+            out["pinned"] = True
     if session.HasField("lease"):
         out["lease"] = {
             "holder": session.lease.holder,

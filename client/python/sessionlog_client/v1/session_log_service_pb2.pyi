@@ -211,7 +211,7 @@ class ModelUsage(_message.Message):
     def __init__(self, model: _Optional[str] = ..., input_tokens: _Optional[int] = ..., output_tokens: _Optional[int] = ..., cached_input_tokens: _Optional[int] = ..., reasoning_tokens: _Optional[int] = ..., event_count: _Optional[int] = ...) -> None: ...
 
 class Session(_message.Message):
-    __slots__ = ("session_id", "exists", "event_count", "replace_generation", "create_time", "last_append_time", "parent_session_id", "parent_event_count", "lease", "title", "labels", "owner", "status", "update_time", "parent_seq", "usage")
+    __slots__ = ("session_id", "exists", "event_count", "replace_generation", "create_time", "last_append_time", "parent_session_id", "parent_event_count", "lease", "title", "labels", "owner", "status", "update_time", "parent_seq", "expire_time", "ttl", "pinned", "usage")
     class LabelsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -234,6 +234,9 @@ class Session(_message.Message):
     STATUS_FIELD_NUMBER: _ClassVar[int]
     UPDATE_TIME_FIELD_NUMBER: _ClassVar[int]
     PARENT_SEQ_FIELD_NUMBER: _ClassVar[int]
+    EXPIRE_TIME_FIELD_NUMBER: _ClassVar[int]
+    TTL_FIELD_NUMBER: _ClassVar[int]
+    PINNED_FIELD_NUMBER: _ClassVar[int]
     USAGE_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     exists: bool
@@ -250,8 +253,11 @@ class Session(_message.Message):
     status: str
     update_time: _timestamp_pb2.Timestamp
     parent_seq: int
+    expire_time: _timestamp_pb2.Timestamp
+    ttl: _duration_pb2.Duration
+    pinned: bool
     usage: _containers.RepeatedCompositeFieldContainer[ModelUsage]
-    def __init__(self, session_id: _Optional[str] = ..., exists: _Optional[bool] = ..., event_count: _Optional[int] = ..., replace_generation: _Optional[int] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., last_append_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., parent_session_id: _Optional[str] = ..., parent_event_count: _Optional[int] = ..., lease: _Optional[_Union[Lease, _Mapping]] = ..., title: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ..., owner: _Optional[str] = ..., status: _Optional[str] = ..., update_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., parent_seq: _Optional[int] = ..., usage: _Optional[_Iterable[_Union[ModelUsage, _Mapping]]] = ...) -> None: ...
+    def __init__(self, session_id: _Optional[str] = ..., exists: _Optional[bool] = ..., event_count: _Optional[int] = ..., replace_generation: _Optional[int] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., last_append_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., parent_session_id: _Optional[str] = ..., parent_event_count: _Optional[int] = ..., lease: _Optional[_Union[Lease, _Mapping]] = ..., title: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ..., owner: _Optional[str] = ..., status: _Optional[str] = ..., update_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., parent_seq: _Optional[int] = ..., expire_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., ttl: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., pinned: _Optional[bool] = ..., usage: _Optional[_Iterable[_Union[ModelUsage, _Mapping]]] = ...) -> None: ...
 
 class Lease(_message.Message):
     __slots__ = ("holder", "token", "acquire_time", "expire_time")
@@ -280,7 +286,7 @@ class LeaseAuditEntry(_message.Message):
     def __init__(self, kind: _Optional[_Union[LeaseAuditKind, str]] = ..., actor: _Optional[str] = ..., previous_holder: _Optional[str] = ..., previous_token: _Optional[int] = ..., time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
 
 class CreateSessionRequest(_message.Message):
-    __slots__ = ("session_id", "events", "lease_holder", "lease_token", "request_id", "title", "labels", "owner", "status", "parent_session_id", "parent_seq")
+    __slots__ = ("session_id", "events", "lease_holder", "lease_token", "request_id", "title", "labels", "owner", "status", "parent_session_id", "parent_seq", "expire_time", "ttl", "pinned")
     class LabelsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -299,6 +305,9 @@ class CreateSessionRequest(_message.Message):
     STATUS_FIELD_NUMBER: _ClassVar[int]
     PARENT_SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     PARENT_SEQ_FIELD_NUMBER: _ClassVar[int]
+    EXPIRE_TIME_FIELD_NUMBER: _ClassVar[int]
+    TTL_FIELD_NUMBER: _ClassVar[int]
+    PINNED_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     events: _containers.RepeatedCompositeFieldContainer[_event_pb2.Event]
     lease_holder: str
@@ -310,7 +319,10 @@ class CreateSessionRequest(_message.Message):
     status: str
     parent_session_id: str
     parent_seq: int
-    def __init__(self, session_id: _Optional[str] = ..., events: _Optional[_Iterable[_Union[_event_pb2.Event, _Mapping]]] = ..., lease_holder: _Optional[str] = ..., lease_token: _Optional[int] = ..., request_id: _Optional[str] = ..., title: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ..., owner: _Optional[str] = ..., status: _Optional[str] = ..., parent_session_id: _Optional[str] = ..., parent_seq: _Optional[int] = ...) -> None: ...
+    expire_time: _timestamp_pb2.Timestamp
+    ttl: _duration_pb2.Duration
+    pinned: bool
+    def __init__(self, session_id: _Optional[str] = ..., events: _Optional[_Iterable[_Union[_event_pb2.Event, _Mapping]]] = ..., lease_holder: _Optional[str] = ..., lease_token: _Optional[int] = ..., request_id: _Optional[str] = ..., title: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ..., owner: _Optional[str] = ..., status: _Optional[str] = ..., parent_session_id: _Optional[str] = ..., parent_seq: _Optional[int] = ..., expire_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., ttl: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., pinned: _Optional[bool] = ...) -> None: ...
 
 class CreateSessionResponse(_message.Message):
     __slots__ = ("session", "events")

@@ -32,6 +32,7 @@ from sessionlog.storage import (
     damage,
     erasure,
     folder,
+    following,
     identity,
     imports,
     indexes,
@@ -842,6 +843,28 @@ class Store:
         or None when this store has no change there."""
         with self.env.begin() as txn:
             return changes.fingerprint_at(txn, self.tables, position)
+
+    def read_followed(
+        self,
+        start: int,
+        admits: Callable[[str], bool],
+        query: Filter,
+        *,
+        max_records: int,
+        max_bytes: int,
+    ) -> following.FollowedRead:
+        """The changes a FollowSessions stream follows, from position ``start`` on
+        (``following.read_followed``)."""
+        with self.env.begin() as txn:
+            return following.read_followed(
+                txn,
+                self.tables,
+                start,
+                admits,
+                query,
+                max_records=max_records,
+                max_bytes=max_bytes,
+            )
 
     def check_feed_after(self, start: int, checksum: bytes) -> None:
         """HistoryDiverged unless this store's change at ``start - 1`` has ``checksum``."""

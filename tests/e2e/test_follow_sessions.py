@@ -1,0 +1,241 @@
+"""FollowSessions end to end: one stream of every session under a prefix or matching a filter,
+in feed order, resumable by position with no gap and no duplicate; deletion markers;
+heartbeats that advance an idle stream; tenant tokens kept inside their prefix; bad filters and
+positions refused; a replica serves the same stream."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+from google.protobuf.duration_pb2 import Duration
+
+from sessionlog.v1 import session_log_service_pb2 as pb
+from sessionlog.v1 import session_log_service_pb2_grpc as pb_grpc
+from tests.e2e._helpers import check, failure, say
+from tests.e2e._proc import running_server
+from tests.e2e._replication_cluster import Cluster, wait_position
+from tests.e2e.test_auth import ADMIN, TENANT_A, WRITER, bearer, tokens_file
+
+Stub = pb_grpc.SessionLogServiceStub
+Changes = list[pb.FollowedChange]
+
+
+@pytest.fixture(scope="module")
+def stub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stub]:
+    """One server with auth on for the whole module: each test uses sessions of its own."""
+    root = tmp_path_factory.mktemp("follow")
+    tokens = tokens_file(root / "tokens.toml")
+    with running_server(root / "data", auth_tokens=str(tokens)) as server:
+        yield server.stub()
+
+
+def opened(stub: Stub, token: str = WRITER, **fields: Any) -> Any:
+    """A FollowSessions call whose first response (caught up) has arrived: live from here."""
+    call = stub.FollowSessions(
+        pb.FollowSessionsRequest(**fields), metadata=bearer(token), timeout=30
+    )
+    first = next(call)
+    assert first.caught_up
+    assert not first.changes
+    return call
+
+
+def read_until(call: Any, done: Callable[[Changes], bool]) -> tuple[Changes, int]:
+    """The changes a stream sends until ``done`` holds, and the last position it sent."""
+    changes: Changes = []
+    position = 0
+    for response in call:
+        assert response.position >= position
+        position = response.position
+        changes.extend(response.changes)
+        if done(changes):
+            call.cancel()
+            return changes, position
+    raise AssertionError("the stream ended early")
+
+
+def events_of(changes: Changes) -> list[tuple[str, int, str]]:
+    return [(c.session_id, e.seq, str(e.data["content"])) for c in changes for e in c.events]
+
+
+def write(stub: Stub, session_id: str, *contents: str) -> None:
+    events = [say(text) for text in contents]
+    stub.Append(pb.AppendRequest(session_id=session_id, events=events), metadata=bearer(WRITER))
+
+
+def test_a_prefix_stream_sends_its_sessions_in_order_and_no_others(stub: Stub) -> None:
+    """Events of two sessions under the prefix arrive in commit order, each change with its
+    position; a session outside the prefix never shows."""
+    call = opened(stub, prefix="p1.")
+    write(stub, "p1.a", "a0", "a1")
+    write(stub, "other.x", "x0")
+    write(stub, "p1.b", "b0")
+    write(stub, "p1.a", "a2")
+    changes, _ = read_until(call, lambda c: len(events_of(c)) == 4)
+    assert events_of(changes) == [
+        ("p1.a", 0, "a0"),
+        ("p1.a", 1, "a1"),
+        ("p1.b", 0, "b0"),
+        ("p1.a", 2, "a2"),
+    ]
+    positions = [c.position for c in changes]
+    assert positions == sorted(positions)
+    assert len(set(positions)) == 3
+
+
+def test_a_label_filter_picks_matching_sessions_and_one_that_comes_to_match(stub: Stub) -> None:
+    """Only sessions whose labels match are followed; a session whose labels change to match
+    is followed from then on, its earlier events not replayed."""
+    for session_id, team in (("lf.a", "core"), ("lf.b", "web")):
+        stub.CreateSession(
+            pb.CreateSessionRequest(session_id=session_id, labels={"team": team}),
+            metadata=bearer(WRITER),
+        )
+    call = opened(stub, filter='labels.team = "core"')
+    write(stub, "lf.a", "a0")
+    write(stub, "lf.b", "b-before")
+    stub.UpdateSession(
+        pb.UpdateSessionRequest(
+            session=pb.Session(session_id="lf.b", labels={"team": "core"}),
+            update_mask={"paths": ["labels.team"]},
+        ),
+        metadata=bearer(WRITER),
+    )
+    write(stub, "lf.b", "b-after")
+    changes, _ = read_until(call, lambda c: len(events_of(c)) == 2)
+    assert events_of(changes) == [("lf.a", 0, "a0"), ("lf.b", 1, "b-after")]
+
+
+def test_resuming_from_a_position_gives_exactly_the_rest(stub: Stub) -> None:
+    """A stream resumed after a position it sent gets every later change once: no gap, no
+    duplicate; from_start replays them all too."""
+    call = opened(stub, prefix="rs.")
+    for i in range(6):
+        write(stub, f"rs.{i % 2}", f"e{i}")
+    changes, _ = read_until(call, lambda c: len(c) == 6)
+    cut = changes[2].position
+    resumed = stub.FollowSessions(
+        pb.FollowSessionsRequest(prefix="rs.", after_position=cut),
+        metadata=bearer(WRITER),
+        timeout=30,
+    )
+    rest, _ = read_until(resumed, lambda c: len(c) == 3)
+    assert [c.SerializeToString() for c in rest] == [c.SerializeToString() for c in changes[3:]]
+    replay = stub.FollowSessions(
+        pb.FollowSessionsRequest(prefix="rs.", from_start=True),
+        metadata=bearer(WRITER),
+        timeout=30,
+    )
+    everything, _ = read_until(replay, lambda c: len(c) == 6)
+    assert everything == changes
+
+
+def test_a_deleted_session_shows_a_marker_and_its_events_never_replay(stub: Stub) -> None:
+    """DeleteSession sends a deleted marker; a replay from the start afterwards holds the
+    marker but none of the deleted session's events (its records are erased placeholders)."""
+    call = opened(stub, prefix="del.")
+    write(stub, "del.gone", "secret text")
+    write(stub, "del.kept", "k0")
+    stub.DeleteSession(pb.DeleteSessionRequest(session_id="del.gone"), metadata=bearer(WRITER))
+    changes, _ = read_until(call, lambda c: any(x.deleted for x in c))
+    assert [(c.session_id, c.deleted) for c in changes] == [
+        ("del.gone", False),
+        ("del.kept", False),
+        ("del.gone", True),
+    ]
+    replay = stub.FollowSessions(
+        pb.FollowSessionsRequest(prefix="del.", from_start=True),
+        metadata=bearer(WRITER),
+        timeout=30,
+    )
+    replayed, _ = read_until(replay, lambda c: any(x.deleted for x in c))
+    assert [(c.session_id, c.deleted) for c in replayed] == [
+        ("del.kept", False),
+        ("del.gone", True),
+    ]
+    assert b"secret text" not in b"".join(c.SerializeToString() for c in replayed)
+
+
+def test_heartbeats_advance_an_idle_filtered_stream(stub: Stub) -> None:
+    """Writes the stream does not follow still move its position: a heartbeat carries it."""
+    call = opened(stub, prefix="hb.none.", heartbeat_interval=Duration(nanos=200_000_000))
+    write(stub, "hb.other", "x")
+    for response in call:
+        assert not response.changes
+        if response.heartbeat and response.position:
+            resumed = stub.FollowSessions(
+                pb.FollowSessionsRequest(prefix="hb.", after_position=response.position - 1),
+                metadata=bearer(WRITER),
+                timeout=30,
+            )
+            changes, _ = read_until(resumed, lambda c: len(c) == 1)
+            assert events_of(changes) == [("hb.other", 0, "x")]
+            call.cancel()
+            return
+    raise AssertionError("no heartbeat")
+
+
+def test_a_tenant_follows_only_its_own_prefix(stub: Stub) -> None:
+    """A tenant token follows its own prefix; with no prefix it is narrowed to it (another
+    tenant's writes never show); a foreign prefix is PERMISSION_DENIED."""
+    own = opened(stub, TENANT_A, prefix="tenant-a.f")
+    narrowed = opened(stub, TENANT_A)
+    write(stub, "tenant-b.f1", "theirs")
+    write(stub, "tenant-a.f1", "mine")
+    for call in (own, narrowed):
+        changes, _ = read_until(call, lambda c: len(c) == 1)
+        assert events_of(changes) == [("tenant-a.f1", 0, "mine")]
+    foreign = pb.FollowSessionsRequest(prefix="tenant-b.")
+    refused = failure(
+        lambda: next(stub.FollowSessions(foreign, metadata=bearer(TENANT_A), timeout=10))
+    )
+    check(refused, grpc.StatusCode.PERMISSION_DENIED, "PERMISSION_DENIED")
+
+
+def refusal(stub: Stub, **fields: Any) -> grpc.RpcError:
+    return failure(
+        lambda: next(
+            stub.FollowSessions(
+                pb.FollowSessionsRequest(**fields), metadata=bearer(ADMIN), timeout=10
+            )
+        )
+    )
+
+
+def test_bad_filters_and_positions_are_refused(stub: Stub) -> None:
+    """A filter that does not parse is INVALID_FILTER; a position past the feed's end is
+    FEED_POSITION_AHEAD naming the head; after_position with from_start is MALFORMED_REQUEST."""
+    check(refusal(stub, filter="labels.x ~ y"), grpc.StatusCode.INVALID_ARGUMENT, "INVALID_FILTER")
+    error = refusal(stub, after_position=10**9)
+    check(error, grpc.StatusCode.FAILED_PRECONDITION, "FEED_POSITION_AHEAD")
+    check(
+        refusal(stub, after_position=1, from_start=True),
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "MALFORMED_REQUEST",
+    )
+
+
+def test_a_replica_serves_the_same_stream(tmp_path: Path) -> None:
+    """A replica's FollowSessions replays the primary's changes at the same positions."""
+    with Cluster(tmp_path) as cluster:
+        primary = cluster.primary()
+        replica = cluster.replica(primary, "replica")
+        stub = primary.stub()
+        for i in range(4):
+            stub.Append(pb.AppendRequest(session_id=f"rep.{i % 2}", events=[say(f"e{i}")]))
+        wait_position(replica, primary.status().position)
+        asked = pb.FollowSessionsRequest(prefix="rep.", from_start=True)
+        mine, _ = read_until(stub.FollowSessions(asked, timeout=30), lambda c: len(c) == 4)
+        theirs, _ = read_until(
+            replica.stub().FollowSessions(asked, timeout=30), lambda c: len(c) == 4
+        )
+        assert theirs == mine
+        live = replica.stub().FollowSessions(pb.FollowSessionsRequest(prefix="rep."), timeout=30)
+        assert next(live).caught_up
+        stub.Append(pb.AppendRequest(session_id="rep.0", events=[say("late")]))
+        late, _ = read_until(live, lambda c: len(c) == 1)
+        assert events_of(late) == [("rep.0", 2, "late")]

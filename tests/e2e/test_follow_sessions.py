@@ -5,7 +5,9 @@ positions refused; a replica serves the same stream."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+import asyncio
+import json
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -15,22 +17,30 @@ from google.protobuf.duration_pb2 import Duration
 
 from sessionlog.v1 import session_log_service_pb2 as pb
 from sessionlog.v1 import session_log_service_pb2_grpc as pb_grpc
+from sessionlog_client import AsyncClient, Client
 from tests.e2e._helpers import check, failure, say
-from tests.e2e._proc import running_server
+from tests.e2e._proc import run_cli, running_server
 from tests.e2e._replication_cluster import Cluster, wait_position
 from tests.e2e.test_auth import ADMIN, TENANT_A, WRITER, bearer, tokens_file
+from tests.e2e.test_client_python import FAST_RETRY, DropProxy
 
 Stub = pb_grpc.SessionLogServiceStub
 Changes = list[pb.FollowedChange]
 
 
 @pytest.fixture(scope="module")
-def stub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stub]:
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     """One server with auth on for the whole module: each test uses sessions of its own."""
     root = tmp_path_factory.mktemp("follow")
     tokens = tokens_file(root / "tokens.toml")
-    with running_server(root / "data", auth_tokens=str(tokens)) as server:
-        yield server.stub()
+    with running_server(root / "data", auth_tokens=str(tokens)) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def stub(server: Any) -> Stub:
+    stub: Stub = server.stub()
+    return stub
 
 
 def opened(stub: Stub, token: str = WRITER, **fields: Any) -> Any:
@@ -58,7 +68,8 @@ def read_until(call: Any, done: Callable[[Changes], bool]) -> tuple[Changes, int
     raise AssertionError("the stream ended early")
 
 
-def events_of(changes: Changes) -> list[tuple[str, int, str]]:
+def events_of(changes: Sequence[Any]) -> list[tuple[str, int, str]]:
+    """(session, seq, content) of each event of FollowedChange messages (server or client)."""
     return [(c.session_id, e.seq, str(e.data["content"])) for c in changes for e in c.events]
 
 
@@ -239,3 +250,86 @@ def test_a_replica_serves_the_same_stream(tmp_path: Path) -> None:
         stub.Append(pb.AppendRequest(session_id="rep.0", events=[say("late")]))
         late, _ = read_until(live, lambda c: len(c) == 1)
         assert events_of(late) == [("rep.0", 2, "late")]
+
+
+def test_the_python_client_resumes_after_a_cut_connection(server: Any, stub: Stub) -> None:
+    """Client.follow_sessions replays from the start, survives a cut connection by resuming
+    after its last position (no gap, no duplicate), and a tenant's stream stays in its prefix."""
+    write(stub, "tenant-a.pc1", "a0", "a1")
+    write(stub, "tenant-b.pc1", "theirs")
+    proxy = DropProxy(server.port)
+    try:
+        with (
+            Client(proxy.address, retry=FAST_RETRY, token=TENANT_A) as client,
+            client.follow_sessions(prefix="tenant-a.pc", after=0) as changes,
+        ):
+            first = next(changes)
+            assert [e.seq for e in first.events] == [0, 1]
+            proxy.cut()
+            write(stub, "tenant-b.pc1", "theirs again")
+            write(stub, "tenant-a.pc1", "a2")
+            write(stub, "tenant-a.pc2", "b0")
+            rest = [next(changes), next(changes)]
+            assert events_of(rest) == [("tenant-a.pc1", 2, "a2"), ("tenant-a.pc2", 0, "b0")]
+            assert changes.reconnects >= 1
+            assert changes.position == rest[-1].position
+    finally:
+        proxy.close()
+
+
+def test_the_async_client_follows_with_a_filter_and_stops_when_caught_up(
+    server: Any, stub: Stub
+) -> None:
+    """AsyncClient.follow_sessions with follow=False ends after the stored changes; the filter
+    keeps the matching session only."""
+    stub.CreateSession(
+        pb.CreateSessionRequest(session_id="ac.yes", labels={"pick": "me"}),
+        metadata=bearer(WRITER),
+    )
+    write(stub, "ac.yes", "y0")
+    write(stub, "ac.no", "n0")
+
+    async def run() -> list[tuple[str, int, str]]:
+        async with AsyncClient(server.address, token=WRITER) as client:
+            stream = client.follow_sessions(
+                prefix="ac.", filter='labels.pick = "me"', after=0, follow=False
+            )
+            async with stream:
+                got = [change async for change in stream]
+            assert stream.caught_up
+            return events_of(got)
+
+    assert asyncio.run(run()) == [("ac.yes", 0, "y0")]
+
+
+def test_the_cli_tails_a_prefix_with_a_filter_and_a_tenant_token(
+    server: Any, stub: Stub, tmp_path: Path
+) -> None:
+    """`sessionlog tail --prefix P --filter F --no-follow --json` prints the matching
+    sessions' events with their positions; --from-position resumes; a tenant token works."""
+    for session_id, team in (("tenant-a.cli1", "core"), ("tenant-a.cli2", "web")):
+        stub.CreateSession(
+            pb.CreateSessionRequest(session_id=session_id, labels={"team": team}),
+            metadata=bearer(WRITER),
+        )
+        write(stub, session_id, f"{team}-0", f"{team}-1")
+    write(stub, "tenant-b.cli1", "theirs")
+    base = ["tail", "--server", server.address, "--token", TENANT_A, "--no-follow", "--json"]
+
+    def tail(*extra: str) -> list[dict[str, Any]]:
+        done = run_cli([*base, *extra], tmp_path)
+        assert done.returncode == 0, done.stderr
+        return [json.loads(line) for line in done.stdout.splitlines()]
+
+    lines = tail("--prefix", "tenant-a.cli", "--filter", 'labels.team = "core"')
+    assert [(x["session_id"], x["seq"]) for x in lines] == [
+        ("tenant-a.cli1", 0),
+        ("tenant-a.cli1", 1),
+    ]
+    narrowed = tail("--filter", 'labels.team = "web"')  # no prefix: the token's own
+    assert {x["session_id"] for x in narrowed} == {"tenant-a.cli2"}
+    rest = tail("--prefix", "tenant-a.cli", "--from-position", str(lines[0]["position"] + 1))
+    assert [x["session_id"] for x in rest] == ["tenant-a.cli2", "tenant-a.cli2"]
+    refused = run_cli([*base, "--prefix", "tenant-b."], tmp_path)
+    assert refused.returncode == 1
+    assert "PERMISSION_DENIED" in refused.stderr

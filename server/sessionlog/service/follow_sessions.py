@@ -31,8 +31,7 @@ MAX_RECORDS_PER_READ = 2_000
 
 def start_position(store: Store, request: pb.FollowSessionsRequest) -> int:
     """The first feed position the stream reads; the cursor errors name what is wrong."""
-    head, _ = store.head()
-    began_after = store.history()[1]
+    oldest, head = store.feed_bounds()
     after = request.after_position
     if request.from_start:
         if after:
@@ -40,7 +39,7 @@ def start_position(store: Store, request: pb.FollowSessionsRequest) -> int:
                 "set after_position or from_start, not both",
                 field="from_start",
             )
-        return began_after + 1
+        return 1
     if not after:
         return head + 1
     if after > head:
@@ -50,13 +49,13 @@ def start_position(store: Store, request: pb.FollowSessionsRequest) -> int:
             after_position=after,
             head_position=head,
         )
-    if after < began_after:
+    if after + 1 < oldest:
         raise errors.FeedPositionGone(
-            f"this store's change feed begins after position {began_after}, so position {after} "
-            "cannot be resumed: follow from_start, and read each session's earlier events with "
-            "Since",
+            f"this store's change feed begins at position {oldest}, so the changes after "
+            f"position {after} cannot all be streamed: follow from_start, and read each "
+            "session's earlier events with Since",
             after_position=after,
-            first_position=began_after + 1,
+            first_position=oldest,
         )
     return after + 1
 

@@ -833,6 +833,11 @@ class Store:
         with self.env.begin() as txn:
             return head(txn, self.tables)
 
+    def feed_bounds(self) -> tuple[int, int]:
+        """The oldest and the newest stored change's positions; (0, 0) for an empty feed."""
+        with self.env.begin() as txn:
+            return changes.first(txn, self.tables), head(txn, self.tables)[0]
+
     def tail(self) -> tuple[int, bytes]:
         """The newest change's (position, fingerprint); (0, b"") for an empty store."""
         with self.env.begin() as txn:

@@ -23,6 +23,7 @@ from tests.e2e._proc import run_cli, running_server
 from tests.e2e._replication_cluster import Cluster, wait_position
 from tests.e2e.test_auth import ADMIN, TENANT_A, WRITER, bearer, tokens_file
 from tests.e2e.test_client_python import FAST_RETRY, DropProxy
+from tests.e2e.test_shards import Groups, groups  # noqa: F401  (the sharded servers)
 
 Stub = pb_grpc.SessionLogServiceStub
 Changes = list[pb.FollowedChange]
@@ -333,3 +334,24 @@ def test_the_cli_tails_a_prefix_with_a_filter_and_a_tenant_token(
     refused = run_cli([*base, "--prefix", "tenant-b."], tmp_path)
     assert refused.returncode == 1
     assert "PERMISSION_DENIED" in refused.stderr
+
+
+def test_each_group_streams_its_own_sessions(groups: Groups) -> None:  # noqa: F811
+    """Sharded: a group's stream holds the sessions it owns, at that group's positions; the
+    other group's sessions are followed on the other group."""
+    mine = [groups.session_of("g1", n) for n in (5, 6)]
+    theirs = groups.session_of("g2", 5)
+    for session_id in mine:
+        groups.stub1.Append(pb.AppendRequest(session_id=session_id, events=[say(session_id)]))
+    groups.stub2.Append(pb.AppendRequest(session_id=theirs, events=[say(theirs)]))
+    asked = pb.FollowSessionsRequest(from_start=True)
+    one, _ = read_until(
+        groups.stub1.FollowSessions(asked, timeout=30),
+        lambda c: {x.session_id for x in c} >= set(mine),
+    )
+    assert theirs not in {c.session_id for c in one}
+    two, _ = read_until(
+        groups.stub2.FollowSessions(asked, timeout=30),
+        lambda c: theirs in {x.session_id for x in c},
+    )
+    assert not set(mine) & {c.session_id for c in two}

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -355,3 +356,26 @@ def test_each_group_streams_its_own_sessions(groups: Groups) -> None:  # noqa: F
         lambda c: theirs in {x.session_id for x in c},
     )
     assert not set(mine) & {c.session_id for c in two}
+
+
+def test_a_python_stream_from_now_starts_when_it_is_made(server: Any, stub: Stub) -> None:
+    """follow_sessions() with after=None opens its call at once: a change committed before the
+    first read is delivered; one committed before the call is not (sync and async)."""
+    write(stub, "now.a", "before")
+    with (
+        Client(server.address, token=WRITER) as client,
+        client.follow_sessions(prefix="now.") as changes,
+    ):
+        time.sleep(0.3)  # the stream's start is fixed on the server by now
+        write(stub, "now.a", "after")
+        assert events_of([next(changes)]) == [("now.a", 1, "after")]
+
+    async def run() -> list[tuple[str, int, str]]:
+        async with AsyncClient(server.address, token=WRITER) as client:
+            stream = client.follow_sessions(prefix="now.")
+            async with stream:
+                await asyncio.sleep(0.3)
+                write(stub, "now.a", "async")
+                return events_of([await stream.__anext__()])
+
+    assert asyncio.run(run()) == [("now.a", 2, "async")]

@@ -222,6 +222,12 @@ class AsyncSessionsStream(AsyncIterator[pb.FollowedChange]):
         self._silence = c.silence_limit(heartbeat)
         self._closed = asyncio.Event()
         self._call: Any = None
+        self._pending: tuple[Member, Any] | None = None
+        if after is None:
+            # Started now, not at the first read (see SessionsStream).
+            member = router.current()
+            if member is not None:
+                self._pending = (member, self._open(member))
         self._changes = self._run()
 
     def __aiter__(self) -> AsyncSessionsStream:
@@ -270,14 +276,17 @@ class AsyncSessionsStream(AsyncIterator[pb.FollowedChange]):
         backoff = self._connection.retry.backoff()
         hops = 0
         while not self._closed.is_set():
-            member = await self._router.pick_async()
-            if member is None:
-                wait = backoff.next()
-                if wait is None:
-                    raise self._router.nobody()
-                await self._pause(wait)
-                continue
-            call = self._open(member)
+            if self._pending is not None:
+                (member, call), self._pending = self._pending, None
+            else:
+                picked = await self._router.pick_async()
+                if picked is None:
+                    wait = backoff.next()
+                    if wait is None:
+                        raise self._router.nobody()
+                    await self._pause(wait)
+                    continue
+                member, call = picked, self._open(picked)
             if call is None:
                 return
             delay: float | None = None

@@ -277,6 +277,13 @@ class SessionsStream(Iterator[pb.FollowedChange]):
         self._closed = threading.Event()
         self._lock = threading.Lock()
         self._call: Any = None
+        self._pending: tuple[Member, Any] | None = None
+        if after is None:
+            # Started now, not at the first next(): a stream "from now" must not miss what
+            # commits between follow_sessions() and the first read.
+            member = router.current()
+            if member is not None:
+                self._pending = (member, self._open(member))
         self._changes = self._run()
 
     def __iter__(self) -> SessionsStream:
@@ -305,6 +312,7 @@ class SessionsStream(Iterator[pb.FollowedChange]):
             call.cancel()
         with contextlib.suppress(ValueError):
             self._changes.close()
+        self._pending = None
 
     def _open(self, member: Member) -> Any:
         with self._lock:
@@ -324,15 +332,18 @@ class SessionsStream(Iterator[pb.FollowedChange]):
         backoff = self._connection.retry.backoff()
         hops = 0
         while not self._closed.is_set():
-            member = self._router.pick()
-            if member is None:
-                delay = backoff.next()
-                if delay is None:
-                    raise self._router.nobody()
-                if self._closed.wait(delay):
-                    return
-                continue
-            call = self._open(member)
+            if self._pending is not None:
+                (member, call), self._pending = self._pending, None
+            else:
+                picked = self._router.pick()
+                if picked is None:
+                    delay = backoff.next()
+                    if delay is None:
+                        raise self._router.nobody()
+                    if self._closed.wait(delay):
+                        return
+                    continue
+                member, call = picked, self._open(picked)
             if call is None:
                 return
             watchdog = None if self._silence is None else _Watchdog(call, self._silence)
@@ -865,7 +876,8 @@ class Client:
                     route(change.session_id, change.events)
                     saved = change.position
 
-        ``after``: None starts with what commits from now on; 0 replays the whole feed
+        ``after``: None starts with what commits from now on (the call opens here, not at
+        the first read, so nothing committed in between is missed); 0 replays the whole feed
         first; N resumes after position N (a ``FollowedChange.position`` or the stream's
         ``position``, which heartbeats advance too). ``follow=False`` stops once the changes
         stored at the start were delivered. A token limited to a session prefix follows its

@@ -1568,7 +1568,7 @@ export class SessionLogClient {
   /**
    * The events of every session under prefix (and matching the ListSessions filter), change by
    * change in commit order, resumable by change-feed position. after: null (the default) starts
-   * with what commits from now on, 0 replays the whole feed first, N resumes after position N
+   * with what commits from the stream's first iteration on, 0 replays the whole feed first, N resumes after position N
    * (a change's position, or the stream's position, which heartbeats advance too). follow false
    * stops once the changes stored at the start were delivered. A token limited to a session
    * prefix follows its own sessions only; a sharded server streams its own group's sessions.

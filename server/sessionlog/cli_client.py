@@ -23,7 +23,6 @@ import os
 import re
 import signal
 import sys
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, NoReturn
@@ -45,8 +44,6 @@ from sessionlog_client.convert import (
     type_name,
 )
 from sessionlog_client.v1 import event_pb2, message_pb2
-from sessionlog_client.v1 import replication_service_pb2 as rpb
-from sessionlog_client.v1 import replication_service_pb2_grpc as rpb_grpc
 from sessionlog_client.v1 import session_log_service_pb2 as pb
 
 EXIT_REFUSED = 1
@@ -171,15 +168,21 @@ def add_commands(commands: Any) -> None:
     )
     p.add_argument(
         "--prefix",
-        help="follow every session whose id starts with PREFIX, over the change feed "
-        "(needs an admin token without a session prefix)",
+        help="follow every session whose id starts with PREFIX (FollowSessions; a tenant token "
+        "follows its own sessions)",
+    )
+    p.add_argument(
+        "--filter",
+        metavar="EXPR",
+        help="with --prefix (or alone): only sessions whose record matches this ListSessions "
+        "filter, e.g. 'labels.team = \"core\"'",
     )
     p.add_argument(
         "--from-position",
         type=int,
         default=1,
         help="with --prefix: the change-feed position to start at (default 1, the beginning; "
-        "each printed line names its position)",
+        "each printed line names its position: resume with that position + 1)",
     )
     p.add_argument(
         "--every-group",
@@ -651,6 +654,8 @@ def _one_event(args: argparse.Namespace) -> event_pb2.Event:
 
 
 def _tail(args: argparse.Namespace) -> int:
+    if args.prefix is None and args.filter is not None and args.session_id is None:
+        args.prefix = ""  # a filter alone follows every session it matches
     if (args.session_id is None) == (args.prefix is None):
         _usage("tail takes a SESSION_ID or --prefix PREFIX (one of them)")
     if args.from_seq is not None and args.last is not None:
@@ -677,7 +682,7 @@ def _tail_prefix(args: argparse.Namespace) -> int:
     next position after a lost connection (unless --no-resume)."""
     retry = NO_RETRY if args.no_resume else FOREVER
     with _client(args, retry=retry) as client:
-        for position, session_id, event in _feed_events(client, args, retry):
+        for position, session_id, event in _feed_events(client, args):
             if event is None:  # the session was deleted
                 if args.json:
                     line = {"position": position, "session_id": session_id, "deleted": True}
@@ -721,6 +726,7 @@ def _tail_groups(args: argparse.Namespace) -> int:
         connect,
         retry.backoff,
         prefix=args.prefix,
+        filter_text=args.filter or "",
         follow=not args.no_follow,
         cursors=cursors,
     )
@@ -736,34 +742,24 @@ def _tail_groups(args: argparse.Namespace) -> int:
 
 
 def _feed_events(
-    client: Client, args: argparse.Namespace, retry: Retry
+    client: Client, args: argparse.Namespace
 ) -> Iterator[tuple[int, str, event_pb2.Event | None]]:
-    """The events of the feed's changes under the prefix; a REDACT change gives its redacted
+    """The events of the followed sessions' changes (FollowSessions, which resumes after the
+    last position it heard when the connection drops); a REDACT change gives its redacted
     events again (as now stored), a DELETE change None."""
-    stub: Any = rpb_grpc.ReplicationServiceStub(client.channel)  # type: ignore[no-untyped-call]
-    position = max(1, args.from_position)
-    backoff = retry.backoff()
-    while True:
-        request = rpb.ChangesRequest(start_position=position, follow=not args.no_follow)
-        if not args.no_follow:
-            request.heartbeat_interval.FromSeconds(int(FOLLOW_HEARTBEAT))
-        call = stub.Changes(request, metadata=client.connection.call_metadata())
-        try:
-            for response in call:
-                backoff.reset()
-                for change in response.changes:
-                    position = change.position + 1
-                    if change.session_id.startswith(args.prefix):
-                        for event in feeds.change_events(change):
-                            yield change.position, change.session_id, event
-            return
-        except grpc.RpcError as error:
-            delay = backoff.next() if error.code() == grpc.StatusCode.UNAVAILABLE else None
-            if delay is None:
-                raise to_error(error) from error
-        finally:
-            call.cancel()
-        time.sleep(delay)
+    changes = client.follow_sessions(
+        prefix=args.prefix,
+        filter=args.filter or "",
+        after=max(0, args.from_position - 1),
+        follow=not args.no_follow,
+        heartbeat=FOLLOW_HEARTBEAT,
+    )
+    with changes:
+        for change in changes:
+            if change.deleted:
+                yield change.position, change.session_id, None
+            for event in change.events:
+                yield change.position, change.session_id, event
 
 
 def _json_line(event: event_pb2.Event) -> str:

@@ -49,7 +49,9 @@ status back into the same class with :func:`from_reason`.
     │   ├── SlotOwned                       SLOT_OWNED (a move's step where the slot is owned)
     │   ├── CrossGroupFork                  CROSS_GROUP_FORK (a fork's target in another group)
     │   ├── NotExpired                      NOT_EXPIRED (the sweeper's re-check: kept after all)
-    │   └── ImportSeqMismatch               IMPORT_SEQ_MISMATCH (a chunk not at the next seq)
+    │   ├── ImportSeqMismatch               IMPORT_SEQ_MISMATCH (a chunk not at the next seq)
+    │   ├── FeedPositionAhead               FEED_POSITION_AHEAD (FollowSessions past the feed's end)
+    │   └── FeedPositionGone                FEED_POSITION_GONE (before the feed's first position)
     ├── SeqConflict                         ABORTED
     ├── Unauthenticated                     UNAUTHENTICATED (no or unknown bearer token)
     ├── PermissionDenied                    PERMISSION_DENIED (token lacks the right or prefix)
@@ -364,6 +366,22 @@ class ImportSeqMismatch(FailedPrecondition):
     was written. Metadata ``session_id``, ``first_seq``, ``next_seq`` (where to continue)."""
 
     reason = "IMPORT_SEQ_MISMATCH"
+
+
+class FeedPositionAhead(FailedPrecondition):
+    """A FollowSessions position past this server's change feed (another server's position,
+    or a replica that has not caught up yet): nothing is streamed. Metadata ``after_position``
+    and ``head_position``."""
+
+    reason = "FEED_POSITION_AHEAD"
+
+
+class FeedPositionGone(FailedPrecondition):
+    """A FollowSessions position before the first change this store holds (a store restored or
+    rejoined after it): the changes in between cannot be streamed. Metadata ``after_position``
+    and ``first_position``; resume from_start, or read each session with Since."""
+
+    reason = "FEED_POSITION_GONE"
 
 
 class HistoryDiverged(FailedPrecondition):

@@ -187,6 +187,12 @@ def every_rpc(session_id: str) -> list[tuple[str, Message, bool]]:
         ),
         (SERVICE + "ListSessions", pb.ListSessionsRequest(), False),
         (
+            # A position past the feed's end: a call that gets through ends at once.
+            SERVICE + "FollowSessions",
+            pb.FollowSessionsRequest(prefix=session_id, after_position=1 << 40),
+            True,
+        ),
+        (
             SERVICE + "ForkSession",
             pb.ForkSessionRequest(parent_session_id=session_id, session_id=session_id + ".fork"),
             False,

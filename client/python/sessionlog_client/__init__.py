@@ -15,10 +15,10 @@ messages live in ``sessionlog_client.v1``.
 """
 
 from sessionlog_client import errors
-from sessionlog_client._aio import AsyncClient, AsyncEventStream
+from sessionlog_client._aio import AsyncClient, AsyncEventStream, AsyncSessionsStream
 from sessionlog_client._common import DEFAULT_MAX_MESSAGE_BYTES, Popped, Retry
 from sessionlog_client._status import Cancelled, DeadlineExceeded, TransportError
-from sessionlog_client._sync import Client, EventStream
+from sessionlog_client._sync import Client, EventStream, SessionsStream
 from sessionlog_client.convert import (
     event,
     event_from_dict,
@@ -42,6 +42,7 @@ __all__ = [
     "DEFAULT_MAX_MESSAGE_BYTES",
     "AsyncClient",
     "AsyncEventStream",
+    "AsyncSessionsStream",
     "Cancelled",
     "Client",
     "DeadlineExceeded",
@@ -53,6 +54,7 @@ __all__ = [
     "Retry",
     "Role",
     "SessionLogError",
+    "SessionsStream",
     "SurfaceOp",
     "TransportError",
     "errors",

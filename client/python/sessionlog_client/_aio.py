@@ -195,6 +195,150 @@ class AsyncEventStream(AsyncIterator[Event]):
             await asyncio.wait_for(self._closed.wait(), delay)
 
 
+class AsyncSessionsStream(AsyncIterator[pb.FollowedChange]):
+    """The asyncio twin of :class:`SessionsStream` (``AsyncClient.follow_sessions``): resumes
+    after the last position the server sent when the call drops or goes silent."""
+
+    def __init__(
+        self,
+        router: Router,
+        connection: c.Connection,
+        *,
+        prefix: str,
+        filter_text: str,
+        after: int | None,
+        follow: bool,
+        heartbeat: float | None,
+    ) -> None:
+        self.prefix = prefix
+        self.filter = filter_text
+        self.position = after
+        self.caught_up = False
+        self.reconnects = 0
+        self._router = router
+        self._connection = connection
+        self._follow = follow
+        self._heartbeat = heartbeat
+        self._silence = c.silence_limit(heartbeat)
+        self._closed = asyncio.Event()
+        self._call: Any = None
+        self._pending: tuple[Member, Any] | None = None
+        if after is None:
+            # Started now, not at the first read (see SessionsStream).
+            member = router.current()
+            if member is not None:
+                self._pending = (member, self._open(member))
+        self._changes = self._run()
+
+    def __aiter__(self) -> AsyncSessionsStream:
+        return self
+
+    async def __anext__(self) -> pb.FollowedChange:
+        return await self._changes.__anext__()
+
+    async def __aenter__(self) -> AsyncSessionsStream:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    def cancel(self) -> None:
+        """Stop the stream without waiting: a pending ``__anext__`` ends with StopAsyncIteration."""
+        self._closed.set()
+        if self._call is not None:
+            self._call.cancel()
+
+    async def aclose(self) -> None:
+        """Stop the stream and release its call."""
+        self.cancel()
+        with contextlib.suppress(RuntimeError):
+            await self._changes.aclose()
+
+    def _open(self, member: Member) -> Any:
+        if self._closed.is_set():
+            return None
+        request = c.follow_sessions_request(
+            self.prefix, self.filter, self.position, self._heartbeat
+        )
+        self._call = member.stubs[LOG].FollowSessions(
+            request,
+            metadata=self._connection.call_metadata(),
+            wait_for_ready=self._connection.wait_for_ready or None,
+        )
+        return self._call
+
+    async def _run(self) -> AsyncGenerator[pb.FollowedChange, None]:
+        backoff = self._connection.retry.backoff()
+        hops = 0
+        while not self._closed.is_set():
+            if self._pending is not None:
+                (member, call), self._pending = self._pending, None
+            else:
+                picked = await self._router.pick_async()
+                if picked is None:
+                    wait = backoff.next()
+                    if wait is None:
+                        raise self._router.nobody()
+                    await self._pause(wait)
+                    continue
+                member, call = picked, self._open(picked)
+            if call is None:
+                return
+            delay: float | None = None
+            try:
+                while True:
+                    async with asyncio.timeout(self._silence):
+                        response = await call.read()
+                    if response is grpc.aio.EOF:
+                        return
+                    backoff.reset()
+                    hops = 0
+                    member.reached = True
+                    for change in response.changes:
+                        self.position = change.position
+                        yield change
+                    if response.position:
+                        self.position = max(self.position or 0, response.position)
+                    if response.caught_up:
+                        self.caught_up = True
+                        if not self._follow:
+                            return
+            except asyncio.CancelledError:
+                if self._closed.is_set():
+                    return
+                raise
+            except TimeoutError:
+                self._router.moved(member)
+                delay = backoff.next()
+                if delay is None:
+                    raise c.dead_stream(self._silence) from None
+            except grpc.RpcError as error:
+                if self._closed.is_set():
+                    return
+                step = self._router.after(member, error, retry=True, hops=hops)
+                hops += step is Step.AGAIN
+                delay = (
+                    None if step is Step.RAISE else 0.0 if step is Step.AGAIN else backoff.next()
+                )
+                if delay is None:
+                    raise to_error(error) from error
+            finally:
+                call.cancel()
+            await self._pause(delay)
+            if self._closed.is_set():
+                return
+            self.reconnects += 1
+
+    async def _pause(self, delay: float) -> None:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._closed.wait(), delay)
+
+
 class _AsyncShardedStream(AsyncEventStream):
     """The asyncio twin of ``_sync._ShardedStream``: over the owner group's client, moving on
     from ``next_seq`` to the new owner after a WRONG_GROUP, once per refusal with no event
@@ -374,6 +518,7 @@ class AsyncClient:
         )
         self._router.open()
         self._streams: weakref.WeakSet[AsyncEventStream] = weakref.WeakSet()
+        self._follows: weakref.WeakSet[AsyncSessionsStream] = weakref.WeakSet()
         self._shards: _AsyncShards | None = None
         if shard_map is not None:
 
@@ -436,6 +581,8 @@ class AsyncClient:
         """Close every open stream, then every channel."""
         for stream in list(self._streams):
             await stream.aclose()
+        for followed in list(self._follows):
+            await followed.aclose()
         if self._shards is not None:
             await self._shards.close()
         for channel in self._router.channels():
@@ -561,6 +708,29 @@ class AsyncClient:
         """Stored events from ``seq``, then live ones, resuming after drops and dead links (see
         Client.follow, also for ``heartbeat``)."""
         return self._stream(session_id, seq, follow=True, timeout=None, heartbeat=heartbeat)
+
+    def follow_sessions(
+        self,
+        *,
+        prefix: str = "",
+        filter: str = "",
+        after: int | None = None,
+        follow: bool = True,
+        heartbeat: float | None = c.DEFAULT_FOLLOW_HEARTBEAT,
+    ) -> AsyncSessionsStream:
+        """The changes of every session under ``prefix`` matching ``filter``, resumable by
+        change-feed position (see ``Client.follow_sessions``)."""
+        stream = AsyncSessionsStream(
+            self._router,
+            self.connection,
+            prefix=prefix,
+            filter_text=filter,
+            after=after,
+            follow=follow,
+            heartbeat=heartbeat,
+        )
+        self._follows.add(stream)
+        return stream
 
     def _stream(
         self,

@@ -278,6 +278,19 @@ def since_request(
     )
 
 
+def follow_sessions_request(
+    prefix: str, filter_text: str, after: int | None, heartbeat: float | None
+) -> pb.FollowSessionsRequest:
+    """A FollowSessions request resuming after ``after`` (None: from now; 0: from the start)."""
+    return pb.FollowSessionsRequest(
+        prefix=prefix,
+        filter=filter_text,
+        after_position=after or 0,
+        from_start=after == 0,
+        heartbeat_interval=duration(heartbeat),
+    )
+
+
 def dead_stream(silence: float | None) -> Unavailable:
     """What a follow stream raises when it kept going silent until its retry budget ran out."""
     return Unavailable(

@@ -238,6 +238,160 @@ class EventStream(Iterator[Event]):
             self.reconnects += 1
 
 
+class SessionsStream(Iterator[pb.FollowedChange]):
+    """The changes of every followed session (``Client.follow_sessions``), one at a time, in
+    the server's change-feed order, surviving dropped connections like ``EventStream``: after
+    UNAVAILABLE or a dead link it reconnects and asks for the changes after ``position``, the
+    last position the server sent (heartbeats included), so no change is skipped or repeated.
+
+    Each item is a ``FollowedChange``: ``session_id``, ``position``, ``events`` (a redaction's
+    rewritten events are sent again, redacted) and ``deleted``.
+
+    Attributes:
+        position: the change-feed position read to; pass it as ``after`` to resume elsewhere.
+        caught_up: True once the changes stored when it opened were delivered.
+        reconnects: how many times it reconnected.
+    """
+
+    def __init__(
+        self,
+        router: Router,
+        connection: c.Connection,
+        *,
+        prefix: str,
+        filter_text: str,
+        after: int | None,
+        follow: bool,
+        heartbeat: float | None,
+    ) -> None:
+        self.prefix = prefix
+        self.filter = filter_text
+        self.position = after
+        self.caught_up = False
+        self.reconnects = 0
+        self._router = router
+        self._connection = connection
+        self._follow = follow
+        self._heartbeat = heartbeat
+        self._silence = c.silence_limit(heartbeat)
+        self._closed = threading.Event()
+        self._lock = threading.Lock()
+        self._call: Any = None
+        self._pending: tuple[Member, Any] | None = None
+        if after is None:
+            # Started now, not at the first next(): a stream "from now" must not miss what
+            # commits between follow_sessions() and the first read.
+            member = router.current()
+            if member is not None:
+                self._pending = (member, self._open(member))
+        self._changes = self._run()
+
+    def __iter__(self) -> SessionsStream:
+        return self
+
+    def __next__(self) -> pb.FollowedChange:
+        return next(self._changes)
+
+    def __enter__(self) -> SessionsStream:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """End the stream: a blocked ``next()`` (in any thread) stops with StopIteration."""
+        self._closed.set()
+        with self._lock:
+            call = self._call
+        if call is not None:
+            call.cancel()
+        with contextlib.suppress(ValueError):
+            self._changes.close()
+        self._pending = None
+
+    def _open(self, member: Member) -> Any:
+        with self._lock:
+            if self._closed.is_set():
+                return None
+            request = c.follow_sessions_request(
+                self.prefix, self.filter, self.position, self._heartbeat
+            )
+            self._call = member.stubs[LOG].FollowSessions(
+                request,
+                metadata=self._connection.call_metadata(),
+                wait_for_ready=self._connection.wait_for_ready or None,
+            )
+            return self._call
+
+    def _run(self) -> Generator[pb.FollowedChange, None, None]:
+        backoff = self._connection.retry.backoff()
+        hops = 0
+        while not self._closed.is_set():
+            if self._pending is not None:
+                (member, call), self._pending = self._pending, None
+            else:
+                picked = self._router.pick()
+                if picked is None:
+                    delay = backoff.next()
+                    if delay is None:
+                        raise self._router.nobody()
+                    if self._closed.wait(delay):
+                        return
+                    continue
+                member, call = picked, self._open(picked)
+            if call is None:
+                return
+            watchdog = None if self._silence is None else _Watchdog(call, self._silence)
+            try:
+                for response in call:
+                    backoff.reset()
+                    hops = 0
+                    member.reached = True
+                    if watchdog is not None:
+                        watchdog.pause()
+                    for change in response.changes:
+                        self.position = change.position
+                        yield change
+                    if response.position:
+                        self.position = max(self.position or 0, response.position)
+                    if response.caught_up:
+                        self.caught_up = True
+                        if not self._follow:
+                            return
+                    if watchdog is not None:
+                        watchdog.resume()
+                return
+            except grpc.RpcError as error:
+                if self._closed.is_set():
+                    return
+                dead = watchdog is not None and watchdog.fired
+                if dead:
+                    self._router.moved(member)
+                    step = Step.LATER
+                else:
+                    step = self._router.after(member, error, retry=True, hops=hops)
+                if step is Step.RAISE:
+                    raise to_error(error) from error
+                delay = 0.0 if step is Step.AGAIN else backoff.next()
+                hops += step is Step.AGAIN
+                if delay is None and dead:
+                    raise c.dead_stream(self._silence) from None
+                if delay is None:
+                    raise to_error(error) from error
+            finally:
+                if watchdog is not None:
+                    watchdog.stop()
+                call.cancel()
+            if self._closed.wait(delay):
+                return
+            self.reconnects += 1
+
+
 class _ShardedStream(EventStream):
     """An EventStream over the group that owns its session: on WRONG_GROUP (the session's slot
     moved to another group, or the map the client routed by was old) it goes on from
@@ -472,6 +626,7 @@ class Client:
         )
         self._router.open()
         self._streams: weakref.WeakSet[EventStream] = weakref.WeakSet()
+        self._follows: weakref.WeakSet[SessionsStream] = weakref.WeakSet()
         self._shards: _Shards | None = None
         if shard_map is not None:
 
@@ -550,6 +705,8 @@ class Client:
         """Close every open stream, then every channel."""
         for stream in list(self._streams):
             stream.close()
+        for followed in list(self._follows):
+            followed.close()
         if self._shards is not None:
             self._shards.close()
         for channel in self._router.channels():
@@ -701,6 +858,43 @@ class Client:
         resumed. None: the server's own interval, and no such deadline.
         """
         return self._stream(session_id, seq, follow=True, timeout=None, heartbeat=heartbeat)
+
+    def follow_sessions(
+        self,
+        *,
+        prefix: str = "",
+        filter: str = "",
+        after: int | None = None,
+        follow: bool = True,
+        heartbeat: float | None = c.DEFAULT_FOLLOW_HEARTBEAT,
+    ) -> SessionsStream:
+        """The events of every session under ``prefix`` (and matching the ListSessions
+        ``filter``), change by change in commit order, resumable by change-feed position::
+
+            with client.follow_sessions(prefix="team-a.", after=saved) as changes:
+                for change in changes:
+                    route(change.session_id, change.events)
+                    saved = change.position
+
+        ``after``: None starts with what commits from now on (the call opens here, not at
+        the first read, so nothing committed in between is missed); 0 replays the whole feed
+        first; N resumes after position N (a ``FollowedChange.position`` or the stream's
+        ``position``, which heartbeats advance too). ``follow=False`` stops once the changes
+        stored at the start were delivered. A token limited to a session prefix follows its
+        own sessions only. A sharded server streams its own group's sessions: follow each
+        group (a client per group) with a position per group.
+        """
+        stream = SessionsStream(
+            self._router,
+            self.connection,
+            prefix=prefix,
+            filter_text=filter,
+            after=after,
+            follow=follow,
+            heartbeat=heartbeat,
+        )
+        self._follows.add(stream)
+        return stream
 
     def _stream(
         self,

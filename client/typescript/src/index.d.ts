@@ -414,6 +414,30 @@ export class ReplicasUnavailableError extends SessionLogError {
  * Events of one session from a seq on; resumes from nextSeq after UNAVAILABLE, and after a follow
  * stream stayed silent for DEAD_AFTER_HEARTBEATS of its heartbeat intervals.
  */
+/** One committed write of a followed session (followSessions). */
+export interface FollowedChange {
+  sessionId: string;
+  /** The change's change-feed position: pass it as `after` to resume after it. */
+  position: number;
+  /** The events it wrote, in seq order (a redaction's rewritten events, redacted). */
+  events: Event[];
+  /** True when the session was deleted; anything of the id after it is a new log. */
+  deleted: boolean;
+}
+
+/** The changes of every followed session, resuming after `position` on reconnect. */
+export class SessionsStream implements AsyncIterable<FollowedChange> {
+  readonly prefix: string;
+  readonly filter: string;
+  /** The change-feed position read to (null until the server named one, when started from now). */
+  position: number | null;
+  caughtUp: boolean;
+  reconnects: number;
+  closed: boolean;
+  [Symbol.asyncIterator](): AsyncIterator<FollowedChange>;
+  close(): void;
+}
+
 export class EventStream implements AsyncIterable<Event> {
   readonly sessionId: string;
   readonly nextSeq: number;
@@ -460,6 +484,17 @@ export class SessionLogClient {
    * three silent intervals mean a dead stream, resumed from nextSeq. 0: the server's, no deadline.
    */
   follow(sessionId: string, options?: { seq?: number; heartbeatMs?: number }): EventStream;
+  /**
+   * Every session under prefix (and matching filter), change by change. after: null (default)
+   * from now, 0 from the start of the feed, N after position N; follow false stops when caught up.
+   */
+  followSessions(options?: {
+    prefix?: string;
+    filter?: string;
+    after?: number | null;
+    follow?: boolean;
+    heartbeatMs?: number;
+  }): SessionsStream;
   surface(sessionId: string, options?: { atSeq?: number } & CallOptions): Promise<SurfaceResult>;
   /** Token usage totals per model; includeDescendants adds forks' own usage. */
   getUsage(

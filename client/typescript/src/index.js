@@ -1017,6 +1017,145 @@ export class EventStream {
   }
 }
 
+/**
+ * The changes of every followed session (client.followSessions), as an async iterator of
+ * { sessionId, position, events, deleted }, in the server's change-feed order. On UNAVAILABLE or
+ * a dead link it reconnects and asks for the changes after `position`, the last position the
+ * server sent (heartbeats included): no gap, no duplicate. close() or breaking out ends it.
+ */
+export class SessionsStream {
+  constructor(client, { prefix = "", filter = "", after = null, follow = true, heartbeatMs = 0 } = {}) {
+    this.prefix = prefix;
+    this.filter = filter;
+    this.position = after;
+    this.caughtUp = false;
+    this.reconnects = 0;
+    this.closed = false;
+    this._client = client;
+    this._follow = follow;
+    this._heartbeatMs = heartbeatMs;
+    this._call = null;
+    this._wake = null;
+    this._iterator = null;
+    this._forget = null;
+  }
+
+  [Symbol.asyncIterator]() {
+    this._iterator ??= this._iterate();
+    return this._iterator;
+  }
+
+  async *_iterate() {
+    try {
+      yield* this._run();
+    } finally {
+      this.closed = true;
+      this._forget?.();
+    }
+  }
+
+  /** Stop the stream; a pending iteration ends (done) without an error. */
+  close() {
+    this.closed = true;
+    this._call?.cancel();
+    this._wake?.();
+  }
+
+  _request() {
+    const request = {
+      prefix: this.prefix,
+      filter: this.filter,
+      after_position: this.position ?? 0,
+      from_start: this.position === 0,
+    };
+    if (this._heartbeatMs) request.heartbeat_interval = duration(this._heartbeatMs);
+    return request;
+  }
+
+  async *_run() {
+    const client = this._client;
+    const backoff = new Backoff(client.retry);
+    let hops = 0;
+    while (!this.closed) {
+      const member = await client._pick();
+      if (!member) {
+        const wait = backoff.next();
+        if (wait === null) throw client._nobody();
+        await this._pause(wait);
+        continue;
+      }
+      const options = client.waitForReadyCalls ? { waitForReady: true } : {};
+      const call = member.stub.FollowSessions(this._request(), client._metadata(false), options);
+      this._call = call;
+      const silenceMs = this._heartbeatMs * DEAD_AFTER_HEARTBEATS;
+      let dead = false;
+      let watchdog = null;
+      const arm = () => {
+        if (!silenceMs) return;
+        watchdog = setTimeout(() => {
+          dead = true;
+          call.cancel();
+        }, silenceMs);
+      };
+      let delay = null;
+      try {
+        arm();
+        for await (const response of call) {
+          clearTimeout(watchdog);
+          backoff.reset();
+          hops = 0;
+          member.reached = true;
+          for (const raw of response.changes ?? []) {
+            const change = {
+              sessionId: raw.session_id,
+              position: Number(raw.position ?? 0),
+              events: (raw.events ?? []).map(fromEvent),
+              deleted: Boolean(raw.deleted),
+            };
+            this.position = change.position;
+            yield change;
+          }
+          const position = Number(response.position ?? 0);
+          if (position) this.position = Math.max(this.position ?? 0, position);
+          if (response.caught_up) {
+            this.caughtUp = true;
+            if (!this._follow) return;
+          }
+          arm();
+        }
+        return;
+      } catch (error) {
+        if (this.closed) return;
+        let step = LATER;
+        if (dead) client._moved(member);
+        else step = client._after(member, error, true, hops);
+        hops += step === AGAIN;
+        delay = step === AGAIN ? 0 : step === LATER ? backoff.next() : null;
+        if (delay === null && dead) throw deadStream(silenceMs, error);
+        if (delay === null) throw toError(error);
+      } finally {
+        clearTimeout(watchdog);
+        call.cancel();
+        this._call = null;
+      }
+      await this._pause(delay);
+      if (this.closed) return;
+      this.reconnects += 1;
+    }
+  }
+
+  async _pause(delay) {
+    await new Promise((done) => {
+      const timer = setTimeout(done, delay);
+      this._wake = () => {
+        clearTimeout(timer);
+        done();
+      };
+    });
+    this._wake = null;
+  }
+}
+
 /** An EventStream over the owner group's client, moving on after WRONG_GROUP (see shard routing). */
 class ShardedStream extends EventStream {
   constructor(shards, sessionId, seq, follow, timeoutMs, heartbeatMs = 0) {
@@ -1439,6 +1578,18 @@ export class SessionLogClient {
    */
   follow(sessionId, { seq = 0, heartbeatMs = DEFAULT_FOLLOW_HEARTBEAT_MS } = {}) {
     return this._open(this._stream(sessionId, seq, true, undefined, heartbeatMs));
+  }
+
+  /**
+   * The events of every session under prefix (and matching the ListSessions filter), change by
+   * change in commit order, resumable by change-feed position. after: null (the default) starts
+   * with what commits from the stream's first iteration on, 0 replays the whole feed first, N resumes after position N
+   * (a change's position, or the stream's position, which heartbeats advance too). follow false
+   * stops once the changes stored at the start were delivered. A token limited to a session
+   * prefix follows its own sessions only; a sharded server streams its own group's sessions.
+   */
+  followSessions({ prefix = "", filter = "", after = null, follow = true, heartbeatMs = DEFAULT_FOLLOW_HEARTBEAT_MS } = {}) {
+    return this._open(new SessionsStream(this, { prefix, filter, after, follow, heartbeatMs }));
   }
 
   _stream(sessionId, seq, follow, timeoutMs, heartbeatMs = 0) {

@@ -4,6 +4,7 @@ import {
   type ChatMessage,
   type DerivedMessages,
   type Event,
+  type FollowedChange,
   type EventPage,
   eventFromMessage,
   LeadershipLostError,
@@ -39,6 +40,13 @@ export async function worker(target: string): Promise<ChatMessage[]> {
       const seen: Event = event;
       if (seen.seq >= next - 1) break;
     }
+    const followed = client.followSessions({ prefix: "ty", filter: "labels.x:*", after: 0, follow: false });
+    for await (const change of followed) {
+      const typed: FollowedChange = change;
+      seen.push(`${typed.sessionId}@${typed.position}: ${typed.events.length} ${typed.deleted}`);
+    }
+    const resumeAt: number | null = followed.position;
+    seen.push(String(resumeAt));
     await client.append("typed", [eventFromMessage({ role: "assistant", content: "ok" })]);
     await client.append("typed", [{ type: "turn_start", stateDelta: { step: 1, done: null } }]);
     const { state, eventCount }: StateResult = await client.getState("typed", { atSeq: next });

@@ -18,7 +18,8 @@ AdminService (the store's stats, a copy of the whole store, every session's leas
 ``admin``, and like the change feed it is refused to a token limited to a session prefix.
 
 Permissions per RPC: reads (Since, ListEvents, Surface, DeriveMessages, GetState, GetUsage,
-GetSession, ListSessions, GetShardMap) need ``read``; writes (Append, CreateSession, SeedSession,
+GetSession, ListSessions, FollowSessions, GetShardMap) need ``read`` (FollowSessions and
+ListSessions are narrowed to a token's session prefix); writes (Append, CreateSession, SeedSession,
 ForkSession, UpdateSession, leases, DeleteSession, RedactEvents) need ``write``; a forced lease
 release, a forced delete, EraseSessions and the change feed (which carries every tenant's data)
 need ``admin``.
@@ -75,6 +76,7 @@ _NEEDS = {
     "/sessionlog.v1.SessionLogService/GetSessionRecords": ADMIN,
     "/sessionlog.v1.SessionLogService/DeleteSession": WRITE,
     "/sessionlog.v1.SessionLogService/RedactEvents": WRITE,
+    "/sessionlog.v1.SessionLogService/FollowSessions": READ,
     "/sessionlog.v1.AdminService/GetStats": ADMIN,
     "/sessionlog.v1.AdminService/SaveSnapshot": ADMIN,
     "/sessionlog.v1.AdminService/Promote": ADMIN,

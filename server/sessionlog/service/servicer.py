@@ -30,7 +30,7 @@ from sessionlog.config import (
     DEFAULT_MAX_MESSAGE_BYTES,
 )
 from sessionlog.records import Filter, SessionRecord, parse_filter
-from sessionlog.service import expiration, importing, ledger, paging
+from sessionlog.service import expiration, follow_sessions, importing, ledger, paging
 from sessionlog.service.auth import ADMIN, Authorizer, Principal, bearer
 from sessionlog.service.counters import CANCELLED, INTERNAL, OK, Counters
 from sessionlog.service.errors import abort, refusal_level
@@ -262,6 +262,11 @@ class SessionLogServicer:
                 "GetSessionRecords": grpc.unary_unary_rpc_method_handler(self.get_session_records),
                 "DeleteSession": grpc.unary_unary_rpc_method_handler(self.delete_session),
                 "RedactEvents": grpc.unary_unary_rpc_method_handler(self.redact_events),
+                "FollowSessions": grpc.unary_stream_rpc_method_handler(
+                    self.streams.guard(
+                        self.follow_sessions, subject=lambda raw: "the followed sessions"
+                    )
+                ),
             },
         )
 
@@ -458,6 +463,39 @@ class SessionLogServicer:
             ),
             read=read,
             marker=marker,
+            pace=self.streams.pace,
+        )
+        async for response in stream:
+            yield response
+
+    async def follow_sessions(self, raw: bytes, context: grpc.aio.ServicerContext) -> Outgoing:
+        """The events of every followed session from a feed position on (``follow_sessions``):
+        the prefix narrowed to the caller's token, the sessions kept to this group's own."""
+        try:
+            request = decode(pb.FollowSessionsRequest, raw)
+            self.ownership.check()  # sharded: a map must be held to know which are mine
+            prefix = self._listing_prefix(context, request.prefix)
+            query = parse_filter(request.filter)
+            start = follow_sessions.start_position(self.store, request)
+        except errors.SessionLogError as error:
+            await abort(context, error)
+            return
+        owns = self.ownership.owns
+
+        def admits(session_id: str) -> bool:
+            return session_id.startswith(prefix) and owns(session_id)
+
+        stream = follow_sessions.follow_sessions(
+            functools.partial(abort, context),
+            self.store,
+            self.notifier,
+            start=start,
+            admits=admits,
+            query=query,
+            heartbeat_seconds=heartbeat_interval(
+                request.heartbeat_interval, self.heartbeat_seconds
+            ),
+            max_bytes=self.since_batch_bytes,
             pace=self.streams.pace,
         )
         async for response in stream:

@@ -1,14 +1,15 @@
-"""Every group's change feed, followed with a cursor per group (`sessionlog tail --prefix P
+"""Every group's followed sessions, with a cursor per group (`sessionlog tail --prefix P
 --every-group`).
 
-A sharded cluster has one change feed per group (``ReplicationService.Changes``): each group's
-primary numbers its own changes from 1 and its replicas hold the same feed, so a position means
-something within its group only. A consumer of the whole cluster therefore keeps one cursor per
-group: the groups and their members come from ``GetShardMap`` (any server), and each group's
-feed is read from its primary, else from its other members in turn (any member serves it). A
-lost connection resumes that group's feed from its cursor, at the next member; the other
-groups' feeds go on meanwhile. Changes of one group arrive in order; of two groups, in no
-particular order with each other.
+A sharded cluster has one change feed per group: each group's primary numbers its own changes
+from 1 and its replicas hold the same feed, so a position means something within its group only,
+and each group's FollowSessions streams that group's own sessions. A consumer of the whole
+cluster therefore keeps one cursor per group: the groups and their members come from
+``GetShardMap`` (any server), and each group is followed (``SessionLogService.FollowSessions``,
+which a tenant token may call for its own prefix) on its primary, else on its other members in
+turn (any member serves it). A lost connection resumes that group from its cursor, at the next
+member; the other groups go on meanwhile. Changes of one group arrive in order; of two groups,
+in no particular order with each other.
 
 A slot that moves shows its sessions' events a second time, as the copy in the target group's
 feed (same session, same seqs). ``follow_groups`` yields each ``(session, seq)`` once: it keeps
@@ -30,7 +31,6 @@ import grpc
 
 from sessionlog_client.v1 import event_pb2
 from sessionlog_client.v1 import replication_service_pb2 as rpb
-from sessionlog_client.v1 import replication_service_pb2_grpc as rpb_grpc
 from sessionlog_client.v1 import session_log_service_pb2 as pb
 from sessionlog_client.v1 import session_log_service_pb2_grpc as pb_grpc
 
@@ -76,6 +76,7 @@ def follow_groups(
     prefix: str,
     follow: bool,
     cursors: Mapping[str, int],
+    filter_text: str = "",
 ) -> Iterator[Line]:
     """The events of sessions under ``prefix`` from every group's feed, each group from its
     cursor (``cursors[name]``, default 1), until every feed ends (without ``follow``) or a
@@ -86,7 +87,17 @@ def follow_groups(
         start = max(1, cursors.get(name, 1))
         thread = threading.Thread(
             target=_follow_one,
-            args=(name, members, start, connect, backoff(), prefix, follow, lines, stop),
+            args=(
+                name,
+                members,
+                start,
+                connect,
+                backoff(),
+                pb.FollowSessionsRequest(prefix=prefix, filter=filter_text),
+                follow,
+                lines,
+                stop,
+            ),
             name=f"feed-{name}",
             daemon=True,
         )
@@ -147,32 +158,38 @@ def _follow_one(
     position: int,
     connect: Connect,
     backoff: Any,
-    prefix: str,
+    asked: pb.FollowSessionsRequest,
     follow: bool,
     out: queue.Queue[Line | BaseException | str],
     stop: threading.Event,
 ) -> None:
-    """One group's feed from ``position``, moving to its next member after a lost stream."""
+    """One group's followed sessions from ``position`` on, moving to its next member after a
+    lost stream; without ``follow``, until the group's stream is caught up."""
     turn = 0
     try:
         while not stop.is_set():
             address = members[turn % len(members)]
             with connect(address) as client:
-                stub: Any = rpb_grpc.ReplicationServiceStub(client.channel)  # type: ignore[no-untyped-call]
-                request = rpb.ChangesRequest(start_position=position, follow=follow)
-                if follow:
-                    request.heartbeat_interval.FromSeconds(HEARTBEAT_SECONDS)
-                call = stub.Changes(request, metadata=client.connection.call_metadata())
+                stub: Any = pb_grpc.SessionLogServiceStub(client.channel)  # type: ignore[no-untyped-call]
+                request = pb.FollowSessionsRequest()
+                request.CopyFrom(asked)
+                request.after_position = position - 1
+                request.from_start = position <= 1
+                request.heartbeat_interval.FromSeconds(HEARTBEAT_SECONDS)
+                call = stub.FollowSessions(request, metadata=client.connection.call_metadata())
                 try:
                     for response in call:
                         backoff.reset()
                         for change in response.changes:
                             position = change.position + 1
-                            if change.session_id.startswith(prefix):
-                                for event in change_events(change):
-                                    line = Line(name, change.position, change.session_id, event)
-                                    _put(out, line, stop)
-                        if stop.is_set():
+                            events: list[event_pb2.Event | None] = (
+                                [None] if change.deleted else list(change.events)
+                            )
+                            for event in events:
+                                line = Line(name, change.position, change.session_id, event)
+                                _put(out, line, stop)
+                        position = max(position, response.position + 1)
+                        if stop.is_set() or (response.caught_up and not follow):
                             return
                     return
                 except grpc.RpcError as error:

@@ -48,6 +48,7 @@ READ_METHODS = (
     "GetSession",
     "ListSessions",
     "GetShardMap",
+    "FollowSessions",
 )
 """The SessionLogService RPCs that only read: any serving member of the group answers them."""
 CONFIG_FILE = "haproxy.cfg"

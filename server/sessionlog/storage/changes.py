@@ -291,6 +291,13 @@ def head(txn: lmdb.Transaction, tables: Tables) -> tuple[int, int]:
     return change.position, change.commit_time.ToNanoseconds()
 
 
+def first(txn: lmdb.Transaction, tables: Tables) -> int:
+    """The oldest stored change's position; 0 when there is none. Positions before it are not
+    in this store (a store restored from a snapshot or rebuilt from another's begins later)."""
+    cursor = txn.cursor(db=tables.changes)
+    return schema.read_u64(cursor.key()) if cursor.first() else 0
+
+
 def tail(txn: lmdb.Transaction, tables: Tables) -> tuple[int, bytes]:
     """The newest change's position and fingerprint; (0, b"") when there is none. Read inside
     the write transaction that appends after it: nothing cached decides a position."""

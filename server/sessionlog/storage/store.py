@@ -33,6 +33,7 @@ from sessionlog.storage import (
     damage,
     erasure,
     folder,
+    following,
     identity,
     imports,
     indexes,
@@ -881,6 +882,11 @@ class Store:
         with self.env.begin() as txn:
             return head(txn, self.tables)
 
+    def feed_bounds(self) -> tuple[int, int]:
+        """The oldest and the newest stored change's positions; (0, 0) for an empty feed."""
+        with self.env.begin() as txn:
+            return changes.first(txn, self.tables), head(txn, self.tables)[0]
+
     def tail(self) -> tuple[int, bytes]:
         """The newest change's (position, fingerprint); (0, b"") for an empty store."""
         with self.env.begin() as txn:
@@ -891,6 +897,28 @@ class Store:
         or None when this store has no change there."""
         with self.env.begin() as txn:
             return changes.fingerprint_at(txn, self.tables, position)
+
+    def read_followed(
+        self,
+        start: int,
+        admits: Callable[[str], bool],
+        query: Filter,
+        *,
+        max_records: int,
+        max_bytes: int,
+    ) -> following.FollowedRead:
+        """The changes a FollowSessions stream follows, from position ``start`` on
+        (``following.read_followed``)."""
+        with self.env.begin() as txn:
+            return following.read_followed(
+                txn,
+                self.tables,
+                start,
+                admits,
+                query,
+                max_records=max_records,
+                max_bytes=max_bytes,
+            )
 
     def check_feed_after(self, start: int, checksum: bytes) -> None:
         """HistoryDiverged unless this store's change at ``start - 1`` has ``checksum``."""

@@ -142,6 +142,11 @@ class SessionLogServiceStub:
                 request_serializer=sessionlog_dot_v1_dot_session__log__service__pb2.GetSessionRecordsRequest.SerializeToString,
                 response_deserializer=sessionlog_dot_v1_dot_session__log__service__pb2.GetSessionRecordsResponse.FromString,
                 _registered_method=True)
+        self.FollowSessions = channel.unary_stream(
+                '/sessionlog.v1.SessionLogService/FollowSessions',
+                request_serializer=sessionlog_dot_v1_dot_session__log__service__pb2.FollowSessionsRequest.SerializeToString,
+                response_deserializer=sessionlog_dot_v1_dot_session__log__service__pb2.FollowSessionsResponse.FromString,
+                _registered_method=True)
 
 
 class SessionLogServiceServicer:
@@ -331,6 +336,17 @@ class SessionLogServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def FollowSessions(self, request, context):
+        """FollowSessions streams the events of every session under a prefix, or matching a
+        ListSessions filter, in commit order: one stream for a dashboard or a router instead of one
+        Since per session. It is served from this server's change feed (a replica serves it too);
+        each response names the feed position to resume after. A sharded server streams only the
+        sessions its group owns: follow every group, with a position per group.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_SessionLogServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -438,6 +454,11 @@ def add_SessionLogServiceServicer_to_server(servicer, server):
                     servicer.GetSessionRecords,
                     request_deserializer=sessionlog_dot_v1_dot_session__log__service__pb2.GetSessionRecordsRequest.FromString,
                     response_serializer=sessionlog_dot_v1_dot_session__log__service__pb2.GetSessionRecordsResponse.SerializeToString,
+            ),
+            'FollowSessions': grpc.unary_stream_rpc_method_handler(
+                    servicer.FollowSessions,
+                    request_deserializer=sessionlog_dot_v1_dot_session__log__service__pb2.FollowSessionsRequest.FromString,
+                    response_serializer=sessionlog_dot_v1_dot_session__log__service__pb2.FollowSessionsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1010,6 +1031,33 @@ class SessionLogService:
             '/sessionlog.v1.SessionLogService/GetSessionRecords',
             sessionlog_dot_v1_dot_session__log__service__pb2.GetSessionRecordsRequest.SerializeToString,
             sessionlog_dot_v1_dot_session__log__service__pb2.GetSessionRecordsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def FollowSessions(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/sessionlog.v1.SessionLogService/FollowSessions',
+            sessionlog_dot_v1_dot_session__log__service__pb2.FollowSessionsRequest.SerializeToString,
+            sessionlog_dot_v1_dot_session__log__service__pb2.FollowSessionsResponse.FromString,
             options,
             channel_credentials,
             insecure,

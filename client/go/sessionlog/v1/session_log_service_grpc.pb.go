@@ -93,6 +93,12 @@ type SessionLogServiceClient interface {
 	// request records (for replays of retried writes) and its writer lease with its audit. A slot
 	// move reads them to carry them over with ImportSession. Needs the admin permission.
 	GetSessionRecords(ctx context.Context, in *GetSessionRecordsRequest, opts ...grpc.CallOption) (*GetSessionRecordsResponse, error)
+	// FollowSessions streams the events of every session under a prefix, or matching a
+	// ListSessions filter, in commit order: one stream for a dashboard or a router instead of one
+	// Since per session. It is served from this server's change feed (a replica serves it too);
+	// each response names the feed position to resume after. A sharded server streams only the
+	// sessions its group owns: follow every group, with a position per group.
+	FollowSessions(ctx context.Context, in *FollowSessionsRequest, opts ...grpc.CallOption) (SessionLogService_FollowSessionsClient, error)
 }
 
 type sessionLogServiceClient struct {
@@ -315,6 +321,38 @@ func (c *sessionLogServiceClient) GetSessionRecords(ctx context.Context, in *Get
 	return out, nil
 }
 
+func (c *sessionLogServiceClient) FollowSessions(ctx context.Context, in *FollowSessionsRequest, opts ...grpc.CallOption) (SessionLogService_FollowSessionsClient, error) {
+	stream, err := c.cc.NewStream(ctx, &_SessionLogService_serviceDesc.Streams[1], "/sessionlog.v1.SessionLogService/FollowSessions", opts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &sessionLogServiceFollowSessionsClient{stream}
+	if err := x.ClientStream.SendMsg(in); err != nil {
+		return nil, err
+	}
+	if err := x.ClientStream.CloseSend(); err != nil {
+		return nil, err
+	}
+	return x, nil
+}
+
+type SessionLogService_FollowSessionsClient interface {
+	Recv() (*FollowSessionsResponse, error)
+	grpc.ClientStream
+}
+
+type sessionLogServiceFollowSessionsClient struct {
+	grpc.ClientStream
+}
+
+func (x *sessionLogServiceFollowSessionsClient) Recv() (*FollowSessionsResponse, error) {
+	m := new(FollowSessionsResponse)
+	if err := x.ClientStream.RecvMsg(m); err != nil {
+		return nil, err
+	}
+	return m, nil
+}
+
 // SessionLogServiceServer is the server API for SessionLogService service.
 // All implementations must embed UnimplementedSessionLogServiceServer
 // for forward compatibility
@@ -395,6 +433,12 @@ type SessionLogServiceServer interface {
 	// request records (for replays of retried writes) and its writer lease with its audit. A slot
 	// move reads them to carry them over with ImportSession. Needs the admin permission.
 	GetSessionRecords(context.Context, *GetSessionRecordsRequest) (*GetSessionRecordsResponse, error)
+	// FollowSessions streams the events of every session under a prefix, or matching a
+	// ListSessions filter, in commit order: one stream for a dashboard or a router instead of one
+	// Since per session. It is served from this server's change feed (a replica serves it too);
+	// each response names the feed position to resume after. A sharded server streams only the
+	// sessions its group owns: follow every group, with a position per group.
+	FollowSessions(*FollowSessionsRequest, SessionLogService_FollowSessionsServer) error
 	mustEmbedUnimplementedSessionLogServiceServer()
 }
 
@@ -464,6 +508,9 @@ func (UnimplementedSessionLogServiceServer) ImportSession(context.Context, *Impo
 }
 func (UnimplementedSessionLogServiceServer) GetSessionRecords(context.Context, *GetSessionRecordsRequest) (*GetSessionRecordsResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method GetSessionRecords not implemented")
+}
+func (UnimplementedSessionLogServiceServer) FollowSessions(*FollowSessionsRequest, SessionLogService_FollowSessionsServer) error {
+	return status.Errorf(codes.Unimplemented, "method FollowSessions not implemented")
 }
 func (UnimplementedSessionLogServiceServer) mustEmbedUnimplementedSessionLogServiceServer() {}
 
@@ -859,6 +906,27 @@ func _SessionLogService_GetSessionRecords_Handler(srv interface{}, ctx context.C
 	return interceptor(ctx, in, info, handler)
 }
 
+func _SessionLogService_FollowSessions_Handler(srv interface{}, stream grpc.ServerStream) error {
+	m := new(FollowSessionsRequest)
+	if err := stream.RecvMsg(m); err != nil {
+		return err
+	}
+	return srv.(SessionLogServiceServer).FollowSessions(m, &sessionLogServiceFollowSessionsServer{stream})
+}
+
+type SessionLogService_FollowSessionsServer interface {
+	Send(*FollowSessionsResponse) error
+	grpc.ServerStream
+}
+
+type sessionLogServiceFollowSessionsServer struct {
+	grpc.ServerStream
+}
+
+func (x *sessionLogServiceFollowSessionsServer) Send(m *FollowSessionsResponse) error {
+	return x.ServerStream.SendMsg(m)
+}
+
 var _SessionLogService_serviceDesc = grpc.ServiceDesc{
 	ServiceName: "sessionlog.v1.SessionLogService",
 	HandlerType: (*SessionLogServiceServer)(nil),
@@ -948,6 +1016,11 @@ var _SessionLogService_serviceDesc = grpc.ServiceDesc{
 		{
 			StreamName:    "Since",
 			Handler:       _SessionLogService_Since_Handler,
+			ServerStreams: true,
+		},
+		{
+			StreamName:    "FollowSessions",
+			Handler:       _SessionLogService_FollowSessions_Handler,
 			ServerStreams: true,
 		},
 	},

@@ -649,3 +649,41 @@ class GetSessionRecordsResponse(_message.Message):
     lease: SessionLeaseRecord
     lease_audit: _containers.RepeatedCompositeFieldContainer[LeaseAuditEntry]
     def __init__(self, session: _Optional[_Union[Session, _Mapping]] = ..., request_records: _Optional[_Iterable[_Union[SessionRequestRecord, _Mapping]]] = ..., lease: _Optional[_Union[SessionLeaseRecord, _Mapping]] = ..., lease_audit: _Optional[_Iterable[_Union[LeaseAuditEntry, _Mapping]]] = ...) -> None: ...
+
+class FollowSessionsRequest(_message.Message):
+    __slots__ = ("prefix", "filter", "after_position", "from_start", "heartbeat_interval")
+    PREFIX_FIELD_NUMBER: _ClassVar[int]
+    FILTER_FIELD_NUMBER: _ClassVar[int]
+    AFTER_POSITION_FIELD_NUMBER: _ClassVar[int]
+    FROM_START_FIELD_NUMBER: _ClassVar[int]
+    HEARTBEAT_INTERVAL_FIELD_NUMBER: _ClassVar[int]
+    prefix: str
+    filter: str
+    after_position: int
+    from_start: bool
+    heartbeat_interval: _duration_pb2.Duration
+    def __init__(self, prefix: _Optional[str] = ..., filter: _Optional[str] = ..., after_position: _Optional[int] = ..., from_start: _Optional[bool] = ..., heartbeat_interval: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ...) -> None: ...
+
+class FollowSessionsResponse(_message.Message):
+    __slots__ = ("changes", "position", "caught_up", "heartbeat")
+    CHANGES_FIELD_NUMBER: _ClassVar[int]
+    POSITION_FIELD_NUMBER: _ClassVar[int]
+    CAUGHT_UP_FIELD_NUMBER: _ClassVar[int]
+    HEARTBEAT_FIELD_NUMBER: _ClassVar[int]
+    changes: _containers.RepeatedCompositeFieldContainer[FollowedChange]
+    position: int
+    caught_up: bool
+    heartbeat: bool
+    def __init__(self, changes: _Optional[_Iterable[_Union[FollowedChange, _Mapping]]] = ..., position: _Optional[int] = ..., caught_up: _Optional[bool] = ..., heartbeat: _Optional[bool] = ...) -> None: ...
+
+class FollowedChange(_message.Message):
+    __slots__ = ("session_id", "position", "events", "deleted")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    POSITION_FIELD_NUMBER: _ClassVar[int]
+    EVENTS_FIELD_NUMBER: _ClassVar[int]
+    DELETED_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    position: int
+    events: _containers.RepeatedCompositeFieldContainer[_event_pb2.Event]
+    deleted: bool
+    def __init__(self, session_id: _Optional[str] = ..., position: _Optional[int] = ..., events: _Optional[_Iterable[_Union[_event_pb2.Event, _Mapping]]] = ..., deleted: _Optional[bool] = ...) -> None: ...

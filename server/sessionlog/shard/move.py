@@ -415,8 +415,18 @@ class _Copier:
         self._connect(*self._look_up())
 
     def _look_up(self) -> tuple[str, str]:
+        """Both groups' primaries, waiting (within the retry budget) while one has none, as
+        during an election."""
         source, target = self._groups_moved
-        return self._groups.primary(source), self._groups.primary(target)
+        backoff = self._retry.backoff()
+        while True:
+            try:
+                return self._groups.primary(source), self._groups.primary(target)
+            except MoveError as exc:
+                delay = backoff.next()
+                if delay is None:
+                    raise MoveError(f"{exc} (after {RETRY_SECONDS:.0f} s)") from None
+                time.sleep(delay)
 
     def _connect(self, source: str, target: str) -> None:
         from sessionlog_client.v1 import admin_service_pb2_grpc as arpc
@@ -439,20 +449,15 @@ class _Copier:
 
     def _recover(self, exc: grpc.RpcError, backoff: Any, what: str) -> None:
         """After a transient failure of ``what``: wait, then find the primaries again (until
-        both groups name one, within the retry budget); MoveError for a lasting failure."""
+        both groups name one); MoveError for a lasting failure or a spent retry budget."""
         problem = f"{what} failed: {exc.code().name} {exc.details()}"
         if not _transient(exc):
             raise MoveError(problem) from None
-        while True:
-            delay = backoff.next()
-            if delay is None:
-                raise MoveError(f"{problem} (still, after retrying for {RETRY_SECONDS:.0f} s)")
-            time.sleep(delay)
-            try:
-                self.resolve()
-                return
-            except MoveError as lookup:
-                problem = str(lookup)
+        delay = backoff.next()
+        if delay is None:
+            raise MoveError(f"{problem} (still, after retrying for {RETRY_SECONDS:.0f} s)")
+        time.sleep(delay)
+        self._connect(*self._look_up())  # waits for an election's result itself
 
     def clear_target(self) -> int:
         """Erase the target's copies of the slot (EraseSessions with slot_copies) before the

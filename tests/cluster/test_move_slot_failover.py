@@ -218,6 +218,7 @@ def test_a_move_survives_a_failover_of_the_target(cluster: Cluster) -> None:
             mover.kill()
     output.join(5)
     assert "afresh" in output.text, output.text  # the kill landed inside the copy
+    assert "every member of g2 holds the copy" in output.text  # before the flip
     print(f"\nmove-slot through a target failover took {took:.2f} s\n{output.text}")
     after = cluster.map()
     assert (after.owner_of_slot(slot).name, after.frozen) == ("g2", frozenset())

@@ -18,7 +18,10 @@
                  that a client sent there early waits for the flip instead of bouncing back);
     3. tail      what was appended since the copy (and sessions created meanwhile) is copied,
                  with the request records and lease changes made since (the last chunk of
-                 each session carries them as the source holds them now);
+                 each session carries them as the source holds them now); the mover waits
+                 until every member of the target holds what its primary then holds
+                 (GetReplicationStatus: same history id, position at least the primary's), so
+                 a failover of the target after the flip loses nothing of the copy;
     4. flip      a map one more epoch up gives the slot to the target, unfrozen; the mover waits
                  until every member of both groups holds it. A write retried against the source
                  is now told WRONG_GROUP, naming the target's primary.
@@ -240,6 +243,8 @@ def move_slot(
             # from a member that lags, and the copy starts over (the module docstring).
             copier.resolve()
             report.copied_paused = copier.copy_all()
+            if groups.wait_replicated(target, copier.primaries[1], settle_timeout):
+                say(f"every member of {target.name} holds the copy")
             flipped = frozen.with_slots([slot], target.name)
             _put(endpoints, frozen, flipped)
         except BaseException as exc:
@@ -353,6 +358,53 @@ class _Groups:
                     return str(known.primary)
             problems.append(f"{member}: knows no primary of {group.name} yet")
         raise MoveError(f"no primary of group {group.name} found ({'; '.join(problems)})")
+
+    def wait_replicated(self, group: Group, primary: str, timeout: float) -> bool:
+        """Until every other member of ``group`` holds what its ``primary`` holds now (the same
+        history at its position or later): with ``--ack local`` a failover of the target right
+        after the flip would otherwise lose the copy's last chunks, acknowledged writes of the
+        source. False for a group of one."""
+        from sessionlog_client.v1 import replication_service_pb2 as rpb
+        from sessionlog_client.v1 import replication_service_pb2_grpc as rrpc
+
+        def status(member: str) -> Any:
+            stub = rrpc.ReplicationServiceStub(self.channel(member))  # type: ignore[no-untyped-call]
+            request = rpb.GetReplicationStatusRequest()
+            return stub.GetReplicationStatus(
+                request, timeout=CALL_TIMEOUT_SECONDS, metadata=self.metadata
+            )
+
+        waiting = [m for m in group.members if m != primary]
+        if not waiting:
+            return False
+        try:
+            held = status(primary)
+        except grpc.RpcError as exc:
+            raise MoveError(
+                f"group {group.name}: its primary {primary} did not say what it holds: "
+                f"{exc.code().name} {exc.details()}"
+            ) from None
+        deadline = time.monotonic() + timeout
+        last = ""
+        while waiting:
+            for member in list(waiting):
+                try:
+                    reply = status(member)
+                except grpc.RpcError as exc:
+                    last = f"{member}: {exc.code().name} {exc.details()}"
+                    continue
+                if reply.history_id == held.history_id and reply.position >= held.position:
+                    waiting.remove(member)
+                else:
+                    last = f"{member} holds position {reply.position} of {held.position}"
+            if waiting and time.monotonic() > deadline:
+                raise MoveError(
+                    f"group {group.name}: not every member holds the copy within "
+                    f"{timeout:.0f} s ({last})"
+                )
+            if waiting:
+                time.sleep(0.05)
+        return True
 
     def wait_settled(self, group: Group, epoch: int, timeout: float) -> None:
         """Until every member of ``group`` reports ``epoch`` (or higher) as settled."""

@@ -144,8 +144,9 @@ def test_records_changed_after_an_earlier_copy_are_carried(cluster: Cluster) -> 
     g1.Append(pb.AppendRequest(session_id=session, events=[user("a"), user("b")]), timeout=5)
     ttl = Duration(seconds=600)
     g1.AcquireLease(pb.AcquireLeaseRequest(session_id=session, holder="w1", ttl=ttl), timeout=5)
-    earlier = move._Copier(cluster.channel("g1"), cluster.channel("g2"), slot, ())
-    assert earlier.copy_all() == 2
+    with move._Groups(current, "") as groups:
+        earlier = move._Copier(groups, current.group("g1"), current.group("g2"), slot, print)
+        assert earlier.copy_all() == 2
     not_yet = failure(g2.GetSession, pb.GetSessionRequest(session_id=session), timeout=5)
     check(not_yet, grpc.StatusCode.FAILED_PRECONDITION, "WRONG_GROUP")  # a copy, not served
 

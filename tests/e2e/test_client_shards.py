@@ -15,7 +15,7 @@ import pytest
 
 from sessionlog.shard.shardmap import ShardMap
 from sessionlog.shard.slots import slot_of
-from sessionlog_client import AsyncClient, Client, SessionLogError, event
+from sessionlog_client import AsyncClient, Client, Retry, SessionLogError, event
 from tests.e2e._proc import free_port, running_server
 
 
@@ -60,7 +60,7 @@ async def scenario(groups: Groups) -> None:
     user = event("user_message", {"content": "hi"})
     with (
         Client(a, shard_map="server", timeout=10) as client,
-        Client(b) as plain_b,
+        Client(b, retry=Retry(wrong_group_for=0)) as plain_b,  # WRONG_GROUP raised at once
     ):
         aclient = AsyncClient(a, shard_map="server", timeout=10)
         epoch = client.shard_map.epoch if client.shard_map else 0

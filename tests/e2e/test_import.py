@@ -8,6 +8,7 @@ its prefix only. One server (auth on, the tokens of ``test_auth``) for the modul
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -370,3 +371,145 @@ def test_the_record_is_kept_and_indexed(stub: pb_grpc.SessionLogServiceStub) -> 
     error = failure(stub.ImportSession, bad, metadata=as_(WRITER), timeout=5)
     check(error, grpc.StatusCode.INVALID_ARGUMENT, "INVALID_SESSION_FIELD")
     assert "imp-rec-bad" not in [s.session_id for s in recent.sessions]
+
+
+HOUR_NS = 3600 * 1_000_000_000
+
+
+def lease_record(acquired: int, expires: int) -> pb.SessionLeaseRecord:
+    lease = pb.Lease(holder="w", token=1, acquire_time=stamp(acquired), expire_time=stamp(expires))
+    return pb.SessionLeaseRecord(lease=lease)
+
+
+def request_record(first_seq: int, count: int, next_seq: int, ns: int) -> pb.SessionRequestRecord:
+    return pb.SessionRequestRecord(
+        request_id="r", first_seq=first_seq, event_count=count, next_seq=next_seq, time=stamp(ns)
+    )
+
+
+def inconsistent() -> list[tuple[str, dict[str, object], str]]:
+    """(what, the ImportSessionRequest fields of a two-event chunk, the field named)."""
+    now = time.time_ns()
+    future = now + 2 * 24 * HOUR_NS
+    return [
+        (
+            "lease expiring before it was taken",
+            {"lease": lease_record(T0, T0 - 1)},
+            "lease.expire_time",
+        ),
+        (
+            "lease past the longest TTL",
+            {"lease": lease_record(now, now + 30 * 24 * HOUR_NS)},
+            "lease.expire_time",
+        ),
+        (
+            "lease taken in the future",
+            {"lease": lease_record(future, future + HOUR_NS)},
+            "lease.acquire_time",
+        ),
+        (
+            "request record past the events",
+            {"request_records": [request_record(2, 1, 3, T0)]},
+            "request_records.next_seq",
+        ),
+        (
+            "request record ending past its next seq",
+            {"request_records": [request_record(0, 2, 1, T0)]},
+            "request_records.next_seq",
+        ),
+        (
+            "request record in the future",
+            {"request_records": [request_record(0, 2, 2, future)]},
+            "request_records.time",
+        ),
+        (
+            "audit entry in the future",
+            {
+                "lease_audit": [
+                    pb.LeaseAuditEntry(
+                        kind=pb.LEASE_AUDIT_KIND_TAKEOVER,
+                        actor="b",
+                        previous_holder="a",
+                        time=stamp(future),
+                    )
+                ]
+            },
+            "lease_audit.time",
+        ),
+        (
+            "last append before create",
+            {"create_time": stamp(T0), "last_append_time": stamp(T0 - 1)},
+            "last_append_time",
+        ),
+        ("create time in the future", {"create_time": stamp(future)}, "create_time"),
+        (
+            "last append in the future",
+            {"create_time": stamp(T0), "last_append_time": stamp(future)},
+            "last_append_time",
+        ),
+        (
+            "record updated in the future",
+            {"record": pb.Session(title="t", update_time=stamp(future))},
+            "record.update_time",
+        ),
+    ]
+
+
+def test_inconsistent_records_are_refused_and_write_nothing(
+    stub: pb_grpc.SessionLogServiceStub,
+) -> None:
+    """A lease expiring before it was taken or past the longest TTL, a request record past the
+    session's events, a last append before the create, a far-future time: INVALID_IMPORT
+    naming the field, and no session."""
+    for n, (what, fields, field) in enumerate(inconsistent()):
+        session_id = f"imp-inconsistent-{n}"
+        events = [timed(0, "a", T0), timed(1, "b", T0 + 1000)]
+        request = pb.ImportSessionRequest(session_id=session_id, events=events)
+        for name, value in fields.items():
+            if isinstance(value, list):
+                getattr(request, name).extend(value)
+            else:
+                getattr(request, name).CopyFrom(value)
+        error = failure(stub.ImportSession, request, metadata=as_(ADMIN), timeout=5)
+        check(error, grpc.StatusCode.INVALID_ARGUMENT, "INVALID_IMPORT", field=field)
+        assert not record(stub, session_id).exists, what
+
+
+def test_a_later_chunks_last_append_is_checked_against_the_stored_create(
+    stub: pb_grpc.SessionLogServiceStub,
+) -> None:
+    """A second chunk whose last_append_time is before the create time the first chunk
+    stored: INVALID_IMPORT, and the session stays as it was."""
+    first = pb.ImportSessionRequest(
+        session_id="imp-late", events=[timed(0, "a", T0)], create_time=stamp(T0)
+    )
+    stub.ImportSession(first, metadata=as_(WRITER), timeout=5)
+    second = pb.ImportSessionRequest(
+        session_id="imp-late",
+        first_seq=1,
+        events=[timed(1, "b", T0 + 1000)],
+        last_append_time=stamp(T0 - 1000),
+    )
+    error = failure(stub.ImportSession, second, metadata=as_(WRITER), timeout=5)
+    check(error, grpc.StatusCode.INVALID_ARGUMENT, "INVALID_IMPORT", field="last_append_time")
+    assert record(stub, "imp-late").event_count == 1
+
+
+def test_consistent_records_at_their_bounds_are_taken(stub: pb_grpc.SessionLogServiceStub) -> None:
+    """A renewed lease (taken long ago, expiring within the TTL), a request record ending at
+    the chunk's last event, a last append equal to the create time: all kept."""
+    now = time.time_ns()
+    request = pb.ImportSessionRequest(
+        session_id="imp-bounds",
+        events=[timed(0, "a", T0), timed(1, "b", T0)],
+        create_time=stamp(T0),
+        last_append_time=stamp(T0),
+        request_records=[request_record(0, 2, 2, now)],
+        lease=lease_record(T0, now + 23 * HOUR_NS),
+    )
+    stub.ImportSession(request, metadata=as_(ADMIN), timeout=5)
+    records = stub.GetSessionRecords(
+        pb.GetSessionRecordsRequest(session_id="imp-bounds"), metadata=as_(ADMIN), timeout=5
+    )
+    assert [r.next_seq for r in records.request_records] == [2]
+    assert records.lease.lease.acquire_time.ToNanoseconds() == T0

@@ -24,6 +24,7 @@ from sessionlog_client._routing import (
     Router,
     Step,
     make_router,
+    move_budget,
     replicas_unavailable,
 )
 from sessionlog_client._shards import (
@@ -177,9 +178,9 @@ class AsyncEventStream(AsyncIterator[Event]):
                     return
                 step = self._router.after(member, error, retry=True, hops=hops)
                 hops += step is Step.AGAIN
-                delay = (
-                    None if step is Step.RAISE else 0.0 if step is Step.AGAIN else backoff.next()
-                )
+                budget = move_budget(error, self._connection.retry)
+                later = 0.0 if step is Step.AGAIN else backoff.next(budget)
+                delay = None if step is Step.RAISE else later
                 if delay is None:
                     raise to_error(error) from error
             finally:
@@ -523,7 +524,7 @@ class AsyncClient:
         if shard_map is not None:
 
             def group_client(addresses: list[str]) -> AsyncClient:
-                return AsyncClient(
+                client = AsyncClient(
                     addresses,
                     timeout=timeout,
                     token=token,
@@ -539,7 +540,10 @@ class AsyncClient:
                     connect_timeout=connect_timeout,
                     wait_for_ready=wait_for_ready,
                 )
+                client._router.retry_wrong_group = False
+                return client
 
+            self._router.retry_wrong_group = False  # the shard routing reroutes it
             self._shards = _AsyncShards(self, shard_map, group_client, connect_timeout)
 
     def _open_member(self, address: str) -> tuple[grpc.aio.Channel, dict[str, Any]]:
@@ -663,7 +667,8 @@ class AsyncClient:
                 waits += replicas_unavailable(error)
                 if waits > retries.replicas_retries:
                     step = Step.RAISE
-                delay = None if step is Step.RAISE else backoff.next()
+                budget = move_budget(error, retries)
+                delay = None if step is Step.RAISE else backoff.next(budget)
                 if delay is None:
                     raise to_error(error) from error
             await asyncio.sleep(delay)

@@ -108,6 +108,13 @@ class Retry:
     also moves these retried calls to another member after a deadline with no answer, and
     re-sends any write refused with NOT_PRIMARY to the primary it names (see ``_routing``).
 
+    A slot move's refusals wrote nothing, so every call retries them, whether it retries
+    UNAVAILABLE or not: ``SLOT_MOVING`` (the slot's writes pause for a move) within
+    ``give_up_after``, and ``WRONG_GROUP`` (the slot moved on, and a proxy in front of the
+    groups, HAProxy with ``haproxy-sync``, still sends its calls to the old group for a second
+    or so) for ``wrong_group_for`` seconds; then the refusal is raised. A client given
+    ``shard_map=`` routes by the map instead: it reroutes a ``WRONG_GROUP`` at once.
+
     ``REPLICAS_UNAVAILABLE`` (``--ack replica``: the write is committed locally on the primary
     but fewer than ``--sync-replicas`` replicas reported it within ``--sync-timeout``) is
     retried too, on the same member, at most ``replicas_retries`` times (each try waits up to
@@ -119,6 +126,8 @@ class Retry:
     initial_backoff: float = 0.05
     max_backoff: float = 1.0
     replicas_retries: int = 2
+    wrong_group_for: float = 5.0
+    """How long a ``WRONG_GROUP`` refusal is retried (within ``give_up_after``; 0: never)."""
 
     def backoff(self) -> Backoff:
         return Backoff(self)
@@ -137,11 +146,16 @@ class Backoff:
         self._started = None
         self._delay = self._retry.initial_backoff
 
-    def next(self) -> float | None:
+    def next(self, budget: float | None = None) -> float | None:
+        """The next sleep; None once ``give_up_after`` (or the smaller ``budget``) has passed
+        since the first."""
         now = time.monotonic()
         if self._started is None:
             self._started = now
-        remaining = self._retry.give_up_after - (now - self._started)
+        limit = (
+            self._retry.give_up_after if budget is None else min(budget, self._retry.give_up_after)
+        )
+        remaining = limit - (now - self._started)
         if remaining <= 0:
             return None
         delay = self._delay * random.uniform(0.5, 1.0)

@@ -38,6 +38,10 @@ the primary:
     to refuse it)                     sent again elsewhere if it retries, else raises
                                       ``LeadershipLost`` (``committed`` true)
 
+A slot move's refusals (sharded servers) move nothing either: SLOT_MOVING is waited out on
+the same member by every call, and WRONG_GROUP too (for ``Retry.wrong_group_for``), unless the
+client routes by a shard map (``retry_wrong_group`` False), whose shard routing reroutes it.
+
 REPLICAS_UNAVAILABLE (``--ack replica``) is no reason to move: the write is committed on this
 member, the primary. A call that retries sends it again there, with its request id, at most
 ``Retry.replicas_retries`` times.
@@ -58,10 +62,13 @@ from typing import Any
 import grpc
 
 from sessionlog_client import _etcd
-from sessionlog_client._common import DEFAULT_TARGET
-from sessionlog_client._shards import slot_of
+from sessionlog_client._common import DEFAULT_TARGET, Retry
+from sessionlog_client._shards import WRONG_GROUP, slot_of
 from sessionlog_client._status import error_info
 from sessionlog_client.errors import LeadershipLost, NotPrimary, ReplicasUnavailable, Unavailable
+
+SLOT_MOVING = "SLOT_MOVING"
+"""The refusal of a write to a slot whose move is copying its last events (UNAVAILABLE)."""
 
 LOG = "log"
 REPLICATION = "replication"
@@ -137,6 +144,9 @@ class Router:
     group, i.e. not sharded; see the module docstring and EPOCH_GROUP_KEY)."""
     slot_groups: dict[int, str] = field(default_factory=dict)
     """The group each slot's writes last answered from (sharded servers only)."""
+    retry_wrong_group: bool = True
+    """Wait and try WRONG_GROUP again (a proxy catching up with a move); False in the clients
+    of a ``shard_map=`` client, which reroutes it itself."""
     _current: int = 0
     _stale: bool = True
     _etcd_error: str = ""
@@ -284,6 +294,10 @@ class Router:
         unavailable = code == grpc.StatusCode.UNAVAILABLE
         if info is not None and info.reason == ReplicasUnavailable.reason:
             return Step.LATER if retry else Step.RAISE  # committed here: never move for it
+        if info is not None and info.reason == SLOT_MOVING:
+            return Step.LATER  # written nowhere, by no member: wait for the flip, here
+        if info is not None and info.reason == WRONG_GROUP:
+            return Step.LATER if self.retry_wrong_group else Step.RAISE
         if not self.several:
             if unavailable and info is None and not (member.reached or self.reached):
                 raise self._unreachable(error, [member])
@@ -360,6 +374,13 @@ def trailing_epoch(trailers: Iterable[tuple[str, Any]] | None) -> int:
         if key == EPOCH_KEY:
             return _whole(value.decode() if isinstance(value, bytes) else str(value))
     return 0
+
+
+def move_budget(error: grpc.RpcError, retry: Retry) -> float | None:
+    """How long ``error`` may be retried when that is less than the whole budget: a
+    WRONG_GROUP refusal's ``Retry.wrong_group_for``."""
+    info = error_info(error.trailing_metadata())
+    return retry.wrong_group_for if info is not None and info.reason == WRONG_GROUP else None
 
 
 def replicas_unavailable(error: grpc.RpcError) -> bool:

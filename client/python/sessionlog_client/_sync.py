@@ -26,6 +26,7 @@ from sessionlog_client._routing import (
     Router,
     Step,
     make_router,
+    move_budget,
     replicas_unavailable,
 )
 from sessionlog_client._shards import (
@@ -223,7 +224,8 @@ class EventStream(Iterator[Event]):
                     step = self._router.after(member, error, retry=True, hops=hops)
                 if step is Step.RAISE:
                     raise to_error(error) from error
-                delay = 0.0 if step is Step.AGAIN else backoff.next()
+                budget = move_budget(error, self._connection.retry)
+                delay = 0.0 if step is Step.AGAIN else backoff.next(budget)
                 hops += step is Step.AGAIN
                 if delay is None and dead:
                     raise c.dead_stream(self._silence) from None
@@ -631,7 +633,7 @@ class Client:
         if shard_map is not None:
 
             def group_client(addresses: list[str]) -> Client:
-                return Client(
+                client = Client(
                     addresses,
                     timeout=timeout,
                     token=token,
@@ -647,7 +649,10 @@ class Client:
                     connect_timeout=connect_timeout,
                     wait_for_ready=wait_for_ready,
                 )
+                client._router.retry_wrong_group = False
+                return client
 
+            self._router.retry_wrong_group = False  # the shard routing reroutes it
             self._shards = _Shards(self, shard_map, group_client, connect_timeout)
 
     def _open_member(self, address: str) -> tuple[grpc.Channel, dict[str, Any]]:
@@ -787,7 +792,8 @@ class Client:
                 waits += replicas_unavailable(error)
                 if waits > retries.replicas_retries:
                     step = Step.RAISE
-                delay = None if step is Step.RAISE else backoff.next()
+                budget = move_budget(error, retries)
+                delay = None if step is Step.RAISE else backoff.next(budget)
                 if delay is None:
                     raise to_error(error) from error
             time.sleep(delay)

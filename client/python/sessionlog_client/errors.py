@@ -27,6 +27,7 @@ status back into the same class with :func:`from_reason`.
     │   ├── InvalidEpoch                    INVALID_EPOCH (a fence without an epoch)
     │   ├── InvalidAddress                  INVALID_ADDRESS (not HOST:PORT)
     │   ├── ImportSeqNotDense               IMPORT_SEQ_NOT_DENSE (an import's seqs skip or repeat)
+    │   ├── InvalidImport                   INVALID_IMPORT (an import's records disagree)
     │   ├── InvalidPageToken                INVALID_PAGE_TOKEN (not this listing's token)
     │   ├── InvalidPageSize                 INVALID_PAGE_SIZE (a negative page_size)
     │   ├── InvalidOrderBy                  INVALID_ORDER_BY (an order_by the RPC does not offer)
@@ -176,6 +177,15 @@ class ImportSeqNotDense(InvalidArgument):
     ``index`` (the first event out of line), ``seq`` (what it carries), ``expected_seq``."""
 
     reason = "IMPORT_SEQ_NOT_DENSE"
+
+
+class InvalidImport(InvalidArgument):
+    """An ImportSession chunk whose records contradict each other or the server: a lease that
+    expires before it was taken or lasts past the longest lease TTL, a request record past the
+    session's events, a last-append time before the create time, a time far in the future.
+    Metadata ``field`` names the field."""
+
+    reason = "INVALID_IMPORT"
 
 
 class InvalidPageToken(InvalidArgument):

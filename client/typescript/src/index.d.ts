@@ -240,7 +240,18 @@ export interface RetryOptions {
    * --sync-timeout); then ReplicasUnavailableError. Default DEFAULT_REPLICAS_RETRIES (2).
    */
   replicasRetries?: number;
+  /**
+   * How long a WRONG_GROUP refusal is retried, within giveUpAfterMs (0: raised at once). A slot
+   * move's refusals wrote nothing, so every call retries them: SLOT_MOVING within
+   * giveUpAfterMs, WRONG_GROUP (HAProxy still sending a moved slot's calls to its old group
+   * until haproxy-sync applies the new map) this long. A shardMap client reroutes WRONG_GROUP
+   * at once instead. Default DEFAULT_WRONG_GROUP_FOR_MS (5000).
+   */
+  wrongGroupForMs?: number;
 }
+
+/** How long WRONG_GROUP is retried by default (RetryOptions.wrongGroupForMs). */
+export declare const DEFAULT_WRONG_GROUP_FOR_MS: number;
 
 export interface ClientOptions {
   /** Deadline of each unary call; default 10000. */

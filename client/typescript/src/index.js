@@ -463,11 +463,12 @@ class Backoff {
     this.delay = this.initialBackoffMs;
   }
 
-  /** The next sleep in ms, or null once the budget is spent. */
-  next() {
+  /** The next sleep in ms, or null once the budget (or the smaller budgetMs) is spent. */
+  next(budgetMs = null) {
     const now = Date.now();
     this.started ??= now;
-    const remaining = this.giveUpAfterMs - (now - this.started);
+    const limit = budgetMs === null ? this.giveUpAfterMs : Math.min(budgetMs, this.giveUpAfterMs);
+    const remaining = limit - (now - this.started);
     if (remaining <= 0) return null;
     const delay = this.delay * (0.5 + Math.random() / 2);
     this.delay = Math.min(this.delay * 2, this.maxBackoffMs);
@@ -476,6 +477,15 @@ class Backoff {
 }
 
 const sleep = (ms) => new Promise((done) => setTimeout(done, ms));
+
+/** How long a WRONG_GROUP is retried by default (HAProxy catching up with a slot move's flip). */
+export const DEFAULT_WRONG_GROUP_FOR_MS = 5000;
+
+/** How long error may be retried when that is less than the whole budget: WRONG_GROUP's. */
+function moveBudget(error, retry) {
+  if (errorInfo(error)?.reason !== "WRONG_GROUP") return null;
+  return retry.wrongGroupForMs ?? DEFAULT_WRONG_GROUP_FOR_MS;
+}
 
 // -- routing ----------------------------------------------------------------------------------
 //
@@ -511,10 +521,16 @@ const sleep = (ms) => new Promise((done) => setTimeout(done, ms));
 // answered from, and sends a write the epoch of that group with the group's name (nothing while
 // that group's epoch is unknown). Through a proxy serving several groups, one client so never
 // sends one group's epoch to another; deposed is judged within the group.
+// A slot move's refusals (sharded servers) move nothing either: SLOT_MOVING is waited out on the
+// same member by every call, and WRONG_GROUP too (for retry.wrongGroupForMs), unless the client
+// routes by a shard map (its group clients raise it to the shard routing, which reroutes it).
+//
 // REPLICAS_UNAVAILABLE is no reason to move (the write is committed on this member, the primary):
 // a retried call sends it again there at most retry.replicasRetries times.
 
 const AGAIN = "again";
+/** The option that marks the group clients a shardMap client makes (not a public option). */
+const GROUP_CLIENT = Symbol("groupClient");
 const LATER = "later";
 const RAISE = "raise";
 const PRIMARY_HINT = "primary";
@@ -940,7 +956,7 @@ export class EventStream {
       } catch (error) {
         const step = client._after(member, error, true, hops);
         hops += step === AGAIN;
-        const wait = step === AGAIN ? 0 : step === LATER ? backoff.next() : null;
+        const wait = step === AGAIN ? 0 : step === LATER ? backoff.next(moveBudget(error, client.retry)) : null;
         if (wait === null) throw toError(error);
         await this._pause(wait);
         continue;
@@ -990,7 +1006,7 @@ export class EventStream {
           step = client._after(member, error, true, hops);
         }
         hops += step === AGAIN;
-        delay = step === AGAIN ? 0 : step === LATER ? backoff.next() : null;
+        delay = step === AGAIN ? 0 : step === LATER ? backoff.next(moveBudget(error, client.retry)) : null;
         if (delay === null && dead) throw deadStream(silenceMs, error);
         if (delay === null) throw toError(error);
       } finally {
@@ -1230,6 +1246,9 @@ export class SessionLogClient {
     this.timeoutMs = timeoutMs;
     this.retry = retry;
     this.replicasRetries = retry.replicasRetries ?? DEFAULT_REPLICAS_RETRIES;
+    /** Wait and try WRONG_GROUP again (a proxy catching up with a move); off for the group
+     * clients of a shardMap client, whose shard routing reroutes it. */
+    this._retryWrongGroup = shardMap === undefined && !options[GROUP_CLIENT];
     /** The highest leadership epoch any member named, per group ("": not sharded; see routing). */
     this._epochs = new Map();
     /** The group each slot's writes last answered from (sharded servers only). */
@@ -1263,7 +1282,7 @@ export class SessionLogClient {
     this.target = this._etcd.length
       ? `group ${JSON.stringify(this._group)} in etcd at ${this._etcd.join(",")}${names ? ` (${names})` : ""}`
       : names;
-    const groupOptions = { ...options, shardMap: undefined, cluster: undefined, group: undefined };
+    const groupOptions = { ...options, shardMap: undefined, cluster: undefined, group: undefined, [GROUP_CLIENT]: true };
     this._shards =
       shardMap === undefined ? null : new Shards(this, shardMap, (members) => new SessionLogClient(members, groupOptions));
   }
@@ -1363,6 +1382,8 @@ export class SessionLogClient {
     let current = this._learn(member, trailingEpoch(error?.metadata), group, sessionId);
     const unavailable = error?.code === grpc.status.UNAVAILABLE;
     if (info?.reason === "REPLICAS_UNAVAILABLE") return retry ? LATER : RAISE; // committed here
+    if (info?.reason === "SLOT_MOVING") return LATER; // written nowhere: wait for the flip, here
+    if (info?.reason === WRONG_GROUP) return this._retryWrongGroup ? LATER : RAISE;
     if (!this._several) {
       if (error?.settle) throw error;
       if (unavailable && !info && !member.reached) throw unreachable([member], error);
@@ -1536,7 +1557,7 @@ export class SessionLogClient {
         continue;
       }
       if (errorInfo(failure)?.reason === "REPLICAS_UNAVAILABLE" && ++waits > this.replicasRetries) step = RAISE;
-      const delay = step === LATER ? backoff.next() : null;
+      const delay = step === LATER ? backoff.next(moveBudget(failure, this.retry)) : null;
       if (delay === null) throw toError(failure);
       await sleep(delay);
     }

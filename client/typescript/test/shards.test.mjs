@@ -73,7 +73,7 @@ test("calls go to the owner's primary, and a WRONG_GROUP reroutes once", async (
   const [inB] = ids((slot) => slot >= 512);
   await start(1, -1);
   const client = new SessionLogClient(a, { shardMap: "server", retry: { giveUpAfterMs: 20_000, initialBackoffMs: 20, maxBackoffMs: 200 } });
-  const plainB = new SessionLogClient(b);
+  const plainB = new SessionLogClient(b, { retry: { wrongGroupForMs: 0 } }); // WRONG_GROUP at once
   try {
     for (const id of [inA, inB, moving]) await client.append(id, [user("hi")]);
     assert.equal((await client.shardMap()).epoch, 1);
@@ -96,6 +96,48 @@ test("calls go to the owner's primary, and a WRONG_GROUP reroutes once", async (
     client.close();
     plainB.close();
     await Promise.all(servers.splice(0).map((s) => s.stop()));
+    rmSync(root, { recursive: true, force: true });
+  }
+});
+
+test("a plain client waits out WRONG_GROUP until the slot's new owner takes the call", async () => {
+  // As behind HAProxy after a move's flip, before haproxy-sync applied the new map: the call
+  // reaches the old owner, is refused WRONG_GROUP (nothing written), and is sent again.
+  const root = tempDir("sessionlog-ts-shards-wait-");
+  const [pa, pb] = [await freePort(), await freePort()];
+  const [a, b] = [`127.0.0.1:${pa}`, `127.0.0.1:${pb}`];
+  const started = [];
+  const start = async (epoch, moved) => {
+    const file = join(root, `shards-${epoch}.toml`);
+    writeFileSync(file, mapToml(epoch, a, b, moved));
+    const both = [["a", pa], ["b", pb]].map(([name, port]) => {
+      mkdirSync(join(root, name), { recursive: true });
+      return startServer({ port, root: join(root, name), args: ["--shard-map", file] });
+    });
+    started.splice(0, started.length, ...(await Promise.all(both)));
+  };
+  const [moving] = [...Array(2000).keys()].map((i) => `wait-${i}`).filter((id) => slotOf(id) < 512 && slotOf(id) > 0);
+  await start(1, -1);
+  const retry = { giveUpAfterMs: 30_000, wrongGroupForMs: 30_000, initialBackoffMs: 20, maxBackoffMs: 200 };
+  const patient = new SessionLogClient(b, { retry });
+  const brief = new SessionLogClient(b, { retry: { ...retry, wrongGroupForMs: 300 } });
+  try {
+    const t0 = Date.now();
+    await assert.rejects(brief.append(moving, [user("no")]), (error) => error.reason === "WRONG_GROUP");
+    assert.ok(Date.now() - t0 >= 250, "WRONG_GROUP was retried for wrongGroupForMs");
+    const waiting = patient.append(moving, [user("patient")]);
+    await new Promise((done) => setTimeout(done, 500)); // refused WRONG_GROUP meanwhile
+    await Promise.all(started.map((s) => s.stop()));
+    await start(2, slotOf(moving)); // the slot now b's
+    const reply = await waiting;
+    assert.equal(reply.events[0].seq, 0);
+    const plainB = new SessionLogClient(b);
+    assert.equal((await plainB.getSession(moving)).session.eventCount, 1);
+    plainB.close();
+  } finally {
+    patient.close();
+    brief.close();
+    await Promise.all(started.map((s) => s.stop()));
     rmSync(root, { recursive: true, force: true });
   }
 });

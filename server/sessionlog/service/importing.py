@@ -1,8 +1,14 @@
 """ImportSession and GetSessionRecords between protobuf and the store (``storage.imports``).
 
 What is checked here needs no stored state: the chunk's seqs (events[i].seq = first_seq + i),
-the events as ``prepare_append`` checks them, the number of request records. Whether the caller
-may send a move's extras (admin) is the servicer's question.
+the events as ``prepare_append`` checks them, the number of request records, and that the
+records agree with each other and with this server (INVALID_IMPORT): no time past
+``FUTURE_SLACK_NS`` from now, a lease that expires after it was taken and within the longest
+lease TTL from now, request records inside the session's events after the chunk (a chunk that
+is not refused leaves the session at first_seq + len(events)), a last-append time not before
+the create time. The writer checks the last-append time against a stored create time. An
+event's own time is not bounded: Append stores a client's time as given, so a move copies it.
+Whether the caller may send a move's extras (admin) is the servicer's question.
 """
 
 from __future__ import annotations
@@ -16,13 +22,17 @@ from sessionlog.records import SessionRecord
 from sessionlog.storage import imports, schema
 from sessionlog.storage.records import given_record
 from sessionlog.storage.schema import AuditRecord, LeaseRecord, RequestRecord
-from sessionlog.storage.store import check_request_id, prepare_append
+from sessionlog.storage.store import MAX_LEASE_TTL_NS, check_request_id, prepare_append
 from sessionlog.v1 import session_log_service_pb2 as pb
 
 AUDIT_KINDS = {
     pb.LEASE_AUDIT_KIND_TAKEOVER: schema.TAKEOVER,
     pb.LEASE_AUDIT_KIND_FORCED_RELEASE: schema.FORCED_RELEASE,
 }
+
+FUTURE_SLACK_NS = 3600 * 1_000_000_000
+"""How far past this server's now an imported record's time may lie: clocks of two groups
+differ by far less; a time past it is a mistake (or a unit error), not skew."""
 
 
 def has_extras(request: pb.ImportSessionRequest) -> bool:
@@ -53,11 +63,13 @@ def prepare_import(
             limit=imports.MAX_REQUEST_RECORDS,
         )
     now_ns = time.time_ns()
+    _check_times(request, now_ns)
     # An import copies history as it was, an erased event's mark included (a slot move of a
     # redacted session, an export re-imported).
     events = prepare_append(
         request.session_id, request.events, limits=limits, now_ns=now_ns, keep_redacted=True
     )
+    next_seq = request.first_seq + len(request.events)  # after this chunk, if it is taken
     last_event = None
     if request.events:
         last = request.events[-1]
@@ -70,9 +82,9 @@ def prepare_import(
         last_event_time_ns=last_event,
         parent_id=request.parent_session_id,
         parent_length=request.parent_event_count,
-        requests=[_request_record(r) for r in request.request_records],
-        lease=_lease_record(request.lease) if request.HasField("lease") else None,
-        audit=[_audit_record(entry) for entry in request.lease_audit],
+        requests=[_request_record(r, next_seq, now_ns) for r in request.request_records],
+        lease=_lease_record(request.lease, now_ns) if request.HasField("lease") else None,
+        audit=[_audit_record(entry, now_ns) for entry in request.lease_audit],
         moving_in=moving_in,
         record=_record(request.record) if request.HasField("record") else None,
     )
@@ -85,10 +97,56 @@ def _ns(message: pb.ImportSessionRequest, name: str) -> int | None:
     return stamp
 
 
-def _request_record(message: pb.SessionRequestRecord) -> tuple[str, RequestRecord]:
+def _check_times(request: pb.ImportSessionRequest, now_ns: int) -> None:
+    """The session's own times: none in the future, the last append not before the create."""
+    created = _ns(request, "create_time")
+    appended = _ns(request, "last_append_time")
+    _not_future(created, now_ns, "create_time")
+    _not_future(appended, now_ns, "last_append_time")
+    if request.HasField("record") and request.record.HasField("update_time"):
+        _not_future(request.record.update_time.ToNanoseconds(), now_ns, "record.update_time")
+    if created is not None and appended is not None and appended < created:
+        raise errors.InvalidImport(
+            f"session '{request.session_id}': last_append_time {_text(appended)} is before "
+            f"its create_time {_text(created)}; a session is appended to after it is created",
+            field="last_append_time",
+        )
+
+
+def _not_future(ns: int | None, now_ns: int, name: str) -> None:
+    if ns is not None and ns > now_ns + FUTURE_SLACK_NS:
+        raise errors.InvalidImport(
+            f"imported {name} {_text(ns)} is more than {FUTURE_SLACK_NS // 3_600_000_000_000} "
+            f"h past this server's now ({_text(now_ns)}); send the time it was recorded",
+            field=name,
+        )
+
+
+def _text(ns: int) -> str:
+    return _timestamp(ns).ToJsonString()
+
+
+def _request_record(
+    message: pb.SessionRequestRecord, next_seq: int, now_ns: int
+) -> tuple[str, RequestRecord]:
     check_request_id(message.request_id)
     if not message.request_id:
         raise errors.MalformedRequest("an imported request record names its request_id")
+    what = f"imported request record '{message.request_id}'"
+    if message.first_seq + message.event_count > message.next_seq:
+        raise errors.InvalidImport(
+            f"{what} wrote {message.event_count} event(s) from seq {message.first_seq}, which "
+            f"ends past the next seq it names ({message.next_seq})",
+            field="request_records.next_seq",
+        )
+    if message.next_seq > next_seq:
+        raise errors.InvalidImport(
+            f"{what} left the session at seq {message.next_seq}, but after this chunk it "
+            f"holds {next_seq} event(s): send a request record with the chunk that holds "
+            "its events, or later",
+            field="request_records.next_seq",
+        )
+    _not_future(message.time.ToNanoseconds(), now_ns, "request_records.time")
     record = RequestRecord(
         fingerprint=message.fingerprint,
         first_seq=message.first_seq,
@@ -101,8 +159,23 @@ def _request_record(message: pb.SessionRequestRecord) -> tuple[str, RequestRecor
     return message.request_id, record
 
 
-def _lease_record(message: pb.SessionLeaseRecord) -> LeaseRecord:
+def _lease_record(message: pb.SessionLeaseRecord, now_ns: int) -> LeaseRecord:
     lease = message.lease
+    acquired = lease.acquire_time.ToNanoseconds()
+    expires = lease.expire_time.ToNanoseconds()
+    _not_future(acquired, now_ns, "lease.acquire_time")
+    if expires < acquired:
+        raise errors.InvalidImport(
+            f"the imported lease expires at {_text(expires)}, before it was acquired at "
+            f"{_text(acquired)}",
+            field="lease.expire_time",
+        )
+    if expires > now_ns + MAX_LEASE_TTL_NS + FUTURE_SLACK_NS:
+        raise errors.InvalidImport(
+            f"the imported lease expires at {_text(expires)}, further from now than the "
+            f"longest lease TTL ({MAX_LEASE_TTL_NS // 3_600_000_000_000} h) reaches",
+            field="lease.expire_time",
+        )
     return LeaseRecord(
         holder=lease.holder,
         token=lease.token,
@@ -112,12 +185,13 @@ def _lease_record(message: pb.SessionLeaseRecord) -> LeaseRecord:
     )
 
 
-def _audit_record(entry: pb.LeaseAuditEntry) -> AuditRecord:
+def _audit_record(entry: pb.LeaseAuditEntry, now_ns: int) -> AuditRecord:
     kind = AUDIT_KINDS.get(entry.kind)
     if kind is None:
         raise errors.MalformedRequest(
             "an imported lease audit entry needs a kind (TAKEOVER or FORCED_RELEASE)"
         )
+    _not_future(entry.time.ToNanoseconds(), now_ns, "lease_audit.time")
     return AuditRecord(
         kind=kind,
         actor=entry.actor,

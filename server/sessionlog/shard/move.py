@@ -18,7 +18,10 @@
                  that a client sent there early waits for the flip instead of bouncing back);
     3. tail      what was appended since the copy (and sessions created meanwhile) is copied,
                  with the request records and lease changes made since (the last chunk of
-                 each session carries them as the source holds them now);
+                 each session carries them as the source holds them now); the mover waits
+                 until every member of the target holds what its primary then holds
+                 (GetReplicationStatus: same history id, position at least the primary's), so
+                 a failover of the target after the flip loses nothing of the copy;
     4. flip      a map one more epoch up gives the slot to the target, unfrozen; the mover waits
                  until every member of both groups holds it. A write retried against the source
                  is now told WRONG_GROUP, naming the target's primary.
@@ -30,6 +33,20 @@ writable in two groups at once: before the flip only the source takes the slot's
 it only the target. A move that fails before the flip puts the map back unfrozen; running it
 again clears the target and copies afresh. Within one run, a chunk the target already took (a
 lost reply) is continued from its next seq (the target's IMPORT_SEQ_MISMATCH names it).
+
+Failovers. Every call to the groups is retried on UNAVAILABLE, DEADLINE_EXCEEDED and
+NOT_PRIMARY for up to ``RETRY_SECONDS`` (the clients' ``Retry`` backoff), each time after
+asking the groups for their primaries again. With the same primaries the copy resumes where
+the target is (its next seq, from the chunk's reply or its IMPORT_SEQ_MISMATCH). When either
+group has a new primary, the copy starts over on it: the target's copies are cleared again and
+copied afresh. A new primary of the target may lack the last chunks the old one took, and one
+of the source the last writes it acknowledged (``--ack local``); only a fresh clear makes what
+the target holds a prefix of what the new source holds. A move that fails for good (the retry
+budget spent, anything else refused) still rolls back as above.
+
+``SESSIONLOG_MOVE_PACE`` (seconds; test-only, unset in production) makes the mover sleep that
+long after the clear and after each session it copies, so that a test can land a failover or
+a kill of the mover in the middle of a step.
 
 Request records: those the source still replays (younger than its request-id TTL), at most the
 newest 10,000 per session (``storage.imports.MAX_REQUEST_RECORDS``).
@@ -68,6 +85,11 @@ COPY_BATCH = 200
 COPY_BATCH_BYTES = 1 << 20
 """Bytes of events per copying Append, at most (one larger event goes alone)."""
 PAGE_SIZE = 1000
+RETRY_SECONDS = 60.0
+"""How long the mover keeps retrying a group that has no primary it can reach (an election
+takes about a --lease-ttl); past it the move fails and rolls back."""
+TRANSIENT = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED})
+PACE_ENV = "SESSIONLOG_MOVE_PACE"
 
 
 class MoveError(Exception):
@@ -198,13 +220,13 @@ def move_slot(
     target = current.group(to)
     report = MoveReport(slot, source.name, target.name)
     with _Groups(current, token) as groups:
-        src = groups.primary(source)
-        dst = groups.primary(target)
-        copier = _Copier(groups.channel(src), groups.channel(dst), slot, groups.metadata)
+        copier = _Copier(groups, source, target, slot, say)
+        say(f"clearing {target.name}'s old copies of slot {slot}")
         erased = copier.clear_target()
         if erased:
             say(f"erased {erased} stale copies of slot {slot}'s sessions on {target.name}")
         if not current.is_frozen(slot):
+            src, dst = copier.primaries
             say(f"copying slot {slot} from {source.name} ({src}) to {target.name} ({dst})")
             report.copied_live = copier.copy_all()
             frozen = current.with_frozen([slot])
@@ -217,12 +239,12 @@ def move_slot(
             say(f"slot {slot} frozen at epoch {frozen.epoch}; waiting for {source.name}")
             groups.wait_settled(source, frozen.epoch, settle_timeout)
             groups.wait_settled(target, frozen.epoch, settle_timeout)  # waits, not redirects
-            # The primaries again: a failover since the first copy must not leave the tail to be
-            # read from a member that lags (the copied seqs carry over).
-            copier.use(
-                groups.channel(groups.primary(source)), groups.channel(groups.primary(target))
-            )
+            # The primaries again: after a failover since the first copy the tail is not read
+            # from a member that lags, and the copy starts over (the module docstring).
+            copier.resolve()
             report.copied_paused = copier.copy_all()
+            if groups.wait_replicated(target, copier.primaries[1], settle_timeout):
+                say(f"every member of {target.name} holds the copy")
             flipped = frozen.with_slots([slot], target.name)
             _put(endpoints, frozen, flipped)
         except BaseException as exc:
@@ -337,6 +359,53 @@ class _Groups:
             problems.append(f"{member}: knows no primary of {group.name} yet")
         raise MoveError(f"no primary of group {group.name} found ({'; '.join(problems)})")
 
+    def wait_replicated(self, group: Group, primary: str, timeout: float) -> bool:
+        """Until every other member of ``group`` holds what its ``primary`` holds now (the same
+        history at its position or later): with ``--ack local`` a failover of the target right
+        after the flip would otherwise lose the copy's last chunks, acknowledged writes of the
+        source. False for a group of one."""
+        from sessionlog_client.v1 import replication_service_pb2 as rpb
+        from sessionlog_client.v1 import replication_service_pb2_grpc as rrpc
+
+        def status(member: str) -> Any:
+            stub = rrpc.ReplicationServiceStub(self.channel(member))  # type: ignore[no-untyped-call]
+            request = rpb.GetReplicationStatusRequest()
+            return stub.GetReplicationStatus(
+                request, timeout=CALL_TIMEOUT_SECONDS, metadata=self.metadata
+            )
+
+        waiting = [m for m in group.members if m != primary]
+        if not waiting:
+            return False
+        try:
+            held = status(primary)
+        except grpc.RpcError as exc:
+            raise MoveError(
+                f"group {group.name}: its primary {primary} did not say what it holds: "
+                f"{exc.code().name} {exc.details()}"
+            ) from None
+        deadline = time.monotonic() + timeout
+        last = ""
+        while waiting:
+            for member in list(waiting):
+                try:
+                    reply = status(member)
+                except grpc.RpcError as exc:
+                    last = f"{member}: {exc.code().name} {exc.details()}"
+                    continue
+                if reply.history_id == held.history_id and reply.position >= held.position:
+                    waiting.remove(member)
+                else:
+                    last = f"{member} holds position {reply.position} of {held.position}"
+            if waiting and time.monotonic() > deadline:
+                raise MoveError(
+                    f"group {group.name}: not every member holds the copy within "
+                    f"{timeout:.0f} s ({last})"
+                )
+            if waiting:
+                time.sleep(0.05)
+        return True
+
     def wait_settled(self, group: Group, epoch: int, timeout: float) -> None:
         """Until every member of ``group`` reports ``epoch`` (or higher) as settled."""
         from sessionlog_client.v1 import admin_service_pb2 as apb
@@ -369,28 +438,78 @@ class _Groups:
 
 
 class _Copier:
-    """Copies the slot's sessions from the source primary to the target primary."""
+    """Copies the slot's sessions from the source's primary to the target's, through
+    failovers of either (the module docstring)."""
 
     def __init__(
         self,
-        source: grpc.Channel,
-        target: grpc.Channel,
+        groups: _Groups,
+        source: Group,
+        target: Group,
         slot: int,
-        metadata: Sequence[tuple[str, str]],
+        say: Callable[[str], None],
     ) -> None:
-        self.use(source, target)
+        from sessionlog_client import Retry
+
+        self._groups = groups
+        self._groups_moved = (source, target)
         self._slot = slot
-        self._metadata = tuple(metadata)
+        self._say = say
+        self._metadata = groups.metadata
+        self._retry = Retry(give_up_after=RETRY_SECONDS, initial_backoff=0.1, max_backoff=2.0)
+        self._pace = float(os.environ.get(PACE_ENV) or 0)
         self.copied: dict[str, int] = {}
         """Session id -> the next seq the target holds."""
+        self.primaries = ("", "")
+        """The (source, target) primaries the copy reads from and writes to."""
+        self._restart = False
+        """A primary changed: clear the target and copy afresh before going on."""
+        self._connect(*self._look_up())
 
-    def use(self, source: grpc.Channel, target: grpc.Channel) -> None:
-        """Read from ``source`` and write to ``target`` from now on."""
+    def _look_up(self) -> tuple[str, str]:
+        """Both groups' primaries, waiting (within the retry budget) while one has none, as
+        during an election."""
+        source, target = self._groups_moved
+        backoff = self._retry.backoff()
+        while True:
+            try:
+                return self._groups.primary(source), self._groups.primary(target)
+            except MoveError as exc:
+                delay = backoff.next()
+                if delay is None:
+                    raise MoveError(f"{exc} (after {RETRY_SECONDS:.0f} s)") from None
+                time.sleep(delay)
+
+    def _connect(self, source: str, target: str) -> None:
+        from sessionlog_client.v1 import admin_service_pb2_grpc as arpc
         from sessionlog_client.v1 import session_log_service_pb2_grpc as rpc
 
-        self._source = rpc.SessionLogServiceStub(source)  # type: ignore[no-untyped-call]
-        self._target = rpc.SessionLogServiceStub(target)  # type: ignore[no-untyped-call]
-        self._target_channel = target
+        if self.primaries != ("", "") and self.primaries != (source, target):
+            self._say(
+                f"primaries now {source} (source) and {target} (target), were "
+                f"{self.primaries[0]} and {self.primaries[1]}: copying slot {self._slot} afresh"
+            )
+            self._restart = True
+        self.primaries = (source, target)
+        self._source = rpc.SessionLogServiceStub(self._groups.channel(source))  # type: ignore[no-untyped-call]
+        self._target = rpc.SessionLogServiceStub(self._groups.channel(target))  # type: ignore[no-untyped-call]
+        self._target_admin: Any = arpc.AdminServiceStub(self._groups.channel(target))  # type: ignore[no-untyped-call]
+
+    def resolve(self) -> None:
+        """Ask the groups for their primaries again (a restart is due when one changed)."""
+        self._connect(*self._look_up())
+
+    def _recover(self, exc: grpc.RpcError, backoff: Any, what: str) -> None:
+        """After a transient failure of ``what``: wait, then find the primaries again (until
+        both groups name one); MoveError for a lasting failure or a spent retry budget."""
+        problem = f"{what} failed: {exc.code().name} {exc.details()}"
+        if not _transient(exc):
+            raise MoveError(problem) from None
+        delay = backoff.next()
+        if delay is None:
+            raise MoveError(f"{problem} (still, after retrying for {RETRY_SECONDS:.0f} s)")
+        time.sleep(delay)
+        self._connect(*self._look_up())  # waits for an election's result itself
 
     def clear_target(self) -> int:
         """Erase the target's copies of the slot (EraseSessions with slot_copies) before the
@@ -398,35 +517,44 @@ class _Copier:
         earlier move left there may be of a session deleted or recreated since. The copies
         erased."""
         from sessionlog_client.v1 import admin_service_pb2 as apb
-        from sessionlog_client.v1 import admin_service_pb2_grpc as apb_grpc
 
-        stub: Any = apb_grpc.AdminServiceStub(self._target_channel)  # type: ignore[no-untyped-call]
-        try:
-            reply = stub.EraseSessions(
-                apb.EraseSessionsRequest(slot_copies=self._slot, reason="before a slot move"),
-                timeout=CALL_TIMEOUT_SECONDS * 6,
-                metadata=self._metadata,
-            )
-        except grpc.RpcError as exc:
-            raise MoveError(
-                f"erasing the target's old copies of slot {self._slot} failed: "
-                f"{exc.code().name} {exc.details()}"
-            ) from None
-        self.copied.clear()
-        return int(reply.session_count)
+        backoff = self._retry.backoff()
+        while True:
+            try:
+                reply = self._target_admin.EraseSessions(
+                    apb.EraseSessionsRequest(slot_copies=self._slot, reason="before a slot move"),
+                    timeout=CALL_TIMEOUT_SECONDS * 6,
+                    metadata=self._metadata,
+                )
+            except grpc.RpcError as exc:
+                what = f"erasing the target's old copies of slot {self._slot}"
+                self._recover(exc, backoff, what)
+                continue
+            self.copied.clear()
+            self._restart = False
+            self._sleep()
+            return int(reply.session_count)
 
     def copy_all(self) -> int:
         """Copy what the target lacks of every session of the slot; the events copied."""
         total = 0
-        try:
-            for session_id in self._sessions():
-                total += self._copy(session_id)
-        except grpc.RpcError as exc:
-            raise MoveError(
-                f"reading slot {self._slot} from the source failed: {exc.code().name} "
-                f"{exc.details()}"
-            ) from None
-        return total
+        backoff = self._retry.backoff()
+        while True:
+            if self._restart:
+                self.clear_target()
+            try:
+                for session_id in self._sessions():
+                    total += self._copy(session_id)
+                    self._sleep()
+            except grpc.RpcError as exc:
+                self._recover(exc, backoff, f"copying slot {self._slot}")
+                continue
+            if not self._restart:
+                return total
+
+    def _sleep(self) -> None:
+        if self._pace > 0:
+            time.sleep(self._pace)
 
     def _sessions(self) -> list[str]:
         from sessionlog_client.v1 import session_log_service_pb2 as pb
@@ -448,7 +576,8 @@ class _Copier:
     def _copy(self, session_id: str) -> int:
         """Bring the target's copy of ``session_id`` up to the source's: the events it lacks,
         then (on the last chunk) the record's times, the request records and the lease with
-        its audit as the source holds them now. The events copied."""
+        its audit as the source holds them now. The events copied; an RpcError for a
+        failure the caller retries."""
         from sessionlog_client.v1 import session_log_service_pb2 as pb
 
         routed = (*self._metadata, (SESSION_HEADER, session_id))
@@ -487,8 +616,13 @@ class _Copier:
                     metadata=(*routed, (MOVE_HEADER, MOVE_COPY)),
                 )
             except grpc.RpcError as exc:
+                if _transient(exc):
+                    raise
                 held = _conflict_next_seq(exc)
-                if held is None or held < seq or held > seq + len(events):
+                if held is not None and held < seq:  # the target lost a reply's chunk: reread
+                    self.copied[session_id] = held
+                    return copied + self._copy(session_id)
+                if held is None or held > seq + len(events):
                     raise MoveError(
                         f"copying session '{session_id}' to the target failed: "
                         f"{exc.code().name} {exc.details()}"
@@ -530,6 +664,24 @@ def _chunk(session_id: str, seq: int, events: Sequence[Any], records: Any, last:
         if records.HasField("lease"):
             request.lease.CopyFrom(records.lease)
     return request
+
+
+def _transient(exc: grpc.RpcError) -> bool:
+    """A failure a retry may get past: no answer, or a member that is no longer the primary."""
+    return exc.code() in TRANSIENT or _reason(exc) == "NOT_PRIMARY"
+
+
+def _reason(exc: grpc.RpcError) -> str:
+    from google.rpc import error_details_pb2, status_pb2
+
+    for key, value in exc.trailing_metadata() or ():
+        if key != "grpc-status-details-bin":
+            continue
+        for detail in status_pb2.Status.FromString(value).details:
+            info = error_details_pb2.ErrorInfo()
+            if detail.Unpack(info):
+                return str(info.reason)
+    return ""
 
 
 def _conflict_next_seq(exc: grpc.RpcError) -> int | None:

@@ -16,6 +16,8 @@ Invariants:
   (``Ownership.check_copy``), where such a session is the copy a move away left behind, a
   prefix of the session's history that a move back continues at its next seq;
 - events are checked as an append checks them (``fold.admit``, strict);
+- a chunk's explicit last-append time is not before the session's create time (INVALID_IMPORT;
+  the other record checks need no state, ``service.importing``);
 - the extras of a slot move (request records, lease, audit) come only from a caller the
   servicer checked for the admin permission. The lease check an append makes is skipped for a
   move's chunk (the lease it carries is the source's, held by a worker), made for any other.
@@ -117,10 +119,19 @@ class ImportCommand:
         )
         before_ns = None if meta is None else meta.last_append_time_ns
         if meta is None:
-            self.kind = "create"
             created = batch.create_time_ns
             if created is None:
                 created = now_ns if batch.last_event_time_ns is None else _first_time(batch)
+        else:
+            created = meta.create_time_ns
+        if batch.last_append_time_ns is not None and batch.last_append_time_ns < created:
+            raise errors.InvalidImport(
+                f"session '{session_id}': the chunk's last_append_time is before the session's "
+                "create time; a session is appended to after it is created",
+                field="last_append_time",
+            )
+        if meta is None:
+            self.kind = "create"
             meta = _new_session(txn, tables, session_id, created)
             meta.imported = True
             meta.parent_id, meta.parent_length = batch.parent_id, batch.parent_length

@@ -286,7 +286,8 @@ def test_invalid_session_ids(target: Target, rpc: str, session_id: str) -> None:
     if rpc == "ForkSession":
         message: Message = pb.ForkSessionRequest(parent_session_id=session_id)
     else:
-        message = REQUESTS[rpc](session_id=session_id, **fields)
+        request: Callable[..., Message] = REQUESTS[rpc]  # a Message takes its fields as keywords
+        message = request(session_id=session_id, **fields)
     expect(target, rpc, message, "INVALID_SESSION_ID")
 
 

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 import grpc
+from google.protobuf.timestamp_pb2 import Timestamp
 
 from sessionlog import retention
 from sessionlog.shard import feeds
@@ -1061,7 +1062,7 @@ def _retention_flags(parser: Any, *, update: bool) -> None:
         "--expire-time",
         metavar="RFC3339",
         help="the server deletes the session at this time"
-        + (' ("never" clears the expiry)' if update else ""),
+        + (' ("never" clears the expiry)' if update else ' ("never": none)'),
     )
     pin = parser.add_mutually_exclusive_group()
     pin.add_argument(
@@ -1085,8 +1086,17 @@ def _retention_fields(args: argparse.Namespace) -> dict[str, Any]:
             fields["ttl"] = retention.parse_duration(args.ttl) / retention.NS
         except ValueError as exc:
             _usage(f"--ttl: {exc}")
-    if args.expire_time is not None:
-        fields["expire_time"] = None if args.expire_time == "never" else args.expire_time
+    if args.expire_time == "never":
+        fields["expire_time"] = None
+    elif args.expire_time is not None:
+        try:
+            Timestamp().FromJsonString(args.expire_time)
+        except ValueError:
+            _usage(
+                "--expire-time wants an RFC 3339 time with a zone, such as "
+                f'"2030-01-02T15:04:05Z" (or "never"), not {args.expire_time[:40]!r}'
+            )
+        fields["expire_time"] = args.expire_time
     if args.pinned is not None:
         fields["pinned"] = args.pinned
     return fields

@@ -62,8 +62,8 @@ def expire_at(now_ns: int, *, expire_time_ns: int = 0, ttl_ns: int | None = None
     if ttl_ns is not None:
         if ttl_ns <= 0:
             raise errors.InvalidExpiration(
-                f"a ttl must be above 0 (got {ttl_ns / NS:g} s); leave it unset to keep the "
-                "session forever",
+                f"a ttl must be above 0 (got {ttl_ns / NS:g} s); to keep the session forever, "
+                "give it no expiry",
                 field="ttl",
             )
         if ttl_ns > MAX_AHEAD_NS:

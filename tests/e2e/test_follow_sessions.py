@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -190,6 +191,35 @@ def test_heartbeats_advance_an_idle_filtered_stream(stub: Stub) -> None:
             call.cancel()
             return
     raise AssertionError("no heartbeat")
+
+
+def test_heartbeats_keep_coming_while_other_sessions_are_written(stub: Stub) -> None:
+    """Commits a filtered stream has nothing to send for wake it but do not hold off its
+    heartbeat: the client's watchdog must not take a quiet stream on a busy server for dead."""
+    call = opened(stub, prefix="hb2.none.", heartbeat_interval=Duration(nanos=300_000_000))
+    writing = threading.Event()
+    writing.set()
+
+    def writer() -> None:
+        try:
+            for n in range(40):  # one write every 0.1 s, for about 4 s
+                write(stub, f"hb2.busy.{n % 4}", f"m{n}")
+                time.sleep(0.1)
+        finally:
+            writing.clear()
+
+    thread = threading.Thread(target=writer, daemon=True)
+    thread.start()
+    during = 0
+    for response in call:  # a heartbeat at most 0.3 s apart ends this loop soon after the writes
+        assert not response.changes
+        if not writing.is_set():
+            break
+        during += 1
+    call.cancel()
+    thread.join(timeout=30)
+    # About a dozen are due in 4 s; before the fix none came until the writes stopped.
+    assert during >= 4, f"{during} heartbeats while other sessions were written"
 
 
 def test_a_tenant_follows_only_its_own_prefix(stub: Stub) -> None:

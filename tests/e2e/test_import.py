@@ -452,6 +452,16 @@ def inconsistent() -> list[tuple[str, dict[str, object], str]]:
             {"record": pb.Session(title="t", update_time=stamp(future))},
             "record.update_time",
         ),
+        (
+            "expiry past the year 2554 (beyond a 64-bit ns)",
+            {"record": pb.Session(expire_time=Timestamp(seconds=253402300799))},
+            "record.expire_time",
+        ),
+        (
+            "a create time that is not a Timestamp",
+            {"create_time": Timestamp(seconds=T0 // 10**9, nanos=-1)},
+            "create_time",
+        ),
     ]
 
 

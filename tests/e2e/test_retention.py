@@ -144,6 +144,12 @@ def test_appending_does_not_extend_expiry(stub: Any) -> None:
         ({"ttl": ttl(-5)}, "ttl"),
         ({"ttl": ttl(101 * 365 * 86400)}, "ttl"),
         ({"expire_time": at(-10)}, "expire_time"),
+        ({"expire_time": Timestamp(seconds=0, nanos=0)}, "expire_time"),  # 1970: past, not none
+        ({"expire_time": Timestamp(seconds=2_000_000_000, nanos=-1)}, "expire_time"),
+        ({"expire_time": Timestamp(seconds=2_000_000_000, nanos=2_000_000_000)}, "expire_time"),
+        ({"expire_time": Timestamp(seconds=253402300800)}, "expire_time"),  # past year 9999
+        ({"ttl": Duration(seconds=5, nanos=-5)}, "ttl"),  # mixed signs: not a Duration
+        ({"ttl": Duration(seconds=0, nanos=2_000_000_000)}, "ttl"),
     ],
 )
 def test_bad_expiry_at_create_is_refused(stub: Any, fields: dict[str, Any], field: str) -> None:
@@ -164,10 +170,27 @@ def test_bad_expiry_at_update_is_refused(stub: Any) -> None:
         (pb.Session(session_id="bad-up", expire_time=at(-1)), ["expire_time"]),
         (pb.Session(session_id="bad-up"), ["ttl"]),
         (pb.Session(session_id="bad-up", ttl=ttl(5)), ["ttl", "expire_time"]),
+        (pb.Session(session_id="bad-up", expire_time=Timestamp(seconds=0)), ["expire_time"]),
+        (pb.Session(session_id="bad-up", expire_time=Timestamp(nanos=-1)), ["expire_time"]),
     ):
         request = pb.UpdateSessionRequest(session=session, update_mask=FieldMask(paths=paths))
         check(failure(stub.UpdateSession, request), INVALID, "INVALID_EXPIRATION")
     assert get(stub, "bad-up").expire_time == before
+
+
+def test_cli_refuses_a_time_that_is_not_rfc3339(server: RunningServer, data: Path) -> None:
+    """`create/update --expire-time` with no zone or no time: one usage line, exit 2, no
+    traceback, nothing created."""
+    for args in (
+        ["create", "cli-bad-at", "--expire-time", "2030-01-01"],
+        ["create", "cli-bad-at", "--expire-time", "2030-01-01T00:00:00"],
+        ["update", "cli-bad-at", "--expire-time", "tomorrow"],
+    ):
+        done = run_cli([*args, "--server", server.address], cwd=data.parent)
+        assert done.returncode == 2, done
+        assert "RFC 3339" in done.stderr
+        assert "Traceback" not in done.stderr
+    assert not get(server.stub(), "cli-bad-at").exists
 
 
 def test_python_clients_and_cli_set_retention(server: RunningServer, data: Path) -> None:

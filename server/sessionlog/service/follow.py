@@ -67,6 +67,7 @@ async def follow(
     caught_up = False
     loop = asyncio.get_running_loop()
     sent_at = 0.0
+    spoke_at = loop.time()  # the last response of any kind: the heartbeat counts from it
     paced = False
     try:
         while True:
@@ -89,7 +90,7 @@ async def follow(
             if advance:
                 cursor += advance
                 yield payload, cursor
-                sent_at = loop.time()
+                sent_at = spoke_at = loop.time()
                 if more:
                     continue
                 # That batch reached the end as of its read. A commit since then has resolved
@@ -100,13 +101,23 @@ async def follow(
             if not caught_up:
                 caught_up = True
                 yield marker(True), cursor
+                spoke_at = loop.time()
+            # Silent since the last response, whatever woke the stream meanwhile: commits it
+            # had nothing to send for (a filtered feed on a busy server) must not hold off the
+            # heartbeat, or the client takes the stream for dead.
+            silent = loop.time() - spoke_at
+            if silent >= heartbeat_seconds:
+                yield marker(False), cursor
+                spoke_at = loop.time()
+                continue
             if waiter.done():
                 continue
             try:
-                async with asyncio.timeout(heartbeat_seconds):
+                async with asyncio.timeout(heartbeat_seconds - silent):
                     await waiter
             except TimeoutError:
                 yield marker(False), cursor
+                spoke_at = loop.time()
     except errors.SessionLogError as error:
         log.log(
             refusal_level(error),

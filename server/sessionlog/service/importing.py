@@ -17,7 +17,7 @@ import time
 
 from google.protobuf.timestamp_pb2 import Timestamp
 
-from sessionlog import errors, fold
+from sessionlog import errors, fold, retention
 from sessionlog.records import SessionRecord
 from sessionlog.storage import imports, schema
 from sessionlog.storage.records import given_record
@@ -73,7 +73,7 @@ def prepare_import(
     last_event = None
     if request.events:
         last = request.events[-1]
-        last_event = last.time.ToNanoseconds() if last.HasField("time") else now_ns
+        last_event = _stamp(last.time, "events.time") if last.HasField("time") else now_ns
     return imports.ImportBatch(
         events=events,
         first_seq=request.first_seq,
@@ -90,10 +90,20 @@ def prepare_import(
     )
 
 
+def _stamp(stamp: Timestamp, field: str) -> int:
+    """A Timestamp as ns, refused when it is not one (nanos outside [0, 1e9), seconds outside
+    years 1-9999): INVALID_IMPORT naming ``field``."""
+    try:
+        ns: int = stamp.ToNanoseconds()
+    except ValueError as error:
+        raise errors.InvalidImport(f"imported {field}: {error}", field=field) from None
+    return ns
+
+
 def _ns(message: pb.ImportSessionRequest, name: str) -> int | None:
     if not message.HasField(name):
         return None
-    stamp: int = getattr(message, name).ToNanoseconds()
+    stamp = _stamp(getattr(message, name), name)
     return stamp
 
 
@@ -104,7 +114,9 @@ def _check_times(request: pb.ImportSessionRequest, now_ns: int) -> None:
     _not_future(created, now_ns, "create_time")
     _not_future(appended, now_ns, "last_append_time")
     if request.HasField("record") and request.record.HasField("update_time"):
-        _not_future(request.record.update_time.ToNanoseconds(), now_ns, "record.update_time")
+        _not_future(
+            _stamp(request.record.update_time, "record.update_time"), now_ns, "record.update_time"
+        )
     if created is not None and appended is not None and appended < created:
         raise errors.InvalidImport(
             f"session '{request.session_id}': last_append_time {_text(appended)} is before "
@@ -146,14 +158,14 @@ def _request_record(
             "its events, or later",
             field="request_records.next_seq",
         )
-    _not_future(message.time.ToNanoseconds(), now_ns, "request_records.time")
+    _not_future(_stamp(message.time, "request_records.time"), now_ns, "request_records.time")
     record = RequestRecord(
         fingerprint=message.fingerprint,
         first_seq=message.first_seq,
         count=message.event_count,
         next_seq=message.next_seq,
         drops=[(d.index, d.reason, d.message) for d in message.drops],
-        time_ns=message.time.ToNanoseconds(),
+        time_ns=_stamp(message.time, "request_records.time"),
         child_id=message.child_session_id,
     )
     return message.request_id, record
@@ -161,8 +173,8 @@ def _request_record(
 
 def _lease_record(message: pb.SessionLeaseRecord, now_ns: int) -> LeaseRecord:
     lease = message.lease
-    acquired = lease.acquire_time.ToNanoseconds()
-    expires = lease.expire_time.ToNanoseconds()
+    acquired = _stamp(lease.acquire_time, "lease.acquire_time")
+    expires = _stamp(lease.expire_time, "lease.expire_time")
     _not_future(acquired, now_ns, "lease.acquire_time")
     if expires < acquired:
         raise errors.InvalidImport(
@@ -179,8 +191,8 @@ def _lease_record(message: pb.SessionLeaseRecord, now_ns: int) -> LeaseRecord:
     return LeaseRecord(
         holder=lease.holder,
         token=lease.token,
-        acquire_time_ns=lease.acquire_time.ToNanoseconds(),
-        expire_time_ns=lease.expire_time.ToNanoseconds(),
+        acquire_time_ns=acquired,
+        expire_time_ns=expires,
         former_holders=list(message.former_holders),
     )
 
@@ -191,13 +203,13 @@ def _audit_record(entry: pb.LeaseAuditEntry, now_ns: int) -> AuditRecord:
         raise errors.MalformedRequest(
             "an imported lease audit entry needs a kind (TAKEOVER or FORCED_RELEASE)"
         )
-    _not_future(entry.time.ToNanoseconds(), now_ns, "lease_audit.time")
+    _not_future(_stamp(entry.time, "lease_audit.time"), now_ns, "lease_audit.time")
     return AuditRecord(
         kind=kind,
         actor=entry.actor,
         previous_holder=entry.previous_holder,
         previous_token=entry.previous_token,
-        time_ns=entry.time.ToNanoseconds(),
+        time_ns=_stamp(entry.time, "lease_audit.time"),
     )
 
 
@@ -242,10 +254,17 @@ def _record(session: pb.Session) -> SessionRecord:
         session.parent_seq if session.HasField("parent_seq") else None,
     )
     if session.HasField("update_time"):
-        record.update_time_ns = session.update_time.ToNanoseconds()
+        record.update_time_ns = _stamp(session.update_time, "record.update_time")
     # A moved or restored session keeps its expiry as it was, even one already past (the
     # target's sweeper then deletes it) and its pin.
     if session.HasField("expire_time"):
-        record.expire_time_ns = max(0, session.expire_time.ToNanoseconds())
+        expires = _stamp(session.expire_time, "record.expire_time")
+        if expires > time.time_ns() + retention.MAX_AHEAD_NS + FUTURE_SLACK_NS:
+            raise errors.InvalidImport(
+                f"imported expire_time {_text(expires)} is more than 100 years ahead (the most "
+                "CreateSession and UpdateSession give)",
+                field="record.expire_time",
+            )
+        record.expire_time_ns = max(1, expires)  # at or before 1970: past, deleted by a sweep
     record.pinned = session.pinned
     return record

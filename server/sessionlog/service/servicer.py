@@ -345,8 +345,7 @@ class SessionLogServicer:
 
     def _sid(self, session_id: str) -> int:
         """The session's internal id (0: not stored), which a page token is bound to."""
-        meta = self.store.meta(session_id)
-        return 0 if meta is None else meta.sid
+        return self.store.log_number(session_id)
 
     def _check_count(self, count: int) -> None:
         if count > self.max_events_per_append:

@@ -816,6 +816,13 @@ class Store:
 
     # -- reads ----------------------------------------------------------------------------------
 
+    def log_number(self, session_id: str) -> int:
+        """An opaque number for the session's current log (its internal id; 0: not stored): a
+        session deleted and written again gets another, so what is bound to it (a page token)
+        does not carry over to the new log."""
+        meta = self.meta(session_id)
+        return 0 if meta is None else meta.sid
+
     def meta(self, session_id: str) -> SessionMeta | None:
         """The session's metadata, or None if it was never written."""
         with self.env.begin() as txn:

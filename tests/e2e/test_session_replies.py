@@ -117,7 +117,8 @@ def test_seed_reply_is_the_stored_session(stub: Stub) -> None:
     assert_as_stored(seeded.session, stub)
 
 
-def test_update_and_list_describe_the_session_as_get_does(stub: Stub) -> None:
+def test_update_list_and_records_describe_the_session_as_get_does(stub: Stub) -> None:
+    """UpdateSession's reply, a ListSessions entry and GetSessionRecords' session."""
     stub.CreateSession(owned("r-update"))
     lease(stub, "r-update", "w4")
     update_title(stub, "r-update", "Renamed")
@@ -133,6 +134,9 @@ def test_update_and_list_describe_the_session_as_get_does(stub: Stub) -> None:
     listed = stub.ListSessions(pb.ListSessionsRequest(prefix="r-update")).sessions
     assert [s.session_id for s in listed] == ["r-update"]
     assert listed[0] == get(stub, "r-update")  # usage too: both are reads
+    records = stub.GetSessionRecords(pb.GetSessionRecordsRequest(session_id="r-update"))
+    assert records.session.lease.holder == "w4"
+    assert_as_stored(records.session, stub)
 
 
 def test_import_reply_is_the_stored_session(stub: Stub) -> None:

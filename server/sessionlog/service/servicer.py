@@ -998,8 +998,11 @@ class SessionLogServicer:
         self._require_admin(context, "reading a session's request records and lease")
         fold.check_session_id(request.session_id)
         found = self.store.session_records(request.session_id)
+        lease = (
+            found.lease if found.lease is not None and found.lease.live(time.time_ns()) else None
+        )
         reply = pb.GetSessionRecordsResponse(
-            session=session_message(request.session_id, found.meta, None, found.record),
+            session=session_message(request.session_id, found.meta, lease, found.record),
             request_records=[importing.request_message(i, r) for i, r in found.requests],
             lease_audit=[audit_message(record) for record in found.audit],
         )

@@ -9,6 +9,7 @@ after the session was appended to, updated and its lease renewed.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from google.protobuf import duration_pb2, field_mask_pb2
@@ -18,6 +19,7 @@ from sessionlog.v1 import message_pb2
 from sessionlog.v1 import session_log_service_pb2 as pb
 from tests.e2e._helpers import ASSISTANT, Stub, append, get, say, user
 from tests.e2e._proc import running_server
+from tests.e2e._replication_cluster import Cluster, wait_position
 
 Role = message_pb2.Role
 HOUR = duration_pb2.Duration(seconds=3600)
@@ -250,3 +252,45 @@ def test_a_retry_after_a_move_replays_and_describes_the_session_now(stub: Stub) 
     assert list(again.events) == list(first.events)
     assert again.session.event_count == 3
     assert_as_stored(again.session, stub)
+
+
+def test_a_promoted_replica_answers_a_retry_with_the_first_reply(tmp_path: Path) -> None:
+    """The answer travels in the request record, which the change feed replicates: after a
+    failover, the new primary answers a retried create, seed and fork as the old one first did."""
+    with Cluster(tmp_path) as cluster:
+        primary = cluster.primary("a")
+        replica = cluster.replica(primary, "b")
+        stub = primary.stub()
+        lease(stub, "f-create", "w9")
+        create = owned("f-create", request_id="create-f")
+        create.lease_holder = "w9"
+        seed = pb.SeedSessionRequest(
+            session_id="f-seed",
+            messages=[message_pb2.Message(role=Role.ROLE_USER, content="hi")],
+            request_id="seed-f",
+        )
+        fork = pb.ForkSessionRequest(parent_session_id="f-create", request_id="fork-f")
+        firsts = [
+            stub.CreateSession(create, timeout=10),
+            stub.SeedSession(seed, timeout=10),
+            stub.ForkSession(fork, timeout=10),
+        ]
+        for reply in firsts:
+            session_id = reply.session.session_id
+            holder = "w9" if session_id == "f-create" else ""
+            append(stub, session_id, user("later"), lease_holder=holder)
+        update_title(stub, "f-create", "Changed since")
+        wait_position(replica, primary.status().position)
+        primary.kill()
+        replica.stop()
+        replica.replica_of = ""
+        replica.start()
+        promoted = replica.stub()
+        agains = [
+            promoted.CreateSession(create, timeout=10),
+            promoted.SeedSession(seed, timeout=10),
+            promoted.ForkSession(fork, timeout=10),
+        ]
+        for first, again in zip(firsts, agains, strict=True):
+            assert again.SerializeToString() == first.SerializeToString()
+        assert get(promoted, "f-create").event_count == 3

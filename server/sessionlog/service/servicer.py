@@ -734,11 +734,7 @@ class SessionLogServicer:
             batch.fingerprint = hashlib.sha256(asked.encode()).hexdigest()
         result = await self.store.commit_append(batch)
         await self._replicated(result.position)
-        # batch.record: as stored (a child without an owner takes its parent's).
-        stored = batch.record
-        if request.HasField("expiration"):  # a retry's ttl gave another time: show the stored
-            stored = self.store.record(request.session_id) or stored
-        session = session_message(request.session_id, result.meta, record=stored)
+        session = session_message(request.session_id, result.meta, result.lease, result.record)
         return _serialize(mirrors.CreateSessionResponse(session=session, events=result.events))
 
     @unary_write
@@ -778,7 +774,7 @@ class SessionLogServicer:
         result = await self.store.commit_append(batch)
         await self._replicated(result.position)
         drops = [pb.SeedDrop(index=i, reason="UNKNOWN_ROLE") for i in dropped]
-        session = session_message(request.session_id, result.meta)
+        session = session_message(request.session_id, result.meta, result.lease, result.record)
         reply = mirrors.SeedSessionResponse(session=session, events=result.events, drops=drops)
         return _serialize(reply)
 
@@ -914,7 +910,7 @@ class SessionLogServicer:
             generated_id=not request.session_id,
         )
         await self._replicated(result.position)
-        session = session_message(result.session_id, result.meta)
+        session = session_message(result.session_id, result.meta, result.lease, result.record)
         return _serialize(pb.ForkSessionResponse(session=session))
 
     # -- erasure (storage.erasure) -------------------------------------------------------------
@@ -939,7 +935,7 @@ class SessionLogServicer:
         )
         result = await self.store.commit_delete(command)
         await self._replicated(result.position)
-        session = session_message(result.session_id, result.meta)
+        session = session_message(result.session_id, result.meta, result.lease, result.record)
         reply = pb.DeleteSessionResponse(
             session=session, event_count=result.event_count, position=result.position
         )
@@ -989,7 +985,7 @@ class SessionLogServicer:
         result = await self.store.commit_import(batch)
         await self._replicated(result.position)
         reply = pb.ImportSessionResponse(
-            session=session_message(request.session_id, result.meta),
+            session=session_message(request.session_id, result.meta, result.lease, result.record),
             imported_count=len(result.events),
         )
         return _serialize(reply)
@@ -1002,8 +998,11 @@ class SessionLogServicer:
         self._require_admin(context, "reading a session's request records and lease")
         fold.check_session_id(request.session_id)
         found = self.store.session_records(request.session_id)
+        lease = (
+            found.lease if found.lease is not None and found.lease.live(time.time_ns()) else None
+        )
         reply = pb.GetSessionRecordsResponse(
-            session=session_message(request.session_id, found.meta, None, found.record),
+            session=session_message(request.session_id, found.meta, lease, found.record),
             request_records=[importing.request_message(i, r) for i, r in found.requests],
             lease_audit=[audit_message(record) for record in found.audit],
         )

@@ -17,14 +17,20 @@ import json
 import logging
 import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from sessionlog import errors, fold, wire
 from sessionlog.records import SessionRecord
 from sessionlog.storage import damage, indexes, ledger, schema
 from sessionlog.storage.reads import load_lease, load_meta, read_range
 from sessionlog.storage.recording import RecordingTxn
-from sessionlog.storage.schema import AuditRecord, LeaseRecord, RequestRecord, SessionMeta
+from sessionlog.storage.schema import (
+    Answer,
+    AuditRecord,
+    LeaseRecord,
+    RequestRecord,
+    SessionMeta,
+)
 from sessionlog.storage.tables import Tables
 from sessionlog.v1.event_pb2 import Event, EventType
 
@@ -85,12 +91,16 @@ class AppendBatch:
 
 @dataclass
 class AppendResult(Written):
-    """What an append wrote: the stored events, the session's meta after it, lenient drops."""
+    """What an append wrote: the stored events, the session's meta after it, lenient drops.
+    A create, seed or import also reports the session's record and live lease after it (a
+    replayed create or seed: all three as its first reply described them)."""
 
     events: list[bytes]
     next_seq: int
     drops: list[tuple[int, str, str]] = field(default_factory=list)
     meta: SessionMeta | None = None
+    record: SessionRecord | None = None
+    lease: LeaseRecord | None = None
 
 
 class AppendCommand:
@@ -124,13 +134,8 @@ class AppendCommand:
                 f"session '{batch.session_id}' already exists; append to it, or pick a new id",
                 session_id=batch.session_id,
             )
-        _check_lease(
-            load_lease(txn, tables, batch.session_id),
-            batch.session_id,
-            batch.lease_holder,
-            batch.lease_token,
-            now_ns,
-        )
+        lease = load_lease(txn, tables, batch.session_id)
+        _check_lease(lease, batch.session_id, batch.lease_holder, batch.lease_token, now_ns)
         next_seq = 0 if meta is None else meta.next_seq
         if batch.expected_seq is not None and batch.expected_seq != next_seq:
             raise errors.SeqConflict(
@@ -173,19 +178,27 @@ class AppendCommand:
                 indexes.put_record(txn, tables, batch.session_id, None, batch.record)
             if batch.parent_id:
                 indexes.link_child(txn, tables, batch.parent_id, batch.session_id)
+        answer = None
+        if batch.create_only:
+            live = lease if lease is not None and lease.live(now_ns) else None
+            record = batch.record if batch.record is not None and not batch.record.empty() else None
+            answer = Answer(replace(meta), record, live)
         if batch.request_id:
-            record = RequestRecord(
+            request = RequestRecord(
                 fingerprint=batch.fingerprint,
                 first_seq=next_seq,
                 count=len(stored),
                 next_seq=meta.next_seq,
                 drops=drops,
                 time_ns=now_ns,
+                answer=answer,
             )
             key = schema.request_key(meta.sid, batch.request_id)
-            txn.put(key, record.encode(), db=tables.requests)
+            txn.put(key, request.encode(), db=tables.requests)
         self._touched.append(batch.session_id)
-        return AppendResult(stored, meta.next_seq, drops, meta)
+        if answer is None:
+            return AppendResult(stored, meta.next_seq, drops, meta)
+        return AppendResult(stored, meta.next_seq, drops, meta, answer.record, answer.lease)
 
     def _replay(self, txn: RecordingTxn, meta: SessionMeta, now_ns: int) -> AppendResult | None:
         batch = self._batch
@@ -200,7 +213,23 @@ class AppendCommand:
         events = read_range(
             txn, self._tables, meta.sid, record.first_seq, stop, session_id=batch.session_id
         )
-        return AppendResult(events, record.next_seq, list(record.drops), meta)
+        if not batch.create_only:
+            return AppendResult(events, record.next_seq, list(record.drops), meta)
+        answer = record.answer or _answer_now(txn, self._tables, batch.session_id, meta, now_ns)
+        drops = list(record.drops)
+        return AppendResult(
+            events, record.next_seq, drops, answer.meta, answer.record, answer.lease
+        )
+
+
+def _answer_now(
+    txn: RecordingTxn, tables: Tables, session_id: str, meta: SessionMeta, now_ns: int
+) -> Answer:
+    """The session as it is now, for the retry of a create, seed or fork whose request record
+    keeps no answer (a slot move or an import carried it)."""
+    lease = load_lease(txn, tables, session_id)
+    live = lease if lease is not None and lease.live(now_ns) else None
+    return Answer(meta, indexes.load_record(txn, tables, session_id), live)
 
 
 def _reused(request_id: str, session_id: str) -> errors.RequestIdReused:
@@ -236,8 +265,13 @@ def _fresh_request(
 
 @dataclass
 class ForkResult(Written):
+    """The child a fork made: its meta, record and live lease right after the fork (a replayed
+    fork: as the first fork's reply described them)."""
+
     session_id: str
     meta: SessionMeta
+    record: SessionRecord | None = None
+    lease: LeaseRecord | None = None
 
 
 class ForkCommand:
@@ -302,13 +336,8 @@ class ForkCommand:
                 f"session '{self._child_id}' already exists; fork into a new id",
                 session_id=self._child_id,
             )
-        _check_lease(
-            load_lease(txn, tables, self._child_id),
-            self._child_id,
-            self._lease_holder,
-            self._lease_token,
-            now_ns,
-        )
+        lease = load_lease(txn, tables, self._child_id)
+        _check_lease(lease, self._child_id, self._lease_holder, self._lease_token, now_ns)
         copied = read_range(txn, tables, parent.sid, 0, at_seq + 1, session_id=self._parent_id)
         events = damage.decode_events(copied, 0, self._parent_id)
         if len(events) != at_seq + 1:
@@ -327,6 +356,8 @@ class ForkCommand:
         owned = indexes.inherit_owner(txn, tables, self._parent_id, None)
         if owned is not None:
             indexes.put_record(txn, tables, self._child_id, None, owned)
+        live = lease if lease is not None and lease.live(now_ns) else None
+        answer = Answer(replace(child), owned, live)
         if self._request_id:
             record = RequestRecord(
                 fingerprint=self._fingerprint,
@@ -336,11 +367,12 @@ class ForkCommand:
                 drops=[],
                 time_ns=now_ns,
                 child_id=self._child_id,
+                answer=answer,
             )
             key = schema.request_key(parent.sid, self._request_id)
             txn.put(key, record.encode(), db=tables.requests)
         self._touched.append(self._child_id)
-        return ForkResult(self._child_id, child)
+        return ForkResult(self._child_id, child, owned, live)
 
     def _replay(self, txn: RecordingTxn, parent: SessionMeta, now_ns: int) -> ForkResult | None:
         """The child a fork with this request_id already made, if it did."""
@@ -361,7 +393,8 @@ class ForkCommand:
                 session_id=record.child_id,
             )
         self._child_id = self.session_id = record.child_id
-        return ForkResult(record.child_id, child)
+        answer = record.answer or _answer_now(txn, self._tables, record.child_id, child, now_ns)
+        return ForkResult(record.child_id, answer.meta, answer.record, answer.lease)
 
 
 def _fork_fingerprint(at_seq: int | None, child_id: str, holder: str, token: int) -> str:

@@ -35,11 +35,12 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from sessionlog import errors
+from sessionlog.records import SessionRecord
 from sessionlog.storage import changes, damage, indexes, schema
 from sessionlog.storage.commands import Written, _check_lease
 from sessionlog.storage.reads import Txn, load_lease, load_meta
 from sessionlog.storage.recording import RecordingTxn
-from sessionlog.storage.schema import ErasureRecord, RequestRecord, SessionMeta
+from sessionlog.storage.schema import ErasureRecord, LeaseRecord, RequestRecord, SessionMeta
 from sessionlog.storage.tables import Tables
 from sessionlog.v1 import replication_service_pb2 as rpb
 from sessionlog.v1.event_pb2 import Event, Redaction
@@ -120,12 +121,15 @@ def _missing(session_id: str) -> errors.SessionNotFound:
 
 @dataclass
 class DeleteResult(Written):
-    """What a delete erased: the session as it was, and how much."""
+    """What a delete erased: the session as it was (its meta, record and live lease), and how
+    much."""
 
     session_id: str
     meta: SessionMeta
     event_count: int
     feed_records: int
+    record: SessionRecord | None = None
+    lease: LeaseRecord | None = None
 
 
 class DeleteCommand:
@@ -189,9 +193,11 @@ class DeleteCommand:
                 expected_seq=self._expected_seq,
                 next_seq=meta.next_seq,
             )
+        lease = load_lease(txn, tables, session_id)
         if not self._force:
-            lease = load_lease(txn, tables, session_id)
             _check_lease(lease, session_id, self._lease_holder, 0, now_ns)
+        record = indexes.load_record(txn, tables, session_id)
+        live = lease if lease is not None and lease.live(now_ns) else None
         position = _next_position(txn, tables)
         removals = [
             *session_keys(session_id, meta.sid),
@@ -219,7 +225,7 @@ class DeleteCommand:
         )
         txn.put(schema.u64(position), audit.encode(), db=tables.erasures)
         self._touched.append(session_id)
-        return DeleteResult(session_id, meta, meta.next_seq, rewritten)
+        return DeleteResult(session_id, meta, meta.next_seq, rewritten, record, live)
 
 
 def _index_keys(

@@ -159,7 +159,9 @@ class ImportCommand:
             txn.put(key, record.encode(), db=tables.requests)
         self._put_lease(txn, now_ns)
         self._touched.append(session_id)
-        return AppendResult(stored, meta.next_seq, [], meta)
+        lease = load_lease(txn, tables, session_id)
+        live = lease if lease is not None and lease.live(now_ns) else None
+        return AppendResult(stored, meta.next_seq, [], meta, new_record, live)
 
     def _put_lease(self, txn: RecordingTxn, now_ns: int) -> None:
         """The move's lease record and the audit entries this store lacks."""

@@ -91,7 +91,8 @@ from __future__ import annotations
 
 import json
 import struct
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any
 
 from sessionlog.fold import ModelTotals
 from sessionlog.records import SessionRecord
@@ -337,6 +338,34 @@ class UsageRecord:
 
 
 @dataclass
+class Answer:
+    """A session as the reply of a create, seed or fork described it. The write's request
+    record keeps it, so that a retry answers exactly what the first call answered, whatever
+    was appended, updated or leased since."""
+
+    meta: SessionMeta
+    record: SessionRecord | None = None
+    lease: LeaseRecord | None = None
+    """The live lease the reply showed; None: none was live."""
+
+    def encode(self) -> dict[str, Any]:
+        return {
+            "meta": self.meta.encode().hex(),
+            "record": None if self.record is None else encode_record(self.record).hex(),
+            "lease": None if self.lease is None else asdict(self.lease),
+        }
+
+    @classmethod
+    def decode(cls, fields: dict[str, Any]) -> Answer:
+        record, lease = fields["record"], fields["lease"]
+        return cls(
+            SessionMeta.decode(bytes.fromhex(fields["meta"])),
+            None if record is None else decode_record(bytes.fromhex(record)),
+            None if lease is None else LeaseRecord(**lease),
+        )
+
+
+@dataclass
 class RequestRecord:
     """The outcome of a write that carried a request_id, kept to answer its retries."""
 
@@ -349,15 +378,24 @@ class RequestRecord:
     time_ns: int
     child_id: str = ""
     """A fork's record only: the child it made (kept under the parent's sid)."""
+    answer: Answer | None = None
+    """A create's, seed's or fork's record: the session its reply described. None in an append's
+    record, and in one a slot move or an import carried (SessionRequestRecord has no field for
+    it): a retry then describes the session as it is now."""
 
     def encode(self) -> bytes:
-        return json.dumps(asdict(self), separators=(",", ":")).encode()
+        fields = asdict(replace(self, answer=None))
+        del fields["answer"]
+        if self.answer is not None:
+            fields["answer"] = self.answer.encode()
+        return json.dumps(fields, separators=(",", ":")).encode()
 
     @classmethod
     def decode(cls, raw: bytes | memoryview) -> RequestRecord:
         fields = json.loads(bytes(raw))
         fields["drops"] = [tuple(d) for d in fields["drops"]]
-        return cls(**fields)
+        answer = fields.pop("answer", None)
+        return cls(**fields, answer=None if answer is None else Answer.decode(answer))
 
 
 @dataclass

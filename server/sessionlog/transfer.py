@@ -16,15 +16,16 @@ ops, create and last-append times and fork parent. ``--format openai`` writes th
 messages in the chat-completions format instead (a JSON list, what `sessionlog seed` reads):
 a view for a model, not a copy (it cannot be imported).
 
-A bad file imports nothing: the import reads the file twice, first to check all of it as the
-server will check its chunks (every line parsed, the seqs dense, the count the record's, each
-chunk through the server's own ``service.importing`` and ``fold.admit``, against the server's
-default limits or ``--max-event-size`` / ``--max-data-depth``), then to send it. The server
+A bad file imports nothing: the import first reads all of the file and checks it as the server
+will check its chunks (every line parsed, the seqs dense, the count the record's, each chunk
+through the server's own ``service.importing`` and ``fold.admit``, against the server's default
+limits or ``--max-event-size`` / ``--max-data-depth``), keeping the parsed events, serialized,
+in a temporary file; only then does it send them, read back from there. The server
 cannot make a chunked import all-or-nothing: each chunk is one atomic write, and a chunk it
 refuses (a limit tighter than the CLI checked, a lease taken meanwhile) or a connection lost
 leaves the chunks before it stored, as an imported session that only an import continues. The
 error then says how many events are in and that ``--resume`` sends the rest (or ``delete``
-drops them). A stdin that cannot be read twice is spooled to a temporary file first.
+drops them).
 
 ``import --resume`` continues an import that stopped midway: it reads the whole file again (the
 seqs are checked as ever) but sends only the events from the target session's next seq on, once
@@ -35,7 +36,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
+import struct
 import sys
 import tempfile
 from collections.abc import Callable, Iterator
@@ -198,21 +199,14 @@ def _sorted(value: Any) -> Any:
 
 def _import(args: argparse.Namespace) -> int:
     limits = fold.Limits(max_event_bytes=args.max_event_size, max_data_depth=args.max_data_depth)
-    source: IO[str]
     try:
         source = sys.stdin if args.file == "-" else Path(args.file).open(encoding="utf-8")  # noqa: SIM115
     except OSError as exc:
         _usage(f"cannot read {args.file!r}: {exc}")
-    with ExitStack() as files:
-        files.enter_context(source)
-        if not source.seekable():  # read twice: checked whole, then sent
-            spool = files.enter_context(tempfile.TemporaryFile("w+", encoding="utf-8"))
-            shutil.copyfileobj(source, spool)
-            source = spool
-        client = files.enter_context(_client(args))
+    with source, _client(args) as client:
         try:
             reply = import_jsonl(
-                client, _rereader(source), args.session_id, resume=args.resume, limits=limits
+                client, _numbered(source), args.session_id, resume=args.resume, limits=limits
             )
         except BadLine as exc:
             print(f"sessionlog: {args.file}: {exc}", file=sys.stderr)
@@ -227,16 +221,6 @@ def _import(args: argparse.Namespace) -> int:
     return 0
 
 
-def _rereader(source: IO[str]) -> Callable[[], Iterator[tuple[int, str]]]:
-    """The numbered lines of ``source`` from its start, each time called."""
-
-    def read() -> Iterator[tuple[int, str]]:
-        source.seek(0)
-        return _numbered(source)
-
-    return read
-
-
 def _numbered(lines: IO[str]) -> Iterator[tuple[int, str]]:
     for number, line in enumerate(lines, start=1):
         if line.strip():
@@ -245,25 +229,36 @@ def _numbered(lines: IO[str]) -> Iterator[tuple[int, str]]:
 
 def import_jsonl(
     client: Client,
-    read: Callable[[], Iterator[tuple[int, str]]],
+    lines: Iterator[tuple[int, str]],
     session_id: str = "",
     *,
     resume: bool = False,
     limits: fold.Limits = fold.DEFAULT_LIMITS,
 ) -> pb.Session:
-    """Import export lines (numbered; ``read`` gives them from the start, each time called) as
-    ``session_id`` (default: the exported id); the session as stored. The file is checked
-    whole first (``check_jsonl``), so a BadLine, naming the first line that is wrong and its
-    fault, writes nothing.
+    """Import export lines (numbered) as ``session_id`` (default: the exported id); the session
+    as stored. The lines are checked to the end first (``check_jsonl``), so a BadLine, naming
+    the first line that is wrong and its fault, writes nothing.
 
     With ``resume``, an import that stopped midway goes on: the events before the target's next
     seq are read (and checked) but not sent, once the target's last event is found to be the
     file's at its seq (NotTheSameImport otherwise). The server takes the rest only into a
     session an import made (SESSION_ALREADY_EXISTS for any other). A refusal after a chunk was
     written says how many events are in and how to go on."""
-    record, total = check_jsonl(read(), session_id, limits)
-    lines = read()
-    next(lines)  # the record line, read by the check
+    with tempfile.TemporaryFile() as kept:
+        record, total = check_jsonl(lines, session_id, limits, kept)
+        kept.seek(0)
+        return _send_all(client, record, total, _chunks(_read_back(kept)), session_id, resume)
+
+
+def _send_all(
+    client: Client,
+    record: pb.Session,
+    total: int,
+    chunks: Iterator[list[tuple[int, event_pb2.Event]]],
+    session_id: str,
+    resume: bool,
+) -> pb.Session:
+    """Send the checked events (``import_jsonl``)."""
     target = session_id or record.session_id
     start, last_stored = _resume_point(client, target) if resume else (0, None)
     if total < start:
@@ -273,7 +268,7 @@ def import_jsonl(
         )
     written = start
     sent: pb.ImportSessionResponse | None = None
-    for chunk in _chunks(lines):
+    for chunk in chunks:
         for number, event in chunk:
             if last_stored is not None and event.seq == start - 1:
                 _check_same(target, number, event, last_stored)
@@ -296,10 +291,12 @@ def check_jsonl(
     lines: Iterator[tuple[int, str]],
     session_id: str = "",
     limits: fold.Limits = fold.DEFAULT_LIMITS,
+    keep: IO[bytes] | None = None,
 ) -> tuple[pb.Session, int]:
     """Read export lines through to the end and check them as the server will check the chunks
     they are sent in (``limits`` standing for its own); the record and the number of events.
-    BadLine names the first line that is wrong. Nothing is sent."""
+    BadLine names the first line that is wrong. Nothing is sent. The events checked are
+    written to ``keep``, when given, for ``_read_back``."""
     first = next(lines, None)
     if first is None:
         raise BadLine("the file is empty; it should start with the session's record line")
@@ -310,9 +307,13 @@ def check_jsonl(
     except server_errors.SessionLogError as error:
         raise BadLine(f"session id: {error.reason}: {error.message}") from None
     count = 0
-    for chunk in _chunks(lines):
+    for chunk in _chunks(_parsed(lines)):
         _check_chunk(target, record, chunk, limits)
         count += len(chunk)
+        if keep is not None:
+            for number, event in chunk:
+                body = event.SerializeToString()
+                keep.write(_KEPT.pack(number, len(body)) + body)
     if count < record.event_count:
         raise BadLine(
             f"the record says {record.event_count} events, but the file holds {count}: it is "
@@ -396,14 +397,33 @@ def _header(number: int, line: str) -> pb.Session:
         raise BadLine(f"line {number}: the session record is not valid ({exc})") from None
 
 
-def _chunks(lines: Iterator[tuple[int, str]]) -> Iterator[list[tuple[int, event_pb2.Event]]]:
-    """The event lines, parsed and their seqs checked, in the chunks they are sent in."""
-    chunk: list[tuple[int, event_pb2.Event]] = []
-    size = 0
+_KEPT = struct.Struct("<QI")
+"""A kept event's header: its line number, then the length of the serialized event after it."""
+
+
+def _read_back(kept: IO[bytes]) -> Iterator[tuple[int, event_pb2.Event]]:
+    """The events ``check_jsonl`` kept, with their line numbers."""
+    while header := kept.read(_KEPT.size):
+        number, length = _KEPT.unpack(header)
+        yield number, event_pb2.Event.FromString(kept.read(length))
+
+
+def _parsed(lines: Iterator[tuple[int, str]]) -> Iterator[tuple[int, event_pb2.Event]]:
+    """The event lines parsed, their seqs checked."""
     for seq, (number, line) in enumerate(lines):
         event = _event(number, line)
         if event.seq != seq:
             raise BadLine(f"line {number}: seq {event.seq}, but the line before it makes it {seq}")
+        yield number, event
+
+
+def _chunks(
+    events: Iterator[tuple[int, event_pb2.Event]],
+) -> Iterator[list[tuple[int, event_pb2.Event]]]:
+    """The events (with their line numbers) in the chunks they are sent in."""
+    chunk: list[tuple[int, event_pb2.Event]] = []
+    size = 0
+    for number, event in events:
         size += event.ByteSize()
         if chunk and (len(chunk) >= CHUNK_EVENTS or size > CHUNK_BYTES):
             yield chunk

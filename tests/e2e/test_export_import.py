@@ -13,6 +13,8 @@ from __future__ import annotations
 import asyncio
 import json
 import subprocess
+import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -25,6 +27,7 @@ from sessionlog_client import AsyncClient, Client, errors, event
 from sessionlog_client.v1 import event_pb2
 from sessionlog_client.v1 import session_log_service_pb2 as pb
 from tests.e2e._proc import SESSIONLOG, run_cli, running_server
+from tests.e2e._relay import Relay
 
 
 @pytest.fixture(scope="module")
@@ -294,13 +297,11 @@ def event_line(seq: int, **fields: object) -> str:
     return json.dumps({**line, **fields})
 
 
-def import_here(
-    server: RunningServer, capsys: pytest.CaptureFixture[str], *args: str
-) -> tuple[int, str]:
+def import_here(address: str, capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str]:
     """`sessionlog import ARGS --server ADDRESS` run in this process: exit code and stderr."""
     capsys.readouterr()
     try:
-        code = main(["import", *args, "--server", server.address])
+        code = main(["import", *args, "--server", address])
     except SystemExit as stop:
         code = stop.code if isinstance(stop.code, int) else 1
     return code, " ".join(capsys.readouterr().err.split())
@@ -348,13 +349,13 @@ def test_a_bad_file_imports_nothing(
     good = export_lines(session_id, 600)
     path = tmp_path / "bad.jsonl"
     path.write_text("".join(line + "\n" for line in edit(good)))
-    code, err = import_here(b, capsys, str(path))
+    code, err = import_here(b.address, capsys, str(path))
     assert code == 2, err
     assert message in err
     with Client(b.address) as cb:
         assert not cb.get_session(session_id).session.exists
         path.write_text("".join(line + "\n" for line in good))
-        code, err = import_here(b, capsys, str(path))
+        code, err = import_here(b.address, capsys, str(path))
         assert code == 0, err
         assert cb.get_session(session_id).session.event_count == 600
         assert [e.data["content"] for e in cb.since(session_id)] == [f"m{n}" for n in range(600)]
@@ -372,20 +373,59 @@ def test_a_refusal_midway_says_what_was_imported_and_resume_finishes(
     path.write_text(
         "".join(x + "\n" for x in [*lines[:551], event_line(550, data=big), *lines[552:]])
     )
-    code, err = import_here(small, capsys, str(path))
+    code, err = import_here(small.address, capsys, str(path))
     assert code == 1, err
     assert "EVENT_TOO_LARGE: line 552" in err
     assert "500 of the file's 600 events" in err
     assert "--resume" in err
-    code, err = import_here(small, capsys, str(path), "--max-event-size", "64KiB")
+    code, err = import_here(small.address, capsys, str(path), "--max-event-size", "64KiB")
     assert code == 2, err
     assert "line 552: EVENT_TOO_LARGE" in err
     with Client(small.address) as client:
         assert client.get_session("tr-small").session.event_count == 500
         path.write_text("".join(x + "\n" for x in lines))
-        code, err = import_here(small, capsys, str(path), "--resume")
+        code, err = import_here(small.address, capsys, str(path), "--resume")
         assert code == 0, err
         assert client.get_session("tr-small").session.event_count == 600
         assert [e.data["content"] for e in client.since("tr-small")] == [
             f"m{n}" for n in range(600)
+        ]
+
+
+def test_a_connection_lost_midway_says_what_may_be_imported_and_resume_finishes(
+    servers: tuple[RunningServer, ...], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The link to the server goes dead once the first chunk is stored: the import fails (exit
+    3) saying at least that many events are in and naming --resume, which then completes it."""
+    _, b = servers
+    lines = export_lines("tr-lost", 6000)
+    path = tmp_path / "lost.jsonl"
+    path.write_text("".join(x + "\n" for x in lines))
+    with Relay(b.port).start() as relay, Client(b.address) as client:
+
+        def go_dead_after_the_first_chunk() -> None:
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:
+                if client.get_session("tr-lost").session.event_count >= 500:
+                    break
+                time.sleep(0.005)
+            relay.blackhole(True)
+
+        watcher = threading.Thread(target=go_dead_after_the_first_chunk)
+        watcher.start()
+        try:
+            code, err = import_here(relay.address, capsys, str(path), "--timeout", "2")
+        finally:
+            watcher.join(70)
+        assert code == 3, err
+        stored = client.get_session("tr-lost").session.event_count
+        assert 500 <= stored < 6000
+        assert "DEADLINE_EXCEEDED" in err
+        assert "at least" in err
+        assert "of the file's 6000 events" in err
+        assert "--resume" in err
+        code, err = import_here(b.address, capsys, str(path), "--resume")
+        assert code == 0, err
+        assert [e.data["content"] for e in client.since("tr-lost")] == [
+            f"m{n}" for n in range(6000)
         ]

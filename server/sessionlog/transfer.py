@@ -94,7 +94,8 @@ def add_commands(sub: Callable[[str, str, Callable[[argparse.Namespace], int]], 
     p = sub(
         "import",
         "create a session from a `sessionlog export --format jsonl` file, keeping its ids, "
-        "seqs and times; streamed in chunks",
+        "seqs and times; checked whole before anything is written (a bad file imports "
+        "nothing), then streamed in chunks",
         _import,
     )
     p.add_argument("file", metavar="FILE", help="the export file (- reads stdin)")

@@ -16,6 +16,17 @@ ops, create and last-append times and fork parent. ``--format openai`` writes th
 messages in the chat-completions format instead (a JSON list, what `sessionlog seed` reads):
 a view for a model, not a copy (it cannot be imported).
 
+A bad file imports nothing: the import first reads all of the file and checks it as the server
+will check its chunks (every line parsed, the seqs dense, the count the record's, each chunk
+through the server's own ``service.importing`` and ``fold.admit``, against the server's default
+limits or ``--max-event-size`` / ``--max-data-depth``), keeping the parsed events, serialized,
+in a temporary file; only then does it send them, read back from there. The server
+cannot make a chunked import all-or-nothing: each chunk is one atomic write, and a chunk it
+refuses (a limit tighter than the CLI checked, a lease taken meanwhile) or a connection lost
+leaves the chunks before it stored, as an imported session that only an import continues. The
+error then says how many events are in and that ``--resume`` sends the rest (or ``delete``
+drops them).
+
 ``import --resume`` continues an import that stopped midway: it reads the whole file again (the
 seqs are checked as ever) but sends only the events from the target session's next seq on, once
 the target's last event is found to be the file's at that seq.
@@ -25,7 +36,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import struct
 import sys
+import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack
 from pathlib import Path
@@ -33,8 +46,14 @@ from typing import IO, Any
 
 from google.protobuf import json_format
 
-from sessionlog.cli_client import EXIT_REFUSED, EXIT_USAGE, _client, _print_json, _usage
-from sessionlog_client import Client, errors
+from sessionlog import errors as server_errors
+from sessionlog import fold
+from sessionlog.cli_client import EXIT_REFUSED, EXIT_USAGE, _client, _print_json, _usage, natural
+from sessionlog.config import parse_size
+from sessionlog.service import importing
+from sessionlog.v1 import session_log_service_pb2 as server_pb
+from sessionlog_client import Client, DeadlineExceeded, errors
+from sessionlog_client._common import import_request
 from sessionlog_client.convert import message_to_json
 from sessionlog_client.v1 import event_pb2
 from sessionlog_client.v1 import session_log_service_pb2 as pb
@@ -75,7 +94,8 @@ def add_commands(sub: Callable[[str, str, Callable[[argparse.Namespace], int]], 
     p = sub(
         "import",
         "create a session from a `sessionlog export --format jsonl` file, keeping its ids, "
-        "seqs and times; streamed in chunks",
+        "seqs and times; checked whole before anything is written (a bad file imports "
+        "nothing), then streamed in chunks",
         _import,
     )
     p.add_argument("file", metavar="FILE", help="the export file (- reads stdin)")
@@ -87,6 +107,21 @@ def add_commands(sub: Callable[[str, str, Callable[[argparse.Namespace], int]], 
         action="store_true",
         help="continue an import that stopped midway: send the file's events from the "
         "target session's next seq (its last stored event must be the file's at that seq)",
+    )
+    p.add_argument(
+        "--max-event-size",
+        type=parse_size,
+        default=fold.DEFAULT_LIMITS.max_event_bytes,
+        metavar="SIZE",
+        help="the server's --max-event-size, when not the default: the file is checked "
+        "against it before anything is sent",
+    )
+    p.add_argument(
+        "--max-data-depth",
+        type=natural,
+        default=fold.DEFAULT_LIMITS.max_data_depth,
+        metavar="N",
+        help="the server's --max-data-depth, when not the default (as --max-event-size)",
     )
 
 
@@ -164,13 +199,16 @@ def _sorted(value: Any) -> Any:
 
 
 def _import(args: argparse.Namespace) -> int:
+    limits = fold.Limits(max_event_bytes=args.max_event_size, max_data_depth=args.max_data_depth)
     try:
         source = sys.stdin if args.file == "-" else Path(args.file).open(encoding="utf-8")  # noqa: SIM115
     except OSError as exc:
         _usage(f"cannot read {args.file!r}: {exc}")
     with source, _client(args) as client:
         try:
-            reply = import_jsonl(client, _numbered(source), args.session_id, resume=args.resume)
+            reply = import_jsonl(
+                client, _numbered(source), args.session_id, resume=args.resume, limits=limits
+            )
         except BadLine as exc:
             print(f"sessionlog: {args.file}: {exc}", file=sys.stderr)
             return EXIT_USAGE
@@ -191,50 +229,135 @@ def _numbered(lines: IO[str]) -> Iterator[tuple[int, str]]:
 
 
 def import_jsonl(
-    client: Client, lines: Iterator[tuple[int, str]], session_id: str = "", *, resume: bool = False
+    client: Client,
+    lines: Iterator[tuple[int, str]],
+    session_id: str = "",
+    *,
+    resume: bool = False,
+    limits: fold.Limits = fold.DEFAULT_LIMITS,
 ) -> pb.Session:
-    """Import export lines (numbered) as ``session_id`` (default: the exported id); the
-    session as stored. BadLine names the first line that is wrong, and its fault.
+    """Import export lines (numbered) as ``session_id`` (default: the exported id); the session
+    as stored. The lines are checked to the end first (``check_jsonl``), so a BadLine, naming
+    the first line that is wrong and its fault, writes nothing.
 
     With ``resume``, an import that stopped midway goes on: the events before the target's next
     seq are read (and checked) but not sent, once the target's last event is found to be the
     file's at its seq (NotTheSameImport otherwise). The server takes the rest only into a
-    session an import made (SESSION_ALREADY_EXISTS for any other)."""
-    first = next(lines, None)
-    if first is None:
-        raise BadLine("the file is empty; it should start with the session's record line")
-    record = _header(*first)
+    session an import made (SESSION_ALREADY_EXISTS for any other). A refusal after a chunk was
+    written says how many events are in and how to go on."""
+    with tempfile.TemporaryFile() as kept:
+        record, total = check_jsonl(lines, session_id, limits, kept)
+        kept.seek(0)
+        return _send_all(client, record, total, _chunks(_read_back(kept)), session_id, resume)
+
+
+def _send_all(
+    client: Client,
+    record: pb.Session,
+    total: int,
+    chunks: Iterator[list[tuple[int, event_pb2.Event]]],
+    session_id: str,
+    resume: bool,
+) -> pb.Session:
+    """Send the checked events (``import_jsonl``)."""
     target = session_id or record.session_id
     start, last_stored = _resume_point(client, target) if resume else (0, None)
-    seq = 0
-    sent: pb.ImportSessionResponse | None = None
-    for chunk in _chunks(lines):
-        for number, event in chunk:
-            if event.seq != seq:
-                raise BadLine(
-                    f"line {number}: seq {event.seq}, but the line before it makes it {seq}"
-                )
-            if last_stored is not None and seq == start - 1:
-                _check_same(target, number, event, last_stored)
-            seq += 1
-        unsent = [(number, event) for number, event in chunk if event.seq >= start]
-        if unsent:
-            sent = _send(client, target, record, unsent[0][1].seq, unsent, resume=resume)
-    if seq < record.event_count:
-        raise BadLine(
-            f"the record says {record.event_count} events, but the file holds {seq}: it is "
-            f"cut short (the {seq} before the cut are imported)"
-        )
-    if seq < start:
+    if total < start:
         raise NotTheSameImport(
-            f"session '{target}' holds {start} events, more than the file's {seq}: it is not "
+            f"session '{target}' holds {start} events, more than the file's {total}: it is not "
             "this import stopped midway"
         )
+    written = start
+    sent: pb.ImportSessionResponse | None = None
+    for chunk in chunks:
+        for number, event in chunk:
+            if last_stored is not None and event.seq == start - 1:
+                _check_same(target, number, event, last_stored)
+        unsent = [(number, event) for number, event in chunk if event.seq >= start]
+        if unsent:
+            try:
+                sent = _send(client, target, record, unsent[0][1].seq, unsent, resume=resume)
+            except errors.SessionLogError as exc:
+                exc.message += _stopped(exc, target, written, total)
+                raise
+            written = unsent[-1][1].seq + 1
     if sent is None and start > 0:  # resumed where nothing was left to send
         return client.get_session(target).session
     if sent is None:  # an empty session: one chunk without events creates it
         sent = _send(client, target, record, 0, [])
     return sent.session
+
+
+def check_jsonl(
+    lines: Iterator[tuple[int, str]],
+    session_id: str = "",
+    limits: fold.Limits = fold.DEFAULT_LIMITS,
+    keep: IO[bytes] | None = None,
+) -> tuple[pb.Session, int]:
+    """Read export lines through to the end and check them as the server will check the chunks
+    they are sent in (``limits`` standing for its own); the record and the number of events.
+    BadLine names the first line that is wrong. Nothing is sent. The events checked are
+    written to ``keep``, when given, for ``_read_back``."""
+    first = next(lines, None)
+    if first is None:
+        raise BadLine("the file is empty; it should start with the session's record line")
+    record = _header(*first)
+    target = session_id or record.session_id
+    try:
+        fold.check_session_id(target)
+    except server_errors.SessionLogError as error:
+        raise BadLine(f"session id: {error.reason}: {error.message}") from None
+    count = 0
+    for chunk in _chunks(_parsed(lines)):
+        _check_chunk(target, record, chunk, limits)
+        count += len(chunk)
+        if keep is not None:
+            for number, event in chunk:
+                body = event.SerializeToString()
+                keep.write(_KEPT.pack(number, len(body)) + body)
+    if count < record.event_count:
+        raise BadLine(
+            f"the record says {record.event_count} events, but the file holds {count}: it is "
+            "cut short (nothing was imported)"
+        )
+    return record, count
+
+
+def _check_chunk(
+    target: str, record: pb.Session, chunk: list[tuple[int, event_pb2.Event]], limits: fold.Limits
+) -> None:
+    """The chunk as ``_send`` will send it, through the server's own checks (those that need
+    no stored state); BadLine naming the line of the event refused (line 1, the record's, for
+    the record's own faults)."""
+    first_seq = chunk[0][1].seq
+    fields = _chunk_fields(record, first_seq)
+    sent = import_request(target, [event for _, event in chunk], first_seq, **fields)
+    request = server_pb.ImportSessionRequest.FromString(sent.SerializeToString())
+    try:
+        batch = importing.prepare_import(request, limits, moving_in=False).events
+        fold.admit(batch.events, batch.prechecked, first_seq, lenient=False, ranges=batch.replaces)
+    except server_errors.SessionLogError as error:
+        index = error.metadata.get("index", "")
+        number = chunk[int(index)][0] if index.isdigit() and int(index) < len(chunk) else 1
+        raise BadLine(f"line {number}: {error.reason}: {error.message}") from None
+
+
+def _stopped(exc: errors.SessionLogError, target: str, written: int, total: int) -> str:
+    """What a refusal or a lost connection midway left behind, and how to go on ("" when
+    nothing can have been written)."""
+    lost = isinstance(exc, errors.Unavailable | DeadlineExceeded)
+    if not written and not lost:
+        return ""
+    how = (
+        "`sessionlog import --resume` with the same file and options sends the rest once the "
+        f"cause is fixed, or `sessionlog delete {target}` drops them"
+    )
+    if lost:
+        return (
+            f"; at least {written} of the file's {total} events are imported in session "
+            f"'{target}' (the chunk in flight may be too): {how}"
+        )
+    return f"; {written} of the file's {total} events are imported in session '{target}': {how}"
 
 
 def _resume_point(client: Client, session_id: str) -> tuple[int, event_pb2.Event | None]:
@@ -275,11 +398,33 @@ def _header(number: int, line: str) -> pb.Session:
         raise BadLine(f"line {number}: the session record is not valid ({exc})") from None
 
 
-def _chunks(lines: Iterator[tuple[int, str]]) -> Iterator[list[tuple[int, event_pb2.Event]]]:
+_KEPT = struct.Struct("<QI")
+"""A kept event's header: its line number, then the length of the serialized event after it."""
+
+
+def _read_back(kept: IO[bytes]) -> Iterator[tuple[int, event_pb2.Event]]:
+    """The events ``check_jsonl`` kept, with their line numbers."""
+    while header := kept.read(_KEPT.size):
+        number, length = _KEPT.unpack(header)
+        yield number, event_pb2.Event.FromString(kept.read(length))
+
+
+def _parsed(lines: Iterator[tuple[int, str]]) -> Iterator[tuple[int, event_pb2.Event]]:
+    """The event lines parsed, their seqs checked."""
+    for seq, (number, line) in enumerate(lines):
+        event = _event(number, line)
+        if event.seq != seq:
+            raise BadLine(f"line {number}: seq {event.seq}, but the line before it makes it {seq}")
+        yield number, event
+
+
+def _chunks(
+    events: Iterator[tuple[int, event_pb2.Event]],
+) -> Iterator[list[tuple[int, event_pb2.Event]]]:
+    """The events (with their line numbers) in the chunks they are sent in."""
     chunk: list[tuple[int, event_pb2.Event]] = []
     size = 0
-    for number, line in lines:
-        event = _event(number, line)
+    for number, event in events:
         size += event.ByteSize()
         if chunk and (len(chunk) >= CHUNK_EVENTS or size > CHUNK_BYTES):
             yield chunk
@@ -318,13 +463,7 @@ def _send(
             session_id,
             [event for _, event in chunk],
             first_seq=first_seq,
-            create_time=record.create_time if record.HasField("create_time") else None,
-            last_append_time=(
-                record.last_append_time if record.HasField("last_append_time") else None
-            ),
-            parent_session_id=record.parent_session_id,
-            parent_event_count=record.parent_event_count,
-            record=record if first_seq == 0 else None,
+            **_chunk_fields(record, first_seq),
         )
     except errors.ImportSeqMismatch as exc:
         if first_seq == 0 and not resume:
@@ -335,3 +474,16 @@ def _send(
         if index.isdigit() and int(index) < len(chunk):
             exc.message = f"line {chunk[int(index)][0]}: {exc.message}"
         raise
+
+
+def _chunk_fields(record: pb.Session, first_seq: int) -> dict[str, Any]:
+    """A chunk's fields besides its events, taken from the record line."""
+    return {
+        "create_time": record.create_time if record.HasField("create_time") else None,
+        "last_append_time": (
+            record.last_append_time if record.HasField("last_append_time") else None
+        ),
+        "parent_session_id": record.parent_session_id,
+        "parent_event_count": record.parent_event_count,
+        "record": record if first_seq == 0 else None,
+    }

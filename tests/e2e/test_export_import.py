@@ -3,7 +3,9 @@
 A session exported from one server and imported into another (or under another id) reads back
 the same: every event with its seq, time, type, data, surface op and state delta, and the
 record's create and last-append times and fork parent. Large sessions go in several chunks.
-Bad lines are refused naming the line. Two servers for the module.
+Bad lines are refused naming the line, and a bad file imports nothing: the CLI checks it whole
+before its first write. Two servers for the module (a third, with a small event limit, for the
+refusals the CLI cannot foresee).
 """
 
 from __future__ import annotations
@@ -11,16 +13,21 @@ from __future__ import annotations
 import asyncio
 import json
 import subprocess
-from collections.abc import Iterator
+import threading
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
+from sessionlog import fold
+from sessionlog.cli import main
 from sessionlog.testing import RunningServer
 from sessionlog_client import AsyncClient, Client, errors, event
 from sessionlog_client.v1 import event_pb2
 from sessionlog_client.v1 import session_log_service_pb2 as pb
 from tests.e2e._proc import SESSIONLOG, run_cli, running_server
+from tests.e2e._relay import Relay
 
 
 @pytest.fixture(scope="module")
@@ -28,6 +35,17 @@ def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[RunningS
     root = tmp_path_factory.mktemp("transfer")
     with running_server(root / "a") as a, running_server(root / "b") as b:
         yield a, b
+
+
+@pytest.fixture(scope="module")
+def small(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+    """A server whose events may be at most 64 KiB, where the CLI checks against 1 MiB."""
+    root = tmp_path_factory.mktemp("transfer-small")
+    with running_server(root / "s", limits=fold.Limits(max_event_bytes=SMALL_EVENT)) as server:
+        yield server
+
+
+SMALL_EVENT = 64 << 10
 
 
 def cli(server: RunningServer, cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
@@ -138,8 +156,8 @@ def test_the_openai_format_is_the_chat_messages(
 def test_bad_lines_are_refused_naming_the_line(
     servers: tuple[RunningServer, ...], tmp_path: Path
 ) -> None:
-    """Not JSON, not an event, a seq out of line, an event the server refuses, no record line,
-    a session that exists: each refused with its line (or reason), nothing imported."""
+    """Not JSON, not an event, a seq out of line, an event the server would refuse, no record
+    line, a session that exists: each refused with its line (or reason), nothing imported."""
     a, b = servers
     header = json.dumps({"sessionlog_export": 1, "session": {"session_id": "tr-bad"}})
     good = json.dumps({"seq": 0, "type": "EVENT_TYPE_USER_MESSAGE", "data": {"content": "a"}})
@@ -150,8 +168,8 @@ def test_bad_lines_are_refused_naming_the_line(
         (
             [header, good, '{"seq": 1, "type": "EVENT_TYPE_TOOL_CALL", "surface_op": '
              '{"replace": {"start_seq": 0, "stop_seq": 0}}}'],
-            1,
-            "line 3:",
+            2,
+            "line 3: SURFACE_OP_ON_NON_SURFACE_EVENT",
         ),
         ([good], 2, "line 1: not a session record line"),
         ([], 2, "the file is empty"),
@@ -195,7 +213,10 @@ def test_import_resume_continues_an_import_that_stopped(
         done = cli(b, tmp_path, "import", str(cut))
         assert done.returncode == 2
         assert "cut short" in done.stderr
-        assert record_of(cb, "tr-resume").event_count == 700
+        assert not record_of(cb, "tr-resume").exists  # checked whole before any write
+        source = record_of(ca, "tr-resume")
+        stopped = events_of(ca, "tr-resume")[:700]  # an import stopped after 700 events
+        cb.import_session("tr-resume", stopped, create_time=source.create_time, record=source)
 
         done = cli(b, tmp_path, "import", str(whole))
         assert done.returncode == 1
@@ -255,3 +276,156 @@ def test_the_python_clients_import_in_chunks(servers: tuple[RunningServer, ...])
         session = client.get_session("tr-py").session
         assert session.create_time.ToJsonString() == when
         assert session.parent_session_id == "elsewhere"
+
+
+WHEN = "2024-05-01T12:00:00Z"
+
+
+def export_lines(session_id: str, count: int) -> list[str]:
+    """The lines of an export of ``count`` user messages, as `sessionlog export` writes them."""
+    record = {"session_id": session_id, "event_count": str(count), "create_time": WHEN}
+    lines = [json.dumps({"sessionlog_export": 1, "session": record})]
+    for seq in range(count):
+        line = {"seq": str(seq), "type": "EVENT_TYPE_USER_MESSAGE", "time": WHEN}
+        lines.append(json.dumps({**line, "data": {"content": f"m{seq}"}}))
+    return lines
+
+
+def event_line(seq: int, **fields: object) -> str:
+    """An event line at ``seq``: a user message unless ``fields`` say otherwise."""
+    line = {"seq": str(seq), "type": "EVENT_TYPE_USER_MESSAGE", "time": WHEN, "data": {}}
+    return json.dumps({**line, **fields})
+
+
+def import_here(address: str, capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str]:
+    """`sessionlog import ARGS --server ADDRESS` run in this process: exit code and stderr."""
+    capsys.readouterr()
+    try:
+        code = main(["import", *args, "--server", address])
+    except SystemExit as stop:
+        code = stop.code if isinstance(stop.code, int) else 1
+    return code, " ".join(capsys.readouterr().err.split())
+
+
+TOO_BIG = {"content": "x" * (1 << 20)}
+"""Data that makes an event larger than the server's default limit (1 MiB)."""
+
+
+def replaced(seq: int, line: str) -> Callable[[list[str]], list[str]]:
+    """A file's lines with the event at ``seq`` (line seq + 2; line 1 is the record) replaced."""
+    return lambda lines: [*lines[: seq + 1], line, *lines[seq + 2 :]]
+
+
+TURN_END_APPEND = event_line(550, type="EVENT_TYPE_TURN_END", surface_op={"append": {}})
+FUTURE = event_line(550, surface_op={"replace": {"start_seq": "551", "stop_seq": "560"}})
+
+# (what is wrong, the file's lines made bad from a good file of 600 events, what stderr says);
+# a chunk is 500 events.
+BAD_FILES = [
+    ("a bad line at 501", replaced(501, "{not json"), "line 503: not JSON"),
+    ("a bad record line", lambda lines: ["{not json", *lines[1:]], "line 1: not JSON"),
+    ("a bad first event", replaced(0, "[]"), "line 2: an event line"),
+    ("a seq gap", lambda lines: [*lines[:551], *lines[552:]], "line 552: seq 551, but the"),
+    ("an event too big", replaced(550, event_line(550, data=TOO_BIG)), "line 552: EVENT_TOO_LARGE"),
+    ("a bad surface op", replaced(550, TURN_END_APPEND), "line 552: SURFACE_OP_ON_NON_SURFACE"),
+    ("a replace of the future", replaced(550, FUTURE), "line 552: INVALID_SURFACE_OP"),
+    ("a file cut short", lambda lines: lines[:551], "the file holds 550"),
+]
+
+
+@pytest.mark.parametrize(("name", "edit", "message"), BAD_FILES, ids=[c[0] for c in BAD_FILES])
+def test_a_bad_file_imports_nothing(
+    servers: tuple[RunningServer, ...],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    name: str,
+    edit: Callable[[list[str]], list[str]],
+    message: str,
+) -> None:
+    """A file of 600 events with one fault anywhere (after the first chunk too) is refused whole
+    before anything is written, exit 2 naming the line; the corrected file then imports."""
+    _, b = servers
+    session_id = "tr-whole-" + name.replace(" ", "-")
+    good = export_lines(session_id, 600)
+    path = tmp_path / "bad.jsonl"
+    path.write_text("".join(line + "\n" for line in edit(good)))
+    code, err = import_here(b.address, capsys, str(path))
+    assert code == 2, err
+    assert message in err
+    with Client(b.address) as cb:
+        assert not cb.get_session(session_id).session.exists
+        path.write_text("".join(line + "\n" for line in good))
+        code, err = import_here(b.address, capsys, str(path))
+        assert code == 0, err
+        assert cb.get_session(session_id).session.event_count == 600
+        assert [e.data["content"] for e in cb.since(session_id)] == [f"m{n}" for n in range(600)]
+
+
+def test_a_refusal_midway_says_what_was_imported_and_resume_finishes(
+    small: RunningServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A server with a smaller event limit than the CLI checks against refuses the second chunk:
+    the error names the line, the 500 events imported and --resume; --max-event-size makes the
+    CLI refuse that file before any write; the corrected file, resumed, completes the session."""
+    lines = export_lines("tr-small", 600)
+    big = {"content": "y" * (SMALL_EVENT + 1000)}
+    path = tmp_path / "small.jsonl"
+    path.write_text(
+        "".join(x + "\n" for x in [*lines[:551], event_line(550, data=big), *lines[552:]])
+    )
+    code, err = import_here(small.address, capsys, str(path))
+    assert code == 1, err
+    assert "EVENT_TOO_LARGE: line 552" in err
+    assert "500 of the file's 600 events" in err
+    assert "--resume" in err
+    code, err = import_here(small.address, capsys, str(path), "--max-event-size", "64KiB")
+    assert code == 2, err
+    assert "line 552: EVENT_TOO_LARGE" in err
+    with Client(small.address) as client:
+        assert client.get_session("tr-small").session.event_count == 500
+        path.write_text("".join(x + "\n" for x in lines))
+        code, err = import_here(small.address, capsys, str(path), "--resume")
+        assert code == 0, err
+        assert client.get_session("tr-small").session.event_count == 600
+        assert [e.data["content"] for e in client.since("tr-small")] == [
+            f"m{n}" for n in range(600)
+        ]
+
+
+def test_a_connection_lost_midway_says_what_may_be_imported_and_resume_finishes(
+    servers: tuple[RunningServer, ...], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The link to the server goes dead once the first chunk is stored: the import fails (exit
+    3) saying at least that many events are in and naming --resume, which then completes it."""
+    _, b = servers
+    lines = export_lines("tr-lost", 6000)
+    path = tmp_path / "lost.jsonl"
+    path.write_text("".join(x + "\n" for x in lines))
+    with Relay(b.port).start() as relay, Client(b.address) as client:
+
+        def go_dead_after_the_first_chunk() -> None:
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:
+                if client.get_session("tr-lost").session.event_count >= 500:
+                    break
+                time.sleep(0.005)
+            relay.blackhole(True)
+
+        watcher = threading.Thread(target=go_dead_after_the_first_chunk)
+        watcher.start()
+        try:
+            code, err = import_here(relay.address, capsys, str(path), "--timeout", "2")
+        finally:
+            watcher.join(70)
+        assert code == 3, err
+        stored = client.get_session("tr-lost").session.event_count
+        assert 500 <= stored < 6000
+        assert "DEADLINE_EXCEEDED" in err
+        assert "at least" in err
+        assert "of the file's 6000 events" in err
+        assert "--resume" in err
+        code, err = import_here(b.address, capsys, str(path), "--resume")
+        assert code == 0, err
+        assert [e.data["content"] for e in client.since("tr-lost")] == [
+            f"m{n}" for n in range(6000)
+        ]

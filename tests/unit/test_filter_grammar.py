@@ -190,3 +190,28 @@ def test_well_formed_filters_render_canonically(text: str, canonical: str) -> No
     parsed = parse_filter(text)
     assert parsed.render() == canonical
     assert parse_filter(canonical) == parsed
+
+
+@PROPERTY
+@given(
+    st.sampled_from(["update_time >", "expire_time <=", "pinned ="]),
+    st.one_of(
+        st.text(max_size=30),
+        st.builds(
+            lambda stamp, tail: stamp.isoformat() + tail,
+            st.datetimes(),
+            st.sampled_from(["", "Z", "+02:00", "-00:30", "z", " Z", "+2400"]),
+        ),
+    ),
+)
+def test_any_quoted_time_or_flag_parses_or_is_refused(field_op: str, value: str) -> None:
+    """Times and flags go through their own checks (RFC 3339, true or false): any quoted value
+    parses or is InvalidFilter at the value's position."""
+    text = f"{field_op} {json.dumps(value)}"
+    try:
+        parsed = parse_filter(text)
+    except errors.InvalidFilter:
+        assert refused(text).metadata["position"] == str(len(field_op) + 2)
+        return
+    assert parse_filter(parsed.render()) == parsed
+    assert parsed.terms[0].value == value

@@ -204,8 +204,8 @@ class InvalidRedaction(InvalidArgument):
 
 
 class InvalidFilter(InvalidArgument):
-    """A filter outside the grammar of ``records.parse_filter`` (ListSessions, FollowSessions,
-    EraseSessions); the message and the ``position`` metadata name the character (from 1)."""
+    """A filter outside the supported AIP-160 subset (ListSessions, EraseSessions); the message
+    names the spot."""
 
     reason = "INVALID_FILTER"
 

@@ -73,7 +73,7 @@ def test_api_filters_orders_and_refuses_bad_filters(console: RunningServer) -> N
     for order in ("update_time desc", "newest"):  # not read as id order
         status, refused = sessions(console, order=order)
         assert (status, refused["reason"]) == (400, "INVALID_ORDER_BY")
-    for limit in ("1_0", " 10", "\uff11\uff10"):  # the last: fullwidth digits
+    for limit in ("1_0", " 10", "\uff11\uff10", "1" * 5000):  # fullwidth; over int()'s limit
         status, refused = sessions(console, limit=limit)
         assert (status, refused["reason"]) == (400, "MALFORMED_REQUEST")
 

@@ -546,7 +546,8 @@ def _int(request: web.Request, name: str, default: int, low: int, high: int) -> 
     if text is None or text == "":
         return default
     # int() would also take " 5", "5_000" and other scripts' digits: a query is ASCII digits
-    value = int(text) if text.isascii() and text.isdigit() else low - 1
+    plain = text.isascii() and text.isdigit() and len(text) <= 20
+    value = int(text) if plain else low - 1
     if not low <= value <= high:
         raise errors.MalformedRequest(f"{name} must be a whole number from {low} to {high}")
     return value

@@ -241,12 +241,24 @@ class Term:
     time_ns: int = 0
     """For ``update_time`` and ``expire_time``: the value as ns since the epoch."""
 
+    def render(self) -> str:
+        """The term in the grammar's canonical spelling, which ``parse_filter`` reads back as
+        this same term: one space around the operator, the value double-quoted."""
+        subject = f"labels.{self.key}" if self.name == "labels" else self.name
+        if self.op == ":*":
+            return f"{subject}:*"
+        return f"{subject} {self.op} {json.dumps(self.value, ensure_ascii=False)}"
+
 
 @dataclass(frozen=True)
 class Filter:
     """Terms joined by AND; no terms matches every session."""
 
     terms: tuple[Term, ...] = ()
+
+    def render(self) -> str:
+        """The filter in canonical spelling (see ``Term.render``); "" for no terms."""
+        return " AND ".join(term.render() for term in self.terms)
 
     def matches(self, record: SessionRecord | None, parent_id: str, update_time_ns: int) -> bool:
         labels = {} if record is None else record.labels
@@ -299,95 +311,211 @@ def _compare(have: int, op: str, want: int) -> bool:
     return have <= want
 
 
-_TERM = re.compile(
-    r"\s*(?P<name>[A-Za-z_][A-Za-z0-9_]*)(?:\.(?P<key>[^\s=!<>:\"]+))?\s*"
-    r"(?P<op>!=|>=|<=|=|>|<|:)\s*"
-    r"(?P<value>\"(?:[^\"\\]|\\.)*\"|\*|[^\s\"()]+)\s*"
-)
-_AND = re.compile(r"AND(?:\s+|$)")
 FIELDS = "labels.KEY, owner, status, parent, pinned, update_time, expire_time"
+KEYWORDS = frozenset({"AND", "OR", "NOT"})
+RESERVED = "=!<>:*()\"'\\"
+"""The characters a bare value may not hold: the operators, the has-wildcard, parentheses,
+quotes and the backslash. A value holding one is written as a double-quoted string."""
+
+_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_KEY_RE = re.compile(r"[A-Za-z0-9._/-]+")
+_OP_RE = re.compile(r"!=|>=|<=|=|>|<|:")
+_WORD_RE = re.compile(r"[^\s\x00-\x1f\x7f" + re.escape(RESERVED) + r"]+")
+_STRING_RE = re.compile(r'"(?:[^"\\]|\\.)*"', re.DOTALL)
+_SPACE_RE = re.compile(r"\s*")
+_ONLY_AND = "only AND is supported (not OR, NOT, '-' or parentheses)"
+_QUOTE_IT = f"a value holding whitespace or any of {' '.join(RESERVED)} is written in double quotes"
+_EQUALITY = ("=", "!=")
+_ORDERING = (">", ">=", "<", "<=")
+_OPS = {
+    "labels": (*_EQUALITY, ":"),
+    "owner": _EQUALITY,
+    "status": _EQUALITY,
+    "parent": _EQUALITY,
+    "pinned": _EQUALITY,
+    "update_time": _ORDERING,
+    "expire_time": _ORDERING,
+}
+"""The operators each field compares with (``:`` is ``:*``, has)."""
 
 
 def parse_filter(text: str) -> Filter:
-    """Parse a ListSessions filter, or raise InvalidFilter naming what is wrong and where."""
+    """Parse a ListSessions filter (also EraseSessions' and FollowSessions'), or raise
+    InvalidFilter naming what is wrong and the character (1-based) where it is.
+
+    The grammar, whole (whitespace may surround every token)::
+
+        filter := "" | term ( AND term )*        blank: every session
+        AND    := the word AND, with whitespace on both sides (OR, NOT, -, ( ) are refused)
+        term   := labels.KEY ":" "*"             has the label
+                | labels.KEY ( "=" | "!=" ) value
+                | ( owner | status | parent ) ( "=" | "!=" ) value
+                | pinned ( "=" | "!=" ) ( true | false )
+                | ( update_time | expire_time ) ( ">" | ">=" | "<" | "<=" ) RFC 3339 time
+        KEY    := a label key (``[prefix/]name``, the rule labels follow)
+        value  := string | word
+        string := a double-quoted JSON string ("", "a b", "say \\"hi\\"", "\\u00e9")
+        word   := one or more characters, none of them whitespace, a control character or
+                  one of = ! < > : * ( ) " ' \\ ; not AND, OR or NOT
+
+    So a bare value is one plain word, and a value with an operator character in it is only
+    read when quoted: ``owner ==ann`` and ``labels.team ==`` are refused, not read as a
+    comparison with "=ann" or "=". Every token ends where whitespace, the end or (after a
+    field or a key) an operator begins; anything else is refused.
+    """
     if len(text) > MAX_FILTER_CHARS:
-        raise _bad(f"a filter is at most {MAX_FILTER_CHARS} characters")
-    if not text.strip():
+        raise _bad(
+            MAX_FILTER_CHARS,
+            f"a filter is at most {MAX_FILTER_CHARS} characters (this one has {len(text)})",
+        )
+    at = _skip_space(text, 0)
+    if at == len(text):
         return Filter()
     terms: list[Term] = []
-    at = 0
     while True:
-        match = _TERM.match(text, at)
-        if match is None:
-            rest = text[at:].strip()
-            if rest.startswith(("OR", "NOT", "(", "-")):
-                raise _bad(f"only AND is supported (at character {at + 1}: {rest[:20]!r})")
-            raise _bad(
-                f'expected a term such as labels.team = "core" at character {at + 1}: '
-                f"{rest[:30]!r}; filterable: {FIELDS}"
-            )
-        terms.append(_term(match))
-        at = match.end()
-        if at == len(text):
+        term, at = _parse_term(text, at)
+        terms.append(term)
+        spaced = _skip_space(text, at)
+        if spaced == len(text):
             return Filter(tuple(terms))
-        joined = _AND.match(text, at)
-        if joined is None:
-            raise _bad(f"expected AND between terms at character {at + 1}: {text[at : at + 20]!r}")
-        at = joined.end()
+        word = _NAME_RE.match(text, spaced)
+        joiner = "" if word is None else word[0]
+        if joiner == "OR":
+            raise _bad(spaced, _ONLY_AND)
+        if spaced == at or joiner != "AND":
+            raise _bad(spaced, f"expected AND between terms, found {_show(text, spaced)}")
+        after = spaced + len("AND")
+        at = _skip_space(text, after)
+        if at == len(text):
+            raise _bad(at, "expected a term after AND, found the end of the filter")
+        if at == after:
+            raise _bad(after, f"expected whitespace after AND, found {_show(text, after)}")
 
 
-def _bad(message: str) -> errors.InvalidFilter:
-    return errors.InvalidFilter(f"invalid filter: {message}")
-
-
-def _term(match: re.Match[str]) -> Term:
-    name, key, op, raw = match["name"], match["key"], match["op"], match["value"]
-    value = _unquote(raw)
-    if name == "labels":
-        if key is None:
-            raise _bad("name the label: labels.KEY")
-        if op == ":":
-            if raw != "*":
-                raise _bad(f"labels.{key}: takes * only (has the label): labels.{key}:*")
-            return Term("labels", ":*", key=key)
-        if op not in ("=", "!="):
-            raise _bad(f"labels.{key} compares with =, != or :* only, not {op}")
-        return Term("labels", op, key=key, value=value)
-    if key is not None:
-        raise _bad(f"'{name}.{key}' is not filterable; filterable: {FIELDS}")
-    if name in ("owner", "status", "parent"):
-        if op not in ("=", "!="):
-            raise _bad(f"{name} compares with = or != only, not {op}")
-        return Term(name, op, value=value)
-    if name == "pinned":
-        if op not in ("=", "!=") or value not in ("true", "false"):
-            raise _bad("pinned compares with = or != to true or false: pinned = true")
-        return Term(name, op, value=value)
+def _parse_term(text: str, at: int) -> tuple[Term, int]:
+    """The term starting at ``at`` (no whitespace there) and where it ends."""
+    name, key, at = _parse_field(text, at)
+    subject = f"labels.{key}" if key else name
+    at = _skip_space(text, at)
+    op_match = _OP_RE.match(text, at)
+    if op_match is None:
+        raise _bad(
+            at,
+            f"expected an operator after {subject} ({_spell(_OPS[name])}), found {_show(text, at)}",
+        )
+    op, op_at = op_match[0], at
+    if op not in _OPS[name]:
+        raise _bad(op_at, f"{subject} compares with {_spell(_OPS[name])} only, not {op}")
+    at = _skip_space(text, op_match.end())
+    if op == ":":
+        if not text.startswith("*", at):
+            raise _bad(at, f"{subject}: takes * only (has the label): {subject}:*")
+        return Term("labels", ":*", key=key), _end_of_token(text, at + 1)
+    value, value_at, at = _parse_value(text, at, f"{subject} {op}")
+    if key:
+        return Term("labels", op, key=key, value=value), at
+    if name == "pinned" and value not in ("true", "false"):
+        raise _bad(value_at, "pinned compares with = or != to true or false: pinned = true")
     if name in ("update_time", "expire_time"):
-        if op not in (">", ">=", "<", "<="):
-            raise _bad(f"{name} compares with >, >=, < or <=, not {op}")
-        return Term(name, op, value=value, time_ns=_rfc3339_ns(name, value))
-    raise _bad(f"unknown field '{name[:40]}'; filterable: {FIELDS}")
+        return Term(name, op, value=value, time_ns=_rfc3339_ns(name, value, value_at)), at
+    return Term(name, op, value=value), at
 
 
-def _unquote(raw: str) -> str:
-    if not raw.startswith('"'):
-        return raw
+def _parse_field(text: str, at: int) -> tuple[str, str, int]:
+    """The field a term starting at ``at`` compares, its label key ("" but for labels) and
+    where they end."""
+    word = _NAME_RE.match(text, at)
+    if word is None or word[0] in KEYWORDS:
+        if text.startswith(("OR", "NOT", "-", "(", ")"), at):
+            raise _bad(at, _ONLY_AND)
+        raise _bad(
+            at,
+            f'expected a term such as labels.team = "core", found {_show(text, at)}; '
+            f"filterable: {FIELDS}",
+        )
+    name, at = word[0], word.end()
+    if not text.startswith(".", at):
+        if name == "labels":
+            raise _bad(at, "name the label: labels.KEY")
+        if name not in _OPS:
+            raise _bad(word.start(), f"unknown field '{name[:40]}'; filterable: {FIELDS}")
+        return name, "", at
+    found = _KEY_RE.match(text, at + 1)
+    if name != "labels":
+        shown = name + "." + ("" if found is None else found[0])
+        raise _bad(word.start(), f"'{shown[:60]}' is not filterable; filterable: {FIELDS}")
+    if found is None:
+        raise _bad(at + 1, f"name the label after 'labels.', found {_show(text, at + 1)}")
     try:
-        value: str = json.loads(raw)
-    except ValueError:
-        raise _bad(f"the string {raw[:40]} has a bad escape") from None
-    return value
+        check_label_key(found[0])
+    except errors.InvalidSessionField as error:
+        raise _bad(at + 1, error.message) from None
+    return name, found[0], found.end()
 
 
-def _rfc3339_ns(name: str, text: str) -> int:
+def _spell(ops: tuple[str, ...]) -> str:
+    named = [":*" if op == ":" else op for op in ops]
+    return f"{', '.join(named[:-1])} or {named[-1]}"
+
+
+def _parse_value(text: str, at: int, after: str) -> tuple[str, int, int]:
+    """The value starting at ``at``, where it starts and where it ends."""
+    if at == len(text):
+        raise _bad(at, f"expected a value after '{after}', found the end of the filter")
+    if text[at] == '"':
+        found = _STRING_RE.match(text, at)
+        if found is None:
+            raise _bad(at, "this string has no closing double quote")
+        try:
+            value: str = json.loads(found[0])
+        except ValueError:
+            raise _bad(
+                at,
+                "this string has a bad escape or a control character (write \\n, \\t, "
+                '\\", \\\\ or \\uXXXX)',
+            ) from None
+        return value, at, _end_of_token(text, found.end())
+    found = _WORD_RE.match(text, at)
+    if found is None:
+        raise _bad(
+            at,
+            f"expected a value after '{after}', found {_show(text, at)}; {_QUOTE_IT}",
+        )
+    if found[0] in KEYWORDS:
+        raise _bad(at, f'{found[0]} is a keyword: write the value "{found[0]}" in double quotes')
+    return found[0], at, _end_of_token(text, found.end())
+
+
+def _end_of_token(text: str, at: int) -> int:
+    """``at``, once sure a token ending there is followed by whitespace or the end."""
+    if at < len(text) and not text[at].isspace():
+        raise _bad(at, f"unexpected {_show(text, at)} after a value; {_QUOTE_IT}")
+    return at
+
+
+def _skip_space(text: str, at: int) -> int:
+    found = _SPACE_RE.match(text, at)
+    return at if found is None else found.end()
+
+
+def _show(text: str, at: int) -> str:
+    return "the end of the filter" if at >= len(text) else repr(text[at : at + 20])
+
+
+def _bad(at: int, message: str) -> errors.InvalidFilter:
+    """``at``: the 0-based index of the problem; the message counts from 1, as editors do."""
+    return errors.InvalidFilter(f"invalid filter at character {at + 1}: {message}", position=at + 1)
+
+
+def _rfc3339_ns(name: str, text: str, at: int) -> int:
     stamp = Timestamp()
     try:
         stamp.FromJsonString(text)
     except ValueError:
         raise _bad(
+            at,
             f"{name} wants an RFC 3339 time with a zone, such as "
-            f'"2026-01-02T15:04:05Z", not {text[:40]!r}'
+            f'"2026-01-02T15:04:05Z", not {text[:40]!r}',
         ) from None
     nanos: int = stamp.ToNanoseconds()
     return nanos

@@ -156,6 +156,24 @@ def test_redact_then_since_surface_derive_and_fork(stub: Any) -> None:
     assert SECRET not in str(stub.Surface(pb.SurfaceRequest(session_id="red-a")))
 
 
+def test_a_redaction_that_changes_nothing_replies_position_zero(
+    stub: Any, server: RunningServer
+) -> None:
+    """Redacting only events already redacted writes nothing and replies no seqs and position
+    0, as the proto says (it replied the feed's head); a later one that changes an event
+    replies its own record's position."""
+    append(stub, "red-again", user(SECRET), user("two"))
+    first = redact(stub, "red-again", 0)
+    assert list(first.seqs) == [0]
+    head = stats(server.channel()).position
+    assert first.position == head
+    again = redact(stub, "red-again", 0)
+    assert (list(again.seqs), again.position) == ([], 0)
+    assert stats(server.channel()).position == head  # nothing was written
+    partly = redact(stub, "red-again", 0, 1)
+    assert (list(partly.seqs), partly.position) == ([1], head + 1)
+
+
 def test_bad_redactions_are_clear_errors_and_change_nothing(
     stub: Any, server: RunningServer
 ) -> None:

@@ -47,7 +47,8 @@ def sessions(server: RunningServer, **query: str) -> tuple[int, dict[str, Any]]:
 
 
 def test_api_filters_orders_and_refuses_bad_filters(console: RunningServer) -> None:
-    """filter and order=update_time as ListSessions has them; records in every row."""
+    """filter and order=update_time as ListSessions has them; records in every row; a filter,
+    order or limit with a stray character is refused."""
     status, body = sessions(console, prefix="w.", filter='labels.team = "travel"')
     assert status == 200
     rows = body["sessions"]
@@ -63,6 +64,18 @@ def test_api_filters_orders_and_refuses_bad_filters(console: RunningServer) -> N
     status, refused = sessions(console, filter="nonsense")
     assert status == 400
     assert refused["reason"] == "INVALID_FILTER"
+    status, refused = sessions(console, filter="owner ==ann")
+    assert (status, refused["reason"], refused["metadata"]) == (
+        400,
+        "INVALID_FILTER",
+        {"position": "8"},
+    )
+    for order in ("update_time desc", "newest"):  # not read as id order
+        status, refused = sessions(console, order=order)
+        assert (status, refused["reason"]) == (400, "INVALID_ORDER_BY")
+    for limit in ("1_0", " 10", "\uff11\uff10", "1" * 5000):  # fullwidth; over int()'s limit
+        status, refused = sessions(console, limit=limit)
+        assert (status, refused["reason"]) == (400, "MALFORMED_REQUEST")
 
 
 def test_page_shows_records_and_follows_updates(

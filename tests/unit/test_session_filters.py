@@ -55,8 +55,9 @@ def test_parses_the_subset(text: str, terms: tuple[Term, ...]) -> None:
 @pytest.mark.parametrize(
     ("text", "says"),
     [
-        ("labels.team", "expected a term"),
-        ('owner = "a" OR owner = "b"', "expected AND"),
+        ("labels.team", "expected an operator"),
+        ('owner = "a" OR owner = "b"', "only AND"),
+        ('owner = "a" status = "b"', "expected AND"),
         ("OR owner = a", "only AND"),
         ("(owner = a)", "only AND"),
         ("colour = red", "unknown field 'colour'"),

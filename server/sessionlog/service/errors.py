@@ -93,10 +93,28 @@ async def abort(
         await context.abort(status.code, status.details, (*status.trailing_metadata, *trailing))
     except grpc.aio.AbortError:
         raise
-    except Exception:
+    except Exception as failure:
         if context.cancelled():
             return
-        if context.done():  # gRPC refused to send the status: say so, the call may linger
+        if not context.done():
+            raise
+        if _call_had_ended(failure):
+            log.info(
+                "could not end a call with %s: the caller had gone (cancelled, past its "
+                "deadline or disconnected)",
+                error.reason,
+            )
+        else:  # gRPC refused to send the status: say so, the call may linger
             log.warning("could not end a call with %s", error.reason, exc_info=True)
-            return
-        raise
+
+
+def _call_had_ended(failure: Exception) -> bool:
+    """Whether a status could not be sent because the call was over: gRPC ran the batch and it
+    failed ('Failed "execute_batch"'), as it does once the caller has cancelled, passed its
+    deadline or lost its connection (``context.cancelled()`` cannot tell: ``abort`` has set
+    the call's code to its own by then). Nobody is left to tell; no traceback is worth it. A
+    batch gRPC refused to start ("Failed grpc_call_start_batch", too many operations) is this
+    server's mistake, and keeps its traceback."""
+    return type(failure).__name__ == "ExecuteBatchError" and str(failure).startswith(
+        'Failed "execute_batch"'
+    )

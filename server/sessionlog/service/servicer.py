@@ -957,7 +957,8 @@ class SessionLogServicer:
         )
         result = await self.store.writer.submit_on_loop(command)
         await self._replicated(result.position)
-        return _serialize(pb.RedactEventsResponse(seqs=result.seqs, position=result.position))
+        position = result.position if result.seqs else 0  # the proto: 0 when nothing changed
+        return _serialize(pb.RedactEventsResponse(seqs=result.seqs, position=position))
 
     def _actor(self, context: grpc.aio.ServicerContext) -> str:
         """Who asks, for an erasure's audit record: the token's name when auth is on."""

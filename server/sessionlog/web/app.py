@@ -365,7 +365,7 @@ class Console:
         after = request.query.get("after", "")
         filter_text = request.query.get("filter", "")
         query = parse_filter(filter_text)
-        by_update = request.query.get("order", "") == "update_time"
+        by_update = _listing_order(request.query.get("order", ""))
         order = BY_UPDATE if by_update else BY_ID
         scatter = self.server.scatter
         if scatter is None:
@@ -545,13 +545,24 @@ def _int(request: web.Request, name: str, default: int, low: int, high: int) -> 
     text = request.query.get(name)
     if text is None or text == "":
         return default
-    try:
-        value = int(text)
-    except ValueError:
-        value = low - 1
+    # int() would also take " 5", "5_000" and other scripts' digits: a query is ASCII digits
+    plain = text.isascii() and text.isdigit() and len(text) <= 20
+    value = int(text) if plain else low - 1
     if not low <= value <= high:
         raise errors.MalformedRequest(f"{name} must be a whole number from {low} to {high}")
     return value
+
+
+def _listing_order(order: str) -> bool:
+    """Whether /api/sessions' ``order`` asks for newest update first; anything but "" (id order)
+    and "update_time" is refused rather than read as id order."""
+    if order not in ("", "update_time"):
+        raise errors.InvalidOrderBy(
+            f'order {order[:40]!r} is not offered; use "update_time" (newest update first) or '
+            "leave it out (session id order)",
+            order_by=order[:40],
+        )
+    return order == "update_time"
 
 
 def _json(body: dict[str, Any]) -> web.Response:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import ast
 import dataclasses
 import json
+import re
 import subprocess
 import sys
 from collections.abc import Mapping
@@ -272,6 +273,35 @@ def test_no_import_circle_between_packages() -> None:
 def test_no_import_runs_up_a_layer() -> None:
     """Rule: no module imports a module of a higher layer of ``LAYERS``."""
     assert upward_imports(GRAPH) == []
+
+
+def _drawn_layers() -> list[tuple[str, str]]:
+    """The README's layer diagram, box by box from the top: each box's ``[name]`` and its text."""
+    readme = (PACKAGE.parents[1] / "README.md").read_text()
+    section = readme.split("\n## Layers\n", 1)[1].split("\n## ", 1)[0]
+    diagram = section.split("```text\n", 1)[1].split("```", 1)[0]
+    parts = re.split(r"\[([a-z ]+)\]", diagram)
+    return list(zip(parts[1::2], parts[2::2], strict=True))
+
+
+def _file_of(member: str) -> str:
+    """How the diagram names a layer's member: ``service/`` for a package, ``fold.py`` else."""
+    relative = member.removeprefix("sessionlog.").replace(".", "/")
+    return f"{relative}/" if (PACKAGE / relative).is_dir() else f"{relative}.py"
+
+
+def test_the_readme_draws_the_declared_layers() -> None:
+    """Rule: the README's layer diagram is ``LAYERS``: its boxes are the layers, named in the
+    same order, and each box names every package and top-level module of its layer."""
+    drawn = _drawn_layers()
+    assert [name for name, _ in drawn] == [name for name, _ in LAYERS]
+    missing = [
+        (name, _file_of(member))
+        for (name, text), (_, members) in zip(drawn, LAYERS, strict=True)
+        for member in members
+        if _file_of(member) not in text
+    ]
+    assert missing == []
 
 
 def test_the_checker_reports_a_planted_circle() -> None:

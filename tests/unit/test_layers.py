@@ -1,7 +1,8 @@
-"""STYLE: imports point downward only, down the layers of ``LAYERS`` (commands -> processes ->
-composition -> web, service -> settings -> shard, cluster -> listing -> storage -> the pure
-core), with no import circle between modules or between packages, so the pure fold loads
-without grpc or lmdb. Each rule of the layout is one test below, named in its docstring."""
+"""STYLE: imports point downward only, down the layers of ``LAYERS`` (commands -> client ->
+workers -> startup -> composition -> web, service -> settings -> shard, cluster -> listing ->
+storage -> the pure core), with no import circle between modules or between packages, so the
+pure fold loads without grpc or lmdb. Each rule of the layout is one test below, named in its
+docstring."""
 
 from __future__ import annotations
 
@@ -110,11 +111,12 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "sessionlog.dev",
             "sessionlog.admin",
             "sessionlog.transfer",
-            "sessionlog.cli_client",
             "sessionlog.testing",
         ),
     ),
-    ("processes", ("sessionlog.workers", "sessionlog.startup")),
+    ("client", ("sessionlog.cli_client",)),
+    ("workers", ("sessionlog.workers",)),
+    ("startup", ("sessionlog.startup",)),
     ("composition", (COMPOSITION,)),
     ("front ends", ("sessionlog.web", "sessionlog.service")),
     ("settings", ("sessionlog.config",)),

@@ -67,7 +67,7 @@ import lmdb
 from sessionlog import errors
 from sessionlog.cli_client import _client, channel, connection_options, natural, server_address
 from sessionlog.cluster.rejoin import RejoinRefused, rejoin
-from sessionlog.config import DEFAULT_DATA_DIR
+from sessionlog.defaults import DEFAULT_DATA_DIR
 from sessionlog.storage import (
     changes,
     compaction,

@@ -29,7 +29,7 @@ import sys
 from collections.abc import Sequence
 from typing import NoReturn
 
-from sessionlog import admin, config, dev, logs
+from sessionlog import admin, config, dev, logs, transfer
 from sessionlog.cli_client import add_commands, run_client
 from sessionlog.config import ConfigError, worker_count
 from sessionlog.shard import commands as shard_commands
@@ -59,7 +59,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     config.add_flags(serve_cmd)
     serve_cmd.set_defaults(run=None)
-    add_commands(commands)
+    add_commands(commands, built_on=[transfer.add_commands])
     admin.add_commands(commands)
     admin.add_replica_commands(commands)
     dev.add_commands(commands)

@@ -23,7 +23,7 @@ import os
 import re
 import signal
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -87,8 +87,10 @@ def server_address(value: str) -> str:
     return value
 
 
-def add_commands(commands: Any) -> None:
-    """Register the client subcommands on the `sessionlog` parser."""
+def add_commands(commands: Any, built_on: Sequence[Callable[[Any], None]] = ()) -> None:
+    """Register the client subcommands on the `sessionlog` parser; ``built_on`` registers the
+    groups built on this module's helpers (``transfer``), given its subcommand maker, where
+    their commands go in the list (``cli`` passes them: this module imports none of them)."""
     common = _common_flags()
 
     def sub(name: str, help_text: str, run: Callable[[argparse.Namespace], int]) -> Any:
@@ -334,9 +336,8 @@ def add_commands(commands: Any) -> None:
     p.add_argument("--ttl", type=float, default=30.0, help="seconds (acquire, renew)")
     p.add_argument("--force", action="store_true", help="release another holder's lease")
 
-    from sessionlog import transfer  # it builds on this module's helpers
-
-    transfer.add_commands(sub)
+    for add in built_on:
+        add(sub)
 
     p = sub("health", "check the server's gRPC health: exit 0 when SERVING, 1 otherwise", _health)
     p.add_argument("--service", default="", help="one service's health (default: the server's)")

@@ -22,12 +22,32 @@ import tomllib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from sessionlog import fold, retention
-
-if TYPE_CHECKING:
-    from sessionlog.cluster.settings import ClusterSettings
+from sessionlog.cluster import settings
+from sessionlog.cluster.settings import ClusterSettings, cluster_settings
+from sessionlog.defaults import (
+    DEFAULT_DATA_DIR,
+    DEFAULT_FOLLOW_SEND_RATE,
+    DEFAULT_HEARTBEAT_SECONDS,
+    DEFAULT_LEASE_TTL_SECONDS,
+    DEFAULT_LISTEN,
+    DEFAULT_MAP_SIZE,
+    DEFAULT_MAX_EVENTS_PER_APPEND,
+    DEFAULT_MAX_MESSAGE_BYTES,
+    DEFAULT_MAX_STREAMS,
+    DEFAULT_MAX_STREAMS_PER_CONNECTION,
+    DEFAULT_REPLICA_TIMEOUT_SECONDS,
+    DEFAULT_REQUEST_ID_TTL_SECONDS,
+    DEFAULT_RETENTION_SWEEP_INTERVAL_SECONDS,
+    DEFAULT_SHUTDOWN_GRACE_SECONDS,
+    DEFAULT_SYNC_TIMEOUT_SECONDS,
+    DEFAULT_WORKERS,
+)
+from sessionlog.defaults import ConfigError as ConfigError
+from sessionlog.shard.ownership import from_file
+from sessionlog.shard.shardmap import ShardMapError
 
 _SIZE = re.compile(r"^\s*(\d+)\s*([KMGT]i?B?|B)?\s*$", re.IGNORECASE)
 _UNITS = {"": 1, "B": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
@@ -130,9 +150,6 @@ def _cluster_setting(name: str) -> Callable[[Any], Any]:
     with a value; ``--cluster`` keeps its text (the endpoints are parsed again where used)."""
 
     def parse(value: Any) -> Any:
-        # Imported here: cluster.settings takes its error class from this module.
-        from sessionlog.cluster import settings
-
         parsed = getattr(settings, f"parse_{name}")(value)
         return value.strip() if name == "cluster" else parsed
 
@@ -192,36 +209,11 @@ def _setting(
     return field(default=setting.to_field(default), metadata={_SETTINGS_KEY: (setting,)})
 
 
-DEFAULT_DATA_DIR = "./sessionlog-data"
-DEFAULT_LISTEN = "127.0.0.1:50051"
-DEFAULT_MAP_SIZE = 8 << 30
-DEFAULT_REQUEST_ID_TTL_SECONDS = 24 * 3600
-DEFAULT_MAX_MESSAGE_BYTES = 4 << 20
-"""gRPC clients accept 4 MiB replies by default; a larger limit needs clients told so too."""
-DEFAULT_MAX_EVENTS_PER_APPEND = 10_000
-DEFAULT_MAX_STREAMS = 10_000
-DEFAULT_MAX_STREAMS_PER_CONNECTION = 1_000
-DEFAULT_HEARTBEAT_SECONDS = 15.0
-DEFAULT_FOLLOW_SEND_RATE = 5_000
-"""Live follow responses per second, all streams together, that one server paces itself to:
-about what one Python process sends while leaving time for appends (see ``StreamLimiter.pace``)."""
-DEFAULT_SHUTDOWN_GRACE_SECONDS = 10.0
-DEFAULT_RETENTION_SWEEP_INTERVAL_SECONDS = 60.0
-DEFAULT_REPLICA_TIMEOUT_SECONDS = 5.0
-DEFAULT_SYNC_TIMEOUT_SECONDS = 5.0
-DEFAULT_LEASE_TTL_SECONDS = 5
-"""A cluster member's etcd lease (--lease-ttl): a leader that cannot renew it stops writing
-after half of it, and a new one can be elected once it has run out."""
 SHARD_MAP_ETCD = "etcd"
 """``--shard-map etcd``: the map is read from the cluster's etcd (any other value is a file)."""
-DEFAULT_WORKERS = "auto"
 MAX_WORKERS = 256
 REPLICA_TIMEOUT_FLOOR_SECONDS = 0.3
 """Three times the shortest heartbeat a server sends (``service.follow.MIN_HEARTBEAT_SECONDS``)."""
-
-
-class ConfigError(ValueError):
-    """The configuration contradicts itself; the message says which values to change."""
 
 
 @dataclass(frozen=True)
@@ -633,8 +625,6 @@ class ServerConfig:
     def cluster_settings(self) -> ClusterSettings | None:
         """The group this server is a member of (None without --cluster); ConfigError when
         the four settings do not go together."""
-        from sessionlog.cluster.settings import cluster_settings
-
         if not self.cluster and self.shard_map:  # --group and --advertise name the map's group
             return cluster_settings(lease_ttl=self.lease_ttl)
         return cluster_settings(self.cluster, self.group, self.advertise, self.lease_ttl)
@@ -652,10 +642,6 @@ class ServerConfig:
             )
         if self.cluster or not self.shard_map:
             return
-        from sessionlog.cluster import settings
-        from sessionlog.shard.ownership import from_file
-        from sessionlog.shard.shardmap import ShardMapError
-
         for name, parse in (
             ("group", settings.parse_group),
             ("advertise", settings.parse_advertise),

@@ -25,19 +25,14 @@ from grpc_health.v1._async import HealthServicer
 from sessionlog import errors
 from sessionlog.cluster.promotion import Promoter
 from sessionlog.cluster.sync import SyncTracker
-from sessionlog.config import (
-    DEFAULT_DATA_DIR,
-    DEFAULT_LISTEN,
-    SHARD_MAP_ETCD,
-    ConfigError,
-    ServerConfig,
-    replica_token_of,
-)
+from sessionlog.config import SHARD_MAP_ETCD, ConfigError, ServerConfig, replica_token_of
+from sessionlog.defaults import DEFAULT_DATA_DIR, DEFAULT_LISTEN
 from sessionlog.retention import NS, Policy
 from sessionlog.service import app, metrics, sweeper
 from sessionlog.service.admin_service import AdminServicer
 from sessionlog.service.auth import AuthConfigError, AuthInterceptor, Authorizer, TokenTable
 from sessionlog.service.counters import Counters
+from sessionlog.service.doorbell import Peers
 from sessionlog.service.limits import StreamLimiter
 from sessionlog.service.notifier import Notifier
 from sessionlog.service.replication import ReplicaState, ReplicationServicer, Replicator
@@ -51,7 +46,6 @@ from sessionlog.storage.changes import FEED_KEY
 from sessionlog.storage.leadership import FENCED, Leadership
 from sessionlog.storage.store import Store, StoreConfig
 from sessionlog.web.app import HttpSites, ListenError
-from sessionlog.workers.doorbell import Peers
 
 if TYPE_CHECKING:
     from sessionlog.cluster.member import GroupMember

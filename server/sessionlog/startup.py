@@ -18,7 +18,13 @@ from sessionlog.config import ConfigError
 from sessionlog.storage.folder import FolderDamaged, FolderInUse, FolderUnwritable
 from sessionlog.storage.integrity import DamagedStore
 
-__all__ = ["run_event_loop", "start_failure"]
+__all__ = ["CannotStart", "run_event_loop", "start_failure"]
+
+
+class CannotStart(RuntimeError):
+    """A server could not start, for a reason its message gives in one line (a port in use, a
+    worker that failed): the process model's errors (``workers``) derive from it, so this
+    module, below them, names them all without importing them."""
 
 
 def run_event_loop(main: Coroutine[Any, Any, None]) -> None:
@@ -42,8 +48,6 @@ def start_failure(exc: BaseException, data_dir: str) -> str | None:
     """The one line that says why a server could not start, for the errors that say it; None
     for anything else (a bug: its traceback is the report)."""
     from sessionlog.server import BindError
-    from sessionlog.workers.ports import PortInUse
-    from sessionlog.workers.supervisor import WorkersFailed
 
     if isinstance(
         exc,
@@ -53,8 +57,7 @@ def start_failure(exc: BaseException, data_dir: str) -> str | None:
         | FolderDamaged
         | FolderUnwritable
         | DamagedStore
-        | PortInUse
-        | WorkersFailed,
+        | CannotStart,
     ):
         return str(exc)
     if isinstance(exc, errors.DataCorrupted):

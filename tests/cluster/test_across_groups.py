@@ -25,7 +25,7 @@ from typing import Any
 import grpc
 import pytest
 
-from sessionlog.service.servicer import encode_page_token
+from sessionlog.listing import encode_page_token
 from sessionlog.shard import scatter
 from sessionlog.shard.slots import slot_of
 from sessionlog.testing import error_info

@@ -16,7 +16,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from sessionlog.service.servicer import encode_page_token
+from sessionlog.listing import encode_page_token
 from sessionlog.testing import RunningServer, error_info
 from sessionlog_client import AsyncClient, Client
 from sessionlog_client.errors import PermissionDenied, Unauthenticated

@@ -41,7 +41,7 @@ from pathlib import Path
 
 import pytest
 
-from sessionlog.config import DEFAULT_DATA_DIR, DEFAULT_LISTEN
+from sessionlog.defaults import DEFAULT_DATA_DIR, DEFAULT_LISTEN
 from tests.e2e._proc import BIN_DIR, ServerProcess, clean_env, free_port
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from sessionlog import config, fold
+from sessionlog import config, defaults, fold
 from sessionlog.config import ConfigError, ServerConfig
 
 SECRET = "unit-secret-4b9e21c7d05f"
@@ -354,7 +354,7 @@ def test_cluster_settings_reach_the_server_config_and_run_one_process() -> None:
     assert (member.group, member.advertise, member.lease_ttl) == ("g", "127.0.0.1:7001", 3)
     assert str(member.endpoints[0]) == "127.0.0.1:2379"
     assert config.worker_count(built) == 1
-    assert config.server_config(resolve(*CLUSTER)).lease_ttl == config.DEFAULT_LEASE_TTL_SECONDS
+    assert config.server_config(resolve(*CLUSTER)).lease_ttl == defaults.DEFAULT_LEASE_TTL_SECONDS
     assert config.server_config(resolve()).cluster_settings is None
 
 

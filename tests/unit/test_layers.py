@@ -1,14 +1,18 @@
-"""STYLE: imports point downward (cli -> server -> service, web -> storage -> fold; config a
-leaf), so the pure fold loads without grpc or lmdb. Each rule of the layout is one test below,
-named in its docstring."""
+"""STYLE: imports point downward only, down the layers of ``LAYERS`` (commands -> client ->
+workers -> startup -> composition -> web, service -> settings -> shard, cluster -> listing ->
+storage -> the pure core), with no import circle between modules or between packages, so the
+pure fold loads without grpc or lmdb. Each rule of the layout is one test below, named in its
+docstring."""
 
 from __future__ import annotations
 
 import ast
 import dataclasses
 import json
+import re
 import subprocess
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 
 PROBE = """
@@ -97,6 +101,243 @@ def _offenders(layer: str, forbidden: tuple[str, ...]) -> dict[str, list[str]]:
     return out
 
 
+# -- the layers: every module's place, and the graph of who imports whom ------------------------
+
+LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    (
+        "commands",
+        (
+            "sessionlog.cli",
+            "sessionlog.dev",
+            "sessionlog.admin",
+            "sessionlog.transfer",
+            "sessionlog.testing",
+        ),
+    ),
+    ("client", ("sessionlog.cli_client",)),
+    ("workers", ("sessionlog.workers",)),
+    ("startup", ("sessionlog.startup",)),
+    ("composition", (COMPOSITION,)),
+    ("front ends", ("sessionlog.web", "sessionlog.service")),
+    ("settings", ("sessionlog.config",)),
+    ("groups", ("sessionlog.shard", "sessionlog.cluster")),
+    ("listing", ("sessionlog.listing",)),
+    ("storage", ("sessionlog.storage",)),
+    (
+        "core",
+        (
+            "sessionlog.fold",
+            "sessionlog.records",
+            "sessionlog.retention",
+            "sessionlog.wire",
+            "sessionlog.mirrors",
+            "sessionlog.stats",
+            "sessionlog.logs",
+            "sessionlog.terminal",
+            "sessionlog.errors",
+            "sessionlog.defaults",
+        ),
+    ),
+)
+"""The layers from top to bottom, each a few packages or top-level modules: a module may import
+its own layer's modules and those of the layers below it, never one above (README, Layers)."""
+
+Graph = Mapping[str, set[str]]
+
+
+def module_graph() -> dict[str, set[str]]:
+    """Who imports whom among the server package's modules (the empty root package left out)."""
+    known = set(SOURCES) - {"sessionlog"}
+    return {
+        name: {m for m in _imports(tree) if m in known and m != name}
+        for name, tree in SOURCES.items()
+        if name in known
+    }
+
+
+def unit_of(module: str) -> str:
+    """The package or top-level module a module belongs to: ``sessionlog.storage.store`` is in
+    ``sessionlog.storage``, ``sessionlog.fold`` is its own."""
+    return ".".join(module.split(".")[:2])
+
+
+def unit_graph(graph: Graph) -> dict[str, set[str]]:
+    """The module graph seen from one floor up: who imports whom among packages and top-level
+    modules (the imports inside one package left out)."""
+    units: dict[str, set[str]] = {}
+    for name, imported in graph.items():
+        units.setdefault(unit_of(name), set()).update(
+            unit_of(m) for m in imported if unit_of(m) != unit_of(name)
+        )
+    return units
+
+
+def circles(graph: Graph) -> list[list[str]]:
+    """One circle of imports (``[a, b, ..., a]``) for each group of nodes that reach each other,
+    found with Tarjan's strongly connected components; [] when the graph has none."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    groups: list[set[str]] = []
+
+    def visit(node: str) -> None:  # recursion depth is bounded by the number of modules
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for other in sorted(graph.get(node, set())):
+            if other not in index:
+                visit(other)
+                low[node] = min(low[node], low[other])
+            elif other in stack:
+                low[node] = min(low[node], index[other])
+        if low[node] == index[node]:
+            group: set[str] = set()
+            member = ""
+            while member != node:
+                member = stack.pop()
+                group.add(member)
+            if len(group) > 1 or node in graph.get(node, set()):
+                groups.append(group)
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return sorted(_circle_through(min(group), group, graph) for group in groups)
+
+
+def _circle_through(start: str, group: set[str], graph: Graph) -> list[str]:
+    """A shortest circle from ``start`` back to itself inside ``group`` (breadth first)."""
+    came_from: dict[str, str] = {}
+    frontier = [start]
+    while frontier:
+        following = []
+        for node in frontier:
+            for other in sorted(set(graph.get(node, set())) & group):
+                if other == start:
+                    path = [node]
+                    while path[-1] != start:
+                        path.append(came_from[path[-1]])
+                    return [*reversed(path), start]
+                if other not in came_from:
+                    came_from[other] = node
+                    following.append(other)
+        frontier = following
+    raise AssertionError(f"{start} is in no circle of {sorted(group)}")
+
+
+def layer_of(module: str, layers: tuple[tuple[str, tuple[str, ...]], ...] = LAYERS) -> int:
+    """The layer's position from the top (0) that holds ``module``; -1 when none does."""
+    for position, (_, members) in enumerate(layers):
+        if any(_in(member, module) for member in members):
+            return position
+    return -1
+
+
+def upward_imports(
+    graph: Graph, layers: tuple[tuple[str, tuple[str, ...]], ...] = LAYERS
+) -> list[tuple[str, str]]:
+    """Every (importer, imported) where the imported module sits in a higher layer."""
+    return sorted(
+        (name, imported)
+        for name, imports in graph.items()
+        for imported in imports
+        if layer_of(imported, layers) < layer_of(name, layers)
+    )
+
+
+GRAPH = module_graph()
+
+
+def test_every_module_has_one_layer() -> None:
+    """Rule: every module of the server package sits in exactly one layer of ``LAYERS`` (a new
+    module is placed before it is used), and every name ``LAYERS`` lists exists."""
+    placed = [
+        (name, [layer for layer, members in LAYERS if any(_in(m, name) for m in members)])
+        for name in GRAPH
+    ]
+    assert [(name, layers) for name, layers in placed if len(layers) != 1] == []
+    listed = [member for _, members in LAYERS for member in members]
+    assert [member for member in listed if member not in SOURCES] == []
+    assert len(listed) == len(set(listed))
+
+
+def test_no_import_circle_between_modules() -> None:
+    """Rule: no module imports, directly or through others, a module that imports it (function-
+    local and TYPE_CHECKING imports count: a circle dodged at run time is still a circle)."""
+    assert circles(GRAPH) == []
+
+
+def test_no_import_circle_between_packages() -> None:
+    """Rule: no circle between packages and top-level modules either (``config`` importing
+    ``cluster/`` while ``cluster/`` imports ``config``, say, through different modules)."""
+    assert circles(unit_graph(GRAPH)) == []
+
+
+def test_no_import_runs_up_a_layer() -> None:
+    """Rule: no module imports a module of a higher layer of ``LAYERS``."""
+    assert upward_imports(GRAPH) == []
+
+
+def _drawn_layers() -> list[tuple[str, str]]:
+    """The README's layer diagram, box by box from the top: each box's ``[name]`` and its text."""
+    readme = (PACKAGE.parents[1] / "README.md").read_text()
+    section = readme.split("\n## Layers\n", 1)[1].split("\n## ", 1)[0]
+    diagram = section.split("```text\n", 1)[1].split("```", 1)[0]
+    parts = re.split(r"\[([a-z ]+)\]", diagram)
+    return list(zip(parts[1::2], parts[2::2], strict=True))
+
+
+def _file_of(member: str) -> str:
+    """How the diagram names a layer's member: ``service/`` for a package, ``fold.py`` else."""
+    relative = member.removeprefix("sessionlog.").replace(".", "/")
+    return f"{relative}/" if (PACKAGE / relative).is_dir() else f"{relative}.py"
+
+
+def test_the_readme_draws_the_declared_layers() -> None:
+    """Rule: the README's layer diagram is ``LAYERS``: its boxes are the layers, named in the
+    same order, and each box names every package and top-level module of its layer."""
+    drawn = _drawn_layers()
+    assert [name for name, _ in drawn] == [name for name, _ in LAYERS]
+    missing = [
+        (name, _file_of(member))
+        for (name, text), (_, members) in zip(drawn, LAYERS, strict=True)
+        for member in members
+        if _file_of(member) not in text
+    ]
+    assert missing == []
+
+
+def test_the_checker_reports_a_planted_circle() -> None:
+    """The circle rules are not blind: a planted circle, a long one and a self-import are each
+    reported as the circle they make, and a tree (shared leaves) is none."""
+    tree: dict[str, set[str]] = {"a": {"b", "c"}, "b": {"d"}, "c": {"d"}, "d": set()}
+    assert circles(tree) == []
+    assert circles({**tree, "d": {"a"}}) == [["a", "b", "d", "a"]]
+    assert circles({**tree, "c": {"c"}}) == [["c", "c"]]
+    long = {"m1": {"m2"}, "m2": {"m3"}, "m3": {"m4"}, "m4": {"m2"}, "x": {"y"}, "y": {"x"}}
+    assert circles(long) == [["m2", "m3", "m4", "m2"], ["x", "y", "x"]]
+    planted_circle = ["sessionlog.errors", "sessionlog.fold", "sessionlog.errors"]
+    assert planted_circle in circles(GRAPH | {"sessionlog.errors": {"sessionlog.fold"}})
+    # two packages that import each other through different modules: no module circle, but
+    # a circle between the packages
+    tie = {"p.a.x": {"p.b.y"}, "p.b.y": set(), "p.b.z": {"p.a.w"}, "p.a.w": set()}
+    assert circles(tie) == []
+    assert circles(unit_graph(tie)) == [["p.a", "p.b", "p.a"]]
+    assert unit_graph({"p.a.x": {"p.a.w", "p.f"}, "p.a.w": {"p.a.x"}}) == {"p.a": {"p.f"}}
+
+
+def test_the_checker_reports_a_planted_upward_import() -> None:
+    """The layer rule is not blind: an import from storage up to the service, or from the fold
+    up to storage, is reported by name, and imports within a layer or down are not."""
+    layers = (("top", ("p.top",)), ("middle", ("p.mid", "p.side")), ("bottom", ("p.low",)))
+    down = {"p.top": {"p.mid", "p.low"}, "p.mid": {"p.side", "p.low"}, "p.side": {"p.mid"}}
+    assert upward_imports(down, layers) == []
+    assert upward_imports({**down, "p.low.x": {"p.side.y"}}, layers) == [("p.low.x", "p.side.y")]
+    store, paging = "sessionlog.storage.store", "sessionlog.service.paging"
+    planted = GRAPH | {store: GRAPH[store] | {paging}, "sessionlog.fold": {store}}
+    found = set(upward_imports(planted)) - set(upward_imports(GRAPH))
+    assert found == {("sessionlog.fold", store), (store, paging)}
+
+
 def test_the_source_walk_sees_every_layer() -> None:
     """The rules below are not vacuous: the walk finds each layer's modules and their imports."""
     for layer in ("sessionlog.fold", "sessionlog.storage.store", "sessionlog.service.servicer"):
@@ -161,9 +402,16 @@ def test_only_the_entry_points_import_the_composition_module() -> None:
     ]
 
 
-def test_config_is_a_leaf() -> None:
-    """Rule: config.py (ServerConfig, its errors and defaults) imports no service, storage,
-    web, composition, grpc or lmdb, so every layer may take its defaults from it."""
+def test_defaults_is_a_leaf() -> None:
+    """Rule: defaults.py (the settings' defaults and ConfigError) imports nothing of sessionlog,
+    nor grpc or lmdb, so every layer may take its defaults from it."""
+    imported = _imports(SOURCES["sessionlog.defaults"])
+    assert sorted(m for m in imported if m.split(".")[0] in ("sessionlog", "grpc", "lmdb")) == []
+
+
+def test_config_reaches_no_service_storage_or_transport() -> None:
+    """Rule: config.py (ServerConfig: the settings, read and checked with the cluster's and the
+    shard map's parsers) imports no service, storage, web, composition, grpc or lmdb."""
     forbidden = (
         "sessionlog.service",
         "sessionlog.storage",
@@ -175,11 +423,11 @@ def test_config_is_a_leaf() -> None:
     assert _offenders("sessionlog.config", forbidden) == {}
 
 
-def test_setting_defaults_are_written_only_in_config() -> None:
-    """Rule: no module but config.py assigns a DEFAULT_* that config.py declares."""
+def test_setting_defaults_are_written_only_in_defaults() -> None:
+    """Rule: no module but defaults.py assigns a DEFAULT_* that defaults.py declares."""
     declared = {
         target.id
-        for node in SOURCES["sessionlog.config"].body
+        for node in SOURCES["sessionlog.defaults"].body
         if isinstance(node, ast.Assign)
         for target in node.targets
         if isinstance(target, ast.Name) and target.id.startswith("DEFAULT_")
@@ -188,7 +436,7 @@ def test_setting_defaults_are_written_only_in_config() -> None:
     again = [
         (name, target.id)
         for name, tree in SOURCES.items()
-        if name != "sessionlog.config"
+        if name != "sessionlog.defaults"
         for node in ast.walk(tree)
         if isinstance(node, ast.Assign | ast.AnnAssign)
         for target in (node.targets if isinstance(node, ast.Assign) else [node.target])

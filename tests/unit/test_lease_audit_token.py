@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from sessionlog import errors
+from sessionlog.listing import encode_page_token
 from sessionlog.service.lease_audit import decode_token, encode_token
-from sessionlog.service.servicer import encode_page_token
 from sessionlog.storage.schema import AuditRecord, audit_key, split_audit_key
 from sessionlog.storage.store import AuditEntry
 

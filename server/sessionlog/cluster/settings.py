@@ -19,8 +19,8 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from sessionlog.config import DEFAULT_LEASE_TTL_SECONDS as DEFAULT_LEASE_TTL_SECONDS
-from sessionlog.config import ConfigError
+from sessionlog.defaults import DEFAULT_LEASE_TTL_SECONDS as DEFAULT_LEASE_TTL_SECONDS
+from sessionlog.defaults import ConfigError
 
 MIN_LEASE_TTL_SECONDS = 2
 """etcd's floor with its default election timeout (1 s): a shorter TTL is silently raised to

@@ -52,7 +52,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from sessionlog import errors
-from sessionlog.config import DEFAULT_SYNC_TIMEOUT_SECONDS
+from sessionlog.defaults import DEFAULT_SYNC_TIMEOUT_SECONDS
 from sessionlog.stats import SECONDS_BUCKETS, Histogram
 
 log = logging.getLogger(__name__)

@@ -3,7 +3,7 @@
 The audit database is keyed by session id + 0x00 + record number (``storage.schema``), so the
 whole audit is one ordered key range and a page is a cursor walk from the last key returned.
 A page token names that key, bound to the prefix it was listed under, exactly like
-ListSessions' tokens (``servicer.encode_page_token``): base64url without padding of one version
+ListSessions' tokens (``listing.encode_page_token``): base64url without padding of one version
 byte, the first 8 bytes of the prefix's SHA-256, the record number (u64 BE), then the session
 id's UTF-8. Fixed offsets, so decoding needs no general parser. Anything else is
 MALFORMED_REQUEST naming the field, as a bad ListSessions token is.

@@ -9,7 +9,7 @@ from typing import Any
 import grpc
 
 from sessionlog import errors
-from sessionlog.config import (
+from sessionlog.defaults import (
     DEFAULT_FOLLOW_SEND_RATE,
     DEFAULT_MAX_STREAMS,
     DEFAULT_MAX_STREAMS_PER_CONNECTION,

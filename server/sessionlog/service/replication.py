@@ -47,7 +47,7 @@ from google.rpc import error_details_pb2, status_pb2
 
 from sessionlog import errors, mirrors, wire
 from sessionlog.cluster.sync import SyncTracker
-from sessionlog.config import DEFAULT_HEARTBEAT_SECONDS, DEFAULT_REPLICA_TIMEOUT_SECONDS
+from sessionlog.defaults import DEFAULT_HEARTBEAT_SECONDS, DEFAULT_REPLICA_TIMEOUT_SECONDS
 from sessionlog.service.errors import abort
 from sessionlog.service.follow import follow, heartbeat_interval
 from sessionlog.service.limits import Outgoing, StreamLimiter

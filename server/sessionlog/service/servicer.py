@@ -9,13 +9,12 @@ events go out exactly as stored, with no parse and no re-serialize.
 from __future__ import annotations
 
 import asyncio
-import base64
 import functools
 import hashlib
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any, TypeVar
 
 import grpc
@@ -24,11 +23,12 @@ from google.protobuf.timestamp_pb2 import Timestamp
 
 from sessionlog import errors, fold, mirrors, wire
 from sessionlog.cluster.sync import SyncTracker
-from sessionlog.config import (
+from sessionlog.defaults import (
     DEFAULT_HEARTBEAT_SECONDS,
     DEFAULT_MAX_EVENTS_PER_APPEND,
     DEFAULT_MAX_MESSAGE_BYTES,
 )
+from sessionlog.listing import Listing, decode_listing_token, encode_listing_token
 from sessionlog.records import Filter, SessionRecord, parse_filter
 from sessionlog.service import expiration, follow_sessions, importing, ledger, paging
 from sessionlog.service.auth import ADMIN, Authorizer, Principal, bearer
@@ -1146,48 +1146,6 @@ def audit_message(record: AuditRecord) -> pb.LeaseAuditEntry:
     )
 
 
-PAGE_TOKEN_VERSION = 1
-_PREFIX_DIGEST_BYTES = 8
-_MAX_PAGE_TOKEN_CHARS = 4 * -(-(1 + _PREFIX_DIGEST_BYTES + fold.MAX_SESSION_ID_BYTES) // 3)
-"""No token this server hands out is longer: anything longer is refused before decoding."""
-
-
-def _prefix_digest(prefix: str) -> bytes:
-    return hashlib.sha256(prefix.encode()).digest()[:_PREFIX_DIGEST_BYTES]
-
-
-def encode_page_token(last_id: str, prefix: str) -> str:
-    """An opaque token: the last id returned, bound to the prefix it was listed under.
-
-    Layout, base64url without padding: one version byte, the first 8 bytes of the SHA-256 of
-    the prefix, then the last id's UTF-8. Fixed offsets, so decoding needs no general parser
-    (a JSON token let a deeply nested forgery reach the JSON parser's recursion limit); the
-    digest only binds the token to its listing, it is no secret.
-    """
-    payload = bytes((PAGE_TOKEN_VERSION,)) + _prefix_digest(prefix) + last_id.encode()
-    return base64.urlsafe_b64encode(payload).decode().rstrip("=")
-
-
-@dataclass(frozen=True)
-class Listing:
-    """What a page token is bound to: a token continues only the listing it came from."""
-
-    prefix: str
-    filter: str
-    order: str
-
-    def digest(self) -> bytes:
-        if not self.filter and self.order == BY_ID:
-            return _prefix_digest(self.prefix)  # the tokens of plain listings stay as they were
-        bound = "\x00".join((self.prefix, self.filter, self.order))
-        return hashlib.sha256(bound.encode()).digest()[:_PREFIX_DIGEST_BYTES]
-
-
-ORDER_TOKEN_VERSION = 2
-"""The first byte of a token of an update-time listing: its cursor is a ``recent`` key."""
-_MAX_LISTING_TOKEN_CHARS = _MAX_PAGE_TOKEN_CHARS + 12
-
-
 def listing_order(order_by: str) -> str:
     """The listing order an order_by names, or InvalidOrderBy."""
     spelled = " ".join(order_by.split())
@@ -1200,63 +1158,3 @@ def listing_order(order_by: str) -> str:
         '"update_time desc"',
         order_by=order_by[:60],
     )
-
-
-def encode_listing_token(cursor: bytes, listing: Listing) -> str:
-    """A page token: like ``encode_page_token``, bound to the prefix, filter and order; an
-    update-time listing's cursor is its last ``recent`` key (version 2)."""
-    version = ORDER_TOKEN_VERSION if listing.order == BY_UPDATE else PAGE_TOKEN_VERSION
-    payload = bytes((version,)) + listing.digest() + cursor
-    return base64.urlsafe_b64encode(payload).decode().rstrip("=")
-
-
-def decode_listing_token(token: str, listing: Listing) -> bytes:
-    """The cursor a token continues from; MalformedRequest for anything that is not a token
-    of this same listing."""
-    if not token:
-        return b""
-    version = ORDER_TOKEN_VERSION if listing.order == BY_UPDATE else PAGE_TOKEN_VERSION
-    try:
-        if len(token) > _MAX_LISTING_TOKEN_CHARS:
-            raise ValueError("longer than any page token")
-        padded = token + "=" * (-len(token) % 4)
-        payload = base64.b64decode(padded, altchars=b"-_", validate=True)
-        digest = payload[1 : 1 + _PREFIX_DIGEST_BYTES]
-        if payload[:1] != bytes((version,)) or digest != listing.digest():
-            raise ValueError("token does not match this listing")
-        cursor = payload[1 + _PREFIX_DIGEST_BYTES :]
-        id_part = cursor[8:] if version == ORDER_TOKEN_VERSION else cursor
-        if version == ORDER_TOKEN_VERSION and len(cursor) < 9:
-            raise ValueError("no update-time cursor")
-        fold.check_session_id(id_part.decode("utf-8"))
-    except (ValueError, errors.InvalidSessionId):
-        raise errors.MalformedRequest(
-            "page_token is not a token from a previous ListSessions call with the same prefix, "
-            "filter and order_by; list again from the start without one",
-            field="page_token",
-        ) from None
-    return cursor
-
-
-def decode_page_token(token: str, prefix: str) -> str:
-    """The last id of the page a token continues from; MalformedRequest for anything that is
-    not a token from a ListSessions call with this prefix (tokens of older servers included)."""
-    if not token:
-        return ""
-    try:
-        if len(token) > _MAX_PAGE_TOKEN_CHARS:
-            raise ValueError("longer than any page token")
-        padded = token + "=" * (-len(token) % 4)
-        payload = base64.b64decode(padded, altchars=b"-_", validate=True)
-        digest = payload[1 : 1 + _PREFIX_DIGEST_BYTES]
-        if payload[:1] != bytes((PAGE_TOKEN_VERSION,)) or digest != _prefix_digest(prefix):
-            raise ValueError("token does not match this listing")
-        last_id = payload[1 + _PREFIX_DIGEST_BYTES :].decode("utf-8")
-        fold.check_session_id(last_id)
-    except (ValueError, errors.InvalidSessionId):
-        raise errors.MalformedRequest(
-            "page_token is not a token from a previous ListSessions call with the same prefix; "
-            "list again from the start without one",
-            field="page_token",
-        ) from None
-    return last_id

@@ -33,7 +33,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from sessionlog.config import DEFAULT_HEARTBEAT_SECONDS
+from sessionlog.defaults import DEFAULT_HEARTBEAT_SECONDS
 from sessionlog.shard.shardmap import Group, ShardMap, ShardMapError, is_address
 from sessionlog.shard.slots import SESSION_HEADER, SLOTS
 

@@ -10,8 +10,8 @@ through HAProxy, which sends calls without ``x-session-id`` to a default group):
 
 Invariants:
 
-- Page tokens are the unsharded server's own: the last id of the page, bound to the listing's
-  prefix (``encode_page_token``). Every group lists its first ``size`` sessions after that id
+- Page tokens are the unsharded server's own (``sessionlog.listing``): the last id of the page,
+  bound to the listing's prefix. Every group lists its first ``size`` sessions after that id
   and the merge keeps the first ``size`` of their union in id order, up to the point every
   group has answered for (``merge``). A token is therefore a point in the one id order every
   group shares: it stays valid across writes and across groups, and no session is listed
@@ -45,6 +45,7 @@ import grpc
 from google.rpc import error_details_pb2, status_pb2
 
 from sessionlog import errors
+from sessionlog.listing import Listing, decode_listing_token, encode_listing_token
 from sessionlog.shard.shardmap import Group, ShardMap
 from sessionlog.storage import schema
 from sessionlog.v1 import session_log_service_pb2 as pb
@@ -259,12 +260,6 @@ class Scatter:
         ends = time.monotonic() + wait
 
         async def ask(group: Group) -> RecentAnswer:
-            from sessionlog.service.servicer import (
-                Listing,
-                decode_listing_token,
-                encode_listing_token,
-            )
-
             listing = Listing(prefix, filter_text, "update_time desc")
             token = encode_listing_token(after, listing) if after else ""
             request = pb.ListSessionsRequest(
@@ -294,13 +289,6 @@ class Scatter:
     ) -> Answer:
         """One group's page from its primary, else from its other members in turn, by
         ``ends`` (``time.monotonic``)."""
-        # Imported here: the servicer imports this module (its one page token format).
-        from sessionlog.service.servicer import (
-            Listing,
-            decode_listing_token,
-            encode_listing_token,
-        )
-
         listing = Listing(prefix, filter_text, "session_id")
         request = pb.ListSessionsRequest(
             prefix=prefix,

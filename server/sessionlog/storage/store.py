@@ -24,7 +24,7 @@ import lmdb
 from google.protobuf.struct_pb2 import Struct
 
 from sessionlog import errors, fold, wire
-from sessionlog.config import DEFAULT_MAP_SIZE, DEFAULT_REQUEST_ID_TTL_SECONDS
+from sessionlog.defaults import DEFAULT_MAP_SIZE, DEFAULT_REQUEST_ID_TTL_SECONDS
 from sessionlog.records import Filter, SessionRecord
 from sessionlog.retention import ACTOR, EXPIRED, IDLE, Policy
 from sessionlog.storage import (

@@ -20,9 +20,11 @@ The pieces, each in its module:
   the ports, starts the workers (fresh interpreters, never a fork of a process that has
   started gRPC), restarts one that dies, and drains them all on SIGTERM;
 - ``worker``: a worker's entry point: today's ``SessionLogServer`` with ``Peers``;
-- ``doorbell``: cross-process wakeups. A commit in one worker rings the others' eventfds;
+- ``service.doorbell`` (below the server, which rings and answers the bells): cross-process
+  wakeups. A commit in one worker rings the others' eventfds;
   a rung worker reads the change feed past what it has seen and wakes its followers of the
   sessions written there (a doorbell carries no data, so none can be lost: a bell rung
   while another is pending is one read of the feed, covering both);
+- ``service.shared_counts``: every worker's open streams and heartbeat, in shared memory;
 - ``ports``: checks that no other server listens on an address, then holds it for the workers.
 """

@@ -19,8 +19,10 @@ import socket
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from sessionlog.startup import CannotStart
 
-class PortInUse(RuntimeError):
+
+class PortInUse(CannotStart):
     """The address is in use or not this host's; the message names it and what to do."""
 
 

@@ -15,9 +15,9 @@ class WorkerSpec:
     slot: int
     count: int
     bells: tuple[int, ...]
-    """Every slot's eventfd (inherited): see ``doorbell``."""
+    """Every slot's eventfd (inherited): see ``service.doorbell``."""
     counts_fd: int
-    """The shared stream counts (inherited): see ``shared``."""
+    """The shared stream counts (inherited): see ``service.shared_counts``."""
     lock_fd: int
     """The folder lock's descriptor (inherited): see ``storage.folder``."""
     ready_fd: int

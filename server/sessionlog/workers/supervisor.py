@@ -5,7 +5,7 @@ It serves no call itself. In order, it:
 1. takes the data folder's lock (a second server is refused here, as a single one is);
 2. opens the store once and closes it: the damage checks and the history reconciliation run
    once, before any worker (workers open the folder ``prepared``: see ``storage.store.Store``);
-3. reserves the gRPC and HTTP ports (``ports``) and makes the doorbells (``doorbell``) and a
+3. reserves the gRPC and HTTP ports (``ports``) and makes the doorbells (``service.doorbell``) and a
    fresh metrics folder (prometheus_client's multiprocess mode, ``PROMETHEUS_MULTIPROC_DIR``);
 4. starts N workers, fresh interpreters (``python -m sessionlog.workers.worker``) that inherit
    the lock, the bells and a pipe on which each says ``ready``; if one cannot start, it stops
@@ -38,9 +38,11 @@ from prometheus_client import multiprocess
 
 from sessionlog.config import ServerConfig, worker_count
 from sessionlog.server import index_old_sessions, store_config
+from sessionlog.service import doorbell, shared_counts
+from sessionlog.startup import CannotStart
 from sessionlog.storage import folder
 from sessionlog.storage.store import Store
-from sessionlog.workers import doorbell, ports, shared
+from sessionlog.workers import ports
 from sessionlog.workers.spec import WorkerSpec
 
 log = logging.getLogger(__name__)
@@ -61,7 +63,7 @@ METRICS_PREFIX = "sessionlog-metrics-"
 """The metrics folders in the temp folder are named METRICS_PREFIX + supervisor PID + "-"."""
 
 
-class WorkersFailed(RuntimeError):
+class WorkersFailed(CannotStart):
     """A worker could not start; the message is its reason."""
 
 
@@ -133,7 +135,7 @@ class Supervisor:
         metrics = held.get("--metrics-listen", http if config.metrics_listen else "")
         self.port = ports.split(listen)[1]
         self._bells = doorbell.make_bells(self.count)
-        self._counts = shared.make_counts(self.count)
+        self._counts = shared_counts.make_counts(self.count)
         _remove_orphaned_metrics()
         self._metrics_dir = tempfile.mkdtemp(prefix=f"{METRICS_PREFIX}{os.getpid()}-")
         self._worker_config = dataclasses.replace(
@@ -143,7 +145,7 @@ class Supervisor:
             metrics_listen=metrics,
             workers=self.count,
             # The send rate is shared out (each worker paces its own streams); --max-streams is
-            # counted over every worker (``shared``).
+            # counted over every worker (``service.shared_counts``).
             follow_send_rate=math.ceil(config.follow_send_rate / self.count),
         )
 
@@ -262,7 +264,7 @@ class Supervisor:
                 },
             )
             _forget_metrics_of(process.pid, self._metrics_dir)
-            shared.clear(self._counts, self.count, worker.slot)  # its streams ended with it
+            shared_counts.clear(self._counts, self.count, worker.slot)  # its streams ended with it
             while not self._stopping.is_set():
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(pause):
@@ -296,7 +298,7 @@ class Supervisor:
                 process = worker.process
                 if process is None or process.returncode is not None:
                     continue
-                beat = shared.last_beat(self._counts, self.count, worker.slot)
+                beat = shared_counts.last_beat(self._counts, self.count, worker.slot)
                 silent = (now - beat) / 1e9
                 if beat and silent > UNRESPONSIVE_SECONDS:
                     log.error(
@@ -307,7 +309,7 @@ class Supervisor:
                             "silent_seconds": round(silent, 1),
                         },
                     )
-                    shared.clear(self._counts, self.count, worker.slot)
+                    shared_counts.clear(self._counts, self.count, worker.slot)
                     with contextlib.suppress(ProcessLookupError):
                         os.kill(process.pid, signal.SIGKILL)
 

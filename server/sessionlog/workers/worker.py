@@ -18,10 +18,10 @@ from pathlib import Path
 
 from sessionlog import logs
 from sessionlog.server import serve
+from sessionlog.service.doorbell import Peers
+from sessionlog.service.shared_counts import SharedCounts
 from sessionlog.startup import run_event_loop, start_failure
 from sessionlog.storage.folder import FolderLock
-from sessionlog.workers.doorbell import Peers
-from sessionlog.workers.shared import SharedCounts
 from sessionlog.workers.spec import WorkerSpec
 
 PR_SET_PDEATHSIG = 1

@@ -1,4 +1,4 @@
-"""Wake followers in every worker when any worker commits (see the package docstring).
+"""Wake followers in every worker when any worker commits (see ``sessionlog.workers``).
 
 Each worker slot has one eventfd, made by the supervisor before any worker starts and inherited
 by every worker, so a restarted worker finds its bell where its predecessor left it. After a
@@ -25,9 +25,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from sessionlog.service.notifier import Notifier
+from sessionlog.service.shared_counts import SharedCounts
 from sessionlog.storage.folder import FolderLock
 from sessionlog.storage.store import Store
-from sessionlog.workers.shared import SharedCounts
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +57,7 @@ class Peers:
     lock: FolderLock
     """The folder lock the supervisor took (inherited; held as long as any process has it)."""
     counts: SharedCounts | None = None
-    """The server's open streams, per worker (see ``shared``)."""
+    """The server's open streams, per worker (see ``shared_counts``)."""
 
     def __post_init__(self) -> None:
         self._others = [fd for slot, fd in enumerate(self.bells) if slot != self.slot]

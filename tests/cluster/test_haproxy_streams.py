@@ -6,9 +6,10 @@ Each test builds one group, a primary and a read replica (`sessionlog serve`, ea
 streams it carries 2 s after the reload, its ``hard-stop-after``).
 
 - The member carrying follow streams (the Python client's follow() and follow_sessions(), the
-  TypeScript client's follow(), `sessionlog tail`) is SIGKILLed: HAProxy ends each stream with
-  an RST_STREAM (gRPC: UNKNOWN "Stream removed", no ErrorInfo); every follower resumes through
-  HAProxy from its next seq and gets every event once, in order.
+  asyncio client's follow(), the TypeScript client's follow(), `sessionlog tail`) is
+  SIGKILLed: HAProxy ends each stream with an RST_STREAM (gRPC: UNKNOWN "Stream removed", no
+  ErrorInfo); every follower resumes through HAProxy from its next seq and gets every event
+  once, in order.
 - HAProxy is reloaded (`haproxy -sf OLDPID`) with the same followers open: the same.
 - A call that starts while the group has no primary (HAProxy answers 503) waits within its retry
   budget for one; one that never gets one fails saying the proxy answered and the group has no
@@ -17,6 +18,7 @@ streams it carries 2 s after the reload, its ``hard-stop-after``).
 
 from __future__ import annotations
 
+import asyncio
 import json
 import queue
 import subprocess
@@ -36,7 +38,7 @@ from sessionlog.shard import haproxy, hasync
 from sessionlog.shard.shardmap import Group, ShardMap
 from sessionlog.v1 import session_log_service_pb2 as pb
 from sessionlog.v1 import session_log_service_pb2_grpc as pb_grpc
-from sessionlog_client import Client, Retry, event
+from sessionlog_client import AsyncClient, Client, Retry, event
 from sessionlog_client.errors import Unavailable
 from tests.cluster.test_haproxy import _haproxy, _stop
 from tests.e2e._helpers import user
@@ -205,6 +207,40 @@ class Tail:
         return err
 
 
+class AsyncFollower:
+    """``AsyncClient.follow()`` read to ``count`` events in a thread with its own event loop."""
+
+    def __init__(self, address: str, session_id: str, count: int) -> None:
+        self.seqs: list[int] = []
+        self.reconnects = 0
+        self.error: BaseException | None = None
+        self._args = (address, session_id, count)
+        self._thread = threading.Thread(target=asyncio.run, args=(self._run(),), daemon=True)
+        self._thread.start()
+
+    async def _run(self) -> None:
+        address, session_id, count = self._args
+        try:
+            async with (
+                AsyncClient(address, retry=Retry(give_up_after=WAIT)) as client,
+                client.follow(session_id, heartbeat=HEARTBEAT) as events,
+            ):
+                async for got in events:
+                    self.seqs.append(got.seq)
+                    self.reconnects = events.reconnects
+                    if len(self.seqs) >= count:
+                        return
+        except Exception as error:
+            self.error = error
+
+    def wait(self) -> list[int]:
+        """Its seqs once it has read its count (or failed)."""
+        self._thread.join(WAIT)
+        assert not self._thread.is_alive(), f"the asyncio follower has {self.seqs}"
+        assert self.error is None, f"the asyncio follower failed: {self.error!r}"
+        return self.seqs
+
+
 @dataclass
 class Followers:
     """One follower of each kind on one session, all opened through HAProxy."""
@@ -213,6 +249,7 @@ class Followers:
     changes: list[Any]
     node: NodeFollower
     tail: Tail
+    aio: AsyncFollower
     client: Client
     heard: list[str]
     """Every line the Node follower printed so far."""
@@ -242,7 +279,8 @@ def _follow_everywhere(
     reader.start()
     worker = NodeFollower(front.address, session_id, count, int(HEARTBEAT * 1000))
     tail = Tail(front.address, session_id, tmp_path)
-    followers = Followers(python, changes, worker, tail, client, [])
+    aio = AsyncFollower(front.address, session_id, count)
+    followers = Followers(python, changes, worker, tail, aio, client, [])
     try:
         yield followers
     finally:
@@ -272,13 +310,15 @@ def _check_each_once(followers: Followers, count: int) -> None:
     assert seqs_in(followers.heard) == want, followers.heard
     _until(lambda: len(followers.tail.seqs) >= count, "sessionlog tail")
     assert followers.tail.seqs == want
+    assert followers.aio.wait() == want
+    assert followers.aio.reconnects >= 1
 
 
 @pytest.mark.usefixtures("node_modules")
 def test_followers_resume_when_the_member_carrying_them_is_killed(
     front: Front, tmp_path: Path
 ) -> None:
-    """Four followers whose streams HAProxy sends to the replica; the replica SIGKILLed: each
+    """Five followers whose streams HAProxy sends to the replica; the replica SIGKILLed: each
     resumes through HAProxy on the primary, no gap, no duplicate, and the Python ones count a
     reconnect."""
     session_id, count = "killed", 12
@@ -288,15 +328,16 @@ def test_followers_resume_when_the_member_carrying_them_is_killed(
         followers.python.wait_for(4)
         followers.hear("event 3")
         _until(lambda: len(followers.tail.seqs) >= 4, "the tail's first events")
-        assert front.streams_on(REPLICA_SERVER) >= 4  # three follows and a follow_sessions
+        _until(lambda: len(followers.aio.seqs) >= 4, "the asyncio follower's first events")
+        assert front.streams_on(REPLICA_SERVER) == 5  # four follows and a follow_sessions
         assert front.streams_on(PRIMARY_SERVER) == 0
         front.server_state(PRIMARY_SERVER, "ready")
         front.replica.kill()
         _write(followers.client, session_id, 4, count)
         _check_each_once(followers, count)
         assert followers.python.stream.reconnects >= 1
-        # follow, follow_sessions and tail go on from the primary (the Node worker has exited
-        # after its count)
+        # follow, follow_sessions and tail go on from the primary (the Node and asyncio
+        # followers have stopped after their count)
         assert front.streams_on(PRIMARY_SERVER) >= 3
 
 
@@ -311,6 +352,7 @@ def test_followers_resume_across_an_haproxy_reload(front: Front, tmp_path: Path)
         followers.python.wait_for(4)
         followers.hear("event 3")
         _until(lambda: len(followers.tail.seqs) >= 4, "the tail's first events")
+        _until(lambda: len(followers.aio.seqs) >= 4, "the asyncio follower's first events")
         old = front.reload()
         try:
             _write(followers.client, session_id, 4, 8)

@@ -378,11 +378,35 @@ def _answers_503(front: Front) -> bool:
     return False
 
 
+def _node_append(address: str, session_id: str, give_up_ms: int) -> subprocess.Popen[str]:
+    """A Node process that appends one event with a fresh TypeScript client and prints "ok" or
+    the error's message."""
+    script = (
+        "import { SessionLogClient } from '@sessionlog/client';"
+        f"const c = new SessionLogClient('{address}',"
+        f" {{ retry: {{ giveUpAfterMs: {give_up_ms} }} }});"
+        f"try {{ await c.append('{session_id}',"
+        " [{ type: 'user_message', data: { content: 'hi' } }]);"
+        " console.log('ok'); } catch (e) { console.log(e.message); } finally { c.close(); }"
+    )
+    return subprocess.Popen(
+        [node(), "--input-type=module", "-e", script],
+        cwd=PACKAGE,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+@pytest.mark.usefixtures("node_modules")
 def test_a_fresh_call_waits_for_a_primary_behind_the_proxy(front: Front) -> None:
-    """The primary killed, HAProxy answers 503: a fresh client's append waits (where it failed
-    at once, "cannot reach a sessionlog server") and succeeds once the primary is back."""
+    """The primary killed, HAProxy answers 503: a fresh client's append (Python, TypeScript)
+    waits (where it failed at once, "cannot reach a sessionlog server") and succeeds once the
+    primary is back."""
     front.primary.kill()
     _until(lambda: _answers_503(front), "HAProxy's 503")
+    ts = _node_append(front.address, "fresh-ts", round(WAIT * 1000))
     outcome: queue.Queue[Any] = queue.Queue()
 
     def append() -> None:
@@ -396,11 +420,14 @@ def test_a_fresh_call_waits_for_a_primary_behind_the_proxy(front: Front) -> None
     caller.start()
     with pytest.raises(queue.Empty):  # still waiting for a primary, 2 s on
         pytest.fail(f"the call ended with no primary: {outcome.get(timeout=2.0)!r}")
+    assert ts.poll() is None, ts.communicate()
     front.primary.start()
     reply = outcome.get(timeout=WAIT)
     assert isinstance(reply, pb.AppendResponse), reply
     assert reply.next_seq == 1
     caller.join(10)
+    out, err = ts.communicate(timeout=WAIT)
+    assert out.strip() == "ok", (out, err)
 
 
 @pytest.mark.usefixtures("node_modules")
@@ -437,22 +464,8 @@ def test_a_call_that_never_gets_a_primary_says_the_proxy_answered(
     )
     assert cli.returncode != 0
     _says_no_primary(cli.stderr)
-    script = (
-        "import { SessionLogClient } from '@sessionlog/client';"
-        f"const c = new SessionLogClient('{front.address}',"
-        " { retry: { giveUpAfterMs: 1500 } });"
-        "try { await c.append('fresh', [{ type: 'user_message', data: { content: 'hi' } }]);"
-        " console.log('ok'); } catch (e) { console.log(e.message); } finally { c.close(); }"
-    )
-    ts = subprocess.run(
-        [node(), "--input-type=module", "-e", script],
-        cwd=PACKAGE,
-        capture_output=True,
-        text=True,
-        timeout=WAIT,
-        check=False,
-    )
-    _says_no_primary(ts.stdout + ts.stderr)
+    out, err = _node_append(front.address, "fresh", 1500).communicate(timeout=WAIT)
+    _says_no_primary(out + err)
 
 
 def _says_no_primary(said: str) -> None:

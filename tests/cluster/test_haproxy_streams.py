@@ -6,10 +6,10 @@ Each test builds one group, a primary and a read replica (`sessionlog serve`, ea
 streams it carries 2 s after the reload, its ``hard-stop-after``).
 
 - The member carrying follow streams (the Python client's follow() and follow_sessions(), the
-  asyncio client's follow(), the TypeScript client's follow(), `sessionlog tail`) is
-  SIGKILLed: HAProxy ends each stream with an RST_STREAM (gRPC: UNKNOWN "Stream removed", no
-  ErrorInfo); every follower resumes through HAProxy from its next seq and gets every event
-  once, in order.
+  asyncio client's follow(), the TypeScript client's follow() and followSessions(), `sessionlog
+  tail`) is SIGKILLed: HAProxy ends each stream with an RST_STREAM (gRPC: UNKNOWN "Stream
+  removed", no ErrorInfo); every follower resumes through HAProxy from its next seq (or feed
+  position) and gets every event once, in order.
 - HAProxy is reloaded (`haproxy -sf OLDPID`) with the same followers open: the same.
 - A call that starts while the group has no primary (HAProxy answers 503) waits within its retry
   budget for one; one that never gets one fails saying the proxy answered and the group has no
@@ -207,6 +207,62 @@ class Tail:
         return err
 
 
+class NodeChanges:
+    """The TypeScript client's followSessions() in a Node process, read to ``count`` events:
+    it prints "event SEQ" for each event of each change, then "done RECONNECTS" (or "error
+    MESSAGE") and exits."""
+
+    def __init__(self, address: str, prefix: str, count: int) -> None:
+        script = (
+            "import { SessionLogClient } from '@sessionlog/client';"
+            f"const c = new SessionLogClient('{address}',"
+            f" {{ retry: {{ giveUpAfterMs: {round(WAIT * 1000)} }} }});"
+            f"const s = c.followSessions({{ prefix: '{prefix}', after: 0,"
+            f" heartbeatMs: {round(HEARTBEAT * 1000)} }});"
+            "let n = 0;"
+            "try { for await (const change of s) {"
+            " for (const e of change.events) { console.log(`event ${e.seq}`); n += 1; }"
+            f" if (n >= {count}) break; }}"
+            " console.log(`done ${s.reconnects}`);"
+            "} catch (e) { console.log(`error ${e.message}`); }"
+            " finally { s.close(); c.close(); }"
+            "process.exit(0);"
+        )
+        self.lines: list[str] = []
+        self.process = subprocess.Popen(
+            [node(), "--input-type=module", "-e", script],
+            cwd=PACKAGE,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.process.stdout is not None
+        for line in self.process.stdout:
+            self.lines.append(line.strip())
+
+    def seqs(self) -> list[int]:
+        return seqs_in(self.lines)
+
+    def finish(self) -> int:
+        """Its reconnects, once it has read its count and exited."""
+        _until(lambda: self.process.poll() is not None, "the Node followSessions exits")
+        self._reader.join(10)
+        last = self.lines[-1] if self.lines else ""
+        assert last.startswith("done "), self.lines
+        return int(last.split()[1])
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+        self.process.communicate(timeout=10)
+        self._reader.join(10)
+
+
 class AsyncFollower:
     """``AsyncClient.follow()`` read to ``count`` events in a thread with its own event loop."""
 
@@ -250,6 +306,7 @@ class Followers:
     node: NodeFollower
     tail: Tail
     aio: AsyncFollower
+    node_changes: NodeChanges
     client: Client
     heard: list[str]
     """Every line the Node follower printed so far."""
@@ -280,7 +337,8 @@ def _follow_everywhere(
     worker = NodeFollower(front.address, session_id, count, int(HEARTBEAT * 1000))
     tail = Tail(front.address, session_id, tmp_path)
     aio = AsyncFollower(front.address, session_id, count)
-    followers = Followers(python, changes, worker, tail, aio, client, [])
+    node_changes = NodeChanges(front.address, session_id, count)
+    followers = Followers(python, changes, worker, tail, aio, node_changes, client, [])
     try:
         yield followers
     finally:
@@ -289,6 +347,7 @@ def _follow_everywhere(
         python.stream.close()
         tail.stop()
         worker.stop()
+        node_changes.stop()
         client.close()
     assert errors.empty(), f"follow_sessions failed: {errors.get()!r}"
 
@@ -312,13 +371,15 @@ def _check_each_once(followers: Followers, count: int) -> None:
     assert followers.tail.seqs == want
     assert followers.aio.wait() == want
     assert followers.aio.reconnects >= 1
+    assert followers.node_changes.finish() >= 1
+    assert followers.node_changes.seqs() == want
 
 
 @pytest.mark.usefixtures("node_modules")
 def test_followers_resume_when_the_member_carrying_them_is_killed(
     front: Front, tmp_path: Path
 ) -> None:
-    """Five followers whose streams HAProxy sends to the replica; the replica SIGKILLed: each
+    """Six followers whose streams HAProxy sends to the replica; the replica SIGKILLed: each
     resumes through HAProxy on the primary, no gap, no duplicate, and the Python ones count a
     reconnect."""
     session_id, count = "killed", 12
@@ -329,7 +390,8 @@ def test_followers_resume_when_the_member_carrying_them_is_killed(
         followers.hear("event 3")
         _until(lambda: len(followers.tail.seqs) >= 4, "the tail's first events")
         _until(lambda: len(followers.aio.seqs) >= 4, "the asyncio follower's first events")
-        assert front.streams_on(REPLICA_SERVER) == 5  # four follows and a follow_sessions
+        _until(lambda: len(followers.node_changes.seqs()) >= 4, "Node followSessions' first")
+        assert front.streams_on(REPLICA_SERVER) == 6  # four follows, two follow_sessions
         assert front.streams_on(PRIMARY_SERVER) == 0
         front.server_state(PRIMARY_SERVER, "ready")
         front.replica.kill()
@@ -353,6 +415,7 @@ def test_followers_resume_across_an_haproxy_reload(front: Front, tmp_path: Path)
         followers.hear("event 3")
         _until(lambda: len(followers.tail.seqs) >= 4, "the tail's first events")
         _until(lambda: len(followers.aio.seqs) >= 4, "the asyncio follower's first events")
+        _until(lambda: len(followers.node_changes.seqs()) >= 4, "Node followSessions' first")
         old = front.reload()
         try:
             _write(followers.client, session_id, 4, 8)

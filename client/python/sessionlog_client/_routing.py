@@ -20,12 +20,13 @@ writes), and these answers move it:
                                       its deadline, and the group may have a new primary by then
 
 A read stream (since, follow, follow_sessions) also takes every other end the transport gives
-it for UNAVAILABLE: UNKNOWN "Stream removed" or INTERNAL with no ErrorInfo (a proxy lost the
-member behind the stream, or a reloaded proxy's old process stopped); it resumes from its next
-seq or position, which is safe for a read. A proxy's HTTP 502/503/504 (``_status.proxy_status``:
-HAProxy with no primary to send a write to) is an answer, not an unreachable address: the call
-waits its backoff and tries again like any UNAVAILABLE, and raises ``Unavailable`` saying so
-once its budget is spent.
+it for UNAVAILABLE (``_status.transport_end``: UNKNOWN "Stream removed", INTERNAL or CANCELLED
+with no ErrorInfo, when a proxy lost the member behind the stream or a reloaded proxy's old
+process stopped); it resumes from its next seq or position, which is safe for a read.
+
+A proxy's HTTP 502/503/504 (``_status.proxy_status``: HAProxy with no primary to send a write
+to) is an answer, not an unreachable address: the call waits its backoff and tries again like
+any UNAVAILABLE, and raises ``Unavailable`` saying so once its budget is spent.
 
 A follow stream that goes silent moves on as UNAVAILABLE does. Immediate re-sends within one
 call are bounded (``hop_limit``); past it each move waits its backoff, and the whole call gives

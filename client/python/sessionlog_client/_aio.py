@@ -47,6 +47,7 @@ from sessionlog_client.v1.event_pb2 import Event
 
 class AsyncEventStream(AsyncIterator[Event]):
     """The asyncio twin of :class:`EventStream`: reconnects from ``next_seq`` after UNAVAILABLE
+    or another end of the transport (a proxy's ``Stream removed``, an RST_STREAM, an HTTP 503)
     and after a follow stream's silence (``DEAD_AFTER_HEARTBEATS`` of its intervals).
 
     Use it in ``async with`` (or call ``aclose()``) so the gRPC call ends as soon as you stop
@@ -176,7 +177,7 @@ class AsyncEventStream(AsyncIterator[Event]):
             except grpc.RpcError as error:
                 if self._closed.is_set():
                     return
-                step = self._router.after(member, error, retry=True, hops=hops)
+                step = self._router.after(member, error, retry=True, hops=hops, stream=True)
                 hops += step is Step.AGAIN
                 budget = move_budget(error, self._connection.retry)
                 later = 0.0 if step is Step.AGAIN else backoff.next(budget)
@@ -321,7 +322,7 @@ class AsyncSessionsStream(AsyncIterator[pb.FollowedChange]):
             except grpc.RpcError as error:
                 if self._closed.is_set():
                     return
-                step = self._router.after(member, error, retry=True, hops=hops)
+                step = self._router.after(member, error, retry=True, hops=hops, stream=True)
                 hops += step is Step.AGAIN
                 delay = (
                     None if step is Step.RAISE else 0.0 if step is Step.AGAIN else backoff.next()

@@ -19,6 +19,15 @@ writes), and these answers move it:
                                       frozen primary (SIGSTOP, a partition) holds a call until
                                       its deadline, and the group may have a new primary by then
 
+A read stream (since, follow, follow_sessions) also takes every other end the transport gives
+it for UNAVAILABLE (``_status.transport_end``: UNKNOWN "Stream removed", INTERNAL or CANCELLED
+with no ErrorInfo, when a proxy lost the member behind the stream or a reloaded proxy's old
+process stopped); it resumes from its next seq or position, which is safe for a read.
+
+A proxy's HTTP 502/503/504 (``_status.proxy_status``: HAProxy with no primary to send a write
+to) is an answer, not an unreachable address: the call waits its backoff and tries again like
+any UNAVAILABLE, and raises ``Unavailable`` saying so once its budget is spent.
+
 A follow stream that goes silent moves on as UNAVAILABLE does. Immediate re-sends within one
 call are bounded (``hop_limit``); past it each move waits its backoff, and the whole call gives
 up after ``Retry.give_up_after`` like any retry.
@@ -64,7 +73,7 @@ import grpc
 from sessionlog_client import _etcd
 from sessionlog_client._common import DEFAULT_TARGET, Retry
 from sessionlog_client._shards import WRONG_GROUP, slot_of
-from sessionlog_client._status import error_info
+from sessionlog_client._status import error_info, proxy_status, transport_end
 from sessionlog_client.errors import LeadershipLost, NotPrimary, ReplicasUnavailable, Unavailable
 
 SLOT_MOVING = "SLOT_MOVING"
@@ -281,9 +290,11 @@ class Router:
         hops: int,
         deadline_moves: bool = False,
         session_id: str = "",
+        stream: bool = False,
     ) -> Step:
         """Record what ``error`` says about ``member`` and decide what the failed call does next
-        (``deadline_moves``: a unary call that retries, for which a deadline is no answer)."""
+        (``deadline_moves``: a unary call that retries, for which a deadline is no answer;
+        ``stream``: a read stream, which resumes after any end of the transport)."""
         trailers = error.trailing_metadata()
         info = error_info(trailers)
         if info is not None:
@@ -291,7 +302,11 @@ class Router:
         group = trailing_group(trailers)
         current = self.learn(member, trailing_epoch(trailers), group, session_id)
         code = error.code()
-        unavailable = code == grpc.StatusCode.UNAVAILABLE
+        proxied = proxy_status(error) is not None
+        unavailable = (
+            code == grpc.StatusCode.UNAVAILABLE or proxied or (stream and transport_end(error))
+        )
+        answered = member.reached or self.reached or proxied  # a proxy answered, if no server
         if info is not None and info.reason == ReplicasUnavailable.reason:
             return Step.LATER if retry else Step.RAISE  # committed here: never move for it
         if info is not None and info.reason == SLOT_MOVING:
@@ -299,7 +314,7 @@ class Router:
         if info is not None and info.reason == WRONG_GROUP:
             return Step.LATER if self.retry_wrong_group else Step.RAISE
         if not self.several:
-            if unavailable and info is None and not (member.reached or self.reached):
+            if unavailable and info is None and not answered:
                 raise self._unreachable(error, [member])
             return Step.LATER if retry and unavailable else Step.RAISE
         if info is not None and info.reason == NotPrimary.reason:
@@ -319,7 +334,7 @@ class Router:
             return Step.LATER
         if not unavailable:
             return Step.RAISE
-        if info is None and not (member.reached or self.reached):
+        if info is None and not answered:
             member.failed = True
             self.moved(member)
             with self._lock:

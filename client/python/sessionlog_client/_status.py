@@ -16,10 +16,16 @@ ErrorInfo come from the transport (a refused connection, a deadline) and map by 
 A reason this client does not know (a newer server) still gets the class of its status code
 (``InvalidArgument`` for INVALID_ARGUMENT...) with ``.reason`` set to the reason sent. The original
 ``grpc.RpcError`` is always the exception's ``__cause__``.
+
+A proxy in front of the servers (HAProxy) answers a call it has no server for with an HTTP
+status, 502, 503 or 504, which gRPC turns into UNAVAILABLE (UNKNOWN for other statuses) with
+the status in the details: ``proxy_status`` reads it, and ``Unavailable`` then says that the
+proxy answered and its group has no primary (or no serving member) right now.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 from typing import Any, ClassVar
 
@@ -29,6 +35,24 @@ from google.rpc import error_details_pb2, status_pb2
 from sessionlog_client import errors
 
 STATUS_DETAILS_KEY = "grpc-status-details-bin"
+PROXY_STATUSES = frozenset({502, 503, 504})
+"""The HTTP statuses a proxy answers when it has no server for a call (bad gateway, no server
+up, gateway timeout): no server saw the call."""
+# grpcio (C core): "Received http2 header with status: 503"; grpc-js: "Received HTTP status
+# code 503".
+_HTTP_STATUS = re.compile(r"(?:header with status|HTTP status code):? *(\d{3})\b")
+TRANSPORT_ENDS = frozenset(
+    {
+        grpc.StatusCode.UNAVAILABLE,
+        grpc.StatusCode.UNKNOWN,
+        grpc.StatusCode.INTERNAL,
+        grpc.StatusCode.CANCELLED,
+    }
+)
+"""The codes with which the transport ends a call when no server error does (no ErrorInfo): a
+dropped connection, an RST_STREAM (``Stream removed``: a proxy lost the member behind the
+call, or a reloaded proxy's old process stopped; CANCELLED when the peer reset it with CANCEL),
+a proxy's HTTP status. A stream this client closed itself never gets this far."""
 
 
 class TransportError(errors.SessionLogError):
@@ -88,6 +112,13 @@ def to_error(error: grpc.RpcError) -> errors.SessionLogError:
     code: grpc.StatusCode = error.code()
     message: str = error.details() or code.name
     info = error_info(error.trailing_metadata())
+    proxied = proxy_status(error) if info is None else None
+    if proxied is not None:
+        return errors.Unavailable(
+            f"a proxy answered HTTP {proxied} in place of a sessionlog server: the group it "
+            f"routes this call to has no primary (or no serving member) right now; try again "
+            f"once a failover has elected one ({message})"
+        )
     if info is None:
         cls = _BY_CODE.get(code)
         if cls is not None:
@@ -107,3 +138,24 @@ def to_error(error: grpc.RpcError) -> errors.SessionLogError:
 def is_unavailable(error: grpc.RpcError) -> bool:
     """True for the one status a client retries: UNAVAILABLE (transport or server shutdown)."""
     return bool(error.code() == grpc.StatusCode.UNAVAILABLE)
+
+
+def proxy_status(error: grpc.RpcError) -> int | None:
+    """The HTTP status (502, 503 or 504) a proxy answered ``error`` with, or None: a status
+    without ErrorInfo whose details name one (see the module docstring)."""
+    found = _HTTP_STATUS.search(error.details() or "")
+    if found is None or int(found.group(1)) not in PROXY_STATUSES:
+        return None
+    if error_info(error.trailing_metadata()) is not None:
+        return None
+    return int(found.group(1))
+
+
+def transport_end(error: grpc.RpcError) -> bool:
+    """A call ended by the transport or a proxy, not by a server's answer: nothing the server
+    refused, so a read stream resumes from where it was (see ``TRANSPORT_ENDS``). A handler's
+    crash (gRPC's "Exception calling application" / "Exception iterating responses") is the
+    server's answer, not the transport's."""
+    if error.code() not in TRANSPORT_ENDS or (error.details() or "").startswith("Exception "):
+        return False
+    return error_info(error.trailing_metadata()) is None

@@ -89,11 +89,14 @@ class EventStream(Iterator[Event]):
     """Events of one session from a seq on, one at a time, surviving dropped connections.
 
     Returned by :meth:`Client.since` and :meth:`Client.follow`. When the stream fails with
-    UNAVAILABLE (the server restarted or shut down, the connection dropped), or a follow stream
-    hears nothing, not even a heartbeat, for ``DEAD_AFTER_HEARTBEATS`` of the intervals it asked
-    for (a dead link), it reconnects by itself and asks for ``next_seq``, the seq after the last
-    event it delivered: no event is skipped and none is delivered twice. It gives up (raising
-    ``Unavailable``) only after the client's ``Retry.give_up_after`` seconds without an answer.
+    UNAVAILABLE (the server restarted or shut down, the connection dropped) or another end of the
+    transport (UNKNOWN "Stream removed" or INTERNAL with no ErrorInfo: a proxy lost the member
+    behind the stream, or a reloaded proxy's old process stopped; a proxy's HTTP 502/503/504),
+    or a follow stream hears nothing, not even a heartbeat, for ``DEAD_AFTER_HEARTBEATS`` of the
+    intervals it asked for (a dead link), it reconnects by itself and asks for ``next_seq``, the
+    seq after the last event it delivered: no event is skipped and none is delivered twice. It
+    gives up (raising ``Unavailable``) only after the client's ``Retry.give_up_after`` seconds
+    without an answer.
 
     Stop it with ``close()`` (safe from another thread), by leaving a ``with`` block, or by
     breaking out of the loop; closing the client closes it too.
@@ -221,7 +224,7 @@ class EventStream(Iterator[Event]):
                     self._router.moved(member)
                     step = Step.LATER
                 else:
-                    step = self._router.after(member, error, retry=True, hops=hops)
+                    step = self._router.after(member, error, retry=True, hops=hops, stream=True)
                 if step is Step.RAISE:
                     raise to_error(error) from error
                 budget = move_budget(error, self._connection.retry)
@@ -243,8 +246,9 @@ class EventStream(Iterator[Event]):
 class SessionsStream(Iterator[pb.FollowedChange]):
     """The changes of every followed session (``Client.follow_sessions``), one at a time, in
     the server's change-feed order, surviving dropped connections like ``EventStream``: after
-    UNAVAILABLE or a dead link it reconnects and asks for the changes after ``position``, the
-    last position the server sent (heartbeats included), so no change is skipped or repeated.
+    UNAVAILABLE, another end of the transport (as ``EventStream``) or a dead link it
+    reconnects and asks for the changes after ``position``, the last position the server sent
+    (heartbeats included), so no change is skipped or repeated.
 
     Each item is a ``FollowedChange``: ``session_id``, ``position``, ``events`` (a redaction's
     rewritten events are sent again, redacted) and ``deleted``.
@@ -376,7 +380,7 @@ class SessionsStream(Iterator[pb.FollowedChange]):
                     self._router.moved(member)
                     step = Step.LATER
                 else:
-                    step = self._router.after(member, error, retry=True, hops=hops)
+                    step = self._router.after(member, error, retry=True, hops=hops, stream=True)
                 if step is Step.RAISE:
                     raise to_error(error) from error
                 delay = 0.0 if step is Step.AGAIN else backoff.next()

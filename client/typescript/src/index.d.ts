@@ -421,10 +421,6 @@ export class ReplicasUnavailableError extends SessionLogError {
   readonly position: number;
 }
 
-/**
- * Events of one session from a seq on; resumes from nextSeq after UNAVAILABLE, and after a follow
- * stream stayed silent for DEAD_AFTER_HEARTBEATS of its heartbeat intervals.
- */
 /** One committed write of a followed session (followSessions). */
 export interface FollowedChange {
   sessionId: string;
@@ -436,7 +432,8 @@ export interface FollowedChange {
   deleted: boolean;
 }
 
-/** The changes of every followed session, resuming after `position` on reconnect. */
+/** The changes of every followed session, resuming after `position` on reconnect (after the
+ * same ends as EventStream). */
 export class SessionsStream implements AsyncIterable<FollowedChange> {
   readonly prefix: string;
   readonly filter: string;
@@ -449,6 +446,13 @@ export class SessionsStream implements AsyncIterable<FollowedChange> {
   close(): void;
 }
 
+/**
+ * Events of one session from a seq on; resumes from nextSeq after UNAVAILABLE or another end of
+ * the transport with no ErrorInfo (UNKNOWN, INTERNAL or CANCELLED from an RST_STREAM: a proxy
+ * lost the member behind the stream, or a reloaded proxy's old process stopped; a proxy's HTTP
+ * 502/503/504), and after a follow stream stayed silent for DEAD_AFTER_HEARTBEATS of its
+ * heartbeat intervals. A server's own refusal (INVALID_ARGUMENT, NOT_FOUND, ...) still throws.
+ */
 export class EventStream implements AsyncIterable<Event> {
   readonly sessionId: string;
   readonly nextSeq: number;
@@ -663,3 +667,5 @@ export function errorInfo(
   error: unknown,
 ): { reason: string; domain: string; metadata: Record<string, string> } | null;
 export function toError(error: unknown): unknown;
+/** The HTTP status (502, 503, 504) a proxy answered a call with in place of a server, or null. */
+export function proxyStatus(error: unknown): number | null;

@@ -181,6 +181,15 @@ const ERROR_CLASSES = {
 export function toError(error) {
   if (error instanceof SessionLogError || typeof error?.code !== "number") return error;
   const info = errorInfo(error);
+  const proxied = info ? null : proxyStatus(error);
+  if (proxied !== null) {
+    return new SessionLogError(
+      `a proxy answered HTTP ${proxied} in place of a sessionlog server: the group it routes ` +
+        "this call to has no primary (or no serving member) right now; try again once a " +
+        `failover has elected one (${error.details || error.message})`,
+      { code: grpc.status.UNAVAILABLE, reason: "UNAVAILABLE", cause: error },
+    );
+  }
   const Class = ERROR_CLASSES[info?.reason] ?? SessionLogError;
   return new Class(error.details || error.message, {
     code: error.code,
@@ -189,6 +198,31 @@ export function toError(error) {
     metadata: info?.metadata ?? {},
     cause: error,
   });
+}
+
+/**
+ * The HTTP status (502, 503 or 504) a proxy (HAProxy) answered a call with when it had no
+ * server for it, read from the details of a status without ErrorInfo ("Received HTTP status
+ * code 503"; grpcio: "Received http2 header with status: 503"); null otherwise.
+ */
+export function proxyStatus(error) {
+  if (errorInfo(error)) return null;
+  const found = /(?:header with status|HTTP status code):? *(\d{3})\b/.exec(String(error?.details ?? ""));
+  const status = found ? Number(found[1]) : 0;
+  return [502, 503, 504].includes(status) ? status : null;
+}
+
+/** The codes with which the transport ends a call when no server error does (no ErrorInfo). */
+const TRANSPORT_ENDS = new Set([grpc.status.UNAVAILABLE, grpc.status.UNKNOWN, grpc.status.INTERNAL, grpc.status.CANCELLED]);
+
+/**
+ * A call ended by the transport or a proxy, not by a server's answer: a dropped connection, an
+ * RST_STREAM (a proxy lost the member behind the call, or a reloaded proxy's old process
+ * stopped), a proxy's HTTP status. A read stream resumes after it from where it was; a stream
+ * closed by this client never gets this far.
+ */
+function transportEnd(error) {
+  return TRANSPORT_ENDS.has(error?.code) && !errorInfo(error) && !(error instanceof SessionLogError);
 }
 
 // -- values -----------------------------------------------------------------------------------
@@ -894,7 +928,9 @@ function loadServices(protoDir) {
 
 /**
  * A stream of one session's events from a seq on, as an async iterator. On UNAVAILABLE (server
- * restart, dropped connection), and when a follow stream hears nothing, not even a heartbeat,
+ * restart, dropped connection) or another end of the transport (transportEnd: a proxy's RST_STREAM
+ * when the member behind the stream died or a reloaded proxy's old process stopped, a proxy's
+ * HTTP 502/503/504), and when a follow stream hears nothing, not even a heartbeat,
  * for DEAD_AFTER_HEARTBEATS of the intervals it asked for (a dead link), it reconnects from
  * nextSeq, the seq after the last event it delivered: no gap, no duplicate. close() or breaking
  * out of the loop ends it. Time the caller spends on an event does not count as silence.
@@ -1003,7 +1039,7 @@ export class EventStream {
           this.deadStreams += 1;
           client._moved(member);
         } else {
-          step = client._after(member, error, true, hops);
+          step = client._after(member, error, true, hops, false, "", true);
         }
         hops += step === AGAIN;
         delay = step === AGAIN ? 0 : step === LATER ? backoff.next(moveBudget(error, client.retry)) : null;
@@ -1035,8 +1071,8 @@ export class EventStream {
 
 /**
  * The changes of every followed session (client.followSessions), as an async iterator of
- * { sessionId, position, events, deleted }, in the server's change-feed order. On UNAVAILABLE or
- * a dead link it reconnects and asks for the changes after `position`, the last position the
+ * { sessionId, position, events, deleted }, in the server's change-feed order. On UNAVAILABLE,
+ * another end of the transport (as EventStream) or a dead link it reconnects and asks for the changes after `position`, the last position the
  * server sent (heartbeats included): no gap, no duplicate. close() or breaking out ends it.
  */
 export class SessionsStream {
@@ -1144,7 +1180,7 @@ export class SessionsStream {
         if (this.closed) return;
         let step = LATER;
         if (dead) client._moved(member);
-        else step = client._after(member, error, true, hops);
+        else step = client._after(member, error, true, hops, false, "", true);
         hops += step === AGAIN;
         delay = step === AGAIN ? 0 : step === LATER ? backoff.next() : null;
         if (delay === null && dead) throw deadStream(silenceMs, error);
@@ -1375,18 +1411,22 @@ export class SessionLogClient {
   /** Record what error says about member and decide what the failed call does: AGAIN, LATER or
    * RAISE (or throw at once when no address has ever answered). deadlineMoves: a unary call that
    * retries, for which a deadline is no answer. */
-  _after(member, error, retry, hops, deadlineMoves = false, sessionId = "") {
+  _after(member, error, retry, hops, deadlineMoves = false, sessionId = "", stream = false) {
     const info = errorInfo(error);
     if (info) member.reached = true;
     const group = trailingGroup(error?.metadata);
     let current = this._learn(member, trailingEpoch(error?.metadata), group, sessionId);
-    const unavailable = error?.code === grpc.status.UNAVAILABLE;
+    // A proxy's 502/503/504 is an answer (no primary right now), not an unreachable address;
+    // a read stream (stream) resumes after any end of the transport.
+    const proxied = proxyStatus(error) !== null;
+    const unavailable = error?.code === grpc.status.UNAVAILABLE || proxied || (stream && transportEnd(error));
+    const answered = member.reached || proxied;
     if (info?.reason === "REPLICAS_UNAVAILABLE") return retry ? LATER : RAISE; // committed here
     if (info?.reason === "SLOT_MOVING") return LATER; // written nowhere: wait for the flip, here
     if (info?.reason === WRONG_GROUP) return this._retryWrongGroup ? LATER : RAISE;
     if (!this._several) {
       if (error?.settle) throw error;
-      if (unavailable && !info && !member.reached) throw unreachable([member], error);
+      if (unavailable && !info && !answered) throw unreachable([member], error);
       return retry && unavailable ? LATER : RAISE;
     }
     if (info?.reason === "NOT_PRIMARY") {
@@ -1406,7 +1446,7 @@ export class SessionLogClient {
       return LATER;
     }
     if (!unavailable) return RAISE;
-    if (!info && !member.reached) {
+    if (!info && !answered) {
       member.failed = true;
       this._moved(member);
       const untried = this._members.filter((m) => !m.reached);

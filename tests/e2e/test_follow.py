@@ -22,6 +22,8 @@ from sessionlog.v1 import session_log_service_pb2_grpc as pb_grpc
 from tests.e2e._helpers import user
 from tests.e2e._proc import running_server
 
+pytestmark = pytest.mark.workers
+
 STREAM_DEADLINE = 30.0
 Stream = Iterator[pb.SinceResponse]
 

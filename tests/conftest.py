@@ -19,8 +19,9 @@ test_metrics_workers.py) are not marked either: a second pass would repeat them 
 
 from __future__ import annotations
 
+import itertools
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -31,6 +32,7 @@ from sessionlog.v1 import session_log_service_pb2_grpc as pb_grpc
 from tests.e2e._proc import running_server, workers_under_test
 
 _DESELECTED = pytest.StashKey[list[str]]()
+_TESTS = itertools.count()
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -105,3 +107,11 @@ def server(tmp_path: Path) -> Iterator[RunningServer]:
 def stub(server: RunningServer) -> pb_grpc.SessionLogServiceStub:
     """A SessionLogService client of the ``server`` fixture."""
     return server.stub()
+
+
+@pytest.fixture
+def sid() -> Callable[[str], str]:
+    """This test's id for its session ``name`` (``t7.s``), for a module whose tests share one
+    server (a server start costs seconds in workers mode): no other test has the same ids."""
+    prefix = f"t{next(_TESTS)}."
+    return lambda name: prefix + name

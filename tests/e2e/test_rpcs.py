@@ -1,12 +1,11 @@
 """The semantics of Append, Since, Surface and DeriveMessages (SPEC §1-8), end to end over gRPC.
 
 One server for the module (in workers mode a `serve --workers 2` process, whose start costs
-seconds); each test names its sessions through ``sid``, so no two tests share a session.
+seconds); each test names its sessions through the ``sid`` fixture, so no two share one.
 """
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -38,8 +37,6 @@ pytestmark = pytest.mark.workers
 Role = message_pb2.Role
 Sid = Callable[[str], str]
 
-_tests = itertools.count()
-
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
@@ -51,13 +48,6 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
 @pytest.fixture(scope="module")
 def stub(server: RunningServer) -> Stub:
     return server.stub()
-
-
-@pytest.fixture
-def sid() -> Sid:
-    """This test's id for its session ``name`` (``t7.s``): no other test of the module has it."""
-    prefix = f"t{next(_tests)}."
-    return lambda name: prefix + name
 
 
 # -- helpers ------------------------------------------------------------------------------------

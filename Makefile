@@ -35,14 +35,15 @@ test: $(VENV)/.dev-stamp browser go-tools etcd-tools haproxy-tools
 	$(BIN)/python -m pytest --durations=25
 	$(MAKE) --no-print-directory test-workers
 
-## test-workers: the e2e files marked `workers` against `sessionlog serve --workers 2` processes.
-## The rule: a file is marked when what it checks crosses worker processes (the core semantics
-## and every RPC once, the wakeups of follow, FollowSessions and the change feed, leases and
-## request ids, auth, limits and settings every worker must apply, metrics, signals and crashes).
-## Every other e2e file checks code that runs the same in each worker, and runs once, in the
-## default pass; test_workers*.py and test_metrics_workers.py start their own multi-process
-## servers in either mode, so they too run once. The tests marked in_process, which reach inside
-## a server in the test's own process, are deselected here.
+## test-workers: the e2e tests marked `workers` against `sessionlog serve --workers 2` processes.
+## The rule: a module (`pytestmark`) or a test is marked when what it checks crosses worker
+## processes: the core semantics and leases (test_rpcs, test_lease), the wakeups of follow,
+## FollowSessions and the change feed, what every worker must apply of the settings (tokens on
+## every RPC, TLS), metrics summed over workers, the log, signals and crashes of a server of
+## several processes. Every other e2e test runs code that is the same in whichever worker takes
+## the call, and runs once, in the default pass; test_workers*.py and test_metrics_workers.py
+## start their own multi-process servers in either mode, so they too run once. The tests marked
+## in_process, which reach inside a server in the test's own process, are deselected here.
 test-workers: $(VENV)/.dev-stamp browser go-tools etcd-tools haproxy-tools
 	$(BIN)/python -m pytest tests/e2e --workers 2 -m workers --durations=25
 

@@ -5,16 +5,18 @@ server the e2e tests start as `sessionlog serve --workers N` processes (see
 ``tests.e2e._proc``), and deselects the tests marked ``in_process``, which reach inside a server
 running in the test's own process.
 
-`make test-workers` runs only the e2e modules marked ``workers`` (``pytestmark =
-pytest.mark.workers``) in that mode, and `make test` runs every module in the default one. The
-rule for the mark: a module is marked when what it checks crosses worker processes: the core
-semantics and every RPC once, the wakeups of follow, FollowSessions and the change feed (a commit
-on one worker, its reader on another), leases and request ids, what each worker must apply of
-the server's settings (tokens, TLS, limits, the console), metrics summed over workers, signals
-and crashes of a server of several processes. A module whose checks run the same code inside
-whichever worker takes the call is not marked: it runs once, in the default pass. Modules that
-start their own ``--workers N`` servers in either mode (test_workers.py, test_workers_faults.py,
-test_metrics_workers.py) are not marked either: a second pass would repeat them exactly.
+`make test-workers` runs only the e2e tests marked ``workers`` in that mode (a module's
+``pytestmark = pytest.mark.workers``, or a test's mark), and `make test` runs every test in the
+default one. The rule for the mark: a test is marked when what it checks crosses worker
+processes: the core semantics and leases (test_rpcs, test_lease), the wakeups of follow,
+FollowSessions and the change feed (a commit on one worker, its reader on another), what each
+worker must apply of the server's settings (tokens on every RPC, TLS), metrics summed over
+workers, the log, signals and crashes of a server of several processes. A test whose checks run
+the same code inside whichever worker takes the call is not marked: it runs once, in the default
+pass. Modules that start their own ``--workers N`` servers in either mode (test_workers.py,
+test_workers_faults.py, test_metrics_workers.py) are not marked either: a second pass would
+repeat them exactly. A marked module that shares one server between its tests gives each test
+its own session ids (the ``sid`` fixture): a server start costs seconds in workers mode.
 """
 
 from __future__ import annotations

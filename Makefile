@@ -29,7 +29,7 @@ run: $(VENV)/.run-stamp
 cluster: $(VENV)/.run-stamp etcd-tools haproxy-tools
 	$(BIN)/sessionlog dev cluster --groups 2
 
-## test: install everything and run the whole suite, then the e2e files marked `workers` again
+## test: install everything and run the whole suite, then the e2e tests marked `workers` again
 ## against --workers 2 servers (`make test-workers`). Each pass ends with its 25 slowest tests.
 test: $(VENV)/.dev-stamp browser go-tools etcd-tools haproxy-tools
 	$(BIN)/python -m pytest --durations=25

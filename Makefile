@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 PROTOS := $(wildcard proto/sessionlog/v1/*.proto)
 SERVICE_PROTOS := $(wildcard proto/sessionlog/v1/*_service.proto)
 
-.PHONY: run cluster test test-workers browser go-tools etcd-tools haproxy-tools check lint format gen gen-client gen-go gen-check bench bench-tools clean docs
+.PHONY: run cluster test test-workers try-latest browser go-tools etcd-tools haproxy-tools check lint format gen gen-client gen-go gen-check bench bench-tools clean docs
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -29,17 +29,46 @@ run: $(VENV)/.run-stamp
 cluster: $(VENV)/.run-stamp etcd-tools haproxy-tools
 	$(BIN)/sessionlog dev cluster --groups 2
 
-## test: install everything and run the whole suite, then the e2e tests again against
-## --workers 2 servers (`make test-workers`)
+## test: install everything and run the whole suite, then the e2e tests marked `workers` again
+## against --workers 2 servers (`make test-workers`). Each pass ends with its 25 slowest tests.
 test: $(VENV)/.dev-stamp browser go-tools etcd-tools haproxy-tools
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest --durations=25
 	$(MAKE) --no-print-directory test-workers
 
-## test-workers: the e2e tests against `sessionlog serve --workers 2` processes (the unit and
-## integration layers start no server, so they run once, in `make test`); the tests marked
-## in_process, which reach inside a server in the test's own process, are deselected
+## test-workers: the e2e tests marked `workers` against `sessionlog serve --workers 2` processes.
+## The rule: a module (`pytestmark`) or a test is marked when what it checks crosses worker
+## processes: the core semantics and leases (test_rpcs, test_lease), the wakeups of follow,
+## FollowSessions and the change feed, what every worker must apply of the settings (tokens on
+## every RPC, TLS), metrics summed over workers, the log, signals and crashes of a server of
+## several processes. Every other e2e test runs code that is the same in whichever worker takes
+## the call, and runs once, in the default pass; test_workers*.py and test_metrics_workers.py
+## start their own multi-process servers in either mode, so they too run once. The tests marked
+## in_process, which reach inside a server in the test's own process, are deselected here.
 test-workers: $(VENV)/.dev-stamp browser go-tools etcd-tools haproxy-tools
-	$(BIN)/python -m pytest tests/e2e --workers 2
+	$(BIN)/python -m pytest tests/e2e --workers 2 -m workers --durations=25
+
+## try-latest: the framework tests against the newest releases of the frameworks (and of the
+## packages the tests import from them), in a throw-away venv (.venv-latest): prints the versions
+## installed beside the ranges the client's extras and the dev extra pin, then what broke. Not
+## part of `make check`: run it to learn whether a range can be raised.
+FRAMEWORKS := openai-agents openai pydantic-ai-slim google-adk google-genai
+FRAMEWORK_TESTS := tests/e2e/test_openai_agents_session.py tests/e2e/test_pydantic_ai_history.py \
+	tests/e2e/test_google_adk_sessions.py tests/unit/test_framework_items.py \
+	tests/unit/test_google_adk_mapping.py
+try-latest:
+	rm -rf .venv-latest
+	$(PYTHON) -m venv .venv-latest
+	.venv-latest/bin/pip install -q --upgrade pip
+	.venv-latest/bin/pip install -q -e client/python -e '.[dev]'
+	@# Past the pinned ranges on purpose: pip warns about the conflict and installs the newest.
+	.venv-latest/bin/pip install -q --upgrade $(FRAMEWORKS) 2>&1 | grep -v "^ERROR: pip's dependency resolver\|^sessionlog-client" || true
+	@echo "newest releases installed (pinned ranges: client/python/pyproject.toml, pyproject.toml dev):"
+	@.venv-latest/bin/pip list 2>/dev/null | grep -i -E "^($$(echo $(FRAMEWORKS) | tr ' ' '|')) "
+	@.venv-latest/bin/python -m pytest $(FRAMEWORK_TESTS) -q -p no:cacheprovider -rfE; \
+	status=$$?; \
+	if [ $$status = 0 ]; then echo "try-latest: the framework tests pass on the newest releases"; \
+	else echo "try-latest: the failures above are what the newest releases broke"; fi; \
+	exit $$status
 
 ## browser: Debian's chromium + chromium-driver for the web console test, and nghttp2-client
 ## (h2load) for tests/e2e/test_bench.py (apt-get, as root)

@@ -4,12 +4,26 @@
 server the e2e tests start as `sessionlog serve --workers N` processes (see
 ``tests.e2e._proc``), and deselects the tests marked ``in_process``, which reach inside a server
 running in the test's own process.
+
+`make test-workers` runs only the e2e tests marked ``workers`` in that mode (a module's
+``pytestmark = pytest.mark.workers``, or a test's mark), and `make test` runs every test in the
+default one. The rule for the mark: a test is marked when what it checks crosses worker
+processes: the core semantics and leases (test_rpcs, test_lease), the wakeups of follow,
+FollowSessions and the change feed (a commit on one worker, its reader on another), what each
+worker must apply of the server's settings (tokens on every RPC, TLS), metrics summed over
+workers, the log, signals and crashes of a server of several processes. A test whose checks run
+the same code inside whichever worker takes the call is not marked: it runs once, in the default
+pass. Modules that start their own ``--workers N`` servers in either mode (test_workers.py,
+test_workers_faults.py, test_metrics_workers.py) are not marked either: a second pass would
+repeat them exactly. A marked module that shares one server between its tests gives each test
+its own session ids (the ``sid`` fixture): a server start costs seconds in workers mode.
 """
 
 from __future__ import annotations
 
+import itertools
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -20,6 +34,7 @@ from sessionlog.v1 import session_log_service_pb2_grpc as pb_grpc
 from tests.e2e._proc import running_server, workers_under_test
 
 _DESELECTED = pytest.StashKey[list[str]]()
+_TESTS = itertools.count()
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -94,3 +109,11 @@ def server(tmp_path: Path) -> Iterator[RunningServer]:
 def stub(server: RunningServer) -> pb_grpc.SessionLogServiceStub:
     """A SessionLogService client of the ``server`` fixture."""
     return server.stub()
+
+
+@pytest.fixture
+def sid() -> Callable[[str], str]:
+    """This test's id for its session ``name`` (``t7.s``), for a module whose tests share one
+    server (a server start costs seconds in workers mode): no other test has the same ids."""
+    prefix = f"t{next(_TESTS)}."
+    return lambda name: prefix + name

@@ -48,7 +48,7 @@ def test_an_elected_member_indexes_an_older_servers_sessions(tmp_path: Path) -> 
     session by update time (the fork first), and says so in its log."""
     older_servers_folder(tmp_path / "m1")
     with Group(tmp_path, members=1, args=LOCAL) as group:
-        leader, _ = group.wait_healthy(30)
+        leader, _ = group.wait_healthy()
         wait_for("the sessions are indexed", lambda: len(listed_by_update(leader)) == 41, 20)
         listed = listed_by_update(leader)
         assert sorted(listed) == sorted([*NAMES, "old-fork"])

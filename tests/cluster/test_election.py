@@ -21,6 +21,7 @@ from sessionlog.cluster.etcd import Endpoints
 from sessionlog.cluster.members import GroupKeys, MemberRecord, Progress, SyncSet
 from sessionlog.cluster.settings import ClusterSettings, Endpoint, cluster_settings
 from tests.cluster._etcd import EtcdProcess
+from tests.cluster._group import ELECTION_SECONDS
 from tests.e2e._proc import free_port
 from tests.e2e._relay import Relay
 
@@ -90,9 +91,11 @@ def test_exactly_one_of_three_leads_and_the_others_follow_it(etcd: EtcdProcess) 
 
     async def scenario() -> None:
         async with members(*(settings([etcd.endpoint], i) for i in range(3))) as group:
-            await eventually(lambda: len(leaders(group)) == 1, 4 * TTL, "one leader")
+            await eventually(lambda: len(leaders(group)) == 1, ELECTION_SECONDS, "one leader")
             leader = one_leader(group)
-            await eventually(lambda: all_follow(group, leader), TTL, "the others follow it")
+            await eventually(
+                lambda: all_follow(group, leader), ELECTION_SECONDS, "the others follow it"
+            )
             epoch = leader.leading_epoch()
             assert epoch is not None
             assert epoch > 0
@@ -110,7 +113,7 @@ def test_a_resigning_leader_hands_over_without_waiting_for_its_ttl(etcd: EtcdPro
 
     async def scenario() -> None:
         async with members(*(settings([etcd.endpoint], i) for i in range(2))) as group:
-            await eventually(lambda: len(leaders(group)) == 1, 4 * TTL, "one leader")
+            await eventually(lambda: len(leaders(group)) == 1, ELECTION_SECONDS, "one leader")
             old = one_leader(group)
             old_epoch = old.leading_epoch()
             assert old_epoch is not None
@@ -119,7 +122,7 @@ def test_a_resigning_leader_hands_over_without_waiting_for_its_ttl(etcd: EtcdPro
             await old.stop()
             assert not old.may_write()
             assert old.role == Fenced("stopped")
-            won = await eventually(other.may_write, TTL, "the other member leads")
+            won = await eventually(other.may_write, ELECTION_SECONDS, "the other member leads")
             assert won - stopped < TTL
             new_epoch = other.leading_epoch()
             assert new_epoch is not None
@@ -139,7 +142,7 @@ def test_a_leader_cut_off_from_etcd_fences_itself_before_the_new_epoch_exists(
         with Relay(etcd.port).start() as r0, Relay(etcd.port).start() as r1:
             relays = [r0, r1]
             async with members(*(settings([relays[i].address], i) for i in range(2))) as group:
-                await eventually(lambda: len(leaders(group)) == 1, 4 * TTL, "one leader")
+                await eventually(lambda: len(leaders(group)) == 1, ELECTION_SECONDS, "one leader")
                 old = one_leader(group)
                 old_epoch = old.leading_epoch()
                 assert old_epoch is not None
@@ -154,7 +157,7 @@ def test_a_leader_cut_off_from_etcd_fences_itself_before_the_new_epoch_exists(
                         last_may_write = time.monotonic()
                     return new.may_write()
 
-                await eventually(takeover, 4 * TTL, "the other member takes over")
+                await eventually(takeover, ELECTION_SECONDS, "the other member takes over")
                 new_epoch = new.leading_epoch()
                 assert new_epoch is not None
                 assert new_epoch > old_epoch
@@ -166,7 +169,7 @@ def test_a_leader_cut_off_from_etcd_fences_itself_before_the_new_epoch_exists(
                 relay.cut()
                 await eventually(
                     lambda: old.role == Follow(new.settings.advertise, new_epoch),
-                    4 * TTL,
+                    ELECTION_SECONDS,
                     "the old leader follows the new one",
                 )
                 assert not old.may_write()
@@ -193,7 +196,7 @@ def test_a_member_behind_cannot_win_while_a_member_ahead_is_live(etcd: EtcdProce
             assert isinstance(behind.role, Fenced)
             assert behind.status()["blocked_by"] == ["ahead"]
             await asyncio.to_thread(ahead.revoke, lease)
-            await eventually(behind.may_write, 2 * TTL, "the member leads once alone")
+            await eventually(behind.may_write, ELECTION_SECONDS, "the member leads once alone")
 
     try:
         asyncio.run(scenario())
@@ -226,18 +229,18 @@ def test_only_a_synchronous_member_or_the_previous_leader_may_campaign(
             assert member.role == Fenced(f"{WAITING_FOR_SYNC}: 127.0.0.1:7198")
             assert member.status()["blocked_by"] == ["127.0.0.1:7198"]
             publish(me.advertise, set())  # it led last: it holds every acknowledged write
-            await eventually(member.may_write, 2 * TTL, "the previous leader leads")
+            await eventually(member.may_write, ELECTION_SECONDS, "the previous leader leads")
             epoch = member.leading_epoch()
             assert epoch is not None
         publish(other, {me.advertise})
         async with members(me) as (member,):
-            await eventually(member.may_write, 4 * TTL, "a synchronous member leads")
+            await eventually(member.may_write, ELECTION_SECONDS, "a synchronous member leads")
             again = member.leading_epoch()
             assert again is not None
             assert again > epoch
         writer.delete(keys.sync)
         async with members(me) as (member,):
-            await eventually(member.may_write, 4 * TTL, "with no set, any member leads")
+            await eventually(member.may_write, ELECTION_SECONDS, "with no set, any member leads")
 
     try:
         asyncio.run(scenario())
@@ -252,10 +255,14 @@ def test_of_two_members_the_one_ahead_wins(etcd: EtcdProcess) -> None:
     async def scenario() -> None:
         both = [settings([etcd.endpoint], i) for i in range(2)]
         async with members(*both, positions=[5, 9]) as (behind, ahead):
-            await eventually(lambda: len(leaders([behind, ahead])) == 1, 4 * TTL, "one leader")
+            await eventually(
+                lambda: len(leaders([behind, ahead])) == 1, ELECTION_SECONDS, "one leader"
+            )
             assert one_leader([behind, ahead]) is ahead
             await ahead.stop()
-            await eventually(behind.may_write, 2 * TTL, "the member behind leads once alone")
+            await eventually(
+                behind.may_write, ELECTION_SECONDS, "the member behind leads once alone"
+            )
 
     asyncio.run(scenario())
 
@@ -267,22 +274,28 @@ def test_an_etcd_restart_fences_the_leader_and_leadership_resumes(etcd: EtcdProc
 
     async def scenario() -> None:
         async with members(*(settings([etcd.endpoint], i) for i in range(2))) as group:
-            await eventually(lambda: len(leaders(group)) == 1, 4 * TTL, "one leader")
+            await eventually(lambda: len(leaders(group)) == 1, ELECTION_SECONDS, "one leader")
             leader = one_leader(group)
             epoch = leader.leading_epoch()
-            await eventually(lambda: all_follow(group, leader), TTL, "the other follows")
+            await eventually(
+                lambda: all_follow(group, leader), ELECTION_SECONDS, "the other follows"
+            )
             etcd.stop()
             stopped = time.monotonic()
-            fenced = await eventually(lambda: not leaders(group), TTL, "nobody may write")
+            fenced = await eventually(
+                lambda: not leaders(group), ELECTION_SECONDS, "nobody may write"
+            )
             assert fenced - stopped <= TTL / 2 + 0.2
             end = time.monotonic() + TTL
             while time.monotonic() < end:  # etcd down for longer than the TTL
                 assert not leaders(group)
                 await asyncio.sleep(0.05)
             await asyncio.to_thread(etcd.start)
-            await eventually(lambda: len(leaders(group)) == 1, 4 * TTL, "a leader again")
+            await eventually(lambda: len(leaders(group)) == 1, ELECTION_SECONDS, "a leader again")
             again = one_leader(group)
-            await eventually(lambda: all_follow(group, again), 2 * TTL, "the other follows")
+            await eventually(
+                lambda: all_follow(group, again), ELECTION_SECONDS, "the other follows"
+            )
             assert again is leader
             assert again.leading_epoch() == epoch
 
@@ -298,7 +311,7 @@ def test_dead_and_silent_endpoints_before_the_live_one(etcd: EtcdProcess) -> Non
             hole.blackhole(True)
             endpoints = [f"127.0.0.1:{free_port()}", hole.address, str(etcd.endpoint)]
             async with members(*(settings(endpoints, i) for i in range(2))) as group:
-                await eventually(lambda: len(leaders(group)) == 1, 6 * TTL, "one leader")
+                await eventually(lambda: len(leaders(group)) == 1, ELECTION_SECONDS, "one leader")
                 leader = one_leader(group)
                 epoch = leader.leading_epoch()
                 end = time.monotonic() + 2 * TTL
@@ -319,7 +332,7 @@ def test_the_endpoint_in_use_going_dark_moves_the_member_to_the_next(etcd: EtcdP
         with Relay(etcd.port).start() as first, Relay(etcd.port).start() as second:
             endpoints = [first.address, second.address]
             async with members(*(settings(endpoints, i) for i in range(2))) as group:
-                await eventually(lambda: len(leaders(group)) == 1, 4 * TTL, "one leader")
+                await eventually(lambda: len(leaders(group)) == 1, ELECTION_SECONDS, "one leader")
                 leader = one_leader(group)
                 epoch = leader.leading_epoch()
                 first.blackhole(True)
@@ -329,7 +342,7 @@ def test_the_endpoint_in_use_going_dark_moves_the_member_to_the_next(etcd: EtcdP
                         all(m.status()["etcd_endpoint"] == second.address for m in group)
                         and leader.may_write()
                     ),
-                    3 * TTL,
+                    ELECTION_SECONDS,
                     "every member on the second route, the leader writing",
                 )
                 assert leader.leading_epoch() == epoch
@@ -433,7 +446,7 @@ def test_a_frozen_leader_process_wakes_fenced(etcd: EtcdProcess, tmp_path: Path)
         def leading() -> list[MemberProcess]:
             return [p for p in group if p.role()["role"] == "lead"]
 
-        wait_until(lambda: len(leading()) == 1, 10 * TTL, "one leader", group)
+        wait_until(lambda: len(leading()) == 1, ELECTION_SECONDS, "one leader", group)
         (old,) = leading()
         old_epoch = old.role()["epoch"]
         wait_until(
@@ -443,12 +456,15 @@ def test_a_frozen_leader_process_wakes_fenced(etcd: EtcdProcess, tmp_path: Path)
                 for p in group
                 if p is not old
             ),
-            4 * TTL,
+            ELECTION_SECONDS,
             "the others follow",
             group,
         )
         wait_until(
-            lambda: any(t["may_write"] for t in old.ticks()), 2 * TTL, "a writable tick", group
+            lambda: any(t["may_write"] for t in old.ticks()),
+            ELECTION_SECONDS,
+            "a writable tick",
+            group,
         )
         old.signal(signal.SIGSTOP)
         frozen_at = time.monotonic()
@@ -464,7 +480,7 @@ def test_a_frozen_leader_process_wakes_fenced(etcd: EtcdProcess, tmp_path: Path)
             ]
             return sorted(found, key=lambda r: r["epoch"])
 
-        wait_until(lambda: bool(takeovers()), 8 * TTL, "a takeover", group)
+        wait_until(lambda: bool(takeovers()), ELECTION_SECONDS, "a takeover", group)
         takeover = takeovers()[0]
         woken_at = time.monotonic()
         old.signal(signal.SIGCONT)
@@ -480,7 +496,9 @@ def test_a_frozen_leader_process_wakes_fenced(etcd: EtcdProcess, tmp_path: Path)
                 if r["role"] == "lead"
             )
 
-        wait_until(follows_a_newer_leader, 8 * TTL, "the old leader follows a newer one", group)
+        wait_until(
+            follows_a_newer_leader, ELECTION_SECONDS, "the old leader follows a newer one", group
+        )
         old_ticks = [t for t in old.ticks() if t["epoch"] == old_epoch]
         writable = [t for t in old_ticks if t["may_write"]]
         assert writable, "the leader never said it may write"

@@ -45,7 +45,7 @@ from sessionlog_client import Client, DeadlineExceeded, Retry, TransportError, e
 from sessionlog_client._routing import LOG, REPLICATION
 from sessionlog_client.v1 import replication_service_pb2_grpc as rpb_grpc
 from sessionlog_client.v1 import session_log_service_pb2_grpc as pb_grpc
-from tests.cluster._group import GROUP, Group, Member
+from tests.cluster._group import ELECTION_SECONDS, GROUP, Group, Member
 from tests.cluster.history import Anomaly, Append, Entry, EpochStart, Outcome, check
 from tests.e2e._replication_cluster import changes_raw, percentile
 
@@ -61,10 +61,6 @@ ISOLATE_SECONDS = 3.0
 LEADER_FAULTS = ("kill", "freeze", "partition")
 WRITERS = 3
 SESSIONS_PER_WRITER = 2
-RUN_SECONDS = 170.0 * ROUNDS
-"""The fault loop's budget: it stops injecting once past it (the test then fails on the count)."""
-HEALTHY_SECONDS = 30.0
-"""How long the group may take to be whole again after one fault."""
 RETRY = Retry(give_up_after=20.0, initial_backoff=0.05, max_backoff=0.3)
 ATTEMPT_SECONDS = 2.0
 """One attempt's deadline: a frozen leader holds a call until then, then the client moves on."""
@@ -236,23 +232,23 @@ class Fault:
 
 def inject(group: Group, kind: str, rng: random.Random) -> Fault:
     """Inject ``kind`` and undo it once it has had its effect (the group then heals itself)."""
-    leader, epoch = group.wait_healthy(HEALTHY_SECONDS)
+    leader, epoch = group.wait_healthy()
     followers = [m for m in group.members if m is not leader]
     target = rng.choice(followers) if kind == "replica" else leader
     fault = Fault(kind, target.name, time.monotonic(), epoch)
     if kind == "kill":
         leader.kill()
-        group.wait_new_leader(epoch, 6 * TTL)
+        group.wait_new_leader(epoch)
         leader.start()
     elif kind == "freeze":
         leader.freeze()
-        group.wait_new_leader(epoch, 6 * TTL)
+        group.wait_new_leader(epoch)
         time.sleep(0.2)
         leader.thaw()
     elif kind == "partition":
         leader.etcd_link.blackhole(True)
         leader.etcd_link.cut()
-        group.wait_new_leader(epoch, 6 * TTL)
+        group.wait_new_leader(epoch)
         leader.etcd_link.blackhole(False)
         leader.etcd_link.cut()
     elif kind == "isolate":
@@ -313,7 +309,7 @@ def final_logs(group: Group, sessions: list[str]) -> dict[str, dict[str, list[En
 
 def converged(group: Group, leader: Member) -> int:
     """Wait until every member holds the leader's newest position; that position."""
-    deadline = time.monotonic() + HEALTHY_SECONDS
+    deadline = time.monotonic() + ELECTION_SECONDS
     while time.monotonic() < deadline:
         statuses = [m.status() for m in group.members]
         positions = {s.position for s in statuses if s is not None}
@@ -336,7 +332,7 @@ def group(tmp_path: Path) -> Iterator[Group]:
         yield started
 
 
-@pytest.mark.timeout(300 * ROUNDS)
+@pytest.mark.timeout(900 * ROUNDS)
 def test_thirty_faults_lose_no_acknowledged_append(
     group: Group, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -355,10 +351,8 @@ def test_thirty_faults_lose_no_acknowledged_append(
     try:
         time.sleep(1.0)
         for kind in FAULTS:
-            if time.monotonic() - started > RUN_SECONDS:
-                break
             faults.append(inject(group, kind, rng))
-        leader, _ = group.wait_healthy(HEALTHY_SECONDS)
+        leader, _ = group.wait_healthy()
         time.sleep(1.0)  # appends go on against the healed group
     finally:
         stopping.set()
@@ -367,7 +361,7 @@ def test_thirty_faults_lose_no_acknowledged_append(
         watch.join(5)
     assert [w.failures for w in writers] == [[]] * WRITERS
     appends = [a for w in writers for a in w.appends]
-    leader, _ = group.wait_healthy(HEALTHY_SECONDS)
+    leader, _ = group.wait_healthy()
     position = converged(group, leader)
     logs = final_logs(group, [s for w in writers for s in w.sessions])
     anomalies: list[Anomaly] = check(appends, logs, leader.address, list(watch.epochs.values()))
@@ -393,6 +387,6 @@ def test_thirty_faults_lose_no_acknowledged_append(
         print(f"\nfailover run: {json.dumps(summary)}")
     assert anomalies == [], "\n".join(summary["anomalies"])
     assert len(set(sums.values())) == 1, sums
-    assert len(faults) >= len(FAULTS), f"only {len(faults)} faults within {RUN_SECONDS} s"
+    assert len(faults) == len(FAULTS)
     assert acknowledged > 10 * len(faults)
     assert not [a for a in appends if a.outcome == "refused"], "an expected_seq was refused"

@@ -295,7 +295,7 @@ def test_writes_follow_a_cluster_failover(tmp_path: Path) -> None:
     """
     args = ["--lease-ttl", "2", "--replica-timeout", "1", "--heartbeat", "0.5"]
     with _group.Group(tmp_path, members=2, args=args, http=True) as group:
-        leader, epoch = group.wait_healthy(30)
+        leader, epoch = group.wait_healthy()
         [other] = [m for m in group.members if m is not leader]
         code, body = _status(leader.http, "/primary")
         assert (code, body["role"], body["epoch"]) == (200, "primary", epoch)
@@ -323,7 +323,7 @@ def test_writes_follow_a_cluster_failover(tmp_path: Path) -> None:
                 _eventually(lambda: _append(stub, "ha", "before", "r-before"))
                 _eventually(lambda: _in(other.direct, "ha") == 1)  # --ack local: replicated
                 leader.kill()
-                group.wait_new_leader(epoch, 20)
+                group.wait_new_leader(epoch)
                 _eventually(lambda: _append(stub, "ha", "after", "r-after"), 20)
                 contents = _eventually(lambda: [e.data["content"] for e in _session(stub, "ha")])
                 assert contents == ["before", "after"]

@@ -58,7 +58,7 @@ def test_one_member_leads_at_etcds_epoch_and_the_others_name_it(tmp_path: Path) 
     status, and refuse a manual promotion, as the leader refuses a manual fence
     (CLUSTER_MANAGED)."""
     with Group(tmp_path, members=3, args=LOCAL) as group:
-        leader, epoch = group.wait_healthy(30)
+        leader, epoch = group.wait_healthy()
         seq, stamped = append(leader, "s", "hello", request_id="r1")
         assert (seq, stamped) == (0, epoch)
         status = leader.status()
@@ -119,7 +119,7 @@ def test_a_leader_cut_off_from_etcd_names_no_one_then_resumes_at_its_epoch(
     ran out, it takes writes again in the same epoch."""
     args = ["--lease-ttl", "4", "--log-level", "info"]
     with Group(tmp_path, members=1, args=args) as group:
-        leader, epoch = group.wait_healthy(30)
+        leader, epoch = group.wait_healthy()
         append(leader, "s", "before")
         leader.etcd_link.blackhole(True)
         leader.etcd_link.cut()
@@ -152,7 +152,7 @@ def test_a_deposed_leader_rejoins_by_itself_and_reports_what_it_discarded(
     restarts in place (the same PID), rejoins the new leader and reports every discarded
     append: in its log, a report file and its status; then it replicates the new leader."""
     with Group(tmp_path, members=2, args=LOCAL, fronts=True) as group:
-        old, epoch = group.wait_healthy(30)
+        old, epoch = group.wait_healthy()
         [new] = [m for m in group.members if m is not old]
         assert old.front is not None
         append(old, "kept", "shipped", request_id="k0")
@@ -165,7 +165,7 @@ def test_a_deposed_leader_rejoins_by_itself_and_reports_what_it_discarded(
         assert position(old) == 4
         pid = old.process.pid if old.process else 0
         old.freeze()
-        _, newer = group.wait_new_leader(epoch, 20)
+        _, newer = group.wait_new_leader(epoch)
         assert group.leader() == (new, newer)
         wait_for("the new leader serves", lambda: new.health() == SERVING, 10)
         assert position(new) == 1
@@ -205,7 +205,7 @@ def test_after_three_faults_only_the_synchronous_member_takes_over(tmp_path: Pat
     is discarded anywhere, and the new leader acknowledges writes again."""
     args = [*LOCAL, "--ack", "replica", "--sync-replicas", "1"]
     with Group(tmp_path, members=3, args=args) as group:
-        leader, epoch = group.wait_healthy(30)
+        leader, epoch = group.wait_healthy()
         a, b = (m for m in group.members if m is not leader)
         append(leader, "s", "before", request_id="r0")
         start = position(leader)
@@ -236,7 +236,7 @@ def test_after_three_faults_only_the_synchronous_member_takes_over(tmp_path: Pat
         assert list(status.cluster.blocked_by) == [b.address]
         b.etcd_link.blackhole(False)
         b.etcd_link.cut()
-        new, _ = group.wait_new_leader(epoch, 20)
+        new, _ = group.wait_new_leader(epoch)
         assert new is b
         wait_for("B serves as the leader", lambda: b.health() == SERVING, 10)
         wait_for("A follows B and holds it all", lambda: position(a) >= start + 4, 20)

@@ -69,8 +69,8 @@ def free_ports_in_a_row(count: int) -> int:
 def workers_under_test() -> int:
     """How many worker processes the servers that tests start run (``serve --workers``): 1
     unless SESSIONLOG_TEST_WORKERS (or pytest's ``--workers``, which sets it) says otherwise;
-    ``make test-workers`` runs the e2e tests with 2. Read at each call: the option is applied
-    after this module may have been imported."""
+    ``make test-workers`` runs the e2e tests marked ``workers`` with 2. Read at each call: the
+    option is applied after this module may have been imported."""
     text = os.environ.get("SESSIONLOG_TEST_WORKERS", "1")
     if not text.isdigit() or int(text) < 1:
         raise ValueError(f"SESSIONLOG_TEST_WORKERS must be a whole number from 1, not {text!r}")

@@ -241,6 +241,7 @@ def reflection_list(channel: grpc.Channel, token: str | None) -> list[str]:
 # -- authentication -------------------------------------------------------------------------------
 
 
+@pytest.mark.workers  # every worker checks tokens
 @pytest.mark.parametrize(("token"), [None, WRONG, ""], ids=["missing", "unknown", "empty"])
 def test_every_rpc_without_a_valid_token_is_unauthenticated(
     server: RunningServer, token: str | None
@@ -299,6 +300,7 @@ def test_a_token_configured_by_its_sha256_authenticates(server: RunningServer) -
 # -- permissions ----------------------------------------------------------------------------------
 
 
+@pytest.mark.workers  # every worker checks tokens
 def test_reader_reads_but_may_not_write(server: RunningServer) -> None:
     """The reader reads every read RPC but gets PERMISSION_DENIED on every write; nothing lands."""
     channel = server.channel()
@@ -430,6 +432,7 @@ def test_a_prefix_limited_admin_force_releases_only_inside_its_prefix(
 # -- tenants --------------------------------------------------------------------------------------
 
 
+@pytest.mark.workers  # every worker checks tokens
 def test_a_tenant_token_cannot_touch_another_tenants_session(server: RunningServer) -> None:
     """Every RPC naming tenant-b.x with the tenant-a token is PERMISSION_DENIED (metadata names
     the prefix, the message never echoes the id), and tenant-b.x is unchanged."""
@@ -600,6 +603,7 @@ def test_open_health_lets_probes_through_but_nothing_else(tmp_path: Path) -> Non
 # -- the server process: secrets never logged, bad tokens files --------------------------------
 
 
+@pytest.mark.workers  # every worker writes the log
 def test_secrets_never_appear_in_the_server_log(tmp_path: Path) -> None:
     """A JSON-logging server process at debug level, sent successful and refused calls with
     valid, wrong and misused secrets, never writes a secret (nor a digest) to its log."""

@@ -26,6 +26,8 @@ from sessionlog.v1 import session_log_service_pb2 as pb
 from tests.e2e._proc import running_server
 from tests.e2e._replication_cluster import changes_raw, event, positions, since_raw
 
+pytestmark = pytest.mark.workers
+
 APPEND, CREATE, FORK, LEASE = (
     rpb.CHANGE_KIND_APPEND,
     rpb.CHANGE_KIND_CREATE,

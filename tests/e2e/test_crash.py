@@ -16,7 +16,8 @@ The quick default runs 5 kill cycles. For a long run set the environment:
 
     SESSIONLOG_CRASH_CYCLES=200 .venv/bin/python -m pytest tests/e2e/test_crash.py -s
 
-SESSIONLOG_CRASH_SECONDS bounds the run's wall time (default: 5 s per cycle, at least 25 s);
+SESSIONLOG_CRASH_SECONDS bounds the run's wall time (default: 5 s per cycle, at least 25 s) past
+its first 3 cycles, which always run;
 SESSIONLOG_CRASH_SEED picks the random schedule (default 1). `-s` prints the counts. Writers move
 to fresh sessions every 10 cycles, so a long run keeps each log (and the reference fold the check
 runs over it) moderate; every earlier session is still checked byte for byte after each restart.
@@ -53,9 +54,14 @@ from tests.e2e._crash_ledger import (
 from tests.e2e._crash_lmdb import check_environment
 from tests.e2e._proc import ServerProcess, free_port
 
+pytestmark = pytest.mark.workers
+
 CYCLES = int(os.environ.get("SESSIONLOG_CRASH_CYCLES", "5"))
 BUDGET_SECONDS = float(os.environ.get("SESSIONLOG_CRASH_SECONDS", str(max(25.0, 5.0 * CYCLES))))
 SEED = int(os.environ.get("SESSIONLOG_CRASH_SEED", "1"))
+MIN_CYCLES = min(CYCLES, 3)
+"""Run whatever the budget: the budget only stops a run early past these, so a busy machine
+makes the test slower, never failed."""
 WRITERS = 4
 SINCE = "/sessionlog.v1.SessionLogService/Since"
 REPLAYS_PER_CYCLE = 10
@@ -209,7 +215,7 @@ def retry_request_ids(
             tally.retried_writes += 1
 
 
-@pytest.mark.timeout(max(120, int(BUDGET_SECONDS * 2) + 60))
+@pytest.mark.timeout(max(300, int(BUDGET_SECONDS * 2) + 60))
 def test_acknowledged_appends_survive_repeated_kill_9(tmp_path: Path) -> None:
     """Across many SIGKILLs mid-append no acknowledged event is lost, changed or duplicated."""
     data = tmp_path / "data"
@@ -224,7 +230,7 @@ def test_acknowledged_appends_survive_repeated_kill_9(tmp_path: Path) -> None:
                 verify(channel, ledger, tally)
                 ledger.touched.clear()
                 retry_request_ids(channel, ledger, rng, tally)
-            if cycle == CYCLES or time.monotonic() > deadline:
+            if cycle == CYCLES or (cycle >= MIN_CYCLES and time.monotonic() > deadline):
                 assert server.stop() == 0
                 report = check_environment(data)
                 break
@@ -245,7 +251,7 @@ def test_acknowledged_appends_survive_repeated_kill_9(tmp_path: Path) -> None:
         check_environment(data)
         tally.cycles += 1
         assert not ledger.unexpected, f"unexpected rejections: {ledger.unexpected[:3]}"
-    assert tally.cycles >= min(CYCLES, 3), f"only {tally.cycles} cycles fit in the time budget"
+    assert tally.cycles >= MIN_CYCLES, f"only {tally.cycles} cycles"
     acked = sum(len(w.stored) for w in ledger.writes if w.outcome == ACKED)
     assert acked > 0, "no append was ever acknowledged"
     print(

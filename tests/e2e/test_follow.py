@@ -22,6 +22,18 @@ from sessionlog.v1 import session_log_service_pb2_grpc as pb_grpc
 from tests.e2e._helpers import user
 from tests.e2e._proc import running_server
 
+pytestmark = pytest.mark.workers
+
+
+@pytest.fixture(scope="module")
+def shared(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+    """One server for the tests that only write and follow sessions of their own (in workers
+    mode a server start costs seconds); the tests that count followers or stop the server have
+    their own (``server``)."""
+    with running_server(tmp_path_factory.mktemp("follow") / "data") as running:
+        yield running
+
+
 STREAM_DEADLINE = 30.0
 Stream = Iterator[pb.SinceResponse]
 
@@ -92,9 +104,9 @@ def follower_count(server: ThreadedServer) -> int:
     return result
 
 
-def test_stored_then_one_caught_up_then_live(server: RunningServer) -> None:
+def test_stored_then_one_caught_up_then_live(shared: RunningServer) -> None:
     """Follow sends the stored events, one caught_up response with next_seq, then live events."""
-    stub = server.stub()
+    stub = shared.stub()
     append(stub, "s", "a", "b", "c")
     stream = follow(stub, "s")
     try:
@@ -111,10 +123,10 @@ def test_stored_then_one_caught_up_then_live(server: RunningServer) -> None:
         stream.cancel()
 
 
-def test_concurrent_writers_seen_once_in_order(server: RunningServer) -> None:
+def test_concurrent_writers_seen_once_in_order(shared: RunningServer) -> None:
     """4 threads x 250 single-event appends reach two followers exactly once, in seq order."""
     writers, per_writer, total = 4, 250, 1000
-    early = follow(server.stub(), "busy")
+    early = follow(shared.stub(), "busy")
     _, marker = read_until_caught_up(early)
     assert marker.next_seq == 0
 
@@ -123,7 +135,7 @@ def test_concurrent_writers_seen_once_in_order(server: RunningServer) -> None:
     lock = threading.Lock()
 
     def write(writer: int) -> None:
-        stub = server.stub()
+        stub = shared.stub()
         try:
             for i in range(per_writer):
                 [seq] = append_one(stub, writer, i)
@@ -139,7 +151,7 @@ def test_concurrent_writers_seen_once_in_order(server: RunningServer) -> None:
     while len(acked) < 200 and not failures and time.monotonic() < deadline:
         time.sleep(0.005)
     assert not failures, failures
-    late = follow(server.stub(), "busy")  # joins while writes are in flight
+    late = follow(shared.stub(), "busy")  # joins while writes are in flight
     try:
         early_events = read_live(early, total)
         late_events, late_markers = read_all_with_marker(late, total)
@@ -156,7 +168,7 @@ def test_concurrent_writers_seen_once_in_order(server: RunningServer) -> None:
                 assert [i for w, i in origin if w == writer] == list(range(per_writer))
         [stored_before_marker] = late_markers  # exactly one caught_up
         assert stored_before_marker >= 200  # it joined mid-stream: stored first, then live
-        stored = list(server.stub().Since(pb.SinceRequest(session_id="busy"), timeout=10))
+        stored = list(shared.stub().Since(pb.SinceRequest(session_id="busy"), timeout=10))
         assert sum(len(r.events) for r in stored) == total
     finally:
         early.cancel()
@@ -184,9 +196,9 @@ def read_all_with_marker(stream: Stream, count: int) -> tuple[list[event_pb2.Eve
     return events, markers
 
 
-def test_follow_from_the_middle(server: RunningServer) -> None:
+def test_follow_from_the_middle(shared: RunningServer) -> None:
     """A follower started at seq k gets k and later, then caught_up, then live events."""
-    stub = server.stub()
+    stub = shared.stub()
     append(stub, "mid", *[f"m{i}" for i in range(10)])
     stream = follow(stub, "mid", seq=4)
     try:
@@ -199,9 +211,9 @@ def test_follow_from_the_middle(server: RunningServer) -> None:
         stream.cancel()
 
 
-def test_follow_past_the_end_waits_for_its_seq(server: RunningServer) -> None:
+def test_follow_past_the_end_waits_for_its_seq(shared: RunningServer) -> None:
     """A follower started past the end waits, skips nothing it asked for, and gets seq k on."""
-    stub = server.stub()
+    stub = shared.stub()
     append(stub, "ahead", "a", "b", "c")
     stream = follow(stub, "ahead", seq=5)
     try:
@@ -218,9 +230,9 @@ def test_follow_past_the_end_waits_for_its_seq(server: RunningServer) -> None:
         stream.cancel()
 
 
-def test_follow_session_created_later(server: RunningServer) -> None:
+def test_follow_session_created_later(shared: RunningServer) -> None:
     """Following a session that does not exist yet delivers its events once it is created."""
-    stub = server.stub()
+    stub = shared.stub()
     stream = follow(stub, "later")
     try:
         stored, marker = read_until_caught_up(stream)

@@ -27,6 +27,8 @@ from tests.e2e.test_auth import ADMIN, TENANT_A, WRITER, bearer, tokens_file
 from tests.e2e.test_client_python import FAST_RETRY, DropProxy
 from tests.e2e.test_shards import Groups, groups  # noqa: F401  (the sharded servers)
 
+pytestmark = pytest.mark.workers
+
 Stub = pb_grpc.SessionLogServiceStub
 Changes = list[pb.FollowedChange]
 

@@ -19,6 +19,8 @@ from sessionlog.v1 import session_log_service_pb2 as pb
 from sessionlog.v1 import session_log_service_pb2_grpc as pb_grpc
 from tests.e2e._proc import ServerProcess, clean_env, free_port, run_cli
 
+pytestmark = pytest.mark.workers
+
 MAP_SIZE = 64 << 20
 TIMEOUT = 5.0
 

@@ -21,6 +21,8 @@ from sessionlog.v1 import session_log_service_pb2_grpc as pb_grpc
 from tests.e2e._helpers import user
 from tests.e2e._proc import ServerProcess, clean_env, free_port, run_cli
 
+pytestmark = pytest.mark.workers
+
 FLAGS = ("--data", "--listen", "--map-size", "--durability", "--log-level")
 
 

@@ -23,6 +23,8 @@ from tests.e2e._certs import Authority, Issued, authority
 from tests.e2e._helpers import get, stats, user
 from tests.e2e._proc import running_server
 
+pytestmark = pytest.mark.workers
+
 REFUSAL_TIMEOUT = 3.0
 """A refused handshake fails fast; this only bounds a hang."""
 REPLICATION_SECONDS = 15.0
@@ -91,20 +93,24 @@ def assert_refused(channel: grpc.Channel, server: RunningServer, pki: Pki, sessi
         assert not get(stub(trusted), session_id).exists
 
 
-@pytest.fixture
-def tls_server(tmp_path: Path, pki: Pki) -> Iterator[RunningServer]:
-    """A server that speaks TLS only, with the trusted CA's server certificate."""
+@pytest.fixture(scope="module")
+def tls_server(tmp_path_factory: pytest.TempPathFactory, pki: Pki) -> Iterator[RunningServer]:
+    """A server that speaks TLS only, with the trusted CA's server certificate; one for the
+    module (each test writes a session of its own)."""
     with running_server(
-        tmp_path / "data", tls_cert=str(pki.server.cert_path), tls_key=str(pki.server.key_path)
+        tmp_path_factory.mktemp("tls") / "data",
+        tls_cert=str(pki.server.cert_path),
+        tls_key=str(pki.server.key_path),
     ) as server:
         yield server
 
 
-@pytest.fixture
-def mtls_server(tmp_path: Path, pki: Pki) -> Iterator[RunningServer]:
-    """A TLS server that also requires a client certificate signed by the trusted CA."""
+@pytest.fixture(scope="module")
+def mtls_server(tmp_path_factory: pytest.TempPathFactory, pki: Pki) -> Iterator[RunningServer]:
+    """A TLS server that also requires a client certificate signed by the trusted CA; one for
+    the module (each test writes a session of its own)."""
     with running_server(
-        tmp_path / "data",
+        tmp_path_factory.mktemp("mtls") / "data",
         tls_cert=str(pki.server.cert_path),
         tls_key=str(pki.server.key_path),
         tls_client_ca=str(pki.ca.path),

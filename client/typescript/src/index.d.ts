@@ -1,4 +1,4 @@
-// Types of @sessionlog/client (the implementation is plain ES modules in index.js).
+// Types of sessionlog-client (the implementation is plain ES modules in index.js).
 
 /** A JSON value as stored in an event's data. */
 export type Json = null | boolean | number | string | Json[] | { [key: string]: Json };

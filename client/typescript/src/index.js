@@ -1,7 +1,7 @@
 // sessionlog's Node client: a thin typed wrapper over @grpc/grpc-js, reading proto/ at run time
 // with @grpc/proto-loader (see README.md for why). Types are in index.d.ts.
 //
-//   import { SessionLogClient } from "@sessionlog/client";
+//   import { SessionLogClient } from "sessionlog-client";
 //   const client = new SessionLogClient("127.0.0.1:50051");
 //   await client.append("demo", [{ type: "user_message", data: { content: "hi" } }]);
 //   for await (const event of client.follow("demo")) console.log(event.seq, event.data);

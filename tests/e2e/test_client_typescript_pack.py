@@ -106,7 +106,7 @@ def test_installed_package_appends_and_derives(installed: Installed, server: Run
     )
     assert result.returncode == 0, result.stderr
     reply = json.loads(result.stdout)
-    package = installed.folder / "node_modules" / "@sessionlog" / "client"
+    package = installed.folder / "node_modules" / "sessionlog-client"
     assert Path(reply["protoDir"]) == package / "proto"
     assert reply["messages"] == [
         {"role": "user", "content": "What is LMDB?"},

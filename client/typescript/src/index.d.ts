@@ -625,6 +625,9 @@ export class SessionLogClient {
 
 export const DEFAULT_PROTO_DIR: string;
 export const DEFAULT_TARGET: string;
+/** `address` when it is HOST:PORT or a gRPC target with a scheme; throws a TypeError for a
+ * bare host (gRPC would dial port 443). The constructor checks every address given. */
+export function checkAddress(address: string): string;
 export const DEFAULT_TIMEOUT_MS: number;
 export const DEFAULT_MAX_MESSAGE_BYTES: number;
 export const DEFAULT_FOLLOW_HEARTBEAT_MS: number;

@@ -18,6 +18,8 @@ import tarfile
 import zipfile
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 OURS = ("sessionlog", "__editable__")
 
@@ -77,6 +79,8 @@ def third_party_only(folder: Path) -> Path:
     return folder
 
 
+# About 45 s on an idle machine (make dist, a venv with pip, one install); room for a busy one.
+@pytest.mark.timeout(400)
 def test_dist_wheels_install_into_a_fresh_venv_without_an_index(tmp_path: Path) -> None:
     checkout = fresh_copy(tmp_path / "checkout")
     run("make", "--no-print-directory", "dist", f"VENV={sys.prefix}", cwd=checkout, timeout=180)

@@ -7,11 +7,13 @@
 FROM python:3.11-slim AS build
 WORKDIR /src
 # Only what the wheels are built from (see .dockerignore): the package metadata, the server and
-# the Python client the CLI is built on (its own distribution, a dependency of the server's).
-COPY pyproject.toml README.md ./
+# the Python client the CLI is built on (its own distribution, pinned by the server's). Our two
+# wheels are built as `make dist` builds them, together; then the wheels of their dependencies.
+COPY pyproject.toml README.md LICENSE ./
 COPY server ./server
 COPY client/python ./client/python
-RUN pip wheel --no-cache-dir --wheel-dir /wheels ./client/python .
+RUN pip wheel --no-cache-dir --no-deps --wheel-dir /dist ./client/python . \
+    && pip wheel --no-cache-dir --wheel-dir /wheels /dist/*.whl
 
 FROM python:3.11-slim
 RUN useradd --system --no-log-init --uid 10001 --user-group --home-dir /data \
@@ -19,7 +21,7 @@ RUN useradd --system --no-log-init --uid 10001 --user-group --home-dir /data \
     && mkdir -p /data \
     && chown sessionlog:sessionlog /data
 COPY --from=build /wheels /wheels
-RUN pip install --no-cache-dir --no-index --find-links /wheels /wheels/sessionlog-*.whl \
+RUN pip install --no-cache-dir --no-index --find-links /wheels /wheels/sessionlog_server-*.whl \
     && rm -rf /wheels
 # The server reads SESSIONLOG_* for every flag (sessionlog serve --help). Inside a container it
 # listens on every interface; metrics and the web console are on too (publish 9090 and 8080 to

@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 PROTOS := $(wildcard proto/sessionlog/v1/*.proto)
 SERVICE_PROTOS := $(wildcard proto/sessionlog/v1/*_service.proto)
 
-.PHONY: run cluster test test-workers try-latest browser go-tools etcd-tools haproxy-tools check lint format gen gen-client gen-go gen-check bench bench-tools clean docs
+.PHONY: run cluster test test-workers try-latest browser go-tools etcd-tools haproxy-tools check lint format gen gen-client gen-go gen-check bench bench-tools clean docs dist
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -193,6 +193,16 @@ bench-tools:
 	  echo "note: make bench skips the rows that need$$missing; to have them, run as root:" >&2; \
 	  echo "  apt-get install -y$$missing" >&2; \
 	fi
+
+## dist: the release artefacts in dist/, built from this checkout: the server's and the Python
+## client's wheels (always installed together, `pip install dist/*.whl`) and the Node client's
+## tarball (`npm pack` in client/typescript, `npm install dist/sessionlog-client-0.1.0.tgz`)
+dist: | $(BIN)/python
+	rm -rf dist
+	$(BIN)/pip install -q 'setuptools>=77'
+	$(BIN)/pip wheel -q --no-deps --no-build-isolation --wheel-dir dist ./client/python .
+	cd client/typescript && npm pack --silent --pack-destination ../../dist >/dev/null
+	@ls dist
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -1,7 +1,7 @@
 // A runnable worker: `node example.mjs [HOST:PORT]` against `make run` (default 127.0.0.1:50051).
 // It logs a short conversation, compacts it with a summary, follows the log, and prints what
 // the model would see next.
-import { SessionLogClient, SessionLogError, eventFromMessage } from "@sessionlog/client";
+import { SessionLogClient, SessionLogError, eventFromMessage } from "sessionlog-client";
 
 const target = process.argv[2] ?? process.env.SESSIONLOG_SERVER ?? "127.0.0.1:50051";
 const session = process.argv[3] ?? `example-${Date.now()}`;

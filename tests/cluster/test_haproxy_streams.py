@@ -214,7 +214,7 @@ class NodeChanges:
 
     def __init__(self, address: str, prefix: str, count: int) -> None:
         script = (
-            "import { SessionLogClient } from '@sessionlog/client';"
+            "import { SessionLogClient } from 'sessionlog-client';"
             f"const c = new SessionLogClient('{address}',"
             f" {{ retry: {{ giveUpAfterMs: {round(WAIT * 1000)} }} }});"
             f"const s = c.followSessions({{ prefix: '{prefix}', after: 0,"
@@ -445,7 +445,7 @@ def _node_append(address: str, session_id: str, give_up_ms: int) -> subprocess.P
     """A Node process that appends one event with a fresh TypeScript client and prints "ok" or
     the error's message."""
     script = (
-        "import { SessionLogClient } from '@sessionlog/client';"
+        "import { SessionLogClient } from 'sessionlog-client';"
         f"const c = new SessionLogClient('{address}',"
         f" {{ retry: {{ giveUpAfterMs: {give_up_ms} }} }});"
         f"try {{ await c.append('{session_id}',"

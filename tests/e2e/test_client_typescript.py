@@ -88,7 +88,7 @@ def test_node_client_failover_suite_passes(node_modules: Path) -> None:
 
 @pytest.mark.timeout(NODE_SUITE_SECONDS + 30)
 def test_node_openai_agents_session_suite_passes(node_modules: Path) -> None:
-    """SessionlogSession (@sessionlog/client/openai-agents) against a real server: every item
+    """SessionlogSession (sessionlog-client/openai-agents) against a real server: every item
     type round-trips, the SDK's session scenarios, the Python backend reading what it wrote and
     the reverse, and run() of an Agent with a fake model, plain and streamed."""
     assert run_node_tests([AGENTS_SUITE]) >= 18
@@ -149,11 +149,10 @@ def test_readme_typescript_example_runs_as_written(
     node_modules: Path, server: RunningServer, tmp_path: Path
 ) -> None:
     """The README's TypeScript example, importing the package by name, prints the chat."""
-    code = readme_block("js", "@sessionlog/client")
+    code = readme_block("js", "sessionlog-client")
     assert len(code.strip().splitlines()) <= 10
-    scoped = tmp_path / "node_modules" / "@sessionlog"
-    scoped.mkdir(parents=True)
-    (scoped / "client").symlink_to(PACKAGE, target_is_directory=True)
+    (tmp_path / "node_modules").mkdir()
+    (tmp_path / "node_modules" / "sessionlog-client").symlink_to(PACKAGE, target_is_directory=True)
     script = tmp_path / "example.mjs"
     script.write_text(code.replace("127.0.0.1:50051", server.address))
     result = subprocess.run(
@@ -178,9 +177,8 @@ def test_readme_openai_agents_typescript_example_runs_as_written(
     ]
     assert len(blocks) == 1
     assert len(blocks[0].strip().splitlines()) <= 10
-    scoped = tmp_path / "node_modules" / "@sessionlog"
-    scoped.mkdir(parents=True)
-    (scoped / "client").symlink_to(PACKAGE, target_is_directory=True)
+    (tmp_path / "node_modules").mkdir()
+    (tmp_path / "node_modules" / "sessionlog-client").symlink_to(PACKAGE, target_is_directory=True)
     script = tmp_path / "example.mjs"
     script.write_text(blocks[0].replace("127.0.0.1:50051", server.address))
     result = subprocess.run(

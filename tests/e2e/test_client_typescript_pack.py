@@ -21,7 +21,7 @@ from tests.e2e.test_client_typescript import PACKAGE, ROOT, node, npm
 
 INSTALL_SECONDS = 300
 SCRIPT = """\
-import { SessionLogClient, DEFAULT_PROTO_DIR } from "@sessionlog/client";
+import { SessionLogClient, DEFAULT_PROTO_DIR } from "sessionlog-client";
 
 const client = new SessionLogClient(process.argv[2]);
 await client.append("packed", [
@@ -92,7 +92,7 @@ def test_tarball_ships_the_repository_protos(installed: Installed) -> None:
 
 @pytest.mark.timeout(2 * INSTALL_SECONDS)
 def test_installed_package_appends_and_derives(installed: Installed, server: RunningServer) -> None:
-    """A script importing the installed @sessionlog/client appends and derives, with its protos."""
+    """A script importing the installed sessionlog-client appends and derives, with its protos."""
     script = installed.folder / "packed.mjs"
     script.write_text(SCRIPT)
     result = subprocess.run(
@@ -106,7 +106,7 @@ def test_installed_package_appends_and_derives(installed: Installed, server: Run
     )
     assert result.returncode == 0, result.stderr
     reply = json.loads(result.stdout)
-    package = installed.folder / "node_modules" / "@sessionlog" / "client"
+    package = installed.folder / "node_modules" / "sessionlog-client"
     assert Path(reply["protoDir"]) == package / "proto"
     assert reply["messages"] == [
         {"role": "user", "content": "What is LMDB?"},

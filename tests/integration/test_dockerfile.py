@@ -163,7 +163,7 @@ def test_wheel_built_from_the_copied_files_is_complete(tmp_path: Path) -> None:
         check=False,
     )
     assert built.returncode == 0, built.stderr
-    (wheel,) = out.glob("sessionlog-*.whl")
+    (wheel,) = out.glob("sessionlog_server-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
     for needed in (
         "sessionlog/web/static/index.html",

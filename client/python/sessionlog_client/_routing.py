@@ -63,6 +63,7 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import re
 import threading
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -408,6 +409,25 @@ def _whole(text: str) -> int:
     return int(text) if text.isascii() and text.isdigit() else 0
 
 
+_HOST_PORT = re.compile(r"(\[[^\]]+\]|[^:\[\]/]+):(\d{1,5})")
+_SCHEMES = ("unix:", "unix-abstract:", "ipv4:", "ipv6:", "vsock:")
+
+
+def check_address(address: str) -> str:
+    """``address`` when it is ``HOST:PORT`` (``[v6]:PORT``) or a gRPC target with a scheme
+    (``dns:///...``, ``unix:...``); a ValueError for a bare host, to which gRPC would silently
+    dial port 443, where no sessionlog server listens."""
+    if ":/" in address or address.startswith(_SCHEMES):
+        return address
+    match = _HOST_PORT.fullmatch(address)
+    if match is None or not 0 < int(match.group(2)) < 65536:
+        raise ValueError(
+            f"a target is HOST:PORT, e.g. 127.0.0.1:50051 (got {address!r}); a bare host would "
+            "dial port 443"
+        )
+    return address
+
+
 def make_router(
     target: str | Sequence[str] | None,
     cluster: str | None,
@@ -433,11 +453,13 @@ def make_router(
         addresses: tuple[str, ...] = () if etcd else (DEFAULT_TARGET,)
         several = bool(etcd)
     elif isinstance(target, str):
-        addresses, several = (target,), bool(etcd)
+        addresses, several = (check_address(target),), bool(etcd)
     else:
         addresses, several = tuple(dict.fromkeys(a.strip() for a in target if a.strip())), True
         if not addresses and not etcd:
             raise ValueError("target lists no address")
+        for address in addresses:
+            check_address(address)
     return Router(
         addresses,
         open_member,

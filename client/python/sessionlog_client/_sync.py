@@ -535,7 +535,8 @@ class Client:
         Client(cluster="etcd://10.0.0.9:2379", group="main")  # the leader named in etcd
 
     Args:
-        target: ``HOST:PORT`` of the server (any gRPC target string works), or a list of the
+        target: ``HOST:PORT`` of the server (or a gRPC target with a scheme, ``dns:///``,
+            ``unix:``; a bare host is a ValueError: gRPC would dial port 443), or a list of the
             addresses of a group's members. Given a list (or ``cluster``), the client sends
             every call to the member it takes for the primary, follows NOT_PRIMARY hints, and
             moves to the next address when the one it uses is down (see

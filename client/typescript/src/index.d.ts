@@ -1,4 +1,4 @@
-// Types of @sessionlog/client (the implementation is plain ES modules in index.js).
+// Types of sessionlog-client (the implementation is plain ES modules in index.js).
 
 /** A JSON value as stored in an event's data. */
 export type Json = null | boolean | number | string | Json[] | { [key: string]: Json };
@@ -629,6 +629,9 @@ export class SessionLogClient {
 
 export const DEFAULT_PROTO_DIR: string;
 export const DEFAULT_TARGET: string;
+/** `address` when it is HOST:PORT or a gRPC target with a scheme; throws a TypeError for a
+ * bare host (gRPC would dial port 443). The constructor checks every address given. */
+export function checkAddress(address: string): string;
 export const DEFAULT_TIMEOUT_MS: number;
 export const DEFAULT_MAX_MESSAGE_BYTES: number;
 export const DEFAULT_FOLLOW_HEARTBEAT_MS: number;

@@ -1,7 +1,7 @@
 // sessionlog's Node client: a thin typed wrapper over @grpc/grpc-js, reading proto/ at run time
 // with @grpc/proto-loader (see README.md for why). Types are in index.d.ts.
 //
-//   import { SessionLogClient } from "@sessionlog/client";
+//   import { SessionLogClient } from "sessionlog-client";
 //   const client = new SessionLogClient("127.0.0.1:50051");
 //   await client.append("demo", [{ type: "user_message", data: { content: "hi" } }]);
 //   for await (const event of client.follow("demo")) console.log(event.seq, event.data);
@@ -22,6 +22,23 @@ export const DEFAULT_PROTO_DIR = existsSync(PACKAGED_PROTO_DIR)
   ? PACKAGED_PROTO_DIR
   : resolve(HERE, "..", "..", "..", "proto");
 export const DEFAULT_TARGET = "127.0.0.1:50051";
+
+const HOST_PORT = /^(\[[^\]]+\]|[^:[\]/]+):(\d{1,5})$/;
+const SCHEMES = ["unix:", "unix-abstract:", "ipv4:", "ipv6:", "vsock:"];
+
+/** `address` when it is HOST:PORT ([v6]:PORT) or a gRPC target with a scheme (dns:///...,
+ * unix:...); a TypeError for a bare host, to which gRPC would silently dial port 443. */
+export function checkAddress(address) {
+  if (address.includes(":/") || SCHEMES.some((s) => address.startsWith(s))) return address;
+  const match = HOST_PORT.exec(address);
+  const port = match ? Number(match[2]) : 0;
+  if (!(port > 0 && port < 65536)) {
+    throw new TypeError(
+      `a target is HOST:PORT, e.g. 127.0.0.1:50051 (got ${JSON.stringify(address)}); a bare host would dial port 443`,
+    );
+  }
+  return address;
+}
 export const DEFAULT_TIMEOUT_MS = 10_000;
 export const DEFAULT_CONNECT_TIMEOUT_MS = 3_000;
 /** The server allows 4 MiB by default; accept far more so a raised limit needs no change here. */
@@ -1269,12 +1286,13 @@ export class SessionLogClient {
       addresses = this._etcd.length ? [] : [DEFAULT_TARGET];
       this._several = this._etcd.length > 0;
     } else if (typeof target === "string") {
-      addresses = [target];
+      addresses = [checkAddress(target)];
       this._several = this._etcd.length > 0;
     } else {
       addresses = [...new Set(Array.from(target, (a) => String(a).trim()).filter(Boolean))];
       this._several = true;
       if (!addresses.length && !this._etcd.length) throw new TypeError("target lists no address");
+      addresses.forEach(checkAddress);
     }
     this.waitForReadyCalls = waitForReady;
     this.connectTimeoutMs = connectTimeoutMs;

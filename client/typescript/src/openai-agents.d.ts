@@ -1,4 +1,4 @@
-// Types of @sessionlog/client/openai-agents (the implementation is src/openai-agents.js).
+// Types of sessionlog-client/openai-agents (the implementation is src/openai-agents.js).
 import type {
   AgentInputItem,
   Session,

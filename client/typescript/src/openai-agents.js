@@ -1,7 +1,7 @@
 // A sessionlog session for the OpenAI Agents SDK (`@openai/agents`, an optional peer dependency):
 //
 //   import { Agent, run } from "@openai/agents";
-//   import { SessionlogSession } from "@sessionlog/client/openai-agents";
+//   import { SessionlogSession } from "sessionlog-client/openai-agents";
 //   const session = new SessionlogSession("chat-42", "127.0.0.1:50051");
 //   await run(new Agent({ name: "helper" }), "What is LMDB?", { session });
 //

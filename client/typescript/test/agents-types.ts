@@ -1,8 +1,8 @@
 // Type-checked by `npm run typecheck` (tsc, no emit; never run): SessionlogSession is the
 // OpenAI Agents SDK's Session, as a TypeScript worker passes it to run().
 import { Agent, type AgentInputItem, run, type Session, type SessionHistoryTransactionAwareSession } from "@openai/agents";
-import { SessionLogClient } from "@sessionlog/client";
-import { SessionlogSession } from "@sessionlog/client/openai-agents";
+import { SessionLogClient } from "sessionlog-client";
+import { SessionlogSession } from "sessionlog-client/openai-agents";
 
 export async function turn(target: string): Promise<AgentInputItem[]> {
   const client = new SessionLogClient(target);

@@ -19,7 +19,7 @@ import {
   SessionLogError,
   eventFromMessage,
   toError,
-} from "@sessionlog/client";
+} from "sessionlog-client";
 
 import { freePort, startServer, tempDir, useServer } from "./server.mjs";
 

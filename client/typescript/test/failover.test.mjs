@@ -8,7 +8,7 @@ import assert from "node:assert/strict";
 import { spawnSync } from "node:child_process";
 import { test } from "node:test";
 
-import { NotPrimaryError, ReplicasUnavailableError, SessionLogClient, SessionLogError } from "@sessionlog/client";
+import { NotPrimaryError, ReplicasUnavailableError, SessionLogClient, SessionLogError } from "sessionlog-client";
 
 import { SESSIONLOG_BIN, freePort, startEtcd, startServer, tempDir } from "./server.mjs";
 

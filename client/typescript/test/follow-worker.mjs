@@ -2,7 +2,7 @@
 //   node test/follow-worker.mjs HOST:PORT SESSION COUNT HEARTBEAT_MS CHANNEL_OPTIONS_JSON
 // prints "ready" once connected, "event SEQ" for each event follow() delivers, "dead N" whenever
 // the stream has deemed N streams dead so far, and "done" after COUNT events, then exits.
-import { SessionLogClient } from "@sessionlog/client";
+import { SessionLogClient } from "sessionlog-client";
 
 const [target, session, count, heartbeatMs, channelOptions] = process.argv.slice(2);
 const client = new SessionLogClient(target, {

@@ -11,7 +11,7 @@ import { test } from "node:test";
 
 import grpc from "@grpc/grpc-js";
 
-import { EPOCH_GROUP_KEY, EPOCH_KEY, LeadershipLostError, SessionLogClient, slotOf } from "@sessionlog/client";
+import { EPOCH_GROUP_KEY, EPOCH_KEY, LeadershipLostError, SessionLogClient, slotOf } from "sessionlog-client";
 
 import { SESSIONLOG_BIN, freePort, startServer, tempDir } from "./server.mjs";
 

@@ -9,8 +9,8 @@ import { describe, test } from "node:test";
 import { promisify } from "node:util";
 
 import { Agent, protocol, run, setTracingDisabled, tool, Usage } from "@openai/agents";
-import { SessionLogClient } from "@sessionlog/client";
-import { itemType, knownFrom, SessionlogSession } from "@sessionlog/client/openai-agents";
+import { SessionLogClient } from "sessionlog-client";
+import { itemType, knownFrom, SessionlogSession } from "sessionlog-client/openai-agents";
 import { z } from "zod";
 
 import { SESSIONLOG_BIN, startServer, tempDir, useServer } from "./server.mjs";

@@ -4,7 +4,7 @@
 // "go", prints "done", then after "read" prints the derived messages as one JSON line and exits.
 import { createInterface } from "node:readline";
 
-import { SessionLogClient } from "@sessionlog/client";
+import { SessionLogClient } from "sessionlog-client";
 
 const [target, session, count, label] = process.argv.slice(2);
 const client = new SessionLogClient(target);

@@ -9,7 +9,7 @@ import { tmpdir } from "node:os";
 import { dirname, join, resolve } from "node:path";
 import { fileURLToPath } from "node:url";
 
-import { SessionLogClient } from "@sessionlog/client";
+import { SessionLogClient } from "sessionlog-client";
 
 const ROOT = resolve(dirname(fileURLToPath(import.meta.url)), "..", "..", "..");
 /** The server binary: $SESSIONLOG_BIN (the Python test passes its venv's), else .venv's. */

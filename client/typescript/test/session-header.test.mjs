@@ -9,7 +9,7 @@ import { fileURLToPath } from "node:url";
 import * as grpc from "@grpc/grpc-js";
 import * as protoLoader from "@grpc/proto-loader";
 
-import { SESSION_HEADER, SessionLogClient, sessionHeader } from "@sessionlog/client";
+import { SESSION_HEADER, SessionLogClient, sessionHeader } from "sessionlog-client";
 
 const PROTO_DIR = join(dirname(fileURLToPath(import.meta.url)), "..", "..", "..", "proto");
 const TOKEN = "secret-token";

@@ -7,7 +7,7 @@ import { mkdirSync, rmSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { after, test } from "node:test";
 
-import { SessionLogClient, ShardTable, afterWrongGroup, slotOf } from "@sessionlog/client";
+import { SessionLogClient, ShardTable, afterWrongGroup, slotOf } from "sessionlog-client";
 
 import { freePort, startServer, tempDir } from "./server.mjs";
 

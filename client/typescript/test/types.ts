@@ -15,7 +15,7 @@ import {
   SessionLogError,
   type StateResult,
   type UsageReport,
-} from "@sessionlog/client";
+} from "sessionlog-client";
 
 export const seen: string[] = [];
 

@@ -8,7 +8,7 @@
 
 Install with ``pip install 'sessionlog-client[claude-agent-sdk]'``.
 
-How transcripts live in sessionlog (the README's "Framework backends" has the table):
+How transcripts live in sessionlog (also in client/python/README.md, "Claude Agent SDK"):
 
 - A main transcript (project key, session id) is the session ``{prefix}{project}.{session}``;
   a subagent transcript (same key plus a ``subpath``) is the sub-agent child session

@@ -65,6 +65,8 @@ FAILOVER_SUITE = "test/failover.test.mjs"
 """Its own run (and pytest test): a group of servers per test makes it as long as the rest."""
 AGENTS_SUITE = "test/openai-agents.test.mjs"
 """Its own run: the OpenAI Agents SDK session, whose interop test starts Python workers."""
+CLAUDE_SUITE = "test/claude-agent-sdk.test.mjs"
+"""Its own run: the Claude Agent SDK store's contracts, and a Python store reading its writes."""
 NODE_SUITE_SECONDS = 180
 """One `node --test` run's limit (each takes about a minute on a busy 2-core machine)."""
 
@@ -73,7 +75,7 @@ NODE_SUITE_SECONDS = 180
 def test_node_client_suite_passes(node_modules: Path) -> None:
     """`node --test` on client/typescript/test passes against real servers, with no failure."""
     tests = sorted(str(p.relative_to(PACKAGE)) for p in (PACKAGE / "test").glob("*.test.mjs"))
-    for own_run in (FAILOVER_SUITE, AGENTS_SUITE):
+    for own_run in (FAILOVER_SUITE, AGENTS_SUITE, CLAUDE_SUITE):
         assert own_run in tests
         tests.remove(own_run)
     assert run_node_tests(tests) >= 8
@@ -92,6 +94,14 @@ def test_node_openai_agents_session_suite_passes(node_modules: Path) -> None:
     type round-trips, the SDK's session scenarios, the Python backend reading what it wrote and
     the reverse, and run() of an Agent with a fake model, plain and streamed."""
     assert run_node_tests([AGENTS_SUITE]) >= 18
+
+
+@pytest.mark.timeout(NODE_SUITE_SECONDS + 30)
+def test_node_claude_agent_sdk_store_suite_passes(node_modules: Path) -> None:
+    """SessionlogSessionStore (sessionlog-client/claude-agent-sdk) keeps the SDK's SessionStore
+    contracts (the npm SDK ships no harness: restated one by one), stores a retried batch once,
+    erases subagent transcripts with their session, and the Python store reads what it wrote."""
+    assert run_node_tests([CLAUDE_SUITE]) >= 13
 
 
 def run_node_tests(tests: list[str]) -> int:

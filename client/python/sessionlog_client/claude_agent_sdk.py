@@ -1,0 +1,402 @@
+"""A sessionlog ``SessionStore`` for the Claude Agent SDK (``ClaudeAgentOptions(session_store=)``).
+
+    from claude_agent_sdk import ClaudeAgentOptions
+    from sessionlog_client.claude_agent_sdk import SessionlogSessionStore
+
+    store = SessionlogSessionStore("127.0.0.1:50051")
+    options = ClaudeAgentOptions(session_store=store)
+
+Install with ``pip install 'sessionlog-client[claude-agent-sdk]'``.
+
+How transcripts live in sessionlog (also in client/python/README.md, "Claude Agent SDK"):
+
+- A main transcript (project key, session id) is the session ``{prefix}{project}.{session}``;
+  a subagent transcript (same key plus a ``subpath``) is the sub-agent child session
+  ``{prefix}{project}.{session}.{subpath}`` of it (CreateSession with ``parent_session_id``), its
+  subpath kept verbatim as the child's title (``list_subkeys`` reads the titles). Each part is
+  escaped (:func:`escape`) so no part holds a ``.``: a project's sessions are one ListSessions
+  prefix, and the session id reads back from the id (:func:`unescape`). A project key or subpath
+  escaped past 64 bytes is named by a hash of it; a session id that still does not fit
+  sessionlog's 235 bytes is refused with ``ValueError`` before anything is written.
+- Each transcript entry is one event holding the entry's JSON verbatim, as text, in
+  ``entry_json``; user and assistant text, tool calls and tool results also project to the
+  derived view. An append carries a request id made from the uuids of its entries, so the SDK's
+  retry of a batch (the same entries) is stored once.
+- The summary the SDK folds (``fold_session_summary``) is kept in the main session's record, as
+  its title: ``{"n": EVENTS_COVERED, "data": {...}}``. ``list_session_summaries`` and
+  ``list_sessions`` are one ListSessions walk over the project's prefix: no event is read. A
+  summary covering fewer events than the log holds (another writer appended meanwhile, or a
+  process stopped between the append and the record update) is reported one millisecond older
+  than the session, which makes the SDK re-fold that session from its entries.
+- ``delete`` of a main transcript deletes its children first (ListSessions ``parent = ID``),
+  then the session itself: DeleteSession, a real erasure.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import unicodedata
+from collections.abc import AsyncIterator, Mapping
+from typing import Any, cast
+
+from sessionlog_client._aio import AsyncClient
+from sessionlog_client._items import get_exact, put_exact, text_of
+from sessionlog_client.errors import RequestIdReused, SessionAlreadyExists, SessionNotFound
+from sessionlog_client.v1 import session_log_service_pb2 as pb
+from sessionlog_client.v1.event_pb2 import Event, EventType
+
+try:
+    from claude_agent_sdk._internal.session_summary import fold_session_summary
+    from claude_agent_sdk.types import (
+        SessionKey,
+        SessionListSubkeysKey,
+        SessionStore,
+        SessionStoreEntry,
+        SessionStoreListEntry,
+        SessionSummaryEntry,
+    )
+except ImportError as exc:  # pragma: no cover - depends on the installed extras
+    raise ImportError(
+        "sessionlog_client.claude_agent_sdk needs the Claude Agent SDK: "
+        "pip install 'sessionlog-client[claude-agent-sdk]'"
+    ) from exc
+
+__all__ = [
+    "SessionlogSessionStore",
+    "entry_of",
+    "escape",
+    "event_of_entry",
+    "request_id_of",
+    "unescape",
+]
+
+ENTRY_KEY = "entry"
+"""The entry's JSON text is in the data key ``entry_json``."""
+MAX_ID_BYTES = 235
+"""sessionlog's longest session id (SPEC §7)."""
+MAX_TITLE_BYTES = 1024
+"""The longest session title; a summary whose JSON is longer is not kept (the SDK re-folds)."""
+_MAX_PART_BYTES = 64
+"""A project key or subpath escaped past this many bytes is named by its hash instead."""
+
+
+# -- ids (pure) ---------------------------------------------------------------------------------
+
+
+def escape(part: str) -> str:
+    """``part`` in the characters a session id may hold, with no ``.``: letters, numbers,
+    combining marks and ``-`` stay; every other character (``_`` and ``.`` included) becomes
+    ``_`` and two hex digits per UTF-8 byte (as the Google ADK backend escapes)."""
+    out: list[str] = []
+    for ch in part:
+        if ch == "-" or unicodedata.category(ch)[0] in "LNM":
+            out.append(ch)
+        else:
+            out.extend(f"_{b:02x}" for b in ch.encode("utf-8", "surrogatepass"))
+    return "".join(out)
+
+
+def _part(value: str, limit: int) -> str:
+    """``value`` escaped, or ``_h`` and a hash of it when that is longer than ``limit`` bytes:
+    ``_h`` is never the start of an escaped string (``_`` is always followed by hex there)."""
+    escaped = escape(value)
+    if len(escaped.encode("utf-8")) <= limit:
+        return escaped
+    return "_h" + hashlib.sha256(value.encode("utf-8", "surrogatepass")).hexdigest()[:40]
+
+
+def request_id_of(entries: list[SessionStoreEntry]) -> str | None:
+    """The append's request id: a hash of the entries' uuids, so a batch sent again is stored
+    once; None when no entry has a uuid (those are appended without dedup, as the SDK asks)."""
+    uuids = [str(e["uuid"]) for e in entries if isinstance(e.get("uuid"), str)]
+    if not uuids:
+        return None
+    return "claude." + hashlib.sha256("\n".join(uuids).encode()).hexdigest()[:48]
+
+
+# -- entries <-> events (pure) ------------------------------------------------------------------
+
+
+def event_of_entry(entry: SessionStoreEntry) -> Event:
+    """The event storing ``entry``: its JSON verbatim, plus what the derived view shows."""
+    data: dict[str, Any] = {"entry_type": entry.get("type", "")}
+    put_exact(data, ENTRY_KEY, entry)
+    made = Event(type=_project(cast("dict[str, Any]", entry), data))
+    made.data.update(data)
+    return made
+
+
+def _project(entry: dict[str, Any], data: dict[str, Any]) -> EventType:
+    """Put the fields the derived view projects in ``data`` and say which type shows them."""
+    message = entry.get("message")
+    content = message.get("content") if isinstance(message, dict) else None
+    blocks = [b for b in content if isinstance(b, dict)] if isinstance(content, list) else []
+    if entry.get("type") == "user":
+        results = [b for b in blocks if b.get("type") == "tool_result"]
+        if results:
+            first = results[0]
+            if isinstance(first.get("tool_use_id"), str):
+                data["tool_call_id"] = first["tool_use_id"]
+            shown = text_of(first.get("content"), {"text": "text"})
+            data["content"] = shown if shown is not None else json.dumps(first.get("content"))
+            return EventType.EVENT_TYPE_TOOL_RESULT
+        text = text_of(content, {"text": "text"})
+        if text is None:
+            return EventType.EVENT_TYPE_STEP_END
+        data["content"] = text
+        return EventType.EVENT_TYPE_USER_MESSAGE
+    if entry.get("type") == "assistant":
+        text = text_of(content, {"text": "text"})
+        calls = [
+            {
+                "id": str(b.get("id", "")),
+                "type": "function",
+                "function": {
+                    "name": str(b.get("name", "")),
+                    "arguments": json.dumps(b.get("input")),
+                },
+            }
+            for b in blocks
+            if b.get("type") == "tool_use"
+        ]
+        if text is None and not calls:
+            return EventType.EVENT_TYPE_STEP_END
+        if text is not None:
+            data["content"] = text
+        if calls:
+            data["tool_calls"] = calls
+        return EventType.EVENT_TYPE_ASSISTANT_MESSAGE
+    return EventType.EVENT_TYPE_STEP_END
+
+
+def entry_of(event: Event) -> SessionStoreEntry | None:
+    """The entry an event stores, or None for an event another writer appended."""
+    found, stored = get_exact(event, ENTRY_KEY)
+    return cast("SessionStoreEntry", stored) if found and isinstance(stored, dict) else None
+
+
+def _summary_title(covered: int, data: Mapping[str, Any]) -> str:
+    """The title holding a summary that covers the first ``covered`` events; without the data
+    when its JSON does not fit a title (the SDK then folds that session from its entries)."""
+    text = json.dumps({"n": covered, "data": data}, ensure_ascii=True, separators=(",", ":"))
+    if len(text) <= MAX_TITLE_BYTES:
+        return text
+    return json.dumps({"n": covered})
+
+
+def _read_summary(title: str) -> tuple[int, dict[str, Any] | None] | None:
+    """``(events covered, data or None)`` of a title :func:`_summary_title` wrote, else None."""
+    try:
+        held = json.loads(title)
+    except ValueError:
+        return None
+    if not isinstance(held, dict) or not isinstance(held.get("n"), int):
+        return None
+    data = held.get("data")
+    return held["n"], data if isinstance(data, dict) else None
+
+
+def unescape(part: str) -> str:
+    """The string :func:`escape` made ``part`` from."""
+    raw = bytearray()
+    i = 0
+    while i < len(part):
+        if part[i] == "_":
+            raw.append(int(part[i + 1 : i + 3], 16))
+            i += 3
+        else:
+            raw.extend(part[i].encode("utf-8"))
+            i += 1
+    return raw.decode("utf-8", "surrogatepass")
+
+
+def _ms(session: pb.Session) -> int:
+    return int(session.update_time.ToMilliseconds())
+
+
+# -- the store ----------------------------------------------------------------------------------
+
+
+class SessionlogSessionStore(SessionStore):
+    """The Claude Agent SDK's ``SessionStore`` on a sessionlog server.
+
+    ``client`` is an :class:`AsyncClient` (kept open by its owner) or an address, for which the
+    store opens its own client on first use (close it with :meth:`close`). ``prefix`` starts
+    every session id the store writes (a tenant token's prefix, or one per test).
+    """
+
+    def __init__(self, client: AsyncClient | str, *, prefix: str = "claude.") -> None:
+        self._given = client if isinstance(client, AsyncClient) else None
+        self._address = client if isinstance(client, str) else ""
+        self._own: AsyncClient | None = None
+        self.prefix = prefix
+        self._children: set[str] = set()
+        """Child sessions this store has made or seen made: no CreateSession for them again."""
+
+    async def close(self) -> None:
+        """Close the client the store opened (not one it was given)."""
+        if self._own is not None:
+            await self._own.close()
+            self._own = None
+
+    @property
+    def _client(self) -> AsyncClient:
+        if self._given is not None:
+            return self._given
+        if self._own is None:
+            self._own = AsyncClient(self._address)
+        return self._own
+
+    # -- ids --
+
+    def _project_prefix(self, project_key: str) -> str:
+        return f"{self.prefix}{_part(project_key, _MAX_PART_BYTES)}."
+
+    def main_id(self, key: SessionKey | SessionListSubkeysKey) -> str:
+        """The sessionlog session of the main transcript of ``key``. ``ValueError`` when it
+        would be longer than a session id may be (SDK session ids are UUIDs: 36 bytes)."""
+        log_id = self._project_prefix(key["project_key"]) + escape(key["session_id"])
+        if len(log_id.encode("utf-8", "surrogatepass")) > MAX_ID_BYTES - _MAX_PART_BYTES - 1:
+            raise ValueError(
+                f"the session id {key['session_id']!r} is too long for a sessionlog session id "
+                f"(at most {MAX_ID_BYTES} bytes, with the prefix, project and subpath)"
+            )
+        return log_id
+
+    def session_log_id(self, key: SessionKey) -> str:
+        """The sessionlog session holding ``key``'s transcript (a child for a subpath)."""
+        subpath = key.get("subpath")
+        if not subpath:
+            return self.main_id(key)
+        return f"{self.main_id(key)}.{_part(subpath, _MAX_PART_BYTES)}"
+
+    # -- required --
+
+    async def append(self, key: SessionKey, entries: list[SessionStoreEntry]) -> None:
+        if not entries:
+            return
+        log_id = self.session_log_id(key)
+        if key.get("subpath"):
+            await self._ensure_child(key, log_id)
+        events = [event_of_entry(e) for e in entries]
+        rid = request_id_of(entries)
+        try:
+            reply = await self._client.append(log_id, events, request_id=rid)
+        except RequestIdReused:
+            return  # the same uuids were stored by an earlier batch: ignore the duplicate
+        if not key.get("subpath"):
+            await self._update_summary(key, log_id, entries, int(reply.next_seq))
+
+    async def load(self, key: SessionKey) -> list[SessionStoreEntry] | None:
+        loaded: list[SessionStoreEntry] = []
+        async for event in self._client.since(self.session_log_id(key)):
+            entry = entry_of(event)
+            if entry is not None:
+                loaded.append(entry)
+        return loaded or None
+
+    # -- optional --
+
+    async def list_sessions(self, project_key: str) -> list[SessionStoreListEntry]:
+        prefix = self._project_prefix(project_key)
+        return [
+            {"session_id": unescape(session.session_id[len(prefix) :]), "mtime": _ms(session)}
+            async for session, _ in self._mains(project_key)
+        ]
+
+    async def list_session_summaries(self, project_key: str) -> list[SessionSummaryEntry]:
+        return [summary async for _, summary in self._mains(project_key) if summary is not None]
+
+    async def delete(self, key: SessionKey) -> None:
+        log_id = self.session_log_id(key)
+        if not key.get("subpath"):
+            for child in await self._client.children(log_id):
+                await self._erase(child.session_id)
+        await self._erase(log_id)
+
+    async def list_subkeys(self, key: SessionListSubkeysKey) -> list[str]:
+        return [child.title for child in await self._client.children(self.main_id(key))]
+
+    # -- helpers --
+
+    async def _erase(self, log_id: str) -> None:
+        self._children.discard(log_id)
+        with contextlib.suppress(SessionNotFound):
+            await self._client.delete_session(log_id, reason="claude-agent-sdk delete")
+
+    async def _ensure_child(self, key: SessionKey, log_id: str) -> None:
+        """Make the child session of a subagent transcript (and an empty main session when the
+        subagent's transcript comes first: a child needs its parent)."""
+        if log_id in self._children:
+            return
+        parent = self.main_id(key)
+        subpath = key.get("subpath", "")
+        try:
+            await self._make(log_id, title=subpath, parent_session_id=parent)
+        except SessionNotFound:  # no main session yet: an empty one, then the child
+            await self._make(parent)
+            await self._make(log_id, title=subpath, parent_session_id=parent)
+        self._children.add(log_id)
+
+    async def _make(self, log_id: str, **record: Any) -> None:
+        """CreateSession with no events; one that exists already is as good."""
+        with contextlib.suppress(SessionAlreadyExists):
+            await self._client.create_session(log_id, request_id="", **record)
+
+    async def _update_summary(
+        self, key: SessionKey, log_id: str, entries: list[SessionStoreEntry], next_seq: int
+    ) -> None:
+        """Fold ``entries`` into the summary in the session's title, or fold the whole
+        transcript when the title does not cover the events before them."""
+        session = (await self._client.get_session(log_id)).session
+        held = _read_summary(session.title)
+        if held is not None and held[0] >= next_seq:
+            return  # a replayed batch: the summary already covers it
+        before = next_seq - len(entries)
+        if held is not None and held[1] is not None and held[0] == before:
+            prev: SessionSummaryEntry = {
+                "session_id": key["session_id"],
+                "mtime": 0,
+                "data": held[1],
+            }
+            folded = fold_session_summary(prev, key, entries)
+        else:
+            whole = await self._entries_upto(log_id, next_seq)
+            folded = fold_session_summary(None, key, whole)
+        await self._client.update_session(log_id, title=_summary_title(next_seq, folded["data"]))
+
+    async def _entries_upto(self, log_id: str, stop: int) -> list[SessionStoreEntry]:
+        found: list[SessionStoreEntry] = []
+        async for event in self._client.since(log_id):
+            if event.seq >= stop:
+                break
+            entry = entry_of(event)
+            if entry is not None:
+                found.append(entry)
+        return found
+
+    async def _mains(
+        self, project_key: str
+    ) -> AsyncIterator[tuple[pb.Session, SessionSummaryEntry | None]]:
+        """The project's main sessions that hold entries, each with its summary (None when
+        its title holds none), from ListSessions alone: no event is read."""
+        prefix = self._project_prefix(project_key)
+        async for page in self._client.list_sessions(prefix=prefix):
+            for session in page.sessions:
+                if session.parent_session_id or session.event_count == 0:
+                    continue
+                session_id = unescape(session.session_id[len(prefix) :])
+                held = _read_summary(session.title)
+                covered, data = held if held is not None else (0, None)
+                if data is None:
+                    yield session, None
+                    continue
+                fresh = covered == session.event_count
+                summary: SessionSummaryEntry = {
+                    "session_id": session_id,
+                    "mtime": _ms(session) if fresh else _ms(session) - 1,
+                    "data": data,
+                }
+                yield session, summary

@@ -1,0 +1,313 @@
+// A sessionlog SessionStore for the Claude Agent SDK (`@anthropic-ai/claude-agent-sdk`), which the
+// client does not depend on: the store is the SDK's structural `SessionStore` type.
+//
+//   import { foldSessionSummary, query } from "@anthropic-ai/claude-agent-sdk";
+//   import { SessionlogSessionStore } from "sessionlog-client/claude-agent-sdk";
+//   const sessionStore = new SessionlogSessionStore("127.0.0.1:50051", { foldSessionSummary });
+//   query({ prompt, options: { sessionStore } });
+//
+// The mapping is the Python store's (sessionlog_client/claude_agent_sdk.py), key for key, so either
+// reads what the other wrote:
+// - a main transcript is the session `{prefix}{project}.{session}`, a subagent transcript its
+//   sub-agent child `{prefix}{project}.{session}.{subpath}` whose title is the subpath; each part
+//   escaped (letters, numbers, marks and "-" kept, anything else "_" and two hex digits per UTF-8
+//   byte), a project key or subpath escaped past 64 bytes named by "_h" and a hash of it;
+// - each entry is one event, its JSON in data.entry_json; user and assistant text, tool calls
+//   and tool results project to the derived view, anything else is STEP_END;
+// - an append's request id is a hash of its entries' uuids, so a retried batch is stored once;
+// - the SDK's summary fold is kept in the main session's title, {"n": events covered, "data"},
+//   so both listings are one ListSessions walk; a summary covering fewer events than the log is
+//   reported 1 ms older than the session (the SDK then re-folds it from its entries). The fold is
+//   the SDK's own `foldSessionSummary`, passed in: without it the store has no
+//   listSessionSummaries and the SDK loads each session instead;
+// - delete of a main transcript erases its children, then it (DeleteSession).
+
+import { createHash } from "node:crypto";
+
+import { SessionLogClient } from "./index.js";
+
+/** The data key holding the entry's JSON text. */
+export const ENTRY_JSON_KEY = "entry_json";
+const MAX_ID_BYTES = 235;
+const MAX_TITLE_BYTES = 1024;
+const MAX_PART_BYTES = 64;
+const KEPT = /^[\p{L}\p{N}\p{M}-]$/u;
+
+const bytes = (text) => Buffer.byteLength(text, "utf8");
+
+/** `part` in the characters a session id may hold, with no ".", as the Python store escapes. */
+export function escape(part) {
+  let out = "";
+  for (const ch of part) {
+    if (KEPT.test(ch)) out += ch;
+    else for (const b of Buffer.from(ch, "utf8")) out += `_${b.toString(16).padStart(2, "0")}`;
+  }
+  return out;
+}
+
+/** The string escape() made `part` from. */
+export function unescape(part) {
+  const raw = [];
+  for (let i = 0; i < part.length; ) {
+    if (part[i] === "_") {
+      raw.push(parseInt(part.slice(i + 1, i + 3), 16));
+      i += 3;
+    } else {
+      const ch = String.fromCodePoint(part.codePointAt(i));
+      raw.push(...Buffer.from(ch, "utf8"));
+      i += ch.length;
+    }
+  }
+  return Buffer.from(raw).toString("utf8");
+}
+
+function idPart(value, limit) {
+  const escaped = escape(value);
+  if (bytes(escaped) <= limit) return escaped;
+  return `_h${createHash("sha256").update(value, "utf8").digest("hex").slice(0, 40)}`;
+}
+
+/** The append's request id: a hash of the entries' uuids; undefined when none has one. */
+export function requestIdOf(entries) {
+  const uuids = entries.filter((e) => typeof e.uuid === "string").map((e) => e.uuid);
+  if (uuids.length === 0) return undefined;
+  return `claude.${createHash("sha256").update(uuids.join("\n"), "utf8").digest("hex").slice(0, 48)}`;
+}
+
+function textOf(value) {
+  if (typeof value === "string") return value;
+  if (!Array.isArray(value)) return null;
+  const texts = [];
+  for (const part of value) {
+    if (typeof part === "string") texts.push(part);
+    else if (part && typeof part === "object" && part.type === "text" && typeof part.text === "string") {
+      texts.push(part.text);
+    }
+  }
+  return texts.length ? texts.join("\n") : null;
+}
+
+/** The event storing `entry`: its JSON verbatim, plus what the derived view shows. */
+export function eventOfEntry(entry) {
+  const data = { entry_type: entry.type ?? "", [ENTRY_JSON_KEY]: JSON.stringify(entry) };
+  const message = entry.message;
+  const content = message && typeof message === "object" ? message.content : undefined;
+  const blocks = Array.isArray(content) ? content.filter((b) => b && typeof b === "object") : [];
+  if (entry.type === "user") {
+    const results = blocks.filter((b) => b.type === "tool_result");
+    if (results.length) {
+      const first = results[0];
+      if (typeof first.tool_use_id === "string") data.tool_call_id = first.tool_use_id;
+      data.content = textOf(first.content) ?? JSON.stringify(first.content ?? null);
+      return { type: "tool_result", data };
+    }
+    const text = textOf(content);
+    if (text === null) return { type: "step_end", data };
+    data.content = text;
+    return { type: "user_message", data };
+  }
+  if (entry.type === "assistant") {
+    const text = textOf(content);
+    const calls = blocks
+      .filter((b) => b.type === "tool_use")
+      .map((b) => ({
+        id: String(b.id ?? ""),
+        type: "function",
+        function: { name: String(b.name ?? ""), arguments: JSON.stringify(b.input ?? null) },
+      }));
+    if (text === null && calls.length === 0) return { type: "step_end", data };
+    if (text !== null) data.content = text;
+    if (calls.length) data.tool_calls = calls;
+    return { type: "assistant_message", data };
+  }
+  return { type: "step_end", data };
+}
+
+/** The entry an event stores, or undefined for an event another writer appended. */
+export function entryOf(event) {
+  const text = event.data?.[ENTRY_JSON_KEY];
+  if (typeof text !== "string") return undefined;
+  const entry = JSON.parse(text);
+  return entry && typeof entry === "object" && !Array.isArray(entry) ? entry : undefined;
+}
+
+function summaryTitle(covered, data) {
+  const text = JSON.stringify({ n: covered, data });
+  return bytes(text) <= MAX_TITLE_BYTES ? text : JSON.stringify({ n: covered });
+}
+
+function readSummary(title) {
+  let held;
+  try {
+    held = JSON.parse(title);
+  } catch {
+    return undefined;
+  }
+  if (!held || typeof held !== "object" || !Number.isInteger(held.n)) return undefined;
+  const data = held.data && typeof held.data === "object" && !Array.isArray(held.data) ? held.data : undefined;
+  return { covered: held.n, data };
+}
+
+/** The session's update time in epoch ms (RFC 3339 with up to 9 fraction digits in). */
+const ms = (session) => Date.parse((session.updateTime ?? "").replace(/(\.\d{3})\d+/, "$1"));
+
+/** The Claude Agent SDK's SessionStore on a sessionlog server. */
+export class SessionlogSessionStore {
+  /**
+   * @param client a SessionLogClient (its owner closes it) or an address (close() closes the one
+   *   the store opens)
+   * @param options prefix starts every session id ("claude." by default); foldSessionSummary is the
+   *   SDK's, for listSessionSummaries
+   */
+  constructor(client, { prefix = "claude.", foldSessionSummary } = {}) {
+    this.client = typeof client === "string" ? new SessionLogClient(client) : client;
+    this.ownClient = typeof client === "string";
+    this.prefix = prefix;
+    this.children = new Set();
+    this.fold = foldSessionSummary;
+    if (foldSessionSummary) {
+      this.listSessionSummaries = async (projectKey) =>
+        (await this.mains(projectKey)).map(({ summary }) => summary).filter(Boolean);
+    }
+  }
+
+  close() {
+    if (this.ownClient) this.client.close();
+  }
+
+  projectPrefix(projectKey) {
+    return `${this.prefix}${idPart(projectKey, MAX_PART_BYTES)}.`;
+  }
+
+  /** The sessionlog session of the main transcript of `key`; throws when it would not fit. */
+  mainId(key) {
+    const id = this.projectPrefix(key.projectKey) + escape(key.sessionId);
+    if (bytes(id) > MAX_ID_BYTES - MAX_PART_BYTES - 1) {
+      throw new RangeError(
+        `the session id ${JSON.stringify(key.sessionId)} is too long for a sessionlog session id ` +
+          `(at most ${MAX_ID_BYTES} bytes, with the prefix, project and subpath)`,
+      );
+    }
+    return id;
+  }
+
+  /** The sessionlog session holding `key`'s transcript (a child for a subpath). */
+  sessionLogId(key) {
+    return key.subpath ? `${this.mainId(key)}.${idPart(key.subpath, MAX_PART_BYTES)}` : this.mainId(key);
+  }
+
+  async append(key, entries) {
+    if (entries.length === 0) return;
+    const logId = this.sessionLogId(key);
+    if (key.subpath) await this.ensureChild(key, logId);
+    const requestId = requestIdOf(entries);
+    let reply;
+    try {
+      reply = await this.client.append(logId, entries.map(eventOfEntry), requestId ? { requestId } : {});
+    } catch (error) {
+      if (error?.reason === "REQUEST_ID_REUSED") return; // those uuids are stored: a duplicate
+      throw error;
+    }
+    if (!key.subpath && this.fold) await this.updateSummary(key, logId, entries, reply.nextSeq);
+  }
+
+  async load(key) {
+    const loaded = [];
+    for await (const event of this.client.since(this.sessionLogId(key))) {
+      const entry = entryOf(event);
+      if (entry !== undefined) loaded.push(entry);
+    }
+    return loaded.length ? loaded : null;
+  }
+
+  async listSessions(projectKey) {
+    return (await this.mains(projectKey)).map(({ sessionId, session }) => ({ sessionId, mtime: ms(session) }));
+  }
+
+  async delete(key) {
+    const logId = this.sessionLogId(key);
+    if (!key.subpath) {
+      for (const child of await this.client.children(logId)) await this.erase(child.sessionId);
+    }
+    await this.erase(logId);
+  }
+
+  async listSubkeys(key) {
+    return (await this.client.children(this.mainId(key))).map((child) => child.title);
+  }
+
+  async erase(logId) {
+    this.children.delete(logId);
+    try {
+      await this.client.deleteSession(logId, { reason: "claude-agent-sdk delete" });
+    } catch (error) {
+      if (error?.reason !== "SESSION_NOT_FOUND") throw error;
+    }
+  }
+
+  async make(logId, fields = {}) {
+    try {
+      await this.client.createSession(logId, [], { requestId: "", ...fields });
+    } catch (error) {
+      if (error?.reason !== "SESSION_ALREADY_EXISTS") throw error;
+    }
+  }
+
+  /** The child session of a subagent transcript, and an empty main one when it comes first. */
+  async ensureChild(key, logId) {
+    if (this.children.has(logId)) return;
+    const parentSessionId = this.mainId(key);
+    try {
+      await this.make(logId, { title: key.subpath, parentSessionId });
+    } catch (error) {
+      if (error?.reason !== "SESSION_NOT_FOUND") throw error;
+      await this.make(parentSessionId);
+      await this.make(logId, { title: key.subpath, parentSessionId });
+    }
+    this.children.add(logId);
+  }
+
+  /** Fold `entries` into the summary in the title, or the whole transcript when the title does
+   * not cover the events before them. */
+  async updateSummary(key, logId, entries, nextSeq) {
+    const { session } = await this.client.getSession(logId);
+    const held = readSummary(session.title);
+    if (held && held.covered >= nextSeq) return; // a replayed batch
+    const mainKey = { projectKey: key.projectKey, sessionId: key.sessionId };
+    let folded;
+    if (held?.data && held.covered === nextSeq - entries.length) {
+      folded = this.fold({ sessionId: key.sessionId, mtime: 0, data: held.data }, mainKey, entries);
+    } else {
+      const whole = [];
+      for await (const event of this.client.since(logId)) {
+        if (event.seq >= nextSeq) break;
+        const entry = entryOf(event);
+        if (entry !== undefined) whole.push(entry);
+      }
+      folded = this.fold(undefined, mainKey, whole);
+    }
+    await this.client.updateSession(logId, { title: summaryTitle(nextSeq, folded.data) });
+  }
+
+  /** The project's main sessions holding entries, with their summaries, from ListSessions. */
+  async mains(projectKey) {
+    const prefix = this.projectPrefix(projectKey);
+    const found = [];
+    for await (const page of this.client.listSessions({ prefix })) {
+      for (const session of page.sessions) {
+        if (session.parentSessionId || session.eventCount === 0) continue;
+        const sessionId = unescape(session.sessionId.slice(prefix.length));
+        const held = readSummary(session.title);
+        const summary = held?.data
+          ? {
+              sessionId,
+              mtime: held.covered === session.eventCount ? ms(session) : ms(session) - 1,
+              data: held.data,
+            }
+          : undefined;
+        found.push({ sessionId, session, summary });
+      }
+    }
+    return found;
+  }
+}

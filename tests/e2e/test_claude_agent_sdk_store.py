@@ -1,0 +1,219 @@
+"""sessionlog_client.claude_agent_sdk against a real server and the Claude Agent SDK itself: the
+SDK's own SessionStore conformance harness, what it does not check (a retried batch stored once,
+subagent transcripts erased with their session, summaries that go stale when another writer
+appends), the SDK's store-backed listing, and the README's example run as written."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import subprocess
+import sys
+from collections.abc import Awaitable, Callable, Iterator
+from itertools import count
+from pathlib import Path
+from typing import Any
+
+import pytest
+from claude_agent_sdk.testing import run_session_store_conformance, session_store_conformance
+from claude_agent_sdk.types import SessionKey
+
+from sessionlog.testing import RunningServer
+from sessionlog_client import AsyncClient
+from sessionlog_client.claude_agent_sdk import SessionlogSessionStore
+from tests.e2e._proc import running_server
+
+ROOT = Path(__file__).resolve().parents[2]
+CLIENT_README = ROOT / "client" / "python" / "README.md"
+_ids = count()
+
+
+@pytest.fixture(scope="module")
+def running(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+    """One server for the module; each store uses its own prefix."""
+    folder: Path = tmp_path_factory.mktemp("claude-agent-sdk")
+    with running_server(folder / "data") as server:
+        yield server
+
+
+def new_prefix() -> str:
+    return f"cl{next(_ids)}-{os.getpid()}."
+
+
+def run(
+    running: RunningServer,
+    test: Callable[[SessionlogSessionStore, AsyncClient], Awaitable[None]],
+) -> None:
+    """Run ``test(store, client)`` on a fresh loop with a store and a raw client."""
+
+    async def main() -> None:
+        async with AsyncClient(running.address) as client:
+            await test(SessionlogSessionStore(client, prefix=new_prefix()), client)
+
+    asyncio.run(main())
+
+
+def entry(uuid: str, kind: str = "user", text: str = "hi", **more: Any) -> Any:
+    """A transcript line as the CLI writes it (the parts the store and the summary look at)."""
+    return {
+        "type": kind,
+        "uuid": uuid,
+        "timestamp": "2026-01-01T00:00:00.000Z",
+        "message": {"role": kind, "content": [{"type": "text", "text": text}]},
+        **more,
+    }
+
+
+MAIN: SessionKey = {"project_key": "-home-ann-proj", "session_id": "0b9e-4c1d"}
+SUB: SessionKey = {**MAIN, "subpath": "subagents/agent-7"}
+
+
+def test_the_sdk_conformance_harness_passes(running: RunningServer) -> None:
+    """run_session_store_conformance passes with every optional method checked, none skipped."""
+
+    async def main() -> None:
+        async with AsyncClient(running.address) as client:
+            probe = SessionlogSessionStore(client)
+            optional = ("list_sessions", "list_session_summaries", "delete", "list_subkeys")
+            skipped = [
+                m
+                for m in optional
+                if not session_store_conformance._has_optional(probe, m, frozenset())
+            ]
+            assert skipped == []
+            await run_session_store_conformance(
+                lambda: SessionlogSessionStore(client, prefix=new_prefix())
+            )
+
+    asyncio.run(main())
+
+
+def test_a_retried_batch_is_stored_once(running: RunningServer) -> None:
+    """The same entries appended again (the SDK's retry) add no event and leave the summary."""
+
+    async def test(store: SessionlogSessionStore, client: AsyncClient) -> None:
+        batch = [entry("u1", text="first question"), entry("a1", kind="assistant", text="answer")]
+        await store.append(MAIN, batch)
+        summaries = await store.list_session_summaries(MAIN["project_key"])
+        await store.append(MAIN, batch)
+        assert await store.load(MAIN) == batch
+        session = (await client.get_session(store.session_log_id(MAIN))).session
+        assert session.event_count == 2
+        assert await store.list_session_summaries(MAIN["project_key"]) == summaries
+        # entries without uuids (titles, tags) are appended each time, as the SDK asks
+        tag: Any = {"type": "tag", "tag": "x"}
+        await store.append(MAIN, [tag])
+        await store.append(MAIN, [tag])
+        assert await store.load(MAIN) == [*batch, tag, tag]
+
+    run(running, test)
+
+
+def test_delete_erases_the_subagent_sessions(running: RunningServer) -> None:
+    """Subagent transcripts are child sessions of the main one, and delete erases them too."""
+
+    async def test(store: SessionlogSessionStore, client: AsyncClient) -> None:
+        await store.append(SUB, [entry("s1", text="sub first")])  # before the main transcript
+        await store.append(MAIN, [entry("m1")])
+        main_id = store.session_log_id(MAIN)
+        children = await client.children(main_id)
+        assert [c.session_id for c in children] == [store.session_log_id(SUB)]
+        assert children[0].title == "subagents/agent-7"
+        assert await store.list_subkeys(MAIN) == ["subagents/agent-7"]
+        await store.delete(MAIN)
+        for log_id in (main_id, store.session_log_id(SUB)):
+            assert not (await client.get_session(log_id)).session.exists
+        assert await store.load(SUB) is None
+
+    run(running, test)
+
+
+def test_a_summary_another_writer_outran_is_reported_stale(running: RunningServer) -> None:
+    """Events appended beside the store make its summary older than the session, so the SDK
+    re-folds; the store's next append folds the whole transcript again."""
+
+    async def test(store: SessionlogSessionStore, client: AsyncClient) -> None:
+        await store.append(MAIN, [entry("u1", customTitle="one")])
+        other = SessionlogSessionStore(client, prefix=store.prefix)
+        log_id = store.session_log_id(MAIN)
+        title = (await client.get_session(log_id)).session.title
+        await other.append(MAIN, [entry("u2", customTitle="two")])
+        await client.update_session(log_id, title=title)  # as if the second update were lost
+        [listed] = await store.list_sessions(MAIN["project_key"])
+        [summary] = await store.list_session_summaries(MAIN["project_key"])
+        assert summary["mtime"] < listed["mtime"]
+        await store.append(MAIN, [entry("u3")])
+        [listed] = await store.list_sessions(MAIN["project_key"])
+        [summary] = await store.list_session_summaries(MAIN["project_key"])
+        assert summary["mtime"] == listed["mtime"]
+        assert summary["data"]["custom_title"] == "two"
+
+    run(running, test)
+
+
+def test_the_conversation_shows_in_the_derived_view(running: RunningServer) -> None:
+    """User text, assistant text and tool calls, and tool results project to chat messages."""
+
+    async def test(store: SessionlogSessionStore, client: AsyncClient) -> None:
+        call = {"type": "tool_use", "id": "t1", "name": "Read", "input": {"path": "a"}}
+        result = {"type": "tool_result", "tool_use_id": "t1", "content": "file text"}
+        entries: list[Any] = [
+            entry("u1", text="read a"),
+            {
+                "type": "assistant",
+                "uuid": "a1",
+                "message": {"role": "assistant", "content": [call]},
+            },
+            {"type": "user", "uuid": "u2", "message": {"role": "user", "content": [result]}},
+            {"type": "system", "uuid": "s1", "subtype": "compact_boundary"},
+        ]
+        await store.append(MAIN, entries)
+        messages = await client.chat_messages(store.session_log_id(MAIN))
+        assert [m["role"] for m in messages] == ["user", "assistant", "tool"]
+        assert messages[1]["tool_calls"][0]["function"]["name"] == "Read"
+        assert messages[2] == {"role": "tool", "content": "file text", "tool_call_id": "t1"}
+
+    run(running, test)
+
+
+def test_the_sdk_lists_sessions_from_the_store(running: RunningServer, tmp_path: Path) -> None:
+    """The SDK's list_sessions_from_store reads titles and prompts from the summaries."""
+    from claude_agent_sdk._internal.sessions import (
+        _canonicalize_path,
+        _sanitize_path,
+        list_sessions_from_store,
+    )
+
+    project = _sanitize_path(_canonicalize_path(str(tmp_path)))
+
+    async def test(store: SessionlogSessionStore, client: AsyncClient) -> None:
+        for n in range(3):
+            key: SessionKey = {"project_key": project, "session_id": f"s-{n}"}
+            await store.append(key, [entry(f"u{n}", text=f"question {n}", cwd=str(tmp_path))])
+        infos = await list_sessions_from_store(store, directory=str(tmp_path))
+        assert sorted(i.summary for i in infos) == ["question 0", "question 1", "question 2"]
+
+    run(running, test)
+
+
+def python_block(readme: Path, heading: str) -> tuple[str, list[str]]:
+    """The first ```python block after ``heading`` and its ``# ->`` lines."""
+    text = readme.read_text()
+    start = text.index(heading)
+    match = re.search(r"```python\n(.*?)```", text[start:], re.S)
+    assert match is not None, f"no python block under {heading}"
+    code = match.group(1)
+    return code, [line.split("# -> ", 1)[1] for line in code.splitlines() if "# -> " in line]
+
+
+def test_the_readme_example_runs(running: RunningServer) -> None:
+    """client/python/README.md's Claude Agent SDK example prints what its ``# ->`` lines say."""
+    code, expected = python_block(CLIENT_README, "### Claude Agent SDK")
+    assert expected
+    code = code.replace("127.0.0.1:50051", running.address)
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=ROOT
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == expected

@@ -9,16 +9,18 @@ import operator
 import re
 import subprocess
 import sys
-from collections.abc import AsyncGenerator, Iterator
+from collections.abc import AsyncGenerator, Iterator, Sequence
 from itertools import count
 from pathlib import Path
 from typing import Annotated, Any, TypedDict
 
 import pytest
 from langchain_core.runnables import RunnableConfig
-from langgraph.checkpoint.base import empty_checkpoint
+from langgraph.channels import DeltaChannel
+from langgraph.checkpoint.base import BaseCheckpointSaver, empty_checkpoint
 from langgraph.checkpoint.conformance import checkpointer_test, validate
 from langgraph.checkpoint.conformance.capabilities import ALL_CAPABILITIES
+from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.graph import END, START, StateGraph
 from langgraph.graph.state import CompiledStateGraph
 from langgraph.types import Command, interrupt
@@ -232,6 +234,43 @@ def test_graph_interrupt_resume_time_travel(running: RunningServer) -> None:
         sessions = [s.session_id for p in client.list_sessions(prefix=prefix) for s in p.sessions]
         assert sessions == [f"{prefix}async", f"{prefix}graph", f"{prefix}quick"]
         assert client.chat_messages(f"{prefix}graph") == []  # records are bookkeeping only
+
+
+def concat(state: list[str] | None, writes: Sequence[list[str]]) -> list[str]:
+    return [*(state or []), *(x for w in writes for x in w)]
+
+
+class Growing(TypedDict):
+    items: Annotated[list[str], DeltaChannel(concat, snapshot_frequency=3)]
+
+
+def add_item(state: Growing) -> dict[str, Any]:
+    return {"items": [f"item{len(state['items'])}"]}
+
+
+def delta_history(saver: BaseCheckpointSaver[Any], runs: int) -> list[list[str]]:
+    builder = StateGraph(Growing)
+    builder.add_node("add", add_item)
+    builder.add_edge(START, "add")
+    builder.add_edge("add", END)
+    graph = builder.compile(checkpointer=saver)
+    config: RunnableConfig = {"configurable": {"thread_id": "delta"}}
+    for _ in range(runs):
+        graph.invoke({"items": []}, config)
+    return [s.values.get("items", []) for s in graph.get_state_history(config)]
+
+
+def test_delta_channel_history(running: RunningServer) -> None:
+    """A DeltaChannel (values rebuilt from ancestors' writes between snapshots) reads back as
+    LangGraph's in-memory saver reads it, at every checkpoint of the history, from a fresh
+    saver too."""
+    expected = delta_history(InMemorySaver(), 7)
+    assert expected[0] == [f"item{i}" for i in range(7)]
+    prefix = new_prefix()
+    with SessionlogSaver(running.address, prefix=prefix) as saver:
+        assert delta_history(saver, 7) == expected
+    with SessionlogSaver(running.address, prefix=prefix) as fresh:
+        assert delta_history(fresh, 0) == expected
 
 
 def test_client_readme_example_runs(running: RunningServer, tmp_path: Path) -> None:

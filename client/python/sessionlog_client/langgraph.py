@@ -15,18 +15,20 @@ bookkeeping event (``EVENT_TYPE_STEP_END``, so it never reaches the derived mess
 data key ``langgraph`` names its kind:
 
 - ``checkpoint``: ``ns`` (checkpoint_ns), ``id``, ``parent`` (the parent checkpoint's id, absent
-  for a first one), and the checkpoint and its metadata as the saver's serde typed them
-  (``[type, base64]``);
+  for a first one), the checkpoint without its channel values and its metadata as the saver's
+  serde typed them (``[type, base64]``), and ``blobs``: the values of the channels this step
+  changed (``new_versions``), ``[version, type, base64]`` each, as LangGraph's own savers keep
+  them (a DeltaChannel stores a value only at its snapshots);
 - ``writes``: one ``put_writes`` call: ``ns``, ``id`` (the checkpoint they are pending on),
   ``task``, ``path`` and ``writes`` (``[idx, channel, type, base64]`` each);
 - ``drop``: the checkpoints ``prune`` and ``delete_for_runs`` removed (``ids``: ``[ns, id]``
   pairs). The log keeps them for audit; the saver no longer shows them or their writes.
 
-Invariants the reads rely on: a checkpoint's writes and any drop of it come after it in the log
-(they name a checkpoint that was stored), and checkpoint ids grow with the log (uuid6). So a
-read goes newest first (``ListEvents`` "seq desc", in pages) and stops at the checkpoint it
-wants: the latest one costs the events after it, not the thread's history, and ``list`` with a
-``limit`` stops once it has that many.
+Reads go newest first (``ListEvents`` "seq desc", in growing pages) and stop as soon as they
+can: at the checkpoint wanted, then back to the checkpoints holding the channel values it did
+not change and to its parent (its writes lie after the parent; see ``_Log``). The latest
+checkpoint costs the last steps, not the thread's history; ``list`` with a ``limit`` stops once
+it has that many. Checkpoint ids grow with the log (uuid6), so log order is id order.
 
 Two workers on one thread (LangGraph issue 8796): a ``put`` names, as ``expected_seq``, the
 log's length as this saver last saw it (a read, or its own write). When another writer appended
@@ -47,9 +49,11 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import datetime as dt
+import random
 import re
 import threading
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from typing import Any, NamedTuple
 
 from sessionlog_client._sync import Client
@@ -90,6 +94,10 @@ PUT_TRIES = 50
 _KEEP = re.compile(r"[A-Za-z0-9_.]")
 _Ids = list[list[str]]
 """[ns, id] pairs of checkpoints (a name of its own: the saver's ``list`` shadows the builtin)."""
+EMPTY = ["empty", ""]
+"""The stored value of a channel its step emptied (a version with no value)."""
+CLOCK_SKEW = dt.timedelta(minutes=5)
+"""How far the server's clock may run behind a worker's: see ``_Log``."""
 
 
 class StaleThreadError(RuntimeError):
@@ -138,12 +146,10 @@ def thread_id_of(prefix: str, session_id: str) -> str:
 
 
 class _Scan:
-    """What the events after a point say about the checkpoints before it: which were dropped
-    and the writes pending on each. Fed events newest first."""
+    """Which checkpoints the events after a point dropped. Fed events newest first."""
 
     def __init__(self) -> None:
         self.dropped: set[tuple[str, str]] = set()
-        self.writes: dict[tuple[str, str], dict[tuple[str, int], tuple[str, str, str, Any]]] = {}
 
     def see(self, event: Event) -> _Found | None:
         """Take in one (older) event; the checkpoint it stores when it is one still shown."""
@@ -153,15 +159,6 @@ class _Scan:
         kind = data.get(KIND)
         if kind == "drop":
             self.dropped.update((ns, cid) for ns, cid in data.get("ids", []))
-        elif kind == "writes":
-            key = (data["ns"], data["id"])
-            held = self.writes.setdefault(key, {})
-            for idx, channel, type_, blob in data["writes"]:
-                slot = (data["task"], int(idx))
-                # the first write of a (task, idx) wins, except the special channels' (idx < 0),
-                # where the last does; seen newest first, so an older one overwrites
-                if slot[1] >= 0 or slot not in held:
-                    held[slot] = (data.get("path", ""), channel, type_, blob)
         elif kind == "checkpoint":
             key = (data["ns"], data["id"])
             if key not in self.dropped:
@@ -169,10 +166,83 @@ class _Scan:
                 return _Found(event.seq, data["ns"], data["id"], parent, data)
         return None
 
-    def pending(self, found: _Found) -> list[tuple[tuple[str, str, int], str, str, str, Any]]:
-        """The writes pending on ``found``, in ``writes_sort_key`` order (task_path, task_id,
-        idx), the order a super-step applies them in."""
-        held = self.writes.get((found.ns, found.id), {})
+
+class _Log:
+    """A log read newest first, on demand, indexed as it is read.
+
+    A checkpoint stores only the channels its step changed (``new_versions``): the value of
+    a channel at a version lies in the checkpoint that set that version, an older one, and
+    :meth:`blob` reads back to it. A checkpoint's pending writes may come before it in the
+    log (with ``durability="async"`` LangGraph stores a step's writes while the checkpoint's
+    put is still under way), though never before its parent was written, nor, for a first
+    checkpoint, more than ``CLOCK_SKEW`` before the time it was made: :meth:`pending` reads
+    back to there.
+    """
+
+    def __init__(self, events: Iterator[Event]) -> None:
+        self._source = events
+        self._read: list[Event] = []
+        self._blobs: dict[tuple[str, str, str], list[str]] = {}
+        self._stored: set[tuple[str, str]] = set()
+        self._writes: dict[tuple[str, str], list[tuple[int, dict[str, Any]]]] = {}
+
+    def __iter__(self) -> Iterator[Event]:
+        i = 0
+        while self._more(i):
+            yield self._read[i]
+            i += 1
+
+    def _more(self, i: int) -> bool:
+        """Whether the log holds an i-th newest event (reading it when needed)."""
+        while len(self._read) <= i:
+            event = next(self._source, None)
+            if event is None:
+                return False
+            self._read.append(event)
+            fields = event.data.fields
+            if event.type != RECORD_TYPE or KIND not in fields:
+                continue
+            kind = fields[KIND].string_value
+            if kind == "checkpoint":
+                data = struct_to_dict(event.data)
+                self._stored.add((data["ns"], data["id"]))
+                for channel, stored in data.get("blobs", {}).items():
+                    self._blobs.setdefault((data["ns"], channel, stored[0]), stored[1:])
+            elif kind == "writes":
+                data = struct_to_dict(event.data)
+                self._writes.setdefault((data["ns"], data["id"]), []).append((event.seq, data))
+        return True
+
+    def _back_to(self, done: Callable[[], bool]) -> None:
+        while not done() and self._more(len(self._read)):
+            pass
+
+    def blob(self, ns: str, channel: str, version: str) -> list[str] | None:
+        """``[type, base64]`` of the channel's value at ``version``, None when no checkpoint
+        stored it."""
+        key = (ns, channel, version)
+        self._back_to(lambda: key in self._blobs)
+        return self._blobs.get(key)
+
+    def pending(
+        self, found: _Found, made: dt.datetime
+    ) -> list[tuple[tuple[str, str, int], str, str, str, Any]]:
+        """The writes pending on ``found`` (made at ``made``), in ``writes_sort_key`` order
+        (task_path, task_id, idx), the order a super-step applies them in."""
+        if found.parent:
+            parent = (found.ns, found.parent)
+            self._back_to(lambda: parent in self._stored)
+        else:
+            oldest = made - CLOCK_SKEW
+            self._back_to(lambda: self._read[-1].time.ToDatetime(dt.UTC) < oldest)
+        held: dict[tuple[str, int], tuple[str, str, str, Any]] = {}
+        for _, data in sorted(self._writes.get((found.ns, found.id), []), key=lambda w: w[0]):
+            for idx, channel, type_, blob in data["writes"]:
+                slot = (data["task"], int(idx))
+                # the first write of a (task, idx) wins, but the last of a special channel
+                # (idx < 0: an error, an interrupt, a resume)
+                if slot[1] < 0 or slot not in held:
+                    held[slot] = (data.get("path", ""), channel, type_, blob)
         rows = [
             ((path, task, idx), task, channel, type_, blob)
             for (task, idx), (path, channel, type_, blob) in held.items()
@@ -197,7 +267,7 @@ def _record(data: dict[str, Any]) -> Event:
 # -- the saver ------------------------------------------------------------------------------------
 
 
-class SessionlogSaver(BaseCheckpointSaver[int]):
+class SessionlogSaver(BaseCheckpointSaver[str]):
     """LangGraph's ``BaseCheckpointSaver`` over a sessionlog server (sync and async).
 
     ``client`` is a :class:`~sessionlog_client.Client` (the caller's to close) or the server's
@@ -257,9 +327,20 @@ class SessionlogSaver(BaseCheckpointSaver[int]):
         ns = str(config["configurable"].get("checkpoint_ns", ""))
         return thread_id, session_id_of(self.prefix, thread_id), ns
 
+    def get_next_version(self, current: str | None, channel: None) -> str:
+        """A version that grows and is unique across branches (as InMemorySaver's): a value
+        is stored once per (namespace, channel, version), and two branches forked from one
+        checkpoint both step a channel from the same version."""
+        number = 0 if current is None else int(str(current).split(".")[0])
+        return f"{number + 1:032}.{random.random():016}"
+
     # -- reading ----------------------------------------------------------------------------------
 
-    def _newest_first(self, session_id: str) -> Iterator[Event]:
+    def _newest_first(self, session_id: str) -> _Log:
+        """The session's events, newest first (read on demand)."""
+        return _Log(self._pages(session_id))
+
+    def _pages(self, session_id: str) -> Iterator[Event]:
         """The session's events, newest first, in growing pages pinned to the log as the first
         page saw it; records its length as seen."""
         token, step = "", 0
@@ -275,12 +356,21 @@ class SessionlogSaver(BaseCheckpointSaver[int]):
             if not token:
                 return
 
-    def _tuple(self, thread_id: str, found: _Found, scan: _Scan) -> CheckpointTuple:
+    def _tuple(self, thread_id: str, found: _Found, scan: _Scan, log: _Log) -> CheckpointTuple:
         checkpoint: Checkpoint = self.serde.loads_typed(_decode(found.data["checkpoint"]))
+        values: dict[str, Any] = {}
+        for channel, version in checkpoint["channel_versions"].items():
+            stored = log.blob(found.ns, channel, str(version))
+            if stored is not None and stored[0] != "empty":
+                values[channel] = self.serde.loads_typed(_decode(stored))
+        checkpoint["channel_values"] = values
+        made = dt.datetime.fromisoformat(checkpoint["ts"])
+        if made.tzinfo is None:
+            made = made.replace(tzinfo=dt.UTC)
         metadata: CheckpointMetadata = self.serde.loads_typed(_decode(found.data["metadata"]))
         pending: list[PendingWrite] = [
             (task, channel, self.serde.loads_typed((type_, base64.b64decode(blob))))
-            for _, task, channel, type_, blob in scan.pending(found)
+            for _, task, channel, type_, blob in log.pending(found, made)
         ]
         parent: RunnableConfig | None = None
         if found.parent:
@@ -305,11 +395,11 @@ class SessionlogSaver(BaseCheckpointSaver[int]):
         namespace; None when there is none. Reads back from the end to that checkpoint."""
         thread_id, session_id, ns = self._session(config)
         wanted = get_checkpoint_id(config)
-        scan = _Scan()
-        for event in self._newest_first(session_id):
+        scan, log = _Scan(), self._newest_first(session_id)
+        for event in log:
             found = scan.see(event)
             if found and found.ns == ns and (wanted is None or found.id == wanted):
-                return self._tuple(thread_id, found, scan)
+                return self._tuple(thread_id, found, scan, log)
         return None
 
     def list(
@@ -348,14 +438,14 @@ class SessionlogSaver(BaseCheckpointSaver[int]):
     def _list_thread(
         self, thread_id: str, ns: str | None, wanted: dict[str, Any], before_id: str | None
     ) -> Iterator[CheckpointTuple]:
-        scan = _Scan()
-        for event in self._newest_first(session_id_of(self.prefix, thread_id)):
+        scan, log = _Scan(), self._newest_first(session_id_of(self.prefix, thread_id))
+        for event in log:
             found = scan.see(event)
             if found is None or (ns is not None and found.ns != ns):
                 continue
             if before_id is not None and found.id >= before_id:
                 continue
-            tup = self._tuple(thread_id, found, scan)
+            tup = self._tuple(thread_id, found, scan, log)
             if all(tup.metadata.get(k) == v for k, v in wanted.items()):
                 yield tup
 
@@ -371,11 +461,20 @@ class SessionlogSaver(BaseCheckpointSaver[int]):
         """Store a checkpoint as one event, refusing to fork the thread behind another worker's
         back (:class:`StaleThreadError`, see the module docstring)."""
         thread_id, session_id, ns = self._session(config)
+        values = checkpoint["channel_values"]
+        blobs = {
+            channel: [
+                str(version),
+                *(_encode(self.serde.dumps_typed(values[channel])) if channel in values else EMPTY),
+            ]
+            for channel, version in new_versions.items()
+        }
         data: dict[str, Any] = {
             KIND: "checkpoint",
             "ns": ns,
             "id": checkpoint["id"],
-            "checkpoint": _encode(self.serde.dumps_typed(checkpoint)),
+            "checkpoint": _encode(self.serde.dumps_typed({**checkpoint, "channel_values": {}})),
+            "blobs": blobs,
             "metadata": _encode(self.serde.dumps_typed(get_checkpoint_metadata(config, metadata))),
         }
         parent = config["configurable"].get("checkpoint_id")

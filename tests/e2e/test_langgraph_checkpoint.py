@@ -230,6 +230,10 @@ def test_graph_interrupt_resume_time_travel(running: RunningServer) -> None:
             return await graph.ainvoke(Command(resume="async"), aconfig)
 
         assert asyncio.run(run_async())["steps"] == ["plan", "ask", "act:async"]
+    with SessionlogSaver(running.address, prefix=prefix) as fresh:
+        state = build(fresh).get_state(config)
+        assert state.values == {"steps": ["plan", "edited", "ask", "act:no"], "answer": "no"}
+        assert state.next == ()
     with Client(running.address) as client:
         sessions = [s.session_id for p in client.list_sessions(prefix=prefix) for s in p.sessions]
         assert sessions == [f"{prefix}async", f"{prefix}graph", f"{prefix}quick"]

@@ -26,7 +26,7 @@ from langgraph.graph.state import CompiledStateGraph
 from langgraph.types import Command, interrupt
 
 from sessionlog.testing import RunningServer
-from sessionlog_client import Client
+from sessionlog_client import Client, Event
 from sessionlog_client.langgraph import (
     SessionlogSaver,
     StaleThreadError,
@@ -145,6 +145,40 @@ def test_other_writers_pending_writes_do_not_refuse(running: RunningServer) -> N
         latest = one.get_tuple({"configurable": {"thread_id": thread, "checkpoint_ns": ""}})
         assert latest is not None
         assert latest.checkpoint["id"] == second
+
+
+class CountingSaver(SessionlogSaver):
+    """Counts the events its reads fetch from the server."""
+
+    fetched = 0
+
+    def _pages(self, session_id: str) -> Iterator[Event]:
+        for event in super()._pages(session_id):
+            self.fetched += 1
+            yield event
+
+
+def test_reads_stop_near_the_end(running: RunningServer) -> None:
+    """The latest checkpoint, and a list with a limit, of a long thread read a few of its
+    events, not all of them."""
+    prefix, thread, length = new_prefix(), "long", 300
+    with CountingSaver(running.address, prefix=prefix) as saver:
+        parent = None
+        for step in range(length):
+            parent = _put(saver, thread, parent, step)
+        config: RunnableConfig = {"configurable": {"thread_id": thread, "checkpoint_ns": ""}}
+        latest = saver.get_tuple(config)
+        assert latest is not None
+        assert latest.checkpoint["id"] == parent
+        assert latest.metadata["step"] == length - 1
+        assert saver.fetched <= 32
+        saver.fetched = 0
+        listed = list(saver.list(config, filter={"source": "loop"}, limit=5))
+        assert [t.metadata["step"] for t in listed] == list(range(length - 1, length - 6, -1))
+        assert saver.fetched <= 32
+        saver.fetched = 0
+        assert len(list(saver.list(config))) == length
+        assert saver.fetched == length
 
 
 def test_thread_ids_map_to_session_ids_and_back() -> None:

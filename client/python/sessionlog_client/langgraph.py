@@ -54,7 +54,7 @@ import random
 import re
 import threading
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Self
 
 from sessionlog_client._sync import Client
 from sessionlog_client.convert import struct_to_dict
@@ -298,7 +298,7 @@ class SessionlogSaver(BaseCheckpointSaver[str]):
         if self._owned:
             self.client.close()
 
-    def __enter__(self) -> SessionlogSaver:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -309,6 +309,9 @@ def test_delta_channel_history(running: RunningServer) -> None:
         assert delta_history(saver, 7) == expected
     with SessionlogSaver(running.address, prefix=prefix) as fresh:
         assert delta_history(fresh, 0) == expected
+        # keep_latest drops the ancestors the latest value is rebuilt from; the log keeps them
+        fresh.prune(["delta"], strategy="keep_latest")
+        assert delta_history(fresh, 0) == expected[:1]
 
 
 def test_client_readme_example_runs(running: RunningServer, tmp_path: Path) -> None:

@@ -53,7 +53,7 @@ import datetime as dt
 import random
 import re
 import threading
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from typing import Any, NamedTuple, Self
 
 from sessionlog_client._sync import Client
@@ -70,6 +70,7 @@ try:
         Checkpoint,
         CheckpointMetadata,
         CheckpointTuple,
+        DeltaChannelHistory,
         PendingWrite,
         get_checkpoint_id,
         get_checkpoint_metadata,
@@ -96,8 +97,10 @@ _Ids = list[list[str]]
 """[ns, id] pairs of checkpoints (a name of its own: the saver's ``list`` shadows the builtin)."""
 EMPTY = ["empty", ""]
 """The stored value of a channel its step emptied (a version with no value)."""
-CLOCK_SKEW = dt.timedelta(minutes=5)
+CLOCK_SKEW = dt.timedelta(seconds=2)
 """How far the server's clock may run behind a worker's: see ``_Log``."""
+WRITES_WAIT = 30.0
+"""The most seconds a ``put_writes`` waits for this saver's puts to the thread to finish."""
 
 
 class StaleThreadError(RuntimeError):
@@ -173,17 +176,20 @@ class _Log:
     A checkpoint stores only the channels its step changed (``new_versions``): the value of
     a channel at a version lies in the checkpoint that set that version, an older one, and
     :meth:`blob` reads back to it. A checkpoint's pending writes may come before it in the
-    log (with ``durability="async"`` LangGraph stores a step's writes while the checkpoint's
-    put is still under way), though never before its parent was written, nor, for a first
-    checkpoint, more than ``CLOCK_SKEW`` before the time it was made: :meth:`pending` reads
-    back to there.
+    log: with ``durability="async"`` LangGraph stores a step's checkpoint and the next step's
+    writes from background threads, the puts one after another but the writes whenever they
+    are ready. The saver holds a ``put_writes`` back while one of its puts to the thread is
+    under way, so the writes land after their checkpoint's parent at least (after the
+    checkpoint itself unless its put had not started yet), and :meth:`pending` reads back to
+    that parent; for a first checkpoint, to the events the server stamped ``CLOCK_SKEW``
+    before the checkpoint's ``ts`` (the worker's clock).
     """
 
     def __init__(self, events: Iterator[Event]) -> None:
         self._source = events
         self._read: list[Event] = []
         self._blobs: dict[tuple[str, str, str], list[str]] = {}
-        self._stored: set[tuple[str, str]] = set()
+        self._stored: dict[tuple[str, str], _Found] = {}
         self._writes: dict[tuple[str, str], list[tuple[int, dict[str, Any]]]] = {}
 
     def __iter__(self) -> Iterator[Event]:
@@ -205,7 +211,8 @@ class _Log:
             kind = fields[KIND].string_value
             if kind == "checkpoint":
                 data = struct_to_dict(event.data)
-                self._stored.add((data["ns"], data["id"]))
+                found = _Found(event.seq, data["ns"], data["id"], data.get("parent"), data)
+                self._stored[(data["ns"], data["id"])] = found
                 for channel, stored in data.get("blobs", {}).items():
                     self._blobs.setdefault((data["ns"], channel, stored[0]), stored[1:])
             elif kind == "writes":
@@ -216,6 +223,12 @@ class _Log:
     def _back_to(self, done: Callable[[], bool]) -> None:
         while not done() and self._more(len(self._read)):
             pass
+
+    def checkpoint(self, ns: str, checkpoint_id: str) -> _Found | None:
+        """The checkpoint stored with that id, dropped or not (the log keeps it)."""
+        key = (ns, checkpoint_id)
+        self._back_to(lambda: key in self._stored)
+        return self._stored.get(key)
 
     def blob(self, ns: str, channel: str, version: str) -> list[str] | None:
         """``[type, base64]`` of the channel's value at ``version``, None when no checkpoint
@@ -258,6 +271,12 @@ def _decode(stored: Sequence[str]) -> tuple[str, bytes]:
     return stored[0], base64.b64decode(stored[1])
 
 
+def _made(checkpoint: Checkpoint) -> dt.datetime:
+    """When the checkpoint was made (its ``ts``)."""
+    made = dt.datetime.fromisoformat(checkpoint["ts"])
+    return made if made.tzinfo else made.replace(tzinfo=dt.UTC)
+
+
 def _record(data: dict[str, Any]) -> Event:
     made = Event(type=RECORD_TYPE)
     made.data.update(data)
@@ -292,6 +311,8 @@ class SessionlogSaver(BaseCheckpointSaver[str]):
         self.client = client if isinstance(client, Client) else Client(client, **client_options)
         self._seen: dict[str, int] = {}
         self._lock = threading.Lock()
+        self._putting: dict[str, int] = {}
+        self._put_done = threading.Condition()
 
     def close(self) -> None:
         """Close the client this saver opened (none when one was given)."""
@@ -364,9 +385,7 @@ class SessionlogSaver(BaseCheckpointSaver[str]):
             if stored is not None and stored[0] != "empty":
                 values[channel] = self.serde.loads_typed(_decode(stored))
         checkpoint["channel_values"] = values
-        made = dt.datetime.fromisoformat(checkpoint["ts"])
-        if made.tzinfo is None:
-            made = made.replace(tzinfo=dt.UTC)
+        made = _made(checkpoint)
         metadata: CheckpointMetadata = self.serde.loads_typed(_decode(found.data["metadata"]))
         pending: list[PendingWrite] = [
             (task, channel, self.serde.loads_typed((type_, base64.b64decode(blob))))
@@ -449,6 +468,54 @@ class SessionlogSaver(BaseCheckpointSaver[str]):
             if all(tup.metadata.get(k) == v for k, v in wanted.items()):
                 yield tup
 
+    def get_delta_channel_history(
+        self, *, config: RunnableConfig, channels: Sequence[str]
+    ) -> Mapping[str, DeltaChannelHistory]:
+        """The writes of each channel along the checkpoint's ancestors, back to the nearest one
+        that stored its value (the seed), in one newest-first read. Ancestors that ``prune``
+        or ``delete_for_runs`` dropped still count: the log keeps them, so a DeltaChannel
+        still rebuilds after ``prune(strategy="keep_latest")``."""
+        if not channels:
+            return {}
+        _, session_id, ns = self._session(config)
+        wanted = get_checkpoint_id(config)
+        scan, log = _Scan(), self._newest_first(session_id)
+        target = next(
+            (
+                found
+                for found in map(scan.see, log)
+                if found and found.ns == ns and (wanted is None or found.id == wanted)
+            ),
+            None,
+        )
+        writes: dict[str, list[PendingWrite]] = {channel: [] for channel in channels}
+        seeds: dict[str, Any] = {}
+        left = set(channels)
+        cursor = target.parent if target else None
+        while cursor and left:
+            found = log.checkpoint(ns, cursor)
+            if found is None:
+                break
+            checkpoint = self.serde.loads_typed(_decode(found.data["checkpoint"]))
+            for _, task, channel, type_, blob in reversed(log.pending(found, _made(checkpoint))):
+                if channel in left:
+                    value = self.serde.loads_typed((type_, base64.b64decode(blob)))
+                    writes[channel].append((task, channel, value))
+            for channel in list(left):
+                version = checkpoint["channel_versions"].get(channel)
+                stored = None if version is None else log.blob(ns, channel, str(version))
+                if stored is not None and stored[0] != "empty":
+                    seeds[channel] = self.serde.loads_typed(_decode(stored))
+                    left.discard(channel)
+            cursor = found.parent
+        history: dict[str, DeltaChannelHistory] = {}
+        for channel in channels:
+            entry: DeltaChannelHistory = {"writes": writes[channel][::-1]}
+            if channel in seeds:
+                entry["seed"] = seeds[channel]
+            history[channel] = entry
+        return history
+
     # -- writing ----------------------------------------------------------------------------------
 
     def put(
@@ -480,7 +547,16 @@ class SessionlogSaver(BaseCheckpointSaver[str]):
         parent = config["configurable"].get("checkpoint_id")
         if parent:
             data["parent"] = parent
-        self._append_checked(session_id, ns, _record(data))
+        with self._put_done:
+            self._putting[session_id] = self._putting.get(session_id, 0) + 1
+        try:
+            self._append_checked(session_id, ns, _record(data))
+        finally:
+            with self._put_done:
+                self._putting[session_id] -= 1
+                if not self._putting[session_id]:
+                    del self._putting[session_id]
+                self._put_done.notify_all()
         return {
             "configurable": {
                 "thread_id": thread_id,
@@ -535,6 +611,8 @@ class SessionlogSaver(BaseCheckpointSaver[str]):
             "path": task_path,
             "writes": rows,
         }
+        with self._put_done:  # after the checkpoint they name (see _Log)
+            self._put_done.wait_for(lambda: session_id not in self._putting, WRITES_WAIT)
         reply = self.client.append(session_id, [_record(data)])
         self._wrote(session_id, reply.events[0].seq, reply.next_seq)
 
@@ -602,6 +680,13 @@ class SessionlogSaver(BaseCheckpointSaver[str]):
 
     async def aget_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
         return await asyncio.to_thread(self.get_tuple, config)
+
+    async def aget_delta_channel_history(
+        self, *, config: RunnableConfig, channels: Sequence[str]
+    ) -> Mapping[str, DeltaChannelHistory]:
+        return await asyncio.to_thread(
+            lambda: self.get_delta_channel_history(config=config, channels=channels)
+        )
 
     async def alist(
         self,

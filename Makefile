@@ -51,11 +51,13 @@ test-workers: $(VENV)/.dev-stamp browser go-tools etcd-tools haproxy-tools
 ## packages the tests import from them), in a throw-away venv (.venv-latest): prints the versions
 ## installed beside the ranges the client's extras and the dev extra pin, then what broke. Not
 ## part of `make check`: run it to learn whether a range can be raised.
-FRAMEWORKS := openai-agents openai pydantic-ai-slim google-adk google-genai claude-agent-sdk langgraph langgraph-checkpoint
+FRAMEWORKS := openai-agents openai pydantic-ai-slim google-adk google-genai claude-agent-sdk \
+	langgraph langgraph-checkpoint langchain-core agent-framework-core
 FRAMEWORK_TESTS := tests/e2e/test_openai_agents_session.py tests/e2e/test_pydantic_ai_history.py \
 	tests/e2e/test_google_adk_sessions.py tests/unit/test_framework_items.py \
 	tests/unit/test_google_adk_mapping.py tests/e2e/test_claude_agent_sdk_store.py \
-	tests/unit/test_claude_agent_sdk_mapping.py tests/e2e/test_langgraph_checkpoint.py
+	tests/unit/test_claude_agent_sdk_mapping.py tests/e2e/test_langgraph_checkpoint.py \
+	tests/e2e/test_langchain_history.py tests/e2e/test_agent_framework_history.py
 try-latest:
 	rm -rf .venv-latest
 	$(PYTHON) -m venv .venv-latest

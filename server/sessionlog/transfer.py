@@ -201,7 +201,8 @@ def _sorted(value: Any) -> Any:
 def _import(args: argparse.Namespace) -> int:
     limits = fold.Limits(max_event_bytes=args.max_event_size, max_data_depth=args.max_data_depth)
     try:
-        source = sys.stdin if args.file == "-" else Path(args.file).open(encoding="utf-8")  # noqa: SIM115
+        # bytes, decoded line by line: a byte that is not UTF-8 is a BadLine naming its line
+        source = sys.stdin.buffer if args.file == "-" else Path(args.file).open("rb")  # noqa: SIM115
     except OSError as exc:
         _usage(f"cannot read {args.file!r}: {exc}")
     with source, _client(args) as client:
@@ -222,8 +223,12 @@ def _import(args: argparse.Namespace) -> int:
     return 0
 
 
-def _numbered(lines: IO[str]) -> Iterator[tuple[int, str]]:
-    for number, line in enumerate(lines, start=1):
+def _numbered(lines: IO[bytes]) -> Iterator[tuple[int, str]]:
+    for number, raw in enumerate(lines, start=1):
+        try:
+            line = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise BadLine(f"line {number}: not UTF-8 (byte {exc.start + 1} of the line)") from None
         if line.strip():
             yield number, line
 

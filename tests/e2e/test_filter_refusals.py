@@ -1,6 +1,7 @@
 """Malformed filters are refused by every RPC that takes one (ListSessions, FollowSessions,
 AdminService.EraseSessions) with INVALID_FILTER naming the position, and an erase refused so
-erases nothing: a typo never reads as "matched no session". One server for the module."""
+erases nothing: a typo never reads as "matched no session" (nor, with !=, as every session:
+a value no session can hold is refused too). One server for the module."""
 
 from __future__ import annotations
 
@@ -44,7 +45,18 @@ def first_change(stub: Any, text: str) -> Any:
 
 
 @pytest.mark.parametrize(
-    ("text", "position"), [("owner ==ann", 8), ("labels.team ==", 14), ("owner = ann AND", 16)]
+    ("text", "position"),
+    [
+        ("owner ==ann", 8),
+        ("labels.team ==", 14),
+        ("owner = ann AND", 16),
+        # values no session can hold: = would match nothing, != every session
+        ("owner = \u201cann\u201d", 9),
+        ("labels.team = core,infra", 15),
+        ("labels.team != core,infra", 16),
+        ("status != open.", 11),
+        ("parent = \u201cann.1\u201d", 10),
+    ],
 )
 def test_every_rpc_refuses_a_malformed_filter(
     server: RunningServer, text: str, position: int

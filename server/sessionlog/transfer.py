@@ -388,19 +388,28 @@ def _check_same(
 
 
 def _header(number: int, line: str) -> pb.Session:
-    try:
-        value = json.loads(line)
-    except json.JSONDecodeError as exc:
-        raise BadLine(f"line {number}: not JSON ({exc.msg})") from None
+    value = _json_line(number, line)
     if not isinstance(value, dict) or value.get("sessionlog_export") != EXPORT_VERSION:
         raise BadLine(
             f"line {number}: not a session record line (a `sessionlog export` file starts "
             f'with {{"sessionlog_export": {EXPORT_VERSION}, "session": ...}})'
         )
+    session = value.get("session") or {}
+    if not isinstance(session, dict):
+        raise BadLine(f"line {number}: the session record is not valid (not a JSON object)")
     try:
-        return json_format.ParseDict(value.get("session") or {}, pb.Session())
+        return json_format.ParseDict(session, pb.Session())
     except json_format.ParseError as exc:
         raise BadLine(f"line {number}: the session record is not valid ({exc})") from None
+
+
+def _json_line(number: int, line: str) -> Any:
+    try:
+        return json.loads(line)
+    except json.JSONDecodeError as exc:
+        raise BadLine(f"line {number}: not JSON ({exc.msg})") from None
+    except RecursionError:  # the decoder's own limit: deeper than any event the server takes
+        raise BadLine(f"line {number}: not JSON (nested too deeply to read)") from None
 
 
 _KEPT = struct.Struct("<QI")
@@ -440,10 +449,7 @@ def _chunks(
 
 
 def _event(number: int, line: str) -> event_pb2.Event:
-    try:
-        value = json.loads(line)
-    except json.JSONDecodeError as exc:
-        raise BadLine(f"line {number}: not JSON ({exc.msg})") from None
+    value = _json_line(number, line)
     if not isinstance(value, dict):
         raise BadLine(f"line {number}: an event line holds a JSON object")
     try:

@@ -319,6 +319,9 @@ def replaced(seq: int, line: str) -> Callable[[list[str]], list[str]]:
 TURN_END_APPEND = event_line(550, type="EVENT_TYPE_TURN_END", surface_op={"append": {}})
 FUTURE = event_line(550, surface_op={"replace": {"start_seq": "551", "stop_seq": "560"}})
 
+NO_OBJECT = json.dumps({"sessionlog_export": 1, "session": 5})
+DEEP = event_line(550).replace('"data": {}', '"data": ' + "[" * 100_000 + "]" * 100_000)
+
 # (what is wrong, the file's lines made bad from a good file of 600 events, what stderr says);
 # a chunk is 500 events.
 BAD_FILES = [
@@ -330,6 +333,8 @@ BAD_FILES = [
     ("a bad surface op", replaced(550, TURN_END_APPEND), "line 552: SURFACE_OP_ON_NON_SURFACE"),
     ("a replace of the future", replaced(550, FUTURE), "line 552: INVALID_SURFACE_OP"),
     ("a file cut short", lambda lines: lines[:551], "the file holds 550"),
+    ("a record that is no object", lambda lines: [NO_OBJECT, *lines[1:]], "line 1: the session"),
+    ("a line nested too deep", replaced(550, DEEP), "line 552: not JSON (nested too deeply"),
 ]
 
 

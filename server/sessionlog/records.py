@@ -323,6 +323,7 @@ _OP_RE = re.compile(r"!=|>=|<=|=|>|<|:")
 _WORD_RE = re.compile(r"[^\s\x00-\x1f\x7f" + re.escape(RESERVED) + r"]+")
 _STRING_RE = re.compile(r'"(?:[^"\\]|\\.)*"', re.DOTALL)
 _SPACE_RE = re.compile(r"\s*")
+_SURROGATE_RE = re.compile("[\ud800-\udfff]")
 _LOOKALIKE_QUOTES = (
     "\u201c\u201d\u201e\u2018\u2019\u201a\u00ab\u00bb\u2039\u203a\uff02\uff07\u0060\u00b4"
 )
@@ -509,6 +510,8 @@ def _parse_value(text: str, at: int, after: str) -> tuple[str, int, int]:
                 "this string has a bad escape or a control character (write \\n, \\t, "
                 '\\", \\\\ or \\uXXXX)',
             ) from None
+        if _SURROGATE_RE.search(value):  # a \ud800 escape alone: no stored text holds one
+            raise _bad(at, "this string has a lone surrogate (\\uD800 to \\uDFFF unpaired)")
         return value, at, _end_of_token(text, found.end())
     found = _WORD_RE.match(text, at)
     if found is None:

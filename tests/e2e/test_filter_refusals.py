@@ -56,6 +56,7 @@ def first_change(stub: Any, text: str) -> Any:
         ("labels.team != core,infra", 16),
         ("status != open.", 11),
         ("parent = \u201cann.1\u201d", 10),
+        ('owner = "\\ud800"', 9),  # a lone surrogate: no stored text holds one
     ],
 )
 def test_every_rpc_refuses_a_malformed_filter(

@@ -314,6 +314,14 @@ def check_jsonl(
         raise BadLine(f"session id: {error.reason}: {error.message}") from None
     count = 0
     for chunk in _chunks(_parsed(lines)):
+        if (
+            record.event_count and chunk[-1][1].seq >= record.event_count
+        ):  # 0: a record that says none
+            extra = next(n for n, e in chunk if e.seq == record.event_count)
+            raise BadLine(
+                f"line {extra}: the record says {record.event_count} events, but the file holds "
+                "more from this line on (nothing was imported)"
+            )
         _check_chunk(target, record, chunk, limits)
         count += len(chunk)
         if keep is not None:

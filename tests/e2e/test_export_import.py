@@ -335,6 +335,7 @@ BAD_FILES = [
     ("a file cut short", lambda lines: lines[:551], "the file holds 550"),
     ("a record that is no object", lambda lines: [NO_OBJECT, *lines[1:]], "line 1: the session"),
     ("a line nested too deep", replaced(550, DEEP), "line 552: not JSON (nested too deeply"),
+    ("more events than the record says", lambda lines: [*lines, event_line(600)], "line 602: the"),
 ]
 
 

@@ -84,3 +84,19 @@ def test_the_quoted_spelling_is_read(server: RunningServer) -> None:
     matches no session (nobody is called "=ann")."""
     reply = server.stub().ListSessions(pb.ListSessionsRequest(filter='owner = "=ann"'), timeout=30)
     assert list(reply.sessions) == []
+
+
+@pytest.mark.parametrize("prefix", ["ann*", "ann 1", " ann", "ann/"])
+def test_an_erase_under_a_prefix_no_session_id_can_start_with_is_refused(
+    server: RunningServer, prefix: str
+) -> None:
+    """A prefix holding what no session id holds (a glob's '*', a space) is a typo, not an
+    erasure that found nothing: INVALID_REDACTION naming the prefix, nothing erased."""
+    stub = server.stub()
+    admin = apb_grpc.AdminServiceStub(server.channel())  # type: ignore[no-untyped-call]
+    erase = apb.EraseSessionsRequest(prefix=prefix, reason="gdpr")
+    erasing = failure(admin.EraseSessions, erase, timeout=30)
+    check(erasing, INVALID, "INVALID_REDACTION", field="prefix")
+    assert owned_by_ann(stub) == list(ANNS)
+    nothing = admin.EraseSessions(apb.EraseSessionsRequest(prefix="nobody.", reason="gdpr"))
+    assert nothing.session_count == 0  # a well-formed prefix that matches nothing is no typo

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 from google.protobuf.timestamp_pb2 import Timestamp
 
-from sessionlog import errors
+from sessionlog import errors, fold
 
 MAX_TITLE_BYTES = 1024
 MAX_OWNER_BYTES = 256
@@ -323,6 +323,12 @@ _OP_RE = re.compile(r"!=|>=|<=|=|>|<|:")
 _WORD_RE = re.compile(r"[^\s\x00-\x1f\x7f" + re.escape(RESERVED) + r"]+")
 _STRING_RE = re.compile(r'"(?:[^"\\]|\\.)*"', re.DOTALL)
 _SPACE_RE = re.compile(r"\s*")
+_SURROGATE_RE = re.compile("[\ud800-\udfff]")
+_LOOKALIKE_QUOTES = (
+    "\u201c\u201d\u201e\u2018\u2019\u201a\u00ab\u00bb\u2039\u203a\uff02\uff07\u0060\u00b4"
+)
+"""Quote-like characters a bare value may not start or end with: a value pasted with them
+(``owner = “ann”``) is a typo, not a name; written inside "..." they are taken."""
 _ONLY_AND = "only AND is supported (not OR, NOT, '-' or parentheses)"
 _QUOTE_IT = f"a value holding whitespace or any of {' '.join(RESERVED)} is written in double quotes"
 _EQUALITY = ("=", "!=")
@@ -360,8 +366,11 @@ def parse_filter(text: str) -> Filter:
 
     So a bare value is one plain word, and a value with an operator character in it is only
     read when quoted: ``owner ==ann`` and ``labels.team ==`` are refused, not read as a
-    comparison with "=ann" or "=". Every token ends where whitespace, the end or (after a
-    field or a key) an operator begins; anything else is refused.
+    comparison with "=ann" or "=". A bare word in typographic quotes (``“ann”``) and a value
+    no session can hold (a label value or status outside its rule, a parent that is no
+    session id, an owner with a control character) are refused at the value too. Every
+    token ends where whitespace, the end or (after a field or a key) an operator begins;
+    anything else is refused.
     """
     if len(text) > MAX_FILTER_CHARS:
         raise _bad(
@@ -412,6 +421,7 @@ def _parse_term(text: str, at: int) -> tuple[Term, int]:
             raise _bad(at, f"{subject}: takes * only (has the label): {subject}:*")
         return Term("labels", ":*", key=key), _end_of_token(text, at + 1)
     value, value_at, at = _parse_value(text, at, f"{subject} {op}")
+    _check_holdable(name, key, subject, value, value_at)
     if key:
         return Term("labels", op, key=key, value=value), at
     if name == "pinned" and value not in ("true", "false"):
@@ -453,6 +463,32 @@ def _parse_field(text: str, at: int) -> tuple[str, str, int]:
     return name, found[0], found.end()
 
 
+def _check_holdable(name: str, key: str, subject: str, value: str, at: int) -> None:
+    """Refuse, at the value, a value no session can hold (a label value or status outside
+    their rule, a parent that is no session id, an owner with a control character): ``=``
+    would match nothing and ``!=`` everything, so it is a typo (``“core”``, ``core,infra``)
+    that an erasure must not take for a filter that matched nothing."""
+    try:
+        if key:
+            check_label_value(key, value)
+        elif name == "status" and value and not _NAME.fullmatch(value):
+            raise _invalid(
+                "status",
+                "a status is empty or 1 to 63 letters, digits, '-', '_' or "
+                "'.', starting and ending with a letter or digit",
+            )
+        elif name == "parent" and value:
+            fold.check_session_id(value)
+        elif name == "owner" and (
+            len(value.encode("utf-8", "surrogatepass")) > MAX_OWNER_BYTES or _CONTROL.search(value)
+        ):
+            raise _invalid(
+                "owner", f"an owner is at most {MAX_OWNER_BYTES} bytes with no control characters"
+            )
+    except (errors.InvalidSessionField, errors.InvalidSessionId) as error:
+        raise _bad(at, f"no session can have {subject} {value[:40]!r}: {error.message}") from None
+
+
 def _spell(ops: tuple[str, ...]) -> str:
     named = [":*" if op == ":" else op for op in ops]
     return f"{', '.join(named[:-1])} or {named[-1]}"
@@ -474,6 +510,8 @@ def _parse_value(text: str, at: int, after: str) -> tuple[str, int, int]:
                 "this string has a bad escape or a control character (write \\n, \\t, "
                 '\\", \\\\ or \\uXXXX)',
             ) from None
+        if _SURROGATE_RE.search(value):  # a \ud800 escape alone: no stored text holds one
+            raise _bad(at, "this string has a lone surrogate (\\uD800 to \\uDFFF unpaired)")
         return value, at, _end_of_token(text, found.end())
     found = _WORD_RE.match(text, at)
     if found is None:
@@ -483,7 +521,14 @@ def _parse_value(text: str, at: int, after: str) -> tuple[str, int, int]:
         )
     if found[0] in KEYWORDS:
         raise _bad(at, f'{found[0]} is a keyword: write the value "{found[0]}" in double quotes')
-    return found[0], at, _end_of_token(text, found.end())
+    end = _end_of_token(text, found.end())
+    if found[0][0] in _LOOKALIKE_QUOTES or found[0][-1] in _LOOKALIKE_QUOTES:
+        raise _bad(
+            at,
+            f'a value in typographic quotes: quote it with " (or write {found[0]!r} '
+            'inside "..." if the quotes are part of it)',
+        )
+    return found[0], at, end
 
 
 def _end_of_token(text: str, at: int) -> int:

@@ -201,7 +201,8 @@ def _sorted(value: Any) -> Any:
 def _import(args: argparse.Namespace) -> int:
     limits = fold.Limits(max_event_bytes=args.max_event_size, max_data_depth=args.max_data_depth)
     try:
-        source = sys.stdin if args.file == "-" else Path(args.file).open(encoding="utf-8")  # noqa: SIM115
+        # bytes, decoded line by line: a byte that is not UTF-8 is a BadLine naming its line
+        source = sys.stdin.buffer if args.file == "-" else Path(args.file).open("rb")  # noqa: SIM115
     except OSError as exc:
         _usage(f"cannot read {args.file!r}: {exc}")
     with source, _client(args) as client:
@@ -222,8 +223,12 @@ def _import(args: argparse.Namespace) -> int:
     return 0
 
 
-def _numbered(lines: IO[str]) -> Iterator[tuple[int, str]]:
-    for number, line in enumerate(lines, start=1):
+def _numbered(lines: IO[bytes]) -> Iterator[tuple[int, str]]:
+    for number, raw in enumerate(lines, start=1):
+        try:
+            line = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise BadLine(f"line {number}: not UTF-8 (byte {exc.start + 1} of the line)") from None
         if line.strip():
             yield number, line
 
@@ -309,6 +314,14 @@ def check_jsonl(
         raise BadLine(f"session id: {error.reason}: {error.message}") from None
     count = 0
     for chunk in _chunks(_parsed(lines)):
+        if (
+            record.event_count and chunk[-1][1].seq >= record.event_count
+        ):  # 0: a record that says none
+            extra = next(n for n, e in chunk if e.seq == record.event_count)
+            raise BadLine(
+                f"line {extra}: the record says {record.event_count} events, but the file holds "
+                "more from this line on (nothing was imported)"
+            )
         _check_chunk(target, record, chunk, limits)
         count += len(chunk)
         if keep is not None:
@@ -383,19 +396,28 @@ def _check_same(
 
 
 def _header(number: int, line: str) -> pb.Session:
-    try:
-        value = json.loads(line)
-    except json.JSONDecodeError as exc:
-        raise BadLine(f"line {number}: not JSON ({exc.msg})") from None
+    value = _json_line(number, line)
     if not isinstance(value, dict) or value.get("sessionlog_export") != EXPORT_VERSION:
         raise BadLine(
             f"line {number}: not a session record line (a `sessionlog export` file starts "
             f'with {{"sessionlog_export": {EXPORT_VERSION}, "session": ...}})'
         )
+    session = value.get("session") or {}
+    if not isinstance(session, dict):
+        raise BadLine(f"line {number}: the session record is not valid (not a JSON object)")
     try:
-        return json_format.ParseDict(value.get("session") or {}, pb.Session())
+        return json_format.ParseDict(session, pb.Session())
     except json_format.ParseError as exc:
         raise BadLine(f"line {number}: the session record is not valid ({exc})") from None
+
+
+def _json_line(number: int, line: str) -> Any:
+    try:
+        return json.loads(line)
+    except json.JSONDecodeError as exc:
+        raise BadLine(f"line {number}: not JSON ({exc.msg})") from None
+    except RecursionError:  # the decoder's own limit: deeper than any event the server takes
+        raise BadLine(f"line {number}: not JSON (nested too deeply to read)") from None
 
 
 _KEPT = struct.Struct("<QI")
@@ -435,10 +457,7 @@ def _chunks(
 
 
 def _event(number: int, line: str) -> event_pb2.Event:
-    try:
-        value = json.loads(line)
-    except json.JSONDecodeError as exc:
-        raise BadLine(f"line {number}: not JSON ({exc.msg})") from None
+    value = _json_line(number, line)
     if not isinstance(value, dict):
         raise BadLine(f"line {number}: an event line holds a JSON object")
     try:

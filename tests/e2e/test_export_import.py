@@ -26,7 +26,7 @@ from sessionlog.testing import RunningServer
 from sessionlog_client import AsyncClient, Client, errors, event
 from sessionlog_client.v1 import event_pb2
 from sessionlog_client.v1 import session_log_service_pb2 as pb
-from tests.e2e._proc import SESSIONLOG, run_cli, running_server
+from tests.e2e._proc import SESSIONLOG, clean_env, run_cli, running_server
 from tests.e2e._relay import Relay
 
 
@@ -319,6 +319,9 @@ def replaced(seq: int, line: str) -> Callable[[list[str]], list[str]]:
 TURN_END_APPEND = event_line(550, type="EVENT_TYPE_TURN_END", surface_op={"append": {}})
 FUTURE = event_line(550, surface_op={"replace": {"start_seq": "551", "stop_seq": "560"}})
 
+NO_OBJECT = json.dumps({"sessionlog_export": 1, "session": 5})
+DEEP = event_line(550).replace('"data": {}', '"data": ' + "[" * 100_000 + "]" * 100_000)
+
 # (what is wrong, the file's lines made bad from a good file of 600 events, what stderr says);
 # a chunk is 500 events.
 BAD_FILES = [
@@ -330,6 +333,9 @@ BAD_FILES = [
     ("a bad surface op", replaced(550, TURN_END_APPEND), "line 552: SURFACE_OP_ON_NON_SURFACE"),
     ("a replace of the future", replaced(550, FUTURE), "line 552: INVALID_SURFACE_OP"),
     ("a file cut short", lambda lines: lines[:551], "the file holds 550"),
+    ("a record that is no object", lambda lines: [NO_OBJECT, *lines[1:]], "line 1: the session"),
+    ("a line nested too deep", replaced(550, DEEP), "line 552: not JSON (nested too deeply"),
+    ("more events than the record says", lambda lines: [*lines, event_line(600)], "line 602: the"),
 ]
 
 
@@ -359,6 +365,37 @@ def test_a_bad_file_imports_nothing(
         assert code == 0, err
         assert cb.get_session(session_id).session.event_count == 600
         assert [e.data["content"] for e in cb.since(session_id)] == [f"m{n}" for n in range(600)]
+
+
+def test_a_file_that_is_not_utf8_is_refused_naming_its_line(
+    servers: tuple[RunningServer, ...], tmp_path: Path
+) -> None:
+    """A byte that is not UTF-8 in an event after the first chunk, from a file or from stdin:
+    exit 2 naming the line (not a traceback), nothing imported."""
+    _, b = servers
+    good = export_lines("tr-not-utf8", 600)
+    lines = [line.encode() for line in good]
+    lines[552] = lines[552].replace(b"m551", b"m\xff551")
+    path = tmp_path / "not-utf8.jsonl"
+    path.write_bytes(b"".join(line + b"\n" for line in lines))
+    from_file = cli(b, tmp_path, "import", str(path))
+    from_stdin = subprocess.run(
+        [str(SESSIONLOG), "import", "-", "--server", b.address],
+        input=path.read_bytes(),
+        capture_output=True,
+        env=clean_env(),
+        timeout=120,
+        check=False,
+    )
+    for code, err in (
+        (from_file.returncode, from_file.stderr),
+        (from_stdin.returncode, from_stdin.stderr.decode()),
+    ):
+        assert code == 2, err
+        assert "line 553: not UTF-8" in err
+        assert "Traceback" not in err
+    with Client(b.address) as cb:
+        assert not cb.get_session("tr-not-utf8").session.exists
 
 
 def test_a_refusal_midway_says_what_was_imported_and_resume_finishes(

@@ -1,6 +1,7 @@
 """Malformed filters are refused by every RPC that takes one (ListSessions, FollowSessions,
 AdminService.EraseSessions) with INVALID_FILTER naming the position, and an erase refused so
-erases nothing: a typo never reads as "matched no session". One server for the module."""
+erases nothing: a typo never reads as "matched no session" (nor, with !=, as every session:
+a value no session can hold is refused too). One server for the module."""
 
 from __future__ import annotations
 
@@ -44,7 +45,19 @@ def first_change(stub: Any, text: str) -> Any:
 
 
 @pytest.mark.parametrize(
-    ("text", "position"), [("owner ==ann", 8), ("labels.team ==", 14), ("owner = ann AND", 16)]
+    ("text", "position"),
+    [
+        ("owner ==ann", 8),
+        ("labels.team ==", 14),
+        ("owner = ann AND", 16),
+        # values no session can hold: = would match nothing, != every session
+        ("owner = \u201cann\u201d", 9),
+        ("labels.team = core,infra", 15),
+        ("labels.team != core,infra", 16),
+        ("status != open.", 11),
+        ("parent = \u201cann.1\u201d", 10),
+        ('owner = "\\ud800"', 9),  # a lone surrogate: no stored text holds one
+    ],
 )
 def test_every_rpc_refuses_a_malformed_filter(
     server: RunningServer, text: str, position: int
@@ -71,3 +84,19 @@ def test_the_quoted_spelling_is_read(server: RunningServer) -> None:
     matches no session (nobody is called "=ann")."""
     reply = server.stub().ListSessions(pb.ListSessionsRequest(filter='owner = "=ann"'), timeout=30)
     assert list(reply.sessions) == []
+
+
+@pytest.mark.parametrize("prefix", ["ann*", "ann 1", " ann", "ann/"])
+def test_an_erase_under_a_prefix_no_session_id_can_start_with_is_refused(
+    server: RunningServer, prefix: str
+) -> None:
+    """A prefix holding what no session id holds (a glob's '*', a space) is a typo, not an
+    erasure that found nothing: INVALID_REDACTION naming the prefix, nothing erased."""
+    stub = server.stub()
+    admin = apb_grpc.AdminServiceStub(server.channel())  # type: ignore[no-untyped-call]
+    erase = apb.EraseSessionsRequest(prefix=prefix, reason="gdpr")
+    erasing = failure(admin.EraseSessions, erase, timeout=30)
+    check(erasing, INVALID, "INVALID_REDACTION", field="prefix")
+    assert owned_by_ann(stub) == list(ANNS)
+    nothing = admin.EraseSessions(apb.EraseSessionsRequest(prefix="nobody.", reason="gdpr"))
+    assert nothing.session_count == 0  # a well-formed prefix that matches nothing is no typo

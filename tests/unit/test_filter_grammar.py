@@ -5,12 +5,13 @@ value holding an operator character is read only when quoted."""
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from sessionlog import errors
+from sessionlog import errors, fold
 from sessionlog.records import RESERVED, Filter, SessionRecord, Term, parse_filter
 
 PROPERTY = settings(max_examples=400, deadline=None)
@@ -34,6 +35,25 @@ def plain_word(value: str) -> bool:
         bool(value)
         and value not in ("AND", "OR", "NOT")
         and not any(c.isspace() or c < " " or c == "\x7f" or c in RESERVED for c in value)
+    )
+
+
+LOOKALIKE_QUOTES = "\u201c\u201d\u201e\u2018\u2019\u201a\u00ab\u00bb\u2039\u203a\uff02\uff07`\u00b4"
+RULED = re.compile(r"[A-Za-z0-9](?:[-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?")
+
+
+def holdable(field: str, value: str) -> bool:
+    """Whether some session can hold ``value`` in ``field`` (the record's own rules)."""
+    if field.startswith("labels.") or field == "status":
+        return value == "" or RULED.fullmatch(value) is not None
+    if field == "parent":
+        try:
+            fold.check_session_id(value)
+        except errors.InvalidSessionId:
+            return value == ""
+        return True
+    return len(value.encode("utf-8", "surrogatepass")) <= 256 and not any(
+        c < " " or c == "\x7f" for c in value
     )
 
 
@@ -86,10 +106,14 @@ FIELD_OPS = [
 @PROPERTY
 @given(st.sampled_from(FIELD_OPS), st.text(max_size=20))
 def test_a_quoted_value_is_read_exactly(field_op: tuple[str, str], value: str) -> None:
-    """Any value, double-quoted (JSON), is read as itself, and the term matches a session
-    holding exactly it."""
+    """Any value a session can hold, double-quoted (JSON), is read as itself, and the term
+    matches a session holding exactly it; one no session can hold is refused at the value."""
     field, op = field_op
-    parsed = parse_filter(f"{field} {op} {json.dumps(value)}")
+    text = f"{field} {op} {json.dumps(value)}"
+    if not holdable(field, value):
+        assert refused(text).metadata["position"] == str(len(f"{field} {op} ") + 1)
+        return
+    parsed = parse_filter(text)
     name, _, key = field.partition(".")
     assert parsed == Filter((Term(name, op, key=key, value=value),))
     for held, equal in ((value, True), (value + "x", False)):
@@ -103,14 +127,16 @@ def test_a_bare_value_is_read_only_when_it_is_a_plain_word(
     field_op: tuple[str, str], value: str
 ) -> None:
     """Unquoted, a value parses only when it is one plain word (no whitespace, no operator,
-    quote, parenthesis, '*' or backslash, no keyword), and then it is read as itself."""
+    quote, parenthesis, '*' or backslash, no keyword, not in typographic quotes) that a
+    session can hold, and then it is read as itself."""
     field, op = field_op
     prefix = f"{field} {op} "
     text = prefix + value
     name, _, key = field.partition(".")
     word = value.strip()  # whitespace around a token is the grammar's, not the value's
     assume(not word.startswith('"'))  # that is a quoted value
-    if plain_word(word):
+    quoted = bool(word) and (word[0] in LOOKALIKE_QUOTES or word[-1] in LOOKALIKE_QUOTES)
+    if plain_word(word) and not quoted and holdable(field, word):
         assert parse_filter(text) == Filter((Term(name, op, key=key, value=word),))
         return
     error = refused(text)

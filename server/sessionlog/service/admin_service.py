@@ -27,7 +27,7 @@ from typing import BinaryIO
 import grpc
 import lmdb
 
-from sessionlog import errors
+from sessionlog import errors, fold
 from sessionlog.cluster.promotion import Promoter
 from sessionlog.records import parse_filter
 from sessionlog.service.counters import Counters
@@ -141,6 +141,7 @@ class AdminServicer:
             raise errors.InvalidRedaction(
                 "EraseSessions needs a non-empty prefix or a filter", field="prefix"
             )
+        _check_erase_prefix(request.prefix)
         self.ownership.check()  # sharded: erases this group's own sessions under the prefix
         sessions, events, position = await asyncio.to_thread(
             functools.partial(
@@ -322,3 +323,19 @@ def _discard_when_copied(copying: asyncio.Future[tuple[Usage, int]], folder: Pat
         discard(copying)
     else:
         copying.add_done_callback(discard)
+
+
+def _check_erase_prefix(prefix: str) -> None:
+    """Refuse a prefix no session id can start with (``ann*``, ``ann 1``): every start of an id
+    is itself an id, so such a prefix is a typo, and erasing nothing under it must not read as
+    an erasure that found nothing."""
+    if not prefix:
+        return
+    try:
+        fold.check_session_id(prefix)
+    except errors.InvalidSessionId as error:
+        raise errors.InvalidRedaction(
+            f"no session id starts with prefix {prefix[:60]!r} ({error.message}): nothing to "
+            "erase under it; name the prefix the ids start with",
+            field="prefix",
+        ) from None

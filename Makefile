@@ -152,7 +152,8 @@ gen: $(VENV)/.dev-stamp
 	$(BIN)/python -m grpc_tools.protoc -Iproto --grpc_python_out=server $(SERVICE_PROTOS)
 	$(MAKE) gen-client
 
-## gen-client: regenerate client/python/sessionlog_client/{v1,errors.py} (see client/python/gen.py)
+## gen-client: regenerate client/python/sessionlog_client/{v1,errors.py} and _sync.py's generated methods
+## (see client/python/gen.py)
 gen-client: $(VENV)/.dev-stamp
 	$(BIN)/python client/python/gen.py
 

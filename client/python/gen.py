@@ -3,7 +3,7 @@
     python client/python/gen.py           write them (`make gen` runs this)
     python client/python/gen.py --check   exit 1, naming the stale files, when they differ
 
-Two things are derived, and neither is ever edited by hand:
+Three things are derived, and none is ever edited by hand:
 
 - ``sessionlog_client/v1/``: grpc_tools.protoc over ``proto/`` (the same compiler and options as
   the server's ``server/sessionlog/v1/``), with the generated imports ``from sessionlog.v1 import``
@@ -11,6 +11,9 @@ Two things are derived, and neither is ever edited by hand:
   Both packages describe the same proto files, so importing both in one process is fine.
 - ``sessionlog_client/errors.py``: a copy of ``server/sessionlog/errors.py`` under a header line,
   so the client raises exactly the server's exception classes (names, reasons, hierarchy).
+- the methods of ``sessionlog_client/_sync.py``'s ``Client`` named in ``gen_sync.METHODS``:
+  generated from ``_aio.py``'s ``AsyncClient`` by ``gen_sync.py`` (async to blocking, as
+  httpcore does with unasync); edit the async method and run ``make gen-client``.
 """
 
 from __future__ import annotations
@@ -20,6 +23,8 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+
+import gen_sync
 
 CLIENT = Path(__file__).resolve().parent
 ROOT = CLIENT.parents[1]
@@ -53,6 +58,7 @@ def render() -> dict[Path, bytes]:
             out[GENERATED / path.name] = text.encode()
     out[GENERATED / "__init__.py"] = V1_INIT.encode()
     out[ERRORS_COPY] = ERRORS_HEADER.encode() + ERRORS_SOURCE.read_bytes()
+    out[gen_sync.TARGET] = gen_sync.rendered()
     return out
 
 
@@ -90,7 +96,7 @@ def main() -> int:
         if bad:
             print(f"stale client files: {', '.join(bad)}; run make gen", file=sys.stderr)
             return 1
-        print("client generated code and errors copy are up to date")
+        print("client generated code, errors copy and blocking methods are up to date")
         return 0
     write(files)
     return 0

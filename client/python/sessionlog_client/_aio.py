@@ -459,6 +459,8 @@ class _AsyncShards:
             await client.close()
 
 
+# The source of most of _sync.Client's methods (client/python/gen_sync.py, METHODS): after a
+# change here run make gen-client, which writes them in _sync.py.
 class AsyncClient:
     """The asyncio sessionlog client; same arguments and methods as :class:`Client`, several
     addresses and ``cluster``/``group`` (etcd) included.
@@ -613,16 +615,17 @@ class AsyncClient:
             return await self._send(method, request, timeout, retry=retry, stub=stub)
         owner = await self._shards.client_for(session)
         if owner is self:
-            return await self._send(method, request, timeout, retry=retry)
+            return await self._send(method, request, timeout, retry=retry, stub=stub)
         try:
-            return await owner._call(method, request, timeout, retry=retry)
+            return await owner._call(method, request, timeout, retry=retry, stub=stub)
         except SessionLogError as error:
             if not is_wrong_group(error):
                 raise
+            # Refused before anything was done (ownership is checked first): safe to send again.
             again = await self._shards.after_wrong_group(session, error, owner)
             if again is None:
                 raise
-            return await again._call(method, request, timeout, retry=retry)
+            return await again._call(method, request, timeout, retry=retry, stub=stub)
 
     async def _send(
         self, method: str, request: Any, timeout: float | None, *, retry: bool, stub: str = LOG
@@ -748,7 +751,7 @@ class AsyncClient:
         heartbeat: float | None = None,
     ) -> AsyncEventStream:
         if self._shards is not None:
-            sharded: AsyncEventStream = _AsyncShardedStream(
+            stream: AsyncEventStream = _AsyncShardedStream(
                 self._shards,
                 self,
                 session_id,
@@ -757,8 +760,8 @@ class AsyncClient:
                 timeout=timeout,
                 heartbeat=heartbeat,
             )
-            self._streams.add(sharded)
-            return sharded
+            self._streams.add(stream)
+            return stream
         stream = AsyncEventStream(
             self._router,
             self.connection,

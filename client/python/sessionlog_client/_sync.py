@@ -517,6 +517,8 @@ class _Shards:
             client.close()
 
 
+# Most methods below are generated from _aio.AsyncClient's (client/python/gen_sync.py, METHODS):
+# edit those in _aio.py and run make gen-client; gen.py --check fails on a hand edit here.
 class Client:
     """A blocking sessionlog client (thread-safe; share one per process).
 
@@ -1142,7 +1144,7 @@ class Client:
         show as usual. None, writing nothing, for a session with no events; a concurrent
         append makes it read the length again, so the hide covers all it saw and no more."""
         while True:
-            length = (self.surface(session_id, timeout=timeout)).event_count
+            length = self.surface(session_id, timeout=timeout).event_count
             if length == 0:
                 return None
             try:

@@ -20,6 +20,8 @@ from sessionlog_client import Client, errors, event
 from sessionlog_client.v1.event_pb2 import Event
 from tests.e2e._proc import running_server
 
+pytestmark = pytest.mark.workers  # every worker process reads requests with its own transport limit
+
 TWENTY_MB = 20_000_000
 
 

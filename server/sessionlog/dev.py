@@ -133,8 +133,9 @@ def run_cluster(args: argparse.Namespace) -> int:
             shard_map = _put_map(args.etcd_port, members)
         for member in members:
             processes.append((member.name, _start_member(root, member, cluster, args.lease_ttl)))
+        ports = f"{args.port}..{args.port + len(members) - 1}"
         leaders = {
-            group: _wait_leader(args.etcd_port, group, processes, stopping)
+            group: _wait_leader(root, ports, args.etcd_port, group, processes, stopping)
             for group in dict.fromkeys(m.group for m in members)
         }
         if None in leaders.values():
@@ -324,6 +325,8 @@ def _spawn(argv: list[str], log: Path, env: dict[str, str]) -> subprocess.Popen[
 
 
 def _wait_leader(
+    root: Path,
+    ports: str,
     port: int,
     group: str,
     processes: list[tuple[str, subprocess.Popen[bytes]]],
@@ -339,7 +342,7 @@ def _wait_leader(
     while time.monotonic() < deadline and not stopping["now"]:
         for name, process in processes:
             if process.poll() is not None:
-                raise DevError(f"{name} exited with {process.returncode} while starting")
+                raise DevError(_start_failure(root, name, process.returncode, ports))
         try:
             reply = requests.post(
                 f"http://127.0.0.1:{port}/v3/kv/range", json={"key": _b64(key)}, timeout=1
@@ -354,6 +357,34 @@ def _wait_leader(
     raise DevError(
         f"no member of {group} became the leader within {READY_SECONDS:.0f} s; see the logs"
     )
+
+
+LOG_LINES_SHOWN = 3
+"""How many of its log's last lines a process that exits while starting gets in the message."""
+
+
+def _start_failure(root: Path, name: str, returncode: int, ports: str) -> str:
+    """Why ``name`` did not start: the end of its log and the options that move the ports (a
+    port already taken, by `make run` or a cluster already up, is the usual cause)."""
+    log = root / f"{name}.log"
+    tail = "".join(f"\n  {line}" for line in _last_lines(log)) or " (empty)"
+    return (
+        f"{name} exited with {returncode} while starting; the end of {log}:{tail}\n"
+        f"if a port is taken (`make run`, or another cluster), give others: --port (the "
+        f"members' first port; {ports} now), --etcd-port"
+    )
+
+
+def _last_lines(log: Path, count: int = LOG_LINES_SHOWN) -> list[str]:
+    """The last ``count`` non-blank lines of ``log`` (none when it cannot be read)."""
+    try:
+        with log.open("rb") as file:
+            file.seek(0, os.SEEK_END)
+            file.seek(max(0, file.tell() - 64 * 1024))
+            text = file.read().decode("utf-8", "replace")
+    except OSError:
+        return []
+    return [line for line in text.splitlines() if line.strip()][-count:]
 
 
 def _b64(text: str) -> str:

@@ -641,6 +641,46 @@ def test_secrets_never_appear_in_the_server_log(tmp_path: Path) -> None:
         assert hashlib.sha256(secret.encode()).hexdigest() not in log
 
 
+def test_no_token_and_a_wrong_token_get_distinct_messages(server: RunningServer) -> None:
+    """Both UNAUTHENTICATED, but "no token" and "token not recognised" say which it was, and
+    neither echoes the secret sent."""
+    channel = server.channel()
+    request = pb.GetSessionRequest(session_id="s")
+    missing = refusal(channel, SERVICE + "GetSession", request, None, False)
+    wrong = refusal(channel, SERVICE + "GetSession", request, WRONG, False)
+    assert_refused(missing, UNAUTHENTICATED)
+    assert_refused(wrong, UNAUTHENTICATED)
+    assert (missing.details() or "").startswith("no token")
+    assert (wrong.details() or "").startswith("token not recognised")
+    assert WRONG not in (wrong.details() or "")
+
+
+def test_a_refused_token_is_logged_without_its_secret(tmp_path: Path) -> None:
+    """A wrong token is logged at WARNING with its length and the start of its SHA-256, never the
+    secret itself; a call with no token is not."""
+    tokens = tokens_file(tmp_path / "tokens.toml")
+    address = f"127.0.0.1:{free_port()}"
+    args = ["--data", str(tmp_path / "data"), "--listen", address, "--auth-tokens", str(tokens)]
+    args += ["--auth-open-health", "--log-format", "json"]
+    with ServerProcess(args, tmp_path) as process:
+        process.wait_serving(address)
+        with grpc.insecure_channel(address) as channel:
+            request = pb.GetSessionRequest(session_id="s")
+            for token in (None, WRONG):
+                refusal(channel, SERVICE + "GetSession", request, token, False)
+        assert process.stop() == 0
+    log = process.log()
+    lines = [json.loads(line) for line in log.splitlines() if line.strip()]
+    refused = [line for line in lines if "token not recognised" in line["message"]]
+    assert len(refused) == 1, log
+    prefix = hashlib.sha256(WRONG.encode()).hexdigest()[:8]
+    assert refused[0]["level"] in ("warning", "WARNING"), refused[0]
+    assert f"{len(WRONG)} characters" in refused[0]["message"]
+    assert f"sha256 {prefix}" in refused[0]["message"]
+    assert WRONG not in log
+    assert hashlib.sha256(WRONG.encode()).hexdigest() not in log
+
+
 BAD_TOKENS = [
     pytest.param('[[token]]\ntoken = "0123456789abcdef0123"\n', "needs a name", id="missing-name"),
     pytest.param(

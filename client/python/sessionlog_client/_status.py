@@ -41,6 +41,10 @@ up, gateway timeout): no server saw the call."""
 # grpcio (C core): "Received http2 header with status: 503"; grpc-js: "Received HTTP status
 # code 503".
 _HTTP_STATUS = re.compile(r"(?:header with status|HTTP status code):? *(\d{3})\b")
+_LARGER_THAN_MAX = re.compile(
+    r"(?:(CLIENT|SERVER): )?(Sent|Received) message larger than max \((\d+) vs\. (\d+)\)"
+)
+"""grpcio's refusal of an oversized message, naming the end that refused it."""
 TRANSPORT_ENDS = frozenset(
     {
         grpc.StatusCode.UNAVAILABLE,
@@ -120,6 +124,9 @@ def to_error(error: grpc.RpcError) -> errors.SessionLogError:
             f"once a failover has elected one ({message})"
         )
     if info is None:
+        oversized = _oversized(code, message)
+        if oversized is not None:
+            return oversized
         cls = _BY_CODE.get(code)
         if cls is not None:
             return cls(message)
@@ -133,6 +140,46 @@ def to_error(error: grpc.RpcError) -> errors.SessionLogError:
     fallback = _DOMAIN_BY_CODE.get(code, errors.SessionLogError)(message, **dict(info.metadata))
     fallback.reason = info.reason  # type: ignore[misc]
     return fallback
+
+
+def _oversized(code: grpc.StatusCode, message: str) -> errors.SessionLogError | None:
+    """gRPC's own bare refusal of a message over a size limit, said with the setting to change:
+    a request this client would not send or the server's transport would not read
+    (RequestTooLarge), a reply this client would not read (ResponseTooLarge)."""
+    found = _LARGER_THAN_MAX.search(message) if code == grpc.StatusCode.RESOURCE_EXHAUSTED else None
+    if found is None:
+        return None
+    end, direction = found.group(1), found.group(2)
+    size, limit = int(found.group(3)), int(found.group(4))
+    meta = {"size": str(size), "limit": str(limit)}
+    if direction == "Sent":
+        return errors.RequestTooLarge(
+            f"the request is {size} bytes, over this client's {limit}-byte message limit "
+            f"(Client(max_message_bytes=...)); nothing was sent: split it into smaller calls "
+            f"(the server's own limit is its --max-message-size) ({message})",
+            **meta,
+        )
+    if end == "SERVER":
+        return errors.RequestTooLarge(
+            f"the request is {size} bytes, far over the server's message limit "
+            f"(--max-message-size; its transport reads no request over {limit} bytes); "
+            f"nothing was written: split it into smaller calls ({message})",
+            **meta,
+        )
+    if end == "CLIENT":
+        return errors.ResponseTooLarge(
+            f"the reply is {size} bytes, over this client's {limit}-byte message limit: raise "
+            f"Client(max_message_bytes=...) to the server's --max-message-size ({message})",
+            **meta,
+        )
+    error = TransportError(
+        f"a message of {size} bytes is over a {limit}-byte limit: either the request is over "
+        f"the server's --max-message-size (nothing was written), or the reply is over this "
+        f"client's Client(max_message_bytes=...) ({message})"
+    )
+    error.code = code
+    error.reason = code.name  # type: ignore[misc]
+    return error
 
 
 def is_unavailable(error: grpc.RpcError) -> bool:

@@ -207,6 +207,8 @@ export function toError(error) {
       { code: grpc.status.UNAVAILABLE, reason: "UNAVAILABLE", cause: error },
     );
   }
+  const oversized = info ? null : oversizedMessage(error);
+  if (oversized !== null) return oversized;
   const Class = ERROR_CLASSES[info?.reason] ?? SessionLogError;
   return new Class(error.details || error.message, {
     code: error.code,
@@ -215,6 +217,54 @@ export function toError(error) {
     metadata: info?.metadata ?? {},
     cause: error,
   });
+}
+
+/**
+ * gRPC's own bare refusal of a message over a size limit ("Sent/Received message larger than max
+ * (SIZE vs. LIMIT)") said with the setting to change: a request this client would not send
+ * (its `maxMessageBytes`) or the server's transport would not read ("SERVER: ...", far over its
+ * --max-message-size) is REQUEST_TOO_LARGE; a reply this client would not read,
+ * RESPONSE_TOO_LARGE. Null for any other error.
+ */
+function oversizedMessage(error) {
+  const details = String(error?.details ?? "");
+  if (error?.code !== grpc.status.RESOURCE_EXHAUSTED) return null;
+  const options = (reason, metadata) => ({ code: error.code, reason, domain: "", metadata, cause: error });
+  // grpc-js's own refusal to send names the limit only.
+  const unsent = /Attempted to send message with a size larger than (\d+)/.exec(details);
+  if (unsent) {
+    return new SessionLogError(
+      `the request is over this client's ${unsent[1]}-byte message limit (new ` +
+        "SessionLogClient(target, { maxMessageBytes })); nothing was sent: split it into " +
+        `smaller calls (the server's own limit is its --max-message-size) (${details})`,
+      options("REQUEST_TOO_LARGE", { limit: unsent[1] }),
+    );
+  }
+  const found = /(SERVER: )?(Sent|Received) message larger than max \((\d+) vs\. (\d+)\)/.exec(details);
+  if (!found) return null;
+  const [, server, direction, size, limit] = found;
+  const metadata = { size, limit };
+  if (direction === "Sent") {
+    return new SessionLogError(
+      `the request is ${size} bytes, over this client's ${limit}-byte message limit ` +
+        "(new SessionLogClient(target, { maxMessageBytes })); nothing was sent: split it into " +
+        `smaller calls (the server's own limit is its --max-message-size) (${details})`,
+      options("REQUEST_TOO_LARGE", metadata),
+    );
+  }
+  if (server) {
+    return new SessionLogError(
+      `the request is ${size} bytes, far over the server's message limit (--max-message-size; ` +
+        `its transport reads no request over ${limit} bytes); nothing was written: split it ` +
+        `into smaller calls (${details})`,
+      options("REQUEST_TOO_LARGE", metadata),
+    );
+  }
+  return new SessionLogError(
+    `the reply is ${size} bytes, over this client's ${limit}-byte message limit: raise ` +
+      `{ maxMessageBytes } to the server's --max-message-size (${details})`,
+    options("RESPONSE_TOO_LARGE", metadata),
+  );
 }
 
 /**

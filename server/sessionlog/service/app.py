@@ -45,6 +45,19 @@ HEALTH_SERVICES = ("", SERVICE_NAME, REPLICATION_SERVICE_NAME)
 """The names health checks answer for: the server as a whole and each of its services."""
 
 
+TRANSPORT_MARGIN_BYTES = 32 << 20
+"""How far past --max-message-size the transport still reads a request, so that the handler
+refuses it with REQUEST_TOO_LARGE (naming the limit and the setting) rather than gRPC with a bare
+"Received message larger than max". The margin bounds what one call may buffer."""
+
+
+def transport_limit(max_message_bytes: int) -> int:
+    """The transport's receive limit for a server whose message limit is ``max_message_bytes``:
+    the limit plus the larger of itself and TRANSPORT_MARGIN_BYTES, within gRPC's 2 GiB."""
+    margin = max(max_message_bytes, TRANSPORT_MARGIN_BYTES)
+    return min(max_message_bytes + margin, (2 << 30) - 1)
+
+
 def grpc_server(
     config: ServerConfig,
     interceptors: list[grpc.aio.ServerInterceptor] | None,
@@ -60,9 +73,10 @@ def grpc_server(
         interceptors=interceptors,
         options=[
             ("grpc.so_reuseport", 1 if share_port else 0),
-            # Twice the limit: requests between the two get REQUEST_TOO_LARGE with ErrorInfo
-            # from the handlers; only larger ones meet gRPC's own bare refusal.
-            ("grpc.max_receive_message_length", min(2 * limit, (2 << 30) - 1)),
+            # Above the limit by a margin: requests up to transport_limit() get
+            # REQUEST_TOO_LARGE with ErrorInfo from the handlers; only larger ones meet gRPC's
+            # own bare refusal.
+            ("grpc.max_receive_message_length", transport_limit(limit)),
             ("grpc.max_send_message_length", -1),
             # gRPC sheds calls waiting to be accepted past 1,000 by default: a burst of
             # followers reconnecting after a restart must not be cancelled at random.

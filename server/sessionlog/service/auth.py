@@ -8,7 +8,8 @@ Tokens come from a TOML file the operator writes:
     permissions = ["read", "write"]     # read, write, admin (admin implies read and write)
     session_prefix = "tenant-a."        # optional: only sessions whose id starts with this
 
-A request carries ``authorization: Bearer <secret>``. Missing or unknown secrets are
+A request carries ``authorization: Bearer <secret>``. Missing ("no token") or unknown ("token
+not recognised", logged at WARNING with its length and a SHA-256 prefix, never itself) secrets are
 UNAUTHENTICATED; a known token used outside its permissions or its session prefix is
 PERMISSION_DENIED. Secrets are compared by their SHA-256 digests with ``hmac.compare_digest``
 against every configured token, so the time taken says nothing about which one nearly matched.
@@ -50,6 +51,9 @@ from sessionlog import errors, fold
 from sessionlog.service.errors import to_grpc_status
 
 log = logging.getLogger(__name__)
+
+REFUSED_DIGEST_CHARS = 8
+"""How much of a refused token's SHA-256 its log line shows."""
 
 READ, WRITE, ADMIN = "read", "write", "admin"
 PERMISSIONS = frozenset({READ, WRITE, ADMIN})
@@ -296,11 +300,24 @@ class Authorizer:
         if self.open_health and method.startswith(_OPENABLE_PREFIXES):
             return None
         secret = bearer(metadata)
-        principal = self.tokens.principal(secret) if secret else None
-        if principal is None:
+        if not secret:
             raise errors.Unauthenticated(
-                "a valid bearer token is required: send the metadata 'authorization: Bearer "
-                "<token>'"
+                "no token: send the metadata 'authorization: Bearer <token>'"
+            )
+        principal = self.tokens.principal(secret)
+        if principal is None:
+            # The secret is never logged: its length and the start of its SHA-256 (the digest
+            # the token file holds) are enough to tell which client sends it.
+            digest = hashlib.sha256(secret.encode()).hexdigest()[:REFUSED_DIGEST_CHARS]
+            log.warning(
+                "refused a token not recognised on %s (%d characters, sha256 %s...)",
+                method,
+                len(secret),
+                digest,
+            )
+            raise errors.Unauthenticated(
+                "token not recognised: the 'authorization: Bearer' token sent is not one of this "
+                "server's tokens"
             )
         needed = _NEEDS.get(method, READ)
         if not principal.may(needed):

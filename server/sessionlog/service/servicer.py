@@ -15,11 +15,10 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import replace
-from typing import Any, TypeVar
+from typing import Any
 
 import grpc
-from google.protobuf.message import DecodeError, Message
-from google.protobuf.timestamp_pb2 import Timestamp
+from google.protobuf.message import DecodeError
 
 from sessionlog import errors, fold, mirrors, wire
 from sessionlog.cluster.sync import SyncTracker
@@ -32,6 +31,16 @@ from sessionlog.listing import Listing, decode_listing_token, encode_listing_tok
 from sessionlog.records import Filter, SessionRecord, parse_filter
 from sessionlog.service import expiration, follow_sessions, importing, ledger, paging
 from sessionlog.service.auth import ADMIN, Authorizer, Principal, bearer
+from sessionlog.service.convert import (
+    _LIST_EVENTS,
+    _serialize,
+    audit_message,
+    decode,
+    encode_append_response,
+    encode_events,
+    lease_message,
+    session_message,
+)
 from sessionlog.service.counters import CANCELLED, INTERNAL, OK, Counters
 from sessionlog.service.errors import abort, refusal_level
 from sessionlog.service.follow import follow, heartbeat_interval
@@ -40,32 +49,15 @@ from sessionlog.service.notifier import Notifier
 from sessionlog.shard import scatter
 from sessionlog.shard.ownership import MOVE_COPY, MOVE_HEADER, Ownership
 from sessionlog.storage import leadership, schema
-from sessionlog.storage.indexes import update_time
 from sessionlog.storage.records import BY_ID, BY_UPDATE, given_record
-from sessionlog.storage.schema import AuditRecord, LeaseRecord, SessionMeta
-from sessionlog.storage.store import AppendResult, Store, prepare_append, prepare_seed
+from sessionlog.storage.store import Store, prepare_append, prepare_seed
 from sessionlog.v1 import session_log_service_pb2 as pb
 
 log = logging.getLogger(__name__)
 
 SERVICE_NAME = "sessionlog.v1.SessionLogService"
 
-M = TypeVar("M", bound=Message)
 Handler = Callable[[Any, bytes, grpc.aio.ServicerContext], Awaitable[bytes]]
-
-
-def decode(message_type: type[M], raw: bytes) -> M:
-    """Parse a request, or raise MalformedRequest saying what it should have been."""
-    try:
-        message: M = message_type.FromString(raw)
-    except (DecodeError, RecursionError, ValueError) as exc:
-        name = message_type.DESCRIPTOR.full_name
-        raise errors.MalformedRequest(
-            f"the request could not be decoded as {name} ({exc}); check the message type, that "
-            "strings are valid UTF-8, and that data is nested no deeper than the limit",
-            message_type=name,
-        ) from None
-    return message
 
 
 EPOCH_METADATA_KEY = "sessionlog-epoch"
@@ -168,28 +160,6 @@ def _unary(method: Handler, write: bool) -> Handler:
 def _log_refusal(rpc: str, error: errors.SessionLogError) -> None:
     """One line per refused call: the method and the reason, never the request's data."""
     log.log(refusal_level(error), "request refused", extra={"method": rpc, "reason": error.reason})
-
-
-_SINCE_EVENTS = pb.SinceResponse.DESCRIPTOR.fields_by_name["events"].number
-_LIST_EVENTS = pb.ListEventsResponse.DESCRIPTOR.fields_by_name["events"].number
-
-
-def encode_events(events: list[bytes]) -> bytes:
-    """A SinceResponse holding stored event bytes as they are. The one reply still encoded by
-    hand (``wire``): for Since batches it measured faster than the generated mirror
-    (``bench/encode.py``); every other reply uses ``mirrors``."""
-    return wire.length_delimited(_SINCE_EVENTS, events)
-
-
-def encode_append_response(result: AppendResult) -> bytes:
-    if not result.drops:  # the usual reply: a third cheaper without an empty drops argument
-        return _serialize(mirrors.AppendResponse(events=result.events, next_seq=result.next_seq))
-    drops = [
-        pb.AppendDrop(index=i, reason=reason, message=message)
-        for i, reason, message in result.drops
-    ]
-    reply = mirrors.AppendResponse(events=result.events, next_seq=result.next_seq, drops=drops)
-    return _serialize(reply)
 
 
 class SessionLogServicer:
@@ -1077,73 +1047,11 @@ def _is_move_copy(context: grpc.aio.ServicerContext) -> bool:
     return False
 
 
-def _serialize(message: Message | Any) -> bytes:
-    serialized: bytes = message.SerializeToString()
-    return serialized
-
-
 def _ttl_ns(request: pb.AcquireLeaseRequest | pb.RenewLeaseRequest) -> int:
     if not request.HasField("ttl"):
         return DEFAULT_LEASE_TTL_NS
     ttl: int = request.ttl.ToNanoseconds()
     return ttl
-
-
-def _timestamp(ns: int) -> Timestamp:
-    stamp = Timestamp()
-    stamp.FromNanoseconds(ns)
-    return stamp
-
-
-def session_message(
-    session_id: str,
-    meta: SessionMeta | None,
-    lease: LeaseRecord | None = None,
-    record: SessionRecord | None = None,
-) -> pb.Session:
-    session = pb.Session(session_id=session_id, exists=meta is not None)
-    if meta is not None:
-        session.event_count = meta.next_seq
-        session.replace_generation = meta.replace_generation
-        session.create_time.CopyFrom(_timestamp(meta.create_time_ns))
-        session.last_append_time.CopyFrom(_timestamp(meta.last_append_time_ns))
-        session.parent_session_id = meta.parent_id
-        session.parent_event_count = meta.parent_length
-        session.update_time.CopyFrom(_timestamp(update_time(meta, record)))
-    if meta is not None and record is not None:
-        session.title = record.title
-        session.labels.update(record.labels)
-        session.owner = record.owner
-        session.status = record.status
-        if record.parent_seq is not None:
-            session.parent_seq = record.parent_seq
-        if record.expire_time_ns:
-            session.expire_time.CopyFrom(_timestamp(record.expire_time_ns))
-        session.pinned = record.pinned
-    if lease is not None:
-        session.lease.CopyFrom(lease_message(lease))
-    return session
-
-
-def lease_message(lease: LeaseRecord | None) -> pb.Lease:
-    if lease is None:
-        return pb.Lease()
-    return pb.Lease(
-        holder=lease.holder,
-        token=lease.token,
-        acquire_time=_timestamp(lease.acquire_time_ns),
-        expire_time=_timestamp(lease.expire_time_ns),
-    )
-
-
-def audit_message(record: AuditRecord) -> pb.LeaseAuditEntry:
-    return pb.LeaseAuditEntry(
-        kind=f"LEASE_AUDIT_KIND_{record.kind}",
-        actor=record.actor,
-        previous_holder=record.previous_holder,
-        previous_token=record.previous_token,
-        time=_timestamp(record.time_ns),
-    )
 
 
 def listing_order(order_by: str) -> str:

@@ -42,6 +42,7 @@ from sessionlog import errors, fold
 from sessionlog.records import Filter, SessionRecord, parse_filter
 from sessionlog.service import ledger
 from sessionlog.service.auth import Authorizer, Principal
+from sessionlog.service.convert import session_message
 from sessionlog.service.errors import refusal_level, status_code
 from sessionlog.service.follow import follow
 from sessionlog.service.metrics import (
@@ -53,7 +54,6 @@ from sessionlog.service.metrics import (
     version,
 )
 from sessionlog.service.notifier import Notifier
-from sessionlog.service.servicer import session_message
 from sessionlog.shard.ownership import Ownership
 from sessionlog.shard.scatter import Scatter
 from sessionlog.storage.indexes import update_time

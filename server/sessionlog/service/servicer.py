@@ -29,8 +29,8 @@ from sessionlog.defaults import (
 )
 from sessionlog.listing import Listing, decode_listing_token, encode_listing_token
 from sessionlog.records import Filter, SessionRecord, parse_filter
-from sessionlog.service import expiration, follow_sessions, importing, ledger, paging
-from sessionlog.service.auth import ADMIN, Authorizer, Principal, bearer
+from sessionlog.service import access, expiration, follow_sessions, importing, ledger, paging
+from sessionlog.service.auth import Authorizer
 from sessionlog.service.convert import (
     _LIST_EVENTS,
     _serialize,
@@ -249,11 +249,11 @@ class SessionLogServicer:
                 request.session_id,
                 request.expected_seq if request.HasField("expected_seq") else None,
             )
-            self._require_admin(context, "a slot move's copy")
+            access.require_admin(self.authorizer, context, "a slot move's copy")
         else:
             self.ownership.check_write(request.session_id)
         self._require_primary(context)
-        self._scope(context, request.session_id)
+        access.scope(self.authorizer, context, request.session_id)
         self._check_count(len(request.events))
         batch = prepare_append(
             request.session_id,
@@ -277,41 +277,6 @@ class SessionLogServicer:
                 extra={"session_id": request.session_id, "index": index, "reason": reason},
             )
         return encode_append_response(result)
-
-    def _require_admin(self, context: grpc.aio.ServicerContext, what: str) -> None:
-        principal = self._principal(context)
-        if principal is not None and not principal.may(ADMIN):
-            raise errors.PermissionDenied(
-                f"token '{principal.name}' lacks the admin permission {what} needs",
-                token=principal.name,
-                permission=ADMIN,
-            )
-
-    def _principal(self, context: grpc.aio.ServicerContext) -> Principal | None:
-        if self.authorizer is None:
-            return None
-        return self.authorizer.tokens.principal(bearer(context.invocation_metadata()))
-
-    def _scope(
-        self, context: grpc.aio.ServicerContext, *session_ids: str, admin: bool = False
-    ) -> None:
-        """Refuse sessions outside the caller's token prefix (and, with admin, a non-admin)."""
-        principal = self._principal(context)
-        if principal is None:
-            return
-        if admin and not principal.may(ADMIN):
-            raise errors.PermissionDenied(
-                f"token '{principal.name}' lacks the admin permission a forced release needs",
-                token=principal.name,
-                permission=ADMIN,
-            )
-        for session_id in session_ids:
-            principal.check_session(session_id)
-
-    def _listing_prefix(self, context: grpc.aio.ServicerContext, asked: str) -> str:
-        """The prefix a listing really uses: the caller's, narrowed to their token's prefix."""
-        principal = self._principal(context)
-        return asked if principal is None else principal.listing_prefix(asked)
 
     def _sid(self, session_id: str) -> int:
         """The session's internal id (0: not stored), which a page token is bound to."""
@@ -384,7 +349,7 @@ class SessionLogServicer:
 
     def _since_scope(self, raw: bytes, context: grpc.aio.ServicerContext) -> None:
         if self.authorizer is not None:
-            self._scope(context, decode(pb.SinceRequest, raw).session_id)
+            access.scope(self.authorizer, context, decode(pb.SinceRequest, raw).session_id)
 
     async def since(self, raw: bytes, context: grpc.aio.ServicerContext) -> Outgoing:
         """Stored events from seq on in byte-bounded batches; with follow, then live ones.
@@ -443,7 +408,7 @@ class SessionLogServicer:
         try:
             request = decode(pb.FollowSessionsRequest, raw)
             self.ownership.check()  # sharded: a map must be held to know which are mine
-            prefix = self._listing_prefix(context, request.prefix)
+            prefix = access.listing_prefix(self.authorizer, context, request.prefix)
             query = parse_filter(request.filter)
             start = follow_sessions.start_position(self.store, request)
         except errors.SessionLogError as error:
@@ -499,7 +464,7 @@ class SessionLogServicer:
     async def surface(self, raw: bytes, context: grpc.aio.ServicerContext) -> bytes:
         request = decode(pb.SurfaceRequest, raw)
         self.ownership.check(request.session_id)
-        self._scope(context, request.session_id)
+        access.scope(self.authorizer, context, request.session_id)
         fold.check_session_id(request.session_id)
         at_seq = request.at_seq if request.HasField("at_seq") else None
         folded = self.store.surface(request.session_id, at_seq)
@@ -527,7 +492,7 @@ class SessionLogServicer:
     async def derive_messages(self, raw: bytes, context: grpc.aio.ServicerContext) -> bytes:
         request = decode(pb.DeriveMessagesRequest, raw)
         self.ownership.check(request.session_id)
-        self._scope(context, request.session_id)
+        access.scope(self.authorizer, context, request.session_id)
         fold.check_session_id(request.session_id)
         at_seq = request.at_seq if request.HasField("at_seq") else None
         if request.page_size or request.page_token:
@@ -591,7 +556,7 @@ class SessionLogServicer:
         """One page of stored events, oldest or newest first, sent as stored."""
         request = decode(pb.ListEventsRequest, raw)
         self.ownership.check(request.session_id)
-        self._scope(context, request.session_id)
+        access.scope(self.authorizer, context, request.session_id)
         session_id = request.session_id
         fold.check_session_id(session_id)
         size = paging.page_size(request.page_size)
@@ -618,7 +583,7 @@ class SessionLogServicer:
     async def get_state(self, raw: bytes, context: grpc.aio.ServicerContext) -> bytes:
         request = decode(pb.GetStateRequest, raw)
         self.ownership.check(request.session_id)
-        self._scope(context, request.session_id)
+        access.scope(self.authorizer, context, request.session_id)
         fold.check_session_id(request.session_id)
         at_seq = request.at_seq if request.HasField("at_seq") else None
         state, count = self.store.state(request.session_id, at_seq)
@@ -631,7 +596,7 @@ class SessionLogServicer:
     async def get_usage(self, raw: bytes, context: grpc.aio.ServicerContext) -> bytes:
         request = decode(pb.GetUsageRequest, raw)
         self.ownership.check(request.session_id)
-        self._scope(context, request.session_id)
+        access.scope(self.authorizer, context, request.session_id)
         fold.check_session_id(request.session_id)
         at_seq = request.at_seq if request.HasField("at_seq") else None
         if at_seq is not None and request.include_descendants:
@@ -640,7 +605,7 @@ class SessionLogServicer:
                 "place in its ancestor's seqs; ask for one or the other",
                 field="at_seq",
             )
-        principal = self._principal(context)
+        principal = access.principal_of(self.authorizer, context)
         spent = self.store.usage(
             request.session_id,
             at_seq,
@@ -667,7 +632,7 @@ class SessionLogServicer:
             self.ownership.check_fork(parent, request.session_id)
         self.ownership.check_write(request.session_id)
         self._require_primary(context)
-        self._scope(context, request.session_id, *([parent] if parent else []))
+        access.scope(self.authorizer, context, request.session_id, *([parent] if parent else []))
         self._check_count(len(request.events))
         if parent:
             fold.check_session_id(parent)
@@ -713,7 +678,7 @@ class SessionLogServicer:
         session_id = request.session.session_id
         self.ownership.check_write(session_id)
         self._require_primary(context)
-        self._scope(context, session_id)
+        access.scope(self.authorizer, context, session_id)
         fold.check_session_id(session_id)
         given = request.session
         record = SessionRecord(given.title, dict(given.labels), given.owner, given.status)
@@ -731,7 +696,7 @@ class SessionLogServicer:
         request = decode(pb.SeedSessionRequest, raw)
         self.ownership.check_write(request.session_id)
         self._require_primary(context)
-        self._scope(context, request.session_id)
+        access.scope(self.authorizer, context, request.session_id)
         self._check_count(len(request.messages))
         batch, dropped = prepare_seed(
             request.session_id,
@@ -752,7 +717,7 @@ class SessionLogServicer:
     async def get_session(self, raw: bytes, context: grpc.aio.ServicerContext) -> bytes:
         request = decode(pb.GetSessionRequest, raw)
         self.ownership.check(request.session_id)
-        self._scope(context, request.session_id)
+        access.scope(self.authorizer, context, request.session_id)
         fold.check_session_id(request.session_id)
         view = self.store.session(request.session_id)
         session = session_message(view.session_id, view.meta, view.lease, view.record)
@@ -769,7 +734,7 @@ class SessionLogServicer:
     async def list_sessions(self, raw: bytes, context: grpc.aio.ServicerContext) -> bytes:
         request = decode(pb.ListSessionsRequest, raw)
         self.ownership.check()  # sharded: a map must be held; the page keeps my group's own
-        prefix = self._listing_prefix(context, request.prefix)
+        prefix = access.listing_prefix(self.authorizer, context, request.prefix)
         size = min(request.page_size or DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE)
         order = listing_order(request.order_by)
         query = parse_filter(request.filter)
@@ -863,12 +828,12 @@ class SessionLogServicer:
         # No id asked for: sharded, one made up here, in the parent's group (the store's own
         # would lie anywhere); unsharded, "" (the store makes one up). Either way inside the
         # caller's token prefix, where the caller may use it.
-        principal = self._principal(context)
+        principal = access.principal_of(self.authorizer, context)
         under = "" if principal is None else principal.session_prefix
         target = request.session_id or self.ownership.fork_id(under)
         self.ownership.check_fork(request.parent_session_id, target)
         self._require_primary(context)
-        self._scope(context, request.parent_session_id, target)
+        access.scope(self.authorizer, context, request.parent_session_id, target)
         at_seq = request.at_seq if request.HasField("at_seq") else None
         result = await self.store.commit_fork(
             request.parent_session_id,
@@ -890,9 +855,9 @@ class SessionLogServicer:
         request = decode(pb.DeleteSessionRequest, raw)
         self.ownership.check_write(request.session_id)
         self._require_primary(context)
-        self._scope(context, request.session_id)
+        access.scope(self.authorizer, context, request.session_id)
         if request.force:
-            self._require_admin(context, "a forced delete")
+            access.require_admin(self.authorizer, context, "a forced delete")
         # The feed scan reads every record: off the loop, beside the writer.
         command = await asyncio.to_thread(
             self.store.delete_command,
@@ -900,7 +865,7 @@ class SessionLogServicer:
             expected_seq=request.expected_seq if request.HasField("expected_seq") else None,
             lease_holder=request.lease_holder,
             force=request.force,
-            actor=self._actor(context),
+            actor=access.actor(self.authorizer, context),
             reason=request.reason,
         )
         result = await self.store.commit_delete(command)
@@ -916,24 +881,19 @@ class SessionLogServicer:
         request = decode(pb.RedactEventsRequest, raw)
         self.ownership.check_write(request.session_id)
         self._require_primary(context)
-        self._scope(context, request.session_id)
+        access.scope(self.authorizer, context, request.session_id)
         command = await asyncio.to_thread(
             self.store.redact_command,
             request.session_id,
             list(request.seqs),
             reason=request.reason,
             lease_holder=request.lease_holder,
-            actor=self._actor(context),
+            actor=access.actor(self.authorizer, context),
         )
         result = await self.store.writer.submit_on_loop(command)
         await self._replicated(result.position)
         position = result.position if result.seqs else 0  # the proto: 0 when nothing changed
         return _serialize(pb.RedactEventsResponse(seqs=result.seqs, position=position))
-
-    def _actor(self, context: grpc.aio.ServicerContext) -> str:
-        """Who asks, for an erasure's audit record: the token's name when auth is on."""
-        principal = self._principal(context)
-        return "" if principal is None else principal.name
 
     @unary_write
     async def import_session(self, raw: bytes, context: grpc.aio.ServicerContext) -> bytes:
@@ -941,16 +901,18 @@ class SessionLogServicer:
         copy = _is_move_copy(context)
         if copy:  # a slot move fills the slot's next owner (shard.move)
             self.ownership.check_copy(request.session_id, request.first_seq)
-            self._require_admin(context, "a slot move's copy")
+            access.require_admin(self.authorizer, context, "a slot move's copy")
         else:
             self.ownership.check_write(request.session_id)
         self._require_primary(context)
         # The parent link too, as CreateSession's: a tenant must not hang a session under
         # another tenant's (it would count in that session's tree usage and children).
         parent = [request.parent_session_id] if request.parent_session_id else []
-        self._scope(context, request.session_id, *parent)
+        access.scope(self.authorizer, context, request.session_id, *parent)
         if importing.has_extras(request):
-            self._require_admin(context, "importing request records, a lease or its audit")
+            access.require_admin(
+                self.authorizer, context, "importing request records, a lease or its audit"
+            )
         self._check_count(len(request.events))
         batch = importing.prepare_import(request, self.store.config.limits, moving_in=copy)
         result = await self.store.commit_import(batch)
@@ -965,8 +927,10 @@ class SessionLogServicer:
     async def get_session_records(self, raw: bytes, context: grpc.aio.ServicerContext) -> bytes:
         request = decode(pb.GetSessionRecordsRequest, raw)
         self.ownership.check(request.session_id)
-        self._scope(context, request.session_id)
-        self._require_admin(context, "reading a session's request records and lease")
+        access.scope(self.authorizer, context, request.session_id)
+        access.require_admin(
+            self.authorizer, context, "reading a session's request records and lease"
+        )
         fold.check_session_id(request.session_id)
         found = self.store.session_records(request.session_id)
         lease = (
@@ -1002,7 +966,7 @@ class SessionLogServicer:
         request = decode(request_type, raw)
         self.ownership.check_write(request.session_id)
         self._require_primary(context)
-        self._scope(context, request.session_id)
+        access.scope(self.authorizer, context, request.session_id)
         change = await self.store.commit_lease(
             action, request.session_id, request.holder, _ttl_ns(request)
         )
@@ -1014,7 +978,7 @@ class SessionLogServicer:
         request = decode(pb.ReleaseLeaseRequest, raw)
         self.ownership.check_write(request.session_id)
         self._require_primary(context)
-        self._scope(context, request.session_id, admin=request.force)
+        access.scope(self.authorizer, context, request.session_id, admin=request.force)
         change = await self.store.commit_lease(
             "release", request.session_id, request.holder, force=request.force
         )

@@ -28,8 +28,16 @@ from sessionlog.defaults import (
     DEFAULT_MAX_MESSAGE_BYTES,
 )
 from sessionlog.listing import Listing, decode_listing_token, encode_listing_token
-from sessionlog.records import Filter, SessionRecord, parse_filter
-from sessionlog.service import access, expiration, follow_sessions, importing, ledger, paging
+from sessionlog.records import SessionRecord, parse_filter
+from sessionlog.service import (
+    access,
+    expiration,
+    follow_sessions,
+    importing,
+    ledger,
+    paging,
+    queries,
+)
 from sessionlog.service.auth import Authorizer
 from sessionlog.service.convert import (
     _LIST_EVENTS,
@@ -744,7 +752,14 @@ class SessionLogServicer:
         if self.scatter is not None and not scatter.local_only(metadata) and order == BY_UPDATE:
 
             def recent(after: bytes, prefix: str, size: int) -> tuple[list[pb.Session], bytes]:
-                return self._local_page(after, Listing(prefix, request.filter, order), query, size)
+                return queries.local_page(
+                    self.store,
+                    self.ownership,
+                    after,
+                    Listing(prefix, request.filter, order),
+                    query,
+                    size,
+                )
 
             sessions, cursor = await self.scatter.list_recent(
                 recent,
@@ -757,7 +772,13 @@ class SessionLogServicer:
             )
         elif self.scatter is not None and not scatter.local_only(metadata):
             sessions, last = await self.scatter.list(
-                functools.partial(self.local_sessions, query=query, filter_text=request.filter),
+                functools.partial(
+                    queries.local_sessions,
+                    self.store,
+                    self.ownership,
+                    query=query,
+                    filter_text=request.filter,
+                ),
                 after.decode(),
                 prefix,
                 size,
@@ -767,40 +788,14 @@ class SessionLogServicer:
             )
             cursor = last.encode()
         else:
-            sessions, cursor = self._local_page(after, listing, query, size)
+            sessions, cursor = queries.local_page(
+                self.store, self.ownership, after, listing, query, size
+            )
         token = encode_listing_token(cursor, listing) if cursor else ""
         response = pb.ListSessionsResponse(
             sessions=sessions, next_page_token=token, usage_total=ledger.page_total(sessions)
         )
         return _serialize(response)
-
-    def _local_page(
-        self, after: bytes, listing: Listing, query: Filter, size: int
-    ) -> tuple[list[pb.Session], bytes]:
-        """This server's own sessions of the next page, and the cursor it ends at (b"": last)."""
-        page, more = self.store.list_records(
-            after=after, prefix=listing.prefix, query=query, order=listing.order, limit=size
-        )
-        owns = self.ownership.owns
-        sessions = [
-            session_message(v.session_id, v.meta, v.lease, v.record)
-            for v in page
-            if owns(v.session_id)
-        ]
-        spent = self.store.usage_of([s.session_id for s in sessions if s.exists])
-        for session in sessions:
-            session.usage.extend(ledger.model_usages(spent.get(session.session_id, {})))
-        return sessions, page[-1].cursor if more else b""
-
-    def local_sessions(
-        self, after: str, prefix: str, size: int, query: Filter | None = None, filter_text: str = ""
-    ) -> tuple[list[pb.Session], str]:
-        """This server's own sessions among the next ``size`` of its store after ``after`` in
-        id order (those of its group: not a copy of a slot on the move), and the id the next
-        page starts after ("" when none follows)."""
-        listing = Listing(prefix, filter_text, BY_ID)
-        sessions, cursor = self._local_page(after.encode(), listing, query or Filter(), size)
-        return sessions, cursor.decode()
 
     @unary
     async def get_shard_map(self, raw: bytes, context: grpc.aio.ServicerContext) -> bytes:

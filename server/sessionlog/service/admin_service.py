@@ -30,10 +30,11 @@ import lmdb
 from sessionlog import errors, fold
 from sessionlog.cluster.promotion import Promoter
 from sessionlog.records import parse_filter
+from sessionlog.service.convert import decode
 from sessionlog.service.counters import Counters
 from sessionlog.service.errors import abort
 from sessionlog.service.lease_audit import list_lease_audit
-from sessionlog.service.servicer import decode, unary
+from sessionlog.service.servicer import unary
 from sessionlog.shard import SLOTS, slot_of
 from sessionlog.shard.ownership import Ownership
 from sessionlog.storage import snapshot

@@ -19,7 +19,8 @@ import hashlib
 import struct
 
 from sessionlog import errors, fold
-from sessionlog.service.servicer import DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE, audit_message
+from sessionlog.service.convert import audit_message
+from sessionlog.service.servicer import DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE
 from sessionlog.shard.ownership import Ownership
 from sessionlog.storage.store import AuditEntry, Store
 from sessionlog.v1 import admin_service_pb2 as apb

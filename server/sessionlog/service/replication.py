@@ -48,11 +48,11 @@ from google.rpc import error_details_pb2, status_pb2
 from sessionlog import errors, mirrors, wire
 from sessionlog.cluster.sync import SyncTracker
 from sessionlog.defaults import DEFAULT_HEARTBEAT_SECONDS, DEFAULT_REPLICA_TIMEOUT_SECONDS
+from sessionlog.service.convert import decode
 from sessionlog.service.errors import abort
 from sessionlog.service.follow import follow, heartbeat_interval
 from sessionlog.service.limits import Outgoing, StreamLimiter
 from sessionlog.service.notifier import Notifier
-from sessionlog.service.servicer import decode
 from sessionlog.storage import leadership
 from sessionlog.storage.changes import FEED_KEY, ReceivedChange
 from sessionlog.storage.store import Store

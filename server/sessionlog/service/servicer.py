@@ -15,11 +15,10 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import replace
-from typing import Any, TypeVar
+from typing import Any
 
 import grpc
-from google.protobuf.message import DecodeError, Message
-from google.protobuf.timestamp_pb2 import Timestamp
+from google.protobuf.message import DecodeError
 
 from sessionlog import errors, fold, mirrors, wire
 from sessionlog.cluster.sync import SyncTracker
@@ -29,9 +28,27 @@ from sessionlog.defaults import (
     DEFAULT_MAX_MESSAGE_BYTES,
 )
 from sessionlog.listing import Listing, decode_listing_token, encode_listing_token
-from sessionlog.records import Filter, SessionRecord, parse_filter
-from sessionlog.service import expiration, follow_sessions, importing, ledger, paging
-from sessionlog.service.auth import ADMIN, Authorizer, Principal, bearer
+from sessionlog.records import SessionRecord, parse_filter
+from sessionlog.service import (
+    access,
+    expiration,
+    follow_sessions,
+    importing,
+    ledger,
+    paging,
+    queries,
+)
+from sessionlog.service.auth import Authorizer
+from sessionlog.service.convert import (
+    _LIST_EVENTS,
+    _serialize,
+    audit_message,
+    decode,
+    encode_append_response,
+    encode_events,
+    lease_message,
+    session_message,
+)
 from sessionlog.service.counters import CANCELLED, INTERNAL, OK, Counters
 from sessionlog.service.errors import abort, refusal_level
 from sessionlog.service.follow import follow, heartbeat_interval
@@ -40,32 +57,15 @@ from sessionlog.service.notifier import Notifier
 from sessionlog.shard import scatter
 from sessionlog.shard.ownership import MOVE_COPY, MOVE_HEADER, Ownership
 from sessionlog.storage import leadership, schema
-from sessionlog.storage.indexes import update_time
 from sessionlog.storage.records import BY_ID, BY_UPDATE, given_record
-from sessionlog.storage.schema import AuditRecord, LeaseRecord, SessionMeta
-from sessionlog.storage.store import AppendResult, Store, prepare_append, prepare_seed
+from sessionlog.storage.store import Store, prepare_append, prepare_seed
 from sessionlog.v1 import session_log_service_pb2 as pb
 
 log = logging.getLogger(__name__)
 
 SERVICE_NAME = "sessionlog.v1.SessionLogService"
 
-M = TypeVar("M", bound=Message)
 Handler = Callable[[Any, bytes, grpc.aio.ServicerContext], Awaitable[bytes]]
-
-
-def decode(message_type: type[M], raw: bytes) -> M:
-    """Parse a request, or raise MalformedRequest saying what it should have been."""
-    try:
-        message: M = message_type.FromString(raw)
-    except (DecodeError, RecursionError, ValueError) as exc:
-        name = message_type.DESCRIPTOR.full_name
-        raise errors.MalformedRequest(
-            f"the request could not be decoded as {name} ({exc}); check the message type, that "
-            "strings are valid UTF-8, and that data is nested no deeper than the limit",
-            message_type=name,
-        ) from None
-    return message
 
 
 EPOCH_METADATA_KEY = "sessionlog-epoch"
@@ -170,28 +170,6 @@ def _log_refusal(rpc: str, error: errors.SessionLogError) -> None:
     log.log(refusal_level(error), "request refused", extra={"method": rpc, "reason": error.reason})
 
 
-_SINCE_EVENTS = pb.SinceResponse.DESCRIPTOR.fields_by_name["events"].number
-_LIST_EVENTS = pb.ListEventsResponse.DESCRIPTOR.fields_by_name["events"].number
-
-
-def encode_events(events: list[bytes]) -> bytes:
-    """A SinceResponse holding stored event bytes as they are. The one reply still encoded by
-    hand (``wire``): for Since batches it measured faster than the generated mirror
-    (``bench/encode.py``); every other reply uses ``mirrors``."""
-    return wire.length_delimited(_SINCE_EVENTS, events)
-
-
-def encode_append_response(result: AppendResult) -> bytes:
-    if not result.drops:  # the usual reply: a third cheaper without an empty drops argument
-        return _serialize(mirrors.AppendResponse(events=result.events, next_seq=result.next_seq))
-    drops = [
-        pb.AppendDrop(index=i, reason=reason, message=message)
-        for i, reason, message in result.drops
-    ]
-    reply = mirrors.AppendResponse(events=result.events, next_seq=result.next_seq, drops=drops)
-    return _serialize(reply)
-
-
 class SessionLogServicer:
     """SessionLogService: the log RPCs of SPEC §8 and the session lifecycle of §7."""
 
@@ -279,11 +257,11 @@ class SessionLogServicer:
                 request.session_id,
                 request.expected_seq if request.HasField("expected_seq") else None,
             )
-            self._require_admin(context, "a slot move's copy")
+            access.require_admin(self.authorizer, context, "a slot move's copy")
         else:
             self.ownership.check_write(request.session_id)
         self._require_primary(context)
-        self._scope(context, request.session_id)
+        access.scope(self.authorizer, context, request.session_id)
         self._check_count(len(request.events))
         batch = prepare_append(
             request.session_id,
@@ -307,41 +285,6 @@ class SessionLogServicer:
                 extra={"session_id": request.session_id, "index": index, "reason": reason},
             )
         return encode_append_response(result)
-
-    def _require_admin(self, context: grpc.aio.ServicerContext, what: str) -> None:
-        principal = self._principal(context)
-        if principal is not None and not principal.may(ADMIN):
-            raise errors.PermissionDenied(
-                f"token '{principal.name}' lacks the admin permission {what} needs",
-                token=principal.name,
-                permission=ADMIN,
-            )
-
-    def _principal(self, context: grpc.aio.ServicerContext) -> Principal | None:
-        if self.authorizer is None:
-            return None
-        return self.authorizer.tokens.principal(bearer(context.invocation_metadata()))
-
-    def _scope(
-        self, context: grpc.aio.ServicerContext, *session_ids: str, admin: bool = False
-    ) -> None:
-        """Refuse sessions outside the caller's token prefix (and, with admin, a non-admin)."""
-        principal = self._principal(context)
-        if principal is None:
-            return
-        if admin and not principal.may(ADMIN):
-            raise errors.PermissionDenied(
-                f"token '{principal.name}' lacks the admin permission a forced release needs",
-                token=principal.name,
-                permission=ADMIN,
-            )
-        for session_id in session_ids:
-            principal.check_session(session_id)
-
-    def _listing_prefix(self, context: grpc.aio.ServicerContext, asked: str) -> str:
-        """The prefix a listing really uses: the caller's, narrowed to their token's prefix."""
-        principal = self._principal(context)
-        return asked if principal is None else principal.listing_prefix(asked)
 
     def _sid(self, session_id: str) -> int:
         """The session's internal id (0: not stored), which a page token is bound to."""
@@ -414,7 +357,7 @@ class SessionLogServicer:
 
     def _since_scope(self, raw: bytes, context: grpc.aio.ServicerContext) -> None:
         if self.authorizer is not None:
-            self._scope(context, decode(pb.SinceRequest, raw).session_id)
+            access.scope(self.authorizer, context, decode(pb.SinceRequest, raw).session_id)
 
     async def since(self, raw: bytes, context: grpc.aio.ServicerContext) -> Outgoing:
         """Stored events from seq on in byte-bounded batches; with follow, then live ones.
@@ -473,7 +416,7 @@ class SessionLogServicer:
         try:
             request = decode(pb.FollowSessionsRequest, raw)
             self.ownership.check()  # sharded: a map must be held to know which are mine
-            prefix = self._listing_prefix(context, request.prefix)
+            prefix = access.listing_prefix(self.authorizer, context, request.prefix)
             query = parse_filter(request.filter)
             start = follow_sessions.start_position(self.store, request)
         except errors.SessionLogError as error:
@@ -529,7 +472,7 @@ class SessionLogServicer:
     async def surface(self, raw: bytes, context: grpc.aio.ServicerContext) -> bytes:
         request = decode(pb.SurfaceRequest, raw)
         self.ownership.check(request.session_id)
-        self._scope(context, request.session_id)
+        access.scope(self.authorizer, context, request.session_id)
         fold.check_session_id(request.session_id)
         at_seq = request.at_seq if request.HasField("at_seq") else None
         folded = self.store.surface(request.session_id, at_seq)
@@ -557,7 +500,7 @@ class SessionLogServicer:
     async def derive_messages(self, raw: bytes, context: grpc.aio.ServicerContext) -> bytes:
         request = decode(pb.DeriveMessagesRequest, raw)
         self.ownership.check(request.session_id)
-        self._scope(context, request.session_id)
+        access.scope(self.authorizer, context, request.session_id)
         fold.check_session_id(request.session_id)
         at_seq = request.at_seq if request.HasField("at_seq") else None
         if request.page_size or request.page_token:
@@ -621,7 +564,7 @@ class SessionLogServicer:
         """One page of stored events, oldest or newest first, sent as stored."""
         request = decode(pb.ListEventsRequest, raw)
         self.ownership.check(request.session_id)
-        self._scope(context, request.session_id)
+        access.scope(self.authorizer, context, request.session_id)
         session_id = request.session_id
         fold.check_session_id(session_id)
         size = paging.page_size(request.page_size)
@@ -648,7 +591,7 @@ class SessionLogServicer:
     async def get_state(self, raw: bytes, context: grpc.aio.ServicerContext) -> bytes:
         request = decode(pb.GetStateRequest, raw)
         self.ownership.check(request.session_id)
-        self._scope(context, request.session_id)
+        access.scope(self.authorizer, context, request.session_id)
         fold.check_session_id(request.session_id)
         at_seq = request.at_seq if request.HasField("at_seq") else None
         state, count = self.store.state(request.session_id, at_seq)
@@ -661,7 +604,7 @@ class SessionLogServicer:
     async def get_usage(self, raw: bytes, context: grpc.aio.ServicerContext) -> bytes:
         request = decode(pb.GetUsageRequest, raw)
         self.ownership.check(request.session_id)
-        self._scope(context, request.session_id)
+        access.scope(self.authorizer, context, request.session_id)
         fold.check_session_id(request.session_id)
         at_seq = request.at_seq if request.HasField("at_seq") else None
         if at_seq is not None and request.include_descendants:
@@ -670,7 +613,7 @@ class SessionLogServicer:
                 "place in its ancestor's seqs; ask for one or the other",
                 field="at_seq",
             )
-        principal = self._principal(context)
+        principal = access.principal_of(self.authorizer, context)
         spent = self.store.usage(
             request.session_id,
             at_seq,
@@ -697,7 +640,7 @@ class SessionLogServicer:
             self.ownership.check_fork(parent, request.session_id)
         self.ownership.check_write(request.session_id)
         self._require_primary(context)
-        self._scope(context, request.session_id, *([parent] if parent else []))
+        access.scope(self.authorizer, context, request.session_id, *([parent] if parent else []))
         self._check_count(len(request.events))
         if parent:
             fold.check_session_id(parent)
@@ -743,7 +686,7 @@ class SessionLogServicer:
         session_id = request.session.session_id
         self.ownership.check_write(session_id)
         self._require_primary(context)
-        self._scope(context, session_id)
+        access.scope(self.authorizer, context, session_id)
         fold.check_session_id(session_id)
         given = request.session
         record = SessionRecord(given.title, dict(given.labels), given.owner, given.status)
@@ -761,7 +704,7 @@ class SessionLogServicer:
         request = decode(pb.SeedSessionRequest, raw)
         self.ownership.check_write(request.session_id)
         self._require_primary(context)
-        self._scope(context, request.session_id)
+        access.scope(self.authorizer, context, request.session_id)
         self._check_count(len(request.messages))
         batch, dropped = prepare_seed(
             request.session_id,
@@ -782,7 +725,7 @@ class SessionLogServicer:
     async def get_session(self, raw: bytes, context: grpc.aio.ServicerContext) -> bytes:
         request = decode(pb.GetSessionRequest, raw)
         self.ownership.check(request.session_id)
-        self._scope(context, request.session_id)
+        access.scope(self.authorizer, context, request.session_id)
         fold.check_session_id(request.session_id)
         view = self.store.session(request.session_id)
         session = session_message(view.session_id, view.meta, view.lease, view.record)
@@ -799,7 +742,7 @@ class SessionLogServicer:
     async def list_sessions(self, raw: bytes, context: grpc.aio.ServicerContext) -> bytes:
         request = decode(pb.ListSessionsRequest, raw)
         self.ownership.check()  # sharded: a map must be held; the page keeps my group's own
-        prefix = self._listing_prefix(context, request.prefix)
+        prefix = access.listing_prefix(self.authorizer, context, request.prefix)
         size = min(request.page_size or DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE)
         order = listing_order(request.order_by)
         query = parse_filter(request.filter)
@@ -809,7 +752,14 @@ class SessionLogServicer:
         if self.scatter is not None and not scatter.local_only(metadata) and order == BY_UPDATE:
 
             def recent(after: bytes, prefix: str, size: int) -> tuple[list[pb.Session], bytes]:
-                return self._local_page(after, Listing(prefix, request.filter, order), query, size)
+                return queries.local_page(
+                    self.store,
+                    self.ownership,
+                    after,
+                    Listing(prefix, request.filter, order),
+                    query,
+                    size,
+                )
 
             sessions, cursor = await self.scatter.list_recent(
                 recent,
@@ -822,7 +772,13 @@ class SessionLogServicer:
             )
         elif self.scatter is not None and not scatter.local_only(metadata):
             sessions, last = await self.scatter.list(
-                functools.partial(self.local_sessions, query=query, filter_text=request.filter),
+                functools.partial(
+                    queries.local_sessions,
+                    self.store,
+                    self.ownership,
+                    query=query,
+                    filter_text=request.filter,
+                ),
                 after.decode(),
                 prefix,
                 size,
@@ -832,40 +788,14 @@ class SessionLogServicer:
             )
             cursor = last.encode()
         else:
-            sessions, cursor = self._local_page(after, listing, query, size)
+            sessions, cursor = queries.local_page(
+                self.store, self.ownership, after, listing, query, size
+            )
         token = encode_listing_token(cursor, listing) if cursor else ""
         response = pb.ListSessionsResponse(
             sessions=sessions, next_page_token=token, usage_total=ledger.page_total(sessions)
         )
         return _serialize(response)
-
-    def _local_page(
-        self, after: bytes, listing: Listing, query: Filter, size: int
-    ) -> tuple[list[pb.Session], bytes]:
-        """This server's own sessions of the next page, and the cursor it ends at (b"": last)."""
-        page, more = self.store.list_records(
-            after=after, prefix=listing.prefix, query=query, order=listing.order, limit=size
-        )
-        owns = self.ownership.owns
-        sessions = [
-            session_message(v.session_id, v.meta, v.lease, v.record)
-            for v in page
-            if owns(v.session_id)
-        ]
-        spent = self.store.usage_of([s.session_id for s in sessions if s.exists])
-        for session in sessions:
-            session.usage.extend(ledger.model_usages(spent.get(session.session_id, {})))
-        return sessions, page[-1].cursor if more else b""
-
-    def local_sessions(
-        self, after: str, prefix: str, size: int, query: Filter | None = None, filter_text: str = ""
-    ) -> tuple[list[pb.Session], str]:
-        """This server's own sessions among the next ``size`` of its store after ``after`` in
-        id order (those of its group: not a copy of a slot on the move), and the id the next
-        page starts after ("" when none follows)."""
-        listing = Listing(prefix, filter_text, BY_ID)
-        sessions, cursor = self._local_page(after.encode(), listing, query or Filter(), size)
-        return sessions, cursor.decode()
 
     @unary
     async def get_shard_map(self, raw: bytes, context: grpc.aio.ServicerContext) -> bytes:
@@ -893,12 +823,12 @@ class SessionLogServicer:
         # No id asked for: sharded, one made up here, in the parent's group (the store's own
         # would lie anywhere); unsharded, "" (the store makes one up). Either way inside the
         # caller's token prefix, where the caller may use it.
-        principal = self._principal(context)
+        principal = access.principal_of(self.authorizer, context)
         under = "" if principal is None else principal.session_prefix
         target = request.session_id or self.ownership.fork_id(under)
         self.ownership.check_fork(request.parent_session_id, target)
         self._require_primary(context)
-        self._scope(context, request.parent_session_id, target)
+        access.scope(self.authorizer, context, request.parent_session_id, target)
         at_seq = request.at_seq if request.HasField("at_seq") else None
         result = await self.store.commit_fork(
             request.parent_session_id,
@@ -920,9 +850,9 @@ class SessionLogServicer:
         request = decode(pb.DeleteSessionRequest, raw)
         self.ownership.check_write(request.session_id)
         self._require_primary(context)
-        self._scope(context, request.session_id)
+        access.scope(self.authorizer, context, request.session_id)
         if request.force:
-            self._require_admin(context, "a forced delete")
+            access.require_admin(self.authorizer, context, "a forced delete")
         # The feed scan reads every record: off the loop, beside the writer.
         command = await asyncio.to_thread(
             self.store.delete_command,
@@ -930,7 +860,7 @@ class SessionLogServicer:
             expected_seq=request.expected_seq if request.HasField("expected_seq") else None,
             lease_holder=request.lease_holder,
             force=request.force,
-            actor=self._actor(context),
+            actor=access.actor(self.authorizer, context),
             reason=request.reason,
         )
         result = await self.store.commit_delete(command)
@@ -946,24 +876,19 @@ class SessionLogServicer:
         request = decode(pb.RedactEventsRequest, raw)
         self.ownership.check_write(request.session_id)
         self._require_primary(context)
-        self._scope(context, request.session_id)
+        access.scope(self.authorizer, context, request.session_id)
         command = await asyncio.to_thread(
             self.store.redact_command,
             request.session_id,
             list(request.seqs),
             reason=request.reason,
             lease_holder=request.lease_holder,
-            actor=self._actor(context),
+            actor=access.actor(self.authorizer, context),
         )
         result = await self.store.writer.submit_on_loop(command)
         await self._replicated(result.position)
         position = result.position if result.seqs else 0  # the proto: 0 when nothing changed
         return _serialize(pb.RedactEventsResponse(seqs=result.seqs, position=position))
-
-    def _actor(self, context: grpc.aio.ServicerContext) -> str:
-        """Who asks, for an erasure's audit record: the token's name when auth is on."""
-        principal = self._principal(context)
-        return "" if principal is None else principal.name
 
     @unary_write
     async def import_session(self, raw: bytes, context: grpc.aio.ServicerContext) -> bytes:
@@ -971,16 +896,18 @@ class SessionLogServicer:
         copy = _is_move_copy(context)
         if copy:  # a slot move fills the slot's next owner (shard.move)
             self.ownership.check_copy(request.session_id, request.first_seq)
-            self._require_admin(context, "a slot move's copy")
+            access.require_admin(self.authorizer, context, "a slot move's copy")
         else:
             self.ownership.check_write(request.session_id)
         self._require_primary(context)
         # The parent link too, as CreateSession's: a tenant must not hang a session under
         # another tenant's (it would count in that session's tree usage and children).
         parent = [request.parent_session_id] if request.parent_session_id else []
-        self._scope(context, request.session_id, *parent)
+        access.scope(self.authorizer, context, request.session_id, *parent)
         if importing.has_extras(request):
-            self._require_admin(context, "importing request records, a lease or its audit")
+            access.require_admin(
+                self.authorizer, context, "importing request records, a lease or its audit"
+            )
         self._check_count(len(request.events))
         batch = importing.prepare_import(request, self.store.config.limits, moving_in=copy)
         result = await self.store.commit_import(batch)
@@ -995,8 +922,10 @@ class SessionLogServicer:
     async def get_session_records(self, raw: bytes, context: grpc.aio.ServicerContext) -> bytes:
         request = decode(pb.GetSessionRecordsRequest, raw)
         self.ownership.check(request.session_id)
-        self._scope(context, request.session_id)
-        self._require_admin(context, "reading a session's request records and lease")
+        access.scope(self.authorizer, context, request.session_id)
+        access.require_admin(
+            self.authorizer, context, "reading a session's request records and lease"
+        )
         fold.check_session_id(request.session_id)
         found = self.store.session_records(request.session_id)
         lease = (
@@ -1032,7 +961,7 @@ class SessionLogServicer:
         request = decode(request_type, raw)
         self.ownership.check_write(request.session_id)
         self._require_primary(context)
-        self._scope(context, request.session_id)
+        access.scope(self.authorizer, context, request.session_id)
         change = await self.store.commit_lease(
             action, request.session_id, request.holder, _ttl_ns(request)
         )
@@ -1044,7 +973,7 @@ class SessionLogServicer:
         request = decode(pb.ReleaseLeaseRequest, raw)
         self.ownership.check_write(request.session_id)
         self._require_primary(context)
-        self._scope(context, request.session_id, admin=request.force)
+        access.scope(self.authorizer, context, request.session_id, admin=request.force)
         change = await self.store.commit_lease(
             "release", request.session_id, request.holder, force=request.force
         )
@@ -1077,73 +1006,11 @@ def _is_move_copy(context: grpc.aio.ServicerContext) -> bool:
     return False
 
 
-def _serialize(message: Message | Any) -> bytes:
-    serialized: bytes = message.SerializeToString()
-    return serialized
-
-
 def _ttl_ns(request: pb.AcquireLeaseRequest | pb.RenewLeaseRequest) -> int:
     if not request.HasField("ttl"):
         return DEFAULT_LEASE_TTL_NS
     ttl: int = request.ttl.ToNanoseconds()
     return ttl
-
-
-def _timestamp(ns: int) -> Timestamp:
-    stamp = Timestamp()
-    stamp.FromNanoseconds(ns)
-    return stamp
-
-
-def session_message(
-    session_id: str,
-    meta: SessionMeta | None,
-    lease: LeaseRecord | None = None,
-    record: SessionRecord | None = None,
-) -> pb.Session:
-    session = pb.Session(session_id=session_id, exists=meta is not None)
-    if meta is not None:
-        session.event_count = meta.next_seq
-        session.replace_generation = meta.replace_generation
-        session.create_time.CopyFrom(_timestamp(meta.create_time_ns))
-        session.last_append_time.CopyFrom(_timestamp(meta.last_append_time_ns))
-        session.parent_session_id = meta.parent_id
-        session.parent_event_count = meta.parent_length
-        session.update_time.CopyFrom(_timestamp(update_time(meta, record)))
-    if meta is not None and record is not None:
-        session.title = record.title
-        session.labels.update(record.labels)
-        session.owner = record.owner
-        session.status = record.status
-        if record.parent_seq is not None:
-            session.parent_seq = record.parent_seq
-        if record.expire_time_ns:
-            session.expire_time.CopyFrom(_timestamp(record.expire_time_ns))
-        session.pinned = record.pinned
-    if lease is not None:
-        session.lease.CopyFrom(lease_message(lease))
-    return session
-
-
-def lease_message(lease: LeaseRecord | None) -> pb.Lease:
-    if lease is None:
-        return pb.Lease()
-    return pb.Lease(
-        holder=lease.holder,
-        token=lease.token,
-        acquire_time=_timestamp(lease.acquire_time_ns),
-        expire_time=_timestamp(lease.expire_time_ns),
-    )
-
-
-def audit_message(record: AuditRecord) -> pb.LeaseAuditEntry:
-    return pb.LeaseAuditEntry(
-        kind=f"LEASE_AUDIT_KIND_{record.kind}",
-        actor=record.actor,
-        previous_holder=record.previous_holder,
-        previous_token=record.previous_token,
-        time=_timestamp(record.time_ns),
-    )
 
 
 def listing_order(order_by: str) -> str:

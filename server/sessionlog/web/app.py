@@ -39,9 +39,10 @@ from typing import Any, Protocol
 from aiohttp import web
 
 from sessionlog import errors, fold
-from sessionlog.records import Filter, SessionRecord, parse_filter
-from sessionlog.service import ledger
+from sessionlog.records import SessionRecord, parse_filter
+from sessionlog.service import ledger, queries
 from sessionlog.service.auth import Authorizer, Principal
+from sessionlog.service.convert import session_message
 from sessionlog.service.errors import refusal_level, status_code
 from sessionlog.service.follow import follow
 from sessionlog.service.metrics import (
@@ -53,7 +54,6 @@ from sessionlog.service.metrics import (
     version,
 )
 from sessionlog.service.notifier import Notifier
-from sessionlog.service.servicer import session_message
 from sessionlog.shard.ownership import Ownership
 from sessionlog.shard.scatter import Scatter
 from sessionlog.storage.indexes import update_time
@@ -400,31 +400,14 @@ class Console:
             return _json({"sessions": sessions, "more": bool(cursor)})
 
         def local(after: str, prefix: str, limit: int) -> tuple[list[Session], str]:
-            return self._local_sessions(after, prefix, limit, query)
+            return queries.local_sessions(
+                self.store, self.server.ownership, after, prefix, limit, query
+            )
 
         listed, last = await scatter.list(
             local, after, prefix, limit, token, filter_text=filter_text
         )
         return _json({"sessions": [session_message_json(s) for s in listed], "more": bool(last)})
-
-    def _local_sessions(
-        self, after: str, prefix: str, limit: int, query: Filter
-    ) -> tuple[list[Session], str]:
-        """This server's own sessions of the next ``limit`` after ``after``, and where its next
-        page starts after (``SessionLogServicer.local_sessions``)."""
-        page, more = self.store.list_records(
-            after=after.encode(), prefix=prefix, query=query, limit=limit
-        )
-        owns = self.server.ownership.owns
-        sessions = [
-            session_message(v.session_id, v.meta, v.lease, v.record)
-            for v in page
-            if owns(v.session_id)
-        ]
-        spent = self.store.usage_of([s.session_id for s in sessions if s.exists])
-        for session in sessions:
-            session.usage.extend(ledger.model_usages(spent.get(session.session_id, {})))
-        return sessions, page[-1].session_id if more else ""
 
     async def session(self, request: web.Request) -> web.Response:
         session_id = self.session_id(request, "GetSession")

@@ -1,0 +1,50 @@
+"""Use cases that more than one front end runs over the store: the gRPC servicer and the web
+console list a server's own sessions here (its group's, each with its usage), the page a
+sharded listing gathers from every group (``shard.scatter``)."""
+
+from __future__ import annotations
+
+from sessionlog.listing import Listing
+from sessionlog.records import Filter
+from sessionlog.service import ledger
+from sessionlog.service.convert import session_message
+from sessionlog.shard.ownership import Ownership
+from sessionlog.storage.records import BY_ID
+from sessionlog.storage.store import Store
+from sessionlog.v1 import session_log_service_pb2 as pb
+
+
+def local_page(
+    store: Store, ownership: Ownership, after: bytes, listing: Listing, query: Filter, size: int
+) -> tuple[list[pb.Session], bytes]:
+    """This server's own sessions of the next page, and the cursor it ends at (b"": last)."""
+    page, more = store.list_records(
+        after=after, prefix=listing.prefix, query=query, order=listing.order, limit=size
+    )
+    owns = ownership.owns
+    sessions = [
+        session_message(v.session_id, v.meta, v.lease, v.record) for v in page if owns(v.session_id)
+    ]
+    spent = store.usage_of([s.session_id for s in sessions if s.exists])
+    for session in sessions:
+        session.usage.extend(ledger.model_usages(spent.get(session.session_id, {})))
+    return sessions, page[-1].cursor if more else b""
+
+
+def local_sessions(
+    store: Store,
+    ownership: Ownership,
+    after: str,
+    prefix: str,
+    size: int,
+    query: Filter | None = None,
+    filter_text: str = "",
+) -> tuple[list[pb.Session], str]:
+    """This server's own sessions among the next ``size`` of its store after ``after`` in
+    id order (those of its group: not a copy of a slot on the move), and the id the next
+    page starts after ("" when none follows)."""
+    listing = Listing(prefix, filter_text, BY_ID)
+    sessions, cursor = local_page(
+        store, ownership, after.encode(), listing, query or Filter(), size
+    )
+    return sessions, cursor.decode()

@@ -69,7 +69,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _version() -> str:
     try:
-        return importlib.metadata.version("sessionlog")
+        return importlib.metadata.version("sessionlog-server")
     except importlib.metadata.PackageNotFoundError:
         return "unknown (not installed)"
 

@@ -117,7 +117,7 @@ class Observed(Protocol):
 
 def version() -> str:
     try:
-        return metadata.version("sessionlog")
+        return metadata.version("sessionlog-server")
     except metadata.PackageNotFoundError:
         return "unknown"
 

@@ -69,6 +69,9 @@ MESSAGE_TYPES = frozenset(
     }
 )
 FOREVER = Retry(give_up_after=float("inf"))
+RETRY_FOR = 10.0
+"""--retry-for's default: about a failover (etcd's lease TTL and a promotion) and the default
+--timeout of one call."""
 NO_RETRY = Retry(give_up_after=0.0)
 FOLLOW_HEARTBEAT = 5.0
 _HOST_PORT = re.compile(r"(\[[^\]]+\]|[^:\[\]/]+):(\d{1,5})")
@@ -116,7 +119,11 @@ def add_commands(commands: Any, built_on: Sequence[Callable[[Any], None]] = ()) 
         "All are appended in one atomic batch",
     )
     p.add_argument("--expected-seq", type=natural, help="fail with SEQ_CONFLICT unless at this seq")
-    p.add_argument("--request-id", default="", help="idempotency key")
+    p.add_argument(
+        "--request-id",
+        help="idempotency key: running the command again with it gets the first result "
+        "(default: a fresh one, kept across the client's own retries)",
+    )
     p.add_argument("--lease-holder", default="", help="the writer lease holder to write as")
 
     p = sub(
@@ -362,6 +369,15 @@ def _common_flags() -> argparse.ArgumentParser:
         "server address HOST:PORT [env SESSIONLOG_SERVER] (default %(default)s)",
     )
     common.add_argument(
+        "--retry-for",
+        type=seconds,
+        default=RETRY_FOR,
+        metavar="SECONDS",
+        help="how long a call retries while a server it reached, or a proxy in front of it, has "
+        "no answer for it yet (UNAVAILABLE, a proxy's 502/503/504: no primary right now), with "
+        "the same request id; 0: never (default %(default)s)",
+    )
+    common.add_argument(
         "--json", action="store_true", help="JSON for scripts (one object per line for lists)"
     )
     common.add_argument(
@@ -446,16 +462,30 @@ def natural(text: str) -> int:
     return value
 
 
+def seconds(text: str) -> float:
+    """An argparse type for a duration: a number of seconds, 0 or more."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid number of seconds: {text!r}") from None
+    if not value >= 0:  # also NaN
+        raise argparse.ArgumentTypeError(f"{text} is not a number of seconds 0 or more")
+    return value
+
+
 def _usage(message: str) -> NoReturn:
     """A bad argument value: one line on stderr and exit 2, like argparse's own usage errors."""
     print(f"sessionlog: {message}", file=sys.stderr)
     raise SystemExit(EXIT_USAGE)
 
 
-def _client(args: argparse.Namespace, retry: Retry = NO_RETRY) -> Client:
+def _client(args: argparse.Namespace, retry: Retry | None = None) -> Client:
     """A client of --server: TLS when --tls-ca is given, the token on every call. One-shot
-    commands do not retry (the person or script at the prompt decides); a wrong address fails
-    at once, naming it."""
+    commands retry what the client retries for --retry-for seconds (none for a command without
+    the flag), so one started during a failover waits it out; a wrong address (one that never
+    answered) still fails at once, naming it."""
+    if retry is None:
+        retry = Retry(give_up_after=getattr(args, "retry_for", 0.0))
     tls: dict[str, Any] = {}
     if args.tls_ca:
         tls = {

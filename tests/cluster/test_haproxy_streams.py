@@ -11,9 +11,9 @@ streams it carries 2 s after the reload, its ``hard-stop-after``).
   removed", no ErrorInfo); every follower resumes through HAProxy from its next seq (or feed
   position) and gets every event once, in order.
 - HAProxy is reloaded (`haproxy -sf OLDPID`) with the same followers open: the same.
-- A call that starts while the group has no primary (HAProxy answers 503) waits within its retry
-  budget for one; one that never gets one fails saying the proxy answered and the group has no
-  primary.
+- A call that starts while the group has no primary (HAProxy answers 503), a client's or a
+  one-shot CLI command's, waits within its retry budget (the CLI's --retry-for) for one; one that
+  never gets one fails saying the proxy answered and the group has no primary.
 """
 
 from __future__ import annotations
@@ -462,6 +462,40 @@ def _node_append(address: str, session_id: str, give_up_ms: int) -> subprocess.P
     )
 
 
+def _cli_append(
+    address: str, session_id: str, retry_for: float, cwd: Path
+) -> subprocess.Popen[str]:
+    """`sessionlog append SESSION user_message --content hi --json --retry-for SECONDS`."""
+    return subprocess.Popen(
+        [
+            *(str(SESSIONLOG), "append", session_id, "user_message", "--content", "hi"),
+            *("--json", "--server", address, "--retry-for", str(retry_for)),
+        ],
+        cwd=cwd,
+        env=clean_env(workers=False),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def test_a_cli_append_waits_for_a_primary_behind_the_proxy(front: Front, tmp_path: Path) -> None:
+    """The primary killed, HAProxy answers 503: `sessionlog append` started then waits (where it
+    failed at once) and appends once when the primary is back."""
+    front.primary.kill()
+    _until(lambda: _answers_503(front), "HAProxy's 503")
+    cli = _cli_append(front.address, "fresh-cli", WAIT, tmp_path)
+    with pytest.raises(subprocess.TimeoutExpired):  # still waiting for a primary, 2 s on
+        pytest.fail(f"the CLI ended with no primary: {cli.communicate(timeout=2.0)!r}")
+    front.primary.start()
+    out, err = cli.communicate(timeout=WAIT)
+    assert cli.returncode == 0, err
+    assert json.loads(out)["next_seq"] == 1, out
+    with Client(front.primary.address) as client:  # written once, though tried many times
+        assert client.get_session("fresh-cli").session.event_count == 1
+
+
 @pytest.mark.usefixtures("node_modules")
 def test_a_fresh_call_waits_for_a_primary_behind_the_proxy(front: Front) -> None:
     """The primary killed, HAProxy answers 503: a fresh client's append (Python, TypeScript)
@@ -507,26 +541,10 @@ def test_a_call_that_never_gets_a_primary_says_the_proxy_answered(
         client.append("fresh", [event("user_message", {"content": "hi"})])
     assert time.monotonic() - started >= 1.0  # it waited its budget out
     _says_no_primary(refused.value.message)
-    cli = subprocess.run(
-        [
-            str(SESSIONLOG),
-            "append",
-            "fresh",
-            "user_message",
-            "--content",
-            "hi",
-            "--server",
-            front.address,
-        ],
-        cwd=tmp_path,
-        env=clean_env(workers=False),
-        capture_output=True,
-        text=True,
-        timeout=WAIT,
-        check=False,
-    )
-    assert cli.returncode != 0
-    _says_no_primary(cli.stderr)
+    started = time.monotonic()
+    cli = _cli_append(front.address, "fresh", 1.5, tmp_path).communicate(timeout=WAIT)
+    assert time.monotonic() - started >= 1.0  # the CLI waited its --retry-for out too
+    _says_no_primary(cli[1])
     out, err = _node_append(front.address, "fresh", 1500).communicate(timeout=WAIT)
     _says_no_primary(out + err)
 

@@ -308,6 +308,15 @@ def test_server_without_a_port_is_a_usage_error(tmp_path: Path, address: str) ->
     assert result.stderr.count("\n") == 1
 
 
+@pytest.mark.parametrize("value", ["-1", "nan", "soon"])
+def test_retry_for_takes_seconds_0_or_more(tmp_path: Path, value: str) -> None:
+    """--retry-for with a negative, NaN or non-number value is exit 2 naming it."""
+    result = run_cli(["get", "s", "--retry-for", value], tmp_path)
+    assert result.returncode == 2
+    assert "--retry-for" in result.stderr
+    assert value in result.stderr
+
+
 def test_wrong_address_fails_fast_naming_it(tmp_path: Path) -> None:
     """Nothing listening at --server: exit 3 within a couple of seconds, naming the address."""
     address = f"127.0.0.1:{free_port()}"

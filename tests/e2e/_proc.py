@@ -123,15 +123,20 @@ def run_cli(
     )
 
 
-def run_cli_here(args: list[str], **variables: str) -> subprocess.CompletedProcess[str]:
+def run_cli_here(
+    args: list[str], *, stdin: str | None = None, **variables: str
+) -> subprocess.CompletedProcess[str]:
     """`sessionlog ARGS` run in this process through the same ``main``, for a test of a client
     command's parsing and output (a process costs about a second of imports): its stdout,
     stderr and exit code as ``run_cli`` gives them. As in ``run_cli``'s child, no SESSIONLOG_*
-    variable of this process is seen, only ``variables``. Call it from the main thread (the
-    client commands set a SIGINT handler)."""
+    variable of this process is seen, only ``variables``; ``stdin`` is what it reads from stdin.
+    Call it from the main thread (the client commands set a SIGINT handler)."""
     saved = {k: v for k, v in os.environ.items() if k.startswith("SESSIONLOG_")}
     stdout, stderr = io.StringIO(), io.StringIO()
+    given_stdin = sys.stdin
     try:
+        if stdin is not None:
+            sys.stdin = io.StringIO(stdin)
         for name in saved:
             del os.environ[name]
         os.environ.update(variables)
@@ -141,6 +146,7 @@ def run_cli_here(args: list[str], **variables: str) -> subprocess.CompletedProce
             except SystemExit as stop:  # argparse's usage errors and --help
                 code = stop.code if isinstance(stop.code, int) else 1
     finally:
+        sys.stdin = given_stdin
         for name in variables:
             os.environ.pop(name, None)
         os.environ.update(saved)

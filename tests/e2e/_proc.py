@@ -12,6 +12,7 @@ is an in-process server or `sessionlog serve --workers N` processes.
 from __future__ import annotations
 
 import contextlib
+import io
 import itertools
 import os
 import random
@@ -30,6 +31,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from sessionlog import testing
+from sessionlog.cli import main
 from sessionlog.testing import RunningServer
 
 BIN_DIR = Path(sys.prefix) / "bin"
@@ -118,6 +120,38 @@ def run_cli(
         text=True,
         timeout=timeout,
         check=False,
+    )
+
+
+def run_cli_here(
+    args: list[str], *, stdin: str | None = None, **variables: str
+) -> subprocess.CompletedProcess[str]:
+    """`sessionlog ARGS` run in this process through the same ``main``, for a test of a client
+    command's parsing and output (a process costs about a second of imports): its stdout,
+    stderr and exit code as ``run_cli`` gives them. As in ``run_cli``'s child, no SESSIONLOG_*
+    variable of this process is seen, only ``variables``; ``stdin`` is what it reads from stdin.
+    Call it from the main thread (the client commands set a SIGINT handler)."""
+    saved = {k: v for k, v in os.environ.items() if k.startswith("SESSIONLOG_")}
+    stdout, stderr = io.StringIO(), io.StringIO()
+    given_stdin = sys.stdin
+    try:
+        if stdin is not None:
+            sys.stdin = io.StringIO(stdin)
+        for name in saved:
+            del os.environ[name]
+        os.environ.update(variables)
+        with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+            try:
+                code = main(args)
+            except SystemExit as stop:  # argparse's usage errors and --help
+                code = stop.code if isinstance(stop.code, int) else 1
+    finally:
+        sys.stdin = given_stdin
+        for name in variables:
+            os.environ.pop(name, None)
+        os.environ.update(saved)
+    return subprocess.CompletedProcess(
+        ["sessionlog", *args], code, stdout.getvalue(), stderr.getvalue()
     )
 
 

@@ -29,7 +29,14 @@ from sessionlog.v1 import event_pb2, message_pb2
 from sessionlog.v1 import replication_service_pb2 as rpb
 from sessionlog.v1 import session_log_service_pb2 as pb
 from tests.e2e._helpers import user
-from tests.e2e._proc import GRPCURL, ServerProcess, clean_env, free_port, run_cli, running_server
+from tests.e2e._proc import (
+    GRPCURL,
+    ServerProcess,
+    free_port,
+    run_cli,
+    run_cli_here,
+    running_server,
+)
 
 READER = "reader-secret-6c1f0e9b2d4a"
 WRITER = "writer-secret-93ad51e07b8c"
@@ -761,12 +768,12 @@ def test_cli_sends_its_token(tmp_path: Path) -> None:
     with running_server(tmp_path / "data", auth_tokens=str(tokens)) as server:
         base = ["--server", server.address]
         append = ["append", "cli", "user_message", "--content", "hi", *base, "--token", WRITER]
-        written = run_cli(append, tmp_path)
+        written = run_cli_here(append)
         assert written.returncode == 0, written.stderr
-        refused = run_cli(["messages", "cli", *base], tmp_path)
+        refused = run_cli_here(["messages", "cli", *base])
         assert refused.returncode == 1
         assert "UNAUTHENTICATED" in refused.stderr
-        read = run_cli(["messages", "cli", *base], tmp_path, env=clean_env(SESSIONLOG_TOKEN=READER))
+        read = run_cli_here(["messages", "cli", *base], SESSIONLOG_TOKEN=READER)
         assert read.returncode == 0, read.stderr
         assert "hi" in read.stdout
 

@@ -1,9 +1,11 @@
-"""The `sessionlog` client subcommands, run as processes against a real server.
+"""The `sessionlog` client subcommands against a real server.
 
 append, tail (with and without follow), surface, messages, sessions, get, fork and lease; the
 exit codes scripts rely on (0 ok, 1 refused with the reason on one stderr line, 2 usage, 3
-unreachable); colour only on a terminal; --help for each. Argument errors and --help, which
-never reach a server, run in this process through the same ``main``.
+unreachable); colour only on a terminal; --help for each. A command's parsing and output run in
+this process through the same ``main`` (``run_cli_here``); what the process itself does runs the
+installed `sessionlog`: tail's SIGINT exit, colour on a terminal, and SESSIONLOG_SERVER read from
+the environment of a process started with it.
 """
 
 from __future__ import annotations
@@ -21,10 +23,9 @@ from pathlib import Path
 
 import pytest
 
-from sessionlog.cli import main
 from sessionlog.testing import RunningServer
 from sessionlog_client import Client, event
-from tests.e2e._proc import SESSIONLOG, clean_env, free_port, run_cli
+from tests.e2e._proc import SESSIONLOG, clean_env, free_port, run_cli, run_cli_here
 
 COMMANDS = (
     "append",
@@ -45,25 +46,17 @@ COMMANDS = (
 )
 
 
-def cli(server: RunningServer, tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    """`sessionlog ARGS --server ADDRESS`, run to completion."""
-    return run_cli([*args, "--server", server.address], tmp_path)
+def cli(server: RunningServer, *args: str) -> subprocess.CompletedProcess[str]:
+    """`sessionlog ARGS --server ADDRESS`, run to completion in this process."""
+    return run_cli_here([*args, "--server", server.address])
 
 
-def ok(server: RunningServer, tmp_path: Path, *args: str) -> str:
+def ok(server: RunningServer, *args: str) -> str:
     """Run a command that must succeed; its stdout."""
-    result = cli(server, tmp_path, *args)
+    result = cli(server, *args)
     assert result.returncode == 0, result.stderr
     assert result.stderr == ""
     return result.stdout
-
-
-def run_main(args: list[str]) -> int:
-    """`sessionlog ARGS` in this process (argument handling only: no server is reached)."""
-    try:
-        return main(args)
-    except SystemExit as stop:
-        return stop.code if isinstance(stop.code, int) else 1
 
 
 def seed(server: RunningServer, session_id: str, *contents: str) -> None:
@@ -74,15 +67,14 @@ def seed(server: RunningServer, session_id: str, *contents: str) -> None:
 # -- append ----------------------------------------------------------------------------------------
 
 
-def test_append_content_data_and_replace(server: RunningServer, tmp_path: Path) -> None:
+def test_append_content_data_and_replace(server: RunningServer) -> None:
     """append takes --content, --data JSON and --replace START:STOP; each lands as asked."""
-    assert ok(server, tmp_path, "append", "s", "user_message", "--content", "hi") == (
+    assert ok(server, "append", "s", "user_message", "--content", "hi") == (
         "appended seq 0; next seq 1\n"
     )
     data = json.dumps({"content": "b", "tool_calls": [{"id": "c1"}], "kept": 7})
-    assert "seq 1" in ok(server, tmp_path, "append", "s", "ASSISTANT_MESSAGE", "--data", data)
-    replaced = ok(
-        server, tmp_path, "append", "s", "system_message", "--content", "[sum]", "--replace", "0:1",
+    assert "seq 1" in ok(server, "append", "s", "ASSISTANT_MESSAGE", "--data", data)
+    replaced = ok(server, "append", "s", "system_message", "--content", "[sum]", "--replace", "0:1",
         "--expected-seq", "2", "--json",
     )  # fmt: skip
     reply = json.loads(replaced)
@@ -98,18 +90,18 @@ def test_append_content_data_and_replace(server: RunningServer, tmp_path: Path) 
 # -- tail ------------------------------------------------------------------------------------------
 
 
-def test_tail_without_follow_pretty_and_json(server: RunningServer, tmp_path: Path) -> None:
+def test_tail_without_follow_pretty_and_json(server: RunningServer) -> None:
     """tail --no-follow prints each stored event once (a line each) and ends; --json is JSONL."""
     seed(server, "t", "zero", "one", "two")
-    pretty = ok(server, tmp_path, "tail", "t", "--no-follow").splitlines()
+    pretty = ok(server, "tail", "t", "--no-follow").splitlines()
     assert len(pretty) == 3
     assert [line.split()[0] for line in pretty] == ["0", "1", "2"]
     assert "user_message" in pretty[0]
     assert '"content": "zero"' in pretty[0]
-    lines = ok(server, tmp_path, "tail", "t", "--no-follow", "--json", "--from-seq", "1")
+    lines = ok(server, "tail", "t", "--no-follow", "--json", "--from-seq", "1")
     parsed = [json.loads(line) for line in lines.splitlines()]
     assert [(p["seq"], p["data"]["content"]) for p in parsed] == [(1, "one"), (2, "two")]
-    first = json.loads(ok(server, tmp_path, "tail", "t", "--no-follow", "--json").splitlines()[0])
+    first = json.loads(ok(server, "tail", "t", "--no-follow", "--json").splitlines()[0])
     assert first["seq"] == 0, "seq 0 must be printed, scripts read it"
 
 
@@ -152,22 +144,22 @@ def test_tail_follows_live_events_until_interrupted(server: RunningServer, tmp_p
 # -- reads -----------------------------------------------------------------------------------------
 
 
-def test_surface_and_messages_show_the_model_view(server: RunningServer, tmp_path: Path) -> None:
+def test_surface_and_messages_show_the_model_view(server: RunningServer) -> None:
     """surface lists the visible events; messages is a plain transcript when not on a terminal."""
     seed(server, "v", "a", "b", "c")
-    ok(server, tmp_path, "append", "v", "system_message", "--content", "[sum]", "--replace", "0:1")
-    surface = ok(server, tmp_path, "surface", "v").splitlines()
+    ok(server, "append", "v", "system_message", "--content", "[sum]", "--replace", "0:1")
+    surface = ok(server, "surface", "v").splitlines()
     assert [line.split()[0] for line in surface] == ["3", "2"]
     assert "replaces 0..1" in surface[0]
-    assert json.loads(ok(server, tmp_path, "surface", "v", "--json"))["event_count"] == 4
-    transcript = ok(server, tmp_path, "messages", "v")
+    assert json.loads(ok(server, "surface", "v", "--json"))["event_count"] == 4
+    transcript = ok(server, "messages", "v")
     assert transcript.splitlines() == ["[3] system [replaces seqs 0-1]: [sum]", "[2] user: c"]
     assert "\033[" not in transcript
-    assert ok(server, tmp_path, "messages", "v", "--at-seq", "0").splitlines() == ["[0] user: a"]
-    assert len(json.loads(ok(server, tmp_path, "messages", "v", "--json"))["messages"]) == 2
+    assert ok(server, "messages", "v", "--at-seq", "0").splitlines() == ["[0] user: a"]
+    assert len(json.loads(ok(server, "messages", "v", "--json"))["messages"]) == 2
 
 
-def test_messages_note_what_a_summary_replaces(server: RunningServer, tmp_path: Path) -> None:
+def test_messages_note_what_a_summary_replaces(server: RunningServer) -> None:
     """A message from a replace event names the seqs it replaces (one seq or a range); --at-seq
     before the summary shows the plain messages, with no note."""
     seed(server, "sum", "a", "b", "c")
@@ -179,20 +171,18 @@ def test_messages_note_what_a_summary_replaces(server: RunningServer, tmp_path: 
                 event("user_message", {"content": "C"}, replace=(2, 2)),
             ],
         )
-    assert ok(server, tmp_path, "messages", "sum").splitlines() == [
+    assert ok(server, "messages", "sum").splitlines() == [
         "[3] system [replaces seqs 0-1]: [ab]",
         "[4] user [replaces seq 2]: C",
     ]
-    assert ok(server, tmp_path, "messages", "sum", "--at-seq", "2").splitlines() == [
+    assert ok(server, "messages", "sum", "--at-seq", "2").splitlines() == [
         "[0] user: a",
         "[1] user: b",
         "[2] user: c",
     ]
 
 
-def test_messages_print_tool_calls_and_what_results_answer(
-    server: RunningServer, tmp_path: Path
-) -> None:
+def test_messages_print_tool_calls_and_what_results_answer(server: RunningServer) -> None:
     """A tool call prints as name(arguments): a JSON-string argument exactly as written (its key
     order kept), an object compact with sorted keys and whole numbers; each tool result names
     the call it answers and the message that made it."""
@@ -215,7 +205,7 @@ def test_messages_print_tool_calls_and_what_results_answer(
                 event("tool_result", {"tool_call_id": "c9", "content": "stray"}),
             ],
         )
-    assert ok(server, tmp_path, "messages", "tools").splitlines() == [
+    assert ok(server, "messages", "tools").splitlines() == [
         "[0] user: weather?",
         "[1] assistant:",
         '      -> get_weather({"city": "Oslo", "days": 3})  [call c1]',
@@ -235,9 +225,7 @@ SHOWN = (
 """The same, as the human output prints it: escapes, the newline and tab kept."""
 
 
-def test_messages_and_tail_escape_control_and_bidi_characters(
-    server: RunningServer, tmp_path: Path
-) -> None:
+def test_messages_and_tail_escape_control_and_bidi_characters(server: RunningServer) -> None:
     """messages and tail print NUL, ESC, CR, DEL and the bidi controls of stored text as \\uXXXX
     (a tool call's arguments too), keeping newlines and tabs; --json keeps the text exact."""
     call = {"id": "c\u202e1", "name": "f", "arguments": '{"q": "\u202eevil"}'}
@@ -249,19 +237,19 @@ def test_messages_and_tail_escape_control_and_bidi_characters(
                 event("assistant_message", {"content": "", "tool_calls": [call]}),
             ],
         )
-    assert ok(server, tmp_path, "messages", "sneaky").splitlines() == [
+    assert ok(server, "messages", "sneaky").splitlines() == [
         f"[0] user: {SHOWN[0]}",
         SHOWN[1],
         "[1] assistant:",
         '      -> f({"q": "\\u202eevil"})  [call c\\u202e1]',
     ]
-    as_json = json.loads(ok(server, tmp_path, "messages", "sneaky", "--json"))
+    as_json = json.loads(ok(server, "messages", "sneaky", "--json"))
     assert as_json["messages"][0]["content"] == SNEAKY
-    pretty = ok(server, tmp_path, "tail", "sneaky", "--no-follow")
+    pretty = ok(server, "tail", "sneaky", "--no-follow")
     assert "\u202e" not in pretty
     assert "\x1b" not in pretty
     assert "\\u202eyap\\u202c" in pretty.splitlines()[0]
-    line = ok(server, tmp_path, "tail", "sneaky", "--no-follow", "--json").splitlines()[0]
+    line = ok(server, "tail", "sneaky", "--no-follow", "--json").splitlines()[0]
     assert json.loads(line)["data"]["content"] == SNEAKY
 
 
@@ -299,69 +287,65 @@ def test_messages_colour_roles_on_a_terminal(server: RunningServer, tmp_path: Pa
     assert b"hello" in output
 
 
-def test_sessions_get_and_fork(server: RunningServer, tmp_path: Path) -> None:
+def test_sessions_get_and_fork(server: RunningServer) -> None:
     """sessions lists ids with counts (prefix, limit, JSON); get describes; fork copies."""
     seed(server, "p-one", "x", "y")
     seed(server, "p-two", "z")
     seed(server, "q", "w")
-    assert ok(server, tmp_path, "sessions", "--prefix", "p-").splitlines() == [
+    assert ok(server, "sessions", "--prefix", "p-").splitlines() == [
         "p-one\t2 events",
         "p-two\t1 events",
     ]
-    assert ok(server, tmp_path, "sessions", "--limit", "1").splitlines() == ["p-one\t2 events"]
-    listed = [json.loads(x) for x in ok(server, tmp_path, "sessions", "--json").splitlines()]
+    assert ok(server, "sessions", "--limit", "1").splitlines() == ["p-one\t2 events"]
+    listed = [json.loads(x) for x in ok(server, "sessions", "--json").splitlines()]
     assert [s["session_id"] for s in listed] == ["p-one", "p-two", "q"]
-    described = json.loads(ok(server, tmp_path, "get", "p-one", "--json"))
+    described = json.loads(ok(server, "get", "p-one", "--json"))
     assert described["session"]["event_count"] == 2
-    forked = ok(server, tmp_path, "fork", "p-one", "--at-seq", "0", "--to", "p-rewound").strip()
+    forked = ok(server, "fork", "p-one", "--at-seq", "0", "--to", "p-rewound").strip()
     assert forked == "p-rewound"
-    child = json.loads(ok(server, tmp_path, "get", "p-rewound", "--json"))["session"]
+    child = json.loads(ok(server, "get", "p-rewound", "--json"))["session"]
     assert child["parent_session_id"] == "p-one"
     assert child["event_count"] == 1
-    generated = ok(server, tmp_path, "fork", "p-two").strip()
+    generated = ok(server, "fork", "p-two").strip()
     assert generated
     assert generated != "p-two"
     # With --request-id, running the fork again prints the first child, and makes no other.
-    once = ok(server, tmp_path, "fork", "p-two", "--request-id", "cli-f").strip()
-    assert ok(server, tmp_path, "fork", "p-two", "--request-id", "cli-f").strip() == once
+    once = ok(server, "fork", "p-two", "--request-id", "cli-f").strip()
+    assert ok(server, "fork", "p-two", "--request-id", "cli-f").strip() == once
     assert once != generated
-    assert len(ok(server, tmp_path, "sessions", "--prefix", "fork-").splitlines()) == 2
+    assert len(ok(server, "sessions", "--prefix", "fork-").splitlines()) == 2
 
 
-def test_lease_acquire_renew_release(server: RunningServer, tmp_path: Path) -> None:
+def test_lease_acquire_renew_release(server: RunningServer) -> None:
     """lease acquire/renew/release print the lease; another holder is refused with LEASE_HELD."""
-    acquired = json.loads(
-        ok(server, tmp_path, "lease", "acquire", "l", "w1", "--ttl", "30", "--json")
-    )
+    acquired = json.loads(ok(server, "lease", "acquire", "l", "w1", "--ttl", "30", "--json"))
     token = acquired["lease"]["token"]
     assert acquired["lease"]["holder"] == "w1"
-    refused = cli(server, tmp_path, "lease", "acquire", "l", "w2")
+    refused = cli(server, "lease", "acquire", "l", "w2")
     assert refused.returncode == 1
     assert refused.stderr.startswith("sessionlog: LEASE_HELD: ")
-    blocked = cli(server, tmp_path, "append", "l", "user_message", "--content", "x")
+    blocked = cli(server, "append", "l", "user_message", "--content", "x")
     assert blocked.returncode == 1
     assert "LEASE_HELD" in blocked.stderr
-    ok(server, tmp_path, "append", "l", "user_message", "--content", "x", "--lease-holder", "w1")
-    renewed = ok(server, tmp_path, "lease", "renew", "l", "w1", "--ttl", "60")
+    ok(server, "append", "l", "user_message", "--content", "x", "--lease-holder", "w1")
+    renewed = ok(server, "lease", "renew", "l", "w1", "--ttl", "60")
     assert renewed.startswith(f"w1 holds the lease of l: token {token}, expires ")
-    released = json.loads(ok(server, tmp_path, "lease", "release", "l", "w1", "--json"))
+    released = json.loads(ok(server, "lease", "release", "l", "w1", "--json"))
     assert released["released"]["token"] == token
 
 
 # -- exit codes ------------------------------------------------------------------------------------
 
 
-def test_refusal_exits_1_with_the_reason_on_one_line(server: RunningServer, tmp_path: Path) -> None:
+def test_refusal_exits_1_with_the_reason_on_one_line(server: RunningServer) -> None:
     """A refused append: exit 1, stdout empty, one stderr line naming SEQ_CONFLICT."""
     seed(server, "c", "one")
-    result = cli(
-        server, tmp_path, "append", "c", "user_message", "--content", "x", "--expected-seq", "0"
-    )
+    result = cli(server, "append", "c", "user_message", "--content", "x", "--expected-seq", "0")
     assert result.returncode == 1
     assert result.stdout == ""
     assert result.stderr.count("\n") == 1
     assert result.stderr.startswith("sessionlog: SEQ_CONFLICT: ")
-    bad_id = cli(server, tmp_path, "get", "no spaces")
+    bad_id = cli(server, "get", "no spaces")
     assert bad_id.returncode == 1
     assert bad_id.stderr.startswith("sessionlog: INVALID_SESSION_ID: ")
 
@@ -380,22 +364,17 @@ def test_refusal_exits_1_with_the_reason_on_one_line(server: RunningServer, tmp_
     ],
     ids=lambda args: "-".join(args)[:40],
 )
-def test_bad_usage_exits_2_with_one_line(
-    capsys: pytest.CaptureFixture[str], args: list[str]
-) -> None:
+def test_bad_usage_exits_2_with_one_line(args: list[str]) -> None:
     """Missing or malformed arguments: exit 2 and one stderr line, before any network call."""
-    code = run_main([*args, "--server", f"127.0.0.1:{free_port()}"])
-    out, err = capsys.readouterr()
-    assert code == 2, err
-    assert out == ""
-    assert err.count("\n") == 1, err
+    result = run_cli_here([*args, "--server", f"127.0.0.1:{free_port()}"])
+    assert result.returncode == 2, result.stderr
+    assert result.stdout == ""
+    assert result.stderr.count("\n") == 1, result.stderr
 
 
-def test_unreachable_server_exits_3(tmp_path: Path) -> None:
+def test_unreachable_server_exits_3() -> None:
     """Nothing listening at --server: exit 3 and one stderr line saying UNAVAILABLE."""
-    result = run_cli(
-        ["get", "s", "--server", f"127.0.0.1:{free_port()}", "--timeout", "5"], tmp_path
-    )
+    result = run_cli_here(["get", "s", "--server", f"127.0.0.1:{free_port()}", "--timeout", "5"])
     assert result.returncode == 3
     assert result.stderr.startswith("sessionlog: UNAVAILABLE: ")
     assert result.stderr.count("\n") == 1
@@ -410,10 +389,11 @@ def test_server_address_from_the_environment(server: RunningServer, tmp_path: Pa
 
 
 @pytest.mark.parametrize("command", COMMANDS)
-def test_every_command_has_help(capsys: pytest.CaptureFixture[str], command: str) -> None:
+def test_every_command_has_help(command: str) -> None:
     """`sessionlog COMMAND --help` exits 0 and documents --server and the command's usage."""
-    assert run_main([command, "--help"]) == 0
-    out = capsys.readouterr().out
+    helped = run_cli_here([command, "--help"])
+    assert helped.returncode == 0
+    out = helped.stdout
     assert out.startswith(f"usage: sessionlog {command}")
     assert "--server" in out
     assert "--timeout" in out
@@ -424,9 +404,7 @@ def test_create_and_seed_sessions(server: RunningServer, tmp_path: Path) -> None
     existing session with exit 1 and its reason."""
     events = tmp_path / "events.json"
     events.write_text(json.dumps([{"type": "system_message", "data": {"content": "be brief"}}]))
-    assert "created fresh with 1 events" in ok(
-        server, tmp_path, "create", "fresh", "--events", str(events)
-    )
+    assert "created fresh with 1 events" in ok(server, "create", "fresh", "--events", str(events))
     chat = tmp_path / "chat.json"
     chat.write_text(
         json.dumps(
@@ -437,13 +415,13 @@ def test_create_and_seed_sessions(server: RunningServer, tmp_path: Path) -> None
             ]
         )
     )
-    assert "dropped 1" in ok(server, tmp_path, "seed", "chat", str(chat))
+    assert "dropped 1" in ok(server, "seed", "chat", str(chat))
     with Client(server.address) as client:
         derived = client.derive_messages("chat")
     assert [m.content for m in derived.messages] == ["hi", ""]
     assert derived.messages[1].tool_calls[0]["id"] == "c1"
-    again = cli(server, tmp_path, "create", "fresh")
+    again = cli(server, "create", "fresh")
     assert again.returncode == 1
     assert "SESSION_ALREADY_EXISTS" in again.stderr
-    bad = cli(server, tmp_path, "seed", "other", str(tmp_path / "missing.json"))
+    bad = cli(server, "seed", "other", str(tmp_path / "missing.json"))
     assert bad.returncode == 2

@@ -1,10 +1,14 @@
-"""The `sessionlog` CLI as scripts and people meet it, run as processes against real servers.
+"""The `sessionlog` CLI as scripts and people meet it, against real servers.
 
 `tail` resuming across a server restart (and `--no-resume` exiting), `--last`, `--prefix` over
 the change feed; `append` of many events from JSON lines; JSON fit for scripts (int64 and whole
 numbers in data as numbers, roles in the chat format, `--json` on every command); `get` of a
 missing session; `--version`, `--server` without a port, NO_COLOR and `--no-color`,
 `replication status`, and `--print-config` into a closed pipe.
+
+A command's parsing and output run in this process through the same ``main`` (``run_cli_here``);
+what the process itself does runs the installed `sessionlog`: a running tail (its resume across a
+restart, its exit, live lines), colour on a terminal, `--version` and the closed pipe.
 """
 
 from __future__ import annotations
@@ -18,32 +22,32 @@ import subprocess
 import threading
 import time
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from sessionlog.testing import RunningServer
 from sessionlog_client import Client, event
-from tests.e2e._proc import SESSIONLOG, ServerProcess, clean_env, free_port, run_cli
+from tests.e2e._proc import (
+    SESSIONLOG,
+    ServerProcess,
+    clean_env,
+    free_port,
+    run_cli,
+    run_cli_here,
+)
 
 
-def cli(server: RunningServer, tmp_path: Path, *args: str, stdin: str | None = None) -> Any:
-    """`sessionlog ARGS --server ADDRESS`, run to completion (stdin from ``stdin``)."""
-    return subprocess.run(
-        [str(SESSIONLOG), *args, "--server", server.address],
-        cwd=tmp_path,
-        env=clean_env(),
-        input=stdin,
-        capture_output=True,
-        text=True,
-        timeout=30,
-        check=False,
-    )
+def cli(
+    server: RunningServer, *args: str, stdin: str | None = None
+) -> subprocess.CompletedProcess[str]:
+    """`sessionlog ARGS --server ADDRESS`, run to completion in this process (stdin from
+    ``stdin``)."""
+    return run_cli_here([*args, "--server", server.address], stdin=stdin)
 
 
-def ok(server: RunningServer, tmp_path: Path, *args: str, stdin: str | None = None) -> str:
+def ok(server: RunningServer, *args: str, stdin: str | None = None) -> str:
     """Run a command that must succeed; its stdout."""
-    result = cli(server, tmp_path, *args, stdin=stdin)
+    result = cli(server, *args, stdin=stdin)
     assert result.returncode == 0, result.stderr
     assert result.stderr == ""
     return str(result.stdout)
@@ -146,12 +150,12 @@ def test_tail_no_resume_exits_3_when_the_server_stops(tmp_path: Path) -> None:
             tail.close()
 
 
-def test_tail_last_n(server: RunningServer, tmp_path: Path) -> None:
+def test_tail_last_n(server: RunningServer) -> None:
     """`tail --last 2` starts with the last two stored events; more than stored prints all."""
     users(server, "l", "a", "b", "c", "d")
-    lines = ok(server, tmp_path, "tail", "l", "--last", "2", "--no-follow").splitlines()
+    lines = ok(server, "tail", "l", "--last", "2", "--no-follow").splitlines()
     assert [line.split()[0] for line in lines] == ["2", "3"]
-    every = ok(server, tmp_path, "tail", "l", "--last", "10", "--no-follow").splitlines()
+    every = ok(server, "tail", "l", "--last", "10", "--no-follow").splitlines()
     assert len(every) == 4
 
 
@@ -161,7 +165,7 @@ def test_tail_prefix_follows_every_session_under_it(server: RunningServer, tmp_p
     users(server, "a.one", "1")
     users(server, "b.other", "x")
     users(server, "a.two", "2", "3")
-    stored = ok(server, tmp_path, "tail", "--prefix", "a.", "--no-follow", "--json")
+    stored = ok(server, "tail", "--prefix", "a.", "--no-follow", "--json")
     parsed = [json.loads(line) for line in stored.splitlines()]
     assert [(p["session_id"], p["seq"], p["data"]["content"]) for p in parsed] == [
         ("a.one", 0, "1"),
@@ -169,7 +173,7 @@ def test_tail_prefix_follows_every_session_under_it(server: RunningServer, tmp_p
         ("a.two", 1, "3"),
     ]
     after = parsed[0]["position"] + 1
-    rest = ok(server, tmp_path, "tail", "--prefix", "a.", "--no-follow", "--json",
+    rest = ok(server, "tail", "--prefix", "a.", "--no-follow", "--json",
               "--from-position", str(after))  # fmt: skip
     assert [json.loads(line)["session_id"] for line in rest.splitlines()] == ["a.two", "a.two"]
     live = tail_process(server.address, tmp_path, "--prefix", "a.")
@@ -187,7 +191,7 @@ def test_tail_prefix_follows_every_session_under_it(server: RunningServer, tmp_p
 # -- append ----------------------------------------------------------------------------------------
 
 
-def test_append_many_events_from_json_lines_on_stdin(server: RunningServer, tmp_path: Path) -> None:
+def test_append_many_events_from_json_lines_on_stdin(server: RunningServer) -> None:
     """`append S --events -` reads JSON lines from stdin and appends them as one batch."""
     lines = "\n".join(
         json.dumps(e)
@@ -197,95 +201,93 @@ def test_append_many_events_from_json_lines_on_stdin(server: RunningServer, tmp_
             {"type": "system_message", "data": {"content": "[sum]"}, "replace": [0, 1]},
         )
     )
-    out = ok(server, tmp_path, "append", "many", "--events", "-", "--json", stdin=lines + "\n")
+    out = ok(server, "append", "many", "--events", "-", "--json", stdin=lines + "\n")
     reply = json.loads(out)
     assert [e["seq"] for e in reply["events"]] == [0, 1, 2]
     assert reply["next_seq"] == 3
     with Client(server.address) as client:
         assert client.chat_messages("many") == [{"role": "system", "content": "[sum]"}]
-    bad = cli(server, tmp_path, "append", "many", "--events", "-", stdin='{"type": "nope"}\n')
+    bad = cli(server, "append", "many", "--events", "-", stdin='{"type": "nope"}\n')
     assert bad.returncode == 2
     assert "event 1" in bad.stderr
 
 
-def test_append_of_a_message_without_content_or_data_says_so(
-    server: RunningServer, tmp_path: Path
-) -> None:
+def test_append_of_a_message_without_content_or_data_says_so(server: RunningServer) -> None:
     """`append S user_message` with neither --content nor --data: exit 2 naming both flags, and
     nothing written; a bookkeeping event needs no data."""
-    result = cli(server, tmp_path, "append", "e", "user_message")
+    result = cli(server, "append", "e", "user_message")
     assert result.returncode == 2
     assert "--content" in result.stderr
     assert "--data" in result.stderr
-    assert "seq 0" in ok(server, tmp_path, "append", "e", "turn_start")
+    assert "seq 0" in ok(server, "append", "e", "turn_start")
 
 
 # -- JSON for scripts ------------------------------------------------------------------------------
 
 
-def test_whole_numbers_stay_whole_in_text_and_json(server: RunningServer, tmp_path: Path) -> None:
+def test_whole_numbers_stay_whole_in_text_and_json(server: RunningServer) -> None:
     """Data {"x": 1, "tokens": 1834, "ratio": 0.5} prints as 1 and 1834 (not 1.0, 1834.0) in
     tail's text and --json, and in surface --json."""
     data = json.dumps({"content": "c", "x": 1, "tokens": 1834, "ratio": 0.5})
-    ok(server, tmp_path, "append", "n", "user_message", "--data", data)
-    text = ok(server, tmp_path, "tail", "n", "--no-follow")
+    ok(server, "append", "n", "user_message", "--data", data)
+    text = ok(server, "tail", "n", "--no-follow")
     assert '"x": 1,' in text or '"x": 1}' in text
     assert "1834.0" not in text
     # Only the data part: the time column (13:30:21.040) may itself contain "1.0".
     shown = text[text.index("{") :]
     assert "1.0" not in shown
-    line = ok(server, tmp_path, "tail", "n", "--no-follow", "--json")
+    line = ok(server, "tail", "n", "--no-follow", "--json")
     assert "1834.0" not in line
     parsed = json.loads(line)
     assert parsed["data"] == {"content": "c", "x": 1, "tokens": 1834, "ratio": 0.5}
     assert parsed["type"] == "user_message"
-    surface = json.loads(ok(server, tmp_path, "surface", "n", "--json"))
+    surface = json.loads(ok(server, "surface", "n", "--json"))
     assert surface["events"][0]["data"]["tokens"] == 1834
-    assert "1834.0" not in ok(server, tmp_path, "surface", "n", "--json")
+    assert "1834.0" not in ok(server, "surface", "n", "--json")
 
 
 def test_every_command_prints_json_for_scripts(server: RunningServer, tmp_path: Path) -> None:
     """create, seed, fork, sessions, get, messages and lease take --json; counts are numbers and
     roles are chat-format names."""
-    created = json.loads(ok(server, tmp_path, "create", "j", "--json"))
+    created = json.loads(ok(server, "create", "j", "--json"))
     assert created["session"]["event_count"] == 0
     chat = tmp_path / "chat.json"
     chat.write_text(json.dumps([{"role": "user", "content": "hi"}]))
-    seeded = json.loads(ok(server, tmp_path, "seed", "k", str(chat), "--json"))
+    seeded = json.loads(ok(server, "seed", "k", str(chat), "--json"))
     assert seeded["session"]["event_count"] == 1
-    forked = json.loads(ok(server, tmp_path, "fork", "k", "--to", "k2", "--json"))
+    forked = json.loads(ok(server, "fork", "k", "--to", "k2", "--json"))
     assert forked["session"]["session_id"] == "k2"
-    listed = [json.loads(x) for x in ok(server, tmp_path, "sessions", "--json").splitlines()]
+    listed = [json.loads(x) for x in ok(server, "sessions", "--json").splitlines()]
     assert [(s["session_id"], s["event_count"]) for s in listed] == [("j", 0), ("k", 1), ("k2", 1)]
-    messages = json.loads(ok(server, tmp_path, "messages", "k", "--json"))
+    messages = json.loads(ok(server, "messages", "k", "--json"))
     assert messages["messages"][0]["role"] == "user"
     assert messages["messages"][0]["content"] == "hi"
     assert messages["messages"][0]["seq"] == 0
-    got = json.loads(ok(server, tmp_path, "get", "k", "--json"))
+    got = json.loads(ok(server, "get", "k", "--json"))
     assert got["session"]["exists"] is True
-    text = ok(server, tmp_path, "get", "k")
+    text = ok(server, "get", "k")
     assert "event_count" in text
     assert "1" in text
-    health = json.loads(ok(server, tmp_path, "health", "--json"))
+    health = json.loads(ok(server, "health", "--json"))
     assert health == {"status": "SERVING"}
 
 
-def test_get_of_a_missing_session_exits_1(server: RunningServer, tmp_path: Path) -> None:
+def test_get_of_a_missing_session_exits_1(server: RunningServer) -> None:
     """`get` of a session never written: exit 1, nothing on stdout, one line naming it."""
-    result = cli(server, tmp_path, "get", "ghost")
+    result = cli(server, "get", "ghost")
     assert result.returncode == 1
     assert result.stdout == ""
     assert result.stderr == "sessionlog: NOT_FOUND: no session 'ghost'\n"
 
 
-def test_replication_status_text_and_json(server: RunningServer, tmp_path: Path) -> None:
+def test_replication_status_text_and_json(server: RunningServer) -> None:
     """`replication status` prints the primary's role, state and position, as text and JSON."""
     users(server, "r", "x")
-    status = json.loads(ok(server, tmp_path, "replication", "status", "--json"))
+    status = json.loads(ok(server, "replication", "status", "--json"))
     assert status["state"] == "primary"
     assert status["position"] >= 1
     assert isinstance(status["lag_positions"], int)
-    text = ok(server, tmp_path, "replication", "status")
+    text = ok(server, "replication", "status")
     assert any(line.split() == ["state", "primary"] for line in text.splitlines())
 
 
@@ -300,28 +302,28 @@ def test_version(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("address", ["127.0.0.1", "example.com", "[::1]", "host:port"])
-def test_server_without_a_port_is_a_usage_error(tmp_path: Path, address: str) -> None:
+def test_server_without_a_port_is_a_usage_error(address: str) -> None:
     """--server with no port (or a bad one) is exit 2 naming HOST:PORT, not a silent :443."""
-    result = run_cli(["get", "s", "--server", address], tmp_path)
+    result = run_cli_here(["get", "s", "--server", address])
     assert result.returncode == 2
     assert "HOST:PORT" in result.stderr
     assert result.stderr.count("\n") == 1
 
 
 @pytest.mark.parametrize("value", ["-1", "nan", "soon"])
-def test_retry_for_takes_seconds_0_or_more(tmp_path: Path, value: str) -> None:
+def test_retry_for_takes_seconds_0_or_more(value: str) -> None:
     """--retry-for with a negative, NaN or non-number value is exit 2 naming it."""
-    result = run_cli(["get", "s", "--retry-for", value], tmp_path)
+    result = run_cli_here(["get", "s", "--retry-for", value])
     assert result.returncode == 2
     assert "--retry-for" in result.stderr
     assert value in result.stderr
 
 
-def test_wrong_address_fails_fast_naming_it(tmp_path: Path) -> None:
+def test_wrong_address_fails_fast_naming_it() -> None:
     """Nothing listening at --server: exit 3 within a couple of seconds, naming the address."""
     address = f"127.0.0.1:{free_port()}"
     started = time.monotonic()
-    result = run_cli(["messages", "s", "--server", address], tmp_path)
+    result = run_cli_here(["messages", "s", "--server", address])
     assert result.returncode == 3
     assert address in result.stderr
     assert time.monotonic() - started < 5

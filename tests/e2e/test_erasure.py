@@ -23,7 +23,7 @@ from sessionlog.v1 import session_log_service_pb2 as pb
 from sessionlog_client import AsyncClient, Client, event
 from sessionlog_client.errors import SessionNotFound
 from tests.e2e._helpers import append, check, failure, get, log, replace, say, stats, user
-from tests.e2e._proc import run_cli, running_server
+from tests.e2e._proc import run_cli, run_cli_here, running_server
 from tests.e2e._replication_cluster import (
     Cluster,
     changes_raw,
@@ -257,7 +257,7 @@ def test_python_client_deletes_and_redacts(server: RunningServer) -> None:
     assert asyncio.run(run()) == ([0], 1)
 
 
-def test_cli_delete_redact_erase_and_tail_prefix(server: RunningServer, tmp_path: Path) -> None:
+def test_cli_delete_redact_erase_and_tail_prefix(server: RunningServer) -> None:
     """`sessionlog delete`, `redact`, `admin erase`; `tail --prefix` shows the redacted event
     and the delete."""
     stub = server.stub()
@@ -266,7 +266,7 @@ def test_cli_delete_redact_erase_and_tail_prefix(server: RunningServer, tmp_path
     start = stats(server.channel()).position
 
     def cli(*args: str) -> str:
-        done = run_cli([*args, "--server", server.address], tmp_path)
+        done = run_cli_here([*args, "--server", server.address])
         assert done.returncode == 0, done.stderr
         return done.stdout
 
@@ -278,7 +278,7 @@ def test_cli_delete_redact_erase_and_tail_prefix(server: RunningServer, tmp_path
     assert "[redacted]" in redacted[0]
     assert "cli-e.one" in redacted[0]
     assert "deleted cli-e.one (2 events)" in cli("delete", "cli-e.one")
-    refused = run_cli(["delete", "cli-e.one", "--server", server.address], tmp_path)
+    refused = run_cli_here(["delete", "cli-e.one", "--server", server.address])
     assert refused.returncode == 1
     assert "SESSION_NOT_FOUND" in refused.stderr
     assert "erased 1 sessions" in cli("admin", "erase", "--prefix", "cli-e.")

@@ -8,7 +8,7 @@ session's log, surface and messages are exactly what they were before the failed
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +32,24 @@ from tests.e2e._helpers import (
     stats,
 )
 from tests.e2e._proc import running_server
+
+Sid = Callable[[str], str]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+    """One server for the module's tests, each on its own sessions (``sid``); a test with
+    limits of its own starts its own."""
+    with running_server(tmp_path_factory.mktemp("errors") / "data") as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def untouched(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+    """A server that no test writes to: its session count stays 0."""
+    with running_server(tmp_path_factory.mktemp("untouched") / "data") as running:
+        yield running
+
 
 # -- helpers ------------------------------------------------------------------------------------
 
@@ -131,10 +149,12 @@ def assert_never_created(server: RunningServer, stub: Stub, session_id: str) -> 
 
 
 @pytest.fixture
-def seeded(stub: Stub) -> tuple[str, tuple[list[bytes], bytes, bytes]]:
+def seeded(stub: Stub, sid: Sid) -> tuple[str, tuple[list[bytes], bytes, bytes]]:
     """A session "s" with three events (user, step_start, assistant) and its history."""
-    append(stub, "s", event(USER, content="one"), event(STEP_START), event(ASSISTANT, content="2"))
-    return "s", history(stub, "s")
+    append(
+        stub, sid("s"), event(USER, content="one"), event(STEP_START), event(ASSISTANT, content="2")
+    )
+    return sid("s"), history(stub, sid("s"))
 
 
 Seeded = tuple[str, tuple[list[bytes], bytes, bytes]]
@@ -154,12 +174,12 @@ def test_unknown_event_type(stub: Stub, seeded: Seeded, type_number: int) -> Non
 
 @pytest.mark.parametrize("type_number", [0, 99])
 def test_unknown_event_type_on_first_append_creates_nothing(
-    server: RunningServer, stub: Stub, type_number: int
+    server: RunningServer, stub: Stub, sid: Sid, type_number: int
 ) -> None:
     """A first append refused for its type creates no session."""
-    error = failure(lambda: append(stub, "fresh", event(type_number)))
+    error = failure(lambda: append(stub, sid("fresh"), event(type_number)))
     check_error(error, grpc.StatusCode.INVALID_ARGUMENT, "UNKNOWN_EVENT_TYPE", index=0)
-    assert_never_created(server, stub, "fresh")
+    assert_never_created(server, stub, sid("fresh"))
 
 
 # -- SURFACE_OP_ON_NON_SURFACE_EVENT ------------------------------------------------------------
@@ -175,20 +195,20 @@ def test_explicit_append_op_on_step_start(stub: Stub, seeded: Seeded) -> None:
     assert_untouched(stub, sid, before)
 
 
-def test_replace_op_on_tool_call(server: RunningServer, stub: Stub) -> None:
+def test_replace_op_on_tool_call(server: RunningServer, stub: Stub, sid: Sid) -> None:
     """A replace op on a TOOL_CALL is refused, and a refused first append creates nothing."""
     bad = event(TOOL_CALL, name="grep")
     bad.surface_op.replace.start_seq = 0
-    error = failure(lambda: append(stub, "fresh", bad))
+    error = failure(lambda: append(stub, sid("fresh"), bad))
     check_error(error, grpc.StatusCode.INVALID_ARGUMENT, "SURFACE_OP_ON_NON_SURFACE_EVENT", index=0)
-    assert_never_created(server, stub, "fresh")
+    assert_never_created(server, stub, sid("fresh"))
 
 
-def test_surface_op_with_no_kind_counts_as_unset(stub: Stub) -> None:
+def test_surface_op_with_no_kind_counts_as_unset(stub: Stub, sid: Sid) -> None:
     """A surface_op with neither kind set on a bookkeeping event is accepted (it means append)."""
     ok = event(STEP_START)
     ok.surface_op.SetInParent()
-    reply = append(stub, "s", ok)
+    reply = append(stub, sid("s"), ok)
     assert reply.next_seq == 1
 
 
@@ -249,19 +269,21 @@ def test_unserializable_data(stub: Stub, seeded: Seeded, data: dict[str, Any]) -
     assert_untouched(stub, sid, before)
 
 
-def test_nesting_of_24_levels_is_accepted(stub: Stub) -> None:
+def test_nesting_of_24_levels_is_accepted(stub: Stub, sid: Sid) -> None:
     """The depth limit is inclusive: data nested exactly 24 levels is stored and read back."""
-    reply = append(stub, "s", event(USER, **nested(24)))
-    stored = next(iter(stub.Since(pb.SinceRequest(session_id="s")))).events[0]
+    reply = append(stub, sid("s"), event(USER, **nested(24)))
+    stored = next(iter(stub.Since(pb.SinceRequest(session_id=sid("s"))))).events[0]
     assert stored == reply.events[0]
     assert stored.data == event(USER, **nested(24)).data
 
 
-def test_unserializable_first_append_creates_nothing(server: RunningServer, stub: Stub) -> None:
+def test_unserializable_first_append_creates_nothing(
+    server: RunningServer, stub: Stub, sid: Sid
+) -> None:
     """A first append refused for its data creates no session."""
-    error = failure(lambda: append(stub, "fresh", event(USER, x=math.nan)))
+    error = failure(lambda: append(stub, sid("fresh"), event(USER, x=math.nan)))
     check_error(error, grpc.StatusCode.INVALID_ARGUMENT, "UNSERIALIZABLE_EVENT_DATA", index=0)
-    assert_never_created(server, stub, "fresh")
+    assert_never_created(server, stub, sid("fresh"))
 
 
 # -- INVALID_MESSAGE_FIELD ----------------------------------------------------------------------
@@ -293,53 +315,55 @@ def test_invalid_message_field(stub: Stub, seeded: Seeded, field: str, value: An
     assert_untouched(stub, sid, before)
 
 
-def test_bookkeeping_events_have_no_field_shapes(stub: Stub) -> None:
+def test_bookkeeping_events_have_no_field_shapes(stub: Stub, sid: Sid) -> None:
     """Rule 5 applies to surface types only: a TOOL_CALL may hold content of any type."""
-    reply = append(stub, "s", event(TOOL_CALL, content=5, metadata="x"))
+    reply = append(stub, sid("s"), event(TOOL_CALL, content=5, metadata="x"))
     assert reply.next_seq == 1
 
 
-def test_null_string_fields_are_accepted(stub: Stub) -> None:
+def test_null_string_fields_are_accepted(stub: Stub, sid: Sid) -> None:
     """A projected string field may be null."""
-    reply = append(stub, "s", event(ASSISTANT, content=None, name=None))
+    reply = append(stub, sid("s"), event(ASSISTANT, content=None, name=None))
     assert reply.next_seq == 1
 
 
 # -- REQUEST_ID_REUSED --------------------------------------------------------------------------
 
 
-def test_request_id_reused_with_other_events(stub: Stub) -> None:
+def test_request_id_reused_with_other_events(stub: Stub, sid: Sid) -> None:
     """The same request_id with different events is REQUEST_ID_REUSED and writes nothing."""
-    append(stub, "s", event(USER, content="first"), request_id="req-1")
-    before = history(stub, "s")
-    error = failure(lambda: append(stub, "s", event(USER, content="other"), request_id="req-1"))
-    check_error(error, grpc.StatusCode.INVALID_ARGUMENT, "REQUEST_ID_REUSED")
-    assert_untouched(stub, "s", before)
-
-
-def test_request_id_reused_beats_seq_conflict(stub: Stub) -> None:
-    """A reused request_id is checked before expected_seq (SPEC §3 order)."""
-    append(stub, "s", event(USER, content="first"), request_id="req-1")
-    before = history(stub, "s")
+    append(stub, sid("s"), event(USER, content="first"), request_id="req-1")
+    before = history(stub, sid("s"))
     error = failure(
-        lambda: append(stub, "s", event(USER, content="x"), request_id="req-1", expected_seq=7)
+        lambda: append(stub, sid("s"), event(USER, content="other"), request_id="req-1")
     )
     check_error(error, grpc.StatusCode.INVALID_ARGUMENT, "REQUEST_ID_REUSED")
-    assert_untouched(stub, "s", before)
+    assert_untouched(stub, sid("s"), before)
 
 
-def test_long_request_id_is_not_internal(stub: Stub) -> None:
+def test_request_id_reused_beats_seq_conflict(stub: Stub, sid: Sid) -> None:
+    """A reused request_id is checked before expected_seq (SPEC §3 order)."""
+    append(stub, sid("s"), event(USER, content="first"), request_id="req-1")
+    before = history(stub, sid("s"))
+    error = failure(
+        lambda: append(stub, sid("s"), event(USER, content="x"), request_id="req-1", expected_seq=7)
+    )
+    check_error(error, grpc.StatusCode.INVALID_ARGUMENT, "REQUEST_ID_REUSED")
+    assert_untouched(stub, sid("s"), before)
+
+
+def test_long_request_id_is_not_internal(stub: Stub, sid: Sid) -> None:
     """A request_id longer than an LMDB key is INVALID_ARGUMENT or accepted; never INTERNAL."""
     long_id = "r" * 600
-    first, error = outcome(lambda: append(stub, "s", event(), request_id=long_id))
+    first, error = outcome(lambda: append(stub, sid("s"), event(), request_id=long_id))
     if error is not None:
         assert error.code() == grpc.StatusCode.INVALID_ARGUMENT, error
         assert error_info(error).domain == "sessionlog"
-        assert history(stub, "s")[0] == []
+        assert history(stub, sid("s"))[0] == []
     else:
-        again = append(stub, "s", event(), request_id=long_id)
+        again = append(stub, sid("s"), event(), request_id=long_id)
         assert again == first
-        assert len(history(stub, "s")[0]) == 1
+        assert len(history(stub, sid("s"))[0]) == 1
 
 
 # -- EVENT_TOO_LARGE ----------------------------------------------------------------------------
@@ -357,10 +381,10 @@ def test_event_too_large(stub: Stub, seeded: Seeded) -> None:
     assert_untouched(stub, sid, before)
 
 
-def test_event_just_under_the_limit_is_accepted(stub: Stub) -> None:
+def test_event_just_under_the_limit_is_accepted(stub: Stub, sid: Sid) -> None:
     """An event a little under 1 MiB is stored and read back whole."""
     content = "y" * (1024 * 1024 - 200)
-    reply = append(stub, "s", event(USER, content=content))
+    reply = append(stub, sid("s"), event(USER, content=content))
     assert reply.events[0].data["content"] == content
 
 
@@ -416,8 +440,9 @@ def _call(stub: Stub, rpc: str, session_id: str) -> Any:
 
 @pytest.mark.parametrize("rpc", ["Append", "Since", "Surface", "DeriveMessages"])
 @pytest.mark.parametrize("session_id", BAD_SESSION_IDS)
-def test_invalid_session_id(server: RunningServer, stub: Stub, rpc: str, session_id: str) -> None:
+def test_invalid_session_id(untouched: RunningServer, rpc: str, session_id: str) -> None:
     """A bad session id is INVALID_SESSION_ID on every RPC, and the error never echoes it."""
+    server, stub = untouched, untouched.stub()
     error = failure(lambda: _call(stub, rpc, session_id))
     metadata = check_error(error, grpc.StatusCode.INVALID_ARGUMENT, "INVALID_SESSION_ID")
     if session_id:
@@ -467,10 +492,10 @@ def test_at_seq_past_the_end(stub: Stub, seeded: Seeded, rpc: str, at_seq: int) 
 
 
 @pytest.mark.parametrize("rpc", ["Surface", "DeriveMessages"])
-def test_at_seq_on_a_never_written_session(stub: Stub, rpc: str) -> None:
+def test_at_seq_on_a_never_written_session(stub: Stub, sid: Sid, rpc: str) -> None:
     """An empty log has no seq 0: at_seq 0 is out of range, not an empty answer."""
     request_type = pb.SurfaceRequest if rpc == "Surface" else pb.DeriveMessagesRequest
-    error = failure(lambda: getattr(stub, rpc)(request_type(session_id="ghost", at_seq=0)))
+    error = failure(lambda: getattr(stub, rpc)(request_type(session_id=sid("ghost"), at_seq=0)))
     check_error(
         error, grpc.StatusCode.INVALID_ARGUMENT, "BOUNDARY_OUT_OF_RANGE", at_seq=0, next_seq=0
     )
@@ -496,11 +521,13 @@ def test_seq_conflict_on_an_empty_append(stub: Stub, seeded: Seeded) -> None:
     assert_untouched(stub, sid, before)
 
 
-def test_seq_conflict_on_a_never_written_session(server: RunningServer, stub: Stub) -> None:
+def test_seq_conflict_on_a_never_written_session(
+    server: RunningServer, stub: Stub, sid: Sid
+) -> None:
     """expected_seq 1 on a session that does not exist conflicts with next_seq 0."""
-    error = failure(lambda: append(stub, "fresh", event(), expected_seq=1))
+    error = failure(lambda: append(stub, sid("fresh"), event(), expected_seq=1))
     check_error(error, grpc.StatusCode.ABORTED, "SEQ_CONFLICT", next_seq=0)
-    assert_never_created(server, stub, "fresh")
+    assert_never_created(server, stub, sid("fresh"))
 
 
 @pytest.mark.parametrize("lenient", [False, True])
@@ -580,11 +607,11 @@ def test_rule_order_within_one_event(
     assert_untouched(stub, sid, before)
 
 
-def test_future_replace_is_judged_against_its_own_seq_in_a_batch(stub: Stub) -> None:
+def test_future_replace_is_judged_against_its_own_seq_in_a_batch(stub: Stub, sid: Sid) -> None:
     """Rule 3 uses the seq the event would get inside the batch, not the session's next seq."""
-    reply = append(stub, "s", event(), event(), replace(2, 2))
+    reply = append(stub, sid("s"), event(), event(), replace(2, 2))
     assert [e.seq for e in reply.events] == [0, 1, 2]
-    error = failure(lambda: append(stub, "t", event(), event(), replace(3, 3)))
+    error = failure(lambda: append(stub, sid("t"), event(), event(), replace(3, 3)))
     check_error(error, grpc.StatusCode.INVALID_ARGUMENT, "INVALID_SURFACE_OP", index=2, seq=2)
 
 
@@ -728,14 +755,14 @@ def test_view_over_the_message_limit_is_a_sessionlog_error(tmp_path: Path, rpc: 
 
 
 def test_append_over_a_default_clients_receive_limit_is_all_or_nothing(
-    server: RunningServer, stub: Stub
+    server: RunningServer, stub: Stub, sid: Sid
 ) -> None:
     """With default settings on both sides, a 5 MiB append is answered, or fails having written
     nothing: gRPC clients accept 4 MiB replies by default, and the reply echoes every event."""
     events = [event(USER, content="w" * (100 << 10)) for _ in range(50)]
-    reply, error = outcome(lambda: append(stub, "s", *events))
+    reply, error = outcome(lambda: append(stub, sid("s"), *events))
     if error is not None:
-        assert not get(stub, "s").exists, (
+        assert not get(stub, sid("s")).exists, (
             f"the client got {error.code()} but all {len(events)} events were committed"
         )
     else:

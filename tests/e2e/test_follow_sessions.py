@@ -21,7 +21,7 @@ from sessionlog.v1 import session_log_service_pb2 as pb
 from sessionlog.v1 import session_log_service_pb2_grpc as pb_grpc
 from sessionlog_client import AsyncClient, Client
 from tests.e2e._helpers import check, failure, say
-from tests.e2e._proc import run_cli, running_server
+from tests.e2e._proc import run_cli_here, running_server
 from tests.e2e._replication_cluster import Cluster, wait_position
 from tests.e2e.test_auth import ADMIN, TENANT_A, WRITER, bearer, tokens_file
 from tests.e2e.test_client_python import FAST_RETRY, DropProxy
@@ -336,9 +336,7 @@ def test_the_async_client_follows_with_a_filter_and_stops_when_caught_up(
     assert asyncio.run(run()) == [("ac.yes", 0, "y0")]
 
 
-def test_the_cli_tails_a_prefix_with_a_filter_and_a_tenant_token(
-    server: Any, stub: Stub, tmp_path: Path
-) -> None:
+def test_the_cli_tails_a_prefix_with_a_filter_and_a_tenant_token(server: Any, stub: Stub) -> None:
     """`sessionlog tail --prefix P --filter F --no-follow --json` prints the matching
     sessions' events with their positions; --from-position resumes; a tenant token works."""
     for session_id, team in (("tenant-a.cli1", "core"), ("tenant-a.cli2", "web")):
@@ -351,7 +349,7 @@ def test_the_cli_tails_a_prefix_with_a_filter_and_a_tenant_token(
     base = ["tail", "--server", server.address, "--token", TENANT_A, "--no-follow", "--json"]
 
     def tail(*extra: str) -> list[dict[str, Any]]:
-        done = run_cli([*base, *extra], tmp_path)
+        done = run_cli_here([*base, *extra])
         assert done.returncode == 0, done.stderr
         return [json.loads(line) for line in done.stdout.splitlines()]
 
@@ -364,7 +362,7 @@ def test_the_cli_tails_a_prefix_with_a_filter_and_a_tenant_token(
     assert {x["session_id"] for x in narrowed} == {"tenant-a.cli2"}
     rest = tail("--prefix", "tenant-a.cli", "--from-position", str(lines[0]["position"] + 1))
     assert [x["session_id"] for x in rest] == ["tenant-a.cli2", "tenant-a.cli2"]
-    refused = run_cli([*base, "--prefix", "tenant-b."], tmp_path)
+    refused = run_cli_here([*base, "--prefix", "tenant-b."])
     assert refused.returncode == 1
     assert "PERMISSION_DENIED" in refused.stderr
 

@@ -31,7 +31,7 @@ from sessionlog_client import AsyncClient, errors
 from sessionlog_client.convert import struct_to_dict
 from sessionlog_client.google_adk import SessionlogSessionService
 from sessionlog_client.v1.message_pb2 import Role
-from tests.e2e._proc import run_cli, running_server
+from tests.e2e._proc import run_cli_here, running_server
 
 _ids = count()
 
@@ -484,7 +484,7 @@ def test_a_stale_session_append_fails_and_writes_nothing(running: RunningServer)
     run(running, test)
 
 
-def test_the_cli_prints_the_adk_events(running: RunningServer, tmp_path: Path) -> None:
+def test_the_cli_prints_the_adk_events(running: RunningServer) -> None:
     """`sessionlog items` prints each stored ADK event as its JSON with its seq, and `sessionlog
     messages` the conversation; a deleted session prints nothing."""
     app = new_app()
@@ -496,19 +496,19 @@ def test_the_cli_prints_the_adk_events(running: RunningServer, tmp_path: Path) -
 
     run(running, write)
     log_id = SessionlogSessionService("127.0.0.1:1").session_log_id(app, "u", "cli")
-    shown = run_cli(["items", log_id, "--server", running.address], tmp_path)
+    shown = run_cli_here(["items", log_id, "--server", running.address])
     assert shown.returncode == 0, shown.stderr
     lines = [json.loads(line) for line in shown.stdout.splitlines()]
     assert [(line["seq"], line["event"]["id"]) for line in lines] == [(1, "e1"), (2, "e2")]
     assert lines[0]["event"]["content"] == {"role": "user", "parts": [{"text": "q"}]}
-    transcript = run_cli(["messages", log_id, "--server", running.address], tmp_path)
+    transcript = run_cli_here(["messages", log_id, "--server", running.address])
     assert transcript.stdout.splitlines() == ["[1] user: q", "[2] assistant: a"]
 
     async def erase(service: SessionlogSessionService, client: AsyncClient) -> None:
         await service.delete_session(app_name=app, user_id="u", session_id="cli")
 
     run(running, erase)
-    gone = run_cli(["items", log_id, "--server", running.address], tmp_path)
+    gone = run_cli_here(["items", log_id, "--server", running.address])
     assert gone.stdout == ""
 
 

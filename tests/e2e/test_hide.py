@@ -31,7 +31,7 @@ from tests.e2e._helpers import (
     replace,
     say,
 )
-from tests.e2e._proc import run_cli, running_server
+from tests.e2e._proc import run_cli_here, running_server
 from tests.e2e._web import get as http_get
 
 HIDE = event_pb2.EventType.EVENT_TYPE_HIDE
@@ -242,24 +242,20 @@ def test_async_client_hide_pop_last_and_clear(running: RunningServer, sid: str) 
 # -- the CLI ----------------------------------------------------------------------------------
 
 
-def test_cli_hide_and_the_history_shows_it(
-    running: RunningServer, sid: str, tmp_path: Path
-) -> None:
+def test_cli_hide_and_the_history_shows_it(running: RunningServer, sid: str) -> None:
     """`sessionlog hide SESSION START STOP` hides the range; tail prints "hides A..B"."""
     with Client(running.address) as client:
         client.append(sid, [msg("a"), msg("b"), msg("c")])
-    done = run_cli(
-        ["hide", sid, "0", "1", "--reason", "undo", "--server", running.address], tmp_path
-    )
+    done = run_cli_here(["hide", sid, "0", "1", "--reason", "undo", "--server", running.address])
     assert done.returncode == 0, done.stderr
     assert done.stdout == "hid 0..1 at seq 3; next seq 4\n"
-    shown = run_cli(["tail", sid, "--no-follow", "--server", running.address], tmp_path)
+    shown = run_cli_here(["tail", sid, "--no-follow", "--server", running.address])
     assert shown.returncode == 0, shown.stderr
     last = shown.stdout.splitlines()[-1]
     assert last.split()[0] == "3"
     assert "hide hides 0..1" in last
     assert '"reason": "undo"' in last
-    refused = run_cli(["hide", sid, "2", "1", "--server", running.address], tmp_path)
+    refused = run_cli_here(["hide", sid, "2", "1", "--server", running.address])
     assert refused.returncode == 1
     assert "INVALID_SURFACE_OP" in refused.stderr
     with Client(running.address) as client:

@@ -21,7 +21,7 @@ from sessionlog.v1 import event_pb2
 from sessionlog.v1 import session_log_service_pb2 as pb
 from sessionlog.v1 import session_log_service_pb2_grpc as pb_grpc
 from tests.e2e._helpers import ASSISTANT, check, failure, user
-from tests.e2e._proc import run_cli, running_server
+from tests.e2e._proc import run_cli, run_cli_here, running_server
 
 ADMIN = (("authorization", "Bearer admin-secret-7d2e91c04b5a"),)
 TENANT_A = (("authorization", "Bearer tenant-a-secret-3f8c1d6e29b0"),)
@@ -159,7 +159,7 @@ def test_an_export_is_the_same_file_every_time(
     ],
 )
 def test_the_cli_refuses_a_negative_seq_or_count(
-    stub: pb_grpc.SessionLogServiceStub, server: RunningServer, tmp_path: Path, args: list[str]
+    stub: pb_grpc.SessionLogServiceStub, server: RunningServer, args: list[str]
 ) -> None:
     """A negative --at-seq, --parent-seq, --last, --from-seq, --expected-seq or --page-size is a
     usage error (exit 2, one line), changing nothing (it was a traceback, or for tail --last a
@@ -167,7 +167,7 @@ def test_the_cli_refuses_a_negative_seq_or_count(
     stub.Append(pb.AppendRequest(session_id="a.neg", events=[user("x")]), metadata=ADMIN)
     before = stub.GetSession(pb.GetSessionRequest(session_id="a.neg"), metadata=ADMIN).session
     token = ADMIN[0][1].removeprefix("Bearer ")
-    result = run_cli([*args, "--server", server.address, "--token", token], tmp_path)
+    result = run_cli_here([*args, "--server", server.address, "--token", token])
     assert result.returncode == 2, result
     assert "Traceback" not in result.stderr
     assert "0 or more" in result.stderr, result.stderr

@@ -23,7 +23,7 @@ from sessionlog_client.errors import PermissionDenied, Unauthenticated
 from sessionlog_client.v1 import admin_service_pb2 as apb
 from sessionlog_client.v1 import admin_service_pb2_grpc as apb_grpc
 from sessionlog_client.v1 import session_log_service_pb2 as pb
-from tests.e2e._proc import clean_env, run_cli, running_server
+from tests.e2e._proc import run_cli_here, running_server
 
 ADMIN = "audit-admin-secret-3b9e7c21"
 WRITER = "audit-writer-secret-8f0d4a6e"
@@ -253,11 +253,11 @@ def test_the_python_clients_walk_every_page(server: RunningServer) -> None:
     assert asyncio.run(walk()) == EXPECTED[:4]
 
 
-def test_cli_lease_audit_prints_every_entry(server: RunningServer, tmp_path: Path) -> None:
+def test_cli_lease_audit_prints_every_entry(server: RunningServer) -> None:
     """`admin lease-audit --json` prints one object per entry (every page); the text form one
     line each; --prefix narrows it; without an admin token it fails with exit 1."""
     base = ["admin", "lease-audit", "--server", server.address, "--token", ADMIN]
-    done = run_cli([*base, "--json", "--page-size", "2", "--prefix", "a"], tmp_path)
+    done = run_cli_here([*base, "--json", "--page-size", "2", "--prefix", "a"])
     assert done.returncode == 0, done.stderr
     lines = [json.loads(line) for line in done.stdout.splitlines()]
     assert [(x["session_id"], x["index"], x["actor"]) for x in lines] == [
@@ -270,17 +270,13 @@ def test_cli_lease_audit_prints_every_entry(server: RunningServer, tmp_path: Pat
         "takeover",
     ]
     assert lines[0]["previous_holder"] == "old"
-    text = run_cli([*base, "--prefix", "b."], tmp_path)
+    text = run_cli_here([*base, "--prefix", "b."])
     assert text.returncode == 0, text.stderr
     rows = text.stdout.splitlines()
     assert len(rows) == 2
     assert rows[0].startswith("b.three\t#0\ttakeover\t")
     assert rows[1].startswith("b.three\t#1\ttakeover\t")
     assert "\tz from y (token " in rows[1]
-    refused = run_cli(
-        ["admin", "lease-audit", "--server", server.address, "--token", WRITER],
-        tmp_path,
-        env=clean_env(),
-    )
+    refused = run_cli_here(["admin", "lease-audit", "--server", server.address, "--token", WRITER])
     assert refused.returncode == 1
     assert "PERMISSION_DENIED" in refused.stderr

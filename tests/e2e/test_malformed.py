@@ -2,11 +2,16 @@
 
 The bytes are built by hand (protobuf's own runtime refuses to build most of them) and sent
 through a channel with no serializer, so the server sees exactly these bytes.
+
+The tests share one server: each compares what it reads after its call with what it read just
+before (``seeded``, ``assert_still_serving``), and the sessions only one test writes ("fresh",
+"shallow", "raw") are written by that test alone.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import grpc
 import pytest
@@ -16,6 +21,7 @@ from sessionlog.v1 import event_pb2
 from sessionlog.v1 import session_log_service_pb2 as pb
 from sessionlog.wire import varint
 from tests.e2e._helpers import get
+from tests.e2e._proc import running_server
 
 SERVICE = "/sessionlog.v1.SessionLogService/"
 UNARY_RPCS = ("Append", "Surface", "DeriveMessages")
@@ -114,9 +120,17 @@ def assert_still_serving(server: RunningServer, session_id: str = "after") -> No
     assert reply.events[0].data["content"] == "still here"
 
 
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+    """One server for the module (see the module's docstring)."""
+    data: Path = tmp_path_factory.mktemp("malformed") / "data"
+    with running_server(data) as running:
+        yield running
+
+
 @pytest.fixture
 def seeded(server: RunningServer) -> tuple[bytes, ...]:
-    """Session "s" with one event, and its history before any malformed call."""
+    """Session "s" with one more event, and its history before this test's malformed calls."""
     raw_call(server, "Append", append_request(b"s", GOOD_EVENT))
     return history(server, "s")
 

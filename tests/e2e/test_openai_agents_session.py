@@ -31,7 +31,7 @@ from openai.types.responses.response_input_item_param import ResponseInputItemPa
 from sessionlog.testing import RunningServer
 from sessionlog_client import AsyncClient, errors, event, event_type
 from sessionlog_client.openai_agents import SessionlogSession, item_to_event
-from tests.e2e._proc import run_cli, running_server
+from tests.e2e._proc import run_cli_here, running_server
 
 _ids = count()
 
@@ -497,7 +497,7 @@ def test_a_summary_another_writer_appends_shows_in_get_items(running: RunningSer
     asyncio.run(run())
 
 
-def test_the_cli_prints_the_items_in_view(running: RunningServer, tmp_path: Path) -> None:
+def test_the_cli_prints_the_items_in_view(running: RunningServer) -> None:
     """`sessionlog items` prints each stored item in view as a JSON line with its seq (a popped
     one left out), and `sessionlog messages` the conversation they show."""
 
@@ -511,16 +511,16 @@ def test_the_cli_prints_the_items_in_view(running: RunningServer, tmp_path: Path
 
     sid = new_id()
     asyncio.run(write(sid))
-    shown = run_cli(["items", sid, "--server", running.address], tmp_path)
+    shown = run_cli_here(["items", sid, "--server", running.address])
     assert shown.returncode == 0, shown.stderr
     lines = [json.loads(line) for line in shown.stdout.splitlines()]
     assert lines == [
         {"seq": 0, "item": say("user", "q")},
         {"seq": 1, "item": SAMPLES["ResponseFunctionToolCallParam"]},
     ]
-    last = run_cli(["items", sid, "--last", "1", "--server", running.address], tmp_path)
+    last = run_cli_here(["items", sid, "--last", "1", "--server", running.address])
     assert [json.loads(line)["seq"] for line in last.stdout.splitlines()] == [1]
-    transcript = run_cli(["messages", sid, "--server", running.address], tmp_path)
+    transcript = run_cli_here(["messages", sid, "--server", running.address])
     assert transcript.stdout.splitlines() == [
         "[0] user: q",
         "[1] assistant:",

@@ -33,7 +33,7 @@ from sessionlog_client.pydantic_ai import (
     save_messages,
     save_messages_async,
 )
-from tests.e2e._proc import run_cli, running_server
+from tests.e2e._proc import run_cli_here, running_server
 
 _ids = count()
 WHEN = dt.datetime(2026, 5, 4, 3, 2, 1, 123456, tzinfo=dt.UTC)
@@ -226,7 +226,7 @@ def test_the_derived_view_shows_the_conversation(running: RunningServer) -> None
     assert types[2:4] == [event_type("step_end"), event_type("tool_call")]
 
 
-def test_a_hidden_part_leaves_the_history(running: RunningServer, tmp_path: Path) -> None:
+def test_a_hidden_part_leaves_the_history(running: RunningServer) -> None:
     """A hide over the last part (pop_last) drops it from load_messages and `sessionlog items`;
     the log keeps it."""
     sent: list[m.ModelMessage] = [
@@ -242,7 +242,7 @@ def test_a_hidden_part_leaves_the_history(running: RunningServer, tmp_path: Path
             kept = len(list(stream))
     assert back == [sent[0], m.ModelResponse(parts=[m.TextPart("a")], timestamp=WHEN)]
     assert kept == 4
-    shown = run_cli(["items", sid, "--server", running.address], tmp_path)
+    shown = run_cli_here(["items", sid, "--server", running.address])
     lines = [json.loads(line) for line in shown.stdout.splitlines()]
     assert [(x["seq"], "message" in x, x["part"]["content"]) for x in lines] == [
         (0, True, "q"),

@@ -30,7 +30,7 @@ from sessionlog.testing import RunningServer
 from sessionlog.v1 import session_log_service_pb2 as pb
 from sessionlog_client import AsyncClient, Client
 from tests.e2e._helpers import append, check, failure, get, user
-from tests.e2e._proc import run_cli, running_server
+from tests.e2e._proc import run_cli, run_cli_here, running_server
 from tests.e2e._replication_cluster import Cluster, since_raw, wait_position
 from tests.e2e.test_auth import TENANT_A, WRITER, bearer, tokens_file
 
@@ -186,7 +186,7 @@ def test_cli_refuses_a_time_that_is_not_rfc3339(server: RunningServer, data: Pat
         ["create", "cli-bad-at", "--expire-time", "2030-01-01T00:00:00"],
         ["update", "cli-bad-at", "--expire-time", "tomorrow"],
     ):
-        done = run_cli([*args, "--server", server.address], cwd=data.parent)
+        done = run_cli_here([*args, "--server", server.address])
         assert done.returncode == 2, done
         assert "RFC 3339" in done.stderr
         assert "Traceback" not in done.stderr
@@ -217,7 +217,7 @@ def test_python_clients_and_cli_set_retention(server: RunningServer, data: Path)
     eventually(lambda: not get(server.stub(), "py-2").exists)
 
     def cli(*args: str) -> str:
-        done = run_cli([*args, "--server", server.address, "--json"], cwd=data.parent)
+        done = run_cli_here([*args, "--server", server.address, "--json"])
         assert done.returncode == 0, done.stderr
         return done.stdout
 
@@ -227,13 +227,11 @@ def test_python_clients_and_cli_set_retention(server: RunningServer, data: Path)
     unpinned = json.loads(cli("update", "cli-1", "--unpin", "--expire-time", "never"))
     assert unpinned.get("pinned", False) is False
     assert "expire_time" not in unpinned
-    again = run_cli(
-        ["update", "cli-1", "--pin", "--ttl", "1h", "--server", server.address], data.parent
-    )
+    again = run_cli_here(["update", "cli-1", "--pin", "--ttl", "1h", "--server", server.address])
     assert again.returncode == 0, again.stderr
     assert again.stdout.rstrip().endswith("pinned")
     assert "\texpires 20" in again.stdout
-    bad = run_cli(["create", "cli-2", "--ttl", "soon", "--server", server.address], data.parent)
+    bad = run_cli_here(["create", "cli-2", "--ttl", "soon", "--server", server.address])
     assert bad.returncode == 2
     assert "--ttl" in bad.stderr
 
@@ -329,7 +327,7 @@ def test_export_and_import_keep_expiry_and_pin(server: RunningServer, data: Path
         ["export", "exp-1", "-o", str(out)],
         ["import", str(out), "--session-id", "exp-2"],
     ):
-        done = run_cli([*args, "--server", server.address], data.parent)
+        done = run_cli_here([*args, "--server", server.address])
         assert done.returncode == 0, done.stderr
     copy = get(stub, "exp-2")
     assert copy.expire_time == made.expire_time

@@ -9,7 +9,6 @@ import asyncio
 import json
 import math
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import grpc
@@ -32,7 +31,7 @@ from tests.e2e._helpers import (
     replace,
     say,
 )
-from tests.e2e._proc import run_cli, running_server
+from tests.e2e._proc import run_cli_here, running_server
 
 INVALID = grpc.StatusCode.INVALID_ARGUMENT
 
@@ -145,7 +144,7 @@ def test_python_clients_write_deltas_and_read_state(server: RunningServer) -> No
     assert asyncio.run(read_async()) == ({"n": 2}, ({"n": 2}, 2))
 
 
-def test_cli_prints_state(server: RunningServer, tmp_path: Path) -> None:
+def test_cli_prints_state(server: RunningServer) -> None:
     """`sessionlog state SESSION [--at-seq N]`, as text and --json; tail shows each delta."""
     with Client(server.address) as client:
         client.append(
@@ -157,7 +156,7 @@ def test_cli_prints_state(server: RunningServer, tmp_path: Path) -> None:
         )
 
     def ok(*args: str) -> str:
-        result = run_cli([*args, "--server", server.address], tmp_path)
+        result = run_cli_here([*args, "--server", server.address])
         assert result.returncode == 0, result.stderr
         return result.stdout
 
@@ -167,6 +166,6 @@ def test_cli_prints_state(server: RunningServer, tmp_path: Path) -> None:
     tail = ok("tail", "cli", "--no-follow").splitlines()
     # A Struct is a map: its keys print in no fixed order, so compare the parsed delta.
     assert json.loads(tail[1].split("  state ", 1)[1]) == {"k": None, "j": 1}
-    refused = run_cli(["state", "cli", "--at-seq", "9", "--server", server.address], tmp_path)
+    refused = run_cli_here(["state", "cli", "--at-seq", "9", "--server", server.address])
     assert refused.returncode == 1
     assert "BOUNDARY_OUT_OF_RANGE" in refused.stderr

@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import grpc
@@ -29,7 +28,7 @@ from tests.e2e._helpers import (
     replace,
     say,
 )
-from tests.e2e._proc import run_cli, running_server
+from tests.e2e._proc import run_cli_here, running_server
 
 INVALID = grpc.StatusCode.INVALID_ARGUMENT
 
@@ -297,14 +296,14 @@ def test_python_clients_read_the_last_events_and_messages(server: RunningServer)
     assert seqs == list(range(202, 1203))
 
 
-def test_cli_prints_the_last_messages(server: RunningServer, tmp_path: Path) -> None:
+def test_cli_prints_the_last_messages(server: RunningServer) -> None:
     """`sessionlog messages SESSION --last N` prints the last N of the transcript (and --json
     them with their seqs); `tail --last N --no-follow` the last N events."""
     with Client(server.address) as client:
         client.append("cli-tail", [event("user_message", {"content": f"m{i}"}) for i in range(40)])
 
     def ok(*args: str) -> str:
-        result = run_cli([*args, "--server", server.address], tmp_path)
+        result = run_cli_here([*args, "--server", server.address])
         assert result.returncode == 0, result.stderr
         return result.stdout
 
@@ -316,5 +315,5 @@ def test_cli_prints_the_last_messages(server: RunningServer, tmp_path: Path) -> 
     assert [m["seq"] for m in shown["messages"]] == [7, 8, 9]
     assert shown["event_count"] == 10
     assert len(ok("tail", "cli-tail", "--last", "3", "--no-follow").splitlines()) == 3
-    refused = run_cli(["messages", "cli-tail", "--last", "-1"], tmp_path)
+    refused = run_cli_here(["messages", "cli-tail", "--last", "-1"])
     assert refused.returncode == 2

@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import grpc
@@ -42,7 +41,7 @@ from tests.e2e._helpers import (
     replace,
     say,
 )
-from tests.e2e._proc import run_cli, running_server
+from tests.e2e._proc import run_cli_here, running_server
 
 INVALID = grpc.StatusCode.INVALID_ARGUMENT
 Row = tuple[str, int, int, int, int, int]
@@ -290,7 +289,7 @@ def test_python_clients_record_and_read_usage(server: RunningServer) -> None:
     assert asyncio.run(read_async()) == (["py.fork"], 9)
 
 
-def test_cli_prints_usage(server: RunningServer, tmp_path: Path) -> None:
+def test_cli_prints_usage(server: RunningServer) -> None:
     """`sessionlog usage SESSION` prints a table per model with a total (--at-seq, --tree,
     --json); `sessions` adds the tokens of sessions with usage and a total line."""
     with Client(server.address) as client:
@@ -310,7 +309,7 @@ def test_cli_prints_usage(server: RunningServer, tmp_path: Path) -> None:
         client.append("cli.v", [event("user_message", {"content": "none"})])
 
     def ok(*args: str) -> str:
-        result = run_cli([*args, "--server", server.address], tmp_path)
+        result = run_cli_here([*args, "--server", server.address])
         assert result.returncode == 0, result.stderr
         return result.stdout
 
@@ -333,6 +332,6 @@ def test_cli_prints_usage(server: RunningServer, tmp_path: Path) -> None:
     ]
     tail = ok("tail", "cli.u", "--no-follow").splitlines()
     assert tail[0].endswith("usage big 100 in / 7 out")
-    refused = run_cli(["usage", "cli.u", "--at-seq", "9", "--server", server.address], tmp_path)
+    refused = run_cli_here(["usage", "cli.u", "--at-seq", "9", "--server", server.address])
     assert refused.returncode == 1
     assert "BOUNDARY_OUT_OF_RANGE" in refused.stderr

@@ -7,9 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import re
-import subprocess
-import sys
 from collections.abc import Awaitable, Callable, Iterator
 from itertools import count
 from pathlib import Path
@@ -22,10 +19,9 @@ from claude_agent_sdk.types import SessionKey
 from sessionlog.testing import RunningServer
 from sessionlog_client import AsyncClient
 from sessionlog_client.claude_agent_sdk import SessionlogSessionStore
+from tests.e2e._examples import assert_example_prints_what_it_says
 from tests.e2e._proc import running_server
 
-ROOT = Path(__file__).resolve().parents[2]
-CLIENT_README = ROOT / "client" / "python" / "README.md"
 _ids = count()
 
 
@@ -197,23 +193,6 @@ def test_the_sdk_lists_sessions_from_the_store(running: RunningServer, tmp_path:
     run(running, test)
 
 
-def python_block(readme: Path, heading: str) -> tuple[str, list[str]]:
-    """The first ```python block after ``heading`` and its ``# ->`` lines."""
-    text = readme.read_text()
-    start = text.index(heading)
-    match = re.search(r"```python\n(.*?)```", text[start:], re.S)
-    assert match is not None, f"no python block under {heading}"
-    code = match.group(1)
-    return code, [line.split("# -> ", 1)[1] for line in code.splitlines() if "# -> " in line]
-
-
 def test_the_readme_example_runs(running: RunningServer) -> None:
     """client/python/README.md's Claude Agent SDK example prints what its ``# ->`` lines say."""
-    code, expected = python_block(CLIENT_README, "### Claude Agent SDK")
-    assert expected
-    code = code.replace("127.0.0.1:50051", running.address)
-    done = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=ROOT
-    )
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.splitlines() == expected
+    assert_example_prints_what_it_says("### Claude Agent SDK", running.address)

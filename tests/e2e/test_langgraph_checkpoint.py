@@ -7,11 +7,8 @@ from __future__ import annotations
 import asyncio
 import operator
 import re
-import subprocess
-import sys
 from collections.abc import AsyncGenerator, Iterator, Sequence
 from itertools import count
-from pathlib import Path
 from typing import Annotated, Any, TypedDict
 
 import pytest
@@ -33,10 +30,9 @@ from sessionlog_client.langgraph import (
     session_id_of,
     thread_id_of,
 )
+from tests.e2e._examples import assert_example_prints_what_it_says
 from tests.e2e._proc import running_server
 
-ROOT = Path(__file__).resolve().parents[2]
-CLIENT_README = ROOT / "client" / "python" / "README.md"
 _ids = count()
 
 
@@ -314,18 +310,6 @@ def test_delta_channel_history(running: RunningServer) -> None:
         assert delta_history(fresh, 0) == expected[:1]
 
 
-def test_client_readme_example_runs(running: RunningServer, tmp_path: Path) -> None:
+def test_client_readme_example_runs(running: RunningServer) -> None:
     """The LangGraph example of client/python/README.md runs as shown and prints what it says."""
-    text = CLIENT_README.read_text()
-    section = text.split("### LangGraph", 1)[1]
-    block = re.search(r"```python\n(.*?)```", section, re.S)
-    assert block is not None
-    script = tmp_path / "example.py"
-    script.write_text(block.group(1).replace("127.0.0.1:50051", running.address))
-    done = subprocess.run(
-        [sys.executable, str(script)], capture_output=True, text=True, timeout=120, check=False
-    )
-    assert done.returncode == 0, done.stderr
-    expected = re.findall(r"^\s*# -> (.*)$", block.group(1), re.M)
-    assert expected
-    assert done.stdout.splitlines() == expected
+    assert_example_prints_what_it_says("### LangGraph", running.address)

@@ -5,12 +5,15 @@ A ``Struct`` holds every number as a double and nests at most 24 levels (SPEC §
 is stored as an object only when it comes back from :func:`struct_to_dict` as itself; anything
 else (a whole float such as ``1.0``, an int past 2^53, deep nesting) is stored as its JSON text
 under the key with ``_json`` appended. Either way the value read back equals the value given.
+
+Session ids built from a framework's names escape each part with :func:`escape`.
 """
 
 from __future__ import annotations
 
 import bisect
 import json
+import unicodedata
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -129,3 +132,30 @@ def text_of(value: Any, parts: Mapping[str, str]) -> str | None:
         if field is not None and isinstance(part.get(field), str):
             texts.append(part[field])
     return "\n".join(texts) if texts else None
+
+
+def escape(part: str) -> str:
+    """``part`` in the characters a session id may hold, with no ``.``: letters, numbers,
+    combining marks and ``-`` stay as they are; every other character (``_`` and ``.``
+    included) becomes ``_`` and two hex digits per UTF-8 byte. ``unescape`` reverses it."""
+    out: list[str] = []
+    for ch in part:
+        if ch == "-" or unicodedata.category(ch)[0] in "LNM":
+            out.append(ch)
+        else:
+            out.extend(f"_{b:02x}" for b in ch.encode("utf-8", "surrogatepass"))
+    return "".join(out)
+
+
+def unescape(part: str) -> str:
+    """The string :func:`escape` made ``part`` from."""
+    raw = bytearray()
+    i = 0
+    while i < len(part):
+        if part[i] == "_":
+            raw.append(int(part[i + 1 : i + 3], 16))
+            i += 3
+        else:
+            raw.extend(part[i].encode("utf-8"))
+            i += 1
+    return raw.decode("utf-8", "surrogatepass")

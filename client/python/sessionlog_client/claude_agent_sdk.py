@@ -37,12 +37,11 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
-import unicodedata
 from collections.abc import AsyncIterator, Mapping
 from typing import Any, cast
 
 from sessionlog_client._aio import AsyncClient
-from sessionlog_client._items import get_exact, put_exact, text_of
+from sessionlog_client._items import escape, get_exact, put_exact, text_of, unescape
 from sessionlog_client.errors import RequestIdReused, SessionAlreadyExists, SessionNotFound
 from sessionlog_client.v1 import session_log_service_pb2 as pb
 from sessionlog_client.v1.event_pb2 import Event, EventType
@@ -83,19 +82,6 @@ _MAX_PART_BYTES = 64
 
 
 # -- ids (pure) ---------------------------------------------------------------------------------
-
-
-def escape(part: str) -> str:
-    """``part`` in the characters a session id may hold, with no ``.``: letters, numbers,
-    combining marks and ``-`` stay; every other character (``_`` and ``.`` included) becomes
-    ``_`` and two hex digits per UTF-8 byte (as the Google ADK backend escapes)."""
-    out: list[str] = []
-    for ch in part:
-        if ch == "-" or unicodedata.category(ch)[0] in "LNM":
-            out.append(ch)
-        else:
-            out.extend(f"_{b:02x}" for b in ch.encode("utf-8", "surrogatepass"))
-    return "".join(out)
 
 
 def _part(value: str, limit: int) -> str:
@@ -196,20 +182,6 @@ def _read_summary(title: str) -> tuple[int, dict[str, Any] | None] | None:
         return None
     data = held.get("data")
     return held["n"], data if isinstance(data, dict) else None
-
-
-def unescape(part: str) -> str:
-    """The string :func:`escape` made ``part`` from."""
-    raw = bytearray()
-    i = 0
-    while i < len(part):
-        if part[i] == "_":
-            raw.append(int(part[i + 1 : i + 3], 16))
-            i += 3
-        else:
-            raw.extend(part[i].encode("utf-8"))
-            i += 1
-    return raw.decode("utf-8", "surrogatepass")
 
 
 def _ms(session: pb.Session) -> int:

@@ -41,13 +41,12 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-import unicodedata
 import uuid
 from collections.abc import Sequence
 from typing import Any
 
 from sessionlog_client._aio import AsyncClient
-from sessionlog_client._items import get_exact, in_view, put_exact
+from sessionlog_client._items import escape, get_exact, in_view, put_exact, unescape
 from sessionlog_client.errors import (
     RequestIdReused,
     SeqConflict,
@@ -96,33 +95,6 @@ _PAGE = 100
 
 
 # -- ids (pure) ---------------------------------------------------------------------------------
-
-
-def escape(part: str) -> str:
-    """``part`` in the characters a session id may hold, with no ``.``: letters, numbers,
-    combining marks and ``-`` stay as they are; every other character (``_`` and ``.``
-    included) becomes ``_`` and two hex digits per UTF-8 byte. ``unescape`` reverses it."""
-    out: list[str] = []
-    for ch in part:
-        if ch == "-" or unicodedata.category(ch)[0] in "LNM":
-            out.append(ch)
-        else:
-            out.extend(f"_{b:02x}" for b in ch.encode("utf-8", "surrogatepass"))
-    return "".join(out)
-
-
-def unescape(part: str) -> str:
-    """The string :func:`escape` made ``part`` from."""
-    raw = bytearray()
-    i = 0
-    while i < len(part):
-        if part[i] == "_":
-            raw.append(int(part[i + 1 : i + 3], 16))
-            i += 3
-        else:
-            raw.extend(part[i].encode("utf-8"))
-            i += 1
-    return raw.decode("utf-8", "surrogatepass")
 
 
 def _fits(log_id: str, what: str) -> str:

@@ -699,10 +699,19 @@ def _erase(args: argparse.Namespace) -> int:
         )
     else:
         print(
-            f"erased {reply.session_count} sessions ({reply.event_count} events) under "
-            f"{args.prefix!r}; the last erase is at position {reply.position}"
+            f"erased {reply.session_count} sessions ({reply.event_count} events) "
+            f"{_erase_scope(args.prefix, args.filter)}; the last erase is at position "
+            f"{reply.position}"
         )
     return 0
+
+
+def _erase_scope(prefix: str | None, query: str | None) -> str:
+    """What an erase covered, in words: its prefix, its filter, or both."""
+    said = [f"under {prefix!r}"] if prefix else []
+    if query:
+        said.append(f"matching {query!r}")
+    return " and ".join(said) or "under ''"
 
 
 def _promote(args: argparse.Namespace) -> int:

@@ -374,8 +374,8 @@ def _common_flags() -> argparse.ArgumentParser:
         default=RETRY_FOR,
         metavar="SECONDS",
         help="how long a call retries while a server it reached, or a proxy in front of it, has "
-        "no answer for it yet (UNAVAILABLE, a proxy's 502/503/504: no primary right now), with "
-        "the same request id; 0: never (default %(default)s)",
+        "no answer for it yet (UNAVAILABLE, a proxy's 502/503/504: no primary right now); a write "
+        "keeps one request id across its tries; 0: never (default %(default)s)",
     )
     common.add_argument(
         "--json", action="store_true", help="JSON for scripts (one object per line for lists)"

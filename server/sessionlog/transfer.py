@@ -210,8 +210,11 @@ def _import(args: argparse.Namespace) -> int:
             reply = import_jsonl(
                 client, _numbered(source), args.session_id, resume=args.resume, limits=limits
             )
-        except BadLine as exc:
-            print(f"sessionlog: {args.file}: {exc}", file=sys.stderr)
+        except BadLine as exc:  # raised only by the check, before anything is sent
+            said = str(exc)
+            if "nothing was imported" not in said:
+                said += " (nothing was imported)"
+            print(f"sessionlog: {args.file}: {said}", file=sys.stderr)
             return EXIT_USAGE
         except NotTheSameImport as exc:
             print(f"sessionlog: {args.file}: {exc}", file=sys.stderr)

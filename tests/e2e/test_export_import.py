@@ -358,6 +358,7 @@ def test_a_bad_file_imports_nothing(
     code, err = import_here(b.address, capsys, str(path))
     assert code == 2, err
     assert message in err
+    assert "nothing was imported" in err
     with Client(b.address) as cb:
         assert not cb.get_session(session_id).session.exists
         path.write_text("".join(line + "\n" for line in good))

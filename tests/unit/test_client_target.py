@@ -22,6 +22,20 @@ def test_client_refuses_a_target_without_a_port(target: str) -> None:
         Client(["127.0.0.1:50051", target])
 
 
+@pytest.mark.parametrize("target", ["dns:///127.0.0.1", "dns:127.0.0.1", "dns://127.0.0.1/localhost"])
+def test_a_dns_target_without_a_port_is_refused(target: str) -> None:
+    """gRPC would dial port 443 of the name after dns: too."""
+    with pytest.raises(ValueError, match="port 443"):
+        Client(target)
+
+
+@pytest.mark.parametrize("target", ["http://127.0.0.1:50051", "https://h:443", "grpc://h:1"])
+def test_a_url_is_refused(target: str) -> None:
+    """A URL is not a gRPC target: it would fail later as a misformatted domain name."""
+    with pytest.raises(ValueError, match="a URL is not a gRPC target"):
+        Client(target)
+
+
 def test_async_client_refuses_a_target_without_a_port() -> None:
     async def build() -> None:
         AsyncClient("127.0.0.1")
@@ -38,6 +52,8 @@ def test_async_client_refuses_a_target_without_a_port() -> None:
         "[::1]:50051",
         "sessionlog.internal:443",
         "dns:///localhost:50051",
+        "dns:localhost:50051",
+        "dns://127.0.0.1/localhost:50051",
         "unix:/tmp/sessionlog.sock",
         "ipv4:127.0.0.1:50051",
     ],

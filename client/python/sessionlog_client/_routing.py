@@ -415,17 +415,31 @@ _SCHEMES = ("unix:", "unix-abstract:", "ipv4:", "ipv6:", "vsock:")
 
 def check_address(address: str) -> str:
     """``address`` when it is ``HOST:PORT`` (``[v6]:PORT``) or a gRPC target with a scheme
-    (``dns:///...``, ``unix:...``); a ValueError for a bare host, to which gRPC would silently
-    dial port 443, where no sessionlog server listens."""
-    if ":/" in address or address.startswith(_SCHEMES):
-        return address
-    match = _HOST_PORT.fullmatch(address)
+    (``dns:///HOST:PORT``, ``unix:...``); a ValueError for a bare host (also after ``dns:``), to
+    which gRPC would silently dial port 443, where no sessionlog server listens, and for a URL
+    (``http://...``), which is no gRPC target."""
+    if address.startswith(("http://", "https://", "grpc://")):
+        raise ValueError(
+            f"a target is HOST:PORT, e.g. 127.0.0.1:50051 (got {address!r}): a URL is not a gRPC "
+            "target; drop the scheme (TLS is the client's tls= option)"
+        )
+    if address.startswith("dns:"):
+        name = address[len("dns:") :]
+        if name.startswith("//"):  # dns://AUTHORITY/HOST:PORT
+            name = name[2:].partition("/")[2]
+        _host_port(name, address)
+    elif not (":/" in address or address.startswith(_SCHEMES)):
+        _host_port(address, address)
+    return address
+
+
+def _host_port(name: str, address: str) -> None:
+    match = _HOST_PORT.fullmatch(name)
     if match is None or not 0 < int(match.group(2)) < 65536:
         raise ValueError(
             f"a target is HOST:PORT, e.g. 127.0.0.1:50051 (got {address!r}); a bare host would "
             "dial port 443"
         )
-    return address
 
 
 def make_router(

@@ -26,18 +26,36 @@ export const DEFAULT_TARGET = "127.0.0.1:50051";
 const HOST_PORT = /^(\[[^\]]+\]|[^:[\]/]+):(\d{1,5})$/;
 const SCHEMES = ["unix:", "unix-abstract:", "ipv4:", "ipv6:", "vsock:"];
 
-/** `address` when it is HOST:PORT ([v6]:PORT) or a gRPC target with a scheme (dns:///...,
- * unix:...); a TypeError for a bare host, to which gRPC would silently dial port 443. */
+/** `address` when it is HOST:PORT ([v6]:PORT) or a gRPC target with a scheme (dns:///HOST:PORT,
+ * unix:...); a TypeError for a bare host (also after dns:), to which gRPC would silently dial
+ * port 443, and for a URL (http://...), which is no gRPC target. */
 export function checkAddress(address) {
-  if (address.includes(":/") || SCHEMES.some((s) => address.startsWith(s))) return address;
-  const match = HOST_PORT.exec(address);
+  if (/^(https?|grpc):\/\//.test(address)) {
+    throw new TypeError(
+      `a target is HOST:PORT, e.g. 127.0.0.1:50051 (got ${JSON.stringify(address)}): a URL is not a gRPC target; drop the scheme (TLS is the client's tls option)`,
+    );
+  }
+  if (address.startsWith("dns:")) {
+    let name = address.slice("dns:".length);
+    if (name.startsWith("//")) {
+      const slash = name.indexOf("/", 2);
+      name = slash < 0 ? "" : name.slice(slash + 1);
+    }
+    hostPort(name, address);
+  } else if (!(address.includes(":/") || SCHEMES.some((s) => address.startsWith(s)))) {
+    hostPort(address, address);
+  }
+  return address;
+}
+
+function hostPort(name, address) {
+  const match = HOST_PORT.exec(name);
   const port = match ? Number(match[2]) : 0;
   if (!(port > 0 && port < 65536)) {
     throw new TypeError(
       `a target is HOST:PORT, e.g. 127.0.0.1:50051 (got ${JSON.stringify(address)}); a bare host would dial port 443`,
     );
   }
-  return address;
 }
 export const DEFAULT_TIMEOUT_MS = 10_000;
 export const DEFAULT_CONNECT_TIMEOUT_MS = 3_000;

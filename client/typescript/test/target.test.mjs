@@ -20,3 +20,13 @@ test("targets with a port or a scheme are kept", () => {
     new SessionLogClient(target).close();
   }
 });
+
+test("a dns: target without a port and a URL are refused", () => {
+  for (const target of ["dns:///127.0.0.1", "dns:127.0.0.1", "dns://127.0.0.1/localhost"]) {
+    assert.throws(() => new SessionLogClient(target), /port 443/);
+  }
+  for (const target of ["http://127.0.0.1:50051", "https://h:443", "grpc://h:1"]) {
+    assert.throws(() => new SessionLogClient(target), /a URL is not a gRPC target/);
+  }
+  assert.equal(checkAddress("dns:localhost:50051"), "dns:localhost:50051");
+});

@@ -68,7 +68,7 @@ AGENTS_SUITE = "test/openai-agents.test.mjs"
 CLAUDE_SUITE = "test/claude-agent-sdk.test.mjs"
 """Its own run: the Claude Agent SDK store's contracts, and a Python store reading its writes."""
 NODE_SUITE_SECONDS = 300
-"""One `node --test` run's limit (each takes about a minute on a quiet 2-core machine, three on a busy one)."""
+"""One `node --test` run's limit (about a minute on a quiet 2-core machine, three on a busy one)."""
 
 
 @pytest.mark.timeout(NODE_SUITE_SECONDS + 30)

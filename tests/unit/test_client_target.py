@@ -22,7 +22,9 @@ def test_client_refuses_a_target_without_a_port(target: str) -> None:
         Client(["127.0.0.1:50051", target])
 
 
-@pytest.mark.parametrize("target", ["dns:///127.0.0.1", "dns:127.0.0.1", "dns://127.0.0.1/localhost"])
+@pytest.mark.parametrize(
+    "target", ["dns:///127.0.0.1", "dns:127.0.0.1", "dns://127.0.0.1/localhost"]
+)
 def test_a_dns_target_without_a_port_is_refused(target: str) -> None:
     """gRPC would dial port 443 of the name after dns: too."""
     with pytest.raises(ValueError, match="port 443"):

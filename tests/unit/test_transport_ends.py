@@ -64,14 +64,16 @@ def _router(*addresses: str) -> Router:
 def test_a_stream_that_answered_resumes_after_a_transport_end(
     addresses: tuple[str, ...], ended: Ended
 ) -> None:
-    """A read stream resumes (LATER) after an end with no ErrorInfo; a unary call does not
-    take UNKNOWN, INTERNAL or CANCELLED for UNAVAILABLE."""
+    """A read stream resumes (LATER) after an end with no ErrorInfo, and so does a unary call
+    that retries (``deadline_moves``: a read, or a write with a request id); one that does not
+    retry does not take UNKNOWN, INTERNAL or CANCELLED for UNAVAILABLE."""
     router = _router(*addresses)
     member = router.current()
     assert member is not None
     member.reached = True
     assert transport_end(ended)
     assert router.after(member, ended, retry=True, hops=0, stream=True) is Step.LATER
+    assert router.after(member, ended, retry=True, hops=0, deadline_moves=True) is Step.LATER
     unary = router.after(member, ended, retry=True, hops=0)
     assert unary is (Step.LATER if ended.code() == U.UNAVAILABLE else Step.RAISE)
 

@@ -294,8 +294,11 @@ class Router:
         stream: bool = False,
     ) -> Step:
         """Record what ``error`` says about ``member`` and decide what the failed call does next
-        (``deadline_moves``: a unary call that retries, for which a deadline is no answer;
-        ``stream``: a read stream, which resumes after any end of the transport)."""
+        (``deadline_moves``: a unary call that retries, for which a deadline is no answer and
+        which is sent again after any end of the transport, as a server stopping with the call in
+        flight (CANCELLED) or a proxy losing the member behind it: a read, or a write whose
+        request id makes a second try harmless; ``stream``: a read stream, which resumes after
+        any end of the transport)."""
         trailers = error.trailing_metadata()
         info = error_info(trailers)
         if info is not None:
@@ -305,7 +308,9 @@ class Router:
         code = error.code()
         proxied = proxy_status(error) is not None
         unavailable = (
-            code == grpc.StatusCode.UNAVAILABLE or proxied or (stream and transport_end(error))
+            code == grpc.StatusCode.UNAVAILABLE
+            or proxied
+            or ((stream or deadline_moves) and transport_end(error))
         )
         answered = member.reached or self.reached or proxied  # a proxy answered, if no server
         if info is not None and info.reason == ReplicasUnavailable.reason:

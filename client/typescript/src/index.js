@@ -1503,9 +1503,12 @@ export class SessionLogClient {
     const group = trailingGroup(error?.metadata);
     let current = this._learn(member, trailingEpoch(error?.metadata), group, sessionId);
     // A proxy's 502/503/504 is an answer (no primary right now), not an unreachable address;
-    // a read stream (stream) resumes after any end of the transport.
+    // a read stream (stream) resumes after any end of the transport, and a unary call that
+    // retries (deadlineMoves: a read, or a write whose request id makes a second try harmless)
+    // is sent again after one (a server stopping with the call in flight: CANCELLED).
     const proxied = proxyStatus(error) !== null;
-    const unavailable = error?.code === grpc.status.UNAVAILABLE || proxied || (stream && transportEnd(error));
+    const unavailable =
+      error?.code === grpc.status.UNAVAILABLE || proxied || ((stream || deadlineMoves) && transportEnd(error));
     const answered = member.reached || proxied;
     if (info?.reason === "REPLICAS_UNAVAILABLE") return retry ? LATER : RAISE; // committed here
     if (info?.reason === "SLOT_MOVING") return LATER; // written nowhere: wait for the flip, here

@@ -308,7 +308,9 @@ class Authorizer:
         if principal is None:
             # The secret is never logged: its length and the start of its SHA-256 (the digest
             # the token file holds) are enough to tell which client sends it.
-            digest = hashlib.sha256(secret.encode()).hexdigest()[:REFUSED_DIGEST_CHARS]
+            digest = hashlib.sha256(secret.encode("utf-8", "surrogatepass")).hexdigest()[
+                :REFUSED_DIGEST_CHARS
+            ]
             log.warning(
                 "refused a token not recognised on %s (%d characters, sha256 %s...)",
                 method,

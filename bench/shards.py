@@ -34,6 +34,7 @@ import contextlib
 import os
 import shutil
 import subprocess
+import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -166,9 +167,14 @@ def static_groups(work: Path, names: Sequence[str], proxy: bool) -> Iterator[Gro
         groups = Groups(shard_map, servers)
         if proxy:
             groups.proxy_address = f"127.0.0.1:{free_port()}"
+            # HAProxy refuses a runtime-API socket path over 97 bytes, which a deep work folder
+            # (a test's temporary folder) can reach: the socket goes in a short folder of its own.
+            sockets = Path(tempfile.mkdtemp(prefix="slh-"))
+            stack.callback(shutil.rmtree, sockets, ignore_errors=True)
             config, _ = haproxy.write(
-                shard_map, work / f"haproxy-{tag}", groups.proxy_address, check=CHECK_SECONDS
-            )
+                shard_map, work / f"haproxy-{tag}", groups.proxy_address, check=CHECK_SECONDS,
+                socket=str(sockets / "haproxy.sock"),
+            )  # fmt: skip
             groups.proxy = HAProxyProcess(config, work / f"haproxy-{tag}.log").start()
             stack.callback(groups.proxy.stop)
             _wait_routed(groups)

@@ -64,8 +64,18 @@ def pytest_report_header(config: pytest.Config) -> str:
     return f"sessionlog servers: `sessionlog serve --workers {workers}` processes"
 
 
+NODE_GROUP = "node-client"
+"""The xdist group of the modules that run Node out of client/typescript: one test process runs
+them all, one after another (`npm pack` copies protos into that folder while a suite reads it)."""
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """In workers mode, deselect the tests that need the in-process server."""
+    """Group each test with its module for pytest-xdist (`make test` runs `--dist loadgroup`: a
+    module's tests share one test process, and its module-scoped server, unless the module names
+    a group of its own); in workers mode, deselect the tests that need the in-process server."""
+    for item in items:
+        if item.get_closest_marker("xdist_group") is None:
+            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::", 1)[0]))
     if workers_under_test() == 1:
         return
     deselected = [item for item in items if item.get_closest_marker("in_process")]

@@ -52,6 +52,9 @@ from tests.e2e.test_client_typescript import (
 )
 from tests.e2e.test_dead_link import NodeFollower, seqs_in
 
+# One test process runs every module that runs Node out of client/typescript (tests/conftest.py).
+pytestmark = pytest.mark.xdist_group("node-client")
+
 SESSIONLOG = Path(sys.prefix) / "bin" / "sessionlog"
 TIMEOUT_SECONDS = 2.0
 """HAProxy's client/server/tunnel timeout and its hard-stop-after."""

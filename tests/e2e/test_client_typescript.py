@@ -8,6 +8,8 @@ at the same time.
 
 from __future__ import annotations
 
+import fcntl
+import hashlib
 import itertools
 import json
 import os
@@ -15,6 +17,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,6 +28,9 @@ import pytest
 from sessionlog.testing import RunningServer
 from sessionlog_client import Client, event
 from tests.e2e.test_client_python import readme_block
+
+# One test process runs every module that runs Node out of client/typescript (tests/conftest.py).
+pytestmark = pytest.mark.xdist_group("node-client")
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "client" / "typescript"
@@ -45,19 +51,23 @@ def npm() -> str:
 
 @pytest.fixture(scope="module")
 def node_modules() -> Path:
-    """client/typescript/node_modules, installed with `npm ci` when missing or stale."""
+    """client/typescript/node_modules, installed with `npm ci` when missing or stale: by one
+    test process at a time (pytest-xdist runs several, and two `npm ci` in one folder break it)."""
     installed = PACKAGE / "node_modules" / ".package-lock.json"
     lock = PACKAGE / "package-lock.json"
-    if not installed.exists() or installed.stat().st_mtime < lock.stat().st_mtime:
-        result = subprocess.run(
-            [npm(), "ci", "--no-audit", "--no-fund", "--loglevel=error"],
-            cwd=PACKAGE,
-            capture_output=True,
-            text=True,
-            timeout=300,
-            check=False,
-        )
-        assert result.returncode == 0, f"npm ci failed:\n{result.stdout}\n{result.stderr}"
+    key = hashlib.sha256(str(PACKAGE).encode()).hexdigest()[:12]
+    with open(Path(tempfile.gettempdir()) / f"sessionlog-npm-{key}.lock", "w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        if not installed.exists() or installed.stat().st_mtime < lock.stat().st_mtime:
+            result = subprocess.run(
+                [npm(), "ci", "--no-audit", "--no-fund", "--loglevel=error"],
+                cwd=PACKAGE,
+                capture_output=True,
+                text=True,
+                timeout=300,
+                check=False,
+            )
+            assert result.returncode == 0, f"npm ci failed:\n{result.stdout}\n{result.stderr}"
     return PACKAGE / "node_modules"
 
 

@@ -23,6 +23,9 @@ INSTALL_SECONDS = 300
 SCRIPT = """\
 import { SessionLogClient, DEFAULT_PROTO_DIR } from "sessionlog-client";
 
+# One test process runs every module that runs Node out of client/typescript (tests/conftest.py).
+pytestmark = pytest.mark.xdist_group("node-client")
+
 const client = new SessionLogClient(process.argv[2]);
 await client.append("packed", [
   { type: "user_message", data: { content: "What is LMDB?" } },

@@ -47,6 +47,9 @@ from tests.e2e.test_client_typescript import (
     node_modules,  # noqa: F401  (a fixture, used by name)
 )
 
+# One test process runs every module that runs Node out of client/typescript (tests/conftest.py).
+pytestmark = pytest.mark.xdist_group("node-client")
+
 REPLICA_TIMEOUT = 1.5
 """The replicas' --replica-timeout here: heartbeats every 0.5 s, dead after 1.5 s of silence."""
 NOTICE_WITHIN = REPLICA_TIMEOUT + 2.0

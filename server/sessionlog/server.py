@@ -534,6 +534,7 @@ class SessionLogServer:
         while True:
             await asyncio.sleep(WRITE_STALL_CHECK_SECONDS)
             await self._watch_fence(store, writes_stuck=stalled_since is not None)
+            await self._watch_replica_link()
             stalled = store.writer.stalled
             now = time.monotonic()
             if stalled is not None and now - stalled[1] >= WRITE_STALL_SECONDS:
@@ -557,6 +558,22 @@ class SessionLogServer:
                 self._writes_stuck = False
                 if self.replica is None:
                     await self._set_health(serving=True)
+
+    async def _watch_replica_link(self) -> None:
+        """A replica that has heard nothing from its primary for longer than --replica-timeout
+        (its link is down) may be any distance behind: NOT_SERVING, with one line, until a new
+        stream catches it up again (``_caught_up``), so a balancer stops sending it reads."""
+        replica, timeout = self.replica, self.config.replica_timeout_seconds
+        if replica is None or not replica.caught_up or not replica.link_down_too_long(timeout):
+            return
+        replica.caught_up = False
+        log.warning(
+            "this replica has heard nothing from its primary for over %g s: health is "
+            "NOT_SERVING until it catches up again",
+            timeout,
+            extra={"primary": replica.primary, "detail": replica.detail},
+        )
+        await self._set_health(serving=False)
 
     def _caught_up(self) -> None:
         if self._server is not None:

@@ -445,7 +445,9 @@ class SessionLogCollector(Collector):
             ("connected", "1 while the replica is connected to its primary", int(state.connected)),
             (
                 "caught_up",
-                "1 once the replica has caught up with its primary (never while diverged)",
+                "1 from the replica catching up with its primary until its link has been down "
+                "longer than --replica-timeout (health is NOT_SERVING while 0; never 1 while "
+                "diverged)",
                 int(state.caught_up and not state.diverged),
             ),
             (

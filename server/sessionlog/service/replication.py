@@ -106,6 +106,10 @@ class ReplicaState:
     connected: bool = False
     """True from the first frame of a change stream until that stream ends or goes silent."""
     caught_up: bool = False
+    """True from the primary's caught-up marker until the link has been down longer than
+    --replica-timeout (``link_down_too_long``): then false until a new stream catches up."""
+    last_frame_at: float = 0.0
+    """time.monotonic() of the last frame heard from the primary (0: none yet)."""
     primary_position: int = 0
     """The head position the primary reported last: not the largest ever seen (a primary
     restored from a backup reports less), and not updated while disconnected."""
@@ -123,6 +127,10 @@ class ReplicaState:
     note: str = ""
     """What the folder's last rejoin discarded (``storage.rebuild``): the status detail while
     there is nothing more pressing to say."""
+
+    def link_down_too_long(self, timeout_seconds: float) -> bool:
+        """Disconnected, and nothing heard from the primary for over ``timeout_seconds``."""
+        return not self.connected and time.monotonic() - self.last_frame_at > timeout_seconds
 
     @property
     def lag_positions(self) -> int:
@@ -606,6 +614,7 @@ class Replicator:
         response = rpb.ChangesResponse.FromString(rest)
         state = self.state
         state.last_contact_ns = time.time_ns()
+        state.last_frame_at = time.monotonic()
         if response.fenced_epoch:
             await self._deposed(response)
         await self._check_epoch(response.epoch)

@@ -54,12 +54,15 @@ class Member:
         args: list[str],
         front: bool = False,
         http: bool = False,
+        metrics: bool = False,
     ) -> None:
         self.root = root
         self.name = name
         self.port = free_port()
         self.http = f"127.0.0.1:{free_port()}" if http else ""
         """Its --http-listen address ("" without one)."""
+        self.metrics = f"127.0.0.1:{free_port()}" if metrics else ""
+        """Its --metrics-listen address ("" without one)."""
         self.data = root / name
         self.etcd_link = Relay(etcd_port).start()
         self.front = Relay(self.port).start() if front else None
@@ -95,6 +98,7 @@ class Member:
             "--group", GROUP,
             "--log-format", "json",
             *(["--http-listen", self.http] if self.http else []),
+            *(["--metrics-listen", self.metrics] if self.metrics else []),
             *self.args,
         ]  # fmt: skip
         env = clean_env(workers=False)
@@ -157,10 +161,13 @@ class Group:
         args: list[str] | None = None,
         fronts: bool = False,
         http: bool = False,
+        metrics: bool = False,
     ) -> None:
         self.root = root
         self.http = http
         """Each member with a --http-listen of its own (``member.http``)."""
+        self.metrics = metrics
+        """Each member with a --metrics-listen of its own (``member.metrics``)."""
         self.etcd = EtcdProcess(root / "etcd")
         self.member_args = args or []
         self.members: list[Member] = []
@@ -182,7 +189,13 @@ class Group:
         self._endpoints = Endpoints((self.etcd.endpoint,), 1.0)
         for index in range(self.count):
             member = Member(
-                self.root, f"m{index + 1}", self.etcd.port, self.member_args, self.fronts, self.http
+                self.root,
+                f"m{index + 1}",
+                self.etcd.port,
+                self.member_args,
+                self.fronts,
+                self.http,
+                self.metrics,
             )
             self.members.append(member)
             member.start()

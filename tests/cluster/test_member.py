@@ -15,6 +15,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 import grpc
@@ -248,6 +249,35 @@ def test_after_three_faults_only_the_synchronous_member_takes_over(tmp_path: Pat
             assert "rejoin discarded" not in member.log()
         # A joins B's synchronous set, so B acknowledges again (K=1, the old leader is gone).
         assert append(b, "s", "after the failover", request_id="r5")[0] == 5
+
+
+def test_the_leader_names_its_synchronous_set_in_its_status_and_metrics(tmp_path: Path) -> None:
+    """--ack replica --sync-replicas 1: once the leader has had etcd confirm its synchronous
+    set, GetReplicationStatus lists the set's members (followers, never itself) and /metrics
+    counts them; a follower lists none."""
+    args = [*LOCAL, "--ack", "replica", "--sync-replicas", "1"]
+    with Group(tmp_path, members=3, args=args, metrics=True) as group:
+        leader, _ = group.wait_healthy()
+        followers = {m.address for m in group.members if m is not leader}
+        append(leader, "s", "one", request_id="r0")
+
+        def named() -> list[str]:
+            status = leader.status()
+            return [] if status is None else list(status.sync_set)
+
+        wait_for("the leader's status names its synchronous set", lambda: bool(named()), 20)
+        members = named()
+        assert members == sorted(members)
+        assert set(members) <= followers, (members, followers)
+        with urllib.request.urlopen(f"http://{leader.metrics}/metrics", timeout=5) as reply:
+            scraped = reply.read().decode()
+        found = re.search(r"^sessionlog_sync_set_members (\S+)$", scraped, re.MULTILINE)
+        assert found, "no sessionlog_sync_set_members in the leader's /metrics"
+        assert float(found.group(1)) >= 1
+        follower = next(m for m in group.members if m is not leader)
+        status = follower.status()
+        assert status is not None
+        assert list(status.sync_set) == []
 
 
 def gone(pid: int) -> bool:

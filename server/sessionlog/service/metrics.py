@@ -483,6 +483,13 @@ def _sync(sync: SyncTracker) -> Iterator[Metric]:
         "Newest change-feed position that enough replicas hold (0: fewer count)",
         value=sync.sync_position,
     )
+    if sync.grouped:
+        yield GaugeMetricFamily(
+            "sessionlog_sync_set_members",
+            "Members of the synchronous set this cluster leader last had etcd confirm (they "
+            "alone may take over from it)",
+            value=len(sync.members),
+        )
     position = GaugeMetricFamily(
         "sessionlog_sync_replica_position",
         "Newest position each replica reported holding durably",

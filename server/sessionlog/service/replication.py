@@ -386,6 +386,8 @@ def _cluster_status(
 def _sync_status(response: rpb.GetReplicationStatusResponse, sync: SyncTracker) -> None:
     response.ack = rpb.ACK_MODE_REPLICA if sync.required else rpb.ACK_MODE_LOCAL
     response.sync_replicas = sync.required
+    if sync.grouped:
+        response.sync_set.extend(sorted(sync.members))
     for replica in sync.replicas():
         entry = response.replicas.add(
             replica=replica.name,

@@ -169,7 +169,7 @@ class GetReplicationStatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class GetReplicationStatusResponse(_message.Message):
-    __slots__ = ("role", "primary", "position", "primary_position", "lag_positions", "lag", "caught_up", "connected", "last_contact_time", "state", "history_id", "primary_history_id", "detail", "epoch", "epoch_history", "ack", "sync_replicas", "replicas", "cluster")
+    __slots__ = ("role", "primary", "position", "primary_position", "lag_positions", "lag", "caught_up", "connected", "last_contact_time", "state", "history_id", "primary_history_id", "detail", "epoch", "epoch_history", "ack", "sync_replicas", "replicas", "cluster", "sync_set")
     ROLE_FIELD_NUMBER: _ClassVar[int]
     PRIMARY_FIELD_NUMBER: _ClassVar[int]
     POSITION_FIELD_NUMBER: _ClassVar[int]
@@ -189,6 +189,7 @@ class GetReplicationStatusResponse(_message.Message):
     SYNC_REPLICAS_FIELD_NUMBER: _ClassVar[int]
     REPLICAS_FIELD_NUMBER: _ClassVar[int]
     CLUSTER_FIELD_NUMBER: _ClassVar[int]
+    SYNC_SET_FIELD_NUMBER: _ClassVar[int]
     role: str
     primary: str
     position: int
@@ -208,7 +209,8 @@ class GetReplicationStatusResponse(_message.Message):
     sync_replicas: int
     replicas: _containers.RepeatedCompositeFieldContainer[SyncReplica]
     cluster: ClusterStatus
-    def __init__(self, role: _Optional[str] = ..., primary: _Optional[str] = ..., position: _Optional[int] = ..., primary_position: _Optional[int] = ..., lag_positions: _Optional[int] = ..., lag: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., caught_up: _Optional[bool] = ..., connected: _Optional[bool] = ..., last_contact_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., state: _Optional[_Union[ReplicationState, str]] = ..., history_id: _Optional[str] = ..., primary_history_id: _Optional[str] = ..., detail: _Optional[str] = ..., epoch: _Optional[int] = ..., epoch_history: _Optional[_Iterable[_Union[EpochStart, _Mapping]]] = ..., ack: _Optional[_Union[AckMode, str]] = ..., sync_replicas: _Optional[int] = ..., replicas: _Optional[_Iterable[_Union[SyncReplica, _Mapping]]] = ..., cluster: _Optional[_Union[ClusterStatus, _Mapping]] = ...) -> None: ...
+    sync_set: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, role: _Optional[str] = ..., primary: _Optional[str] = ..., position: _Optional[int] = ..., primary_position: _Optional[int] = ..., lag_positions: _Optional[int] = ..., lag: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., caught_up: _Optional[bool] = ..., connected: _Optional[bool] = ..., last_contact_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., state: _Optional[_Union[ReplicationState, str]] = ..., history_id: _Optional[str] = ..., primary_history_id: _Optional[str] = ..., detail: _Optional[str] = ..., epoch: _Optional[int] = ..., epoch_history: _Optional[_Iterable[_Union[EpochStart, _Mapping]]] = ..., ack: _Optional[_Union[AckMode, str]] = ..., sync_replicas: _Optional[int] = ..., replicas: _Optional[_Iterable[_Union[SyncReplica, _Mapping]]] = ..., cluster: _Optional[_Union[ClusterStatus, _Mapping]] = ..., sync_set: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class ClusterStatus(_message.Message):
     __slots__ = ("group", "member", "role", "leader", "epoch", "reason", "lease", "lease_remaining", "etcd_endpoint", "blocked_by", "deposed")

@@ -41,7 +41,7 @@ from sessionlog.shard import scatter
 from sessionlog.shard.ownership import Ownership, from_file
 from sessionlog.shard.scatter import Scatter
 from sessionlog.shard.shardmap import ShardMapError
-from sessionlog.storage import folder
+from sessionlog.storage import folder, snapshot
 from sessionlog.storage.changes import FEED_KEY
 from sessionlog.storage.leadership import FENCED, Leadership
 from sessionlog.storage.store import Store, StoreConfig
@@ -182,6 +182,11 @@ class SessionLogServer:
         store = self.store = self._open_store()
         if self.peers is None:  # with workers, the supervisor has done it (``_prepare``)
             index_old_sessions(store, config)
+        for stale in snapshot.clear_stale(store.path):
+            log.warning(
+                "removed a snapshot's temporary copy a stopped server left behind",
+                extra={"folder": str(stale)},
+            )
         self._hold_writes_to_map(store)
         server = app.grpc_server(
             config,

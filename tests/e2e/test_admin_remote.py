@@ -5,7 +5,9 @@ the folder does, and every other token refused."""
 from __future__ import annotations
 
 import argparse
+import fcntl
 import json
+import os
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -270,3 +272,64 @@ def test_a_damaged_or_short_download_is_refused(tmp_path: Path) -> None:
     short = [r for i, r in enumerate(responses) if i != chunks[-1]]
     with pytest.raises(SnapshotRefused, match="bytes arrived"):
         receive_snapshot(short, tmp_path / "short.part")
+
+
+def test_a_server_takes_at_most_two_snapshots_at_once(tmp_path: Path) -> None:
+    """Two snapshots whose clients read slowly hold the server's two snapshot slots (each a copy
+    of the store on disk): a third is refused RESOURCE_EXHAUSTED TOO_MANY_SNAPSHOTS and leaves no
+    copy behind; once one of the two ends, a new one is taken."""
+    with serving_with_auth(tmp_path, "data") as address:
+        fill(address, sessions=24, events=100, content_bytes=10_000)  # about 24 MiB
+        with open_channel(address, ADMIN) as channel:
+            stub = admin_stub(channel)
+            first = stub.SaveSnapshot(apb.SaveSnapshotRequest(), timeout=60)
+            second = stub.SaveSnapshot(apb.SaveSnapshotRequest(), timeout=60)
+            assert next(first).info.size_bytes > 20 << 20
+            assert next(second).info.size_bytes > 20 << 20
+            assert len(temporary_folders(tmp_path)) == 2
+            with pytest.raises(grpc.RpcError) as refused:
+                next(stub.SaveSnapshot(apb.SaveSnapshotRequest(), timeout=TIMEOUT))
+            assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            info = error_info(refused.value)
+            assert info.reason == "TOO_MANY_SNAPSHOTS"
+            assert info.metadata["limit"] == "2"
+            assert "retry when one has finished" in (refused.value.details() or "")
+            assert len(temporary_folders(tmp_path)) == 2
+            first.cancel()
+            deadline = time.monotonic() + TIMEOUT
+            while len(temporary_folders(tmp_path)) > 1 and time.monotonic() < deadline:
+                time.sleep(0.02)
+            whole = list(stub.SaveSnapshot(apb.SaveSnapshotRequest(), timeout=60))
+            assert whole[-1].WhichOneof("kind") == "sha256"
+            second.cancel()
+    assert temporary_folders(tmp_path) == []
+
+
+def test_a_start_removes_the_temporary_copies_a_killed_server_left(tmp_path: Path) -> None:
+    """Temporary snapshot folders beside the data folder that no process holds and that are a
+    minute old are what a killed server left: the next start removes them, with a line each.
+    One another process holds (flock), and one made a moment ago, stay."""
+    old = time.time() - 3600
+    folders = {}
+    for name in ("left", "held", "young"):
+        folder = folders[name] = tmp_path / f"{TEMPORARY_PREFIX}{name}"
+        folder.mkdir()
+        (folder / "data.mdb").write_bytes(b"x" * 4096)
+        if name != "young":
+            os.utime(folder, (old, old))
+    held = os.open(folders["held"], os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        tokens = tokens_file(tmp_path / "tokens.toml")
+        address = f"127.0.0.1:{free_port()}"
+        args = ["--data", "data", "--listen", address, "--auth-tokens", str(tokens)]
+        with ServerProcess([*args, "--auth-open-health"], tmp_path, name="stale") as process:
+            process.wait_serving(address)
+            log = process.log()
+    finally:
+        os.close(held)
+    assert not folders["left"].exists()
+    assert folders["held"].exists()
+    assert folders["young"].exists()
+    assert "left behind" in log
+    assert str(folders["left"]) in log

@@ -58,6 +58,7 @@ status back into the same class with :func:`from_reason`.
     ├── Unauthenticated                     UNAUTHENTICATED (no or unknown bearer token)
     ├── PermissionDenied                    PERMISSION_DENIED (token lacks the right or prefix)
     ├── TooManyStreams                      RESOURCE_EXHAUSTED (TOO_MANY_STREAMS)
+    ├── TooManySnapshots                    RESOURCE_EXHAUSTED (TOO_MANY_SNAPSHOTS)
     ├── StorageFull                         RESOURCE_EXHAUSTED
     ├── ResponseTooLarge                    RESOURCE_EXHAUSTED (RESPONSE_TOO_LARGE)
     ├── RequestTooLarge                     RESOURCE_EXHAUSTED (REQUEST_TOO_LARGE)
@@ -253,6 +254,12 @@ class TooManyStreams(SessionLogError):
     """Too many follow streams are open (per connection or in total); close some, retry later."""
 
     reason = "TOO_MANY_STREAMS"
+
+
+class TooManySnapshots(SessionLogError):
+    """As many snapshots as a server takes at once are being taken; retry when one is done."""
+
+    reason = "TOO_MANY_SNAPSHOTS"
 
 
 class SessionAlreadyExists(SessionLogError):

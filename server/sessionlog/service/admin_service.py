@@ -248,7 +248,12 @@ class AdminServicer:
             return
         started = time.monotonic()
         store = self.store
-        folder = snapshot.temporary_folder(store.path)
+        try:
+            temporary = snapshot.temporary_folder(store.path)
+        except errors.TooManySnapshots as error:
+            await abort(context, error)
+            return
+        folder = temporary.path
         history_id = store.history()[0]
         copying = asyncio.ensure_future(asyncio.to_thread(_take, store, folder))
         try:
@@ -276,7 +281,7 @@ class AdminServicer:
                 },
             )
         finally:
-            _discard_when_copied(copying, folder)
+            _discard_when_copied(copying, temporary)
 
 
 def _take(store: Store, folder: Path) -> tuple[Usage, int]:
@@ -312,13 +317,16 @@ def _read(source: BinaryIO, digest: hashlib._Hash) -> bytes:
     return chunk
 
 
-def _discard_when_copied(copying: asyncio.Future[tuple[Usage, int]], folder: Path) -> None:
-    """Remove the temporary folder now, or once the copy writing into it has finished."""
+def _discard_when_copied(
+    copying: asyncio.Future[tuple[Usage, int]], temporary: snapshot.Temporary
+) -> None:
+    """Remove the temporary folder (and free its slot) now, or once the copy writing into it
+    has finished."""
 
     def discard(done: asyncio.Future[tuple[Usage, int]]) -> None:
         if not done.cancelled():
             done.exception()  # retrieved: a copy that failed after its client left is not news
-        snapshot.discard(folder)
+        temporary.discard()
 
     if copying.done():
         discard(copying)

@@ -27,6 +27,7 @@ _CODES: dict[type[errors.SessionLogError], grpc.StatusCode] = {
     errors.ResponseTooLarge: grpc.StatusCode.RESOURCE_EXHAUSTED,
     errors.RequestTooLarge: grpc.StatusCode.RESOURCE_EXHAUSTED,
     errors.TooManyStreams: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    errors.TooManySnapshots: grpc.StatusCode.RESOURCE_EXHAUSTED,
     errors.Unauthenticated: grpc.StatusCode.UNAUTHENTICATED,
     errors.PermissionDenied: grpc.StatusCode.PERMISSION_DENIED,
     errors.Unavailable: grpc.StatusCode.UNAVAILABLE,

@@ -5,6 +5,8 @@
     <data>/sessionlog.lock   the PID of the server that owns the folder, for the error a
                              second one gets (the lock itself is a flock on the folder)
     <data>/sessionlog.folder the marker: JSON {format, created, instance, previous_instance}
+    <data>/snapshot-slot-K.lock  empty; a snapshot in progress holds a flock on one
+                             (``snapshot.MAX_AT_ONCE`` of them)
 
 **One owner.** Two servers writing one folder would each cache nothing that matters (positions
 and seqs are read inside the write transaction), but they would still split followers and

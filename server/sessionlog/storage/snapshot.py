@@ -12,16 +12,23 @@ open when it is stamped, so it is opened without a lock file.
 
 A snapshot for a remote client is written to a temporary folder beside the data folder (the same
 filesystem, so there is room for a copy no larger than the source's used pages), streamed from
-there and removed; ``TEMPORARY_PREFIX`` names such folders, for an operator cleaning up after a
-crash.
+there and removed; ``TEMPORARY_PREFIX`` names such folders. Each holds a copy of the store until
+its client has it all, so a server takes at most ``MAX_AT_ONCE`` at once, over all its processes
+(a ``flock`` on one of the data folder's ``snapshot-slot-K.lock`` files per snapshot; past them,
+TOO_MANY_SNAPSHOTS). A folder in use is ``flock``ed too, so that ``clear_stale``, at every start,
+removes only what a killed server left behind.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
+import fcntl
 import os
 import shutil
 import tempfile
+import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import lmdb
@@ -33,6 +40,12 @@ from sessionlog.storage.usage import Usage, usage
 
 DATA_FILE = "data.mdb"
 TEMPORARY_PREFIX = ".sessionlog-snapshot-"
+MAX_AT_ONCE = 2
+"""Snapshots a server takes at once (see the module docstring)."""
+SLOT_FILE = "snapshot-slot-{}.lock"
+STALE_AFTER_SECONDS = 60.0
+"""How old an unlocked temporary folder must be before ``clear_stale`` removes it (a folder is
+locked a moment after it is made)."""
 
 
 def copy(env: lmdb.Environment, tables: Tables, dest: Path) -> Usage:
@@ -59,19 +72,84 @@ def stamp(path: Path, map_size: int) -> None:
         env.close()
 
 
-def temporary_folder(data: Path) -> Path:
-    """A new empty folder for a snapshot of the store in ``data``: beside it when its parent is
-    writable, else in the system's temporary directory."""
-    parent = data.absolute().parent
+@dataclass
+class Temporary:
+    """A temporary snapshot folder and the slot it holds, until ``discard``."""
+
+    path: Path
+    _locks: tuple[int, ...]
+
+    def discard(self) -> None:
+        """Remove the folder and what is in it, then free its slot (once; later calls do
+        nothing)."""
+        shutil.rmtree(self.path, ignore_errors=True)
+        locks, self._locks = self._locks, ()
+        for fd in locks:
+            os.close(fd)
+
+
+def temporary_folder(data: Path) -> Temporary:
+    """A new empty folder for a snapshot of the store in ``data``, beside it when its parent is
+    writable, else in the system's temporary directory; TooManySnapshots when ``MAX_AT_ONCE``
+    snapshots of it are being taken."""
+    slot = _take_slot(data)
     try:
-        return Path(tempfile.mkdtemp(prefix=TEMPORARY_PREFIX, dir=parent))
-    except PermissionError:
-        return Path(tempfile.mkdtemp(prefix=TEMPORARY_PREFIX))
+        parent = data.absolute().parent
+        try:
+            path = Path(tempfile.mkdtemp(prefix=TEMPORARY_PREFIX, dir=parent))
+        except PermissionError:
+            path = Path(tempfile.mkdtemp(prefix=TEMPORARY_PREFIX))
+        lock = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except BaseException:
+        os.close(slot)
+        raise
+    fcntl.flock(lock, fcntl.LOCK_EX)  # a new folder: nobody else locks it
+    return Temporary(path, (lock, slot))
 
 
-def discard(folder: Path) -> None:
-    """Remove a temporary snapshot folder and what is in it (nothing when already gone)."""
-    shutil.rmtree(folder, ignore_errors=True)
+def _take_slot(data: Path) -> int:
+    for number in range(MAX_AT_ONCE):
+        fd = os.open(data / SLOT_FILE.format(number), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            continue
+        return fd
+    raise errors.TooManySnapshots(
+        f"{MAX_AT_ONCE} snapshots of this server are being taken already (it takes at most "
+        f"{MAX_AT_ONCE} at once: each is a copy of the store on disk until its client has it "
+        "all); retry when one has finished",
+        limit=str(MAX_AT_ONCE),
+    )
+
+
+def clear_stale(data: Path) -> list[Path]:
+    """Remove the temporary snapshot folders a killed server left beside ``data`` (or in the
+    system's temporary directory): those no process holds locked, older than
+    ``STALE_AFTER_SECONDS``. The folders removed."""
+    removed = []
+    for parent in {data.absolute().parent, Path(tempfile.gettempdir())}:
+        for folder in parent.glob(TEMPORARY_PREFIX + "*"):
+            with contextlib.suppress(OSError):
+                if time.time() - folder.lstat().st_mtime >= STALE_AFTER_SECONDS and _unheld(folder):
+                    shutil.rmtree(folder)
+                    removed.append(folder)
+    return removed
+
+
+def _unheld(folder: Path) -> bool:
+    """Whether ``folder`` is a directory no process holds a lock on (the lock is not kept)."""
+    if folder.is_symlink() or not folder.is_dir():
+        return False
+    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    finally:
+        os.close(fd)
+    return True
 
 
 def failure(exc: lmdb.Error | OSError, where: Path) -> errors.SessionLogError:

@@ -345,6 +345,7 @@ class SessionLogServer:
             max_message_bytes=config.max_message_bytes,
             promoter=promoter,
             elected_in=config.group if group is not None else "",
+            authorizer=self.authorizer,
         )
         admin.ownership = self.ownership
         if group is not None:

@@ -30,7 +30,7 @@ from tests.e2e._replication_cluster import (
     since_raw,
     wait_position,
 )
-from tests.e2e.test_auth import ADMIN, TENANT_A, WRITER, bearer, tokens_file
+from tests.e2e.test_auth import ADMIN, TENANT_A, TENANT_ADMIN, WRITER, bearer, tokens_file
 
 INVALID = grpc.StatusCode.INVALID_ARGUMENT
 NOT_FOUND = grpc.StatusCode.NOT_FOUND
@@ -333,6 +333,47 @@ def test_tenants_erase_only_inside_their_prefix(auth_server: RunningServer) -> N
     assert exists.session.exists
     gone = stub.GetSession(pb.GetSessionRequest(session_id="tenant-a.mine"), metadata=tenant)
     assert not gone.session.exists
+
+
+def test_a_tenants_admin_token_erases_its_own_tenant_and_nothing_else(
+    auth_server: RunningServer,
+) -> None:
+    """A token with admin limited to "tenant-a." uses EraseSessions on its own sessions: by its
+    prefix, by a prefix under it, or by a filter alone or a wider prefix (both narrowed to its
+    prefix); a prefix outside its own and a slot's copies are PERMISSION_DENIED, and no other
+    tenant's session is touched by any of it."""
+    stub = auth_server.stub()
+    admin = apb_grpc.AdminServiceStub(auth_server.channel())  # type: ignore[no-untyped-call]
+    ids = ("tenant-a.e-x1", "tenant-a.e-x2", "tenant-a.e-y1", "tenant-b.e-x1", "tenant-ab.e-x1")
+    for session_id in ids:
+        created = pb.CreateSessionRequest(session_id=session_id, owner="ann")
+        stub.CreateSession(created, metadata=bearer(ADMIN))
+        stub.Append(
+            pb.AppendRequest(session_id=session_id, events=[user("x")]), metadata=bearer(ADMIN)
+        )
+    tenant = bearer(TENANT_ADMIN)
+    denied = grpc.StatusCode.PERMISSION_DENIED
+    for refused in (
+        apb.EraseSessionsRequest(prefix="tenant-b."),
+        apb.EraseSessionsRequest(prefix="other"),
+        apb.EraseSessionsRequest(slot_copies=3),
+    ):
+        check(failure(admin.EraseSessions, refused, metadata=tenant), denied, "PERMISSION_DENIED")
+    one = admin.EraseSessions(
+        apb.EraseSessionsRequest(prefix="tenant-a.e-x", reason="tenant cleanup"), metadata=tenant
+    )
+    assert one.session_count == 2
+    wide = admin.EraseSessions(
+        apb.EraseSessionsRequest(filter='owner = "ann"'), metadata=tenant
+    )  # no prefix: narrowed to tenant-a.
+    assert wide.session_count == 1
+    admin.EraseSessions(apb.EraseSessionsRequest(prefix="tenant-"), metadata=tenant)  # a.* only
+
+    def exists(session_id: str) -> bool:
+        got = stub.GetSession(pb.GetSessionRequest(session_id=session_id), metadata=bearer(ADMIN))
+        return got.session.exists
+
+    assert [s for s in ids if exists(s)] == ["tenant-b.e-x1", "tenant-ab.e-x1"]
 
 
 # -- replicas -----------------------------------------------------------------------------------

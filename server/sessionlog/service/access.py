@@ -62,3 +62,13 @@ def actor(authorizer: Authorizer | None, context: grpc.aio.ServicerContext) -> s
     """Who asks, for an erasure's audit record: the token's name when auth is on."""
     principal = principal_of(authorizer, context)
     return "" if principal is None else principal.name
+
+
+def refuse_every_session(principal: Principal, what: str) -> None:
+    """PERMISSION_DENIED: ``what`` spans every session, and the token is limited to a prefix."""
+    raise errors.PermissionDenied(
+        f"token '{principal.name}' is limited to sessions starting with "
+        f"'{principal.session_prefix}', and {what} spans every session",
+        token=principal.name,
+        session_prefix=principal.session_prefix,
+    )

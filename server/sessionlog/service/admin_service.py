@@ -30,6 +30,8 @@ import lmdb
 from sessionlog import errors, fold
 from sessionlog.cluster.promotion import Promoter
 from sessionlog.records import parse_filter
+from sessionlog.service import access
+from sessionlog.service.auth import Authorizer
 from sessionlog.service.convert import decode
 from sessionlog.service.counters import Counters
 from sessionlog.service.errors import abort
@@ -60,8 +62,11 @@ class AdminServicer:
         max_message_bytes: int = 4 << 20,
         promoter: Promoter | None = None,
         elected_in: str = "",
+        authorizer: Authorizer | None = None,
     ) -> None:
         self.store = store
+        self.authorizer = authorizer
+        """The tokens (None: auth off): EraseSessions narrows a tenant's erase to its prefix."""
         self.promoter = promoter
         self.elected_in = elected_in
         """The group whose election decides this server's role (--cluster): no Promote."""
@@ -135,7 +140,10 @@ class AdminServicer:
     @unary
     async def erase_sessions(self, raw: bytes, context: grpc.aio.ServicerContext) -> bytes:
         request = decode(apb.EraseSessionsRequest, raw)
+        principal = access.principal_of(self.authorizer, context)
         if request.HasField("slot_copies"):
+            if principal is not None and principal.session_prefix:  # every tenant's sessions
+                access.refuse_every_session(principal, "erasing a slot's copies")
             return await self._erase_slot_copies(request)
         query = parse_filter(request.filter)  # INVALID_FILTER before anything is erased
         if not request.prefix and not query.terms:
@@ -143,13 +151,16 @@ class AdminServicer:
                 "EraseSessions needs a non-empty prefix or a filter", field="prefix"
             )
         _check_erase_prefix(request.prefix)
+        # A token limited to a session prefix erases only under it: a wider prefix (or none,
+        # with a filter) is narrowed to the token's, one outside it is PERMISSION_DENIED.
+        prefix = request.prefix if principal is None else principal.listing_prefix(request.prefix)
         self.ownership.check()  # sharded: erases this group's own sessions under the prefix
         sessions, events, position = await asyncio.to_thread(
             functools.partial(
                 self.store.erase_prefix,
-                request.prefix,
+                prefix,
                 query=query,
-                actor="admin",
+                actor=principal.name if principal is not None else "admin",
                 reason=request.reason,
             )
         )

@@ -16,7 +16,8 @@ against every configured token, so the time taken says nothing about which one n
 Secrets are never logged.
 
 AdminService (the store's stats, a copy of the whole store, every session's lease audit) needs
-``admin``, and like the change feed it is refused to a token limited to a session prefix.
+``admin``, and like the change feed it is refused to a token limited to a session prefix, but for
+EraseSessions, which erases only under such a token's prefix (a tenant's admin erases its own).
 
 Permissions per RPC: reads (Since, ListEvents, Surface, DeriveMessages, GetState, GetUsage,
 GetSession, ListSessions, FollowSessions, GetShardMap) need ``read`` (FollowSessions and
@@ -98,13 +99,13 @@ _EVERY_SESSION = frozenset(
         "/sessionlog.v1.AdminService/Promote",
         "/sessionlog.v1.AdminService/Fence",
         "/sessionlog.v1.AdminService/ListLeaseAudit",
-        "/sessionlog.v1.AdminService/EraseSessions",
         "/sessionlog.v1.ReplicationService/Changes",
         "/sessionlog.v1.ReplicationService/GetReplicationStatus",
         "/sessionlog.v1.ReplicationService/ReportProgress",
     }
 )
-"""Calls whose answer spans every session: refused to a token limited to a session prefix."""
+"""Calls whose answer spans every session: refused to a token limited to a session prefix.
+EraseSessions is not one: its handler narrows a tenant admin's erase to the token's prefix."""
 PREFIX_SEPARATORS = ".-_"
 """Characters that may end a session prefix without it also admitting longer names."""
 _OPENABLE_PREFIXES = ("/grpc.health.v1.", "/grpc.reflection.")

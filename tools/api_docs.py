@@ -8,9 +8,9 @@ The page is derived, never edited by hand. Its sources:
 - ``proto/sessionlog/v1/*.proto``, compiled by grpc_tools.protoc (the compiler ``make gen`` uses)
   into a descriptor set with source info: every service, RPC, message, field and enum, with the
   comment written above it (or after it, on the same line);
-- ``server/sessionlog/errors.py``: each error's reason, with its class docstring, or else the
-  note its line in the module docstring's tree gives; and ``service/errors.py``'s table for the
-  gRPC status code each reason travels with.
+- ``server/sessionlog/errors.py``: each error's reason, with its class docstring (a test holds
+  every class to having one); and ``service/errors.py``'s table for the gRPC status code each
+  reason travels with.
 
 Rendering (``render``) is pure: descriptors and error rows in, markdown out, so the unit tests
 render made-up descriptors as well as the real ones. Every message and enum is a heading whose
@@ -335,25 +335,18 @@ def descriptor_set(proto_root: Path = PROTO) -> descriptor_pb2.FileDescriptorSet
     return found
 
 
-TREE_LINE = re.compile(r"^[\s│├└─]*(?P<cls>\w+)\s+[A-Z_]+(?:\s+\((?P<note>.*)\))?\s*$")
-
-
 def error_rows() -> list[ErrorRow]:
     """Every reason of sessionlog.errors, in the module's order, with its gRPC status code and
-    what it means: the class docstring, or else the note on its line of the module's tree."""
+    what it means: the class's own docstring ("" for a class without one)."""
     from sessionlog import errors
     from sessionlog.service.errors import status_code
 
-    notes = {}
-    for line in (errors.__doc__ or "").splitlines():
-        if match := TREE_LINE.match(line):
-            notes[match["cls"]] = match["note"] or ""
     rows = []
     for cls in errors.BY_REASON.values():
         if cls is errors.SessionLogError:
             continue
         own = cls.__dict__.get("__doc__")
-        meaning = inspect.cleandoc(own) if own else notes.get(cls.__name__, "")
+        meaning = inspect.cleandoc(own) if own else ""
         code = status_code(cls("")).name
         rows.append(ErrorRow(cls.reason, code, cls.__name__, meaning))
     return rows

@@ -143,6 +143,10 @@ class InvalidMessageField(InvalidArgument):
 
 
 class InvalidUsage(InvalidArgument):
+    """An event's token usage is wrong in itself: a model name that is empty, too long or
+    holds control characters, a count over the per-event limit, more cached tokens than input
+    tokens or more reasoning tokens than output tokens. Metadata ``index``, ``field``."""
+
     reason = "INVALID_USAGE"
 
 
@@ -180,26 +184,40 @@ class BoundaryOutOfRange(InvalidArgument):
 
 
 class InvalidLease(InvalidArgument):
+    """A lease holder name that is empty or too long, or a TTL out of range."""
+
     reason = "INVALID_LEASE"
 
 
 class InvalidRequestId(InvalidArgument):
+    """A request_id longer than 256 bytes."""
+
     reason = "INVALID_REQUEST_ID"
 
 
 class BatchTooLarge(InvalidArgument):
+    """An append whose reply (which echoes its events) would not fit in one gRPC message;
+    split it into smaller appends."""
+
     reason = "BATCH_TOO_LARGE"
 
 
 class TooManyEvents(InvalidArgument):
+    """More events in one call than --max-events-per-append allows; split the batch."""
+
     reason = "TOO_MANY_EVENTS"
 
 
 class InvalidEpoch(InvalidArgument):
+    """A fence asked without the newer epoch (epoch 0)."""
+
     reason = "INVALID_EPOCH"
 
 
 class InvalidAddress(InvalidArgument):
+    """An address that is not HOST:PORT (a host name or IP address, then a port from 1 to
+    65535). Metadata ``field``."""
+
     reason = "INVALID_ADDRESS"
 
 
@@ -220,18 +238,28 @@ class InvalidImport(InvalidArgument):
 
 
 class InvalidPageToken(InvalidArgument):
+    """A ListEvents or DeriveMessages page_token that does not belong to this listing (other
+    options, another at_seq) or no longer fits the session; start again without one."""
+
     reason = "INVALID_PAGE_TOKEN"
 
 
 class InvalidPageSize(InvalidArgument):
+    """A negative page_size (0 means the default)."""
+
     reason = "INVALID_PAGE_SIZE"
 
 
 class InvalidOrderBy(InvalidArgument):
+    """An order_by the RPC does not offer."""
+
     reason = "INVALID_ORDER_BY"
 
 
 class InvalidRedaction(InvalidArgument):
+    """A redaction or erasure that names nothing: no seqs, an empty prefix, or a prefix no
+    session id can start with."""
+
     reason = "INVALID_REDACTION"
 
 

@@ -47,7 +47,7 @@ def test_every_rpc_message_enum_and_reason_is_on_the_page(page: str) -> None:
 
 
 def test_every_reason_is_explained(page: str) -> None:
-    """No error reason's row has an empty meaning: each class has a docstring or a note."""
+    """No error reason's row has an empty meaning: each error class has a docstring."""
     assert [row.reason for row in api_docs.error_rows() if not row.meaning.strip()] == []
     rows = {row.reason: row for row in api_docs.error_rows()}
     assert rows["SEQ_CONFLICT"].code == "ABORTED"

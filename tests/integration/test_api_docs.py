@@ -56,13 +56,16 @@ def test_every_reason_is_explained(page: str) -> None:
 
 
 def test_every_link_on_the_page_has_its_heading(page: str) -> None:
-    """Each in-page link names an anchor MkDocs gives one of the page's headings."""
+    """Each in-page link names an anchor MkDocs gives one of the page's headings, and no two
+    headings share an anchor (MkDocs would number the second, and links would miss it)."""
     anchors = {
         api_docs.slug(line.lstrip("#").strip()) for line in page.splitlines() if line[:1] == "#"
     }
     links = set(re.findall(r"\]\(#([^)]+)\)", page))
     assert len(links) > 100
     assert links - anchors == set()
+    headings = [line for line in page.splitlines() if line[:1] == "#"]
+    assert len(anchors) == len(headings), "two headings share an anchor: a link would go astray"
 
 
 def test_check_fails_on_a_stale_page(

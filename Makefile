@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 PROTOS := $(wildcard proto/sessionlog/v1/*.proto)
 SERVICE_PROTOS := $(wildcard proto/sessionlog/v1/*_service.proto)
 
-.PHONY: run cluster test test-workers try-latest browser go-tools etcd-tools haproxy-tools check lint format gen gen-client gen-go gen-check bench bench-tools clean docs dist
+.PHONY: run cluster test test-workers try-latest browser go-tools etcd-tools haproxy-tools check lint format gen gen-client gen-go gen-api-docs gen-check bench bench-tools clean docs dist
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -145,17 +145,24 @@ format: $(VENV)/.dev-stamp
 	$(BIN)/ruff check --fix .
 	$(BIN)/buf format -w
 
-## gen: regenerate server/sessionlog/v1 and the Python client's derived files from proto/
+## gen: regenerate server/sessionlog/v1, the Python client's derived files and the API reference
+## (docs/reference/api.md) from proto/
 gen: $(VENV)/.dev-stamp
 	rm -f server/sessionlog/v1/*_pb2*.py server/sessionlog/v1/*_pb2.pyi
 	$(BIN)/python -m grpc_tools.protoc -Iproto --python_out=server --pyi_out=server $(PROTOS)
 	$(BIN)/python -m grpc_tools.protoc -Iproto --grpc_python_out=server $(SERVICE_PROTOS)
 	$(MAKE) gen-client
+	$(MAKE) gen-api-docs
 
 ## gen-client: regenerate client/python/sessionlog_client/{v1,errors.py} and _sync.py's generated methods
 ## (see client/python/gen.py)
 gen-client: $(VENV)/.dev-stamp
 	$(BIN)/python client/python/gen.py
+
+## gen-api-docs: write docs/reference/api.md from the proto files' comments and the error table
+## (server/sessionlog/errors.py; see tools/api_docs.py)
+gen-api-docs: $(VENV)/.dev-stamp
+	$(BIN)/python tools/api_docs.py
 
 ## gen-go: regenerate the Go stubs in client/go (needs protoc-gen-go and protoc-gen-go-grpc on
 ## PATH: apt-get install protoc-gen-go protoc-gen-go-grpc)
@@ -174,6 +181,7 @@ gen-check: $(VENV)/.dev-stamp
 	[ -z "$$extra" ] || { echo "not generated from proto/: $$extra"; exit 1; }; \
 	rm -rf $$tmp; echo "generated code is up to date"
 	@$(BIN)/python client/python/gen.py --check
+	@$(BIN)/python tools/api_docs.py --check
 
 ## bench: run the benchmarks and print the table
 bench: $(VENV)/.dev-stamp bench-tools

@@ -101,74 +101,124 @@ class InvalidArgument(SessionLogError):
 
 
 class UnknownEventType(InvalidArgument):
+    """An event's type is EVENT_TYPE_UNSPECIFIED or a number this server does not know.
+    Metadata ``index``: the event's place in the request."""
+
     reason = "UNKNOWN_EVENT_TYPE"
 
 
 class SurfaceOpOnNonSurfaceEvent(InvalidArgument):
+    """A bookkeeping event (not a message, a tool result or a hide) carries a surface_op.
+    Metadata ``index``."""
+
     reason = "SURFACE_OP_ON_NON_SURFACE_EVENT"
 
 
 class InvalidSurfaceOp(InvalidArgument):
+    """A replace or hide range with start_seq above stop_seq, or a hide without a replace
+    range. Metadata ``index``."""
+
     reason = "INVALID_SURFACE_OP"
 
 
 class UnserializableEventData(InvalidArgument):
+    """An event's data or state_delta cannot be stored as JSON (a number that is not finite,
+    nesting deeper than the limit, a time out of range). Metadata ``index``."""
+
     reason = "UNSERIALIZABLE_EVENT_DATA"
 
 
 class MalformedRequest(InvalidArgument):
+    """A request that cannot be decoded (bad UTF-8, a Struct nested past protobuf's limit) or
+    a field that makes no sense as sent (a page token of another listing, say); the message names
+    the field."""
+
     reason = "MALFORMED_REQUEST"
 
 
 class InvalidMessageField(InvalidArgument):
+    """A message event's data has a known key of the wrong type (content that is not a
+    string, say). Metadata ``index``, ``field``."""
+
     reason = "INVALID_MESSAGE_FIELD"
 
 
 class InvalidUsage(InvalidArgument):
+    """An event's token usage is wrong in itself: a model name that is empty, too long or
+    holds control characters, a count over the per-event limit, more cached tokens than input
+    tokens or more reasoning tokens than output tokens. Metadata ``index``, ``field``."""
+
     reason = "INVALID_USAGE"
 
 
 class RequestIdReused(InvalidArgument):
+    """A request_id already used on this session for a different request; a retry must send
+    the same request again."""
+
     reason = "REQUEST_ID_REUSED"
 
 
 class EventTooLarge(InvalidArgument):
+    """An event is larger than --max-event-size. Metadata ``index``, ``size``, ``limit``."""
+
     reason = "EVENT_TOO_LARGE"
 
 
 class SeqAssignedByServer(InvalidArgument):
+    """An appended event has a non-zero seq; the server assigns seqs, leave it 0."""
+
     reason = "SEQ_ASSIGNED_BY_SERVER"
 
 
 class InvalidSessionId(InvalidArgument):
+    """A session id that is empty, too long (over 235 bytes) or has characters ids may not
+    have."""
+
     reason = "INVALID_SESSION_ID"
 
 
 class BoundaryOutOfRange(InvalidArgument):
+    """A seq past the end of the session's log (a fork's at_seq, a read's at_seq, a seq to
+    redact). Metadata ``next_seq``: the session's length."""
+
     reason = "BOUNDARY_OUT_OF_RANGE"
 
 
 class InvalidLease(InvalidArgument):
+    """A lease holder name that is empty or too long, or a TTL out of range."""
+
     reason = "INVALID_LEASE"
 
 
 class InvalidRequestId(InvalidArgument):
+    """A request_id longer than 256 bytes."""
+
     reason = "INVALID_REQUEST_ID"
 
 
 class BatchTooLarge(InvalidArgument):
+    """An append whose reply (which echoes its events) would not fit in one gRPC message;
+    split it into smaller appends."""
+
     reason = "BATCH_TOO_LARGE"
 
 
 class TooManyEvents(InvalidArgument):
+    """More events in one call than --max-events-per-append allows; split the batch."""
+
     reason = "TOO_MANY_EVENTS"
 
 
 class InvalidEpoch(InvalidArgument):
+    """A fence asked without the newer epoch (epoch 0)."""
+
     reason = "INVALID_EPOCH"
 
 
 class InvalidAddress(InvalidArgument):
+    """An address that is not HOST:PORT (a host name or IP address, then a port from 1 to
+    65535). Metadata ``field``."""
+
     reason = "INVALID_ADDRESS"
 
 
@@ -189,18 +239,28 @@ class InvalidImport(InvalidArgument):
 
 
 class InvalidPageToken(InvalidArgument):
+    """A ListEvents or DeriveMessages page_token that does not belong to this listing (other
+    options, another at_seq) or no longer fits the session; start again without one."""
+
     reason = "INVALID_PAGE_TOKEN"
 
 
 class InvalidPageSize(InvalidArgument):
+    """A negative page_size (0 means the default)."""
+
     reason = "INVALID_PAGE_SIZE"
 
 
 class InvalidOrderBy(InvalidArgument):
+    """An order_by the RPC does not offer."""
+
     reason = "INVALID_ORDER_BY"
 
 
 class InvalidRedaction(InvalidArgument):
+    """A redaction or erasure that names nothing: no seqs, an empty prefix, or a prefix no
+    session id can start with."""
+
     reason = "INVALID_REDACTION"
 
 
@@ -262,6 +322,8 @@ class TooManySnapshots(SessionLogError):
 
 
 class SessionAlreadyExists(SessionLogError):
+    """CreateSession, a fork or an import naming a session that already exists."""
+
     reason = "SESSION_ALREADY_EXISTS"
 
 
@@ -272,14 +334,23 @@ class FailedPrecondition(SessionLogError):
 
 
 class OpenTurn(FailedPrecondition):
+    """A fork at a seq inside a turn (a TURN_START whose TURN_END comes later). Metadata
+    ``turn_start_seq``, ``at_seq``."""
+
     reason = "OPEN_TURN"
 
 
 class LeaseHeld(FailedPrecondition):
+    """Another holder has a live writer lease on the session: an append without it, or an
+    AcquireLease while it lasts."""
+
     reason = "LEASE_HELD"
 
 
 class LeaseLost(FailedPrecondition):
+    """The caller's lease was taken over or released (or its fencing token is not the
+    current one): it must not write any more."""
+
     reason = "LEASE_LOST"
 
 

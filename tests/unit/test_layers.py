@@ -140,7 +140,8 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ),
 )
 """The layers from top to bottom, each a few packages or top-level modules: a module may import
-its own layer's modules and those of the layers below it, never one above (README, Layers)."""
+its own layer's modules and those of the layers below it, never one above (docs/architecture.md,
+Layers, draws them)."""
 
 Graph = Mapping[str, set[str]]
 
@@ -277,10 +278,13 @@ def test_no_import_runs_up_a_layer() -> None:
     assert upward_imports(GRAPH) == []
 
 
-def _drawn_layers() -> list[tuple[str, str]]:
-    """The README's layer diagram, box by box from the top: each box's ``[name]`` and its text."""
-    readme = (PACKAGE.parents[1] / "README.md").read_text()
-    section = readme.split("\n## Layers\n", 1)[1].split("\n## ", 1)[0]
+ARCHITECTURE = PACKAGE.parents[1] / "docs" / "architecture.md"
+
+
+def _drawn_layers(page: str) -> list[tuple[str, str]]:
+    """A page's layer diagram (the text block of its Layers section), box by box from the top:
+    each box's ``[name]`` and its text."""
+    section = page.split("\n## Layers\n", 1)[1].split("\n## ", 1)[0]
     diagram = section.split("```text\n", 1)[1].split("```", 1)[0]
     parts = re.split(r"\[([a-z ]+)\]", diagram)
     return list(zip(parts[1::2], parts[2::2], strict=True))
@@ -292,18 +296,42 @@ def _file_of(member: str) -> str:
     return f"{relative}/" if (PACKAGE / relative).is_dir() else f"{relative}.py"
 
 
-def test_the_readme_draws_the_declared_layers() -> None:
-    """Rule: the README's layer diagram is ``LAYERS``: its boxes are the layers, named in the
-    same order, and each box names every package and top-level module of its layer."""
-    drawn = _drawn_layers()
-    assert [name for name, _ in drawn] == [name for name, _ in LAYERS]
-    missing = [
-        (name, _file_of(member))
-        for (name, text), (_, members) in zip(drawn, LAYERS, strict=True)
+def _diagram_differences(
+    drawn: list[tuple[str, str]], layers: tuple[tuple[str, tuple[str, ...]], ...] = LAYERS
+) -> list[str]:
+    """What a drawn diagram gets wrong about ``layers``: boxes missing, extra or out of order,
+    and the packages and top-level modules a box does not name; [] when it draws them."""
+    if [name for name, _ in drawn] != [name for name, _ in layers]:
+        return [f"boxes {[name for name, _ in drawn]} != layers {[name for name, _ in layers]}"]
+    return [
+        f"[{name}] does not name {_file_of(member)}"
+        for (name, text), (_, members) in zip(drawn, layers, strict=True)
         for member in members
         if _file_of(member) not in text
     ]
-    assert missing == []
+
+
+def test_the_architecture_page_draws_the_declared_layers() -> None:
+    """Rule: docs/architecture.md's layer diagram is ``LAYERS``: its boxes are the layers, named
+    in the same order, and each box names every package and top-level module of its layer."""
+    drawn = _drawn_layers(ARCHITECTURE.read_text())
+    assert len(drawn) == len(LAYERS)
+    assert _diagram_differences(drawn) == []
+
+
+def test_the_diagram_check_reports_a_stale_diagram() -> None:
+    """The diagram rule is not blind: a box dropped, two boxes swapped, or a module missing from
+    its box (the page's own diagram, edited) is reported."""
+    page = ARCHITECTURE.read_text()
+    drawn = _drawn_layers(page)
+    assert _diagram_differences(drawn[1:]) != []
+    assert _diagram_differences([drawn[1], drawn[0], *drawn[2:]]) != []
+    without_fold = _drawn_layers(page.replace("fold.py", "fold"))
+    assert _diagram_differences(without_fold) == ["[core] does not name fold.py"]
+    moved = (("commands", ("sessionlog.cli",)), ("core", ("sessionlog.listing",)))
+    assert _diagram_differences([("commands", "cli.py"), ("core", "fold.py")], moved) == [
+        "[core] does not name listing.py"
+    ]
 
 
 def test_the_checker_reports_a_planted_circle() -> None:

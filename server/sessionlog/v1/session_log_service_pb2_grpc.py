@@ -28,7 +28,7 @@ if _version_not_supported:
 class SessionLogServiceStub:
     """SessionLogService keeps one append-only event log per agent session and derives the
     model-visible messages from it. Errors carry a google.rpc.ErrorInfo detail with domain
-    "sessionlog" and a stable reason (see the README's error table).
+    "sessionlog" and a stable reason (the API reference lists every reason, under Error reasons).
     """
 
     def __init__(self, channel):
@@ -152,7 +152,7 @@ class SessionLogServiceStub:
 class SessionLogServiceServicer:
     """SessionLogService keeps one append-only event log per agent session and derives the
     model-visible messages from it. Errors carry a google.rpc.ErrorInfo detail with domain
-    "sessionlog" and a stable reason (see the README's error table).
+    "sessionlog" and a stable reason (the API reference lists every reason, under Error reasons).
     """
 
     def Append(self, request, context):
@@ -471,7 +471,7 @@ def add_SessionLogServiceServicer_to_server(servicer, server):
 class SessionLogService:
     """SessionLogService keeps one append-only event log per agent session and derives the
     model-visible messages from it. Errors carry a google.rpc.ErrorInfo detail with domain
-    "sessionlog" and a stable reason (see the README's error table).
+    "sessionlog" and a stable reason (the API reference lists every reason, under Error reasons).
     """
 
     @staticmethod

@@ -1,0 +1,1 @@
+"""Generators of the documentation (``make gen`` runs them)."""

@@ -805,3 +805,36 @@ def test_a_compaction_snapshot_whose_range_changed_writes_nothing(running: Runni
             ]
 
     asyncio.run(run())
+
+
+def test_a_manual_compaction_replaces_the_history_in_one_event(running: RunningServer) -> None:
+    """run_compaction() called by hand (the SDK's whole-history path) leaves the compaction's
+    output in view through one summary event replacing the items, not a clear and an add: the
+    log has no hide and keeps the items."""
+    from agents.memory import OpenAIResponsesCompactionSession
+
+    async def run() -> None:
+        async with AsyncClient(running.address) as client:
+            sid = new_id()
+            items: list[Any] = [{"role": "user", "content": f"m{i}"} for i in range(3)]
+            await SessionlogSession(sid, client).add_items(items)
+
+            async def nothing() -> None:
+                return None
+
+            responses = CompactingResponses(nothing)
+            openai = typing.cast(Any, type("FakeOpenAI", (), {"responses": responses})())
+            session = OpenAIResponsesCompactionSession(
+                sid, SessionlogSession(sid, client), client=openai, compaction_mode="input"
+            )
+            await session.run_compaction({"force": True})
+            assert await session.get_items() == [
+                {"type": "compaction", "encrypted_content": "cmp-1"}
+            ]
+            stored = [e async for e in client.since(sid)]
+            assert event_type("hide") not in [e.type for e in stored]
+            assert len(stored) == 4
+            summary = stored[3].surface_op.replace
+            assert (summary.start_seq, summary.stop_seq) == (0, 2)
+
+    asyncio.run(run())

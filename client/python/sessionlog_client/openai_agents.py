@@ -396,6 +396,23 @@ class SessionlogSession:
 
         return _CompactionSnapshot(items, complete, replace_suffix)
 
+    async def _atomic_replace_items(self, items: list[TResponseInputItem]) -> bool:
+        """The SDK's whole-history replacement (a manual ``run_compaction``): one summary event
+        replacing every position up to the newest item in view, so the session is never empty
+        in between (a clear, then an add) and the log keeps what it replaced. What another
+        writer appends after this read stays in view after the summary. False (the SDK clears
+        and adds) for a subclass, which may transform items."""
+        if type(self) is not SessionlogSession:
+            return False
+        entries, events, _ = await self._read(1)
+        output = [cast("dict[str, Any]", i) for i in items]
+        if not entries:
+            await self.add_items(items)
+            return True
+        high = next(position(e) for e in events if e.seq == entries[-1].seq)
+        await self._client().append(self.session_id, [summary_event(output, 0, high)])
+        return True
+
     async def _replace_range(
         self, expected: list[SessionItem], low: int, high: int, summary: Event
     ) -> bool:

@@ -34,6 +34,11 @@ earlier event whose position lies in its range, the rule the server's fold appli
 events; this module applies the same rule to the bookkeeping items, so a popped reasoning item is
 gone from ``get_items`` (the server's view never showed it) while the log keeps it for audit and
 fork.
+
+Compaction: wrapped in the SDK's ``OpenAIResponsesCompactionSession``, a compaction replaces the
+items it compacted with one summary event (a replace over their positions, holding the output
+items in ``items_json``) rather than clearing the session and adding the output back, so an
+item another writer appends meanwhile stays in view, after the summary.
 """
 
 from __future__ import annotations
@@ -58,7 +63,6 @@ from sessionlog_client.v1.event_pb2 import Event, EventType
 
 try:
     from agents.items import TResponseInputItem
-    from agents.memory.session import _CompactionSnapshot
     from agents.memory.session_settings import (
         SessionSettings,
         coerce_session_settings,
@@ -69,6 +73,11 @@ except ImportError as exc:  # pragma: no cover - depends on the installed extras
         "sessionlog_client.openai_agents needs the OpenAI Agents SDK: "
         "pip install 'sessionlog-client[openai-agents]'"
     ) from exc
+
+try:  # the SDK's private compaction hook (0.24): without it the SDK clears and adds instead
+    from agents.memory.session import _CompactionSnapshot
+except ImportError:  # pragma: no cover - depends on the installed SDK
+    _CompactionSnapshot = None  # type: ignore[assignment,misc]
 
 __all__ = ["SessionItem", "SessionlogSession", "event_items", "item_to_event", "visible_items"]
 
@@ -378,7 +387,11 @@ class SessionlogSession:
         SDK falls back to its own path) for a subclass, which may transform items, and for a
         wrapper that prunes expired items first (``EncryptedSession``).
         """
-        if type(self) is not SessionlogSession or prune_prefix is not None:
+        if (
+            type(self) is not SessionlogSession
+            or prune_prefix is not None
+            or _CompactionSnapshot is None
+        ):
             return None
         entries, events, _ = await self._read(limit + 1)
         complete = len(entries) <= limit

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from itertools import count
 from pathlib import Path
 from typing import Any
@@ -17,7 +17,7 @@ from agent_framework import Agent, BaseChatClient, ChatResponse, Content, Messag
 
 from sessionlog.testing import RunningServer
 from sessionlog_client import AsyncClient
-from sessionlog_client.agent_framework import SessionlogHistoryProvider
+from sessionlog_client.agent_framework import SessionlogHistoryProvider, event_of_message
 from tests.e2e._proc import running_server
 
 _ids = count()
@@ -120,6 +120,57 @@ def test_the_conversation_shows_in_the_derived_view(running: RunningServer) -> N
         assert shown[3] == {"role": "tool", "content": "hello", "tool_call_id": "c1"}
 
     run(running, test)
+
+
+class CountingClient(AsyncClient):
+    """A client that counts the events its ListEvents pages and Since streams bring back."""
+
+    events_read = 0
+
+    async def list_events(self, *args: Any, **kwargs: Any) -> Any:
+        page = await super().list_events(*args, **kwargs)
+        self.events_read += len(page.events)
+        return page
+
+    async def since(self, *args: Any, **kwargs: Any) -> AsyncIterator[Any]:  # type: ignore[override]
+        async for found in super().since(*args, **kwargs):
+            self.events_read += 1
+            yield found
+
+
+def test_a_limit_reads_the_latest_messages_from_the_end(running: RunningServer) -> None:
+    """get_messages(limit=N), or a provider's history_size=N, is the whole history's last N,
+    read from the end of a 600-message log (a few pages, not the log), past hides at the end
+    and a clear; a negative count is refused."""
+
+    async def main() -> None:
+        client = CountingClient(running.address)
+        async with client:
+            provider = SessionlogHistoryProvider(client, prefix=f"maf-last-{os.getpid()}.")
+            log_id = provider.log_id("s")
+            for batch in range(6):
+                sent = [Message("user", [f"m{batch}-{i}"]) for i in range(100)]
+                await client.append(log_id, [event_of_message(m) for m in sent])
+            for seq in range(599, 580, -1):
+                await client.hide(log_id, seq, seq)
+            everything = await provider.get_messages("s")
+            client.events_read = 0
+            got = await provider.get_messages("s", limit=4)
+            assert client.events_read <= 100, client.events_read  # two pages of 32 here
+            assert dicts(got) == dicts(everything[-4:])
+            assert got[-1].text == "m5-80"
+            sized = SessionlogHistoryProvider(client, prefix=provider.prefix, history_size=2)
+            assert dicts(await sized.get_messages("s")) == dicts(everything[-2:])
+            assert len(await sized.get_messages("s", limit=3)) == 3
+            assert await provider.get_messages("s", limit=0) == []
+            assert await provider.get_messages("none", limit=5) == []
+            await provider.clear("s")
+            await provider.save_messages("s", [Message("user", ["after"], message_id="z")])
+            assert [m.text for m in await sized.get_messages("s")] == ["after"]
+            with pytest.raises(ValueError, match="limit"):
+                await provider.get_messages("s", limit=-1)
+
+    asyncio.run(main())
 
 
 class StubModel(BaseChatClient):

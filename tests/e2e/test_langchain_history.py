@@ -27,7 +27,7 @@ from langchain_core.prompts import ChatPromptTemplate, MessagesPlaceholder
 from langchain_core.runnables import RunnableLambda
 
 from sessionlog.testing import RunningServer
-from sessionlog_client import Client
+from sessionlog_client import Client, event
 from sessionlog_client.langchain import SessionlogChatMessageHistory
 from tests.e2e._examples import assert_example_prints_what_it_says
 from tests.e2e._proc import running_server
@@ -219,6 +219,71 @@ def test_a_chain_with_a_stub_model_keeps_its_turns(running: RunningServer) -> No
             ]
     finally:
         history.close()
+
+
+class CountingClient(Client):
+    """A client that counts the events its ListEvents pages and Since streams bring back."""
+
+    events_read = 0
+
+    def list_events(self, *args: Any, **kwargs: Any) -> Any:
+        page = super().list_events(*args, **kwargs)
+        self.events_read += len(page.events)
+        return page
+
+    def since(self, *args: Any, **kwargs: Any) -> Any:
+        for found in super().since(*args, **kwargs):
+            self.events_read += 1
+            yield found
+
+
+def test_history_size_reads_the_latest_messages_from_the_end(running: RunningServer) -> None:
+    """With history_size=N, messages is the whole history's last N, read from the end of a
+    600-message log (a few pages, not the log), past a summary another writer put over a range,
+    hides at the end and a clear; 0 is no messages."""
+    session = new_id()
+    client = CountingClient(running.address)
+    with client:
+        whole = SessionlogChatMessageHistory(session, client)
+        for batch in range(6):
+            whole.add_messages([HumanMessage(f"m{batch}-{i}") for i in range(100)])
+        summary = event("user_message", {"content": "a summary, not LangChain's"}, replace=(10, 20))
+        client.append(session, [summary])
+        for seq in range(599, 580, -1):
+            client.hide(session, seq, seq)
+        last = SessionlogChatMessageHistory(session, client, history_size=5)
+        everything = whole.messages
+        client.events_read = 0
+        got = last.messages
+        assert client.events_read <= 100, client.events_read  # two pages of 32 here
+        assert got == everything[-5:]
+        assert got[-1] == HumanMessage("m5-80")
+        assert SessionlogChatMessageHistory(session, client, history_size=0).messages == []
+        whole.clear()
+        whole.add_user_message("after")
+        assert last.messages == [HumanMessage("after")]
+    with pytest.raises(ValueError, match="history_size"):
+        SessionlogChatMessageHistory(session, running.address, history_size=-1)
+
+
+def test_history_size_on_the_async_client(running: RunningServer) -> None:
+    """aget_messages with history_size, on the history's own async client, reads the same last
+    N as the sync one, an empty session none."""
+    session = new_id()
+
+    async def main() -> None:
+        history = SessionlogChatMessageHistory(session, running.address, history_size=3)
+        try:
+            assert await history.aget_messages() == []
+            await history.aadd_messages([HumanMessage(f"m{i}") for i in range(50)])
+            got = await history.aget_messages()
+            assert got == [HumanMessage("m47"), HumanMessage("m48"), HumanMessage("m49")]
+            assert got == history.messages
+        finally:
+            await history.aclose()
+            history.close()
+
+    asyncio.run(main())
 
 
 def test_the_readme_example_runs(running: RunningServer) -> None:

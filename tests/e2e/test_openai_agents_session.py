@@ -702,3 +702,139 @@ def test_runner_run_sync_keeps_the_turn(running: RunningServer) -> None:
             await session.close()
 
     assert _turn_types(asyncio.run(read())) == TURN
+
+
+class AnsweringModel(Model):
+    """Answers every input with one message, under a response id (what lets the SDK compact)."""
+
+    async def get_response(self, system_instructions: Any, input: Any, *a: Any, **k: Any) -> Any:
+        return ModelResponse(
+            output=[_message("LMDB is a B+tree store.")], usage=Usage(), response_id="resp_1"
+        )
+
+    def stream_response(self, *a: Any, **k: Any) -> AsyncIterator[TResponseStreamEvent]:
+        raise NotImplementedError
+
+
+class CompactingResponses:
+    """A stand-in for ``AsyncOpenAI().responses``: ``compact`` returns a compaction item, and
+    first lets another writer append to the session (a write during the compaction call)."""
+
+    def __init__(self, during: typing.Callable[[], typing.Awaitable[None]]) -> None:
+        self.during = during
+        self.inputs: list[Any] = []
+
+    async def compact(self, **kwargs: Any) -> Any:
+        self.inputs.append(kwargs)
+        await self.during()
+        output = [{"type": "compaction", "encrypted_content": "cmp-1"}]
+        return type("Compacted", (), {"output": output, "usage": None})()
+
+
+def test_compaction_replaces_the_turn_and_keeps_a_concurrent_append(
+    running: RunningServer,
+) -> None:
+    """The SDK's OpenAIResponsesCompactionSession around SessionlogSession compacts after a
+    Runner turn by replacing the turn with one summary event (the log keeps the turn), and an
+    item another writer appended while the compaction call ran stays in view after it; the
+    SDK's own path (clear, then add the output) would have hidden it."""
+    from agents.memory import OpenAIResponsesCompactionSession
+
+    async def run() -> None:
+        async with AsyncClient(running.address) as client:
+            sid = new_id()
+            other = SessionlogSession(sid, client)
+            late = {"role": "user", "content": "written during the compaction"}
+            responses = CompactingResponses(lambda: other.add_items([late]))  # type: ignore[list-item]
+            openai = typing.cast(Any, type("FakeOpenAI", (), {"responses": responses})())
+            session = OpenAIResponsesCompactionSession(
+                sid,
+                SessionlogSession(sid, client),
+                client=openai,
+                should_trigger_compaction=lambda _context: True,
+            )
+            agent = Agent(name="helper", model=AnsweringModel())
+            result = await Runner.run(agent, "What is LMDB?", session=session, run_config=QUIET)
+            assert result.final_output == "LMDB is a B+tree store."
+            assert len(responses.inputs) == 1
+            assert await session.get_items() == [
+                {"type": "compaction", "encrypted_content": "cmp-1"},
+                late,
+            ]
+            stored = [e async for e in client.since(sid)]
+            assert [e.type for e in stored] == [
+                event_type("user_message"),
+                event_type("assistant_message"),
+                event_type("user_message"),  # the concurrent append
+                event_type("user_message"),  # the summary, replacing positions 0 and 1
+            ]
+            assert (
+                stored[3].surface_op.replace.start_seq,
+                stored[3].surface_op.replace.stop_seq,
+            ) == (0, 1)
+            chat = await client.chat_messages(sid)
+            assert [m.get("content") for m in chat] == [None, "written during the compaction"]
+
+    asyncio.run(run())
+
+
+def test_a_compaction_snapshot_whose_range_changed_writes_nothing(running: RunningServer) -> None:
+    """replace_suffix of a snapshot whose items were popped meanwhile returns False and appends
+    nothing; on an unchanged range it replaces only the suffix asked for."""
+
+    async def run() -> None:
+        async with AsyncClient(running.address) as client:
+            session = SessionlogSession(new_id(), client)
+            items: list[Any] = [{"role": "user", "content": f"m{i}"} for i in range(4)]
+            await session.add_items(items)
+            stale = await session._get_compaction_snapshot(3)
+            assert stale is not None
+            assert (stale.items, stale.complete) == (items[1:], False)
+            await session.pop_item()
+            length = (await client.get_session(session.session_id)).session.event_count
+            assert await stale.replace_suffix(1, [{"role": "user", "content": "S"}]) is False
+            assert (await client.get_session(session.session_id)).session.event_count == length
+            fresh = await session._get_compaction_snapshot(10)
+            assert fresh is not None
+            assert fresh.complete
+            assert await fresh.replace_suffix(1, [{"role": "user", "content": "S"}]) is True
+            assert await session.get_items() == [items[0], {"role": "user", "content": "S"}]
+            assert [m["content"] for m in await client.chat_messages(session.session_id)] == [
+                "m0",
+                "S",
+            ]
+
+    asyncio.run(run())
+
+
+def test_a_manual_compaction_replaces_the_history_in_one_event(running: RunningServer) -> None:
+    """run_compaction() called by hand (the SDK's whole-history path) leaves the compaction's
+    output in view through one summary event replacing the items, not a clear and an add: the
+    log has no hide and keeps the items."""
+    from agents.memory import OpenAIResponsesCompactionSession
+
+    async def run() -> None:
+        async with AsyncClient(running.address) as client:
+            sid = new_id()
+            items: list[Any] = [{"role": "user", "content": f"m{i}"} for i in range(3)]
+            await SessionlogSession(sid, client).add_items(items)
+
+            async def nothing() -> None:
+                return None
+
+            responses = CompactingResponses(nothing)
+            openai = typing.cast(Any, type("FakeOpenAI", (), {"responses": responses})())
+            session = OpenAIResponsesCompactionSession(
+                sid, SessionlogSession(sid, client), client=openai, compaction_mode="input"
+            )
+            await session.run_compaction({"force": True})
+            assert await session.get_items() == [
+                {"type": "compaction", "encrypted_content": "cmp-1"}
+            ]
+            stored = [e async for e in client.since(sid)]
+            assert event_type("hide") not in [e.type for e in stored]
+            assert len(stored) == 4
+            summary = stored[3].surface_op.replace
+            assert (summary.start_seq, summary.stop_seq) == (0, 2)
+
+    asyncio.run(run())

@@ -14,10 +14,18 @@ from __future__ import annotations
 import bisect
 import json
 import unicodedata
-from collections.abc import Iterable, Mapping
-from typing import Any
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any, TypeVar
 
 from sessionlog_client.v1.event_pb2 import Event
+
+T = TypeVar("T")
+
+TAIL_PAGE_MIN = 32
+"""The fewest events a last-N read asks for per page: a hide takes entries out of view, so a
+page of exactly N events would often need a second one."""
+TAIL_PAGE_MAX = 1000
+"""ListEvents' largest page."""
 
 
 def put_exact(data: dict[str, Any], key: str, value: Any) -> None:
@@ -84,6 +92,32 @@ def known_from(tail: Iterable[Event]) -> int:
             if low < start <= high + 1:
                 start, lowered = low, True
     return start
+
+
+def tail_page_size(limit: int) -> int:
+    """The page size of a read of the latest ``limit`` entries, newest first."""
+    return min(max(limit + 1, TAIL_PAGE_MIN), TAIL_PAGE_MAX)
+
+
+def latest(
+    tail: Sequence[Event],
+    more: bool,
+    limit: int,
+    shown: Callable[[Sequence[Event], int], list[T]],
+) -> list[T] | None:
+    """The latest ``limit`` entries of the log, from ``tail``, its newest events read newest
+    first (``more`` when older ones are unread); None when only an older page can tell.
+
+    ``shown(tail, start)`` is what a backend makes of the events in view from position
+    ``start`` on, in order. Every entry from ``known_from(tail)`` on is decided by ``tail``
+    alone, so once at least ``limit`` of them are known (or the whole log is read) the latest
+    ``limit`` are final; a run of hides at the end just costs more pages.
+    """
+    start = known_from(tail) if more else 0
+    entries = shown(tail, start)
+    if start == 0 or len(entries) >= limit:
+        return entries[-limit:] if limit > 0 else []
+    return None
 
 
 class _Covered:

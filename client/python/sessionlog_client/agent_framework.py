@@ -17,6 +17,9 @@ Install with ``pip install 'sessionlog-client[agent-framework]'``.
   framework's ``filter_new_messages``, as its file provider does) and appends them with
   ``expected_seq`` set to the length it read: a writer that appended meanwhile makes it read
   and filter again, so a replayed transcript is never stored twice.
+- ``get_messages(session_id, limit=N)``, or every call of a provider made with
+  ``history_size=N``, returns the latest N messages in view, read from the end of the log a
+  page at a time (ListEvents newest first): a long history costs what its last N cost.
 - A hide (``clear``) takes the messages so far out of view; the log keeps them.
 """
 
@@ -28,7 +31,14 @@ from collections.abc import Sequence
 from typing import Any
 
 from sessionlog_client._aio import AsyncClient
-from sessionlog_client._items import get_exact, in_view, put_exact
+from sessionlog_client._items import (
+    get_exact,
+    in_view,
+    latest,
+    position,
+    put_exact,
+    tail_page_size,
+)
 from sessionlog_client.errors import SeqConflict
 from sessionlog_client.v1.event_pb2 import Event, EventType
 
@@ -101,11 +111,26 @@ def message_of_event(event: Event) -> Message | None:
     return Message.from_dict(stored) if found and isinstance(stored, dict) else None
 
 
+def _visible(events: Sequence[Event], start: int = 0) -> list[Message]:
+    """The stored messages no later hide or replace covers, in order; from position ``start``
+    on when ``events`` is a tail of the log."""
+    shown = (message_of_event(e) for e in in_view(events) if position(e) >= start)
+    return [m for m in shown if m is not None]
+
+
+def _checked(count: int | None, name: str) -> int | None:
+    if count is not None and count < 0:
+        raise ValueError(f"{name} must be 0 or more, not {count}")
+    return count
+
+
 class SessionlogHistoryProvider(HistoryProvider):
     """The Agent Framework's ``HistoryProvider`` on a sessionlog server.
 
     ``client`` is an :class:`~sessionlog_client.AsyncClient` (the caller's to close) or an
     address: then the provider opens one client per event loop, closed by :meth:`close`.
+    ``history_size``: how many of the latest messages ``get_messages`` returns when the call
+    gives no ``limit`` (all when None).
     """
 
     DEFAULT_SOURCE_ID = "sessionlog"
@@ -116,10 +141,12 @@ class SessionlogHistoryProvider(HistoryProvider):
         *,
         prefix: str = "maf.",
         source_id: str | None = None,
+        history_size: int | None = None,
         **options: Any,
     ) -> None:
         super().__init__(source_id or self.DEFAULT_SOURCE_ID, **options)
         self.prefix = prefix
+        self.history_size = _checked(history_size, "history_size")
         self._given = client if isinstance(client, AsyncClient) else None
         self._address = client if isinstance(client, str) else ""
         self._opened: dict[asyncio.AbstractEventLoop, AsyncClient] = {}
@@ -146,14 +173,39 @@ class SessionlogHistoryProvider(HistoryProvider):
 
     async def _read(self, session_id: str | None) -> tuple[list[Message], int]:
         events = [e async for e in self._client().since(self.log_id(session_id))]
-        shown = [m for m in (message_of_event(e) for e in in_view(events)) if m is not None]
-        return shown, len(events)
+        return _visible(events), len(events)
+
+    async def _latest(self, session_id: str | None, limit: int) -> list[Message]:
+        """The latest ``limit`` messages in view, read newest first a page at a time."""
+        tail: list[Event] = []
+        token = ""
+        while True:
+            page = await self._client().list_events(
+                self.log_id(session_id),
+                page_size=tail_page_size(limit),
+                page_token=token,
+                order_by="seq desc",
+            )
+            tail.extend(page.events)
+            token = page.next_page_token
+            found = latest(tail, bool(token), limit, _visible)
+            if found is not None:
+                return found
 
     async def get_messages(
-        self, session_id: str | None, *, state: dict[str, Any] | None = None, **kwargs: Any
+        self,
+        session_id: str | None,
+        *,
+        state: dict[str, Any] | None = None,
+        limit: int | None = None,
+        **kwargs: Any,
     ) -> list[Message]:
-        """The messages in view, oldest first."""
-        return (await self._read(session_id))[0]
+        """The messages in view, oldest first; the latest ``limit`` of them (the provider's
+        ``history_size`` when not given, all when neither is)."""
+        limit = self.history_size if limit is None else _checked(limit, "limit")
+        if limit is None:
+            return (await self._read(session_id))[0]
+        return await self._latest(session_id, limit)
 
     async def save_messages(
         self,

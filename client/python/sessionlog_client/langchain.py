@@ -18,6 +18,9 @@ How messages live in sessionlog (also in client/python/README.md, "LangChain"):
   assistant message with its text (an AI message's tool calls as OpenAI ``tool_calls``), a tool
   message a tool result naming its call; any other type (function, chat, ...) is a bookkeeping
   ``STEP_END`` event that the view does not show.
+- With ``history_size=N`` (as langchain-mongodb's history has it), ``messages`` is the latest N
+  messages in view, read from the end of the log a page at a time (ListEvents newest first),
+  so a long history costs what its last N messages cost, not its length.
 - ``add_messages`` is one atomic append, so a batch is never half stored.
 - ``clear`` hides every message so far (one ``EVENT_TYPE_HIDE``, the server's ``clear``) rather
   than deleting the session: the log keeps them for audit and fork, and a message another writer
@@ -32,7 +35,15 @@ from collections.abc import Sequence
 from typing import Any
 
 from sessionlog_client._aio import AsyncClient
-from sessionlog_client._items import get_exact, in_view, put_exact, text_of
+from sessionlog_client._items import (
+    get_exact,
+    in_view,
+    latest,
+    position,
+    put_exact,
+    tail_page_size,
+    text_of,
+)
 from sessionlog_client._sync import Client
 from sessionlog_client.v1.event_pb2 import Event, EventType
 
@@ -100,9 +111,11 @@ def message_of_event(event: Event) -> BaseMessage | None:
     return messages_from_dict([stored])[0]
 
 
-def _visible(events: Sequence[Event]) -> list[BaseMessage]:
-    """The stored messages no later hide or replace covers, in order."""
-    return [m for m in (message_of_event(e) for e in in_view(events)) if m is not None]
+def _visible(events: Sequence[Event], start: int = 0) -> list[BaseMessage]:
+    """The stored messages no later hide or replace covers, in order; from position ``start``
+    on when ``events`` is a tail of the log."""
+    shown = (message_of_event(e) for e in in_view(events) if position(e) >= start)
+    return [m for m in shown if m is not None]
 
 
 # -- the history --------------------------------------------------------------------------------
@@ -115,11 +128,22 @@ class SessionlogChatMessageHistory(BaseChatMessageHistory):
     the server: then the history opens a client for the sync methods and one per event loop for
     the async ones (``aget_messages``, ``aadd_messages``, ``aclear``); :meth:`close` closes them.
     With a ``Client`` given, the async methods run the sync ones in an executor, as LangChain's
-    defaults do.
+    defaults do. ``history_size``: how many of the latest messages ``messages`` returns (all
+    when None).
     """
 
-    def __init__(self, session_id: str, client: Client | str, **client_options: Any) -> None:
+    def __init__(
+        self,
+        session_id: str,
+        client: Client | str,
+        *,
+        history_size: int | None = None,
+        **client_options: Any,
+    ) -> None:
+        if history_size is not None and history_size < 0:
+            raise ValueError(f"history_size must be 0 or more, not {history_size}")
         self.session_id = session_id
+        self.history_size = history_size
         self._given = client if isinstance(client, Client) else None
         self._address = client if isinstance(client, str) else ""
         self._options = client_options
@@ -157,8 +181,24 @@ class SessionlogChatMessageHistory(BaseChatMessageHistory):
 
     @property
     def messages(self) -> list[BaseMessage]:  # type: ignore[override]
-        """The messages in view, oldest first."""
-        return _visible(list(self._client().since(self.session_id)))
+        """The messages in view, oldest first (the latest ``history_size`` of them)."""
+        client, size = self._client(), self.history_size
+        if size is None:
+            return _visible(list(client.since(self.session_id)))
+        tail: list[Event] = []
+        token = ""
+        while True:
+            page = client.list_events(
+                self.session_id,
+                page_size=tail_page_size(size),
+                page_token=token,
+                order_by="seq desc",
+            )
+            tail.extend(page.events)
+            token = page.next_page_token
+            found = latest(tail, bool(token), size, _visible)
+            if found is not None:
+                return found
 
     def add_messages(self, messages: Sequence[BaseMessage]) -> None:
         """Append one event per message, all in one atomic append."""
@@ -174,7 +214,23 @@ class SessionlogChatMessageHistory(BaseChatMessageHistory):
     async def aget_messages(self) -> list[BaseMessage]:
         if self._given is not None:
             return await super().aget_messages()
-        return _visible([e async for e in self._aclient().since(self.session_id)])
+        client, size = self._aclient(), self.history_size
+        if size is None:
+            return _visible([e async for e in client.since(self.session_id)])
+        tail: list[Event] = []
+        token = ""
+        while True:
+            page = await client.list_events(
+                self.session_id,
+                page_size=tail_page_size(size),
+                page_token=token,
+                order_by="seq desc",
+            )
+            tail.extend(page.events)
+            token = page.next_page_token
+            found = latest(tail, bool(token), size, _visible)
+            if found is not None:
+                return found
 
     async def aadd_messages(self, messages: Sequence[BaseMessage]) -> None:
         if self._given is not None:

@@ -34,22 +34,27 @@ earlier event whose position lies in its range, the rule the server's fold appli
 events; this module applies the same rule to the bookkeeping items, so a popped reasoning item is
 gone from ``get_items`` (the server's view never showed it) while the log keeps it for audit and
 fork.
+
+Compaction: wrapped in the SDK's ``OpenAIResponsesCompactionSession``, a compaction replaces the
+items it compacted with one summary event (a replace over their positions, holding the output
+items in ``items_json``) rather than clearing the session and adding the output back, so an
+item another writer appends meanwhile stays in view, after the summary.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, NamedTuple, cast
 
 from sessionlog_client._aio import AsyncClient
-from sessionlog_client._common import MAX_PAGE_SIZE
 from sessionlog_client._items import (
     get_exact,
     in_view,
-    known_from,
+    latest,
     position,
     put_exact,
+    tail_page_size,
     text_of,
 )
 from sessionlog_client.convert import struct_to_dict
@@ -69,12 +74,21 @@ except ImportError as exc:  # pragma: no cover - depends on the installed extras
         "pip install 'sessionlog-client[openai-agents]'"
     ) from exc
 
+try:  # the SDK's private compaction hook (0.24): without it the SDK clears and adds instead
+    from agents.memory.session import _CompactionSnapshot
+except ImportError:  # pragma: no cover - depends on the installed SDK
+    _CompactionSnapshot = None  # type: ignore[assignment,misc]
+
 __all__ = ["SessionItem", "SessionlogSession", "event_items", "item_to_event", "visible_items"]
 
 ITEM_KEY = "item"
 """The item's JSON text is in the data key ``item_json``."""
 ITEM_TYPE_KEY = "item_type"
 """The data key naming the item's type ("message" for role messages without one)."""
+SUMMARY_KEY = "items"
+"""A compaction's summary event keeps the items it stands for as JSON text in ``items_json``."""
+SUMMARY_TYPE = "compaction_summary"
+"""The ``item_type`` of a compaction's summary event."""
 
 _ROLE_TYPES = {
     "user": EventType.EVENT_TYPE_USER_MESSAGE,
@@ -87,9 +101,6 @@ _ROLE_OF_TYPE = {
     EventType.EVENT_TYPE_SYSTEM_MESSAGE: "system",
     EventType.EVENT_TYPE_ASSISTANT_MESSAGE: "assistant",
 }
-TAIL_PAGE_MIN = 32
-"""The fewest events a ``get_items(limit)`` page asks for: a hide takes items out of view, so a
-page of exactly ``limit`` events would often need a second one."""
 _TOOL_CALLS = frozenset({"function_call", "custom_tool_call"})
 _TOOL_OUTPUTS = frozenset({"function_call_output", "custom_tool_call_output"})
 _TEXT_PARTS = {"input_text": "text", "output_text": "text", "text": "text", "refusal": "refusal"}
@@ -152,6 +163,24 @@ def _tool_call(kind: str, item: dict[str, Any]) -> dict[str, Any]:
     return {"id": item.get("call_id"), "type": "custom", "custom": custom}
 
 
+def summary_event(items: list[dict[str, Any]], start: int, stop: int) -> Event:
+    """The event a compaction appends: it replaces the positions [start, stop] and stands for
+    ``items`` (what the compaction returned, kept verbatim, in order). The derived view shows it
+    as one user message whose content is the text of the items' messages (none for an opaque
+    ``compaction`` item alone)."""
+    data: dict[str, Any] = {ITEM_TYPE_KEY: SUMMARY_TYPE}
+    put_exact(data, SUMMARY_KEY, items)
+    texts = [text_of(i.get("content"), _TEXT_PARTS) for i in items if item_type(i) == "message"]
+    text = "\n".join(t for t in texts if t)
+    if text:
+        data["content"] = text
+    made = Event(type=EventType.EVENT_TYPE_USER_MESSAGE)
+    made.data.update(data)
+    made.surface_op.replace.start_seq = start
+    made.surface_op.replace.stop_seq = stop
+    return made
+
+
 # -- events -> items (pure) ---------------------------------------------------------------------
 
 
@@ -167,6 +196,9 @@ def event_items(event: Event) -> list[dict[str, Any]]:
     item = event_item(event)
     if item is not None:
         return [item]
+    found, summary = get_exact(event, SUMMARY_KEY)
+    if found and isinstance(summary, list):
+        return [i for i in summary if isinstance(i, dict)]
     fields = struct_to_dict(event.data)
     content = fields.get("content")
     text = content if isinstance(content, str) else ""
@@ -268,7 +300,7 @@ class SessionlogSession:
         Without a limit the whole log; with one, pages of ListEvents "seq desc" (pinned to the
         log as the first page saw it) until the latest ``limit`` items are known: a hide near
         the end may cover items further back, so a page can add fewer items than it holds
-        (``known_from`` tells which positions the pages read so far decide).
+        (``_items.latest`` tells when the pages read so far decide them).
         """
         client = self._client()
         if limit is None:
@@ -276,18 +308,19 @@ class SessionlogSession:
             return visible_items(events), events, len(events)
         tail: list[Event] = []
         token, length = "", -1
-        size = min(max(limit + 1, TAIL_PAGE_MIN), MAX_PAGE_SIZE)
         while True:
             page = await client.list_events(
-                self.session_id, page_size=size, page_token=token, order_by="seq desc"
+                self.session_id,
+                page_size=tail_page_size(limit),
+                page_token=token,
+                order_by="seq desc",
             )
             length = page.event_count if length < 0 else length
             tail.extend(page.events)
             token = page.next_page_token
-            start = known_from(tail) if token else 0
-            entries = visible_items(tail, start)
-            if start == 0 or len(entries) >= limit:
-                return entries[-limit:], tail, length
+            entries = latest(tail, bool(token), limit, visible_items)
+            if entries is not None:
+                return entries, tail, length
 
     async def get_entries(self, limit: int | None = None) -> list[SessionItem]:
         """The items in view with the seq of the event storing each (the latest ``limit``)."""
@@ -334,3 +367,84 @@ class SessionlogSession:
     async def clear_session(self) -> None:
         """Hide every item so far; the log keeps them."""
         await self._client().clear(self.session_id, reason="clear_session")
+
+    # -- compaction (the SDK's OpenAIResponsesCompactionSession) --
+
+    async def _get_compaction_snapshot(
+        self,
+        limit: int,
+        *,
+        prune_prefix: Callable[[TResponseInputItem], bool] | None = None,
+    ) -> _CompactionSnapshot | None:
+        """The latest ``limit`` items and a ``replace_suffix`` that puts the compaction's output
+        in place of a suffix of them: the hook the SDK's ``OpenAIResponsesCompactionSession``
+        uses after a turn instead of clearing the session and adding the output back.
+
+        The replacement is one replace event over the suffix's positions, so what another
+        writer appended after the snapshot stays in view after the summary; it is appended only
+        while the items in view in that range are still the ones read (``expected_seq``,
+        re-checked on ``SEQ_CONFLICT``), else it writes nothing and returns False. None (the
+        SDK falls back to its own path) for a subclass, which may transform items, and for a
+        wrapper that prunes expired items first (``EncryptedSession``).
+        """
+        if (
+            type(self) is not SessionlogSession
+            or prune_prefix is not None
+            or _CompactionSnapshot is None
+        ):
+            return None
+        entries, events, _ = await self._read(limit + 1)
+        complete = len(entries) <= limit
+        entries = entries[-limit:] if limit > 0 else []
+        where = {e.seq: position(e) for e in events}
+        items = [cast("TResponseInputItem", e.item) for e in entries]
+
+        async def replace_suffix(start: int, output: list[TResponseInputItem]) -> bool:
+            expected = entries[start:]
+            if not expected or (start > 0 and entries[start - 1].seq == expected[0].seq):
+                return False  # nothing to replace, or it would split one event's items
+            low, high = where[expected[0].seq], max(where[e.seq] for e in expected)
+            summary = summary_event([cast("dict[str, Any]", i) for i in output], low, high)
+            return await self._replace_range(expected, low, high, summary)
+
+        return _CompactionSnapshot(items, complete, replace_suffix)
+
+    async def _atomic_replace_items(self, items: list[TResponseInputItem]) -> bool:
+        """The SDK's whole-history replacement (a manual ``run_compaction``): one summary event
+        replacing every position up to the newest item in view, so the session is never empty
+        in between (a clear, then an add) and the log keeps what it replaced. What another
+        writer appends after this read stays in view after the summary. False (the SDK clears
+        and adds) for a subclass, which may transform items."""
+        if type(self) is not SessionlogSession:
+            return False
+        entries, events, _ = await self._read(1)
+        output = [cast("dict[str, Any]", i) for i in items]
+        if not entries:
+            await self.add_items(items)
+            return True
+        high = next(position(e) for e in events if e.seq == entries[-1].seq)
+        await self._client().append(self.session_id, [summary_event(output, 0, high)])
+        return True
+
+    async def _replace_range(
+        self, expected: list[SessionItem], low: int, high: int, summary: Event
+    ) -> bool:
+        """Append ``summary`` (a replace of [low, high]) while the items in view at those
+        positions are ``expected``; False, writing nothing, once they are not.
+
+        The events from seq ``low`` on decide the view of every position from ``low`` on: an
+        older event sits below ``low`` and cannot shadow a newer one.
+        """
+        client = self._client()
+        while True:
+            events = [e async for e in client.since(self.session_id, low)]
+            length = events[-1].seq + 1 if events else low
+            where = {e.seq: position(e) for e in events}
+            now = [x for x in visible_items(events, low) if where[x.seq] <= high]
+            if now != expected:
+                return False
+            try:
+                await client.append(self.session_id, [summary], expected_seq=length)
+            except SeqConflict:
+                continue  # another writer appended: check the range again
+            return True

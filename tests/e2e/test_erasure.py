@@ -371,7 +371,7 @@ def test_a_tenants_admin_token_erases_its_own_tenant_and_nothing_else(
 
     def exists(session_id: str) -> bool:
         got = stub.GetSession(pb.GetSessionRequest(session_id=session_id), metadata=bearer(ADMIN))
-        return got.session.exists
+        return bool(got.session.exists)
 
     assert [s for s in ids if exists(s)] == ["tenant-b.e-x1", "tenant-ab.e-x1"]
 

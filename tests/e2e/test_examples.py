@@ -21,6 +21,9 @@ from sessionlog_client.v1.event_pb2 import EventType
 from tests.e2e._proc import clean_env, running_server
 from tests.e2e.test_client_typescript import node, node_modules
 
+# One test process runs every module that runs Node out of client/typescript (tests/conftest.py).
+pytestmark = pytest.mark.xdist_group("node-client")
+
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"
 PACKAGE = ROOT / "client" / "typescript"

@@ -75,7 +75,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     """Group each test with its module for pytest-xdist (`make test` runs `--dist loadgroup`: a
     module's tests share one test process, and its module-scoped server, unless the module names
     a group of its own); in workers mode, deselect the tests that need the in-process server."""
-    node_modules = {item.path for item in items if "node_modules" in item.fixturenames}
+    node_modules = {
+        item.path for item in items if "node_modules" in getattr(item, "fixturenames", ())
+    }
     for item in items:
         if item.get_closest_marker("xdist_group") is None:
             module = item.nodeid.split("::", 1)[0]

@@ -240,6 +240,9 @@ class SessionLogServer:
         else:
             # A replica is NOT_SERVING until it has caught up with its primary once.
             await self._set_health(serving=False)
+            # The primary it follows: --replica-of, or the one it turned to from there by itself
+            # (``leadership.followed``; the open kept it).
+            self.replica.primary = store.leadership().primary or self.replica.primary
             self.replica.note = store.rejoin_note()
             if self.replica.note:
                 log.warning("this replica rejoined: %s", self.replica.note)

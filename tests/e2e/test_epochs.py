@@ -434,6 +434,40 @@ def test_replicas_of_a_fenced_primary_turn_to_the_new_one_or_say_rejoin(tmp_path
         assert changes_raw(ahead.channel) == changes_raw(new.channel)
 
 
+def test_a_replica_restarted_with_its_stale_replica_of_follows_the_primary_it_turned_to(
+    tmp_path: Path,
+) -> None:
+    """A replica that turned from its --replica-of (deposed) to the new primary by itself is
+    restarted with the same command line after the old primary is gone for good: it follows
+    the new primary (status, NOT_PRIMARY hint, new writes applied), and its log says to change
+    --replica-of."""
+    with Cluster(tmp_path) as cluster:
+        old = cluster.primary("old")
+        new = cluster.replica(old, "new")
+        turned = cluster.replica(old, "turned", args=["--replica-timeout", "1"])
+        append(old, "s", "both", request_id="both-0")
+        for node in (new, turned):
+            wait_position(node, old.status().position)
+        promote(tmp_path, new)
+        fence = ["admin", "fence", "--server", old.address, "--epoch", "2"]
+        done = run_cli([*fence, "--primary", new.address], tmp_path)
+        assert done.returncode == 0, done.stderr
+        wait_for("turned follows new", lambda: turned.status().primary == new.address, 20)
+        old.kill()
+        turned.stop()
+        assert turned.replica_of == old.address  # the command line still names the old one
+        turned.start()
+        append(new, "s", "after the restart", request_id="new-1")
+        wait_position(turned, new.status().position, timeout=20)
+        status = turned.status()
+        assert status.primary == new.address
+        assert status.state == rpb.REPLICATION_STATE_STREAMING
+        _, reason, metadata, _ = refusal(lambda: append(turned, "s", "to a replica"))
+        assert (reason, metadata["primary"]) == ("NOT_PRIMARY", new.address)
+        said = [e for e in turned.log_entries() if "change --replica-of" in e.get("message", "")]
+        assert said, turned.log()
+
+
 def test_a_replica_told_of_no_new_primary_applies_nothing_more(tmp_path: Path) -> None:
     """A primary fenced without a new primary's address (a reader's newer epoch) says so on its
     feed: its replica records the newer epoch, applies nothing more from it and says why."""

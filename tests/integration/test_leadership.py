@@ -113,3 +113,41 @@ def test_a_promotion_takes_a_new_epoch_and_history(tmp_path: Path) -> None:
             replica.submit_promote().result()
     finally:
         replica.close()
+
+
+def test_a_replica_keeps_the_primary_it_turned_to_until_its_replica_of_changes(
+    tmp_path: Path,
+) -> None:
+    """A replica opened with --replica-of A that turned to B by itself (A deposed by epoch 3,
+    naming B) and then to C follows C when opened again with the same, stale, --replica-of A;
+    opened with any other --replica-of, it follows that one (the operator chose), and the
+    record forgets the turn."""
+    data = tmp_path / "data"
+    store = Store(data, StoreConfig(replica_of="a:1"))
+    try:
+        assert store.leadership().primary == "a:1"
+        store.submit_follow(3, "b:1").result()
+        store.submit_follow(4, "c:1").result()
+        turned = store.leadership()
+        assert (turned.primary, turned.turned_from, turned.epoch) == ("c:1", "a:1", 4)
+    finally:
+        store.close()
+    store = Store(data, StoreConfig(replica_of="a:1"))
+    try:
+        kept = store.leadership()
+        assert (kept.role, kept.primary, kept.turned_from) == ("replica", "c:1", "a:1")
+        with pytest.raises(errors.NotPrimary):
+            store.append("s", [user("x")])
+    finally:
+        store.close()
+    store = Store(data, StoreConfig(replica_of="d:1"))
+    try:
+        chosen = store.leadership()
+        assert (chosen.role, chosen.primary, chosen.turned_from) == ("replica", "d:1", "")
+    finally:
+        store.close()
+    store = Store(data, StoreConfig(replica_of="a:1"))
+    try:
+        assert store.leadership().primary == "a:1"  # the turn was forgotten with d:1
+    finally:
+        store.close()

@@ -126,11 +126,26 @@ def reconcile(
 def _leadership_at_open(
     record: leadership.Leadership, opened_as: str, replica_of: str, position: int
 ) -> leadership.Leadership:
-    """The leadership record as this open leaves it: a replica follows ``replica_of``; a former
-    replica opened as a primary is promoted (a new epoch, as ``admin promote`` takes one); a
+    """The leadership record as this open leaves it: a replica follows ``replica_of`` (or the
+    primary it turned to by itself from that same ``replica_of``: ``Leadership.turned_from``); a
+    former replica opened as a primary is promoted (a new epoch, as ``admin promote`` takes one); a
     fenced primary stays fenced, whatever it is started as, until it rejoins."""
     if replica_of:
-        return replace(record, role=leadership.REPLICA, primary=replica_of)
+        if (
+            record.role == leadership.REPLICA
+            and record.turned_from == replica_of
+            and record.primary
+        ):
+            log.warning(
+                "this replica turned from its --replica-of %s (deposed) to %s by itself, and "
+                "follows %s: change --replica-of to it",
+                replica_of,
+                record.primary,
+                record.primary,
+                extra={"replica_of": replica_of, "primary": record.primary, "epoch": record.epoch},
+            )
+            return record
+        return replace(record, role=leadership.REPLICA, primary=replica_of, turned_from="")
     if opened_as == PROMOTED or record.role == leadership.REPLICA:
         promoted = leadership.promoted(record, position + 1)
         log.warning(

@@ -14,6 +14,10 @@ like them never in the change feed: it describes this folder, not the data.
 - **primary**: where writes go when this folder does not take them (HOST:PORT; "" unknown).
 - **history**: ``(epoch, first position)`` for every epoch whose records the folder holds, or
   that it began as a primary (then possibly with no record yet), oldest first.
+- **turned_from** (only when set): on a replica that turned to ``primary`` by itself (its primary
+  was deposed and named the new one), the --replica-of it was opened with. Started again with
+  that same, now stale, --replica-of, it goes on following ``primary``; with any other, the
+  operator chose: it follows that one (``identity``).
 
 Invariants: the epoch never falls; history epochs strictly rise and their first positions never
 fall; the record at position p carries the epoch of the last history entry starting at or
@@ -50,6 +54,7 @@ class Leadership:
     role: str = PRIMARY
     primary: str = ""
     history: History = ()
+    turned_from: str = ""
 
     @property
     def may_write(self) -> bool:
@@ -67,6 +72,8 @@ class Leadership:
             "primary": self.primary,
             "history": [list(entry) for entry in self.history],
         }
+        if self.turned_from:
+            fields["turned_from"] = self.turned_from
         return json.dumps(fields, separators=(",", ":")).encode()
 
     @classmethod
@@ -75,7 +82,10 @@ class Leadership:
         if fields["role"] not in ROLES:
             raise ValueError(f"unknown role {fields['role']!r}")
         history = tuple((int(e), int(p)) for e, p in fields["history"])
-        return cls(int(fields["epoch"]), fields["role"], str(fields["primary"]), history)
+        turned_from = str(fields.get("turned_from", ""))
+        return cls(
+            int(fields["epoch"]), fields["role"], str(fields["primary"]), history, turned_from
+        )
 
 
 def read(txn: lmdb.Transaction, tables: Tables) -> Leadership:
@@ -169,11 +179,13 @@ def fenced(record: Leadership, epoch: int, primary: str) -> Leadership:
 
 def followed(record: Leadership, epoch: int, primary: str) -> Leadership:
     """The record of a replica that turns to ``primary``, the primary of ``epoch`` (its old
-    primary was deposed and named it): writes refused here name it from now on. A folder that
-    takes writes is fenced instead (it would not follow anyone while it leads)."""
+    primary was deposed and named it): writes refused here name it from now on, and so does a
+    start with the --replica-of it was opened with (``turned_from``). A folder that takes writes
+    is fenced instead (it would not follow anyone while it leads)."""
     if record.role == PRIMARY:
         return fenced(record, epoch, primary)
-    return replace(record, epoch=max(record.epoch, epoch), primary=primary)
+    turned_from = record.turned_from or (record.primary if record.primary != primary else "")
+    return replace(record, epoch=max(record.epoch, epoch), primary=primary, turned_from=turned_from)
 
 
 def not_primary(record: Leadership) -> errors.NotPrimary:

@@ -526,7 +526,7 @@ class ServerConfig:
         "auth_tokens",
         _text,
         "",
-        "TOML tokens file: require a bearer token on every call (see README)",
+        "TOML tokens file: require a bearer token on every call (docs: Operations, Security)",
         "FILE",
     )
     auth_open_health: bool = _setting(
@@ -856,12 +856,13 @@ BEGIN_MARK = "<!-- settings:begin"
 END_MARK = "<!-- settings:end -->"
 
 
-def readme_with_table(readme: str) -> str:
-    """The README text with its generated settings table replaced by the current one."""
-    start = readme.index(BEGIN_MARK)
-    start = readme.index("\n", start) + 1
-    end = readme.index(END_MARK)
-    return readme[:start] + markdown_table() + "\n" + readme[end:]
+def page_with_table(page: str) -> str:
+    """A page's text (the docs' configuration page) with its generated settings table, between
+    the settings markers, replaced by the current one."""
+    start = page.index(BEGIN_MARK)
+    start = page.index("\n", start) + 1
+    end = page.index(END_MARK)
+    return page[:start] + markdown_table() + "\n" + page[end:]
 
 
 def worker_count(config: ServerConfig) -> int:
@@ -899,8 +900,13 @@ def replica_token_of(config: ServerConfig) -> str:
 if __name__ == "__main__":
     import sys
 
-    if sys.argv[1:2] == ["--write-readme"]:
+    if sys.argv[1:2] == ["--write-table"]:
         target = Path(sys.argv[2])
-        target.write_text(readme_with_table(target.read_text()))
+        target.write_text(page_with_table(target.read_text()))
+    elif sys.argv[1:2] == ["--check-table"]:
+        target = Path(sys.argv[2])
+        if page_with_table(target.read_text()) != target.read_text():
+            sys.exit(f"stale: the settings table of {target}; run make gen-docs")
+        print(f"the settings table of {target} is up to date")
     else:
         print(markdown_table())

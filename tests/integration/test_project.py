@@ -43,12 +43,13 @@ def test_buf_is_clean(command: list[str]) -> None:
     assert result.returncode == 0, result.stdout + result.stderr
 
 
-def test_readme_settings_table_is_current() -> None:
-    """The README's configuration table is what `make docs` generates from the settings."""
-    from sessionlog.config import readme_with_table
+def test_docs_settings_table_is_current() -> None:
+    """The configuration page's settings table is what `make gen-docs` generates from the
+    settings."""
+    from sessionlog.config import page_with_table
 
-    readme = (ROOT / "README.md").read_text()
-    assert readme_with_table(readme) == readme, "README settings table is stale: run make docs"
+    page = (ROOT / "docs" / "reference" / "configuration.md").read_text()
+    assert page_with_table(page) == page, "the settings table is stale: run make gen-docs"
 
 
 def test_client_generated_code_and_errors_copy_are_up_to_date() -> None:

@@ -140,7 +140,8 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ),
 )
 """The layers from top to bottom, each a few packages or top-level modules: a module may import
-its own layer's modules and those of the layers below it, never one above (README, Layers)."""
+its own layer's modules and those of the layers below it, never one above (docs/developing.md,
+Layers)."""
 
 Graph = Mapping[str, set[str]]
 
@@ -278,9 +279,10 @@ def test_no_import_runs_up_a_layer() -> None:
 
 
 def _drawn_layers() -> list[tuple[str, str]]:
-    """The README's layer diagram, box by box from the top: each box's ``[name]`` and its text."""
-    readme = (PACKAGE.parents[1] / "README.md").read_text()
-    section = readme.split("\n## Layers\n", 1)[1].split("\n## ", 1)[0]
+    """The docs' layer diagram (docs/developing.md, Layers), box by box from the top: each box's
+    ``[name]`` and its text."""
+    page = (PACKAGE.parents[1] / "docs" / "developing.md").read_text()
+    section = page.split("\n## Layers\n", 1)[1].split("\n## ", 1)[0]
     diagram = section.split("```text\n", 1)[1].split("```", 1)[0]
     parts = re.split(r"\[([a-z ]+)\]", diagram)
     return list(zip(parts[1::2], parts[2::2], strict=True))
@@ -292,8 +294,8 @@ def _file_of(member: str) -> str:
     return f"{relative}/" if (PACKAGE / relative).is_dir() else f"{relative}.py"
 
 
-def test_the_readme_draws_the_declared_layers() -> None:
-    """Rule: the README's layer diagram is ``LAYERS``: its boxes are the layers, named in the
+def test_the_docs_draw_the_declared_layers() -> None:
+    """Rule: the docs' layer diagram is ``LAYERS``: its boxes are the layers, named in the
     same order, and each box names every package and top-level module of its layer."""
     drawn = _drawn_layers()
     assert [name for name, _ in drawn] == [name for name, _ in LAYERS]

@@ -221,7 +221,7 @@ class ServerConfig:
     """Everything `sessionlog serve` can be told; the defaults are the embedded set-up.
 
     Each field is declared once, by the setting (or, for ``limits``, the settings) that fill it:
-    the flags, environment variables, TOML keys, ``--print-config`` and the README's table all
+    the flags, environment variables, TOML keys, ``--print-config`` and the docs' settings table all
     come from these declarations (``SETTINGS``), in this order.
     """
 
@@ -699,7 +699,7 @@ def _check_address(name: str, address: str) -> None:
 SETTINGS: tuple[Setting, ...] = tuple(
     setting for f in fields(ServerConfig) for setting in f.metadata[_SETTINGS_KEY]
 )
-"""Every setting, in the order of ServerConfig's fields (the order of --help and the README)."""
+"""Every setting, in the order of ServerConfig's fields (of --help and of the docs' table)."""
 BY_NAME = {setting.name: setting for setting in SETTINGS}
 
 
@@ -832,7 +832,7 @@ def _toml(value: Any) -> str:
 
 
 def markdown_table() -> str:
-    """The settings as the README's table (``make docs`` writes it; a test keeps it true)."""
+    """The settings as the docs' table (``make gen-docs`` writes it; a test keeps it true)."""
     rows = ["| flag | env / file key | default | meaning |", "| --- | --- | --- | --- |"]
     for setting in SETTINGS:
         flag = setting.flag + ("" if setting.flag_only_switch else f" {setting.metavar}")

@@ -3,7 +3,7 @@
 Covers every RPC through Client and AsyncClient, errors as the server's own classes, follow that
 resumes after a dropped connection and after a server restart (no gap, no duplicate), appends
 retried with one request_id (never written twice), TLS with a bearer token, large replies, the
-chat-format conversions, and the README's client example.
+chat-format conversions, and the docs' client example (Clients page).
 
 Dropped connections are real: a small TCP proxy on 127.0.0.1 between client and server cuts its
 sockets on demand.

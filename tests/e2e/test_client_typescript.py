@@ -2,7 +2,7 @@
 
 Installs its npm dependencies when node_modules is missing or older than package-lock.json, runs
 its own suite (`node --test`, real `sessionlog serve` processes), type-checks its declarations,
-runs the README's TypeScript example, and has a Python worker and a Node worker write one session
+runs the docs' TypeScript example, and has a Python worker and a Node worker write one session
 at the same time.
 """
 

@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 PROTOS := $(wildcard proto/sessionlog/v1/*.proto)
 SERVICE_PROTOS := $(wildcard proto/sessionlog/v1/*_service.proto)
 
-.PHONY: run cluster test test-workers try-latest browser go-tools etcd-tools haproxy-tools check lint format gen gen-client gen-go gen-api-docs gen-check bench bench-tools clean docs dist
+.PHONY: run cluster test test-workers try-latest browser go-tools etcd-tools haproxy-tools check test-fast lint format gen gen-client gen-go gen-api-docs gen-check gen-docs bench bench-tools clean docs dist
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -34,6 +34,11 @@ cluster: $(VENV)/.run-stamp etcd-tools haproxy-tools
 test: $(VENV)/.dev-stamp browser go-tools etcd-tools haproxy-tools
 	$(BIN)/python -m pytest --durations=25
 	$(MAKE) --no-print-directory test-workers
+
+## test-fast: the unit and integration tests only (a few minutes; no servers of other kinds, no
+## browser, no apt-get): what to run to check a checkout
+test-fast: $(VENV)/.dev-stamp
+	$(BIN)/python -m pytest tests/unit tests/integration -q
 
 ## test-workers: the e2e tests marked `workers` against `sessionlog serve --workers 2` processes.
 ## The rule: a module (`pytestmark`) or a test is marked when what it checks crosses worker
@@ -130,8 +135,9 @@ haproxy-tools:
 	  exit 1; \
 	fi
 
-## check: formatting, lint, types, proto lint, generated code up to date, then the tests
-check: lint gen-check test
+## check: formatting, lint, types, proto lint, generated code up to date, the docs site, then
+## the tests
+check: lint gen-check docs test
 
 lint: $(VENV)/.dev-stamp
 	$(BIN)/ruff format --check .
@@ -182,6 +188,7 @@ gen-check: $(VENV)/.dev-stamp
 	rm -rf $$tmp; echo "generated code is up to date"
 	@$(BIN)/python client/python/gen.py --check
 	@$(BIN)/python tools/api_docs.py --check
+	@$(BIN)/python -m sessionlog.config --check-table $(SETTINGS_PAGE)
 
 ## bench: run the benchmarks and print the table
 bench: $(VENV)/.dev-stamp bench-tools
@@ -219,6 +226,12 @@ dist: | $(BIN)/python
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
 
-## docs: rewrite the README's settings table from server/sessionlog/config.py
-docs: $(VENV)/.dev-stamp
-	$(BIN)/python -m sessionlog.config --write-readme README.md
+## gen-docs: rewrite the settings table of the configuration page from server/sessionlog/config.py
+SETTINGS_PAGE := docs/reference/configuration.md
+gen-docs: $(VENV)/.dev-stamp
+	$(BIN)/python -m sessionlog.config --write-table $(SETTINGS_PAGE)
+
+## docs: the documentation site from docs/ into site/ (mkdocs build --strict: every nav page
+## exists, every internal link and anchor resolves), after gen-docs
+docs: gen-docs
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict

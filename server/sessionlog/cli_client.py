@@ -141,7 +141,7 @@ def add_commands(commands: Any, built_on: Sequence[Callable[[Any], None]] = ()) 
     p = sub(
         "delete",
         "erase a session for good: its events, request records, lease and audit, on the primary "
-        "and its replicas (see README 'Erasure'; run `admin compact` to clear the data file)",
+        "and its replicas (see the docs' Erasure page; run `admin compact` to clear the data file)",
         _delete,
     )
     p.add_argument("session_id")

@@ -221,7 +221,7 @@ class ServerConfig:
     """Everything `sessionlog serve` can be told; the defaults are the embedded set-up.
 
     Each field is declared once, by the setting (or, for ``limits``, the settings) that fill it:
-    the flags, environment variables, TOML keys, ``--print-config`` and the README's table all
+    the flags, environment variables, TOML keys, ``--print-config`` and the docs' settings table all
     come from these declarations (``SETTINGS``), in this order.
     """
 
@@ -526,7 +526,7 @@ class ServerConfig:
         "auth_tokens",
         _text,
         "",
-        "TOML tokens file: require a bearer token on every call (see README)",
+        "TOML tokens file: require a bearer token on every call (docs: Operations, Security)",
         "FILE",
     )
     auth_open_health: bool = _setting(
@@ -699,7 +699,7 @@ def _check_address(name: str, address: str) -> None:
 SETTINGS: tuple[Setting, ...] = tuple(
     setting for f in fields(ServerConfig) for setting in f.metadata[_SETTINGS_KEY]
 )
-"""Every setting, in the order of ServerConfig's fields (the order of --help and the README)."""
+"""Every setting, in the order of ServerConfig's fields (of --help and of the docs' table)."""
 BY_NAME = {setting.name: setting for setting in SETTINGS}
 
 
@@ -832,7 +832,7 @@ def _toml(value: Any) -> str:
 
 
 def markdown_table() -> str:
-    """The settings as the README's table (``make docs`` writes it; a test keeps it true)."""
+    """The settings as the docs' table (``make gen-docs`` writes it; a test keeps it true)."""
     rows = ["| flag | env / file key | default | meaning |", "| --- | --- | --- | --- |"]
     for setting in SETTINGS:
         flag = setting.flag + ("" if setting.flag_only_switch else f" {setting.metavar}")
@@ -856,12 +856,13 @@ BEGIN_MARK = "<!-- settings:begin"
 END_MARK = "<!-- settings:end -->"
 
 
-def readme_with_table(readme: str) -> str:
-    """The README text with its generated settings table replaced by the current one."""
-    start = readme.index(BEGIN_MARK)
-    start = readme.index("\n", start) + 1
-    end = readme.index(END_MARK)
-    return readme[:start] + markdown_table() + "\n" + readme[end:]
+def page_with_table(page: str) -> str:
+    """A page's text (the docs' configuration page) with its generated settings table, between
+    the settings markers, replaced by the current one."""
+    start = page.index(BEGIN_MARK)
+    start = page.index("\n", start) + 1
+    end = page.index(END_MARK)
+    return page[:start] + markdown_table() + "\n" + page[end:]
 
 
 def worker_count(config: ServerConfig) -> int:
@@ -899,8 +900,13 @@ def replica_token_of(config: ServerConfig) -> str:
 if __name__ == "__main__":
     import sys
 
-    if sys.argv[1:2] == ["--write-readme"]:
+    if sys.argv[1:2] == ["--write-table"]:
         target = Path(sys.argv[2])
-        target.write_text(readme_with_table(target.read_text()))
+        target.write_text(page_with_table(target.read_text()))
+    elif sys.argv[1:2] == ["--check-table"]:
+        target = Path(sys.argv[2])
+        if page_with_table(target.read_text()) != target.read_text():
+            sys.exit(f"stale: the settings table of {target}; run make gen-docs")
+        print(f"the settings table of {target} is up to date")
     else:
         print(markdown_table())

@@ -3,7 +3,7 @@
 Covers every RPC through Client and AsyncClient, errors as the server's own classes, follow that
 resumes after a dropped connection and after a server restart (no gap, no duplicate), appends
 retried with one request_id (never written twice), TLS with a bearer token, large replies, the
-chat-format conversions, and the README's client example.
+chat-format conversions, and the docs' client example (Clients page).
 
 Dropped connections are real: a small TCP proxy on 127.0.0.1 between client and server cuts its
 sockets on demand.
@@ -764,17 +764,18 @@ def test_client_installs_without_the_server() -> None:
 
 
 def readme_block(language: str, marker: str) -> str:
-    """The first ```language block of the README's Clients section that contains ``marker``."""
-    text = (ROOT / "README.md").read_text()
-    section = text.split("\n## Clients\n", 1)[1].split("\n## ", 1)[0]
-    for block in re.findall(rf"```{language}\n(.*?)```", section, flags=re.DOTALL):
+    """The first ```language block of the docs' Clients page that contains ``marker``."""
+    page = (ROOT / "docs" / "getting-started" / "clients.md").read_text()
+    for block in re.findall(rf"```{language}\n(.*?)```", page, flags=re.DOTALL):
         if marker in block:
             return str(block)
-    raise AssertionError(f"no ```{language} block with {marker!r} in the README's Clients section")
+    raise AssertionError(
+        f"no ```{language} block with {marker!r} in docs/getting-started/clients.md"
+    )
 
 
 def test_readme_python_client_example_runs_as_written(server: RunningServer) -> None:
-    """The README's Python client example, run as a script against a real server, works."""
+    """The Clients page's Python client example, run as a script against a real server, works."""
     code = readme_block("python", "sessionlog_client")
     lines = [line for line in code.strip().splitlines() if not line.startswith("# ->")]
     assert len(lines) <= 10  # a 10-line client; its expected output (`# -> ...`) aside

@@ -2,7 +2,7 @@
 
 Installs its npm dependencies when node_modules is missing or older than package-lock.json, runs
 its own suite (`node --test`, real `sessionlog serve` processes), type-checks its declarations,
-runs the README's TypeScript example, and has a Python worker and a Node worker write one session
+runs the docs' TypeScript example, and has a Python worker and a Node worker write one session
 at the same time.
 """
 
@@ -168,7 +168,7 @@ def test_openai_agents_session_typechecks_as_an_sdk_session(node_modules: Path) 
 def test_readme_typescript_example_runs_as_written(
     node_modules: Path, server: RunningServer, tmp_path: Path
 ) -> None:
-    """The README's TypeScript example, importing the package by name, prints the chat."""
+    """The Clients page's TypeScript example, importing the package by name, prints the chat."""
     code = readme_block("js", "sessionlog-client")
     assert len(code.strip().splitlines()) <= 10
     (tmp_path / "node_modules").mkdir()
@@ -188,10 +188,9 @@ def test_readme_typescript_example_runs_as_written(
 def test_readme_openai_agents_typescript_example_runs_as_written(
     node_modules: Path, server: RunningServer, tmp_path: Path
 ) -> None:
-    """The README's SessionlogSession example (Framework backends), importing the package's
+    """The docs' SessionlogSession example (Framework guides), importing the package's
     subpath export by name, pops the assistant item and leaves the user message in view."""
-    text = (ROOT / "README.md").read_text()
-    section = text.split("\n### OpenAI Agents SDK, TypeScript\n", 1)[1].split("\n### ", 1)[0]
+    section = (ROOT / "docs" / "frameworks" / "openai-agents-typescript.md").read_text()
     blocks = [
         b for b in re.findall(r"```js\n(.*?)```", section, flags=re.DOTALL) if "agents-ts-demo" in b
     ]

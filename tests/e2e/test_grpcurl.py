@@ -1,6 +1,6 @@
 """grpcurl against a real server, with no proto files: reflection, health, JSON calls, errors.
 
-These are the command lines the README shows; each test runs the real grpcurl binary.
+These are the command lines the docs show (grpcurl page); each test runs the real grpcurl binary.
 """
 
 from __future__ import annotations

@@ -1,10 +1,13 @@
-"""README.md's examples, run in the order shown against one real `sessionlog serve`.
+"""The examples of README.md and of every page of the documentation site (docs/, in the order of
+mkdocs.yml's nav), run in that order against one real `sessionlog serve`.
 
-A new user follows the README top to bottom with `make run` in one terminal and pastes each
-example into another. This test does the same, so an example that stops working (or an expected
-output that stops being true) fails here.
+A new user follows the README and then the docs top to bottom with `make run` in one terminal
+and pastes each example into another. This test does the same, so an example that stops working
+(or an expected output that stops being true) fails here. The pages build on each other's
+state (the quickstart's session, the grpcurl walkthrough's `api-...` sessions), so they share
+the one server, in nav order.
 
-Every fenced block of README.md is one of:
+Every fenced block of those files is one of:
 
 - ```sh or ```bash: run by bash (`set -eo pipefail`), ```python: run by this virtualenv's python,
   both from a temporary folder that plays the checkout (so `./sessionlog-data` is the server's
@@ -16,14 +19,16 @@ Every fenced block of README.md is one of:
 A block of any other language, or with none, fails the test until it is marked, so a new
 example is either run or knowingly skipped. A runnable block marked `<!-- readme-test: interrupt
 (REASON) -->` ends with a command that follows until Ctrl-C: it is sent SIGINT once its expected
-output has appeared, and must still be running then.
+output has appeared, and must still be running then. A line `--8<-- "PATH"` in a block is
+pymdownx.snippets' include of PATH (from the repository root, as mkdocs.yml sets its base_path):
+the test runs the block with that file's text in its place, as the site shows it.
 
 Expected output: a line `# -> TEXT` on its own under a command. Each must appear in the block's
 output (stdout and stderr together), in order, ignoring whitespace; `...` in TEXT matches
 anything (times, ids).
 
 The server is the one `make run` starts (`sessionlog serve` with its defaults, checked below),
-on a free port instead of 50051, plus `--metrics-listen` for the metrics example (the README shows
+on a free port instead of 50051, plus `--metrics-listen` for the metrics example (the docs show
 it as a restart with that flag). Blocks get `127.0.0.1:50051` and `127.0.0.1:9090` rewritten to
 the test's addresses, and SESSIONLOG_SERVER for the CLI commands that use the default `--server`.
 """
@@ -46,6 +51,8 @@ from tests.e2e._proc import BIN_DIR, ServerProcess, clean_env, free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
+DOCS = ROOT / "docs"
+MKDOCS = ROOT / "mkdocs.yml"
 
 RUN_LANGUAGES = {"sh": "bash", "bash": "bash", "python": "python"}
 DATA_LANGUAGES = {"toml", "yaml", "ini", "text"}
@@ -54,13 +61,16 @@ MARKS = {"skip", "interrupt"}
 README_LISTEN = "127.0.0.1:50051"
 README_METRICS = "127.0.0.1:9090"
 
-# Bounds for a block that hangs. A healthy one takes a few seconds, and the whole walk about 25 s
-# of CPU, most of it starting Python for each CLI call: on a busy 2-core machine, over a minute.
+# Bounds for a block that hangs. A healthy one takes a few seconds, and the whole walk (the README
+# and every page) about 30 s of CPU, most of it starting Python for each CLI call: on a busy 2-core
+# machine shared with other builds, over three minutes.
 BLOCK_SECONDS = 60.0
-RUN_SECONDS = 240
+RUN_SECONDS = 600
 
 FENCE = re.compile(r"^(?P<indent>\s*)```(?P<info>.*)$")
 MARK = re.compile(r"^\s*<!--\s*readme-test:\s*(?P<verb>\w+)\s*(?:\((?P<reason>[^)]*)\))?\s*-->\s*$")
+SNIPPET = re.compile(r'^\s*--8<--\s+"(?P<path>[^"]+)"\s*$')
+NAV_PAGE = re.compile(r"^\s*-\s+(?:[^:\n]+:\s+)?(?P<page>[\w./-]+\.md)\s*$")
 EXPECT = re.compile(r"^\s*#\s*->\s?(?P<text>.*)$")
 ADDRESS = re.compile(r"\b\d{1,3}(?:\.\d{1,3}){3}:\d+\b|\blocalhost:\d+\b")
 
@@ -74,21 +84,23 @@ class Block:
     mark: str | None
     text: str
     expected: list[str] = field(default_factory=list)
+    source: str = "README.md"
 
     @property
     def runs(self) -> bool:
         return self.language in RUN_LANGUAGES and self.mark != "skip"
 
     def where(self) -> str:
-        return f"README.md line {self.line} (```{self.language})"
+        return f"{self.source} line {self.line} (```{self.language})"
 
 
 class ReadmeError(AssertionError):
     """The README breaks the rules above (an unmarked block, a stray marker, ...)."""
 
 
-def parse(text: str) -> list[Block]:
-    """Every fenced block of ``text`` with its marker; ReadmeError when a rule is broken."""
+def parse(text: str, source: str = "README.md") -> list[Block]:
+    """Every fenced block of ``text`` (the file ``source``) with its marker; ReadmeError when a
+    rule is broken."""
     lines = text.split("\n")
     blocks: list[Block] = []
     pending: tuple[int, str] | None = None
@@ -99,7 +111,8 @@ def parse(text: str) -> list[Block]:
             mark = MARK.match(line)
             if mark is None or mark["verb"] not in MARKS or not (mark["reason"] or "").strip():
                 raise ReadmeError(
-                    f"line {number}: write a marker as <!-- readme-test: skip (why) --> or "
+                    f"{source} line {number}: write a marker as "
+                    "<!-- readme-test: skip (why) --> or "
                     f"<!-- readme-test: interrupt (why) -->, got {line.strip()!r}"
                 )
             pending = (number, mark["verb"])
@@ -108,7 +121,9 @@ def parse(text: str) -> list[Block]:
         fence = FENCE.match(line)
         if fence is None:
             if pending is not None:
-                raise ReadmeError(f"line {pending[0]}: a readme-test marker must precede a block")
+                raise ReadmeError(
+                    f"{source} line {pending[0]}: a readme-test marker must precede a block"
+                )
             index += 1
             continue
         indent = len(fence["indent"])
@@ -119,15 +134,57 @@ def parse(text: str) -> list[Block]:
             body.append(lines[index][indent:] if lines[index][:indent].isspace() else lines[index])
             index += 1
         if index == len(lines):
-            raise ReadmeError(f"line {number}: the block is never closed")
+            raise ReadmeError(f"{source} line {number}: the block is never closed")
         index += 1
-        block = Block(number, language, pending[1] if pending else None, "\n".join(body) + "\n")
+        verb = pending[1] if pending else None
+        block = Block(number, language, verb, included("\n".join(body) + "\n"), source=source)
         pending = None
         check(block)
         blocks.append(block)
     if pending is not None:
-        raise ReadmeError(f"line {pending[0]}: a readme-test marker must precede a block")
+        raise ReadmeError(f"{source} line {pending[0]}: a readme-test marker must precede a block")
     return blocks
+
+
+def included(text: str) -> str:
+    """``text`` with each snippet line (`--8<-- "PATH"`) replaced by PATH's text, PATH taken
+    from the repository root (mkdocs.yml's snippets base_path)."""
+    lines = []
+    for line in text.splitlines(keepends=True):
+        snippet = SNIPPET.match(line)
+        if snippet is None:
+            lines.append(line)
+            continue
+        path = ROOT / snippet["path"]
+        if not path.is_file():
+            raise ReadmeError(f"a snippet names {snippet['path']}, which is not a file")
+        body = path.read_text()
+        lines.append(body if body.endswith("\n") else body + "\n")
+    return "".join(lines)
+
+
+def nav_pages() -> list[Path]:
+    """The pages of mkdocs.yml's nav, in order (each a `- page.md` or `- Title: page.md` line)."""
+    pages = []
+    in_nav = False
+    for line in MKDOCS.read_text().splitlines():
+        if not line.startswith((" ", "-")):
+            in_nav = line.startswith("nav:")
+            continue
+        page = NAV_PAGE.match(line) if in_nav else None
+        if page is not None:
+            pages.append(DOCS / page["page"])
+    return pages
+
+
+def documents() -> list[tuple[str, str]]:
+    """README.md, then each nav page: (its path from the repository root, its text)."""
+    files = [README, *nav_pages()]
+    return [(str(path.relative_to(ROOT)), path.read_text()) for path in files]
+
+
+def all_blocks() -> list[Block]:
+    return [block for source, text in documents() for block in parse(text, source)]
 
 
 def check(block: Block) -> None:
@@ -214,9 +271,25 @@ def test_expected_outputs_are_ordered_and_ignore_whitespace() -> None:
         parse("```sh\necho a   # -> a\n```\n")
 
 
+def test_a_snippet_line_runs_the_file_it_names() -> None:
+    """A `--8<-- "PATH"` line inside a block stands for PATH's text; a missing PATH is refused."""
+    [block] = parse('```python\n--8<-- "pyproject.toml"\n```\n')
+    assert block.text == (ROOT / "pyproject.toml").read_text()
+    with pytest.raises(ReadmeError, match="not a file"):
+        parse('```python\n--8<-- "examples/no-such-file.py"\n```\n')
+
+
+def test_every_page_is_in_the_nav() -> None:
+    """Each page under docs/ is in mkdocs.yml's nav (so its examples run here), and only once."""
+    pages = nav_pages()
+    assert len(pages) == len(set(pages)), "a page is in the nav twice"
+    assert sorted(pages) == sorted(DOCS.rglob("*.md"))
+
+
 def test_the_readme_follows_the_rules() -> None:
-    """Every block of README.md is runnable, data or marked; the walkthroughs run, with outputs."""
-    blocks = parse(README.read_text())
+    """Every block of README.md and the docs is runnable, data or marked; the walkthroughs run,
+    with outputs."""
+    blocks = all_blocks()
     running = [b for b in blocks if b.runs]
     for needle in ("sessionlog.v1", "sessionlog_client", "sessionlog tail", "grpcurl", "buf curl"):
         assert any(needle in b.text for b in running), f"no block running {needle!r} is run"
@@ -308,8 +381,9 @@ def interrupt_when_shown(block: Block, process: subprocess.Popen[bytes], log: Pa
 
 @pytest.mark.timeout(RUN_SECONDS)
 def test_readme_examples_run_in_order_against_one_server(tmp_path: Path) -> None:
-    """Each runnable block, in README order, succeeds and prints what its `# ->` lines say."""
-    blocks = [b for b in parse(README.read_text()) if b.runs]
+    """Each runnable block, in README then nav order, succeeds and prints what its `# ->` lines
+    say."""
+    blocks = [b for b in all_blocks() if b.runs]
     checkout = tmp_path / "checkout"
     checkout.mkdir()
     home = tmp_path / "home"
@@ -328,7 +402,8 @@ def test_readme_examples_run_in_order_against_one_server(tmp_path: Path) -> None
         server.wait_serving(listen)
         for number, block in enumerate(blocks):
             suffix = ".py" if RUN_LANGUAGES[block.language] == "python" else ".sh"
-            script = tmp_path / f"block-{number:02d}-line-{block.line}{suffix}"
+            page = re.sub(r"\W+", "-", block.source.removesuffix(".md"))
+            script = tmp_path / f"block-{number:03d}-{page}-line-{block.line}{suffix}"
             script.write_text(rewrite(block, addresses))
             run_block(block, script, checkout, env)
         assert server.process is not None

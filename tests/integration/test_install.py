@@ -1,4 +1,4 @@
-"""Installing as a user does, from a fresh copy of the checkout: `make dist`, then the README's
+"""Installing as a user does, from a fresh copy of the checkout: `make dist`, then the docs'
 `pip install dist/*.whl` into a fresh venv, with an "index" that offers a squatted
 sessionlog-client of the same version. Our two wheels must come from dist/ (pip never takes a
 sibling from an index), `sessionlog --help` must run and both packages import from the new venv.

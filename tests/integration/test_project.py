@@ -43,12 +43,13 @@ def test_buf_is_clean(command: list[str]) -> None:
     assert result.returncode == 0, result.stdout + result.stderr
 
 
-def test_readme_settings_table_is_current() -> None:
-    """The README's configuration table is what `make docs` generates from the settings."""
-    from sessionlog.config import readme_with_table
+def test_docs_settings_table_is_current() -> None:
+    """The configuration page's settings table is what `make gen-docs` generates from the
+    settings."""
+    from sessionlog.config import page_with_table
 
-    readme = (ROOT / "README.md").read_text()
-    assert readme_with_table(readme) == readme, "README settings table is stale: run make docs"
+    page = (ROOT / "docs" / "reference" / "configuration.md").read_text()
+    assert page_with_table(page) == page, "the settings table is stale: run make gen-docs"
 
 
 def test_client_generated_code_and_errors_copy_are_up_to_date() -> None:
@@ -93,8 +94,8 @@ def _make_target(name: str) -> str:
 
 
 def test_ci_runs_make_check_which_runs_every_gate() -> None:
-    """CI runs `make check`: format, lint, mypy, buf lint and format, fresh generated code, and
-    the tests (`make test`), not the tests alone."""
+    """CI runs `make check`: format, lint, mypy, buf lint and format, fresh generated code, the
+    docs site built strictly, and the tests (`make test`), not the tests alone."""
     commands = [
         line.strip()
         for line in (ROOT / ".ci" / "run").read_text().splitlines()
@@ -102,7 +103,27 @@ def test_ci_runs_make_check_which_runs_every_gate() -> None:
     ]
     assert commands[-1] == "make check"
     assert "make test" not in commands
-    assert _make_target("check").split() == ["lint", "gen-check", "test"]
+    assert _make_target("check").split() == ["lint", "gen-check", "docs", "test"]
     lint = _make_target("lint")
     for gate in ("ruff format --check", "ruff check", "mypy", "buf lint", "buf format --diff"):
         assert gate in lint, gate
+
+
+def test_make_docs_builds_strictly_and_test_fast_runs_unit_and_integration() -> None:
+    """`make docs` is `mkdocs build --strict` after the settings table is rewritten, with mkdocs'
+    link and anchor validation turned into warnings (so errors under --strict); `make
+    test-fast` runs tests/unit and tests/integration and nothing else."""
+    docs = _make_target("docs")
+    assert docs.split("\n")[0].split() == ["gen-docs"]
+    assert "mkdocs build --strict" in docs
+    assert "--quiet" not in docs  # mkdocs --quiet hides the warnings --strict would fail on
+    assert "--write-table $(SETTINGS_PAGE)" in _make_target("gen-docs")
+    assert "--check-table $(SETTINGS_PAGE)" in _make_target("gen-check")
+    config = (ROOT / "mkdocs.yml").read_text()
+    for option in ("not_found: warn", "anchors: warn", "omitted_files: warn"):
+        assert option in config, option
+    assert 'base_path: ["."]' in config  # snippets include files from the repository root
+    fast = _make_target("test-fast")
+    assert "pytest tests/unit tests/integration" in fast
+    assert "apt-get" not in fast
+    assert "tests/e2e" not in fast

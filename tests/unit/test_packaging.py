@@ -38,7 +38,12 @@ def test_every_package_carries_the_apache_license() -> None:
 
 def test_docs_name_only_the_published_names() -> None:
     """No document tells a reader to install a name that is not ours."""
-    docs = [ROOT / "README.md", *ROOT.glob("client/*/README.md"), ROOT / "Dockerfile"]
+    docs = [
+        ROOT / "README.md",
+        *ROOT.glob("docs/**/*.md"),
+        *ROOT.glob("client/*/README.md"),
+        ROOT / "Dockerfile",
+    ]
     for doc in docs:
         text = doc.read_text()
         assert "@sessionlog/client" not in text, doc

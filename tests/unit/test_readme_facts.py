@@ -1,5 +1,6 @@
-"""Numbers and claims in the READMEs that the code decides (issue 31: a newcomer found three
-stale): each is read from the code, or the lock file, and looked for where a user reads it."""
+"""Numbers and claims in the READMEs and the docs that the code decides (issue 31: a newcomer
+found three stale): each is read from the code, or the lock file, and looked for where a user
+reads it."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ from sessionlog.defaults import DEFAULT_MAX_EVENTS_PER_APPEND
 from sessionlog.v1 import session_log_service_pb2 as pb
 
 ROOT = Path(__file__).resolve().parents[2]
-README = (ROOT / "README.md").read_text()
+# README.md and every page of the documentation site, as one text.
+README = "\n".join(p.read_text() for p in [ROOT / "README.md", *sorted(ROOT.glob("docs/**/*.md"))])
 TS_README = (ROOT / "client" / "typescript" / "README.md").read_text()
 
 

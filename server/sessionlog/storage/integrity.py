@@ -60,7 +60,7 @@ _META_TAIL_OFFSET = PAGE_HEADER + 120
 USUAL_PAGE_SIZES = (4096, 8192, 16384, 32768, 65536, 2048, 1024, 512)
 RUNBOOK = (
     "restore it from a backup (sessionlog admin restore) or a replica; "
-    "see README 'Damaged data file'"
+    "see the docs' Troubleshooting, 'Damaged data file'"
 )
 
 

@@ -627,16 +627,7 @@ class Store:
     def submit_promote(self, epoch: int = 0) -> Future[tuple[Leadership, Leadership]]:
         """Take writes in a new epoch (``epoch``, or one above every epoch known), from the next
         position on, with a new history id. AlreadyPrimary on a folder that takes writes."""
-
-        def promote(record: Leadership, next_position: int) -> Leadership:
-            if record.may_write:
-                raise errors.AlreadyPrimary(
-                    f"this server already takes writes (epoch {record.epoch}): nothing to promote",
-                    epoch=record.epoch,
-                )
-            return leadership.promoted(record, next_position, epoch)
-
-        return self.submit_leadership(promote, new_history=True)
+        return self.submit_leadership(leadership.promotion(epoch), new_history=True)
 
     def session(self, session_id: str, now_ns: int | None = None) -> SessionView:
         """A session's metadata, live lease, lease audit and record, read in one transaction."""

@@ -387,6 +387,21 @@ def test_storage_imports_no_service_web_or_grpc() -> None:
     assert _offenders("sessionlog.storage", forbidden) == {}
 
 
+def test_the_store_is_a_facade_on_top_of_storage() -> None:
+    """Rule: storage/store.py only composes storage's modules (opening, preparing, fold_cache,
+    views, eraser, the writer): it imports no lmdb itself, and no storage module imports it."""
+    store = "sessionlog.storage.store"
+    parts = ("opening", "preparing", "fold_cache", "views", "eraser", "writer")
+    assert {f"sessionlog.storage.{part}" for part in parts} <= _imports(SOURCES[store])
+    assert _offenders(store, ("lmdb",)) == {}
+    importers = [
+        name
+        for name, tree in SOURCES.items()
+        if _in("sessionlog.storage", name) and store in _imports(tree)
+    ]
+    assert importers == []
+
+
 def test_service_imports_no_web_and_no_composition() -> None:
     """Rule: no arrow runs from service/ up to web/ or to the composition module."""
     assert _offenders("sessionlog.service", ("sessionlog.web", COMPOSITION)) == {}

@@ -141,6 +141,21 @@ def promoted(record: Leadership, next_position: int, epoch: int = 0) -> Leadersh
     return Leadership(taken, PRIMARY, "", (*record.history, (taken, next_position)))
 
 
+def promotion(epoch: int = 0) -> Change:
+    """The change of a promotion (``promoted``, to ``epoch`` or one above every epoch known);
+    it refuses with AlreadyPrimary a folder that takes writes already."""
+
+    def promote(record: Leadership, next_position: int) -> Leadership:
+        if record.may_write:
+            raise errors.AlreadyPrimary(
+                f"this server already takes writes (epoch {record.epoch}): nothing to promote",
+                epoch=record.epoch,
+            )
+        return promoted(record, next_position, epoch)
+
+    return promote
+
+
 def elected(record: Leadership, next_position: int, epoch: int) -> Leadership:
     """The record of a folder that an election made the leader of ``epoch`` (etcd hands each
     epoch to one leader): ``promoted``, but also from a folder that took writes in an older

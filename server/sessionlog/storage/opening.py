@@ -1,0 +1,111 @@
+"""Opening a data folder: its lock, its checks, the LMDB environment and the folder's identity.
+
+The order is the invariant: the folder's lock first (FolderInUse when another server holds it),
+then the checks that refuse a folder that lost its data or is damaged, then LMDB, then the
+history (``identity.reconcile``, or only a read of it when the lock's owner has reconciled
+already). Whatever fails closes what was opened before it, and gives up a lock taken here.
+"""
+
+from __future__ import annotations
+
+import errno
+from dataclasses import dataclass
+from pathlib import Path
+
+import lmdb
+
+from sessionlog.storage import folder, identity, integrity, schema
+from sessionlog.storage.tables import Tables
+
+
+@dataclass(frozen=True)
+class Opened:
+    """An open folder: its lock, environment, named databases and identity."""
+
+    lock: folder.FolderLock
+    env: lmdb.Environment
+    tables: Tables
+    identity: identity.Identity
+
+
+def open_folder(
+    path: Path,
+    *,
+    lock: folder.FolderLock | None,
+    map_size: int,
+    durable: bool,
+    replica_of: str,
+    elected: bool,
+    prepared: bool,
+) -> Opened:
+    """Open the folder at ``path`` under ``lock`` (taken by a parent process, which keeps it),
+    or under one taken here. ``prepared``: the lock's owner has opened this folder since taking
+    the lock (checked it and reconciled its history), so only the identity is read here;
+    otherwise ``replica_of`` and ``elected`` are what ``identity.reconcile`` records. A folder
+    that has lost its data raises FolderDamaged; a full disk, FolderUnwritable."""
+    held = folder.acquire(path) if lock is None else lock
+    try:
+        marker = folder.read_marker(path)
+        folder.check_not_emptied(path, marker)
+        if not prepared:
+            integrity.refuse_damaged(path)
+        env = lmdb.open(
+            str(path),
+            map_size=map_size,
+            max_dbs=len(schema.ALL_DBS),
+            sync=durable,
+            metasync=durable,
+            readahead=False,
+            max_readers=1024,
+        )
+        try:
+            tables = Tables(env)
+            if prepared:
+                # Reader slots left by a process of this server that died mid-read would
+                # keep old pages from being reused: clear them (LMDB checks their PIDs).
+                env.reader_check()
+                found = _identity(env, tables)
+            else:
+                found = _reconcile(env, tables, path, marker, replica_of, elected)
+        except BaseException:
+            env.close()
+            raise
+    except BaseException:
+        if lock is None:
+            held.release()
+        raise
+    return Opened(held, env, tables, found)
+
+
+def _identity(env: lmdb.Environment, tables: Tables) -> identity.Identity:
+    """The identity a prepared folder already has: read, never written."""
+    with env.begin() as txn:
+        history_id, start = identity.read(txn, tables)
+    return identity.Identity(history_id, start, identity.OPENED)
+
+
+def _reconcile(
+    env: lmdb.Environment,
+    tables: Tables,
+    path: Path,
+    marker: folder.Marker | None,
+    replica_of: str,
+    elected: bool,
+) -> identity.Identity:
+    """``identity.reconcile``, with a full disk (it writes the marker and one transaction)
+    turned into one line that says what to do."""
+    try:
+        return identity.reconcile(env, tables, path, marker, replica_of, elected)
+    except (OSError, lmdb.Error) as exc:
+        if not _disk_full(exc):
+            raise
+        raise folder.FolderUnwritable(
+            f"cannot start on {str(path)!r}: the disk holding it is full ({exc}); free space "
+            "there and start again (nothing was changed)"
+        ) from None
+
+
+def _disk_full(exc: BaseException) -> bool:
+    if isinstance(exc, OSError):
+        return exc.errno in (errno.ENOSPC, errno.EDQUOT)
+    return isinstance(exc, lmdb.DiskError) or "No space left on device" in str(exc)

@@ -72,11 +72,14 @@ def test_the_record_round_trips() -> None:
 
 def test_a_replica_that_turns_to_a_new_primary_names_it_and_keeps_its_history() -> None:
     """A replica told of the primary of a newer epoch records that primary (writes refused
-    there name it) and the epoch, whatever it knew before; its history is untouched (it holds
-    no record of the new epoch yet). A folder that takes writes is fenced instead."""
+    there name it) and the epoch, whatever it knew before, and the primary it turned from (its
+    --replica-of); its history is untouched (it holds no record of the new epoch yet). A folder
+    that takes writes is fenced instead."""
     replica = Leadership(2, REPLICA, "old:1", ((1, 1),))
     turned = leadership.followed(replica, 2, "new:2")
-    assert turned == Leadership(2, REPLICA, "new:2", ((1, 1),))
+    assert turned == Leadership(2, REPLICA, "new:2", ((1, 1),), turned_from="old:1")
+    again = leadership.followed(turned, 3, "newer:3")  # still from the --replica-of it opened with
+    assert (again.primary, again.turned_from) == ("newer:3", "old:1")
     assert leadership.followed(Leadership(1, REPLICA, "old:1", ((1, 1),)), 3, "new:2").epoch == 3
     primary = Leadership(1, PRIMARY, "", ((1, 1),))
     assert leadership.followed(primary, 2, "new:2") == Leadership(2, FENCED, "new:2", ((1, 1),))

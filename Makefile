@@ -152,7 +152,7 @@ gen: $(VENV)/.dev-stamp
 	$(BIN)/python -m grpc_tools.protoc -Iproto --grpc_python_out=server $(SERVICE_PROTOS)
 	$(MAKE) gen-client
 
-## gen-client: regenerate client/python/sessionlog_client/{v1,errors.py} and _sync.py's generated methods
+## gen-client: regenerate client/python/sessionlog_client/{v1,errors.py} and _sync.py (from _aio.py)
 ## (see client/python/gen.py)
 gen-client: $(VENV)/.dev-stamp
 	$(BIN)/python client/python/gen.py

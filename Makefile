@@ -160,7 +160,7 @@ gen: $(VENV)/.dev-stamp
 	$(MAKE) gen-client
 	$(MAKE) gen-api-docs
 
-## gen-client: regenerate client/python/sessionlog_client/{v1,errors.py} and _sync.py's generated methods
+## gen-client: regenerate client/python/sessionlog_client/{v1,errors.py} and _sync.py (from _aio.py)
 ## (see client/python/gen.py)
 gen-client: $(VENV)/.dev-stamp
 	$(BIN)/python client/python/gen.py

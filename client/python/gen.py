@@ -11,9 +11,9 @@ Three things are derived, and none is ever edited by hand:
   Both packages describe the same proto files, so importing both in one process is fine.
 - ``sessionlog_client/errors.py``: a copy of ``server/sessionlog/errors.py`` under a header line,
   so the client raises exactly the server's exception classes (names, reasons, hierarchy).
-- the methods of ``sessionlog_client/_sync.py``'s ``Client`` named in ``gen_sync.METHODS``:
-  generated from ``_aio.py``'s ``AsyncClient`` by ``gen_sync.py`` (async to blocking, as
-  httpcore does with unasync); edit the async method and run ``make gen-client``.
+- ``sessionlog_client/_sync.py``, the blocking client: generated from ``_aio.py``, the asyncio
+  client, by ``gen_sync.py`` (async to blocking, as httpcore does with unasync; the blocking
+  docstrings and ``gen_sync.HAND_WRITTEN`` kept); edit ``_aio.py`` and run ``make gen-client``.
 """
 
 from __future__ import annotations
@@ -96,7 +96,7 @@ def main() -> int:
         if bad:
             print(f"stale client files: {', '.join(bad)}; run make gen", file=sys.stderr)
             return 1
-        print("client generated code, errors copy and blocking methods are up to date")
+        print("client generated code, errors copy and blocking client are up to date")
         return 0
     write(files)
     return 0

@@ -577,6 +577,20 @@ def test_async_follow_stops_when_cancelled(server: RunningServer) -> None:
     assert asyncio.run(asyncio.wait_for(scenario(), 30)) == [0]
 
 
+def test_async_client_reads_the_replication_status_as_the_blocking_one(
+    server: RunningServer, client: Client
+) -> None:
+    """replication_status is AsyncClient's too (the source Client's is generated from)."""
+
+    async def read() -> str:
+        async with AsyncClient(server.address) as asynchronous:
+            reply = await asynchronous.replication_status()
+            return reply.role
+
+    assert asyncio.run(asyncio.wait_for(read(), 30)) == "primary"
+    assert client.replication_status().role == "primary"
+
+
 # -- sessions and leases ---------------------------------------------------------------------------
 
 

@@ -1,12 +1,14 @@
-"""The blocking client's methods are generated from the asyncio client's by
-client/python/gen_sync.py: the rewrite rules, the docstrings the blocking client keeps, a change
-to an async method reaching its blocking twin, a hand edit of a generated method undone, and
+"""The blocking client is generated from the asyncio client by client/python/gen_sync.py: the
+rewrite rules, the docstrings and hand-written members the blocking client keeps, a change to
+async code reaching its blocking twin (streams and shard routing included), a hand edit
+undone, a name left async stopping the generation, the helper pair both sides call, and
 today's _sync.py fresh."""
 
 from __future__ import annotations
 
 import inspect
 import sys
+import types
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -49,13 +51,20 @@ def test_the_parentheses_of_an_await_go_with_it_only_around_a_primary() -> None:
 
 
 def test_the_sync_client_is_what_the_generator_makes() -> None:
-    """_sync.py is fresh: the generated methods are today's _aio.py rewritten."""
+    """_sync.py is fresh: today's _aio.py rewritten."""
     assert gen_sync.rendered() == gen_sync.TARGET.read_bytes()
 
 
 def test_every_generated_method_is_a_blocking_method_of_both_clients() -> None:
-    twins = {gen_sync.unasync(name): name for name in vars(AsyncClient)}
-    for name in gen_sync.METHODS:
+    twins = {
+        gen_sync.unasync(name): name
+        for name, value in vars(AsyncClient).items()
+        if inspect.isfunction(value) or isinstance(value, property)
+    }
+    hand = {name for cls, name, _ in gen_sync.HAND_WRITTEN if cls == "Client"}
+    generated = [name for name in twins if name not in hand]
+    assert len(generated) > 40
+    for name in generated:
         asynchronous, blocking = getattr(AsyncClient, twins[name]), getattr(Client, name)
         if isinstance(blocking, property):
             assert isinstance(asynchronous, property), name
@@ -99,3 +108,92 @@ def test_a_method_rule_that_no_longer_matches_stops_the_generation() -> None:
     assert changed != source
     with pytest.raises(ValueError, match="_send"):
         gen_sync.render(changed, target)
+
+
+def test_the_parentheses_of_a_call_around_an_await_stay() -> None:
+    assert gen_sync.unasync("self._use(await self._shards.client_for(s))\n") == (
+        "self._use(self._shards.client_for(s))\n"
+    )
+    assert gen_sync.unasync("f(x)(await g())\n") == "f(x)(g())\n"
+
+
+def test_the_rules_turn_the_asyncio_names_into_their_blocking_twins() -> None:
+    source = (
+        "import asyncio\n"
+        "from sessionlog_client import _async_io as io\n"
+        "lock, closed = asyncio.Lock(), asyncio.Event()\n"
+        "value = await asyncio.to_thread(read_key, a, b)\n"
+        "def f() -> AsyncGenerator[pb.FollowedChange, None]: ...\n"
+        "channel: grpc.aio.Channel = grpc.aio.insecure_channel(address)\n"
+    )
+    assert gen_sync.unasync(source) == (
+        "import threading\n"
+        "import time\n"
+        "from sessionlog_client import _sync_io as io\n"
+        "lock, closed = threading.Lock(), threading.Event()\n"
+        "value = read_key(a, b)\n"
+        "def f() -> Generator[pb.FollowedChange, None, None]: ...\n"
+        "channel: grpc.Channel = grpc.insecure_channel(address)\n"
+    )
+
+
+def test_a_change_to_an_async_stream_reaches_the_blocking_stream() -> None:
+    """The streams and the shard routing are generated too, not only AsyncClient's methods."""
+    source, target = gen_sync.SOURCE.read_text(), gen_sync.TARGET.read_text()
+    old = "                        continue  # already delivered before a reconnect\n"
+    assert source.count(old) == 1
+    changed = source.replace(old, old.replace("continue", "pass"))
+    made = gen_sync.render(changed, target)
+    assert made.count(old.replace("continue", "pass")) == 1
+    assert made.count(old) == 0
+    source_shards = "self.table = table if table is not None else self.table"
+    assert source.count(source_shards) == 1
+    changed = source.replace(source_shards, "self.table = table")
+    assert "            self.table = table\n" in gen_sync.render(changed, target)
+
+
+def test_a_hand_edit_of_a_generated_stream_is_undone() -> None:
+    source, target = gen_sync.SOURCE.read_text(), gen_sync.TARGET.read_text()
+    old = "                reader.stop()\n"
+    assert target.count(old) == 2
+    edited = target.replace(old, "                pass\n")
+    assert gen_sync.render(source, edited) == target
+
+
+def test_the_hand_written_members_are_kept_where_they_are() -> None:
+    source, target = gen_sync.SOURCE.read_text(), gen_sync.TARGET.read_text()
+    assert isinstance(vars(Client)["shard_map"], property)  # a coroutine in AsyncClient
+    assert inspect.iscoroutinefunction(AsyncClient.shard_map)
+    old = "        member = self._router.pick()\n        if member is None:\n            raise"
+    assert target.count(old) == 1  # Client.channel, which AsyncClient has not
+    edited = target.replace(old, old.replace("self._router.pick()", "self._router.current()"))
+    assert gen_sync.render(source, edited) == edited
+
+
+def test_a_name_left_async_stops_the_generation() -> None:
+    source, target = gen_sync.SOURCE.read_text(), gen_sync.TARGET.read_text()
+    old = "        await io.pause(self._closed, delay)\n"
+    assert old in source
+    changed = source.replace(
+        old, "        await asyncio.shield(io.pause(self._closed, delay))\n", 1
+    )
+    with pytest.raises(ValueError, match="still async"):
+        gen_sync.render(changed, target)
+
+
+def test_the_helper_pair_offers_the_same_names() -> None:
+    """What _aio.py calls in _async_io, _sync.py calls in _sync_io (the rule renames the module)."""
+    from sessionlog_client import _async_io, _sync_io
+
+    def offered(module: types.ModuleType) -> set[str]:
+        return {
+            name
+            for name, value in vars(module).items()
+            if not name.startswith("_")
+            and not isinstance(value, types.ModuleType)
+            and name not in {"annotations", "Any"}
+        }
+
+    assert offered(_async_io) == offered(_sync_io)
+    assert offered(_async_io) == {"GENERATOR_RUNNING", "Reader", "call_guard", "pause"}
+    assert {"read", "stop"} <= set(vars(_async_io.Reader)) & set(vars(_sync_io.Reader))

@@ -1,4 +1,9 @@
-"""The asyncio client: the methods of ``Client``, awaitable; streams are async iterators."""
+"""The asyncio client: the methods of ``Client``, awaitable; streams are async iterators.
+
+The source of the blocking client: ``client/python/gen_sync.py`` rewrites this whole file into
+``_sync.py`` (``make gen-client``; ``make gen-check`` fails when ``_sync.py`` is stale). Where
+the two must differ, call a helper of ``_async_io``: ``_sync_io`` holds its blocking twin.
+"""
 
 from __future__ import annotations
 
@@ -13,12 +18,14 @@ from typing import Any
 
 import grpc
 
+from sessionlog_client import _async_io as io
 from sessionlog_client import _common as c
 from sessionlog_client import _etcd
 from sessionlog_client._common import EventLike, MessageLike, Retry
 from sessionlog_client._routing import (
     ADMIN,
     LOG,
+    REPLICATION,
     WRITES,
     Member,
     Router,
@@ -40,6 +47,8 @@ from sessionlog_client.convert import TimeLike, messages_to_dicts, struct_to_dic
 from sessionlog_client.errors import LeadershipLost, SeqConflict, SessionLogError
 from sessionlog_client.v1 import admin_service_pb2 as apb
 from sessionlog_client.v1 import admin_service_pb2_grpc as apb_grpc
+from sessionlog_client.v1 import replication_service_pb2 as rpb
+from sessionlog_client.v1 import replication_service_pb2_grpc as rpb_grpc
 from sessionlog_client.v1 import session_log_service_pb2 as pb
 from sessionlog_client.v1 import session_log_service_pb2_grpc as pb_grpc
 from sessionlog_client.v1.event_pb2 import Event
@@ -81,6 +90,7 @@ class AsyncEventStream(AsyncIterator[Event]):
         self._heartbeat = heartbeat if follow else None
         self._silence = c.silence_limit(self._heartbeat)
         self._closed = asyncio.Event()
+        self._lock = io.call_guard()
         self._call: Any = None
         self._events = self._run()
 
@@ -108,26 +118,29 @@ class AsyncEventStream(AsyncIterator[Event]):
     def cancel(self) -> None:
         """Stop the stream without waiting: a pending ``__anext__`` ends with StopAsyncIteration."""
         self._closed.set()
-        if self._call is not None:
-            self._call.cancel()
+        with self._lock:
+            call = self._call
+        if call is not None:
+            call.cancel()
 
     async def aclose(self) -> None:
         """Stop the stream and release its call."""
         self.cancel()
-        with contextlib.suppress(RuntimeError):  # another task is inside __anext__
+        with contextlib.suppress(io.GENERATOR_RUNNING):  # a read elsewhere: the cancel ends it
             await self._events.aclose()
 
     def _open(self, member: Member) -> Any:
-        if self._closed.is_set():
-            return None
-        request = c.since_request(self.session_id, self.next_seq, self._follow, self._heartbeat)
-        self._call = member.stubs[LOG].Since(
-            request,
-            timeout=self._timeout,
-            metadata=self._connection.call_metadata(self.session_id),
-            wait_for_ready=self._connection.wait_for_ready or None,
-        )
-        return self._call
+        with self._lock:
+            if self._closed.is_set():
+                return None
+            request = c.since_request(self.session_id, self.next_seq, self._follow, self._heartbeat)
+            self._call = member.stubs[LOG].Since(
+                request,
+                timeout=self._timeout,
+                metadata=self._connection.call_metadata(self.session_id),
+                wait_for_ready=self._connection.wait_for_ready or None,
+            )
+            return self._call
 
     async def _run(self) -> AsyncGenerator[Event, None]:
         backoff = self._connection.retry.backoff()
@@ -140,18 +153,17 @@ class AsyncEventStream(AsyncIterator[Event]):
                 wait = backoff.next()
                 if wait is None:
                     raise self._router.nobody()
-                await self._pause(wait)
+                await io.pause(self._closed, wait)
                 continue
             call = self._open(member)
             if call is None:
                 return
+            reader = io.Reader(call, self._silence, self._closed)
             delay: float | None = None
             try:
                 while True:
-                    # Only the wait for a response counts as silence, not time spent handling.
-                    async with asyncio.timeout(self._silence):
-                        response = await call.read()
-                    if response is grpc.aio.EOF:
+                    response = await reader.read()
+                    if response is None:
                         break
                     backoff.reset()
                     hops = 0
@@ -164,10 +176,6 @@ class AsyncEventStream(AsyncIterator[Event]):
                         self.next_seq = event.seq + 1
                         yield event
                 return
-            except asyncio.CancelledError:
-                if self._closed.is_set():
-                    return
-                raise
             except TimeoutError:
                 self.dead_streams += 1
                 self._router.moved(member)
@@ -185,16 +193,11 @@ class AsyncEventStream(AsyncIterator[Event]):
                 if delay is None:
                     raise to_error(error) from error
             finally:
-                call.cancel()
-            await self._pause(delay)
+                reader.stop()
+            await io.pause(self._closed, delay)
             if self._closed.is_set():
                 return
             self.reconnects += 1
-
-    async def _pause(self, delay: float) -> None:
-        """Sleep ``delay`` seconds, or less if the stream is closed meanwhile."""
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._closed.wait(), delay)
 
 
 class AsyncSessionsStream(AsyncIterator[pb.FollowedChange]):
@@ -223,10 +226,12 @@ class AsyncSessionsStream(AsyncIterator[pb.FollowedChange]):
         self._heartbeat = heartbeat
         self._silence = c.silence_limit(heartbeat)
         self._closed = asyncio.Event()
+        self._lock = io.call_guard()
         self._call: Any = None
         self._pending: tuple[Member, Any] | None = None
         if after is None:
-            # Started now, not at the first read (see SessionsStream).
+            # Started now, not at the first read: a stream "from now" must not miss what
+            # commits between follow_sessions() and the first read.
             member = router.current()
             if member is not None:
                 self._pending = (member, self._open(member))
@@ -252,27 +257,31 @@ class AsyncSessionsStream(AsyncIterator[pb.FollowedChange]):
     def cancel(self) -> None:
         """Stop the stream without waiting: a pending ``__anext__`` ends with StopAsyncIteration."""
         self._closed.set()
-        if self._call is not None:
-            self._call.cancel()
+        with self._lock:
+            call = self._call
+        if call is not None:
+            call.cancel()
 
     async def aclose(self) -> None:
         """Stop the stream and release its call."""
         self.cancel()
-        with contextlib.suppress(RuntimeError):
+        with contextlib.suppress(io.GENERATOR_RUNNING):
             await self._changes.aclose()
+        self._pending = None
 
     def _open(self, member: Member) -> Any:
-        if self._closed.is_set():
-            return None
-        request = c.follow_sessions_request(
-            self.prefix, self.filter, self.position, self._heartbeat
-        )
-        self._call = member.stubs[LOG].FollowSessions(
-            request,
-            metadata=self._connection.call_metadata(),
-            wait_for_ready=self._connection.wait_for_ready or None,
-        )
-        return self._call
+        with self._lock:
+            if self._closed.is_set():
+                return None
+            request = c.follow_sessions_request(
+                self.prefix, self.filter, self.position, self._heartbeat
+            )
+            self._call = member.stubs[LOG].FollowSessions(
+                request,
+                metadata=self._connection.call_metadata(),
+                wait_for_ready=self._connection.wait_for_ready or None,
+            )
+            return self._call
 
     async def _run(self) -> AsyncGenerator[pb.FollowedChange, None]:
         backoff = self._connection.retry.backoff()
@@ -286,17 +295,17 @@ class AsyncSessionsStream(AsyncIterator[pb.FollowedChange]):
                     wait = backoff.next()
                     if wait is None:
                         raise self._router.nobody()
-                    await self._pause(wait)
+                    await io.pause(self._closed, wait)
                     continue
                 member, call = picked, self._open(picked)
             if call is None:
                 return
+            reader = io.Reader(call, self._silence, self._closed)
             delay: float | None = None
             try:
                 while True:
-                    async with asyncio.timeout(self._silence):
-                        response = await call.read()
-                    if response is grpc.aio.EOF:
+                    response = await reader.read()
+                    if response is None:
                         return
                     backoff.reset()
                     hops = 0
@@ -310,10 +319,6 @@ class AsyncSessionsStream(AsyncIterator[pb.FollowedChange]):
                         self.caught_up = True
                         if not self._follow:
                             return
-            except asyncio.CancelledError:
-                if self._closed.is_set():
-                    return
-                raise
             except TimeoutError:
                 self._router.moved(member)
                 delay = backoff.next()
@@ -330,15 +335,11 @@ class AsyncSessionsStream(AsyncIterator[pb.FollowedChange]):
                 if delay is None:
                     raise to_error(error) from error
             finally:
-                call.cancel()
-            await self._pause(delay)
+                reader.stop()
+            await io.pause(self._closed, delay)
             if self._closed.is_set():
                 return
             self.reconnects += 1
-
-    async def _pause(self, delay: float) -> None:
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._closed.wait(), delay)
 
 
 class _AsyncShardedStream(AsyncEventStream):
@@ -375,7 +376,7 @@ class _AsyncShardedStream(AsyncEventStream):
         self._connection = client.connection
 
     async def _run(self) -> AsyncGenerator[Event, None]:
-        self._use(await self._shards.client_for(self.session_id))
+        self._use(await self._shards.client_for(self.session_id))  # the map loads at the first read
         rerouted_at: int | None = None
         while True:
             inner = super()._run()
@@ -411,17 +412,23 @@ class _AsyncShards:
         self._clients: dict[tuple[str, tuple[str, ...]], AsyncClient] = {}
 
     async def load(self) -> ShardTable | None:
+        """The map routed by (read at the first call); None: unsharded, one group."""
         async with self._lock:
-            if not self._loaded:
-                self.table = await self._read(self._bootstrap)
-                self._loaded = True
-            return self.table
+            return await self._load()
+
+    async def _load(self) -> ShardTable | None:
+        if not self._loaded:
+            self.table = await self._read(self._bootstrap)
+            self._loaded = True
+        return self.table
 
     async def client_for(self, session_id: str) -> AsyncClient:
-        table = await self.load()
-        if table is None:
-            return self._bootstrap
-        return self._client_of(table.owner(session_id))
+        """The client of the group that owns ``session_id`` (the bootstrap one, unsharded)."""
+        async with self._lock:
+            table = await self._load()
+            if table is None:
+                return self._bootstrap
+            return self._client_of(table.owner(session_id))
 
     async def after_wrong_group(
         self, session_id: str, error: SessionLogError, refused_by: AsyncClient
@@ -433,10 +440,10 @@ class _AsyncShards:
                 newer = None
             table, owner = after_wrong_group(self.table, newer, session_id, error.metadata)
             self.table = table if table is not None else self.table
-        if owner is None:
-            return None
-        client = self._client_of(owner)
-        return None if client is refused_by else client
+            if owner is None:
+                return None
+            client = self._client_of(owner)
+            return None if client is refused_by else client
 
     def _client_of(self, group: ShardGroup) -> AsyncClient:
         key = (group.name, tuple(sorted(set(group.addresses))))
@@ -455,12 +462,12 @@ class _AsyncShards:
         return ShardTable.from_reply(reply)
 
     async def close(self) -> None:
-        for client in list(self._clients.values()):
+        async with self._lock:
+            clients = list(self._clients.values())
+        for client in clients:
             await client.close()
 
 
-# The source of most of _sync.Client's methods (client/python/gen_sync.py, METHODS): after a
-# change here run make gen-client, which writes them in _sync.py.
 class AsyncClient:
     """The asyncio sessionlog client; same arguments and methods as :class:`Client`, several
     addresses and ``cluster``/``group`` (etcd) included.
@@ -559,6 +566,7 @@ class AsyncClient:
             channel = grpc.aio.insecure_channel(address, options=conn.channel_options())
         stubs = {
             LOG: pb_grpc.SessionLogServiceStub(channel),  # type: ignore[no-untyped-call]
+            REPLICATION: rpb_grpc.ReplicationServiceStub(channel),  # type: ignore[no-untyped-call]
             ADMIN: apb_grpc.AdminServiceStub(channel),  # type: ignore[no-untyped-call]
         }
         return channel, stubs
@@ -1289,5 +1297,18 @@ class AsyncClient:
         request = c.redact_request(session_id, seqs, reason, lease_holder)
         reply: pb.RedactEventsResponse = await self._call(
             "RedactEvents", request, timeout, retry=True
+        )
+        return reply
+
+    # -- replication ------------------------------------------------------------------------------
+
+    async def replication_status(
+        self, *, timeout: float | None = None
+    ) -> rpb.GetReplicationStatusResponse:
+        """The server's role, change-feed positions and, on a replica, its link to the primary
+        (see ``Client.replication_status``)."""
+        request = rpb.GetReplicationStatusRequest()
+        reply: rpb.GetReplicationStatusResponse = await self._call(
+            "GetReplicationStatus", request, timeout, retry=True, stub=REPLICATION
         )
         return reply

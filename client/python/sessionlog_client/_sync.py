@@ -1,5 +1,9 @@
 """The blocking client: one method per RPC, exceptions from the server's own vocabulary."""
 
+# Generated from _aio.py by client/python/gen_sync.py (make gen-client): edit _aio.py, not
+# this file. Only the docstrings and the members gen_sync.HAND_WRITTEN names are kept from
+# here when it is generated again.
+
 from __future__ import annotations
 
 import contextlib
@@ -16,6 +20,7 @@ import grpc
 
 from sessionlog_client import _common as c
 from sessionlog_client import _etcd
+from sessionlog_client import _sync_io as io
 from sessionlog_client._common import EventLike, MessageLike, Retry
 from sessionlog_client._routing import (
     ADMIN,
@@ -47,42 +52,6 @@ from sessionlog_client.v1 import replication_service_pb2_grpc as rpb_grpc
 from sessionlog_client.v1 import session_log_service_pb2 as pb
 from sessionlog_client.v1 import session_log_service_pb2_grpc as pb_grpc
 from sessionlog_client.v1.event_pb2 import Event
-
-
-class _Watchdog:
-    """Cancels a call that stays silent for ``limit`` seconds while the stream waits on it.
-
-    Time the caller spends with an event it was handed does not count (``pause``/``resume``):
-    a slow consumer is not a dead link. One thread per open call, ended by ``stop``.
-    """
-
-    def __init__(self, call: Any, limit: float) -> None:
-        self.fired = False
-        self._call = call
-        self._limit = limit
-        self._since: float | None = time.monotonic()
-        self._done = threading.Event()
-        threading.Thread(target=self._watch, name="sessionlog-follow-watchdog", daemon=True).start()
-
-    def pause(self) -> None:
-        self._since = None
-
-    def resume(self) -> None:
-        self._since = time.monotonic()
-
-    def stop(self) -> None:
-        self._done.set()
-
-    def _watch(self) -> None:
-        while True:
-            since = self._since
-            left = self._limit if since is None else since + self._limit - time.monotonic()
-            if left <= 0:
-                self.fired = True
-                self._call.cancel()
-                return
-            if self._done.wait(left):
-                return
 
 
 class EventStream(Iterator[Event]):
@@ -132,7 +101,7 @@ class EventStream(Iterator[Event]):
         self._heartbeat = heartbeat if follow else None
         self._silence = c.silence_limit(self._heartbeat)
         self._closed = threading.Event()
-        self._lock = threading.Lock()
+        self._lock = io.call_guard()
         self._call: Any = None
         self._events = self._run()
 
@@ -140,7 +109,7 @@ class EventStream(Iterator[Event]):
         return self
 
     def __next__(self) -> Event:
-        return next(self._events)
+        return self._events.__next__()
 
     def __enter__(self) -> EventStream:
         return self
@@ -157,14 +126,18 @@ class EventStream(Iterator[Event]):
     def closed(self) -> bool:
         return self._closed.is_set()
 
-    def close(self) -> None:
-        """End the stream: a blocked ``next()`` (in any thread) stops with StopIteration."""
+    def cancel(self) -> None:
+        """Stop the stream without waiting: a pending ``__next__`` ends with StopIteration."""
         self._closed.set()
         with self._lock:
             call = self._call
         if call is not None:
             call.cancel()
-        with contextlib.suppress(ValueError):  # another thread is inside next(): the cancel ends it
+
+    def close(self) -> None:
+        """End the stream: a blocked ``next()`` (in any thread) stops with StopIteration."""
+        self.cancel()
+        with contextlib.suppress(io.GENERATOR_RUNNING):  # a read elsewhere: the cancel ends it
             self._events.close()
 
     def _open(self, member: Member) -> Any:
@@ -188,57 +161,52 @@ class EventStream(Iterator[Event]):
                 return
             member = self._router.pick()
             if member is None:  # no primary known yet (etcd named none): wait and ask again
-                delay = backoff.next()
-                if delay is None:
+                wait = backoff.next()
+                if wait is None:
                     raise self._router.nobody()
-                if self._closed.wait(delay):
-                    return
+                io.pause(self._closed, wait)
                 continue
             call = self._open(member)
             if call is None:
                 return
-            watchdog = None if self._silence is None else _Watchdog(call, self._silence)
+            reader = io.Reader(call, self._silence, self._closed)
+            delay: float | None = None
             try:
-                for response in call:
+                while True:
+                    response = reader.read()
+                    if response is None:
+                        break
                     backoff.reset()
                     hops = 0
                     member.reached = True
                     if response.caught_up:
                         self.caught_up = True
-                    if watchdog is not None:
-                        watchdog.pause()
                     for event in response.events:
                         if event.seq < self.next_seq:
                             continue  # already delivered before a reconnect
                         self.next_seq = event.seq + 1
                         yield event
-                    if watchdog is not None:
-                        watchdog.resume()
                 return
+            except TimeoutError:
+                self.dead_streams += 1
+                self._router.moved(member)
+                delay = backoff.next()
+                if delay is None:
+                    raise c.dead_stream(self._silence) from None
             except grpc.RpcError as error:
                 if self._closed.is_set():
                     return
-                dead = watchdog is not None and watchdog.fired
-                self.dead_streams += dead
-                if dead:
-                    self._router.moved(member)
-                    step = Step.LATER
-                else:
-                    step = self._router.after(member, error, retry=True, hops=hops, stream=True)
-                if step is Step.RAISE:
-                    raise to_error(error) from error
-                budget = move_budget(error, self._connection.retry)
-                delay = 0.0 if step is Step.AGAIN else backoff.next(budget)
+                step = self._router.after(member, error, retry=True, hops=hops, stream=True)
                 hops += step is Step.AGAIN
-                if delay is None and dead:
-                    raise c.dead_stream(self._silence) from None
+                budget = move_budget(error, self._connection.retry)
+                later = 0.0 if step is Step.AGAIN else backoff.next(budget)
+                delay = None if step is Step.RAISE else later
                 if delay is None:
                     raise to_error(error) from error
             finally:
-                if watchdog is not None:
-                    watchdog.stop()
-                call.cancel()
-            if self._closed.wait(delay):
+                reader.stop()
+            io.pause(self._closed, delay)
+            if self._closed.is_set():
                 return
             self.reconnects += 1
 
@@ -281,11 +249,11 @@ class SessionsStream(Iterator[pb.FollowedChange]):
         self._heartbeat = heartbeat
         self._silence = c.silence_limit(heartbeat)
         self._closed = threading.Event()
-        self._lock = threading.Lock()
+        self._lock = io.call_guard()
         self._call: Any = None
         self._pending: tuple[Member, Any] | None = None
         if after is None:
-            # Started now, not at the first next(): a stream "from now" must not miss what
+            # Started now, not at the first read: a stream "from now" must not miss what
             # commits between follow_sessions() and the first read.
             member = router.current()
             if member is not None:
@@ -296,7 +264,7 @@ class SessionsStream(Iterator[pb.FollowedChange]):
         return self
 
     def __next__(self) -> pb.FollowedChange:
-        return next(self._changes)
+        return self._changes.__next__()
 
     def __enter__(self) -> SessionsStream:
         return self
@@ -309,14 +277,18 @@ class SessionsStream(Iterator[pb.FollowedChange]):
     ) -> None:
         self.close()
 
-    def close(self) -> None:
-        """End the stream: a blocked ``next()`` (in any thread) stops with StopIteration."""
+    def cancel(self) -> None:
+        """Stop the stream without waiting: a pending ``__next__`` ends with StopIteration."""
         self._closed.set()
         with self._lock:
             call = self._call
         if call is not None:
             call.cancel()
-        with contextlib.suppress(ValueError):
+
+    def close(self) -> None:
+        """End the stream: a blocked ``next()`` (in any thread) stops with StopIteration."""
+        self.cancel()
+        with contextlib.suppress(io.GENERATOR_RUNNING):
             self._changes.close()
         self._pending = None
 
@@ -343,23 +315,24 @@ class SessionsStream(Iterator[pb.FollowedChange]):
             else:
                 picked = self._router.pick()
                 if picked is None:
-                    delay = backoff.next()
-                    if delay is None:
+                    wait = backoff.next()
+                    if wait is None:
                         raise self._router.nobody()
-                    if self._closed.wait(delay):
-                        return
+                    io.pause(self._closed, wait)
                     continue
                 member, call = picked, self._open(picked)
             if call is None:
                 return
-            watchdog = None if self._silence is None else _Watchdog(call, self._silence)
+            reader = io.Reader(call, self._silence, self._closed)
+            delay: float | None = None
             try:
-                for response in call:
+                while True:
+                    response = reader.read()
+                    if response is None:
+                        return
                     backoff.reset()
                     hops = 0
                     member.reached = True
-                    if watchdog is not None:
-                        watchdog.pause()
                     for change in response.changes:
                         self.position = change.position
                         yield change
@@ -369,31 +342,25 @@ class SessionsStream(Iterator[pb.FollowedChange]):
                         self.caught_up = True
                         if not self._follow:
                             return
-                    if watchdog is not None:
-                        watchdog.resume()
-                return
+            except TimeoutError:
+                self._router.moved(member)
+                delay = backoff.next()
+                if delay is None:
+                    raise c.dead_stream(self._silence) from None
             except grpc.RpcError as error:
                 if self._closed.is_set():
                     return
-                dead = watchdog is not None and watchdog.fired
-                if dead:
-                    self._router.moved(member)
-                    step = Step.LATER
-                else:
-                    step = self._router.after(member, error, retry=True, hops=hops, stream=True)
-                if step is Step.RAISE:
-                    raise to_error(error) from error
-                delay = 0.0 if step is Step.AGAIN else backoff.next()
+                step = self._router.after(member, error, retry=True, hops=hops, stream=True)
                 hops += step is Step.AGAIN
-                if delay is None and dead:
-                    raise c.dead_stream(self._silence) from None
+                delay = (
+                    None if step is Step.RAISE else 0.0 if step is Step.AGAIN else backoff.next()
+                )
                 if delay is None:
                     raise to_error(error) from error
             finally:
-                if watchdog is not None:
-                    watchdog.stop()
-                call.cancel()
-            if self._closed.wait(delay):
+                reader.stop()
+            io.pause(self._closed, delay)
+            if self._closed.is_set():
                 return
             self.reconnects += 1
 
@@ -432,11 +399,13 @@ class _ShardedStream(EventStream):
         self._connection = client.connection
 
     def _run(self) -> Generator[Event, None, None]:
-        self._use(self._shards.client_for(self.session_id))  # the map loads at the first next()
+        self._use(self._shards.client_for(self.session_id))  # the map loads at the first read
         rerouted_at: int | None = None
         while True:
+            inner = super()._run()
             try:
-                yield from super()._run()
+                for event in inner:
+                    yield event
                 return
             except SessionLogError as error:
                 if not is_wrong_group(error) or rerouted_at == self.next_seq:
@@ -446,6 +415,8 @@ class _ShardedStream(EventStream):
                     raise
                 rerouted_at = self.next_seq
                 self._use(owner)
+            finally:
+                inner.close()
 
 
 class _Shards:
@@ -456,26 +427,29 @@ class _Shards:
         self._etcd = () if source == SERVER else _etcd.parse_cluster(source)
         self._make = make
         self._timeout = timeout
-        self._lock = threading.RLock()
-        self._table: ShardTable | None = None
+        self._lock = threading.Lock()
+        self.table: ShardTable | None = None
         self._loaded = False
         self._clients: dict[tuple[str, tuple[str, ...]], Client] = {}
 
-    @property
-    def table(self) -> ShardTable | None:
-        """The map routed by (loaded at the first call); None: unsharded, one group."""
+    def load(self) -> ShardTable | None:
+        """The map routed by (read at the first call); None: unsharded, one group."""
         with self._lock:
-            if not self._loaded:
-                self._table = self._read(self._bootstrap)
-                self._loaded = True
-            return self._table
+            return self._load()
+
+    def _load(self) -> ShardTable | None:
+        if not self._loaded:
+            self.table = self._read(self._bootstrap)
+            self._loaded = True
+        return self.table
 
     def client_for(self, session_id: str) -> Client:
         """The client of the group that owns ``session_id`` (the bootstrap one, unsharded)."""
-        table = self.table
-        if table is None:
-            return self._bootstrap
-        return self._client_of(table.owner(session_id))
+        with self._lock:
+            table = self._load()
+            if table is None:
+                return self._bootstrap
+            return self._client_of(table.owner(session_id))
 
     def after_wrong_group(
         self, session_id: str, error: SessionLogError, refused_by: Client
@@ -488,8 +462,8 @@ class _Shards:
                 newer = self._read(refused_by)
             except (SessionLogError, ShardMapInvalid):  # a damaged map: the error's word
                 newer = None
-            table, owner = after_wrong_group(self._table, newer, session_id, error.metadata)
-            self._table = table if table is not None else self._table
+            table, owner = after_wrong_group(self.table, newer, session_id, error.metadata)
+            self.table = table if table is not None else self.table
             if owner is None:
                 return None
             client = self._client_of(owner)
@@ -497,11 +471,10 @@ class _Shards:
 
     def _client_of(self, group: ShardGroup) -> Client:
         key = (group.name, tuple(sorted(set(group.addresses))))
-        with self._lock:
-            client = self._clients.get(key)
-            if client is None:
-                client = self._clients[key] = self._make(list(group.addresses))
-            return client
+        client = self._clients.get(key)
+        if client is None:
+            client = self._clients[key] = self._make(list(group.addresses))
+        return client
 
     def _read(self, client: Client) -> ShardTable | None:
         if self._etcd:
@@ -517,8 +490,6 @@ class _Shards:
             client.close()
 
 
-# Most methods below are generated from _aio.AsyncClient's (client/python/gen_sync.py, METHODS):
-# edit those in _aio.py and run make gen-client; gen.py --check fails on a hand edit here.
 class Client:
     """A blocking sessionlog client (thread-safe; share one per process).
 
@@ -677,8 +648,6 @@ class Client:
         }
         return channel, stubs
 
-    # -- lifecycle of the client ------------------------------------------------------------------
-
     @property
     def channel(self) -> grpc.Channel:
         """The gRPC channel to the current member (the only one, given one address), for the
@@ -711,7 +680,7 @@ class Client:
     def shard_map(self) -> ShardTable | None:
         """The shard map calls are routed by (``shard_map=...``; loaded at the first use), None
         without routing or from an unsharded server."""
-        return None if self._shards is None else self._shards.table
+        return None if self._shards is None else self._shards.load()
 
     def close(self) -> None:
         """Close every open stream, then every channel."""
@@ -1269,6 +1238,30 @@ class Client:
             if not token:
                 return
 
+    def list_lease_audit(
+        self, *, prefix: str = "", page_size: int = 0, timeout: float | None = None
+    ) -> Iterator[apb.ListLeaseAuditResponse]:
+        """Every page of the lease audit of every session (or of those whose id starts with
+        ``prefix``): takeovers and forced releases, each with its session id, in session id
+        order, fetching the next page as you iterate. Needs an admin token without a session
+        prefix.
+
+        >>> [(e.session_id, e.entry.actor) for p in client.list_lease_audit() for e in p.entries]
+        [('demo', 'new-worker')]
+        """
+        token = ""
+        while True:
+            request = apb.ListLeaseAuditRequest(
+                page_size=page_size, page_token=token, prefix=prefix
+            )
+            page: apb.ListLeaseAuditResponse = self._call(
+                "ListLeaseAudit", request, timeout, retry=True, stub=ADMIN
+            )
+            yield page
+            token = page.next_page_token
+            if not token:
+                return
+
     def update_session(
         self,
         session_id: str,
@@ -1418,32 +1411,6 @@ class Client:
         request = pb.ReleaseLeaseRequest(session_id=session_id, holder=holder, force=force)
         reply: pb.ReleaseLeaseResponse = self._call("ReleaseLease", request, timeout, retry=False)
         return reply
-
-    # -- admin ------------------------------------------------------------------------------------
-
-    def list_lease_audit(
-        self, *, prefix: str = "", page_size: int = 0, timeout: float | None = None
-    ) -> Iterator[apb.ListLeaseAuditResponse]:
-        """Every page of the lease audit of every session (or of those whose id starts with
-        ``prefix``): takeovers and forced releases, each with its session id, in session id
-        order, fetching the next page as you iterate. Needs an admin token without a session
-        prefix.
-
-        >>> [(e.session_id, e.entry.actor) for p in client.list_lease_audit() for e in p.entries]
-        [('demo', 'new-worker')]
-        """
-        token = ""
-        while True:
-            request = apb.ListLeaseAuditRequest(
-                page_size=page_size, page_token=token, prefix=prefix
-            )
-            page: apb.ListLeaseAuditResponse = self._call(
-                "ListLeaseAudit", request, timeout, retry=True, stub=ADMIN
-            )
-            yield page
-            token = page.next_page_token
-            if not token:
-                return
 
     # -- erasure ----------------------------------------------------------------------------------
 

@@ -17,7 +17,7 @@ from typing import Any
 import grpc
 from google.protobuf.message import DecodeError
 
-from sessionlog import errors, fold, mirrors, wire
+from sessionlog import errors, mirrors, wire
 from sessionlog.cluster.sync import SyncTracker
 from sessionlog.defaults import (
     DEFAULT_HEARTBEAT_SECONDS,
@@ -319,8 +319,7 @@ class SessionLogServicer:
         """
         try:
             request = decode(pb.SinceRequest, raw)
-            self.ownership.check(request.session_id)
-            fold.check_session_id(request.session_id)
+            self.cases.reading(self._principal(context), request.session_id)
         except errors.SessionLogError as error:
             await abort(context, error)
             return
@@ -368,18 +367,12 @@ class SessionLogServicer:
         the prefix narrowed to the caller's token, the sessions kept to this group's own."""
         try:
             request = decode(pb.FollowSessionsRequest, raw)
-            self.ownership.check()  # sharded: a map must be held to know which are mine
-            prefix = access.listing_prefix(self._principal(context), request.prefix)
+            admits = self.cases.followed(self._principal(context), request.prefix)
             query = parse_filter(request.filter)
             start = follow_sessions.start_position(self.store, request)
         except errors.SessionLogError as error:
             await abort(context, error)
             return
-        owns = self.ownership.owns
-
-        def admits(session_id: str) -> bool:
-            return session_id.startswith(prefix) and owns(session_id)
-
         stream = follow_sessions.follow_sessions(
             functools.partial(abort, context),
             self.store,

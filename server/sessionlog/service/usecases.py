@@ -178,6 +178,18 @@ class SessionLog:
         access.scope(principal, session_id)
         fold.check_session_id(session_id)
 
+    def followed(self, principal: Principal | None, prefix: str) -> Callable[[str], bool]:
+        """The checks of FollowSessions, and which sessions it then carries: those under the
+        asked prefix narrowed to the caller's token, of this group's own."""
+        self.ownership.check()  # sharded: a map must be held to know which are mine
+        narrowed = access.listing_prefix(principal, prefix)
+        owns = self.ownership.owns
+
+        def admits(session_id: str) -> bool:
+            return session_id.startswith(narrowed) and owns(session_id)
+
+        return admits
+
     def _writing(self, caller: Caller, session_id: str, *others: str) -> None:
         """The checks of a write to ``session_id`` (``others``: sessions it also names, which
         the caller's token must admit too)."""

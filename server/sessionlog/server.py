@@ -37,6 +37,7 @@ from sessionlog.service.limits import StreamLimiter
 from sessionlog.service.notifier import Notifier
 from sessionlog.service.replication import ReplicaState, ReplicationServicer, Replicator
 from sessionlog.service.servicer import SessionLogServicer
+from sessionlog.service.usecases import SessionLog
 from sessionlog.shard import scatter
 from sessionlog.shard.ownership import Ownership, from_file
 from sessionlog.shard.scatter import Scatter
@@ -163,6 +164,9 @@ class SessionLogServer:
         self.restart_reason = ""
         self.scatter: Scatter | None = None
         """With --shard-map: the cluster-wide session listing (``shard.scatter``)."""
+        self.cases: SessionLog | None = None
+        """The session log's use cases over the open store, which the gRPC servicer and the
+        web console both call (``service.usecases``)."""
         self.ownership = Ownership(sharded=False)
         """Which sessions this server's group owns (--shard-map; set up by ``start``)."""
         self._shard_source: EtcdShardMap | None = None
@@ -323,6 +327,7 @@ class SessionLogServer:
         )
         self.scatter = scatter.for_ownership(self.ownership, app.replica_channel_factory(config))
         servicer.scatter = self.scatter
+        self.cases = servicer.cases
         group = self.group
         if group is not None:
             servicer.refusal = group.refusal

@@ -589,3 +589,100 @@ def test_the_election_talks_to_etcd_only() -> None:
     assert "sessionlog.cluster.election" in SOURCES
     for module in ("election", "etcd", "fence", "members", "settings"):
         assert _offenders(f"sessionlog.cluster.{module}", forbidden) == {}
+
+
+USE_CASES = "sessionlog.service.usecases"
+SERVICER = "sessionlog.service.servicer"
+
+
+def test_use_cases_know_no_transport_and_no_front_end() -> None:
+    """Rule: the use cases (service/usecases.py) and their access checks (service/access.py)
+    import no grpc, no aiohttp and no front end above them: not the servicers, the console or
+    the composition. Both front ends call down into them."""
+    forbidden = (
+        "grpc",
+        "aiohttp",
+        SERVICER,
+        "sessionlog.service.admin_service",
+        "sessionlog.service.replication",
+        "sessionlog.service.app",
+        "sessionlog.web",
+        COMPOSITION,
+    )
+    for module in (USE_CASES, "sessionlog.service.access"):
+        assert module in SOURCES
+        assert _offenders(module, forbidden) == {}
+    assert USE_CASES in _imports(SOURCES[SERVICER])
+    assert USE_CASES in _imports(SOURCES["sessionlog.web.app"])
+
+
+def _calls_on(tree: ast.AST, owner: str) -> list[str]:
+    """The attributes called or read on ``self.<owner>`` inside ``tree`` (``self.cases.x()``
+    gives "x")."""
+    return [
+        node.attr
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Attribute)
+        and isinstance(node.value, ast.Attribute)
+        and node.value.attr == owner
+        and isinstance(node.value.value, ast.Name)
+        and node.value.value.id == "self"
+    ]
+
+
+def _unary_methods() -> dict[str, ast.AsyncFunctionDef]:
+    servicer = next(
+        node
+        for node in SOURCES[SERVICER].body
+        if isinstance(node, ast.ClassDef) and node.name == "SessionLogServicer"
+    )
+    return {
+        node.name: node
+        for node in servicer.body
+        if isinstance(node, ast.AsyncFunctionDef)
+        and any(
+            isinstance(d, ast.Name) and d.id in ("unary", "unary_write")
+            for d in node.decorator_list
+        )
+    }
+
+
+def test_each_unary_rpc_is_one_use_case_between_decode_and_encode() -> None:
+    """Rule: each unary method of SessionLogServicer calls exactly one use case
+    (``self.cases``) and touches no store and no access check itself: what a call does and
+    who may do it live in the use cases (GetShardMap, which names no session, calls none;
+    DeriveMessages one of two: the whole view, or a page of it)."""
+    methods = _unary_methods()
+    assert len(methods) == 20
+    shape = {
+        name: (
+            _calls_on(method, "cases"),
+            _calls_on(method, "store"),
+            [
+                n.attr
+                for n in ast.walk(method)
+                if isinstance(n, ast.Attribute) and n.attr == "scope"
+            ],
+        )
+        for name, method in methods.items()
+    }
+    cases = {"get_shard_map": [], "derive_messages": ["messages", "messages_page"]}
+    wrong = {
+        name: calls
+        for name, calls in shape.items()
+        if (calls[0] != cases[name] if name in cases else len(calls[0]) != 1)
+        or calls[1]
+        or calls[2]
+    }
+    assert wrong == {}
+
+
+def test_the_console_lists_and_checks_through_the_use_cases() -> None:
+    """Rule: the web console lists sessions, reads one and checks a caller's access through
+    the use cases, never by its own store listing, usage read or prefix check."""
+    own = {"list_records", "usage_of", "check_session", "listing_prefix", "local_sessions"}
+    tree = SOURCES["sessionlog.web.app"]
+    found = sorted(n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute) and n.attr in own)
+    assert found == []
+    called = set(_calls_on(tree, "cases"))
+    assert {"list_sessions", "session", "reading", "state", "messages"} <= called

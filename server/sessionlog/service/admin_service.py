@@ -140,7 +140,7 @@ class AdminServicer:
     @unary
     async def erase_sessions(self, raw: bytes, context: grpc.aio.ServicerContext) -> bytes:
         request = decode(apb.EraseSessionsRequest, raw)
-        principal = access.principal_of(self.authorizer, context)
+        principal = access.principal_of(self.authorizer, context.invocation_metadata())
         if request.HasField("slot_copies"):
             if principal is not None and principal.session_prefix:  # every tenant's sessions
                 access.refuse_every_session(principal, "erasing a slot's copies")

@@ -20,7 +20,7 @@ import struct
 
 from sessionlog import errors, fold
 from sessionlog.service.convert import audit_message
-from sessionlog.service.servicer import DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE
+from sessionlog.service.usecases import DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE
 from sessionlog.shard.ownership import Ownership
 from sessionlog.storage.store import AuditEntry, Store
 from sessionlog.v1 import admin_service_pb2 as apb

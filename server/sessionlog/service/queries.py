@@ -1,5 +1,5 @@
-"""Use cases that more than one front end runs over the store: the gRPC servicer and the web
-console list a server's own sessions here (its group's, each with its usage), the page a
+"""A server's own page of sessions (its group's, each with its usage): what the listing use case
+(``service.usecases``, for ListSessions and the web console) reads here, and the page a
 sharded listing gathers from every group (``shard.scatter``)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""SessionLogService over gRPC: decode, call the store, encode. Nothing else.
+"""SessionLogService over gRPC: decode, call one use case (``service.usecases``), encode.
 
 Handlers take and return raw bytes. Decoding here, not in grpc's deserializer, turns any request
 that fails to parse (bad UTF-8, Struct nested past the protobuf runtime's recursion limit) into
@@ -8,37 +8,25 @@ events go out exactly as stored, with no parse and no re-serialize.
 
 from __future__ import annotations
 
-import asyncio
 import functools
-import hashlib
 import logging
 import time
-from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import replace
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import grpc
 from google.protobuf.message import DecodeError
 
-from sessionlog import errors, fold, mirrors, wire
+from sessionlog import errors, mirrors, wire
 from sessionlog.cluster.sync import SyncTracker
 from sessionlog.defaults import (
     DEFAULT_HEARTBEAT_SECONDS,
     DEFAULT_MAX_EVENTS_PER_APPEND,
     DEFAULT_MAX_MESSAGE_BYTES,
 )
-from sessionlog.listing import Listing, decode_listing_token, encode_listing_token
-from sessionlog.records import SessionRecord, parse_filter
-from sessionlog.service import (
-    access,
-    expiration,
-    follow_sessions,
-    importing,
-    ledger,
-    paging,
-    queries,
-)
-from sessionlog.service.auth import Authorizer
+from sessionlog.records import parse_filter
+from sessionlog.service import access, follow_sessions, importing, ledger, usecases
+from sessionlog.service.auth import Authorizer, Principal
 from sessionlog.service.convert import (
     _LIST_EVENTS,
     _serialize,
@@ -54,11 +42,10 @@ from sessionlog.service.errors import abort, refusal_level
 from sessionlog.service.follow import follow, heartbeat_interval
 from sessionlog.service.limits import Outgoing, StreamLimiter
 from sessionlog.service.notifier import Notifier
+from sessionlog.service.usecases import DEFAULT_LEASE_TTL_NS, FRAMING_BYTES
 from sessionlog.shard import scatter
 from sessionlog.shard.ownership import MOVE_COPY, MOVE_HEADER, Ownership
-from sessionlog.storage import leadership, schema
-from sessionlog.storage.records import BY_ID, BY_UPDATE, given_record
-from sessionlog.storage.store import Store, prepare_append, prepare_seed
+from sessionlog.storage.store import Store
 from sessionlog.v1 import session_log_service_pb2 as pb
 
 log = logging.getLogger(__name__)
@@ -171,7 +158,9 @@ def _log_refusal(rpc: str, error: errors.SessionLogError) -> None:
 
 
 class SessionLogServicer:
-    """SessionLogService: the log RPCs of SPEC §8 and the session lifecycle of §7."""
+    """SessionLogService: the log RPCs of SPEC §8 and the session lifecycle of §7. Each unary
+    method decodes its request, calls one use case of ``self.cases`` (``service.usecases``)
+    and encodes the result; the streams read through the same checks."""
 
     def __init__(
         self,
@@ -189,28 +178,53 @@ class SessionLogServicer:
         ownership: Ownership | None = None,
     ) -> None:
         self.store = store
-        self.sync = sync
-        """With --ack replica: every write's reply waits until enough replicas hold it."""
         self.counters = counters or Counters()
         self.authorizer = authorizer
-        self.max_events_per_append = max_events_per_append
         self.streams = streams or StreamLimiter()
-        self.primary = primary
-        """Set on a replica: the primary that takes the writes refused here."""
-        self.refusal: Callable[[], errors.NotPrimary | None] | None = None
-        """A cluster member's process-level answer (``cluster.member``): the NOT_PRIMARY a
-        write gets while the member does not lead with a live lease, else None."""
         self.notifier = notifier
         self.max_message_bytes = max_message_bytes
         self._recent_batches: dict[tuple[Any, ...], tuple[bytes, int, int]] = {}
         # A Since response holds whole events; leave room for the framing around them.
         self.since_batch_bytes = min(SINCE_BATCH_BYTES, max_message_bytes - FRAMING_BYTES)
         self.heartbeat_seconds = heartbeat_seconds
-        self.scatter: scatter.Scatter | None = None
-        """Set on a sharded server: ListSessions answers for every group (``shard.scatter``)."""
         self.ownership = ownership or Ownership(sharded=False)
         """Which sessions this server's group owns (--shard-map): every RPC naming a session
         checks it first, before anything else is done for the call."""
+        self.cases = usecases.SessionLog(
+            store,
+            self.ownership,
+            max_events_per_append=max_events_per_append,
+            max_message_bytes=max_message_bytes,
+            sync=sync,
+            primary=primary,
+        )
+
+    # What the composition sets after start (a replica's primary, a member's refusal, the
+    # sharded listing), kept by the use cases.
+
+    @property
+    def primary(self) -> str:
+        return self.cases.primary
+
+    @primary.setter
+    def primary(self, primary: str) -> None:
+        self.cases.primary = primary
+
+    @property
+    def refusal(self) -> Callable[[], errors.NotPrimary | None] | None:
+        return self.cases.refusal
+
+    @refusal.setter
+    def refusal(self, refusal: Callable[[], errors.NotPrimary | None] | None) -> None:
+        self.cases.refusal = refusal
+
+    @property
+    def scatter(self) -> scatter.Scatter | None:
+        return self.cases.scatter
+
+    @scatter.setter
+    def scatter(self, spread: scatter.Scatter | None) -> None:
+        self.cases.scatter = spread
 
     def handlers(self) -> grpc.GenericRpcHandler:
         """Method handlers that pass raw bytes in and out (see the module docstring)."""
@@ -248,36 +262,37 @@ class SessionLogServicer:
             },
         )
 
+    # -- who calls ---------------------------------------------------------------------------
+
+    def _principal(self, context: grpc.aio.ServicerContext) -> Principal | None:
+        return access.principal_of(self.authorizer, context.invocation_metadata())
+
+    def _caller(self, context: grpc.aio.ServicerContext) -> usecases.Caller:
+        """A write's caller: its token, the epoch it has seen, whether it is a move's copy."""
+        metadata = context.invocation_metadata()
+        return usecases.Caller(
+            access.principal_of(self.authorizer, metadata),
+            caller_epoch(metadata, self.ownership.group),
+            _is_move_copy(metadata),
+        )
+
+    def _fitting(self, reply: bytes, session_id: str) -> bytes:
+        if len(reply) > self.max_message_bytes:
+            raise errors.ResponseTooLarge(
+                f"the answer for session '{session_id}' is {len(reply)} bytes, over the "
+                f"{self.max_message_bytes}-byte message limit; read it with Since, or raise the "
+                "server's message size limit",
+                size=len(reply),
+                limit=self.max_message_bytes,
+            )
+        return reply
+
+    # -- the log (SPEC §8) ---------------------------------------------------------------------
+
     @unary_write
     async def append(self, raw: bytes, context: grpc.aio.ServicerContext) -> bytes:
         request = decode(pb.AppendRequest, raw)
-        copy = _is_move_copy(context)
-        if copy:  # a slot move fills the slot's next owner (shard.move)
-            self.ownership.check_copy(
-                request.session_id,
-                request.expected_seq if request.HasField("expected_seq") else None,
-            )
-            access.require_admin(self.authorizer, context, "a slot move's copy")
-        else:
-            self.ownership.check_write(request.session_id)
-        self._require_primary(context)
-        access.scope(self.authorizer, context, request.session_id)
-        self._check_count(len(request.events))
-        batch = prepare_append(
-            request.session_id,
-            request.events,
-            limits=self.store.config.limits,
-            expected_seq=request.expected_seq if request.HasField("expected_seq") else None,
-            request_id=request.request_id,
-            lease_holder=request.lease_holder,
-            lease_token=request.lease_token,
-            lenient=request.lenient,
-            keep_redacted=copy,
-        )
-        batch.moving_in = copy
-        self._check_reply_fits(batch.bodies)
-        result = await self.store.commit_append(batch)
-        await self._replicated(result.position)
+        result = await self.cases.append(self._caller(context), request)
         for index, reason, _ in result.drops:
             self.counters.dropped(reason)
             log.warning(
@@ -285,68 +300,6 @@ class SessionLogServicer:
                 extra={"session_id": request.session_id, "index": index, "reason": reason},
             )
         return encode_append_response(result)
-
-    def _sid(self, session_id: str) -> int:
-        """The session's internal id (0: not stored), which a page token is bound to."""
-        return self.store.log_number(session_id)
-
-    def _check_count(self, count: int) -> None:
-        if count > self.max_events_per_append:
-            raise errors.TooManyEvents(
-                f"{count} events in one call; the limit is {self.max_events_per_append} "
-                "(--max-events-per-append): split the batch",
-                count=count,
-                limit=self.max_events_per_append,
-            )
-
-    def _require_primary(self, context: grpc.aio.ServicerContext) -> None:
-        """The fast refusal of a write this server will not take (the writer's check inside
-        the write transaction is the authoritative one: see ``storage.leadership``). A replica
-        names the primary it follows now (its leadership record's, once it turned to a new
-        one). A caller that has seen a newer epoch than this server's is refused too: a newer
-        primary exists, so this one was deposed without knowing it (an old primary restarted
-        after a promotion that did not fence it). That refusal changes nothing here: a client's
-        word does not depose a server, a replica's (``ChangesRequest.epoch``) does."""
-        lead = self.store.writer.lead
-        if self.refusal is not None:
-            refused = self.refusal()
-            if refused is not None:
-                raise refused
-        if self.primary:
-            primary = lead.primary if lead.role == leadership.REPLICA else ""
-            primary = primary or self.primary
-            raise errors.NotPrimary(
-                f"this server is a read replica of {primary}; send writes there",
-                primary=primary,
-                epoch=lead.epoch,
-            )
-        if not lead.may_write:
-            raise leadership.not_primary(lead)
-        seen = caller_epoch(context.invocation_metadata(), self.ownership.group)
-        if leadership.behind(lead, seen) is not None:
-            # The writer's copy may predate a commit by another worker (a fresh store's first
-            # write takes epoch 1): decide by the record as committed now.
-            behind = leadership.behind(self.store.leadership(), seen)
-            if behind is not None:
-                raise behind
-
-    async def _replicated(self, position: int) -> None:
-        """With --ack replica, wait until enough replicas hold the change at ``position`` (or
-        raise ReplicasUnavailable: the write stays committed here). Every write RPC calls it."""
-        if self.sync is not None:
-            await self.sync.wait(position)
-
-    def _check_reply_fits(self, bodies: Sequence[bytes]) -> None:
-        """Refuse, before writing, an append whose reply (the events with their seqs) would not
-        fit in one message: a reply that cannot be sent would hide a committed write."""
-        worst = sum(map(len, bodies)) + STORED_EVENT_OVERHEAD * len(bodies) + FRAMING_BYTES
-        if worst > self.max_message_bytes:
-            raise errors.BatchTooLarge(
-                f"this append's reply would be up to {worst} bytes, over the "
-                f"{self.max_message_bytes}-byte message limit; split it into smaller appends",
-                reply_bytes=worst,
-                limit=self.max_message_bytes,
-            )
 
     @staticmethod
     def _since_subject(raw: bytes) -> str:
@@ -357,7 +310,7 @@ class SessionLogServicer:
 
     def _since_scope(self, raw: bytes, context: grpc.aio.ServicerContext) -> None:
         if self.authorizer is not None:
-            access.scope(self.authorizer, context, decode(pb.SinceRequest, raw).session_id)
+            access.scope(self._principal(context), decode(pb.SinceRequest, raw).session_id)
 
     async def since(self, raw: bytes, context: grpc.aio.ServicerContext) -> Outgoing:
         """Stored events from seq on in byte-bounded batches; with follow, then live ones.
@@ -366,8 +319,7 @@ class SessionLogServicer:
         """
         try:
             request = decode(pb.SinceRequest, raw)
-            self.ownership.check(request.session_id)
-            fold.check_session_id(request.session_id)
+            self.cases.reading(self._principal(context), request.session_id)
         except errors.SessionLogError as error:
             await abort(context, error)
             return
@@ -415,18 +367,12 @@ class SessionLogServicer:
         the prefix narrowed to the caller's token, the sessions kept to this group's own."""
         try:
             request = decode(pb.FollowSessionsRequest, raw)
-            self.ownership.check()  # sharded: a map must be held to know which are mine
-            prefix = access.listing_prefix(self.authorizer, context, request.prefix)
+            admits = self.cases.followed(self._principal(context), request.prefix)
             query = parse_filter(request.filter)
             start = follow_sessions.start_position(self.store, request)
         except errors.SessionLogError as error:
             await abort(context, error)
             return
-        owns = self.ownership.owns
-
-        def admits(session_id: str) -> bool:
-            return session_id.startswith(prefix) and owns(session_id)
-
         stream = follow_sessions.follow_sessions(
             functools.partial(abort, context),
             self.store,
@@ -471,11 +417,8 @@ class SessionLogServicer:
     @unary
     async def surface(self, raw: bytes, context: grpc.aio.ServicerContext) -> bytes:
         request = decode(pb.SurfaceRequest, raw)
-        self.ownership.check(request.session_id)
-        access.scope(self.authorizer, context, request.session_id)
-        fold.check_session_id(request.session_id)
         at_seq = request.at_seq if request.HasField("at_seq") else None
-        folded = self.store.surface(request.session_id, at_seq)
+        folded = self.cases.surface(self._principal(context), request.session_id, at_seq)
         response = pb.SurfaceResponse(
             events=folded.surface,
             event_count=folded.count,
@@ -485,77 +428,33 @@ class SessionLogServicer:
         serialized: bytes = response.SerializeToString(deterministic=True)
         return self._fitting(serialized, request.session_id)
 
-    def _fitting(self, reply: bytes, session_id: str) -> bytes:
-        if len(reply) > self.max_message_bytes:
-            raise errors.ResponseTooLarge(
-                f"the answer for session '{session_id}' is {len(reply)} bytes, over the "
-                f"{self.max_message_bytes}-byte message limit; read it with Since, or raise the "
-                "server's message size limit",
-                size=len(reply),
-                limit=self.max_message_bytes,
-            )
-        return reply
-
     @unary
     async def derive_messages(self, raw: bytes, context: grpc.aio.ServicerContext) -> bytes:
         request = decode(pb.DeriveMessagesRequest, raw)
-        self.ownership.check(request.session_id)
-        access.scope(self.authorizer, context, request.session_id)
-        fold.check_session_id(request.session_id)
+        principal, session_id = self._principal(context), request.session_id
         at_seq = request.at_seq if request.HasField("at_seq") else None
         if request.page_size or request.page_token:
-            return self._derive_page(request, at_seq)
-        folded = None
-        if at_seq is None and request.HasField("known_event_count"):
-            folded = self.store.derive_tail(
-                request.session_id, request.known_event_count, request.known_replace_generation
+            page = self.cases.messages_page(
+                principal, session_id, at_seq, request.page_size, request.page_token
             )
-        incremental = folded is not None
-        if folded is None:
-            folded = self.store.surface(request.session_id, at_seq, messages=True)
-        reply = mirrors.DeriveMessagesResponse(
-            messages=folded.projected,
-            seqs=folded.seqs,
-            event_count=folded.count,
-            replace_generation=folded.replace_generation,
-            incremental=incremental,
-        )
-        return self._fitting(_serialize(reply), request.session_id)
-
-    def _derive_page(self, request: pb.DeriveMessagesRequest, at_seq: int | None) -> bytes:
-        """The last page_size messages of a pinned view (see ``Store.derive_page``)."""
-        session_id = request.session_id
-        size = paging.page_size(request.page_size)
-        sid = self._sid(session_id)
-        cursor = None
-        if request.page_token:
-            cursor = paging.MessagesCursor.decode(request.page_token, session_id, at_seq, sid)
-        page = self.store.derive_page(
-            session_id,
-            size,
-            at_seq=at_seq,
-            pinned=None if cursor is None else cursor.pinned,
-            before=None if cursor is None else cursor.before,
-            resume=None if cursor is None else cursor.walk,
-        )
-        if cursor is not None:
-            generation = cursor.generation
-        elif at_seq is None:  # the view is the whole log as it was read
-            generation = page.replace_generation
-        else:
-            generation = 0
-        token = ""
-        if page.more:
-            cursor = paging.MessagesCursor(
-                page.count, page.first_position, generation, at_seq, page.walk
+            reply = mirrors.DeriveMessagesResponse(
+                messages=page.page.projected,
+                seqs=page.page.seqs,
+                event_count=page.page.count,
+                replace_generation=page.replace_generation,
+                next_page_token=page.next_page_token,
             )
-            token = cursor.encode(session_id, sid)
+            return self._fitting(_serialize(reply), session_id)
+        known = None
+        if request.HasField("known_event_count"):
+            known = (request.known_event_count, request.known_replace_generation)
+        read = self.cases.messages(principal, session_id, at_seq, known)
         reply = mirrors.DeriveMessagesResponse(
-            messages=page.projected,
-            seqs=page.seqs,
-            event_count=page.count,
-            replace_generation=generation,
-            next_page_token=token,
+            messages=read.snapshot.projected,
+            seqs=read.snapshot.seqs,
+            event_count=read.snapshot.count,
+            replace_generation=read.snapshot.replace_generation,
+            incremental=read.incremental,
         )
         return self._fitting(_serialize(reply), session_id)
 
@@ -563,38 +462,24 @@ class SessionLogServicer:
     async def list_events(self, raw: bytes, context: grpc.aio.ServicerContext) -> bytes:
         """One page of stored events, oldest or newest first, sent as stored."""
         request = decode(pb.ListEventsRequest, raw)
-        self.ownership.check(request.session_id)
-        access.scope(self.authorizer, context, request.session_id)
-        session_id = request.session_id
-        fold.check_session_id(session_id)
-        size = paging.page_size(request.page_size)
-        desc = paging.descending(request.order_by)
-        kind = paging.DESCENDING if desc else paging.ASCENDING
-        sid = self._sid(session_id)
-        cursor = None
-        if request.page_token:
-            (cursor,) = paging.decode(request.page_token, kind, session_id, "ListEvents", sid=sid)
-        budget = self.max_message_bytes - FRAMING_BYTES - STORED_EVENT_OVERHEAD * size
-        page = self.store.list_events(session_id, cursor, size, descending=desc, max_bytes=budget)
-        if desc:
-            after = page.first_seq - len(page.events) + 1  # the oldest seq of this page
-            more = bool(page.events) and after > 0
-        else:
-            after = page.first_seq + len(page.events)  # the next seq to read
-            more = after < page.next_seq
-        token = paging.encode(kind, session_id, after, sid=sid) if more else ""
-        events = wire.length_delimited(_LIST_EVENTS, page.events)
-        reply = pb.ListEventsResponse(next_page_token=token, event_count=page.next_seq)
+        read = self.cases.events(
+            self._principal(context),
+            request.session_id,
+            request.page_size,
+            request.order_by,
+            request.page_token,
+        )
+        events = wire.length_delimited(_LIST_EVENTS, read.page.events)
+        reply = pb.ListEventsResponse(
+            next_page_token=read.next_page_token, event_count=read.page.next_seq
+        )
         return events + _serialize(reply)
 
     @unary
     async def get_state(self, raw: bytes, context: grpc.aio.ServicerContext) -> bytes:
         request = decode(pb.GetStateRequest, raw)
-        self.ownership.check(request.session_id)
-        access.scope(self.authorizer, context, request.session_id)
-        fold.check_session_id(request.session_id)
         at_seq = request.at_seq if request.HasField("at_seq") else None
-        state, count = self.store.state(request.session_id, at_seq)
+        state, count = self.cases.state(self._principal(context), request.session_id, at_seq)
         reply = pb.GetStateResponse(state=state, event_count=count)
         # Deterministic (the state is a map): a replica answers with its primary's bytes.
         serialized: bytes = reply.SerializeToString(deterministic=True)
@@ -603,24 +488,11 @@ class SessionLogServicer:
     @unary
     async def get_usage(self, raw: bytes, context: grpc.aio.ServicerContext) -> bytes:
         request = decode(pb.GetUsageRequest, raw)
-        self.ownership.check(request.session_id)
-        access.scope(self.authorizer, context, request.session_id)
-        fold.check_session_id(request.session_id)
-        at_seq = request.at_seq if request.HasField("at_seq") else None
-        if at_seq is not None and request.include_descendants:
-            raise errors.MalformedRequest(
-                "at_seq and include_descendants cannot be combined: a descendant's log has no "
-                "place in its ancestor's seqs; ask for one or the other",
-                field="at_seq",
-            )
-        principal = access.principal_of(self.authorizer, context)
-        spent = self.store.usage(
+        spent = self.cases.usage(
+            self._principal(context),
             request.session_id,
-            at_seq,
-            include_descendants=request.include_descendants,
-            # A tenant's tree stops at its prefix: a fork another token made outside it is not
-            # the tenant's to read.
-            admits=None if principal is None else principal.admits,
+            request.at_seq if request.HasField("at_seq") else None,
+            request.include_descendants,
         )
         reply = pb.GetUsageResponse(
             usage=ledger.model_usages(spent.totals),
@@ -635,88 +507,24 @@ class SessionLogServicer:
     @unary_write
     async def create_session(self, raw: bytes, context: grpc.aio.ServicerContext) -> bytes:
         request = decode(pb.CreateSessionRequest, raw)
-        parent = request.parent_session_id
-        if parent:
-            self.ownership.check_fork(parent, request.session_id)
-        self.ownership.check_write(request.session_id)
-        self._require_primary(context)
-        access.scope(self.authorizer, context, request.session_id, *([parent] if parent else []))
-        self._check_count(len(request.events))
-        if parent:
-            fold.check_session_id(parent)
-        elif request.HasField("parent_seq"):
-            raise errors.InvalidSessionField(
-                "parent_seq needs parent_session_id: name the parent session",
-                field="parent_seq",
-            )
-        record = given_record(
-            request.title,
-            request.labels,
-            request.owner,
-            request.status,
-            request.parent_seq if request.HasField("parent_seq") else None,
-            expire_time_ns=expiration.requested(request),
-            pinned=request.pinned,
-        )
-        batch = prepare_append(
-            request.session_id,
-            request.events,
-            limits=self.store.config.limits,
-            create_only=True,
-            lease_holder=request.lease_holder,
-            lease_token=request.lease_token,
-            request_id=request.request_id,
-        )
-        batch.record, batch.parent_id = record, parent
-        if batch.fingerprint:  # a retry must repeat the record and the parent link too
-            # the expiry as asked (a ttl, not the time it gave), so that a retry matches
-            asked_record = replace(record, expire_time_ns=0)
-            asked = f"{batch.fingerprint}|{parent}|{schema.encode_record(asked_record).hex()}"
-            if request.HasField("expiration"):
-                asked += f"|{expiration.asked(request)}"
-            batch.fingerprint = hashlib.sha256(asked.encode()).hexdigest()
-        result = await self.store.commit_append(batch)
-        await self._replicated(result.position)
+        result = await self.cases.create_session(self._caller(context), request)
         session = session_message(request.session_id, result.meta, result.lease, result.record)
         return _serialize(mirrors.CreateSessionResponse(session=session, events=result.events))
 
     @unary_write
     async def update_session(self, raw: bytes, context: grpc.aio.ServicerContext) -> bytes:
         request = decode(pb.UpdateSessionRequest, raw)
+        updated, view = await self.cases.update_session(self._caller(context), request)
         session_id = request.session.session_id
-        self.ownership.check_write(session_id)
-        self._require_primary(context)
-        access.scope(self.authorizer, context, session_id)
-        fold.check_session_id(session_id)
-        given = request.session
-        record = SessionRecord(given.title, dict(given.labels), given.owner, given.status)
-        paths = list(request.update_mask.paths) if request.HasField("update_mask") else None
-        if paths is not None:
-            paths = expiration.update_paths(given, record, paths)
-        updated = await self.store.commit_update(session_id, record, paths)
-        await self._replicated(updated.position)
-        view = self.store.session(session_id)
         session = session_message(session_id, updated.meta, view.lease, updated.record)
         return _serialize(pb.UpdateSessionResponse(session=session))
 
     @unary_write
     async def seed_session(self, raw: bytes, context: grpc.aio.ServicerContext) -> bytes:
         request = decode(pb.SeedSessionRequest, raw)
-        self.ownership.check_write(request.session_id)
-        self._require_primary(context)
-        access.scope(self.authorizer, context, request.session_id)
-        self._check_count(len(request.messages))
-        batch, dropped = prepare_seed(
-            request.session_id,
-            request.messages,
-            limits=self.store.config.limits,
-            lease_holder=request.lease_holder,
-            lease_token=request.lease_token,
-            request_id=request.request_id,
-        )
-        result = await self.store.commit_append(batch)
-        await self._replicated(result.position)
-        drops = [pb.SeedDrop(index=i, reason="UNKNOWN_ROLE") for i in dropped]
+        seeded = await self.cases.seed_session(self._caller(context), request)
+        result = seeded.result
+        drops = [pb.SeedDrop(index=i, reason="UNKNOWN_ROLE") for i in seeded.dropped]
         session = session_message(request.session_id, result.meta, result.lease, result.record)
         reply = mirrors.SeedSessionResponse(session=session, events=result.events, drops=drops)
         return _serialize(reply)
@@ -724,14 +532,11 @@ class SessionLogServicer:
     @unary
     async def get_session(self, raw: bytes, context: grpc.aio.ServicerContext) -> bytes:
         request = decode(pb.GetSessionRequest, raw)
-        self.ownership.check(request.session_id)
-        access.scope(self.authorizer, context, request.session_id)
-        fold.check_session_id(request.session_id)
-        view = self.store.session(request.session_id)
+        read = self.cases.session(self._principal(context), request.session_id)
+        view = read.view
         session = session_message(view.session_id, view.meta, view.lease, view.record)
-        if view.meta is not None:
-            spent = self.store.usage_of([view.session_id])[view.session_id]
-            session.usage.extend(ledger.model_usages(spent))
+        if read.usage is not None:
+            session.usage.extend(ledger.model_usages(read.usage))
         response = pb.GetSessionResponse(
             session=session,
             lease_audit=[audit_message(record) for record in view.audit],
@@ -741,59 +546,23 @@ class SessionLogServicer:
     @unary
     async def list_sessions(self, raw: bytes, context: grpc.aio.ServicerContext) -> bytes:
         request = decode(pb.ListSessionsRequest, raw)
-        self.ownership.check()  # sharded: a map must be held; the page keeps my group's own
-        prefix = access.listing_prefix(self.authorizer, context, request.prefix)
-        size = min(request.page_size or DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE)
-        order = listing_order(request.order_by)
-        query = parse_filter(request.filter)
-        listing = Listing(prefix, request.filter, order)
-        after = decode_listing_token(request.page_token, listing)
-        metadata = context.invocation_metadata()
-        if self.scatter is not None and not scatter.local_only(metadata) and order == BY_UPDATE:
-
-            def recent(after: bytes, prefix: str, size: int) -> tuple[list[pb.Session], bytes]:
-                return queries.local_page(
-                    self.store,
-                    self.ownership,
-                    after,
-                    Listing(prefix, request.filter, order),
-                    query,
-                    size,
-                )
-
-            sessions, cursor = await self.scatter.list_recent(
-                recent,
-                after,
-                prefix,
-                size,
-                metadata,
-                context.time_remaining(),
-                filter_text=request.filter,
-            )
-        elif self.scatter is not None and not scatter.local_only(metadata):
-            sessions, last = await self.scatter.list(
-                functools.partial(
-                    queries.local_sessions,
-                    self.store,
-                    self.ownership,
-                    query=query,
-                    filter_text=request.filter,
-                ),
-                after.decode(),
-                prefix,
-                size,
-                metadata,
-                context.time_remaining(),
-                filter_text=request.filter,
-            )
-            cursor = last.encode()
-        else:
-            sessions, cursor = queries.local_page(
-                self.store, self.ownership, after, listing, query, size
-            )
-        token = encode_listing_token(cursor, listing) if cursor else ""
+        query = usecases.SessionQuery(
+            prefix=request.prefix,
+            filter_text=request.filter,
+            order_by=request.order_by,
+            page_size=request.page_size,
+            page_token=request.page_token,
+        )
+        page = await self.cases.list_sessions(
+            self._principal(context),
+            query,
+            tuple(context.invocation_metadata() or ()),
+            context.time_remaining(),
+        )
         response = pb.ListSessionsResponse(
-            sessions=sessions, next_page_token=token, usage_total=ledger.page_total(sessions)
+            sessions=page.sessions,
+            next_page_token=page.next_page_token,
+            usage_total=ledger.page_total(page.sessions),
         )
         return _serialize(response)
 
@@ -819,27 +588,7 @@ class SessionLogServicer:
     @unary_write
     async def fork_session(self, raw: bytes, context: grpc.aio.ServicerContext) -> bytes:
         request = decode(pb.ForkSessionRequest, raw)
-        self.ownership.check(request.parent_session_id)
-        # No id asked for: sharded, one made up here, in the parent's group (the store's own
-        # would lie anywhere); unsharded, "" (the store makes one up). Either way inside the
-        # caller's token prefix, where the caller may use it.
-        principal = access.principal_of(self.authorizer, context)
-        under = "" if principal is None else principal.session_prefix
-        target = request.session_id or self.ownership.fork_id(under)
-        self.ownership.check_fork(request.parent_session_id, target)
-        self._require_primary(context)
-        access.scope(self.authorizer, context, request.parent_session_id, target)
-        at_seq = request.at_seq if request.HasField("at_seq") else None
-        result = await self.store.commit_fork(
-            request.parent_session_id,
-            at_seq,
-            target,
-            lease_holder=request.lease_holder,
-            lease_token=request.lease_token,
-            request_id=request.request_id,
-            generated_id=not request.session_id,
-        )
-        await self._replicated(result.position)
+        result = await self.cases.fork_session(self._caller(context), request)
         session = session_message(result.session_id, result.meta, result.lease, result.record)
         return _serialize(pb.ForkSessionResponse(session=session))
 
@@ -848,23 +597,7 @@ class SessionLogServicer:
     @unary_write
     async def delete_session(self, raw: bytes, context: grpc.aio.ServicerContext) -> bytes:
         request = decode(pb.DeleteSessionRequest, raw)
-        self.ownership.check_write(request.session_id)
-        self._require_primary(context)
-        access.scope(self.authorizer, context, request.session_id)
-        if request.force:
-            access.require_admin(self.authorizer, context, "a forced delete")
-        # The feed scan reads every record: off the loop, beside the writer.
-        command = await asyncio.to_thread(
-            self.store.delete_command,
-            request.session_id,
-            expected_seq=request.expected_seq if request.HasField("expected_seq") else None,
-            lease_holder=request.lease_holder,
-            force=request.force,
-            actor=access.actor(self.authorizer, context),
-            reason=request.reason,
-        )
-        result = await self.store.commit_delete(command)
-        await self._replicated(result.position)
+        result = await self.cases.delete_session(self._caller(context), request)
         session = session_message(result.session_id, result.meta, result.lease, result.record)
         reply = pb.DeleteSessionResponse(
             session=session, event_count=result.event_count, position=result.position
@@ -874,44 +607,14 @@ class SessionLogServicer:
     @unary_write
     async def redact_events(self, raw: bytes, context: grpc.aio.ServicerContext) -> bytes:
         request = decode(pb.RedactEventsRequest, raw)
-        self.ownership.check_write(request.session_id)
-        self._require_primary(context)
-        access.scope(self.authorizer, context, request.session_id)
-        command = await asyncio.to_thread(
-            self.store.redact_command,
-            request.session_id,
-            list(request.seqs),
-            reason=request.reason,
-            lease_holder=request.lease_holder,
-            actor=access.actor(self.authorizer, context),
-        )
-        result = await self.store.writer.submit_on_loop(command)
-        await self._replicated(result.position)
+        result = await self.cases.redact_events(self._caller(context), request)
         position = result.position if result.seqs else 0  # the proto: 0 when nothing changed
         return _serialize(pb.RedactEventsResponse(seqs=result.seqs, position=position))
 
     @unary_write
     async def import_session(self, raw: bytes, context: grpc.aio.ServicerContext) -> bytes:
         request = decode(pb.ImportSessionRequest, raw)
-        copy = _is_move_copy(context)
-        if copy:  # a slot move fills the slot's next owner (shard.move)
-            self.ownership.check_copy(request.session_id, request.first_seq)
-            access.require_admin(self.authorizer, context, "a slot move's copy")
-        else:
-            self.ownership.check_write(request.session_id)
-        self._require_primary(context)
-        # The parent link too, as CreateSession's: a tenant must not hang a session under
-        # another tenant's (it would count in that session's tree usage and children).
-        parent = [request.parent_session_id] if request.parent_session_id else []
-        access.scope(self.authorizer, context, request.session_id, *parent)
-        if importing.has_extras(request):
-            access.require_admin(
-                self.authorizer, context, "importing request records, a lease or its audit"
-            )
-        self._check_count(len(request.events))
-        batch = importing.prepare_import(request, self.store.config.limits, moving_in=copy)
-        result = await self.store.commit_import(batch)
-        await self._replicated(result.position)
+        result = await self.cases.import_session(self._caller(context), request)
         reply = pb.ImportSessionResponse(
             session=session_message(request.session_id, result.meta, result.lease, result.record),
             imported_count=len(result.events),
@@ -921,18 +624,9 @@ class SessionLogServicer:
     @unary
     async def get_session_records(self, raw: bytes, context: grpc.aio.ServicerContext) -> bytes:
         request = decode(pb.GetSessionRecordsRequest, raw)
-        self.ownership.check(request.session_id)
-        access.scope(self.authorizer, context, request.session_id)
-        access.require_admin(
-            self.authorizer, context, "reading a session's request records and lease"
-        )
-        fold.check_session_id(request.session_id)
-        found = self.store.session_records(request.session_id)
-        lease = (
-            found.lease if found.lease is not None and found.lease.live(time.time_ns()) else None
-        )
+        found, live = self.cases.session_records(self._principal(context), request.session_id)
         reply = pb.GetSessionRecordsResponse(
-            session=session_message(request.session_id, found.meta, lease, found.record),
+            session=session_message(request.session_id, found.meta, live, found.record),
             request_records=[importing.request_message(i, r) for i, r in found.requests],
             lease_audit=[audit_message(record) for record in found.audit],
         )
@@ -942,42 +636,30 @@ class SessionLogServicer:
 
     @unary_write
     async def acquire_lease(self, raw: bytes, context: grpc.aio.ServicerContext) -> bytes:
-        lease = await self._extend_lease("acquire", pb.AcquireLeaseRequest, raw, context)
-        return _serialize(pb.AcquireLeaseResponse(lease=lease))
+        request = decode(pb.AcquireLeaseRequest, raw)
+        change = await self.cases.lease(
+            self._caller(context), "acquire", request.session_id, request.holder, _ttl_ns(request)
+        )
+        return _serialize(pb.AcquireLeaseResponse(lease=lease_message(change.lease)))
 
     @unary_write
     async def renew_lease(self, raw: bytes, context: grpc.aio.ServicerContext) -> bytes:
-        lease = await self._extend_lease("renew", pb.RenewLeaseRequest, raw, context)
-        return _serialize(pb.RenewLeaseResponse(lease=lease))
-
-    async def _extend_lease(
-        self,
-        action: str,
-        request_type: type[pb.AcquireLeaseRequest] | type[pb.RenewLeaseRequest],
-        raw: bytes,
-        context: grpc.aio.ServicerContext,
-    ) -> pb.Lease:
-        """Acquire or renew: the same request shape, the same checks, a new expiry."""
-        request = decode(request_type, raw)
-        self.ownership.check_write(request.session_id)
-        self._require_primary(context)
-        access.scope(self.authorizer, context, request.session_id)
-        change = await self.store.commit_lease(
-            action, request.session_id, request.holder, _ttl_ns(request)
+        request = decode(pb.RenewLeaseRequest, raw)
+        change = await self.cases.lease(
+            self._caller(context), "renew", request.session_id, request.holder, _ttl_ns(request)
         )
-        await self._replicated(change.position)
-        return lease_message(change.lease)
+        return _serialize(pb.RenewLeaseResponse(lease=lease_message(change.lease)))
 
     @unary_write
     async def release_lease(self, raw: bytes, context: grpc.aio.ServicerContext) -> bytes:
         request = decode(pb.ReleaseLeaseRequest, raw)
-        self.ownership.check_write(request.session_id)
-        self._require_primary(context)
-        access.scope(self.authorizer, context, request.session_id, admin=request.force)
-        change = await self.store.commit_lease(
-            "release", request.session_id, request.holder, force=request.force
+        change = await self.cases.lease(
+            self._caller(context),
+            "release",
+            request.session_id,
+            request.holder,
+            force=request.force,
         )
-        await self._replicated(change.position)
         response = pb.ReleaseLeaseResponse()
         if change.lease is not None:
             response.released.CopyFrom(lease_message(change.lease))
@@ -988,18 +670,11 @@ RECENT_BATCHES = 64
 """Since batches kept for followers waking at the same seq (each at most SINCE_BATCH_BYTES)."""
 SINCE_BATCH_BYTES = 256 << 10
 """Since sends whatever is ready in responses of about this size (a few hundred events)."""
-FRAMING_BYTES = 1024
-"""Room for a response's own fields around its events."""
-STORED_EVENT_OVERHEAD = 16
-"""Bytes an event may gain on the way out: its seq field and its length prefix."""
-DEFAULT_PAGE_SIZE = 100
-MAX_PAGE_SIZE = 1000
-DEFAULT_LEASE_TTL_NS = 30 * 1_000_000_000
 
 
-def _is_move_copy(context: grpc.aio.ServicerContext) -> bool:
+def _is_move_copy(metadata: Any) -> bool:
     """The call carries MOVE_HEADER: a slot move's copy (see ``Ownership.check_copy``)."""
-    for key, value in context.invocation_metadata() or ():
+    for key, value in metadata or ():
         if key == MOVE_HEADER:
             text = value.decode() if isinstance(value, bytes) else str(value)
             return text == MOVE_COPY
@@ -1011,17 +686,3 @@ def _ttl_ns(request: pb.AcquireLeaseRequest | pb.RenewLeaseRequest) -> int:
         return DEFAULT_LEASE_TTL_NS
     ttl: int = request.ttl.ToNanoseconds()
     return ttl
-
-
-def listing_order(order_by: str) -> str:
-    """The listing order an order_by names, or InvalidOrderBy."""
-    spelled = " ".join(order_by.split())
-    if spelled in ("", BY_ID, f"{BY_ID} asc"):
-        return BY_ID
-    if spelled == BY_UPDATE:
-        return BY_UPDATE
-    raise errors.InvalidOrderBy(
-        f'order_by {order_by[:60]!r} is not offered; use "session_id" (the default) or '
-        '"update_time desc"',
-        order_by=order_by[:60],
-    )

@@ -39,10 +39,8 @@ from typing import Any, Protocol
 from aiohttp import web
 
 from sessionlog import errors, fold
-from sessionlog.records import SessionRecord, parse_filter
-from sessionlog.service import ledger, queries
+from sessionlog.service import ledger
 from sessionlog.service.auth import Authorizer, Principal
-from sessionlog.service.convert import session_message
 from sessionlog.service.errors import refusal_level, status_code
 from sessionlog.service.follow import follow
 from sessionlog.service.metrics import (
@@ -54,10 +52,9 @@ from sessionlog.service.metrics import (
     version,
 )
 from sessionlog.service.notifier import Notifier
+from sessionlog.service.usecases import SessionLog, SessionQuery
 from sessionlog.shard.ownership import Ownership
-from sessionlog.shard.scatter import Scatter
-from sessionlog.storage.indexes import update_time
-from sessionlog.storage.records import BY_ID, BY_UPDATE, Listed
+from sessionlog.storage.records import BY_UPDATE
 from sessionlog.storage.store import SessionView, Store
 from sessionlog.v1.event_pb2 import Event, EventType
 from sessionlog.v1.message_pb2 import Message, Role
@@ -112,7 +109,9 @@ class Served(Observed, Protocol):
     def listen(self) -> str: ...
 
     @property
-    def scatter(self) -> Scatter | None: ...
+    def cases(self) -> SessionLog | None:
+        """The use cases the gRPC servicer runs, over the open store (None: not open)."""
+        ...
 
     @property
     def ownership(self) -> Ownership: ...
@@ -201,34 +200,8 @@ def session_json(view: SessionView, usage: fold.UsageByModel | None = None) -> d
     return out
 
 
-def listed_json(listed: Listed, usage: fold.UsageByModel | None = None) -> dict[str, Any]:
-    """``session_json`` of a listed session, with its record, update time and usage."""
-    out = session_json(SessionView(listed.session_id, listed.meta, listed.lease, []), usage)
-    out.update(_record_json(listed.record))
-    out["update_time_ms"] = _ms(update_time(listed.meta, listed.record))
-    return out
-
-
-def _record_json(record: SessionRecord | None) -> dict[str, Any]:
-    if record is None:
-        return {"title": "", "labels": {}, "owner": "", "status": ""}
-    out: dict[str, Any] = {
-        "title": record.title,
-        "labels": dict(sorted(record.labels.items())),
-        "owner": record.owner,
-        "status": record.status,
-    }
-    if record.parent_seq is not None:
-        out["parent_seq"] = record.parent_seq
-    if record.expire_time_ns:
-        out["expire_time_ms"] = record.expire_time_ns // 1_000_000
-    if record.pinned:
-        out["pinned"] = True
-    return out
-
-
 def session_message_json(session: Session) -> dict[str, Any]:
-    """``session_json`` of a listed Session message (another group's, in a sharded listing)."""
+    """``session_json`` of a listed Session message, with its record and update time."""
     out: dict[str, Any] = {"session_id": session.session_id, "exists": session.exists}
     if session.exists:
         out.update(
@@ -325,6 +298,13 @@ class Console:
             raise errors.Unavailable("the store is not open")
         return store
 
+    @property
+    def cases(self) -> SessionLog:
+        cases = self.server.cases
+        if cases is None:
+            raise errors.Unavailable("the store is not open")
+        return cases
+
     def principal(self, request: web.Request, method: str) -> Principal | None:
         """The caller's principal when auth is on (raises when the token may not call
         ``method``); None when auth is off."""
@@ -335,12 +315,9 @@ class Console:
         return authorizer.check(SERVICE + method, [("authorization", header)])
 
     def session_id(self, request: web.Request, method: str) -> str:
+        """The session a page reads, once the checks of ``method``'s reads pass."""
         session_id = request.match_info["session_id"]
-        principal = self.principal(request, method)
-        if principal is not None:
-            principal.check_session(session_id)
-        self.server.ownership.check(session_id)
-        fold.check_session_id(session_id)
+        self.cases.reading(self.principal(request, method), session_id)
         return session_id
 
     async def status(self, request: web.Request) -> web.Response:
@@ -359,61 +336,26 @@ class Console:
         ``update_time`` its "update_time desc" (newest first; ``after`` then does not apply:
         ask for a larger ``limit``)."""
         principal = self.principal(request, "ListSessions")
-        asked = request.query.get("prefix", "")
-        prefix = asked if principal is None else principal.listing_prefix(asked)
         limit = _int(request, "limit", 100, 1, MAX_SESSIONS_PAGE)
-        after = request.query.get("after", "")
-        filter_text = request.query.get("filter", "")
-        query = parse_filter(filter_text)
         by_update = _listing_order(request.query.get("order", ""))
-        order = BY_UPDATE if by_update else BY_ID
-        scatter = self.server.scatter
-        if scatter is None:
-            cursor = b"" if by_update else after.encode()
-            page, more = self.store.list_records(
-                after=cursor, prefix=prefix, query=query, order=order, limit=limit
-            )
-            spent = self.store.usage_of([v.session_id for v in page if v.meta is not None])
-            shown = [listed_json(v, spent.get(v.session_id)) for v in page]
-            return _json({"sessions": shown, "more": more})
-        # A sharded server lists every group, as its ListSessions does (``shard.scatter``).
-        self.server.ownership.check()  # a map must be held
-        token = [("authorization", request.headers.get("Authorization", ""))]
-        if by_update:
-
-            def recent(after: bytes, prefix: str, limit: int) -> tuple[list[Session], bytes]:
-                page, more = self.store.list_records(
-                    after=after, prefix=prefix, query=query, order=BY_UPDATE, limit=limit
-                )
-                owns = self.server.ownership.owns
-                sessions = [
-                    session_message(v.session_id, v.meta, v.lease, v.record)
-                    for v in page
-                    if owns(v.session_id)
-                ]
-                return sessions, page[-1].cursor if more else b""
-
-            newest, cursor = await scatter.list_recent(
-                recent, b"", prefix, limit, token, filter_text=filter_text
-            )
-            sessions = [session_message_json(s) for s in newest]
-            return _json({"sessions": sessions, "more": bool(cursor)})
-
-        def local(after: str, prefix: str, limit: int) -> tuple[list[Session], str]:
-            return queries.local_sessions(
-                self.store, self.server.ownership, after, prefix, limit, query
-            )
-
-        listed, last = await scatter.list(
-            local, after, prefix, limit, token, filter_text=filter_text
+        query = SessionQuery(
+            prefix=request.query.get("prefix", ""),
+            filter_text=request.query.get("filter", ""),
+            order_by=BY_UPDATE if by_update else "",
+            page_size=limit,
+            after="" if by_update else request.query.get("after", ""),
         )
-        return _json({"sessions": [session_message_json(s) for s in listed], "more": bool(last)})
+        # A sharded server lists every group, as its ListSessions does (``shard.scatter``),
+        # with the caller's token.
+        token = [("authorization", request.headers.get("Authorization", ""))]
+        page = await self.cases.list_sessions(principal, query, token)
+        shown = [session_message_json(s) for s in page.sessions]
+        return _json({"sessions": shown, "more": bool(page.next_page_token)})
 
     async def session(self, request: web.Request) -> web.Response:
-        session_id = self.session_id(request, "GetSession")
-        view = self.store.session(session_id)
-        spent = self.store.usage_of([session_id])[session_id] if view.meta is not None else {}
-        return _json(session_json(view, spent))
+        principal = self.principal(request, "GetSession")
+        read = self.cases.session(principal, request.match_info["session_id"])
+        return _json(session_json(read.view, read.usage))
 
     async def events(self, request: web.Request) -> web.Response:
         """A page of raw events (by default the newest ones), each marked shadowed or not."""
@@ -437,8 +379,9 @@ class Console:
         )
 
     async def transcript(self, request: web.Request) -> web.Response:
-        session_id = self.session_id(request, "DeriveMessages")
-        folded = self.store.surface(session_id, messages=True)
+        session_id = request.match_info["session_id"]
+        principal = self.principal(request, "DeriveMessages")
+        folded = self.cases.messages(principal, session_id).snapshot
         messages = transcript_json(folded.surface, folded.projected)
         first = max(0, len(messages) - MAX_TRANSCRIPT)
         return _json(
@@ -453,8 +396,8 @@ class Console:
 
     async def state(self, request: web.Request) -> web.Response:
         """The session's state after its whole log (GetState, memoized with the surface)."""
-        session_id = self.session_id(request, "GetState")
-        state, count = self.store.state(session_id)
+        session_id = request.match_info["session_id"]
+        state, count = self.cases.state(self.principal(request, "GetState"), session_id)
         return _json(
             {"session_id": session_id, "event_count": count, "state": struct_to_dict(state)}
         )

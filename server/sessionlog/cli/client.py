@@ -93,7 +93,8 @@ def server_address(value: str) -> str:
 def add_commands(commands: Any, built_on: Sequence[Callable[[Any], None]] = ()) -> None:
     """Register the client subcommands on the `sessionlog` parser; ``built_on`` registers the
     groups built on this module's helpers (``transfer``), given its subcommand maker, where
-    their commands go in the list (``cli`` passes them: this module imports none of them)."""
+    their commands go in the list (``cli.build_parser`` passes them: this module imports none
+    of them)."""
     common = _common_flags()
 
     def sub(name: str, help_text: str, run: Callable[[argparse.Namespace], int]) -> Any:

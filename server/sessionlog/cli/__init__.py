@@ -8,10 +8,13 @@
     sessionlog cluster slot | map | haproxy | haproxy-sync | move-slot ...
     sessionlog dev cluster
 
-A module per command group: ``serve``; ``client`` (the client commands) and ``transfer``
-(export, import); ``admin`` (admin and replica); ``cluster`` (slots, shard maps, HAProxy);
-``dev`` (dev cluster). Nothing below imports
-this package: the CLI sits on top of the server's layers and of the Python client.
+A module per command group: ``serve``; the client commands, on ``client``'s flags, connection
+and output: ``writes`` (append, hide, delete, redact), ``tail``, ``reads`` (surface, state,
+usage, messages, items), ``sessions`` (create, seed, get, sessions, label, update, fork,
+lease), ``transfer`` (export, import), ``status`` (health, replication status); ``admin``
+(admin and replica: its folder tools in ``admin_offline``, its server calls in
+``admin_online``); ``cluster`` (slots, shard maps, HAProxy); ``dev`` (dev cluster). Nothing
+below imports this package: the CLI sits on top of the server's layers and of the Python client.
 
 The settings of `serve` live in ``config`` (flags, SESSIONLOG_* variables, a TOML file).
 Errors are one line on stderr, never a traceback: exit 2 for bad usage, 1 when the server
@@ -32,8 +35,19 @@ import sys
 from collections.abc import Sequence
 from typing import NoReturn
 
-from sessionlog.cli import admin, cluster, dev, serve, transfer
-from sessionlog.cli.client import add_commands, run_client
+from sessionlog.cli import (
+    admin,
+    cluster,
+    dev,
+    reads,
+    serve,
+    sessions,
+    status,
+    tail,
+    transfer,
+    writes,
+)
+from sessionlog.cli.client import run_client, subcommands
 
 
 class _Parser(argparse.ArgumentParser):
@@ -51,7 +65,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"sessionlog {_version()}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     serve.add_command(commands)
-    add_commands(commands, built_on=[transfer.add_commands])
+    sub = subcommands(commands)
+    for group in (writes, tail, reads, sessions, transfer):
+        group.add_commands(sub)
+    status.add_commands(commands, sub)
     admin.add_commands(commands)
     admin.add_replica_commands(commands)
     dev.add_commands(commands)

@@ -6,13 +6,20 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Callable
 from contextlib import ExitStack
 from pathlib import Path
-from typing import IO, Any
+from typing import IO
 
 from sessionlog import fold
-from sessionlog.cli.client import EXIT_REFUSED, EXIT_USAGE, _client, _print_json, _usage, natural
+from sessionlog.cli.client import (
+    EXIT_REFUSED,
+    EXIT_USAGE,
+    Subcommand,
+    _client,
+    _print_json,
+    _usage,
+    natural,
+)
 from sessionlog.config import parse_size
 from sessionlog.transfer import (
     BadLine,
@@ -25,8 +32,8 @@ from sessionlog.transfer import (
 from sessionlog_client.convert import message_to_json
 
 
-def add_commands(sub: Callable[[str, str, Callable[[argparse.Namespace], int]], Any]) -> None:
-    """Register `export` and `import` (``sub`` is ``client``'s subcommand maker)."""
+def add_commands(sub: Subcommand) -> None:
+    """Register `export` and `import` (``sub``: ``client.subcommands``)."""
     p = sub(
         "export",
         "write a session to a file: its record and every event as JSON lines (an exact copy "

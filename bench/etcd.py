@@ -53,7 +53,7 @@ from bench import h2load
 from bench.common import Measurement, Settings, page_events, stored_event
 from bench.load import UnaryLoad
 from bench.procs import ChildProcess, free_port
-from sessionlog.dev import etcd_command
+from sessionlog.cluster.etcd import etcd_command
 
 START_SECONDS = 30.0
 CALL_TIMEOUT = 30.0

@@ -23,8 +23,8 @@ from types import TracebackType
 
 import requests
 
+from sessionlog.cluster.etcd import etcd_command
 from sessionlog.cluster.settings import Endpoint
-from sessionlog.dev import etcd_command
 from tests.e2e._proc import free_port
 
 READY_SECONDS = 30.0

@@ -17,8 +17,8 @@ from pathlib import Path
 import grpc
 import pytest
 
-from sessionlog.admin import SnapshotRefused, receive_snapshot
-from sessionlog.cli_client import channel as client_channel
+from sessionlog.cli.admin_online import SnapshotRefused, receive_snapshot
+from sessionlog.cli.client import channel as client_channel
 from sessionlog.storage.snapshot import TEMPORARY_PREFIX
 from sessionlog.testing import error_info
 from sessionlog.v1 import admin_service_pb2 as apb

@@ -170,7 +170,7 @@ def test_wheel_built_from_the_copied_files_is_complete(tmp_path: Path) -> None:
         "sessionlog/web/static/app.js",
         "sessionlog/web/static/style.css",
         "sessionlog/v1/session_log_service_pb2.pyi",
-        "sessionlog/cli.py",
+        "sessionlog/cli/__init__.py",
     ):
         assert needed in names, f"{needed} missing from the wheel"
     (entry_points,) = [n for n in names if n.endswith(".dist-info/entry_points.txt")]

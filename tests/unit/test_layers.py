@@ -108,13 +108,10 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
         "commands",
         (
             "sessionlog.cli",
-            "sessionlog.dev",
-            "sessionlog.admin",
             "sessionlog.transfer",
             "sessionlog.testing",
         ),
     ),
-    ("client", ("sessionlog.cli_client",)),
     ("workers", ("sessionlog.workers",)),
     ("startup", ("sessionlog.startup",)),
     ("composition", (COMPOSITION,)),
@@ -437,12 +434,42 @@ def test_only_the_entry_points_import_the_composition_module() -> None:
     (the supervisor and its worker processes) start servers."""
     importers = sorted(n for n, tree in SOURCES.items() if COMPOSITION in _imports(tree))
     assert importers == [
-        "sessionlog.cli",
+        "sessionlog.cli.serve",
         "sessionlog.startup",
         "sessionlog.testing",
         "sessionlog.workers.supervisor",
         "sessionlog.workers.worker",
     ]
+
+
+def cli_importers(graph: Graph) -> list[str]:
+    """The modules outside cli/ that import a module of it."""
+    return sorted(
+        name
+        for name, imported in graph.items()
+        if not _in("sessionlog.cli", name) and any(_in("sessionlog.cli", m) for m in imported)
+    )
+
+
+def test_nothing_imports_the_cli() -> None:
+    """Rule: the CLI (cli/) sits on top: no module outside it imports it (the console script and
+    ``python -m sessionlog.cli`` start it; ``testing`` runs it as a process, by name). The rule
+    is not blind: a planted import of a CLI module from the composition is reported."""
+    assert "sessionlog.cli.admin_offline" in GRAPH
+    assert cli_importers(GRAPH) == []
+    planted = GRAPH | {COMPOSITION: GRAPH[COMPOSITION] | {"sessionlog.cli.client"}}
+    assert cli_importers(planted) == [COMPOSITION]
+
+
+def test_folder_tools_and_server_calls_are_apart() -> None:
+    """Rule: as etcdutl and etcdctl, the admin folder tools (cli/admin_offline.py, LMDB opened
+    directly) import no server call nor AdminService stub, and the server calls
+    (cli/admin_online.py, gRPC) import no lmdb (a saved snapshot is checked by a folder tool)."""
+    offline, online = "sessionlog.cli.admin_offline", "sessionlog.cli.admin_online"
+    assert _offenders(offline, (online, "sessionlog.v1.admin_service_pb2_grpc")) == {}
+    assert _offenders(online, ("lmdb", "sessionlog.storage.usage.open_readonly")) == {}
+    assert "lmdb" in _imports(SOURCES[offline])
+    assert "sessionlog.v1.admin_service_pb2_grpc" in _imports(SOURCES[online])
 
 
 def test_defaults_is_a_leaf() -> None:

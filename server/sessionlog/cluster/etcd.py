@@ -22,9 +22,11 @@ from __future__ import annotations
 import asyncio
 import base64
 import logging
+import os
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, TypeVar
 
 import requests
@@ -255,3 +257,28 @@ class Etcd:
         close."""
         self._executor.submit(self._endpoints.close)
         self._executor.shutdown(wait=False, cancel_futures=False)
+
+
+def etcd_command(
+    binary: str, name: str, data: Path, port: int, peer_port: int
+) -> tuple[list[str], dict[str, str]]:
+    """The argv and environment of a single-member etcd on 127.0.0.1 (client ``port``, peer
+    ``peer_port``, its data in ``data``), logging warnings to stderr: the one way this project
+    starts etcd (the dev cluster, the bench, the tests). Flags only: ETCD_* variables in the
+    environment would override them, so they are left out of it."""
+    client, peer = f"http://127.0.0.1:{port}", f"http://127.0.0.1:{peer_port}"
+    argv = [
+        binary,
+        "--name", name,
+        "--data-dir", str(data),
+        "--listen-client-urls", client,
+        "--advertise-client-urls", client,
+        "--listen-peer-urls", peer,
+        "--initial-advertise-peer-urls", peer,
+        "--initial-cluster", f"{name}={peer}",
+        "--initial-cluster-state", "new",
+        "--logger", "zap",
+        "--log-outputs", "stderr",
+        "--log-level", "warn",
+    ]  # fmt: skip
+    return argv, {k: v for k, v in os.environ.items() if not k.startswith("ETCD")}

@@ -5,9 +5,16 @@
     sessionlog health | replication status ...
     sessionlog admin stats | backup | restore | verify ...
     sessionlog replica resync | rejoin ...
+    sessionlog cluster slot | map | haproxy | haproxy-sync | move-slot ...
     sessionlog dev cluster
 
-The client subcommands live in ``cli_client``.
+A module per command group: ``serve``; the client commands, on ``client``'s flags, connection
+and output: ``writes`` (append, hide, delete, redact), ``tail``, ``reads`` (surface, state,
+usage, messages, items), ``sessions`` (create, seed, get, sessions, label, update, fork,
+lease), ``transfer`` (export, import), ``status`` (health, replication status); ``admin``
+(admin and replica: its folder tools in ``admin_offline``, its server calls in
+``admin_online``); ``cluster`` (slots, shard maps, HAProxy); ``dev`` (dev cluster). Nothing
+below imports this package: the CLI sits on top of the server's layers and of the Python client.
 
 The settings of `serve` live in ``config`` (flags, SESSIONLOG_* variables, a TOML file).
 Errors are one line on stderr, never a traceback: exit 2 for bad usage, 1 when the server
@@ -23,17 +30,24 @@ import os
 os.environ.setdefault("GRPC_VERBOSITY", "NONE")
 
 import argparse
-import asyncio
 import importlib.metadata
 import sys
 from collections.abc import Sequence
 from typing import NoReturn
 
-from sessionlog import admin, config, dev, logs, transfer
-from sessionlog.cli_client import add_commands, run_client
-from sessionlog.config import ConfigError, worker_count
-from sessionlog.shard import commands as shard_commands
-from sessionlog.startup import run_event_loop, start_failure
+from sessionlog.cli import (
+    admin,
+    cluster,
+    dev,
+    reads,
+    serve,
+    sessions,
+    status,
+    tail,
+    transfer,
+    writes,
+)
+from sessionlog.cli.client import run_client, subcommands
 
 
 class _Parser(argparse.ArgumentParser):
@@ -50,20 +64,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"sessionlog {_version()}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    serve_cmd = commands.add_parser(
-        "serve",
-        help="run the server",
-        description="Run the sessionlog server until SIGTERM or SIGINT (then stop gracefully). "
-        "Every flag also reads an environment variable and a key of the --config TOML file; "
-        "precedence: flag > env > file > default.",
-    )
-    config.add_flags(serve_cmd)
-    serve_cmd.set_defaults(run=None)
-    add_commands(commands, built_on=[transfer.add_commands])
+    serve.add_command(commands)
+    sub = subcommands(commands)
+    for group in (writes, tail, reads, sessions, transfer):
+        group.add_commands(sub)
+    status.add_commands(commands, sub)
     admin.add_commands(commands)
     admin.add_replica_commands(commands)
     dev.add_commands(commands)
-    shard_commands.add_commands(commands)
+    cluster.add_commands(commands)
     return parser
 
 
@@ -79,7 +88,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         if args.command == "serve":
-            return _serve(args)
+            return serve.run(args)
         return run_client(args)
     except BrokenPipeError:
         return _reader_gone()
@@ -92,45 +101,3 @@ def _reader_gone() -> int:
     os.dup2(devnull, sys.stdout.fileno())
     os.close(devnull)
     return 0
-
-
-def _serve(args: argparse.Namespace) -> int:
-    try:
-        resolved = config.resolve(args)
-        server_config = config.server_config(resolved)
-    except ConfigError as exc:
-        print(f"sessionlog: {exc}", file=sys.stderr)
-        return 2
-    if args.print_config:
-        print(config.render(resolved))
-        return 0
-    level, fmt = resolved.values["log_level"], resolved.values["log_format"]
-    logs.configure(level, fmt)
-    # The server is imported here, not above: the client commands start without it.
-    from sessionlog.server import RestartInPlace, serve
-    from sessionlog.workers.supervisor import Supervisor
-
-    try:
-        if worker_count(server_config) == 1:
-            run_event_loop(serve(server_config))
-        else:
-            asyncio.run(Supervisor(server_config, level, fmt).run())
-    except KeyboardInterrupt:
-        return 130
-    except RestartInPlace:
-        # The same command line in a fresh process (same PID): the server stopped cleanly,
-        # its folder and ports are free, and Python opens nothing that survives an exec.
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os.execv(sys.executable, sys.orig_argv)
-    except Exception as exc:
-        message = start_failure(exc, server_config.data_dir)
-        if message is None:
-            raise
-        print(f"sessionlog: {message}", file=sys.stderr)
-        return 1
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -181,33 +181,10 @@ def run_cluster(args: argparse.Namespace) -> int:
             _stop(name, process)
 
 
-def etcd_command(
-    binary: str, name: str, data: Path, port: int, peer_port: int
-) -> tuple[list[str], dict[str, str]]:
-    """The argv and environment of a single-member etcd on 127.0.0.1 (client ``port``, peer
-    ``peer_port``, its data in ``data``), logging warnings to stderr: the one way this project
-    starts etcd (here, in the bench, in the tests). Flags only: ETCD_* variables in the
-    environment would override them, so they are left out of it."""
-    client, peer = f"http://127.0.0.1:{port}", f"http://127.0.0.1:{peer_port}"
-    argv = [
-        binary,
-        "--name", name,
-        "--data-dir", str(data),
-        "--listen-client-urls", client,
-        "--advertise-client-urls", client,
-        "--listen-peer-urls", peer,
-        "--initial-advertise-peer-urls", peer,
-        "--initial-cluster", f"{name}={peer}",
-        "--initial-cluster-state", "new",
-        "--logger", "zap",
-        "--log-outputs", "stderr",
-        "--log-level", "warn",
-    ]  # fmt: skip
-    return argv, {k: v for k, v in os.environ.items() if not k.startswith("ETCD")}
-
-
 def _start_etcd(root: Path, port: int) -> subprocess.Popen[bytes]:
     import requests  # here: every other command of the CLI starts without it
+
+    from sessionlog.cluster.etcd import etcd_command
 
     binary = shutil.which("etcd")
     if binary is None:

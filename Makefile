@@ -4,8 +4,10 @@ VENV := .venv
 BIN := $(VENV)/bin
 PROTOS := $(wildcard proto/sessionlog/v1/*.proto)
 SERVICE_PROTOS := $(wildcard proto/sessionlog/v1/*_service.proto)
+TS := client/typescript
+TS_MODULES := $(TS)/node_modules/.package-lock.json
 
-.PHONY: run cluster test test-workers try-latest browser go-tools etcd-tools haproxy-tools check lint format gen gen-client gen-go gen-check bench bench-tools clean docs dist
+.PHONY: run cluster test test-workers try-latest browser go-tools etcd-tools haproxy-tools check lint format gen gen-client gen-go gen-ts gen-check ts-build ts-lint bench bench-tools clean docs dist
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -139,6 +141,22 @@ lint: $(VENV)/.dev-stamp
 	$(BIN)/mypy
 	$(BIN)/buf lint
 	$(BIN)/buf format --diff --exit-code
+	$(MAKE) --no-print-directory ts-lint
+
+## The Node client's npm dependencies (typescript among them), installed when the lock changes
+$(TS_MODULES): $(TS)/package-lock.json
+	cd $(TS) && npm ci --no-audit --no-fund --loglevel=error
+	touch $@
+
+## ts-build: compile the TypeScript client, client/typescript/src/*.ts -> lib/ (JS and .d.ts,
+## tsc --strict); the node tests, `npm test`, `npm pack` and `make dist` build it first
+ts-build: $(TS_MODULES)
+	cd $(TS) && npm run --silent build
+
+## ts-lint: the build, then tsc --strict (no emit) on the sources and on test/types.ts, a typed
+## program written against the built declarations
+ts-lint: ts-build
+	cd $(TS) && node node_modules/typescript/bin/tsc -p .
 
 format: $(VENV)/.dev-stamp
 	$(BIN)/ruff format .
@@ -151,11 +169,17 @@ gen: $(VENV)/.dev-stamp
 	$(BIN)/python -m grpc_tools.protoc -Iproto --python_out=server --pyi_out=server $(PROTOS)
 	$(BIN)/python -m grpc_tools.protoc -Iproto --grpc_python_out=server $(SERVICE_PROTOS)
 	$(MAKE) gen-client
+	$(MAKE) gen-ts
 
 ## gen-client: regenerate client/python/sessionlog_client/{v1,errors.py} and _sync.py's generated methods
 ## (see client/python/gen.py)
 gen-client: $(VENV)/.dev-stamp
 	$(BIN)/python client/python/gen.py
+
+## gen-ts: regenerate client/typescript/src/proto.ts, the TypeScript shapes of the messages as
+## the Node client reads them (scripts/gen-proto-types.mjs, protobufjs on proto/)
+gen-ts: $(TS_MODULES)
+	cd $(TS) && node scripts/gen-proto-types.mjs
 
 ## gen-go: regenerate the Go stubs in client/go (needs protoc-gen-go and protoc-gen-go-grpc on
 ## PATH: apt-get install protoc-gen-go protoc-gen-go-grpc)
@@ -163,7 +187,7 @@ gen-go: $(VENV)/.dev-stamp
 	$(BIN)/buf generate --template buf.gen.yaml
 
 ## gen-check: fail when the generated code is stale
-gen-check: $(VENV)/.dev-stamp
+gen-check: $(VENV)/.dev-stamp $(TS_MODULES)
 	@tmp=$$(mktemp -d) && \
 	$(BIN)/python -m grpc_tools.protoc -Iproto --python_out=$$tmp --pyi_out=$$tmp $(PROTOS) && \
 	$(BIN)/python -m grpc_tools.protoc -Iproto --grpc_python_out=$$tmp $(SERVICE_PROTOS) && \
@@ -174,6 +198,7 @@ gen-check: $(VENV)/.dev-stamp
 	[ -z "$$extra" ] || { echo "not generated from proto/: $$extra"; exit 1; }; \
 	rm -rf $$tmp; echo "generated code is up to date"
 	@$(BIN)/python client/python/gen.py --check
+	@cd $(TS) && node scripts/gen-proto-types.mjs --check
 
 ## bench: run the benchmarks and print the table
 bench: $(VENV)/.dev-stamp bench-tools
@@ -200,8 +225,9 @@ bench-tools:
 
 ## dist: the release artefacts in dist/, built from this checkout: the server's and the Python
 ## client's wheels (always installed together, `pip install dist/*.whl`) and the Node client's
-## tarball (`npm pack` in client/typescript, `npm install dist/sessionlog-client-0.1.0.tgz`)
-dist: | $(BIN)/python
+## tarball (`npm pack` in client/typescript, which compiles src/ to lib/ first; `npm install
+## dist/sessionlog-client-0.1.0.tgz`)
+dist: $(TS_MODULES) | $(BIN)/python
 	rm -rf dist
 	$(BIN)/pip install -q 'setuptools>=77'
 	$(BIN)/pip wheel -q --no-deps --no-build-isolation --wheel-dir dist ./client/python .

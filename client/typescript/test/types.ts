@@ -1,5 +1,5 @@
-// Type-checked by `npm run typecheck` (tsc, no emit; never run): the declarations in
-// src/index.d.ts describe the API as a TypeScript worker uses it.
+// Type-checked by `npm run typecheck` and `make lint` (tsc, no emit; never run): the declarations
+// the build generates (lib/index.d.ts) describe the API as a TypeScript worker uses it.
 import {
   type ChatMessage,
   type DerivedMessages,

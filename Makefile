@@ -4,8 +4,10 @@ VENV := .venv
 BIN := $(VENV)/bin
 PROTOS := $(wildcard proto/sessionlog/v1/*.proto)
 SERVICE_PROTOS := $(wildcard proto/sessionlog/v1/*_service.proto)
+TS := client/typescript
+TS_MODULES := $(TS)/node_modules/.package-lock.json
 
-.PHONY: run cluster test test-workers try-latest browser go-tools etcd-tools haproxy-tools check test-fast lint format gen gen-client gen-go gen-api-docs gen-check gen-docs bench bench-tools clean docs dist
+.PHONY: run cluster test test-workers try-latest browser go-tools etcd-tools haproxy-tools check test-fast lint format gen gen-client gen-go gen-ts gen-api-docs gen-check gen-docs ts-build ts-lint bench bench-tools clean docs dist
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -145,6 +147,22 @@ lint: $(VENV)/.dev-stamp
 	$(BIN)/mypy
 	$(BIN)/buf lint
 	$(BIN)/buf format --diff --exit-code
+	$(MAKE) --no-print-directory ts-lint
+
+## The Node client's npm dependencies (typescript among them), installed when the lock changes
+$(TS_MODULES): $(TS)/package-lock.json
+	cd $(TS) && npm ci --no-audit --no-fund --loglevel=error
+	touch $@
+
+## ts-build: compile the TypeScript client, client/typescript/src/*.ts -> lib/ (JS and .d.ts,
+## tsc --strict); the node tests, `npm test`, `npm pack` and `make dist` build it first
+ts-build: $(TS_MODULES)
+	cd $(TS) && npm run --silent build
+
+## ts-lint: the build, then tsc --strict (no emit) on the sources and on test/types.ts, a typed
+## program written against the built declarations
+ts-lint: ts-build
+	cd $(TS) && node node_modules/typescript/bin/tsc -p .
 
 format: $(VENV)/.dev-stamp
 	$(BIN)/ruff format .
@@ -158,6 +176,7 @@ gen: $(VENV)/.dev-stamp
 	$(BIN)/python -m grpc_tools.protoc -Iproto --python_out=server --pyi_out=server $(PROTOS)
 	$(BIN)/python -m grpc_tools.protoc -Iproto --grpc_python_out=server $(SERVICE_PROTOS)
 	$(MAKE) gen-client
+	$(MAKE) gen-ts
 	$(MAKE) gen-api-docs
 
 ## gen-client: regenerate client/python/sessionlog_client/{v1,errors.py} and _sync.py (from _aio.py)
@@ -170,13 +189,18 @@ gen-client: $(VENV)/.dev-stamp
 gen-api-docs: $(VENV)/.dev-stamp
 	$(BIN)/python tools/api_docs.py
 
+## gen-ts: regenerate client/typescript/src/proto.ts, the TypeScript shapes of the messages as
+## the Node client reads them (scripts/gen-proto-types.mjs, protobufjs on proto/)
+gen-ts: $(TS_MODULES)
+	cd $(TS) && node scripts/gen-proto-types.mjs
+
 ## gen-go: regenerate the Go stubs in client/go (needs protoc-gen-go and protoc-gen-go-grpc on
 ## PATH: apt-get install protoc-gen-go protoc-gen-go-grpc)
 gen-go: $(VENV)/.dev-stamp
 	$(BIN)/buf generate --template buf.gen.yaml
 
 ## gen-check: fail when the generated code is stale
-gen-check: $(VENV)/.dev-stamp
+gen-check: $(VENV)/.dev-stamp $(TS_MODULES)
 	@tmp=$$(mktemp -d) && \
 	$(BIN)/python -m grpc_tools.protoc -Iproto --python_out=$$tmp --pyi_out=$$tmp $(PROTOS) && \
 	$(BIN)/python -m grpc_tools.protoc -Iproto --grpc_python_out=$$tmp $(SERVICE_PROTOS) && \
@@ -189,6 +213,7 @@ gen-check: $(VENV)/.dev-stamp
 	@$(BIN)/python client/python/gen.py --check
 	@$(BIN)/python tools/api_docs.py --check
 	@$(BIN)/python -m sessionlog.config --check-table $(SETTINGS_PAGE)
+	@cd $(TS) && node scripts/gen-proto-types.mjs --check
 
 ## bench: run the benchmarks and print the table
 bench: $(VENV)/.dev-stamp bench-tools
@@ -215,8 +240,9 @@ bench-tools:
 
 ## dist: the release artefacts in dist/, built from this checkout: the server's and the Python
 ## client's wheels (always installed together, `pip install dist/*.whl`) and the Node client's
-## tarball (`npm pack` in client/typescript, `npm install dist/sessionlog-client-0.1.0.tgz`)
-dist: | $(BIN)/python
+## tarball (`npm pack` in client/typescript, which compiles src/ to lib/ first; `npm install
+## dist/sessionlog-client-0.1.0.tgz`)
+dist: $(TS_MODULES) | $(BIN)/python
 	rm -rf dist
 	$(BIN)/pip install -q 'setuptools>=77'
 	$(BIN)/pip wheel -q --no-deps --no-build-isolation --wheel-dir dist ./client/python .

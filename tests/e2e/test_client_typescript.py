@@ -1,9 +1,10 @@
 """The Node client (client/typescript) from the project's test command.
 
-Installs its npm dependencies when node_modules is missing or older than package-lock.json, runs
-its own suite (`node --test`, real `sessionlog serve` processes), type-checks its declarations,
-runs the docs' TypeScript example, and has a Python worker and a Node worker write one session
-at the same time.
+Installs its npm dependencies when node_modules is missing or older than package-lock.json,
+compiles it (src/*.ts -> lib/, tsc --strict), runs its own suite (`node --test`, real
+`sessionlog serve` processes), type-checks it against its generated declarations, runs the
+docs' TypeScript example, and has a Python worker and a Node worker write one session at the
+same time.
 """
 
 from __future__ import annotations
@@ -51,8 +52,15 @@ def npm() -> str:
 
 @pytest.fixture(scope="module")
 def node_modules() -> Path:
-    """client/typescript/node_modules, installed with `npm ci` when missing or stale: by one
-    test process at a time (pytest-xdist runs several, and two `npm ci` in one folder break it)."""
+    """client/typescript/node_modules, installed with `npm ci` when missing or stale, and the
+    client compiled into lib/ (what the package's exports point at)."""
+    return installed_and_built()
+
+
+def installed_and_built() -> Path:
+    """``npm ci`` in client/typescript when node_modules is missing or older than the lock, then
+    the build (src/*.ts -> lib/); its node_modules. By one test process at a time (pytest-xdist
+    runs several, and two `npm ci` or builds in one folder break each other)."""
     installed = PACKAGE / "node_modules" / ".package-lock.json"
     lock = PACKAGE / "package-lock.json"
     key = hashlib.sha256(str(PACKAGE).encode()).hexdigest()[:12]
@@ -68,7 +76,21 @@ def node_modules() -> Path:
                 check=False,
             )
             assert result.returncode == 0, f"npm ci failed:\n{result.stdout}\n{result.stderr}"
+        build_typescript(PACKAGE / "node_modules")
     return PACKAGE / "node_modules"
+
+
+def build_typescript(modules: Path) -> None:
+    """Compile client/typescript/src/*.ts into lib/ (tsc -p tsconfig.build.json, strict)."""
+    result = subprocess.run(
+        [node(), str(modules / "typescript" / "bin" / "tsc"), "-p", "tsconfig.build.json"],
+        cwd=PACKAGE,
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+    )
+    assert result.returncode == 0, f"tsc failed:\n{result.stdout}\n{result.stderr}"
 
 
 FAILOVER_SUITE = "test/failover.test.mjs"
@@ -138,7 +160,8 @@ def run_node_tests(tests: list[str]) -> int:
 
 
 def test_typescript_declarations_typecheck(node_modules: Path) -> None:
-    """tsc (strict, no emit) accepts src/index.d.ts and a typed worker written against it."""
+    """tsc (strict, no emit) accepts the sources and a typed worker written against the
+    declarations the build generated (lib/*.d.ts)."""
     result = subprocess.run(
         [node(), str(node_modules / "typescript" / "bin" / "tsc"), "-p", "."],
         cwd=PACKAGE,

@@ -17,7 +17,7 @@ import pytest
 
 from sessionlog.testing import RunningServer
 from tests.e2e._proc import clean_env
-from tests.e2e.test_client_typescript import PACKAGE, ROOT, node, npm
+from tests.e2e.test_client_typescript import PACKAGE, ROOT, installed_and_built, node, npm
 
 INSTALL_SECONDS = 300
 SCRIPT = """\
@@ -71,7 +71,9 @@ def packed_files(tarball: Path, prefix: str) -> dict[str, bytes]:
 
 @pytest.fixture(scope="module")
 def installed(tmp_path_factory: pytest.TempPathFactory) -> Installed:
-    """`npm pack` of client/typescript, installed by `npm install TARBALL` in an empty folder."""
+    """`npm pack` of client/typescript (its prepack compiles src/ to lib/ with the devDependency
+    typescript, so node_modules first), installed by `npm install TARBALL` in an empty folder."""
+    installed_and_built()
     packs = tmp_path_factory.mktemp("npm-pack")
     packed = run_npm(["pack", "--json", "--pack-destination", str(packs)], PACKAGE)
     tarball = packs / json.loads(packed.stdout)[0]["filename"]

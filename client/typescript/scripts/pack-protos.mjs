@@ -1,7 +1,7 @@
 // `npm pack` / `npm publish` hooks: `copy` (prepack) puts the repository's proto/sessionlog into
 // this package's proto/, which package.json's "files" ships; `clean` (postpack) removes it again.
 // The copy exists only while a tarball is made, so it can never go stale in a checkout, where
-// src/index.js falls back to the repository's proto/. The google/protobuf imports need no copy:
+// lib/index.js falls back to the repository's proto/. The google/protobuf imports need no copy:
 // protobufjs (a dependency) bundles the well-known types and proto-loader resolves them there.
 
 import { cpSync, existsSync, rmSync, statSync } from "node:fs";

@@ -3,7 +3,7 @@
 import assert from "node:assert/strict";
 import { after, before, describe, test } from "node:test";
 
-import { SessionLogClient } from "../src/index.js";
+import { SessionLogClient } from "sessionlog-client";
 import { startServer } from "./server.mjs";
 
 const user = (content) => ({ type: "user_message", data: { content } });

@@ -1,7 +1,8 @@
-// Type-checked by `npm run typecheck` (tsc, no emit; never run): the declarations in
-// src/index.d.ts describe the API as a TypeScript worker uses it.
+// Type-checked by `npm run typecheck` and `make lint` (tsc, no emit; never run): the declarations
+// the build generates (lib/index.d.ts) describe the API as a TypeScript worker uses it.
 import {
   type ChatMessage,
+  DEFAULT_CONNECT_TIMEOUT_MS,
   type DerivedMessages,
   type Event,
   type FollowedChange,
@@ -20,7 +21,8 @@ import {
 export const seen: string[] = [];
 
 export async function worker(target: string): Promise<ChatMessage[]> {
-  const client = new SessionLogClient(target, { timeoutMs: 5_000, retry: { giveUpAfterMs: 10_000 } });
+  const connectTimeoutMs: number = 2 * DEFAULT_CONNECT_TIMEOUT_MS; // exported, so declared too
+  const client = new SessionLogClient(target, { timeoutMs: 5_000, connectTimeoutMs, retry: { giveUpAfterMs: 10_000 } });
   try {
     const reply = await client.append(
       "typed",

@@ -1,5 +1,6 @@
 // sessionlog's Node client: a thin typed wrapper over @grpc/grpc-js, reading proto/ at run time
-// with @grpc/proto-loader (see README.md for why). Types are in index.d.ts.
+// with @grpc/proto-loader (see README.md for why); the messages' shapes are typed by proto.ts,
+// generated from proto/.
 //
 //   import { SessionLogClient } from "sessionlog-client";
 //   const client = new SessionLogClient("127.0.0.1:50051");
@@ -15,6 +16,374 @@ import * as grpc from "@grpc/grpc-js";
 import * as protoLoader from "@grpc/proto-loader";
 import protobuf from "protobufjs";
 
+import type * as proto from "./proto.js";
+import type { Input } from "./proto.js";
+
+export type { Input } from "./proto.js";
+
+// -- types ------------------------------------------------------------------------------------
+
+/** A JSON value as stored in an event's data. */
+export type Json = null | boolean | number | string | Json[] | { [key: string]: Json };
+export type JsonObject = { [key: string]: Json };
+
+/** Event types by their short names; the upper-case and EVENT_TYPE_ forms are accepted too. */
+export type EventTypeName =
+  | "system_message"
+  | "user_message"
+  | "assistant_message"
+  | "tool_result"
+  | "tool_call"
+  | "turn_start"
+  | "turn_end"
+  | "step_start"
+  | "step_end"
+  | "request_header"
+  | "hide";
+
+/** RFC 3339 with up to nanoseconds, e.g. "2026-01-02T03:04:05.123456Z". */
+export type Time = string;
+
+/** An event to append. `replace: [start, stop]` hides positions start..stop (inclusive). */
+export interface NewEvent {
+  type: EventTypeName | string;
+  data?: JsonObject;
+  replace?: [number, number];
+  /** Stored exactly; the server's now when absent. */
+  time?: Time | Date;
+  /** Changes the session's state (getState): each key replaces the one before; null deletes it. */
+  stateDelta?: JsonObject;
+  /** The tokens a model call spent (the usage ledger sums them per model). */
+  usage?: UsageInput;
+}
+
+/**
+ * One model call's token usage. Cached input tokens are part of inputTokens, reasoning tokens
+ * part of outputTokens; every count at most 2^32 - 1. model is required (INVALID_USAGE).
+ */
+export interface UsageInput {
+  model: string;
+  inputTokens?: number;
+  outputTokens?: number;
+  cachedInputTokens?: number;
+  reasoningTokens?: number;
+}
+
+/** A usage as stored on an event: every count present. */
+export interface Usage {
+  model: string;
+  inputTokens: number;
+  outputTokens: number;
+  cachedInputTokens: number;
+  reasoningTokens: number;
+}
+
+/** Totals of one model: the sums of the events that named it, and how many did. */
+export interface ModelUsage extends Usage {
+  eventCount: number;
+}
+
+/** What getUsage returns. */
+export interface UsageReport {
+  /** Per model, in model order: the whole history (a fork's copies included), descendants added. */
+  usage: ModelUsage[];
+  /** The session's events covered (atSeq + 1, or its event count). */
+  eventCount: number;
+  /** Only the session's own events (from parentEventCount on). */
+  ownUsage: ModelUsage[];
+  /** With includeDescendants: the forks whose own usage was added. */
+  descendantSessionIds: string[];
+}
+
+/** An event as stored. */
+export interface Event {
+  seq: number;
+  type: EventTypeName;
+  time: Time;
+  data: JsonObject;
+  replace?: [number, number];
+  /** Set on an event erased by redactEvents: its data is empty. */
+  redacted?: { time: Time; reason: string };
+  usage?: Usage;
+  /** Present only on events that carried a state delta. */
+  stateDelta?: JsonObject;
+}
+
+/** getState's reply: the folded state and how many events it covers. */
+export interface StateResult {
+  state: JsonObject;
+  eventCount: number;
+}
+
+export type Role = "system" | "user" | "assistant" | "tool";
+
+/** A derived message in the OpenAI chat format. */
+export interface ChatMessage {
+  role: Role | "unspecified";
+  /** null when the event had no content; a list when it carried metadata.content_parts. */
+  content: string | Json[] | null;
+  tool_calls?: JsonObject[];
+  tool_call_id?: string;
+  name?: string;
+  /** Only with { extra: true }. */
+  reasoning_content?: string;
+  metadata?: JsonObject;
+  created_at?: Time;
+}
+
+/** A chat message to seed a session with, or to log with eventFromMessage. */
+export interface ChatMessageInput {
+  role: Role | "developer" | string;
+  content?: string | Json[] | null;
+  tool_calls?: JsonObject[];
+  tool_call_id?: string | null;
+  name?: string | null;
+  reasoning_content?: string | null;
+  metadata?: JsonObject;
+  created_at?: Time | Date;
+}
+
+export interface Lease {
+  holder: string;
+  /** Fencing token: grows with every acquisition. */
+  token: number;
+  acquireTime?: Time;
+  expireTime?: Time;
+}
+
+export interface Session {
+  sessionId: string;
+  exists: boolean;
+  eventCount: number;
+  replaceGeneration: number;
+  createTime?: Time;
+  lastAppendTime?: Time;
+  parentSessionId: string;
+  parentEventCount: number;
+  lease?: Lease;
+  /** Usage totals per model (set by getSession and listSessions; empty from writes). */
+  usage: ModelUsage[];
+  title: string;
+  labels: Record<string, string>;
+  owner: string;
+  status: string;
+  /** The later of the last append and the last updateSession. */
+  updateTime?: Time;
+  /** A sub-agent child's spawning seq in its parent; undefined otherwise. */
+  parentSeq?: number;
+  /** When the server's retention sweeper deletes the session; undefined: never. */
+  expireTime?: Time;
+  /** Kept whatever its expireTime and the server's retention policy say. */
+  pinned: boolean;
+}
+
+/** What createSession may set besides the events: a record and a sub-agent parent link. */
+export interface SessionFields {
+  title?: string;
+  labels?: Record<string, string>;
+  owner?: string;
+  status?: string;
+  /** Make the new session a child of this one (it starts empty). */
+  parentSessionId?: string;
+  /** With parentSessionId: the seq of the tool call that spawned the child. */
+  parentSeq?: number;
+  /** Expire this many milliseconds after the create (not with expireTime). */
+  ttlMs?: number;
+  /** Expire at this time (not with ttlMs). */
+  expireTime?: Time | Date;
+  /** Exempt from expiry and the server's retention policy. */
+  pinned?: boolean;
+}
+
+export interface LeaseAuditEntry {
+  kind: string;
+  actor: string;
+  previousHolder: string;
+  previousToken: number;
+  time?: Time;
+}
+
+/** One entry of listLeaseAudit: a lease audit entry with its session and its index there. */
+export interface SessionLeaseAuditEntry extends LeaseAuditEntry {
+  sessionId: string;
+  index: number;
+}
+
+export interface LeaseAuditPage {
+  entries: SessionLeaseAuditEntry[];
+  nextPageToken: string;
+}
+
+export interface AppendResult {
+  events: Event[];
+  nextSeq: number;
+  drops: { index: number; reason: string; message: string }[];
+}
+
+export interface SurfaceResult {
+  events: Event[];
+  eventCount: number;
+  replaceGeneration: number;
+}
+
+export interface DerivedMessages {
+  messages: ChatMessage[];
+  /** seqs[i] is the seq of the event messages[i] came from. */
+  seqs: number[];
+  eventCount: number;
+  replaceGeneration: number;
+  /** When paging (pageSize or pageToken): the token for the messages before these; else "". */
+  nextPageToken: string;
+}
+
+export interface EventPage {
+  /** In the order asked for: seq ascending, or descending for "seq desc". */
+  events: Event[];
+  /** For the next page; "" when there is none. */
+  nextPageToken: string;
+  /** The session's event count when the page was read. */
+  eventCount: number;
+}
+
+export interface SessionPage {
+  sessions: Session[];
+  nextPageToken: string;
+  /** The page's sessions' usage summed per model. */
+  usageTotal: ModelUsage[];
+}
+
+export interface RetryOptions {
+  /** How long UNAVAILABLE is retried (appends, reads, stream reconnects). Default 30000. */
+  giveUpAfterMs?: number;
+  initialBackoffMs?: number;
+  maxBackoffMs?: number;
+  /**
+   * How many times a retried write (an append with a requestId, a lease acquire or renew) that
+   * failed REPLICAS_UNAVAILABLE is sent again, to the same primary (each try waits up to its
+   * --sync-timeout); then ReplicasUnavailableError. Default DEFAULT_REPLICAS_RETRIES (2).
+   */
+  replicasRetries?: number;
+  /**
+   * How long a WRONG_GROUP refusal is retried, within giveUpAfterMs (0: raised at once). A slot
+   * move's refusals wrote nothing, so every call retries them: SLOT_MOVING within
+   * giveUpAfterMs, WRONG_GROUP (HAProxy still sending a moved slot's calls to its old group
+   * until haproxy-sync applies the new map) this long. A shardMap client reroutes WRONG_GROUP
+   * at once instead. Default DEFAULT_WRONG_GROUP_FOR_MS (5000).
+   */
+  wrongGroupForMs?: number;
+}
+
+export interface ClientOptions {
+  /** Deadline of each unary call; default 10000. */
+  timeoutMs?: number;
+  /** Sent as "authorization: Bearer TOKEN" on every call (use with TLS). */
+  token?: string;
+  /** TLS with the system roots (implied by any of the PEM buffers below). */
+  tls?: boolean;
+  rootCerts?: Uint8Array;
+  privateKey?: Uint8Array;
+  certChain?: Uint8Array;
+  /** Largest message sent or accepted; default 64 MiB (keep it >= the server's limit). */
+  maxMessageBytes?: number;
+  retry?: RetryOptions;
+  /** The proto/ folder; default $SESSIONLOG_PROTO_DIR, else the package's (packed), else the repo's. */
+  protoDir?: string;
+  channelOptions?: Record<string, string | number>;
+  /**
+   * The first call waits at most this long for a connection; default 3000. Until the server
+   * has answered once, a failed connection (refused, unknown host) rejects at once with
+   * UNAVAILABLE naming the address instead of being retried.
+   */
+  connectTimeoutMs?: number;
+  /** gRPC's wait-for-ready instead: calls wait for a connection up to their deadline. */
+  waitForReady?: boolean;
+  /**
+   * etcd endpoints, "etcd://HOST:PORT[,HOST:PORT...]", whose JSON gateway names the leader of
+   * `group` (key /sessionlog/groups/GROUP/leader); read at the first call and whenever the
+   * primary is lost. Give it with `group`; the target may then be omitted.
+   */
+  cluster?: string;
+  /** The group's name in etcd (with `cluster`). */
+  group?: string;
+  /**
+   * Route by the shard map: "server" (GetShardMap from target) or "etcd://HOST:PORT[,...]"
+   * (etcd's /sessionlog/shards). Each call naming a session goes to its owner group's primary;
+   * WRONG_GROUP reloads the map and sends the call once more.
+   */
+  shardMap?: string;
+}
+
+/** One group of a shard map; ranges are inclusive [first, last] slot pairs. */
+export interface ShardGroup {
+  name: string;
+  members: string[];
+  ranges: Array<[number, number]>;
+  /** The current primary ("" when not known). */
+  primary: string;
+}
+
+export interface CallOptions {
+  timeoutMs?: number;
+}
+
+export interface LeaseCallOptions extends CallOptions {
+  leaseHolder?: string;
+  leaseToken?: number;
+}
+
+/** createSession, seedSession and forkSession: retried on UNAVAILABLE with one requestId. */
+export interface LifecycleOptions extends LeaseCallOptions {
+  /** Idempotency key; a fresh UUID when absent, "" for none (and no retry). */
+  requestId?: string;
+}
+
+export interface ImportOptions extends CallOptions {
+  /** The seq of the chunk's first event: 0 creates the session, then its next seq. */
+  firstSeq?: number;
+  /** Read by the chunk that creates the session; the first event's time when absent. */
+  createTime?: Time | Date;
+  /** The session's last-append time after the chunk; its last event's when absent. */
+  lastAppendTime?: Time | Date;
+  /** The session it was forked from, read by the chunk that creates it. */
+  parentSessionId?: string;
+  parentEventCount?: number;
+}
+
+export interface AppendOptions extends LeaseCallOptions {
+  /** Fail with SEQ_CONFLICT unless the first event gets this seq. */
+  expectedSeq?: number;
+  /** Idempotency key; a fresh UUID when absent, "" for none (and no retry). */
+  requestId?: string;
+  lenient?: boolean;
+}
+
+/** One committed write of a followed session (followSessions). */
+export interface FollowedChange {
+  sessionId: string;
+  /** The change's change-feed position: pass it as `after` to resume after it. */
+  position: number;
+  /** The events it wrote, in seq order (a redaction's rewritten events, redacted). */
+  events: Event[];
+  /** True when the session was deleted; anything of the id after it is a new log. */
+  deleted: boolean;
+}
+
+/** The RPCs of both services, by method name: request, response and streaming kind. */
+type Methods = proto.SessionLogServiceMethods & proto.AdminServiceMethods;
+type UnaryMethod = { [M in keyof Methods]: Methods[M]["kind"] extends "unary-unary" ? M : never }[keyof Methods];
+
+/** What a failed grpc-js call carries (a ServiceError, or anything else thrown). */
+type Failure = Partial<grpc.ServiceError> & { settle?: boolean; reason?: string; cause?: unknown };
+
+/** The options of a SessionLogError. */
+export interface SessionLogErrorOptions {
+  code?: number;
+  reason?: string;
+  domain?: string;
+  metadata?: Record<string, string>;
+  cause?: unknown;
+}
+
 const HERE = dirname(fileURLToPath(import.meta.url));
 /** The package's proto/ (npm pack copies it in), else the repository's (src -> ../../../proto). */
 const PACKAGED_PROTO_DIR = resolve(HERE, "..", "proto");
@@ -29,7 +398,7 @@ const SCHEMES = ["unix:", "unix-abstract:", "ipv4:", "ipv6:", "vsock:"];
 /** `address` when it is HOST:PORT ([v6]:PORT) or a gRPC target with a scheme (dns:///HOST:PORT,
  * unix:...); a TypeError for a bare host (also after dns:), to which gRPC would silently dial
  * port 443, and for a URL (http://...), which is no gRPC target. */
-export function checkAddress(address) {
+export function checkAddress(address: string): string {
   if (/^(https?|grpc):\/\//.test(address)) {
     throw new TypeError(
       `a target is HOST:PORT, e.g. 127.0.0.1:50051 (got ${JSON.stringify(address)}): a URL is not a gRPC target; drop the scheme (TLS is the client's tls option)`,
@@ -48,7 +417,7 @@ export function checkAddress(address) {
   return address;
 }
 
-function hostPort(name, address) {
+function hostPort(name: string, address: string): void {
   const match = HOST_PORT.exec(name);
   const port = match ? Number(match[2]) : 0;
   if (!(port > 0 && port < 65536)) {
@@ -68,7 +437,7 @@ export const DEAD_AFTER_HEARTBEATS = 3;
 // While a call is open, ping after 10 s without a frame (gRPC's advised floor; sessionlog servers
 // accept pings down to every second) and drop the connection when 5 s pass with no ack, so a call
 // resumed after a dead stream gets a fresh connection rather than the dead one.
-const KEEPALIVE_OPTIONS = {
+const KEEPALIVE_OPTIONS: Record<string, number> = {
   "grpc.keepalive_time_ms": 10_000,
   "grpc.keepalive_timeout_ms": 5_000,
 };
@@ -78,7 +447,7 @@ const ROLE_PREFIX = "ROLE_";
 
 // -- errors -----------------------------------------------------------------------------------
 
-const rpcTypes = protobuf.Root.fromJSON({
+const rpcTypes = protobuf.Root.fromJSON(<protobuf.INamespace>{
   nested: {
     google: {
       nested: {
@@ -107,7 +476,7 @@ const rpcTypes = protobuf.Root.fromJSON({
 });
 const StatusType = rpcTypes.lookupType("google.rpc.Status");
 const ErrorInfoType = rpcTypes.lookupType("google.rpc.ErrorInfo");
-const CODE_NAMES = Object.fromEntries(Object.entries(grpc.status).map(([name, code]) => [code, name]));
+const CODE_NAMES: Record<number, string> = Object.fromEntries(Object.entries(grpc.status).map(([name, code]) => [code, name]));
 
 /**
  * A failed call. `reason` is the server's stable reason (e.g. "SEQ_CONFLICT") from the
@@ -115,11 +484,19 @@ const CODE_NAMES = Object.fromEntries(Object.entries(grpc.status).map(([name, co
  * detail (a refused connection, a deadline) has the status name as its reason.
  */
 export class SessionLogError extends Error {
-  constructor(message, { code, reason, domain = "", metadata = {}, cause } = {}) {
+  readonly code: number;
+  readonly codeName: string;
+  readonly reason: string;
+  readonly domain: string;
+  readonly metadata: Record<string, string>;
+  /** @internal A connection that never came up within connectTimeoutMs (_settle). */
+  settle?: boolean;
+
+  constructor(message: string, { code, reason, domain = "", metadata = {}, cause }: SessionLogErrorOptions = {}) {
     super(message, cause === undefined ? undefined : { cause });
     this.name = "SessionLogError";
-    this.code = code;
-    this.codeName = CODE_NAMES[code] ?? "UNKNOWN";
+    this.code = code as number;
+    this.codeName = CODE_NAMES[code as number] ?? "UNKNOWN";
     this.reason = reason ?? this.codeName;
     this.domain = domain;
     this.metadata = metadata;
@@ -127,13 +504,19 @@ export class SessionLogError extends Error {
 }
 
 /** The ErrorInfo in a grpc-js error's trailers, decoded from grpc-status-details-bin. */
-export function errorInfo(error) {
-  const raw = error?.metadata?.get?.(STATUS_DETAILS_KEY) ?? [];
+export function errorInfo(
+  error: unknown,
+): { reason: string; domain: string; metadata: Record<string, string> } | null {
+  const raw = (error as Failure | null)?.metadata?.get?.(STATUS_DETAILS_KEY) ?? [];
   for (const value of raw) {
-    const status = StatusType.decode(Buffer.isBuffer(value) ? value : Buffer.from(value));
-    for (const detail of status.details ?? []) {
+    const status = StatusType.toObject(StatusType.decode(Buffer.isBuffer(value) ? value : Buffer.from(value)));
+    for (const detail of (status.details ?? []) as { type_url: string; value: Uint8Array }[]) {
       if (detail.type_url.endsWith("/google.rpc.ErrorInfo")) {
-        const info = ErrorInfoType.toObject(ErrorInfoType.decode(detail.value), { defaults: true });
+        const info = ErrorInfoType.toObject(ErrorInfoType.decode(detail.value), { defaults: true }) as {
+          reason: string;
+          domain: string;
+          metadata: Record<string, string>;
+        };
         return { reason: info.reason, domain: info.domain, metadata: { ...info.metadata } };
       }
     }
@@ -141,7 +524,7 @@ export function errorInfo(error) {
   return null;
 }
 
-const whole = (text) => (/^[0-9]+$/.test(String(text ?? "")) ? Number(text) : 0);
+const whole = (text: unknown): number => (/^[0-9]+$/.test(String(text ?? "")) ? Number(text) : 0);
 
 /**
  * NOT_PRIMARY: a write sent to a server that does not take writes (a replica, a fenced primary,
@@ -149,7 +532,12 @@ const whole = (text) => (/^[0-9]+$/.test(String(text ?? "")) ? Number(text) : 0)
  * where writes go ("" when the server knows no primary), `epoch` the highest epoch it knows.
  */
 export class NotPrimaryError extends SessionLogError {
-  constructor(message, options = {}) {
+  /** Where writes go, as the server knows it ("" when it knows no primary). */
+  readonly primary: string;
+  /** The highest leadership epoch the server knows. */
+  readonly epoch: number;
+
+  constructor(message: string, options: SessionLogErrorOptions = {}) {
     super(message, { ...options, reason: "NOT_PRIMARY" });
     this.name = "NotPrimaryError";
     this.primary = this.metadata.primary ?? "";
@@ -163,7 +551,10 @@ export class NotPrimaryError extends SessionLogError {
  * the same requestId against the current primary: it finds the write if it survived).
  */
 export class LeadershipLostError extends SessionLogError {
-  constructor(message, options = {}) {
+  /** The write may be stored (it finds itself on a retry with its requestId if it survived). */
+  readonly committed: boolean;
+
+  constructor(message: string, options: SessionLogErrorOptions = {}) {
     super(message, { ...options, reason: "LEADERSHIP_LOST" });
     this.name = "LeadershipLostError";
     this.committed = String(this.metadata.committed ?? "").toLowerCase() === "true";
@@ -178,7 +569,14 @@ export class LeadershipLostError extends SessionLogError {
  * hold it, without writing again.
  */
 export class ReplicasUnavailableError extends SessionLogError {
-  constructor(message, options = {}) {
+  /** --sync-replicas: how many replicas must hold a write before it is acknowledged. */
+  readonly needed: number;
+  /** How many counting replicas reported holding it in time. */
+  readonly counted: number;
+  /** Its change-feed position on the primary. */
+  readonly position: number;
+
+  constructor(message: string, options: SessionLogErrorOptions = {}) {
     super(message, { ...options, reason: "REPLICAS_UNAVAILABLE" });
     this.name = "ReplicasUnavailableError";
     this.needed = whole(this.metadata.needed);
@@ -193,7 +591,18 @@ export class ReplicasUnavailableError extends SessionLogError {
  * `members` its members, `slot` the session's slot, `mapEpoch` the epoch of the server's map.
  */
 export class WrongGroupError extends SessionLogError {
-  constructor(message, options = {}) {
+  /** The group that owns the session. */
+  readonly group: string;
+  /** The owner group's primary ("" when the server does not know it). */
+  readonly primary: string;
+  /** The owner group's members. */
+  readonly members: string[];
+  /** The session's slot (crc32 of its UTF-8 id, mod 1024). */
+  readonly slot: number;
+  /** The epoch of the shard map the refusing server holds. */
+  readonly mapEpoch: number;
+
+  constructor(message: string, options: SessionLogErrorOptions = {}) {
     super(message, { ...options, reason: "WRONG_GROUP" });
     this.name = "WrongGroupError";
     this.group = this.metadata.group ?? "";
@@ -204,7 +613,7 @@ export class WrongGroupError extends SessionLogError {
   }
 }
 
-const ERROR_CLASSES = {
+const ERROR_CLASSES: Record<string, typeof SessionLogError> = {
   NOT_PRIMARY: NotPrimaryError,
   WRONG_GROUP: WrongGroupError,
   LEADERSHIP_LOST: LeadershipLostError,
@@ -213,8 +622,9 @@ const ERROR_CLASSES = {
 
 /** A grpc-js error as a SessionLogError, of its reason's own class when it has one (anything
  * else passes through). */
-export function toError(error) {
-  if (error instanceof SessionLogError || typeof error?.code !== "number") return error;
+export function toError(thrown: unknown): unknown {
+  const error = thrown as Failure;
+  if (thrown instanceof SessionLogError || typeof error?.code !== "number") return thrown;
   const info = errorInfo(error);
   const proxied = info ? null : proxyStatus(error);
   if (proxied !== null) {
@@ -227,8 +637,8 @@ export function toError(error) {
   }
   const oversized = info ? null : oversizedMessage(error);
   if (oversized !== null) return oversized;
-  const Class = ERROR_CLASSES[info?.reason] ?? SessionLogError;
-  return new Class(error.details || error.message, {
+  const Class = (info && ERROR_CLASSES[info.reason]) || SessionLogError;
+  return new Class(error.details || error.message || "", {
     code: error.code,
     reason: info?.reason,
     domain: info?.domain,
@@ -244,10 +654,10 @@ export function toError(error) {
  * --max-message-size) is REQUEST_TOO_LARGE; a reply this client would not read,
  * RESPONSE_TOO_LARGE. Null for any other error.
  */
-function oversizedMessage(error) {
+function oversizedMessage(error: Failure): SessionLogError | null {
   const details = String(error?.details ?? "");
   if (error?.code !== grpc.status.RESOURCE_EXHAUSTED) return null;
-  const options = (reason, metadata) => ({ code: error.code, reason, domain: "", metadata, cause: error });
+  const options = (reason: string, metadata: Record<string, string>): SessionLogErrorOptions => ({ code: error.code, reason, domain: "", metadata, cause: error });
   // grpc-js's own refusal to send names the limit only.
   const unsent = /Attempted to send message with a size larger than (\d+)/.exec(details);
   if (unsent) {
@@ -261,7 +671,7 @@ function oversizedMessage(error) {
   const found = /(SERVER: )?(Sent|Received) message larger than max \((\d+) vs\. (\d+)\)/.exec(details);
   if (!found) return null;
   const [, server, direction, size, limit] = found;
-  const metadata = { size, limit };
+  const metadata: Record<string, string> = { size, limit };
   if (direction === "Sent") {
     return new SessionLogError(
       `the request is ${size} bytes, over this client's ${limit}-byte message limit ` +
@@ -290,15 +700,15 @@ function oversizedMessage(error) {
  * server for it, read from the details of a status without ErrorInfo ("Received HTTP status
  * code 503"; grpcio: "Received http2 header with status: 503"); null otherwise.
  */
-export function proxyStatus(error) {
+export function proxyStatus(error: unknown): number | null {
   if (errorInfo(error)) return null;
-  const found = /(?:header with status|HTTP status code):? *(\d{3})\b/.exec(String(error?.details ?? ""));
+  const found = /(?:header with status|HTTP status code):? *(\d{3})\b/.exec(String((error as Failure)?.details ?? ""));
   const status = found ? Number(found[1]) : 0;
   return [502, 503, 504].includes(status) ? status : null;
 }
 
 /** The codes with which the transport ends a call when no server error does (no ErrorInfo). */
-const TRANSPORT_ENDS = new Set([grpc.status.UNAVAILABLE, grpc.status.UNKNOWN, grpc.status.INTERNAL, grpc.status.CANCELLED]);
+const TRANSPORT_ENDS = new Set<number | undefined>([grpc.status.UNAVAILABLE, grpc.status.UNKNOWN, grpc.status.INTERNAL, grpc.status.CANCELLED]);
 
 /**
  * A call ended by the transport or a proxy, not by a server's answer: a dropped connection, an
@@ -306,7 +716,7 @@ const TRANSPORT_ENDS = new Set([grpc.status.UNAVAILABLE, grpc.status.UNKNOWN, gr
  * stopped), a proxy's HTTP status. A read stream resumes after it from where it was; a stream
  * closed by this client never gets this far.
  */
-function transportEnd(error) {
+function transportEnd(error: Failure): boolean {
   return TRANSPORT_ENDS.has(error?.code) && !errorInfo(error) && !(error instanceof SessionLogError);
 }
 
@@ -315,7 +725,7 @@ function transportEnd(error) {
 /** The most a server puts in one page of ListEvents or of a paged DeriveMessages. */
 const MAX_PAGE_SIZE = 1000;
 
-function checkCount(n) {
+function checkCount(n: number): void {
   if (!Number.isInteger(n) || n < 0) throw new RangeError(`n must be a whole number, 0 or more (got ${n})`);
 }
 
@@ -325,7 +735,7 @@ function checkCount(n) {
  * another seq in place of a negative, fractional or too large one without a word
  * (redactEvents([-1]) redacted seq 0).
  */
-function checkSeq(value, name) {
+function checkSeq(value: number, name: string): number {
   const whole =
     typeof value === "bigint" ? value >= 0n && value < 2n ** 64n : Number.isSafeInteger(value) && value >= 0;
   if (!whole) throw new RangeError(`${name} must be a whole number, 0 or more (got ${String(value)})`);
@@ -333,7 +743,7 @@ function checkSeq(value, name) {
 }
 
 /** A plain JSON value -> google.protobuf.Value as proto-loader expects it. */
-function toValue(value) {
+function toValue(value: Json | undefined): Input<proto.Value> {
   if (value === null || value === undefined) return { nullValue: "NULL_VALUE" };
   if (typeof value === "number") return { numberValue: value };
   if (typeof value === "string") return { stringValue: value };
@@ -344,13 +754,13 @@ function toValue(value) {
 }
 
 /** A plain object -> google.protobuf.Struct. */
-export function toStruct(object) {
-  const fields = {};
+export function toStruct(object: JsonObject | null | undefined): Input<proto.Struct> {
+  const fields: { [key: string]: Input<proto.Value> } = {};
   for (const [key, value] of Object.entries(object ?? {})) fields[key] = toValue(value);
   return { fields };
 }
 
-function fromValue(value) {
+function fromValue(value: proto.Value | null | undefined): Json {
   if (!value) return null;
   if (value.structValue !== undefined && value.structValue !== null) return fromStruct(value.structValue);
   if (value.listValue !== undefined && value.listValue !== null) return (value.listValue.values ?? []).map(fromValue);
@@ -361,14 +771,14 @@ function fromValue(value) {
 }
 
 /** google.protobuf.Struct -> a plain object. */
-export function fromStruct(struct) {
-  const out = {};
+export function fromStruct(struct: proto.Struct | null | undefined): JsonObject {
+  const out: JsonObject = {};
   for (const [key, value] of Object.entries(struct?.fields ?? {})) out[key] = fromValue(value);
   return out;
 }
 
 /** "2026-01-02T03:04:05.123456Z" or a Date -> google.protobuf.Timestamp, to the nanosecond. */
-export function toTimestamp(time) {
+export function toTimestamp(time: Time | Date): { seconds: number; nanos: number } {
   if (time instanceof Date) {
     const ms = time.getTime();
     return { seconds: Math.floor(ms / 1000), nanos: (((ms % 1000) + 1000) % 1000) * 1e6 };
@@ -381,7 +791,9 @@ export function toTimestamp(time) {
 }
 
 /** google.protobuf.Timestamp -> RFC 3339 in UTC with 0, 3, 6 or 9 fraction digits (as protobuf JSON). */
-export function fromTimestamp(stamp) {
+export function fromTimestamp(
+  stamp: { seconds?: number | null; nanos?: number | null } | null | undefined,
+): Time | undefined {
   if (!stamp) return undefined;
   const seconds = Number(stamp.seconds ?? 0);
   const nanos = Number(stamp.nanos ?? 0);
@@ -393,21 +805,21 @@ export function fromTimestamp(stamp) {
 }
 
 /** "user_message", "USER_MESSAGE" or "EVENT_TYPE_USER_MESSAGE" -> "EVENT_TYPE_USER_MESSAGE". */
-export function eventTypeName(type) {
+export function eventTypeName(type: string): string {
   const upper = String(type).trim().toUpperCase();
   return upper.startsWith(TYPE_PREFIX) ? upper : TYPE_PREFIX + upper;
 }
 
-const SHORT_TYPE = (name) => String(name).slice(TYPE_PREFIX.length).toLowerCase();
-const SHORT_ROLE = (name) => String(name).slice(ROLE_PREFIX.length).toLowerCase();
+const SHORT_TYPE = (name: string): string => String(name).slice(TYPE_PREFIX.length).toLowerCase();
+const SHORT_ROLE = (name: string): string => String(name).slice(ROLE_PREFIX.length).toLowerCase();
 
 /**
  * An event as sent: { type, data?, replace?: [start, stop], time?, stateDelta?, usage? } -> the
  * proto object. stateDelta (an object; a null value deletes its key) is sent only when given, so an
  * event without one changes no state.
  */
-export function toEvent(event) {
-  const out = { type: eventTypeName(event.type), data: toStruct(event.data ?? {}) };
+export function toEvent(event: NewEvent): Input<proto.Event> {
+  const out: Input<proto.Event> = { type: eventTypeName(event.type) as proto.EventType, data: toStruct(event.data ?? {}) };
   if (event.replace) {
     const [start_seq, stop_seq] = event.replace;
     out.surface_op = { replace: { start_seq, stop_seq } };
@@ -419,23 +831,23 @@ export function toEvent(event) {
 }
 
 /** A stored event -> { seq, type: "user_message", time, data, replace?, stateDelta?, usage? }. */
-export function fromEvent(raw) {
-  const out = {
+export function fromEvent(raw: proto.Event): Event {
+  const out: Event = {
     seq: Number(raw.seq ?? 0),
-    type: SHORT_TYPE(raw.type),
-    time: fromTimestamp(raw.time),
+    type: SHORT_TYPE(raw.type) as EventTypeName,
+    time: fromTimestamp(raw.time) as Time,
     data: fromStruct(raw.data),
   };
   const replace = raw.surface_op?.replace;
   if (replace) out.replace = [Number(replace.start_seq ?? 0), Number(replace.stop_seq ?? 0)];
   if (raw.state_delta) out.stateDelta = fromStruct(raw.state_delta);
   if (raw.usage) out.usage = { model: raw.usage.model ?? "", ...usageCounts(raw.usage) };
-  if (raw.redacted) out.redacted = { time: fromTimestamp(raw.redacted.redact_time), reason: raw.redacted.reason ?? "" };
+  if (raw.redacted) out.redacted = { time: fromTimestamp(raw.redacted.redact_time) as Time, reason: raw.redacted.reason ?? "" };
   return out;
 }
 
 /** A LeaseAuditEntry -> { kind: "LEASE_AUDIT_KIND_TAKEOVER", actor, previousHolder, previousToken, time }. */
-function fromAuditEntry(a) {
+function fromAuditEntry(a: proto.LeaseAuditEntry): LeaseAuditEntry {
   return {
     kind: a.kind,
     actor: a.actor,
@@ -446,7 +858,7 @@ function fromAuditEntry(a) {
 }
 
 /** { model, inputTokens?, outputTokens?, cachedInputTokens?, reasoningTokens? } -> the proto Usage. */
-function toUsage(usage) {
+function toUsage(usage: UsageInput): Input<proto.Usage> {
   return {
     model: String(usage.model ?? ""),
     input_tokens: usage.inputTokens ?? 0,
@@ -456,7 +868,7 @@ function toUsage(usage) {
   };
 }
 
-function usageCounts(raw) {
+function usageCounts(raw: proto.Usage | proto.ModelUsage): Omit<Usage, "model"> {
   return {
     inputTokens: Number(raw.input_tokens ?? 0),
     outputTokens: Number(raw.output_tokens ?? 0),
@@ -466,7 +878,7 @@ function usageCounts(raw) {
 }
 
 /** ModelUsage messages -> [{ model, inputTokens, outputTokens, cachedInputTokens, reasoningTokens, eventCount }]. */
-function fromModelUsages(list) {
+function fromModelUsages(list: proto.ModelUsage[] | null | undefined): ModelUsage[] {
   return (list ?? []).map((u) => ({ model: u.model, ...usageCounts(u), eventCount: Number(u.event_count ?? 0) }));
 }
 
@@ -475,57 +887,58 @@ function fromModelUsages(list) {
  * kept in metadata.content_parts comes back as the list), tool_calls (when any), tool_call_id and
  * name (when set). With extra, also reasoning_content, metadata and created_at.
  */
-export function fromMessage(raw, { extra = false } = {}) {
+export function fromMessage(raw: proto.Message, { extra = false }: { extra?: boolean } = {}): ChatMessage {
   const metadata = fromStruct(raw.metadata);
-  const out = { role: SHORT_ROLE(raw.role) };
+  const out: ChatMessage = { role: SHORT_ROLE(raw.role) as ChatMessage["role"], content: null };
   if (typeof raw.content === "string") out.content = raw.content;
   else if (Array.isArray(metadata.content_parts)) out.content = metadata.content_parts;
-  else out.content = null;
-  if (raw.tool_calls?.length) out.tool_calls = raw.tool_calls.map(fromStruct);
+  if (raw.tool_calls?.length) out.tool_calls = raw.tool_calls.map((call) => fromStruct(call));
   if (typeof raw.tool_call_id === "string") out.tool_call_id = raw.tool_call_id;
   if (typeof raw.name === "string") out.name = raw.name;
   if (extra) {
     if (typeof raw.reasoning_content === "string") out.reasoning_content = raw.reasoning_content;
     if (Object.keys(metadata).length) out.metadata = metadata;
-    if (raw.created_at) out.created_at = fromTimestamp(raw.created_at);
+    if (raw.created_at) out.created_at = fromTimestamp(raw.created_at) as Time;
   }
   return out;
 }
 
-const ROLES = { system: "ROLE_SYSTEM", developer: "ROLE_SYSTEM", user: "ROLE_USER", assistant: "ROLE_ASSISTANT", tool: "ROLE_TOOL" };
+const ROLES: Record<string, proto.Role> = { system: "ROLE_SYSTEM", developer: "ROLE_SYSTEM", user: "ROLE_USER", assistant: "ROLE_ASSISTANT", tool: "ROLE_TOOL" };
 
 /** A chat-format message -> the proto Message (for seedSession). */
-export function toMessage(message) {
-  const out = { role: ROLES[String(message.role).toLowerCase()] ?? "ROLE_UNSPECIFIED" };
-  const metadata = { ...(message.metadata ?? {}) };
+export function toMessage(message: ChatMessageInput): Input<proto.Message> {
+  const out: Input<proto.Message> = { role: ROLES[String(message.role).toLowerCase()] ?? "ROLE_UNSPECIFIED" };
+  const metadata: JsonObject = { ...(message.metadata ?? {}) };
   if (Array.isArray(message.content)) metadata.content_parts = message.content;
   else if (message.content !== null && message.content !== undefined) out.content = String(message.content);
-  for (const key of ["reasoning_content", "tool_call_id", "name"]) {
+  for (const key of ["reasoning_content", "tool_call_id", "name"] as const) {
     if (message[key] !== null && message[key] !== undefined) out[key] = String(message[key]);
   }
-  if (message.tool_calls?.length) out.tool_calls = message.tool_calls.map(toStruct);
+  if (message.tool_calls?.length) out.tool_calls = message.tool_calls.map((call) => toStruct(call));
   if (Object.keys(metadata).length) out.metadata = toStruct(metadata);
   if (message.created_at !== undefined) out.created_at = toTimestamp(message.created_at);
   return out;
 }
 
 /** A chat message (e.g. a model's reply) -> the surface event that projects back to it. */
-export function eventFromMessage(message) {
+export function eventFromMessage(message: ChatMessageInput): NewEvent {
   const proto = toMessage(message);
-  const types = { ROLE_SYSTEM: "system_message", ROLE_USER: "user_message", ROLE_ASSISTANT: "assistant_message", ROLE_TOOL: "tool_result" };
-  const type = types[proto.role];
+  const types: Record<string, EventTypeName> = { ROLE_SYSTEM: "system_message", ROLE_USER: "user_message", ROLE_ASSISTANT: "assistant_message", ROLE_TOOL: "tool_result" };
+  const type = types[proto.role ?? ""];
   if (!type) throw new TypeError(`no event type for role ${message.role}`);
-  const data = {};
-  for (const key of ["content", "reasoning_content", "tool_call_id", "name"]) if (key in proto) data[key] = proto[key];
+  const data: JsonObject = {};
+  for (const key of ["content", "reasoning_content", "tool_call_id", "name"] as const) {
+    if (key in proto) data[key] = proto[key] ?? null;
+  }
   if (message.tool_calls?.length) data.tool_calls = message.tool_calls;
-  if (proto.metadata) data.metadata = fromStruct(proto.metadata);
-  const event = { type, data };
+  if (proto.metadata) data.metadata = fromStruct(proto.metadata as proto.Struct);
+  const event: NewEvent = { type, data };
   if (message.created_at !== undefined) event.time = message.created_at;
   return event;
 }
 
-function fromSession(raw) {
-  if (!raw) return undefined;
+function fromSession(raw: proto.Session | null | undefined): Session {
+  if (!raw) return undefined as unknown as Session;
   return {
     sessionId: raw.session_id,
     exists: Boolean(raw.exists),
@@ -548,7 +961,7 @@ function fromSession(raw) {
   };
 }
 
-function fromLease(raw) {
+function fromLease(raw: proto.Lease | null | undefined): Lease | undefined {
   if (!raw) return undefined;
   return {
     holder: raw.holder,
@@ -558,7 +971,7 @@ function fromLease(raw) {
   };
 }
 
-function duration(ttlMs) {
+function duration(ttlMs: number | null | undefined): { seconds: number; nanos: number } | undefined {
   if (ttlMs === undefined || ttlMs === null) return undefined;
   const seconds = Math.floor(ttlMs / 1000);
   return { seconds, nanos: Math.round((ttlMs - seconds * 1000) * 1e6) };
@@ -566,11 +979,25 @@ function duration(ttlMs) {
 
 // -- retries ----------------------------------------------------------------------------------
 
+/** How a unary call is sent (_call): retried or not, a write (epochs), to AdminService. */
+interface SendOptions {
+  timeoutMs?: number;
+  retry?: boolean;
+  write?: boolean;
+  admin?: boolean;
+}
+
 /** Tries after the first of a call that met REPLICAS_UNAVAILABLE (each waited --sync-timeout). */
 export const DEFAULT_REPLICAS_RETRIES = 2;
 
 class Backoff {
-  constructor({ giveUpAfterMs = 30_000, initialBackoffMs = 50, maxBackoffMs = 1000 } = {}) {
+  giveUpAfterMs: number;
+  initialBackoffMs: number;
+  maxBackoffMs: number;
+  started: number | null = null;
+  delay = 0;
+
+  constructor({ giveUpAfterMs = 30_000, initialBackoffMs = 50, maxBackoffMs = 1000 }: RetryOptions = {}) {
     this.giveUpAfterMs = giveUpAfterMs;
     this.initialBackoffMs = initialBackoffMs;
     this.maxBackoffMs = maxBackoffMs;
@@ -583,7 +1010,7 @@ class Backoff {
   }
 
   /** The next sleep in ms, or null once the budget (or the smaller budgetMs) is spent. */
-  next(budgetMs = null) {
+  next(budgetMs: number | null = null): number | null {
     const now = Date.now();
     this.started ??= now;
     const limit = budgetMs === null ? this.giveUpAfterMs : Math.min(budgetMs, this.giveUpAfterMs);
@@ -595,13 +1022,13 @@ class Backoff {
   }
 }
 
-const sleep = (ms) => new Promise((done) => setTimeout(done, ms));
+const sleep = (ms: number): Promise<void> => new Promise((done) => setTimeout(done, ms));
 
 /** How long a WRONG_GROUP is retried by default (HAProxy catching up with a slot move's flip). */
 export const DEFAULT_WRONG_GROUP_FOR_MS = 5000;
 
 /** How long error may be retried when that is less than the whole budget: WRONG_GROUP's. */
-function moveBudget(error, retry) {
+function moveBudget(error: unknown, retry: RetryOptions): number | null {
   if (errorInfo(error)?.reason !== "WRONG_GROUP") return null;
   return retry.wrongGroupForMs ?? DEFAULT_WRONG_GROUP_FOR_MS;
 }
@@ -647,11 +1074,13 @@ function moveBudget(error, retry) {
 // REPLICAS_UNAVAILABLE is no reason to move (the write is committed on this member, the primary):
 // a retried call sends it again there at most retry.replicasRetries times.
 
-const AGAIN = "again";
+/** What a failed call does next (_after): send again at once, after a backoff, or throw. */
+type Step = "again" | "later" | "raise";
+const AGAIN: Step = "again";
 /** The option that marks the group clients a shardMap client makes (not a public option). */
 const GROUP_CLIENT = Symbol("groupClient");
-const LATER = "later";
-const RAISE = "raise";
+const LATER: Step = "later";
+const RAISE: Step = "raise";
 const PRIMARY_HINT = "primary";
 export const EPOCH_KEY = "sessionlog-epoch";
 /** Beside EPOCH_KEY on a sharded server's write replies (and a client's writes): the group. */
@@ -667,7 +1096,7 @@ export const SESSION_HEADER = "x-session-id";
  * The x-session-id value of a session id: the id itself when it is plain ASCII (A-Za-z0-9_.-),
  * else its UTF-8 bytes percent-encoded (gRPC metadata values are printable ASCII only).
  */
-export function sessionHeader(sessionId) {
+export function sessionHeader(sessionId: string): string {
   return encodeURIComponent(sessionId);
 }
 
@@ -675,14 +1104,15 @@ export function sessionHeader(sessionId) {
  * The session a request names: an update's session, a fork's source (a sub-agent child's
  * parent, in the same group), else its session_id ("" for none).
  */
-function sessionOf(request) {
-  if (request.session !== undefined) return request.session.session_id ?? "";
-  return request.parent_session_id || request.session_id || "";
+function sessionOf(request: object): string {
+  const named = request as { session?: { session_id?: string | null } | null; parent_session_id?: string | null; session_id?: string | null };
+  if (named.session !== undefined) return named.session?.session_id ?? "";
+  return named.parent_session_id || named.session_id || "";
 }
 const ETCD_SCHEME = "etcd://";
 
 /** "etcd://HOST:PORT[,HOST:PORT...]" (the server's --cluster form) -> the endpoints. */
-export function parseCluster(cluster) {
+export function parseCluster(cluster: string): string[] {
   if (!String(cluster).startsWith(ETCD_SCHEME)) {
     throw new TypeError(`cluster must look like etcd://HOST:PORT[,HOST:PORT...], not ${JSON.stringify(cluster)}`);
   }
@@ -692,7 +1122,7 @@ export function parseCluster(cluster) {
 }
 
 /** The etcd key a group's leader holds under its lease; its value is the leader's HOST:PORT. */
-export function leaderKey(group) {
+export function leaderKey(group: string): string {
   if (!group || String(group).includes("/")) throw new TypeError(`group must be a non-empty name without '/', not ${JSON.stringify(group)}`);
   return `/sessionlog/groups/${group}/leader`;
 }
@@ -702,17 +1132,21 @@ export function leaderKey(group) {
  * (POST /v3/kv/range, base64 keys; etcd 3.4 and later): its HOST:PORT, or null when the group has
  * no leader now. Rejects with UNAVAILABLE naming every endpoint when none answers.
  */
-export async function readLeader(endpoints, group, { timeoutMs = DEFAULT_CONNECT_TIMEOUT_MS } = {}) {
+export async function readLeader(
+  endpoints: string[],
+  group: string,
+  { timeoutMs = DEFAULT_CONNECT_TIMEOUT_MS }: { timeoutMs?: number } = {},
+): Promise<string | null> {
   const value = await readKey(endpoints, leaderKey(group), `the leader of group ${JSON.stringify(group)}`, timeoutMs);
   return value?.trim() || null;
 }
 
 /** The value of an etcd key (UTF-8) from the first endpoint that answers; null when absent. */
-async function readKey(endpoints, key, what, timeoutMs) {
+async function readKey(endpoints: string[], key: string, what: string, timeoutMs: number): Promise<string | null> {
   const body = JSON.stringify({ key: Buffer.from(key).toString("base64") });
-  const failures = [];
+  const failures: string[] = [];
   for (const endpoint of endpoints) {
-    let answer;
+    let answer: { kvs?: { value?: string }[] } | null;
     try {
       const reply = await fetch(`http://${endpoint}/v3/kv/range`, {
         method: "POST",
@@ -723,7 +1157,8 @@ async function readKey(endpoints, key, what, timeoutMs) {
       if (!reply.ok) throw new Error(`HTTP ${reply.status}`);
       answer = await reply.json();
     } catch (error) {
-      failures.push(`${endpoint}: ${error?.cause?.code ?? error?.message ?? error}`);
+      const failed = error as { cause?: { code?: string }; message?: string } | null;
+      failures.push(`${endpoint}: ${failed?.cause?.code ?? failed?.message ?? error}`);
       continue;
     }
     const value = answer?.kvs?.[0]?.value;
@@ -737,18 +1172,18 @@ async function readKey(endpoints, key, what, timeoutMs) {
 }
 
 /** The epoch a reply's trailing metadata names (0: none). */
-function trailingEpoch(metadata) {
+function trailingEpoch(metadata: grpc.Metadata | null | undefined): number {
   return whole(metadata?.get?.(EPOCH_KEY)?.[0]);
 }
 
 /** The group a sharded server's reply names beside its epoch ("": none, not sharded). */
-function trailingGroup(metadata) {
+function trailingGroup(metadata: grpc.Metadata | null | undefined): string {
   const value = metadata?.get?.(EPOCH_GROUP_KEY)?.[0];
   return value === undefined ? "" : String(value);
 }
 
 /** The error a call rejects with when no address it tried has ever answered. */
-function unreachable(members, error) {
+function unreachable(members: Member[], error: Failure): SessionLogError {
   const details = String(error.details || error.message).split(/\s+/).join(" ");
   const where = members.map((m) => m.address).join(", ");
   return new SessionLogError(`cannot reach a sessionlog server at ${where}: ${details}`, {
@@ -759,7 +1194,7 @@ function unreachable(members, error) {
 }
 
 /** What a follow stream throws when it kept going silent until its retry budget ran out. */
-function deadStream(silenceMs, cause) {
+function deadStream(silenceMs: number, cause: unknown): SessionLogError {
   return new SessionLogError(
     `the follow stream heard nothing, not even a heartbeat, for ${silenceMs} ms each time it ` +
       "reconnected: the server or the link to it is down",
@@ -792,25 +1227,29 @@ const CRC_TABLE = (() => {
 })();
 
 /** CRC-32 (IEEE, as zlib, Go's ChecksumIEEE and HAProxy's crc32) of bytes. */
-export function crc32(bytes) {
+export function crc32(bytes: Uint8Array): number {
   let c = 0xffffffff;
   for (const b of bytes) c = CRC_TABLE[(c ^ b) & 0xff] ^ (c >>> 8);
   return (c ^ 0xffffffff) >>> 0;
 }
 
 /** The slot of a session id: crc32 of its UTF-8 bytes, modulo SLOTS. */
-export function slotOf(sessionId) {
+export function slotOf(sessionId: string): number {
   return crc32(Buffer.from(sessionId, "utf8")) % SLOTS;
 }
 
 /** A group's addresses, its primary first. */
-function groupAddresses(group) {
+function groupAddresses(group: ShardGroup): string[] {
   return group.primary ? [group.primary, ...group.members.filter((m) => m !== group.primary)] : [...group.members];
 }
 
 /** A shard map as the client routes by it: groups { name, members, ranges: [[first, last]], primary }. */
 export class ShardTable {
-  constructor(epoch, groups) {
+  readonly epoch: number;
+  readonly groups: ShardGroup[];
+  private readonly _owners: Int32Array;
+
+  constructor(epoch: number, groups: ShardGroup[]) {
     this.epoch = epoch;
     this.groups = groups;
     this._owners = new Int32Array(SLOTS).fill(-1);
@@ -833,21 +1272,21 @@ export class ShardTable {
   }
 
   /** The group that owns sessionId. */
-  owner(sessionId) {
+  owner(sessionId: string): ShardGroup {
     return this.groups[this._owners[slotOf(sessionId)]];
   }
 
   /** This map with sessionId's slot given to group (a WRONG_GROUP's word for it), at epoch. */
-  withOwner(sessionId, group, epoch) {
+  withOwner(sessionId: string, group: ShardGroup, epoch: number): ShardTable {
     const slot = slotOf(sessionId);
-    const groups = [];
+    const groups: ShardGroup[] = [];
     let known = null;
     for (const g of this.groups) {
       if (g.name === group.name) {
         known = g;
         continue;
       }
-      const ranges = [];
+      const ranges: [number, number][] = [];
       for (const [first, last] of g.ranges) {
         if (first <= slot && slot <= last) {
           if (first < slot) ranges.push([first, slot - 1]);
@@ -856,38 +1295,38 @@ export class ShardTable {
       }
       groups.push({ ...g, ranges });
     }
-    const ranges = [...(known?.ranges ?? []), [slot, slot]].sort((x, y) => x[0] - y[0]);
+    const ranges = [...(known?.ranges ?? []), [slot, slot] as [number, number]].sort((x, y) => x[0] - y[0]);
     groups.push({ ...group, ranges });
     return new ShardTable(Math.max(epoch, this.epoch), groups);
   }
 
   /** From a GetShardMap reply; null for an unsharded server (epoch 0). */
-  static fromReply(reply) {
-    const map = reply?.shard_map;
+  static fromReply(reply: unknown): ShardTable | null {
+    const map = (reply as proto.GetShardMapResponse | null)?.shard_map;
     if (!map || !Number(map.epoch)) return null;
     return new ShardTable(
       Number(map.epoch),
       (map.groups ?? []).map((g) => ({
         name: g.name,
         members: [...(g.members ?? [])],
-        ranges: (g.slot_ranges ?? []).map((r) => [Number(r.first ?? 0), Number(r.last ?? 0)]),
+        ranges: (g.slot_ranges ?? []).map((r): [number, number] => [Number(r.first ?? 0), Number(r.last ?? 0)]),
         primary: g.primary ?? "",
       })),
     );
   }
 
   /** From etcd's JSON form: { epoch, groups: { NAME: { members, slots: ["0-511", ...] } } }. */
-  static fromJson(text) {
+  static fromJson(text: string): ShardTable {
     const data = JSON.parse(text);
     if (!Number.isInteger(data?.epoch) || data.epoch < 1 || typeof data.groups !== "object") {
       throw new TypeError("a shard map is an object with an epoch of at least 1 and groups");
     }
     return new ShardTable(
       data.epoch,
-      Object.entries(data.groups).map(([name, body]) => ({
+      Object.entries(data.groups as Record<string, { members?: string[]; slots?: unknown[] } | null>).map(([name, body]) => ({
         name,
         members: [...(body?.members ?? [])],
-        ranges: (body?.slots ?? []).map((item) => {
+        ranges: (body?.slots ?? []).map((item): [number, number] => {
           const [first, last = first] = String(item).split("-").map(Number);
           return [first, last];
         }),
@@ -898,7 +1337,7 @@ export class ShardTable {
 }
 
 /** The owner a WRONG_GROUP names and its map's epoch; null when it names no address. */
-function ownerFromError(metadata = {}) {
+function ownerFromError(metadata: Record<string, string> = {}): { group: ShardGroup; epoch: number } | null {
   const name = metadata.group ?? "";
   const members = String(metadata.members ?? "").split(",").filter(Boolean);
   const primary = metadata.primary ?? "";
@@ -907,7 +1346,12 @@ function ownerFromError(metadata = {}) {
 }
 
 /** After a WRONG_GROUP: the map to keep and the owner to go to (null: none named). */
-export function afterWrongGroup(before, newer, sessionId, metadata) {
+export function afterWrongGroup(
+  before: ShardTable | null,
+  newer: ShardTable | null,
+  sessionId: string,
+  metadata: Record<string, string>,
+): { table: ShardTable | null; owner: ShardGroup | null } {
   let table = newer && (!before || newer.epoch > before.epoch) ? newer : before;
   const named = ownerFromError(metadata);
   if (named) {
@@ -921,7 +1365,14 @@ export function afterWrongGroup(before, newer, sessionId, metadata) {
 }
 
 class Shards {
-  constructor(bootstrap, source, make) {
+  private readonly _bootstrap: SessionLogClient;
+  private readonly _etcd: string[];
+  private readonly _make: (members: string[]) => SessionLogClient;
+  table: ShardTable | null;
+  private _loading: Promise<ShardTable | null> | null;
+  private readonly _clients: Map<string, SessionLogClient>;
+
+  constructor(bootstrap: SessionLogClient, source: string, make: (members: string[]) => SessionLogClient) {
     this._bootstrap = bootstrap;
     this._etcd = source === "server" ? [] : parseCluster(source);
     this._make = make;
@@ -930,7 +1381,7 @@ class Shards {
     this._clients = new Map();
   }
 
-  async load() {
+  async load(): Promise<ShardTable | null> {
     this._loading ??= this._read(this._bootstrap).then((table) => {
       this.table = table;
       return table;
@@ -944,12 +1395,12 @@ class Shards {
     }
   }
 
-  async clientFor(sessionId) {
+  async clientFor(sessionId: string): Promise<SessionLogClient> {
     await this.load();
     return this.table ? this._clientOf(this.table.owner(sessionId)) : this._bootstrap;
   }
 
-  async afterWrongGroup(sessionId, error, refusedBy) {
+  async afterWrongGroup(sessionId: string, error: SessionLogError, refusedBy: SessionLogClient): Promise<SessionLogClient | null> {
     let newer = null;
     try {
       newer = await this._read(refusedBy);
@@ -963,7 +1414,7 @@ class Shards {
     return client === refusedBy ? null : client;
   }
 
-  _clientOf(group) {
+  _clientOf(group: ShardGroup): SessionLogClient {
     const addresses = groupAddresses(group);
     const key = `${group.name}\n${[...new Set(addresses)].sort().join(",")}`;
     let client = this._clients.get(key);
@@ -974,7 +1425,7 @@ class Shards {
     return client;
   }
 
-  async _read(client) {
+  async _read(client: SessionLogClient): Promise<ShardTable | null> {
     if (this._etcd.length) {
       const value = await readKey(this._etcd, SHARDS_KEY, "the shard map", client.connectTimeoutMs);
       return value === null ? null : ShardTable.fromJson(value);
@@ -989,10 +1440,42 @@ class Shards {
 
 // -- the client -------------------------------------------------------------------------------
 
-let cachedPackage = null;
+/** A member's client: a grpc-js client whose RPC methods are added from the .proto files. */
+type ServiceClient = grpc.Client;
+type ServiceClass = grpc.ServiceClientConstructor;
+type UnaryRpc = (
+  request: unknown,
+  metadata: grpc.Metadata,
+  options: grpc.CallOptions,
+  callback: (error: grpc.ServiceError | null, value?: unknown) => void,
+) => grpc.ClientUnaryCall;
+/** A call's options; grpc-js also reads waitForReady (gRPC's wait-for-ready). */
+type RpcOptions = grpc.CallOptions & { waitForReady?: boolean };
+type StreamRpc = (request: unknown, metadata: grpc.Metadata, options: grpc.CallOptions) => grpc.ClientReadableStream<unknown>;
+
+/** A server this client knows: its channel's stub and what it has shown of itself. */
+interface Member {
+  address: string;
+  stub: ServiceClient;
+  admin?: ServiceClient;
+  reached: boolean;
+  failed: boolean;
+  epoch: number;
+}
+
+/** A server-streaming RPC of stub (Since, FollowSessions), typed by its messages. */
+function streamRpc<M extends "Since" | "FollowSessions">(
+  stub: ServiceClient,
+  method: M,
+): (request: Input<Methods[M]["request"]>, metadata: grpc.Metadata, options: grpc.CallOptions) => grpc.ClientReadableStream<Methods[M]["response"]> {
+  const rpc = (stub as unknown as Record<string, StreamRpc>)[method];
+  return rpc.bind(stub) as ReturnType<typeof streamRpc<M>>;
+}
+
+let cachedPackage: { protoDir: string; services: { log: ServiceClass; admin: ServiceClass } } | null = null;
 
 /** The SessionLogService and AdminService client classes, from protoDir's .proto files. */
-function loadServices(protoDir) {
+function loadServices(protoDir: string): { log: ServiceClass; admin: ServiceClass } {
   if (cachedPackage?.protoDir === protoDir) return cachedPackage.services;
   const file = resolve(protoDir, "sessionlog", "v1", "session_log_service.proto");
   if (!existsSync(file)) throw new Error(`no ${file}: pass { protoDir } (the repository's proto/ folder)`);
@@ -1005,8 +1488,8 @@ function loadServices(protoDir) {
     defaults: true,
     oneofs: true,
   });
-  const v1 = grpc.loadPackageDefinition(definition).sessionlog.v1;
-  const services = { log: v1.SessionLogService, admin: v1.AdminService };
+  const v1 = (grpc.loadPackageDefinition(definition).sessionlog as grpc.GrpcObject).v1 as grpc.GrpcObject;
+  const services = { log: v1.SessionLogService as ServiceClass, admin: v1.AdminService as ServiceClass };
   cachedPackage = { protoDir, services };
   return services;
 }
@@ -1020,15 +1503,42 @@ function loadServices(protoDir) {
  * nextSeq, the seq after the last event it delivered: no gap, no duplicate. close() or breaking
  * out of the loop ends it. Time the caller spends on an event does not count as silence.
  */
-export class EventStream {
-  constructor(client, sessionId, seq, follow, timeoutMs, heartbeatMs = 0) {
+export class EventStream implements AsyncIterable<Event> {
+  readonly sessionId: string;
+  /** The seq after the last event delivered: where a reconnect resumes. */
+  nextSeq: number;
+  caughtUp: boolean;
+  reconnects: number;
+  /** How many of the reconnects followed a silence (the stream deemed dead). */
+  deadStreams: number;
+  closed: boolean;
+  /** @internal */
+  _client: SessionLogClient;
+  private readonly _follow: boolean;
+  private readonly _timeoutMs: number | undefined;
+  private readonly _heartbeatMs: number;
+  private _call: grpc.ClientReadableStream<unknown> | null;
+  private _wake: (() => void) | null;
+  private _iterator: AsyncGenerator<Event, void, undefined> | null;
+  /** @internal */
+  _forget: (() => void) | null;
+
+  /** @internal */
+  constructor(
+    client: SessionLogClient | null,
+    sessionId: string,
+    seq: number,
+    follow: boolean,
+    timeoutMs: number | undefined,
+    heartbeatMs = 0,
+  ) {
     this.sessionId = sessionId;
     this.nextSeq = seq;
     this.caughtUp = false;
     this.reconnects = 0;
     this.deadStreams = 0;
     this.closed = false;
-    this._client = client;
+    this._client = client as SessionLogClient; // a ShardedStream sets its owner's as it starts
     this._follow = follow;
     this._timeoutMs = timeoutMs;
     this._heartbeatMs = follow ? heartbeatMs : 0;
@@ -1038,12 +1548,12 @@ export class EventStream {
     this._forget = null;
   }
 
-  [Symbol.asyncIterator]() {
+  [Symbol.asyncIterator](): AsyncIterator<Event> {
     this._iterator ??= this._iterate();
     return this._iterator;
   }
 
-  async *_iterate() {
+  private async *_iterate(): AsyncGenerator<Event, void, undefined> {
     try {
       yield* this._run();
     } finally {
@@ -1053,13 +1563,14 @@ export class EventStream {
   }
 
   /** Stop the stream; a pending iteration ends (done) without an error. */
-  close() {
+  close(): void {
     this.closed = true;
     this._call?.cancel();
     this._wake?.();
   }
 
-  async *_run() {
+  /** @internal */
+  async *_run(): AsyncGenerator<Event, void, undefined> {
     const client = this._client;
     const backoff = new Backoff(client.retry);
     let hops = 0;
@@ -1076,22 +1587,22 @@ export class EventStream {
         await client._settle(member, this._timeoutMs || Infinity);
       } catch (error) {
         const step = client._after(member, error, true, hops);
-        hops += step === AGAIN;
+        hops += step === AGAIN ? 1 : 0;
         const wait = step === AGAIN ? 0 : step === LATER ? backoff.next(moveBudget(error, client.retry)) : null;
         if (wait === null) throw toError(error);
         await this._pause(wait);
         continue;
       }
       if (this.closed) return;
-      const options = this._timeoutMs ? { deadline: Date.now() + this._timeoutMs } : {};
+      const options: RpcOptions = this._timeoutMs ? { deadline: Date.now() + this._timeoutMs } : {};
       if (client.waitForReadyCalls) options.waitForReady = true;
-      const request = { session_id: this.sessionId, seq: this.nextSeq, follow: this._follow };
+      const request: Input<proto.SinceRequest> = { session_id: this.sessionId, seq: this.nextSeq, follow: this._follow };
       if (this._heartbeatMs) request.heartbeat_interval = duration(this._heartbeatMs);
-      const call = member.stub.Since(request, client._metadata(false, this.sessionId), options);
+      const call = streamRpc(member.stub, "Since")(request, client._metadata(false, this.sessionId), options);
       this._call = call;
       const silenceMs = this._heartbeatMs * DEAD_AFTER_HEARTBEATS;
       let dead = false;
-      let watchdog = null;
+      let watchdog: NodeJS.Timeout | undefined;
       const arm = () => {
         if (!silenceMs) return;
         watchdog = setTimeout(() => {
@@ -1099,10 +1610,10 @@ export class EventStream {
           call.cancel();
         }, silenceMs);
       };
-      let delay = null;
+      let delay: number | null = null;
       try {
         arm();
-        for await (const response of call) {
+        for await (const response of call as AsyncIterable<proto.SinceResponse>) {
           clearTimeout(watchdog);
           backoff.reset();
           hops = 0;
@@ -1126,7 +1637,7 @@ export class EventStream {
         } else {
           step = client._after(member, error, true, hops, false, "", true);
         }
-        hops += step === AGAIN;
+        hops += step === AGAIN ? 1 : 0;
         delay = step === AGAIN ? 0 : step === LATER ? backoff.next(moveBudget(error, client.retry)) : null;
         if (delay === null && dead) throw deadStream(silenceMs, error);
         if (delay === null) throw toError(error);
@@ -1135,15 +1646,15 @@ export class EventStream {
         call.cancel();
         this._call = null;
       }
-      await this._pause(delay);
+      await this._pause(delay as number);
       if (this.closed) return;
       this.reconnects += 1;
     }
   }
 
   /** Sleep delay ms, or less if the stream is closed meanwhile. */
-  async _pause(delay) {
-    await new Promise((done) => {
+  private async _pause(delay: number): Promise<void> {
+    await new Promise<void>((done) => {
       const timer = setTimeout(done, delay);
       this._wake = () => {
         clearTimeout(timer);
@@ -1160,8 +1671,34 @@ export class EventStream {
  * another end of the transport (as EventStream) or a dead link it reconnects and asks for the changes after `position`, the last position the
  * server sent (heartbeats included): no gap, no duplicate. close() or breaking out ends it.
  */
-export class SessionsStream {
-  constructor(client, { prefix = "", filter = "", after = null, follow = true, heartbeatMs = 0 } = {}) {
+export class SessionsStream implements AsyncIterable<FollowedChange> {
+  readonly prefix: string;
+  readonly filter: string;
+  /** The change-feed position read to (null until the server named one, when started from now). */
+  position: number | null;
+  caughtUp: boolean;
+  reconnects: number;
+  closed: boolean;
+  private readonly _client: SessionLogClient;
+  private readonly _follow: boolean;
+  private readonly _heartbeatMs: number;
+  private _call: grpc.ClientReadableStream<unknown> | null;
+  private _wake: (() => void) | null;
+  private _iterator: AsyncGenerator<FollowedChange, void, undefined> | null;
+  /** @internal */
+  _forget: (() => void) | null;
+
+  /** @internal */
+  constructor(
+    client: SessionLogClient,
+    {
+      prefix = "",
+      filter = "",
+      after = null,
+      follow = true,
+      heartbeatMs = 0,
+    }: { prefix?: string; filter?: string; after?: number | null; follow?: boolean; heartbeatMs?: number } = {},
+  ) {
     this.prefix = prefix;
     this.filter = filter;
     this.position = after;
@@ -1177,12 +1714,12 @@ export class SessionsStream {
     this._forget = null;
   }
 
-  [Symbol.asyncIterator]() {
+  [Symbol.asyncIterator](): AsyncIterator<FollowedChange> {
     this._iterator ??= this._iterate();
     return this._iterator;
   }
 
-  async *_iterate() {
+  private async *_iterate(): AsyncGenerator<FollowedChange, void, undefined> {
     try {
       yield* this._run();
     } finally {
@@ -1192,14 +1729,14 @@ export class SessionsStream {
   }
 
   /** Stop the stream; a pending iteration ends (done) without an error. */
-  close() {
+  close(): void {
     this.closed = true;
     this._call?.cancel();
     this._wake?.();
   }
 
-  _request() {
-    const request = {
+  private _request(): Input<proto.FollowSessionsRequest> {
+    const request: Input<proto.FollowSessionsRequest> = {
       prefix: this.prefix,
       filter: this.filter,
       after_position: this.position ?? 0,
@@ -1209,7 +1746,7 @@ export class SessionsStream {
     return request;
   }
 
-  async *_run() {
+  private async *_run(): AsyncGenerator<FollowedChange, void, undefined> {
     const client = this._client;
     const backoff = new Backoff(client.retry);
     let hops = 0;
@@ -1221,12 +1758,12 @@ export class SessionsStream {
         await this._pause(wait);
         continue;
       }
-      const options = client.waitForReadyCalls ? { waitForReady: true } : {};
-      const call = member.stub.FollowSessions(this._request(), client._metadata(false), options);
+      const options: RpcOptions = client.waitForReadyCalls ? { waitForReady: true } : {};
+      const call = streamRpc(member.stub, "FollowSessions")(this._request(), client._metadata(false), options);
       this._call = call;
       const silenceMs = this._heartbeatMs * DEAD_AFTER_HEARTBEATS;
       let dead = false;
-      let watchdog = null;
+      let watchdog: NodeJS.Timeout | undefined;
       const arm = () => {
         if (!silenceMs) return;
         watchdog = setTimeout(() => {
@@ -1234,16 +1771,16 @@ export class SessionsStream {
           call.cancel();
         }, silenceMs);
       };
-      let delay = null;
+      let delay: number | null = null;
       try {
         arm();
-        for await (const response of call) {
+        for await (const response of call as AsyncIterable<proto.FollowSessionsResponse>) {
           clearTimeout(watchdog);
           backoff.reset();
           hops = 0;
           member.reached = true;
           for (const raw of response.changes ?? []) {
-            const change = {
+            const change: FollowedChange = {
               sessionId: raw.session_id,
               position: Number(raw.position ?? 0),
               events: (raw.events ?? []).map(fromEvent),
@@ -1266,7 +1803,7 @@ export class SessionsStream {
         let step = LATER;
         if (dead) client._moved(member);
         else step = client._after(member, error, true, hops, false, "", true);
-        hops += step === AGAIN;
+        hops += step === AGAIN ? 1 : 0;
         delay = step === AGAIN ? 0 : step === LATER ? backoff.next() : null;
         if (delay === null && dead) throw deadStream(silenceMs, error);
         if (delay === null) throw toError(error);
@@ -1275,14 +1812,14 @@ export class SessionsStream {
         call.cancel();
         this._call = null;
       }
-      await this._pause(delay);
+      await this._pause(delay as number);
       if (this.closed) return;
       this.reconnects += 1;
     }
   }
 
-  async _pause(delay) {
-    await new Promise((done) => {
+  private async _pause(delay: number): Promise<void> {
+    await new Promise<void>((done) => {
       const timer = setTimeout(done, delay);
       this._wake = () => {
         clearTimeout(timer);
@@ -1295,20 +1832,22 @@ export class SessionsStream {
 
 /** An EventStream over the owner group's client, moving on after WRONG_GROUP (see shard routing). */
 class ShardedStream extends EventStream {
-  constructor(shards, sessionId, seq, follow, timeoutMs, heartbeatMs = 0) {
+  private readonly _shards: Shards;
+
+  constructor(shards: Shards, sessionId: string, seq: number, follow: boolean, timeoutMs: number | undefined, heartbeatMs = 0) {
     super(null, sessionId, seq, follow, timeoutMs, heartbeatMs);
     this._shards = shards;
   }
 
-  async *_run() {
+  override async *_run(): AsyncGenerator<Event, void, undefined> {
     this._client = await this._shards.clientFor(this.sessionId);
-    let reroutedAt = null;
+    let reroutedAt: number | null = null;
     for (;;) {
       try {
         yield* super._run();
         return;
       } catch (error) {
-        if (error?.reason !== WRONG_GROUP || reroutedAt === this.nextSeq) throw error;
+        if (!(error instanceof SessionLogError) || error.reason !== WRONG_GROUP || reroutedAt === this.nextSeq) throw error;
         const owner = await this._shards.afterWrongGroup(this.sessionId, error, this._client);
         if (!owner) throw error;
         reroutedAt = this.nextSeq;
@@ -1325,7 +1864,35 @@ class ShardedStream extends EventStream {
  * options cluster ("etcd://HOST:PORT[,...]") and group, to find the leader in etcd. See routing.
  */
 export class SessionLogClient {
-  constructor(target, options = {}) {
+  /** What errors name: the address(es), or the etcd group. */
+  readonly target: string;
+  readonly timeoutMs: number;
+  /** @internal */
+  readonly waitForReadyCalls: boolean;
+  /** @internal */
+  readonly connectTimeoutMs: number;
+  /** @internal */
+  readonly retry: RetryOptions;
+  /** @internal */
+  readonly replicasRetries: number;
+  private readonly _etcd: string[];
+  private readonly _group: string;
+  private readonly _several: boolean;
+  private readonly _alwaysReached: boolean;
+  private readonly _retryWrongGroup: boolean;
+  private readonly _epochs: Map<string, number>;
+  private readonly _slotGroups: Map<number, string>;
+  private readonly _token: string | undefined;
+  private readonly _streams: Set<EventStream | SessionsStream>;
+  private readonly _openAdmin: (member: Member) => ServiceClient;
+  private readonly _openStub: (address: string) => ServiceClient;
+  private readonly _members: Member[];
+  private _current: number;
+  private _stale: boolean;
+  private _etcdError: string;
+  private readonly _shards: Shards | null;
+
+  constructor(target?: string | string[] | null, options: ClientOptions = {}) {
     const {
       timeoutMs = DEFAULT_TIMEOUT_MS,
       token,
@@ -1342,26 +1909,28 @@ export class SessionLogClient {
       cluster,
       group,
       shardMap,
-    } = options;
+    } = options as ClientOptions & { [GROUP_CLIENT]?: boolean };
     if ((cluster === undefined) !== (group === undefined)) {
       throw new TypeError("give cluster and group together (etcd://HOST:PORT and the group name)");
     }
     this._etcd = cluster === undefined ? [] : parseCluster(cluster);
     if (group !== undefined) leaderKey(group); // refuse a bad name now, not at the first call
     this._group = group ?? "";
-    let addresses;
+    let addresses: string[];
+    let several: boolean;
     if (target === undefined || target === null) {
       addresses = this._etcd.length ? [] : [DEFAULT_TARGET];
-      this._several = this._etcd.length > 0;
+      several = this._etcd.length > 0;
     } else if (typeof target === "string") {
       addresses = [checkAddress(target)];
-      this._several = this._etcd.length > 0;
+      several = this._etcd.length > 0;
     } else {
       addresses = [...new Set(Array.from(target, (a) => String(a).trim()).filter(Boolean))];
-      this._several = true;
+      several = true;
       if (!addresses.length && !this._etcd.length) throw new TypeError("target lists no address");
       addresses.forEach(checkAddress);
     }
+    this._several = several;
     this.waitForReadyCalls = waitForReady;
     this.connectTimeoutMs = connectTimeoutMs;
     this._alwaysReached = waitForReady;
@@ -1370,7 +1939,7 @@ export class SessionLogClient {
     this.replicasRetries = retry.replicasRetries ?? DEFAULT_REPLICAS_RETRIES;
     /** Wait and try WRONG_GROUP again (a proxy catching up with a move); off for the group
      * clients of a shardMap client, whose shard routing reroutes it. */
-    this._retryWrongGroup = shardMap === undefined && !options[GROUP_CLIENT];
+    this._retryWrongGroup = shardMap === undefined && !(options as { [GROUP_CLIENT]?: boolean })[GROUP_CLIENT];
     /** The highest leadership epoch any member named, per group ("": not sharded; see routing). */
     this._epochs = new Map();
     /** The group each slot's writes last answered from (sharded servers only). */
@@ -1379,13 +1948,17 @@ export class SessionLogClient {
     this._streams = new Set();
     const secure = tls || rootCerts || privateKey || certChain;
     const credentials = secure
-      ? grpc.credentials.createSsl(rootCerts ?? null, privateKey ?? null, certChain ?? null)
+      ? grpc.credentials.createSsl(
+          (rootCerts ?? null) as Buffer | null,
+          (privateKey ?? null) as Buffer | null,
+          (certChain ?? null) as Buffer | null,
+        )
       : grpc.credentials.createInsecure();
     const { log: Service, admin: AdminService } = loadServices(protoDir);
     /** A member's AdminService client, on its SessionLogService client's channel. */
-    this._openAdmin = (member) =>
+    this._openAdmin = (member: Member) =>
       new AdminService(member.address, credentials, { channelOverride: member.stub.getChannel() });
-    this._openStub = (address) =>
+    this._openStub = (address: string) =>
       new Service(address, credentials, {
         "grpc.max_receive_message_length": maxMessageBytes,
         "grpc.max_send_message_length": maxMessageBytes,
@@ -1410,32 +1983,33 @@ export class SessionLogClient {
   }
 
   /** The shard map calls are routed by (option shardMap), loaded if not yet; null without one. */
-  async shardMap() {
+  async shardMap(): Promise<ShardTable | null> {
     return this._shards ? await this._shards.load() : null;
   }
 
   /** The highest leadership epoch any member named, of any group (see routing). */
-  get epoch() {
+  get epoch(): number {
     return Math.max(0, ...this._epochs.values());
   }
 
   /** Every address this client knows, given or learnt from hints and etcd. */
-  get members() {
+  get members(): string[] {
     return this._members.map((m) => m.address);
   }
 
   /** The address calls go to now (the primary as far as the client knows), or null. */
-  get current() {
+  get current(): string | null {
     return this._members[this._current]?.address ?? null;
   }
 
   /** The stub of the current member (the only one, given one address). */
-  get _stub() {
+  /** @internal */
+  get _stub(): ServiceClient | undefined {
     return this._members[this._current]?.stub;
   }
 
   /** Close every open stream (they end as done), then every channel. */
-  close() {
+  close(): void {
     for (const stream of this._streams) stream.close();
     this._streams.clear();
     this._shards?.close();
@@ -1443,10 +2017,10 @@ export class SessionLogClient {
   }
 
   /** Resolve once connected to the current member, or reject after timeoutMs. */
-  async waitForReady(timeoutMs = this.timeoutMs) {
+  async waitForReady(timeoutMs: number = this.timeoutMs): Promise<void> {
     const member = await this._pick();
     if (!member) throw this._nobody();
-    return new Promise((done, fail) => {
+    return new Promise<void>((done, fail) => {
       member.stub.waitForReady(Date.now() + timeoutMs, (error) => (error ? fail(error) : done()));
     });
   }
@@ -1454,7 +2028,7 @@ export class SessionLogClient {
   // -- routing (see the comment above parseCluster) -------------------------------------------
 
   /** The member of address, opened and added when new. */
-  _member(address) {
+  private _member(address: string): Member {
     let member = this._members.find((m) => m.address === address);
     if (!member) {
       member = { address, stub: this._openStub(address), reached: this._alwaysReached, failed: false, epoch: 0 };
@@ -1464,15 +2038,16 @@ export class SessionLogClient {
   }
 
   /** The current member, reading etcd first when due (after a loss, or while none is known). */
-  async _pick() {
+  /** @internal */
+  async _pick(): Promise<Member | null> {
     if (this._stale || (this._etcd.length && !this._members.length)) {
       this._stale = false;
-      let leader = null;
+      let leader: string | null = null;
       try {
         leader = await readLeader(this._etcd, this._group, { timeoutMs: this.connectTimeoutMs });
         this._etcdError = leader ? "" : `group ${JSON.stringify(this._group)} has no leader in etcd`;
       } catch (error) {
-        this._etcdError = error.message;
+        this._etcdError = (error as Error).message;
       }
       if (leader) this._current = this._members.indexOf(this._member(leader));
     }
@@ -1480,7 +2055,8 @@ export class SessionLogClient {
   }
 
   /** What a call rejects with when no member was ever known (etcd had no leader to name). */
-  _nobody() {
+  /** @internal */
+  _nobody(): SessionLogError {
     const why = this._etcdError || "no address is known";
     return new SessionLogError(`no sessionlog primary found for ${this.target}: ${why}`, {
       code: grpc.status.UNAVAILABLE,
@@ -1489,7 +2065,8 @@ export class SessionLogClient {
   }
 
   /** member failed as the current one: the next address becomes current; etcd is read next. */
-  _moved(member) {
+  /** @internal */
+  _moved(member: Member): void {
     if (this._members[this._current] === member) this._current = (this._current + 1) % this._members.length;
     this._stale = this._etcd.length > 0;
   }
@@ -1497,7 +2074,9 @@ export class SessionLogClient {
   /** Record what error says about member and decide what the failed call does: AGAIN, LATER or
    * RAISE (or throw at once when no address has ever answered). deadlineMoves: a unary call that
    * retries, for which a deadline is no answer. */
-  _after(member, error, retry, hops, deadlineMoves = false, sessionId = "", stream = false) {
+  /** @internal */
+  _after(member: Member, thrown: unknown, retry: boolean, hops: number, deadlineMoves = false, sessionId = "", stream = false): Step {
+    const error = thrown as Failure;
     const info = errorInfo(error);
     if (info) member.reached = true;
     const group = trailingGroup(error?.metadata);
@@ -1507,7 +2086,7 @@ export class SessionLogClient {
     // retries (deadlineMoves: a read, or a write whose request id makes a second try harmless)
     // is sent again after one (a server stopping with the call in flight: CANCELLED).
     const proxied = proxyStatus(error) !== null;
-    const unavailable =
+    const unavailable: boolean =
       error?.code === grpc.status.UNAVAILABLE || proxied || ((stream || deadlineMoves) && transportEnd(error));
     const answered = member.reached || proxied;
     if (info?.reason === "REPLICAS_UNAVAILABLE") return retry ? LATER : RAISE; // committed here
@@ -1550,14 +2129,15 @@ export class SessionLogClient {
    * Before a member first answers: wait until its channel connects or fails, at most
    * connectTimeoutMs (a call whose own deadline is shorter needs no such wait).
    */
-  async _settle(member, timeoutMs) {
+  /** @internal */
+  async _settle(member: Member, timeoutMs: number): Promise<void> {
     if (member.reached || timeoutMs <= this.connectTimeoutMs) return;
     const channel = member.stub.getChannel();
     const { READY, TRANSIENT_FAILURE, SHUTDOWN } = grpc.connectivityState;
     const deadline = Date.now() + this.connectTimeoutMs;
     let state = channel.getConnectivityState(true);
     while (state !== READY && state !== TRANSIENT_FAILURE && state !== SHUTDOWN) {
-      const changed = await new Promise((done) => channel.watchConnectivityState(state, deadline, (error) => done(!error)));
+      const changed = await new Promise<boolean>((done) => channel.watchConnectivityState(state, deadline, (error) => done(!error)));
       if (!changed) {
         const error = new SessionLogError(
           `no connection to a sessionlog server at ${member.address} within ${this.connectTimeoutMs / 1000} s: is the address right, and is the server up?`,
@@ -1571,14 +2151,14 @@ export class SessionLogClient {
   }
 
   /** The group whose epoch a write for sessionId carries ("": none named, or not sharded). */
-  _groupOf(sessionId) {
+  private _groupOf(sessionId: string): string {
     if (!this._slotGroups.size || !sessionId) return "";
     return this._slotGroups.get(slotOf(sessionId)) ?? "";
   }
 
   /** member of group named epoch (0: none) in a reply for sessionId; false when that is below
    * the group's highest epoch seen before: it was deposed. */
-  _learn(member, epoch, group = "", sessionId = "") {
+  private _learn(member: Member, epoch: number, group = "", sessionId = ""): boolean {
     if (group && sessionId) this._slotGroups.set(slotOf(sessionId), group);
     if (!epoch) return true;
     member.epoch = epoch;
@@ -1590,7 +2170,7 @@ export class SessionLogClient {
   /** A write member acknowledged (its reply's trailers) for sessionId: LeadershipLostError when
    * its epoch is below the highest seen of its group (a deposed server took it: it is not the
    * group's). */
-  _accepted(member, trailers, sessionId = "") {
+  private _accepted(member: Member, trailers: grpc.Metadata | undefined, sessionId = ""): void {
     const epoch = trailingEpoch(trailers);
     const group = trailingGroup(trailers);
     if (this._learn(member, epoch, group, sessionId)) return;
@@ -1603,7 +2183,8 @@ export class SessionLogClient {
     );
   }
 
-  _metadata(write = false, sessionId = "") {
+  /** @internal */
+  _metadata(write = false, sessionId = ""): grpc.Metadata {
     const metadata = new grpc.Metadata();
     if (this._token) metadata.add("authorization", `Bearer ${this._token}`);
     if (sessionId) metadata.add(SESSION_HEADER, sessionHeader(sessionId));
@@ -1619,32 +2200,45 @@ export class SessionLogClient {
   }
 
   /** One unary call: { reply, trailers } once its status has arrived. */
-  _once(member, method, request, timeoutMs, write = false, admin = false) {
-    const options = { deadline: Date.now() + (timeoutMs ?? this.timeoutMs) };
+  private _once<M extends UnaryMethod>(
+    member: Member,
+    method: M,
+    request: Input<Methods[M]["request"]>,
+    timeoutMs: number | undefined,
+    write = false,
+    admin = false,
+  ): Promise<{ reply: Methods[M]["response"]; trailers: grpc.Metadata }> {
+    const options: RpcOptions = { deadline: Date.now() + (timeoutMs ?? this.timeoutMs) };
     if (this.waitForReadyCalls) options.waitForReady = true;
     const stub = admin ? (member.admin ??= this._openAdmin(member)) : member.stub;
+    const rpc = (stub as unknown as Record<string, UnaryRpc>)[method];
     return new Promise((done, fail) => {
-      let reply;
-      const call = stub[method](request, this._metadata(write, sessionOf(request)), options, (error, value) => {
+      let reply: Methods[M]["response"];
+      const call = rpc.call(stub, request, this._metadata(write, sessionOf(request)), options, (error, value) => {
         if (error) fail(error);
-        else reply = value;
+        else reply = value as Methods[M]["response"];
       });
-      call.on("status", (status) => {
+      call.on("status", (status: grpc.StatusObject) => {
         if (status.code === grpc.status.OK) done({ reply, trailers: status.metadata });
       });
     });
   }
 
   /** One RPC: to the session's owner group with shardMap, else through this client's routing. */
-  async _call(method, request, options = {}) {
+  /** @internal */
+  async _call<M extends UnaryMethod>(
+    method: M,
+    request: Input<Methods[M]["request"]>,
+    options: SendOptions = {},
+  ): Promise<Methods[M]["response"]> {
     const session = this._shards ? sessionOf(request) : "";
-    if (!session) return this._send(method, request, options);
+    if (!session || !this._shards) return this._send(method, request, options);
     const owner = await this._shards.clientFor(session);
     if (owner === this) return this._send(method, request, options);
     try {
       return await owner._call(method, request, options);
     } catch (error) {
-      if (error?.reason !== WRONG_GROUP) throw error;
+      if (!(error instanceof SessionLogError) || error.reason !== WRONG_GROUP) throw error;
       // Refused before anything was done (ownership is checked first): safe to send again.
       const again = await this._shards.afterWrongGroup(session, error, owner);
       if (!again) throw error;
@@ -1652,7 +2246,11 @@ export class SessionLogClient {
     }
   }
 
-  async _send(method, request, { timeoutMs, retry = false, write = false, admin = false } = {}) {
+  private async _send<M extends UnaryMethod>(
+    method: M,
+    request: Input<Methods[M]["request"]>,
+    { timeoutMs, retry = false, write = false, admin = false }: SendOptions = {},
+  ): Promise<Methods[M]["response"]> {
     const backoff = new Backoff(this.retry);
     let hops = 0;
     let waits = 0;
@@ -1665,8 +2263,8 @@ export class SessionLogClient {
         await sleep(delay);
         continue;
       }
-      let step;
-      let failure;
+      let step: Step;
+      let failure: unknown;
       try {
         await this._settle(member, timeoutMs ?? this.timeoutMs);
         const { reply, trailers } = await this._once(member, method, request, timeoutMs, write, admin);
@@ -1696,10 +2294,10 @@ export class SessionLogClient {
    * Append events atomically. Retried on UNAVAILABLE with one requestId (a fresh one unless
    * given; "" turns both off), so a retry never writes twice.
    */
-  async append(sessionId, events, options = {}) {
+  async append(sessionId: string, events: NewEvent[], options: AppendOptions = {}): Promise<AppendResult> {
     const { expectedSeq, requestId, leaseHolder = "", leaseToken = 0, lenient = false, timeoutMs } = options;
     const request_id = requestId ?? randomUUID();
-    const request = {
+    const request: Input<proto.AppendRequest> = {
       session_id: sessionId,
       events: events.map(toEvent),
       request_id,
@@ -1717,7 +2315,7 @@ export class SessionLogClient {
   }
 
   /** The stored events from seq on, then done. `for await (const e of client.since(id))`. */
-  since(sessionId, { seq = 0, timeoutMs } = {}) {
+  since(sessionId: string, { seq = 0, timeoutMs }: { seq?: number; timeoutMs?: number } = {}): EventStream {
     return this._open(this._stream(sessionId, seq, false, timeoutMs));
   }
 
@@ -1726,7 +2324,7 @@ export class SessionLogClient {
    * is asked for a heartbeat every heartbeatMs while the session is idle; three silent intervals
    * mean a dead stream, resumed from nextSeq. heartbeatMs 0: the server's interval, no deadline.
    */
-  follow(sessionId, { seq = 0, heartbeatMs = DEFAULT_FOLLOW_HEARTBEAT_MS } = {}) {
+  follow(sessionId: string, { seq = 0, heartbeatMs = DEFAULT_FOLLOW_HEARTBEAT_MS }: { seq?: number; heartbeatMs?: number } = {}): EventStream {
     return this._open(this._stream(sessionId, seq, true, undefined, heartbeatMs));
   }
 
@@ -1738,24 +2336,30 @@ export class SessionLogClient {
    * stops once the changes stored at the start were delivered. A token limited to a session
    * prefix follows its own sessions only; a sharded server streams its own group's sessions.
    */
-  followSessions({ prefix = "", filter = "", after = null, follow = true, heartbeatMs = DEFAULT_FOLLOW_HEARTBEAT_MS } = {}) {
+  followSessions({
+    prefix = "",
+    filter = "",
+    after = null,
+    follow = true,
+    heartbeatMs = DEFAULT_FOLLOW_HEARTBEAT_MS,
+  }: { prefix?: string; filter?: string; after?: number | null; follow?: boolean; heartbeatMs?: number } = {}): SessionsStream {
     return this._open(new SessionsStream(this, { prefix, filter, after, follow, heartbeatMs }));
   }
 
-  _stream(sessionId, seq, follow, timeoutMs, heartbeatMs = 0) {
+  private _stream(sessionId: string, seq: number, follow: boolean, timeoutMs: number | undefined, heartbeatMs = 0): EventStream {
     return this._shards
       ? new ShardedStream(this._shards, sessionId, seq, follow, timeoutMs, heartbeatMs)
       : new EventStream(this, sessionId, seq, follow, timeoutMs, heartbeatMs);
   }
 
-  _open(stream) {
+  private _open<S extends EventStream | SessionsStream>(stream: S): S {
     this._streams.add(stream);
     stream._forget = () => this._streams.delete(stream);
     return stream;
   }
 
-  async surface(sessionId, { atSeq, timeoutMs } = {}) {
-    const request = { session_id: sessionId };
+  async surface(sessionId: string, { atSeq, timeoutMs }: { atSeq?: number } & CallOptions = {}): Promise<SurfaceResult> {
+    const request: Input<proto.SurfaceRequest> = { session_id: sessionId };
     if (atSeq !== undefined) request.at_seq = checkSeq(atSeq, "atSeq");
     const reply = await this._call("Surface", request, { timeoutMs, retry: true });
     return {
@@ -1770,8 +2374,11 @@ export class SessionLogClient {
    * 0..atSeq. ownUsage leaves out what a fork copied from its parent; includeDescendants adds
    * the own usage of every fork taken of the session (and of those), counting copies once.
    */
-  async getUsage(sessionId, { atSeq, includeDescendants = false, timeoutMs } = {}) {
-    const request = { session_id: sessionId, include_descendants: includeDescendants };
+  async getUsage(
+    sessionId: string,
+    { atSeq, includeDescendants = false, timeoutMs }: { atSeq?: number; includeDescendants?: boolean } & CallOptions = {},
+  ): Promise<UsageReport> {
+    const request: Input<proto.GetUsageRequest> = { session_id: sessionId, include_descendants: includeDescendants };
     if (atSeq !== undefined) request.at_seq = checkSeq(atSeq, "atSeq");
     const reply = await this._call("GetUsage", request, { timeoutMs, retry: true });
     return {
@@ -1787,8 +2394,8 @@ export class SessionLogClient {
    * one before; null deletes it), after the whole log or, with atSeq, after events 0..atSeq.
    * eventCount is the number of events folded. A session never written has the state {}.
    */
-  async getState(sessionId, { atSeq, timeoutMs } = {}) {
-    const request = { session_id: sessionId };
+  async getState(sessionId: string, { atSeq, timeoutMs }: { atSeq?: number } & CallOptions = {}): Promise<StateResult> {
+    const request: Input<proto.GetStateRequest> = { session_id: sessionId };
     if (atSeq !== undefined) request.at_seq = checkSeq(atSeq, "atSeq");
     const reply = await this._call("GetState", request, { timeoutMs, retry: true });
     return { state: fromStruct(reply.state), eventCount: Number(reply.event_count ?? 0) };
@@ -1800,8 +2407,17 @@ export class SessionLogClient {
    * the ones before them; the view stays as the first page saw it, and the server reads the log
    * backwards, not all of it.
    */
-  async deriveMessages(sessionId, { atSeq, extra = false, pageSize = 0, pageToken = "", timeoutMs } = {}) {
-    const request = { session_id: sessionId, page_size: pageSize, page_token: pageToken };
+  async deriveMessages(
+    sessionId: string,
+    {
+      atSeq,
+      extra = false,
+      pageSize = 0,
+      pageToken = "",
+      timeoutMs,
+    }: { atSeq?: number; extra?: boolean; pageSize?: number; pageToken?: string } & CallOptions = {},
+  ): Promise<DerivedMessages> {
+    const request: Input<proto.DeriveMessagesRequest> = { session_id: sessionId, page_size: pageSize, page_token: pageToken };
     if (atSeq !== undefined) request.at_seq = checkSeq(atSeq, "atSeq");
     const reply = await this._call("DeriveMessages", request, { timeoutMs, retry: true });
     return {
@@ -1818,7 +2434,11 @@ export class SessionLogClient {
    * nextPageToken continues before them. Costs the events from the end back to the first of
    * them, whatever the log's length.
    */
-  async lastMessages(sessionId, n, { atSeq, extra = false, timeoutMs } = {}) {
+  async lastMessages(
+    sessionId: string,
+    n: number,
+    { atSeq, extra = false, timeoutMs }: { atSeq?: number; extra?: boolean } & CallOptions = {},
+  ): Promise<DerivedMessages> {
     checkCount(n);
     const held = await this.deriveMessages(sessionId, { atSeq, extra, pageSize: Math.max(1, Math.min(n, MAX_PAGE_SIZE)), timeoutMs });
     if (n === 0) Object.assign(held, { messages: [], seqs: [], nextPageToken: "" });
@@ -1837,7 +2457,15 @@ export class SessionLogClient {
    * pageSize of them (0: 100; at most 1000). Pass nextPageToken as pageToken for the next page;
    * newest first stays pinned to the log as the first page saw it.
    */
-  async listEvents(sessionId, { pageSize = 0, pageToken = "", orderBy = "seq", timeoutMs } = {}) {
+  async listEvents(
+    sessionId: string,
+    {
+      pageSize = 0,
+      pageToken = "",
+      orderBy = "seq",
+      timeoutMs,
+    }: { pageSize?: number; pageToken?: string; orderBy?: "seq" | "seq asc" | "seq desc" } & CallOptions = {},
+  ): Promise<EventPage> {
     const request = { session_id: sessionId, page_size: pageSize, page_token: pageToken, order_by: orderBy };
     const reply = await this._call("ListEvents", request, { timeoutMs, retry: true });
     return {
@@ -1848,9 +2476,9 @@ export class SessionLogClient {
   }
 
   /** The last n stored events (fewer when the log is shorter), in seq order: n reads, not the log. */
-  async lastEvents(sessionId, n, { timeoutMs } = {}) {
+  async lastEvents(sessionId: string, n: number, { timeoutMs }: CallOptions = {}): Promise<Event[]> {
     checkCount(n);
-    const newest = [];
+    const newest: Event[] = [];
     let pageToken = "";
     while (newest.length < n) {
       const pageSize = Math.min(n - newest.length, MAX_PAGE_SIZE);
@@ -1866,8 +2494,13 @@ export class SessionLogClient {
    * Hide the surface positions [startSeq, stopSeq] (inclusive) from the view, adding no message:
    * one EVENT_TYPE_HIDE event, kept in the log. Only events appended before it are hidden.
    */
-  async hide(sessionId, startSeq, stopSeq, { reason, expectedSeq, timeoutMs } = {}) {
-    const data = reason === undefined || reason === null ? {} : { reason };
+  async hide(
+    sessionId: string,
+    startSeq: number,
+    stopSeq: number,
+    { reason, expectedSeq, timeoutMs }: { reason?: string; expectedSeq?: number } & CallOptions = {},
+  ): Promise<AppendResult> {
+    const data: JsonObject = reason === undefined || reason === null ? {} : { reason };
     return this.append(sessionId, [{ type: "hide", data, replace: [startSeq, stopSeq] }], { expectedSeq, timeoutMs });
   }
 
@@ -1876,7 +2509,10 @@ export class SessionLogClient {
    * empty. The hide carries expectedSeq (the length read), so a concurrent write makes it re-read
    * instead of hiding the wrong message or a second one.
    */
-  async popLast(sessionId, { reason = "pop_last", extra = false, timeoutMs } = {}) {
+  async popLast(
+    sessionId: string,
+    { reason = "pop_last", extra = false, timeoutMs }: { reason?: string; extra?: boolean } & CallOptions = {},
+  ): Promise<{ seq: number; message: ChatMessage } | undefined> {
     for (;;) {
       const shown = await this.surface(sessionId, { timeoutMs });
       const last = shown.events.at(-1);
@@ -1886,23 +2522,23 @@ export class SessionLogClient {
       try {
         await this.hide(sessionId, where, where, { reason, expectedSeq: shown.eventCount, timeoutMs });
       } catch (error) {
-        if (error?.reason === "SEQ_CONFLICT") continue;
+        if (error instanceof SessionLogError && error.reason === "SEQ_CONFLICT") continue;
         throw error;
       }
-      return { seq: last.seq, message: derived.messages.at(-1) };
+      return { seq: last.seq, message: derived.messages.at(-1) as ChatMessage };
     }
   }
 
   /** Hide every message so far (one hide over [0, last seq]); undefined, writing nothing, for an
    * empty session. A concurrent append makes it re-read the length. */
-  async clear(sessionId, { reason = "clear", timeoutMs } = {}) {
+  async clear(sessionId: string, { reason = "clear", timeoutMs }: { reason?: string } & CallOptions = {}): Promise<AppendResult | undefined> {
     for (;;) {
       const { eventCount } = await this.surface(sessionId, { timeoutMs });
       if (eventCount === 0) return undefined;
       try {
         return await this.hide(sessionId, 0, eventCount - 1, { reason, expectedSeq: eventCount, timeoutMs });
       } catch (error) {
-        if (error?.reason === "SEQ_CONFLICT") continue;
+        if (error instanceof SessionLogError && error.reason === "SEQ_CONFLICT") continue;
         throw error;
       }
     }
@@ -1913,8 +2549,8 @@ export class SessionLogClient {
    * for none and no retry): a retry after a lost reply gets the first result.
    */
   async createSession(
-    sessionId,
-    events = [],
+    sessionId: string,
+    events: NewEvent[] = [],
     {
       leaseHolder = "",
       leaseToken = 0,
@@ -1929,10 +2565,10 @@ export class SessionLogClient {
       ttlMs,
       expireTime,
       pinned = false,
-    } = {},
-  ) {
+    }: LifecycleOptions & SessionFields = {},
+  ): Promise<{ session: Session; events: Event[] }> {
     const request_id = requestId ?? randomUUID();
-    const request = {
+    const request: Input<proto.CreateSessionRequest> = {
       session_id: sessionId,
       events: events.map(toEvent),
       lease_holder: leaseHolder,
@@ -1956,9 +2592,13 @@ export class SessionLogClient {
   }
 
   /** Create a session from chat messages; requestId and retries as for createSession. */
-  async seedSession(sessionId, messages, { leaseHolder = "", leaseToken = 0, requestId, timeoutMs } = {}) {
+  async seedSession(
+    sessionId: string,
+    messages: ChatMessageInput[],
+    { leaseHolder = "", leaseToken = 0, requestId, timeoutMs }: LifecycleOptions = {},
+  ): Promise<{ session: Session; events: Event[]; drops: { index: number; reason: string }[] }> {
     const request_id = requestId ?? randomUUID();
-    const request = {
+    const request: Input<proto.SeedSessionRequest> = {
       session_id: sessionId,
       messages: messages.map(toMessage),
       lease_holder: leaseHolder,
@@ -1973,7 +2613,7 @@ export class SessionLogClient {
     };
   }
 
-  async getSession(sessionId, { timeoutMs } = {}) {
+  async getSession(sessionId: string, { timeoutMs }: CallOptions = {}): Promise<{ session: Session; leaseAudit: LeaseAuditEntry[] }> {
     const reply = await this._call("GetSession", { session_id: sessionId }, { timeoutMs, retry: true });
     return {
       session: fromSession(reply.session),
@@ -1987,7 +2627,11 @@ export class SessionLogClient {
    * in that session's audit. AdminService: needs an admin token without a session prefix.
    * `for await (const page of client.listLeaseAudit({ prefix: "tenant-a." }))`.
    */
-  async *listLeaseAudit({ prefix = "", pageSize = 0, timeoutMs } = {}) {
+  async *listLeaseAudit({
+    prefix = "",
+    pageSize = 0,
+    timeoutMs,
+  }: { prefix?: string; pageSize?: number } & CallOptions = {}): AsyncGenerator<LeaseAuditPage, void, undefined> {
     let page_token = "";
     for (;;) {
       const request = { page_size: pageSize, page_token, prefix };
@@ -1995,7 +2639,7 @@ export class SessionLogClient {
       const entries = (reply.entries ?? []).map((e) => ({
         sessionId: e.session_id,
         index: Number(e.index ?? 0),
-        ...fromAuditEntry(e.entry ?? {}),
+        ...fromAuditEntry(e.entry ?? ({} as proto.LeaseAuditEntry)),
       }));
       yield { entries, nextPageToken: reply.next_page_token ?? "" };
       page_token = reply.next_page_token ?? "";
@@ -2008,7 +2652,17 @@ export class SessionLogClient {
    * server's AIP-160 subset (`labels.team = "core" AND owner = "ana"`), `orderBy` is
    * "session_id" (default) or "update_time desc".
    */
-  async *listSessions({ prefix = "", pageSize = 0, filter = "", orderBy = "", timeoutMs } = {}) {
+  async *listSessions({
+    prefix = "",
+    pageSize = 0,
+    filter = "",
+    orderBy = "",
+    timeoutMs,
+  }: { prefix?: string; pageSize?: number; filter?: string; orderBy?: string } & CallOptions = {}): AsyncGenerator<
+    SessionPage,
+    void,
+    undefined
+  > {
     let page_token = "";
     for (;;) {
       const request = { page_size: pageSize, page_token, prefix, filter, order_by: orderBy };
@@ -2031,12 +2685,35 @@ export class SessionLogClient {
    * updated.
    */
   async updateSession(
-    sessionId,
-    { title, labels, owner, status, setLabels = {}, removeLabels = [], ttlMs, expireTime, pinned, timeoutMs } = {},
-  ) {
-    const session = { session_id: sessionId, labels: {} };
-    const paths = [];
-    for (const [name, value] of [["title", title], ["owner", owner], ["status", status]]) {
+    sessionId: string,
+    {
+      title,
+      labels,
+      owner,
+      status,
+      setLabels = {},
+      removeLabels = [],
+      ttlMs,
+      expireTime,
+      pinned,
+      timeoutMs,
+    }: {
+      title?: string;
+      labels?: Record<string, string>;
+      owner?: string;
+      status?: string;
+      setLabels?: Record<string, string>;
+      removeLabels?: string[];
+      /** Expire this long from now (not with expireTime). */
+      ttlMs?: number;
+      /** Expire at this time; null: never. */
+      expireTime?: Time | Date | null;
+      pinned?: boolean;
+    } & CallOptions = {},
+  ): Promise<Session> {
+    const session: Input<proto.Session> & { labels: Record<string, string> } = { session_id: sessionId, labels: {} };
+    const paths: string[] = [];
+    for (const [name, value] of [["title", title], ["owner", owner], ["status", status]] as const) {
       if (value !== undefined) {
         session[name] = value;
         paths.push(name);
@@ -2073,8 +2750,8 @@ export class SessionLogClient {
   }
 
   /** The sub-agent children and forks of a session, in id order (every page). */
-  async children(sessionId, { timeoutMs } = {}) {
-    const found = [];
+  async children(sessionId: string, { timeoutMs }: CallOptions = {}): Promise<Session[]> {
+    const found: Session[] = [];
     const filter = `parent = ${JSON.stringify(sessionId)}`;
     for await (const page of this.listSessions({ filter, timeoutMs })) found.push(...page.sessions);
     return found;
@@ -2084,9 +2761,19 @@ export class SessionLogClient {
    * Fork a session; requestId and retries as for createSession. The server keeps the requestId
    * on the parent, so a retry returns the first child (the same generated id), never a second.
    */
-  async forkSession(parentSessionId, { atSeq, sessionId = "", leaseHolder = "", leaseToken = 0, requestId, timeoutMs } = {}) {
+  async forkSession(
+    parentSessionId: string,
+    {
+      atSeq,
+      sessionId = "",
+      leaseHolder = "",
+      leaseToken = 0,
+      requestId,
+      timeoutMs,
+    }: { atSeq?: number; sessionId?: string } & LifecycleOptions = {},
+  ): Promise<{ session: Session }> {
     const request_id = requestId ?? randomUUID();
-    const request = {
+    const request: Input<proto.ForkSessionRequest> = {
       parent_session_id: parentSessionId,
       session_id: sessionId,
       lease_holder: leaseHolder,
@@ -2105,9 +2792,13 @@ export class SessionLogClient {
    * retried: a chunk sent twice is refused (IMPORT_SEQ_MISMATCH, whose next_seq says where to
    * go on). Events read with since() go back in as they are.
    */
-  async importSession(sessionId, events = [], options = {}) {
+  async importSession(
+    sessionId: string,
+    events: (NewEvent & { seq?: number })[] = [],
+    options: ImportOptions = {},
+  ): Promise<{ session: Session; importedCount: number }> {
     const { firstSeq = 0, createTime, lastAppendTime, parentSessionId = "", parentEventCount = 0, timeoutMs } = options;
-    const request = {
+    const request: Input<proto.ImportSessionRequest> = {
       session_id: sessionId,
       first_seq: firstSeq,
       events: events.map((event, index) => ({ ...toEvent(event), seq: event.seq ?? firstSeq + index })),
@@ -2120,19 +2811,23 @@ export class SessionLogClient {
     return { session: fromSession(reply.session), importedCount: Number(reply.imported_count ?? 0) };
   }
 
-  async acquireLease(sessionId, holder, { ttlMs, timeoutMs } = {}) {
+  async acquireLease(sessionId: string, holder: string, { ttlMs, timeoutMs }: { ttlMs?: number } & CallOptions = {}): Promise<{ lease: Lease }> {
     const request = { session_id: sessionId, holder, ttl: duration(ttlMs) };
     const reply = await this._call("AcquireLease", request, { timeoutMs, retry: true, write: true });
-    return { lease: fromLease(reply.lease) };
+    return { lease: fromLease(reply.lease) as Lease };
   }
 
-  async renewLease(sessionId, holder, { ttlMs, timeoutMs } = {}) {
+  async renewLease(sessionId: string, holder: string, { ttlMs, timeoutMs }: { ttlMs?: number } & CallOptions = {}): Promise<{ lease: Lease }> {
     const request = { session_id: sessionId, holder, ttl: duration(ttlMs) };
     const reply = await this._call("RenewLease", request, { timeoutMs, retry: true, write: true });
-    return { lease: fromLease(reply.lease) };
+    return { lease: fromLease(reply.lease) as Lease };
   }
 
-  async releaseLease(sessionId, holder, { force = false, timeoutMs } = {}) {
+  async releaseLease(
+    sessionId: string,
+    holder: string,
+    { force = false, timeoutMs }: { force?: boolean } & CallOptions = {},
+  ): Promise<{ released?: Lease }> {
     const reply = await this._call("ReleaseLease", { session_id: sessionId, holder, force }, { timeoutMs, write: true });
     return { released: fromLease(reply.released) };
   }
@@ -2142,8 +2837,17 @@ export class SessionLogClient {
    * with SESSION_NOT_FOUND when it is not stored. Not retried: a retry after a lost reply would
    * find nothing.
    */
-  async deleteSession(sessionId, { expectedSeq, leaseHolder = "", force = false, reason = "", timeoutMs } = {}) {
-    const request = { session_id: sessionId, lease_holder: leaseHolder, force, reason };
+  async deleteSession(
+    sessionId: string,
+    {
+      expectedSeq,
+      leaseHolder = "",
+      force = false,
+      reason = "",
+      timeoutMs,
+    }: { expectedSeq?: number; leaseHolder?: string; force?: boolean; reason?: string } & CallOptions = {},
+  ): Promise<{ session: Session; eventCount: number; position: number }> {
+    const request: Input<proto.DeleteSessionRequest> = { session_id: sessionId, lease_holder: leaseHolder, force, reason };
     if (expectedSeq !== undefined) request.expected_seq = checkSeq(expectedSeq, "expectedSeq");
     const reply = await this._call("DeleteSession", request, { timeoutMs, write: true });
     return {
@@ -2157,7 +2861,11 @@ export class SessionLogClient {
    * Erase the data and state of events `seqs` (seq, type, time and replace stay; the events
    * come back with `redacted`). Retried on UNAVAILABLE: redacting again changes nothing.
    */
-  async redactEvents(sessionId, seqs, { reason = "", leaseHolder = "", timeoutMs } = {}) {
+  async redactEvents(
+    sessionId: string,
+    seqs: number[],
+    { reason = "", leaseHolder = "", timeoutMs }: { reason?: string; leaseHolder?: string } & CallOptions = {},
+  ): Promise<{ seqs: number[]; position: number }> {
     const request = { session_id: sessionId, seqs: seqs.map((seq) => checkSeq(seq, "a seq")), reason, lease_holder: leaseHolder };
     const reply = await this._call("RedactEvents", request, { timeoutMs, retry: true, write: true });
     return { seqs: (reply.seqs ?? []).map(Number), position: Number(reply.position ?? 0) };

@@ -25,18 +25,39 @@
 import { createHash } from "node:crypto";
 
 import { SessionLogClient } from "./index.js";
+import type { EventTypeName, JsonObject, NewEvent, Session } from "./index.js";
+
+// The SDK's own types, restated structurally (the client does not depend on
+// @anthropic-ai/claude-agent-sdk): a SessionlogSessionStore is assignable to its `SessionStore`.
+
+/** One JSONL transcript line (the SDK's SessionStoreEntry). */
+export type SessionStoreEntry = { type: string; uuid?: string; timestamp?: string; [k: string]: unknown };
+/** A transcript's key (the SDK's SessionKey); subpath names a subagent transcript. */
+export type SessionKey = { projectKey: string; sessionId: string; subpath?: string };
+/** A persisted summary (the SDK's SessionSummaryEntry); data is opaque. */
+export type SessionSummaryEntry = { sessionId: string; mtime: number; data: Record<string, unknown> };
+/** The SDK's foldSessionSummary. */
+export type FoldSessionSummary = (
+  prev: SessionSummaryEntry | undefined,
+  key: SessionKey,
+  entries: SessionStoreEntry[],
+  options?: { mtime?: number },
+) => SessionSummaryEntry;
+
+/** A content block or an entry read field by field. */
+type Fields = { [key: string]: unknown };
 
 /** The data key holding the entry's JSON text. */
-export const ENTRY_JSON_KEY = "entry_json";
+export const ENTRY_JSON_KEY: "entry_json" = "entry_json";
 const MAX_ID_BYTES = 235;
 const MAX_TITLE_BYTES = 1024;
 const MAX_PART_BYTES = 64;
 const KEPT = /^[\p{L}\p{N}\p{M}-]$/u;
 
-const bytes = (text) => Buffer.byteLength(text, "utf8");
+const bytes = (text: string): number => Buffer.byteLength(text, "utf8");
 
 /** `part` in the characters a session id may hold, with no ".", as the Python store escapes. */
-export function escape(part) {
+export function escape(part: string): string {
   let out = "";
   for (const ch of part) {
     if (KEPT.test(ch)) out += ch;
@@ -46,14 +67,14 @@ export function escape(part) {
 }
 
 /** The string escape() made `part` from. */
-export function unescape(part) {
-  const raw = [];
+export function unescape(part: string): string {
+  const raw: number[] = [];
   for (let i = 0; i < part.length; ) {
     if (part[i] === "_") {
       raw.push(parseInt(part.slice(i + 1, i + 3), 16));
       i += 3;
     } else {
-      const ch = String.fromCodePoint(part.codePointAt(i));
+      const ch = String.fromCodePoint(part.codePointAt(i) as number);
       raw.push(...Buffer.from(ch, "utf8"));
       i += ch.length;
     }
@@ -61,23 +82,23 @@ export function unescape(part) {
   return Buffer.from(raw).toString("utf8");
 }
 
-function idPart(value, limit) {
+function idPart(value: string, limit: number): string {
   const escaped = escape(value);
   if (bytes(escaped) <= limit) return escaped;
   return `_h${createHash("sha256").update(value, "utf8").digest("hex").slice(0, 40)}`;
 }
 
 /** The append's request id: a hash of the entries' uuids; undefined when none has one. */
-export function requestIdOf(entries) {
-  const uuids = entries.filter((e) => typeof e.uuid === "string").map((e) => e.uuid);
+export function requestIdOf(entries: SessionStoreEntry[]): string | undefined {
+  const uuids = entries.filter((e) => typeof e.uuid === "string").map((e) => e.uuid as string);
   if (uuids.length === 0) return undefined;
   return `claude.${createHash("sha256").update(uuids.join("\n"), "utf8").digest("hex").slice(0, 48)}`;
 }
 
-function textOf(value) {
+function textOf(value: unknown): string | null {
   if (typeof value === "string") return value;
   if (!Array.isArray(value)) return null;
-  const texts = [];
+  const texts: string[] = [];
   for (const part of value) {
     if (typeof part === "string") texts.push(part);
     else if (part && typeof part === "object" && part.type === "text" && typeof part.text === "string") {
@@ -88,11 +109,11 @@ function textOf(value) {
 }
 
 /** The event storing `entry`: its JSON verbatim, plus what the derived view shows. */
-export function eventOfEntry(entry) {
-  const data = { entry_type: entry.type ?? "", [ENTRY_JSON_KEY]: JSON.stringify(entry) };
+export function eventOfEntry(entry: SessionStoreEntry): { type: EventTypeName; data: JsonObject } {
+  const data: JsonObject = { entry_type: entry.type ?? "", [ENTRY_JSON_KEY]: JSON.stringify(entry) };
   const message = entry.message;
-  const content = message && typeof message === "object" ? message.content : undefined;
-  const blocks = Array.isArray(content) ? content.filter((b) => b && typeof b === "object") : [];
+  const content = message && typeof message === "object" ? (message as Fields).content : undefined;
+  const blocks: Fields[] = Array.isArray(content) ? content.filter((b) => b && typeof b === "object") : [];
   if (entry.type === "user") {
     const results = blocks.filter((b) => b.type === "tool_result");
     if (results.length) {
@@ -124,19 +145,19 @@ export function eventOfEntry(entry) {
 }
 
 /** The entry an event stores, or undefined for an event another writer appended. */
-export function entryOf(event) {
+export function entryOf(event: { data?: Record<string, unknown> }): SessionStoreEntry | undefined {
   const text = event.data?.[ENTRY_JSON_KEY];
   if (typeof text !== "string") return undefined;
   const entry = JSON.parse(text);
   return entry && typeof entry === "object" && !Array.isArray(entry) ? entry : undefined;
 }
 
-function summaryTitle(covered, data) {
+function summaryTitle(covered: number, data: Record<string, unknown>): string {
   const text = JSON.stringify({ n: covered, data });
   return bytes(text) <= MAX_TITLE_BYTES ? text : JSON.stringify({ n: covered });
 }
 
-function readSummary(title) {
+function readSummary(title: string): { covered: number; data: Record<string, unknown> | undefined } | undefined {
   let held;
   try {
     held = JSON.parse(title);
@@ -149,38 +170,50 @@ function readSummary(title) {
 }
 
 /** The session's update time in epoch ms (RFC 3339 with up to 9 fraction digits in). */
-const ms = (session) => Date.parse((session.updateTime ?? "").replace(/(\.\d{3})\d+/, "$1"));
+const ms = (session: Session): number => Date.parse((session.updateTime ?? "").replace(/(\.\d{3})\d+/, "$1"));
 
 /** The Claude Agent SDK's SessionStore on a sessionlog server. */
 export class SessionlogSessionStore {
+  readonly client: SessionLogClient;
+  readonly prefix: string;
+  private readonly ownClient: boolean;
+  private readonly children: Set<string>;
+  private readonly fold: FoldSessionSummary | undefined;
+  /** Present only when foldSessionSummary was given. */
+  listSessionSummaries?: (projectKey: string) => Promise<SessionSummaryEntry[]>;
+
   /**
    * @param client a SessionLogClient (its owner closes it) or an address (close() closes the one
    *   the store opens)
    * @param options prefix starts every session id ("claude." by default); foldSessionSummary is the
    *   SDK's, for listSessionSummaries
    */
-  constructor(client, { prefix = "claude.", foldSessionSummary } = {}) {
+  constructor(
+    client: SessionLogClient | string,
+    { prefix = "claude.", foldSessionSummary }: { prefix?: string; foldSessionSummary?: FoldSessionSummary } = {},
+  ) {
     this.client = typeof client === "string" ? new SessionLogClient(client) : client;
     this.ownClient = typeof client === "string";
     this.prefix = prefix;
     this.children = new Set();
     this.fold = foldSessionSummary;
     if (foldSessionSummary) {
-      this.listSessionSummaries = async (projectKey) =>
-        (await this.mains(projectKey)).map(({ summary }) => summary).filter(Boolean);
+      this.listSessionSummaries = async (projectKey: string) =>
+        (await this.mains(projectKey)).flatMap(({ summary }) => (summary ? [summary] : []));
     }
   }
 
-  close() {
+  /** Closes the client the store opened from an address (not one it was given). */
+  close(): void {
     if (this.ownClient) this.client.close();
   }
 
-  projectPrefix(projectKey) {
+  private projectPrefix(projectKey: string): string {
     return `${this.prefix}${idPart(projectKey, MAX_PART_BYTES)}.`;
   }
 
   /** The sessionlog session of the main transcript of `key`; throws when it would not fit. */
-  mainId(key) {
+  mainId(key: { projectKey: string; sessionId: string }): string {
     const id = this.projectPrefix(key.projectKey) + escape(key.sessionId);
     if (bytes(id) > MAX_ID_BYTES - MAX_PART_BYTES - 1) {
       throw new RangeError(
@@ -192,27 +225,27 @@ export class SessionlogSessionStore {
   }
 
   /** The sessionlog session holding `key`'s transcript (a child for a subpath). */
-  sessionLogId(key) {
+  sessionLogId(key: SessionKey): string {
     return key.subpath ? `${this.mainId(key)}.${idPart(key.subpath, MAX_PART_BYTES)}` : this.mainId(key);
   }
 
-  async append(key, entries) {
+  async append(key: SessionKey, entries: SessionStoreEntry[]): Promise<void> {
     if (entries.length === 0) return;
     const logId = this.sessionLogId(key);
     if (key.subpath) await this.ensureChild(key, logId);
     const requestId = requestIdOf(entries);
     let reply;
     try {
-      reply = await this.client.append(logId, entries.map(eventOfEntry), requestId ? { requestId } : {});
+      reply = await this.client.append(logId, entries.map(eventOfEntry) as NewEvent[], requestId ? { requestId } : {});
     } catch (error) {
-      if (error?.reason === "REQUEST_ID_REUSED") return; // those uuids are stored: a duplicate
+      if (reasonOf(error) === "REQUEST_ID_REUSED") return; // those uuids are stored: a duplicate
       throw error;
     }
     if (!key.subpath && this.fold) await this.updateSummary(key, logId, entries, reply.nextSeq);
   }
 
-  async load(key) {
-    const loaded = [];
+  async load(key: SessionKey): Promise<SessionStoreEntry[] | null> {
+    const loaded: SessionStoreEntry[] = [];
     for await (const event of this.client.since(this.sessionLogId(key))) {
       const entry = entryOf(event);
       if (entry !== undefined) loaded.push(entry);
@@ -220,11 +253,11 @@ export class SessionlogSessionStore {
     return loaded.length ? loaded : null;
   }
 
-  async listSessions(projectKey) {
+  async listSessions(projectKey: string): Promise<Array<{ sessionId: string; mtime: number }>> {
     return (await this.mains(projectKey)).map(({ sessionId, session }) => ({ sessionId, mtime: ms(session) }));
   }
 
-  async delete(key) {
+  async delete(key: SessionKey): Promise<void> {
     const logId = this.sessionLogId(key);
     if (!key.subpath) {
       for (const child of await this.client.children(logId)) await this.erase(child.sessionId);
@@ -232,35 +265,35 @@ export class SessionlogSessionStore {
     await this.erase(logId);
   }
 
-  async listSubkeys(key) {
+  async listSubkeys(key: { projectKey: string; sessionId: string }): Promise<string[]> {
     return (await this.client.children(this.mainId(key))).map((child) => child.title);
   }
 
-  async erase(logId) {
+  private async erase(logId: string): Promise<void> {
     this.children.delete(logId);
     try {
       await this.client.deleteSession(logId, { reason: "claude-agent-sdk delete" });
     } catch (error) {
-      if (error?.reason !== "SESSION_NOT_FOUND") throw error;
+      if (reasonOf(error) !== "SESSION_NOT_FOUND") throw error;
     }
   }
 
-  async make(logId, fields = {}) {
+  private async make(logId: string, fields: { title?: string; parentSessionId?: string } = {}): Promise<void> {
     try {
       await this.client.createSession(logId, [], { requestId: "", ...fields });
     } catch (error) {
-      if (error?.reason !== "SESSION_ALREADY_EXISTS") throw error;
+      if (reasonOf(error) !== "SESSION_ALREADY_EXISTS") throw error;
     }
   }
 
   /** The child session of a subagent transcript, and an empty main one when it comes first. */
-  async ensureChild(key, logId) {
+  private async ensureChild(key: SessionKey, logId: string): Promise<void> {
     if (this.children.has(logId)) return;
     const parentSessionId = this.mainId(key);
     try {
       await this.make(logId, { title: key.subpath, parentSessionId });
     } catch (error) {
-      if (error?.reason !== "SESSION_NOT_FOUND") throw error;
+      if (reasonOf(error) !== "SESSION_NOT_FOUND") throw error;
       await this.make(parentSessionId);
       await this.make(logId, { title: key.subpath, parentSessionId });
     }
@@ -269,30 +302,33 @@ export class SessionlogSessionStore {
 
   /** Fold `entries` into the summary in the title, or the whole transcript when the title does
    * not cover the events before them. */
-  async updateSummary(key, logId, entries, nextSeq) {
+  private async updateSummary(key: SessionKey, logId: string, entries: SessionStoreEntry[], nextSeq: number): Promise<void> {
+    const fold = this.fold as FoldSessionSummary;
     const { session } = await this.client.getSession(logId);
     const held = readSummary(session.title);
     if (held && held.covered >= nextSeq) return; // a replayed batch
     const mainKey = { projectKey: key.projectKey, sessionId: key.sessionId };
-    let folded;
+    let folded: SessionSummaryEntry;
     if (held?.data && held.covered === nextSeq - entries.length) {
-      folded = this.fold({ sessionId: key.sessionId, mtime: 0, data: held.data }, mainKey, entries);
+      folded = fold({ sessionId: key.sessionId, mtime: 0, data: held.data }, mainKey, entries);
     } else {
-      const whole = [];
+      const whole: SessionStoreEntry[] = [];
       for await (const event of this.client.since(logId)) {
         if (event.seq >= nextSeq) break;
         const entry = entryOf(event);
         if (entry !== undefined) whole.push(entry);
       }
-      folded = this.fold(undefined, mainKey, whole);
+      folded = fold(undefined, mainKey, whole);
     }
     await this.client.updateSession(logId, { title: summaryTitle(nextSeq, folded.data) });
   }
 
   /** The project's main sessions holding entries, with their summaries, from ListSessions. */
-  async mains(projectKey) {
+  private async mains(
+    projectKey: string,
+  ): Promise<{ sessionId: string; session: Session; summary: SessionSummaryEntry | undefined }[]> {
     const prefix = this.projectPrefix(projectKey);
-    const found = [];
+    const found: { sessionId: string; session: Session; summary: SessionSummaryEntry | undefined }[] = [];
     for await (const page of this.client.listSessions({ prefix })) {
       for (const session of page.sessions) {
         if (session.parentSessionId || session.eventCount === 0) continue;
@@ -310,4 +346,9 @@ export class SessionlogSessionStore {
     }
     return found;
   }
+}
+
+/** The reason of a SessionLogError (undefined for anything else). */
+function reasonOf(error: unknown): string | undefined {
+  return (error as { reason?: string } | null)?.reason;
 }

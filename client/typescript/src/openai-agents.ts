@@ -28,14 +28,32 @@
 
 import { createHash } from "node:crypto";
 
+import type {
+  AgentInputItem,
+  Session,
+  SessionHistoryTransactionArgs,
+  SessionHistoryTransactionAwareSession,
+} from "@openai/agents";
+
 import { SessionLogClient } from "./index.js";
+import type { ClientOptions, Event, EventTypeName, Json, JsonObject, NewEvent } from "./index.js";
+
+/** One item in view: the seq of the event storing it, the item, and that event. */
+export interface SessionEntry {
+  seq: number;
+  item: AgentInputItem;
+  event: Event;
+}
+
+/** An item (or a part of one) read field by field. */
+type Fields = { [key: string]: unknown };
 
 /** The data key holding the item's JSON text. */
-export const ITEM_JSON_KEY = "item_json";
+export const ITEM_JSON_KEY: "item_json" = "item_json";
 /** The data key naming the item's type. */
-export const ITEM_TYPE_KEY = "item_type";
+export const ITEM_TYPE_KEY: "item_type" = "item_type";
 
-const ROLE_TYPES = {
+const ROLE_TYPES: Record<string, EventTypeName> = {
   user: "user_message",
   system: "system_message",
   developer: "system_message",
@@ -43,15 +61,16 @@ const ROLE_TYPES = {
 };
 const TOOL_CALLS = new Set(["function_call", "custom_tool_call"]);
 const TOOL_OUTPUTS = new Set(["function_call_result", "function_call_output", "custom_tool_call_output"]);
-const TEXT_PARTS = { input_text: "text", output_text: "text", text: "text", refusal: "refusal" };
+const TEXT_PARTS: Record<string, string> = { input_text: "text", output_text: "text", text: "text", refusal: "refusal" };
 /** Pages read from the end hold at most this many events (the server's page limit). */
 const MAX_PAGE_SIZE = 1000;
 
-const own = (object, key) => Object.prototype.hasOwnProperty.call(object, key);
+const own = (object: object, key: string): boolean => Object.prototype.hasOwnProperty.call(object, key);
 
 /** The item's type; a role message without one is a "message". */
-export function itemType(item) {
-  if (typeof item.type === "string") return item.type;
+export function itemType(item: object): string {
+  const type = (item as Fields).type;
+  if (typeof type === "string") return type;
   return own(item, "role") ? "message" : "unknown";
 }
 
@@ -59,39 +78,42 @@ export function itemType(item) {
  * The text a content value shows: a string as is; a part (or list of parts) whose type is a text
  * part, its text; the texts joined by newlines; null when there is none.
  */
-export function textOf(value) {
+export function textOf(value: unknown): string | null {
   if (typeof value === "string") return value;
   const parts = Array.isArray(value) ? value : value !== null && typeof value === "object" ? [value] : [];
-  const texts = [];
+  const texts: string[] = [];
   for (const part of parts) {
     if (typeof part === "string") {
       texts.push(part);
       continue;
     }
     if (part === null || typeof part !== "object") continue;
-    const field = TEXT_PARTS[part.type];
-    if (field !== undefined && typeof part[field] === "string") texts.push(part[field]);
+    const fields = part as Fields;
+    const field = TEXT_PARTS[fields.type as string];
+    const text = field === undefined ? undefined : fields[field];
+    if (typeof text === "string") texts.push(text);
   }
   return texts.length > 0 ? texts.join("\n") : null;
 }
 
-const callIdOf = (item) => item.callId ?? item.call_id ?? null;
+const callIdOf = (item: Fields): Json => (item.callId ?? item.call_id ?? null) as Json;
 
 /** The chat-format tool call of a function (or custom tool) call item. */
-function toolCall(kind, item) {
+function toolCall(kind: string, item: Fields): JsonObject {
   const id = callIdOf(item);
   const name = item.name ?? null;
   if (kind === "function_call") {
-    return { id, type: "function", function: { name, arguments: item.arguments ?? null } };
+    return { id, type: "function", function: { name, arguments: item.arguments ?? null } } as JsonObject;
   }
-  return { id, type: "custom", custom: { name, input: item.input ?? null } };
+  return { id, type: "custom", custom: { name, input: item.input ?? null } } as JsonObject;
 }
 
 /** The event that stores `item`: verbatim, plus the fields the derived view projects. */
-export function itemToEvent(item) {
+export function itemToEvent(agentItem: AgentInputItem): NewEvent {
+  const item = agentItem as Fields;
   const kind = itemType(item);
-  const data = { [ITEM_TYPE_KEY]: kind, [ITEM_JSON_KEY]: JSON.stringify(item) };
-  let type;
+  const data: JsonObject = { [ITEM_TYPE_KEY]: kind, [ITEM_JSON_KEY]: JSON.stringify(item) };
+  let type: EventTypeName;
   if (kind === "message" && typeof item.role === "string" && own(ROLE_TYPES, item.role)) {
     type = ROLE_TYPES[item.role];
     const text = textOf(item.content);
@@ -114,20 +136,20 @@ export function itemToEvent(item) {
 }
 
 /** The item an event of a framework backend stores, or undefined. */
-export function eventItem(event) {
+export function eventItem(event: Event): AgentInputItem | undefined {
   const text = event.data?.[ITEM_JSON_KEY];
   if (typeof text !== "string") return undefined;
   const item = JSON.parse(text);
   return item !== null && typeof item === "object" && !Array.isArray(item) ? item : undefined;
 }
 
-const ROLE_OF_TYPE = { user_message: "user", system_message: "system", assistant_message: "assistant" };
+const ROLE_OF_TYPE: Record<string, string> = { user_message: "user", system_message: "system", assistant_message: "assistant" };
 
 /**
  * The items an event shows: the one it stores, or, for a surface event another writer appended,
  * the items (in this SDK's shapes) its message reads as; none for other events.
  */
-export function eventItems(event) {
+export function eventItems(event: Event): AgentInputItem[] {
   const stored = eventItem(event);
   if (stored !== undefined) return [stored];
   const data = event.data ?? {};
@@ -135,33 +157,33 @@ export function eventItems(event) {
   if (event.type === "tool_result") {
     if (typeof data.tool_call_id !== "string") return [];
     const name = typeof data.name === "string" ? data.name : "";
-    return [{ type: "function_call_result", callId: data.tool_call_id, name, status: "completed", output: text }];
+    return [{ type: "function_call_result", callId: data.tool_call_id, name, status: "completed", output: text } as AgentInputItem];
   }
   const role = ROLE_OF_TYPE[event.type];
   if (role === undefined) return [];
   const calls = Array.isArray(data.tool_calls) ? data.tool_calls : [];
-  const shown = [];
+  const shown: Fields[] = [];
   if (role !== "assistant") {
     shown.push({ role, content: text });
   } else if (text || calls.length === 0) {
     shown.push({ type: "message", role, status: "completed", content: [{ type: "output_text", text }] });
   }
-  for (const call of calls) {
+  for (const call of calls as (JsonObject | null)[]) {
     const fn = call?.function;
-    if (fn === null || typeof fn !== "object") continue;
-    shown.push({ type: "function_call", callId: call.id, name: fn.name, arguments: fn.arguments });
+    if (fn === null || typeof fn !== "object" || Array.isArray(fn)) continue;
+    shown.push({ type: "function_call", callId: call?.id, name: fn.name, arguments: fn.arguments });
   }
-  return shown;
+  return shown as AgentInputItem[];
 }
 
 /** A replace's (or hide's) position is its start seq, any other event's its seq (SPEC §4). */
-export function position(event) {
+export function position(event: Pick<Event, "seq" | "replace">): number {
   return event.replace ? event.replace[0] : event.seq;
 }
 
 /** The events no later replace or hide covers, in position order (ties in seq order). */
-export function inView(events) {
-  const ranges = events.filter((e) => e.replace).map((e) => [e.seq, ...e.replace]);
+export function inView(events: Event[]): Event[] {
+  const ranges = events.filter((e) => e.replace).map((e) => [e.seq, ...(e.replace as [number, number])]);
   const shown = events.filter(
     (e) => !ranges.some(([seq, start, stop]) => seq > e.seq && start <= position(e) && position(e) <= stop),
   );
@@ -172,8 +194,8 @@ export function inView(events) {
  * The items in view, each with its event: { seq, item, event }.
  * `from`: only events at positions from it on (the rest of the log was not read).
  */
-export function visibleEntries(events, from = 0) {
-  const entries = [];
+export function visibleEntries(events: Event[], from = 0): SessionEntry[] {
+  const entries: SessionEntry[] = [];
   for (const event of inView(events)) {
     if (position(event) < from) continue;
     for (const item of eventItems(event)) entries.push({ seq: event.seq, item, event });
@@ -186,7 +208,7 @@ export function visibleEntries(events, from = 0) {
  * the view: an unread event is older than every read one, so only a read replace or hide can cover
  * it, and the ranges reaching down from the tail's first seq hide every unread event above them.
  */
-export function knownFrom(tail) {
+export function knownFrom(tail: Pick<Event, "seq" | "replace">[]): number {
   if (tail.length === 0) return 0;
   let from = Math.min(...tail.map((e) => e.seq));
   for (let lowered = true; lowered; ) {
@@ -202,22 +224,26 @@ export function knownFrom(tail) {
 }
 
 /** JSON with every object's keys sorted: two items compare equal when their JSON does. */
-export function canonicalJson(value) {
+export function canonicalJson(value: unknown): string {
   return JSON.stringify(value, (_, v) =>
     v !== null && typeof v === "object" && !Array.isArray(v)
-      ? Object.fromEntries(Object.keys(v).sort().map((k) => [k, v[k]]))
+      ? Object.fromEntries(
+          Object.keys(v)
+            .sort()
+            .map((k) => [k, (v as Fields)[k]]),
+        )
       : v,
   );
 }
 
 /** The request id an operation id travels as (fixed length, whatever the SDK's id holds). */
-export function transactionRequestId(operationId) {
+export function transactionRequestId(operationId: string): string {
   return `openai-agents-tx-${createHash("sha256").update(operationId).digest("hex")}`;
 }
 
 /** What applyHistoryTransaction throws for a change it refuses (nothing is written). */
 export class HistoryTransactionError extends Error {
-  constructor(message) {
+  constructor(message: string) {
     super(message);
     this.name = "HistoryTransactionError";
   }
@@ -229,15 +255,19 @@ export class HistoryTransactionError extends Error {
  * `client` is a SessionLogClient (the caller's to close), or the address(es) of the server: then
  * the session opens its own client, which close() closes.
  */
-export class SessionlogSession {
-  constructor(sessionId, client, options = {}) {
+export class SessionlogSession implements Session, SessionHistoryTransactionAwareSession {
+  readonly sessionId: string;
+  readonly client: SessionLogClient;
+  private readonly _owned: boolean;
+
+  constructor(sessionId: string, client?: SessionLogClient | string | string[], options: ClientOptions = {}) {
     if (typeof sessionId !== "string" || sessionId === "") throw new TypeError("sessionId must be a non-empty string");
     this.sessionId = sessionId;
     this._owned = !(client instanceof SessionLogClient);
-    this.client = this._owned ? new SessionLogClient(client, options) : client;
+    this.client = client instanceof SessionLogClient ? client : new SessionLogClient(client, options);
   }
 
-  async getSessionId() {
+  async getSessionId(): Promise<string> {
     return this.sessionId;
   }
 
@@ -245,16 +275,16 @@ export class SessionlogSession {
    * The items in view with the events storing them, and the log's length when read. With a
    * limit, read from the end (ListEvents "seq desc") until the latest `limit` are known.
    */
-  async entries(limit) {
+  async entries(limit?: number | null): Promise<{ entries: SessionEntry[]; length: number | undefined }> {
     if (limit === undefined || limit === null) {
-      const events = [];
+      const events: Event[] = [];
       for await (const event of this.client.since(this.sessionId)) events.push(event);
       return { entries: visibleEntries(events), length: events.length };
     }
     if (limit <= 0) return { entries: [], length: undefined };
-    const tail = [];
+    const tail: Event[] = [];
     let pageToken = "";
-    let length;
+    let length: number | undefined;
     const pageSize = Math.min(Math.max(limit + 1, 32), MAX_PAGE_SIZE);
     for (;;) {
       const page = await this.client.listEvents(this.sessionId, { pageSize, pageToken, orderBy: "seq desc" });
@@ -268,12 +298,12 @@ export class SessionlogSession {
   }
 
   /** The conversation, oldest first; with limit, the latest `limit` items in order. */
-  async getItems(limit) {
+  async getItems(limit?: number): Promise<AgentInputItem[]> {
     return (await this.entries(limit)).entries.map((e) => e.item);
   }
 
   /** One event per item, in one atomic append. */
-  async addItems(items) {
+  async addItems(items: AgentInputItem[]): Promise<void> {
     if (items.length === 0) return;
     await this.client.append(this.sessionId, items.map(itemToEvent));
   }
@@ -283,7 +313,7 @@ export class SessionlogSession {
    * log's length as read, so a concurrent write makes it read again rather than hide another item.
    * A message another writer appended that reads as several items is hidden whole.
    */
-  async popItem() {
+  async popItem(): Promise<AgentInputItem | undefined> {
     for (;;) {
       const { entries, length } = await this.entries(1);
       const newest = entries.at(-1);
@@ -292,7 +322,7 @@ export class SessionlogSession {
       try {
         await this.client.hide(this.sessionId, where, where, { reason: "pop_item", expectedSeq: length });
       } catch (error) {
-        if (error?.reason === "SEQ_CONFLICT") continue;
+        if ((error as { reason?: string } | null)?.reason === "SEQ_CONFLICT") continue;
         throw error;
       }
       return newest.item;
@@ -309,7 +339,7 @@ export class SessionlogSession {
    * was applied (whose hide range would differ) is recognised and succeeds; the same id with
    * another transaction fails (HistoryTransactionError, or the server's REQUEST_ID_REUSED).
    */
-  async applyHistoryTransaction({ operationId, transaction }) {
+  async applyHistoryTransaction({ operationId, transaction }: SessionHistoryTransactionArgs): Promise<void> {
     if (typeof operationId !== "string" || operationId === "") {
       throw new HistoryTransactionError("operationId must be a non-empty string");
     }
@@ -320,7 +350,8 @@ export class SessionlogSession {
       return;
     }
     if (transaction?.type !== "replace_suffix") {
-      throw new HistoryTransactionError(`unknown session history transaction type ${JSON.stringify(transaction?.type)}`);
+      const type = (transaction as Fields | null)?.type;
+      throw new HistoryTransactionError(`unknown session history transaction type ${JSON.stringify(type)}`);
     }
     for (;;) {
       const { entries, length } = await this.entries();
@@ -334,17 +365,17 @@ export class SessionlogSession {
       if (start > 0 && suffix.length > 0 && entries[start - 1].event === suffix[0].event) {
         throw new HistoryTransactionError("the expected suffix starts inside one event's items; nothing was changed");
       }
-      const events = [];
+      const events: NewEvent[] = [];
       if (suffix.length > 0) {
         const data = { reason: "replace_suffix", operation_id: operationId, transaction_json: recorded };
-        events.push({ type: "hide", data, replace: [position(suffix[0].event), length - 1] });
+        events.push({ type: "hide", data, replace: [position(suffix[0].event), (length as number) - 1] });
       }
       events.push(...transaction.replacement.map(itemToEvent));
       try {
         await this._applyOnce(operationId, recorded, () => ({ events, expectedSeq: length }), requestId);
         return;
       } catch (error) {
-        if (error?.reason === "SEQ_CONFLICT") continue;
+        if ((error as { reason?: string } | null)?.reason === "SEQ_CONFLICT") continue;
         throw error;
       }
     }
@@ -352,19 +383,24 @@ export class SessionlogSession {
 
   /** Append `make()`'s events under the request id; REQUEST_ID_REUSED is fine when the log shows
    * this very transaction applied. */
-  async _applyOnce(operationId, recorded, make, requestId) {
+  private async _applyOnce(
+    operationId: string,
+    recorded: string,
+    make: () => { events: NewEvent[]; expectedSeq?: number },
+    requestId: string,
+  ): Promise<void> {
     const { events, expectedSeq } = make();
     if (events.length === 0) return;
     try {
       await this.client.append(this.sessionId, events, { requestId, expectedSeq });
     } catch (error) {
-      if (error?.reason === "REQUEST_ID_REUSED" && (await this._applied(operationId, recorded))) return;
+      if ((error as { reason?: string } | null)?.reason === "REQUEST_ID_REUSED" && (await this._applied(operationId, recorded))) return;
       throw error;
     }
   }
 
   /** Whether a replace_suffix hide in the log records this operation with this transaction. */
-  async _applied(operationId, recorded) {
+  private async _applied(operationId: string, recorded: string): Promise<boolean> {
     for await (const event of this.client.since(this.sessionId)) {
       if (event.type === "hide" && event.data.operation_id === operationId) return event.data.transaction_json === recorded;
     }
@@ -372,12 +408,12 @@ export class SessionlogSession {
   }
 
   /** Hide every item so far; the log keeps them. */
-  async clearSession() {
+  async clearSession(): Promise<void> {
     await this.client.clear(this.sessionId, { reason: "clear_session" });
   }
 
   /** Close the client this session opened (not one passed in). */
-  close() {
+  close(): void {
     if (this._owned) this.client.close();
   }
 }

@@ -52,6 +52,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import collections
 import contextlib
 import datetime as dt
 import functools
@@ -215,37 +216,45 @@ class _Log:
 
     def __init__(self) -> None:
         self._read: list[Event] = []
+        self._unread: collections.deque[Event] = collections.deque()
         self._ended = False
         self._blobs: dict[tuple[str, str, str], list[str]] = {}
         self._stored: dict[tuple[str, str], _Found] = {}
         self._writes: dict[tuple[str, str], list[tuple[int, dict[str, Any]]]] = {}
 
     def add(self, events: Sequence[Event], last: bool) -> None:
-        """Take in the next (older) page of events; ``last`` when the log has no more."""
+        """Take in the next (older) page of events; ``last`` when the log has no more. They
+        are indexed one at a time as reads reach them: a read that stops early decodes only
+        what it looked at."""
+        self._unread.extend(events)
         self._ended = last
-        for event in events:
-            self._read.append(event)
-            fields = event.data.fields
-            if event.type != RECORD_TYPE or KIND not in fields:
-                continue
-            kind = fields[KIND].string_value
-            if kind == "checkpoint":
-                data = struct_to_dict(event.data)
-                found = _Found(event.seq, data["ns"], data["id"], data.get("parent"), data)
-                self._stored[(data["ns"], data["id"])] = found
-                for channel, stored in data.get("blobs", {}).items():
-                    self._blobs.setdefault((data["ns"], channel, stored[0]), stored[1:])
-            elif kind == "writes":
-                data = struct_to_dict(event.data)
-                self._writes.setdefault((data["ns"], data["id"]), []).append((event.seq, data))
 
     def event(self, i: int) -> _Steps[Event | None]:
         """The i-th newest event, None past the log's start."""
         while len(self._read) <= i:
-            if self._ended:
+            if self._unread:
+                self._index(self._unread.popleft())
+            elif self._ended:
                 return None
-            yield NEED
+            else:
+                yield NEED
         return self._read[i]
+
+    def _index(self, event: Event) -> None:
+        self._read.append(event)
+        fields = event.data.fields
+        if event.type != RECORD_TYPE or KIND not in fields:
+            return
+        kind = fields[KIND].string_value
+        if kind == "checkpoint":
+            data = struct_to_dict(event.data)
+            found = _Found(event.seq, data["ns"], data["id"], data.get("parent"), data)
+            self._stored[(data["ns"], data["id"])] = found
+            for channel, stored in data.get("blobs", {}).items():
+                self._blobs.setdefault((data["ns"], channel, stored[0]), stored[1:])
+        elif kind == "writes":
+            data = struct_to_dict(event.data)
+            self._writes.setdefault((data["ns"], data["id"]), []).append((event.seq, data))
 
     def _back_to(self, done: Callable[[], bool]) -> _Steps[None]:
         while not done():

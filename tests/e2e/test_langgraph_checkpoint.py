@@ -58,7 +58,7 @@ def test_conformance_every_capability(running: RunningServer) -> None:
         try:
             yield saver
         finally:
-            saver.close()
+            await saver.aclose()
 
     report = asyncio.run(validate(factory))
     results = {name: (r.passed, r.tests_passed, r.failures) for name, r in report.results.items()}
@@ -432,6 +432,8 @@ def test_many_concurrent_async_callers_on_one_thread(running: RunningServer) -> 
         client = InFlight(running.address)
         try:
             saver = SessionlogSaver(client, prefix=prefix)
+            with pytest.raises(TypeError, match="AsyncClient"):
+                saver.get_tuple(_step("c0", None))  # given an AsyncClient: async only
             results = await asyncio.gather(
                 *(caller(saver, n) for n in range(callers)), racing(saver)
             )

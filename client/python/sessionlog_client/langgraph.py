@@ -325,7 +325,9 @@ def _record(data: dict[str, Any]) -> Event:
 
 class _LoopState:
     """What the async path keeps per event loop: its client (when the saver opened it), and
-    its puts under way per session with the condition a ``put_writes`` waits on."""
+    its puts under way per session with the condition an ``aput_writes`` waits on. (The sync
+    methods keep theirs apart: an ``aput_writes`` does not wait for a sync ``put`` running in
+    another thread, nor the reverse; LangGraph uses one kind per run.)"""
 
     def __init__(self) -> None:
         self.client: AsyncClient | None = None

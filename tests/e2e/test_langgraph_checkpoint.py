@@ -8,6 +8,7 @@ import asyncio
 import operator
 import re
 from collections.abc import AsyncGenerator, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from itertools import count
 from typing import Annotated, Any, TypedDict
 
@@ -23,7 +24,7 @@ from langgraph.graph.state import CompiledStateGraph
 from langgraph.types import Command, interrupt
 
 from sessionlog.testing import RunningServer
-from sessionlog_client import Client, Event
+from sessionlog_client import AsyncClient, Client
 from sessionlog_client.langgraph import (
     SessionlogSaver,
     StaleThreadError,
@@ -57,7 +58,7 @@ def test_conformance_every_capability(running: RunningServer) -> None:
         try:
             yield saver
         finally:
-            saver.close()
+            await saver.aclose()
 
     report = asyncio.run(validate(factory))
     results = {name: (r.passed, r.tests_passed, r.failures) for name, r in report.results.items()}
@@ -148,10 +149,10 @@ class CountingSaver(SessionlogSaver):
 
     fetched = 0
 
-    def _pages(self, session_id: str) -> Iterator[Event]:
-        for event in super()._pages(session_id):
-            self.fetched += 1
-            yield event
+    def _pages(self, session_id: str) -> Iterator[Any]:
+        for page in super()._pages(session_id):
+            self.fetched += len(page.events)
+            yield page
 
 
 def test_reads_stop_near_the_end(running: RunningServer) -> None:
@@ -313,3 +314,147 @@ def test_delta_channel_history(running: RunningServer) -> None:
 def test_client_readme_example_runs(running: RunningServer) -> None:
     """The LangGraph example of client/python/README.md runs as shown and prints what it says."""
     assert_example_prints_what_it_says("### LangGraph", running.address)
+
+
+class NoThreads(ThreadPoolExecutor):
+    """A default executor that refuses work: a thread hop in the code under test fails it."""
+
+    submitted = 0
+
+    def submit(self, fn: Any, /, *args: Any, **kwargs: Any) -> Any:
+        NoThreads.submitted += 1
+        raise RuntimeError("the async path ran something in a worker thread")
+
+
+def _step(thread: str, parent: str | None, ns: str = "") -> RunnableConfig:
+    config: RunnableConfig = {"configurable": {"thread_id": thread, "checkpoint_ns": ns}}
+    if parent:
+        config["configurable"]["checkpoint_id"] = parent
+    return config
+
+
+def test_async_methods_make_no_thread_hops(running: RunningServer) -> None:
+    """Every async method runs in the event loop's own thread: with the default executor
+    refusing work (and shut down), they store, read, list, copy, prune and delete."""
+    prefix = new_prefix()
+
+    async def run() -> None:
+        loop = asyncio.get_running_loop()
+        loop.set_default_executor(NoThreads(max_workers=1))
+        await loop.shutdown_default_executor()
+        async with SessionlogSaver(running.address, prefix=prefix) as saver:
+            parent = None
+            for step in range(3):
+                checkpoint = empty_checkpoint()
+                checkpoint["channel_values"] = {"count": step}
+                checkpoint["channel_versions"] = {"count": str(step + 1)}
+                stored = await saver.aput(
+                    _step("t", parent), checkpoint, {"step": step}, {"count": str(step + 1)}
+                )
+                parent = str(stored["configurable"]["checkpoint_id"])
+                await saver.aput_writes(stored, [("count", step + 10)], f"task-{step}")
+            latest = await saver.aget_tuple(_step("t", None))
+            assert latest is not None
+            assert latest.checkpoint["id"] == parent
+            assert latest.checkpoint["channel_values"] == {"count": 2}
+            assert latest.pending_writes == [("task-2", "count", 12)]
+            listed = [t.metadata["step"] async for t in saver.alist(_step("t", None))]
+            assert listed == [2, 1, 0]
+            assert [t.metadata["step"] async for t in saver.alist(None, limit=2)] == [2, 1]
+            history = await saver.aget_delta_channel_history(
+                config=_step("t", parent), channels=["count"]
+            )
+            assert history["count"] == {"writes": [("task-1", "count", 11)], "seed": 1}
+            await saver.acopy_thread("t", "copy")
+            await saver.aprune(["copy"], strategy="keep_latest")
+            assert [t.metadata["step"] async for t in saver.alist(_step("copy", None))] == [2]
+            await saver.adelete_for_runs(["no-such-run"])
+            await saver.adelete_thread("t")
+            assert await saver.aget_tuple(_step("t", None)) is None
+
+    NoThreads.submitted = 0
+    asyncio.run(run())
+    assert NoThreads.submitted == 0
+
+
+class InFlight(AsyncClient):
+    """Counts how many of its appends and reads are under way at once."""
+
+    now = 0
+    most = 0
+
+    async def _call(self, *args: Any, **kwargs: Any) -> Any:
+        InFlight.now += 1
+        InFlight.most = max(InFlight.most, InFlight.now)
+        try:
+            return await super()._call(*args, **kwargs)
+        finally:
+            InFlight.now -= 1
+
+
+def test_many_concurrent_async_callers_on_one_thread(running: RunningServer) -> None:
+    """Sixty-four tasks on one event loop, each its own LangGraph thread, put checkpoints and
+    their writes and read them back at once (their calls overlap); two more race a put and
+    the writes pending on it in one thread, and the writes still read back on their
+    checkpoint; graphs run with durability="async" side by side."""
+    prefix, callers, steps = new_prefix(), 64, 4
+
+    async def caller(saver: SessionlogSaver, n: int) -> list[int]:
+        parent = None
+        for step in range(steps):
+            stored = await saver.aput(
+                _step(f"c{n}", parent), empty_checkpoint(), {"step": step}, {}
+            )
+            parent = str(stored["configurable"]["checkpoint_id"])
+            await saver.aput_writes(stored, [("out", f"{n}:{step}")], "task")
+            latest = await saver.aget_tuple(_step(f"c{n}", None))
+            assert latest is not None
+            assert latest.checkpoint["id"] == parent
+            assert latest.pending_writes == [("task", "out", f"{n}:{step}")]
+        return [t.metadata["step"] async for t in saver.alist(_step(f"c{n}", None))]
+
+    async def racing(saver: SessionlogSaver) -> None:
+        first = await saver.aput(_step("race", None), empty_checkpoint(), {"step": 0}, {})
+        checkpoint = empty_checkpoint()
+        pending = _step("race", checkpoint["id"])
+        put = asyncio.ensure_future(saver.aput(first, checkpoint, {"step": 1}, {}))
+        await asyncio.sleep(0)  # the put has started: the writes wait for it
+        await saver.aput_writes(pending, [("out", "late")], "task")
+        await put
+        latest = await saver.aget_tuple(_step("race", None))
+        assert latest is not None
+        assert latest.checkpoint["id"] == checkpoint["id"]
+        assert latest.pending_writes == [("task", "out", "late")]
+
+    async def run() -> None:
+        loop = asyncio.get_running_loop()
+        loop.set_default_executor(NoThreads(max_workers=1))
+        client = InFlight(running.address)
+        try:
+            saver = SessionlogSaver(client, prefix=prefix)
+            with pytest.raises(TypeError, match="AsyncClient"):
+                saver.get_tuple(_step("c0", None))  # given an AsyncClient: async only
+            results = await asyncio.gather(
+                *(caller(saver, n) for n in range(callers)), racing(saver)
+            )
+        finally:
+            await client.close()
+        assert results[:callers] == [list(range(steps - 1, -1, -1))] * callers
+        loop.set_default_executor(ThreadPoolExecutor(max_workers=4))
+        async with SessionlogSaver(running.address, prefix=prefix) as graphs:
+            graph = build(graphs)
+
+            async def one(n: int) -> list[str]:
+                config: RunnableConfig = {"configurable": {"thread_id": f"g{n}"}}
+                await graph.ainvoke(START_STATE, config, durability="async")
+                out = await graph.ainvoke(Command(resume=f"r{n}"), config, durability="async")
+                return list(out["steps"])
+
+            outs = await asyncio.gather(*(one(n) for n in range(8)))
+            assert outs == [["plan", "ask", f"act:r{n}"] for n in range(8)]
+
+    NoThreads.submitted = 0
+    InFlight.most = 0
+    asyncio.run(run())
+    assert NoThreads.submitted == 0
+    assert InFlight.most > 8, InFlight.most

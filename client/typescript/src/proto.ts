@@ -1426,7 +1426,7 @@ export interface Timestamp {
 /**
  * SessionLogService keeps one append-only event log per agent session and derives the
  * model-visible messages from it. Errors carry a google.rpc.ErrorInfo detail with domain
- * "sessionlog" and a stable reason (see the README's error table).
+ * "sessionlog" and a stable reason (the API reference lists every reason, under Error reasons).
  */
 export interface SessionLogServiceMethods {
   Append: { request: AppendRequest; response: AppendResponse; kind: "unary-unary" };

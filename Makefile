@@ -33,14 +33,18 @@ cluster: $(VENV)/.run-stamp etcd-tools haproxy-tools
 
 ## test: install everything and run the whole suite, then the e2e tests marked `workers` again
 ## against --workers 2 servers (`make test-workers`). Each pass ends with its 25 slowest tests.
+## Both run in TEST_PROCESSES test processes (pytest-xdist), each module's tests in one of them
+## (tests/conftest.py groups them; most tests wait on servers, so two processes per core pay).
+TEST_PROCESSES ?= 4
+PYTEST_PARALLEL = -n $(TEST_PROCESSES) --dist loadgroup
 test: $(VENV)/.dev-stamp browser go-tools etcd-tools haproxy-tools
-	$(BIN)/python -m pytest --durations=25
+	$(BIN)/python -m pytest $(PYTEST_PARALLEL) --durations=25
 	$(MAKE) --no-print-directory test-workers
 
 ## test-fast: the unit and integration tests only (a few minutes; no servers of other kinds, no
 ## browser, no apt-get): what to run to check a checkout
 test-fast: $(VENV)/.dev-stamp
-	$(BIN)/python -m pytest tests/unit tests/integration -q
+	$(BIN)/python -m pytest tests/unit tests/integration -q $(PYTEST_PARALLEL)
 
 ## test-workers: the e2e tests marked `workers` against `sessionlog serve --workers 2` processes.
 ## The rule: a module (`pytestmark`) or a test is marked when what it checks crosses worker
@@ -52,7 +56,7 @@ test-fast: $(VENV)/.dev-stamp
 ## start their own multi-process servers in either mode, so they too run once. The tests marked
 ## in_process, which reach inside a server in the test's own process, are deselected here.
 test-workers: $(VENV)/.dev-stamp browser go-tools etcd-tools haproxy-tools
-	$(BIN)/python -m pytest tests/e2e --workers 2 -m workers --durations=25
+	$(BIN)/python -m pytest tests/e2e --workers 2 -m workers $(PYTEST_PARALLEL) --durations=25
 
 ## try-latest: the framework tests against the newest releases of the frameworks (and of the
 ## packages the tests import from them), in a throw-away venv (.venv-latest): prints the versions

@@ -19,12 +19,13 @@ from sessionlog.testing import RunningServer
 from tests.e2e._proc import clean_env
 from tests.e2e.test_client_typescript import PACKAGE, ROOT, installed_and_built, node, npm
 
+# One test process runs every module that runs Node out of client/typescript (tests/conftest.py).
+pytestmark = pytest.mark.xdist_group("node-client")
+
+
 INSTALL_SECONDS = 300
 SCRIPT = """\
 import { SessionLogClient, DEFAULT_PROTO_DIR } from "sessionlog-client";
-
-# One test process runs every module that runs Node out of client/typescript (tests/conftest.py).
-pytestmark = pytest.mark.xdist_group("node-client")
 
 const client = new SessionLogClient(process.argv[2]);
 await client.append("packed", [

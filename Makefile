@@ -188,14 +188,16 @@ bench: $(VENV)/.dev-stamp bench-tools
 	$(BIN)/python -m bench
 
 ## bench-tools: Debian's redis-server (the Redis peer), etcd-server (the etcd peer),
-## nghttp2-client (h2load, the compiled load client) and haproxy (case 10, in front of two
-## groups) when missing (apt-get, as root); otherwise a note, and the bench skips their rows
+## nghttp2-client (h2load, the compiled load client), haproxy (case 10, in front of two
+## groups) and postgresql (case 12's Postgres peer) when missing (apt-get, as root); otherwise
+## a note, and the bench skips their rows
 bench-tools:
 	@missing=""; \
 	command -v redis-server >/dev/null 2>&1 || missing="$$missing redis-server"; \
 	command -v etcd >/dev/null 2>&1 || missing="$$missing etcd-server"; \
 	command -v h2load >/dev/null 2>&1 || missing="$$missing nghttp2-client"; \
 	command -v haproxy >/dev/null 2>&1 || [ -x /usr/sbin/haproxy ] || missing="$$missing haproxy"; \
+	command -v initdb >/dev/null 2>&1 || ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || missing="$$missing postgresql"; \
 	if [ -z "$$missing" ]; then :; \
 	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
 	  echo "installing$$missing (for make bench)"; \

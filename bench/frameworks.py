@@ -47,6 +47,8 @@ from bench.common import CONTENT, Settings, percentile
 from bench.procs import ServerProcess, free_port
 
 WARMUP_CALLS = 5
+WHOLE_WARMUP_CALLS = 1
+"""Untimed calls before the whole-history reads and the listings (each one long)."""
 FILL_BATCH = 500
 FILL_CONCURRENCY = 16
 START_SECONDS = 30.0
@@ -314,8 +316,10 @@ class ListSession:
 # -- timing --------------------------------------------------------------------------------------
 
 
-async def _timed_async(calls: int, call: Callable[[int], Awaitable[object]]) -> list[float]:
-    for i in range(WARMUP_CALLS):
+async def _timed_async(
+    calls: int, call: Callable[[int], Awaitable[object]], warmup: int = WARMUP_CALLS
+) -> list[float]:
+    for i in range(warmup):
         await call(-1 - i)
     times = []
     for i in range(calls):
@@ -369,7 +373,9 @@ async def openai_calls(
             raise RuntimeError("pop_item found the session empty")
 
     out["get_items(limit=20)"] = await _timed_async(calls, last_20)
-    out["get_items() whole"] = await _timed_async(settings.frameworks_whole_calls, whole)
+    out["get_items() whole"] = await _timed_async(
+        settings.frameworks_whole_calls, whole, WHOLE_WARMUP_CALLS
+    )
     out["pop_item"] = await _timed_async(calls, pop)
     return out
 
@@ -439,14 +445,17 @@ ADK = "Google ADK"
 ADK_CALLS = ("list_sessions", "append_event")
 
 
-async def adk_calls(settings: Settings, service: Any) -> dict[str, list[float]]:
+async def adk_calls(
+    settings: Settings, service: Any, fill_concurrency: int = FILL_CONCURRENCY
+) -> dict[str, list[float]]:
     """list_sessions over ``frameworks_sessions`` sessions of one user (each with a small
-    state), and append_event of a one-part user message to one session."""
+    state, created ``fill_concurrency`` at a time: 1 for SQLite, whose concurrent writers get
+    "database is locked"), and append_event of a one-part user message to one session."""
     from google.adk.events import Event
     from google.genai import types
 
     app, user, count = "bench", f"u{time.time_ns()}", settings.frameworks_sessions
-    gate = asyncio.Semaphore(FILL_CONCURRENCY)
+    gate = asyncio.Semaphore(fill_concurrency)
 
     async def create(n: int) -> None:
         async with gate:
@@ -460,7 +469,11 @@ async def adk_calls(settings: Settings, service: Any) -> dict[str, list[float]]:
         found = await service.list_sessions(app_name=app, user_id=user)
         _expect("list_sessions", len(found.sessions), count)
 
-    out = {"list_sessions": await _timed_async(settings.frameworks_whole_calls, listing)}
+    out = {
+        "list_sessions": await _timed_async(
+            settings.frameworks_whole_calls, listing, WHOLE_WARMUP_CALLS
+        )
+    }
     session = await service.create_session(app_name=app, user_id=f"{user}-w", session_id="w")
 
     async def append(i: int) -> None:
@@ -487,7 +500,7 @@ async def adk_database(settings: Settings, url: str) -> dict[str, list[float]]:
 
     service = DatabaseSessionService(db_url=url)
     try:
-        return await adk_calls(settings, service)
+        return await adk_calls(settings, service, 1 if url.startswith("sqlite") else 16)
     finally:
         await service.db_engine.dispose()
 
@@ -680,12 +693,15 @@ def goals(rows: list[CallRow]) -> list[Goal]:
 
 
 def table(rows: list[CallRow]) -> str:
+    """Each call's sessionlog row, then its peers' rows under it (a stable sort by call)."""
     header = (
         f"{'framework call':<40}  {'store':<52}  {'calls':>5}  {'p50 ms':>8}  {'p99 ms':>8}  "
         f"{'ratio':>6}  {'target':<6}"
     )
     lines = [header, "-" * len(header)]
-    for row in rows:
+    calls = list(dict.fromkeys((row.framework, row.call) for row in rows))
+    by_call = sorted(rows, key=lambda row: calls.index((row.framework, row.call)))
+    for row in by_call:
         name = f"{row.framework} {row.call}" if row.kind == SESSIONLOG else ""
         if row.skipped:
             lines.append(f"{name:<40}  {row.store:<52}  skipped: {row.skipped}")
@@ -708,7 +724,8 @@ def note(settings: Settings) -> str:
     return (
         "Case 12, the framework backends: one client, one call at a time from the bench's own "
         f"process, {settings.frameworks_calls} timed calls after {WARMUP_CALLS} untimed "
-        f"({settings.frameworks_whole_calls} for list_sessions and the whole history); "
+        f"({settings.frameworks_whole_calls} after {WHOLE_WARMUP_CALLS} for list_sessions and "
+        "the whole history); "
         f"get_items on a session of {settings.frameworks_items:,} items, list_sessions over "
         f"{settings.frameworks_sessions:,} sessions. ratio: sessionlog p50 / the peer's p50 "
         "(lower is better). target: at or ahead (<= 1x) of every networked peer on every call "

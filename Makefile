@@ -31,7 +31,7 @@ cluster: $(VENV)/.run-stamp etcd-tools haproxy-tools
 
 ## test: install everything and run the whole suite, then the e2e tests marked `workers` again
 ## against --workers 2 servers (`make test-workers`). Each pass ends with its 25 slowest tests.
-test: $(VENV)/.dev-stamp browser go-tools etcd-tools haproxy-tools
+test: $(VENV)/.dev-stamp browser go-tools etcd-tools haproxy-tools bench-tools
 	$(BIN)/python -m pytest --durations=25
 	$(MAKE) --no-print-directory test-workers
 

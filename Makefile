@@ -37,7 +37,7 @@ cluster: $(VENV)/.run-stamp etcd-tools haproxy-tools
 ## (tests/conftest.py groups them; most tests wait on servers, so two processes per core pay).
 TEST_PROCESSES ?= 4
 PYTEST_PARALLEL = -n $(TEST_PROCESSES) --dist loadgroup
-test: $(VENV)/.dev-stamp browser go-tools etcd-tools haproxy-tools
+test: $(VENV)/.dev-stamp browser go-tools etcd-tools haproxy-tools bench-tools
 	$(BIN)/python -m pytest $(PYTEST_PARALLEL) --durations=25
 	$(MAKE) --no-print-directory test-workers
 
@@ -224,14 +224,16 @@ bench: $(VENV)/.dev-stamp bench-tools
 	$(BIN)/python -m bench
 
 ## bench-tools: Debian's redis-server (the Redis peer), etcd-server (the etcd peer),
-## nghttp2-client (h2load, the compiled load client) and haproxy (case 10, in front of two
-## groups) when missing (apt-get, as root); otherwise a note, and the bench skips their rows
+## nghttp2-client (h2load, the compiled load client), haproxy (case 10, in front of two
+## groups) and postgresql (case 12's Postgres peer) when missing (apt-get, as root); otherwise
+## a note, and the bench skips their rows
 bench-tools:
 	@missing=""; \
 	command -v redis-server >/dev/null 2>&1 || missing="$$missing redis-server"; \
 	command -v etcd >/dev/null 2>&1 || missing="$$missing etcd-server"; \
 	command -v h2load >/dev/null 2>&1 || missing="$$missing nghttp2-client"; \
 	command -v haproxy >/dev/null 2>&1 || [ -x /usr/sbin/haproxy ] || missing="$$missing haproxy"; \
+	command -v initdb >/dev/null 2>&1 || ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || missing="$$missing postgresql"; \
 	if [ -z "$$missing" ]; then :; \
 	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
 	  echo "installing$$missing (for make bench)"; \

@@ -29,6 +29,7 @@ from bench import (
     checksums,
     derive,
     etcd,
+    frameworks,
     h2load,
     last,
     peer,
@@ -61,7 +62,12 @@ GROUPS = (
     "ack",
     "shards",
     "last",
+    "frameworks",
 )
+DEFAULT_GROUPS = tuple(g for g in GROUPS if g != "frameworks")
+"""What runs without ``--only``: every group but frameworks (12), which starts Postgres and
+fills its sessions through each framework's own API (minutes on its own), so it runs when asked
+for (``--only frameworks``)."""
 """Case groups ``--only`` can pick: append = cases 1-3 (with h2load's rows when it is installed),
 since = 4, tail = 5, derive = 6, sessions = 7, redis = the peer's rows (its XADD rows need the
 append group, its XRANGE row the since group), etcd = the etcd peer beside sessionlog, both
@@ -72,7 +78,9 @@ with and without change-record checksums, in this process), ack = 9 (cases 2 and
 with one replica, --ack local beside --ack replica), shards = 10 (16 clients through h2load
 directly to one static group's primary, through HAProxy to it, and through HAProxy to two
 groups, with HAProxy's CPU per call), last = 11 (the last 10 events and messages of a
-1,000,000-event session beside Since from 0 and a full DeriveMessages: see ``bench.last``)."""
+1,000,000-event session beside Since from 0 and a full DeriveMessages: see ``bench.last``),
+frameworks = 12 (the framework backends' calls per call beside SQLite, Redis and Postgres: see
+``bench.frameworks``)."""
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -87,8 +95,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--only",
         type=lambda text: [g.strip() for g in text.split(",") if g.strip()],
-        default=list(GROUPS),
-        help=f"comma-separated case groups to run, of: {', '.join(GROUPS)} (default: all)",
+        default=list(DEFAULT_GROUPS),
+        help=f"comma-separated case groups to run, of: {', '.join(GROUPS)} "
+        "(default: all but frameworks)",
     )
     args = parser.parse_args(argv)
     unknown = sorted(set(args.only) - set(GROUPS))
@@ -223,6 +232,9 @@ def run_all(settings: Settings, work: Path, groups: list[str]) -> Results:
                     f"(page p50/p99 {listing.p50_ms or 0:.2f}/{listing.p99_ms or 0:.2f} ms)"
                 )
             results.sessions = found
+        if "frameworks" in groups:
+            progress("case 12 framework backends beside SQLite, Redis and Postgres")
+            results.frameworks.extend(frameworks.run_group(settings, server, work, progress))
         progress("stopping servers")
     if "derive" in groups:
         progress("case 6 derive messages (filling sessions, then restarting a server)")

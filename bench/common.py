@@ -68,6 +68,14 @@ class Settings:
     """Writing that session stops at the batch that passes this (its size is then reported)."""
     last_full_calls: int = 3
     """Repeated reads of the whole log (Since from 0, a full DeriveMessages) for warm figures."""
+    frameworks_calls: int = 200
+    """Timed calls of each framework call on each store (case 12), after a few untimed."""
+    frameworks_whole_calls: int = 5
+    """Timed whole-history reads and list_sessions calls of case 12."""
+    frameworks_items: int = 20_000
+    """Items in the OpenAI Agents SDK session case 12 reads the last 20 of and whole."""
+    frameworks_sessions: int = 5_000
+    """Sessions of one user that case 12's ADK list_sessions lists."""
 
     @classmethod
     def default(cls) -> Settings:
@@ -99,6 +107,10 @@ class Settings:
             last_events=50_000,
             last_fill_seconds=30.0,
             last_full_calls=1,
+            frameworks_calls=100,
+            frameworks_whole_calls=3,
+            frameworks_items=5_000,
+            frameworks_sessions=1_000,
         )
 
 

@@ -10,7 +10,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench import last
+from bench import frameworks, last
 from bench.common import Measurement, Settings
 from bench.sessions import SessionsResult
 
@@ -112,6 +112,8 @@ class Results:
     shards: list[Row] = field(default_factory=list)
     """Case 10: through HAProxy beside direct (kind "direct"), two groups beside one (kind
     "haproxy 1 group"), in a table of their own."""
+    frameworks: list[frameworks.CallRow] = field(default_factory=list)
+    """Case 12: the framework backends' calls beside SQLite, Redis and Postgres."""
 
     def measurements(self) -> list[Measurement]:
         """Every measurement of the run (a sessionlog figure appears once per row it is in)."""
@@ -618,6 +620,9 @@ def targets(results: Results) -> list[Target]:
                 None if growth is None else growth <= 1.5,
             )
         )
+    out.extend(
+        Target(g.what, g.goal, g.measured, g.met) for g in frameworks.goals(results.frameworks)
+    )
     return out
 
 
@@ -782,6 +787,8 @@ def render(results: Results, settings: Settings, mode: str, info: dict[str, Any]
             "by the calls h2load counted.",
             *shards_paper(results.shards),
         ]
+    if results.frameworks:
+        parts += ["", frameworks.table(results.frameworks), "", frameworks.note(settings)]
     if results.sessions:
         parts += [
             "",
@@ -812,6 +819,7 @@ def write_json(
         "etcd": [row.to_json() for row in results.etcd],
         "workers": [row.to_json() for row in results.workers],
         "shards": [row.to_json() for row in results.shards],
+        "frameworks": [row.to_json() for row in results.frameworks],
         "targets": [asdict(t) for t in targets(results)],
         "notes": results.notes,
     }

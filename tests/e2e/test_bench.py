@@ -3,7 +3,7 @@ a real `sessionlog serve` (of one worker and of two), the echo server and a real
 the bench starts them (``bench.procs``, ``bench.etcd``).
 
 Needs Debian's nghttp2-client for h2load and etcd-server for etcd (`make test` installs both with
-apt-get).
+apt-get), and redis-server and postgresql for case 12's peers.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from bench import (
     checksums,
     echo,
     etcd,
+    frameworks,
     h2load,
     last,
     procs,
@@ -553,3 +554,88 @@ def test_ack_case_runs_both_modes_and_the_replica_rows_wait_for_the_replica(
         waited = row.sessionlog.details["sessionlog_sync_wait_seconds_count"]
         assert waited >= row.sessionlog.calls > 0
         assert row.ceiling.details["sessionlog_sync_wait_seconds_count"] == 0
+
+
+# -- case 12, the framework backends beside SQLite, Redis and Postgres ---------------------------
+
+TINY = replace(
+    SETTINGS,
+    frameworks_calls=6,
+    frameworks_whole_calls=2,
+    frameworks_items=120,
+    frameworks_sessions=15,
+)
+STORES = {
+    frameworks.OPENAI: ["sessionlog", "SQLite", "Redis", "Postgres"],
+    frameworks.ADK: ["sessionlog", "SQLite", "Postgres"],
+    frameworks.LANGGRAPH: ["sessionlog", "SQLite", "Postgres"],
+}
+
+
+def test_frameworks_case_times_every_call_on_sessionlog_and_each_peer(servers: Servers) -> None:
+    """Case 12 with tiny settings: every call of every framework on sessionlog, SQLite, Redis
+    (OpenAI only) and a Postgres cluster of its own, each timed as often as asked, in the table
+    with a ratio and a target each peer row either meets or not."""
+    rows = frameworks.run_group(TINY, servers.sessionlog, servers.work, lambda _: None)
+
+    skipped = [f"{r.framework} {r.call} {r.store}: {r.skipped}" for r in rows if r.skipped]
+    # every peer runs in CI: make test runs make bench-tools (redis-server, postgresql)
+    assert skipped == [], "peers missing: run `make bench-tools` as root"
+    calls = {
+        frameworks.OPENAI: frameworks.OPENAI_CALLS,
+        frameworks.ADK: frameworks.ADK_CALLS,
+        frameworks.LANGGRAPH: frameworks.LANGGRAPH_CALLS,
+    }
+    expected = [
+        (framework, call, store)
+        for framework, stores in STORES.items()
+        for store in stores
+        for call in calls[framework]
+    ]
+    assert [(r.framework, r.call, r.store.split(" ")[0]) for r in rows] == expected
+    whole = {"get_items() whole", "list_sessions"}
+    for row in rows:
+        wanted = TINY.frameworks_whole_calls if row.call in whole else TINY.frameworks_calls
+        assert len(row.latencies_ms) == wanted, (row.store, row.call)
+        assert row.p50_ms is not None
+        assert row.p99_ms is not None
+        assert 0 < row.p50_ms <= row.p99_ms < 10_000, (row.store, row.call)
+    goals = frameworks.goals(rows)
+    assert len(goals) == len(rows) - sum(r.kind == frameworks.SESSIONLOG for r in rows)
+    assert all(g.met is not None for g in goals)
+    shown = frameworks.table(rows)
+    assert "OpenAI Agents SDK get_items(limit=20)" in shown
+    assert "Postgres (PostgresSaver)" in shown
+    assert len(re.findall(r"\d+\.\d\dx  (met|NOT met)", shown)) == len(goals)
+    report = render(Results([], [], [], [], frameworks=rows), TINY, "quick", _machine())
+    assert shown in report
+    assert "Google ADK list_sessions p50 vs SQLite (DatabaseSessionService)" in report
+
+
+def test_frameworks_skipped_peer_is_shown_with_why_and_never_as_met() -> None:
+    """A peer that could not run is a skipped row with its reason, and its target is not
+    measured; a measured one meets its target by the ratio of the p50s: at most 1x against a
+    networked peer, at most 2x against in-process SQLite on a cheap call, 1x on listing."""
+    ours = frameworks.CallRow("F", "put", "sessionlog", frameworks.SESSIONLOG, [3.0, 3.0, 9.0])
+    sqlite = frameworks.CallRow("F", "put", "SQLite", frameworks.IN_PROCESS, [2.0, 2.0])
+    pg = frameworks.CallRow("F", "put", "Postgres", frameworks.NETWORKED, [2.0, 2.0])
+    gone = frameworks.CallRow("F", "put", "Redis", frameworks.NETWORKED, skipped="no redis")
+    lists = frameworks.CallRow("F", "list_sessions", "sessionlog", frameworks.SESSIONLOG, [3.0])
+    lists_sqlite = frameworks.CallRow("F", "list_sessions", "SQLite", frameworks.IN_PROCESS, [2.0])
+    rows = [ours, sqlite, pg, gone, lists, lists_sqlite]
+
+    found = {g.what: g for g in frameworks.goals(rows)}
+
+    assert (found["F put p50 vs SQLite"].met, found["F put p50 vs SQLite"].measured) == (
+        True,
+        "1.50x",
+    )
+    assert found["F put p50 vs Postgres"].met is False
+    assert (found["F put p50 vs Redis"].met, found["F put p50 vs Redis"].measured) == (None, "-")
+    assert found["F list_sessions p50 vs SQLite"].met is False
+    shown = frameworks.table(rows)
+    assert "skipped: no redis" in shown
+    assert "1.50x  met" in shown
+    assert "1.50x  NOT met" in shown
+    report = render(Results([], [], [], [], frameworks=rows), TINY, "quick", _machine())
+    assert re.search(r"F put p50 vs Redis\s+<= 1x\s+-\s+n/a", report)

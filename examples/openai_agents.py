@@ -3,7 +3,7 @@
 The stub calls the ``lookup`` tool, then answers with what the tool returned; ``Runner.run``
 stores the turn (the question, the call, its output, the answer) in the session.
 
-    sessionlog serve --data ./data &
+    make run   # or: sessionlog serve (./sessionlog-data on 127.0.0.1:50051)
     python examples/openai_agents.py   # SESSIONLOG_SERVER=HOST:PORT, 127.0.0.1:50051 by default
 """
 

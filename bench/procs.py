@@ -213,14 +213,17 @@ class ServerProcess(ChildProcess):
         return self
 
     def _wait_workers(self, timeout: float) -> None:
-        """Until every worker runs (the first one may answer health checks before the last
-        has started), or fail within ``timeout``."""
+        """Until every worker runs and listens on the port (the first one may answer health
+        checks before the last has started: the kernel would give it every connection), or
+        fail within ``timeout``."""
         deadline = time.monotonic() + timeout
-        while len(self.worker_pids()) < self.workers:
+        while len(self.worker_pids()) < self.workers or not all(
+            self.port in listening_ports(pid) for pid in self.worker_pids()
+        ):
             if time.monotonic() > deadline:
                 raise ServerFailed(
                     f"server at {self.address}: {len(self.worker_pids())} of {self.workers} "
-                    f"workers running after {timeout:.0f} s"
+                    f"workers running after {timeout:.0f} s, not all listening"
                 )
             time.sleep(0.05)
 
@@ -279,11 +282,19 @@ class Connection:
 
 TCP_ESTABLISHED = "01"
 """The state column of /proc/net/tcp for an established connection."""
+TCP_LISTEN = "0A"
+"""... and for a listening socket."""
 
 
-def tcp_connections(pid: int) -> list[Connection]:
+def listening_ports(pid: int) -> set[int]:
+    """The TCP ports ``pid`` holds a listening socket on (empty when the process is gone)."""
+    return {c.local_port for c in tcp_connections(pid, TCP_LISTEN)}
+
+
+def tcp_connections(pid: int, state: str = "") -> list[Connection]:
     """The established TCP connections whose socket ``pid`` holds (from /proc/PID/fd and
-    /proc/net/tcp; empty when the process is gone)."""
+    /proc/net/tcp; empty when the process is gone); its sockets in ``state`` when given."""
+    state = state or TCP_ESTABLISHED
     fd_dir = Path(f"/proc/{pid}/fd")
     inodes = set()
     try:
@@ -305,7 +316,7 @@ def tcp_connections(pid: int) -> list[Connection]:
             continue
         for line in lines:
             cells = line.split()  # sl local rem st tx:rx tr:when retrnsmt uid timeout inode
-            if cells[3] == TCP_ESTABLISHED and cells[9] in inodes:
+            if cells[3] == state and cells[9] in inodes:
                 found.append(Connection(_port_of(cells[1]), _port_of(cells[2])))
     return found
 

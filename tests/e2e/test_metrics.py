@@ -225,8 +225,16 @@ def test_replica_exposes_its_lag(primary: Primary, tmp_path: Path) -> None:
     grpc_port, metrics_port = free_port(), free_port()
     args = ["--data", "replica", "--listen", f"127.0.0.1:{grpc_port}"]
     args += ["--replica-of", primary.address, "--metrics-listen", f"127.0.0.1:{metrics_port}"]
-    _, primary_samples = scrape(primary.metrics_url)
-    head = value(primary_samples, "sessionlog_replication_position")
+    channel, client = stub(primary.address)
+    with channel:
+        user = message(event_pb2.EVENT_TYPE_USER_MESSAGE, "for the replica")
+        client.Append(pb.AppendRequest(session_id="metrics-lag", events=[user]), timeout=TIMEOUT)
+    head = 0.0
+    deadline = time.monotonic() + 10  # workers publish their numbers every quarter second
+    while head <= 0 and time.monotonic() < deadline:
+        _, primary_samples = scrape(primary.metrics_url)
+        head = value(primary_samples, "sessionlog_replication_position")
+        time.sleep(0.05)
     assert head > 0
     with ServerProcess(args, tmp_path, name="replica") as replica:
         replica.wait_serving(f"127.0.0.1:{grpc_port}")

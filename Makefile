@@ -35,7 +35,7 @@ cluster: $(VENV)/.run-stamp etcd-tools haproxy-tools
 ## against --workers 2 servers (`make test-workers`). Each pass ends with its 25 slowest tests.
 ## TEST_PROCESSES=N runs both in N test processes (pytest-xdist), each module's tests in one of
 ## them (tests/conftest.py groups them). Measured on a 2-core machine: the default pass took
-## 1,174 s with 4 against about 1,590 s in one, but a few timing-bound tests failed under that
+## 1,174 s with 4 against 1,845 s in one (2,459 tests), but a few timing-bound tests failed under that
 ## load, so the default (0) is one process until they are load-proof.
 TEST_PROCESSES ?= 0
 PYTEST_PARALLEL = -n $(TEST_PROCESSES) --dist loadgroup

@@ -7,6 +7,7 @@ shown by test_append_stream_semantics.py; this module shows what the stream adds
 
 from __future__ import annotations
 
+import asyncio
 import queue
 import threading
 import time
@@ -18,6 +19,8 @@ import pytest
 
 from sessionlog.testing import RunningServer
 from sessionlog.v1 import session_log_service_pb2 as pb
+from sessionlog_client import AsyncClient, Client, SessionLogError, event
+from sessionlog_client.errors import LeaseHeld, SeqConflict
 from tests.e2e._helpers import Stub, check, log, stream_appends, user
 from tests.e2e._proc import running_server
 
@@ -253,3 +256,76 @@ def test_shutdown_ends_an_open_stream_unavailable(tmp_path: Path) -> None:
         outgoing.put(None)
         stopper.join(30)
     check(caught.value, grpc.StatusCode.UNAVAILABLE, "UNAVAILABLE")
+
+
+# -- the Python client ----------------------------------------------------------------------------
+
+
+@pytest.mark.workers  # the client's stream lands on whichever worker takes it
+def test_the_async_client_pipelines_and_raises_each_appends_own_error(
+    server: RunningServer, sid: Sid
+) -> None:
+    """AsyncClient.append_stream: 100 appends sent before any reply is awaited, each future
+    yields what append() returns; a conflicting one raises SeqConflict (with next_seq), as
+    append() would, and the ones after it still land."""
+    session_id = sid("s")
+
+    async def scenario() -> tuple[list[int], SeqConflict, int]:
+        async with AsyncClient(server.address) as client, client.append_stream() as stream:
+            sent = [
+                stream.append_nowait(session_id, [event("user_message", {"content": f"m{n}"})])
+                for n in range(100)
+            ]
+            clash = stream.append_nowait(
+                session_id, [event("user_message", {"content": "x"})], expected_seq=3
+            )
+            after = stream.append_nowait(
+                session_id, [event("user_message", {"content": "y"})], expected_seq=100
+            )
+            seqs = [(await future).events[0].seq for future in sent]
+            with pytest.raises(SeqConflict) as caught:
+                await clash
+            return seqs, caught.value, (await after).next_seq
+
+    seqs, conflict, last = asyncio.run(asyncio.wait_for(scenario(), 60))
+    assert seqs == list(range(100))
+    assert conflict.metadata["next_seq"] == "100"
+    assert last == 101
+
+
+def test_the_blocking_client_pipelines_with_concurrent_futures(
+    server: RunningServer, sid: Sid
+) -> None:
+    """Client.append_stream: append_nowait returns concurrent futures, resolved in order once
+    the stream is closed at the end of ``with``; a lease refusal raises LeaseHeld."""
+    session_id, leased = sid("s"), sid("leased")
+    with Client(server.address) as client:
+        client.acquire_lease(leased, "w1")
+        with client.append_stream() as stream:
+            futures = [
+                stream.append_nowait(session_id, [event("user_message", {"content": f"m{n}"})])
+                for n in range(50)
+            ]
+            refused = stream.append_nowait(leased, [event("user_message", {"content": "x"})])
+        assert [f.result().next_seq for f in futures] == list(range(1, 51))
+        with pytest.raises(LeaseHeld):
+            refused.result()
+        assert list(client.since(leased)) == []
+
+
+def test_the_client_fails_unanswered_appends_when_the_server_stops(tmp_path: Path) -> None:
+    """A stream cut by shutdown: what was answered stands; a later append_nowait fails with
+    Unavailable at once (nothing is resent by itself)."""
+    with running_server(tmp_path / "data") as stopping, Client(stopping.address) as client:
+        stream = client.append_stream()
+        stream.open()
+        first = stream.append_nowait("s", [event("user_message", {"content": "a"})])
+        assert first.result(10).next_seq == 1
+        stopping.stop(grace=5.0)
+        deadline = time.monotonic() + 10
+        late = stream.append_nowait("s", [event("user_message", {"content": "b"})])
+        while not late.done() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        with pytest.raises(SessionLogError):
+            late.result(0)
+        stream.cancel()

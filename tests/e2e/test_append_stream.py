@@ -210,6 +210,26 @@ def test_the_stream_ends_ok_once_the_client_is_done(stub: Stub, sid: Sid) -> Non
     assert empty.code() == grpc.StatusCode.OK
 
 
+def test_a_cancelled_stream_leaves_a_prefix_of_its_appends(server: RunningServer, sid: Sid) -> None:
+    """A client that cancels with appends in flight: what the server had read is written in
+    stream order with no hole (never a later append without an earlier one)."""
+    session_id = sid("s")
+    requests = [
+        pb.AppendStreamRequest(
+            correlation_id=n, append=pb.AppendRequest(session_id=session_id, events=[user(f"m{n}")])
+        )
+        for n in range(300)
+    ]
+    call = server.stub().AppendStream(iter(requests), timeout=30)
+    for _ in range(10):
+        next(call)
+    call.cancel()
+    time.sleep(0.5)  # let what the server had taken commit
+    contents = [e.data["content"] for e in log(server.stub(), session_id)]
+    assert len(contents) >= 10
+    assert contents == [f"m{n}" for n in range(len(contents))]
+
+
 def test_the_window_bounds_the_requests_in_flight(tmp_path: Path) -> None:
     """With --append-stream-window 4, while the first four requests wait for their
     acknowledgement (here: --ack replica and no replica), the server reads no fifth: four

@@ -416,3 +416,20 @@ def test_an_exception_in_the_async_block_cancels_the_stream(
     assert failed, "some appends were still unanswered when the block was left"
     assert all(isinstance(o, SessionLogError) for o in failed)
     assert 3 <= len(log(server.stub(), session_id)) <= 203
+
+
+def test_cancelling_a_blocking_stream_ends_its_threads(server: RunningServer, sid: Sid) -> None:
+    """A blocking stream cancelled while idle (every append answered) ends its reader thread
+    at once: nothing waits on the call afterwards."""
+    with Client(server.address) as client:
+        stream = client.append_stream()
+        stream.open()
+        answered = stream.append_nowait(sid("s"), [event("user_message", {"content": "x"})])
+        assert answered.result(10).next_seq == 1
+        stream.cancel()
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline and any(
+            t.name == "sessionlog-append-stream" for t in threading.enumerate()
+        ):
+            time.sleep(0.02)
+        assert not [t for t in threading.enumerate() if t.name == "sessionlog-append-stream"]

@@ -172,8 +172,10 @@ class AppendStreams:
             session_id = request.session_id
             outcome = self.cases.submit_append(caller, request)
         except errors.SessionLogError as error:
-            outcome = asyncio.get_running_loop().create_future()
-            outcome.set_exception(error)
+            outcome = _refused(error)
+        except Exception:  # a fault of this server: that request's INTERNAL, as unary Append's
+            log.exception("unexpected failure in %s", METHOD)
+            outcome = _refused(errors.SessionLogError(f"internal error in {METHOD}; see the log"))
         return _InFlight(correlation_id, session_id, outcome, started)
 
     async def _answer(self, request: _InFlight) -> bytes:
@@ -219,6 +221,13 @@ def _error_field(error: errors.SessionLogError) -> bytes:
         metadata=error.metadata,
     )
     return wire.message_field(_RESULT_ERROR_FIELD, failure.SerializeToString())
+
+
+def _refused(error: errors.SessionLogError) -> asyncio.Future[AppendResult]:
+    """A request's outcome that is its refusal, known before anything was submitted."""
+    outcome: asyncio.Future[AppendResult] = asyncio.get_running_loop().create_future()
+    outcome.set_exception(error)
+    return outcome
 
 
 def _split(raw: bytes) -> tuple[int, list[bytes]]:

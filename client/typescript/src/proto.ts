@@ -71,6 +71,44 @@ export interface AppendResponse {
   drops: AppendDrop[];
 }
 
+/** AppendStreamRequest is one append sent over AppendStream. */
+export interface AppendStreamRequest {
+  /** The append, with the same meaning as a unary Append's request. */
+  append: AppendRequest | null;
+  /**
+   * The caller's id for this request, echoed in its response; any value, unique among the
+   * requests in flight on this stream (a counter is enough).
+   */
+  correlation_id: number;
+}
+
+/** AppendStreamResponse answers one AppendStreamRequest. */
+export interface AppendStreamResponse {
+  /** The correlation_id of the request this answers. */
+  correlation_id: number;
+  /** The append was written and is durable, as a unary Append's reply. */
+  append?: AppendResponse;
+  /** The append failed and wrote nothing; the stream goes on. */
+  error?: AppendStreamError;
+  /** Which of the oneof's fields is set. */
+  result?: "append" | "error";
+}
+
+/**
+ * AppendStreamError is the error of one request on AppendStream: what a unary Append would have
+ * failed with.
+ */
+export interface AppendStreamError {
+  /** The gRPC status code as its number (google.rpc.Code), e.g. 10 for ABORTED. */
+  code: number;
+  /** A sentence saying what went wrong. */
+  message: string;
+  /** The stable error reason (ErrorInfo.reason), e.g. SEQ_CONFLICT. */
+  reason: string;
+  /** The ErrorInfo metadata, e.g. the session's next_seq on SEQ_CONFLICT. */
+  metadata: { [key: string]: string };
+}
+
 /** SinceRequest reads a session's log from a seq on. */
 export interface SinceRequest {
   /** The session to read. A session never written reads as empty. */
@@ -1451,6 +1489,7 @@ export interface SessionLogServiceMethods {
   ImportSession: { request: ImportSessionRequest; response: ImportSessionResponse; kind: "unary-unary" };
   GetSessionRecords: { request: GetSessionRecordsRequest; response: GetSessionRecordsResponse; kind: "unary-unary" };
   FollowSessions: { request: FollowSessionsRequest; response: FollowSessionsResponse; kind: "unary-stream" };
+  AppendStream: { request: AppendStreamRequest; response: AppendStreamResponse; kind: "stream-stream" };
 }
 
 /**

@@ -61,6 +61,7 @@ PERMISSIONS = frozenset({READ, WRITE, ADMIN})
 
 _NEEDS = {
     "/sessionlog.v1.SessionLogService/Append": WRITE,
+    "/sessionlog.v1.SessionLogService/AppendStream": WRITE,
     "/sessionlog.v1.SessionLogService/Since": READ,
     "/sessionlog.v1.SessionLogService/ListEvents": READ,
     "/sessionlog.v1.SessionLogService/Surface": READ,

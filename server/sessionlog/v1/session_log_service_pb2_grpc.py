@@ -147,6 +147,11 @@ class SessionLogServiceStub:
                 request_serializer=sessionlog_dot_v1_dot_session__log__service__pb2.FollowSessionsRequest.SerializeToString,
                 response_deserializer=sessionlog_dot_v1_dot_session__log__service__pb2.FollowSessionsResponse.FromString,
                 _registered_method=True)
+        self.AppendStream = channel.stream_stream(
+                '/sessionlog.v1.SessionLogService/AppendStream',
+                request_serializer=sessionlog_dot_v1_dot_session__log__service__pb2.AppendStreamRequest.SerializeToString,
+                response_deserializer=sessionlog_dot_v1_dot_session__log__service__pb2.AppendStreamResponse.FromString,
+                _registered_method=True)
 
 
 class SessionLogServiceServicer:
@@ -347,6 +352,17 @@ class SessionLogServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def AppendStream(self, request_iterator, context):
+        """AppendStream pipelines appends over one stream: each AppendStreamRequest is one Append (the
+        same checks: expected_seq, request_id, lease, lenient) and gets one AppendStreamResponse with
+        its correlation_id once its events are durable, or its own error; an error never ends the
+        stream. Replies come in request order per session, and at most the server's in-flight limit
+        of requests are unanswered at once (the server stops reading past it). Unary Append stays.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_SessionLogServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -459,6 +475,11 @@ def add_SessionLogServiceServicer_to_server(servicer, server):
                     servicer.FollowSessions,
                     request_deserializer=sessionlog_dot_v1_dot_session__log__service__pb2.FollowSessionsRequest.FromString,
                     response_serializer=sessionlog_dot_v1_dot_session__log__service__pb2.FollowSessionsResponse.SerializeToString,
+            ),
+            'AppendStream': grpc.stream_stream_rpc_method_handler(
+                    servicer.AppendStream,
+                    request_deserializer=sessionlog_dot_v1_dot_session__log__service__pb2.AppendStreamRequest.FromString,
+                    response_serializer=sessionlog_dot_v1_dot_session__log__service__pb2.AppendStreamResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1058,6 +1079,33 @@ class SessionLogService:
             '/sessionlog.v1.SessionLogService/FollowSessions',
             sessionlog_dot_v1_dot_session__log__service__pb2.FollowSessionsRequest.SerializeToString,
             sessionlog_dot_v1_dot_session__log__service__pb2.FollowSessionsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AppendStream(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/sessionlog.v1.SessionLogService/AppendStream',
+            sessionlog_dot_v1_dot_session__log__service__pb2.AppendStreamRequest.SerializeToString,
+            sessionlog_dot_v1_dot_session__log__service__pb2.AppendStreamResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -99,6 +99,12 @@ type SessionLogServiceClient interface {
 	// each response names the feed position to resume after. A sharded server streams only the
 	// sessions its group owns: follow every group, with a position per group.
 	FollowSessions(ctx context.Context, in *FollowSessionsRequest, opts ...grpc.CallOption) (SessionLogService_FollowSessionsClient, error)
+	// AppendStream pipelines appends over one stream: each AppendStreamRequest is one Append (the
+	// same checks: expected_seq, request_id, lease, lenient) and gets one AppendStreamResponse with
+	// its correlation_id once its events are durable, or its own error; an error never ends the
+	// stream. Replies come in request order per session, and at most the server's in-flight limit
+	// of requests are unanswered at once (the server stops reading past it). Unary Append stays.
+	AppendStream(ctx context.Context, opts ...grpc.CallOption) (SessionLogService_AppendStreamClient, error)
 }
 
 type sessionLogServiceClient struct {
@@ -353,6 +359,37 @@ func (x *sessionLogServiceFollowSessionsClient) Recv() (*FollowSessionsResponse,
 	return m, nil
 }
 
+func (c *sessionLogServiceClient) AppendStream(ctx context.Context, opts ...grpc.CallOption) (SessionLogService_AppendStreamClient, error) {
+	stream, err := c.cc.NewStream(ctx, &_SessionLogService_serviceDesc.Streams[2], "/sessionlog.v1.SessionLogService/AppendStream", opts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &sessionLogServiceAppendStreamClient{stream}
+	return x, nil
+}
+
+type SessionLogService_AppendStreamClient interface {
+	Send(*AppendStreamRequest) error
+	Recv() (*AppendStreamResponse, error)
+	grpc.ClientStream
+}
+
+type sessionLogServiceAppendStreamClient struct {
+	grpc.ClientStream
+}
+
+func (x *sessionLogServiceAppendStreamClient) Send(m *AppendStreamRequest) error {
+	return x.ClientStream.SendMsg(m)
+}
+
+func (x *sessionLogServiceAppendStreamClient) Recv() (*AppendStreamResponse, error) {
+	m := new(AppendStreamResponse)
+	if err := x.ClientStream.RecvMsg(m); err != nil {
+		return nil, err
+	}
+	return m, nil
+}
+
 // SessionLogServiceServer is the server API for SessionLogService service.
 // All implementations must embed UnimplementedSessionLogServiceServer
 // for forward compatibility
@@ -439,6 +476,12 @@ type SessionLogServiceServer interface {
 	// each response names the feed position to resume after. A sharded server streams only the
 	// sessions its group owns: follow every group, with a position per group.
 	FollowSessions(*FollowSessionsRequest, SessionLogService_FollowSessionsServer) error
+	// AppendStream pipelines appends over one stream: each AppendStreamRequest is one Append (the
+	// same checks: expected_seq, request_id, lease, lenient) and gets one AppendStreamResponse with
+	// its correlation_id once its events are durable, or its own error; an error never ends the
+	// stream. Replies come in request order per session, and at most the server's in-flight limit
+	// of requests are unanswered at once (the server stops reading past it). Unary Append stays.
+	AppendStream(SessionLogService_AppendStreamServer) error
 	mustEmbedUnimplementedSessionLogServiceServer()
 }
 
@@ -511,6 +554,9 @@ func (UnimplementedSessionLogServiceServer) GetSessionRecords(context.Context, *
 }
 func (UnimplementedSessionLogServiceServer) FollowSessions(*FollowSessionsRequest, SessionLogService_FollowSessionsServer) error {
 	return status.Errorf(codes.Unimplemented, "method FollowSessions not implemented")
+}
+func (UnimplementedSessionLogServiceServer) AppendStream(SessionLogService_AppendStreamServer) error {
+	return status.Errorf(codes.Unimplemented, "method AppendStream not implemented")
 }
 func (UnimplementedSessionLogServiceServer) mustEmbedUnimplementedSessionLogServiceServer() {}
 
@@ -927,6 +973,32 @@ func (x *sessionLogServiceFollowSessionsServer) Send(m *FollowSessionsResponse) 
 	return x.ServerStream.SendMsg(m)
 }
 
+func _SessionLogService_AppendStream_Handler(srv interface{}, stream grpc.ServerStream) error {
+	return srv.(SessionLogServiceServer).AppendStream(&sessionLogServiceAppendStreamServer{stream})
+}
+
+type SessionLogService_AppendStreamServer interface {
+	Send(*AppendStreamResponse) error
+	Recv() (*AppendStreamRequest, error)
+	grpc.ServerStream
+}
+
+type sessionLogServiceAppendStreamServer struct {
+	grpc.ServerStream
+}
+
+func (x *sessionLogServiceAppendStreamServer) Send(m *AppendStreamResponse) error {
+	return x.ServerStream.SendMsg(m)
+}
+
+func (x *sessionLogServiceAppendStreamServer) Recv() (*AppendStreamRequest, error) {
+	m := new(AppendStreamRequest)
+	if err := x.ServerStream.RecvMsg(m); err != nil {
+		return nil, err
+	}
+	return m, nil
+}
+
 var _SessionLogService_serviceDesc = grpc.ServiceDesc{
 	ServiceName: "sessionlog.v1.SessionLogService",
 	HandlerType: (*SessionLogServiceServer)(nil),
@@ -1022,6 +1094,12 @@ var _SessionLogService_serviceDesc = grpc.ServiceDesc{
 			StreamName:    "FollowSessions",
 			Handler:       _SessionLogService_FollowSessions_Handler,
 			ServerStreams: true,
+		},
+		{
+			StreamName:    "AppendStream",
+			Handler:       _SessionLogService_AppendStream_Handler,
+			ServerStreams: true,
+			ClientStreams: true,
 		},
 	},
 	Metadata: "sessionlog/v1/session_log_service.proto",

@@ -62,6 +62,43 @@ class AppendResponse(_message.Message):
     drops: _containers.RepeatedCompositeFieldContainer[AppendDrop]
     def __init__(self, events: _Optional[_Iterable[_Union[_event_pb2.Event, _Mapping]]] = ..., next_seq: _Optional[int] = ..., drops: _Optional[_Iterable[_Union[AppendDrop, _Mapping]]] = ...) -> None: ...
 
+class AppendStreamRequest(_message.Message):
+    __slots__ = ("append", "correlation_id")
+    APPEND_FIELD_NUMBER: _ClassVar[int]
+    CORRELATION_ID_FIELD_NUMBER: _ClassVar[int]
+    append: AppendRequest
+    correlation_id: int
+    def __init__(self, append: _Optional[_Union[AppendRequest, _Mapping]] = ..., correlation_id: _Optional[int] = ...) -> None: ...
+
+class AppendStreamResponse(_message.Message):
+    __slots__ = ("correlation_id", "append", "error")
+    CORRELATION_ID_FIELD_NUMBER: _ClassVar[int]
+    APPEND_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    correlation_id: int
+    append: AppendResponse
+    error: AppendStreamError
+    def __init__(self, correlation_id: _Optional[int] = ..., append: _Optional[_Union[AppendResponse, _Mapping]] = ..., error: _Optional[_Union[AppendStreamError, _Mapping]] = ...) -> None: ...
+
+class AppendStreamError(_message.Message):
+    __slots__ = ("code", "message", "reason", "metadata")
+    class MetadataEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    CODE_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    METADATA_FIELD_NUMBER: _ClassVar[int]
+    code: int
+    message: str
+    reason: str
+    metadata: _containers.ScalarMap[str, str]
+    def __init__(self, code: _Optional[int] = ..., message: _Optional[str] = ..., reason: _Optional[str] = ..., metadata: _Optional[_Mapping[str, str]] = ...) -> None: ...
+
 class SinceRequest(_message.Message):
     __slots__ = ("session_id", "seq", "follow", "heartbeat_interval")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]

@@ -16,9 +16,11 @@ import * as grpc from "@grpc/grpc-js";
 import * as protoLoader from "@grpc/proto-loader";
 import protobuf from "protobufjs";
 
+import { AppendStream, type AppendStreamOptions } from "./append-stream.js";
 import type * as proto from "./proto.js";
 import type { Input } from "./proto.js";
 
+export { AppendStream, type AppendStreamOptions, DEFAULT_MAX_IN_FLIGHT, type StreamAppendOptions } from "./append-stream.js";
 export type { Input } from "./proto.js";
 
 // -- types ------------------------------------------------------------------------------------
@@ -637,14 +639,19 @@ export function toError(thrown: unknown): unknown {
   }
   const oversized = info ? null : oversizedMessage(error);
   if (oversized !== null) return oversized;
-  const Class = (info && ERROR_CLASSES[info.reason]) || SessionLogError;
-  return new Class(error.details || error.message || "", {
+  return errorFor(error.details || error.message || "", {
     code: error.code,
     reason: info?.reason,
     domain: info?.domain,
     metadata: info?.metadata ?? {},
     cause: error,
   });
+}
+
+/** A SessionLogError of its reason's own class when it has one (NotPrimaryError, ...). */
+export function errorFor(message: string, options: SessionLogErrorOptions): SessionLogError {
+  const Class = (options.reason && ERROR_CLASSES[options.reason]) || SessionLogError;
+  return new Class(message, options);
 }
 
 /**
@@ -1438,6 +1445,32 @@ class Shards {
   }
 }
 
+/** An AppendRequest of client.append's arguments (its requestId as given: "" or absent for none). */
+/** @internal */
+export function appendRequest(sessionId: string, events: NewEvent[], options: AppendOptions = {}): Input<proto.AppendRequest> {
+  const { expectedSeq, requestId = "", leaseHolder = "", leaseToken = 0, lenient = false } = options;
+  const request: Input<proto.AppendRequest> = {
+    session_id: sessionId,
+    events: events.map(toEvent),
+    request_id: requestId,
+    lease_holder: leaseHolder,
+    lease_token: leaseToken,
+    lenient,
+  };
+  if (expectedSeq !== undefined && expectedSeq !== null) request.expected_seq = checkSeq(expectedSeq, "expectedSeq");
+  return request;
+}
+
+/** What client.append resolves to, of an AppendResponse. */
+/** @internal */
+export function appendResult(reply: proto.AppendResponse): AppendResult {
+  return {
+    events: (reply.events ?? []).map(fromEvent),
+    nextSeq: Number(reply.next_seq ?? 0),
+    drops: (reply.drops ?? []).map((d) => ({ index: d.index, reason: d.reason, message: d.message })),
+  };
+}
+
 // -- the client -------------------------------------------------------------------------------
 
 /** A member's client: a grpc-js client whose RPC methods are added from the .proto files. */
@@ -1883,7 +1916,7 @@ export class SessionLogClient {
   private readonly _epochs: Map<string, number>;
   private readonly _slotGroups: Map<number, string>;
   private readonly _token: string | undefined;
-  private readonly _streams: Set<EventStream | SessionsStream>;
+  private readonly _streams: Set<EventStream | SessionsStream | AppendStream>;
   private readonly _openAdmin: (member: Member) => ServiceClient;
   private readonly _openStub: (address: string) => ServiceClient;
   private readonly _members: Member[];
@@ -2010,7 +2043,10 @@ export class SessionLogClient {
 
   /** Close every open stream (they end as done), then every channel. */
   close(): void {
-    for (const stream of this._streams) stream.close();
+    for (const stream of this._streams) {
+      if (stream instanceof AppendStream) stream.cancel();
+      else stream.close();
+    }
     this._streams.clear();
     this._shards?.close();
     for (const member of this._members) member.stub.close();
@@ -2295,23 +2331,27 @@ export class SessionLogClient {
    * given; "" turns both off), so a retry never writes twice.
    */
   async append(sessionId: string, events: NewEvent[], options: AppendOptions = {}): Promise<AppendResult> {
-    const { expectedSeq, requestId, leaseHolder = "", leaseToken = 0, lenient = false, timeoutMs } = options;
-    const request_id = requestId ?? randomUUID();
-    const request: Input<proto.AppendRequest> = {
-      session_id: sessionId,
-      events: events.map(toEvent),
-      request_id,
-      lease_holder: leaseHolder,
-      lease_token: leaseToken,
-      lenient,
-    };
-    if (expectedSeq !== undefined && expectedSeq !== null) request.expected_seq = checkSeq(expectedSeq, "expectedSeq");
-    const reply = await this._call("Append", request, { timeoutMs, retry: request_id !== "", write: true });
-    return {
-      events: (reply.events ?? []).map(fromEvent),
-      nextSeq: Number(reply.next_seq ?? 0),
-      drops: (reply.drops ?? []).map((d) => ({ index: d.index, reason: d.reason, message: d.message })),
-    };
+    const request = appendRequest(sessionId, events, { ...options, requestId: options.requestId ?? randomUUID() });
+    const reply = await this._call("Append", request, { timeoutMs: options.timeoutMs, retry: request.request_id !== "", write: true });
+    return appendResult(reply);
+  }
+
+  /**
+   * A stream that pipelines appends over one AppendStream call: `append()` sends at once and
+   * resolves with what client.append would, without waiting for the appends before it. See
+   * AppendStream; `await stream.close()` when done.
+   */
+  appendStream(options: AppendStreamOptions = {}): AppendStream {
+    if (this._shards) {
+      throw new TypeError(
+        "appendStream() is not routed by a shard map: open one on each group's own client " +
+          "(new SessionLogClient(group.members)) and send each session's appends to its owner's",
+      );
+    }
+    const stream = new AppendStream(this, options);
+    this._streams.add(stream);
+    stream._forget = () => this._streams.delete(stream);
+    return stream;
   }
 
   /** The stored events from seq on, then done. `for await (const e of client.since(id))`. */

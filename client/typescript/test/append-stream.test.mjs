@@ -118,6 +118,15 @@ describe("appendStream", () => {
   });
 });
 
+test("a shardMap client refuses appendStream(): it would not route by session", () => {
+  const client = new SessionLogClient("127.0.0.1:1", { shardMap: "server" });
+  try {
+    assert.throws(() => client.appendStream(), (error) => error instanceof TypeError && /shard map/.test(error.message));
+  } finally {
+    client.close();
+  }
+});
+
 describe("appendStream when the stream ends early", () => {
   test("client.close() cancels an open stream; a server gone rejects what is pending with UNAVAILABLE", async () => {
     const server = await startServer();

@@ -17,6 +17,8 @@
 //   deadline, cancel()) rejects every promise still pending, and every later append(), with
 //   that one error. A broken stream is not reopened: appends in flight may or may not have been
 //   written (send them again with the same requestId on a new stream to find out safely).
+// - A NOT_PRIMARY answer points the client at the primary it names (as a unary call's would):
+//   the stream stays where it is, a new one goes there.
 
 import * as grpc from "@grpc/grpc-js";
 
@@ -193,7 +195,7 @@ export class AppendStream {
     const opened = member;
     call.on("data", (response: proto.AppendStreamResponse) => {
       opened.reached = true;
-      this._answer(response);
+      this._answer(opened, response);
     });
     call.on("error", (error: grpc.ServiceError) => this._break(this._failure(opened, error)));
     // "end" comes after every answer was delivered (and only when the status was OK).
@@ -212,8 +214,8 @@ export class AppendStream {
     this._endIfDone();
   }
 
-  /** One answer: settle its append's promise and hand its slot on. */
-  private _answer(response: proto.AppendStreamResponse): void {
+  /** One answer from member: settle its append's promise and hand its slot on. */
+  private _answer(member: Member, response: proto.AppendStreamResponse): void {
     const id = Number(response.correlation_id);
     const pending = this._pending.get(id);
     if (!pending) return; // not ours (cannot happen with a well-behaved server)
@@ -221,14 +223,14 @@ export class AppendStream {
     if (response.result === "append" && response.append) pending.done(appendResult(response.append));
     else {
       const failed = response.error;
-      pending.fail(
-        errorFor(failed?.message ?? "", {
-          code: failed?.code ?? grpc.status.UNKNOWN,
-          reason: failed?.reason || undefined,
-          domain: failed?.reason ? "sessionlog" : "",
-          metadata: { ...(failed?.metadata ?? {}) },
-        }),
-      );
+      const error = errorFor(failed?.message ?? "", {
+        code: failed?.code ?? grpc.status.UNKNOWN,
+        reason: failed?.reason || undefined,
+        domain: failed?.reason ? "sessionlog" : "",
+        metadata: { ...(failed?.metadata ?? {}) },
+      });
+      if (error.reason === "NOT_PRIMARY") this._client._notPrimary(member, error.metadata);
+      pending.fail(error);
     }
     this._release();
   }

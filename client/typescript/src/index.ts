@@ -2161,6 +2161,17 @@ export class SessionLogClient {
     return retry ? LATER : RAISE;
   }
 
+  /** A NOT_PRIMARY that member answered inside a stream (AppendStream): the client's next call,
+   * or next stream, goes where it points (the primary it names, else the next member). */
+  /** @internal */
+  _notPrimary(member: Member, metadata: Record<string, string>): void {
+    if (!this._several) return;
+    const current = this._learn(member, whole(metadata.epoch));
+    const hint = metadata[PRIMARY_HINT] ?? "";
+    if (current && hint && hint !== member.address) this._current = this._members.indexOf(this._member(hint));
+    else this._moved(member);
+  }
+
   /**
    * Before a member first answers: wait until its channel connects or fails, at most
    * connectTimeoutMs (a call whose own deadline is shorter needs no such wait).

@@ -2,9 +2,9 @@
 import assert from "node:assert/strict";
 import { describe, test } from "node:test";
 
-import { AppendStream, DEFAULT_MAX_IN_FLIGHT, SessionLogClient, SessionLogError } from "sessionlog-client";
+import { AppendStream, DEFAULT_MAX_IN_FLIGHT, NotPrimaryError, SessionLogClient, SessionLogError } from "sessionlog-client";
 
-import { startServer, useServer } from "./server.mjs";
+import { startServer, tempDir, useServer } from "./server.mjs";
 
 const user = (content) => ({ type: "user_message", data: { content } });
 const ABORTED = 10;
@@ -127,7 +127,35 @@ test("a shardMap client refuses appendStream(): it would not route by session", 
   }
 });
 
-describe("appendStream when the stream ends early", () => {
+describe("appendStream with a replica, and when the stream ends early", () => {
+  test("a replica's NOT_PRIMARY rejects as NotPrimaryError and points the client at the primary", async () => {
+    const primary = await startServer({ root: tempDir() });
+    const replica = await startServer({ root: tempDir(), args: ["--replica-of", primary.address] });
+    const group = new SessionLogClient([replica.address, primary.address]);
+    try {
+      assert.equal(group.current, replica.address);
+      const onReplica = group.appendStream();
+      await assert.rejects(onReplica.append("routed", [user("no")]), (error) => {
+        assert.ok(error instanceof NotPrimaryError);
+        assert.equal(error.reason, "NOT_PRIMARY");
+        assert.equal(error.primary, primary.address);
+        return true;
+      });
+      await onReplica.close();
+      assert.equal(onReplica.error, null, "a refused append does not end the stream");
+      assert.equal(group.current, primary.address);
+      const onPrimary = group.appendStream();
+      assert.equal((await onPrimary.append("routed", [user("yes")])).nextSeq, 1);
+      await onPrimary.close();
+    } finally {
+      group.close();
+      for (const server of [replica, primary]) {
+        await server.stop();
+        server.remove();
+      }
+    }
+  });
+
   test("client.close() cancels an open stream; a server gone rejects what is pending with UNAVAILABLE", async () => {
     const server = await startServer();
     const closing = new SessionLogClient(server.address);

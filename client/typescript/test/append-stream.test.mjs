@@ -118,6 +118,23 @@ describe("appendStream", () => {
   });
 });
 
+test("a stream to an address nobody listens on rejects its appends with UNAVAILABLE naming it", async () => {
+  const client = new SessionLogClient("127.0.0.1:1");
+  try {
+    const stream = client.appendStream();
+    const sent = [stream.append("nowhere", [user("a")]), stream.append("nowhere", [user("b")])];
+    for (const outcome of await Promise.allSettled(sent)) {
+      assert.equal(outcome.status, "rejected");
+      assert.equal(outcome.reason, stream.error);
+    }
+    assert.equal(stream.error.code, UNAVAILABLE);
+    assert.match(stream.error.message, /127\.0\.0\.1:1/);
+    await stream.close();
+  } finally {
+    client.close();
+  }
+});
+
 test("a shardMap client refuses appendStream(): it would not route by session", () => {
   const client = new SessionLogClient("127.0.0.1:1", { shardMap: "server" });
   try {

@@ -2041,7 +2041,8 @@ export class SessionLogClient {
     return this._members[this._current]?.stub;
   }
 
-  /** Close every open stream (they end as done), then every channel. */
+  /** Close every open stream (they end as done; an AppendStream is cancelled: what it has
+   * unanswered rejects with CANCELLED), then every channel. */
   close(): void {
     for (const stream of this._streams) {
       if (stream instanceof AppendStream) stream.cancel();

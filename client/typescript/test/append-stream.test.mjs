@@ -1,10 +1,10 @@
 // client.appendStream() against a real server: appends pipelined over one AppendStream call.
 import assert from "node:assert/strict";
-import { describe, test } from "node:test";
+import { after, before, describe, test } from "node:test";
 
 import { AppendStream, DEFAULT_MAX_IN_FLIGHT, NotPrimaryError, SessionLogClient, SessionLogError } from "sessionlog-client";
 
-import { startServer, tempDir, useServer } from "./server.mjs";
+import { startServer, useServer } from "./server.mjs";
 
 const user = (content) => ({ type: "user_message", data: { content } });
 const ABORTED = 10;
@@ -20,6 +20,14 @@ async function contents(client, sessionId) {
 
 describe("appendStream", () => {
   const live = useServer();
+  let replica;
+  before(async () => {
+    replica = await startServer({ args: ["--replica-of", live.server.address] });
+  });
+  after(async () => {
+    await replica?.stop();
+    replica?.remove();
+  });
 
   test("pipelined appends to several sessions are written in the order sent, each answered", async () => {
     const stream = live.client.appendStream();
@@ -116,6 +124,57 @@ describe("appendStream", () => {
     await assert.rejects(stream.append("cancelled", [user("late")]), (error) => error === stream.error);
     await stream.close();
   });
+
+  test("a replica's NOT_PRIMARY rejects as NotPrimaryError and points the client at the primary", async () => {
+    const group = new SessionLogClient([replica.address, live.server.address]);
+    try {
+      assert.equal(group.current, replica.address);
+      const onReplica = group.appendStream();
+      await assert.rejects(onReplica.append("routed", [user("no")]), (error) => {
+        assert.ok(error instanceof NotPrimaryError);
+        assert.equal(error.reason, "NOT_PRIMARY");
+        assert.equal(error.primary, live.server.address);
+        return true;
+      });
+      await onReplica.close();
+      assert.equal(onReplica.error, null, "a refused append does not end the stream");
+      assert.equal(group.current, live.server.address);
+      const onPrimary = group.appendStream();
+      assert.equal((await onPrimary.append("routed", [user("yes")])).nextSeq, 1);
+      await onPrimary.close();
+    } finally {
+      group.close();
+    }
+  });
+
+  test("client.close() cancels an open stream", async () => {
+    const closing = new SessionLogClient(live.server.address);
+    const shut = closing.appendStream();
+    await shut.append("shut", [user("one")]);
+    closing.close();
+    assert.equal(shut.error?.code, CANCELLED);
+    await shut.close();
+  });
+
+  // Last: it kills this block's server.
+  test("a server gone rejects what is pending with UNAVAILABLE, and every later append", async () => {
+    const client = new SessionLogClient(live.server.address, { retry: { giveUpAfterMs: 0 } });
+    try {
+      const stream = client.appendStream();
+      assert.equal((await stream.append("broken", [user("before")])).nextSeq, 1);
+      await live.server.kill();
+      await assert.rejects(stream.append("broken", [user("after")]), (error) => {
+        assert.ok(error instanceof SessionLogError);
+        assert.equal(error.code, UNAVAILABLE);
+        return true;
+      });
+      assert.equal(stream.error?.code, UNAVAILABLE);
+      await assert.rejects(stream.append("broken", [user("later")]), (error) => error === stream.error);
+      await stream.close(); // resolves: the stream has ended
+    } finally {
+      client.close();
+    }
+  });
 });
 
 test("a stream to an address nobody listens on rejects its appends with UNAVAILABLE naming it", async () => {
@@ -142,63 +201,4 @@ test("a shardMap client refuses appendStream(): it would not route by session", 
   } finally {
     client.close();
   }
-});
-
-describe("appendStream with a replica, and when the stream ends early", () => {
-  test("a replica's NOT_PRIMARY rejects as NotPrimaryError and points the client at the primary", async () => {
-    const primary = await startServer({ root: tempDir() });
-    const replica = await startServer({ root: tempDir(), args: ["--replica-of", primary.address] });
-    const group = new SessionLogClient([replica.address, primary.address]);
-    try {
-      assert.equal(group.current, replica.address);
-      const onReplica = group.appendStream();
-      await assert.rejects(onReplica.append("routed", [user("no")]), (error) => {
-        assert.ok(error instanceof NotPrimaryError);
-        assert.equal(error.reason, "NOT_PRIMARY");
-        assert.equal(error.primary, primary.address);
-        return true;
-      });
-      await onReplica.close();
-      assert.equal(onReplica.error, null, "a refused append does not end the stream");
-      assert.equal(group.current, primary.address);
-      const onPrimary = group.appendStream();
-      assert.equal((await onPrimary.append("routed", [user("yes")])).nextSeq, 1);
-      await onPrimary.close();
-    } finally {
-      group.close();
-      for (const server of [replica, primary]) {
-        await server.stop();
-        server.remove();
-      }
-    }
-  });
-
-  test("client.close() cancels an open stream; a server gone rejects what is pending with UNAVAILABLE", async () => {
-    const server = await startServer();
-    const closing = new SessionLogClient(server.address);
-    const client = new SessionLogClient(server.address, { retry: { giveUpAfterMs: 0 } });
-    try {
-      const shut = closing.appendStream();
-      await shut.append("shut", [user("one")]);
-      closing.close();
-      assert.equal(shut.error?.code, CANCELLED);
-      await shut.close();
-
-      const stream = client.appendStream();
-      assert.equal((await stream.append("broken", [user("before")])).nextSeq, 1);
-      await server.kill();
-      await assert.rejects(stream.append("broken", [user("after")]), (error) => {
-        assert.ok(error instanceof SessionLogError);
-        assert.equal(error.code, UNAVAILABLE);
-        return true;
-      });
-      assert.equal(stream.error?.code, UNAVAILABLE);
-      await assert.rejects(stream.append("broken", [user("later")]), (error) => error === stream.error);
-      await stream.close(); // resolves: the stream has ended
-    } finally {
-      client.close();
-      await server.stop();
-      server.remove();
-    }
-  });
 });

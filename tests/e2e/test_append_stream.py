@@ -17,6 +17,7 @@ from pathlib import Path
 import grpc
 import pytest
 
+from sessionlog.shard import ShardMap
 from sessionlog.testing import RunningServer
 from sessionlog.v1 import session_log_service_pb2 as pb
 from sessionlog_client import AsyncClient, Client, SessionLogError, event
@@ -209,6 +210,26 @@ def test_the_stream_ends_ok_once_the_client_is_done(stub: Stub, sid: Sid) -> Non
     assert empty.code() == grpc.StatusCode.OK
 
 
+def test_a_cancelled_stream_leaves_a_prefix_of_its_appends(server: RunningServer, sid: Sid) -> None:
+    """A client that cancels with appends in flight: what the server had read is written in
+    stream order with no hole (never a later append without an earlier one)."""
+    session_id = sid("s")
+    requests = [
+        pb.AppendStreamRequest(
+            correlation_id=n, append=pb.AppendRequest(session_id=session_id, events=[user(f"m{n}")])
+        )
+        for n in range(300)
+    ]
+    call = server.stub().AppendStream(iter(requests), timeout=30)
+    for _ in range(10):
+        next(call)
+    call.cancel()
+    time.sleep(0.5)  # let what the server had taken commit
+    contents = [e.data["content"] for e in log(server.stub(), session_id)]
+    assert len(contents) >= 10
+    assert contents == [f"m{n}" for n in range(len(contents))]
+
+
 def test_the_window_bounds_the_requests_in_flight(tmp_path: Path) -> None:
     """With --append-stream-window 4, while the first four requests wait for their
     acknowledgement (here: --ack replica and no replica), the server reads no fifth: four
@@ -329,3 +350,36 @@ def test_the_client_fails_unanswered_appends_when_the_server_stops(tmp_path: Pat
         with pytest.raises(SessionLogError):
             late.result(0)
         stream.cancel()
+
+
+# -- a replica, a sharded server ------------------------------------------------------------------
+
+
+def test_a_replica_refuses_each_request_not_primary(tmp_path: Path) -> None:
+    """On a read replica every request is refused NOT_PRIMARY naming the primary, one reply
+    each, and the replica's log stays as the primary's."""
+    with (
+        running_server(tmp_path / "primary") as primary,
+        running_server(tmp_path / "replica", replica_of=primary.address) as replica,
+    ):
+        requests = [pb.AppendRequest(session_id="r", events=[user()]) for _ in range(3)]
+        replies = stream_appends(replica.stub(), requests)
+        assert [r.error.reason for r in replies] == ["NOT_PRIMARY"] * 3
+        assert {r.error.metadata["primary"] for r in replies} == {primary.address}
+        assert log(primary.stub(), "r") == []
+
+
+def test_a_sharded_server_refuses_another_groups_session_per_request(tmp_path: Path) -> None:
+    """A sharded server answers a request for a session another group owns with WRONG_GROUP
+    (naming the owner) and writes its own group's sessions on the same stream."""
+    shard_map = ShardMap.even_split({"g1": ["127.0.0.1:1"], "g2": ["127.0.0.1:2"]}, epoch=1)
+    path = tmp_path / "shards.toml"
+    path.write_text(shard_map.to_toml())
+    mine = next(f"s{n}" for n in range(200) if shard_map.owner(f"s{n}").name == "g1")
+    theirs = next(f"s{n}" for n in range(200) if shard_map.owner(f"s{n}").name == "g2")
+    with running_server(tmp_path / "data", shard_map=str(path), group="g1") as sharded:
+        requests = [pb.AppendRequest(session_id=s, events=[user()]) for s in (mine, theirs, mine)]
+        first, refused, last = stream_appends(sharded.stub(), requests)
+        assert (first.append.next_seq, last.append.next_seq) == (1, 2)
+        assert refused.error.reason == "WRONG_GROUP"
+        assert refused.error.metadata["group"] == "g2"

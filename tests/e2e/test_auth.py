@@ -490,6 +490,34 @@ def test_a_tenant_token_cannot_touch_another_tenants_session(server: RunningServ
         assert not session(channel, created).exists
 
 
+@pytest.mark.workers  # every worker checks tokens
+def test_a_tenant_stream_is_refused_outside_its_prefix_request_by_request(
+    server: RunningServer,
+) -> None:
+    """On one AppendStream with the tenant-a token, the request for tenant-b's session alone is
+    PERMISSION_DENIED (naming the prefix, never the id); the ones around it are written."""
+    channel = server.channel()
+    call = channel.stream_stream(SERVICE + "AppendStream")
+    targets = ("tenant-a.stream", "tenant-b.stream", "tenant-a.stream")
+    sent = [
+        pb.AppendStreamRequest(
+            correlation_id=n, append=pb.AppendRequest(session_id=target, events=[user("x")])
+        ).SerializeToString()
+        for n, target in enumerate(targets, 1)
+    ]
+    replies = [
+        pb.AppendStreamResponse.FromString(raw)
+        for raw in call(iter(sent), metadata=bearer(TENANT_A), timeout=TIMEOUT)
+    ]
+    assert [r.WhichOneof("result") for r in replies] == ["append", "error", "append"]
+    denied = replies[1].error
+    assert (denied.code, denied.reason) == (PERMISSION_DENIED.value[0], "PERMISSION_DENIED")
+    assert denied.metadata["session_prefix"] == "tenant-a."
+    assert "tenant-b" not in denied.message
+    assert session(channel, "tenant-a.stream").event_count == 2
+    assert not session(channel, "tenant-b.stream").exists
+
+
 def test_a_tenant_cannot_follow_another_tenants_session(server: RunningServer) -> None:
     """A follow stream on tenant-b.x with the tenant-a token is refused at once, not left open."""
     channel = server.channel()

@@ -27,6 +27,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
+from typing import Any
 
 import grpc
 from google.protobuf.message import DecodeError
@@ -104,9 +105,10 @@ class AppendStreams:
             reader.cancel()
 
         shutdown.add_done_callback(stop_reading)
+        answering: _InFlight | None = None
         try:
-            while (request := await in_flight.get()) is not _END:
-                reply = await self._answer(request)
+            while (answering := await in_flight.get()) is not _END:
+                reply = await self._answer(answering)
                 await context.write(reply)
                 slots.release()
             if shutdown.done():
@@ -117,10 +119,15 @@ class AppendStreams:
         finally:
             shutdown.remove_done_callback(stop_reading)
             reader.cancel()
-            while not in_flight.empty():  # the call ended early: nobody will read these
-                left = in_flight.get_nowait()
-                if left is not None:
-                    left.outcome.add_done_callback(_forget)
+            reader.add_done_callback(_forget)
+            # The call ended early (the client went away): what was submitted is still written,
+            # in order (never a later append without an earlier one), and nobody hears of it.
+            left: list[_InFlight | None] = [answering]
+            while not in_flight.empty():
+                left.append(in_flight.get_nowait())
+            for request in left:
+                if request is not None:
+                    request.outcome.add_done_callback(_forget)
 
     async def _read(
         self,
@@ -168,7 +175,8 @@ class AppendStreams:
         """The reply to one request once its append is acknowledged, or its error."""
         header = wire.uint_field(_CORRELATION_ID_FIELD, request.correlation_id)
         try:
-            result = await self.cases.acknowledged(request.outcome)
+            # shielded: a call that ends now must not cancel an append already queued
+            result = await self.cases.acknowledged(asyncio.shield(request.outcome))
         except errors.SessionLogError as error:
             reason, reply = error.reason, header + _error_field(error)
             log.log(
@@ -232,7 +240,7 @@ def _shutting_down() -> errors.Unavailable:
     )
 
 
-def _forget(outcome: asyncio.Future[AppendResult]) -> None:
-    """Retrieve an outcome no reply will carry (asyncio would log it as never retrieved)."""
+def _forget(outcome: asyncio.Future[Any]) -> None:
+    """Retrieve an outcome nobody will read (asyncio would log it as never retrieved)."""
     if not outcome.cancelled():
         outcome.exception()

@@ -20,6 +20,8 @@
 // - A NOT_PRIMARY answer points the client at the primary it names (as a unary call's would):
 //   the stream stays where it is, a new one goes there.
 
+import { randomUUID } from "node:crypto";
+
 import * as grpc from "@grpc/grpc-js";
 
 import {
@@ -46,8 +48,9 @@ export interface AppendStreamOptions {
 
 /**
  * The options of one append on an AppendStream: client.append's, without timeoutMs (a stream
- * has no per-append deadline). requestId: none unless given (nothing retries it here; give one
- * to be able to send the append again safely after a broken stream).
+ * has no per-append deadline). requestId: a fresh UUID when absent, as client.append's, "" for
+ * none; nothing resends it here: give your own to send an append again safely after a broken
+ * stream.
  */
 export type StreamAppendOptions = Omit<AppendOptions, "timeoutMs">;
 
@@ -123,7 +126,7 @@ export class AppendStream {
   append(sessionId: string, events: NewEvent[], options: StreamAppendOptions = {}): Promise<AppendResult> {
     let request: Input<proto.AppendRequest>;
     try {
-      request = appendRequest(sessionId, events, options);
+      request = appendRequest(sessionId, events, { ...options, requestId: options.requestId ?? randomUUID() });
     } catch (error) {
       return Promise.reject(error);
     }

@@ -71,6 +71,16 @@ describe("appendStream", () => {
     assert.deepEqual(await contents(live.client, "conflict"), ["one", "two", "three"]);
   });
 
+  test("an append sent again with its requestId is written once", async () => {
+    const stream = live.client.appendStream();
+    const first = stream.append("replayed", [user("once")], { requestId: "turn-1" });
+    const again = stream.append("replayed", [user("once")], { requestId: "turn-1" });
+    const other = stream.append("replayed", [user("twice")]);
+    assert.deepEqual([(await first).nextSeq, (await again).nextSeq, (await other).nextSeq], [1, 1, 2]);
+    await stream.close();
+    assert.deepEqual(await contents(live.client, "replayed"), ["once", "twice"]);
+  });
+
   test("an append the client refuses (bad event) rejects alone, before anything is sent", async () => {
     const stream = live.client.appendStream();
     await assert.rejects(stream.append("bad", [{ type: "no_such_type", data: {} }]), /no_such_type|event type/i);

@@ -84,14 +84,12 @@ export class AppendStream {
   private readonly _waiting: Array<{ go: () => void; fail: (error: unknown) => void }>;
   /** Requests made before the call was open, sent in order once it is. */
   private readonly _unsent: Input<proto.AppendStreamRequest>[];
-  /** Slots taken: appends sent or about to be (a slot handed to a waiting append stays taken). */
-  private _taken: number;
   private _nextId: number;
   private _call: Call | null;
   private _opening: boolean;
   private _closing: boolean;
   private _ended: boolean;
-  private _endWaiters: Array<() => void>;
+  private readonly _endWaiters: Array<() => void>;
 
   /** @internal */
   constructor(client: SessionLogClient, { maxInFlight = DEFAULT_MAX_IN_FLIGHT }: AppendStreamOptions = {}) {
@@ -105,7 +103,6 @@ export class AppendStream {
     this._pending = new Map();
     this._waiting = [];
     this._unsent = [];
-    this._taken = 0;
     this._nextId = 1;
     this._call = null;
     this._opening = false;
@@ -134,10 +131,7 @@ export class AppendStream {
     if (this._closing || this._ended) {
       return Promise.reject(new Error("this AppendStream is closed: open another with client.appendStream()"));
     }
-    if (this._taken < this.maxInFlight && !this._waiting.length) {
-      this._taken += 1;
-      return this._send(request);
-    }
+    if (this._pending.size < this.maxInFlight && !this._waiting.length) return this._send(request);
     return new Promise<AppendResult>((done, fail) => this._waiting.push({ go: () => done(this._send(request)), fail }));
   }
 
@@ -238,11 +232,9 @@ export class AppendStream {
     this._release();
   }
 
-  /** A slot is free: the first waiting append takes it, else it is given back. */
+  /** A slot is free: the first waiting append, if any, is sent in it now. */
   private _release(): void {
-    const next = this._waiting.shift();
-    if (next) next.go();
-    else this._taken -= 1;
+    this._waiting.shift()?.go();
   }
 
   /** Once closing and nothing waits for a slot, half-close the call (or finish: nothing was sent). */
@@ -274,7 +266,6 @@ export class AppendStream {
     const pending = [...this._pending.values()];
     const waiting = this._waiting.splice(0);
     this._pending.clear();
-    this._taken = 0;
     this._call?.cancel();
     for (const { fail } of pending) fail(error);
     for (const { fail } of waiting) fail(error);

@@ -2117,7 +2117,7 @@ export class SessionLogClient {
     const info = errorInfo(error);
     if (info) member.reached = true;
     const group = trailingGroup(error?.metadata);
-    let current = this._learn(member, trailingEpoch(error?.metadata), group, sessionId);
+    const current = this._learn(member, trailingEpoch(error?.metadata), group, sessionId);
     // A proxy's 502/503/504 is an answer (no primary right now), not an unreachable address;
     // a read stream (stream) resumes after any end of the transport, and a unary call that
     // retries (deadlineMoves: a read, or a write whose request id makes a second try harmless)
@@ -2135,16 +2135,10 @@ export class SessionLogClient {
       return retry && unavailable ? LATER : RAISE;
     }
     if (info?.reason === "NOT_PRIMARY") {
-      current = this._learn(member, whole(info.metadata?.epoch), group) && current;
-      const hint = info.metadata?.[PRIMARY_HINT] ?? "";
-      if (current && hint && hint !== member.address) {
-        this._current = this._members.indexOf(this._member(hint));
-        return hops < 2 * this._members.length + 2 ? AGAIN : LATER;
-      }
-      this._moved(member);
-      // A deposed member (a lower epoch): the next one now, as for an address never reached.
-      if (!current) return hops < 2 * this._members.length + 2 ? AGAIN : LATER;
-      return LATER;
+      // The primary it named now, and a deposed member's (a lower epoch) next one now too, as
+      // for an address never reached; otherwise the next one later.
+      if (this._notPrimary(member, info.metadata ?? {}, group, current) === "next") return LATER;
+      return hops < 2 * this._members.length + 2 ? AGAIN : LATER;
     }
     if (error?.code === grpc.status.DEADLINE_EXCEEDED && deadlineMoves && !info) {
       this._moved(member);
@@ -2162,15 +2156,23 @@ export class SessionLogClient {
     return retry ? LATER : RAISE;
   }
 
-  /** A NOT_PRIMARY that member answered inside a stream (AppendStream): the client's next call,
-   * or next stream, goes where it points (the primary it names, else the next member). */
+  /**
+   * A NOT_PRIMARY member answered (a unary call's, or one inside an AppendStream): the next call
+   * goes to the primary it names ("primary"), else to the next member: "deposed" when member's
+   * epoch is below one seen (or current is false: its reply's was), "next" otherwise. One
+   * address: nothing moves.
+   */
   /** @internal */
-  _notPrimary(member: Member, metadata: Record<string, string>): void {
-    if (!this._several) return;
-    const current = this._learn(member, whole(metadata.epoch));
+  _notPrimary(member: Member, metadata: Record<string, string>, group = "", current = true): "primary" | "deposed" | "next" {
+    if (!this._several) return "next";
+    const live = this._learn(member, whole(metadata.epoch), group) && current;
     const hint = metadata[PRIMARY_HINT] ?? "";
-    if (current && hint && hint !== member.address) this._current = this._members.indexOf(this._member(hint));
-    else this._moved(member);
+    if (live && hint && hint !== member.address) {
+      this._current = this._members.indexOf(this._member(hint));
+      return "primary";
+    }
+    this._moved(member);
+    return live ? "next" : "deposed";
   }
 
   /**

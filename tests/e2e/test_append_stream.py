@@ -8,6 +8,7 @@ shown by test_append_stream_semantics.py; this module shows what the stream adds
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import queue
 import threading
 import time
@@ -383,3 +384,52 @@ def test_a_sharded_server_refuses_another_groups_session_per_request(tmp_path: P
         assert (first.append.next_seq, last.append.next_seq) == (1, 2)
         assert refused.error.reason == "WRONG_GROUP"
         assert refused.error.metadata["group"] == "g2"
+
+
+def test_an_exception_in_the_async_block_cancels_the_stream(
+    server: RunningServer, sid: Sid
+) -> None:
+    """Leaving ``async with`` by an exception cancels the call: the futures still unanswered
+    fail (a SessionLogError) instead of being waited for; a stream whose appends were all
+    answered ends too; no task is left behind either way."""
+    session_id = sid("s")
+    line = [event("user_message", {"content": "x"})]
+
+    async def scenario() -> tuple[list[BaseException], int]:
+        async with asyncio.timeout(30), AsyncClient(server.address) as client:
+            with contextlib.suppress(KeyError):
+                async with client.append_stream() as busy:
+                    pending = [busy.append_nowait(session_id, line) for _ in range(200)]
+                    raise KeyError("the caller's own failure")
+            with contextlib.suppress(KeyError):
+                async with client.append_stream() as idle:
+                    for future in [idle.append_nowait(session_id, line) for _ in range(3)]:
+                        await future
+                    raise KeyError("the caller's own failure")
+            outcomes = await asyncio.gather(*pending, return_exceptions=True)
+            await asyncio.sleep(0.2)
+            left = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            return [o for o in outcomes if isinstance(o, BaseException)], len(left)
+
+    failed, tasks_left = asyncio.run(scenario())
+    assert tasks_left == 0
+    assert failed, "some appends were still unanswered when the block was left"
+    assert all(isinstance(o, SessionLogError) for o in failed)
+    assert 3 <= len(log(server.stub(), session_id)) <= 203
+
+
+def test_cancelling_a_blocking_stream_ends_its_threads(server: RunningServer, sid: Sid) -> None:
+    """A blocking stream cancelled while idle (every append answered) ends its reader thread
+    at once: nothing waits on the call afterwards."""
+    with Client(server.address) as client:
+        stream = client.append_stream()
+        stream.open()
+        answered = stream.append_nowait(sid("s"), [event("user_message", {"content": "x"})])
+        assert answered.result(10).next_seq == 1
+        stream.cancel()
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline and any(
+            t.name == "sessionlog-append-stream" for t in threading.enumerate()
+        ):
+            time.sleep(0.02)
+        assert not [t for t in threading.enumerate() if t.name == "sessionlog-append-stream"]

@@ -178,6 +178,41 @@ def test_appends_move_the_counters(primary: Primary) -> None:
     assert 0 < value(after, "sessionlog_lmdb_used_bytes") <= MAP_SIZE
 
 
+def test_stream_appends_are_counted_one_by_one(primary: Primary) -> None:
+    """Each AppendStream request is counted as a call of method AppendStream by its reason, with
+    its latency and a lenient request's drops; its replies count as stream bytes."""
+    _, before = scrape(primary.metrics_url)
+    user = message(event_pb2.EVENT_TYPE_USER_MESSAGE, "hello")
+    bad = event_pb2.Event(type=event_pb2.EVENT_TYPE_TOOL_CALL)
+    bad.surface_op.replace.start_seq = 0
+    appends = [
+        pb.AppendRequest(session_id="metrics-stream", events=[user]),
+        pb.AppendRequest(session_id="metrics-stream", events=[user], expected_seq=0),
+        pb.AppendRequest(session_id="metrics-stream", events=[user, bad], lenient=True),
+    ]
+    channel, client = stub(primary.address)
+    with channel:
+        sent = (pb.AppendStreamRequest(correlation_id=n, append=a) for n, a in enumerate(appends))
+        replies = list(client.AppendStream(sent, timeout=TIMEOUT))
+    assert [r.WhichOneof("result") for r in replies] == ["append", "error", "append"]
+
+    def moved(name: str, **labels: str) -> float:
+        return value(after, name, **labels) - value(before, name, **labels)
+
+    deadline = time.monotonic() + 30.0
+    _, after = scrape(primary.metrics_url)
+    while moved("sessionlog_request_duration_seconds_count", method="AppendStream") < 3:
+        if time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+        _, after = scrape(primary.metrics_url)
+    assert moved("sessionlog_requests_total", method="AppendStream", reason="OK") == 2
+    assert moved("sessionlog_requests_total", method="AppendStream", reason="SEQ_CONFLICT") == 1
+    assert moved("sessionlog_request_duration_seconds_count", method="AppendStream") == 3
+    assert moved("sessionlog_dropped_events_total", reason="SURFACE_OP_ON_NON_SURFACE_EVENT") == 1
+    assert moved("sessionlog_sent_bytes_total", kind="stream") > 0
+
+
 def test_follow_streams_show_while_open(primary: Primary) -> None:
     """An open follow stream counts in open_streams and streams_total and its bytes in
     sent_bytes{kind=stream}; once cancelled, open_streams drops back."""

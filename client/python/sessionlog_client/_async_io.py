@@ -106,6 +106,7 @@ class AppendPipe:
     def cancel(self) -> None:
         """End the call now: every request still unanswered fails (CANCELLED)."""
         self._closing = True
+        self._writer.cancel()
         self._call.cancel()
 
     async def _write(self) -> None:

@@ -160,7 +160,9 @@ class AppendPipe:
     def cancel(self) -> None:
         """End the call now: every request still unanswered fails (CANCELLED)."""
         with self._lock:
-            self._closing = True
+            if not self._closing:
+                self._closing = True
+                self._outgoing.put(None)  # ends the request iterator gRPC's thread reads
         self._call.cancel()
 
     def _requests(self) -> Iterator[pb.AppendStreamRequest]:

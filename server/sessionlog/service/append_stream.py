@@ -37,6 +37,7 @@ from sessionlog.service import usecases
 from sessionlog.service.convert import decode, encode_append_response
 from sessionlog.service.counters import INTERNAL, OK, Counters
 from sessionlog.service.errors import abort, refusal_level, status_code
+from sessionlog.service.limits import StreamLimiter
 from sessionlog.service.notifier import Notifier
 from sessionlog.storage.store import AppendResult
 from sessionlog.v1 import session_log_service_pb2 as pb
@@ -76,13 +77,17 @@ class AppendStreams:
         cases: usecases.SessionLog,
         counters: Counters,
         notifier: Notifier,
+        streams: StreamLimiter,
         *,
         window: int,
         max_message_bytes: int,
     ) -> None:
         self.cases = cases
         self.counters = counters
+        """Each request is counted as a call of ``METHOD``: its reason, its latency."""
         self.notifier = notifier
+        self.streams = streams
+        """Its replies' bytes are counted with the other streams' (``sent_bytes``)."""
         self.window = window
         self.max_message_bytes = max_message_bytes
 
@@ -192,7 +197,8 @@ class AppendStreams:
                 _RESULT_APPEND_FIELD, encode_append_response(result)
             )
             self._note_drops(request.session_id, result)
-        self.counters.record(METHOD, reason, time.perf_counter() - request.started, len(reply))
+        self.counters.record(METHOD, reason, time.perf_counter() - request.started, 0)
+        self.streams.sent_bytes += len(reply)
         return reply
 
     def _note_drops(self, session_id: str, result: AppendResult) -> None:

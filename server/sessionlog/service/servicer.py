@@ -205,6 +205,7 @@ class SessionLogServicer:
             self.cases,
             self.counters,
             notifier,
+            self.streams,
             window=append_stream_window,
             max_message_bytes=max_message_bytes,
         )

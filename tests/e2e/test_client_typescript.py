@@ -208,6 +208,27 @@ def test_readme_typescript_example_runs_as_written(
     ]
 
 
+def test_append_stream_typescript_example_runs_as_written(
+    node_modules: Path, server: RunningServer, tmp_path: Path
+) -> None:
+    """The Clients page's appendStream example pipelines three appends and a conflicting one:
+    the three are written in order, the fourth alone is refused with SEQ_CONFLICT."""
+    code = readme_block("js", "appendStream")
+    assert len(code.strip().splitlines()) <= 10
+    (tmp_path / "node_modules").mkdir()
+    (tmp_path / "node_modules" / "sessionlog-client").symlink_to(PACKAGE, target_is_directory=True)
+    script = tmp_path / "example.mjs"
+    script.write_text(code.replace("127.0.0.1:50051", server.address))
+    result = subprocess.run(
+        [node(), str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=60, check=False
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == ["[ 1, 2, 3 ] SEQ_CONFLICT"]
+    with Client(server.address) as client:
+        contents = [e.data["content"] for e in client.since("piped-ts")]
+    assert contents == ["a", "b", "c"]
+
+
 def test_readme_openai_agents_typescript_example_runs_as_written(
     node_modules: Path, server: RunningServer, tmp_path: Path
 ) -> None:

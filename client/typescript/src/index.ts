@@ -16,9 +16,11 @@ import * as grpc from "@grpc/grpc-js";
 import * as protoLoader from "@grpc/proto-loader";
 import protobuf from "protobufjs";
 
+import { AppendStream, type AppendStreamOptions } from "./append-stream.js";
 import type * as proto from "./proto.js";
 import type { Input } from "./proto.js";
 
+export { AppendStream, type AppendStreamOptions, DEFAULT_MAX_IN_FLIGHT, type StreamAppendOptions } from "./append-stream.js";
 export type { Input } from "./proto.js";
 
 // -- types ------------------------------------------------------------------------------------
@@ -637,14 +639,19 @@ export function toError(thrown: unknown): unknown {
   }
   const oversized = info ? null : oversizedMessage(error);
   if (oversized !== null) return oversized;
-  const Class = (info && ERROR_CLASSES[info.reason]) || SessionLogError;
-  return new Class(error.details || error.message || "", {
+  return errorFor(error.details || error.message || "", {
     code: error.code,
     reason: info?.reason,
     domain: info?.domain,
     metadata: info?.metadata ?? {},
     cause: error,
   });
+}
+
+/** A SessionLogError of its reason's own class when it has one (NotPrimaryError, ...). */
+export function errorFor(message: string, options: SessionLogErrorOptions): SessionLogError {
+  const Class = (options.reason && ERROR_CLASSES[options.reason]) || SessionLogError;
+  return new Class(message, options);
 }
 
 /**
@@ -1438,6 +1445,32 @@ class Shards {
   }
 }
 
+/** An AppendRequest of client.append's arguments (its requestId as given: "" or absent for none). */
+/** @internal */
+export function appendRequest(sessionId: string, events: NewEvent[], options: AppendOptions = {}): Input<proto.AppendRequest> {
+  const { expectedSeq, requestId = "", leaseHolder = "", leaseToken = 0, lenient = false } = options;
+  const request: Input<proto.AppendRequest> = {
+    session_id: sessionId,
+    events: events.map(toEvent),
+    request_id: requestId,
+    lease_holder: leaseHolder,
+    lease_token: leaseToken,
+    lenient,
+  };
+  if (expectedSeq !== undefined && expectedSeq !== null) request.expected_seq = checkSeq(expectedSeq, "expectedSeq");
+  return request;
+}
+
+/** What client.append resolves to, of an AppendResponse. */
+/** @internal */
+export function appendResult(reply: proto.AppendResponse): AppendResult {
+  return {
+    events: (reply.events ?? []).map(fromEvent),
+    nextSeq: Number(reply.next_seq ?? 0),
+    drops: (reply.drops ?? []).map((d) => ({ index: d.index, reason: d.reason, message: d.message })),
+  };
+}
+
 // -- the client -------------------------------------------------------------------------------
 
 /** A member's client: a grpc-js client whose RPC methods are added from the .proto files. */
@@ -1883,7 +1916,7 @@ export class SessionLogClient {
   private readonly _epochs: Map<string, number>;
   private readonly _slotGroups: Map<number, string>;
   private readonly _token: string | undefined;
-  private readonly _streams: Set<EventStream | SessionsStream>;
+  private readonly _streams: Set<EventStream | SessionsStream | AppendStream>;
   private readonly _openAdmin: (member: Member) => ServiceClient;
   private readonly _openStub: (address: string) => ServiceClient;
   private readonly _members: Member[];
@@ -2008,9 +2041,13 @@ export class SessionLogClient {
     return this._members[this._current]?.stub;
   }
 
-  /** Close every open stream (they end as done), then every channel. */
+  /** Close every open stream (they end as done; an AppendStream is cancelled: what it has
+   * unanswered rejects with CANCELLED), then every channel. */
   close(): void {
-    for (const stream of this._streams) stream.close();
+    for (const stream of this._streams) {
+      if (stream instanceof AppendStream) stream.cancel();
+      else stream.close();
+    }
     this._streams.clear();
     this._shards?.close();
     for (const member of this._members) member.stub.close();
@@ -2080,7 +2117,7 @@ export class SessionLogClient {
     const info = errorInfo(error);
     if (info) member.reached = true;
     const group = trailingGroup(error?.metadata);
-    let current = this._learn(member, trailingEpoch(error?.metadata), group, sessionId);
+    const current = this._learn(member, trailingEpoch(error?.metadata), group, sessionId);
     // A proxy's 502/503/504 is an answer (no primary right now), not an unreachable address;
     // a read stream (stream) resumes after any end of the transport, and a unary call that
     // retries (deadlineMoves: a read, or a write whose request id makes a second try harmless)
@@ -2098,16 +2135,10 @@ export class SessionLogClient {
       return retry && unavailable ? LATER : RAISE;
     }
     if (info?.reason === "NOT_PRIMARY") {
-      current = this._learn(member, whole(info.metadata?.epoch), group) && current;
-      const hint = info.metadata?.[PRIMARY_HINT] ?? "";
-      if (current && hint && hint !== member.address) {
-        this._current = this._members.indexOf(this._member(hint));
-        return hops < 2 * this._members.length + 2 ? AGAIN : LATER;
-      }
-      this._moved(member);
-      // A deposed member (a lower epoch): the next one now, as for an address never reached.
-      if (!current) return hops < 2 * this._members.length + 2 ? AGAIN : LATER;
-      return LATER;
+      // The primary it named now, and a deposed member's (a lower epoch) next one now too, as
+      // for an address never reached; otherwise the next one later.
+      if (this._notPrimary(member, info.metadata ?? {}, group, current) === "next") return LATER;
+      return hops < 2 * this._members.length + 2 ? AGAIN : LATER;
     }
     if (error?.code === grpc.status.DEADLINE_EXCEEDED && deadlineMoves && !info) {
       this._moved(member);
@@ -2123,6 +2154,25 @@ export class SessionLogClient {
     }
     this._moved(member);
     return retry ? LATER : RAISE;
+  }
+
+  /**
+   * A NOT_PRIMARY member answered (a unary call's, or one inside an AppendStream): the next call
+   * goes to the primary it names ("primary"), else to the next member: "deposed" when member's
+   * epoch is below one seen (or current is false: its reply's was), "next" otherwise. One
+   * address: nothing moves.
+   */
+  /** @internal */
+  _notPrimary(member: Member, metadata: Record<string, string>, group = "", current = true): "primary" | "deposed" | "next" {
+    if (!this._several) return "next";
+    const live = this._learn(member, whole(metadata.epoch), group) && current;
+    const hint = metadata[PRIMARY_HINT] ?? "";
+    if (live && hint && hint !== member.address) {
+      this._current = this._members.indexOf(this._member(hint));
+      return "primary";
+    }
+    this._moved(member);
+    return live ? "next" : "deposed";
   }
 
   /**
@@ -2295,23 +2345,27 @@ export class SessionLogClient {
    * given; "" turns both off), so a retry never writes twice.
    */
   async append(sessionId: string, events: NewEvent[], options: AppendOptions = {}): Promise<AppendResult> {
-    const { expectedSeq, requestId, leaseHolder = "", leaseToken = 0, lenient = false, timeoutMs } = options;
-    const request_id = requestId ?? randomUUID();
-    const request: Input<proto.AppendRequest> = {
-      session_id: sessionId,
-      events: events.map(toEvent),
-      request_id,
-      lease_holder: leaseHolder,
-      lease_token: leaseToken,
-      lenient,
-    };
-    if (expectedSeq !== undefined && expectedSeq !== null) request.expected_seq = checkSeq(expectedSeq, "expectedSeq");
-    const reply = await this._call("Append", request, { timeoutMs, retry: request_id !== "", write: true });
-    return {
-      events: (reply.events ?? []).map(fromEvent),
-      nextSeq: Number(reply.next_seq ?? 0),
-      drops: (reply.drops ?? []).map((d) => ({ index: d.index, reason: d.reason, message: d.message })),
-    };
+    const request = appendRequest(sessionId, events, { ...options, requestId: options.requestId ?? randomUUID() });
+    const reply = await this._call("Append", request, { timeoutMs: options.timeoutMs, retry: request.request_id !== "", write: true });
+    return appendResult(reply);
+  }
+
+  /**
+   * A stream that pipelines appends over one AppendStream call: `append()` sends at once and
+   * resolves with what client.append would, without waiting for the appends before it. See
+   * AppendStream; `await stream.close()` when done.
+   */
+  appendStream(options: AppendStreamOptions = {}): AppendStream {
+    if (this._shards) {
+      throw new TypeError(
+        "appendStream() is not routed by a shard map: open one on each group's own client " +
+          "(new SessionLogClient(group.members)) and send each session's appends to its owner's",
+      );
+    }
+    const stream = new AppendStream(this, options);
+    this._streams.add(stream);
+    stream._forget = () => this._streams.delete(stream);
+    return stream;
   }
 
   /** The stored events from seq on, then done. `for await (const e of client.since(id))`. */

@@ -1,8 +1,12 @@
 // Type-checked by `npm run typecheck` and `make lint` (tsc, no emit; never run): the declarations
 // the build generates (lib/index.d.ts) describe the API as a TypeScript worker uses it.
 import {
+  type AppendResult,
+  AppendStream,
+  type AppendStreamOptions,
   type ChatMessage,
   DEFAULT_CONNECT_TIMEOUT_MS,
+  DEFAULT_MAX_IN_FLIGHT,
   type DerivedMessages,
   type Event,
   type FollowedChange,
@@ -15,6 +19,7 @@ import {
   SessionLogClient,
   SessionLogError,
   type StateResult,
+  type StreamAppendOptions,
   type UsageReport,
 } from "sessionlog-client";
 
@@ -117,4 +122,19 @@ export async function spending(client: SessionLogClient): Promise<number> {
   const { session } = await client.getSession("typed");
   for await (const page of client.listSessions()) seen.push(String(page.usageTotal.length));
   return report.usage.reduce((sum, u) => sum + u.inputTokens, 0) + own.length + session.usage.length;
+}
+
+/** Pipelined appends: each promise its own result or error; close() once every answer is in. */
+export async function pipelined(client: SessionLogClient, texts: string[]): Promise<number[]> {
+  const options: AppendStreamOptions = { maxInFlight: DEFAULT_MAX_IN_FLIGHT / 2 };
+  const stream: AppendStream = client.appendStream(options);
+  const sent: Promise<AppendResult>[] = texts.map((content, i) => {
+    const each: StreamAppendOptions = { expectedSeq: i, requestId: `t-${i}`, lenient: false };
+    return stream.append("typed", [{ type: "user_message", data: { content } }], each);
+  });
+  const unanswered: number = stream.inFlight;
+  await stream.close();
+  const failure: SessionLogError | Error | null = stream.error;
+  if (failure || unanswered < 0) throw failure;
+  return (await Promise.all(sent)).map((result) => result.nextSeq);
 }

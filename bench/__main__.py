@@ -24,6 +24,7 @@ from types import FrameType
 
 from bench import (
     ack,
+    appendload,
     cases,
     ceilings,
     checksums,
@@ -36,6 +37,7 @@ from bench import (
     procs,
     sessions,
     shards,
+    streams,
     tail,
     workers,
 )
@@ -62,6 +64,7 @@ GROUPS = (
     "ack",
     "shards",
     "last",
+    "stream",
     "frameworks",
 )
 DEFAULT_GROUPS = tuple(g for g in GROUPS if g != "frameworks")
@@ -80,7 +83,8 @@ directly to one static group's primary, through HAProxy to it, and through HAPro
 groups, with HAProxy's CPU per call), last = 11 (the last 10 events and messages of a
 1,000,000-event session beside Since from 0 and a full DeriveMessages: see ``bench.last``),
 frameworks = 12 (the framework backends' calls per call beside SQLite, Redis and Postgres: see
-``bench.frameworks``)."""
+``bench.frameworks``), stream = 13 (AppendStream and unary Append through the compiled appendload
+at --workers 1 and 2, beside etcd's Put and Txn: see ``bench.streams``)."""
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -143,6 +147,9 @@ def run_all(settings: Settings, work: Path, groups: list[str]) -> Results:
     etcd_missing = etcd.unavailable() if "etcd" in groups else "not asked for"
     if "etcd" in groups and etcd_missing:
         results.notes.append(f"etcd rows skipped: {etcd_missing}.")
+    stream_missing = appendload.unavailable() if "stream" in groups else "not asked for"
+    if "stream" in groups and stream_missing:
+        results.notes.append(f"case 13 (AppendStream) skipped: {stream_missing}.")
     one_worker: dict[int, Measurement] = {}
     """The main server's h2load append rows, by case number (the workers group reuses them)."""
     with ExitStack() as stack:
@@ -221,6 +228,13 @@ def run_all(settings: Settings, work: Path, groups: list[str]) -> Results:
                     settings, work, server, one_worker, results.tails, peers, progress
                 )
             )
+
+        if not stream_missing:
+            peers = workers.etcd_writes(results.etcd)
+            results.streams.extend(streams.run_group(settings, work, server, peers, progress))
+            for stream_row in results.streams:
+                for m in (stream_row.one, stream_row.many):
+                    measured(m.name, m)
 
         if "sessions" in groups:
             count = settings.sessions_count

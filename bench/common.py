@@ -76,6 +76,8 @@ class Settings:
     """Items in the OpenAI Agents SDK session case 12 reads the last 20 of and whole."""
     frameworks_sessions: int = 5_000
     """Sessions of one user that case 12's ADK list_sessions lists."""
+    stream_window: int = 16
+    """Appends each AppendStream stream keeps in flight (case 13, ``bench.streams``)."""
 
     @classmethod
     def default(cls) -> Settings:

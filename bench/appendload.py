@@ -106,6 +106,8 @@ class LoadCase:
     clients: int
     window: int
     events_per_append: int
+    session_prefix: str = ""
+    """Session ids are ``<prefix>-<client index>``; empty: one of the case's own."""
 
     @property
     def label(self) -> str:
@@ -118,7 +120,7 @@ class LoadCase:
     @property
     def prefix(self) -> str:
         """Session ids of this case are ``<prefix>-<client index>``."""
-        return f"al-{self.mode}-{self.events_per_append}"
+        return self.session_prefix or f"al-{self.mode}-{self.events_per_append}"
 
 
 @dataclass
@@ -146,7 +148,7 @@ def _invoke(
         "-prefix", case.prefix,
         "-request", str(request),
     ]  # fmt: skip
-    out = work / f"appendload-{case.prefix}.out"
+    out = work / f"appendload-{case.mode}-{case.events_per_append}.out"
     started = time.perf_counter()
     with out.open("wb") as output:
         process = subprocess.Popen(
@@ -186,16 +188,26 @@ def run(
     with grpc.insecure_channel(server.address) as channel:
         before = [next_seq(channel, session) for session in sessions]
     spread: list[list[int]] = []
-    midway = threading.Timer(
-        settings.duration / 2, lambda: spread.append(server.connections_per_worker())
-    )
+    stop = threading.Event()
+
+    def look() -> None:
+        """The connections each worker holds, once every client's is there (or the last
+        count within three quarters of the run)."""
+        deadline = time.monotonic() + settings.duration * 0.75
+        while not stop.wait(0.02):
+            seen = server.connections_per_worker()
+            if sum(seen) >= case.clients or time.monotonic() > deadline:
+                spread.append(seen)
+                return
+
+    midway = threading.Thread(target=look, daemon=True)
     writer_before = server.writer_counts()
     cpu_before, system_before = server.cpu_seconds(), system_cpu_seconds()
     midway.start()
     try:
         measured = _invoke(binary, server, case, settings.duration, work)
     finally:
-        midway.cancel()
+        stop.set()
         midway.join()
     cpu_after, system_after = server.cpu_seconds(), system_cpu_seconds()
     report = measured.report

@@ -30,6 +30,7 @@ import (
 	"google.golang.org/protobuf/types/known/structpb"
 
 	sessionlogv1 "github.com/sessionlog/sessionlog/client/go/sessionlog/v1"
+	"github.com/sessionlog/sessionlog/client/go/sessionlogerr"
 )
 
 // content is the bench's event content (bench/common.py's CONTENT): a small user message.
@@ -276,7 +277,7 @@ func unaryLoad(
 		cancel()
 		now := time.Now()
 		if err != nil {
-			out.fail("Append: %v", err)
+			out.fail("Append: %v", sessionlogerr.From(err))
 			if out.errors >= 100 {
 				return
 			}

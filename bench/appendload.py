@@ -21,10 +21,12 @@ nothing is in flight at the end, unlike h2load's last call).
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import shutil
 import subprocess
+import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -38,6 +40,8 @@ from bench.common import Measurement, Settings, append_request, system_cpu_secon
 from bench.procs import ServerProcess
 
 ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_BUILD = ROOT / "bench" / "results" / "go"
+"""Where ``python -m bench.appendload`` builds (git-ignored, as every bench result)."""
 MODULE = "github.com/sessionlog/sessionlog"
 DEBIAN_GOPATH = Path("/usr/share/gocode")
 BUILD_SECONDS = 300.0
@@ -254,3 +258,20 @@ def run(
 
 def _delta(before: float | None, after: float | None) -> float | None:
     return None if before is None or after is None else after - before
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Build appendload for running it by hand; print the binary's path."""
+    parser = argparse.ArgumentParser(prog="python -m bench.appendload", description=main.__doc__)
+    parser.add_argument("directory", type=Path, nargs="?", default=DEFAULT_BUILD)
+    args = parser.parse_args(argv)
+    try:
+        print(build(args.directory.resolve()))
+    except RuntimeError as exc:
+        print(exc, file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -28,6 +28,7 @@ from sessionlog import fold, retention
 from sessionlog.cluster import settings
 from sessionlog.cluster.settings import ClusterSettings, cluster_settings
 from sessionlog.defaults import (
+    DEFAULT_APPEND_STREAM_WINDOW,
     DEFAULT_DATA_DIR,
     DEFAULT_FOLLOW_SEND_RATE,
     DEFAULT_HEARTBEAT_SECONDS,
@@ -323,6 +324,14 @@ class ServerConfig:
         "most events in one Append, CreateSession or SeedSession (TOO_MANY_EVENTS)",
         "N",
     )
+    append_stream_window: int = _setting(
+        "append_stream_window",
+        _positive_int,
+        DEFAULT_APPEND_STREAM_WINDOW,
+        "most requests of one AppendStream in flight (read, not yet answered); past it the "
+        "server stops reading that stream until replies go out",
+        "N",
+    )
     max_streams: int = _setting(
         "max_streams",
         _positive_int,
@@ -582,6 +591,7 @@ class ServerConfig:
             )
         for name in (
             "max_events_per_append",
+            "append_stream_window",
             "max_streams",
             "max_streams_per_connection",
             "follow_send_rate",

@@ -15,6 +15,8 @@ DEFAULT_REQUEST_ID_TTL_SECONDS = 24 * 3600
 DEFAULT_MAX_MESSAGE_BYTES = 4 << 20
 """gRPC clients accept 4 MiB replies by default; a larger limit needs clients told so too."""
 DEFAULT_MAX_EVENTS_PER_APPEND = 10_000
+DEFAULT_APPEND_STREAM_WINDOW = 256
+"""Requests of one AppendStream read and not yet answered; past it the server stops reading."""
 DEFAULT_MAX_STREAMS = 10_000
 DEFAULT_MAX_STREAMS_PER_CONNECTION = 1_000
 DEFAULT_HEARTBEAT_SECONDS = 15.0

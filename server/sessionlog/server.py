@@ -320,6 +320,7 @@ class SessionLogServer:
             primary=config.replica_of,
             authorizer=self.authorizer,
             max_events_per_append=config.max_events_per_append,
+            append_stream_window=config.append_stream_window,
             streams=self.streams,
             counters=self.counters,
             sync=self.sync,

@@ -6,6 +6,8 @@ from typing import Any
 
 import grpc
 import pytest
+from google.protobuf import any_pb2
+from google.rpc import error_details_pb2, status_pb2
 
 from sessionlog.testing import error_info
 from sessionlog.v1 import admin_service_pb2 as apb
@@ -114,3 +116,66 @@ def check(error: grpc.RpcError, code: grpc.StatusCode, reason: str, **meta: obje
     assert (info.domain, info.reason) == ("sessionlog", reason), info
     for key, value in meta.items():
         assert info.metadata.get(key) == str(value), (key, dict(info.metadata))
+
+
+# -- AppendStream -------------------------------------------------------------------------------
+
+
+class StreamRefusal(grpc.RpcError):  # type: ignore[misc]  # grpc is untyped
+    """One AppendStream request's error in the shape of the RpcError a unary Append raises (its
+    code, its message, the rich status with the ErrorInfo), so the same checks read both."""
+
+    def __init__(self, error: pb.AppendStreamError) -> None:
+        super().__init__(error.message)
+        self.error = error
+        info = error_details_pb2.ErrorInfo(
+            reason=error.reason, domain="sessionlog", metadata=error.metadata
+        )
+        detail = any_pb2.Any()
+        detail.Pack(info)
+        self._status = status_pb2.Status(code=error.code, message=error.message, details=[detail])
+
+    def code(self) -> grpc.StatusCode:
+        return next(c for c in grpc.StatusCode if c.value[0] == self.error.code)
+
+    def details(self) -> str:
+        return self.error.message
+
+    def trailing_metadata(self) -> tuple[tuple[str, bytes], ...]:
+        return (("grpc-status-details-bin", self._status.SerializeToString()),)
+
+
+def stream_appends(
+    stub: Stub, requests: list[pb.AppendRequest], **call: Any
+) -> list[pb.AppendStreamResponse]:
+    """Send ``requests`` on one AppendStream (correlation ids 1, 2, ...) and read every reply."""
+    sent = (
+        pb.AppendStreamRequest(correlation_id=number, append=request)
+        for number, request in enumerate(requests, 1)
+    )
+    return list(stub.AppendStream(sent, timeout=call.pop("timeout", 30), **call))
+
+
+def result(reply: pb.AppendStreamResponse) -> pb.AppendResponse:
+    """An AppendStream reply's AppendResponse, or its error raised as a StreamRefusal."""
+    if reply.HasField("error"):
+        raise StreamRefusal(reply.error)
+    assert reply.HasField("append"), reply
+    return reply.append
+
+
+class StreamingStub:
+    """A SessionLogService stub whose Append goes over AppendStream (one request per stream),
+    raising a request's error as unary Append would: a suite written for Append runs over the
+    stream unchanged. Every other method is the stub's own."""
+
+    def __init__(self, stub: Stub) -> None:
+        self._stub = stub
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stub, name)
+
+    def Append(self, request: pb.AppendRequest, **call: Any) -> pb.AppendResponse:
+        (reply,) = stream_appends(self._stub, [request], **call)
+        assert reply.correlation_id == 1
+        return result(reply)

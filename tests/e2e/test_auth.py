@@ -28,7 +28,7 @@ from sessionlog.v1 import admin_service_pb2 as apb
 from sessionlog.v1 import event_pb2, message_pb2
 from sessionlog.v1 import replication_service_pb2 as rpb
 from sessionlog.v1 import session_log_service_pb2 as pb
-from tests.e2e._helpers import user
+from tests.e2e._helpers import result, user
 from tests.e2e._proc import (
     GRPCURL,
     ServerProcess,
@@ -120,11 +120,25 @@ def stream(channel: grpc.Channel, method: str, request: Message, token: str | No
     return list(call(request.SerializeToString(), metadata=bearer(token), timeout=TIMEOUT))
 
 
+def appended(
+    channel: grpc.Channel, method: str, request: Message, token: str | None
+) -> pb.AppendResponse:
+    """One append over AppendStream (``method``); its error (the stream's, or the request's
+    own, which leaves the stream open) raised as an RpcError."""
+    assert isinstance(request, pb.AppendRequest)
+    call = channel.stream_stream(method)
+    sent = pb.AppendStreamRequest(correlation_id=7, append=request).SerializeToString()
+    (reply,) = call(iter([sent]), metadata=bearer(token), timeout=TIMEOUT)
+    answer = pb.AppendStreamResponse.FromString(reply)
+    assert answer.correlation_id == 7
+    return result(answer)
+
+
 def refusal(
     channel: grpc.Channel, method: str, request: Message, token: str | None, streaming: bool
 ) -> grpc.RpcError:
     """The error a call gets; fails the test if the call succeeds."""
-    call = stream if streaming else unary
+    call = appended if method == SERVICE + "AppendStream" else stream if streaming else unary
     with pytest.raises(grpc.RpcError) as caught:
         call(channel, method, request, token)
     return caught.value
@@ -171,6 +185,12 @@ def every_rpc(session_id: str) -> list[tuple[str, Message, bool]]:
     message = message_pb2.Message(role=message_pb2.ROLE_USER, content="hi")
     return [
         (SERVICE + "Append", pb.AppendRequest(session_id=session_id, events=[user("x")]), False),
+        (
+            # One request on the stream (``appended``): its own refusal, or the stream's.
+            SERVICE + "AppendStream",
+            pb.AppendRequest(session_id=session_id, events=[user("y")]),
+            False,
+        ),
         (SERVICE + "Since", pb.SinceRequest(session_id=session_id), True),
         (SERVICE + "ListEvents", pb.ListEventsRequest(session_id=session_id), False),
         (SERVICE + "Surface", pb.SurfaceRequest(session_id=session_id), False),
@@ -323,6 +343,7 @@ def test_reader_reads_but_may_not_write(server: RunningServer) -> None:
         if method.rsplit("/", 1)[1]
         in {
             "Append",
+            "AppendStream",
             "CreateSession",
             "SeedSession",
             "ForkSession",
@@ -331,7 +352,7 @@ def test_reader_reads_but_may_not_write(server: RunningServer) -> None:
             "UpdateSession",
         }
     ]
-    assert len(writes) == 7
+    assert len(writes) == 8
     for method, request in writes:
         error = refusal(channel, method, request, READER, streaming=False)
         assert_refused(error, PERMISSION_DENIED)
@@ -632,7 +653,9 @@ def test_secrets_never_appear_in_the_server_log(tmp_path: Path) -> None:
             for token in (None, WRONG, READER, TENANT_A, ADMIN, TENANT_ADMIN):
                 for method, request, streaming in every_rpc("tenant-b.s"):
                     try:
-                        if streaming:
+                        if method == SERVICE + "AppendStream":
+                            appended(channel, method, request, token)
+                        elif streaming:
                             stream(channel, method, request, token)
                         else:
                             unary(channel, method, request, token)

@@ -271,6 +271,7 @@ def test_flags_of_a_config_make_that_config_again() -> None:
         max_message_bytes=8 << 20,
         limits=dataclasses.replace(fold.DEFAULT_LIMITS, max_event_bytes=2 << 20, max_data_depth=7),
         max_events_per_append=5,
+        append_stream_window=12,
         max_streams=6,
         max_streams_per_connection=4,
         heartbeat_seconds=0.25,

@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import grpc
@@ -20,12 +20,14 @@ from google.protobuf.message import DecodeError
 from sessionlog import errors, mirrors, wire
 from sessionlog.cluster.sync import SyncTracker
 from sessionlog.defaults import (
+    DEFAULT_APPEND_STREAM_WINDOW,
     DEFAULT_HEARTBEAT_SECONDS,
     DEFAULT_MAX_EVENTS_PER_APPEND,
     DEFAULT_MAX_MESSAGE_BYTES,
 )
 from sessionlog.records import parse_filter
 from sessionlog.service import access, follow_sessions, importing, ledger, usecases
+from sessionlog.service.append_stream import AppendStreams
 from sessionlog.service.auth import Authorizer, Principal
 from sessionlog.service.convert import (
     _LIST_EVENTS,
@@ -172,6 +174,7 @@ class SessionLogServicer:
         primary: str = "",
         authorizer: Authorizer | None = None,
         max_events_per_append: int = DEFAULT_MAX_EVENTS_PER_APPEND,
+        append_stream_window: int = DEFAULT_APPEND_STREAM_WINDOW,
         streams: StreamLimiter | None = None,
         counters: Counters | None = None,
         sync: SyncTracker | None = None,
@@ -197,6 +200,13 @@ class SessionLogServicer:
             max_message_bytes=max_message_bytes,
             sync=sync,
             primary=primary,
+        )
+        self.append_streams = AppendStreams(
+            self.cases,
+            self.counters,
+            notifier,
+            window=append_stream_window,
+            max_message_bytes=max_message_bytes,
         )
 
     # What the composition sets after start (a replica's primary, a member's refusal, the
@@ -232,6 +242,7 @@ class SessionLogServicer:
             SERVICE_NAME,
             {
                 "Append": grpc.unary_unary_rpc_method_handler(self.append),
+                "AppendStream": grpc.stream_stream_rpc_method_handler(self.append_stream),
                 "Since": grpc.unary_stream_rpc_method_handler(
                     self.streams.guard(self.since, self._since_scope, self._since_subject)
                 ),
@@ -300,6 +311,19 @@ class SessionLogServicer:
                 extra={"session_id": request.session_id, "index": index, "reason": reason},
             )
         return encode_append_response(result)
+
+    async def append_stream(
+        self, requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext
+    ) -> None:
+        """Appends pipelined on one stream, each answered on its own (``append_stream``)."""
+        try:
+            caller = self._caller(context)
+        except errors.SessionLogError as error:
+            await abort(context, error, _epoch_metadata(self))
+            return
+        await self.append_streams.serve(
+            requests, context, caller, functools.partial(_epoch_metadata, self)
+        )
 
     @staticmethod
     def _since_subject(raw: bytes) -> str:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -456,6 +456,14 @@ class SessionLog:
     # -- writes --------------------------------------------------------------------------------
 
     async def append(self, caller: Caller, request: pb.AppendRequest) -> AppendResult:
+        return await self.acknowledged(self.submit_append(caller, request))
+
+    def submit_append(
+        self, caller: Caller, request: pb.AppendRequest
+    ) -> asyncio.Future[AppendResult]:
+        """Append's checks, then its command queued to the writer, before this returns: calls
+        made one after another reach the writer in that order (AppendStream relies on it), and
+        each one's future holds its result once durable (``acknowledged`` waits for that)."""
         expected = request.expected_seq if request.HasField("expected_seq") else None
         self._copying(caller, request.session_id, expected)
         access.scope(caller.principal, request.session_id)
@@ -473,7 +481,12 @@ class SessionLog:
         )
         batch.moving_in = caller.move_copy
         self._check_reply_fits(batch.bodies)
-        result = await self.store.commit_append(batch)
+        return self.store.commit_append(batch)
+
+    async def acknowledged(self, submitted: Awaitable[AppendResult]) -> AppendResult:
+        """A submitted append's result once it may be acknowledged: durable here, and held by
+        enough replicas with --ack replica."""
+        result = await submitted
         await self._replicated(result.position)
         return result
 

@@ -3,9 +3,9 @@
     python -m bench [--quick] [--json PATH] [--duration SECONDS] [--client-procs N]
                     [--only GROUP,...]
 
-The default run takes a few minutes (hard limit 9 minutes), ``--quick`` under two. Everything runs
-on 127.0.0.1 in a temp dir that is removed at the end, and every process started here is stopped
-by its PID, on failure too.
+The default run takes a few minutes (hard limit 10 minutes), ``--quick`` about two (at most
+2.5). Everything runs on 127.0.0.1 in a temp dir that is removed at the end, and every process
+started here is stopped by its PID, on failure too.
 """
 
 from __future__ import annotations
@@ -89,7 +89,7 @@ at --workers 1 and 2, beside etcd's Put and Txn: see ``bench.streams``)."""
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.split("\n")[0])
-    parser.add_argument("--quick", action="store_true", help="short runs, under two minutes")
+    parser.add_argument("--quick", action="store_true", help="short runs, about two minutes")
     parser.add_argument("--json", type=Path, default=DEFAULT_JSON, help="where to write results")
     parser.add_argument(
         "--duration", type=float, help="measured seconds per timed case (0.5 to 30)"

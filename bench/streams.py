@@ -11,9 +11,11 @@ Every row is driven by the compiled ``appendload`` (``bench.appendload``), on th
   (``bench.etcd.TXNS``).
 
 etcd's rows come from the etcd group when it ran in the same run, else they are measured here
-(etcd started for them alone; without etcd or h2load the rows stand without a peer). Each case
-runs ``Settings.workers_duration`` (as the ``--workers`` group's cases do), so that the default
-run stays within its budget.
+(etcd started for them alone; without etcd or h2load the rows stand without a peer). The
+AppendStream row of one event also stands beside etcd's Put with as many calls in flight per
+client as each stream keeps (h2load's ``-m``): not issue 33's target, but the pipelined peer.
+Each case runs ``Settings.workers_duration`` (as the ``--workers`` group's cases do), so that
+the default run stays within its budget.
 """
 
 from __future__ import annotations
@@ -54,17 +56,21 @@ def run_group(
     peer = dict(peers)
     wanted = {c.puts_per_call: c for _, c in load_cases(settings) if c.puts_per_call not in peer}
     settings = replace(settings, duration=settings.workers_duration or settings.duration)
-    if wanted and not etcd.unavailable():
+    pipelined = None
+    if not etcd.unavailable():
         progress(f"starting etcd ({etcd.version() or 'etcd'}) for the rows beside AppendStream")
         with etcd.etcd_server(work / "etcd-streams") as peer_etcd:
             for puts, write in wanted.items():
                 progress(write.label)
                 peer[puts] = etcd.run_writes(settings, peer_etcd, write, work)
+            write = etcd.pipelined_puts(settings.stream_window)
+            progress(write.label)
+            pipelined = etcd.run_writes(settings, peer_etcd, write, work)
     progress(f"starting sessionlog --workers {WORKERS} for the AppendStream rows")
     with procs.sessionlog_server(
         work / f"data-streams-{WORKERS}", work / "server-streams.log", workers=WORKERS
     ) as double:
-        return measure_rows(binary, settings, work, single, double, peer, progress)
+        return measure_rows(binary, settings, work, single, double, peer, progress, pipelined)
 
 
 def measure_rows(
@@ -75,14 +81,24 @@ def measure_rows(
     double: procs.ServerProcess,
     peers: dict[int, Measurement],
     progress: Callable[[str], None],
+    pipelined: Measurement | None = None,
 ) -> list[StreamRow]:
     """Every case on ``single`` and on ``double``, each beside its etcd row from ``peers`` (by
-    puts per call; None when missing)."""
+    puts per call; None when missing); the AppendStream row of one event also beside
+    ``pipelined``, etcd's Put with calls in flight."""
     rows = []
     for case, write in load_cases(settings):
         measured = []
         for server in (single, double):
             progress(f"case 13 {case.label} (appendload, --workers {server.workers})")
             measured.append(appendload.run(binary, settings, server, case, work))
-        rows.append(StreamRow(case.label, measured[0], measured[1], peers.get(write.puts_per_call)))
+        rows.append(
+            StreamRow(
+                case.label,
+                measured[0],
+                measured[1],
+                peers.get(write.puts_per_call),
+                pipelined if case.mode == "stream" and case.events_per_append == 1 else None,
+            )
+        )
     return rows

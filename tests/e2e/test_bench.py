@@ -553,12 +553,14 @@ def test_appendload_streams_and_calls_at_one_and_two_workers_beside_etcd(
 ) -> None:
     """Case 13 small: AppendStream of 1 and of 100 events and unary Append, at one worker and at
     two, every session grown by exactly what appendload was acknowledged, etcd's Put and Txn
-    beside; the table and issue 33's targets."""
+    beside (and its Put with 4 in flight, checked against its revision); the table and issue
+    33's targets."""
     small = replace(SETTINGS, duration=0.5, stream_window=4)
     peers = {
         1: etcd.run_writes(small, etcd_server, etcd.PUTS, servers.work),
         100: etcd.run_writes(small, etcd_server, etcd.TXNS, servers.work),
     }
+    pipelined = etcd.run_writes(small, etcd_server, etcd.pipelined_puts(4), servers.work)
 
     rows = streams.measure_rows(
         appendload_binary,
@@ -568,8 +570,12 @@ def test_appendload_streams_and_calls_at_one_and_two_workers_beside_etcd(
         two_workers,
         peers,
         lambda _: None,
+        pipelined,
     )
 
+    assert (pipelined.errors, pipelined.first_error) == (0, "")
+    assert pipelined.details["in_flight"] == 4
+    assert [row.pipelined_peer for row in rows] == [pipelined, None, None]
     assert [row.case for row in rows] == [
         "AppendStream 1 ev, 16 streams x 4 in flight",
         "Append 1 ev, 16 unary callers",
@@ -598,6 +604,7 @@ def test_appendload_streams_and_calls_at_one_and_two_workers_beside_etcd(
     shown = stream_table(rows)
     assert shown.count("  etcd Put 1 key, 16 clients (h2load)") == 1
     assert "  etcd Txn of 100 Puts, 4 clients (h2load)" in shown
+    assert "  etcd Put 1 key, 16 clients x 4 in flight (h2load)" in shown
     report = render(Results([], [], [], [], streams=rows), small, "quick", _machine())
     assert shown in report
     found = {t.what: t for t in targets(Results([], [], [], [], streams=rows))}

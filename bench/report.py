@@ -436,7 +436,7 @@ def stream_table(rows: list[StreamRow]) -> str:
     """Case 13: each appendload case at one worker and at two (ratio to etcd, and 2/1), then the
     etcd row it stands beside."""
     header = (
-        f"{'case 13 (appendload; etcd: h2load)':<48}  {'workers':>7}  {'ev/s':>8}  "
+        f"{'case 13 (appendload; etcd: h2load)':<54}  {'workers':>7}  {'ev/s':>8}  "
         f"{'appends/s':>9}  {'p50/p99 ms':>11}  {'cpu cli/srv/oth':>15}  {'srv us/call':>11}  "
         f"{'conns':>6}  {'cmds/commit':>11}  {'vs etcd':>9}  {'vs 1':>5}  limit"
     )
@@ -448,7 +448,7 @@ def stream_table(rows: list[StreamRow]) -> str:
         calls = m.calls / m.seconds if m.seconds > 0 else 0.0
         flag = " !" if m.errors else ""
         return (
-            f"{name + flag:<48}  {workers:>7}  {_rate(m):>8}  {calls:>9,.0f}  {_latency(m):>11}  "
+            f"{name + flag:<54}  {workers:>7}  {_rate(m):>8}  {calls:>9,.0f}  {_latency(m):>11}  "
             f"{_cores(m):>15}  {_ms(cpu_per_call_us(m)):>11}  "
             f"{'/'.join(map(str, spread)) or '-':>6}  "
             f"{_ms(writer.get('commands_per_group')):>11}  "

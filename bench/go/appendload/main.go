@@ -93,7 +93,7 @@ func main() {
 	flag.IntVar(&o.clients, "streams", 16, "streams (or unary callers), each to its own session")
 	flag.IntVar(&o.window, "window", 16, "appends in flight per stream (stream mode)")
 	flag.IntVar(&o.events, "events", 1, "events per append")
-	flag.DurationVar(&o.duration, "duration", 5*time.Second, "how long to send")
+	flag.DurationVar(&o.duration, "duration", 5*time.Second, "how long to send (0: until -count)")
 	flag.IntVar(&o.count, "count", 0, "at most this many appends per stream (0: no bound)")
 	flag.StringVar(&o.prefix, "prefix", "appendload", "session ids are PREFIX-<index>")
 	flag.StringVar(&o.request, "request", "", "a serialized AppendRequest whose events to send "+
@@ -113,6 +113,9 @@ func run(o options) error {
 	if o.clients < 1 || o.window < 1 || o.events < 0 {
 		return fmt.Errorf("-streams and -window must be at least 1, -events at least 0")
 	}
+	if o.duration <= 0 && o.count <= 0 {
+		return fmt.Errorf("give a -duration, a -count, or both")
+	}
 	events, err := loadEvents(o)
 	if err != nil {
 		return err
@@ -129,6 +132,9 @@ func run(o options) error {
 	outcomes := make([]outcome, o.clients)
 	start := time.Now()
 	deadline := start.Add(o.duration)
+	if o.duration <= 0 {
+		deadline = start.Add(100 * 365 * 24 * time.Hour) // bounded by -count alone
+	}
 	var wg sync.WaitGroup
 	for i := range conns {
 		wg.Add(1)

@@ -1,7 +1,7 @@
 """Run every benchmark and its ceiling, print one table, write it as JSON.
 
     python -m bench [--quick] [--json PATH] [--duration SECONDS] [--client-procs N]
-                    [--only GROUP,...]
+                    [--stream-window N] [--only GROUP,...]
 
 The default run takes a few minutes (hard limit 10 minutes), ``--quick`` about two (at most
 2.5). Everything runs on 127.0.0.1 in a temp dir that is removed at the end, and every process
@@ -95,6 +95,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--duration", type=float, help="measured seconds per timed case (0.5 to 30)"
     )
     parser.add_argument("--client-procs", type=int, help="processes for the concurrent load")
+    parser.add_argument(
+        "--stream-window", type=int, help="appends in flight per AppendStream stream (case 13)"
+    )
     parser.add_argument("--tmp-dir", type=Path, help="parent of the temp dir (data, logs, LMDB)")
     parser.add_argument(
         "--only",
@@ -117,6 +120,8 @@ def settings_from(args: argparse.Namespace) -> Settings:
         settings = replace(settings, workers_duration=settings.duration)
     if args.client_procs is not None:
         settings = replace(settings, client_processes=min(max(args.client_procs, 1), 16))
+    if args.stream_window is not None:
+        settings = replace(settings, stream_window=min(max(args.stream_window, 1), 1024))
     return settings
 
 

@@ -53,7 +53,7 @@ RULES = (
     (r"\bAsyncGenerator\[([^\]]*), None\]", r"Generator[\1, None, None]"),
     (r"\b_AsyncShardedStream\b", "_ShardedStream"),
     (r"\b_AsyncShards\b", "_Shards"),
-    (r"\bAsync(Client|EventStream|SessionsStream|Iterator|Generator)\b", r"\1"),
+    (r"\bAsync(Client|EventStream|SessionsStream|AppendStream|Iterator|Generator)\b", r"\1"),
     (r"\bpick_async\b", "pick"),
     (r"\baclose\b", "close"),
     (r"\b__a(enter|exit|iter|next)__\b", r"__\1__"),

@@ -195,5 +195,13 @@ def test_the_helper_pair_offers_the_same_names() -> None:
         }
 
     assert offered(_async_io) == offered(_sync_io)
-    assert offered(_async_io) == {"GENERATOR_RUNNING", "Reader", "call_guard", "pause"}
+    assert offered(_async_io) == {
+        "GENERATOR_RUNNING",
+        "AppendPipe",
+        "Pending",
+        "Reader",
+        "TYPE_CHECKING",
+        "call_guard",
+        "pause",
+    }
     assert {"read", "stop"} <= set(vars(_async_io.Reader)) & set(vars(_sync_io.Reader))

@@ -15,10 +15,15 @@ messages live in ``sessionlog_client.v1``.
 """
 
 from sessionlog_client import errors
-from sessionlog_client._aio import AsyncClient, AsyncEventStream, AsyncSessionsStream
+from sessionlog_client._aio import (
+    AsyncAppendStream,
+    AsyncClient,
+    AsyncEventStream,
+    AsyncSessionsStream,
+)
 from sessionlog_client._common import DEFAULT_MAX_MESSAGE_BYTES, Popped, Retry
 from sessionlog_client._status import Cancelled, DeadlineExceeded, TransportError
-from sessionlog_client._sync import Client, EventStream, SessionsStream
+from sessionlog_client._sync import AppendStream, Client, EventStream, SessionsStream
 from sessionlog_client.convert import (
     event,
     event_from_dict,
@@ -40,6 +45,8 @@ from sessionlog_client.v1.message_pb2 import Message, Role
 
 __all__ = [
     "DEFAULT_MAX_MESSAGE_BYTES",
+    "AppendStream",
+    "AsyncAppendStream",
     "AsyncClient",
     "AsyncEventStream",
     "AsyncSessionsStream",

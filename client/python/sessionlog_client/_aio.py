@@ -468,6 +468,86 @@ class _AsyncShards:
             await client.close()
 
 
+class AsyncAppendStream:
+    """Appends pipelined on one AppendStream call (``AsyncClient.append_stream``): see
+    :class:`AppendStream`. ``append_nowait`` returns an ``asyncio.Future`` of this loop."""
+
+    def __init__(self, client: AsyncClient, timeout: float | None) -> None:
+        self._client = client
+        self._timeout = timeout
+        self._pipe: io.AppendPipe | None = None
+
+    async def __aenter__(self) -> AsyncAppendStream:
+        await self.open()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if exc_type is None:
+            await self.aclose()
+        else:
+            self.cancel()
+
+    async def open(self) -> None:
+        """Open the call on the member writes go to now (``async with`` does it)."""
+        client = self._client
+        if client._shards is not None:
+            raise ValueError(
+                "append_stream sends every append to one server group; with a shard map, use "
+                "one client per group (or append)"
+            )
+        member = await client._router.pick_async()
+        if member is None:
+            raise client._router.nobody()
+        connection = client.connection
+        self._pipe = io.AppendPipe(
+            member.stubs[LOG].AppendStream,
+            timeout=self._timeout,
+            metadata=client._router.write_metadata(connection.call_metadata()),
+            wait_for_ready=connection.wait_for_ready or None,
+        )
+
+    def append_nowait(
+        self,
+        session_id: str,
+        events: Iterable[EventLike],
+        *,
+        expected_seq: int | None = None,
+        request_id: str | None = None,
+        lease_holder: str = "",
+        lease_token: int = 0,
+        lenient: bool = False,
+    ) -> io.Pending[pb.AppendResponse]:
+        """Send one append at once (see ``AppendStream.append_nowait``); await the future for
+        its reply, the ``AppendResponse`` ``append`` returns, or its error."""
+        if self._pipe is None:
+            raise RuntimeError("open the append stream first: async with client.append_stream()")
+        request = c.append_request(
+            session_id,
+            events,
+            expected_seq=expected_seq,
+            request_id=c.new_request_id() if request_id is None else request_id,
+            lease_holder=lease_holder,
+            lease_token=lease_token,
+            lenient=lenient,
+        )
+        return self._pipe.send(request)
+
+    async def aclose(self) -> None:
+        """Send no more; return once every append sent has its outcome."""
+        if self._pipe is not None:
+            await self._pipe.close()
+
+    def cancel(self) -> None:
+        """End the call now; the appends still unanswered fail with Cancelled."""
+        if self._pipe is not None:
+            self._pipe.cancel()
+
+
 class AsyncClient:
     """The asyncio sessionlog client; same arguments and methods as :class:`Client`, several
     addresses and ``cluster``/``group`` (etcd) included.
@@ -712,6 +792,16 @@ class AsyncClient:
         )
         reply: pb.AppendResponse = await self._call("Append", request, timeout, retry=bool(rid))
         return reply
+
+    def append_stream(self, *, timeout: float | None = None) -> AsyncAppendStream:
+        """Appends pipelined on one stream (see ``Client.append_stream``)::
+
+        async with client.append_stream() as stream:
+            first = stream.append_nowait("demo", [event("user_message", {"content": "a"})])
+            second = stream.append_nowait("demo", [event("user_message", {"content": "b"})])
+            print((await first).next_seq, (await second).next_seq)  # 1 2
+        """
+        return AsyncAppendStream(self, timeout)
 
     def since(
         self, session_id: str, seq: int = 0, *, timeout: float | None = None

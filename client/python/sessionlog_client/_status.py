@@ -26,7 +26,7 @@ proxy answered and its group has no primary (or no serving member) right now.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any, ClassVar
 
 import grpc
@@ -140,6 +140,23 @@ def to_error(error: grpc.RpcError) -> errors.SessionLogError:
     fallback = _DOMAIN_BY_CODE.get(code, errors.SessionLogError)(message, **dict(info.metadata))
     fallback.reason = info.reason  # type: ignore[misc]
     return fallback
+
+
+def stream_error(
+    code: int, message: str, reason: str, metadata: Mapping[str, str]
+) -> errors.SessionLogError:
+    """The sessionlog exception for one AppendStream request's error (``AppendStreamError``):
+    the class ``to_error`` gives the same refusal of a unary Append."""
+    known = errors.BY_REASON.get(reason)
+    if known is not None:
+        return known(message, **metadata)
+    status = _CODE_BY_NUMBER.get(code, grpc.StatusCode.UNKNOWN)
+    fallback = _DOMAIN_BY_CODE.get(status, errors.SessionLogError)(message, **metadata)
+    fallback.reason = reason  # type: ignore[misc]
+    return fallback
+
+
+_CODE_BY_NUMBER = {status.value[0]: status for status in grpc.StatusCode}
 
 
 def _oversized(code: grpc.StatusCode, message: str) -> errors.SessionLogError | None:

@@ -1,6 +1,7 @@
 """What the blocking client does its own way, where the asyncio client (``_async_io``) does it
 in its event loop: a watchdog thread cancels a stream's call after a silence, a lock guards the
-call against a close from another thread, a pause is a wait on a ``threading.Event``.
+call against a close from another thread, a pause is a wait on a ``threading.Event``, an
+AppendStream call takes its requests from a queue and a thread reads its replies (``AppendPipe``).
 
 The blocking twin of ``_async_io``, name for name (``client/python/gen_sync.py`` rewrites
 ``_async_io`` to ``_sync_io`` when it generates ``_sync.py`` from ``_aio.py``).
@@ -8,11 +9,21 @@ The blocking twin of ``_async_io``, name for name (``client/python/gen_sync.py``
 
 from __future__ import annotations
 
+import itertools
+import queue
 import threading
 import time
-from typing import Any
+from concurrent import futures
+from typing import TYPE_CHECKING, Any
 
 import grpc
+
+from sessionlog_client import _status, errors
+from sessionlog_client.v1 import session_log_service_pb2 as pb
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterator
+    from concurrent.futures import Future
 
 GENERATOR_RUNNING = ValueError
 """What closing a stream's generator raises while another thread is inside it."""
@@ -98,3 +109,95 @@ class Reader:
         if self._watchdog is not None:
             self._watchdog.stop()
         self._call.cancel()
+
+
+Pending = futures.Future
+"""What ``append_nowait`` returns: a ``concurrent.futures.Future``."""
+
+
+class AppendPipe:
+    """One AppendStream call: requests go out in the order they are sent (gRPC takes them from
+    a queue in its own thread), and a reader thread resolves each request's future with its
+    reply (by correlation id). A call that ends before a request's reply fails its future with
+    the call's error."""
+
+    def __init__(self, open_call: Callable[..., Any], **call: Any) -> None:
+        self._ids = itertools.count(1)
+        self._lock = threading.Lock()
+        self._pending: dict[int, Future[pb.AppendResponse]] = {}
+        self._outgoing: queue.SimpleQueue[pb.AppendStreamRequest | None] = queue.SimpleQueue()
+        self._ended: errors.SessionLogError | None = None
+        self._closing = False
+        self._call = open_call(self._requests(), **call)
+        self._reader = threading.Thread(
+            target=self._read, name="sessionlog-append-stream", daemon=True
+        )
+        self._reader.start()
+
+    def send(self, request: pb.AppendRequest) -> Future[pb.AppendResponse]:
+        future: Future[pb.AppendResponse] = futures.Future()
+        with self._lock:
+            if self._ended is not None:
+                future.set_exception(self._ended)
+                return future
+            if self._closing:
+                raise RuntimeError("this append stream is closed: open another one")
+            correlation_id = next(self._ids)
+            self._pending[correlation_id] = future
+            self._outgoing.put(
+                pb.AppendStreamRequest(correlation_id=correlation_id, append=request)
+            )
+        return future
+
+    def close(self) -> None:
+        """Send no more; return once every request sent has its outcome."""
+        with self._lock:
+            if not self._closing:
+                self._closing = True
+                self._outgoing.put(None)
+        self._reader.join()
+
+    def cancel(self) -> None:
+        """End the call now: every request still unanswered fails (CANCELLED)."""
+        with self._lock:
+            self._closing = True
+        self._call.cancel()
+
+    def _requests(self) -> Iterator[pb.AppendStreamRequest]:
+        while (request := self._outgoing.get()) is not None:
+            yield request
+
+    def _read(self) -> None:
+        try:
+            for reply in self._call:
+                with self._lock:
+                    future = self._pending.pop(reply.correlation_id, None)
+                _settle(future, reply)
+        except grpc.RpcError as error:
+            self._end(_status.to_error(error))
+        self._end(errors.Unavailable("the append stream ended before answering this append"))
+
+    def _end(self, error: errors.SessionLogError) -> None:
+        with self._lock:
+            if self._ended is None:
+                self._ended = error
+            pending, self._pending = self._pending, {}
+            if not self._closing:
+                self._closing = True
+                self._outgoing.put(None)
+        for future in pending.values():
+            if not future.done():
+                future.set_exception(error)
+
+
+def _settle(future: Future[pb.AppendResponse] | None, reply: pb.AppendStreamResponse) -> None:
+    """Resolve a request's future with its reply: its AppendResponse, or its error."""
+    if future is None or future.done():
+        return
+    if reply.HasField("error"):
+        failed = reply.error
+        future.set_exception(
+            _status.stream_error(failed.code, failed.message, failed.reason, failed.metadata)
+        )
+    else:
+        future.set_result(reply.append)

@@ -545,6 +545,7 @@ def appendload_binary(servers: Servers) -> Path:
     return appendload.build(servers.work)
 
 
+@pytest.mark.timeout(appendload.BUILD_SECONDS + 120)
 def test_appendload_streams_and_calls_at_one_and_two_workers_beside_etcd(
     servers: Servers,
     two_workers: ServerProcess,
@@ -619,6 +620,7 @@ def test_appendload_streams_and_calls_at_one_and_two_workers_beside_etcd(
         assert found[what].measured.endswith("x"), what
 
 
+@pytest.mark.timeout(appendload.BUILD_SECONDS + 60)
 @pytest.mark.parametrize("mode", ["stream", "unary"])
 def test_appendload_reports_a_refused_append(
     servers: Servers, appendload_binary: Path, mode: str

@@ -235,11 +235,12 @@ func streamLoad(
 			<-slots
 		}
 	}()
+send:
 	for id := uint64(1); o.count == 0 || int(id) <= o.count; id++ {
 		select {
 		case slots <- struct{}{}:
 		case <-done:
-			return
+			break send // the stream ended: what it left unanswered is counted below
 		}
 		if time.Now().After(deadline) {
 			break

@@ -227,10 +227,14 @@ bench: $(VENV)/.dev-stamp bench-tools
 
 ## bench-tools: Debian's redis-server (the Redis peer), etcd-server (the etcd peer),
 ## nghttp2-client (h2load, the compiled load client), haproxy (case 10, in front of two
-## groups) and postgresql (case 12's Postgres peer) when missing (apt-get, as root); otherwise
+## groups), postgresql (case 12's Postgres peer) and Debian's Go packages (case 13's
+## bench/go/appendload, built offline: see go-tools) when missing (apt-get, as root); otherwise
 ## a note, and the bench skips their rows
 bench-tools:
 	@missing=""; \
+	for deb in $(GO_DEBS); do \
+	  dpkg-query -W -f='$${Status}' $$deb 2>/dev/null | grep -q 'install ok installed' || missing="$$missing $$deb"; \
+	done; \
 	command -v redis-server >/dev/null 2>&1 || missing="$$missing redis-server"; \
 	command -v etcd >/dev/null 2>&1 || missing="$$missing etcd-server"; \
 	command -v h2load >/dev/null 2>&1 || missing="$$missing nghttp2-client"; \

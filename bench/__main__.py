@@ -1,11 +1,11 @@
 """Run every benchmark and its ceiling, print one table, write it as JSON.
 
     python -m bench [--quick] [--json PATH] [--duration SECONDS] [--client-procs N]
-                    [--only GROUP,...]
+                    [--stream-window N] [--only GROUP,...]
 
-The default run takes a few minutes (hard limit 9 minutes), ``--quick`` under two. Everything runs
-on 127.0.0.1 in a temp dir that is removed at the end, and every process started here is stopped
-by its PID, on failure too.
+The default run takes a few minutes (hard limit 10 minutes), ``--quick`` about two (at most
+2.5). Everything runs on 127.0.0.1 in a temp dir that is removed at the end, and every process
+started here is stopped by its PID, on failure too.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from types import FrameType
 
 from bench import (
     ack,
+    appendload,
     cases,
     ceilings,
     checksums,
@@ -36,6 +37,7 @@ from bench import (
     procs,
     sessions,
     shards,
+    streams,
     tail,
     workers,
 )
@@ -62,6 +64,7 @@ GROUPS = (
     "ack",
     "shards",
     "last",
+    "stream",
     "frameworks",
 )
 DEFAULT_GROUPS = tuple(g for g in GROUPS if g != "frameworks")
@@ -80,17 +83,21 @@ directly to one static group's primary, through HAProxy to it, and through HAPro
 groups, with HAProxy's CPU per call), last = 11 (the last 10 events and messages of a
 1,000,000-event session beside Since from 0 and a full DeriveMessages: see ``bench.last``),
 frameworks = 12 (the framework backends' calls per call beside SQLite, Redis and Postgres: see
-``bench.frameworks``)."""
+``bench.frameworks``), stream = 13 (AppendStream and unary Append through the compiled appendload
+at --workers 1 and 2, beside etcd's Put and Txn: see ``bench.streams``)."""
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.split("\n")[0])
-    parser.add_argument("--quick", action="store_true", help="short runs, under two minutes")
+    parser.add_argument("--quick", action="store_true", help="short runs, about two minutes")
     parser.add_argument("--json", type=Path, default=DEFAULT_JSON, help="where to write results")
     parser.add_argument(
         "--duration", type=float, help="measured seconds per timed case (0.5 to 30)"
     )
     parser.add_argument("--client-procs", type=int, help="processes for the concurrent load")
+    parser.add_argument(
+        "--stream-window", type=int, help="appends in flight per AppendStream stream (case 13)"
+    )
     parser.add_argument("--tmp-dir", type=Path, help="parent of the temp dir (data, logs, LMDB)")
     parser.add_argument(
         "--only",
@@ -113,6 +120,8 @@ def settings_from(args: argparse.Namespace) -> Settings:
         settings = replace(settings, workers_duration=settings.duration)
     if args.client_procs is not None:
         settings = replace(settings, client_processes=min(max(args.client_procs, 1), 16))
+    if args.stream_window is not None:
+        settings = replace(settings, stream_window=min(max(args.stream_window, 1), 1024))
     return settings
 
 
@@ -143,6 +152,9 @@ def run_all(settings: Settings, work: Path, groups: list[str]) -> Results:
     etcd_missing = etcd.unavailable() if "etcd" in groups else "not asked for"
     if "etcd" in groups and etcd_missing:
         results.notes.append(f"etcd rows skipped: {etcd_missing}.")
+    stream_missing = appendload.unavailable() if "stream" in groups else "not asked for"
+    if "stream" in groups and stream_missing:
+        results.notes.append(f"case 13 (AppendStream) skipped: {stream_missing}.")
     one_worker: dict[int, Measurement] = {}
     """The main server's h2load append rows, by case number (the workers group reuses them)."""
     with ExitStack() as stack:
@@ -221,6 +233,13 @@ def run_all(settings: Settings, work: Path, groups: list[str]) -> Results:
                     settings, work, server, one_worker, results.tails, peers, progress
                 )
             )
+
+        if not stream_missing:
+            peers = workers.etcd_writes(results.etcd)
+            results.streams.extend(streams.run_group(settings, work, server, peers, progress))
+            for stream_row in results.streams:
+                for m in (stream_row.one, stream_row.many):
+                    measured(m.name, m)
 
         if "sessions" in groups:
             count = settings.sessions_count

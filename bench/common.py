@@ -76,6 +76,8 @@ class Settings:
     """Items in the OpenAI Agents SDK session case 12 reads the last 20 of and whole."""
     frameworks_sessions: int = 5_000
     """Sessions of one user that case 12's ADK list_sessions lists."""
+    stream_window: int = 16
+    """Appends each AppendStream stream keeps in flight (case 13, ``bench.streams``)."""
 
     @classmethod
     def default(cls) -> Settings:
@@ -85,7 +87,7 @@ class Settings:
             client_processes=2,
             since_events=100_000,
             since_runs=5,
-            budget_seconds=540.0,
+            budget_seconds=600.0,
             workers_duration=5.0,
             derive_restarts=3,
             derive_calls=30,
@@ -100,7 +102,7 @@ class Settings:
             client_processes=2,
             since_events=100_000,
             since_runs=3,
-            budget_seconds=118.0,
+            budget_seconds=150.0,
             workers_duration=1.5,
             sessions_count=2_000,
             sessions_list_passes=2,

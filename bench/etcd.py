@@ -42,7 +42,7 @@ import shutil
 import subprocess
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -286,18 +286,29 @@ class WriteCase:
 
     clients: int
     puts_per_call: int
+    in_flight: int = 1
+    """Calls each client keeps in flight on its connection (h2load's ``-m``)."""
 
     @property
     def label(self) -> str:
         what = "Put 1 key" if self.puts_per_call == 1 else f"Txn of {self.puts_per_call} Puts"
         plural = "s" if self.clients > 1 else ""
-        return f"etcd {what}, {self.clients} client{plural} (h2load)"
+        window = f" x {self.in_flight} in flight" if self.in_flight > 1 else ""
+        return f"etcd {what}, {self.clients} client{plural}{window} (h2load)"
 
 
 PUTS = WriteCase(clients=16, puts_per_call=1)
 """Beside case 2: 16 clients, one event (one Put) per call."""
 TXNS = WriteCase(clients=4, puts_per_call=100)
 """Beside case 3: 4 clients, 100 events (a Txn of 100 Puts) per call."""
+
+
+def pipelined_puts(in_flight: int) -> WriteCase:
+    """Beside case 13's AppendStream of one event: 16 clients, each keeping ``in_flight`` Puts
+    in flight, as each stream keeps that many appends."""
+    return WriteCase(clients=16, puts_per_call=1, in_flight=in_flight)
+
+
 PAGE_CLIENTS = 4
 """h2load clients of the Range page row (and of sessionlog's Since page row beside it)."""
 
@@ -317,9 +328,10 @@ def write_load(settings: Settings, server: EtcdProcess, case: WriteCase) -> Unar
         else:
             requests.append(txn_request([(key, value) for key in keys]))
     method = PUT if case.puts_per_call == 1 else TXN
-    return UnaryLoad.for_run(
+    load = UnaryLoad.for_run(
         settings, server.address, method, tuple(requests), case.puts_per_call, case.clients
     )
+    return replace(load, in_flight=case.in_flight)
 
 
 def run_writes(settings: Settings, server: EtcdProcess, case: WriteCase, work: Path) -> Measurement:
@@ -350,7 +362,7 @@ def run_writes(settings: Settings, server: EtcdProcess, case: WriteCase, work: P
         calls = counts.pop()
         applied.append(calls)
         counted = outcome.succeeded.get(index, 0)
-        if not counted <= calls <= counted + 1:
+        if not counted <= calls <= counted + case.in_flight:
             problems.append(
                 f"client {index}: h2load counted {counted} calls as succeeded, but {calls} "
                 "were applied (an etcd error is an HTTP 200)"
@@ -366,6 +378,7 @@ def run_writes(settings: Settings, server: EtcdProcess, case: WriteCase, work: P
     measurement.details.update(
         peer="etcd",
         puts_per_call=case.puts_per_call,
+        in_flight=case.in_flight,
         applied_calls_per_client=applied,
         revision_growth=after_revision - before_revision,
     )

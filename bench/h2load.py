@@ -5,7 +5,8 @@ machine 16 Python clients saturate before the server they measure. h2load is C: 
 all the CPU a unary case uses is the server's. Its rows stand next to the Python client's rows,
 which stay (they are what a Python agent worker sees).
 
-How it runs: one h2load process per client (``-c1 -m1``: one connection, one call in flight), each
+How it runs: one h2load process per client (``-c1 -m1``: one connection, one call in flight; the
+etcd Put beside case 13's AppendStream row keeps more in flight, ``UnaryLoad.in_flight``), each
 POSTing its own gRPC frame (the very request the Python client sends: client i appends to its own
 session), all started together and each reaped by its PID:
 
@@ -207,7 +208,7 @@ def _run_all(load: UnaryLoad, work: Path, phase: str, log: bool) -> tuple[list[_
             out, log_path = (directory / f"{stem}-{phase}-{index}.{ext}" for ext in ("out", "tsv"))
             log_path.unlink(missing_ok=True)
             argv = [
-                path, "-c1", "-m1", "-D", duration, "-d", str(body),
+                path, "-c1", f"-m{load.in_flight}", "-D", duration, "-d", str(body),
                 "-H", "content-type: application/grpc", "-H", "te: trailers",
                 *(["-H", load.headers[index]] if load.headers else []),
                 *(["--log-file", str(log_path)] if log else []),

@@ -56,6 +56,8 @@ class UnaryLoad:
     headers: tuple[str, ...] = ()
     """h2load only: one extra request header per client (``NAME: VALUE``; client i sends
     headers[i]), such as the ``x-session-id`` HAProxy routes by; empty: none."""
+    in_flight: int = 1
+    """h2load only: calls each client keeps in flight on its connection (``-m``)."""
 
     @classmethod
     def for_run(

@@ -95,6 +95,52 @@ class WorkersRow:
 
 
 @dataclass
+class StreamRow:
+    """Case 13: one appendload case at ``--workers 1`` and at 2, and the etcd row beside it."""
+
+    case: str
+    one: Measurement
+    many: Measurement
+    peer: Measurement | None = None
+    pipelined_peer: Measurement | None = None
+    """etcd's Put with as many calls in flight per client as each stream keeps (shown, not a
+    target)."""
+
+    @property
+    def ratio(self) -> float | None:
+        """Two workers over one, in events per second."""
+        base = self.one.events_per_second
+        return self.many.events_per_second / base if base else None
+
+    def peer_ratio(self, measurement: Measurement) -> float | None:
+        """``measurement`` (one of this row's) over etcd, in events per second."""
+        if self.peer is None or not self.peer.events_per_second:
+            return None
+        return measurement.events_per_second / self.peer.events_per_second
+
+    def measurements(self) -> list[Measurement]:
+        peers = [m for m in (self.peer, self.pipelined_peer) if m is not None]
+        return [self.one, self.many, *peers]
+
+    def to_json(self) -> dict[str, Any]:
+        pipelined = self.pipelined_peer
+        rate = pipelined.events_per_second if pipelined else 0.0
+        return {
+            "case": self.case,
+            "workers_1": self.one.to_json(),
+            "workers_2": self.many.to_json(),
+            "peer": self.peer.to_json() if self.peer else None,
+            "pipelined_peer": pipelined.to_json() if pipelined else None,
+            "pipelined_peer_ratios": [m.events_per_second / rate for m in (self.one, self.many)]
+            if rate
+            else None,
+            "workers_ratio": self.ratio,
+            "peer_ratio_workers_1": self.peer_ratio(self.one),
+            "peer_ratio_workers_2": self.peer_ratio(self.many),
+        }
+
+
+@dataclass
 class Results:
     """Everything one run measured."""
 
@@ -114,6 +160,9 @@ class Results:
     "haproxy 1 group"), in a table of their own."""
     frameworks: list[frameworks.CallRow] = field(default_factory=list)
     """Case 12: the framework backends' calls beside SQLite, Redis and Postgres."""
+    streams: list[StreamRow] = field(default_factory=list)
+    """Case 13: AppendStream and unary Append through appendload, at 1 and 2 workers, etcd
+    beside."""
 
     def measurements(self) -> list[Measurement]:
         """Every measurement of the run (a sessionlog figure appears once per row it is in)."""
@@ -124,6 +173,7 @@ class Results:
                 for m in (row.sessionlog, row.ceiling)
             ),
             *(m for row in self.workers for m in row.measurements()),
+            *(m for row in self.streams for m in row.measurements()),
             *self.tails,
             *self.derives,
             *self.last,
@@ -382,6 +432,78 @@ def workers_table(rows: list[WorkersRow]) -> str:
     return "\n".join(lines)
 
 
+def stream_table(rows: list[StreamRow]) -> str:
+    """Case 13: each appendload case at one worker and at two (ratio to etcd, and 2/1), then the
+    etcd row it stands beside."""
+    header = (
+        f"{'case 13 (appendload; etcd: h2load)':<54}  {'workers':>7}  {'ev/s':>8}  "
+        f"{'appends/s':>9}  {'p50/p99 ms':>11}  {'cpu cli/srv/oth':>15}  {'srv us/call':>11}  "
+        f"{'conns':>6}  {'cmds/commit':>11}  {'vs etcd':>9}  {'vs 1':>5}  limit"
+    )
+    lines = [header, "-" * len(header)]
+
+    def line(m: Measurement, name: str, workers: str, peer: str, one: float | None) -> str:
+        writer = m.details.get("writer") or {}
+        spread = m.details.get("connections_per_worker") or []
+        calls = m.calls / m.seconds if m.seconds > 0 else 0.0
+        flag = " !" if m.errors else ""
+        return (
+            f"{name + flag:<54}  {workers:>7}  {_rate(m):>8}  {calls:>9,.0f}  {_latency(m):>11}  "
+            f"{_cores(m):>15}  {_ms(cpu_per_call_us(m)):>11}  "
+            f"{'/'.join(map(str, spread)) or '-':>6}  "
+            f"{_ms(writer.get('commands_per_group')):>11}  "
+            f"{peer:>9}  "
+            f"{'-' if one is None else f'{one:.2f}':>5}  "
+            f"{limit_note(Row(name, m, m))}"
+        ).rstrip()
+
+    def ratio(value: float | None) -> str:
+        return "-" if value is None else f"{value:.2f}"
+
+    shown: set[int] = set()
+    for row in rows:
+        lines.append(line(row.one, row.case, "1", ratio(row.peer_ratio(row.one)), None))
+        lines.append(line(row.many, "", "2", ratio(row.peer_ratio(row.many)), row.ratio))
+        if row.peer is not None and id(row.peer) not in shown:
+            shown.add(id(row.peer))
+            lines.append(line(row.peer, "  " + row.peer.name, "-", "-", None))
+        pipelined = row.pipelined_peer
+        if pipelined is not None and pipelined.events_per_second:
+            one, two = (
+                m.events_per_second / pipelined.events_per_second for m in (row.one, row.many)
+            )
+            lines.append(line(pipelined, "  " + pipelined.name, "-", f"{one:.2f}/{two:.2f}", None))
+    return "\n".join(lines)
+
+
+def stream_targets(rows: list[StreamRow]) -> list[Target]:
+    """Issue 33's targets for the AppendStream rows: at least etcd's rate beside them, at one
+    worker and at two, and two workers never slower than one on any row."""
+    out: list[Target] = []
+
+    def at_least(what: str, value: float | None) -> Target:
+        return Target(
+            what,
+            ">= 1x",
+            "-" if value is None else f"{value:.2f}x",
+            None if value is None else value >= 1.0,
+        )
+
+    for row in rows:
+        if row.one.details.get("mode") == "stream" and row.peer is not None:
+            peer = row.peer.name.removesuffix(" (h2load)")
+            for workers, measurement in ((1, row.one), (2, row.many)):
+                out.append(
+                    at_least(
+                        f"{row.case}, --workers {workers} vs {peer}",
+                        row.peer_ratio(measurement),
+                    )
+                )
+    for row in rows:
+        out.append(at_least(f"{row.case}: --workers 2 vs 1", row.ratio))
+    return out
+
+
 def workers_tail_table(rows: list[WorkersRow]) -> str:
     """The live tail at one worker and at N: ack->arrival above all, and where each landed."""
     header = (
@@ -590,6 +712,7 @@ def targets(results: Results) -> list[Target]:
         )
     )
     out.extend(workers_targets(results.workers))
+    out.extend(stream_targets(results.streams))
     ratio_target("since catch-up vs echo stream", row("4 ", "echo"), 0.7)
     ratio_target("since catch-up vs Redis XRANGE", row("4 ", "redis"), 2.5)
     for m in results.tails:
@@ -699,6 +822,18 @@ def targets_table(found: list[Target]) -> str:
     return "\n".join(lines)
 
 
+STREAM_NOTE = (
+    "Case 13: bench/go/appendload, compiled, one connection per stream or caller, each to its "
+    "own session; AppendStream rows keep the window of appends in flight per stream, unary rows "
+    "one call per caller; p50/p99: from sending an append to its answer. The --workers 2 rows "
+    "run on a second server of two workers. vs etcd: the row over etcd's row under it (Put: one "
+    "call in flight per h2load client), in events per second; on the line of etcd's Put with "
+    "calls in flight (h2load -m, as many as a stream keeps; not a target), the AppendStream "
+    "row at 1/2 workers over it; vs 1: two workers over one. "
+    "Checked: no error reported, and every session grew by exactly the events acknowledged."
+)
+
+
 def render(results: Results, settings: Settings, mode: str, info: dict[str, Any]) -> str:
     load = "/".join(f"{x:.2f}" for x in info["load_average_at_start"]) or "?"
     header = (
@@ -774,6 +909,8 @@ def render(results: Results, settings: Settings, mode: str, info: dict[str, Any]
             "etcd's. writer / followers on: the workers that served the tail's writer and its "
             "followers' connections (another worker's followers are woken by the doorbells).",
         ]
+    if results.streams:
+        parts += ["", stream_table(results.streams), "", STREAM_NOTE]
     if results.shards:
         parts += [
             "",
@@ -820,6 +957,7 @@ def write_json(
         "workers": [row.to_json() for row in results.workers],
         "shards": [row.to_json() for row in results.shards],
         "frameworks": [row.to_json() for row in results.frameworks],
+        "streams": [row.to_json() for row in results.streams],
         "targets": [asdict(t) for t in targets(results)],
         "notes": results.notes,
     }

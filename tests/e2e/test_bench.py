@@ -19,6 +19,7 @@ import pytest
 
 from bench import (
     ack,
+    appendload,
     cases,
     ceilings,
     checksums,
@@ -29,6 +30,7 @@ from bench import (
     last,
     procs,
     sessions,
+    streams,
     tail,
     workers,
 )
@@ -42,6 +44,7 @@ from bench.report import (
     memory_table,
     render,
     sessions_table,
+    stream_table,
     table,
     targets,
     workers_table,
@@ -530,6 +533,114 @@ def test_the_workers_group_runs_each_case_at_one_and_two_workers_with_etcd_besid
         "live tail p99 ack->arrival, 1 follower, --workers 2",
     ):
         assert what in report
+
+
+# -- case 13: AppendStream through the compiled appendload --------------------------------------
+
+
+@pytest.fixture(scope="module")
+def appendload_binary(servers: Servers) -> Path:
+    """bench/go/appendload built as the bench builds it (offline, GOPATH mode)."""
+    assert not appendload.unavailable(), appendload.unavailable()
+    return appendload.build(servers.work)
+
+
+@pytest.mark.timeout(appendload.BUILD_SECONDS + 120)
+def test_appendload_streams_and_calls_at_one_and_two_workers_beside_etcd(
+    servers: Servers,
+    two_workers: ServerProcess,
+    etcd_server: etcd.EtcdProcess,
+    appendload_binary: Path,
+) -> None:
+    """Case 13 small: AppendStream of 1 and of 100 events and unary Append, at one worker and at
+    two, every session grown by exactly what appendload was acknowledged, etcd's Put and Txn
+    beside (and its Put with 4 in flight, checked against its revision); the table and issue
+    33's targets."""
+    small = replace(SETTINGS, duration=0.5, stream_window=4)
+    peers = {
+        1: etcd.run_writes(small, etcd_server, etcd.PUTS, servers.work),
+        100: etcd.run_writes(small, etcd_server, etcd.TXNS, servers.work),
+    }
+    pipelined = etcd.run_writes(small, etcd_server, etcd.pipelined_puts(4), servers.work)
+
+    rows = streams.measure_rows(
+        appendload_binary,
+        small,
+        servers.work,
+        servers.sessionlog,
+        two_workers,
+        peers,
+        lambda _: None,
+        pipelined,
+    )
+
+    assert (pipelined.errors, pipelined.first_error) == (0, "")
+    assert pipelined.details["in_flight"] == 4
+    assert [row.pipelined_peer for row in rows] == [pipelined, None, None]
+    assert [row.case for row in rows] == [
+        "AppendStream 1 ev, 16 streams x 4 in flight",
+        "Append 1 ev, 16 unary callers",
+        "AppendStream 100 ev, 4 streams x 4 in flight",
+    ]
+    for row in rows:
+        for measurement in (row.one, row.many):
+            assert (measurement.errors, measurement.first_error) == (0, ""), measurement.name
+            details = measurement.details
+            assert details["load_client"] == "appendload"
+            assert measurement.calls > 0
+            assert measurement.events == measurement.calls * details["events_per_call"]
+            assert details["acked_events_per_client"] == details["stored_events_per_client"]
+            assert min(details["acked_events_per_client"]) > 0
+            assert measurement.p50_ms is not None
+            assert 0 < measurement.p50_ms <= (measurement.p99_ms or 0)
+            assert (measurement.server_cpu_seconds or 0.0) > 0
+            assert sum(details["connections_per_worker"]) == details["clients"]
+        assert row.one.name.endswith("(appendload)")
+        assert row.many.name.endswith("(appendload, --workers 2)")
+        assert len(row.many.details["connections_per_worker"]) == 2
+        assert row.ratio == row.many.events_per_second / row.one.events_per_second
+    assert [row.peer for row in rows] == [peers[1], peers[1], peers[100]]
+    assert rows[2].one.details["writer"]["events"] == rows[2].one.events
+
+    shown = stream_table(rows)
+    assert shown.count("  etcd Put 1 key, 16 clients (h2load)") == 1
+    assert "  etcd Txn of 100 Puts, 4 clients (h2load)" in shown
+    assert "  etcd Put 1 key, 16 clients x 4 in flight (h2load)" in shown
+    report = render(Results([], [], [], [], streams=rows), small, "quick", _machine())
+    assert shown in report
+    found = {t.what: t for t in targets(Results([], [], [], [], streams=rows))}
+    for what in (
+        "AppendStream 1 ev, 16 streams x 4 in flight, --workers 1 vs etcd Put 1 key, 16 clients",
+        "AppendStream 1 ev, 16 streams x 4 in flight, --workers 2 vs etcd Put 1 key, 16 clients",
+        "AppendStream 100 ev, 4 streams x 4 in flight, --workers 1 vs etcd Txn of 100 Puts, "
+        "4 clients",
+        "Append 1 ev, 16 unary callers: --workers 2 vs 1",
+    ):
+        assert found[what].met is not None, what
+        assert found[what].measured.endswith("x"), what
+
+
+@pytest.mark.timeout(appendload.BUILD_SECONDS + 60)
+@pytest.mark.parametrize("mode", ["stream", "unary"])
+def test_appendload_reports_a_refused_append(
+    servers: Servers, appendload_binary: Path, mode: str
+) -> None:
+    """A session id the server refuses: appendload counts each answer as an error and says
+    why (over AppendStream the stream goes on; the bench's warm-up stops the row)."""
+    refused = appendload.LoadCase(mode, 2, 2, 1, session_prefix="x" * 240)
+    small = replace(SETTINGS, duration=0.3, warmup=0.3)
+
+    with pytest.raises(RuntimeError, match=r"appendload warm-up failed: .*INVALID_SESSION_ID"):
+        appendload.run(appendload_binary, small, servers.sessionlog, refused, servers.work)
+
+
+def test_appendload_is_reported_missing_with_how_to_install(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Without go on PATH case 13 is skipped with a note saying how to install it."""
+    monkeypatch.setattr(shutil, "which", lambda name: None)
+
+    assert "make go-tools" in appendload.unavailable()
 
 
 def _machine() -> dict[str, object]:

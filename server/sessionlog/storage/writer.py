@@ -316,7 +316,7 @@ class Writer:
         their outcomes. A failed sync leaves their durability unknown: each write is refused
         with the storage's error (it may still be on disk, as a LEADERSHIP_LOST one may be)."""
         if self._pause is not None:
-            self._pause(self.stats.commits)
+            self._pause()
         self.stalled = ("syncing the last commit to disk", time.monotonic())
         try:
             self._env.sync(True)
@@ -370,7 +370,7 @@ class Writer:
         self._group_events = 0
         fed = False
         if self._pending and self._pause is not None:
-            self._pause(self.stats.commits)
+            self._pause()
         try:
             self.stalled = ("waiting for LMDB's write lock", time.monotonic())
             try:
@@ -610,23 +610,22 @@ def _always() -> bool:
 
 
 PAUSE_ENV = "SESSIONLOG_TEST_PAUSE_BEFORE_SYNC"
-"""Tests only: ``COMMITS:PATH``. With it set, once the writer has made COMMITS commits it
-creates PATH and then sleeps, the next time it is about to sync pending commits (deferred sync:
-by the next commit, or by ``env.sync``): a test kills the process there, between a commit's data
-sync and the sync of its meta page, and checks that nothing acknowledged was lost."""
+"""Tests only: a file path, TRIGGER. Once TRIGGER exists, the next time the writer is about to
+sync pending commits (deferred sync: by the next commit, or by ``env.sync``) it adds its PID to
+TRIGGER.paused and sleeps: a test kills the process there, between a commit's data sync and the
+sync of its meta page, and checks that nothing acknowledged was lost."""
 
 
-def _test_pause() -> Callable[[int], None] | None:
-    setting = os.environ.get(PAUSE_ENV, "")
-    if not setting:
+def _test_pause() -> Callable[[], None] | None:
+    trigger = os.environ.get(PAUSE_ENV, "")
+    if not trigger:
         return None
-    after, _, path = setting.partition(":")
 
-    def pause(commits: int) -> None:
-        if commits < int(after):
+    def pause() -> None:
+        if not os.path.exists(trigger):
             return
-        with open(path, "w") as marker:
-            marker.write(f"{os.getpid()} {commits}\n")
+        with open(f"{trigger}.paused", "a") as marker:  # a line per process (worker)
+            marker.write(f"{os.getpid()}\n")
         time.sleep(3600)
 
     return pause

@@ -131,7 +131,9 @@ def test_acknowledged_appends_survive_a_kill_and_a_lost_meta_page(tmp_path: Path
     args = ["--data", str(data), "--listen", address, "--durability", "group"]
     clients = [Client(f"crash-{i}") for i in range(CLIENTS)]
     stop = threading.Event()
-    server = ServerProcess(args, tmp_path, env=clean_env(**{writer.PAUSE_ENV: str(trigger)}))
+    paused_env = clean_env()
+    paused_env[writer.PAUSE_ENV] = str(trigger)
+    server = ServerProcess(args, tmp_path, env=paused_env)
     with server:
         server.wait_serving(address)
         threads = [

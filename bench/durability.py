@@ -62,9 +62,11 @@ def _summary(measurement: Measurement) -> str:
         else ""
     )
     writer = measurement.details.get("writer") or {}
-    groups = (
-        f", {writer['commands_per_group']:.1f} appends/commit, commit {writer['commit_ms']:.2f} ms"
-        if writer
-        else ""
-    )
+    groups = ""
+    if writer:
+        extra = writer["syncs"] / writer["commits"] if writer["commits"] else 0.0
+        groups = (
+            f", {writer['commands_per_group']:.1f} appends/commit, commit "
+            f"{writer['commit_ms']:.2f} ms, {extra:.2f} extra syncs/commit"
+        )
     return f"{measurement.events_per_second:,.0f} appends/s{per_append}{groups}"

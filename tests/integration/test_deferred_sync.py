@@ -119,3 +119,20 @@ def test_acknowledged_appends_survive_reopen(tmp_path: Path) -> None:
             acknowledged += store.append("s", [user(f"u{i}"), user(f"v{i}")]).events
     with opened(tmp_path / "data", StoreConfig(durability=SYNC)) as store:
         assert read_all(store, "s") == acknowledged
+
+
+def test_a_cancelled_append_left_in_the_queue_does_not_hold_replies(grouped: Store) -> None:
+    """A full group committed while only a cancelled append is queued behind it: the writer,
+    finding nothing to take, syncs and answers the group before it waits for more."""
+    gate = WriterGate()
+    held = grouped.writer.submit(gate)
+    assert gate.entered.wait(WAIT_SECONDS)
+    futures = [
+        grouped.submit_append(prepare_append(f"c{i % 5}", [user(str(i))])) for i in range(MAX_GROUP)
+    ]
+    given_up = grouped.submit_append(prepare_append("c-gone", [user("never")]))
+    assert given_up.cancel()
+    gate.release.set()
+    held.result(WAIT_SECONDS)
+    assert [f.result(WAIT_SECONDS).next_seq for f in futures][-1] == MAX_GROUP // 5 + 1
+    assert grouped.meta("c-gone") is None

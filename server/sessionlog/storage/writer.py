@@ -351,6 +351,8 @@ class Writer:
         size = 0
         first = True
         while len(group) < MAX_GROUP and size < MAX_GROUP_BYTES:
+            if first and self._pending and self._queue.empty():
+                self._sync_pending()  # about to wait for work: no commit will cover them
             try:
                 job = self._queue.get() if first else self._queue.get_nowait()
             except queue.Empty:

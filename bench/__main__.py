@@ -29,6 +29,7 @@ from bench import (
     ceilings,
     checksums,
     derive,
+    durability,
     etcd,
     frameworks,
     h2load,
@@ -66,11 +67,12 @@ GROUPS = (
     "last",
     "stream",
     "frameworks",
+    "durability",
 )
-DEFAULT_GROUPS = tuple(g for g in GROUPS if g != "frameworks")
+DEFAULT_GROUPS = tuple(g for g in GROUPS if g not in ("frameworks", "durability"))
 """What runs without ``--only``: every group but frameworks (12), which starts Postgres and
 fills its sessions through each framework's own API (minutes on its own), so it runs when asked
-for (``--only frameworks``)."""
+for (``--only frameworks``); so does durability, which starts a server per --durability mode."""
 """Case groups ``--only`` can pick: append = cases 1-3 (with h2load's rows when it is installed),
 since = 4, tail = 5, derive = 6, sessions = 7, redis = the peer's rows (its XADD rows need the
 append group, its XRANGE row the since group), etcd = the etcd peer beside sessionlog, both
@@ -84,7 +86,8 @@ groups, with HAProxy's CPU per call), last = 11 (the last 10 events and messages
 1,000,000-event session beside Since from 0 and a full DeriveMessages: see ``bench.last``),
 frameworks = 12 (the framework backends' calls per call beside SQLite, Redis and Postgres: see
 ``bench.frameworks``), stream = 13 (AppendStream and unary Append through the compiled appendload
-at --workers 1 and 2, beside etcd's Put and Txn: see ``bench.streams``)."""
+at --workers 1 and 2, beside etcd's Put and Txn: see ``bench.streams``), durability = cases 1
+and 2 through h2load on a server per --durability mode, each beside sync (``bench.durability``)."""
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -275,6 +278,13 @@ def run_all(settings: Settings, work: Path, groups: list[str]) -> Results:
             measured(row.sessionlog.name, row.sessionlog)
             measured(row.ceiling.name, row.ceiling)
             results.rows.append(row)
+    if "durability" in groups:
+        durability_missing = durability.unavailable()
+        if durability_missing:
+            results.notes.append(f"durability rows skipped: {durability_missing}.")
+        else:
+            progress("durability modes: cases 1 and 2 (h2load) on a server per mode")
+            results.rows.extend(durability.run_group(settings, work, progress))
     if "shards" in groups:
         shards_missing = shards.unavailable()
         if shards_missing:

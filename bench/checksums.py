@@ -49,7 +49,11 @@ def _events(count: int, call: int) -> list[Event]:
 
 def _measure(settings: Settings, parent: Path, case: ChecksumCase, checksums: bool) -> Measurement:
     directory = Path(tempfile.mkdtemp(prefix="checksums-", dir=parent))
-    config = StoreConfig(durable=case.durable, record_checksums=checksums, map_size=4 << 30)
+    config = StoreConfig(
+        durability="sync" if case.durable else "nosync",
+        record_checksums=checksums,
+        map_size=4 << 30,
+    )
     store = Store(directory / "data", config)
     try:
         calls = 0

@@ -257,6 +257,7 @@ def writer_figures(
     return {
         "commits": commits,
         "commits_per_second": commits / seconds if seconds > 0 else 0.0,
+        "syncs": delta.get("sessionlog_syncs_total", 0.0),
         "events": delta["sessionlog_appended_events_total"],
         "commands_per_group": delta["sessionlog_commit_group_size_sum"] / groups if groups else 0.0,
         "commit_ms": delta["sessionlog_commit_duration_seconds_sum"] / timed * 1e3

@@ -80,7 +80,7 @@ def events_of(session: DeriveSession) -> Iterator[event_pb2.Event]:
 
 def fill(data_dir: Path) -> None:
     """Write every derive session (and a one-event warm-up session) into a new environment."""
-    store = Store(data_dir, StoreConfig(durable=False))
+    store = Store(data_dir, StoreConfig(durability="nosync"))
     try:
         store.append(WARM_SESSION, list(events_of(DeriveSession(1, False))))
         for session in sessions():

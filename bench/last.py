@@ -69,7 +69,7 @@ def fill(data_dir: Path, size: int, budget_seconds: float) -> tuple[int, float]:
     """Write up to ``size`` events in batches of FILL_BATCH, stopping at the batch that passes
     ``budget_seconds``; the events written and the seconds it took."""
     started = time.perf_counter()
-    store = Store(data_dir, StoreConfig(durable=False, map_size=8 << 30))
+    store = Store(data_dir, StoreConfig(durability="nosync", map_size=8 << 30))
     written = 0
     try:
         while written < size and time.perf_counter() - started < budget_seconds:

@@ -41,6 +41,7 @@ PUBLISH_SECONDS = 0.3
 waited before a scrape of a server of several workers, so that it shows every worker's calls."""
 WRITER_METRICS = (
     "sessionlog_commits_total",
+    "sessionlog_syncs_total",
     "sessionlog_appended_events_total",
     "sessionlog_commit_group_size_sum",
     "sessionlog_commit_group_size_count",

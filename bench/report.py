@@ -29,8 +29,8 @@ class Row:
     ceiling: Measurement
     kind: str = "ceiling"
     """What the ceiling column holds: "echo", "handoff" (echo through a worker thread), "lmdb",
-    "derived", "redis" or "etcd" (a peer) or "unchecked" (the same path without change-record
-    checksums)."""
+    "derived", "redis" or "etcd" (a peer), "unchecked" (the same path without change-record
+    checksums) or "sync" (the same load on a server with the default --durability)."""
 
     @property
     def load_client(self) -> str:

@@ -45,6 +45,8 @@ from sessionlog.defaults import (
     DEFAULT_SHUTDOWN_GRACE_SECONDS,
     DEFAULT_SYNC_TIMEOUT_SECONDS,
     DEFAULT_WORKERS,
+    DURABILITY_MODES,
+    SYNC,
 )
 from sessionlog.defaults import ConfigError as ConfigError
 from sessionlog.shard.ownership import from_file
@@ -275,15 +277,16 @@ class ServerConfig:
         "raise it and restart",
         "SIZE",
     )
-    durable: bool = _setting(
+    durability: str = _setting(
         "durability",
-        _choice("sync", "nosync"),
-        "sync",
-        "sync: acknowledge an append only once it is on disk. nosync: faster, but a machine "
-        "crash may lose recently acknowledged appends",
+        _choice(*DURABILITY_MODES),
+        SYNC,
+        "when an append is acknowledged. sync: once its commit is on disk (two syncs per "
+        "commit). group: the same guarantee, the commit's meta page synced by the next group's "
+        "commit (or one sync when no group follows): fewer syncs under load, a group's replies "
+        "wait for that sync. nosync: at once; a machine crash may lose recently acknowledged "
+        "appends (a process crash loses none)",
         "MODE",
-        to_field=lambda mode: mode == "sync",
-        from_field=lambda durable: "sync" if durable else "nosync",
     )
     max_message_bytes: int = _setting(
         "max_message_size",

@@ -31,6 +31,14 @@ DEFAULT_LEASE_TTL_SECONDS = 5
 """A cluster member's etcd lease (--lease-ttl): a leader that cannot renew it stops writing
 after half of it, and a new one can be elected once it has run out."""
 DEFAULT_WORKERS = "auto"
+SYNC = "sync"
+"""--durability sync: a commit syncs its data pages, then its meta page; replies follow both."""
+GROUP = "group"
+"""--durability group: a commit syncs its data pages only; its meta page is synced by the next
+commit's data sync (or one explicit sync when no commit follows), and its replies wait for that."""
+NOSYNC = "nosync"
+"""--durability nosync: no syncs; a machine crash may lose acknowledged writes."""
+DURABILITY_MODES = (SYNC, GROUP, NOSYNC)
 
 
 class ConfigError(ValueError):

@@ -85,7 +85,7 @@ def store_config(config: ServerConfig) -> StoreConfig:
     """What the store needs to know of a server's settings."""
     return StoreConfig(
         map_size=config.map_size,
-        durable=config.durable,
+        durability=config.durability,
         limits=config.limits,
         request_id_ttl_seconds=config.request_id_ttl_seconds,
         replica_of=config.replica_of,

@@ -34,6 +34,7 @@ EXPECTED = {
     "sessionlog_sent_bytes_total",
     "sessionlog_appended_events_total",
     "sessionlog_commits_total",
+    "sessionlog_syncs_total",
     "sessionlog_storage_write_errors_total",
     "sessionlog_commit_group_size",
     "sessionlog_commit_duration_seconds",

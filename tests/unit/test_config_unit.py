@@ -237,7 +237,7 @@ def test_settings_reach_the_server_config() -> None:
         SESSIONLOG_REPLICA_TOKEN=SECRET,
     )
     built = config.server_config(resolved)
-    assert built.durable is False
+    assert built.durability == "nosync"
     assert built.limits.max_event_bytes == 64 << 10
     assert built.limits.max_data_depth == 6
     assert built.heartbeat_seconds == 2.5
@@ -267,7 +267,7 @@ def test_flags_of_a_config_make_that_config_again() -> None:
         metrics_listen="127.0.0.1:9100",
         http_listen="127.0.0.1:9200",
         map_size=1 << 30,
-        durable=False,
+        durability="group",
         max_message_bytes=8 << 20,
         limits=dataclasses.replace(fold.DEFAULT_LIMITS, max_event_bytes=2 << 20, max_data_depth=7),
         max_events_per_append=5,

@@ -193,6 +193,12 @@ def _writes(stats: WriterStats) -> Iterator[Metric]:
     yield CounterMetricFamily(
         "sessionlog_commits", "Write transactions committed", value=stats.commits
     )
+    yield CounterMetricFamily(
+        "sessionlog_syncs",
+        "Syncs of the data file made apart from commits (--durability group: when no commit "
+        "followed to cover the last one's meta page)",
+        value=stats.syncs,
+    )
     refused = CounterMetricFamily(
         "sessionlog_storage_write_errors",
         "Writes the storage refused, by reason and cause (STORAGE_FULL: map or disk; "

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import lmdb
 
+from sessionlog.defaults import NOSYNC, SYNC
 from sessionlog.storage import folder, identity, integrity, schema
 from sessionlog.storage.tables import Tables
 
@@ -33,7 +34,7 @@ def open_folder(
     *,
     lock: folder.FolderLock | None,
     map_size: int,
-    durable: bool,
+    durability: str,
     replica_of: str,
     elected: bool,
     prepared: bool,
@@ -53,8 +54,10 @@ def open_folder(
             str(path),
             map_size=map_size,
             max_dbs=len(schema.ALL_DBS),
-            sync=durable,
-            metasync=durable,
+            # group: a commit syncs its data pages but not its meta page, which the writer
+            # has synced (by the next commit, or env.sync) before it acknowledges the commit.
+            sync=durability != NOSYNC,
+            metasync=durability == SYNC,
             readahead=False,
             max_readers=1024,
         )

@@ -31,7 +31,7 @@ from typing import Any
 from google.protobuf.struct_pb2 import Struct
 
 from sessionlog import errors, fold
-from sessionlog.defaults import DEFAULT_MAP_SIZE, DEFAULT_REQUEST_ID_TTL_SECONDS
+from sessionlog.defaults import DEFAULT_MAP_SIZE, DEFAULT_REQUEST_ID_TTL_SECONDS, GROUP, SYNC
 from sessionlog.records import Filter, SessionRecord
 from sessionlog.retention import Policy
 from sessionlog.storage import (
@@ -108,8 +108,10 @@ class StoreConfig:
 
     map_size: int = DEFAULT_MAP_SIZE
     """Largest size the data file may grow to, in bytes (LMDB's map size)."""
-    durable: bool = True
-    """Sync every commit to disk before acknowledging (off: faster, may lose recent appends)."""
+    durability: str = SYNC
+    """When a write is acknowledged (``defaults.DURABILITY_MODES``): sync, once its commit is on
+    disk; group, the same, with the meta page of a commit synced by the next one (``Writer``);
+    nosync, at once (faster; a machine crash may lose recent appends)."""
     limits: fold.Limits = fold.DEFAULT_LIMITS
     request_id_ttl_seconds: int = DEFAULT_REQUEST_ID_TTL_SECONDS
     """How long a request_id is remembered for replays."""
@@ -164,7 +166,7 @@ class Store:
             self.path,
             lock=lock,
             map_size=config.map_size,
-            durable=config.durable,
+            durability=config.durability,
             replica_of=config.replica_of,
             elected=config.elected,
             prepared=prepared,
@@ -180,6 +182,7 @@ class Store:
             on_broken=on_broken,
             checksums=config.record_checksums,
             may_write=may_write,
+            deferred_sync=config.durability == GROUP,
         )
         self.writer.lead = self.leadership()
         self.folds = FoldCache(

@@ -17,6 +17,14 @@ Invariants:
 - a future is resolved only after the transaction holding its writes is committed and synced, so
   an acknowledged append is durable; a command whose caller gave up (its future cancelled) before
   its group was taken is never written;
+- with ``deferred_sync`` (``--durability group``, LMDB opened with metasync off) a commit syncs
+  its data pages but leaves its meta page (the one that makes the commit the newest) in the page
+  cache: a power cut there would undo the commit. So the group's outcomes, and the subscribers'
+  wakeup, wait (``_pending``) until a later sync covers that meta page: the next group's commit,
+  whose data sync flushes the whole file, or one ``env.sync`` when no group is queued. Under
+  load a commit then costs one sync instead of two. Outcomes are given in commit order, and a
+  group whose commit wrote nothing waits like the others (what it reports, a replay say, may
+  stand on a pending commit);
 - the change-feed position and the checksum a record chains from are read inside the write
   transaction, never cached: the store is the only truth, whoever else writes to it;
 - so is the leadership record (``leadership``): a command of this store's own is refused with
@@ -176,6 +184,10 @@ class WriterStats:
     """Time each commit took, its fsync included."""
     failed_commits: int = 0
     """Write transactions that failed (a group retried one command at a time counts each)."""
+    syncs: int = 0
+    """Explicit syncs of the data file (deferred sync, when no commit followed to cover one)."""
+    failed_syncs: int = 0
+    """Explicit syncs that failed (their groups' writes were refused)."""
     write_errors: dict[tuple[str, str], int] = field(default_factory=dict)
     """Commands the storage refused, by (reason, cause): STORAGE_FULL map or disk,
     STORAGE_IO_ERROR io or panic."""
@@ -192,8 +204,17 @@ class Writer:
         on_broken: Callable[[], None] | None = None,
         checksums: bool = True,
         may_write: Callable[[], bool] | None = None,
+        deferred_sync: bool = False,
     ) -> None:
         self._env = env
+        self._deferred_sync = deferred_sync
+        self._pending: list[tuple[list[_AnyJob], list[tuple[bool, Any]], bool]] = []
+        """Deferred sync: groups committed (or refused) whose outcomes wait for the next sync."""
+        self._pause = _test_pause()
+        self._committed_position = 0
+        self.synced_position = 0
+        """The newest change position this writer knows to be on disk, meta page included (with
+        nosync: committed). Every outcome it has given is at or below it."""
         self._may_write = may_write or _always
         self.lead = leadership.Leadership()
         """The leadership record as this writer last read it in a write transaction: a hint
@@ -285,8 +306,42 @@ class Writer:
                     for job in group:
                         self._settle(job, RuntimeError("the write failed; see the server log"))
                     self._deliver()
+            if self._pending and (stop or self._queue.empty()):
+                self._sync_pending()  # no commit is coming to cover them: sync now
             if stop:
                 return
+
+    def _sync_pending(self) -> None:
+        """Deferred sync: flush what the pending groups committed (their meta pages), then give
+        their outcomes. A failed sync leaves their durability unknown: each write is refused
+        with the storage's error (it may still be on disk, as a LEADERSHIP_LOST one may be)."""
+        if self._pause is not None:
+            self._pause()
+        self.stalled = ("syncing the last commit to disk", time.monotonic())
+        try:
+            self._env.sync(True)
+        except Exception as exc:
+            self.stats.failed_syncs += 1
+            failure = storage_failure(exc, self._free_bytes(), 0) or StorageFailure(
+                errors.StorageIoError.reason, IO, f"syncing the data file failed: {exc}"
+            )
+            log.warning("storage sync failing: %s", failure.advice, extra={"error": str(exc)})
+            pending, self._pending = self._pending, []
+            for group, outcomes, _ in pending:
+                refused = [(ok, v) if not ok else (False, failure.error()) for ok, v in outcomes]
+                self._give(group, refused, False)
+            return
+        finally:
+            self.stalled = None
+        self.stats.syncs += 1
+        self.synced_position = max(self.synced_position, self._committed_position)
+        self._release_pending()
+
+    def _release_pending(self) -> None:
+        """Give the outcomes of every pending group: a sync has covered their commits."""
+        pending, self._pending = self._pending, []
+        for group, outcomes, fed in pending:
+            self._give(group, self._unless_deposed(group, outcomes), fed)
 
     def _take_group(self) -> tuple[list[_AnyJob], bool]:
         """Everything queued, up to the bounds, minus the jobs whose callers gave up before it
@@ -296,6 +351,8 @@ class Writer:
         size = 0
         first = True
         while len(group) < MAX_GROUP and size < MAX_GROUP_BYTES:
+            if first and self._pending and self._queue.empty():
+                self._sync_pending()  # about to wait for work: no commit will cover them
             try:
                 job = self._queue.get() if first else self._queue.get_nowait()
             except queue.Empty:
@@ -314,6 +371,8 @@ class Writer:
         outcomes: list[tuple[bool, Any]] = []
         self._group_events = 0
         fed = False
+        if self._pending and self._pause is not None:
+            self._pause()
         try:
             self.stalled = ("waiting for LMDB's write lock", time.monotonic())
             try:
@@ -376,8 +435,15 @@ class Writer:
             self.stats.largest_group = max(self.stats.largest_group, len(group))
             self.stats.group_sizes.observe(len(group))
             self.stats.events += self._group_events
-            if fed:  # a commit that wrote nothing proves nothing about the disk
+            if fed:  # a commit that wrote nothing proves nothing about the disk (nor syncs)
                 self._recovered()
+                self._committed_position = feed[0]
+                if not self._deferred_sync:
+                    self.synced_position = feed[0]
+                elif self._pending or self.synced_position < first - 1:
+                    # This commit's data sync flushed the earlier commits' meta pages too.
+                    self.synced_position = max(self.synced_position, first - 1)
+                    self._release_pending()
             self._finish(group, outcomes, fed)
 
     def _free_bytes(self) -> int | None:
@@ -484,6 +550,13 @@ class Writer:
         ]
 
     def _finish(self, group: list[_AnyJob], outcomes: list[tuple[bool, Any]], fed: bool) -> None:
+        """Give a group's outcomes, or with deferred sync queue them for the next sync."""
+        if self._deferred_sync:
+            self._pending.append((group, outcomes, fed))
+        else:
+            self._give(group, outcomes, fed)
+
+    def _give(self, group: list[_AnyJob], outcomes: list[tuple[bool, Any]], fed: bool) -> None:
         changed: set[str] = {changes.FEED_KEY} if fed else set()
         for job, (ok, value) in zip(group, outcomes, strict=True):
             if ok:
@@ -536,6 +609,28 @@ def _apply_replicated(
 
 def _always() -> bool:
     return True
+
+
+PAUSE_ENV = "SESSIONLOG_TEST_PAUSE_BEFORE_SYNC"
+"""Tests only: a file path, TRIGGER. Once TRIGGER exists, the next time the writer is about to
+sync pending commits (deferred sync: by the next commit, or by ``env.sync``) it adds its PID to
+TRIGGER.paused and sleeps: a test kills the process there, between a commit's data sync and the
+sync of its meta page, and checks that nothing acknowledged was lost."""
+
+
+def _test_pause() -> Callable[[], None] | None:
+    trigger = os.environ.get(PAUSE_ENV, "")
+    if not trigger:
+        return None
+
+    def pause() -> None:
+        if not os.path.exists(trigger):
+            return
+        with open(f"{trigger}.paused", "a") as marker:  # a line per process (worker)
+            marker.write(f"{os.getpid()}\n")
+        time.sleep(3600)
+
+    return pause
 
 
 def _leadership_lost(committed: bool) -> errors.LeadershipLost:

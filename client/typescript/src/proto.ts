@@ -586,7 +586,7 @@ export interface ListSessionsResponse {
   /**
    * Sessions in the order asked for (session id order by UTF-8 bytes, unless order_by says
    * otherwise). A page token continues only the listing it came from (same prefix, filter and
-   * order_by); with another, INVALID_ARGUMENT / MALFORMED_REQUEST. Ordered by update_time, a
+   * order_by); with another, INVALID_ARGUMENT / INVALID_PAGE_TOKEN. Ordered by update_time, a
    * session updated while one pages moves to the front: it is not listed again, and one not
    * reached yet may be skipped.
    */
@@ -1358,7 +1358,7 @@ export interface ListLeaseAuditRequest {
   page_size: number;
   /**
    * From a previous response's next_page_token, made with the same prefix; empty starts at the
-   * beginning. Anything else is INVALID_ARGUMENT / MALFORMED_REQUEST (field page_token). A token
+   * beginning. Anything else is INVALID_ARGUMENT / INVALID_PAGE_TOKEN (field page_token). A token
    * stays valid across writes: entries recorded meanwhile after it are included, none repeated.
    */
   page_token: string;

@@ -2424,7 +2424,7 @@ type ListSessionsResponse struct {
 
 	// Sessions in the order asked for (session id order by UTF-8 bytes, unless order_by says
 	// otherwise). A page token continues only the listing it came from (same prefix, filter and
-	// order_by); with another, INVALID_ARGUMENT / MALFORMED_REQUEST. Ordered by update_time, a
+	// order_by); with another, INVALID_ARGUMENT / INVALID_PAGE_TOKEN. Ordered by update_time, a
 	// session updated while one pages moves to the front: it is not listed again, and one not
 	// reached yet may be skipped.
 	Sessions []*Session `protobuf:"bytes,1,rep,name=sessions,proto3" json:"sessions,omitempty"`

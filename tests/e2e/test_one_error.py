@@ -8,8 +8,10 @@ One server for the module, auth off; each test writes its own sessions.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import asyncio
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
@@ -20,6 +22,8 @@ from sessionlog.testing import RunningServer
 from sessionlog.v1 import admin_service_pb2 as apb
 from sessionlog.v1 import admin_service_pb2_grpc as apb_grpc
 from sessionlog.v1 import session_log_service_pb2 as pb
+from sessionlog_client import AsyncClient, Client
+from sessionlog_client.errors import MalformedRequest
 from tests.e2e._helpers import Stub, append, check, failure, get, say
 from tests.e2e._proc import running_server
 
@@ -253,3 +257,57 @@ def test_a_chunked_import_of_a_fork_states_its_length_in_the_record(stub: Stub) 
     )
     session = get(stub, "imp.two")
     assert (session.event_count, session.parent_event_count) == (4, 3)
+
+
+# -- client-side refusals ------------------------------------------------------------------------
+
+BAD_SEQS: list[Any] = [-1, 2**64, 1.5]
+
+
+def test_the_python_client_refuses_a_bad_seq_with_its_typed_error(server: RunningServer) -> None:
+    """A negative (or too large, or fractional) seq is MalformedRequest naming the argument,
+    raised before anything is sent (it was protobuf's bare ValueError); nothing changes."""
+    with Client(server.address) as client:
+        for seq in BAD_SEQS:
+            calls: dict[str, Callable[[], object]] = {
+                "seq": lambda: client.since("pt.a", seq),  # noqa: B023
+                "at_seq": lambda: client.surface("pt.a", at_seq=seq),  # noqa: B023
+                "expected_seq": lambda: client.append(
+                    "pt.a",
+                    [{"type": "user_message"}],
+                    expected_seq=seq,  # noqa: B023
+                ),
+                "seqs": lambda: client.redact_events("pt.a", [seq]),  # noqa: B023
+                "start_seq": lambda: client.hide("pt.a", seq, 1),  # noqa: B023
+                "n": lambda: client.last_events("pt.a", seq),  # noqa: B023
+            }
+            for field, call in calls.items():
+                with pytest.raises(MalformedRequest) as refused:
+                    call()
+                assert refused.value.metadata == {"field": field}, (field, seq)
+                assert refused.value.reason == "MALFORMED_REQUEST"
+        with pytest.raises(MalformedRequest):
+            client.fork_session("pt.a", at_seq=-1, session_id="pt.fork")
+        assert client.get_session("pt.a").session.event_count == 5
+        assert not client.get_session("pt.fork").session.exists
+
+
+def test_the_async_client_refuses_a_bad_seq_alike(server: RunningServer) -> None:
+    """The asyncio client raises the same MalformedRequest at the call."""
+
+    async def refusals() -> list[str]:
+        fields = []
+        async with AsyncClient(server.address) as client:
+            calls: list[Callable[[], Any]] = [
+                lambda: client.since("pt.a", -1),
+                lambda: client.follow("pt.a", -1),
+                lambda: client.derive_messages("pt.a", at_seq=-1),
+            ]
+            for call in calls:
+                try:
+                    await call()
+                except MalformedRequest as refused:
+                    fields.append(refused.metadata["field"])
+        return fields
+
+    assert asyncio.run(refusals()) == ["seq", "seq", "at_seq"]

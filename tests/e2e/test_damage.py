@@ -224,7 +224,8 @@ def _session_reads(listen: str) -> dict[str, str]:
 def test_verify_names_only_the_sessions_a_damaged_branch_page_hides(data: Path) -> None:
     """A branch page of the events table whose middle child points past the file: verify
     names exactly the sessions whose reads the server refuses (DATA_CORRUPTED), and no session
-    past the damage as empty (it used to list every session after the damage with 0 events)."""
+    past the damage as empty (it used to list every session after the damage with 0 events);
+    the feed is walked to its end, only the change naming the hidden events reported."""
     path = data / "data.mdb"
     content = bytearray(path.read_bytes())
     _, node = _events_branch_node(bytes(content))
@@ -241,6 +242,10 @@ def test_verify_names_only_the_sessions_a_damaged_branch_page_hides(data: Path) 
         if f"'{session}'" in problem["where"]
     }
     assert not any("events exist" in problem["what"] for problem in report["problems"]), report
+    feed = [p for p in report["problems"] if p["table"] == "changes"]
+    assert feed, report  # the change naming the hidden events, and only it: the feed goes on
+    assert all("cannot read the events it names" in p["what"] for p in feed), feed
+    assert report["records"]["changes"] == SESSIONS, report["records"]
     listen = _listen()
     with ServerProcess(["--data", str(data), "--listen", listen], data.parent) as server:
         server.wait_serving(listen)

@@ -372,7 +372,7 @@ def verify(
         ("sessions", _sessions),
         ("ids", _ids),
         ("events", _events),
-        ("changes", lambda w, t, tb: _changes(w, t, tb, change_checks)),
+        ("changes", lambda w, t, tb: _changes(w, t, tb, change_checks, env)),
         ("requests", _records("requests", RequestRecord.decode, _request_where)),
         ("leases", _records("leases", LeaseRecord.decode, _text_key)),
         ("audit", _records("audit", AuditRecord.decode, _audit_where)),
@@ -413,7 +413,14 @@ def _map_bytes(env: lmdb.Environment) -> int:
 def _items(walk: _Walk, txn: lmdb.Transaction, db: Any, table: str) -> Iterator[tuple[bytes, Any]]:
     """Every (key, value) of ``db``; values stay buffers until checked. A value longer than the
     data file (a damaged size field) is reported, never copied: reading it would crash."""
-    for key, value in txn.cursor(db=db):
+    return _from_cursor(walk, txn.cursor(db=db), table)
+
+
+def _from_cursor(
+    walk: _Walk, cursor: lmdb.Cursor, table: str, *, restart: bool = False
+) -> Iterator[tuple[bytes, Any]]:
+    """``_items`` from where ``cursor`` stands (``restart``: already placed) or the start."""
+    for key, value in cursor.iternext() if restart else cursor:
         walk.counts[table] += 1
         if len(value) > walk.file_bytes:
             walk.add(table, _hex(bytes(key)), f"value size {len(value)} exceeds the file")
@@ -551,12 +558,52 @@ def _session_totals(walk: _Walk) -> None:
             )
 
 
+class _EventsUnreadable(Exception):
+    """LMDB failed reading the events a change names (not the change itself)."""
+
+    def __init__(self, position: int, cause: Exception) -> None:
+        super().__init__(position, cause)
+        self.position = position
+        self.cause = cause
+
+
 def _changes(
-    walk: _Walk, txn: lmdb.Transaction, tables: Tables, checks: Sequence[ChangeCheck]
+    walk: _Walk,
+    txn: lmdb.Transaction,
+    tables: Tables,
+    checks: Sequence[ChangeCheck],
+    env: lmdb.Environment,
 ) -> None:
-    expected = 1
+    """The feed in position order. A change whose events LMDB cannot read is reported as that
+    and the walk goes on past it in a fresh transaction (LMDB fails a transaction for good once
+    it met a damaged page), so a damaged page of events is not taken for the feed's end."""
+    start = 1
+    while True:
+        try:
+            if start == 1:
+                _changes_from(walk, txn, tables, checks, start)
+            else:
+                with env.begin(buffers=True) as fresh:
+                    _changes_from(walk, fresh, tables, checks, start)
+            return
+        except _EventsUnreadable as unreadable:
+            walk.add(
+                "changes",
+                f"position {unreadable.position}",
+                f"LMDB cannot read the events it names ({unreadable.cause})",
+            )
+            start = unreadable.position + 1
+
+
+def _changes_from(
+    walk: _Walk, txn: lmdb.Transaction, tables: Tables, checks: Sequence[ChangeCheck], start: int
+) -> None:
+    expected = start
     events = txn.cursor(db=tables.events)
-    for key, value in _items(walk, txn, tables.changes, "changes"):
+    cursor = txn.cursor(db=tables.changes)
+    if start > 1 and not cursor.set_range(schema.u64(start)):
+        return
+    for key, value in _from_cursor(walk, cursor, "changes", restart=start > 1):
         if len(key) != 8:
             walk.add("changes", _hex(key), "the key is not a u64 position")
             continue
@@ -573,7 +620,12 @@ def _changes(
             continue
         if change.position != position:
             walk.add("changes", where, f"the record holds position {change.position}")
-        named = _named_events(events, change)
+        try:
+            named = _named_events(events, change)
+        except damage.LMDB_DAMAGE as exc:
+            for check in checks:  # a chained check moves past it; its events are the problem
+                check(position, record, [])
+            raise _EventsUnreadable(position, exc) from None
         if len(named) != change.event_count:
             walk.add(
                 "changes",

@@ -311,3 +311,16 @@ def test_the_async_client_refuses_a_bad_seq_alike(server: RunningServer) -> None
         return fields
 
     assert asyncio.run(refusals()) == ["seq", "seq", "at_seq"]
+
+
+def test_the_python_clients_other_refusals_are_typed_too(server: RunningServer) -> None:
+    """The client's own argument checks (no field to update, ttl and expire_time together)
+    raise MalformedRequest naming the argument (they were bare ValueErrors); nothing is sent."""
+    with Client(server.address) as client:
+        with pytest.raises(MalformedRequest) as refused:
+            client.update_session("pt.a")
+        assert refused.value.metadata == {"field": "fields"}
+        with pytest.raises(MalformedRequest) as refused:
+            client.create_session("pt.ttl", ttl=60, expire_time="2999-01-01T00:00:00Z")
+        assert refused.value.metadata == {"field": "ttl"}
+        assert not client.get_session("pt.ttl").session.exists

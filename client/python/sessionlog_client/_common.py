@@ -333,7 +333,10 @@ def silence_limit(heartbeat: float | None) -> float | None:
     if heartbeat is None:
         return None
     if heartbeat <= 0:
-        raise ValueError(f"heartbeat must be a positive number of seconds or None, not {heartbeat}")
+        raise MalformedRequest(
+            f"heartbeat must be a positive number of seconds or None, not {heartbeat}",
+            field="heartbeat",
+        )
     return DEAD_AFTER_HEARTBEATS * heartbeat
 
 
@@ -459,7 +462,7 @@ def create_request(
         if record.parent_seq is not None:
             request.parent_seq = whole("parent_seq", record.parent_seq)
         if record.ttl is not None and record.expire_time is not None:
-            raise ValueError("create_session: give ttl or expire_time, not both")
+            raise MalformedRequest("create_session: give ttl or expire_time, not both", field="ttl")
         ttl = duration(record.ttl)
         if ttl is not None:
             request.ttl.CopyFrom(ttl)
@@ -522,11 +525,13 @@ def update_request(
         paths.append(f"labels.{key}")
     paths += [f"labels.{key}" for key in remove_labels]
     if ttl is not UNSET and expire_time is not UNSET:
-        raise ValueError("update_session: give ttl or expire_time, not both")
+        raise MalformedRequest("update_session: give ttl or expire_time, not both", field="ttl")
     if ttl is not UNSET:
         given = duration(ttl)
         if given is None:
-            raise ValueError("update_session: ttl=None; clear the expiry with expire_time=None")
+            raise MalformedRequest(
+                "update_session: ttl=None; clear the expiry with expire_time=None", field="ttl"
+            )
         session.ttl.CopyFrom(given)
         paths.append("ttl")
     if expire_time is not UNSET:
@@ -537,7 +542,7 @@ def update_request(
         session.pinned = bool(pinned)
         paths.append("pinned")
     if not paths:
-        raise ValueError("update_session: name at least one field to set")
+        raise MalformedRequest("update_session: name at least one field to set", field="fields")
     return pb.UpdateSessionRequest(session=session, update_mask=FieldMask(paths=paths))
 
 

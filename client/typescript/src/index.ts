@@ -2595,7 +2595,7 @@ export class SessionLogClient {
     };
     if (parentSeq !== undefined) request.parent_seq = checkSeq(parentSeq, "parentSeq");
     if (ttlMs !== undefined && expireTime !== undefined) {
-      throw new TypeError("createSession: give ttlMs or expireTime, not both");
+      throw refused("ttlMs", "createSession: give ttlMs or expireTime, not both");
     }
     if (ttlMs !== undefined) request.ttl = duration(ttlMs);
     if (expireTime !== undefined) request.expire_time = toTimestamp(expireTime);
@@ -2742,7 +2742,7 @@ export class SessionLogClient {
     }
     for (const key of removeLabels) paths.push(`labels.${key}`);
     if (ttlMs !== undefined && expireTime !== undefined) {
-      throw new TypeError("updateSession: give ttlMs or expireTime, not both");
+      throw refused("ttlMs", "updateSession: give ttlMs or expireTime, not both");
     }
     if (ttlMs !== undefined) {
       session.ttl = duration(ttlMs);
@@ -2756,7 +2756,7 @@ export class SessionLogClient {
       session.pinned = Boolean(pinned);
       paths.push("pinned");
     }
-    if (paths.length === 0) throw new TypeError("updateSession: name at least one field to set");
+    if (paths.length === 0) throw refused("fields", "updateSession: name at least one field to set");
     const request = { session, update_mask: { paths } };
     const reply = await this._call("UpdateSession", request, { timeoutMs, retry: true, write: true });
     return fromSession(reply.session);

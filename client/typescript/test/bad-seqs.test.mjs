@@ -52,6 +52,12 @@ describe("bad seqs", () => {
       assert.throws(() => client.follow("ts-bad", { seq }), refusedAs("seq"));
       await assert.rejects(client.lastEvents("ts-bad", seq), refusedAs("n"));
     }
+    await assert.rejects(client.updateSession("ts-bad", {}), refusedAs("fields"));
+    await assert.rejects(
+      client.createSession("ts-bad-ttl", [], { ttlMs: 1000, expireTime: "2999-01-01T00:00:00Z" }),
+      refusedAs("ttlMs"),
+    );
+    assert.equal((await client.getSession("ts-bad-ttl")).session.exists, false);
     assert.equal((await client.getSession("ts-bad")).session.eventCount, 4);
     assert.equal((await client.getSession("ts-bad-fork")).session.exists, false);
     assert.equal((await client.getSession("ts-bad-child")).session.exists, false);

@@ -385,10 +385,10 @@ def test_any_page_size_pages_through_every_session_once(cluster: Cluster, page_s
     "page_token",
     ["x", "A" * 10_000, "AQ", encode_page_token("tenant-a.05", "other-prefix")],
 )
-def test_a_forged_page_token_is_malformed_request(cluster: Cluster, page_token: str) -> None:
+def test_a_forged_page_token_is_invalid_page_token(cluster: Cluster, page_token: str) -> None:
     with pytest.raises(grpc.RpcError) as failed:
         cluster.stub("g1").ListSessions(
             pb.ListSessionsRequest(page_token=page_token), metadata=bearer(ADMIN), timeout=10
         )
     assert failed.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-    assert error_info(failed.value).reason == "MALFORMED_REQUEST"
+    assert error_info(failed.value).reason == "INVALID_PAGE_TOKEN"

@@ -50,7 +50,7 @@ def test_sync_client_records(server: RunningServer) -> None:
             client.update_session("py.none", title="x")
         with pytest.raises(errors.InvalidFilter):
             listed(client, filter="nonsense")
-        with pytest.raises(ValueError, match="at least one field"):
+        with pytest.raises(errors.MalformedRequest, match="at least one field"):
             client.update_session("py.a")
 
 

@@ -53,10 +53,10 @@ def list_refusal(server: RunningServer, page_token: str, prefix: str = "") -> gr
     return caught.value
 
 
-def assert_malformed_token(error: grpc.RpcError) -> None:
+def assert_refused_token(error: grpc.RpcError) -> None:
     assert error.code() == grpc.StatusCode.INVALID_ARGUMENT, error
     info = error_info(error)
-    assert info.reason == "MALFORMED_REQUEST"
+    assert info.reason == "INVALID_PAGE_TOKEN"
     assert info.metadata["field"] == "page_token"
     assert "list again from the start" in error.details()
 
@@ -70,11 +70,11 @@ def create(server: RunningServer, *session_ids: str) -> None:
 # -- page tokens --------------------------------------------------------------------------------
 
 
-def test_a_deeply_nested_page_token_is_malformed_not_internal(server: RunningServer) -> None:
+def test_a_deeply_nested_page_token_is_refused_not_internal(server: RunningServer) -> None:
     """A token of 5,000 nested JSON arrays (past any JSON parser's recursion limit) is
-    MALFORMED_REQUEST, and listing still works after it."""
+    INVALID_PAGE_TOKEN, and listing still works after it."""
     create(server, "s1")
-    assert_malformed_token(list_refusal(server, b64(b"[" * 5000 + b"]" * 5000)))
+    assert_refused_token(list_refusal(server, b64(b"[" * 5000 + b"]" * 5000)))
     reply = server.stub().ListSessions(pb.ListSessionsRequest(), timeout=5)
     assert [s.session_id for s in reply.sessions] == ["s1"]
 
@@ -96,10 +96,10 @@ FORGED = {
 
 
 @pytest.mark.parametrize("case", sorted(FORGED))
-def test_forged_page_tokens_are_malformed(server: RunningServer, case: str) -> None:
-    """A token the server did not hand out for this listing is MALFORMED_REQUEST."""
+def test_forged_page_tokens_are_refused(server: RunningServer, case: str) -> None:
+    """A token the server did not hand out for this listing is INVALID_PAGE_TOKEN."""
     create(server, "s1", "s2")
-    assert_malformed_token(list_refusal(server, FORGED[case]))
+    assert_refused_token(list_refusal(server, FORGED[case]))
 
 
 def test_a_page_token_continues_its_listing(server: RunningServer) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import random
 import shutil
+import struct
 import urllib.error
 import urllib.request
 from collections.abc import Callable
@@ -192,3 +193,114 @@ def test_random_bytes_in_the_middle_give_data_loss_never_a_crash(data: Path) -> 
     assert len(lines) >= 2
     assert "problems in" in lines[-1]
     assert any(f"'s{SESSIONS // 2}'" in line for line in lines[:-1]), lines
+
+
+# -- verify's verdict against the server's ------------------------------------------------------
+
+P_BRANCH = 0x01
+
+
+def _events_branch_node(content: bytes) -> tuple[int, int]:
+    """(page, offset) of a middle node of a branch page of the events table: a branch page
+    whose keys (past the first, which is empty) are all sid + seq (16 bytes)."""
+    for page in range(2, len(content) // PAGE):
+        base = page * PAGE
+        pgno, _, flags, lower, _ = struct.unpack_from("<QHHHH", content, base)
+        count = (lower - 16) // 2
+        if pgno != page or flags != P_BRANCH or count < 3:
+            continue
+        nodes = [struct.unpack_from("<H", content, base + 16 + 2 * i)[0] for i in range(count)]
+        if all(struct.unpack_from("<H", content, base + at + 6)[0] == 16 for at in nodes[1:]):
+            return page, base + nodes[count // 2]
+    raise AssertionError("no branch page of the events table")
+
+
+def _session_reads(listen: str) -> dict[str, str]:
+    with grpc.insecure_channel(listen) as channel:
+        stub = pb_grpc.SessionLogServiceStub(channel)  # type: ignore[no-untyped-call]
+        return {f"s{n}": _outcome(partial(_drain, stub, f"s{n}")) for n in range(SESSIONS)}
+
+
+def test_verify_names_only_the_sessions_a_damaged_branch_page_hides(data: Path) -> None:
+    """A branch page of the events table whose middle child points past the file: verify
+    names exactly the sessions whose reads the server refuses (DATA_CORRUPTED), and no session
+    past the damage as empty (it used to list every session after the damage with 0 events);
+    the feed is walked to its end, only the change naming the hidden events reported."""
+    path = data / "data.mdb"
+    content = bytearray(path.read_bytes())
+    _, node = _events_branch_node(bytes(content))
+    far = len(content) // PAGE + 1000  # a page number past the file's last page
+    struct.pack_into("<HHH", content, node, far & 0xFFFF, (far >> 16) & 0xFFFF, far >> 32)
+    path.write_bytes(bytes(content))
+    done = run_cli(["admin", "verify", "--data", str(data), "--json"], data.parent)
+    assert done.returncode == 1, done.stdout + done.stderr
+    report = json.loads(done.stdout)
+    named = {
+        session
+        for problem in report["problems"]
+        for session in (f"s{n}" for n in range(SESSIONS))
+        if f"'{session}'" in problem["where"]
+    }
+    assert not any("events exist" in problem["what"] for problem in report["problems"]), report
+    feed = [p for p in report["problems"] if p["table"] == "changes"]
+    assert feed, report  # the change naming the hidden events, and only it: the feed goes on
+    assert all("cannot read the events it names" in p["what"] for p in feed), feed
+    assert report["records"]["changes"] == SESSIONS, report["records"]
+    listen = _listen()
+    with ServerProcess(["--data", str(data), "--listen", listen], data.parent) as server:
+        server.wait_serving(listen)
+        reads = _session_reads(listen)
+        assert server.stop() == 0
+    refused = {session for session, got in reads.items() if got != "OK"}
+    assert set(reads.values()) == {"OK", "DATA_LOSS DATA_CORRUPTED"}, reads
+    assert named == refused, (named, refused, report["problems"])
+    assert len(refused) < SESSIONS // 2, refused
+
+
+def _written_store(root: Path) -> Path:
+    """A folder written by a real server and never compacted: its free list holds pages."""
+    written = root / "with-free-pages"
+    listen = _listen()
+    with ServerProcess(["--data", str(written), "--listen", listen], root) as server:
+        server.wait_serving(listen)
+        with grpc.insecure_channel(listen) as channel:
+            stub = pb_grpc.SessionLogServiceStub(channel)  # type: ignore[no-untyped-call]
+            for n in range(40):
+                stub.Append(pb.AppendRequest(session_id=f"f{n % 6}", events=[user("x")]))
+        assert server.stop() == 0
+    return written
+
+
+def _serve_starts(data: Path) -> bool:
+    listen = _listen()
+    server = ServerProcess(["--data", str(data), "--listen", listen], data.parent)
+    server.start()
+    try:
+        server.wait_serving(listen)
+    except AssertionError:  # it exited before serving: refused
+        assert server.wait(timeout=20) != 0
+        return False
+    assert server.stop() == 0
+    return True
+
+
+def test_verify_is_never_clean_about_a_free_list_the_server_refuses(tmp_path: Path) -> None:
+    """The free list's root page overwritten: LMDB reads it only to write, so every read
+    passes, but `serve` cannot start; verify must say damaged too (it said "no damage
+    found"). Before the damage both agree the other way: verify clean, serve starts."""
+    data = _written_store(tmp_path)
+    verify = ["admin", "verify", "--data", str(data)]
+    assert run_cli(verify, tmp_path).returncode == 0
+    assert _serve_starts(data)
+    path = data / "data.mdb"
+    content = bytearray(path.read_bytes())
+    metas = [struct.unpack_from("<QQ", content, at + 136) for at in (0, PAGE)]
+    newest = max(range(2), key=lambda i: metas[i][1])
+    root = struct.unpack_from("<Q", content, newest * PAGE + 80)[0]
+    assert 2 <= root < len(content) // PAGE, "the store should have a free list"
+    content[root * PAGE : (root + 1) * PAGE] = random.Random(SEED).randbytes(PAGE)
+    path.write_bytes(bytes(content))
+    assert not _serve_starts(data)
+    done = run_cli(verify, tmp_path)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert f"free list page {root}" in done.stdout, done.stdout

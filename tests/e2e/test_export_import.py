@@ -249,12 +249,17 @@ def test_the_python_clients_import_in_chunks(servers: tuple[RunningServer, ...])
     a, _ = servers
     when = "2024-05-01T12:00:00.123456Z"
     with Client(a.address) as client:
+        first = [{"type": "user_message", "data": {"content": "one"}, "time": when}]
+        with pytest.raises(errors.InvalidImport):  # a fork holds every event it copied
+            client.import_session(
+                "tr-py", first, parent_session_id="elsewhere", parent_event_count=3
+            )
         reply = client.import_session(
             "tr-py",
-            [{"type": "user_message", "data": {"content": "one"}, "time": when}],
+            first,
             create_time=when,
             parent_session_id="elsewhere",
-            parent_event_count=3,
+            parent_event_count=1,
         )
         assert (reply.imported_count, reply.session.event_count) == (1, 1)
         with pytest.raises(errors.ImportSeqMismatch) as caught:
@@ -276,6 +281,7 @@ def test_the_python_clients_import_in_chunks(servers: tuple[RunningServer, ...])
         session = client.get_session("tr-py").session
         assert session.create_time.ToJsonString() == when
         assert session.parent_session_id == "elsewhere"
+        assert session.parent_event_count == 1
 
 
 WHEN = "2024-05-01T12:00:00Z"

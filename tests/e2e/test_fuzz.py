@@ -533,13 +533,13 @@ def test_big_rejected_requests_are_not_kept_in_memory(tmp_path: Path) -> None:
 
 
 def test_forged_page_tokens(target: Target) -> None:
-    """Page tokens that decode to odd JSON, lone surrogates or nothing are MALFORMED_REQUEST."""
+    """Page tokens that decode to odd JSON, lone surrogates or nothing are INVALID_PAGE_TOKEN."""
     for payload in (b'["\\ud800", ""]', b'["\\udfff\\ud800", ""]', b"[1, 2]", b"{}", b"\xff"):
         token = base64.urlsafe_b64encode(payload).decode()
         expect(
-            target, "ListSessions", pb.ListSessionsRequest(page_token=token), "MALFORMED_REQUEST"
+            target, "ListSessions", pb.ListSessionsRequest(page_token=token), "INVALID_PAGE_TOKEN"
         )
-    expect(target, "ListSessions", pb.ListSessionsRequest(page_token="%%%"), "MALFORMED_REQUEST")
+    expect(target, "ListSessions", pb.ListSessionsRequest(page_token="%%%"), "INVALID_PAGE_TOKEN")
 
 
 # -- the end of the run --------------------------------------------------------------------------

@@ -1,6 +1,6 @@
 """AdminService.ListLeaseAudit end to end: every session's takeovers and forced releases, paged
 in session id order, narrowed by a prefix, refused to non-admin and prefix-limited tokens; a
-forged or foreign page token is MALFORMED_REQUEST; the Python clients and `admin lease-audit`.
+forged or foreign page token is INVALID_PAGE_TOKEN; the Python clients and `admin lease-audit`.
 
 One server for the module, with auth on; the module's sessions are written once.
 """
@@ -187,9 +187,9 @@ def test_a_token_continues_after_entries_recorded_meanwhile(tmp_path: Path) -> N
         assert rest.next_page_token == ""
 
 
-def test_a_bad_page_token_is_malformed_request(server: RunningServer) -> None:
+def test_a_bad_page_token_is_invalid_page_token(server: RunningServer) -> None:
     """A token that is not base64, one forged from nothing, one made for another prefix, and a
-    ListSessions token are INVALID_ARGUMENT / MALFORMED_REQUEST naming page_token."""
+    ListSessions token are INVALID_ARGUMENT / INVALID_PAGE_TOKEN naming page_token."""
     token = call(server, apb.ListLeaseAuditRequest(page_size=1)).next_page_token
     assert token
     session_token = encode_page_token("a.one", "")  # what ListSessions hands out
@@ -205,7 +205,7 @@ def test_a_bad_page_token_is_malformed_request(server: RunningServer) -> None:
             call(server, request)
         assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT, request
         info = error_info(caught.value)
-        assert (info.domain, info.reason) == ("sessionlog", "MALFORMED_REQUEST"), request
+        assert (info.domain, info.reason) == ("sessionlog", "INVALID_PAGE_TOKEN"), request
         assert info.metadata["field"] == "page_token"
         assert "ListLeaseAudit" in (caught.value.details() or "")
 

@@ -498,10 +498,10 @@ def _token(payload: Any) -> str:
     ["not a token!", "####", "AAAA", _token({"a": 1}), _token(["s1"]), _token([1, ""]), "é"],
 )
 def test_list_bad_page_token(stub: Stub, token: str) -> None:
-    """A page token that no ListSessions call produced is INVALID_ARGUMENT MALFORMED_REQUEST."""
+    """A page token that no ListSessions call produced is INVALID_ARGUMENT INVALID_PAGE_TOKEN."""
     append(stub, "s1", say("x"))
     error = failure(stub.ListSessions, pb.ListSessionsRequest(page_token=token))
-    check(error, INVALID, "MALFORMED_REQUEST", field="page_token")
+    check(error, INVALID, "INVALID_PAGE_TOKEN", field="page_token")
 
 
 def test_list_token_is_bound_to_its_prefix(stub: Stub) -> None:
@@ -511,7 +511,7 @@ def test_list_token_is_bound_to_its_prefix(stub: Stub) -> None:
     token = stub.ListSessions(pb.ListSessionsRequest(page_size=1, prefix="a")).next_page_token
     assert token
     error = failure(stub.ListSessions, pb.ListSessionsRequest(page_token=token, prefix="b"))
-    check(error, INVALID, "MALFORMED_REQUEST")
+    check(error, INVALID, "INVALID_PAGE_TOKEN")
 
 
 def test_list_page_size_zero_means_a_hundred(stub: Stub) -> None:

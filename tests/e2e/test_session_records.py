@@ -257,7 +257,9 @@ def test_bad_order_and_foreign_tokens_are_refused(stub: Stub) -> None:
         (by_id.next_page_token, {"filter": "labels.k = v"}),
     ):
         request = pb.ListSessionsRequest(prefix="t.", page_token=token, **fields)  # type: ignore[arg-type]
-        check(failure(stub.ListSessions, request), INVALID, "MALFORMED_REQUEST", field="page_token")
+        check(
+            failure(stub.ListSessions, request), INVALID, "INVALID_PAGE_TOKEN", field="page_token"
+        )
 
 
 def test_paging_under_concurrent_appends(stub: Stub) -> None:

@@ -17,6 +17,7 @@ from sessionlog.testing import RunningServer
 from sessionlog.v1 import session_log_service_pb2 as pb
 from sessionlog.v1 import session_log_service_pb2_grpc as pb_grpc
 from sessionlog_client import AsyncClient, Client, event
+from sessionlog_client.errors import MalformedRequest
 from tests.e2e._helpers import (
     ASSISTANT,
     STEP_START,
@@ -282,8 +283,9 @@ def test_python_clients_read_the_last_events_and_messages(server: RunningServer)
         assert len(client.last_messages("py-tail", 2000).messages) == 1203
         paged = client.derive_messages("py-tail", page_size=1, at_seq=5)
         assert list(paged.seqs) == [5]
-        with pytest.raises(ValueError, match="must not be negative"):
+        with pytest.raises(MalformedRequest, match="n must be a whole number") as refused:
             client.last_events("py-tail", -1)
+        assert refused.value.metadata == {"field": "n"}
 
     async def read_async() -> tuple[list[int], list[int]]:
         async with AsyncClient(server.address) as client:

@@ -75,7 +75,7 @@ def test_a_listing_is_narrowed_to_the_token_and_pages_with_its_token(store: Stor
     assert rest.next_page_token == ""
     everyone = asyncio.run(cases.list_sessions(None, SessionQuery(after="a.3")))
     assert [s.session_id for s in everyone.sessions] == ["b.1"]
-    with pytest.raises(errors.MalformedRequest):
+    with pytest.raises(errors.InvalidPageToken):
         asyncio.run(
             cases.list_sessions(None, SessionQuery(prefix="b.", page_token=first.next_page_token))
         )

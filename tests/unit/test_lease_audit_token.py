@@ -1,5 +1,5 @@
 """ListLeaseAudit's page tokens: they round-trip, are bound to their prefix, and anything else
-is MALFORMED_REQUEST naming page_token."""
+is INVALID_PAGE_TOKEN naming page_token."""
 
 from __future__ import annotations
 
@@ -33,8 +33,8 @@ def test_a_token_names_the_last_entry_and_round_trips() -> None:
         ("x" * 1000, ""),
     ],
 )
-def test_anything_else_is_malformed_request(token: str, prefix: str) -> None:
-    with pytest.raises(errors.MalformedRequest) as caught:
+def test_anything_else_is_invalid_page_token(token: str, prefix: str) -> None:
+    with pytest.raises(errors.InvalidPageToken) as caught:
         decode_token(token, prefix)
     assert caught.value.metadata["field"] == "page_token"
 

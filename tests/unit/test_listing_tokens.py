@@ -49,8 +49,8 @@ def test_every_listing_round_trips_its_own_cursor() -> None:
         ("A" * 10_000, Listing("", "", BY_ID)),
     ],
 )
-def test_anything_else_is_one_malformed_request(token: str, listing: Listing) -> None:
-    """A token of another listing, or no token at all, is MalformedRequest naming page_token."""
-    with pytest.raises(errors.MalformedRequest, match=r"^page_token is not a token") as raised:
+def test_anything_else_is_one_invalid_page_token(token: str, listing: Listing) -> None:
+    """A token of another listing, or no token at all, is InvalidPageToken naming page_token."""
+    with pytest.raises(errors.InvalidPageToken, match=r"^page_token is not a token") as raised:
         decode_listing_token(token, listing)
-    assert raised.value.metadata == {"field": "page_token"}
+    assert raised.value.metadata == {"field": "page_token", "rpc": "ListSessions"}

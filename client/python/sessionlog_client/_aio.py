@@ -848,6 +848,7 @@ class AsyncClient:
         timeout: float | None,
         heartbeat: float | None = None,
     ) -> AsyncEventStream:
+        c.whole("seq", seq)  # refused at the call, not at the first read of the stream
         if self._shards is not None:
             stream: AsyncEventStream = _AsyncShardedStream(
                 self._shards,

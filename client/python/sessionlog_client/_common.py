@@ -17,7 +17,7 @@ from google.protobuf.duration_pb2 import Duration
 from google.protobuf.field_mask_pb2 import FieldMask
 
 from sessionlog_client.convert import TimeLike, _timestamp, event_from_dict, messages_from_dicts
-from sessionlog_client.errors import Unavailable
+from sessionlog_client.errors import MalformedRequest, Unavailable
 from sessionlog_client.v1 import session_log_service_pb2 as pb
 from sessionlog_client.v1.event_pb2 import Event, EventType
 from sessionlog_client.v1.message_pb2 import Message
@@ -62,12 +62,26 @@ class Popped(NamedTuple):
     message: Message
 
 
+UINT64_END = 2**64
+
+
+def whole(name: str, value: int) -> int:
+    """``value`` when a uint64 field can carry it (a seq, a count); else the client refuses it
+    with MalformedRequest naming ``name``, the same typed error the server gives a request it
+    cannot read, before anything is sent (protobuf's own refusal is a bare ValueError)."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < UINT64_END:
+        raise MalformedRequest(
+            f"{name} must be a whole number from 0 to 2**64 - 1 (got {value!r})", field=name
+        )
+    return value
+
+
 def hide_event(start_seq: int, stop_seq: int, reason: str | None = None) -> Event:
     """An EVENT_TYPE_HIDE over the surface positions [start_seq, stop_seq] (``data.reason`` when
     given): it shadows every earlier event whose position is in the range and adds nothing."""
     made = Event(type=EventType.EVENT_TYPE_HIDE)
-    made.surface_op.replace.start_seq = start_seq
-    made.surface_op.replace.stop_seq = stop_seq
+    made.surface_op.replace.start_seq = whole("start_seq", start_seq)
+    made.surface_op.replace.stop_seq = whole("stop_seq", stop_seq)
     if reason is not None:
         made.data["reason"] = reason
     return made
@@ -277,7 +291,7 @@ def append_request(
         lenient=lenient,
     )
     if expected_seq is not None:
-        request.expected_seq = expected_seq
+        request.expected_seq = whole("expected_seq", expected_seq)
     return request
 
 
@@ -286,7 +300,7 @@ def since_request(
 ) -> pb.SinceRequest:
     return pb.SinceRequest(
         session_id=session_id,
-        seq=seq,
+        seq=whole("seq", seq),
         follow=follow,
         heartbeat_interval=duration(heartbeat) if follow else None,
     )
@@ -319,21 +333,24 @@ def silence_limit(heartbeat: float | None) -> float | None:
     if heartbeat is None:
         return None
     if heartbeat <= 0:
-        raise ValueError(f"heartbeat must be a positive number of seconds or None, not {heartbeat}")
+        raise MalformedRequest(
+            f"heartbeat must be a positive number of seconds or None, not {heartbeat}",
+            field="heartbeat",
+        )
     return DEAD_AFTER_HEARTBEATS * heartbeat
 
 
 def surface_request(session_id: str, at_seq: int | None) -> pb.SurfaceRequest:
     request = pb.SurfaceRequest(session_id=session_id)
     if at_seq is not None:
-        request.at_seq = at_seq
+        request.at_seq = whole("at_seq", at_seq)
     return request
 
 
 def state_request(session_id: str, at_seq: int | None) -> pb.GetStateRequest:
     request = pb.GetStateRequest(session_id=session_id)
     if at_seq is not None:
-        request.at_seq = at_seq
+        request.at_seq = whole("at_seq", at_seq)
     return request
 
 
@@ -342,7 +359,7 @@ def usage_request(
 ) -> pb.GetUsageRequest:
     request = pb.GetUsageRequest(session_id=session_id, include_descendants=include_descendants)
     if at_seq is not None:
-        request.at_seq = at_seq
+        request.at_seq = whole("at_seq", at_seq)
     return request
 
 
@@ -353,7 +370,7 @@ def delete_request(
         session_id=session_id, lease_holder=lease_holder, force=force, reason=reason
     )
     if expected_seq is not None:
-        request.expected_seq = expected_seq
+        request.expected_seq = whole("expected_seq", expected_seq)
     return request
 
 
@@ -361,7 +378,10 @@ def redact_request(
     session_id: str, seqs: Iterable[int], reason: str, lease_holder: str
 ) -> pb.RedactEventsRequest:
     return pb.RedactEventsRequest(
-        session_id=session_id, seqs=list(seqs), reason=reason, lease_holder=lease_holder
+        session_id=session_id,
+        seqs=[whole("seqs", seq) for seq in seqs],
+        reason=reason,
+        lease_holder=lease_holder,
     )
 
 
@@ -376,7 +396,7 @@ def derive_request(
         session_id=session_id, page_size=page_size, page_token=page_token
     )
     if at_seq is not None:
-        request.at_seq = at_seq
+        request.at_seq = whole("at_seq", at_seq)
     if known is not None:
         request.known_event_count = known.event_count
         request.known_replace_generation = known.replace_generation
@@ -397,8 +417,7 @@ def list_events_request(
 
 def last_page_size(wanted: int, held: int) -> int:
     """The page size that asks for what is still wanted (at most a server's maximum)."""
-    if wanted < 0:
-        raise ValueError(f"n must not be negative (got {wanted})")
+    whole("n", wanted)
     return min(wanted - held, MAX_PAGE_SIZE)
 
 
@@ -441,9 +460,9 @@ def create_request(
         request.status = record.status
         request.parent_session_id = record.parent_session_id
         if record.parent_seq is not None:
-            request.parent_seq = record.parent_seq
+            request.parent_seq = whole("parent_seq", record.parent_seq)
         if record.ttl is not None and record.expire_time is not None:
-            raise ValueError("create_session: give ttl or expire_time, not both")
+            raise MalformedRequest("create_session: give ttl or expire_time, not both", field="ttl")
         ttl = duration(record.ttl)
         if ttl is not None:
             request.ttl.CopyFrom(ttl)
@@ -506,11 +525,13 @@ def update_request(
         paths.append(f"labels.{key}")
     paths += [f"labels.{key}" for key in remove_labels]
     if ttl is not UNSET and expire_time is not UNSET:
-        raise ValueError("update_session: give ttl or expire_time, not both")
+        raise MalformedRequest("update_session: give ttl or expire_time, not both", field="ttl")
     if ttl is not UNSET:
         given = duration(ttl)
         if given is None:
-            raise ValueError("update_session: ttl=None; clear the expiry with expire_time=None")
+            raise MalformedRequest(
+                "update_session: ttl=None; clear the expiry with expire_time=None", field="ttl"
+            )
         session.ttl.CopyFrom(given)
         paths.append("ttl")
     if expire_time is not UNSET:
@@ -521,7 +542,7 @@ def update_request(
         session.pinned = bool(pinned)
         paths.append("pinned")
     if not paths:
-        raise ValueError("update_session: name at least one field to set")
+        raise MalformedRequest("update_session: name at least one field to set", field="fields")
     return pb.UpdateSessionRequest(session=session, update_mask=FieldMask(paths=paths))
 
 
@@ -537,6 +558,8 @@ def import_request(
 ) -> pb.ImportSessionRequest:
     """An ImportSession chunk. Events without a seq (0) are numbered from ``first_seq``; an
     event carrying one keeps it (the server refuses seqs that do not follow each other)."""
+    whole("first_seq", first_seq)
+    whole("parent_event_count", parent_event_count)
     built = []
     for index, value in enumerate(events):
         made = Event()
@@ -603,7 +626,7 @@ def fork_request(
         request_id=request_id,
     )
     if at_seq is not None:
-        request.at_seq = at_seq
+        request.at_seq = whole("at_seq", at_seq)
     return request
 
 

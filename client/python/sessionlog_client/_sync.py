@@ -998,6 +998,7 @@ class Client:
         timeout: float | None,
         heartbeat: float | None = None,
     ) -> EventStream:
+        c.whole("seq", seq)  # refused at the call, not at the first read of the stream
         if self._shards is not None:
             stream: EventStream = _ShardedStream(
                 self._shards,

@@ -131,8 +131,8 @@ class UnserializableEventData(InvalidArgument):
 
 class MalformedRequest(InvalidArgument):
     """A request that cannot be decoded (bad UTF-8, a Struct nested past protobuf's limit) or
-    a field that makes no sense as sent (a page token of another listing, say); the message names
-    the field."""
+    a field that makes no sense as sent; the message names the field. A page token that is not
+    one is INVALID_PAGE_TOKEN instead, whichever listing it was sent to."""
 
     reason = "MALFORMED_REQUEST"
 
@@ -240,8 +240,10 @@ class InvalidImport(InvalidArgument):
 
 
 class InvalidPageToken(InvalidArgument):
-    """A ListEvents or DeriveMessages page_token that does not belong to this listing (other
-    options, another at_seq) or no longer fits the session; start again without one."""
+    """A page_token (of any listing: ListSessions, ListLeaseAudit, ListEvents, DeriveMessages)
+    that does not belong to this listing (another prefix, filter, order or at_seq, another
+    RPC's) or no longer fits the session; start again without one. Metadata ``field``
+    (page_token) and, where the frame refused it, ``rpc``."""
 
     reason = "INVALID_PAGE_TOKEN"
 
@@ -253,7 +255,9 @@ class InvalidPageSize(InvalidArgument):
 
 
 class InvalidOrderBy(InvalidArgument):
-    """An order_by the RPC does not offer."""
+    """An order_by the RPC does not offer. Every RPC reads order_by with one grammar
+    (AIP-132, one term: ``FIELD [asc|desc]``, case and extra spaces ignored). Metadata
+    ``order_by`` (its first 60 characters) and ``rpc``."""
 
     reason = "INVALID_ORDER_BY"
 

@@ -732,8 +732,21 @@ function transportEnd(error: Failure): boolean {
 /** The most a server puts in one page of ListEvents or of a paged DeriveMessages. */
 const MAX_PAGE_SIZE = 1000;
 
+/**
+ * A value the client refuses before sending: the same typed error a server gives a request it
+ * cannot read (INVALID_ARGUMENT / MALFORMED_REQUEST, metadata.field naming the argument).
+ */
+function refused(field: string, message: string): SessionLogError {
+  return new SessionLogError(message, {
+    code: 3,
+    reason: "MALFORMED_REQUEST",
+    domain: "sessionlog",
+    metadata: { field },
+  });
+}
+
 function checkCount(n: number): void {
-  if (!Number.isInteger(n) || n < 0) throw new RangeError(`n must be a whole number, 0 or more (got ${n})`);
+  if (!Number.isInteger(n) || n < 0) throw refused("n", `n must be a whole number, 0 or more (got ${n})`);
 }
 
 /**
@@ -745,7 +758,7 @@ function checkCount(n: number): void {
 function checkSeq(value: number, name: string): number {
   const whole =
     typeof value === "bigint" ? value >= 0n && value < 2n ** 64n : Number.isSafeInteger(value) && value >= 0;
-  if (!whole) throw new RangeError(`${name} must be a whole number, 0 or more (got ${String(value)})`);
+  if (!whole) throw refused(name, `${name} must be a whole number, 0 or more (got ${String(value)})`);
   return value;
 }
 
@@ -2370,7 +2383,7 @@ export class SessionLogClient {
 
   /** The stored events from seq on, then done. `for await (const e of client.since(id))`. */
   since(sessionId: string, { seq = 0, timeoutMs }: { seq?: number; timeoutMs?: number } = {}): EventStream {
-    return this._open(this._stream(sessionId, seq, false, timeoutMs));
+    return this._open(this._stream(sessionId, checkSeq(seq, "seq"), false, timeoutMs));
   }
 
   /**
@@ -2379,7 +2392,7 @@ export class SessionLogClient {
    * mean a dead stream, resumed from nextSeq. heartbeatMs 0: the server's interval, no deadline.
    */
   follow(sessionId: string, { seq = 0, heartbeatMs = DEFAULT_FOLLOW_HEARTBEAT_MS }: { seq?: number; heartbeatMs?: number } = {}): EventStream {
-    return this._open(this._stream(sessionId, seq, true, undefined, heartbeatMs));
+    return this._open(this._stream(sessionId, checkSeq(seq, "seq"), true, undefined, heartbeatMs));
   }
 
   /**
@@ -2636,7 +2649,7 @@ export class SessionLogClient {
     };
     if (parentSeq !== undefined) request.parent_seq = checkSeq(parentSeq, "parentSeq");
     if (ttlMs !== undefined && expireTime !== undefined) {
-      throw new TypeError("createSession: give ttlMs or expireTime, not both");
+      throw refused("ttlMs", "createSession: give ttlMs or expireTime, not both");
     }
     if (ttlMs !== undefined) request.ttl = duration(ttlMs);
     if (expireTime !== undefined) request.expire_time = toTimestamp(expireTime);
@@ -2783,7 +2796,7 @@ export class SessionLogClient {
     }
     for (const key of removeLabels) paths.push(`labels.${key}`);
     if (ttlMs !== undefined && expireTime !== undefined) {
-      throw new TypeError("updateSession: give ttlMs or expireTime, not both");
+      throw refused("ttlMs", "updateSession: give ttlMs or expireTime, not both");
     }
     if (ttlMs !== undefined) {
       session.ttl = duration(ttlMs);
@@ -2797,7 +2810,7 @@ export class SessionLogClient {
       session.pinned = Boolean(pinned);
       paths.push("pinned");
     }
-    if (paths.length === 0) throw new TypeError("updateSession: name at least one field to set");
+    if (paths.length === 0) throw refused("fields", "updateSession: name at least one field to set");
     const request = { session, update_mask: { paths } };
     const reply = await this._call("UpdateSession", request, { timeoutMs, retry: true, write: true });
     return fromSession(reply.session);
@@ -2920,7 +2933,7 @@ export class SessionLogClient {
     seqs: number[],
     { reason = "", leaseHolder = "", timeoutMs }: { reason?: string; leaseHolder?: string } & CallOptions = {},
   ): Promise<{ seqs: number[]; position: number }> {
-    const request = { session_id: sessionId, seqs: seqs.map((seq) => checkSeq(seq, "a seq")), reason, lease_holder: leaseHolder };
+    const request = { session_id: sessionId, seqs: seqs.map((seq) => checkSeq(seq, "seqs")), reason, lease_holder: leaseHolder };
     const reply = await this._call("RedactEvents", request, { timeoutMs, retry: true, write: true });
     return { seqs: (reply.seqs ?? []).map(Number), position: Number(reply.position ?? 0) };
   }

@@ -167,7 +167,8 @@ export interface ListEventsRequest {
    */
   page_token: string;
   /**
-   * "seq" (the default, also "seq asc") for oldest first, "seq desc" for newest first; anything
+   * "seq" (the default, also "seq asc") for oldest first, "seq desc" for newest first (AIP-132,
+   * one term, as every order_by: "FIELD [asc|desc]", case and extra spaces ignored); anything
    * else fails with INVALID_ORDER_BY. Newest first is pinned to the log as it was at the first
    * page: events appended while paging never appear in the later (older) pages.
    */
@@ -612,8 +613,9 @@ export interface ListSessionsRequest {
    */
   filter: string;
   /**
-   * "session_id" (the default, also when empty) or "update_time desc" (last update, newest
-   * first; ties by session id). Anything else fails with INVALID_ORDER_BY. A sharded server
+   * "session_id" (the default, also when empty or "session_id asc") or "update_time desc" (last
+   * update, newest first; ties by session id), in ListEvents' grammar ("FIELD [asc|desc]", case
+   * and extra spaces ignored). Anything else fails with INVALID_ORDER_BY. A sharded server
    * merges every group's pages in either order.
    */
   order_by: string;
@@ -624,7 +626,7 @@ export interface ListSessionsResponse {
   /**
    * Sessions in the order asked for (session id order by UTF-8 bytes, unless order_by says
    * otherwise). A page token continues only the listing it came from (same prefix, filter and
-   * order_by); with another, INVALID_ARGUMENT / MALFORMED_REQUEST. Ordered by update_time, a
+   * order_by); with another, INVALID_ARGUMENT / INVALID_PAGE_TOKEN. Ordered by update_time, a
    * session updated while one pages moves to the front: it is not listed again, and one not
    * reached yet may be skipped.
    */
@@ -877,7 +879,12 @@ export interface ImportSessionRequest {
   last_append_time: Timestamp | null;
   /** The session this one was forked from ("" for none), read by the chunk that creates it. */
   parent_session_id: string;
-  /** How many events were copied from the parent at the fork, read with parent_session_id. */
+  /**
+   * How many events were copied from the parent at the fork, read with parent_session_id.
+   * A fork holds every event it copied: more than the chunk that creates the session says it
+   * holds (record.event_count when the chunk carries a record, else its events), or a count
+   * without parent_session_id, fails with INVALID_IMPORT (field parent_event_count).
+   */
   parent_event_count: number;
   /**
    * Request records to keep, so that a write retried with its request_id after the import
@@ -1396,7 +1403,7 @@ export interface ListLeaseAuditRequest {
   page_size: number;
   /**
    * From a previous response's next_page_token, made with the same prefix; empty starts at the
-   * beginning. Anything else is INVALID_ARGUMENT / MALFORMED_REQUEST (field page_token). A token
+   * beginning. Anything else is INVALID_ARGUMENT / INVALID_PAGE_TOKEN (field page_token). A token
    * stays valid across writes: entries recorded meanwhile after it are included, none repeated.
    */
   page_token: string;

@@ -3,11 +3,14 @@
 import assert from "node:assert/strict";
 import { after, before, describe, test } from "node:test";
 
-import { SessionLogClient } from "sessionlog-client";
+import { SessionLogClient, SessionLogError } from "sessionlog-client";
 import { startServer } from "./server.mjs";
 
 const user = (content) => ({ type: "user_message", data: { content } });
 const BAD = [-1, 1.5, Number.NaN, 2 ** 64, -1n, 2n ** 64n, "1"];
+// The client's own refusal is its typed error, as a server's is: MALFORMED_REQUEST naming the field.
+const refusedAs = (field) => (error) =>
+  error instanceof SessionLogError && error.reason === "MALFORMED_REQUEST" && error.code === 3 && error.metadata.field === field;
 
 describe("bad seqs", () => {
   let server;
@@ -28,7 +31,7 @@ describe("bad seqs", () => {
 
   test("redactEvents refuses a bad seq and redacts nothing", async () => {
     for (const seq of BAD) {
-      await assert.rejects(client.redactEvents("ts-bad", [seq]), RangeError, String(seq));
+      await assert.rejects(client.redactEvents("ts-bad", [seq]), refusedAs("seqs"), String(seq));
     }
     const stored = [];
     for await (const event of client.since("ts-bad")) stored.push(event);
@@ -37,13 +40,24 @@ describe("bad seqs", () => {
 
   test("reads and writes that take a seq refuse a bad one before sending", async () => {
     for (const seq of BAD) {
-      await assert.rejects(client.getState("ts-bad", { atSeq: seq }), RangeError);
-      await assert.rejects(client.getUsage("ts-bad", { atSeq: seq }), RangeError);
-      await assert.rejects(client.deriveMessages("ts-bad", { atSeq: seq }), RangeError);
-      await assert.rejects(client.forkSession("ts-bad", { atSeq: seq, sessionId: "ts-bad-fork" }), RangeError);
-      await assert.rejects(client.deleteSession("ts-bad", { expectedSeq: seq }), RangeError);
-      await assert.rejects(client.createSession("ts-bad-child", [], { parentSessionId: "ts-bad", parentSeq: seq }), RangeError);
+      await assert.rejects(client.getState("ts-bad", { atSeq: seq }), refusedAs("atSeq"));
+      await assert.rejects(client.getUsage("ts-bad", { atSeq: seq }), refusedAs("atSeq"));
+      await assert.rejects(client.deriveMessages("ts-bad", { atSeq: seq }), refusedAs("atSeq"));
+      await assert.rejects(client.forkSession("ts-bad", { atSeq: seq, sessionId: "ts-bad-fork" }), refusedAs("atSeq"));
+      await assert.rejects(client.deleteSession("ts-bad", { expectedSeq: seq }), refusedAs("expectedSeq"));
+      await assert.rejects(client.createSession("ts-bad-child", [], { parentSessionId: "ts-bad", parentSeq: seq }), refusedAs("parentSeq"));
     }
+    for (const seq of [-1, 1.5]) {
+      assert.throws(() => client.since("ts-bad", { seq }), refusedAs("seq"));
+      assert.throws(() => client.follow("ts-bad", { seq }), refusedAs("seq"));
+      await assert.rejects(client.lastEvents("ts-bad", seq), refusedAs("n"));
+    }
+    await assert.rejects(client.updateSession("ts-bad", {}), refusedAs("fields"));
+    await assert.rejects(
+      client.createSession("ts-bad-ttl", [], { ttlMs: 1000, expireTime: "2999-01-01T00:00:00Z" }),
+      refusedAs("ttlMs"),
+    );
+    assert.equal((await client.getSession("ts-bad-ttl")).session.exists, false);
     assert.equal((await client.getSession("ts-bad")).session.eventCount, 4);
     assert.equal((await client.getSession("ts-bad-fork")).session.exists, false);
     assert.equal((await client.getSession("ts-bad-child")).session.exists, false);

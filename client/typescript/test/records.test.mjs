@@ -35,6 +35,6 @@ describe("session records", () => {
     await assert.rejects(live.client.updateSession("ts.none", { title: "x" }), { reason: "SESSION_NOT_FOUND" });
     await assert.rejects(ids({ filter: "nonsense" }), { reason: "INVALID_FILTER" });
     await assert.rejects(live.client.createSession("ts.orphan", [], { parentSessionId: "ts.nobody" }), { reason: "SESSION_NOT_FOUND" });
-    await assert.rejects(live.client.updateSession("ts.a", {}), TypeError);
+    await assert.rejects(live.client.updateSession("ts.a", {}), { reason: "MALFORMED_REQUEST" });
   });
 });

@@ -6,7 +6,9 @@ records agree with each other and with this server (INVALID_IMPORT): no time pas
 ``FUTURE_SLACK_NS`` from now, a lease that expires after it was taken and within the longest
 lease TTL from now, request records inside the session's events after the chunk (a chunk that
 is not refused leaves the session at first_seq + len(events)), a last-append time not before
-the create time. The writer checks the last-append time against a stored create time. An
+the create time, a parent_event_count within the events the creating chunk says the session
+holds (its record's event_count, or the events it sends) and only with a parent. The writer
+checks the last-append time against a stored create time. An
 event's own time is not bounded: Append stores a client's time as given, so a move copies it.
 Whether the caller may send a move's extras (admin) is the servicer's question.
 """
@@ -64,6 +66,7 @@ def prepare_import(
         )
     now_ns = time.time_ns()
     _check_times(request, now_ns)
+    _check_parent(request)
     # An import copies history as it was, an erased event's mark included (a slot move of a
     # redacted session, an export re-imported).
     events = prepare_append(
@@ -122,6 +125,33 @@ def _check_times(request: pb.ImportSessionRequest, now_ns: int) -> None:
             f"session '{request.session_id}': last_append_time {_text(appended)} is before "
             f"its create_time {_text(created)}; a session is appended to after it is created",
             field="last_append_time",
+        )
+
+
+def _check_parent(request: pb.ImportSessionRequest) -> None:
+    """A fork copied parent_event_count events, so the session holds at least that many: the
+    chunk that creates it (the one that reads the parent) must say so, by its record's
+    event_count (a chunked import) or by the events it sends."""
+    count = request.parent_event_count
+    if count and not request.parent_session_id:
+        raise errors.InvalidImport(
+            f"session '{request.session_id}': parent_event_count {count} without a "
+            "parent_session_id; a session copies events only from a parent",
+            field="parent_event_count",
+        )
+    if request.first_seq != 0:
+        return
+    held = len(request.events)
+    if request.HasField("record"):
+        held = max(held, request.record.event_count)
+    if count > held:
+        raise errors.InvalidImport(
+            f"session '{request.session_id}': parent_event_count {count} is more than the "
+            f"{held} event(s) the import says it holds (the events sent, or its record's "
+            "event_count); a fork holds every event it copied",
+            field="parent_event_count",
+            parent_event_count=count,
+            event_count=held,
         )
 
 

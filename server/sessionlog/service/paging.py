@@ -18,24 +18,22 @@ a token of the first is nobody's token there. The kinds and their fields:
                                       and of pending entries, each range's start and stop, each
                                       pending entry's seq (``fold.TailWalk``)
 
-Fixed offsets mean decoding needs no general parser; anything that does not decode to a token of
-the same kind and session is InvalidPageToken, never anything else.
+Fixed offsets mean decoding needs no general parser; the frame is every listing's
+(``listing.seal``/``listing.unseal``), so anything that does not decode to a token of the same
+kind and session is InvalidPageToken, never anything else, as in every other listing.
 """
 
 from __future__ import annotations
 
-import base64
-import hashlib
 import struct
 from dataclasses import dataclass
 
-from sessionlog import errors
+from sessionlog import errors, listing
 from sessionlog.storage.store import Resume
 
 VERSION = 1
 DEFAULT_PAGE_SIZE = 100
 MAX_PAGE_SIZE = 1000
-_HEAD = struct.Struct(">BB8s")
 _U64 = struct.Struct(">Q")
 ASCENDING, DESCENDING, MESSAGES = b"A", b"D", b"M"
 _FIELDS = {ASCENDING: 1, DESCENDING: 1, MESSAGES: 7}
@@ -43,7 +41,7 @@ _FIELDS = {ASCENDING: 1, DESCENDING: 1, MESSAGES: 7}
 MAX_WALK_VALUES = 64
 """A messages token carries its walk when its ranges and pending entries take at most this many
 u64s; otherwise the next page walks from the view's end again."""
-_ORDERS = {"": False, "seq": False, "seq asc": False, "seq desc": True}
+_ORDERS = {("seq", False): False, ("seq", True): True}
 
 
 def page_size(asked: int) -> int:
@@ -57,28 +55,22 @@ def page_size(asked: int) -> int:
 
 
 def descending(order_by: str) -> bool:
-    """Whether ``order_by`` asks for newest first: "seq" (or "", "seq asc") or "seq desc"."""
-    order = _ORDERS.get(" ".join(order_by.split()).lower())
-    if order is None:
-        raise errors.InvalidOrderBy(
-            f'order_by {order_by[:40]!r} is not offered; use "seq" (oldest first, the default) '
-            'or "seq desc" (newest first)',
-            order_by=order_by[:40],
-        )
-    return order
+    """Whether ``order_by`` asks for newest first: "seq desc" (or oldest first: "", "seq",
+    "seq asc"); anything else is InvalidOrderBy (``listing.order``)."""
+    return listing.order(order_by, _ORDERS, "ListEvents")
 
 
 def _digest(kind: bytes, session_id: str, sid: int) -> bytes:
-    named = kind + session_id.encode("utf-8", "surrogatepass") + b"\x00" + _U64.pack(sid)
-    return hashlib.sha256(named).digest()[:8]
+    return listing.binding(
+        kind, session_id.encode("utf-8", "surrogatepass"), b"\x00", _U64.pack(sid)
+    )
 
 
 def encode(kind: bytes, session_id: str, *fields: int, sid: int = 0) -> str:
     """A token of ``kind`` for ``session_id`` (its internal id ``sid``; 0: never written)
     carrying ``fields``."""
-    payload = _HEAD.pack(VERSION, kind[0], _digest(kind, session_id, sid))
-    payload += b"".join(_U64.pack(value) for value in fields)
-    return base64.urlsafe_b64encode(payload).decode().rstrip("=")
+    body = b"".join(_U64.pack(value) for value in fields)
+    return listing.seal(bytes((VERSION, kind[0])), _digest(kind, session_id, sid), body)
 
 
 def decode(token: str, kind: bytes, session_id: str, rpc: str, *, sid: int = 0) -> tuple[int, ...]:
@@ -87,27 +79,25 @@ def decode(token: str, kind: bytes, session_id: str, rpc: str, *, sid: int = 0) 
     another order's, another RPC's, or no token at all."""
     fewest = _FIELDS[kind]
     most = fewest + (MAX_WALK_VALUES if kind == MESSAGES else 0)
-    try:
-        if len(token) > 4 * -(-(_HEAD.size + _U64.size * most) // 3):
-            raise ValueError("longer than a token")
-        payload = base64.b64decode(token + "=" * (-len(token) % 4), altchars=b"-_", validate=True)
-        count, rest = divmod(len(payload) - _HEAD.size, _U64.size)
+
+    def read(body: bytes) -> tuple[int, ...]:
+        count, rest = divmod(len(body), _U64.size)
         if rest or not fewest <= count <= most:
             raise ValueError("not a token's size")
-        version, got, digest = _HEAD.unpack_from(payload)
-        if version != VERSION or got != kind[0] or digest != _digest(kind, session_id, sid):
-            raise ValueError("not this listing's token")
-    except ValueError:
-        raise invalid(rpc, session_id) from None
-    return tuple(_U64.unpack_from(payload, _HEAD.size + i * _U64.size)[0] for i in range(count))
+        return tuple(_U64.unpack_from(body, i * _U64.size)[0] for i in range(count))
+
+    head = bytes((VERSION, kind[0]))
+    digest = _digest(kind, session_id, sid)
+    again = _again(session_id)
+    return listing.unseal(token, head, digest, read, longest=most * _U64.size, rpc=rpc, again=again)
+
+
+def _again(session_id: str) -> str:
+    return f"for session '{session_id}' with the same order and options; start again without one"
 
 
 def invalid(rpc: str, session_id: str) -> errors.InvalidPageToken:
-    return errors.InvalidPageToken(
-        f"page_token is not a token from a previous {rpc} call for session "
-        f"'{session_id}' with the same order and options; start again without one",
-        field="page_token",
-    )
+    return listing.refused(rpc, _again(session_id))
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,7 @@ from google.protobuf.struct_pb2 import Struct
 
 from sessionlog import errors, fold
 from sessionlog.cluster.sync import SyncTracker
-from sessionlog.listing import Listing, decode_listing_token, encode_listing_token
+from sessionlog.listing import Listing, decode_listing_token, encode_listing_token, order
 from sessionlog.records import SessionRecord, parse_filter
 from sessionlog.service import access, expiration, importing, paging, queries
 from sessionlog.service.auth import Principal
@@ -129,18 +129,13 @@ class Seeded:
     """The indexes of the messages left out (a role the log has no event for)."""
 
 
+_LISTING_ORDERS = {(BY_ID, False): BY_ID, (BY_UPDATE.split()[0], True): BY_UPDATE}
+"""ListSessions' orders: session id ascending (the default) or update time descending."""
+
+
 def listing_order(order_by: str) -> str:
-    """The listing order an order_by names, or InvalidOrderBy."""
-    spelled = " ".join(order_by.split())
-    if spelled in ("", BY_ID, f"{BY_ID} asc"):
-        return BY_ID
-    if spelled == BY_UPDATE:
-        return BY_UPDATE
-    raise errors.InvalidOrderBy(
-        f'order_by {order_by[:60]!r} is not offered; use "session_id" (the default) or '
-        '"update_time desc"',
-        order_by=order_by[:60],
-    )
+    """The listing order an order_by names, or InvalidOrderBy (``listing.order``)."""
+    return order(order_by, _LISTING_ORDERS, "ListSessions")
 
 
 class SessionLog:

@@ -74,6 +74,8 @@ class _Meta:
     page_size: int
     last_pg: int
     txnid: int
+    offset: int = 0
+    """Where the meta page starts in the file (0, or one page in)."""
 
 
 def check_data_file(path: Path) -> str | None:
@@ -138,7 +140,7 @@ def _meta_at(head: bytes, offset: int) -> _Meta | None:
     if magic != MAGIC or version != DATA_VERSION or not _plausible_page_size(page_size):
         return None
     last_pg, txnid = _META_TAIL.unpack_from(head, offset + _META_TAIL_OFFSET)
-    return _Meta(page_size, last_pg, txnid)
+    return _Meta(page_size, last_pg, txnid, offset)
 
 
 def _plausible_page_size(size: int) -> bool:
@@ -151,6 +153,156 @@ def refuse_damaged(path: Path) -> None:
     problem = check_data_file(path if path.is_file() else path / DATA_FILE)
     if problem is not None:
         raise DamagedStore(f"{problem}: {RUNBOOK}")
+
+
+# -- the free list ------------------------------------------------------------------------------
+#
+# LMDB's named tables are walked through LMDB, but its free list (the free-page DB, mm_dbs[0])
+# is read only by a write transaction that needs pages: damage there passes every read and
+# stops the next write, a server's start among them. So verify walks it with plain reads, as
+# LMDB's mdb.c lays it out: a B-tree whose pages start with a 16-byte header
+#
+#     mp_pgno u64 (the page's own number) | mp_pad u16 | mp_flags u16 | lower u16 | upper u16
+#
+# (an overflow page has mp_pages u32 in place of lower and upper), then lower - 16 bytes of u16
+# node offsets. A node is lo u16 | hi u16 | flags u16 | ksize u16 | key | data: a branch node's
+# child page is lo | hi << 16 | flags << 32; a leaf's data size is lo | hi << 16, its data the
+# pages freed by one transaction (u64 count, then that many u64 page numbers) held in place or,
+# with F_BIGDATA, on an overflow page named by a u64.
+
+_FREE_DB = struct.Struct("<HHQQQQQ")  # md_flags, md_depth, branch, leaf, overflow, entries, root
+_FREE_DB_OFFSET = PAGE_HEADER + 24 + 4  # mm_dbs[0], past its md_pad
+_PAGE_HEAD = struct.Struct("<QHHHH")
+_NODE = struct.Struct("<HHHH")
+_U64 = struct.Struct("<Q")
+P_BRANCH, P_LEAF, P_OVERFLOW = 0x01, 0x02, 0x04
+F_BIGDATA = 0x01
+P_INVALID = 2**64 - 1
+NUM_METAS = 2
+
+
+def check_free_list(path: Path, txnid: int | None = None) -> list[str]:
+    """What is wrong with the free list of ``path`` (a data.mdb) as the meta of transaction
+    ``txnid`` (default: the newest valid meta) describes it; [] when it holds together. Plain
+    reads only. A caller beside a live writer holds a read transaction of ``txnid`` open, so
+    the pages walked stay as they are; a meta already rewritten past it is not walked."""
+    try:
+        with path.open("rb") as data:
+            head = data.read(2 * max(USUAL_PAGE_SIZES))
+            metas = _valid_metas(head)
+            if not metas:
+                return []  # check_data_file's to say
+            if txnid is None:
+                meta = max(metas, key=lambda m: m.txnid)
+            else:
+                found = [m for m in metas if m.txnid == txnid]
+                if not found:
+                    return []
+                meta = found[0]
+            fields = _FREE_DB.unpack_from(head, meta.offset + _FREE_DB_OFFSET)
+            return _FreeWalk(data, meta).walk(*fields)
+    except OSError as exc:
+        return [f"the data file cannot be read ({exc.strerror or exc})"]
+
+
+@dataclass
+class _FreeWalk:
+    data: Any
+    meta: _Meta
+    problems: list[str] = field(default_factory=list)
+    pages: dict[int, int] = field(default_factory=lambda: {P_BRANCH: 0, P_LEAF: 0, P_OVERFLOW: 0})
+    entries: int = 0
+
+    def page(self, pgno: int, size: int = 1) -> bytes:
+        self.data.seek(pgno * self.meta.page_size)
+        return bytes(self.data.read(size * self.meta.page_size))
+
+    def walk(
+        self,
+        _flags: int,
+        depth: int,
+        branch: int,
+        leaf: int,
+        overflow: int,
+        entries: int,
+        root: int,
+    ) -> list[str]:
+        if root == P_INVALID:
+            if entries:
+                self.problems.append(f"the free list has no root page but counts {entries} entries")
+            return self.problems
+        self._node_page(root, depth, depth)
+        counted = (self.pages[P_BRANCH], self.pages[P_LEAF], self.pages[P_OVERFLOW], self.entries)
+        if not self.problems and counted != (branch, leaf, overflow, entries):
+            self.problems.append(
+                f"the free list counts {branch} branch, {leaf} leaf and {overflow} overflow pages "
+                f"and {entries} entries, but holds {counted[0]}, {counted[1]}, {counted[2]} and "
+                f"{counted[3]}"
+            )
+        return self.problems
+
+    def _in_file(self, pgno: int, what: str) -> bool:
+        if NUM_METAS <= pgno <= self.meta.last_pg:
+            return True
+        self.problems.append(f"{what} names page {pgno}, outside pages 2 to {self.meta.last_pg}")
+        return False
+
+    def _node_page(self, pgno: int, level: int, depth: int) -> None:
+        if not self._in_file(pgno, "the free list"):
+            return
+        raw = self.page(pgno)
+        where = f"free list page {pgno}"
+        own, _, flags, lower, upper = _PAGE_HEAD.unpack_from(raw)
+        kind = P_LEAF if level == 1 else P_BRANCH
+        if own != pgno or flags != kind or not PAGE_HEADER <= lower <= upper <= len(raw):
+            what = "leaf" if kind == P_LEAF else "branch"
+            self.problems.append(f"{where} is not a {what} page of the free list (damaged)")
+            return
+        self.pages[kind] += 1
+        for index in range((lower - PAGE_HEADER) // 2):
+            at = struct.unpack_from("<H", raw, PAGE_HEADER + 2 * index)[0]
+            if not upper <= at <= len(raw) - _NODE.size:
+                self.problems.append(f"{where}: node {index} lies outside the page (damaged)")
+                return
+            lo, hi, node_flags, ksize = _NODE.unpack_from(raw, at)
+            if kind == P_BRANCH:
+                self._node_page(lo | hi << 16 | node_flags << 32, level - 1, depth)
+                continue
+            self.entries += 1
+            self._leaf(raw, at + _NODE.size + ksize, lo | hi << 16, node_flags, ksize, where)
+            if self.problems:
+                return
+
+    def _leaf(self, raw: bytes, at: int, size: int, flags: int, ksize: int, where: str) -> None:
+        if ksize != _U64.size:
+            self.problems.append(f"{where}: a key of {ksize} bytes, not a transaction id")
+            return
+        if flags & F_BIGDATA:
+            if at + _U64.size > len(raw):
+                self.problems.append(f"{where}: a node runs past the page (damaged)")
+                return
+            (pgno,) = _U64.unpack_from(raw, at)
+            pages = -(-(PAGE_HEADER + size) // self.meta.page_size)
+            if not self._in_file(pgno, where) or not self._in_file(pgno + pages - 1, where):
+                return
+            held = self.page(pgno, pages)
+            own, _, kind, _, _ = _PAGE_HEAD.unpack_from(held)
+            if own != pgno or kind != P_OVERFLOW:
+                self.problems.append(f"free list page {pgno} is not an overflow page (damaged)")
+                return
+            self.pages[P_OVERFLOW] += pages
+            raw, at = held, PAGE_HEADER
+        if at + size > len(raw) or size < _U64.size or size % _U64.size:
+            self.problems.append(f"{where}: a list of free pages of {size} bytes (damaged)")
+            return
+        (count,) = _U64.unpack_from(raw, at)
+        if (count + 1) * _U64.size != size:
+            self.problems.append(f"{where}: a list of {count} free pages in {size} bytes (damaged)")
+            return
+        for index in range(count):
+            (pgno,) = _U64.unpack_from(raw, at + _U64.size * (index + 1))
+            if not self._in_file(pgno, f"{where}'s list of free pages"):
+                return
 
 
 # -- verify -------------------------------------------------------------------------------------
@@ -181,6 +333,8 @@ class _Session:
     stored: int = 0
     """Events found for it: they are dense from 0, so this is also one past the last seq."""
     replaces: int = 0
+    unreadable: str = ""
+    """Why LMDB could not read its events past ``stored`` ("" when it could)."""
 
 
 @dataclass
@@ -208,15 +362,17 @@ def verify(
     request, lease, audit, usage and erasure records decode; the session records and their
     indexes agree (``recent`` one key per session at its update time, ``labels`` exactly the
     records' labels, owners and statuses, ``children`` one key per session with a parent, no
-    record of a session not stored). A table LMDB cannot walk to its end
-    is reported and the walk goes on with the next one, in a fresh transaction.
+    record of a session not stored); LMDB's free list holds together (``check_free_list``: damage
+    there passes every read but stops the next write, a server's start among them). A table
+    LMDB cannot walk to its end is reported and the walk goes on with the next one, in a fresh
+    transaction.
     """
     walk = _Walk(file_bytes=_map_bytes(env))
     for name, step in (
         ("sessions", _sessions),
         ("ids", _ids),
         ("events", _events),
-        ("changes", lambda w, t, tb: _changes(w, t, tb, change_checks)),
+        ("changes", lambda w, t, tb: _changes(w, t, tb, change_checks, env)),
         ("requests", _records("requests", RequestRecord.decode, _request_where)),
         ("leases", _records("leases", LeaseRecord.decode, _text_key)),
         ("audit", _records("audit", AuditRecord.decode, _audit_where)),
@@ -231,8 +387,21 @@ def verify(
                 step(walk, txn, tables)
         except damage.LMDB_DAMAGE as exc:
             walk.add(name, "table", f"LMDB cannot read this table to its end ({exc})")
+            if name == "events":
+                _events_by_session(walk, env, tables)
     _session_totals(walk)
+    _free_list(walk, env)
     return walk.problems, walk.counts
+
+
+def _free_list(walk: _Walk, env: lmdb.Environment) -> None:
+    """The free list's problems (``check_free_list``), walked as of a read transaction held
+    open meanwhile, so that a live writer cannot reuse the pages walked."""
+    path = Path(env.path())
+    path = path / DATA_FILE if path.is_dir() else path
+    with env.begin() as txn:
+        for what in check_free_list(path, txn.id()):
+            walk.add("free list", "pages", what)
 
 
 def _map_bytes(env: lmdb.Environment) -> int:
@@ -244,7 +413,14 @@ def _map_bytes(env: lmdb.Environment) -> int:
 def _items(walk: _Walk, txn: lmdb.Transaction, db: Any, table: str) -> Iterator[tuple[bytes, Any]]:
     """Every (key, value) of ``db``; values stay buffers until checked. A value longer than the
     data file (a damaged size field) is reported, never copied: reading it would crash."""
-    for key, value in txn.cursor(db=db):
+    return _from_cursor(walk, txn.cursor(db=db), table)
+
+
+def _from_cursor(
+    walk: _Walk, cursor: lmdb.Cursor, table: str, *, restart: bool = False
+) -> Iterator[tuple[bytes, Any]]:
+    """``_items`` from where ``cursor`` stands (``restart``: already placed) or the start."""
+    for key, value in cursor.iternext() if restart else cursor:
         walk.counts[table] += 1
         if len(value) > walk.file_bytes:
             walk.add(table, _hex(bytes(key)), f"value size {len(value)} exceeds the file")
@@ -315,24 +491,60 @@ def _events(walk: _Walk, txn: lmdb.Transaction, tables: Tables) -> None:
                 unknown.add(sid)
                 walk.add("events", f"sid {sid}", "events of no session")
             continue
-        where = f"session '{session.session_id}' seq {seq}"
-        if seq != session.stored:
-            walk.add("events", where, f"expected seq {session.stored} here (seqs must be dense)")
-        session.stored = seq + 1
-        try:
-            event = Event.FromString(bytes(value))
-        except damage.UNDECODABLE as exc:
-            walk.add("events", where, f"the event does not decode ({type(exc).__name__})")
+        _event(walk, session, seq, value)
+
+
+def _event(walk: _Walk, session: _Session, seq: int, value: Any) -> None:
+    """One stored event of ``session``: at the next seq, decoding, holding its own seq."""
+    where = f"session '{session.session_id}' seq {seq}"
+    if seq != session.stored:
+        walk.add("events", where, f"expected seq {session.stored} here (seqs must be dense)")
+    session.stored = seq + 1
+    try:
+        event = Event.FromString(bytes(value))
+    except damage.UNDECODABLE as exc:
+        walk.add("events", where, f"the event does not decode ({type(exc).__name__})")
+        return
+    if event.seq != seq:
+        walk.add("events", where, f"the event holds seq {event.seq}")
+    if fold.replace_range(event) is not None:
+        session.replaces += 1
+
+
+def _events_by_session(walk: _Walk, env: lmdb.Environment, tables: Tables) -> None:
+    """After a walk of the events that LMDB stopped (a damaged page, a branch page among them),
+    each session whose events were not all reached is read again on its own, from a lookup of
+    its next key: one past the damage is reached through the tree's other pages and checked as
+    the walk would have, and only one whose own events cannot be read is reported (as that,
+    never as a session without events)."""
+    for sid, session in walk.by_sid.items():
+        if session.stored >= session.meta.next_seq:
             continue
-        if event.seq != seq:
-            walk.add("events", where, f"the event holds seq {event.seq}")
-        if fold.replace_range(event) is not None:
-            session.replaces += 1
+        try:
+            with env.begin(buffers=True) as txn:
+                cursor = txn.cursor(db=tables.events)
+                if not cursor.set_range(schema.event_key(sid, session.stored)):
+                    continue
+                for key, value in cursor:
+                    if len(key) != 16 or schema.read_u64(bytes(key[:8])) != sid:
+                        break
+                    walk.counts["events"] += 1
+                    _event(walk, session, schema.event_key_seq(bytes(key)), value)
+        except damage.LMDB_DAMAGE as exc:
+            session.unreadable = str(exc)
 
 
 def _session_totals(walk: _Walk) -> None:
     for session in walk.by_sid.values():
         meta, where = session.meta, f"'{session.session_id}'"
+        if session.unreadable:
+            walk.add(
+                "events",
+                f"session {where} seq {session.stored}",
+                f"LMDB cannot read this session's events from here on ({session.unreadable}); "
+                f"its record counts {meta.next_seq}",
+            )
+            continue
         if session.stored != meta.next_seq:
             walk.add(
                 "sessions", where, f"next_seq is {meta.next_seq} but {session.stored} events exist"
@@ -346,12 +558,52 @@ def _session_totals(walk: _Walk) -> None:
             )
 
 
+class _EventsUnreadable(Exception):
+    """LMDB failed reading the events a change names (not the change itself)."""
+
+    def __init__(self, position: int, cause: Exception) -> None:
+        super().__init__(position, cause)
+        self.position = position
+        self.cause = cause
+
+
 def _changes(
-    walk: _Walk, txn: lmdb.Transaction, tables: Tables, checks: Sequence[ChangeCheck]
+    walk: _Walk,
+    txn: lmdb.Transaction,
+    tables: Tables,
+    checks: Sequence[ChangeCheck],
+    env: lmdb.Environment,
 ) -> None:
-    expected = 1
+    """The feed in position order. A change whose events LMDB cannot read is reported as that
+    and the walk goes on past it in a fresh transaction (LMDB fails a transaction for good once
+    it met a damaged page), so a damaged page of events is not taken for the feed's end."""
+    start = 1
+    while True:
+        try:
+            if start == 1:
+                _changes_from(walk, txn, tables, checks, start)
+            else:
+                with env.begin(buffers=True) as fresh:
+                    _changes_from(walk, fresh, tables, checks, start)
+            return
+        except _EventsUnreadable as unreadable:
+            walk.add(
+                "changes",
+                f"position {unreadable.position}",
+                f"LMDB cannot read the events it names ({unreadable.cause})",
+            )
+            start = unreadable.position + 1
+
+
+def _changes_from(
+    walk: _Walk, txn: lmdb.Transaction, tables: Tables, checks: Sequence[ChangeCheck], start: int
+) -> None:
+    expected = start
     events = txn.cursor(db=tables.events)
-    for key, value in _items(walk, txn, tables.changes, "changes"):
+    cursor = txn.cursor(db=tables.changes)
+    if start > 1 and not cursor.set_range(schema.u64(start)):
+        return
+    for key, value in _from_cursor(walk, cursor, "changes", restart=start > 1):
         if len(key) != 8:
             walk.add("changes", _hex(key), "the key is not a u64 position")
             continue
@@ -368,7 +620,12 @@ def _changes(
             continue
         if change.position != position:
             walk.add("changes", where, f"the record holds position {change.position}")
-        named = _named_events(events, change)
+        try:
+            named = _named_events(events, change)
+        except damage.LMDB_DAMAGE as exc:
+            for check in checks:  # a chained check moves past it; its events are the problem
+                check(position, record, [])
+            raise _EventsUnreadable(position, exc) from None
         if len(named) != change.event_count:
             walk.add(
                 "changes",

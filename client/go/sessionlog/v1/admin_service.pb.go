@@ -886,7 +886,7 @@ type ListLeaseAuditRequest struct {
 	// At most this many entries; 0 means 100; values above 1000 are treated as 1000.
 	PageSize uint32 `protobuf:"varint,1,opt,name=page_size,json=pageSize,proto3" json:"page_size,omitempty"`
 	// From a previous response's next_page_token, made with the same prefix; empty starts at the
-	// beginning. Anything else is INVALID_ARGUMENT / MALFORMED_REQUEST (field page_token). A token
+	// beginning. Anything else is INVALID_ARGUMENT / INVALID_PAGE_TOKEN (field page_token). A token
 	// stays valid across writes: entries recorded meanwhile after it are included, none repeated.
 	PageToken string `protobuf:"bytes,2,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
 	// When set, only sessions whose id starts with this prefix (byte for byte: "a" admits "ab").

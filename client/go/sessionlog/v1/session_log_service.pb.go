@@ -721,7 +721,8 @@ type ListEventsRequest struct {
 	// order: with another, or anything else that is not a token, the call fails with
 	// INVALID_PAGE_TOKEN.
 	PageToken string `protobuf:"bytes,3,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
-	// "seq" (the default, also "seq asc") for oldest first, "seq desc" for newest first; anything
+	// "seq" (the default, also "seq asc") for oldest first, "seq desc" for newest first (AIP-132,
+	// one term, as every order_by: "FIELD [asc|desc]", case and extra spaces ignored); anything
 	// else fails with INVALID_ORDER_BY. Newest first is pinned to the log as it was at the first
 	// page: events appended while paging never appear in the later (older) pages.
 	OrderBy string `protobuf:"bytes,4,opt,name=order_by,json=orderBy,proto3" json:"order_by,omitempty"`
@@ -2574,8 +2575,9 @@ type ListSessionsRequest struct {
 	// Empty: every session. A filter that
 	// does not parse fails with INVALID_ARGUMENT / INVALID_FILTER naming the problem.
 	Filter string `protobuf:"bytes,4,opt,name=filter,proto3" json:"filter,omitempty"`
-	// "session_id" (the default, also when empty) or "update_time desc" (last update, newest
-	// first; ties by session id). Anything else fails with INVALID_ORDER_BY. A sharded server
+	// "session_id" (the default, also when empty or "session_id asc") or "update_time desc" (last
+	// update, newest first; ties by session id), in ListEvents' grammar ("FIELD [asc|desc]", case
+	// and extra spaces ignored). Anything else fails with INVALID_ORDER_BY. A sharded server
 	// merges every group's pages in either order.
 	OrderBy string `protobuf:"bytes,5,opt,name=order_by,json=orderBy,proto3" json:"order_by,omitempty"`
 }
@@ -2655,7 +2657,7 @@ type ListSessionsResponse struct {
 
 	// Sessions in the order asked for (session id order by UTF-8 bytes, unless order_by says
 	// otherwise). A page token continues only the listing it came from (same prefix, filter and
-	// order_by); with another, INVALID_ARGUMENT / MALFORMED_REQUEST. Ordered by update_time, a
+	// order_by); with another, INVALID_ARGUMENT / INVALID_PAGE_TOKEN. Ordered by update_time, a
 	// session updated while one pages moves to the front: it is not listed again, and one not
 	// reached yet may be skipped.
 	Sessions []*Session `protobuf:"bytes,1,rep,name=sessions,proto3" json:"sessions,omitempty"`
@@ -3938,6 +3940,9 @@ type ImportSessionRequest struct {
 	// The session this one was forked from ("" for none), read by the chunk that creates it.
 	ParentSessionId string `protobuf:"bytes,6,opt,name=parent_session_id,json=parentSessionId,proto3" json:"parent_session_id,omitempty"`
 	// How many events were copied from the parent at the fork, read with parent_session_id.
+	// A fork holds every event it copied: more than the chunk that creates the session says it
+	// holds (record.event_count when the chunk carries a record, else its events), or a count
+	// without parent_session_id, fails with INVALID_IMPORT (field parent_event_count).
 	ParentEventCount uint64 `protobuf:"varint,7,opt,name=parent_event_count,json=parentEventCount,proto3" json:"parent_event_count,omitempty"`
 	// Request records to keep, so that a write retried with its request_id after the import
 	// replays its first result (a slot move). Each replaces the record of its request_id. Needs

@@ -27,6 +27,7 @@ from bench import (
     cases,
     ceilings,
     checksums,
+    deletes,
     derive,
     etcd,
     frameworks,
@@ -63,8 +64,9 @@ GROUPS = (
     "shards",
     "last",
     "frameworks",
+    "deletes",
 )
-DEFAULT_GROUPS = tuple(g for g in GROUPS if g != "frameworks")
+DEFAULT_GROUPS = tuple(g for g in GROUPS if g not in ("frameworks", "deletes"))
 """What runs without ``--only``: every group but frameworks (12), which starts Postgres and
 fills its sessions through each framework's own API (minutes on its own), so it runs when asked
 for (``--only frameworks``)."""
@@ -80,7 +82,9 @@ directly to one static group's primary, through HAProxy to it, and through HAPro
 groups, with HAProxy's CPU per call), last = 11 (the last 10 events and messages of a
 1,000,000-event session beside Since from 0 and a full DeriveMessages: see ``bench.last``),
 frameworks = 12 (the framework backends' calls per call beside SQLite, Redis and Postgres: see
-``bench.frameworks``)."""
+``bench.frameworks``), deletes = 13 (appends to other sessions while a long session is deleted,
+in chunks beside in one transaction: see ``bench.deletes``; its fill takes a minute or more at
+full size, so it runs when asked for)."""
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -249,6 +253,13 @@ def run_all(settings: Settings, work: Path, groups: list[str]) -> Results:
         for row in checksums.run_checksums(settings, work):
             measured(row.case, row.sessionlog)
             measured("without", row.ceiling)
+            results.rows.append(row)
+    if "deletes" in groups:
+        progress(f"case 13 appends during a delete (filling {settings.delete_events:,} events)")
+        for row in deletes.run_deletes(settings, work):
+            for m in (row.sessionlog, row.ceiling):
+                measured(m.name, m)
+                results.notes.append(deletes.note(m))
             results.rows.append(row)
     if "ack" in groups:
         progress("case 9 --ack local beside --ack replica (a primary and one replica each)")

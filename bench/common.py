@@ -76,6 +76,8 @@ class Settings:
     """Items in the OpenAI Agents SDK session case 12 reads the last 20 of and whole."""
     frameworks_sessions: int = 5_000
     """Sessions of one user that case 12's ADK list_sessions lists."""
+    delete_events: int = 1_000_000
+    """Events in the session case 13 deletes while others append."""
 
     @classmethod
     def default(cls) -> Settings:
@@ -111,6 +113,7 @@ class Settings:
             frameworks_whole_calls=3,
             frameworks_items=5_000,
             frameworks_sessions=1_000,
+            delete_events=200_000,
         )
 
 

@@ -4,18 +4,20 @@ Who purges: whoever sweeps (``sweeper``): a process that takes writes, worker 0 
 N``. A replica never does: the primary's chunks reach it as change records. A new leader, or a
 restarted server, finds the marks its predecessor left and goes on from them.
 
-Each chunk waits its turn in the writer's queue like any append, so other sessions' writes go
-between chunks; the task runs chunks back to back while a mark remains and looks for new ones
-every ``IDLE_SECONDS``.
+Each chunk waits its turn in the writer's queue like any append, and the task pauses after each
+as long as it took (``purge.paced``), so other sessions' writes find the writer free at least
+half the time; it looks for new marks every ``IDLE_SECONDS``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable
 
 from sessionlog import errors
+from sessionlog.storage import purge
 from sessionlog.storage.store import Store
 
 log = logging.getLogger(__name__)
@@ -29,6 +31,7 @@ async def keep_purged(store: Store, may_purge: Callable[[], bool]) -> None:
     while True:
         await asyncio.sleep(IDLE_SECONDS)
         while may_purge():
+            started = time.monotonic()
             try:
                 chunk = await asyncio.to_thread(store.purge_next)
             except errors.SessionLogError as error:
@@ -41,3 +44,4 @@ async def keep_purged(store: Store, may_purge: Callable[[], bool]) -> None:
                 break
             if chunk.done:
                 log.info("freed a deleted session's rows", extra={"session_id": chunk.session_id})
+            await asyncio.sleep(purge.paced(time.monotonic() - started))

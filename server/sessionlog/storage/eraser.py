@@ -277,11 +277,15 @@ class Eraser:
         return done
 
     def purge_all(self) -> int:
-        """Free every purged session to the end; blocks. How many chunks ran."""
+        """Free every purged session to the end, pausing after each chunk as long as it took
+        (``purge.paced``); blocks. How many chunks ran."""
         chunks = 0
-        while self.purge_next() is not None:
+        while True:
+            started = time.monotonic()
+            if self.purge_next() is None:
+                return chunks
             chunks += 1
-        return chunks
+            time.sleep(purge.paced(time.monotonic() - started))
 
     def _scan(self, txn: Txn, ids: Sequence[str]) -> erasure.Scan:
         """The feed records of ``ids`` (``erasure.scan``), but of none that is long: its delete

@@ -54,8 +54,16 @@ CHUNK_RECORDS = _tuning("CHUNK_RECORDS", 500)
 """Change records one chunk rewrites at most."""
 SCAN_SPAN = 20_000
 """Feed positions one chunk's scan (a read, outside the writer) looks at at most."""
+PAUSE_SHARE = 1.0
+"""After each chunk the purge pauses this many times as long as the chunk took, so that the
+writer is free (for other sessions' writes) at least half the time while a purge runs."""
 CHUNKED = ("events", "requests", "usage")
 """The per-session tables keyed by sid ranges, that a long session fills: freed by chunks."""
+
+
+def paced(chunk_seconds: float) -> float:
+    """How long to pause after a chunk that took ``chunk_seconds`` (see ``PAUSE_SHARE``)."""
+    return min(1.0, chunk_seconds * PAUSE_SHARE)
 
 
 @dataclass

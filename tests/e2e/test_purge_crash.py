@@ -1,5 +1,6 @@
 """kill -9 while a long session's rows are being freed: the session stays gone, and the server
-that starts again on the folder finishes the purge where the mark says (``storage.purge``).
+that starts again on the folder finishes the purge where the mark says (``storage.purge``); and
+a replica following the chunks ends byte for byte with its primary.
 
 Small chunks (the SESSIONLOG_PURGE_* variables) make a 2,000-event session take a couple of
 hundred chunks, so the kill lands in the middle of them."""
@@ -19,6 +20,13 @@ from sessionlog.v1 import session_log_service_pb2 as pb
 from sessionlog.v1 import session_log_service_pb2_grpc as pb_grpc
 from tests.e2e._helpers import append, failure, log, say
 from tests.e2e._proc import ServerProcess, clean_env, free_port, run_cli
+from tests.e2e._replication_cluster import (
+    Cluster,
+    changes_raw,
+    since_raw,
+    wait_for,
+    wait_position,
+)
 
 pytestmark = pytest.mark.workers
 
@@ -91,3 +99,28 @@ def test_a_killed_purge_resumes_after_a_restart(tmp_path: Path) -> None:
             ]
         again.stop()
     assert "secret" not in verified(data)
+
+
+def test_a_replica_frees_the_same_rows_in_the_same_chunks(tmp_path: Path) -> None:
+    """A replica following a primary while it deletes a session of 10,500 events (over the
+    default threshold) ends with the primary's change feed byte for byte, no mark left, and
+    verifies clean; the session is gone on it at once, like on the primary."""
+    with Cluster(tmp_path) as cluster:
+        primary = cluster.primary()
+        replica = cluster.replica(primary, "live")
+        stub = primary.stub()
+        for batch in range(21):
+            append(stub, "long", *[say(f"secret {batch}.{n}") for n in range(500)])
+        append(stub, "keep", say("kept"))
+        stub.DeleteSession(pb.DeleteSessionRequest(session_id="long"), timeout=30)
+        wait_position(replica, int(primary.status().position))
+        assert log(replica.stub(), "long") == []
+        wait_for("the purge", lambda: not marks(primary.data), 60)
+        head = int(primary.status().position)
+        wait_position(replica, head)
+        assert marks(replica.data) == []
+        assert changes_raw(replica.channel) == changes_raw(primary.channel)
+        assert since_raw(replica.channel, "keep") == since_raw(primary.channel, "keep")
+        for node in (primary, replica):
+            assert node.stop() == 0
+            assert "secret" not in verified(node.data)

@@ -73,6 +73,7 @@ def test_the_tombstone_hides_the_session_at_once_and_the_chunks_free_the_rest(
     with pytest.raises(errors.SessionNotFound):
         store.delete("long")
     assert [mark.session_id for mark in store.purging()] == ["long"]
+    assert store.purging_count() == 1  # the metrics' gauge
     assert rows_of(store, sid) > 300
     assert problems(store) == []  # verify knows the rows are being freed
     tombstone = rpb.Change.FromString(store.read_changes(before + 1)[0])
@@ -80,6 +81,7 @@ def test_the_tombstone_hides_the_session_at_once_and_the_chunks_free_the_rest(
     chunks = store.purge_all()
     assert chunks > 300 // 64
     assert store.purging() == []
+    assert store.purging_count() == 0
     assert rows_of(store, sid) == 0
     dump = tables_dump(store)
     assert all(SECRET.encode() not in v for name, rows in dump.items() for _, v in rows), dump

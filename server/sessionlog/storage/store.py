@@ -426,6 +426,14 @@ class Store:
         """The long sessions deleted whose rows are still being freed (``purge``)."""
         return self.eraser.purging()
 
+    def purging_count(self) -> int:
+        """How many deleted sessions are still being freed (the ``purges`` table's entries)."""
+        if self.tables.purges is None:
+            return 0
+        with self.env.begin() as txn:
+            entries: int = txn.stat(self.tables.purges)["entries"]
+        return entries
+
     def purge_next(self) -> purge.Purged | None:
         """The next chunk of a purge (``Eraser.purge_next``); None when none is under way.
         Blocks; call it where writes are accepted, off the event loop."""

@@ -134,3 +134,29 @@ def test_a_short_session_is_still_deleted_in_one_write(pair: tuple[Store, Store]
     store.delete("short")
     assert store.purging() == []
     assert problems(store) == []
+
+
+def test_a_long_forks_delete_removes_its_parents_fork_request_at_once(
+    pair: tuple[Store, Store],
+) -> None:
+    """The parent's request record of the fork that made a long child (kept under the parent's
+    sid, not the child's) goes with the tombstone: a retry of that fork forks again."""
+    store, _ = pair
+    write_long(store)
+    store.submit_fork("long", None, "child", request_id="fork-1").result()
+    parent = store.meta("long")
+    assert parent is not None
+
+    def parents_requests() -> int:
+        with store.env.begin() as txn:
+            return sum(
+                key[:8] == schema.u64(parent.sid) for key, _ in txn.cursor(db=store.tables.requests)
+            )
+
+    before = parents_requests()
+    store.delete("child")
+    assert parents_requests() == before - 1
+    store.purge_all()
+    assert store.submit_fork("long", None, "child", request_id="fork-1").result()
+    assert len(store.read_session("child", 0)) == 300
+    assert problems(store) == []

@@ -242,8 +242,9 @@ def _tombstone(
 ) -> int:
     """A long session's delete (``purge``): remove now what readers find it by, and mark its
     records and its sid ranges for the chunks. No record is rewritten here (0)."""
+    later = {(table, schema.u64(sid), schema.u64(sid + 1)) for table in purge.CHUNKED}
     for table, key, end_key in removals:
-        if table not in purge.CHUNKED:
+        if (table, key, end_key) not in later:  # a parent's fork request goes now
             txn.delete(tables.by_name[table], key, end_key)
     purge.mark(txn, tables, session_id, sid, position, removals)
     return 0

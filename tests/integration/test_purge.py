@@ -86,6 +86,10 @@ def test_the_tombstone_hides_the_session_at_once_and_the_chunks_free_the_rest(
     dump = tables_dump(store)
     assert all(SECRET.encode() not in v for name, rows in dump.items() for _, v in rows), dump
     assert named(store, "long") == [tombstone.position]
+    chunks_records = [rpb.Change.FromString(raw) for raw in store.read_changes(before + 2)]
+    assert len(chunks_records) == chunks  # the last of them removes the mark
+    for record in chunks_records:  # feed followers show nothing of them
+        assert (record.kind, record.session_id) == (rpb.CHANGE_KIND_UPDATE, "")
     assert store.read_session("other", 0)[9]
     assert problems(store) == []
 

@@ -163,7 +163,7 @@ class PurgeCommand:
     its records) and move the mark to ``reached``; or, once the records are done, remove up to
     ``CHUNK_KEYS`` keys of one sid range; or, with none left, remove the mark."""
 
-    kind = "delete"
+    kind = "update"  # names no session (like a reindex batch): feed followers show nothing
     session_id = ""
     moving_in = True  # the session is gone already: no ownership to ask
 

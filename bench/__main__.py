@@ -28,6 +28,7 @@ from bench import (
     cases,
     ceilings,
     checksums,
+    deletes,
     derive,
     durability,
     etcd,
@@ -68,11 +69,13 @@ GROUPS = (
     "stream",
     "frameworks",
     "durability",
+    "deletes",
 )
-DEFAULT_GROUPS = tuple(g for g in GROUPS if g not in ("frameworks", "durability"))
+DEFAULT_GROUPS = tuple(g for g in GROUPS if g not in ("frameworks", "durability", "deletes"))
 """What runs without ``--only``: every group but frameworks (12), which starts Postgres and
 fills its sessions through each framework's own API (minutes on its own), so it runs when asked
-for (``--only frameworks``); so does durability, which starts a server per --durability mode."""
+for (``--only frameworks``); so do durability, which starts a server per --durability mode, and
+deletes (14), whose fill takes a minute or more."""
 """Case groups ``--only`` can pick: append = cases 1-3 (with h2load's rows when it is installed),
 since = 4, tail = 5, derive = 6, sessions = 7, redis = the peer's rows (its XADD rows need the
 append group, its XRANGE row the since group), etcd = the etcd peer beside sessionlog, both
@@ -87,7 +90,10 @@ groups, with HAProxy's CPU per call), last = 11 (the last 10 events and messages
 frameworks = 12 (the framework backends' calls per call beside SQLite, Redis and Postgres: see
 ``bench.frameworks``), stream = 13 (AppendStream and unary Append through the compiled appendload
 at --workers 1 and 2, beside etcd's Put and Txn: see ``bench.streams``), durability = cases 1
-and 2 through h2load on a server per --durability mode, each beside sync (``bench.durability``)."""
+and 2 through h2load on a server per --durability mode, each beside sync (``bench.durability``),
+deletes = 14 (appends to other sessions while a long session is deleted, in chunks beside in
+one transaction: see ``bench.deletes``; its fill takes a minute or more at full size, so it runs
+when asked for)."""
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -271,6 +277,13 @@ def run_all(settings: Settings, work: Path, groups: list[str]) -> Results:
         for row in checksums.run_checksums(settings, work):
             measured(row.case, row.sessionlog)
             measured("without", row.ceiling)
+            results.rows.append(row)
+    if "deletes" in groups:
+        progress(f"case 13 appends during a delete (filling {settings.delete_events:,} events)")
+        for row in deletes.run_deletes(settings, work):
+            for m in (row.sessionlog, row.ceiling):
+                measured(m.name, m)
+                results.notes.append(deletes.note(m))
             results.rows.append(row)
     if "ack" in groups:
         progress("case 9 --ack local beside --ack replica (a primary and one replica each)")

@@ -78,6 +78,8 @@ class Settings:
     """Sessions of one user that case 12's ADK list_sessions lists."""
     stream_window: int = 16
     """Appends each AppendStream stream keeps in flight (case 13, ``bench.streams``)."""
+    delete_events: int = 1_000_000
+    """Events in the session case 14 deletes while others append."""
 
     @classmethod
     def default(cls) -> Settings:
@@ -113,6 +115,7 @@ class Settings:
             frameworks_whole_calls=3,
             frameworks_items=5_000,
             frameworks_sessions=1_000,
+            delete_events=200_000,
         )
 
 

@@ -28,7 +28,7 @@ from sessionlog.cluster.sync import SyncTracker
 from sessionlog.config import SHARD_MAP_ETCD, ConfigError, ServerConfig, replica_token_of
 from sessionlog.defaults import DEFAULT_DATA_DIR, DEFAULT_LISTEN
 from sessionlog.retention import NS, Policy
-from sessionlog.service import app, metrics, sweeper
+from sessionlog.service import app, metrics, purger, sweeper
 from sessionlog.service.admin_service import AdminServicer
 from sessionlog.service.auth import AuthConfigError, AuthInterceptor, Authorizer, TokenTable
 from sessionlog.service.counters import Counters
@@ -124,6 +124,7 @@ class SessionLogServer:
         self._publishing: asyncio.Task[None] | None = None
         self._watchdog: asyncio.Task[None] | None = None
         self._sweeper: asyncio.Task[None] | None = None
+        self._purger: asyncio.Task[None] | None = None
         self.streams = StreamLimiter(
             config.max_streams,
             config.max_streams_per_connection,
@@ -228,6 +229,9 @@ class SessionLogServer:
                     may_sweep=lambda: self.takes_writes,
                     ours=lambda session_id: self.ownership.refusal(session_id) is None,
                 )
+            )
+            self._purger = asyncio.create_task(
+                purger.keep_purged(store, may_purge=lambda: self.takes_writes)
             )
         if config.shard_map == SHARD_MAP_ETCD and config.cluster_settings is not None:
             from sessionlog.shard.source import EtcdShardMap
@@ -611,7 +615,7 @@ class SessionLogServer:
             await self._shard_source.stop()
         if self.group is not None:
             await self.group.stop()  # writes stop, and the lease goes: another member may lead
-        for task in (self._watchdog, self._sweeper):
+        for task in (self._watchdog, self._sweeper, self._purger):
             if task is not None:
                 task.cancel()
                 await asyncio.gather(task, return_exceptions=True)

@@ -3,6 +3,7 @@ primary does at start: the sessions of a folder without index entries list by up
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 import grpc
@@ -54,3 +55,61 @@ def test_an_elected_member_indexes_an_older_servers_sessions(tmp_path: Path) -> 
         assert sorted(listed) == sorted([*NAMES, "old-fork"])
         assert listed[0] == "old-fork"
         assert "indexed the sessions of an older server" in leader.log()
+
+
+def _write_records(address: str, stop: threading.Event, done: list[int]) -> None:
+    """Appends and label updates spread over 30 sessions until ``stop`` (or the server dies):
+    every write moves the session's ``recent`` key, every update its ``labels`` keys."""
+    with grpc.insecure_channel(address) as channel:
+        stub = pb_grpc.SessionLogServiceStub(channel)  # type: ignore[no-untyped-call]
+        tool = event_pb2.Event(type=event_pb2.EVENT_TYPE_TOOL_CALL)
+        n = 0
+        while not stop.is_set():
+            session_id = f"crash{n % 30:02d}"
+            try:
+                stub.Append(pb.AppendRequest(session_id=session_id, events=[tool]), timeout=2)
+                stub.UpdateSession(
+                    pb.UpdateSessionRequest(
+                        session=pb.Session(session_id=session_id, labels={"team": f"t{n % 3}"}),
+                        update_mask={"paths": ["labels.team"]},
+                    ),
+                    timeout=2,
+                )
+            except grpc.RpcError:
+                return  # killed
+            n += 1
+            done[0] = n
+
+
+def _listing(member: Member, **fields: object) -> list[pb.Session]:
+    with grpc.insecure_channel(member.direct) as channel:
+        stub = pb_grpc.SessionLogServiceStub(channel)  # type: ignore[no-untyped-call]
+        request = pb.ListSessionsRequest(page_size=1000, **fields)  # type: ignore[arg-type]
+        return list(stub.ListSessions(request, timeout=5).sessions)
+
+
+def test_a_killed_members_listing_matches_its_records_after_the_restart(tmp_path: Path) -> None:
+    """kill -9 during appends and label updates, then a restart: ListSessions by update time
+    and by label (the ``recent`` and ``labels`` indexes) equals a full scan by id (the session
+    records themselves)."""
+    with Group(tmp_path, members=1, args=LOCAL) as group:
+        leader, _ = group.wait_healthy()
+        stop, done = threading.Event(), [0]
+        writer = threading.Thread(target=_write_records, args=(leader.direct, stop, done))
+        writer.start()
+        wait_for("some writes", lambda: done[0] >= 60, 30)
+        leader.kill()
+        stop.set()
+        writer.join(10)
+        leader.start()
+        leader, _ = group.wait_healthy()
+        scan = _listing(leader, order_by="session_id")
+        assert len(scan) == 30
+        by_time = sorted(scan, key=lambda s: (-s.update_time.ToNanoseconds(), s.session_id))
+        listed = _listing(leader, order_by="update_time desc")
+        assert [s.session_id for s in listed] == [s.session_id for s in by_time]
+        for team in ("t0", "t1", "t2"):
+            wanted = sorted(s.session_id for s in scan if s.labels["team"] == team)
+            filtered = _listing(leader, filter=f'labels.team = "{team}"')
+            assert sorted(s.session_id for s in filtered) == wanted
+        assert "indexed the sessions of an older server" not in leader.log()

@@ -23,6 +23,7 @@ from bench import (
     cases,
     ceilings,
     checksums,
+    deletes,
     echo,
     etcd,
     frameworks,
@@ -231,6 +232,21 @@ def test_echo_via_thread_returns_each_request_unchanged(servers: Servers) -> Non
         call = channel.unary_unary(echo.UNARY_VIA_THREAD)
         requests = [bytes([i]) * (i * 100) for i in range(1, 20)]
         assert [call(r, timeout=10) for r in requests] == requests
+
+
+def test_delete_case_times_appends_during_both_deletes(tmp_path: Path) -> None:
+    """Case 14 deletes the same long session in one transaction and in chunks, timing the
+    appends to other sessions meanwhile, and leaves nothing behind."""
+    tiny = replace(SETTINGS, duration=0.3, delete_events=5_000)
+    [row] = deletes.run_deletes(tiny, tmp_path)
+    assert row.kind == "one-step"
+    assert row.ceiling.details["chunks"] == 0
+    assert row.sessionlog.details["chunks"] >= 3  # 5,000 events, 2,000 keys a chunk
+    for measured in (row.sessionlog, row.ceiling):
+        assert measured.calls > 0
+        assert measured.details["long_events"] == 5_000
+        assert "p50/p99/max" in deletes.note(measured)
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_checksum_case_measures_both_ways_and_writes_the_records_accordingly(

@@ -44,6 +44,7 @@ EXPECTED = {
     "sessionlog_lmdb_used_bytes",
     "sessionlog_lmdb_readers",
     "sessionlog_expiring_sessions",
+    "sessionlog_purging_sessions",
     "sessionlog_replication_position",
     "sessionlog_replication_head_commit_time_seconds",
     "process_resident_memory_bytes",

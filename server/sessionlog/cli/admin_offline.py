@@ -7,6 +7,7 @@ open a data folder's LMDB directly, with no server in between.
     sessionlog admin erasures [--data DIR] [--json]
     sessionlog admin restore BACKUP|FILE [--data DIR] [--force]      the server stopped
     sessionlog admin compact [--data DIR] [--json]                   the server stopped
+    sessionlog admin compact --online [--data DIR] [--json]          beside it; swapped at start
     sessionlog replica resync [--data DIR]                           the replica stopped
     sessionlog replica rejoin --primary NEW [--data DIR]             the server stopped
 
@@ -130,13 +131,20 @@ def add_actions(actions: Any, data_default: str, data_help: str) -> None:
 
     compact_parser = actions.add_parser(
         "compact",
-        help="folder: rewrite the data file so erased bytes are gone from it (server stopped)",
+        help="folder: rewrite the data file so erased bytes are gone from it (server stopped, "
+        "or --online and swapped at the next start)",
         description="Rewrite the data folder's data.mdb as a logical copy of its records, "
         "then swap it in: what DeleteSession and RedactEvents erased no longer lingers in the "
         "file's free pages. Takes the folder lock: stop the server (or replica) first. The old "
         "file is deleted, not kept.",
     )
     compact_parser.add_argument("--data", default=data_default, help=data_help)
+    compact_parser.add_argument(
+        "--online",
+        action="store_true",
+        help="beside a running server: write the copy into DATA/compact-pending/; the server "
+        "brings it up to date and swaps it in at its next start",
+    )
     compact_parser.add_argument("--json", action="store_true", help="print one JSON object")
     compact_parser.set_defaults(run=_compact)
 
@@ -379,6 +387,8 @@ def _compact(args: argparse.Namespace) -> int:
     data = Path(args.data)
     if not (data / DATA_FILE).is_file():
         return fail(f"no sessionlog store in {str(data)!r} (no {DATA_FILE}); check --data")
+    if args.online:
+        return _compact_online(data, args.json)
     try:
         lock = folder.acquire(data)
     except folder.FolderInUse as exc:
@@ -396,6 +406,23 @@ def _compact(args: argparse.Namespace) -> int:
         print(
             f"compacted {data}: {done.records} records copied, {human(done.bytes_before)} -> "
             f"{human(done.bytes_after)}"
+        )
+    return 0
+
+
+def _compact_online(data: Path, as_json: bool) -> int:
+    """`admin compact --online`: see ``storage.compaction.copy_online``."""
+    try:
+        done = compaction.copy_online(data)
+    except (lmdb.Error, OSError) as exc:
+        return fail(f"could not copy {str(data)!r}: {exc}")
+    if as_json:
+        print(json.dumps(asdict(done)))
+    else:
+        print(
+            f"compacted copy of {data} written ({done.records} records, through change "
+            f"{done.position}): {human(done.bytes_now)} now -> {human(done.bytes_copy)} in the "
+            "copy; the server swaps it in at its next start (writes since the copy included)"
         )
     return 0
 

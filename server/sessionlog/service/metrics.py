@@ -425,6 +425,11 @@ class SessionLogCollector(Collector):
             value=store.expiring(),
         )
         yield GaugeMetricFamily(
+            "sessionlog_purging_sessions",
+            "Deleted long sessions whose rows are still being freed in chunks (table purges)",
+            value=store.purging_count(),
+        )
+        yield GaugeMetricFamily(
             "sessionlog_replication_position",
             "Newest change-feed position stored here (primary: written; replica: applied)",
             value=used.position,

@@ -13,7 +13,17 @@ table, in key order, into a new environment whose pages start zeroed (py-lmdb's 
 written with appends only (no record is ever removed from a page of the copy). The copy then
 replaces ``data.mdb`` with one rename; the old file is unlinked, never kept or set aside.
 
-Offline: call it with the folder lock held and no environment of the folder open. The copy
+**Online** (``copy_online``, ``admin compact --online``): the same logical copy, taken beside a
+running server from one read transaction (a consistent state; LMDB lets a reader run beside
+the writer, which only keeps the pages that reader sees from being reused meanwhile), into
+``compact-pending/``. The server never swaps files under its open environment: the swap is the
+one step that waits for a restart. At its next start (``swap_pending``, the folder lock held,
+before the environment opens) the server brings the copy up to date by applying the change
+records written since the copy was taken, as a replica applies them (checksums checked; the
+folder-local counters copied as they are), and renames it over ``data.mdb``. A copy that is not
+a prefix of the folder's history (a restore or a rejoin came between) is removed, unused.
+
+Offline: call ``compact`` with the folder lock held and no environment of the folder open. The copy
 holds the same records byte for byte (the folder's identity, its change feed and checksums
 included), so the server starts on it as on the old one, and its replicas go on following it.
 What it cannot reach: blocks the filesystem had given the old file (unlinked, not overwritten),
@@ -26,10 +36,12 @@ import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import lmdb
 
-from sessionlog.storage import folder, schema
+from sessionlog.storage import changes, folder, schema
+from sessionlog.storage.tables import Tables
 
 BUILDING = "compact-building"
 """The subfolder the copy is written in (removed once it is in place, or at the next try)."""
@@ -47,13 +59,143 @@ class Compacted:
 
 
 def compact(path: Path) -> Compacted:
-    """Replace the data file of folder ``path`` by a logical copy of it (see the module doc)."""
+    """Replace the data file of folder ``path`` by a logical copy of it (see the module doc);
+    a pending online copy is stale after it, and removed."""
     data = path / folder.DATA_FILE
     before = data.stat().st_size
+    shutil.rmtree(path / PENDING, ignore_errors=True)
+    building = path / BUILDING
+    records = _copy_into(path, building)
+    copied = building / folder.DATA_FILE
+    _fsync(copied)
+    os.replace(copied, data)
+    shutil.rmtree(building, ignore_errors=True)
+    folder.fsync_dir(path)
+    return Compacted(records, before, data.stat().st_size)
+
+
+PENDING = "compact-pending"
+"""The subfolder an online copy waits in for the next start (``swap_pending``)."""
+PARTIAL = "compact-pending.partial"
+"""Where an online copy is written; renamed to ``PENDING`` once whole."""
+_LOCAL_COUNTERS = (
+    schema.INSTANCE,
+    schema.HISTORY_ID,
+    schema.HISTORY_START,
+    schema.FOLLOWS,
+    schema.LEADERSHIP,
+    schema.REJOINED,
+)
+"""Counters that are not in the change feed: the swap copies them from the folder as they are."""
+
+
+@dataclass
+class Pending:
+    """An online copy waiting for the next start: records copied, the position it holds, and
+    the data file's size beside the copy's."""
+
+    records: int
+    position: int
+    bytes_now: int
+    bytes_copy: int
+
+
+def copy_online(path: Path) -> Pending:
+    """Write a logical copy of the folder's store, read in one transaction beside a running
+    server, into ``PENDING`` (replacing one there); the server swaps it in at its next start."""
+    partial, pending = path / PARTIAL, path / PENDING
+    records = _copy_into(path, partial)
+    _fsync(partial / folder.DATA_FILE)
+    shutil.rmtree(pending, ignore_errors=True)
+    os.replace(partial, pending)
+    folder.fsync_dir(path)
+    env = lmdb.open(str(pending), max_dbs=len(schema.ALL_DBS), readonly=True, lock=False)
+    try:
+        tables = Tables(env)
+        with env.begin() as txn:
+            position = changes.head(txn, tables)[0]
+    finally:
+        env.close()
+    return Pending(
+        records,
+        position,
+        (path / folder.DATA_FILE).stat().st_size,
+        (pending / folder.DATA_FILE).stat().st_size,
+    )
+
+
+def swap_pending(path: Path) -> Compacted | None:
+    """At start, with the folder lock held and no environment open: bring a pending online
+    copy up to date from the folder's change feed and swap it in (None: there was none, or it
+    was not of this history and was removed). See the module doc."""
+    shutil.rmtree(path / PARTIAL, ignore_errors=True)
+    pending = path / PENDING
+    if not (pending / folder.DATA_FILE).is_file():
+        return None
+    data = path / folder.DATA_FILE
+    before = data.stat().st_size
+    live = lmdb.open(str(path), max_dbs=len(schema.ALL_DBS), readonly=True, readahead=False)
+    try:
+        new = lmdb.open(str(pending), map_size=live.info()["map_size"], max_dbs=len(schema.ALL_DBS))
+        try:
+            applied = _catch_up(live, new)
+            new.sync(True)
+        finally:
+            new.close()
+    finally:
+        live.close()
+    if applied is None:
+        shutil.rmtree(pending, ignore_errors=True)
+        return None
+    copied = pending / folder.DATA_FILE
+    _fsync(copied)
+    os.replace(copied, data)
+    shutil.rmtree(pending, ignore_errors=True)
+    folder.fsync_dir(path)
+    return Compacted(applied, before, data.stat().st_size)
+
+
+def _catch_up(live: lmdb.Environment, new: lmdb.Environment) -> int | None:
+    """Apply to ``new`` the records ``live`` wrote after it, and copy the folder-local counters;
+    how many records (None: ``new`` is not a prefix of ``live``'s history)."""
+    live_tables, new_tables = Tables(live), Tables(new)
+    with new.begin() as txn, live.begin() as reading:
+        position = changes.head(txn, new_tables)[0]
+        ours = txn.get(schema.u64(position), db=new_tables.changes)
+        theirs = reading.get(schema.u64(position), db=live_tables.changes)
+        if position and (ours is None or theirs is None or bytes(ours) != bytes(theirs)):
+            return None
+    applied = 0
+    while True:
+        with live.begin() as reading:
+            raws = changes.read_changes(reading, live_tables, position + 1, CATCH_UP_BYTES)
+        if not raws:
+            break
+        received = [changes.ReceivedChange.parse(raw) for raw in raws]
+        with new.begin(write=True) as txn:
+            changes.ApplyChangesCommand(new_tables, received).apply(txn, 0)
+        position = received[-1].change.position
+        applied += len(received)
+    with live.begin() as reading, new.begin(write=True) as txn:
+        for key in _LOCAL_COUNTERS:
+            value = reading.get(key, db=live_tables.counters)
+            if value is None:
+                txn.delete(key, db=new_tables.counters)
+            else:
+                txn.put(key, bytes(value), db=new_tables.counters)
+    return applied
+
+
+CATCH_UP_BYTES = 64 << 20
+"""Change records (events included) applied per transaction when a pending copy catches up."""
+
+
+def _copy_into(path: Path, building: Path) -> int:
+    """A logical copy of the store in ``path`` into the new folder ``building``, every table
+    read in one read transaction (so it is consistent beside a running writer); records copied."""
     old = lmdb.open(
         str(path), map_size=0, max_dbs=len(schema.ALL_DBS), readonly=True, readahead=False
     )
-    building = path / BUILDING
     try:
         shutil.rmtree(building, ignore_errors=True)
         building.mkdir()
@@ -64,46 +206,46 @@ def compact(path: Path) -> Compacted:
             meminit=True,
         )
         try:
-            records = sum(_copy_table(old, new, name) for name in schema.ALL_DBS)
+            sources = {name: _source(old, name) for name in schema.ALL_DBS}
+            with old.begin() as reading:
+                records = sum(
+                    _copy_table(reading, sources[name], new, name) for name in schema.ALL_DBS
+                )
             new.sync(True)
         finally:
             new.close()
     finally:
         old.close()
-    copied = building / folder.DATA_FILE
-    _fsync(copied)
-    os.replace(copied, data)
-    shutil.rmtree(building, ignore_errors=True)
-    folder.fsync_dir(path)
-    return Compacted(records, before, data.stat().st_size)
+    return records
 
 
-def _copy_table(old: lmdb.Environment, new: lmdb.Environment, name: bytes) -> int:
-    """Copy one named table in key order, ``TXN_RECORDS`` per transaction; a table the old
-    store never made (one newer than it) is made empty."""
-    target = new.open_db(name)
+def _source(old: lmdb.Environment, name: bytes) -> Any:
+    """The old store's handle of a named table; None when it never made it (one newer than it)."""
     try:
-        source = old.open_db(name, create=False)
-    except (lmdb.NotFoundError, lmdb.ReadonlyError):  # not in the old store: none to copy
+        return old.open_db(name, create=False)
+    except (lmdb.NotFoundError, lmdb.ReadonlyError):
+        return None
+
+
+def _copy_table(reading: lmdb.Transaction, source: Any, new: lmdb.Environment, name: bytes) -> int:
+    """Copy one named table in key order, ``TXN_RECORDS`` per write transaction; a table the
+    old store never made (``source`` None) is made empty."""
+    target = new.open_db(name)
+    if source is None:
         return 0
     copied = 0
-    after: bytes | None = None
-    while True:
-        with old.begin(db=source) as reading, new.begin(write=True, db=target) as writing:
-            cursor = reading.cursor()
-            found = cursor.set_range(after) if after is not None else cursor.first()
-            if found and after is not None and cursor.key() == after:
-                found = cursor.next()
+    cursor = reading.cursor(db=source)
+    found = cursor.first()
+    while found:
+        with new.begin(write=True, db=target) as writing:
             batch = 0
             while found and batch < TXN_RECORDS:
                 key, value = cursor.item()
                 writing.put(key, value, append=True)
-                after = key
                 batch += 1
                 found = cursor.next()
         copied += batch
-        if not found:
-            return copied
+    return copied
 
 
 def _fsync(path: Path) -> None:

@@ -18,10 +18,10 @@ import lmdb
 from sessionlog import errors, fold
 from sessionlog.records import Filter
 from sessionlog.retention import ACTOR, EXPIRED, IDLE, Policy
-from sessionlog.storage import erasure, records, retention
+from sessionlog.storage import erasure, purge, records, retention
 from sessionlog.storage.fold_cache import FoldCache
 from sessionlog.storage.preparing import check_holder
-from sessionlog.storage.reads import Txn
+from sessionlog.storage.reads import Txn, load_meta
 from sessionlog.storage.schema import SessionMeta
 from sessionlog.storage.tables import Tables
 from sessionlog.storage.writer import Writer
@@ -59,7 +59,7 @@ class Eraser:
         if lease_holder:
             check_holder(lease_holder)
         with self.env.begin() as txn:
-            found = erasure.scan(txn, self.tables, [session_id])
+            found = self._scan(txn, [session_id])
         return erasure.DeleteCommand(
             self.tables,
             session_id,
@@ -192,7 +192,7 @@ class Eraser:
         if not ids:
             return 0, 0, 0
         with self.env.begin() as txn:
-            found = erasure.scan(txn, self.tables, ids)
+            found = self._scan(txn, ids)
         futures = [
             self.writer.submit(
                 erasure.DeleteCommand(
@@ -251,6 +251,51 @@ class Eraser:
             still_due=retention.still_due(self.tables, policy, IDLE),
         )
         return retention.Swept(first[0], second[0], first[1] + second[1])
+
+    def purging(self) -> list[purge.Purge]:
+        """The long sessions deleted whose rows are still being freed (``purge``)."""
+        with self.env.begin() as txn:
+            return purge.pending(txn, self.tables)
+
+    def purge_next(self) -> purge.Purged | None:
+        """Run the next chunk of the oldest purge (``purge``), its records found by a read here,
+        outside the writer; None when no session is being purged. Blocks; call it where writes
+        are accepted."""
+        with self.env.begin() as txn:
+            marks = purge.pending(txn, self.tables, limit=1)
+            if not marks:
+                return None
+            mark = marks[0]
+            positions, reached = (
+                purge.next_positions(txn, self.tables, mark)
+                if mark.scanned < mark.upto
+                else ([], 0)
+            )
+        command = purge.PurgeCommand(self.tables, mark.sid, positions, reached)
+        done: purge.Purged = self.writer.submit(command).result()
+        done.session_id = mark.session_id
+        return done
+
+    def purge_all(self) -> int:
+        """Free every purged session to the end, pausing after each chunk as long as it took
+        (``purge.paced``); blocks. How many chunks ran."""
+        chunks = 0
+        while True:
+            started = time.monotonic()
+            if self.purge_next() is None:
+                return chunks
+            chunks += 1
+            time.sleep(purge.paced(time.monotonic() - started))
+
+    def _scan(self, txn: Txn, ids: Sequence[str]) -> erasure.Scan:
+        """The feed records of ``ids`` (``erasure.scan``), but of none that is long: its delete
+        is a tombstone whose chunks find its records themselves (``purge``)."""
+        short = []
+        for session_id in ids:
+            meta = load_meta(txn, self.tables, session_id)
+            if meta is None or meta.next_seq < purge.PURGE_FROM:
+                short.append(session_id)
+        return erasure.scan(txn, self.tables, short) if short else erasure.Scan()
 
     def _page(
         self, after: bytes, prefix: str = "", query: Filter | None = None, *, limit: int

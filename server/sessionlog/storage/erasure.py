@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 
 from sessionlog import errors
 from sessionlog.records import SessionRecord
-from sessionlog.storage import changes, damage, indexes, schema
+from sessionlog.storage import changes, damage, indexes, purge, schema
 from sessionlog.storage.commands import Written, _check_lease
 from sessionlog.storage.reads import Txn, load_lease, load_meta
 from sessionlog.storage.recording import RecordingTxn
@@ -204,14 +204,18 @@ class DeleteCommand:
             *_index_keys(txn, tables, session_id, meta),
             *_fork_requests(txn, tables, session_id, meta),
         ]
-        later = scan(txn, tables, [session_id], self._found.upto)
-        olds = [*self._found.positions.get(session_id, []), *later.positions[session_id]]
-
-        rewritten = changes.erase_earlier(
-            txn, tables, rpb.CHANGE_KIND_DELETE, sorted(olds), removals, txn.erase_record
-        )
-        for table, key, end_key in removals:
-            txn.delete(tables.by_name[table], key, end_key)
+        if meta.next_seq >= purge.PURGE_FROM:
+            rewritten = _tombstone(txn, tables, session_id, meta.sid, position, removals)
+        else:
+            # a session the scan left out (it was long then) is looked for in the whole feed
+            scanned = session_id in self._found.positions
+            later = scan(txn, tables, [session_id], self._found.upto if scanned else 0)
+            olds = [*self._found.positions.get(session_id, []), *later.positions[session_id]]
+            rewritten = changes.erase_earlier(
+                txn, tables, rpb.CHANGE_KIND_DELETE, sorted(olds), removals, txn.erase_record
+            )
+            for table, key, end_key in removals:
+                txn.delete(tables.by_name[table], key, end_key)
         audit = ErasureRecord(
             kind=schema.DELETE,
             session_id=session_id,
@@ -226,6 +230,24 @@ class DeleteCommand:
         txn.put(schema.u64(position), audit.encode(), db=tables.erasures)
         self._touched.append(session_id)
         return DeleteResult(session_id, meta, meta.next_seq, rewritten, record, live)
+
+
+def _tombstone(
+    txn: RecordingTxn,
+    tables: Tables,
+    session_id: str,
+    sid: int,
+    position: int,
+    removals: Sequence[changes.Removal],
+) -> int:
+    """A long session's delete (``purge``): remove now what readers find it by, and mark its
+    records and its sid ranges for the chunks. No record is rewritten here (0)."""
+    later = {(table, schema.u64(sid), schema.u64(sid + 1)) for table in purge.CHUNKED}
+    for table, key, end_key in removals:
+        if (table, key, end_key) not in later:  # a parent's fork request goes now
+            txn.delete(tables.by_name[table], key, end_key)
+    purge.mark(txn, tables, session_id, sid, position, removals)
+    return 0
 
 
 def _index_keys(

@@ -35,7 +35,7 @@ import lmdb
 
 from sessionlog import errors, fold
 from sessionlog.records import SessionRecord
-from sessionlog.storage import damage, indexes, schema
+from sessionlog.storage import damage, indexes, purge, schema
 from sessionlog.storage.schema import (
     AuditRecord,
     ErasureRecord,
@@ -479,7 +479,7 @@ def _ids(walk: _Walk, txn: lmdb.Transaction, tables: Tables) -> None:
 
 
 def _events(walk: _Walk, txn: lmdb.Transaction, tables: Tables) -> None:
-    unknown: set[int] = set()
+    unknown: set[int] = purge.purging_sids(txn, tables)  # deleted, being freed: not left over
     for key, value in _items(walk, txn, tables.events, "events"):
         if len(key) != 16:
             walk.add("events", _hex(key), "the key is not sid + seq")

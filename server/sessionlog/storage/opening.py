@@ -9,14 +9,17 @@ already). Whatever fails closes what was opened before it, and gives up a lock t
 from __future__ import annotations
 
 import errno
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 
 import lmdb
 
 from sessionlog.defaults import NOSYNC, SYNC
-from sessionlog.storage import folder, identity, integrity, schema
+from sessionlog.storage import compaction, folder, identity, integrity, schema
 from sessionlog.storage.tables import Tables
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -50,6 +53,7 @@ def open_folder(
         folder.check_not_emptied(path, marker)
         if not prepared:
             integrity.refuse_damaged(path)
+            _swap_compacted(path)
         env = lmdb.open(
             str(path),
             map_size=map_size,
@@ -78,6 +82,23 @@ def open_folder(
             held.release()
         raise
     return Opened(held, env, tables, found)
+
+
+def _swap_compacted(path: Path) -> None:
+    """Swap in a copy ``admin compact --online`` left (``compaction.swap_pending``), and say so."""
+    had = (path / compaction.PENDING / folder.DATA_FILE).is_file()
+    done = compaction.swap_pending(path)
+    if done is not None:
+        log.warning(
+            "swapped in the compacted copy taken online, brought up to date",
+            extra={
+                "records_applied": done.records,
+                "bytes_before": done.bytes_before,
+                "bytes_after": done.bytes_after,
+            },
+        )
+    elif had:
+        log.warning("removed a compacted copy taken online: it is not of this folder's history")
 
 
 def _identity(env: lmdb.Environment, tables: Tables) -> identity.Identity:

@@ -63,6 +63,11 @@ One environment holds every session. Named databases:
                sweeper (``retention``) reads it from the start up to now, never every session.
                Kept by every write of a record (``indexes.put_record``); removed by a delete.
 
+    purges     sid (u64 BE)                  -> Purge (JSON; see ``purge``)
+               A long session deleted in chunks: its tombstone removed what readers see at
+               once, and the mark says what its chunks still have to free (its feed records
+               to rewrite, then its events, request and usage rows). Removed by the last chunk.
+
 Invariants (the single writer thread keeps them; every change commits in one transaction):
 - seq is dense from 0 per session: events holds exactly the keys (sid, 0) .. (sid, next_seq - 1);
 - an event's stored bytes never change after commit, with one exception: RedactEvents rewrites
@@ -70,7 +75,9 @@ Invariants (the single writer thread keeps them; every change commits in one tra
   state_delta;
   ``redacted`` set), so the fold's shape (positions, shadowing, replace_generation) holds;
 - a deleted session leaves no key in any per-session table (``erasure.PER_SESSION``); the
-  change records that wrote it are rewritten to erased placeholders (see ``changes``);
+  change records that wrote it are rewritten to erased placeholders (see ``changes``); a long
+  session's events, request and usage rows, and the rewriting of its records, may wait for
+  the chunks of its ``purges`` mark (``purge``), but no reader finds the session meanwhile;
 - SessionMeta.next_seq and .replace_generation match the events stored for that session;
 - sid values are never reused, so a session id maps to one key prefix for all time;
 - every committed write has exactly one record in ``changes``, committed with it;
@@ -113,6 +120,7 @@ RECENT = b"recent"
 LABELS = b"labels"
 CHILDREN = b"children"
 EXPIRY = b"expiry"
+PURGES = b"purges"
 INDEX_DBS = (RECORDS, RECENT, LABELS, CHILDREN)
 """The session record tables (issue 17): a folder written before them lacks them until a
 server opens it for writing (which creates them; a static primary then fills the indexes)."""
@@ -133,8 +141,9 @@ ALL_DBS = (
     LABELS,
     CHILDREN,
     EXPIRY,
+    PURGES,
 )
-OPTIONAL_DBS = frozenset({USAGE, ERASURES, REDACTIONS, EXPIRY})
+OPTIONAL_DBS = frozenset({USAGE, ERASURES, REDACTIONS, EXPIRY, PURGES})
 """Tables added after stores were first written: a folder no server of this version has opened
 for writing lacks them (a server creates them, empty, on open, which is what they would hold). A
 read-only open (``sessionlog admin``, ``verify``, a rejoin's old store) has no handle for them

@@ -47,6 +47,7 @@ from sessionlog.storage import (
     leadership,
     ledger,
     preparing,
+    purge,
     rebuild,
     records,
     retention,
@@ -423,6 +424,27 @@ class Store:
         """One retention sweep (``Eraser.sweep``). Blocks; call it where writes are accepted,
         off the event loop."""
         return self.eraser.sweep(policy, ours=ours, batch=batch)
+
+    def purging(self) -> list[purge.Purge]:
+        """The long sessions deleted whose rows are still being freed (``purge``)."""
+        return self.eraser.purging()
+
+    def purging_count(self) -> int:
+        """How many deleted sessions are still being freed (the ``purges`` table's entries)."""
+        if self.tables.purges is None:
+            return 0
+        with self.env.begin() as txn:
+            entries: int = txn.stat(self.tables.purges)["entries"]
+        return entries
+
+    def purge_next(self) -> purge.Purged | None:
+        """The next chunk of a purge (``Eraser.purge_next``); None when none is under way.
+        Blocks; call it where writes are accepted, off the event loop."""
+        return self.eraser.purge_next()
+
+    def purge_all(self) -> int:
+        """Run every purge to its end (``Eraser.purge_all``); blocks. The chunks run."""
+        return self.eraser.purge_all()
 
     def forget_fold(self, sid: int) -> None:
         """Drop a session's memoized fold (a redaction or delete made it stale)."""

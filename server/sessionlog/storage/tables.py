@@ -44,6 +44,7 @@ class Tables:
         self.erasures = self.by_name["erasures"]
         self.redactions = self.by_name["redactions"]
         self.expiry = self.by_name["expiry"]
+        self.purges = self.by_name["purges"]
         self.names: dict[int, str] = {
             id(db): name for name, db in self.by_name.items() if db is not None
         }

@@ -1,0 +1,239 @@
+"""Deleting a long session without stalling every other writer: a tombstone, then chunks.
+
+A delete is one write transaction, and the writer is one thread: erasing a session of a million
+events in one transaction holds every other append behind it for as long as that takes. So a
+session of ``PURGE_FROM`` events or more is deleted in two steps:
+
+1. **The tombstone** (``erasure.DeleteCommand``, one small write): the session's meta, id, lease,
+   audit, record and index entries go, so no reader finds it from that commit on, and a mark
+   (table ``purges``, keyed by its sid) says what is left. Its id is free at once: a new session
+   of that id gets a new sid, which never meets the old keys.
+2. **The chunks** (``PurgeCommand``, run by ``service.purger`` where writes are accepted): first
+   the session's change records up to the tombstone are rewritten to erased placeholders
+   (``changes.placeholder``, the rule of a DELETE), at most ``CHUNK_RECORDS`` a chunk; then its
+   events, request and usage rows are removed, at most ``CHUNK_KEYS`` keys a chunk; the last
+   chunk removes the mark. Records first: a record from before checksums needs its events to
+   keep its fingerprint, and a feed reader never meets a record whose events are gone.
+
+Each chunk is a write command like any other, with its own change record: the placeholders
+travel as puts on the changes table, the removals as bounded key ranges, the mark's progress as
+a put. So replicas free the same bytes in the same small steps, and a restart (or a new leader)
+resumes from the mark, which moved in the same transaction as the chunk it records.
+
+Between the steps the old records of the session may still be read from the feed; ``admin
+verify`` knows the sids being purged and does not call their rows left over.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+
+from sessionlog.storage import changes, schema
+from sessionlog.storage.commands import Written
+from sessionlog.storage.reads import Txn
+from sessionlog.storage.recording import RecordingTxn
+from sessionlog.storage.tables import Tables
+from sessionlog.v1 import replication_service_pb2 as rpb
+
+
+def _tuning(name: str, default: int) -> int:
+    """A chunk size from the environment (``SESSIONLOG_PURGE_*``; tests make chunks small), or
+    its default."""
+    raw = os.environ.get(f"SESSIONLOG_PURGE_{name}", "")
+    return int(raw) if raw.isdigit() and int(raw) > 0 else default
+
+
+PURGE_FROM = _tuning("FROM", 10_000)
+"""A session of this many events or more is deleted by tombstone and chunks."""
+CHUNK_KEYS = _tuning("CHUNK_KEYS", 2_000)
+"""Event, request or usage keys one chunk removes at most."""
+CHUNK_RECORDS = _tuning("CHUNK_RECORDS", 500)
+"""Change records one chunk rewrites at most."""
+SCAN_SPAN = 20_000
+"""Feed positions one chunk's scan (a read, outside the writer) looks at at most."""
+PAUSE_SHARE = 1.0
+"""After each chunk the purge pauses this many times as long as the chunk took, so that the
+writer is free (for other sessions' writes) at least half the time while a purge runs."""
+CHUNKED = ("events", "requests", "usage")
+"""The per-session tables keyed by sid ranges, that a long session fills: freed by chunks."""
+
+
+def paced(chunk_seconds: float) -> float:
+    """How long to pause after a chunk that took ``chunk_seconds`` (see ``PAUSE_SHARE``)."""
+    return min(1.0, chunk_seconds * PAUSE_SHARE)
+
+
+@dataclass
+class Purge:
+    """The mark of a session deleted in chunks: what is still to free."""
+
+    session_id: str
+    sid: int
+    upto: int
+    """The position before the tombstone's: the session's records are those at or before it
+    (a record of that id after it is of a new session)."""
+    scanned: int = 0
+    """The feed has been rewritten up to this position (``upto``: the records are done)."""
+    removals: list[tuple[str, str, str]] = field(default_factory=list)
+    """What the whole delete removes ((table, key hex, end key hex)): a record's puts among
+    them are dropped from its placeholder, as a one-step delete drops them."""
+
+    def encode(self) -> bytes:
+        return json.dumps(asdict(self), separators=(",", ":")).encode()
+
+    @classmethod
+    def decode(cls, raw: bytes | memoryview) -> Purge:
+        fields = json.loads(bytes(raw))
+        fields["removals"] = [tuple(removal) for removal in fields["removals"]]
+        return cls(**fields)
+
+    def removal_keys(self) -> list[changes.Removal]:
+        return [(t, bytes.fromhex(k), bytes.fromhex(e)) for t, k, e in self.removals]
+
+
+def mark(
+    txn: RecordingTxn,
+    tables: Tables,
+    session_id: str,
+    sid: int,
+    tombstone: int,
+    removals: Sequence[changes.Removal],
+) -> None:
+    """Record that the session's rows are to be freed in chunks (the tombstone's last write;
+    ``tombstone`` is its position)."""
+    hexed = [(table, key.hex(), end.hex()) for table, key, end in removals]
+    purge = Purge(session_id, sid, tombstone - 1, removals=hexed)
+    txn.put(schema.u64(sid), purge.encode(), db=tables.purges)
+
+
+def pending(txn: Txn, tables: Tables, limit: int = 0) -> list[Purge]:
+    """The marks (``limit`` of them at most; 0: every one), oldest sid first."""
+    if tables.purges is None:
+        return []
+    found = []
+    for _, value in txn.cursor(db=tables.purges):
+        found.append(Purge.decode(value))
+        if len(found) == limit:
+            break
+    return found
+
+
+def purging_sids(txn: Txn, tables: Tables) -> set[int]:
+    """The sids whose rows are being freed (``admin verify`` does not call them left over)."""
+    return {purge.sid for purge in pending(txn, tables)}
+
+
+def next_positions(txn: Txn, tables: Tables, purge: Purge) -> tuple[list[int], int]:
+    """The positions of the purged session's records the next chunk rewrites (at most
+    ``CHUNK_RECORDS``), and how far the scan went: a read, outside the writer."""
+    found: list[int] = []
+    reached = purge.scanned
+    stop = min(purge.upto, purge.scanned + SCAN_SPAN)
+    cursor = txn.cursor(db=tables.changes)
+    if not cursor.set_range(schema.u64(purge.scanned + 1)):
+        return found, purge.upto
+    for key, value in cursor:
+        position = schema.read_u64(key)
+        if position > stop or len(found) == CHUNK_RECORDS:
+            break
+        reached = position
+        if rpb.Change.FromString(bytes(value)).session_id == purge.session_id:
+            found.append(position)
+    return found, reached if len(found) == CHUNK_RECORDS else stop
+
+
+@dataclass
+class Purged(Written):
+    """What one chunk did."""
+
+    session_id: str = ""
+    """The session being purged (set by the caller that ran the chunk)."""
+    rewritten: int = 0
+    freed: int = 0
+    """Keys removed."""
+    done: bool = False
+    """The mark is gone: nothing of the session is left."""
+
+
+class PurgeCommand:
+    """One chunk of a session's purge (see the module doc): rewrite ``positions`` (those still
+    its records) and move the mark to ``reached``; or, once the records are done, remove up to
+    ``CHUNK_KEYS`` keys of one sid range; or, with none left, remove the mark."""
+
+    kind = "update"  # names no session (like a reindex batch): feed followers show nothing
+    session_id = ""
+    moving_in = True  # the session is gone already: no ownership to ask
+
+    def __init__(
+        self, tables: Tables, sid: int, positions: Sequence[int] = (), reached: int = 0
+    ) -> None:
+        self._tables = tables
+        self._sid = sid
+        self._positions = positions
+        self._reached = reached
+
+    def size(self) -> int:
+        return 0
+
+    def touched(self) -> Sequence[str]:
+        return ()
+
+    def apply(self, txn: RecordingTxn, now_ns: int) -> Purged:
+        tables = self._tables
+        raw = txn.get(schema.u64(self._sid), db=tables.purges)
+        if raw is None:
+            return Purged(done=True)
+        purge = Purge.decode(raw)
+        if purge.scanned < purge.upto:
+            return self._rewrite(txn, purge)
+        for table in CHUNKED:
+            freed = _free_some(txn, tables.by_name[table], self._sid)
+            if freed:
+                return Purged(freed=freed)
+        txn.remove(schema.u64(self._sid), db=tables.purges)
+        return Purged(done=True)
+
+    def _rewrite(self, txn: RecordingTxn, purge: Purge) -> Purged:
+        tables = self._tables
+        removals = purge.removal_keys()
+
+        def keep(put: rpb.StoragePut) -> bool:
+            return put.table != "changes" and not changes.covered(removals, put.table, put.key)
+
+        rewritten = 0
+        for position in self._positions:
+            if not purge.scanned < position <= purge.upto:
+                continue
+            raw = txn.get(schema.u64(position), db=tables.changes)
+            if raw is None or rpb.Change.FromString(bytes(raw)).session_id != purge.session_id:
+                continue
+            erased = changes.placeholder(txn, tables, bytes(raw), keep)
+            txn.put(schema.u64(position), erased, db=tables.changes)
+            rewritten += 1
+        purge.scanned = min(purge.upto, max(self._reached, purge.scanned))
+        txn.put(schema.u64(self._sid), purge.encode(), db=tables.purges)
+        return Purged(rewritten=rewritten)
+
+
+def _free_some(txn: RecordingTxn, db: object, sid: int) -> int:
+    """Remove the first ``CHUNK_KEYS`` keys of the sid's range in ``db`` (one recorded range);
+    how many were removed."""
+    start, end = schema.u64(sid), schema.u64(sid + 1)
+    cursor = txn.cursor(db=db)
+    if not cursor.set_range(start):
+        return 0
+    stop, counted = end, 0
+    for found in cursor.iternext(values=False):
+        key = bytes(found)
+        if key >= end:
+            break
+        if counted == CHUNK_KEYS:
+            stop = key
+            break
+        counted += 1
+    if counted == 0:
+        return 0
+    return txn.delete(db, start, stop)

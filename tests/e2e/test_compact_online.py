@@ -1,0 +1,95 @@
+"""`sessionlog admin compact --online` beside a running server: the copy is taken while the
+server writes, and the restarted server brings it up to date and swaps it in
+(``storage.compaction``): smaller file, every write kept, the folder verifies."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import grpc
+import pytest
+
+from sessionlog.storage import compaction, folder
+from sessionlog.v1 import session_log_service_pb2 as pb
+from sessionlog.v1 import session_log_service_pb2_grpc as pb_grpc
+from tests.e2e._helpers import append, log_bytes, say
+from tests.e2e._proc import ServerProcess, free_port, run_cli
+
+pytestmark = pytest.mark.workers
+
+PAD = "x" * 2_000
+
+
+def test_an_online_copy_is_swapped_in_at_the_next_start_with_the_writes_after_it(
+    tmp_path: Path,
+) -> None:
+    """Write, delete most of it, copy online, write and delete more, restart: the data file
+    shrinks, the sessions read as before the restart, and `admin verify` finds nothing."""
+    data, address = tmp_path / "data", f"127.0.0.1:{free_port()}"
+    args = ["--data", str(data), "--listen", address]
+    with ServerProcess(args, tmp_path) as server:
+        server.wait_serving(address)
+        with grpc.insecure_channel(address) as channel:
+            stub = pb_grpc.SessionLogServiceStub(channel)  # type: ignore[no-untyped-call]
+            for n in range(60):
+                append(stub, f"s{n:02d}", *[say(f"{n}.{i} {PAD}") for i in range(20)])
+            for n in range(10, 60):
+                stub.DeleteSession(pb.DeleteSessionRequest(session_id=f"s{n:02d}"), timeout=30)
+            copied = run_cli(
+                ["admin", "compact", "--online", "--json", "--data", str(data)], tmp_path
+            )
+            assert copied.returncode == 0, copied.stdout + copied.stderr
+            pending = json.loads(copied.stdout)
+            assert pending["bytes_copy"] < pending["bytes_now"]
+            assert (data / compaction.PENDING / folder.DATA_FILE).is_file()
+            append(stub, "s00", say("after the copy"))  # in the feed after the copy
+            append(stub, "late", say("a session begun after the copy"))
+            stub.DeleteSession(pb.DeleteSessionRequest(session_id="s09"), timeout=30)
+            kept = {sid: log_bytes(stub, sid) for sid in [f"s{n:02d}" for n in range(9)]}
+            kept["late"] = log_bytes(stub, "late")
+        server.stop()
+    before = (data / folder.DATA_FILE).stat().st_size
+
+    with ServerProcess(args, tmp_path) as again:
+        again.wait_serving(address)
+        assert "swapped in the compacted copy taken online" in again.log()
+        after = (data / folder.DATA_FILE).stat().st_size
+        assert after < before / 2, (before, after)
+        assert not (data / compaction.PENDING).exists()
+        with grpc.insecure_channel(address) as channel:
+            stub = pb_grpc.SessionLogServiceStub(channel)  # type: ignore[no-untyped-call]
+            assert {sid: log_bytes(stub, sid) for sid in kept} == kept
+            assert log_bytes(stub, "s09") == []
+            append(stub, "s00", say("and after the swap"))
+        again.stop()
+    verified = run_cli(["admin", "verify", "--data", str(data)], tmp_path)
+    assert verified.returncode == 0, verified.stdout + verified.stderr
+    print(f"online compaction: {before:,} -> {after:,} bytes")  # for the docs (-s)
+
+
+def test_a_copy_of_another_history_is_dropped_at_start(tmp_path: Path) -> None:
+    """A pending copy whose newest record the folder does not hold the same (here: a copy of
+    another folder) is removed at start and the folder opens as it was."""
+    data, other = tmp_path / "data", tmp_path / "other"
+    address = f"127.0.0.1:{free_port()}"
+    for folder_path, name in ((other, "theirs"), (data, "ours")):
+        args = ["--data", str(folder_path), "--listen", address]
+        with ServerProcess(args, tmp_path) as server:
+            server.wait_serving(address)
+            with grpc.insecure_channel(address) as channel:
+                stub = pb_grpc.SessionLogServiceStub(channel)  # type: ignore[no-untyped-call]
+                append(stub, name, say(name), say("two"))
+            server.stop()
+    assert run_cli(["admin", "compact", "--online", "--data", str(other)], tmp_path).returncode == 0
+    (other / compaction.PENDING).rename(data / compaction.PENDING)
+    args = ["--data", str(data), "--listen", address]
+    with ServerProcess(args, tmp_path) as server:
+        server.wait_serving(address)
+        assert "not of this folder's history" in server.log()
+        assert not (data / compaction.PENDING).exists()
+        with grpc.insecure_channel(address) as channel:
+            stub = pb_grpc.SessionLogServiceStub(channel)  # type: ignore[no-untyped-call]
+            assert len(log_bytes(stub, "ours")) == 2
+            assert log_bytes(stub, "theirs") == []
+        server.stop()

@@ -1,0 +1,166 @@
+"""A long session's delete against a real LMDB: a tombstone readers see at once, then chunks
+that free its records and rows, each a change record a replica applies to the same bytes."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from sessionlog import errors
+from sessionlog.storage import purge, schema
+from sessionlog.storage.store import Store
+from sessionlog.v1 import replication_service_pb2 as rpb
+from tests.integration.helpers import opened, user
+from tests.integration.test_erasure import SECRET, problems, replicate, tables_dump
+
+
+@pytest.fixture(autouse=True)
+def small_chunks(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A session of 100 events is long here, and a chunk frees 64 keys or 3 records."""
+    monkeypatch.setattr(purge, "PURGE_FROM", 100)
+    monkeypatch.setattr(purge, "CHUNK_KEYS", 64)
+    monkeypatch.setattr(purge, "CHUNK_RECORDS", 3)
+
+
+@pytest.fixture
+def pair(tmp_path: Path) -> Iterator[tuple[Store, Store]]:
+    with opened(tmp_path / "primary") as primary, opened(tmp_path / "replica") as replica:
+        yield primary, replica
+
+
+def write_long(store: Store) -> int:
+    """Session "long": 300 events in 10 appends (each with a request id and usage), between
+    appends of "other"; its sid."""
+    for batch in range(10):
+        events = [user(f"{SECRET} {batch}.{n}") for n in range(30)]
+        events[0].usage.model, events[0].usage.input_tokens = "m-1", 5
+        store.append("long", events, request_id=f"r{batch}")
+        store.append("other", [user(f"kept {batch}")])
+    meta = store.meta("long")
+    assert meta is not None
+    return meta.sid
+
+
+def rows_of(store: Store, sid: int) -> int:
+    """Keys of ``sid`` left in the sid-keyed tables."""
+    left = 0
+    with store.env.begin() as txn:
+        for name in purge.CHUNKED:
+            for key, _ in txn.cursor(db=store.tables.by_name[name]):
+                left += key[:8] == schema.u64(sid)
+    return left
+
+
+def named(store: Store, session_id: str) -> list[int]:
+    feed = [rpb.Change.FromString(raw) for raw in store.read_changes(1)]
+    return [c.position for c in feed if c.session_id == session_id]
+
+
+def test_the_tombstone_hides_the_session_at_once_and_the_chunks_free_the_rest(
+    pair: tuple[Store, Store],
+) -> None:
+    """After the delete nothing reads the session, but its rows and records are still there,
+    marked; the chunks (more than one) free them; the feed verifies at every step."""
+    store, _ = pair
+    sid = write_long(store)
+    before = store.head()[0]
+    result = store.delete("long")
+    assert result.event_count == 300
+    assert store.meta("long") is None
+    assert store.read_session("long", 0) == []
+    with pytest.raises(errors.SessionNotFound):
+        store.delete("long")
+    assert [mark.session_id for mark in store.purging()] == ["long"]
+    assert store.purging_count() == 1  # the metrics' gauge
+    assert rows_of(store, sid) > 300
+    assert problems(store) == []  # verify knows the rows are being freed
+    tombstone = rpb.Change.FromString(store.read_changes(before + 1)[0])
+    assert (tombstone.kind, tombstone.session_id) == (rpb.CHANGE_KIND_DELETE, "long")
+    chunks = store.purge_all()
+    assert chunks > 300 // 64
+    assert store.purging() == []
+    assert store.purging_count() == 0
+    assert rows_of(store, sid) == 0
+    dump = tables_dump(store)
+    assert all(SECRET.encode() not in v for name, rows in dump.items() for _, v in rows), dump
+    assert named(store, "long") == [tombstone.position]
+    chunks_records = [rpb.Change.FromString(raw) for raw in store.read_changes(before + 2)]
+    assert len(chunks_records) == chunks  # the last of them removes the mark
+    for record in chunks_records:  # feed followers show nothing of them
+        assert (record.kind, record.session_id) == (rpb.CHANGE_KIND_UPDATE, "")
+    assert store.read_session("other", 0)[9]
+    assert problems(store) == []
+
+
+def test_a_replica_following_the_chunks_ends_with_the_same_bytes(
+    pair: tuple[Store, Store],
+) -> None:
+    """A replica applying the tombstone and each chunk as they come holds what the primary
+    holds after every step, and no secret."""
+    primary, replica = pair
+    write_long(primary)
+    replicate(primary, replica)
+    primary.delete("long")
+    position = primary.head()[0]
+    replicate(primary, replica, position)
+    while primary.purge_next() is not None:
+        replicate(primary, replica, position + 1)
+        position = primary.head()[0]
+        assert tables_dump(replica) == tables_dump(primary)
+    assert replica.purging() == []
+    assert problems(replica) == []
+
+
+def test_a_restart_resumes_the_purge_where_its_mark_is(tmp_path: Path) -> None:
+    """Chunks stopped half-way (a closed store: what a crash leaves) go on after a reopen, and
+    the id can be written again meanwhile without meeting the old rows."""
+    with opened(tmp_path / "s") as store:
+        sid = write_long(store)
+        store.delete("long")
+        for _ in range(3):
+            assert store.purge_next() is not None
+        store.append("long", [user("a new life")])
+    with opened(tmp_path / "s") as store:
+        [mark] = store.purging()
+        assert mark.scanned > 0
+        store.purge_all()
+        assert rows_of(store, sid) == 0
+        assert len(store.read_session("long", 0)) == 1
+        assert problems(store) == []
+
+
+def test_a_short_session_is_still_deleted_in_one_write(pair: tuple[Store, Store]) -> None:
+    """Below ``PURGE_FROM`` events nothing is left to purge after the delete."""
+    store, _ = pair
+    store.append("short", [user("one"), user("two")])
+    store.delete("short")
+    assert store.purging() == []
+    assert problems(store) == []
+
+
+def test_a_long_forks_delete_removes_its_parents_fork_request_at_once(
+    pair: tuple[Store, Store],
+) -> None:
+    """The parent's request record of the fork that made a long child (kept under the parent's
+    sid, not the child's) goes with the tombstone: a retry of that fork forks again."""
+    store, _ = pair
+    write_long(store)
+    store.submit_fork("long", None, "child", request_id="fork-1").result()
+    parent = store.meta("long")
+    assert parent is not None
+
+    def parents_requests() -> int:
+        with store.env.begin() as txn:
+            return sum(
+                key[:8] == schema.u64(parent.sid) for key, _ in txn.cursor(db=store.tables.requests)
+            )
+
+    before = parents_requests()
+    store.delete("child")
+    assert parents_requests() == before - 1
+    store.purge_all()
+    assert store.submit_fork("long", None, "child", request_id="fork-1").result()
+    assert len(store.read_session("child", 0)) == 300
+    assert problems(store) == []

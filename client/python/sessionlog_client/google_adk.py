@@ -47,6 +47,7 @@ from typing import Any
 
 from sessionlog_client._aio import AsyncClient
 from sessionlog_client._items import escape, get_exact, in_view, put_exact, unescape
+from sessionlog_client.convert import struct_to_dict
 from sessionlog_client.errors import (
     RequestIdReused,
     SeqConflict,
@@ -92,6 +93,8 @@ _OWN_KEYS = frozenset({UPDATE_TIME, DELETED})
 MAX_ID_BYTES = 235
 """sessionlog's longest session id (SPEC §7)."""
 _PAGE = 100
+_LIST_PAGE = 1000
+"""ListSessions' largest page: a listing is a few calls, each session's state in its reply."""
 
 
 # -- ids (pure) ---------------------------------------------------------------------------------
@@ -412,23 +415,22 @@ class SessionlogSessionService(BaseSessionService):
         self, *, app_name: str, user_id: str | None = None
     ) -> ListSessionsResponse:
         """The sessions of ``app_name`` (of ``user_id`` only, when given), without events,
-        with their merged state, oldest update first."""
+        with their merged state, oldest update first: ListSessions pages that carry each
+        session's state (SESSION_VIEW_FULL), so no GetState per session."""
         client = self._client()
         of_app = f"{self.prefix}s.{escape(app_name)}."
         under = of_app if user_id is None else f"{of_app}{escape(user_id)}."
-        names: list[tuple[str, str, str]] = []
-        async for page in client.list_sessions(prefix=under):
+        names: list[tuple[str, str]] = []
+        states: list[dict[str, Any]] = []
+        async for page in client.list_sessions(prefix=under, page_size=_LIST_PAGE, with_state=True):
             for held in page.sessions:
                 owner, dot, sid = held.session_id.removeprefix(of_app).partition(".")
                 if dot and "." not in sid:  # skip what this service did not name
-                    names.append((held.session_id, unescape(owner), unescape(sid)))
-        states: list[dict[str, Any]] = []
-        for start in range(0, len(names), _PAGE):  # at most _PAGE reads in flight
-            batch = names[start : start + _PAGE]
-            states.extend(await asyncio.gather(*(client.get_state(n[0]) for n in batch)))
+                    names.append((unescape(owner), unescape(sid)))
+                    states.append(struct_to_dict(held.state))
         scoped: dict[str, dict[str, Any]] = {}
         found: list[Session] = []
-        for (_, owner, sid), state in zip(names, states, strict=True):
+        for (owner, sid), state in zip(names, states, strict=True):
             if not state or state.get(DELETED):
                 continue
             if owner not in scoped:

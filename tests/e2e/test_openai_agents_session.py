@@ -461,7 +461,8 @@ def test_pops_after_a_read_or_an_add_are_one_call_each(running: RunningServer) -
     (the hide, with expected_seq) and no read; the items come back newest first."""
 
     async def run() -> None:
-        async with CallCounter(running.address) as client:
+        client = CallCounter(running.address)
+        async with client:
             session = SessionlogSession(new_id(), client)
             stored = [say("user", f"m{i}") for i in range(40)]
             await session.add_items(items(*stored[:20]))
@@ -481,7 +482,8 @@ def test_a_pop_after_another_writers_append_pops_that_item(running: RunningServe
     hide refused by expected_seq, reads again and pops the other writer's item."""
 
     async def run() -> None:
-        async with CallCounter(running.address) as client, AsyncClient(running.address) as other:
+        client = CallCounter(running.address)
+        async with client, AsyncClient(running.address) as other:
             sid = new_id()
             session = SessionlogSession(sid, client)
             await session.add_items(items(say("user", "a"), say("user", "b")))

@@ -134,7 +134,8 @@ def test_appends_in_a_row_fold_the_summary_without_reading_it_back(
             for n in range(5):
                 await store.append(MAIN, [entry(f"a{n}", kind="assistant", text=f"a{n}")])
             assert mine.reads == 0
-            await other.append(MAIN, [{"type": "custom-title", "customTitle": "theirs"}])
+            titled: Any = {"type": "custom-title", "customTitle": "theirs"}
+            await other.append(MAIN, [titled])
             await store.append(MAIN, [entry("u2", text="second")])
             assert mine.reads == 1
             [summary] = await store.list_session_summaries(MAIN["project_key"])

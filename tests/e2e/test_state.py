@@ -166,6 +166,10 @@ def test_cli_prints_state(server: RunningServer) -> None:
     tail = ok("tail", "cli", "--no-follow").splitlines()
     # A Struct is a map: its keys print in no fixed order, so compare the parsed delta.
     assert json.loads(tail[1].split("  state ", 1)[1]) == {"k": None, "j": 1}
+    listed = ok("sessions", "--prefix", "cli", "--state").splitlines()
+    assert listed[0].startswith("cli\t2 events")
+    assert json.loads(listed[0].split("\tstate ", 1)[1]) == {"j": 1}
+    assert "state" not in ok("sessions", "--prefix", "cli")
     refused = run_cli_here(["state", "cli", "--at-seq", "9", "--server", server.address])
     assert refused.returncode == 1
     assert "BOUNDARY_OUT_OF_RANGE" in refused.stderr

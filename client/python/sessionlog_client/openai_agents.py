@@ -268,7 +268,7 @@ def visible_items(events: Iterable[Event], start: int = 0) -> list[SessionItem]:
     return [
         SessionItem(e.seq, item)
         for e in in_view(events)
-        if position(e) >= start
+        if start == 0 or position(e) >= start
         for item in event_items(e)
     ]
 

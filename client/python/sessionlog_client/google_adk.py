@@ -347,7 +347,9 @@ class SessionlogSessionService(BaseSessionService):
         session_id = session_id.strip() if session_id else session_id
         log_id = self.session_log_id(app_name, user_id, session_id)
         client = self._client()
-        state, count = await client.get_state_with_count(log_id)
+        (state, count), scoped = await asyncio.gather(  # one round trip for the three states
+            client.get_state_with_count(log_id), self._scoped_state(app_name, user_id)
+        )
         if count == 0 or state.get(DELETED):
             return None
         recent = config.num_recent_events if config is not None else None
@@ -361,7 +363,7 @@ class SessionlogSessionService(BaseSessionService):
             id=session_id,
             app_name=app_name,
             user_id=user_id,
-            state={**_session_state(state), **await self._scoped_state(app_name, user_id)},
+            state={**_session_state(state), **scoped},
             events=events,
             last_update_time=float(state.get(UPDATE_TIME, 0.0)),
         )

@@ -17,10 +17,16 @@ on this machine in the same run with durable settings:
   ``PgSession`` below (a minimal table-based SDK session), ADK's ``DatabaseSessionService`` on
   ``postgresql+psycopg`` and ``langgraph-checkpoint-postgres``'s ``PostgresSaver``.
 
+The Claude Agent SDK store's peers (append, load) are tables (SQLite, Postgres) and a list per
+transcript (Redis) written here, storing entries only (sessionlog's append also keeps the SDK's
+summary in the session's title). The concurrent writers run ``WRITERS`` tasks at once adding one
+item per call through the OpenAI sessions above, all on one session and each on its own (Postgres
+with a connection per writer).
+
 A peer that cannot run here (a package or a binary missing) is a row marked skipped with why,
 and its targets show as not measured, never as met. The targets (issue 32): at or ahead of every
 networked peer on every call; within 2x of in-process SQLite on the cheap calls; ahead of all on
-listing, last-N reads of long sessions and whole-history reads.
+listing, last-N reads of long sessions, concurrent writers and whole-history reads.
 """
 
 from __future__ import annotations
@@ -58,8 +64,8 @@ NETWORKED = "networked"
 SESSIONLOG = "sessionlog"
 WRITERS = 8
 """How many writers the concurrent-writer rows run at once."""
-ONE_SESSION = f"add_items, {WRITERS} writers on 1 session"
-MANY_SESSIONS = f"add_items, {WRITERS} writers on {WRITERS} sessions"
+ONE_SESSION = "add_items, 1 session"
+MANY_SESSIONS = f"add_items, {WRITERS} sessions"
 AHEAD_CALLS = frozenset(
     {"get_items(limit=20)", "get_items() whole", "list_sessions", ONE_SESSION, MANY_SESSIONS}
 )
@@ -726,7 +732,7 @@ async def claude_postgres(settings: Settings, dsn: str) -> dict[str, list[float]
 
 # -- concurrent writers (OpenAI Agents SDK sessions) ---------------------------------------------
 
-CONCURRENT = "Concurrent writers"
+CONCURRENT = f"{WRITERS} writers at once"
 CONCURRENT_CALLS = (ONE_SESSION, MANY_SESSIONS)
 
 

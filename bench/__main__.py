@@ -279,7 +279,7 @@ def run_all(settings: Settings, work: Path, groups: list[str]) -> Results:
             measured("without", row.ceiling)
             results.rows.append(row)
     if "deletes" in groups:
-        progress(f"case 13 appends during a delete (filling {settings.delete_events:,} events)")
+        progress(f"case 14 appends during a delete (filling {settings.delete_events:,} events)")
         for row in deletes.run_deletes(settings, work):
             for m in (row.sessionlog, row.ceiling):
                 measured(m.name, m)

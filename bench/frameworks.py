@@ -17,10 +17,16 @@ on this machine in the same run with durable settings:
   ``PgSession`` below (a minimal table-based SDK session), ADK's ``DatabaseSessionService`` on
   ``postgresql+psycopg`` and ``langgraph-checkpoint-postgres``'s ``PostgresSaver``.
 
+The Claude Agent SDK store's peers (append, load) are tables (SQLite, Postgres) and a list per
+transcript (Redis) written here, storing entries only (sessionlog's append also keeps the SDK's
+summary in the session's title). The concurrent writers run ``WRITERS`` tasks at once adding one
+item per call through the OpenAI sessions above, all on one session and each on its own (Postgres
+with a connection per writer).
+
 A peer that cannot run here (a package or a binary missing) is a row marked skipped with why,
 and its targets show as not measured, never as met. The targets (issue 32): at or ahead of every
 networked peer on every call; within 2x of in-process SQLite on the cheap calls; ahead of all on
-listing, last-N reads of long sessions and whole-history reads.
+listing, last-N reads of long sessions, concurrent writers and whole-history reads.
 """
 
 from __future__ import annotations
@@ -56,9 +62,16 @@ STOP_SECONDS = 20.0
 IN_PROCESS = "in-process"
 NETWORKED = "networked"
 SESSIONLOG = "sessionlog"
-AHEAD_CALLS = frozenset({"get_items(limit=20)", "get_items() whole", "list_sessions"})
+WRITERS = 8
+"""How many writers the concurrent-writer rows run at once."""
+ONE_SESSION = "add_items, 1 session"
+MANY_SESSIONS = f"add_items, {WRITERS} sessions"
+AHEAD_CALLS = frozenset(
+    {"get_items(limit=20)", "get_items() whole", "list_sessions", ONE_SESSION, MANY_SESSIONS}
+)
 """Calls where the target is ahead of every peer, in-process SQLite too (listing, last-N reads
-of long sessions, whole-history reads); on the other (cheap) calls it is within 2x of it."""
+of long sessions, whole-history reads, concurrent writers); on the other (cheap) calls it is
+within 2x of it."""
 ITEM = {"role": "user", "content": CONTENT}
 
 
@@ -570,6 +583,246 @@ def langgraph_postgres(settings: Settings, dsn: str) -> dict[str, list[float]]:
         return langgraph_calls(settings, saver)
 
 
+# -- Claude Agent SDK ----------------------------------------------------------------------------
+
+CLAUDE = "Claude Agent SDK"
+CLAUDE_CALLS = ("append", "load")
+
+
+def _entry(i: int) -> dict[str, Any]:
+    """A transcript entry as the SDK appends one (a user turn with its uuid)."""
+    return {
+        "type": "user",
+        "uuid": f"u-{time.time_ns()}-{i}",
+        "timestamp": "2026-12-07T12:00:00.000Z",
+        "message": {"role": "user", "content": CONTENT},
+    }
+
+
+async def claude_calls(settings: Settings, store: Any, prefix: str) -> dict[str, list[float]]:
+    """append of one entry to a session, and load of a session of ``frameworks_items``
+    entries (the whole transcript: the SDK's resume)."""
+    short = {"project_key": prefix, "session_id": "short"}
+    long = {"project_key": prefix, "session_id": "long"}
+    items = settings.frameworks_items
+    for start in range(0, items, FILL_BATCH):
+        await store.append(long, [_entry(start + i) for i in range(min(FILL_BATCH, items - start))])
+    out = {
+        "append": await _timed_async(
+            settings.frameworks_calls, lambda i: store.append(short, [_entry(i)])
+        )
+    }
+
+    async def load(_: int) -> None:
+        _expect("load", len(await store.load(long) or []), items)
+
+    out["load"] = await _timed_async(settings.frameworks_whole_calls, load, WHOLE_WARMUP_CALLS)
+    return out
+
+
+async def claude_sessionlog(settings: Settings, address: str) -> dict[str, list[float]]:
+    from sessionlog_client import AsyncClient
+    from sessionlog_client.claude_agent_sdk import SessionlogSessionStore
+
+    async with AsyncClient(address) as client:
+        store = SessionlogSessionStore(client, prefix=f"fw-claude-{time.time_ns()}.")
+        return await claude_calls(settings, store, "bench")
+
+
+class SqliteStore:
+    """The SDK's ``SessionStore`` append and load on one SQLite table (file, WAL, the default
+    synchronous=FULL): a row per entry, the entry as JSON text."""
+
+    def __init__(self, path: Path) -> None:
+        self.db = sqlite3.connect(path, check_same_thread=False)
+        self.db.execute("PRAGMA journal_mode=WAL")
+        self.db.execute(
+            "CREATE TABLE IF NOT EXISTS entries (id INTEGER PRIMARY KEY, key TEXT NOT NULL, "
+            "entry TEXT NOT NULL)"
+        )
+        self.db.execute("CREATE INDEX IF NOT EXISTS entries_key ON entries (key, id)")
+        self.db.commit()
+
+    async def append(self, key: dict[str, str], entries: list[Any]) -> None:
+        name = f"{key['project_key']}/{key['session_id']}"
+        with self.db:
+            self.db.executemany(
+                "INSERT INTO entries (key, entry) VALUES (?, ?)",
+                [(name, json.dumps(e)) for e in entries],
+            )
+
+    async def load(self, key: dict[str, str]) -> list[Any] | None:
+        name = f"{key['project_key']}/{key['session_id']}"
+        rows = self.db.execute("SELECT entry FROM entries WHERE key = ? ORDER BY id", (name,))
+        return [json.loads(r[0]) for r in rows] or None
+
+
+class RedisStore:
+    """``SessionStore`` append and load on a Redis list per transcript (RPUSH, LRANGE)."""
+
+    def __init__(self, client: Any) -> None:
+        self.client = client
+
+    async def append(self, key: dict[str, str], entries: list[Any]) -> None:
+        name = f"claude:{key['project_key']}/{key['session_id']}"
+        await self.client.rpush(name, *(json.dumps(e) for e in entries))
+
+    async def load(self, key: dict[str, str]) -> list[Any] | None:
+        name = f"claude:{key['project_key']}/{key['session_id']}"
+        return [json.loads(raw) for raw in await self.client.lrange(name, 0, -1)] or None
+
+
+class PgStore:
+    """``SessionStore`` append and load on one Postgres table (autocommit, psycopg 3)."""
+
+    def __init__(self, connection: Any) -> None:
+        self.connection = connection
+
+    async def create_table(self) -> None:
+        await self.connection.execute(
+            "CREATE TABLE IF NOT EXISTS claude_entries (id bigserial PRIMARY KEY, "
+            "key text NOT NULL, entry text NOT NULL)"
+        )
+        await self.connection.execute(
+            "CREATE INDEX IF NOT EXISTS claude_entries_key ON claude_entries (key, id)"
+        )
+
+    async def append(self, key: dict[str, str], entries: list[Any]) -> None:
+        name = f"{key['project_key']}/{key['session_id']}"
+        async with self.connection.transaction(), self.connection.cursor() as cursor:
+            await cursor.executemany(
+                "INSERT INTO claude_entries (key, entry) VALUES (%s, %s)",
+                [(name, json.dumps(e)) for e in entries],
+            )
+
+    async def load(self, key: dict[str, str]) -> list[Any] | None:
+        name = f"{key['project_key']}/{key['session_id']}"
+        cursor = await self.connection.execute(
+            "SELECT entry FROM claude_entries WHERE key = %s ORDER BY id", (name,)
+        )
+        return [json.loads(r[0]) for r in await cursor.fetchall()] or None
+
+
+async def claude_sqlite(settings: Settings, path: Path) -> dict[str, list[float]]:
+    store = SqliteStore(path)
+    try:
+        return await claude_calls(settings, store, f"bench-{time.time_ns()}")
+    finally:
+        store.db.close()
+
+
+async def claude_redis(settings: Settings, port: int) -> dict[str, list[float]]:
+    import redis.asyncio
+
+    client = redis.asyncio.Redis.from_url(f"redis://127.0.0.1:{port}/0")
+    try:
+        return await claude_calls(settings, RedisStore(client), f"bench-{time.time_ns()}")
+    finally:
+        await client.aclose()
+
+
+async def claude_postgres(settings: Settings, dsn: str) -> dict[str, list[float]]:
+    import psycopg
+
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as connection:
+        store = PgStore(connection)
+        await store.create_table()
+        return await claude_calls(settings, store, f"bench-{time.time_ns()}")
+
+
+# -- concurrent writers (OpenAI Agents SDK sessions) ---------------------------------------------
+
+CONCURRENT = f"{WRITERS} writers at once"
+CONCURRENT_CALLS = (ONE_SESSION, MANY_SESSIONS)
+
+
+async def concurrent_calls(
+    settings: Settings, make: Callable[[str, int], Any], prefix: str
+) -> dict[str, list[float]]:
+    """WRITERS tasks at once, each adding one item per call (``frameworks_calls`` calls in
+    all, split between them), every call timed: all on one session, then each on its own.
+    ``make(session_id, writer)`` opens writer ``writer``'s session."""
+    per_writer = max(1, settings.frameworks_calls // WRITERS)
+    out: dict[str, list[float]] = {}
+    for call, shared in ((ONE_SESSION, True), (MANY_SESSIONS, False)):
+        sessions = [make(f"{prefix}-{'one' if shared else f'own{w}'}", w) for w in range(WRITERS)]
+        for session in sessions:
+            await session.add_items([ITEM])  # untimed: opens connections, creates the session
+        out[call] = []
+
+        async def writer(session: Any, times: list[float]) -> None:
+            for _ in range(per_writer):
+                started = time.perf_counter()
+                await session.add_items([ITEM])
+                times.append((time.perf_counter() - started) * 1000)
+
+        await asyncio.gather(*(writer(session, out[call]) for session in sessions))
+    return out
+
+
+async def concurrent_sessionlog(settings: Settings, address: str) -> dict[str, list[float]]:
+    from sessionlog_client import AsyncClient
+    from sessionlog_client.openai_agents import SessionlogSession
+
+    async with AsyncClient(address) as client:
+        return await concurrent_calls(
+            settings, lambda sid, _: SessionlogSession(sid, client), f"fw-cw-{time.time_ns()}"
+        )
+
+
+async def concurrent_sqlite(settings: Settings, path: Path) -> dict[str, list[float]]:
+    from agents import SQLiteSession
+
+    opened: list[Any] = []
+
+    def make(session_id: str, _: int) -> Any:
+        opened.append(SQLiteSession(session_id, db_path=path))
+        return opened[-1]
+
+    try:
+        return await concurrent_calls(settings, make, f"fw-cw-{time.time_ns()}")
+    finally:
+        for session in opened:
+            session.close()
+
+
+async def concurrent_redis(settings: Settings, port: int) -> dict[str, list[float]]:
+    import redis.asyncio
+
+    client = redis.asyncio.Redis.from_url(f"redis://127.0.0.1:{port}/0")
+    try:
+        try:
+            from agents.extensions.memory.redis_session import RedisSession
+
+            def make(sid: str, _: int) -> Any:
+                return RedisSession(sid, redis_client=client)
+        except ImportError:
+
+            def make(sid: str, _: int) -> Any:
+                return ListSession(sid, client)
+
+        return await concurrent_calls(settings, make, f"fw-cw-{time.time_ns()}")
+    finally:
+        await client.aclose()
+
+
+async def concurrent_postgres(settings: Settings, dsn: str) -> dict[str, list[float]]:
+    """One connection per writer (one psycopg connection runs one statement at a time)."""
+    import psycopg
+
+    connections = [
+        await psycopg.AsyncConnection.connect(dsn, autocommit=True) for _ in range(WRITERS)
+    ]
+    try:
+        await PgSession.create_table(connections[0])
+        return await concurrent_calls(
+            settings, lambda sid, w: PgSession(sid, connections[w]), f"fw-cw-{time.time_ns()}"
+        )
+    finally:
+        for connection in connections:
+            await connection.close()
+
+
 # -- the group -----------------------------------------------------------------------------------
 
 
@@ -638,6 +891,31 @@ def run_group(
         add(ADK, ADK_CALLS, "Postgres (DatabaseSessionService)", NETWORKED,
             adk_missing or _missing_modules("sqlalchemy", "greenlet") or pg_missing,
             lambda: asyncio.run(adk_database(settings, pg.url if pg else "")))  # fmt: skip
+
+        claude_missing = _missing_modules("claude_agent_sdk")
+        add(CLAUDE, CLAUDE_CALLS, SESSIONLOG, SESSIONLOG, claude_missing,
+            lambda: asyncio.run(claude_sessionlog(settings, server.address)))  # fmt: skip
+        add(CLAUDE, CLAUDE_CALLS, "SQLite (table, file, WAL)", IN_PROCESS, "",
+            lambda: asyncio.run(claude_sqlite(settings, directory / "claude.db")))  # fmt: skip
+        add(CLAUDE, CLAUDE_CALLS, "Redis (AOF always, a list per transcript)", NETWORKED,
+            redis_missing or _missing_modules("redis"),
+            lambda: asyncio.run(claude_redis(settings, redis.port if redis else 0)))  # fmt: skip
+        add(CLAUDE, CLAUDE_CALLS, "Postgres (table, psycopg)", NETWORKED,
+            pg_missing or _missing_modules("psycopg"),
+            lambda: asyncio.run(claude_postgres(settings, pg.dsn if pg else "")))  # fmt: skip
+
+        add(CONCURRENT, CONCURRENT_CALLS, SESSIONLOG, SESSIONLOG, openai_missing,
+            lambda: asyncio.run(concurrent_sessionlog(settings, server.address)))  # fmt: skip
+        add(CONCURRENT, CONCURRENT_CALLS, "SQLite (SQLiteSession, file, WAL)", IN_PROCESS,
+            openai_missing,
+            lambda: asyncio.run(concurrent_sqlite(settings, directory / "cw.db")))  # fmt: skip
+        add(CONCURRENT, CONCURRENT_CALLS, "Redis (AOF always)", NETWORKED,
+            openai_missing or redis_missing,
+            lambda: asyncio.run(concurrent_redis(settings, redis.port if redis else 0)),
+            )  # fmt: skip
+        add(CONCURRENT, CONCURRENT_CALLS, f"Postgres (table, psycopg, {WRITERS} connections)",
+            NETWORKED, openai_missing or pg_missing,
+            lambda: asyncio.run(concurrent_postgres(settings, pg.dsn if pg else "")))  # fmt: skip
 
         lg_missing = _missing_modules("langgraph.checkpoint.base")
         add(LANGGRAPH, LANGGRAPH_CALLS, SESSIONLOG, SESSIONLOG, lg_missing,

@@ -695,6 +695,8 @@ TINY = replace(
 STORES = {
     frameworks.OPENAI: ["sessionlog", "SQLite", "Redis", "Postgres"],
     frameworks.ADK: ["sessionlog", "SQLite", "Postgres"],
+    frameworks.CLAUDE: ["sessionlog", "SQLite", "Redis", "Postgres"],
+    frameworks.CONCURRENT: ["sessionlog", "SQLite", "Redis", "Postgres"],
     frameworks.LANGGRAPH: ["sessionlog", "SQLite", "Postgres"],
 }
 
@@ -712,6 +714,8 @@ def test_frameworks_case_times_every_call_on_sessionlog_and_each_peer(servers: S
         frameworks.OPENAI: frameworks.OPENAI_CALLS,
         frameworks.ADK: frameworks.ADK_CALLS,
         frameworks.LANGGRAPH: frameworks.LANGGRAPH_CALLS,
+        frameworks.CLAUDE: frameworks.CLAUDE_CALLS,
+        frameworks.CONCURRENT: frameworks.CONCURRENT_CALLS,
     }
     expected = [
         (framework, call, store)
@@ -720,9 +724,11 @@ def test_frameworks_case_times_every_call_on_sessionlog_and_each_peer(servers: S
         for call in calls[framework]
     ]
     assert [(r.framework, r.call, r.store.split(" ")[0]) for r in rows] == expected
-    whole = {"get_items() whole", "list_sessions"}
+    whole = {"get_items() whole", "list_sessions", "load"}
+    at_once = frameworks.WRITERS * max(1, TINY.frameworks_calls // frameworks.WRITERS)
     for row in rows:
         wanted = TINY.frameworks_whole_calls if row.call in whole else TINY.frameworks_calls
+        wanted = at_once if row.framework == frameworks.CONCURRENT else wanted
         assert len(row.latencies_ms) == wanted, (row.store, row.call)
         assert row.p50_ms is not None
         assert row.p99_ms is not None
@@ -737,6 +743,8 @@ def test_frameworks_case_times_every_call_on_sessionlog_and_each_peer(servers: S
     report = render(Results([], [], [], [], frameworks=rows), TINY, "quick", _machine())
     assert shown in report
     assert "Google ADK list_sessions p50 vs SQLite (DatabaseSessionService)" in report
+    assert "Claude Agent SDK load p50 vs Redis (AOF always, a list per transcript)" in report
+    assert f"{frameworks.ONE_SESSION} p50 vs Postgres" in report
 
 
 def test_frameworks_skipped_peer_is_shown_with_why_and_never_as_met() -> None:

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from claude_agent_sdk._internal.session_summary import fold_session_summary
 from claude_agent_sdk.testing import run_session_store_conformance, session_store_conformance
 from claude_agent_sdk.types import SessionKey
 
@@ -104,6 +105,45 @@ def test_a_retried_batch_is_stored_once(running: RunningServer) -> None:
         assert await store.load(MAIN) == [*batch, tag, tag]
 
     run(running, test)
+
+
+class TitleReads(AsyncClient):
+    """An AsyncClient that counts GetSession calls (the store's title reads)."""
+
+    reads = 0
+
+    async def get_session(self, *args: Any, **kwargs: Any) -> Any:
+        self.reads += 1
+        return await super().get_session(*args, **kwargs)
+
+
+def test_appends_in_a_row_fold_the_summary_without_reading_it_back(
+    running: RunningServer,
+) -> None:
+    """A store's appends in a row read no title (it folds into the summary it wrote last); one
+    after another writer's append reads it again, and the summary covers both writers."""
+
+    async def main() -> None:
+        prefix = new_prefix()
+        mine, theirs = TitleReads(running.address), AsyncClient(running.address)
+        async with mine, theirs:
+            store = SessionlogSessionStore(mine, prefix=prefix)
+            other = SessionlogSessionStore(theirs, prefix=prefix)
+            await store.append(MAIN, [entry("u1", text="first question")])
+            mine.reads = 0
+            for n in range(5):
+                await store.append(MAIN, [entry(f"a{n}", kind="assistant", text=f"a{n}")])
+            assert mine.reads == 0
+            titled: Any = {"type": "custom-title", "customTitle": "theirs"}
+            await other.append(MAIN, [titled])
+            await store.append(MAIN, [entry("u2", text="second")])
+            assert mine.reads == 1
+            [summary] = await store.list_session_summaries(MAIN["project_key"])
+            folded = fold_session_summary(None, MAIN, await store.load(MAIN) or [])
+            assert summary["data"] == folded["data"]
+            assert summary["data"]["custom_title"] == "theirs"
+
+    asyncio.run(main())
 
 
 def test_delete_erases_the_subagent_sessions(running: RunningServer) -> None:

@@ -5,6 +5,7 @@ Runner.run / run_sync / run_streamed with a fake model."""
 from __future__ import annotations
 
 import asyncio
+import collections
 import json
 import threading
 import typing
@@ -431,6 +432,70 @@ def test_concurrent_pops_take_different_items(running: RunningServer) -> None:
         finally:
             for client in clients:
                 await client.close()
+
+    asyncio.run(run())
+
+
+class CallCounter(AsyncClient):
+    """An AsyncClient that counts the reads and appends the session makes through it."""
+
+    def __init__(self, address: str) -> None:
+        super().__init__(address)
+        self.calls: collections.Counter[str] = collections.Counter()
+
+    async def list_events(self, *args: Any, **kwargs: Any) -> Any:
+        self.calls["ListEvents"] += 1
+        return await super().list_events(*args, **kwargs)
+
+    def since(self, *args: Any, **kwargs: Any) -> Any:
+        self.calls["Since"] += 1
+        return super().since(*args, **kwargs)
+
+    async def append(self, *args: Any, **kwargs: Any) -> Any:
+        self.calls["Append"] += 1
+        return await super().append(*args, **kwargs)
+
+
+def test_pops_after_a_read_or_an_add_are_one_call_each(running: RunningServer) -> None:
+    """Once the session has read or written the end of the log, each pop_item is one Append
+    (the hide, with expected_seq) and no read; the items come back newest first."""
+
+    async def run() -> None:
+        client = CallCounter(running.address)
+        async with client:
+            session = SessionlogSession(new_id(), client)
+            stored = [say("user", f"m{i}") for i in range(40)]
+            await session.add_items(items(*stored[:20]))
+            assert await session.pop_item() == stored[19]  # a read, then the hide
+            await session.add_items(items(*stored[19:]))
+            client.calls.clear()
+            popped = [await session.pop_item() for _ in range(30)]
+            assert popped == stored[::-1][:30]
+            assert client.calls == {"Append": 30}
+            assert await session.get_items() == stored[:10]
+
+    asyncio.run(run())
+
+
+def test_a_pop_after_another_writers_append_pops_that_item(running: RunningServer) -> None:
+    """A session whose remembered end of the log is stale (another writer appended) has its
+    hide refused by expected_seq, reads again and pops the other writer's item."""
+
+    async def run() -> None:
+        client = CallCounter(running.address)
+        async with client, AsyncClient(running.address) as other:
+            sid = new_id()
+            session = SessionlogSession(sid, client)
+            await session.add_items(items(say("user", "a"), say("user", "b")))
+            assert await session.get_items(limit=1) == [say("user", "b")]
+            await SessionlogSession(sid, other).add_items(items(say("user", "theirs")))
+            await SessionlogSession(sid, other).pop_item()
+            await SessionlogSession(sid, other).add_items(items(say("user", "later")))
+            client.calls.clear()
+            assert await session.pop_item() == say("user", "later")
+            assert client.calls["ListEvents"] == 1
+            assert await session.pop_item() == say("user", "b")
+            assert await session.get_items() == [say("user", "a")]
 
     asyncio.run(run())
 

@@ -100,3 +100,26 @@ def test_updates_and_children_check_ownership(groups: Groups) -> None:  # noqa: 
         pb.GetSessionRequest(session_id=foreign), timeout=TIMEOUT
     ).session
     assert described.title == ""
+
+
+def test_a_full_view_listing_carries_the_state_of_every_groups_sessions(
+    groups: Groups,  # noqa: F811
+) -> None:
+    """ListSessions with SESSION_VIEW_FULL through g1 carries the state of g2's sessions too
+    (the view goes to every group, in id order and newest first)."""
+    stubs = {"g1": groups.stub1, "g2": groups.stub2}
+    made = []
+    for n in range(40):
+        session_id = f"stv{n}"
+        event = user("x")
+        event.state_delta.update({"n": n})
+        append(stubs[groups.shard_map.owner(session_id).name], session_id, event)
+        made.append(session_id)
+    assert {groups.shard_map.owner(s).name for s in made} == {"g1", "g2"}
+    for order in ("", "update_time desc"):
+        request = pb.ListSessionsRequest(
+            prefix="stv", page_size=100, order_by=order, view=pb.SESSION_VIEW_FULL
+        )
+        reply = groups.stub1.ListSessions(request, timeout=TIMEOUT)
+        got = {s.session_id: dict(s.state) for s in reply.sessions}
+        assert got == {f"stv{n}": {"n": float(n)} for n in range(40)}

@@ -166,6 +166,34 @@ def test_cli_prints_state(server: RunningServer) -> None:
     tail = ok("tail", "cli", "--no-follow").splitlines()
     # A Struct is a map: its keys print in no fixed order, so compare the parsed delta.
     assert json.loads(tail[1].split("  state ", 1)[1]) == {"k": None, "j": 1}
+    listed = ok("sessions", "--prefix", "cli", "--state").splitlines()
+    assert listed[0].startswith("cli\t2 events")
+    assert json.loads(listed[0].split("\tstate ", 1)[1]) == {"j": 1}
+    assert "state" not in ok("sessions", "--prefix", "cli")
     refused = run_cli_here(["state", "cli", "--at-seq", "9", "--server", server.address])
     assert refused.returncode == 1
     assert "BOUNDARY_OUT_OF_RANGE" in refused.stderr
+
+
+def test_list_sessions_full_view_carries_each_state(stub: Any, server: RunningServer) -> None:
+    """ListSessions with SESSION_VIEW_FULL returns each session's state (as GetState would);
+    the default view leaves it unset."""
+    append(stub, "lsv.a", delta(say("hi"), {"user": "ann", "n": 1}))
+    append(stub, "lsv.a", delta(say("more"), {"n": 2}))
+    append(stub, "lsv.b", say("no state"))
+    stub.CreateSession(pb.CreateSessionRequest(session_id="lsv.c"))
+    full = stub.ListSessions(pb.ListSessionsRequest(prefix="lsv.", view=pb.SESSION_VIEW_FULL))
+    got = {s.session_id: MessageToDict(s.state) for s in full.sessions}
+    assert got == {"lsv.a": {"user": "ann", "n": 2.0}, "lsv.b": {}, "lsv.c": {}}
+    assert got["lsv.a"] == state(stub, "lsv.a")[0]
+    basic = stub.ListSessions(pb.ListSessionsRequest(prefix="lsv."))
+    assert [s.HasField("state") for s in basic.sessions] == [False, False, False]
+    by_update = stub.ListSessions(
+        pb.ListSessionsRequest(
+            prefix="lsv.", order_by="update_time desc", view=pb.SESSION_VIEW_FULL
+        )
+    )
+    assert MessageToDict(by_update.sessions[-1].state) == {"user": "ann", "n": 2.0}
+    with Client(server.address) as client:
+        pages = list(client.list_sessions(prefix="lsv.a", with_state=True))
+    assert [dict(s.state) for p in pages for s in p.sessions] == [{"user": "ann", "n": 2.0}]

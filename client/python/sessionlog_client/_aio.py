@@ -1168,12 +1168,15 @@ class AsyncClient:
         page_size: int = 0,
         filter: str = "",
         order_by: str = "",
+        with_state: bool = False,
         timeout: float | None = None,
     ) -> AsyncIterator[pb.ListSessionsResponse]:
-        """Every page of sessions in id order (``async for page in client.list_sessions()``)."""
+        """Every page of sessions in id order (``async for page in client.list_sessions()``);
+        ``with_state``: each session's state (``Session.state``, as ``get_state`` returns it)
+        in the same call (SESSION_VIEW_FULL)."""
         token = ""
         while True:
-            request = c.list_request(page_size, token, prefix, filter, order_by)
+            request = c.list_request(page_size, token, prefix, filter, order_by, with_state)
             page: pb.ListSessionsResponse = await self._call(
                 "ListSessions", request, timeout, retry=True
             )

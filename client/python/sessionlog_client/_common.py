@@ -599,14 +599,21 @@ def seed_request(
 
 
 def list_request(
-    page_size: int, page_token: str, prefix: str, filter: str = "", order_by: str = ""
+    page_size: int,
+    page_token: str,
+    prefix: str,
+    filter: str = "",
+    order_by: str = "",
+    with_state: bool = False,
 ) -> pb.ListSessionsRequest:
+    view = pb.SESSION_VIEW_FULL if with_state else pb.SESSION_VIEW_UNSPECIFIED
     return pb.ListSessionsRequest(
         page_size=page_size,
         page_token=page_token,
         prefix=prefix,
         filter=filter,
         order_by=order_by,
+        view=view,
     )
 
 

@@ -56,16 +56,31 @@ def in_view(events: Iterable[Event]) -> list[Event]:
     not only the surface ones: a backend keeps framework items the server does not show (a
     reasoning item) in bookkeeping events, and a hide over them must take them out of view too.
     Walks the log from its newest event back, keeping the positions the ranges seen so far cover
-    (merged intervals), so the cost is about n log n, not events times ranges.
+    (merged intervals), so the cost is about n log n, not events times ranges. A log with no
+    replace or hide is in view whole, in seq order, and costs one look at each event's op.
     """
+    ordered = sorted(events, key=_seq)
+    ranges = [_range(e) if _replaces(e) else None for e in ordered]
+    if not any(ranges):
+        return ordered
     covered = _Covered()
-    shown: list[Event] = []
-    for event in sorted(events, key=lambda e: e.seq, reverse=True):
-        if not covered.holds(position(event)):
-            shown.append(event)
-        if event.surface_op.WhichOneof("kind") == "replace":
-            covered.add(*_range(event))
-    return sorted(shown, key=lambda e: (position(e), e.seq))
+    shown: list[tuple[int, int, Event]] = []
+    for event, rng in zip(reversed(ordered), reversed(ranges), strict=True):
+        where = int(event.seq) if rng is None else rng[0]
+        if not covered.holds(where):
+            shown.append((where, int(event.seq), event))
+        if rng is not None:
+            covered.add(*rng)
+    shown.sort(key=lambda held: (held[0], held[1]))
+    return [held[2] for held in shown]
+
+
+def _seq(event: Event) -> int:
+    return int(event.seq)
+
+
+def _replaces(event: Event) -> bool:
+    return bool(event.surface_op.WhichOneof("kind") == "replace")
 
 
 def known_from(tail: Iterable[Event]) -> int:

@@ -1334,6 +1334,7 @@ class Client:
         page_size: int = 0,
         filter: str = "",
         order_by: str = "",
+        with_state: bool = False,
         timeout: float | None = None,
     ) -> Iterator[pb.ListSessionsResponse]:
         """Every page of sessions in id order, fetching the next page as you iterate.
@@ -1343,7 +1344,7 @@ class Client:
         """
         token = ""
         while True:
-            request = c.list_request(page_size, token, prefix, filter, order_by)
+            request = c.list_request(page_size, token, prefix, filter, order_by, with_state)
             page: pb.ListSessionsResponse = self._call("ListSessions", request, timeout, retry=True)
             yield page
             token = page.next_page_token

@@ -206,6 +206,9 @@ class SessionlogSessionStore(SessionStore):
         self.prefix = prefix
         self._children: set[str] = set()
         """Child sessions this store has made or seen made: no CreateSession for them again."""
+        self._written: dict[str, tuple[int, dict[str, Any] | None]] = {}
+        """The summary this store last wrote into each session's title (events covered, data):
+        an append right after it folds its entries in without reading the title back."""
 
     async def close(self) -> None:
         """Close the client the store opened (not one it was given)."""
@@ -295,6 +298,7 @@ class SessionlogSessionStore(SessionStore):
 
     async def _erase(self, log_id: str) -> None:
         self._children.discard(log_id)
+        self._written.pop(log_id, None)
         with contextlib.suppress(SessionNotFound):
             await self._client.delete_session(log_id, reason="claude-agent-sdk delete")
 
@@ -322,11 +326,12 @@ class SessionlogSessionStore(SessionStore):
     ) -> None:
         """Fold ``entries`` into the summary in the session's title, or fold the whole
         transcript when the title does not cover the events before them."""
-        session = (await self._client.get_session(log_id)).session
-        held = _read_summary(session.title)
+        before = next_seq - len(entries)
+        held = self._written.get(log_id)
+        if held is None or held[0] != before:  # another writer appended since: read the title
+            held = _read_summary((await self._client.get_session(log_id)).session.title)
         if held is not None and held[0] >= next_seq:
             return  # a replayed batch: the summary already covers it
-        before = next_seq - len(entries)
         if held is not None and held[1] is not None and held[0] == before:
             prev: SessionSummaryEntry = {
                 "session_id": key["session_id"],
@@ -337,7 +342,10 @@ class SessionlogSessionStore(SessionStore):
         else:
             whole = await self._entries_upto(log_id, next_seq)
             folded = fold_session_summary(None, key, whole)
-        await self._client.update_session(log_id, title=_summary_title(next_seq, folded["data"]))
+        title = _summary_title(next_seq, folded["data"])
+        self._written.pop(log_id, None)
+        await self._client.update_session(log_id, title=title)
+        self._written[log_id] = _read_summary(title) or (next_seq, None)
 
     async def _entries_upto(self, log_id: str, stop: int) -> list[SessionStoreEntry]:
         found: list[SessionStoreEntry] = []

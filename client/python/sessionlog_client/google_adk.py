@@ -47,6 +47,7 @@ from typing import Any
 
 from sessionlog_client._aio import AsyncClient
 from sessionlog_client._items import escape, get_exact, in_view, put_exact, unescape
+from sessionlog_client.convert import struct_to_dict
 from sessionlog_client.errors import (
     RequestIdReused,
     SeqConflict,
@@ -92,6 +93,8 @@ _OWN_KEYS = frozenset({UPDATE_TIME, DELETED})
 MAX_ID_BYTES = 235
 """sessionlog's longest session id (SPEC §7)."""
 _PAGE = 100
+_LIST_PAGE = 1000
+"""ListSessions' largest page: a listing is a few calls, each session's state in its reply."""
 
 
 # -- ids (pure) ---------------------------------------------------------------------------------
@@ -344,7 +347,9 @@ class SessionlogSessionService(BaseSessionService):
         session_id = session_id.strip() if session_id else session_id
         log_id = self.session_log_id(app_name, user_id, session_id)
         client = self._client()
-        state, count = await client.get_state_with_count(log_id)
+        (state, count), scoped = await asyncio.gather(  # one round trip for the three states
+            client.get_state_with_count(log_id), self._scoped_state(app_name, user_id)
+        )
         if count == 0 or state.get(DELETED):
             return None
         recent = config.num_recent_events if config is not None else None
@@ -358,7 +363,7 @@ class SessionlogSessionService(BaseSessionService):
             id=session_id,
             app_name=app_name,
             user_id=user_id,
-            state={**_session_state(state), **await self._scoped_state(app_name, user_id)},
+            state={**_session_state(state), **scoped},
             events=events,
             last_update_time=float(state.get(UPDATE_TIME, 0.0)),
         )
@@ -412,23 +417,22 @@ class SessionlogSessionService(BaseSessionService):
         self, *, app_name: str, user_id: str | None = None
     ) -> ListSessionsResponse:
         """The sessions of ``app_name`` (of ``user_id`` only, when given), without events,
-        with their merged state, oldest update first."""
+        with their merged state, oldest update first: ListSessions pages that carry each
+        session's state (SESSION_VIEW_FULL), so no GetState per session."""
         client = self._client()
         of_app = f"{self.prefix}s.{escape(app_name)}."
         under = of_app if user_id is None else f"{of_app}{escape(user_id)}."
-        names: list[tuple[str, str, str]] = []
-        async for page in client.list_sessions(prefix=under):
+        names: list[tuple[str, str]] = []
+        states: list[dict[str, Any]] = []
+        async for page in client.list_sessions(prefix=under, page_size=_LIST_PAGE, with_state=True):
             for held in page.sessions:
                 owner, dot, sid = held.session_id.removeprefix(of_app).partition(".")
                 if dot and "." not in sid:  # skip what this service did not name
-                    names.append((held.session_id, unescape(owner), unescape(sid)))
-        states: list[dict[str, Any]] = []
-        for start in range(0, len(names), _PAGE):  # at most _PAGE reads in flight
-            batch = names[start : start + _PAGE]
-            states.extend(await asyncio.gather(*(client.get_state(n[0]) for n in batch)))
+                    names.append((unescape(owner), unescape(sid)))
+                    states.append(struct_to_dict(held.state))
         scoped: dict[str, dict[str, Any]] = {}
         found: list[Session] = []
-        for (_, owner, sid), state in zip(names, states, strict=True):
+        for (owner, sid), state in zip(names, states, strict=True):
             if not state or state.get(DELETED):
                 continue
             if owner not in scoped:

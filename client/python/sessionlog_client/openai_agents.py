@@ -59,6 +59,7 @@ from sessionlog_client._items import (
 )
 from sessionlog_client.convert import struct_to_dict
 from sessionlog_client.errors import SeqConflict
+from sessionlog_client.v1 import session_log_service_pb2 as pb
 from sessionlog_client.v1.event_pb2 import Event, EventType
 
 try:
@@ -111,6 +112,33 @@ class SessionItem(NamedTuple):
 
     seq: int
     item: dict[str, Any]
+
+
+TAIL_KEPT = 2000
+"""The most events of a log's end a session remembers between calls (see ``_Tail``)."""
+
+
+class _Tail(NamedTuple):
+    """The end of the log as this session last read or wrote it: ``events``, every event from
+    the lowest seq among them to ``length - 1`` (newest first), and whether they start at seq 0.
+
+    Only a guess at the log: a write made on it names ``expected_seq=length``, so a log another
+    writer changed meanwhile refuses it (SEQ_CONFLICT) and the session reads again.
+    """
+
+    events: list[Event]
+    length: int
+    complete: bool
+
+    def extended(self, reply: pb.AppendResponse) -> _Tail | None:
+        """This tail with an append's stored events after it; None when they do not follow
+        on (another writer appended in between: the tail is no longer known)."""
+        if not reply.events or reply.events[0].seq != self.length:
+            return None
+        events = [*reversed(reply.events), *self.events]
+        if len(events) > TAIL_KEPT:
+            return _Tail(events[:TAIL_KEPT], int(reply.next_seq), False)
+        return _Tail(events, int(reply.next_seq), self.complete)
 
 
 # -- items -> events (pure) ---------------------------------------------------------------------
@@ -240,7 +268,7 @@ def visible_items(events: Iterable[Event], start: int = 0) -> list[SessionItem]:
     return [
         SessionItem(e.seq, item)
         for e in in_view(events)
-        if position(e) >= start
+        if start == 0 or position(e) >= start
         for item in event_items(e)
     ]
 
@@ -276,6 +304,7 @@ class SessionlogSession:
         self._target = None if isinstance(client, AsyncClient) else client
         self._options = client_options
         self._opened: dict[asyncio.AbstractEventLoop, AsyncClient] = {}
+        self._tail: _Tail | None = None
 
     def _client(self) -> AsyncClient:
         if self._given is not None:
@@ -305,6 +334,8 @@ class SessionlogSession:
         client = self._client()
         if limit is None:
             events = [e async for e in client.since(self.session_id)]
+            kept = events[-TAIL_KEPT:][::-1]
+            self._tail = _Tail(kept, len(events), len(kept) == len(events))
             return visible_items(events), events, len(events)
         tail: list[Event] = []
         token, length = "", -1
@@ -320,6 +351,7 @@ class SessionlogSession:
             token = page.next_page_token
             entries = latest(tail, bool(token), limit, visible_items)
             if entries is not None:
+                self._tail = _Tail(tail[:TAIL_KEPT], length, not token and len(tail) <= TAIL_KEPT)
                 return entries, tail, length
 
     async def get_entries(self, limit: int | None = None) -> list[SessionItem]:
@@ -341,31 +373,47 @@ class SessionlogSession:
         if not items:
             return
         events = [item_to_event(cast("dict[str, Any]", item)) for item in items]
-        await self._client().append(self.session_id, events)
+        known = self._tail
+        reply = await self._client().append(self.session_id, events)
+        self._tail = known.extended(reply) if known is not None else None
 
     async def pop_item(self) -> TResponseInputItem | None:
         """Hide the newest item in view and return it; None when nothing is in view.
 
         It hides the event that item came from: for a message of another writer that reads as
-        several items (an assistant message with tool calls), all of them.
+        several items (an assistant message with tool calls), all of them. One call (the hide)
+        when the end of the log this session last read or wrote still decides the newest item
+        (``_Tail``): the hide names ``expected_seq``, so a log another writer changed refuses
+        it and the session reads the log again; otherwise a read, then the hide.
         """
         client = self._client()
         while True:
-            entries, events, length = await self._read(1)
+            known = self._tail
+            entries = None
+            if known is not None:
+                entries = latest(known.events, not known.complete, 1, visible_items)
+            if entries:  # an empty view is only believed when read now
+                events, length = known.events, known.length  # type: ignore[union-attr]
+            else:
+                entries, events, length = await self._read(1)
+                known = self._tail
             if not entries:
                 return None
             newest = entries[-1]
             where = next(position(e) for e in events if e.seq == newest.seq)
             try:
-                await client.hide(
+                reply = await client.hide(
                     self.session_id, where, where, reason="pop_item", expected_seq=length
                 )
             except SeqConflict:
+                self._tail = None
                 continue
+            self._tail = known.extended(reply) if known is not None else None
             return cast("TResponseInputItem", newest.item)
 
     async def clear_session(self) -> None:
         """Hide every item so far; the log keeps them."""
+        self._tail = None
         await self._client().clear(self.session_id, reason="clear_session")
 
     # -- compaction (the SDK's OpenAIResponsesCompactionSession) --
@@ -423,6 +471,7 @@ class SessionlogSession:
             await self.add_items(items)
             return True
         high = next(position(e) for e in events if e.seq == entries[-1].seq)
+        self._tail = None
         await self._client().append(self.session_id, [summary_event(output, 0, high)])
         return True
 
@@ -443,6 +492,7 @@ class SessionlogSession:
             now = [x for x in visible_items(events, low) if where[x.seq] <= high]
             if now != expected:
                 return False
+            self._tail = None
             try:
                 await client.append(self.session_id, [summary], expected_seq=length)
             except SeqConflict:

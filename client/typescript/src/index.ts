@@ -177,6 +177,8 @@ export interface Session {
   expireTime?: Time;
   /** Kept whatever its expireTime and the server's retention policy say. */
   pinned: boolean;
+  /** The state after the whole log: set only by listSessions with view "full". */
+  state?: JsonObject;
 }
 
 /** What createSession may set besides the events: a record and a sub-agent parent link. */
@@ -978,6 +980,7 @@ function fromSession(raw: proto.Session | null | undefined): Session {
     parentSeq: raw._parent_seq === "parent_seq" ? Number(raw.parent_seq) : undefined,
     expireTime: fromTimestamp(raw.expire_time),
     pinned: Boolean(raw.pinned),
+    ...(raw.state ? { state: fromStruct(raw.state) } : {}),
   };
 }
 
@@ -2717,22 +2720,37 @@ export class SessionLogClient {
   /**
    * Every page of sessions: `for await (const page of client.listSessions())`. `filter` is the
    * server's AIP-160 subset (`labels.team = "core" AND owner = "ana"`), `orderBy` is
-   * "session_id" (default) or "update_time desc".
+   * "session_id" (default) or "update_time desc". `view` "full" puts each session's state
+   * (as getState returns it) in `session.state`, in the same call.
    */
   async *listSessions({
     prefix = "",
     pageSize = 0,
     filter = "",
     orderBy = "",
+    view = "basic",
     timeoutMs,
-  }: { prefix?: string; pageSize?: number; filter?: string; orderBy?: string } & CallOptions = {}): AsyncGenerator<
+  }: {
+    prefix?: string;
+    pageSize?: number;
+    filter?: string;
+    orderBy?: string;
+    view?: "basic" | "full";
+  } & CallOptions = {}): AsyncGenerator<
     SessionPage,
     void,
     undefined
   > {
     let page_token = "";
     for (;;) {
-      const request = { page_size: pageSize, page_token, prefix, filter, order_by: orderBy };
+      const request = {
+        page_size: pageSize,
+        page_token,
+        prefix,
+        filter,
+        order_by: orderBy,
+        view: (view === "full" ? "SESSION_VIEW_FULL" : "SESSION_VIEW_BASIC") as proto.SessionView,
+      };
       const reply = await this._call("ListSessions", request, { timeoutMs, retry: true });
       yield {
         sessions: (reply.sessions ?? []).map(fromSession),

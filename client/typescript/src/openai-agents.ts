@@ -36,7 +36,7 @@ import type {
 } from "@openai/agents";
 
 import { SessionLogClient } from "./index.js";
-import type { ClientOptions, Event, EventTypeName, Json, JsonObject, NewEvent } from "./index.js";
+import type { AppendResult, ClientOptions, Event, EventTypeName, Json, JsonObject, NewEvent } from "./index.js";
 
 /** One item in view: the seq of the event storing it, the item, and that event. */
 export interface SessionEntry {
@@ -64,6 +64,20 @@ const TOOL_OUTPUTS = new Set(["function_call_result", "function_call_output", "c
 const TEXT_PARTS: Record<string, string> = { input_text: "text", output_text: "text", text: "text", refusal: "refusal" };
 /** Pages read from the end hold at most this many events (the server's page limit). */
 const MAX_PAGE_SIZE = 1000;
+/** The most events of a log's end a session remembers between calls (its _tail). */
+const TAIL_KEPT = 2000;
+
+/** A remembered tail with an append's stored events after it; undefined when they do not follow
+ * on (another writer appended in between). */
+function extended(
+  known: { events: Event[]; length: number; complete: boolean },
+  reply: AppendResult,
+): { events: Event[]; length: number; complete: boolean } | undefined {
+  if (reply.events.length === 0 || reply.events[0].seq !== known.length) return undefined;
+  const events = [...[...reply.events].reverse(), ...known.events];
+  if (events.length > TAIL_KEPT) return { events: events.slice(0, TAIL_KEPT), length: reply.nextSeq, complete: false };
+  return { events, length: reply.nextSeq, complete: known.complete };
+}
 
 const own = (object: object, key: string): boolean => Object.prototype.hasOwnProperty.call(object, key);
 
@@ -259,6 +273,12 @@ export class SessionlogSession implements Session, SessionHistoryTransactionAwar
   readonly sessionId: string;
   readonly client: SessionLogClient;
   private readonly _owned: boolean;
+  /**
+   * The end of the log as this session last read or wrote it (every event from the lowest seq
+   * held to length - 1, newest first; complete: from seq 0). Only a guess: popItem's hide names
+   * expectedSeq = length, so a log another writer changed refuses it and the session reads again.
+   */
+  private _tail: { events: Event[]; length: number; complete: boolean } | undefined;
 
   constructor(sessionId: string, client?: SessionLogClient | string | string[], options: ClientOptions = {}) {
     if (typeof sessionId !== "string" || sessionId === "") throw new TypeError("sessionId must be a non-empty string");
@@ -279,6 +299,8 @@ export class SessionlogSession implements Session, SessionHistoryTransactionAwar
     if (limit === undefined || limit === null) {
       const events: Event[] = [];
       for await (const event of this.client.since(this.sessionId)) events.push(event);
+      const kept = events.slice(-TAIL_KEPT).reverse();
+      this._tail = { events: kept, length: events.length, complete: kept.length === events.length };
       return { entries: visibleEntries(events), length: events.length };
     }
     if (limit <= 0) return { entries: [], length: undefined };
@@ -293,7 +315,11 @@ export class SessionlogSession implements Session, SessionHistoryTransactionAwar
       pageToken = page.nextPageToken;
       const from = pageToken ? knownFrom(tail) : 0;
       const entries = visibleEntries(tail, from);
-      if (from === 0 || entries.length >= limit) return { entries: entries.slice(-limit), length };
+      if (from === 0 || entries.length >= limit) {
+        const complete = !pageToken && tail.length <= TAIL_KEPT;
+        this._tail = { events: tail.slice(0, TAIL_KEPT), length: length ?? 0, complete };
+        return { entries: entries.slice(-limit), length };
+      }
     }
   }
 
@@ -305,7 +331,9 @@ export class SessionlogSession implements Session, SessionHistoryTransactionAwar
   /** One event per item, in one atomic append. */
   async addItems(items: AgentInputItem[]): Promise<void> {
     if (items.length === 0) return;
-    await this.client.append(this.sessionId, items.map(itemToEvent));
+    const known = this._tail;
+    const reply = await this.client.append(this.sessionId, items.map(itemToEvent));
+    this._tail = known && extended(known, reply);
   }
 
   /**
@@ -315,16 +343,31 @@ export class SessionlogSession implements Session, SessionHistoryTransactionAwar
    */
   async popItem(): Promise<AgentInputItem | undefined> {
     for (;;) {
-      const { entries, length } = await this.entries(1);
-      const newest = entries.at(-1);
+      let known = this._tail;
+      let found: { entries: SessionEntry[]; length: number | undefined } | undefined;
+      if (known) {
+        const from = known.complete ? 0 : knownFrom(known.events);
+        const shown = visibleEntries(known.events, from);
+        if (shown.length > 0) found = { entries: shown, length: known.length }; // an empty view is only believed when read now
+      }
+      if (!found) {
+        found = await this.entries(1);
+        known = this._tail;
+      }
+      const newest = found.entries.at(-1);
       if (newest === undefined) return undefined;
       const where = position(newest.event);
+      let reply: AppendResult;
       try {
-        await this.client.hide(this.sessionId, where, where, { reason: "pop_item", expectedSeq: length });
+        reply = await this.client.hide(this.sessionId, where, where, { reason: "pop_item", expectedSeq: found.length });
       } catch (error) {
-        if ((error as { reason?: string } | null)?.reason === "SEQ_CONFLICT") continue;
+        if ((error as { reason?: string } | null)?.reason === "SEQ_CONFLICT") {
+          this._tail = undefined;
+          continue;
+        }
         throw error;
       }
+      this._tail = known && extended(known, reply);
       return newest.item;
     }
   }
@@ -392,6 +435,7 @@ export class SessionlogSession implements Session, SessionHistoryTransactionAwar
     const { events, expectedSeq } = make();
     if (events.length === 0) return;
     try {
+      this._tail = undefined;
       await this.client.append(this.sessionId, events, { requestId, expectedSeq });
     } catch (error) {
       if ((error as { reason?: string } | null)?.reason === "REQUEST_ID_REUSED" && (await this._applied(operationId, recorded))) return;
@@ -409,6 +453,7 @@ export class SessionlogSession implements Session, SessionHistoryTransactionAwar
 
   /** Hide every item so far; the log keeps them. */
   async clearSession(): Promise<void> {
+    this._tail = undefined;
     await this.client.clear(this.sessionId, { reason: "clear_session" });
   }
 

@@ -435,11 +435,23 @@ export interface Session {
    * by GetSession and ListSessions; empty in the replies of writes.
    */
   usage: ModelUsage[];
+  /**
+   * The session's state after its whole log, as GetState returns it. Set only in a
+   * ListSessions reply asked with view SESSION_VIEW_FULL (empty for a session never written);
+   * unset everywhere else. Saves a GetState per listed session.
+   */
+  state: Struct | null;
   /** Which of the oneof's fields is set. */
   _parent_seq?: "parent_seq";
   /** Which of the oneof's fields is set. */
   expiration?: "expire_time" | "ttl";
 }
+
+/** SessionView says how much of each session a listing returns (AIP-157). */
+export type SessionView =
+  | "SESSION_VIEW_UNSPECIFIED"
+  | "SESSION_VIEW_BASIC"
+  | "SESSION_VIEW_FULL";
 
 /** Lease is a session's single-writer lease. */
 export interface Lease {
@@ -619,6 +631,11 @@ export interface ListSessionsRequest {
    * merges every group's pages in either order.
    */
   order_by: string;
+  /**
+   * How much of each session to return; unspecified: SESSION_VIEW_BASIC. SESSION_VIEW_FULL
+   * adds each session's state (Session.state), read in the same call.
+   */
+  view: SessionView;
 }
 
 /** ListSessionsResponse is one page of sessions. */

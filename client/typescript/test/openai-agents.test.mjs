@@ -230,6 +230,34 @@ describe("SessionlogSession (OpenAI Agents SDK)", () => {
     assert.deepEqual((await live.client.deriveMessages("clears")).messages.map((m) => m.content), ["new"]);
   });
 
+  test("pops after an add are one call each (the hide); a stale tail reads again", async () => {
+    const client = new SessionLogClient(live.server.address);
+    const reads = { listEvents: 0, since: 0 };
+    for (const name of Object.keys(reads)) {
+      const original = client[name].bind(client);
+      client[name] = (...args) => {
+        reads[name] += 1;
+        return original(...args);
+      };
+    }
+    try {
+      const s = new SessionlogSession("tail-pops", client);
+      const items = Array.from({ length: 30 }, (_, i) => user(`t${i}`));
+      await s.addItems(items.slice(0, 10));
+      assert.deepEqual(await s.popItem(), items[9]); // a read, then the hide
+      await s.addItems(items.slice(9));
+      reads.listEvents = 0;
+      for (let i = 29; i >= 5; i--) assert.deepEqual(await s.popItem(), items[i]);
+      assert.deepEqual(reads, { listEvents: 0, since: 0 });
+      await session("tail-pops").addItems([user("theirs")]);
+      assert.deepEqual(await s.popItem(), user("theirs"));
+      assert.equal(reads.listEvents, 1);
+      assert.deepEqual(await s.getItems(), items.slice(0, 5));
+    } finally {
+      client.close();
+    }
+  });
+
   test("concurrent popItem calls each take a different item", async () => {
     const items = Array.from({ length: 8 }, (_, i) => user(`c${i}`));
     await session("concurrent").addItems(items);

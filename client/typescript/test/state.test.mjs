@@ -32,4 +32,24 @@ describe("session state", () => {
     await live.client.append("short", [user("only", { n: 1 })]);
     await assert.rejects(live.client.getState("short", { atSeq: 5 }), (error) => error.reason === "BOUNDARY_OUT_OF_RANGE");
   });
+
+  test("listSessions with view full carries each session's state; the default view none", async () => {
+    await live.client.append("lv.a", [user("a", { n: 1, who: "ann" }), user("b", { n: 2 })]);
+    await live.client.append("lv.b", [user("c")]);
+    const full = [];
+    for await (const page of live.client.listSessions({ prefix: "lv.", view: "full" })) full.push(...page.sessions);
+    assert.deepEqual(
+      full.map((s) => [s.sessionId, s.state]),
+      [
+        ["lv.a", { n: 2, who: "ann" }],
+        ["lv.b", {}],
+      ],
+    );
+    const basic = [];
+    for await (const page of live.client.listSessions({ prefix: "lv." })) basic.push(...page.sessions);
+    assert.deepEqual(
+      basic.map((s) => "state" in s),
+      [false, false],
+    );
+  });
 });

@@ -24,6 +24,7 @@ from sessionlog.cli.writes import _event_from_item, _json_items
 from sessionlog.terminal import escaped
 from sessionlog_client.convert import (
     message_to_json,
+    struct_to_dict,
 )
 
 
@@ -86,6 +87,11 @@ def add_commands(sub: Subcommand) -> None:
         default="",
         choices=("", "session_id", "update_time desc"),
         help='"session_id" (default) or "update_time desc" (newest update first)',
+    )
+    p.add_argument(
+        "--state",
+        action="store_true",
+        help="also each session's state (as `sessionlog state` prints it), read in the listing",
     )
 
     p = sub(
@@ -269,6 +275,7 @@ def _sessions(args: argparse.Namespace) -> int:
             page_size=min(1000, max(1, args.limit)),
             filter=args.filter,
             order_by=args.order_by,
+            with_state=args.state,
         )
         for page in pages:
             for session in page.sessions[: args.limit - shown]:
@@ -277,6 +284,9 @@ def _sessions(args: argparse.Namespace) -> int:
                     shown += 1
                     continue
                 line = _session_line(session)
+                if args.state and session.HasField("state"):
+                    state = json.dumps(struct_to_dict(session.state), ensure_ascii=False)
+                    line += "\tstate " + escaped(state)
                 if session.usage:
                     tokens = _tokens(session.usage)
                     spent = [spent[0] + tokens[0], spent[1] + tokens[1]]

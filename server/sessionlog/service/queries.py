@@ -15,9 +15,17 @@ from sessionlog.v1 import session_log_service_pb2 as pb
 
 
 def local_page(
-    store: Store, ownership: Ownership, after: bytes, listing: Listing, query: Filter, size: int
+    store: Store,
+    ownership: Ownership,
+    after: bytes,
+    listing: Listing,
+    query: Filter,
+    size: int,
+    with_state: bool = False,
 ) -> tuple[list[pb.Session], bytes]:
-    """This server's own sessions of the next page, and the cursor it ends at (b"": last)."""
+    """This server's own sessions of the next page, and the cursor it ends at (b"": last);
+    ``with_state``: each with its state (``Session.state``, SESSION_VIEW_FULL), from the same
+    memoized fold GetState reads."""
     page, more = store.list_records(
         after=after, prefix=listing.prefix, query=query, order=listing.order, limit=size
     )
@@ -28,6 +36,8 @@ def local_page(
     spent = store.usage_of([s.session_id for s in sessions if s.exists])
     for session in sessions:
         session.usage.extend(ledger.model_usages(spent.get(session.session_id, {})))
+        if with_state and session.exists:
+            session.state.CopyFrom(store.state(session.session_id)[0])
     return sessions, page[-1].cursor if more else b""
 
 
@@ -39,12 +49,13 @@ def local_sessions(
     size: int,
     query: Filter | None = None,
     filter_text: str = "",
+    with_state: bool = False,
 ) -> tuple[list[pb.Session], str]:
     """This server's own sessions among the next ``size`` of its store after ``after`` in
     id order (those of its group: not a copy of a slot on the move), and the id the next
     page starts after ("" when none follows)."""
     listing = Listing(prefix, filter_text, BY_ID)
     sessions, cursor = local_page(
-        store, ownership, after.encode(), listing, query or Filter(), size
+        store, ownership, after.encode(), listing, query or Filter(), size, with_state
     )
     return sessions, cursor.decode()

@@ -577,6 +577,7 @@ class SessionLogServicer:
             order_by=request.order_by,
             page_size=request.page_size,
             page_token=request.page_token,
+            view=request.view,
         )
         page = await self.cases.list_sessions(
             self._principal(context),

@@ -85,6 +85,8 @@ class SessionQuery:
     """A previous page's ``next_page_token`` (ListSessions)."""
     after: str = ""
     """Or the session id the page starts after (the console's cursor; id order only)."""
+    view: int = 0
+    """A ``pb.SessionView``: SESSION_VIEW_FULL puts each session's state in the page."""
 
 
 @dataclass
@@ -423,28 +425,45 @@ class SessionLog:
         listing = Listing(prefix, query.filter_text, order)
         after = decode_listing_token(query.page_token, listing) or query.after.encode()
         store, ownership, spread = self.store, self.ownership, self.scatter
+        full = query.view == pb.SESSION_VIEW_FULL
         if spread is not None and not scattering.local_only(forward) and order == BY_UPDATE:
 
             def recent(after: bytes, prefix: str, size: int) -> tuple[list[pb.Session], bytes]:
                 mine = Listing(prefix, query.filter_text, order)
-                return queries.local_page(store, ownership, after, mine, filtered, size)
+                return queries.local_page(store, ownership, after, mine, filtered, size, full)
 
             sessions, cursor = await spread.list_recent(
-                recent, after, prefix, size, forward, within, filter_text=query.filter_text
+                recent,
+                after,
+                prefix,
+                size,
+                forward,
+                within,
+                filter_text=query.filter_text,
+                view=query.view,
             )
         elif spread is not None and not scattering.local_only(forward):
 
             def local(after: str, prefix: str, size: int) -> tuple[list[pb.Session], str]:
                 return queries.local_sessions(
-                    store, ownership, after, prefix, size, filtered, query.filter_text
+                    store, ownership, after, prefix, size, filtered, query.filter_text, full
                 )
 
             sessions, last = await spread.list(
-                local, after.decode(), prefix, size, forward, within, filter_text=query.filter_text
+                local,
+                after.decode(),
+                prefix,
+                size,
+                forward,
+                within,
+                filter_text=query.filter_text,
+                view=query.view,
             )
             cursor = last.encode()
         else:
-            sessions, cursor = queries.local_page(store, ownership, after, listing, filtered, size)
+            sessions, cursor = queries.local_page(
+                store, ownership, after, listing, filtered, size, full
+            )
         token = encode_listing_token(cursor, listing) if cursor else ""
         return SessionPage(sessions, token)
 

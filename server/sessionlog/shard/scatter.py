@@ -224,19 +224,24 @@ class Scatter:
         metadata: Iterable[tuple[str, Any]] | None,
         within: float | None = None,
         filter_text: str = "",
+        view: int = 0,
     ) -> Merged:
         """Up to ``size`` sessions of every group after ``after`` whose id starts with
         ``prefix`` (already narrowed to the caller's token), merged in id order; within
         ``within`` seconds (the caller's deadline) when that is sooner than
         GROUP_DEADLINE_SECONDS. ``filter_text`` (a ListSessions filter) goes to every group,
-        which applies it to its own sessions; ``local`` applies it already."""
+        which applies it to its own sessions; ``local`` applies it already. ``view`` (a
+        ``pb.SessionView``) goes to every group too: each folds its own sessions' state."""
         shard_map, mine = self._current()
         sent = forwarded(metadata)
         others = [g for g in shard_map.groups if g.name != mine]
         wait = GROUP_DEADLINE_SECONDS if within is None else min(within, GROUP_DEADLINE_SECONDS)
         ends = time.monotonic() + wait
         pages = await asyncio.gather(
-            *(self._ask(group, after, prefix, size, sent, ends, filter_text) for group in others)
+            *(
+                self._ask(group, after, prefix, size, sent, ends, filter_text, view)
+                for group in others
+            )
         )
         answers = [Answer(mine, *local(after, prefix, size)), *pages]
         return merge(answers, size, lambda session_id: shard_map.owner(session_id).name)
@@ -250,6 +255,7 @@ class Scatter:
         metadata: Iterable[tuple[str, Any]] | None,
         within: float | None = None,
         filter_text: str = "",
+        view: int = 0,
     ) -> RecentPage:
         """``list`` in the newest-first order (ListSessions' "update_time desc"), merged by
         (update_time desc, id); ``after`` and the cursor returned are ``recent`` keys."""
@@ -268,6 +274,7 @@ class Scatter:
                 page_token=token,
                 filter=filter_text,
                 order_by=listing.order,
+                view=view,  # type: ignore[arg-type]
             )
             reply = await self._call(group, request.SerializeToString(), sent, ends)
             last = decode_listing_token(reply.next_page_token, listing)
@@ -286,6 +293,7 @@ class Scatter:
         metadata: tuple[tuple[str, str], ...],
         ends: float,
         filter_text: str = "",
+        view: int = 0,
     ) -> Answer:
         """One group's page from its primary, else from its other members in turn, by
         ``ends`` (``time.monotonic``)."""
@@ -295,6 +303,7 @@ class Scatter:
             page_size=size,
             page_token=encode_listing_token(after.encode(), listing) if after else "",
             filter=filter_text,
+            view=view,  # type: ignore[arg-type]
         ).SerializeToString()
         reply = await self._call(group, request, metadata, ends)
         last = decode_listing_token(reply.next_page_token, listing).decode()

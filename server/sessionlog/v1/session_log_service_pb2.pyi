@@ -15,11 +15,20 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class SessionView(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    SESSION_VIEW_UNSPECIFIED: _ClassVar[SessionView]
+    SESSION_VIEW_BASIC: _ClassVar[SessionView]
+    SESSION_VIEW_FULL: _ClassVar[SessionView]
+
 class LeaseAuditKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     LEASE_AUDIT_KIND_UNSPECIFIED: _ClassVar[LeaseAuditKind]
     LEASE_AUDIT_KIND_TAKEOVER: _ClassVar[LeaseAuditKind]
     LEASE_AUDIT_KIND_FORCED_RELEASE: _ClassVar[LeaseAuditKind]
+SESSION_VIEW_UNSPECIFIED: SessionView
+SESSION_VIEW_BASIC: SessionView
+SESSION_VIEW_FULL: SessionView
 LEASE_AUDIT_KIND_UNSPECIFIED: LeaseAuditKind
 LEASE_AUDIT_KIND_TAKEOVER: LeaseAuditKind
 LEASE_AUDIT_KIND_FORCED_RELEASE: LeaseAuditKind
@@ -248,7 +257,7 @@ class ModelUsage(_message.Message):
     def __init__(self, model: _Optional[str] = ..., input_tokens: _Optional[int] = ..., output_tokens: _Optional[int] = ..., cached_input_tokens: _Optional[int] = ..., reasoning_tokens: _Optional[int] = ..., event_count: _Optional[int] = ...) -> None: ...
 
 class Session(_message.Message):
-    __slots__ = ("session_id", "exists", "event_count", "replace_generation", "create_time", "last_append_time", "parent_session_id", "parent_event_count", "lease", "title", "labels", "owner", "status", "update_time", "parent_seq", "expire_time", "ttl", "pinned", "usage")
+    __slots__ = ("session_id", "exists", "event_count", "replace_generation", "create_time", "last_append_time", "parent_session_id", "parent_event_count", "lease", "title", "labels", "owner", "status", "update_time", "parent_seq", "expire_time", "ttl", "pinned", "usage", "state")
     class LabelsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -275,6 +284,7 @@ class Session(_message.Message):
     TTL_FIELD_NUMBER: _ClassVar[int]
     PINNED_FIELD_NUMBER: _ClassVar[int]
     USAGE_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     exists: bool
     event_count: int
@@ -294,7 +304,8 @@ class Session(_message.Message):
     ttl: _duration_pb2.Duration
     pinned: bool
     usage: _containers.RepeatedCompositeFieldContainer[ModelUsage]
-    def __init__(self, session_id: _Optional[str] = ..., exists: _Optional[bool] = ..., event_count: _Optional[int] = ..., replace_generation: _Optional[int] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., last_append_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., parent_session_id: _Optional[str] = ..., parent_event_count: _Optional[int] = ..., lease: _Optional[_Union[Lease, _Mapping]] = ..., title: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ..., owner: _Optional[str] = ..., status: _Optional[str] = ..., update_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., parent_seq: _Optional[int] = ..., expire_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., ttl: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., pinned: _Optional[bool] = ..., usage: _Optional[_Iterable[_Union[ModelUsage, _Mapping]]] = ...) -> None: ...
+    state: _struct_pb2.Struct
+    def __init__(self, session_id: _Optional[str] = ..., exists: _Optional[bool] = ..., event_count: _Optional[int] = ..., replace_generation: _Optional[int] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., last_append_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., parent_session_id: _Optional[str] = ..., parent_event_count: _Optional[int] = ..., lease: _Optional[_Union[Lease, _Mapping]] = ..., title: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ..., owner: _Optional[str] = ..., status: _Optional[str] = ..., update_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., parent_seq: _Optional[int] = ..., expire_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., ttl: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., pinned: _Optional[bool] = ..., usage: _Optional[_Iterable[_Union[ModelUsage, _Mapping]]] = ..., state: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ...) -> None: ...
 
 class Lease(_message.Message):
     __slots__ = ("holder", "token", "acquire_time", "expire_time")
@@ -416,18 +427,20 @@ class GetSessionResponse(_message.Message):
     def __init__(self, session: _Optional[_Union[Session, _Mapping]] = ..., lease_audit: _Optional[_Iterable[_Union[LeaseAuditEntry, _Mapping]]] = ...) -> None: ...
 
 class ListSessionsRequest(_message.Message):
-    __slots__ = ("page_size", "page_token", "prefix", "filter", "order_by")
+    __slots__ = ("page_size", "page_token", "prefix", "filter", "order_by", "view")
     PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
     PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
     PREFIX_FIELD_NUMBER: _ClassVar[int]
     FILTER_FIELD_NUMBER: _ClassVar[int]
     ORDER_BY_FIELD_NUMBER: _ClassVar[int]
+    VIEW_FIELD_NUMBER: _ClassVar[int]
     page_size: int
     page_token: str
     prefix: str
     filter: str
     order_by: str
-    def __init__(self, page_size: _Optional[int] = ..., page_token: _Optional[str] = ..., prefix: _Optional[str] = ..., filter: _Optional[str] = ..., order_by: _Optional[str] = ...) -> None: ...
+    view: SessionView
+    def __init__(self, page_size: _Optional[int] = ..., page_token: _Optional[str] = ..., prefix: _Optional[str] = ..., filter: _Optional[str] = ..., order_by: _Optional[str] = ..., view: _Optional[_Union[SessionView, str]] = ...) -> None: ...
 
 class ListSessionsResponse(_message.Message):
     __slots__ = ("sessions", "next_page_token", "usage_total")

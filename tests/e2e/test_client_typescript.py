@@ -136,6 +136,36 @@ def test_node_claude_agent_sdk_store_suite_passes(node_modules: Path) -> None:
     assert run_node_tests([CLAUDE_SUITE]) >= 13
 
 
+@pytest.mark.timeout(NODE_SUITE_SECONDS + 30)
+def test_langgraph_checkpoint_conformance_suite_passes(node_modules: Path, tmp_path: Path) -> None:
+    """LangGraph.js's own checkpointer conformance suite (the Vitest suite of
+    @langchain/langgraph-checkpoint-validation: put, putWrites, getTuple, list, deleteThread and
+    getDeltaChannelHistory) passes against SessionlogSaver (sessionlog-client/langgraph) on a
+    real server, nothing skipped."""
+    report = tmp_path / "vitest.json"
+    result = subprocess.run(
+        [
+            node(),
+            str(node_modules / "vitest" / "vitest.mjs"),
+            "run",
+            "--reporter=json",
+            f"--outputFile={report}",
+        ],
+        cwd=PACKAGE,
+        env={**os.environ, "SESSIONLOG_BIN": str(SESSIONLOG_BIN)},
+        capture_output=True,
+        text=True,
+        timeout=NODE_SUITE_SECONDS,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    counts = json.loads(report.read_text())
+    assert counts["numFailedTests"] == 0, counts
+    assert counts["numPendingTests"] == 0, counts
+    assert counts["numTodoTests"] == 0, counts
+    assert counts["numPassedTests"] >= 700, counts
+
+
 def run_node_tests(tests: list[str]) -> int:
     """Run ``node --test`` on ``tests`` (paths in client/typescript); how many passed, after
     checking that none failed."""
@@ -249,6 +279,34 @@ def test_readme_openai_agents_typescript_example_runs_as_written(
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.splitlines() == ['{"role":"assistant","content":"hello"}', "[ 'hi' ]"]
+
+
+def test_docs_langgraph_typescript_example_runs_as_written(
+    node_modules: Path, server: RunningServer, tmp_path: Path
+) -> None:
+    """The LangGraph page's LangGraph.js example, importing @langchain/langgraph and the
+    package's subpath export by name, runs a graph on SessionlogSaver and prints its state."""
+    section = (ROOT / "docs" / "frameworks" / "langgraph.md").read_text()
+    blocks = [
+        b for b in re.findall(r"```js\n(.*?)```", section, flags=re.DOTALL) if "lg-ts-demo" in b
+    ]
+    assert len(blocks) == 1
+    assert len(blocks[0].strip().splitlines()) <= 12
+    installed = tmp_path / "node_modules"
+    (installed / "@langchain").mkdir(parents=True)
+    (installed / "sessionlog-client").symlink_to(PACKAGE, target_is_directory=True)
+    for name in ("langgraph", "langgraph-checkpoint", "core"):
+        (installed / "@langchain" / name).symlink_to(node_modules / "@langchain" / name)
+    script = tmp_path / "example.mjs"
+    script.write_text(blocks[0].replace("127.0.0.1:50051", server.address))
+    result = subprocess.run(
+        [node(), str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=60, check=False
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == ["[ 'hello' ]"]
+    with Client(server.address) as client:
+        # "-" is escaped as "-2d" in the session id, so the thread id reads back from it
+        assert client.get_session("langgraph.lg-2dts-2ddemo").session.event_count >= 3
 
 
 class NodeWorker:

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from bench.common import Measurement, Settings, percentile
 from bench.report import Row
+from sessionlog.defaults import NOSYNC
 from sessionlog.storage import purge
 from sessionlog.storage.store import Store, StoreConfig
 from sessionlog.v1.event_pb2 import Event, EventType
@@ -36,7 +37,7 @@ def _event(text: str) -> Event:
 
 
 def _fill(path: Path, events: int) -> None:
-    config = StoreConfig(durable=False, map_size=8 << 30)
+    config = StoreConfig(durability=NOSYNC, map_size=8 << 30)
     store = Store(path, config)
     try:
         for start in range(0, events, FILL_BATCH):

@@ -176,6 +176,7 @@ def test_a_deleted_session_shows_a_marker_and_its_events_never_replay(stub: Stub
     assert b"secret text" not in b"".join(c.SerializeToString() for c in replayed)
 
 
+@pytest.mark.serial  # a heartbeat of 0.2 s on a stream opened with a deadline
 def test_heartbeats_advance_an_idle_filtered_stream(stub: Stub) -> None:
     """Writes the stream does not follow still move its position: a heartbeat carries it."""
     call = opened(stub, prefix="hb.none.", heartbeat_interval=Duration(nanos=200_000_000))
@@ -195,6 +196,7 @@ def test_heartbeats_advance_an_idle_filtered_stream(stub: Stub) -> None:
     raise AssertionError("no heartbeat")
 
 
+@pytest.mark.serial  # counts heartbeats during 4 s of writes
 def test_heartbeats_keep_coming_while_other_sessions_are_written(stub: Stub) -> None:
     """Commits a filtered stream has nothing to send for wake it but do not hold off its
     heartbeat: the client's watchdog must not take a quiet stream on a busy server for dead."""

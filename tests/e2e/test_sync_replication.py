@@ -171,6 +171,7 @@ def test_writes_fail_after_the_sync_timeout_while_the_replica_is_stopped(tmp_pat
         )
 
 
+@pytest.mark.serial  # fails within 2.5 s
 def test_a_write_waiting_for_a_stopped_replica_fails_at_once_on_shutdown(tmp_path: Path) -> None:
     """SIGTERM to a primary whose replica is SIGSTOPped: the write waiting for the replica
     fails REPLICAS_UNAVAILABLE ("shutting down") at once, not at its 30 s --sync-timeout."""

@@ -226,6 +226,7 @@ def test_clients_that_go_away_free_their_followers_at_once(tmp_path: Path) -> No
         )
 
 
+@pytest.mark.serial  # ends within 5 s of the shutdown
 def test_shutdown_ends_since_and_changes_follows_with_resume_point(tmp_path: Path) -> None:
     """SIGTERM on a server process ends its Since and Changes follow streams with UNAVAILABLE,
     each naming in ErrorInfo metadata where to resume, and the process exits 0 promptly."""
@@ -318,6 +319,7 @@ def test_shutdown_ends_a_stalled_follower_with_unavailable(tmp_path: Path) -> No
     assert info.metadata["next_seq"] == str(received + more)
 
 
+@pytest.mark.serial  # stops within 6 s of its 8 s grace
 def test_shutdown_ends_a_follower_whose_first_response_is_still_in_flight(tmp_path: Path) -> None:
     """A follower that has not yet read its stream's first response when shutdown starts, and
     reads during the grace period, gets that response, then UNAVAILABLE naming where to resume,

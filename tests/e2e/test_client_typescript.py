@@ -126,6 +126,7 @@ NODE_SUITE_SECONDS = 300
 """One `node --test` run's limit (about a minute on a quiet 2-core machine, three on a busy one)."""
 
 
+@pytest.mark.serial  # client.test.mjs: a wrong address fails within 2 s, a silent one in 3
 @pytest.mark.timeout(NODE_SUITE_SECONDS + 30)
 def test_node_client_suite_passes(node_modules: Path) -> None:
     """`node --test` on client/typescript/test passes against real servers, with no failure."""
@@ -136,6 +137,7 @@ def test_node_client_suite_passes(node_modules: Path) -> None:
     assert run_node_tests(tests) >= 8
 
 
+@pytest.mark.serial  # failover.test.mjs: unreachable addresses fail within 10 s
 @pytest.mark.timeout(NODE_SUITE_SECONDS + 30)
 def test_node_client_failover_suite_passes(node_modules: Path) -> None:
     """The Node client's group tests pass: either address order, etcd discovery, and a writer

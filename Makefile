@@ -45,6 +45,13 @@ PYTEST_PARALLEL = -n $(TEST_PROCESSES) --dist loadgroup
 # pytest's exit status 5 is "no test selected": a phase with nothing to run passes.
 PYTEST_PHASE = status=0; $(BIN)/python -m pytest --durations=25 $(1) || status=$$?; \
 	[ $$status = 0 ] || [ $$status = 5 ] || exit $$status
+# Bytecode: this machine kind's environment sets PYTHONDONTWRITEBYTECODE=1, so every Python
+# process of a run (test processes, servers, CLI calls, workers) compiled the project's modules
+# from source again, and each test process rewrote and compiled every test module. The tests
+# keep bytecode in .venv/pycache (out of the tree). Measured on a busy 2-core machine: a
+# collection of the suite 20.9 -> 11.5 s CPU, importing the CLI and the server 0.9 -> 0.6 s.
+test test-workers test-fast: export PYTHONDONTWRITEBYTECODE :=
+test test-workers test-fast: export PYTHONPYCACHEPREFIX := $(abspath $(VENV))/pycache
 test: $(VENV)/.dev-stamp browser go-tools etcd-tools haproxy-tools bench-tools
 	$(call PYTEST_PHASE,-m "not serial" $(PYTEST_PARALLEL))
 	$(call PYTEST_PHASE,-m serial)

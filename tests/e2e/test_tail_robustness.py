@@ -51,6 +51,7 @@ def first_seq(events: list[bytes]) -> int:
     return event_pb2.Event.FromString(events[0]).seq
 
 
+@pytest.mark.serial  # the fast follower lags less than 5 s
 def test_slow_follower_keeps_memory_bounded_and_fast_follower_unaffected(tmp_path: Path) -> None:
     """While a follower reads one response a second, a writer appends 100,000 events (~60 MB)
     to its session: the server's anonymous memory grows far less than the backlog, a fast

@@ -39,7 +39,11 @@ cluster: $(VENV)/.run-stamp etcd-tools haproxy-tools
 ## measure: the rule is in tests/conftest.py), in one process with nothing else running. Each
 ## phase ends with its 25 slowest tests. TEST_PROCESSES=0 runs phase one in one process too.
 ## Measured on a 2-core machine: the default pass took 1,845 s in one process (2,459 tests) and
-## 1,174 s in 4 (-n 4), where a few timing-bound tests failed under the load: they are `serial` now.
+## 1,174 s in 4 (-n 4), where a few timing-bound tests failed under the load: they are `serial` now
+## (40 tests; the longest the 30-fault failover run, about 111 s, and the Node client's suites).
+## Under a load average of 10-12 (other jobs on the machine, far above a CI run's): tests/cluster
+## not serial in 3 processes, 107 tests in 236 s (one failure, on a 1 s etcd call: now serial);
+## its serial tests alone 57 s; five follow/feed/client e2e modules' not-serial tests, 63 s.
 TEST_PROCESSES ?= 3
 PYTEST_PARALLEL = -n $(TEST_PROCESSES) --dist loadgroup
 # pytest's exit status 5 is "no test selected": a phase with nothing to run passes.

@@ -62,10 +62,9 @@ test: $(VENV)/.dev-stamp browser go-tools etcd-tools haproxy-tools bench-tools
 	$(MAKE) --no-print-directory test-workers
 
 ## test-fast: the unit and integration tests only (a few minutes; no servers of other kinds, no
-## browser, no apt-get): what to run to check a checkout
+## browser, no apt-get): what to run to check a checkout. One phase: none of them is `serial`.
 test-fast: $(VENV)/.dev-stamp
-	$(call PYTEST_PHASE,tests/unit tests/integration -q -m "not serial" $(PYTEST_PARALLEL))
-	$(call PYTEST_PHASE,tests/unit tests/integration -q -m serial)
+	$(BIN)/python -m pytest tests/unit tests/integration -q $(PYTEST_PARALLEL)
 
 ## test-workers: the e2e tests marked `workers` against `sessionlog serve --workers 2` processes.
 ## The rule: a module (`pytestmark`) or a test is marked when what it checks crosses worker

@@ -17,6 +17,14 @@ pass. Modules that start their own ``--workers N`` servers in either mode (test_
 test_workers_faults.py, test_metrics_workers.py) are not marked either: a second pass would
 repeat them exactly. A marked module that shares one server between its tests gives each test
 its own session ids (the ``sid`` fixture): a server start costs seconds in workers mode.
+
+`make test` runs each pass in two phases: the tests not marked ``serial`` in several test
+processes (pytest-xdist, ``--dist loadgroup``), then the ``serial`` ones in one process with
+nothing else running. The rule for that mark: a test is ``serial`` when a busy machine can fail
+it although the code is right: it asserts an elapsed time against a budget of a few seconds (a
+call that must fail "at once", a shutdown within its grace), counts heartbeats or responses per
+interval, or measures latency or throughput. A test that waits for an event polls with a
+generous deadline instead (60 s for an election, tests/cluster/_group.py) and is not marked.
 """
 
 from __future__ import annotations

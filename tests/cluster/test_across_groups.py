@@ -340,6 +340,7 @@ def test_tail_every_group_follows_each_groups_feed_with_its_own_cursor(
     assert "--cursor names no group of the shard map: g3 (groups: g1, g2)" in mistyped.stderr
 
 
+@pytest.mark.serial  # fails within the group deadline + 3 s
 def test_a_hanging_group_fails_the_listing_within_its_deadline(cluster: Cluster) -> None:
     """g2's member stopped (SIGSTOP: it accepts connections and never answers): a listing
     through g1 still ends, GROUP_UNAVAILABLE within the group deadline (no caller deadline), and

@@ -16,6 +16,8 @@ from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from sessionlog.cluster.election import WAITING_FOR_SYNC, Fenced, Follow, Lead, Member
 from sessionlog.cluster.etcd import Endpoints
 from sessionlog.cluster.members import GroupKeys, MemberRecord, Progress, SyncSet
@@ -85,6 +87,7 @@ def all_follow(group: list[Member], leader: Member) -> bool:
 # -- in this process ------------------------------------------------------------------------------
 
 
+@pytest.mark.serial  # one leader, unchanged for 2 TTLs of 3 s
 def test_exactly_one_of_three_leads_and_the_others_follow_it(etcd: EtcdProcess) -> None:
     """Three members: one leads at an epoch, the two others follow its address at that epoch,
     and it stays so (no flapping) over two TTLs."""
@@ -108,6 +111,7 @@ def test_exactly_one_of_three_leads_and_the_others_follow_it(etcd: EtcdProcess) 
     asyncio.run(scenario())
 
 
+@pytest.mark.serial  # the other leads within one TTL
 def test_a_resigning_leader_hands_over_without_waiting_for_its_ttl(etcd: EtcdProcess) -> None:
     """stop() revokes the lease: another member leads at a higher epoch well within one TTL."""
 
@@ -267,6 +271,7 @@ def test_of_two_members_the_one_ahead_wins(etcd: EtcdProcess) -> None:
     asyncio.run(scenario())
 
 
+@pytest.mark.serial  # fenced within TTL/2 + 0.2 s
 def test_an_etcd_restart_fences_the_leader_and_leadership_resumes(etcd: EtcdProcess) -> None:
     """etcd stops: within TTL/2 (+ a poll) nobody may write; etcd comes back on its ports with
     its data: one member leads again (the lease survives a restart, so the same one, at the
@@ -302,6 +307,7 @@ def test_an_etcd_restart_fences_the_leader_and_leadership_resumes(etcd: EtcdProc
     asyncio.run(scenario())
 
 
+@pytest.mark.serial  # one leader, unchanged for 2 TTLs
 def test_dead_and_silent_endpoints_before_the_live_one(etcd: EtcdProcess) -> None:
     """Endpoints: a closed port, then a black hole, then etcd. The members find etcd, elect a
     leader, and it keeps its leadership for two TTLs (the endpoint that answered is kept)."""

@@ -49,6 +49,9 @@ from tests.cluster._group import ELECTION_SECONDS, GROUP, Group, Member
 from tests.cluster.history import Anomaly, Append, Entry, EpochStart, Outcome, check
 from tests.e2e._replication_cluster import changes_raw, percentile
 
+# A 2 s lease, a 3 s isolation and 2 s attempts: the run stays alone on the machine (serial).
+pytestmark = pytest.mark.serial
+
 TTL = 2
 """The members' --lease-ttl (etcd's floor): a failover takes about this long."""
 ROUNDS = int(os.environ.get("SESSIONLOG_FAILOVER_ROUNDS", "1"))

@@ -112,6 +112,7 @@ def test_one_member_leads_at_etcds_epoch_and_the_others_name_it(tmp_path: Path) 
             assert client.current == leader.address
 
 
+@pytest.mark.serial  # fences itself within 2.5 s
 def test_a_leader_cut_off_from_etcd_names_no_one_then_resumes_at_its_epoch(
     tmp_path: Path,
 ) -> None:

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import TypeVar
 
 import grpc
+import pytest
 from google.protobuf.duration_pb2 import Duration
 
 from sessionlog.cluster.etcd import Endpoints
@@ -37,6 +38,7 @@ def eventually(attempt: Callable[[], T], seconds: float = APPLIED_SECONDS) -> T:
         time.sleep(0.1)
 
 
+@pytest.mark.serial  # a stream ends within 8 s
 def test_a_member_serves_the_map_in_etcd_and_follows_newer_epochs(tmp_path: Path) -> None:
     """No map in etcd: SHARD_MAP_UNAVAILABLE. After a put: serving its slots. A higher epoch
     moving a session's slot away ends its follow stream with WRONG_GROUP; a lower one is

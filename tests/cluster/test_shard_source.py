@@ -19,6 +19,7 @@ from tests.cluster._etcd import EtcdProcess
 ME = "127.0.0.1:50051"
 
 
+@pytest.mark.serial  # a 1 s etcd call against a SIGSTOPped etcd (seen answered at load 10)
 def test_a_damaged_lower_or_unreachable_map_keeps_the_held_one(
     etcd: EtcdProcess, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -197,6 +197,7 @@ def test_follow_sends_stored_then_caught_up_then_live(server: RunningServer) -> 
     assert [c for _, changes in racing for c in changes] == changes_raw(server.channel())
 
 
+@pytest.mark.serial  # 3 heartbeats of 0.2 s within 0.3-2 s
 def test_heartbeats_carry_head_position(tmp_path: Path) -> None:
     """An idle follow stream gets heartbeats (no changes, not caught_up) every heartbeat
     interval, each carrying the current head position and its commit time."""

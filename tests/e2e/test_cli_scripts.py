@@ -319,6 +319,7 @@ def test_retry_for_takes_seconds_0_or_more(value: str) -> None:
     assert value in result.stderr
 
 
+@pytest.mark.serial  # exits within 5 s
 def test_wrong_address_fails_fast_naming_it() -> None:
     """Nothing listening at --server: exit 3 within a couple of seconds, naming the address."""
     address = f"127.0.0.1:{free_port()}"

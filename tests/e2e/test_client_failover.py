@@ -100,6 +100,7 @@ def test_one_address_keeps_todays_behaviour(group: tuple[Cluster, Node, Node]) -
         assert client.members == [replica.address]
 
 
+@pytest.mark.serial  # fails within 10 s, not the retry budget
 def test_unreachable_addresses_fail_at_once_naming_every_one() -> None:
     """When no address of the list ever answers, the first call fails at once (not after the
     retry budget) and names them all."""

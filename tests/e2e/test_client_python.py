@@ -262,6 +262,7 @@ def test_client_errors_module_mirrors_the_server_hierarchy() -> None:
     assert len(shape(errors)) >= 25
 
 
+@pytest.mark.serial  # a retry budget between 0.4 and 5 s
 def test_server_gone_after_first_contact_is_retried_for_the_budget(tmp_path: Path) -> None:
     """A server that answered once and then went away: Unavailable only after retrying for
     about give_up_after seconds (it may be restarting)."""
@@ -276,6 +277,7 @@ def test_server_gone_after_first_contact_is_retried_for_the_budget(tmp_path: Pat
         assert 0.4 < time.monotonic() - started < 5
 
 
+@pytest.mark.serial  # fails within 1 s
 def test_wrong_address_fails_at_once_naming_it() -> None:
     """Nothing listening at the address: the first call, the first follow and the asyncio
     client's first call raise Unavailable within a second, the message naming the address."""
@@ -299,6 +301,7 @@ def test_wrong_address_fails_at_once_naming_it() -> None:
     asyncio.run(first_calls())
 
 
+@pytest.mark.serial  # a connect timeout between 0.4 and 3 s
 def test_silent_address_fails_after_the_connect_timeout() -> None:
     """A port that accepts TCP but never speaks gRPC: the first call gives up after
     connect_timeout (not the 10 s call deadline), naming the address."""
@@ -330,6 +333,7 @@ def test_wait_for_ready_waits_for_a_server_that_starts_later(tmp_path: Path) -> 
     assert result["reply"].session.exists is False
 
 
+@pytest.mark.serial  # fails within 5 s
 def test_deadline_exceeded_is_its_own_class() -> None:
     """A server that never answers: the call's timeout raises DeadlineExceeded, no reason."""
     silent = socket.create_server(("127.0.0.1", 0))  # accepts TCP, never speaks HTTP/2

@@ -48,7 +48,9 @@ from tests.e2e.test_client_typescript import (
 )
 
 # One test process runs every module that runs Node out of client/typescript (tests/conftest.py).
-pytestmark = pytest.mark.xdist_group("node-client")
+# A dead link is noticed by heartbeat deadlines of a second or two, each test within 15-20 s:
+# these run alone on the machine (serial).
+pytestmark = [pytest.mark.xdist_group("node-client"), pytest.mark.serial]
 
 REPLICA_TIMEOUT = 1.5
 """The replicas' --replica-timeout here: heartbeats every 0.5 s, dead after 1.5 s of silence."""

@@ -247,6 +247,7 @@ def test_follow_session_created_later(shared: RunningServer) -> None:
         stream.cancel()
 
 
+@pytest.mark.serial  # heartbeats at an interval, within 2 s
 def test_heartbeat_carries_next_seq(tmp_path: Path) -> None:
     """An idle follow stream gets event-less heartbeats with the session's current next_seq."""
     with running_server(tmp_path / "data", heartbeat_seconds=0.2) as server:
@@ -301,6 +302,7 @@ def test_cancel_frees_the_server_side(server: ThreadedServer) -> None:
     assert follower_count(server) == 0
 
 
+@pytest.mark.serial  # ends within 5 s of the shutdown
 def test_shutdown_ends_follow_with_unavailable(server: RunningServer) -> None:
     """Stopping the server ends an open follow stream with UNAVAILABLE and ErrorInfo next_seq."""
     # An own channel: RunningServer.stop closes the channels it handed out before stopping.
@@ -328,6 +330,7 @@ def test_shutdown_ends_follow_with_unavailable(server: RunningServer) -> None:
         channel.close()
 
 
+@pytest.mark.serial  # counts responses per pacing interval
 def test_paced_followers_get_several_commits_per_response_and_lose_none(tmp_path: Path) -> None:
     """With a send rate of 4 responses/s and 2 followers, each stream gets at most one live
     response per half second: 30 quick commits reach both followers whole and in order, in a
@@ -375,6 +378,7 @@ def test_pacing_leaves_a_lone_follower_prompt(tmp_path: Path) -> None:
             stream.cancel()
 
 
+@pytest.mark.serial  # ends within 3 s
 def test_a_paced_follower_ends_at_once_on_shutdown_with_its_resume_point(tmp_path: Path) -> None:
     """A stream holding its next read for its turn (rate 1/s shared by four followers: four
     seconds apart) does not sleep through shutdown: it ends with UNAVAILABLE and the seq to
@@ -414,6 +418,7 @@ def _drain(stream: Stream) -> tuple[list[event_pb2.Event], grpc.RpcError]:
     raise AssertionError("the stream ended without an error")
 
 
+@pytest.mark.serial  # back-to-back responses within 3 s
 def test_pacing_never_slows_a_stream_that_is_behind(tmp_path: Path) -> None:
     """Pacing holds a caught-up stream's next read, not the batches of one that fell behind:
     at a rate of one response per second, 2 MB committed at once still arrives within about one

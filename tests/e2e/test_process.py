@@ -156,6 +156,7 @@ def read_all_after_restart(data: Path, session_id: str) -> list[event_pb2.Event]
     return events
 
 
+@pytest.mark.serial  # ends within 5 s of SIGTERM
 def test_sigterm_ends_follow_with_unavailable_and_exits_zero(tmp_path: Path) -> None:
     """SIGTERM ends an open follow stream with UNAVAILABLE, exits 0 promptly, keeps the data."""
     address = f"127.0.0.1:{free_port()}"

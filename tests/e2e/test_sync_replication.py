@@ -125,6 +125,7 @@ def _session_of(stored: event_pb2.Event) -> str:
     return "s" + str(stored.data["content"]).split("-")[0][1:]
 
 
+@pytest.mark.serial  # fails after its 1 s sync timeout, within 5 s
 def test_writes_fail_after_the_sync_timeout_while_the_replica_is_stopped(tmp_path: Path) -> None:
     """SIGSTOP the replica: every write RPC fails UNAVAILABLE / REPLICAS_UNAVAILABLE after
     --sync-timeout (committed on the primary: reads see it); after SIGCONT writes succeed again,
@@ -171,6 +172,7 @@ def test_writes_fail_after_the_sync_timeout_while_the_replica_is_stopped(tmp_pat
         )
 
 
+@pytest.mark.serial  # fails within 2.5 s
 def test_a_write_waiting_for_a_stopped_replica_fails_at_once_on_shutdown(tmp_path: Path) -> None:
     """SIGTERM to a primary whose replica is SIGSTOPped: the write waiting for the replica
     fails REPLICAS_UNAVAILABLE ("shutting down") at once, not at its 30 s --sync-timeout."""

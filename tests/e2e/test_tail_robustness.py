@@ -51,6 +51,7 @@ def first_seq(events: list[bytes]) -> int:
     return event_pb2.Event.FromString(events[0]).seq
 
 
+@pytest.mark.serial  # the fast follower lags less than 5 s
 def test_slow_follower_keeps_memory_bounded_and_fast_follower_unaffected(tmp_path: Path) -> None:
     """While a follower reads one response a second, a writer appends 100,000 events (~60 MB)
     to its session: the server's anonymous memory grows far less than the backlog, a fast
@@ -226,6 +227,7 @@ def test_clients_that_go_away_free_their_followers_at_once(tmp_path: Path) -> No
         )
 
 
+@pytest.mark.serial  # ends within 5 s of the shutdown
 def test_shutdown_ends_since_and_changes_follows_with_resume_point(tmp_path: Path) -> None:
     """SIGTERM on a server process ends its Since and Changes follow streams with UNAVAILABLE,
     each naming in ErrorInfo metadata where to resume, and the process exits 0 promptly."""
@@ -318,6 +320,7 @@ def test_shutdown_ends_a_stalled_follower_with_unavailable(tmp_path: Path) -> No
     assert info.metadata["next_seq"] == str(received + more)
 
 
+@pytest.mark.serial  # stops within 6 s of its 8 s grace
 def test_shutdown_ends_a_follower_whose_first_response_is_still_in_flight(tmp_path: Path) -> None:
     """A follower that has not yet read its stream's first response when shutdown starts, and
     reads during the grace period, gets that response, then UNAVAILABLE naming where to resume,

@@ -25,10 +25,12 @@ MAX_PACE_SECONDS = 1.0
 
 
 class StreamLimiter:
-    """Counts open streams (Since, Changes) in total and per connection, refusing past limits.
+    """Counts open streams (Since, Changes, AppendStream) in total and per connection, refusing
+    past limits.
 
-    The server's memory for an idle follow stream is small but not zero; these bounds keep a
-    misbehaving client from opening streams without end.
+    The server's memory for an idle follow stream is small but not zero, and an AppendStream
+    holds up to its window of requests: these bounds keep a misbehaving client from opening
+    streams without end.
     """
 
     def __init__(

@@ -339,14 +339,14 @@ class ServerConfig:
         "max_streams",
         _positive_int,
         DEFAULT_MAX_STREAMS,
-        "most open Since/Changes streams in total (TOO_MANY_STREAMS)",
+        "most open Since/Changes/AppendStream streams in total (TOO_MANY_STREAMS)",
         "N",
     )
     max_streams_per_connection: int = _setting(
         "max_streams_per_connection",
         _positive_int,
         DEFAULT_MAX_STREAMS_PER_CONNECTION,
-        "most open Since/Changes streams on one connection",
+        "most open Since/Changes/AppendStream streams on one connection",
         "N",
     )
     heartbeat_seconds: float = _setting(

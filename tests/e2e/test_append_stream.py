@@ -433,3 +433,32 @@ def test_cancelling_a_blocking_stream_ends_its_threads(server: RunningServer, si
         ):
             time.sleep(0.02)
         assert not [t for t in threading.enumerate() if t.name == "sessionlog-append-stream"]
+
+
+def test_open_append_streams_count_against_max_streams(tmp_path: Path) -> None:
+    """Each open AppendStream holds up to its window of requests in memory, so --max-streams
+    bounds them as it bounds Since and Changes: with a limit of 2 and two streams open, a third
+    is refused TOO_MANY_STREAMS and writes nothing; once one ends, a new one is served."""
+    with running_server(tmp_path / "data", max_streams=2) as limited:
+        stub = limited.stub()
+        held: list[queue.Queue[pb.AppendStreamRequest | None]] = [queue.Queue(), queue.Queue()]
+
+        def requests(
+            outgoing: queue.Queue[pb.AppendStreamRequest | None],
+        ) -> Iterator[pb.AppendStreamRequest]:
+            while (request := outgoing.get()) is not None:
+                yield request
+
+        calls = [stub.AppendStream(requests(q), timeout=30) for q in held]
+        for number, (outgoing, call) in enumerate(zip(held, calls, strict=True)):
+            outgoing.put(pb.AppendStreamRequest(append=pb.AppendRequest(session_id=f"h{number}")))
+            assert next(call).WhichOneof("result") == "append"
+        with pytest.raises(grpc.RpcError) as caught:
+            stream_appends(stub, [pb.AppendRequest(session_id="third", events=[user()])])
+        check(caught.value, grpc.StatusCode.RESOURCE_EXHAUSTED, "TOO_MANY_STREAMS")
+        held[0].put(None)
+        assert list(calls[0]) == []
+        assert log(stub, "third") == []  # (a Since stream: counted too)
+        replies = stream_appends(stub, [pb.AppendRequest(session_id="third", events=[user()])])
+        assert replies[0].append.next_seq == 1
+        held[1].put(None)

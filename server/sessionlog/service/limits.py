@@ -25,10 +25,12 @@ MAX_PACE_SECONDS = 1.0
 
 
 class StreamLimiter:
-    """Counts open streams (Since, Changes) in total and per connection, refusing past limits.
+    """Counts open streams (Since, Changes, AppendStream) in total and per connection, refusing
+    past limits.
 
-    The server's memory for an idle follow stream is small but not zero; these bounds keep a
-    misbehaving client from opening streams without end.
+    The server's memory for an idle follow stream is small but not zero, and an AppendStream
+    holds up to its window of requests: these bounds keep a misbehaving client from opening
+    streams without end.
     """
 
     def __init__(
@@ -43,6 +45,8 @@ class StreamLimiter:
         self.max_total = max_total
         self.max_per_connection = max_per_connection
         self.total = 0
+        self.unpaced = 0
+        """Open streams that follow no commits (AppendStream): counted, but not paced."""
         self._by_peer: dict[str, int] = {}
         self.opened = 0
         """Streams admitted since start (for metrics)."""
@@ -63,9 +67,11 @@ class StreamLimiter:
         many of them, sending each commit to each one on its own would take all the time there
         is, appends starve and followers fall behind. Paced, a follower gets the events of
         several commits in one response instead: fewer sends, the same events, in order."""
-        return min(self.total / self.send_rate, MAX_PACE_SECONDS)
+        return min((self.total - self.unpaced) / self.send_rate, MAX_PACE_SECONDS)
 
-    def acquire(self, peer: str) -> None:
+    def acquire(self, peer: str, *, follows: bool = True) -> None:
+        """Count one more stream of ``peer``, or refuse it (TOO_MANY_STREAMS). ``follows``:
+        it follows commits, so it counts in the pace of follow streams."""
         total = self.total + self.elsewhere()
         if total >= self.max_total:
             raise errors.TooManyStreams(
@@ -81,12 +87,14 @@ class StreamLimiter:
                 limit=self.max_per_connection,
             )
         self.total += 1
+        self.unpaced += not follows
         self.opened += 1
         self._by_peer[peer] = open_here + 1
         self.published(self.total)
 
-    def release(self, peer: str) -> None:
+    def release(self, peer: str, *, follows: bool = True) -> None:
         self.total -= 1
+        self.unpaced -= not follows
         self.published(self.total)
         left = self._by_peer[peer] - 1
         if left:

@@ -168,11 +168,13 @@ def _requests(counters: Counters) -> Iterator[Metric]:
 def _streams(streams: StreamLimiter, counters: Counters) -> Iterator[Metric]:
     yield GaugeMetricFamily(
         "sessionlog_open_streams",
-        "Open follow streams: Since, Changes and web console follows",
+        "Open streams: Since, Changes, AppendStream and web console follows",
         value=streams.total,
     )
     yield CounterMetricFamily(
-        "sessionlog_streams", "Follow streams opened since start", value=streams.opened
+        "sessionlog_streams",
+        "Streams opened since start (those of sessionlog_open_streams)",
+        value=streams.opened,
     )
     sent = CounterMetricFamily(
         "sessionlog_sent_bytes",

@@ -316,15 +316,21 @@ class SessionLogServicer:
     async def append_stream(
         self, requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext
     ) -> None:
-        """Appends pipelined on one stream, each answered on its own (``append_stream``)."""
+        """Appends pipelined on one stream, each answered on its own (``append_stream``).
+        Counted by the stream limits while open: each holds up to its window of requests."""
+        peer = context.peer() or ""
         try:
             caller = self._caller(context)
+            self.streams.acquire(peer, follows=False)
         except errors.SessionLogError as error:
             await abort(context, error, _epoch_metadata(self))
             return
-        await self.append_streams.serve(
-            requests, context, caller, functools.partial(_epoch_metadata, self)
-        )
+        try:
+            await self.append_streams.serve(
+                requests, context, caller, functools.partial(_epoch_metadata, self)
+            )
+        finally:
+            self.streams.release(peer, follows=False)
 
     @staticmethod
     def _since_subject(raw: bytes) -> str:

@@ -18,6 +18,10 @@ from bench.common import Settings
 from bench.report import shards_paper, shards_table
 from sessionlog.shard.shardmap import ShardMap
 
+pytestmark = pytest.mark.serial
+"""Serial (tests/conftest.py): it measures through h2load with sub-second runs, as
+tests/e2e/test_bench.py does."""
+
 SETTINGS = replace(Settings.quick(), duration=0.6, workers_duration=0.6, warmup=0.5)
 """Short, but long enough for every h2load client to finish calls on a busy machine (a warm-up
 or a run in which a client got no reply at all is an error)."""

@@ -56,6 +56,11 @@ from sessionlog.storage.store import Store, StoreConfig
 from sessionlog.v1.event_pb2 import Event, EventType
 from sessionlog.v1.session_log_service_pb2 import SinceRequest
 
+pytestmark = pytest.mark.serial
+"""Serial (tests/conftest.py): every case here measures under load it makes itself, with short
+warm-ups (0.2 s) and follow-up checks of who served what; beside other test processes on a
+2-core machine, an h2load warm-up answered nothing and a tail follower took no sample."""
+
 SETTINGS = replace(Settings.quick(), duration=1.0, warmup=0.2, sessions_list_passes=1)
 SMALL = cases.AppendCase(9, clients=3, events_per_call=1)
 """An append case of three clients, one event per call: sessions h2-c9-0 .. h2-c9-2."""

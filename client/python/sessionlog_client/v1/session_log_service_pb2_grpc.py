@@ -356,8 +356,8 @@ class SessionLogServiceServicer:
         """AppendStream pipelines appends over one stream: each AppendStreamRequest is one Append (the
         same checks: expected_seq, request_id, lease, lenient) and gets one AppendStreamResponse with
         its correlation_id once its events are durable, or its own error; an error never ends the
-        stream. Replies come in request order per session, and at most the server's in-flight limit
-        of requests are unanswered at once (the server stops reading past it). Unary Append stays.
+        stream. Replies come in request order, and at most the server's --append-stream-window of
+        requests are unanswered at once (the server stops reading past it). Unary Append stays.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -93,3 +93,42 @@ def test_a_copy_of_another_history_is_dropped_at_start(tmp_path: Path) -> None:
             assert len(log_bytes(stub, "ours")) == 2
             assert log_bytes(stub, "theirs") == []
         server.stop()
+
+
+def test_a_damaged_copy_is_dropped_at_start_and_the_folder_opens_as_it_was(
+    tmp_path: Path,
+) -> None:
+    """A pending copy whose data file is cut short (LMDB would fault reading past its end) or
+    overwritten is not what `admin compact --online` wrote: each is removed at start, and the
+    server starts on its own data file with every write in it."""
+    data, address = tmp_path / "data", f"127.0.0.1:{free_port()}"
+    args = ["--data", str(data), "--listen", address]
+    copied = data / compaction.PENDING / folder.DATA_FILE
+    with ServerProcess(args, tmp_path) as server:
+        server.wait_serving(address)
+        with grpc.insecure_channel(address) as channel:
+            stub = pb_grpc.SessionLogServiceStub(channel)  # type: ignore[no-untyped-call]
+            for n in range(5):
+                append(stub, f"s{n}", *[say(f"{n}.{i} {PAD}") for i in range(20)])
+            kept = {f"s{n}": log_bytes(stub, f"s{n}") for n in range(5)}
+        server.stop()
+    for damage in ("cut short", "overwritten"):
+        online = run_cli(["admin", "compact", "--online", "--data", str(data)], tmp_path)
+        assert online.returncode == 0, online.stdout + online.stderr
+        size = copied.stat().st_size
+        with copied.open("r+b") as damaged:
+            if damage == "cut short":
+                damaged.truncate(size // 2)
+            else:
+                damaged.seek(size // 3)
+                damaged.write(b"\x5a" * (size // 3))
+        with ServerProcess(args, tmp_path) as server:
+            server.wait_serving(address)
+            assert "removed a compacted copy taken online" in server.log(), damage
+            assert not (data / compaction.PENDING).exists(), damage
+            with grpc.insecure_channel(address) as channel:
+                stub = pb_grpc.SessionLogServiceStub(channel)  # type: ignore[no-untyped-call]
+                assert {sid: log_bytes(stub, sid) for sid in kept} == kept, damage
+            server.stop()
+    verified = run_cli(["admin", "verify", "--data", str(data)], tmp_path)
+    assert verified.returncode == 0, verified.stdout + verified.stderr

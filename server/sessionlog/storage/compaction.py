@@ -21,7 +21,10 @@ one step that waits for a restart. At its next start (``swap_pending``, the fold
 before the environment opens) the server brings the copy up to date by applying the change
 records written since the copy was taken, as a replica applies them (checksums checked; the
 folder-local counters copied as they are), and renames it over ``data.mdb``. A copy that is not
-a prefix of the folder's history (a restore or a rejoin came between) is removed, unused.
+a prefix of the folder's history (a restore or a rejoin came between) is removed, unused, and
+so is one whose data file is not byte for byte what the copy wrote (``SEAL``: cut short, LMDB
+would fault reading past its end and the server would die at every start; overwritten, it would
+refuse to open or read wrong): the folder's own data file is the truth, the copy only a saving.
 
 Offline: call ``compact`` with the folder lock held and no environment of the folder open. The copy
 holds the same records byte for byte (the folder's identity, its change feed and checksums
@@ -32,6 +35,8 @@ copies elsewhere (backups, snapshots, a set-aside store of a rejoin or resync).
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import shutil
 from dataclasses import dataclass
@@ -78,6 +83,8 @@ PENDING = "compact-pending"
 """The subfolder an online copy waits in for the next start (``swap_pending``)."""
 PARTIAL = "compact-pending.partial"
 """Where an online copy is written; renamed to ``PENDING`` once whole."""
+SEAL = "copied.json"
+"""Beside the copy's data file: its size and SHA-256 as written, checked before it is opened."""
 _LOCAL_COUNTERS = (
     schema.INSTANCE,
     schema.HISTORY_ID,
@@ -106,6 +113,7 @@ def copy_online(path: Path) -> Pending:
     partial, pending = path / PARTIAL, path / PENDING
     records = _copy_into(path, partial)
     _fsync(partial / folder.DATA_FILE)
+    _seal(partial)
     shutil.rmtree(pending, ignore_errors=True)
     os.replace(partial, pending)
     folder.fsync_dir(path)
@@ -130,7 +138,8 @@ def swap_pending(path: Path) -> Compacted | None:
     was not of this history and was removed). See the module doc."""
     shutil.rmtree(path / PARTIAL, ignore_errors=True)
     pending = path / PENDING
-    if not (pending / folder.DATA_FILE).is_file():
+    if not (pending / folder.DATA_FILE).is_file() or not _sealed(pending):
+        shutil.rmtree(pending, ignore_errors=True)
         return None
     data = path / folder.DATA_FILE
     before = data.stat().st_size
@@ -153,6 +162,33 @@ def swap_pending(path: Path) -> Compacted | None:
     shutil.rmtree(pending, ignore_errors=True)
     folder.fsync_dir(path)
     return Compacted(applied, before, data.stat().st_size)
+
+
+def _seal(copy: Path) -> None:
+    """Write the ``SEAL`` of the copy's data file, synced."""
+    seal = copy / SEAL
+    seal.write_text(json.dumps(_fingerprint(copy / folder.DATA_FILE)))
+    _fsync(seal)
+
+
+def _sealed(copy: Path) -> bool:
+    """Whether the copy's data file is the one its ``SEAL`` describes (no seal: not a whole copy).
+    Once the catch-up writes to it, it is not: a start cut short there drops the copy."""
+    try:
+        seal = json.loads((copy / SEAL).read_text())
+    except (OSError, ValueError):
+        return False
+    return bool(seal == _fingerprint(copy / folder.DATA_FILE))
+
+
+def _fingerprint(data: Path) -> dict[str, object]:
+    digest = hashlib.sha256()
+    size = 0
+    with data.open("rb") as reading:
+        while block := reading.read(1 << 20):
+            digest.update(block)
+            size += len(block)
+    return {"size": size, "sha256": digest.hexdigest()}
 
 
 def _catch_up(live: lmdb.Environment, new: lmdb.Environment) -> int | None:

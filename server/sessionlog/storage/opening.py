@@ -98,7 +98,10 @@ def _swap_compacted(path: Path) -> None:
             },
         )
     elif had:
-        log.warning("removed a compacted copy taken online: it is not of this folder's history")
+        log.warning(
+            "removed a compacted copy taken online: not whole as written,"
+            " or not of this folder's history"
+        )
 
 
 def _identity(env: lmdb.Environment, tables: Tables) -> identity.Identity:

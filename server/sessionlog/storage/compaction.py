@@ -35,6 +35,7 @@ copies elsewhere (backups, snapshots, a set-aside store of a rejoin or resync).
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -112,8 +113,12 @@ def copy_online(path: Path) -> Pending:
     server, into ``PENDING`` (replacing one there); the server swaps it in at its next start."""
     partial, pending = path / PARTIAL, path / PENDING
     records = _copy_into(path, partial)
-    _fsync(partial / folder.DATA_FILE)
-    _seal(partial)
+    try:
+        _fsync(partial / folder.DATA_FILE)
+        _seal(partial)
+    except BaseException:
+        shutil.rmtree(partial, ignore_errors=True)
+        raise
     shutil.rmtree(pending, ignore_errors=True)
     os.replace(partial, pending)
     folder.fsync_dir(path)
@@ -234,24 +239,46 @@ def _copy_into(path: Path, building: Path) -> int:
     )
     try:
         shutil.rmtree(building, ignore_errors=True)
+        _make_room(path, (old.info()["last_pgno"] + 1) * old.stat()["psize"])
         building.mkdir()
-        new = lmdb.open(
-            str(building),
-            map_size=old.info()["map_size"],
-            max_dbs=len(schema.ALL_DBS),
-            meminit=True,
-        )
         try:
-            sources = {name: _source(old, name) for name in schema.ALL_DBS}
-            with old.begin() as reading:
-                records = sum(
-                    _copy_table(reading, sources[name], new, name) for name in schema.ALL_DBS
-                )
-            new.sync(True)
-        finally:
-            new.close()
+            records = _copy_tables(old, building)
+        except BaseException:
+            shutil.rmtree(building, ignore_errors=True)  # half a copy only takes the disk
+            raise
     finally:
         old.close()
+    return records
+
+
+ROOM_MARGIN = 1 << 20
+"""Free bytes a copy needs beyond the store's pages in use (its lock file, LMDB's metadata)."""
+
+
+def _make_room(path: Path, used: int) -> None:
+    """Refuse a copy the disk has no room for: a copy that fills the disk fails half-written
+    (on a tmpfs LMDB dies of SIGBUS, the half-written copy left), and the server beside it,
+    whose writes need that space, is refused too."""
+    free = shutil.disk_usage(path).free
+    if free < used + ROOM_MARGIN:
+        raise OSError(
+            errno.ENOSPC,
+            f"no room for the copy: it needs up to {used + ROOM_MARGIN:,} bytes free on the disk "
+            f"of the data folder, which has {free:,}; free disk space there and try again",
+        )
+
+
+def _copy_tables(old: lmdb.Environment, building: Path) -> int:
+    new = lmdb.open(
+        str(building), map_size=old.info()["map_size"], max_dbs=len(schema.ALL_DBS), meminit=True
+    )
+    try:
+        sources = {name: _source(old, name) for name in schema.ALL_DBS}
+        with old.begin() as reading:
+            records = sum(_copy_table(reading, sources[name], new, name) for name in schema.ALL_DBS)
+        new.sync(True)
+    finally:
+        new.close()
     return records
 
 

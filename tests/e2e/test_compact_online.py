@@ -132,3 +132,31 @@ def test_a_damaged_copy_is_dropped_at_start_and_the_folder_opens_as_it_was(
             server.stop()
     verified = run_cli(["admin", "verify", "--data", str(data)], tmp_path)
     assert verified.returncode == 0, verified.stdout + verified.stderr
+
+
+def test_an_erasure_of_the_copys_newest_record_keeps_the_copy(tmp_path: Path) -> None:
+    """The copy's newest record is the append of a session deleted after the copy: the delete
+    rewrites that record to its erased form (same checksum, other bytes), which is still this
+    folder's history, so the copy is swapped in, not dropped, and the session stays gone."""
+    data, address = tmp_path / "data", f"127.0.0.1:{free_port()}"
+    args = ["--data", str(data), "--listen", address]
+    with ServerProcess(args, tmp_path) as server:
+        server.wait_serving(address)
+        with grpc.insecure_channel(address) as channel:
+            stub = pb_grpc.SessionLogServiceStub(channel)  # type: ignore[no-untyped-call]
+            append(stub, "kept", say("kept"))
+            append(stub, "last", *[say(f"secret {i} {PAD}") for i in range(20)])
+            copied = run_cli(["admin", "compact", "--online", "--data", str(data)], tmp_path)
+            assert copied.returncode == 0, copied.stdout + copied.stderr
+            stub.DeleteSession(pb.DeleteSessionRequest(session_id="last"), timeout=30)
+        server.stop()
+    with ServerProcess(args, tmp_path) as again:
+        again.wait_serving(address)
+        assert "swapped in the compacted copy taken online" in again.log()
+        with grpc.insecure_channel(address) as channel:
+            stub = pb_grpc.SessionLogServiceStub(channel)  # type: ignore[no-untyped-call]
+            assert log_bytes(stub, "last") == []
+            assert len(log_bytes(stub, "kept")) == 1
+        again.stop()
+    verified = run_cli(["admin", "verify", "--data", str(data)], tmp_path)
+    assert verified.returncode == 0, verified.stdout + verified.stderr

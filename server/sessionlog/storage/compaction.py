@@ -21,7 +21,8 @@ one step that waits for a restart. At its next start (``swap_pending``, the fold
 before the environment opens) the server brings the copy up to date by applying the change
 records written since the copy was taken, as a replica applies them (checksums checked; the
 folder-local counters copied as they are), and renames it over ``data.mdb``. A copy that is not
-a prefix of the folder's history (a restore or a rejoin came between) is removed, unused, and
+a prefix of the folder's history (its newest record's fingerprint, which an erasure's rewrite
+keeps, is not the folder's there: a restore or a rejoin came between) is removed, unused, and
 so is one whose data file is not byte for byte what the copy wrote (``SEAL``: cut short, LMDB
 would fault reading past its end and the server would die at every start; overwritten, it would
 refuse to open or read wrong): the folder's own data file is the truth, the copy only a saving.
@@ -202,9 +203,11 @@ def _catch_up(live: lmdb.Environment, new: lmdb.Environment) -> int | None:
     live_tables, new_tables = Tables(live), Tables(new)
     with new.begin() as txn, live.begin() as reading:
         position = changes.head(txn, new_tables)[0]
-        ours = txn.get(schema.u64(position), db=new_tables.changes)
-        theirs = reading.get(schema.u64(position), db=live_tables.changes)
-        if position and (ours is None or theirs is None or bytes(ours) != bytes(theirs)):
+        # Fingerprints, not bytes: an erasure after the copy rewrites the record in the folder
+        # to its erased form, which keeps the checksum (the history is the same).
+        ours = changes.fingerprint_at(txn, new_tables, position)
+        theirs = changes.fingerprint_at(reading, live_tables, position)
+        if position and (ours is None or theirs is None or ours != theirs):
             return None
     applied = 0
     while True:

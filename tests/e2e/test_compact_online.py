@@ -5,7 +5,9 @@ server writes, and the restarted server brings it up to date and swaps it in
 from __future__ import annotations
 
 import json
+import subprocess
 from pathlib import Path
+from subprocess import PIPE
 
 import grpc
 import pytest
@@ -14,7 +16,7 @@ from sessionlog.storage import compaction, folder
 from sessionlog.v1 import session_log_service_pb2 as pb
 from sessionlog.v1 import session_log_service_pb2_grpc as pb_grpc
 from tests.e2e._helpers import append, log_bytes, say
-from tests.e2e._proc import ServerProcess, free_port, run_cli
+from tests.e2e._proc import SESSIONLOG, ServerProcess, clean_env, free_port, run_cli
 
 pytestmark = pytest.mark.workers
 
@@ -160,3 +162,35 @@ def test_an_erasure_of_the_copys_newest_record_keeps_the_copy(tmp_path: Path) ->
         again.stop()
     verified = run_cli(["admin", "verify", "--data", str(data)], tmp_path)
     assert verified.returncode == 0, verified.stdout + verified.stderr
+
+
+def test_two_online_copies_at_once_one_refused_clearly(tmp_path: Path) -> None:
+    """Two `admin compact --online` started together on one folder: a copy that runs exits 0,
+    one refused says another copy is running (never a file vanished under it), and the
+    restarted server swaps in a copy with every session whole."""
+    data, address = tmp_path / "data", f"127.0.0.1:{free_port()}"
+    args = ["--data", str(data), "--listen", address]
+    command = [str(SESSIONLOG), "admin", "compact", "--online", "--data", str(data)]
+    with ServerProcess(args, tmp_path) as server:
+        server.wait_serving(address)
+        with grpc.insecure_channel(address) as channel:
+            stub = pb_grpc.SessionLogServiceStub(channel)  # type: ignore[no-untyped-call]
+            for n in range(100):
+                append(stub, f"s{n:03d}", *[say(f"{n}.{i} {PAD}") for i in range(20)])
+            kept = {f"s{n:03d}": log_bytes(stub, f"s{n:03d}") for n in range(100)}
+        copies = [
+            subprocess.Popen(command, stdout=PIPE, stderr=PIPE, env=clean_env(), text=True)
+            for _ in range(2)
+        ]
+        ended = [(copy.wait(timeout=120), copy.communicate()[1]) for copy in copies]
+        server.stop()
+    assert 0 in [code for code, _ in ended], ended
+    for code, stderr in ended:
+        assert code == 0 or "another `admin compact --online`" in stderr, (code, stderr)
+    with ServerProcess(args, tmp_path) as again:
+        again.wait_serving(address)
+        assert "swapped in the compacted copy taken online" in again.log()
+        with grpc.insecure_channel(address) as channel:
+            stub = pb_grpc.SessionLogServiceStub(channel)  # type: ignore[no-untyped-call]
+            assert {sid: log_bytes(stub, sid) for sid in kept} == kept
+        again.stop()

@@ -37,10 +37,13 @@ copies elsewhere (backups, snapshots, a set-aside store of a rejoin or resync).
 from __future__ import annotations
 
 import errno
+import fcntl
 import hashlib
 import json
 import os
 import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -112,6 +115,33 @@ class Pending:
 def copy_online(path: Path) -> Pending:
     """Write a logical copy of the folder's store, read in one transaction beside a running
     server, into ``PENDING`` (replacing one there); the server swaps it in at its next start."""
+    with _one_copy_at_once(path):
+        return _copy_online(path)
+
+
+COPYING = "compact-online.lock"
+"""Empty; an online copy in progress holds a flock on it: one copy of a folder at a time."""
+
+
+@contextmanager
+def _one_copy_at_once(path: Path) -> Iterator[None]:
+    """Refuse a second online copy of the folder while one runs: both write ``PARTIAL`` (each
+    would remove the other's half-written copy under it)."""
+    fd = os.open(path / COPYING, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise OSError(
+                errno.EBUSY,
+                "another `admin compact --online` is copying this folder; wait for it to end",
+            ) from None
+        yield
+    finally:
+        os.close(fd)
+
+
+def _copy_online(path: Path) -> Pending:
     partial, pending = path / PARTIAL, path / PENDING
     records = _copy_into(path, partial)
     try:

@@ -4,6 +4,7 @@ server writes, and the restarted server brings it up to date and swaps it in
 
 from __future__ import annotations
 
+import fcntl
 import json
 import subprocess
 from pathlib import Path
@@ -194,3 +195,35 @@ def test_two_online_copies_at_once_one_refused_clearly(tmp_path: Path) -> None:
             stub = pb_grpc.SessionLogServiceStub(channel)  # type: ignore[no-untyped-call]
             assert {sid: log_bytes(stub, sid) for sid in kept} == kept
         again.stop()
+
+
+def test_a_start_while_a_copy_is_written_leaves_it_alone(tmp_path: Path) -> None:
+    """A server started while an online copy holds its lock (held here by the test, as a
+    running copy holds it) neither swaps nor removes anything and starts on its own file; the
+    start after the copy ends swaps the copy in."""
+    data, address = tmp_path / "data", f"127.0.0.1:{free_port()}"
+    args = ["--data", str(data), "--listen", address]
+    with ServerProcess(args, tmp_path) as server:
+        server.wait_serving(address)
+        with grpc.insecure_channel(address) as channel:
+            stub = pb_grpc.SessionLogServiceStub(channel)  # type: ignore[no-untyped-call]
+            append(stub, "kept", say(f"kept {PAD}"))
+        server.stop()
+    assert run_cli(["admin", "compact", "--online", "--data", str(data)], tmp_path).returncode == 0
+    (data / compaction.PARTIAL).mkdir()  # as a copy being written has it
+    with (data / compaction.COPYING).open("w") as copying:
+        fcntl.flock(copying, fcntl.LOCK_EX)
+        with ServerProcess(args, tmp_path) as server:
+            server.wait_serving(address)
+            assert "is copying this folder" in server.log()
+            assert (data / compaction.PENDING / folder.DATA_FILE).is_file()
+            assert (data / compaction.PARTIAL).is_dir()
+            server.stop()
+    with ServerProcess(args, tmp_path) as server:
+        server.wait_serving(address)
+        assert "swapped in the compacted copy taken online" in server.log()
+        assert not (data / compaction.PARTIAL).exists()
+        with grpc.insecure_channel(address) as channel:
+            stub = pb_grpc.SessionLogServiceStub(channel)  # type: ignore[no-untyped-call]
+            assert len(log_bytes(stub, "kept")) == 1
+        server.stop()

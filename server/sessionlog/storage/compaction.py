@@ -123,16 +123,20 @@ COPYING = "compact-online.lock"
 """Empty; an online copy in progress holds a flock on it: one copy of a folder at a time."""
 
 
+class CopyInProgress(OSError):
+    """An online copy of the folder is being written (its ``COPYING`` lock is held)."""
+
+
 @contextmanager
 def _one_copy_at_once(path: Path) -> Iterator[None]:
-    """Refuse a second online copy of the folder while one runs: both write ``PARTIAL`` (each
-    would remove the other's half-written copy under it)."""
+    """Refuse a second online copy of the folder while one runs, and a server start's swap:
+    each writes or removes ``PARTIAL`` (the other's half-written copy, under it)."""
     fd = os.open(path / COPYING, os.O_RDWR | os.O_CREAT, 0o644)
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            raise OSError(
+            raise CopyInProgress(
                 errno.EBUSY,
                 "another `admin compact --online` is copying this folder; wait for it to end",
             ) from None
@@ -171,7 +175,15 @@ def _copy_online(path: Path) -> Pending:
 def swap_pending(path: Path) -> Compacted | None:
     """At start, with the folder lock held and no environment open: bring a pending online
     copy up to date from the folder's change feed and swap it in (None: there was none, or it
-    was not of this history and was removed). See the module doc."""
+    was not of this history and was removed). See the module doc. While an online copy is
+    being written (a server started meanwhile) nothing is touched: CopyInProgress."""
+    if not (path / PARTIAL).exists() and not (path / PENDING).exists():
+        return None
+    with _one_copy_at_once(path):
+        return _swap_pending(path)
+
+
+def _swap_pending(path: Path) -> Compacted | None:
     shutil.rmtree(path / PARTIAL, ignore_errors=True)
     pending = path / PENDING
     if not (pending / folder.DATA_FILE).is_file() or not _sealed(pending):

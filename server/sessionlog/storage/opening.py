@@ -87,7 +87,13 @@ def open_folder(
 def _swap_compacted(path: Path) -> None:
     """Swap in a copy ``admin compact --online`` left (``compaction.swap_pending``), and say so."""
     had = (path / compaction.PENDING / folder.DATA_FILE).is_file()
-    done = compaction.swap_pending(path)
+    try:
+        done = compaction.swap_pending(path)
+    except compaction.CopyInProgress:
+        log.warning(
+            "an admin compact --online is copying this folder: its copy waits for the next start"
+        )
+        return
     if done is not None:
         log.warning(
             "swapped in the compacted copy taken online, brought up to date",

@@ -10,6 +10,7 @@ tmpfs first, so the disk fills after a few hundred small appends; deleting it fr
 from __future__ import annotations
 
 import re
+import shutil
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,12 +19,13 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2
 
+from sessionlog.storage import compaction
 from sessionlog.testing import error_info
 from sessionlog.v1 import session_log_service_pb2 as pb
 from sessionlog.v1 import session_log_service_pb2_grpc as pb_grpc
 from tests._tmpfs import fill, small_tmpfs
 from tests.e2e._helpers import say
-from tests.e2e._proc import ServerProcess, free_port, health_status
+from tests.e2e._proc import ServerProcess, free_port, health_status, run_cli
 from tests.e2e.test_metrics import scrape, value
 
 TMPFS_BYTES = 8 << 20
@@ -146,3 +148,37 @@ def test_a_full_disk_refuses_appends_then_writes_resume_once_space_is_freed(
     by_seq = {seq: request_id for request_id, seq in acknowledged.items()}
     assert len(by_seq) == len(acknowledged)
     assert [e.data["content"].split()[0] for e in stored] == [by_seq[e.seq] for e in stored]
+
+
+def _copies(data: Path) -> list[str]:
+    """The copies (whole or not) of `admin compact` in the folder."""
+    made = (compaction.BUILDING, compaction.PARTIAL, compaction.PENDING)
+    return sorted(path.name for path in data.iterdir() if path.name in made)
+
+
+def test_a_copy_with_no_room_for_it_is_refused_and_leaves_nothing(
+    tmp_path: Path, small_disk: Path
+) -> None:
+    """`admin compact --online` and the offline `admin compact` on a disk without room for the
+    copy: each exits 1 saying so (the online copy used to die of SIGBUS), no half-written copy
+    is left to take the space the server needs, and the server goes on taking writes."""
+    address, metrics = f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"
+    data = small_disk / "data"
+    with _serve(tmp_path, small_disk, address, metrics) as server:
+        server.wait_serving(address)
+        with grpc.insecure_channel(address) as channel:
+            stub = pb_grpc.SessionLogServiceStub(channel)  # type: ignore[no-untyped-call]
+            for n in range(150):
+                _append(stub, n)
+            free = shutil.disk_usage(small_disk).free
+            (small_disk / "filler").write_bytes(b"\1" * (free - (100 << 10)))  # 100 KiB left
+            copied = run_cli(["admin", "compact", "--online", "--data", str(data)], tmp_path)
+            assert copied.returncode == 1, (copied.returncode, copied.stdout + copied.stderr)
+            assert "no room" in copied.stderr, copied.stderr
+            assert _copies(data) == []
+            assert _append(stub, 150).events[0].seq == 150
+        server.stop()
+    offline = run_cli(["admin", "compact", "--data", str(data)], tmp_path)
+    assert offline.returncode == 1, (offline.returncode, offline.stdout + offline.stderr)
+    assert "no room" in offline.stderr, offline.stderr
+    assert _copies(data) == []

@@ -21,7 +21,11 @@ one step that waits for a restart. At its next start (``swap_pending``, the fold
 before the environment opens) the server brings the copy up to date by applying the change
 records written since the copy was taken, as a replica applies them (checksums checked; the
 folder-local counters copied as they are), and renames it over ``data.mdb``. A copy that is not
-a prefix of the folder's history (a restore or a rejoin came between) is removed, unused.
+a prefix of the folder's history (its newest record's fingerprint, which an erasure's rewrite
+keeps, is not the folder's there: a restore or a rejoin came between) is removed, unused, and
+so is one whose data file is not byte for byte what the copy wrote (``SEAL``: cut short, LMDB
+would fault reading past its end and the server would die at every start; overwritten, it would
+refuse to open or read wrong): the folder's own data file is the truth, the copy only a saving.
 
 Offline: call ``compact`` with the folder lock held and no environment of the folder open. The copy
 holds the same records byte for byte (the folder's identity, its change feed and checksums
@@ -32,8 +36,14 @@ copies elsewhere (backups, snapshots, a set-aside store of a rejoin or resync).
 
 from __future__ import annotations
 
+import errno
+import fcntl
+import hashlib
+import json
 import os
 import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -78,6 +88,8 @@ PENDING = "compact-pending"
 """The subfolder an online copy waits in for the next start (``swap_pending``)."""
 PARTIAL = "compact-pending.partial"
 """Where an online copy is written; renamed to ``PENDING`` once whole."""
+SEAL = "copied.json"
+"""Beside the copy's data file: its size and SHA-256 as written, checked before it is opened."""
 _LOCAL_COUNTERS = (
     schema.INSTANCE,
     schema.HISTORY_ID,
@@ -103,9 +115,45 @@ class Pending:
 def copy_online(path: Path) -> Pending:
     """Write a logical copy of the folder's store, read in one transaction beside a running
     server, into ``PENDING`` (replacing one there); the server swaps it in at its next start."""
+    with _one_copy_at_once(path):
+        return _copy_online(path)
+
+
+COPYING = "compact-online.lock"
+"""Empty; an online copy in progress holds a flock on it: one copy of a folder at a time."""
+
+
+class CopyInProgress(OSError):
+    """An online copy of the folder is being written (its ``COPYING`` lock is held)."""
+
+
+@contextmanager
+def _one_copy_at_once(path: Path) -> Iterator[None]:
+    """Refuse a second online copy of the folder while one runs, and a server start's swap:
+    each writes or removes ``PARTIAL`` (the other's half-written copy, under it)."""
+    fd = os.open(path / COPYING, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise CopyInProgress(
+                errno.EBUSY,
+                "another `admin compact --online` is copying this folder; wait for it to end",
+            ) from None
+        yield
+    finally:
+        os.close(fd)
+
+
+def _copy_online(path: Path) -> Pending:
     partial, pending = path / PARTIAL, path / PENDING
     records = _copy_into(path, partial)
-    _fsync(partial / folder.DATA_FILE)
+    try:
+        _fsync(partial / folder.DATA_FILE)
+        _seal(partial)
+    except BaseException:
+        shutil.rmtree(partial, ignore_errors=True)
+        raise
     shutil.rmtree(pending, ignore_errors=True)
     os.replace(partial, pending)
     folder.fsync_dir(path)
@@ -127,10 +175,19 @@ def copy_online(path: Path) -> Pending:
 def swap_pending(path: Path) -> Compacted | None:
     """At start, with the folder lock held and no environment open: bring a pending online
     copy up to date from the folder's change feed and swap it in (None: there was none, or it
-    was not of this history and was removed). See the module doc."""
+    was not of this history and was removed). See the module doc. While an online copy is
+    being written (a server started meanwhile) nothing is touched: CopyInProgress."""
+    if not (path / PARTIAL).exists() and not (path / PENDING).exists():
+        return None
+    with _one_copy_at_once(path):
+        return _swap_pending(path)
+
+
+def _swap_pending(path: Path) -> Compacted | None:
     shutil.rmtree(path / PARTIAL, ignore_errors=True)
     pending = path / PENDING
-    if not (pending / folder.DATA_FILE).is_file():
+    if not (pending / folder.DATA_FILE).is_file() or not _sealed(pending):
+        shutil.rmtree(pending, ignore_errors=True)
         return None
     data = path / folder.DATA_FILE
     before = data.stat().st_size
@@ -155,15 +212,44 @@ def swap_pending(path: Path) -> Compacted | None:
     return Compacted(applied, before, data.stat().st_size)
 
 
+def _seal(copy: Path) -> None:
+    """Write the ``SEAL`` of the copy's data file, synced."""
+    seal = copy / SEAL
+    seal.write_text(json.dumps(_fingerprint(copy / folder.DATA_FILE)))
+    _fsync(seal)
+
+
+def _sealed(copy: Path) -> bool:
+    """Whether the copy's data file is the one its ``SEAL`` describes (no seal: not a whole copy).
+    Once the catch-up writes to it, it is not: a start cut short there drops the copy."""
+    try:
+        seal = json.loads((copy / SEAL).read_text())
+    except (OSError, ValueError):
+        return False
+    return bool(seal == _fingerprint(copy / folder.DATA_FILE))
+
+
+def _fingerprint(data: Path) -> dict[str, object]:
+    digest = hashlib.sha256()
+    size = 0
+    with data.open("rb") as reading:
+        while block := reading.read(1 << 20):
+            digest.update(block)
+            size += len(block)
+    return {"size": size, "sha256": digest.hexdigest()}
+
+
 def _catch_up(live: lmdb.Environment, new: lmdb.Environment) -> int | None:
     """Apply to ``new`` the records ``live`` wrote after it, and copy the folder-local counters;
     how many records (None: ``new`` is not a prefix of ``live``'s history)."""
     live_tables, new_tables = Tables(live), Tables(new)
     with new.begin() as txn, live.begin() as reading:
         position = changes.head(txn, new_tables)[0]
-        ours = txn.get(schema.u64(position), db=new_tables.changes)
-        theirs = reading.get(schema.u64(position), db=live_tables.changes)
-        if position and (ours is None or theirs is None or bytes(ours) != bytes(theirs)):
+        # Fingerprints, not bytes: an erasure after the copy rewrites the record in the folder
+        # to its erased form, which keeps the checksum (the history is the same).
+        ours = changes.fingerprint_at(txn, new_tables, position)
+        theirs = changes.fingerprint_at(reading, live_tables, position)
+        if position and (ours is None or theirs is None or ours != theirs):
             return None
     applied = 0
     while True:
@@ -198,24 +284,46 @@ def _copy_into(path: Path, building: Path) -> int:
     )
     try:
         shutil.rmtree(building, ignore_errors=True)
+        _make_room(path, (old.info()["last_pgno"] + 1) * old.stat()["psize"])
         building.mkdir()
-        new = lmdb.open(
-            str(building),
-            map_size=old.info()["map_size"],
-            max_dbs=len(schema.ALL_DBS),
-            meminit=True,
-        )
         try:
-            sources = {name: _source(old, name) for name in schema.ALL_DBS}
-            with old.begin() as reading:
-                records = sum(
-                    _copy_table(reading, sources[name], new, name) for name in schema.ALL_DBS
-                )
-            new.sync(True)
-        finally:
-            new.close()
+            records = _copy_tables(old, building)
+        except BaseException:
+            shutil.rmtree(building, ignore_errors=True)  # half a copy only takes the disk
+            raise
     finally:
         old.close()
+    return records
+
+
+ROOM_MARGIN = 1 << 20
+"""Free bytes a copy needs beyond the store's pages in use (its lock file, LMDB's metadata)."""
+
+
+def _make_room(path: Path, used: int) -> None:
+    """Refuse a copy the disk has no room for: a copy that fills the disk fails half-written
+    (on a tmpfs LMDB dies of SIGBUS, the half-written copy left), and the server beside it,
+    whose writes need that space, is refused too."""
+    free = shutil.disk_usage(path).free
+    if free < used + ROOM_MARGIN:
+        raise OSError(
+            errno.ENOSPC,
+            f"no room for the copy: it needs up to {used + ROOM_MARGIN:,} bytes free on the disk "
+            f"of the data folder, which has {free:,}; free disk space there and try again",
+        )
+
+
+def _copy_tables(old: lmdb.Environment, building: Path) -> int:
+    new = lmdb.open(
+        str(building), map_size=old.info()["map_size"], max_dbs=len(schema.ALL_DBS), meminit=True
+    )
+    try:
+        sources = {name: _source(old, name) for name in schema.ALL_DBS}
+        with old.begin() as reading:
+            records = sum(_copy_table(reading, sources[name], new, name) for name in schema.ALL_DBS)
+        new.sync(True)
+    finally:
+        new.close()
     return records
 
 

@@ -7,6 +7,8 @@
     <data>/sessionlog.folder the marker: JSON {format, created, instance, previous_instance}
     <data>/snapshot-slot-K.lock  empty; a snapshot in progress holds a flock on one
                              (``snapshot.MAX_AT_ONCE`` of them)
+    <data>/compact-pending/  an online copy waiting for the next start (``compaction``)
+    <data>/compact-online.lock  empty; an online copy in progress holds a flock on it
 
 **One owner.** Two servers writing one folder would each cache nothing that matters (positions
 and seqs are read inside the write transaction), but they would still split followers and

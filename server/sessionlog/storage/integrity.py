@@ -368,6 +368,33 @@ def verify(
     transaction.
     """
     walk = _Walk(file_bytes=_map_bytes(env))
+    snapshot = env.begin(buffers=True)
+    try:
+        whole = _walk_tables(walk, env, tables, change_checks, snapshot)
+        if whole:
+            _free_list(walk, env, snapshot)
+    finally:
+        snapshot.abort()
+    if not whole:
+        with env.begin() as fresh:
+            _free_list(walk, env, fresh)
+    _session_totals(walk)
+    return walk.problems, walk.counts
+
+
+def _walk_tables(
+    walk: _Walk,
+    env: lmdb.Environment,
+    tables: Tables,
+    change_checks: Sequence[ChangeCheck],
+    snapshot: lmdb.Transaction,
+) -> bool:
+    """Every table, read in the one ``snapshot`` so that a live writer beside verify cannot
+    make the tables disagree (a session record read before an append, its index key after it).
+    LMDB fails a transaction for good once it met a damaged page: from then on each table gets
+    a fresh transaction (its own moment, which only a damaged store comes to). Whether the
+    snapshot read every table (no damage met)."""
+    shared: lmdb.Transaction | None = snapshot
     for name, step in (
         ("sessions", _sessions),
         ("ids", _ids),
@@ -383,25 +410,26 @@ def verify(
     ):
         walk.counts[name] = 0
         try:
-            with env.begin(buffers=True) as txn:
-                step(walk, txn, tables)
+            if shared is not None:
+                step(walk, shared, tables)
+            else:
+                with env.begin(buffers=True) as txn:
+                    step(walk, txn, tables)
         except damage.LMDB_DAMAGE as exc:
+            shared = None
             walk.add(name, "table", f"LMDB cannot read this table to its end ({exc})")
             if name == "events":
                 _events_by_session(walk, env, tables)
-    _session_totals(walk)
-    _free_list(walk, env)
-    return walk.problems, walk.counts
+    return shared is not None
 
 
-def _free_list(walk: _Walk, env: lmdb.Environment) -> None:
-    """The free list's problems (``check_free_list``), walked as of a read transaction held
-    open meanwhile, so that a live writer cannot reuse the pages walked."""
+def _free_list(walk: _Walk, env: lmdb.Environment, txn: lmdb.Transaction) -> None:
+    """The free list's problems (``check_free_list``), walked as of ``txn``, a read
+    transaction held open meanwhile, so that a live writer cannot reuse the pages walked."""
     path = Path(env.path())
     path = path / DATA_FILE if path.is_dir() else path
-    with env.begin() as txn:
-        for what in check_free_list(path, txn.id()):
-            walk.add("free list", "pages", what)
+    for what in check_free_list(path, txn.id()):
+        walk.add("free list", "pages", what)
 
 
 def _map_bytes(env: lmdb.Environment) -> int:

@@ -87,7 +87,13 @@ def open_folder(
 def _swap_compacted(path: Path) -> None:
     """Swap in a copy ``admin compact --online`` left (``compaction.swap_pending``), and say so."""
     had = (path / compaction.PENDING / folder.DATA_FILE).is_file()
-    done = compaction.swap_pending(path)
+    try:
+        done = compaction.swap_pending(path)
+    except compaction.CopyInProgress:
+        log.warning(
+            "an admin compact --online is copying this folder: its copy waits for the next start"
+        )
+        return
     if done is not None:
         log.warning(
             "swapped in the compacted copy taken online, brought up to date",
@@ -98,7 +104,10 @@ def _swap_compacted(path: Path) -> None:
             },
         )
     elif had:
-        log.warning("removed a compacted copy taken online: it is not of this folder's history")
+        log.warning(
+            "removed a compacted copy taken online: not whole as written,"
+            " or not of this folder's history"
+        )
 
 
 def _identity(env: lmdb.Environment, tables: Tables) -> identity.Identity:

@@ -9,7 +9,6 @@ once per session; the Go error tests run through `go test` against a real server
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 from dataclasses import dataclass
@@ -17,12 +16,12 @@ from pathlib import Path
 
 import pytest
 
+from bench.appendload import DEBIAN_GOPATH, go_env
 from sessionlog.testing import RunningServer
 from tests.e2e._replication_cluster import Cluster
 
 ROOT = Path(__file__).resolve().parents[2]
 MODULE = "github.com/sessionlog/sessionlog/client/go"
-DEBIAN_GOPATH = Path("/usr/share/gocode")
 BUILD_SECONDS = 240
 HINT = "run `make go-tools` as root (Debian's golang-go and the golang-google-*-dev packages)"
 
@@ -34,21 +33,6 @@ class GoTree:
     package: Path
     env: dict[str, str]
     example: Path
-
-
-def go_env(gopath: Path, cache: Path) -> dict[str, str]:
-    """GOPATH mode over ``gopath`` and Debian's tree; no module downloads, no toolchain switch."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("GO", "SESSIONLOG_"))}
-    env.update(
-        GO111MODULE="off",
-        GOPATH=f"{gopath}:{DEBIAN_GOPATH}",
-        GOPROXY="off",
-        GOTOOLCHAIN="local",
-        GOFLAGS="",
-    )
-    if not (env.get("HOME") or env.get("XDG_CACHE_HOME")):
-        env["GOCACHE"] = str(cache)
-    return env
 
 
 def run_go(tree_env: dict[str, str], cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
@@ -72,7 +56,7 @@ def go_tree(tmp_path_factory: pytest.TempPathFactory) -> GoTree:
     gopath = tmp_path_factory.mktemp("gopath")
     package = gopath / "src" / MODULE
     shutil.copytree(ROOT / "client" / "go", package)
-    env = go_env(gopath, gopath / "cache")
+    env = go_env(gopath)
     example = gopath / "bin" / "example"
     built = run_go(env, package, "build", "-o", str(example), "./example")
     assert built.returncode == 0, f"go build failed ({HINT}):\n{built.stderr}"

@@ -34,7 +34,7 @@ cluster: $(VENV)/.run-stamp etcd-tools haproxy-tools
 ## test: install everything and run the whole suite in two phases, then the e2e tests marked
 ## `workers` again against --workers 2 servers (`make test-workers`, the same two phases). Phase
 ## one: every test not marked `serial`, in TEST_PROCESSES test processes (pytest-xdist,
-## --dist loadgroup: a module's tests in one of them, tests/conftest.py groups them). Phase two:
+## --dist loadgroup: a module's tests in one of them, tests/_groups.py groups them). Phase two:
 ## the tests marked `serial` (they assert elapsed time, heartbeat rates or a fixed budget, or
 ## measure: the rule is in tests/conftest.py), in one process with nothing else running. Each
 ## phase ends with its 25 slowest tests. TEST_PROCESSES=0 runs phase one in one process too.
@@ -80,16 +80,18 @@ test-workers: $(VENV)/.dev-stamp browser go-tools etcd-tools haproxy-tools
 	$(call PYTEST_PHASE,tests/e2e --workers 2 -m "workers and serial")
 
 ## try-latest: the framework tests against the newest releases of the frameworks (and of the
-## packages the tests import from them), in a throw-away venv (.venv-latest): prints the versions
+## packages the tests import from them), and the suite's grouping against the newest pytest and
+## pytest-xdist, in a throw-away venv (.venv-latest): prints the versions
 ## installed beside the ranges the client's extras and the dev extra pin, then what broke. Not
 ## part of `make check`: run it to learn whether a range can be raised.
 FRAMEWORKS := openai-agents openai pydantic-ai-slim google-adk google-genai claude-agent-sdk \
-	langgraph langgraph-checkpoint langchain-core agent-framework-core
+	langgraph langgraph-checkpoint langchain-core agent-framework-core pytest pytest-xdist
 FRAMEWORK_TESTS := tests/e2e/test_openai_agents_session.py tests/e2e/test_pydantic_ai_history.py \
 	tests/e2e/test_google_adk_sessions.py tests/unit/test_framework_items.py \
 	tests/unit/test_google_adk_mapping.py tests/e2e/test_claude_agent_sdk_store.py \
 	tests/unit/test_claude_agent_sdk_mapping.py tests/e2e/test_langgraph_checkpoint.py \
-	tests/e2e/test_langchain_history.py tests/e2e/test_agent_framework_history.py
+	tests/e2e/test_langchain_history.py tests/e2e/test_agent_framework_history.py \
+	tests/unit/test_test_groups.py
 try-latest:
 	rm -rf .venv-latest
 	$(PYTHON) -m venv .venv-latest

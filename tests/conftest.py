@@ -41,6 +41,8 @@ from sessionlog.testing import RunningServer
 from sessionlog.v1 import session_log_service_pb2_grpc as pb_grpc
 from tests.e2e._proc import running_server, workers_under_test
 
+pytest_plugins = ["tests._groups"]
+
 _DESELECTED = pytest.StashKey[list[str]]()
 _TESTS = itertools.count()
 
@@ -72,26 +74,9 @@ def pytest_report_header(config: pytest.Config) -> str:
     return f"sessionlog servers: `sessionlog serve --workers {workers}` processes"
 
 
-NODE_GROUP = "node-client"
-"""The xdist group of the modules that run Node out of client/typescript: one test process runs
-them all, one after another (`npm pack` copies protos into that folder while a suite reads it).
-A module that uses the ``node_modules`` fixture is in it; one that runs Node otherwise says so
-(``pytestmark = pytest.mark.xdist_group("node-client")``)."""
-
-
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Group each test with its module for pytest-xdist (`make test` runs `--dist loadgroup`: a
-    module's tests share one test process, and its module-scoped server, unless the module names
-    a group of its own); in workers mode, deselect the tests that need the in-process server."""
-    node_modules = {
-        item.path for item in items if "node_modules" in getattr(item, "fixturenames", ())
-    }
-    for item in items:
-        if item.get_closest_marker("xdist_group") is None:
-            module = item.nodeid.split("::", 1)[0]
-            item.add_marker(
-                pytest.mark.xdist_group(NODE_GROUP if item.path in node_modules else module)
-            )
+    """In workers mode, deselect the tests that need the in-process server (which test process
+    runs which tests: tests/_groups.py)."""
     if workers_under_test() == 1:
         return
     deselected = [item for item in items if item.get_closest_marker("in_process")]

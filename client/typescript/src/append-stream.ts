@@ -24,19 +24,11 @@ import { randomUUID } from "node:crypto";
 
 import * as grpc from "@grpc/grpc-js";
 
-import {
-  type AppendOptions,
-  type AppendResult,
-  appendRequest,
-  appendResult,
-  errorFor,
-  type NewEvent,
-  type SessionLogClient,
-  SessionLogError,
-  toError,
-} from "./index.js";
+import { errorFor, SessionLogError, toError } from "./errors.js";
 import type * as proto from "./proto.js";
 import type { Input } from "./proto.js";
+import type { AppendOptions, AppendResult, NewEvent } from "./types.js";
+import { appendRequest, appendResult } from "./values.js";
 
 /** How many appends an AppendStream keeps unanswered at once unless told otherwise. */
 export const DEFAULT_MAX_IN_FLIGHT = 256;
@@ -54,7 +46,29 @@ export interface AppendStreamOptions {
  */
 export type StreamAppendOptions = Omit<AppendOptions, "timeoutMs">;
 
-type Member = NonNullable<Awaited<ReturnType<SessionLogClient["_pick"]>>>;
+/** @internal A server the stream's client knows (the client's own record of it). */
+export interface StreamMember {
+  address: string;
+  stub: grpc.Client;
+  reached: boolean;
+}
+
+/**
+ * @internal What an AppendStream asks of the client that opens it (SessionLogClient): its
+ * routing, its calls' metadata, what a failure or a NOT_PRIMARY answer means. An interface, so
+ * that this module needs nothing of index.ts, which imports it (no import circle).
+ */
+export interface StreamClient {
+  readonly waitForReadyCalls: boolean;
+  _pick(): Promise<StreamMember | null>;
+  _nobody(): SessionLogError;
+  _settle(member: StreamMember, timeoutMs: number): Promise<void>;
+  _metadata(write?: boolean, sessionId?: string): grpc.Metadata;
+  _notPrimary(member: StreamMember, metadata: Record<string, string>, group?: string, current?: boolean): unknown;
+  _after(member: StreamMember, thrown: unknown, retry: boolean, hops: number, deadlineMoves?: boolean, sessionId?: string, stream?: boolean): unknown;
+}
+
+type Member = StreamMember;
 type Call = grpc.ClientDuplexStream<Input<proto.AppendStreamRequest>, proto.AppendStreamResponse>;
 type DuplexRpc = (metadata: grpc.Metadata, options: grpc.CallOptions) => Call;
 
@@ -78,7 +92,7 @@ export class AppendStream {
   error: SessionLogError | Error | null;
   /** @internal */
   _forget: (() => void) | null;
-  private readonly _client: SessionLogClient;
+  private readonly _client: StreamClient;
   private readonly _pending: Map<number, Pending>;
   /** Appends waiting for a slot in the window, first come first sent (go sends at once). */
   private readonly _waiting: Array<{ go: () => void; fail: (error: unknown) => void }>;
@@ -92,7 +106,7 @@ export class AppendStream {
   private readonly _endWaiters: Array<() => void>;
 
   /** @internal */
-  constructor(client: SessionLogClient, { maxInFlight = DEFAULT_MAX_IN_FLIGHT }: AppendStreamOptions = {}) {
+  constructor(client: StreamClient, { maxInFlight = DEFAULT_MAX_IN_FLIGHT }: AppendStreamOptions = {}) {
     if (!Number.isSafeInteger(maxInFlight) || maxInFlight < 1) {
       throw new RangeError(`maxInFlight must be a whole number, 1 or more (got ${maxInFlight})`);
     }

@@ -370,6 +370,37 @@ def test_a_replica_refuses_each_request_not_primary(tmp_path: Path) -> None:
         assert log(primary.stub(), "r") == []
 
 
+@pytest.mark.workers  # whichever worker takes the stream names the same epoch
+def test_the_stream_names_the_epoch_and_refuses_a_caller_of_a_newer_one(
+    stub: Stub, sid: Sid
+) -> None:
+    """The stream's initial metadata, before any reply, and its trailers carry the server's
+    epoch (what a unary Append's trailers say); a stream whose caller has seen a newer epoch
+    (request metadata ``sessionlog-epoch``) gets each append refused NOT_PRIMARY with the
+    server's epoch, and nothing is written."""
+    session = sid("epoch")
+    append = pb.AppendRequest(session_id=session, events=[user()])
+    _, unary = stub.Append.with_call(append, timeout=10)
+    epoch = dict(unary.trailing_metadata())["sessionlog-epoch"]
+    assert int(epoch) >= 1
+    release = threading.Event()
+
+    def held() -> Iterator[pb.AppendStreamRequest]:
+        release.wait(10)  # nothing is sent before the initial metadata is read
+        yield pb.AppendStreamRequest(correlation_id=1, append=append)
+
+    call = stub.AppendStream(held(), timeout=30)
+    assert dict(call.initial_metadata())["sessionlog-epoch"] == epoch
+    release.set()
+    assert [r.append.next_seq for r in call] == [2]
+    assert dict(call.trailing_metadata())["sessionlog-epoch"] == epoch
+    newer = (("sessionlog-epoch", str(int(epoch) + 1)),)
+    replies = stream_appends(stub, [append, append], metadata=newer)
+    assert [r.error.reason for r in replies] == ["NOT_PRIMARY"] * 2
+    assert {r.error.metadata["epoch"] for r in replies} == {epoch}
+    assert len(log(stub, session)) == 2
+
+
 def test_a_sharded_server_refuses_another_groups_session_per_request(tmp_path: Path) -> None:
     """A sharded server answers a request for a session another group owns with WRONG_GROUP
     (naming the owner) and writes its own group's sessions on the same stream."""

@@ -19,6 +19,15 @@
 //   written (send them again with the same requestId on a new stream to find out safely).
 // - A NOT_PRIMARY answer points the client at the primary it names (as a unary call's would):
 //   the stream stays where it is, a new one goes there.
+// - Epochs, as for unary writes (see "Epochs:" in index.ts): the call carries the highest
+//   epoch the client has seen (of the group of its first append's session), so a server below
+//   it (a deposed primary restarted unfenced) refuses each append NOT_PRIMARY and writes
+//   nothing. The server names its epoch in the stream's headers, before any answer (and in its
+//   trailers again): the client learns it there, and judges each answer by the headers'. An append a server below the epoch the
+//   client has seen acknowledged (one too old to refuse, or a newer epoch learnt meanwhile) is
+//   not an acknowledgement: it rejects with LeadershipLostError (committed: send it again with
+//   its requestId); a NOT_PRIMARY of such a server names no primary to follow (the next
+//   member is tried).
 
 import { randomUUID } from "node:crypto";
 
@@ -63,7 +72,10 @@ export interface StreamClient {
   _pick(): Promise<StreamMember | null>;
   _nobody(): SessionLogError;
   _settle(member: StreamMember, timeoutMs: number): Promise<void>;
-  _metadata(write?: boolean, sessionId?: string): grpc.Metadata;
+  _streamMetadata(sessionId: string): grpc.Metadata;
+  _opened(member: StreamMember, headers: grpc.Metadata): { epoch: number; group: string };
+  _seen(group: string): number;
+  _accepted(member: StreamMember, headers: grpc.Metadata | undefined, sessionId: string): void;
   _notPrimary(member: StreamMember, metadata: Record<string, string>, group?: string, current?: boolean): unknown;
   _after(member: StreamMember, thrown: unknown, retry: boolean, hops: number, deadlineMoves?: boolean, sessionId?: string, stream?: boolean): unknown;
 }
@@ -73,6 +85,7 @@ type Call = grpc.ClientDuplexStream<Input<proto.AppendStreamRequest>, proto.Appe
 type DuplexRpc = (metadata: grpc.Metadata, options: grpc.CallOptions) => Call;
 
 interface Pending {
+  sessionId: string;
   done: (result: AppendResult) => void;
   fail: (error: unknown) => void;
 }
@@ -104,6 +117,10 @@ export class AppendStream {
   private _closing: boolean;
   private _ended: boolean;
   private readonly _endWaiters: Array<() => void>;
+  /** The stream's headers: the epoch (and group) its server named as it opened. */
+  private _headers: grpc.Metadata | undefined;
+  private _epoch: number;
+  private _group: string;
 
   /** @internal */
   constructor(client: StreamClient, { maxInFlight = DEFAULT_MAX_IN_FLIGHT }: AppendStreamOptions = {}) {
@@ -123,6 +140,9 @@ export class AppendStream {
     this._closing = false;
     this._ended = false;
     this._endWaiters = [];
+    this._headers = undefined;
+    this._epoch = 0;
+    this._group = "";
   }
 
   /** How many appends are sent and not yet answered. */
@@ -174,19 +194,23 @@ export class AppendStream {
   /** Register request's promise under a new correlation id and send it (or queue it until open). */
   private _send(request: Input<proto.AppendRequest>): Promise<AppendResult> {
     const correlation_id = this._nextId++;
-    const answered = new Promise<AppendResult>((done, fail) => this._pending.set(correlation_id, { done, fail }));
+    const sessionId = request.session_id ?? "";
+    const answered = new Promise<AppendResult>((done, fail) =>
+      this._pending.set(correlation_id, { sessionId, done, fail }),
+    );
     const message = { append: request, correlation_id };
     if (this._call) this._call.write(message);
     else {
       this._unsent.push(message);
-      if (!this._opening) void this._open();
+      if (!this._opening) void this._open(sessionId);
     }
     this._endIfDone();
     return answered;
   }
 
-  /** Open the call on the client's current member and send what was queued meanwhile. */
-  private async _open(): Promise<void> {
+  /** Open the call on the client's current member and send what was queued meanwhile;
+   * sessionId: the first append's (whose group's epoch the call carries). */
+  private async _open(sessionId: string): Promise<void> {
     this._opening = true;
     const client = this._client;
     let member: Member | null = null;
@@ -202,11 +226,20 @@ export class AppendStream {
     const options: grpc.CallOptions & { waitForReady?: boolean } = {};
     if (client.waitForReadyCalls) options.waitForReady = true;
     const rpc = (member.stub as unknown as Record<string, DuplexRpc>).AppendStream;
-    const call = rpc.call(member.stub, client._metadata(true), options);
+    const call = rpc.call(member.stub, client._streamMetadata(sessionId), options);
     const opened = member;
+    // grpc-js delivers the headers before any message.
+    call.on("metadata", (headers: grpc.Metadata) => {
+      this._headers = headers;
+      ({ epoch: this._epoch, group: this._group } = client._opened(opened, headers));
+    });
     call.on("data", (response: proto.AppendStreamResponse) => {
       opened.reached = true;
       this._answer(opened, response);
+    });
+    // The trailers name the epoch again: a fresh store's first writes make its epoch 1.
+    call.on("status", (status: grpc.StatusObject) => {
+      if (status.code === grpc.status.OK) client._opened(opened, status.metadata);
     });
     call.on("error", (error: grpc.ServiceError) => this._break(this._failure(opened, error)));
     // "end" comes after every answer was delivered (and only when the status was OK).
@@ -231,8 +264,14 @@ export class AppendStream {
     const pending = this._pending.get(id);
     if (!pending) return; // not ours (cannot happen with a well-behaved server)
     this._pending.delete(id);
-    if (response.result === "append" && response.append) pending.done(appendResult(response.append));
-    else {
+    if (response.result === "append" && response.append) {
+      try {
+        this._client._accepted(member, this._headers, pending.sessionId);
+        pending.done(appendResult(response.append));
+      } catch (lost) {
+        pending.fail(lost); // taken by a server below the epoch seen: not an acknowledgement
+      }
+    } else {
       const failed = response.error;
       const error = errorFor(failed?.message ?? "", {
         code: failed?.code ?? grpc.status.UNKNOWN,
@@ -240,7 +279,10 @@ export class AppendStream {
         domain: failed?.reason ? "sessionlog" : "",
         metadata: { ...(failed?.metadata ?? {}) },
       });
-      if (error.reason === "NOT_PRIMARY") this._client._notPrimary(member, error.metadata);
+      if (error.reason === "NOT_PRIMARY") {
+        const current = !this._epoch || this._epoch >= this._client._seen(this._group);
+        this._client._notPrimary(member, error.metadata, this._group, current);
+      }
       pending.fail(error);
     }
     this._release();

@@ -1548,10 +1548,11 @@ export class SessionLogClient {
     return epoch >= seen;
   }
 
-  /** A write member acknowledged (its reply's trailers) for sessionId: LeadershipLostError when
-   * its epoch is below the highest seen of its group (a deposed server took it: it is not the
-   * group's). */
-  private _accepted(member: Member, trailers: grpc.Metadata | undefined, sessionId = ""): void {
+  /** A write member acknowledged (its reply's trailers, or an AppendStream's headers) for
+   * sessionId: LeadershipLostError when its epoch is below the highest seen of its group (a
+   * deposed server took it: it is not the group's). */
+  /** @internal */
+  _accepted(member: Member, trailers: grpc.Metadata | undefined, sessionId = ""): void {
     const epoch = trailingEpoch(trailers);
     const group = trailingGroup(trailers);
     if (this._learn(member, epoch, group, sessionId)) return;
@@ -1569,15 +1570,45 @@ export class SessionLogClient {
     const metadata = new grpc.Metadata();
     if (this._token) metadata.add("authorization", `Bearer ${this._token}`);
     if (sessionId) metadata.add(SESSION_HEADER, sessionHeader(sessionId));
-    if (write) {
-      const group = this._groupOf(sessionId);
-      const epoch = this._epochs.get(group) ?? 0;
-      if (epoch) {
-        metadata.add(EPOCH_KEY, String(epoch));
-        if (group) metadata.add(EPOCH_GROUP_KEY, group);
-      }
-    }
+    if (write) this._addEpoch(metadata, this._groupOf(sessionId));
     return metadata;
+  }
+
+  /**
+   * An AppendStream's request metadata: the token, and the epoch of the group that answers for
+   * its first append's session (of the one group known, when this client has only seen one),
+   * so a server below it refuses each append; no x-session-id: the stream names no session.
+   */
+  /** @internal */
+  _streamMetadata(sessionId: string): grpc.Metadata {
+    const metadata = this._metadata(false);
+    let group = this._groupOf(sessionId);
+    if (!group && !this._epochs.has("") && this._epochs.size === 1) [group] = this._epochs.keys();
+    this._addEpoch(metadata, group);
+    return metadata;
+  }
+
+  /** An AppendStream's headers from member: the epoch and group they name (learnt). */
+  /** @internal */
+  _opened(member: Member, headers: grpc.Metadata): { epoch: number; group: string } {
+    const epoch = trailingEpoch(headers);
+    const group = trailingGroup(headers);
+    this._learn(member, epoch, group);
+    return { epoch, group };
+  }
+
+  /** The highest epoch seen of group (0: none). */
+  /** @internal */
+  _seen(group: string): number {
+    return this._epochs.get(group) ?? 0;
+  }
+
+  /** A write's epoch metadata: the highest seen of group, with group's name (nothing while none). */
+  private _addEpoch(metadata: grpc.Metadata, group: string): void {
+    const epoch = this._epochs.get(group) ?? 0;
+    if (!epoch) return;
+    metadata.add(EPOCH_KEY, String(epoch));
+    if (group) metadata.add(EPOCH_GROUP_KEY, group);
   }
 
   /** One unary call: { reply, trailers } once its status has arrived. */

@@ -335,6 +335,27 @@ def test_the_blocking_client_pipelines_with_concurrent_futures(
         assert list(client.since(leased)) == []
 
 
+def test_the_clients_learn_the_epoch_from_the_streams_headers(
+    server: RunningServer, stub: Stub, sid: Sid
+) -> None:
+    """A client whose only writes went over an AppendStream knows the server's epoch (from the
+    stream's initial metadata), blocking and asyncio alike, and sends it with its next write."""
+    _, unary = stub.Append.with_call(pb.AppendRequest(session_id=sid("s"), events=[user()]))
+    epoch = int(dict(unary.trailing_metadata())["sessionlog-epoch"])
+    with Client(server.address) as client:
+        assert client.epoch == 0
+        with client.append_stream() as stream:
+            stream.append_nowait(sid("blocking"), [event("user_message", {"content": "x"})])
+        assert client.epoch == epoch
+
+    async def streamed_only() -> int:
+        async with AsyncClient(server.address) as client, client.append_stream() as stream:
+            await stream.append_nowait(sid("async"), [event("user_message", {"content": "x"})])
+            return client.epoch
+
+    assert asyncio.run(asyncio.wait_for(streamed_only(), 30)) == epoch
+
+
 def test_the_client_fails_unanswered_appends_when_the_server_stops(tmp_path: Path) -> None:
     """A stream cut by shutdown: what was answered stands; a later append_nowait fails with
     Unavailable at once (nothing is resent by itself)."""

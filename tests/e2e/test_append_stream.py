@@ -335,6 +335,27 @@ def test_the_blocking_client_pipelines_with_concurrent_futures(
         assert list(client.since(leased)) == []
 
 
+def test_the_clients_learn_the_epoch_from_the_streams_headers(
+    server: RunningServer, stub: Stub, sid: Sid
+) -> None:
+    """A client whose only writes went over an AppendStream knows the server's epoch (from the
+    stream's initial metadata), blocking and asyncio alike, and sends it with its next write."""
+    _, unary = stub.Append.with_call(pb.AppendRequest(session_id=sid("s"), events=[user()]))
+    epoch = int(dict(unary.trailing_metadata())["sessionlog-epoch"])
+    with Client(server.address) as client:
+        assert client.epoch == 0
+        with client.append_stream() as stream:
+            stream.append_nowait(sid("blocking"), [event("user_message", {"content": "x"})])
+        assert client.epoch == epoch
+
+    async def streamed_only() -> int:
+        async with AsyncClient(server.address) as client, client.append_stream() as stream:
+            await stream.append_nowait(sid("async"), [event("user_message", {"content": "x"})])
+            return client.epoch
+
+    assert asyncio.run(asyncio.wait_for(streamed_only(), 30)) == epoch
+
+
 def test_the_client_fails_unanswered_appends_when_the_server_stops(tmp_path: Path) -> None:
     """A stream cut by shutdown: what was answered stands; a later append_nowait fails with
     Unavailable at once (nothing is resent by itself)."""
@@ -368,6 +389,37 @@ def test_a_replica_refuses_each_request_not_primary(tmp_path: Path) -> None:
         assert [r.error.reason for r in replies] == ["NOT_PRIMARY"] * 3
         assert {r.error.metadata["primary"] for r in replies} == {primary.address}
         assert log(primary.stub(), "r") == []
+
+
+@pytest.mark.workers  # whichever worker takes the stream names the same epoch
+def test_the_stream_names_the_epoch_and_refuses_a_caller_of_a_newer_one(
+    stub: Stub, sid: Sid
+) -> None:
+    """The stream's initial metadata, before any reply, and its trailers carry the server's
+    epoch (what a unary Append's trailers say); a stream whose caller has seen a newer epoch
+    (request metadata ``sessionlog-epoch``) gets each append refused NOT_PRIMARY with the
+    server's epoch, and nothing is written."""
+    session = sid("epoch")
+    append = pb.AppendRequest(session_id=session, events=[user()])
+    _, unary = stub.Append.with_call(append, timeout=10)
+    epoch = dict(unary.trailing_metadata())["sessionlog-epoch"]
+    assert int(epoch) >= 1
+    release = threading.Event()
+
+    def held() -> Iterator[pb.AppendStreamRequest]:
+        release.wait(10)  # nothing is sent before the initial metadata is read
+        yield pb.AppendStreamRequest(correlation_id=1, append=append)
+
+    call = stub.AppendStream(held(), timeout=30)
+    assert dict(call.initial_metadata())["sessionlog-epoch"] == epoch
+    release.set()
+    assert [r.append.next_seq for r in call] == [2]
+    assert dict(call.trailing_metadata())["sessionlog-epoch"] == epoch
+    newer = (("sessionlog-epoch", str(int(epoch) + 1)),)
+    replies = stream_appends(stub, [append, append], metadata=newer)
+    assert [r.error.reason for r in replies] == ["NOT_PRIMARY"] * 2
+    assert {r.error.metadata["epoch"] for r in replies} == {epoch}
+    assert len(log(stub, session)) == 2
 
 
 def test_a_sharded_server_refuses_another_groups_session_per_request(tmp_path: Path) -> None:

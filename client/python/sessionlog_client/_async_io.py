@@ -73,7 +73,14 @@ class AppendPipe:
     control lets them, and each reply resolves its request's future (by correlation id). A call
     that ends before a request's reply fails its future with the call's error."""
 
-    def __init__(self, open_call: Callable[..., Any], **call: Any) -> None:
+    def __init__(
+        self,
+        open_call: Callable[..., Any],
+        on_headers: Callable[[Any], None] | None = None,
+        **call: Any,
+    ) -> None:
+        self._on_headers = on_headers
+        """Given the call's initial metadata (the server's epoch) before any reply is read."""
         self._call = open_call(**call)
         self._ids = itertools.count(1)
         self._pending: dict[int, asyncio.Future[pb.AppendResponse]] = {}
@@ -118,6 +125,8 @@ class AppendPipe:
 
     async def _read(self) -> None:
         try:
+            if self._on_headers is not None:
+                self._on_headers(await self._call.initial_metadata())
             while (reply := await self._call.read()) is not grpc.aio.EOF:
                 _settle(self._pending.pop(reply.correlation_id, None), reply)
         except grpc.RpcError as error:

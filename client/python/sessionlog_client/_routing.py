@@ -261,6 +261,11 @@ class Router:
             self.epochs[group] = max(seen, epoch)
         return epoch >= seen
 
+    def opened(self, member: Member, headers: Iterable[tuple[str, Any]] | None) -> None:
+        """An AppendStream's initial metadata from ``member``: the epoch (and group) its server
+        named as the stream opened, learnt as a write reply's trailers are."""
+        self.learn(member, trailing_epoch(headers), trailing_group(headers))
+
     def accepted(
         self, member: Member, trailers: Iterable[tuple[str, Any]] | None, session_id: str = ""
     ) -> None:

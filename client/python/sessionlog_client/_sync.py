@@ -543,6 +543,7 @@ class AppendStream:
         connection = client.connection
         self._pipe = io.AppendPipe(
             member.stubs[LOG].AppendStream,
+            on_headers=lambda headers: client._router.opened(member, headers),
             timeout=self._timeout,
             metadata=client._router.write_metadata(connection.call_metadata()),
             wait_for_ready=connection.wait_for_ready or None,

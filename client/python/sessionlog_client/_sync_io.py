@@ -121,7 +121,14 @@ class AppendPipe:
     reply (by correlation id). A call that ends before a request's reply fails its future with
     the call's error."""
 
-    def __init__(self, open_call: Callable[..., Any], **call: Any) -> None:
+    def __init__(
+        self,
+        open_call: Callable[..., Any],
+        on_headers: Callable[[Any], None] | None = None,
+        **call: Any,
+    ) -> None:
+        self._on_headers = on_headers
+        """Given the call's initial metadata (the server's epoch) before any reply is read."""
         self._ids = itertools.count(1)
         self._lock = threading.Lock()
         self._pending: dict[int, Future[pb.AppendResponse]] = {}
@@ -171,6 +178,8 @@ class AppendPipe:
 
     def _read(self) -> None:
         try:
+            if self._on_headers is not None:
+                self._on_headers(self._call.initial_metadata())
             for reply in self._call:
                 with self._lock:
                     future = self._pending.pop(reply.correlation_id, None)

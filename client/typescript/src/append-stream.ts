@@ -19,24 +19,25 @@
 //   written (send them again with the same requestId on a new stream to find out safely).
 // - A NOT_PRIMARY answer points the client at the primary it names (as a unary call's would):
 //   the stream stays where it is, a new one goes there.
+// - Epochs, as for unary writes (see "Epochs:" in index.ts): the call carries the highest
+//   epoch the client has seen (of the group of its first append's session), so a server below
+//   it (a deposed primary restarted unfenced) refuses each append NOT_PRIMARY and writes
+//   nothing. The server names its epoch in the stream's headers, before any answer (and in its
+//   trailers again): the client learns it there, and judges each answer by the headers'. An append a server below the epoch the
+//   client has seen acknowledged (one too old to refuse, or a newer epoch learnt meanwhile) is
+//   not an acknowledgement: it rejects with LeadershipLostError (committed: send it again with
+//   its requestId); a NOT_PRIMARY of such a server names no primary to follow (the next
+//   member is tried).
 
 import { randomUUID } from "node:crypto";
 
 import * as grpc from "@grpc/grpc-js";
 
-import {
-  type AppendOptions,
-  type AppendResult,
-  appendRequest,
-  appendResult,
-  errorFor,
-  type NewEvent,
-  type SessionLogClient,
-  SessionLogError,
-  toError,
-} from "./index.js";
+import { errorFor, SessionLogError, toError } from "./errors.js";
 import type * as proto from "./proto.js";
 import type { Input } from "./proto.js";
+import type { AppendOptions, AppendResult, NewEvent } from "./types.js";
+import { appendRequest, appendResult } from "./values.js";
 
 /** How many appends an AppendStream keeps unanswered at once unless told otherwise. */
 export const DEFAULT_MAX_IN_FLIGHT = 256;
@@ -54,11 +55,37 @@ export interface AppendStreamOptions {
  */
 export type StreamAppendOptions = Omit<AppendOptions, "timeoutMs">;
 
-type Member = NonNullable<Awaited<ReturnType<SessionLogClient["_pick"]>>>;
+/** @internal A server the stream's client knows (the client's own record of it). */
+export interface StreamMember {
+  address: string;
+  stub: grpc.Client;
+  reached: boolean;
+}
+
+/**
+ * @internal What an AppendStream asks of the client that opens it (SessionLogClient): its
+ * routing, its calls' metadata, what a failure or a NOT_PRIMARY answer means. An interface, so
+ * that this module needs nothing of index.ts, which imports it (no import circle).
+ */
+export interface StreamClient {
+  readonly waitForReadyCalls: boolean;
+  _pick(): Promise<StreamMember | null>;
+  _nobody(): SessionLogError;
+  _settle(member: StreamMember, timeoutMs: number): Promise<void>;
+  _streamMetadata(sessionId: string): grpc.Metadata;
+  _opened(member: StreamMember, headers: grpc.Metadata): { epoch: number; group: string };
+  _seen(group: string): number;
+  _accepted(member: StreamMember, headers: grpc.Metadata | undefined, sessionId: string): void;
+  _notPrimary(member: StreamMember, metadata: Record<string, string>, group?: string, current?: boolean): unknown;
+  _after(member: StreamMember, thrown: unknown, retry: boolean, hops: number, deadlineMoves?: boolean, sessionId?: string, stream?: boolean): unknown;
+}
+
+type Member = StreamMember;
 type Call = grpc.ClientDuplexStream<Input<proto.AppendStreamRequest>, proto.AppendStreamResponse>;
 type DuplexRpc = (metadata: grpc.Metadata, options: grpc.CallOptions) => Call;
 
 interface Pending {
+  sessionId: string;
   done: (result: AppendResult) => void;
   fail: (error: unknown) => void;
 }
@@ -78,7 +105,7 @@ export class AppendStream {
   error: SessionLogError | Error | null;
   /** @internal */
   _forget: (() => void) | null;
-  private readonly _client: SessionLogClient;
+  private readonly _client: StreamClient;
   private readonly _pending: Map<number, Pending>;
   /** Appends waiting for a slot in the window, first come first sent (go sends at once). */
   private readonly _waiting: Array<{ go: () => void; fail: (error: unknown) => void }>;
@@ -90,9 +117,13 @@ export class AppendStream {
   private _closing: boolean;
   private _ended: boolean;
   private readonly _endWaiters: Array<() => void>;
+  /** The stream's headers: the epoch (and group) its server named as it opened. */
+  private _headers: grpc.Metadata | undefined;
+  private _epoch: number;
+  private _group: string;
 
   /** @internal */
-  constructor(client: SessionLogClient, { maxInFlight = DEFAULT_MAX_IN_FLIGHT }: AppendStreamOptions = {}) {
+  constructor(client: StreamClient, { maxInFlight = DEFAULT_MAX_IN_FLIGHT }: AppendStreamOptions = {}) {
     if (!Number.isSafeInteger(maxInFlight) || maxInFlight < 1) {
       throw new RangeError(`maxInFlight must be a whole number, 1 or more (got ${maxInFlight})`);
     }
@@ -109,6 +140,9 @@ export class AppendStream {
     this._closing = false;
     this._ended = false;
     this._endWaiters = [];
+    this._headers = undefined;
+    this._epoch = 0;
+    this._group = "";
   }
 
   /** How many appends are sent and not yet answered. */
@@ -160,19 +194,23 @@ export class AppendStream {
   /** Register request's promise under a new correlation id and send it (or queue it until open). */
   private _send(request: Input<proto.AppendRequest>): Promise<AppendResult> {
     const correlation_id = this._nextId++;
-    const answered = new Promise<AppendResult>((done, fail) => this._pending.set(correlation_id, { done, fail }));
+    const sessionId = request.session_id ?? "";
+    const answered = new Promise<AppendResult>((done, fail) =>
+      this._pending.set(correlation_id, { sessionId, done, fail }),
+    );
     const message = { append: request, correlation_id };
     if (this._call) this._call.write(message);
     else {
       this._unsent.push(message);
-      if (!this._opening) void this._open();
+      if (!this._opening) void this._open(sessionId);
     }
     this._endIfDone();
     return answered;
   }
 
-  /** Open the call on the client's current member and send what was queued meanwhile. */
-  private async _open(): Promise<void> {
+  /** Open the call on the client's current member and send what was queued meanwhile;
+   * sessionId: the first append's (whose group's epoch the call carries). */
+  private async _open(sessionId: string): Promise<void> {
     this._opening = true;
     const client = this._client;
     let member: Member | null = null;
@@ -188,11 +226,20 @@ export class AppendStream {
     const options: grpc.CallOptions & { waitForReady?: boolean } = {};
     if (client.waitForReadyCalls) options.waitForReady = true;
     const rpc = (member.stub as unknown as Record<string, DuplexRpc>).AppendStream;
-    const call = rpc.call(member.stub, client._metadata(true), options);
+    const call = rpc.call(member.stub, client._streamMetadata(sessionId), options);
     const opened = member;
+    // grpc-js delivers the headers before any message.
+    call.on("metadata", (headers: grpc.Metadata) => {
+      this._headers = headers;
+      ({ epoch: this._epoch, group: this._group } = client._opened(opened, headers));
+    });
     call.on("data", (response: proto.AppendStreamResponse) => {
       opened.reached = true;
       this._answer(opened, response);
+    });
+    // The trailers name the epoch again: a fresh store's first writes make its epoch 1.
+    call.on("status", (status: grpc.StatusObject) => {
+      if (status.code === grpc.status.OK) client._opened(opened, status.metadata);
     });
     call.on("error", (error: grpc.ServiceError) => this._break(this._failure(opened, error)));
     // "end" comes after every answer was delivered (and only when the status was OK).
@@ -217,8 +264,14 @@ export class AppendStream {
     const pending = this._pending.get(id);
     if (!pending) return; // not ours (cannot happen with a well-behaved server)
     this._pending.delete(id);
-    if (response.result === "append" && response.append) pending.done(appendResult(response.append));
-    else {
+    if (response.result === "append" && response.append) {
+      try {
+        this._client._accepted(member, this._headers, pending.sessionId);
+        pending.done(appendResult(response.append));
+      } catch (lost) {
+        pending.fail(lost); // taken by a server below the epoch seen: not an acknowledgement
+      }
+    } else {
       const failed = response.error;
       const error = errorFor(failed?.message ?? "", {
         code: failed?.code ?? grpc.status.UNKNOWN,
@@ -226,7 +279,10 @@ export class AppendStream {
         domain: failed?.reason ? "sessionlog" : "",
         metadata: { ...(failed?.metadata ?? {}) },
       });
-      if (error.reason === "NOT_PRIMARY") this._client._notPrimary(member, error.metadata);
+      if (error.reason === "NOT_PRIMARY") {
+        const current = !this._epoch || this._epoch >= this._client._seen(this._group);
+        this._client._notPrimary(member, error.metadata, this._group, current);
+      }
       pending.fail(error);
     }
     this._release();

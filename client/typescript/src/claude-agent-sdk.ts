@@ -19,7 +19,10 @@
 //   so both listings are one ListSessions walk; a summary covering fewer events than the log is
 //   reported 1 ms older than the session (the SDK then re-folds it from its entries). The fold is
 //   the SDK's own `foldSessionSummary`, passed in: without it the store has no
-//   listSessionSummaries and the SDK loads each session instead;
+//   listSessionSummaries and the SDK loads each session instead. The store remembers the summary
+//   it last wrote per session, so an append right after its own folds in without reading the
+//   title back (Append and UpdateSession, no GetSession); it reads the title when another writer
+//   appended since;
 // - delete of a main transcript erases its children, then it (DeleteSession).
 
 import { createHash } from "node:crypto";
@@ -157,7 +160,11 @@ function summaryTitle(covered: number, data: Record<string, unknown>): string {
   return bytes(text) <= MAX_TITLE_BYTES ? text : JSON.stringify({ n: covered });
 }
 
-function readSummary(title: string): { covered: number; data: Record<string, unknown> | undefined } | undefined {
+/** A summary as a title holds it: the events it covers, and the fold's data (none when the
+ * title had no room for it). */
+type Summary = { covered: number; data: Record<string, unknown> | undefined };
+
+function readSummary(title: string): Summary | undefined {
   let held;
   try {
     held = JSON.parse(title);
@@ -178,6 +185,10 @@ export class SessionlogSessionStore {
   readonly prefix: string;
   private readonly ownClient: boolean;
   private readonly children: Set<string>;
+  /** The summary this store last wrote into each main session's title (events covered, data):
+   * the next append folds its entries into it without reading the title back, unless another
+   * writer appended since (the events before the batch are then not the ones it covers). */
+  private readonly written: Map<string, Summary>;
   private readonly fold: FoldSessionSummary | undefined;
   /** Present only when foldSessionSummary was given. */
   listSessionSummaries?: (projectKey: string) => Promise<SessionSummaryEntry[]>;
@@ -196,6 +207,7 @@ export class SessionlogSessionStore {
     this.ownClient = typeof client === "string";
     this.prefix = prefix;
     this.children = new Set();
+    this.written = new Map();
     this.fold = foldSessionSummary;
     if (foldSessionSummary) {
       this.listSessionSummaries = async (projectKey: string) =>
@@ -271,6 +283,7 @@ export class SessionlogSessionStore {
 
   private async erase(logId: string): Promise<void> {
     this.children.delete(logId);
+    this.written.delete(logId);
     try {
       await this.client.deleteSession(logId, { reason: "claude-agent-sdk delete" });
     } catch (error) {
@@ -304,12 +317,13 @@ export class SessionlogSessionStore {
    * not cover the events before them. */
   private async updateSummary(key: SessionKey, logId: string, entries: SessionStoreEntry[], nextSeq: number): Promise<void> {
     const fold = this.fold as FoldSessionSummary;
-    const { session } = await this.client.getSession(logId);
-    const held = readSummary(session.title);
+    const before = nextSeq - entries.length;
+    let held = this.written.get(logId);
+    if (held?.covered !== before) held = readSummary((await this.client.getSession(logId)).session.title);
     if (held && held.covered >= nextSeq) return; // a replayed batch
     const mainKey = { projectKey: key.projectKey, sessionId: key.sessionId };
     let folded: SessionSummaryEntry;
-    if (held?.data && held.covered === nextSeq - entries.length) {
+    if (held?.data && held.covered === before) {
       folded = fold({ sessionId: key.sessionId, mtime: 0, data: held.data }, mainKey, entries);
     } else {
       const whole: SessionStoreEntry[] = [];
@@ -320,7 +334,10 @@ export class SessionlogSessionStore {
       }
       folded = fold(undefined, mainKey, whole);
     }
-    await this.client.updateSession(logId, { title: summaryTitle(nextSeq, folded.data) });
+    const title = summaryTitle(nextSeq, folded.data);
+    this.written.delete(logId); // an update that fails leaves nothing remembered
+    await this.client.updateSession(logId, { title });
+    this.written.set(logId, readSummary(title) ?? { covered: nextSeq, data: undefined });
   }
 
   /** The project's main sessions holding entries, with their summaries, from ListSessions. */

@@ -14,379 +14,137 @@ import { fileURLToPath } from "node:url";
 
 import * as grpc from "@grpc/grpc-js";
 import * as protoLoader from "@grpc/proto-loader";
-import protobuf from "protobufjs";
 
 import { AppendStream, type AppendStreamOptions } from "./append-stream.js";
+import {
+  errorInfo,
+  type Failure,
+  LeadershipLostError,
+  proxyStatus,
+  SessionLogError,
+  type SessionLogErrorOptions,
+  toError,
+  whole,
+} from "./errors.js";
 import type * as proto from "./proto.js";
 import type { Input } from "./proto.js";
+import type {
+  AppendOptions,
+  AppendResult,
+  CallOptions,
+  ChatMessage,
+  ChatMessageInput,
+  ClientOptions,
+  DerivedMessages,
+  Event,
+  EventPage,
+  EventTypeName,
+  FollowedChange,
+  ImportOptions,
+  Json,
+  JsonObject,
+  Lease,
+  LeaseAuditEntry,
+  LeaseAuditPage,
+  LeaseCallOptions,
+  LifecycleOptions,
+  ModelUsage,
+  NewEvent,
+  RetryOptions,
+  Role,
+  Session,
+  SessionFields,
+  SessionLeaseAuditEntry,
+  SessionPage,
+  ShardGroup,
+  StateResult,
+  SurfaceResult,
+  Time,
+  Usage,
+  UsageInput,
+  UsageReport,
+} from "./types.js";
+import {
+  appendRequest,
+  appendResult,
+  checkSeq,
+  fromEvent,
+  fromStruct,
+  fromTimestamp,
+  refused,
+  toEvent,
+  toStruct,
+  toTimestamp,
+  usageCounts,
+} from "./values.js";
 
+// The layers (no import circle; tests/unit/test_layers.py checks): types, errors, values,
+// append-stream, index, then the framework adapters (claude-agent-sdk, langgraph, openai-agents).
 export { AppendStream, type AppendStreamOptions, DEFAULT_MAX_IN_FLIGHT, type StreamAppendOptions } from "./append-stream.js";
+export {
+  errorFor,
+  errorInfo,
+  LeadershipLostError,
+  NotPrimaryError,
+  proxyStatus,
+  ReplicasUnavailableError,
+  SessionLogError,
+  type SessionLogErrorOptions,
+  toError,
+  WrongGroupError,
+} from "./errors.js";
 export type { Input } from "./proto.js";
-
-// -- types ------------------------------------------------------------------------------------
-
-/** A JSON value as stored in an event's data. */
-export type Json = null | boolean | number | string | Json[] | { [key: string]: Json };
-export type JsonObject = { [key: string]: Json };
-
-/** Event types by their short names; the upper-case and EVENT_TYPE_ forms are accepted too. */
-export type EventTypeName =
-  | "system_message"
-  | "user_message"
-  | "assistant_message"
-  | "tool_result"
-  | "tool_call"
-  | "turn_start"
-  | "turn_end"
-  | "step_start"
-  | "step_end"
-  | "request_header"
-  | "hide";
-
-/** RFC 3339 with up to nanoseconds, e.g. "2026-01-02T03:04:05.123456Z". */
-export type Time = string;
-
-/** An event to append. `replace: [start, stop]` hides positions start..stop (inclusive). */
-export interface NewEvent {
-  type: EventTypeName | string;
-  data?: JsonObject;
-  replace?: [number, number];
-  /** Stored exactly; the server's now when absent. */
-  time?: Time | Date;
-  /** Changes the session's state (getState): each key replaces the one before; null deletes it. */
-  stateDelta?: JsonObject;
-  /** The tokens a model call spent (the usage ledger sums them per model). */
-  usage?: UsageInput;
-}
-
-/**
- * One model call's token usage. Cached input tokens are part of inputTokens, reasoning tokens
- * part of outputTokens; every count at most 2^32 - 1. model is required (INVALID_USAGE).
- */
-export interface UsageInput {
-  model: string;
-  inputTokens?: number;
-  outputTokens?: number;
-  cachedInputTokens?: number;
-  reasoningTokens?: number;
-}
-
-/** A usage as stored on an event: every count present. */
-export interface Usage {
-  model: string;
-  inputTokens: number;
-  outputTokens: number;
-  cachedInputTokens: number;
-  reasoningTokens: number;
-}
-
-/** Totals of one model: the sums of the events that named it, and how many did. */
-export interface ModelUsage extends Usage {
-  eventCount: number;
-}
-
-/** What getUsage returns. */
-export interface UsageReport {
-  /** Per model, in model order: the whole history (a fork's copies included), descendants added. */
-  usage: ModelUsage[];
-  /** The session's events covered (atSeq + 1, or its event count). */
-  eventCount: number;
-  /** Only the session's own events (from parentEventCount on). */
-  ownUsage: ModelUsage[];
-  /** With includeDescendants: the forks whose own usage was added. */
-  descendantSessionIds: string[];
-}
-
-/** An event as stored. */
-export interface Event {
-  seq: number;
-  type: EventTypeName;
-  time: Time;
-  data: JsonObject;
-  replace?: [number, number];
-  /** Set on an event erased by redactEvents: its data is empty. */
-  redacted?: { time: Time; reason: string };
-  usage?: Usage;
-  /** Present only on events that carried a state delta. */
-  stateDelta?: JsonObject;
-}
-
-/** getState's reply: the folded state and how many events it covers. */
-export interface StateResult {
-  state: JsonObject;
-  eventCount: number;
-}
-
-export type Role = "system" | "user" | "assistant" | "tool";
-
-/** A derived message in the OpenAI chat format. */
-export interface ChatMessage {
-  role: Role | "unspecified";
-  /** null when the event had no content; a list when it carried metadata.content_parts. */
-  content: string | Json[] | null;
-  tool_calls?: JsonObject[];
-  tool_call_id?: string;
-  name?: string;
-  /** Only with { extra: true }. */
-  reasoning_content?: string;
-  metadata?: JsonObject;
-  created_at?: Time;
-}
-
-/** A chat message to seed a session with, or to log with eventFromMessage. */
-export interface ChatMessageInput {
-  role: Role | "developer" | string;
-  content?: string | Json[] | null;
-  tool_calls?: JsonObject[];
-  tool_call_id?: string | null;
-  name?: string | null;
-  reasoning_content?: string | null;
-  metadata?: JsonObject;
-  created_at?: Time | Date;
-}
-
-export interface Lease {
-  holder: string;
-  /** Fencing token: grows with every acquisition. */
-  token: number;
-  acquireTime?: Time;
-  expireTime?: Time;
-}
-
-export interface Session {
-  sessionId: string;
-  exists: boolean;
-  eventCount: number;
-  replaceGeneration: number;
-  createTime?: Time;
-  lastAppendTime?: Time;
-  parentSessionId: string;
-  parentEventCount: number;
-  lease?: Lease;
-  /** Usage totals per model (set by getSession and listSessions; empty from writes). */
-  usage: ModelUsage[];
-  title: string;
-  labels: Record<string, string>;
-  owner: string;
-  status: string;
-  /** The later of the last append and the last updateSession. */
-  updateTime?: Time;
-  /** A sub-agent child's spawning seq in its parent; undefined otherwise. */
-  parentSeq?: number;
-  /** When the server's retention sweeper deletes the session; undefined: never. */
-  expireTime?: Time;
-  /** Kept whatever its expireTime and the server's retention policy say. */
-  pinned: boolean;
-  /** The state after the whole log: set only by listSessions with view "full". */
-  state?: JsonObject;
-}
-
-/** What createSession may set besides the events: a record and a sub-agent parent link. */
-export interface SessionFields {
-  title?: string;
-  labels?: Record<string, string>;
-  owner?: string;
-  status?: string;
-  /** Make the new session a child of this one (it starts empty). */
-  parentSessionId?: string;
-  /** With parentSessionId: the seq of the tool call that spawned the child. */
-  parentSeq?: number;
-  /** Expire this many milliseconds after the create (not with expireTime). */
-  ttlMs?: number;
-  /** Expire at this time (not with ttlMs). */
-  expireTime?: Time | Date;
-  /** Exempt from expiry and the server's retention policy. */
-  pinned?: boolean;
-}
-
-export interface LeaseAuditEntry {
-  kind: string;
-  actor: string;
-  previousHolder: string;
-  previousToken: number;
-  time?: Time;
-}
-
-/** One entry of listLeaseAudit: a lease audit entry with its session and its index there. */
-export interface SessionLeaseAuditEntry extends LeaseAuditEntry {
-  sessionId: string;
-  index: number;
-}
-
-export interface LeaseAuditPage {
-  entries: SessionLeaseAuditEntry[];
-  nextPageToken: string;
-}
-
-export interface AppendResult {
-  events: Event[];
-  nextSeq: number;
-  drops: { index: number; reason: string; message: string }[];
-}
-
-export interface SurfaceResult {
-  events: Event[];
-  eventCount: number;
-  replaceGeneration: number;
-}
-
-export interface DerivedMessages {
-  messages: ChatMessage[];
-  /** seqs[i] is the seq of the event messages[i] came from. */
-  seqs: number[];
-  eventCount: number;
-  replaceGeneration: number;
-  /** When paging (pageSize or pageToken): the token for the messages before these; else "". */
-  nextPageToken: string;
-}
-
-export interface EventPage {
-  /** In the order asked for: seq ascending, or descending for "seq desc". */
-  events: Event[];
-  /** For the next page; "" when there is none. */
-  nextPageToken: string;
-  /** The session's event count when the page was read. */
-  eventCount: number;
-}
-
-export interface SessionPage {
-  sessions: Session[];
-  nextPageToken: string;
-  /** The page's sessions' usage summed per model. */
-  usageTotal: ModelUsage[];
-}
-
-export interface RetryOptions {
-  /** How long UNAVAILABLE is retried (appends, reads, stream reconnects). Default 30000. */
-  giveUpAfterMs?: number;
-  initialBackoffMs?: number;
-  maxBackoffMs?: number;
-  /**
-   * How many times a retried write (an append with a requestId, a lease acquire or renew) that
-   * failed REPLICAS_UNAVAILABLE is sent again, to the same primary (each try waits up to its
-   * --sync-timeout); then ReplicasUnavailableError. Default DEFAULT_REPLICAS_RETRIES (2).
-   */
-  replicasRetries?: number;
-  /**
-   * How long a WRONG_GROUP refusal is retried, within giveUpAfterMs (0: raised at once). A slot
-   * move's refusals wrote nothing, so every call retries them: SLOT_MOVING within
-   * giveUpAfterMs, WRONG_GROUP (HAProxy still sending a moved slot's calls to its old group
-   * until haproxy-sync applies the new map) this long. A shardMap client reroutes WRONG_GROUP
-   * at once instead. Default DEFAULT_WRONG_GROUP_FOR_MS (5000).
-   */
-  wrongGroupForMs?: number;
-}
-
-export interface ClientOptions {
-  /** Deadline of each unary call; default 10000. */
-  timeoutMs?: number;
-  /** Sent as "authorization: Bearer TOKEN" on every call (use with TLS). */
-  token?: string;
-  /** TLS with the system roots (implied by any of the PEM buffers below). */
-  tls?: boolean;
-  rootCerts?: Uint8Array;
-  privateKey?: Uint8Array;
-  certChain?: Uint8Array;
-  /** Largest message sent or accepted; default 64 MiB (keep it >= the server's limit). */
-  maxMessageBytes?: number;
-  retry?: RetryOptions;
-  /** The proto/ folder; default $SESSIONLOG_PROTO_DIR, else the package's (packed), else the repo's. */
-  protoDir?: string;
-  channelOptions?: Record<string, string | number>;
-  /**
-   * The first call waits at most this long for a connection; default 3000. Until the server
-   * has answered once, a failed connection (refused, unknown host) rejects at once with
-   * UNAVAILABLE naming the address instead of being retried.
-   */
-  connectTimeoutMs?: number;
-  /** gRPC's wait-for-ready instead: calls wait for a connection up to their deadline. */
-  waitForReady?: boolean;
-  /**
-   * etcd endpoints, "etcd://HOST:PORT[,HOST:PORT...]", whose JSON gateway names the leader of
-   * `group` (key /sessionlog/groups/GROUP/leader); read at the first call and whenever the
-   * primary is lost. Give it with `group`; the target may then be omitted.
-   */
-  cluster?: string;
-  /** The group's name in etcd (with `cluster`). */
-  group?: string;
-  /**
-   * Route by the shard map: "server" (GetShardMap from target) or "etcd://HOST:PORT[,...]"
-   * (etcd's /sessionlog/shards). Each call naming a session goes to its owner group's primary;
-   * WRONG_GROUP reloads the map and sends the call once more.
-   */
-  shardMap?: string;
-}
-
-/** One group of a shard map; ranges are inclusive [first, last] slot pairs. */
-export interface ShardGroup {
-  name: string;
-  members: string[];
-  ranges: Array<[number, number]>;
-  /** The current primary ("" when not known). */
-  primary: string;
-}
-
-export interface CallOptions {
-  timeoutMs?: number;
-}
-
-export interface LeaseCallOptions extends CallOptions {
-  leaseHolder?: string;
-  leaseToken?: number;
-}
-
-/** createSession, seedSession and forkSession: retried on UNAVAILABLE with one requestId. */
-export interface LifecycleOptions extends LeaseCallOptions {
-  /** Idempotency key; a fresh UUID when absent, "" for none (and no retry). */
-  requestId?: string;
-}
-
-export interface ImportOptions extends CallOptions {
-  /** The seq of the chunk's first event: 0 creates the session, then its next seq. */
-  firstSeq?: number;
-  /** Read by the chunk that creates the session; the first event's time when absent. */
-  createTime?: Time | Date;
-  /** The session's last-append time after the chunk; its last event's when absent. */
-  lastAppendTime?: Time | Date;
-  /** The session it was forked from, read by the chunk that creates it. */
-  parentSessionId?: string;
-  parentEventCount?: number;
-}
-
-export interface AppendOptions extends LeaseCallOptions {
-  /** Fail with SEQ_CONFLICT unless the first event gets this seq. */
-  expectedSeq?: number;
-  /** Idempotency key; a fresh UUID when absent, "" for none (and no retry). */
-  requestId?: string;
-  lenient?: boolean;
-}
-
-/** One committed write of a followed session (followSessions). */
-export interface FollowedChange {
-  sessionId: string;
-  /** The change's change-feed position: pass it as `after` to resume after it. */
-  position: number;
-  /** The events it wrote, in seq order (a redaction's rewritten events, redacted). */
-  events: Event[];
-  /** True when the session was deleted; anything of the id after it is a new log. */
-  deleted: boolean;
-}
+export type {
+  AppendOptions,
+  AppendResult,
+  CallOptions,
+  ChatMessage,
+  ChatMessageInput,
+  ClientOptions,
+  DerivedMessages,
+  Event,
+  EventPage,
+  EventTypeName,
+  FollowedChange,
+  ImportOptions,
+  Json,
+  JsonObject,
+  Lease,
+  LeaseAuditEntry,
+  LeaseAuditPage,
+  LeaseCallOptions,
+  LifecycleOptions,
+  ModelUsage,
+  NewEvent,
+  RetryOptions,
+  Role,
+  Session,
+  SessionFields,
+  SessionLeaseAuditEntry,
+  SessionPage,
+  ShardGroup,
+  StateResult,
+  SurfaceResult,
+  Time,
+  Usage,
+  UsageInput,
+  UsageReport,
+} from "./types.js";
+/** @internal */
+export { appendRequest, appendResult } from "./values.js";
+export {
+  eventTypeName,
+  fromEvent,
+  fromStruct,
+  fromTimestamp,
+  toEvent,
+  toStruct,
+  toTimestamp,
+} from "./values.js";
 
 /** The RPCs of both services, by method name: request, response and streaming kind. */
 type Methods = proto.SessionLogServiceMethods & proto.AdminServiceMethods;
 type UnaryMethod = { [M in keyof Methods]: Methods[M]["kind"] extends "unary-unary" ? M : never }[keyof Methods];
-
-/** What a failed grpc-js call carries (a ServiceError, or anything else thrown). */
-type Failure = Partial<grpc.ServiceError> & { settle?: boolean; reason?: string; cause?: unknown };
-
-/** The options of a SessionLogError. */
-export interface SessionLogErrorOptions {
-  code?: number;
-  reason?: string;
-  domain?: string;
-  metadata?: Record<string, string>;
-  cause?: unknown;
-}
 
 const HERE = dirname(fileURLToPath(import.meta.url));
 /** The package's proto/ (npm pack copies it in), else the repository's (src -> ../../../proto). */
@@ -445,276 +203,7 @@ const KEEPALIVE_OPTIONS: Record<string, number> = {
   "grpc.keepalive_time_ms": 10_000,
   "grpc.keepalive_timeout_ms": 5_000,
 };
-const STATUS_DETAILS_KEY = "grpc-status-details-bin";
-const TYPE_PREFIX = "EVENT_TYPE_";
 const ROLE_PREFIX = "ROLE_";
-
-// -- errors -----------------------------------------------------------------------------------
-
-const rpcTypes = protobuf.Root.fromJSON(<protobuf.INamespace>{
-  nested: {
-    google: {
-      nested: {
-        rpc: {
-          nested: {
-            Any: { fields: { type_url: { type: "string", id: 1 }, value: { type: "bytes", id: 2 } } },
-            Status: {
-              fields: {
-                code: { type: "int32", id: 1 },
-                message: { type: "string", id: 2 },
-                details: { rule: "repeated", type: "Any", id: 3 },
-              },
-            },
-            ErrorInfo: {
-              fields: {
-                reason: { type: "string", id: 1 },
-                domain: { type: "string", id: 2 },
-                metadata: { keyType: "string", type: "string", id: 3 },
-              },
-            },
-          },
-        },
-      },
-    },
-  },
-});
-const StatusType = rpcTypes.lookupType("google.rpc.Status");
-const ErrorInfoType = rpcTypes.lookupType("google.rpc.ErrorInfo");
-const CODE_NAMES: Record<number, string> = Object.fromEntries(Object.entries(grpc.status).map(([name, code]) => [code, name]));
-
-/**
- * A failed call. `reason` is the server's stable reason (e.g. "SEQ_CONFLICT") from the
- * google.rpc.ErrorInfo detail, `metadata` its values (e.g. { next_seq: "4" }); a failure with no
- * detail (a refused connection, a deadline) has the status name as its reason.
- */
-export class SessionLogError extends Error {
-  readonly code: number;
-  readonly codeName: string;
-  readonly reason: string;
-  readonly domain: string;
-  readonly metadata: Record<string, string>;
-  /** @internal A connection that never came up within connectTimeoutMs (_settle). */
-  settle?: boolean;
-
-  constructor(message: string, { code, reason, domain = "", metadata = {}, cause }: SessionLogErrorOptions = {}) {
-    super(message, cause === undefined ? undefined : { cause });
-    this.name = "SessionLogError";
-    this.code = code as number;
-    this.codeName = CODE_NAMES[code as number] ?? "UNKNOWN";
-    this.reason = reason ?? this.codeName;
-    this.domain = domain;
-    this.metadata = metadata;
-  }
-}
-
-/** The ErrorInfo in a grpc-js error's trailers, decoded from grpc-status-details-bin. */
-export function errorInfo(
-  error: unknown,
-): { reason: string; domain: string; metadata: Record<string, string> } | null {
-  const raw = (error as Failure | null)?.metadata?.get?.(STATUS_DETAILS_KEY) ?? [];
-  for (const value of raw) {
-    const status = StatusType.toObject(StatusType.decode(Buffer.isBuffer(value) ? value : Buffer.from(value)));
-    for (const detail of (status.details ?? []) as { type_url: string; value: Uint8Array }[]) {
-      if (detail.type_url.endsWith("/google.rpc.ErrorInfo")) {
-        const info = ErrorInfoType.toObject(ErrorInfoType.decode(detail.value), { defaults: true }) as {
-          reason: string;
-          domain: string;
-          metadata: Record<string, string>;
-        };
-        return { reason: info.reason, domain: info.domain, metadata: { ...info.metadata } };
-      }
-    }
-  }
-  return null;
-}
-
-const whole = (text: unknown): number => (/^[0-9]+$/.test(String(text ?? "")) ? Number(text) : 0);
-
-/**
- * NOT_PRIMARY: a write sent to a server that does not take writes (a replica, a fenced primary,
- * or one whose epoch is below the one this client has seen). Nothing was written. `primary` is
- * where writes go ("" when the server knows no primary), `epoch` the highest epoch it knows.
- */
-export class NotPrimaryError extends SessionLogError {
-  /** Where writes go, as the server knows it ("" when it knows no primary). */
-  readonly primary: string;
-  /** The highest leadership epoch the server knows. */
-  readonly epoch: number;
-
-  constructor(message: string, options: SessionLogErrorOptions = {}) {
-    super(message, { ...options, reason: "NOT_PRIMARY" });
-    this.name = "NotPrimaryError";
-    this.primary = this.metadata.primary ?? "";
-    this.epoch = whole(this.metadata.epoch);
-  }
-}
-
-/**
- * LEADERSHIP_LOST (UNAVAILABLE): the server lost its leadership while the write was in flight,
- * or a deposed server took it; it is not acknowledged. `committed`: it may be stored (retry with
- * the same requestId against the current primary: it finds the write if it survived).
- */
-export class LeadershipLostError extends SessionLogError {
-  /** The write may be stored (it finds itself on a retry with its requestId if it survived). */
-  readonly committed: boolean;
-
-  constructor(message: string, options: SessionLogErrorOptions = {}) {
-    super(message, { ...options, reason: "LEADERSHIP_LOST" });
-    this.name = "LeadershipLostError";
-    this.committed = String(this.metadata.committed ?? "").toLowerCase() === "true";
-  }
-}
-
-/**
- * REPLICAS_UNAVAILABLE (UNAVAILABLE, `--ack replica`): committed locally: retry with the same
- * request id is safe. The primary holds the write, but fewer than `needed` (--sync-replicas)
- * replicas reported it within --sync-timeout (`counted` did); `position` is its change-feed
- * position. A retry with the same requestId returns the original result once enough replicas
- * hold it, without writing again.
- */
-export class ReplicasUnavailableError extends SessionLogError {
-  /** --sync-replicas: how many replicas must hold a write before it is acknowledged. */
-  readonly needed: number;
-  /** How many counting replicas reported holding it in time. */
-  readonly counted: number;
-  /** Its change-feed position on the primary. */
-  readonly position: number;
-
-  constructor(message: string, options: SessionLogErrorOptions = {}) {
-    super(message, { ...options, reason: "REPLICAS_UNAVAILABLE" });
-    this.name = "ReplicasUnavailableError";
-    this.needed = whole(this.metadata.needed);
-    this.counted = whole(this.metadata.counted);
-    this.position = whole(this.metadata.position);
-  }
-}
-
-/**
- * WRONG_GROUP (FAILED_PRECONDITION, a server with --shard-map): another group owns the session's
- * slot; nothing was done. `group` is the owner, `primary` its primary ("" when unknown),
- * `members` its members, `slot` the session's slot, `mapEpoch` the epoch of the server's map.
- */
-export class WrongGroupError extends SessionLogError {
-  /** The group that owns the session. */
-  readonly group: string;
-  /** The owner group's primary ("" when the server does not know it). */
-  readonly primary: string;
-  /** The owner group's members. */
-  readonly members: string[];
-  /** The session's slot (crc32 of its UTF-8 id, mod 1024). */
-  readonly slot: number;
-  /** The epoch of the shard map the refusing server holds. */
-  readonly mapEpoch: number;
-
-  constructor(message: string, options: SessionLogErrorOptions = {}) {
-    super(message, { ...options, reason: "WRONG_GROUP" });
-    this.name = "WrongGroupError";
-    this.group = this.metadata.group ?? "";
-    this.primary = this.metadata.primary ?? "";
-    this.members = this.metadata.members ? this.metadata.members.split(",") : [];
-    this.slot = whole(this.metadata.slot);
-    this.mapEpoch = whole(this.metadata.map_epoch);
-  }
-}
-
-const ERROR_CLASSES: Record<string, typeof SessionLogError> = {
-  NOT_PRIMARY: NotPrimaryError,
-  WRONG_GROUP: WrongGroupError,
-  LEADERSHIP_LOST: LeadershipLostError,
-  REPLICAS_UNAVAILABLE: ReplicasUnavailableError,
-};
-
-/** A grpc-js error as a SessionLogError, of its reason's own class when it has one (anything
- * else passes through). */
-export function toError(thrown: unknown): unknown {
-  const error = thrown as Failure;
-  if (thrown instanceof SessionLogError || typeof error?.code !== "number") return thrown;
-  const info = errorInfo(error);
-  const proxied = info ? null : proxyStatus(error);
-  if (proxied !== null) {
-    return new SessionLogError(
-      `a proxy answered HTTP ${proxied} in place of a sessionlog server: the group it routes ` +
-        "this call to has no primary (or no serving member) right now; try again once a " +
-        `failover has elected one (${error.details || error.message})`,
-      { code: grpc.status.UNAVAILABLE, reason: "UNAVAILABLE", cause: error },
-    );
-  }
-  const oversized = info ? null : oversizedMessage(error);
-  if (oversized !== null) return oversized;
-  return errorFor(error.details || error.message || "", {
-    code: error.code,
-    reason: info?.reason,
-    domain: info?.domain,
-    metadata: info?.metadata ?? {},
-    cause: error,
-  });
-}
-
-/** A SessionLogError of its reason's own class when it has one (NotPrimaryError, ...). */
-export function errorFor(message: string, options: SessionLogErrorOptions): SessionLogError {
-  const Class = (options.reason && ERROR_CLASSES[options.reason]) || SessionLogError;
-  return new Class(message, options);
-}
-
-/**
- * gRPC's own bare refusal of a message over a size limit ("Sent/Received message larger than max
- * (SIZE vs. LIMIT)") said with the setting to change: a request this client would not send
- * (its `maxMessageBytes`) or the server's transport would not read ("SERVER: ...", far over its
- * --max-message-size) is REQUEST_TOO_LARGE; a reply this client would not read,
- * RESPONSE_TOO_LARGE. Null for any other error.
- */
-function oversizedMessage(error: Failure): SessionLogError | null {
-  const details = String(error?.details ?? "");
-  if (error?.code !== grpc.status.RESOURCE_EXHAUSTED) return null;
-  const options = (reason: string, metadata: Record<string, string>): SessionLogErrorOptions => ({ code: error.code, reason, domain: "", metadata, cause: error });
-  // grpc-js's own refusal to send names the limit only.
-  const unsent = /Attempted to send message with a size larger than (\d+)/.exec(details);
-  if (unsent) {
-    return new SessionLogError(
-      `the request is over this client's ${unsent[1]}-byte message limit (new ` +
-        "SessionLogClient(target, { maxMessageBytes })); nothing was sent: split it into " +
-        `smaller calls (the server's own limit is its --max-message-size) (${details})`,
-      options("REQUEST_TOO_LARGE", { limit: unsent[1] }),
-    );
-  }
-  const found = /(SERVER: )?(Sent|Received) message larger than max \((\d+) vs\. (\d+)\)/.exec(details);
-  if (!found) return null;
-  const [, server, direction, size, limit] = found;
-  const metadata: Record<string, string> = { size, limit };
-  if (direction === "Sent") {
-    return new SessionLogError(
-      `the request is ${size} bytes, over this client's ${limit}-byte message limit ` +
-        "(new SessionLogClient(target, { maxMessageBytes })); nothing was sent: split it into " +
-        `smaller calls (the server's own limit is its --max-message-size) (${details})`,
-      options("REQUEST_TOO_LARGE", metadata),
-    );
-  }
-  if (server) {
-    return new SessionLogError(
-      `the request is ${size} bytes, far over the server's message limit (--max-message-size; ` +
-        `its transport reads no request over ${limit} bytes); nothing was written: split it ` +
-        `into smaller calls (${details})`,
-      options("REQUEST_TOO_LARGE", metadata),
-    );
-  }
-  return new SessionLogError(
-    `the reply is ${size} bytes, over this client's ${limit}-byte message limit: raise ` +
-      `{ maxMessageBytes } to the server's --max-message-size (${details})`,
-    options("RESPONSE_TOO_LARGE", metadata),
-  );
-}
-
-/**
- * The HTTP status (502, 503 or 504) a proxy (HAProxy) answered a call with when it had no
- * server for it, read from the details of a status without ErrorInfo ("Received HTTP status
- * code 503"; grpcio: "Received http2 header with status: 503"); null otherwise.
- */
-export function proxyStatus(error: unknown): number | null {
-  if (errorInfo(error)) return null;
-  const found = /(?:header with status|HTTP status code):? *(\d{3})\b/.exec(String((error as Failure)?.details ?? ""));
-  const status = found ? Number(found[1]) : 0;
-  return [502, 503, 504].includes(status) ? status : null;
-}
 
 /** The codes with which the transport ends a call when no server error does (no ErrorInfo). */
 const TRANSPORT_ENDS = new Set<number | undefined>([grpc.status.UNAVAILABLE, grpc.status.UNKNOWN, grpc.status.INTERNAL, grpc.status.CANCELLED]);
@@ -734,139 +223,11 @@ function transportEnd(error: Failure): boolean {
 /** The most a server puts in one page of ListEvents or of a paged DeriveMessages. */
 const MAX_PAGE_SIZE = 1000;
 
-/**
- * A value the client refuses before sending: the same typed error a server gives a request it
- * cannot read (INVALID_ARGUMENT / MALFORMED_REQUEST, metadata.field naming the argument).
- */
-function refused(field: string, message: string): SessionLogError {
-  return new SessionLogError(message, {
-    code: 3,
-    reason: "MALFORMED_REQUEST",
-    domain: "sessionlog",
-    metadata: { field },
-  });
-}
-
 function checkCount(n: number): void {
   if (!Number.isInteger(n) || n < 0) throw refused("n", `n must be a whole number, 0 or more (got ${n})`);
 }
 
-/**
- * A seq the API takes as uint64 (at_seq, expected_seq, parent_seq, a seq to redact), checked
- * before it is sent: a whole number 0 or more, or a bigint below 2^64. protobufjs would send
- * another seq in place of a negative, fractional or too large one without a word
- * (redactEvents([-1]) redacted seq 0).
- */
-function checkSeq(value: number, name: string): number {
-  const whole =
-    typeof value === "bigint" ? value >= 0n && value < 2n ** 64n : Number.isSafeInteger(value) && value >= 0;
-  if (!whole) throw refused(name, `${name} must be a whole number, 0 or more (got ${String(value)})`);
-  return value;
-}
-
-/** A plain JSON value -> google.protobuf.Value as proto-loader expects it. */
-function toValue(value: Json | undefined): Input<proto.Value> {
-  if (value === null || value === undefined) return { nullValue: "NULL_VALUE" };
-  if (typeof value === "number") return { numberValue: value };
-  if (typeof value === "string") return { stringValue: value };
-  if (typeof value === "boolean") return { boolValue: value };
-  if (Array.isArray(value)) return { listValue: { values: value.map(toValue) } };
-  if (typeof value === "object") return { structValue: toStruct(value) };
-  throw new TypeError(`not a JSON value: ${String(value)}`);
-}
-
-/** A plain object -> google.protobuf.Struct. */
-export function toStruct(object: JsonObject | null | undefined): Input<proto.Struct> {
-  const fields: { [key: string]: Input<proto.Value> } = {};
-  for (const [key, value] of Object.entries(object ?? {})) fields[key] = toValue(value);
-  return { fields };
-}
-
-function fromValue(value: proto.Value | null | undefined): Json {
-  if (!value) return null;
-  if (value.structValue !== undefined && value.structValue !== null) return fromStruct(value.structValue);
-  if (value.listValue !== undefined && value.listValue !== null) return (value.listValue.values ?? []).map(fromValue);
-  if (value.stringValue !== undefined && value.stringValue !== null) return value.stringValue;
-  if (value.numberValue !== undefined && value.numberValue !== null) return value.numberValue;
-  if (value.boolValue !== undefined && value.boolValue !== null) return value.boolValue;
-  return null;
-}
-
-/** google.protobuf.Struct -> a plain object. */
-export function fromStruct(struct: proto.Struct | null | undefined): JsonObject {
-  const out: JsonObject = {};
-  for (const [key, value] of Object.entries(struct?.fields ?? {})) out[key] = fromValue(value);
-  return out;
-}
-
-/** "2026-01-02T03:04:05.123456Z" or a Date -> google.protobuf.Timestamp, to the nanosecond. */
-export function toTimestamp(time: Time | Date): { seconds: number; nanos: number } {
-  if (time instanceof Date) {
-    const ms = time.getTime();
-    return { seconds: Math.floor(ms / 1000), nanos: (((ms % 1000) + 1000) % 1000) * 1e6 };
-  }
-  const match = /^(.*?)(?:\.(\d{1,9}))?(Z|[+-]\d\d:\d\d)$/.exec(String(time));
-  if (!match) throw new TypeError(`not an RFC 3339 time: ${time}`);
-  const ms = Date.parse(`${match[1]}${match[3]}`);
-  if (Number.isNaN(ms)) throw new TypeError(`not an RFC 3339 time: ${time}`);
-  return { seconds: Math.floor(ms / 1000), nanos: Number((match[2] ?? "").padEnd(9, "0")) };
-}
-
-/** google.protobuf.Timestamp -> RFC 3339 in UTC with 0, 3, 6 or 9 fraction digits (as protobuf JSON). */
-export function fromTimestamp(
-  stamp: { seconds?: number | null; nanos?: number | null } | null | undefined,
-): Time | undefined {
-  if (!stamp) return undefined;
-  const seconds = Number(stamp.seconds ?? 0);
-  const nanos = Number(stamp.nanos ?? 0);
-  const base = new Date(seconds * 1000).toISOString().slice(0, 19);
-  if (nanos === 0) return `${base}Z`;
-  const digits = String(nanos).padStart(9, "0");
-  const fraction = digits.endsWith("000000") ? digits.slice(0, 3) : digits.endsWith("000") ? digits.slice(0, 6) : digits;
-  return `${base}.${fraction}Z`;
-}
-
-/** "user_message", "USER_MESSAGE" or "EVENT_TYPE_USER_MESSAGE" -> "EVENT_TYPE_USER_MESSAGE". */
-export function eventTypeName(type: string): string {
-  const upper = String(type).trim().toUpperCase();
-  return upper.startsWith(TYPE_PREFIX) ? upper : TYPE_PREFIX + upper;
-}
-
-const SHORT_TYPE = (name: string): string => String(name).slice(TYPE_PREFIX.length).toLowerCase();
 const SHORT_ROLE = (name: string): string => String(name).slice(ROLE_PREFIX.length).toLowerCase();
-
-/**
- * An event as sent: { type, data?, replace?: [start, stop], time?, stateDelta?, usage? } -> the
- * proto object. stateDelta (an object; a null value deletes its key) is sent only when given, so an
- * event without one changes no state.
- */
-export function toEvent(event: NewEvent): Input<proto.Event> {
-  const out: Input<proto.Event> = { type: eventTypeName(event.type) as proto.EventType, data: toStruct(event.data ?? {}) };
-  if (event.replace) {
-    const [start_seq, stop_seq] = event.replace;
-    out.surface_op = { replace: { start_seq, stop_seq } };
-  }
-  if (event.time !== undefined) out.time = toTimestamp(event.time);
-  if (event.stateDelta !== undefined && event.stateDelta !== null) out.state_delta = toStruct(event.stateDelta);
-  if (event.usage) out.usage = toUsage(event.usage);
-  return out;
-}
-
-/** A stored event -> { seq, type: "user_message", time, data, replace?, stateDelta?, usage? }. */
-export function fromEvent(raw: proto.Event): Event {
-  const out: Event = {
-    seq: Number(raw.seq ?? 0),
-    type: SHORT_TYPE(raw.type) as EventTypeName,
-    time: fromTimestamp(raw.time) as Time,
-    data: fromStruct(raw.data),
-  };
-  const replace = raw.surface_op?.replace;
-  if (replace) out.replace = [Number(replace.start_seq ?? 0), Number(replace.stop_seq ?? 0)];
-  if (raw.state_delta) out.stateDelta = fromStruct(raw.state_delta);
-  if (raw.usage) out.usage = { model: raw.usage.model ?? "", ...usageCounts(raw.usage) };
-  if (raw.redacted) out.redacted = { time: fromTimestamp(raw.redacted.redact_time) as Time, reason: raw.redacted.reason ?? "" };
-  return out;
-}
 
 /** A LeaseAuditEntry -> { kind: "LEASE_AUDIT_KIND_TAKEOVER", actor, previousHolder, previousToken, time }. */
 function fromAuditEntry(a: proto.LeaseAuditEntry): LeaseAuditEntry {
@@ -876,26 +237,6 @@ function fromAuditEntry(a: proto.LeaseAuditEntry): LeaseAuditEntry {
     previousHolder: a.previous_holder,
     previousToken: Number(a.previous_token ?? 0),
     time: fromTimestamp(a.time),
-  };
-}
-
-/** { model, inputTokens?, outputTokens?, cachedInputTokens?, reasoningTokens? } -> the proto Usage. */
-function toUsage(usage: UsageInput): Input<proto.Usage> {
-  return {
-    model: String(usage.model ?? ""),
-    input_tokens: usage.inputTokens ?? 0,
-    output_tokens: usage.outputTokens ?? 0,
-    cached_input_tokens: usage.cachedInputTokens ?? 0,
-    reasoning_tokens: usage.reasoningTokens ?? 0,
-  };
-}
-
-function usageCounts(raw: proto.Usage | proto.ModelUsage): Omit<Usage, "model"> {
-  return {
-    inputTokens: Number(raw.input_tokens ?? 0),
-    outputTokens: Number(raw.output_tokens ?? 0),
-    cachedInputTokens: Number(raw.cached_input_tokens ?? 0),
-    reasoningTokens: Number(raw.reasoning_tokens ?? 0),
   };
 }
 
@@ -1459,32 +800,6 @@ class Shards {
   close() {
     for (const client of this._clients.values()) client.close();
   }
-}
-
-/** An AppendRequest of client.append's arguments (its requestId as given: "" or absent for none). */
-/** @internal */
-export function appendRequest(sessionId: string, events: NewEvent[], options: AppendOptions = {}): Input<proto.AppendRequest> {
-  const { expectedSeq, requestId = "", leaseHolder = "", leaseToken = 0, lenient = false } = options;
-  const request: Input<proto.AppendRequest> = {
-    session_id: sessionId,
-    events: events.map(toEvent),
-    request_id: requestId,
-    lease_holder: leaseHolder,
-    lease_token: leaseToken,
-    lenient,
-  };
-  if (expectedSeq !== undefined && expectedSeq !== null) request.expected_seq = checkSeq(expectedSeq, "expectedSeq");
-  return request;
-}
-
-/** What client.append resolves to, of an AppendResponse. */
-/** @internal */
-export function appendResult(reply: proto.AppendResponse): AppendResult {
-  return {
-    events: (reply.events ?? []).map(fromEvent),
-    nextSeq: Number(reply.next_seq ?? 0),
-    drops: (reply.drops ?? []).map((d) => ({ index: d.index, reason: d.reason, message: d.message })),
-  };
 }
 
 // -- the client -------------------------------------------------------------------------------
@@ -2233,10 +1548,11 @@ export class SessionLogClient {
     return epoch >= seen;
   }
 
-  /** A write member acknowledged (its reply's trailers) for sessionId: LeadershipLostError when
-   * its epoch is below the highest seen of its group (a deposed server took it: it is not the
-   * group's). */
-  private _accepted(member: Member, trailers: grpc.Metadata | undefined, sessionId = ""): void {
+  /** A write member acknowledged (its reply's trailers, or an AppendStream's headers) for
+   * sessionId: LeadershipLostError when its epoch is below the highest seen of its group (a
+   * deposed server took it: it is not the group's). */
+  /** @internal */
+  _accepted(member: Member, trailers: grpc.Metadata | undefined, sessionId = ""): void {
     const epoch = trailingEpoch(trailers);
     const group = trailingGroup(trailers);
     if (this._learn(member, epoch, group, sessionId)) return;
@@ -2254,15 +1570,45 @@ export class SessionLogClient {
     const metadata = new grpc.Metadata();
     if (this._token) metadata.add("authorization", `Bearer ${this._token}`);
     if (sessionId) metadata.add(SESSION_HEADER, sessionHeader(sessionId));
-    if (write) {
-      const group = this._groupOf(sessionId);
-      const epoch = this._epochs.get(group) ?? 0;
-      if (epoch) {
-        metadata.add(EPOCH_KEY, String(epoch));
-        if (group) metadata.add(EPOCH_GROUP_KEY, group);
-      }
-    }
+    if (write) this._addEpoch(metadata, this._groupOf(sessionId));
     return metadata;
+  }
+
+  /**
+   * An AppendStream's request metadata: the token, and the epoch of the group that answers for
+   * its first append's session (of the one group known, when this client has only seen one),
+   * so a server below it refuses each append; no x-session-id: the stream names no session.
+   */
+  /** @internal */
+  _streamMetadata(sessionId: string): grpc.Metadata {
+    const metadata = this._metadata(false);
+    let group = this._groupOf(sessionId);
+    if (!group && !this._epochs.has("") && this._epochs.size === 1) [group] = this._epochs.keys();
+    this._addEpoch(metadata, group);
+    return metadata;
+  }
+
+  /** An AppendStream's headers from member: the epoch and group they name (learnt). */
+  /** @internal */
+  _opened(member: Member, headers: grpc.Metadata): { epoch: number; group: string } {
+    const epoch = trailingEpoch(headers);
+    const group = trailingGroup(headers);
+    this._learn(member, epoch, group);
+    return { epoch, group };
+  }
+
+  /** The highest epoch seen of group (0: none). */
+  /** @internal */
+  _seen(group: string): number {
+    return this._epochs.get(group) ?? 0;
+  }
+
+  /** A write's epoch metadata: the highest seen of group, with group's name (nothing while none). */
+  private _addEpoch(metadata: grpc.Metadata, group: string): void {
+    const epoch = this._epochs.get(group) ?? 0;
+    if (!epoch) return;
+    metadata.add(EPOCH_KEY, String(epoch));
+    if (group) metadata.add(EPOCH_GROUP_KEY, group);
   }
 
   /** One unary call: { reply, trailers } once its status has arrived. */

@@ -10,6 +10,7 @@ import { dirname, join } from "node:path";
 import { describe, test } from "node:test";
 import { promisify } from "node:util";
 
+import { SessionLogClient } from "sessionlog-client";
 import { SessionlogSessionStore, eventOfEntry, requestIdOf } from "sessionlog-client/claude-agent-sdk";
 
 import { SESSIONLOG_BIN, useServer } from "./server.mjs";
@@ -171,6 +172,39 @@ describe("SessionlogSessionStore, the SDK's SessionStore contracts", () => {
     const [summary] = await store.listSessionSummaries("proj");
     assert.equal(summary.data.customTitle, "two");
     assert.equal(summary.mtime, (await store.listSessions("proj"))[0].mtime);
+  });
+
+  test("the store folds its next batch into the summary it wrote, and reads the title when another writer appended", async () => {
+    const prefix = `ts${stores++}-${process.pid}.`;
+    const client = new SessionLogClient(live.server.address);
+    const calls = [];
+    const send = client._call.bind(client);
+    client._call = (method, ...rest) => {
+      calls.push(method);
+      return send(method, ...rest);
+    };
+    const store = new SessionlogSessionStore(client, { prefix, foldSessionSummary: fold });
+    const other = new SessionlogSessionStore(live.client, { prefix, foldSessionSummary: fold });
+    const key = { projectKey: "proj", sessionId: "remembered" };
+    try {
+      await store.append(key, [e({ uuid: "1", timestamp: "2024-01-01T00:00:00.000Z", customTitle: "one" })]);
+      calls.length = 0;
+      await store.append(key, [e({ uuid: "2", customTitle: "two" })]);
+      assert.deepEqual(calls, ["Append", "UpdateSession"], "no GetSession after its own summary");
+      await other.append(key, [e({ uuid: "3", customTitle: "three" })]); // another writer, its own summary
+      calls.length = 0;
+      await store.append(key, [e({ uuid: "4" })]);
+      assert.deepEqual(calls, ["Append", "GetSession", "UpdateSession"], "the title read back");
+      const [summary] = await store.listSessionSummaries("proj");
+      assert.deepEqual(summary.data, { createdAt: Date.parse("2024-01-01T00:00:00.000Z"), customTitle: "three" });
+      assert.equal(JSON.parse((await client.getSession(store.sessionLogId(key))).session.title).n, 4);
+      calls.length = 0;
+      await store.append(key, [e({ uuid: "5", customTitle: "five" })]);
+      assert.deepEqual(calls, ["Append", "UpdateSession"]);
+      assert.equal((await store.listSessionSummaries("proj"))[0].data.customTitle, "five");
+    } finally {
+      client.close();
+    }
   });
 
   test("without the SDK's fold there is no listSessionSummaries (the SDK loads instead)", () => {

@@ -8,7 +8,16 @@ import assert from "node:assert/strict";
 import { spawnSync } from "node:child_process";
 import { test } from "node:test";
 
-import { NotPrimaryError, ReplicasUnavailableError, SessionLogClient, SessionLogError } from "sessionlog-client";
+import grpc from "@grpc/grpc-js";
+
+import {
+  EPOCH_KEY,
+  LeadershipLostError,
+  NotPrimaryError,
+  ReplicasUnavailableError,
+  SessionLogClient,
+  SessionLogError,
+} from "sessionlog-client";
 
 import { SESSIONLOG_BIN, freePort, startEtcd, startServer, tempDir } from "./server.mjs";
 
@@ -16,6 +25,7 @@ const RETRY = { giveUpAfterMs: 60_000, initialBackoffMs: 20, maxBackoffMs: 250 }
 const WRITES = 40;
 const LEADER = "/sessionlog/groups/g1/leader";
 const user = (content) => ({ type: "user_message", data: { content } });
+const UNAVAILABLE = 14;
 const sleep = (ms) => new Promise((done) => setTimeout(done, ms));
 
 async function group() {
@@ -306,6 +316,74 @@ test("once it has seen the newer epoch, the client never writes to a deposed pri
     assert.deepEqual(await contents(nodes.replica.address, "s"), [[0, "n0"], [1, "n1"], [2, "n2"]]);
   } finally {
     for (const other of unaware) other.close();
+    client.close();
+    await g.close();
+  }
+});
+
+test("an appendStream learns the epoch from its headers, sends it, and is never acknowledged by a deposed primary", async () => {
+  const g = await group();
+  const { nodes } = g;
+  const client = new SessionLogClient([nodes.primary.address, nodes.replica.address], { retry: RETRY });
+  let unaware;
+  try {
+    const first = client.appendStream();
+    assert.equal((await first.append("s", [user("n0")], { requestId: "r0" })).nextSeq, 1);
+    await first.close();
+    assert.equal(client.epoch, 1, "learnt from the stream alone (a fresh store: its trailers)");
+    await caughtUp(nodes, "s");
+    const old = nodes.primary;
+    await old.kill();
+    assert.equal(adminPromote(nodes.replica.address), 2);
+    await client.append("s", [user("n1")], { requestId: "r1" });
+    assert.deepEqual([client.current, client.epoch], [nodes.replica.address, 2]);
+    nodes.primary = await startServer({ root: old.root, port: old.port }); // unfenced, as a primary
+
+    // The new primary stops: a stream there breaks, and the client moves on to the old one.
+    const promoted = nodes.replica;
+    await promoted.stop();
+    const broken = client.appendStream();
+    await assert.rejects(broken.append("s", [user("lost")], { requestId: "r2" }), (error) => error.code === UNAVAILABLE);
+    assert.equal(client.current, nodes.primary.address);
+    // A stream on the deposed primary carries epoch 2: each append refused, nothing written,
+    // and the deposed primary is not taken for the primary.
+    const refused = client.appendStream();
+    const tries = [refused.append("s", [user("never")], { requestId: "r2" }), refused.append("t", [user("never")])];
+    for (const tried of tries) {
+      await assert.rejects(tried, (error) => {
+        assert.ok(error instanceof NotPrimaryError, String(error));
+        assert.equal(error.epoch, 1);
+        return true;
+      });
+    }
+    await refused.close();
+    assert.notEqual(client.current, nodes.primary.address);
+    assert.deepEqual([await eventCount(nodes.primary.address, "s"), await eventCount(nodes.primary.address, "t")], [1, 0]);
+
+    // A client that knows no better writes there (its headers say epoch 1); once it learns of
+    // epoch 2 (as from another reply), that stream's acknowledgements are not acknowledgements.
+    unaware = new SessionLogClient(nodes.primary.address, { retry: RETRY });
+    const late = unaware.appendStream();
+    assert.equal((await late.append("u", [user("taken")])).nextSeq, 1);
+    assert.equal(unaware.epoch, 1, "learnt from the stream's headers, before its end");
+    const newer = new grpc.Metadata();
+    newer.add(EPOCH_KEY, "2");
+    unaware._accepted(unaware._members[0], newer, "other"); // a reply from the new primary
+    await assert.rejects(late.append("u", [user("deposed")], { requestId: "r-u" }), (error) => {
+      assert.ok(error instanceof LeadershipLostError, String(error));
+      assert.equal(error.committed, true);
+      return true;
+    });
+    await late.close();
+
+    nodes.replica = await startServer({ root: promoted.root, port: promoted.port });
+    const again = client.appendStream();
+    assert.equal((await again.append("s", [user("n2")], { requestId: "r2" })).nextSeq, 3);
+    await again.close();
+    assert.equal(client.current, nodes.replica.address);
+    assert.deepEqual(await contents(nodes.replica.address, "s"), [[0, "n0"], [1, "n1"], [2, "n2"]]);
+  } finally {
+    unaware?.close();
     client.close();
     await g.close();
   }

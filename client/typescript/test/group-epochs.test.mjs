@@ -72,6 +72,25 @@ test("a lower epoch of the same group is still a deposed leader", () => {
   });
 });
 
+test("an AppendStream sends its first session's group's epoch, else the one group known", () => {
+  withClient((client, member) => {
+    const streamSent = (sessionId) => {
+      const metadata = client._streamMetadata(sessionId);
+      assert.equal(metadata.get("x-session-id").length, 0, "a stream names no session");
+      return [metadata.get(EPOCH_KEY)[0], metadata.get(EPOCH_GROUP_KEY)[0]];
+    };
+    assert.deepEqual(streamSent(A), [undefined, undefined]);
+    client._accepted(member, trailers(11, "g1"), A);
+    assert.deepEqual(streamSent("a-session-of-an-unknown-slot"), ["11", "g1"], "the only group known");
+    client._accepted(member, trailers(9, "g2"), B);
+    assert.deepEqual(streamSent(A), ["11", "g1"]);
+    assert.deepEqual(streamSent(B), ["9", "g2"]);
+    assert.deepEqual(streamSent("a-session-of-an-unknown-slot"), [undefined, undefined], "two groups: none guessed");
+    assert.deepEqual(client._opened(member, trailers(12, "g2")), { epoch: 12, group: "g2" });
+    assert.deepEqual(streamSent(B), ["12", "g2"], "the headers taught g2's newer epoch");
+  });
+});
+
 test("without groups it is one epoch, as before", () => {
   withClient((client, member) => {
     client._accepted(member, trailers(4), A);

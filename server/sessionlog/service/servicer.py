@@ -317,7 +317,10 @@ class SessionLogServicer:
         self, requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext
     ) -> None:
         """Appends pipelined on one stream, each answered on its own (``append_stream``).
-        Counted by the stream limits while open: each holds up to its window of requests."""
+        Counted by the stream limits while open: each holds up to its window of requests.
+        Its initial metadata carries the server's epoch as the stream opens (as a unary
+        write's trailers do), so a client learns it before the first reply and can tell a
+        deposed server's acknowledgements from the primary's; its trailers, the epoch again."""
         peer = context.peer() or ""
         try:
             caller = self._caller(context)
@@ -326,6 +329,7 @@ class SessionLogServicer:
             await abort(context, error, _epoch_metadata(self))
             return
         try:
+            await context.send_initial_metadata(_epoch_metadata(self))
             await self.append_streams.serve(
                 requests, context, caller, functools.partial(_epoch_metadata, self)
             )

@@ -594,8 +594,10 @@ class Writer:
     def _deliver(self) -> None:
         """Hand the loops their futures' outcomes, and ``on_loop_commit``'s loop what the group
         changed: one ``call_soon_threadsafe`` per loop."""
-        changed, self._changed = self._changed, set()
-        if not self._replies and not changed:
+        changed = self._changed
+        if changed:
+            self._changed = set()
+        elif not self._replies:
             return
         replies, self._replies = self._replies, []
         by_loop: dict[asyncio.AbstractEventLoop, list[_Reply]] = {}

@@ -281,13 +281,14 @@ class SessionLogServer:
         peers = self.peers
 
         def wake(session_ids: set[str]) -> None:
+            """On the writer thread; followers here are woken on the loop by ``notify``, in
+            the same wakeup that hands the loop the commit's replies."""
             if peers is not None:
                 peers.ring()
-            if not loop.is_closed():
-                loop.call_soon_threadsafe(notifier.notify, session_ids)
-                if self.group is not None and FEED_KEY in session_ids and not self._progress_due:
-                    self._progress_due = True
-                    loop.call_soon_threadsafe(self._note_progress)
+            progress = self.group is not None and FEED_KEY in session_ids
+            if progress and not self._progress_due and not loop.is_closed():
+                self._progress_due = True
+                loop.call_soon_threadsafe(self._note_progress)
 
         def broken() -> None:
             if not loop.is_closed():
@@ -302,6 +303,7 @@ class SessionLogServer:
             lock=None if peers is None else peers.lock,
             prepared=peers is not None,
             may_write=self.may_write if self.group is None else self.group.may_write,
+            on_loop_commit=(loop, notifier.notify),
         )
 
     def _note_progress(self) -> None:

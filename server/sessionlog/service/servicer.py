@@ -70,24 +70,29 @@ def caller_epoch(metadata: Any, group: str = "") -> int:
     metadata ``sessionlog-epoch``, which the clients send with every write, and
     ``sessionlog-epoch-group`` when it is a sharded group's); 0 when it sends none, or one of
     another group. MalformedRequest unless it is a whole number."""
-    pairs = [
-        (key, value.decode() if isinstance(value, bytes) else str(value))
-        for key, value in metadata or ()
-    ]
-    named = next((v for k, v in pairs if k == EPOCH_GROUP_METADATA_KEY), None)
-    if named is not None and named != group:
+    named: Any = None
+    epoch: Any = None
+    for key, value in metadata or ():  # every write passes here: no list, nothing decoded twice
+        if key == EPOCH_METADATA_KEY:
+            epoch = value if epoch is None else epoch
+        elif key == EPOCH_GROUP_METADATA_KEY:
+            named = value if named is None else named
+    if named is not None and _text(named) != group:
         return 0  # another group's epoch, learnt through a proxy that serves several groups
-    for key, text in pairs:
-        if key != EPOCH_METADATA_KEY:
-            continue
-        if not (text.isascii() and text.isdigit()) or len(text) > 20:
-            raise errors.MalformedRequest(
-                f"the {EPOCH_METADATA_KEY} request metadata must be a whole number (the "
-                f"highest leadership epoch the caller has seen), not {text[:40]!r}",
-                field=EPOCH_METADATA_KEY,
-            )
-        return int(text)
-    return 0
+    if epoch is None:
+        return 0
+    text = _text(epoch)
+    if not (text.isascii() and text.isdigit()) or len(text) > 20:
+        raise errors.MalformedRequest(
+            f"the {EPOCH_METADATA_KEY} request metadata must be a whole number (the "
+            f"highest leadership epoch the caller has seen), not {text[:40]!r}",
+            field=EPOCH_METADATA_KEY,
+        )
+    return int(text)
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 def unary(method: Handler) -> Handler:

@@ -257,8 +257,9 @@ class SessionLog:
     async def _replicated(self, position: int) -> None:
         """With --ack replica, wait until enough replicas hold the change at ``position`` (or
         raise ReplicasUnavailable: the write stays committed here). Every write calls it."""
-        if self.sync is not None:
-            await self.sync.wait(position)
+        sync = self.sync
+        if sync is not None and sync.required:
+            await sync.wait(position)
 
     def _sid(self, session_id: str) -> int:
         """The session's internal id (0: not stored), which a page token is bound to."""
@@ -501,7 +502,9 @@ class SessionLog:
         """A submitted append's result once it may be acknowledged: durable here, and held by
         enough replicas with --ack replica."""
         result = await submitted
-        await self._replicated(result.position)
+        sync = self.sync
+        if sync is not None and sync.required:  # --ack local: no coroutine to wait on at all
+            await sync.wait(result.position)
         return result
 
     async def create_session(

@@ -89,9 +89,24 @@ class Leadership:
 
 
 def read(txn: lmdb.Transaction, tables: Tables) -> Leadership:
-    """The folder's leadership record; a primary at epoch 0 when it has none yet."""
+    """The folder's leadership record; a primary at epoch 0 when it has none yet. Read from
+    the transaction every time; only the JSON of bytes seen last time is not parsed again
+    (the writer reads the record once per commit, and it rarely changes)."""
+    global _last_read
     raw = txn.get(schema.LEADERSHIP, db=tables.counters)
-    return Leadership() if raw is None else Leadership.decode(raw)
+    if raw is None:
+        return Leadership()
+    raw = bytes(raw)
+    seen, decoded = _last_read
+    if raw != seen:
+        decoded = Leadership.decode(raw)
+        _last_read = (raw, decoded)
+    return decoded
+
+
+_last_read: tuple[bytes, Leadership] = (b"", Leadership())
+"""The bytes ``read`` decoded last and their record (frozen: safe to share; one tuple,
+swapped whole, so a thread never sees the bytes of one record with another)."""
 
 
 def write(txn: lmdb.Transaction, tables: Tables, record: Leadership) -> None:

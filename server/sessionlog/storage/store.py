@@ -78,7 +78,7 @@ from sessionlog.storage.preparing import (
 from sessionlog.storage.reads import Txn, load_meta, read_range
 from sessionlog.storage.schema import SessionMeta
 from sessionlog.storage.views import AuditEntry, EventsPage, SessionView
-from sessionlog.storage.writer import Writer
+from sessionlog.storage.writer import LoopCommit, Writer
 from sessionlog.v1.event_pb2 import Event
 
 __all__ = [
@@ -145,6 +145,7 @@ class Store:
         on_broken: Callable[[], None] | None = None,
         prepared: bool = False,
         may_write: Callable[[], bool] | None = None,
+        on_loop_commit: LoopCommit | None = None,
     ) -> None:
         """Open (or create) the store in ``path``, owning the folder: with ``lock`` (taken by a
         parent process, which keeps it), under that lock; else under one taken here
@@ -159,7 +160,10 @@ class Store:
         the others' new instances as a restore.
 
         ``may_write``: a process-level leadership check (an election's lease), asked by the
-        writer before each write applies and before it is acknowledged (see ``Writer``)."""
+        writer before each write applies and before it is acknowledged (see ``Writer``).
+
+        ``on_loop_commit``: (a loop, a callable) called on that loop with the sessions each
+        commit changed, in the same wakeup of the loop as the commit's replies."""
         self.path = Path(path)
         self.config = config = config or StoreConfig()
         self._owns_lock = lock is None
@@ -184,6 +188,7 @@ class Store:
             checksums=config.record_checksums,
             may_write=may_write,
             deferred_sync=config.durability == GROUP,
+            on_loop_commit=on_loop_commit,
         )
         self.writer.lead = self.leadership()
         self.folds = FoldCache(

@@ -160,6 +160,8 @@ class _ReplicatedJob:
 _AnyJob = _Job | _ReplicatedJob
 _Reply = tuple["asyncio.Future[Any]", bool, Any]
 """A loop future, whether it succeeded, and its result or exception."""
+LoopCommit = tuple[asyncio.AbstractEventLoop, Callable[[set[str]], None]]
+"""A loop, and what to call on it with the sessions each commit changed (``Writer``)."""
 
 
 class _Stop:
@@ -205,8 +207,12 @@ class Writer:
         checksums: bool = True,
         may_write: Callable[[], bool] | None = None,
         deferred_sync: bool = False,
+        on_loop_commit: LoopCommit | None = None,
     ) -> None:
         self._env = env
+        self._on_loop_commit = on_loop_commit
+        """Like ``on_commit``, but called on a loop, in the call that hands that loop the
+        group's replies: one wakeup of the loop per commit, not two."""
         self._deferred_sync = deferred_sync
         self._pending: list[tuple[list[_AnyJob], list[tuple[bool, Any]], bool]] = []
         """Deferred sync: groups committed (or refused) whose outcomes wait for the next sync."""
@@ -237,6 +243,8 @@ class Writer:
         self._own_lock = threading.Lock()
         self._replies: list[_Reply] = []
         """Outcomes for loop futures, handed to their loops together (``_deliver``)."""
+        self._changed: set[str] = set()
+        """What the group being given changed, for ``on_loop_commit`` (``_deliver``)."""
         self.admits: Callable[[str], errors.SessionLogError | None] | None = None
         """Why a write to a session may not commit now (None: it may); see the invariants."""
         self.stalled: tuple[str, float] | None = None
@@ -562,6 +570,8 @@ class Writer:
             if ok:
                 changed.update(job.command.touched())
             self._settle(job, value, ok)
+        if self._on_loop_commit is not None:
+            self._changed = changed
         self._deliver()
         if changed and self._on_commit is not None:
             try:
@@ -582,15 +592,23 @@ class Writer:
             self._replies.append((future, ok, value))
 
     def _deliver(self) -> None:
-        """Hand the loops their futures' outcomes: one ``call_soon_threadsafe`` per loop."""
-        if not self._replies:
+        """Hand the loops their futures' outcomes, and ``on_loop_commit``'s loop what the group
+        changed: one ``call_soon_threadsafe`` per loop."""
+        changed = self._changed
+        if changed:
+            self._changed = set()
+        elif not self._replies:
             return
         replies, self._replies = self._replies, []
         by_loop: dict[asyncio.AbstractEventLoop, list[_Reply]] = {}
         for reply in replies:
             by_loop.setdefault(reply[0].get_loop(), []).append(reply)
-        for loop, theirs in by_loop.items():
+        if changed and self._on_loop_commit is not None:
+            loop, notify = self._on_loop_commit
             with contextlib.suppress(RuntimeError):  # a closed loop: no one is waiting any more
+                loop.call_soon_threadsafe(_resolve_all, by_loop.pop(loop, []), notify, changed)
+        for loop, theirs in by_loop.items():
+            with contextlib.suppress(RuntimeError):
                 loop.call_soon_threadsafe(_resolve_all, theirs)
 
 
@@ -664,10 +682,19 @@ def _resolve(future: Waiting, ok: bool, value: Any) -> None:
         future.set_exception(value)
 
 
-def _resolve_all(replies: list[_Reply]) -> None:
-    """On a loop: resolve its futures of one group."""
+def _resolve_all(
+    replies: list[_Reply],
+    notify: Callable[[set[str]], None] | None = None,
+    changed: set[str] | None = None,
+) -> None:
+    """On a loop: resolve its futures of one group, then tell ``notify`` what it changed."""
     for future, ok, value in replies:
         _resolve(future, ok, value)
+    if notify is not None and changed:
+        try:
+            notify(changed)
+        except Exception:
+            log.exception("commit subscriber failed")
 
 
 def _damaged(command: _Queued, exc: Exception) -> errors.DataCorrupted:

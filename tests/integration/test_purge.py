@@ -3,6 +3,7 @@ that free its records and rows, each a change record a replica applies to the sa
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -163,4 +164,67 @@ def test_a_long_forks_delete_removes_its_parents_fork_request_at_once(
     store.purge_all()
     assert store.submit_fork("long", None, "child", request_id="fork-1").result()
     assert len(store.read_session("child", 0)) == 300
+    assert problems(store) == []
+
+
+def test_a_chunk_stops_when_its_time_is_up_and_a_replica_removes_the_same_keys(
+    pair: tuple[Store, Store], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With no time at all, every chunk stops at its first look at the clock (CHECK_EVERY keys
+    or records); the ranges it records leave a replica with the same bytes."""
+    monkeypatch.setattr(purge, "CHUNK_SECONDS", 0.0)
+    monkeypatch.setattr(purge, "CHUNK_RECORDS", 100)
+    monkeypatch.setattr(purge, "CHECK_EVERY", 4)
+    primary, replica = pair
+    sid = write_long(primary)
+    rows = rows_of(primary, sid)
+    replicate(primary, replica)
+    primary.delete("long")
+    position = primary.head()[0]
+    replicate(primary, replica, position)
+    freed, rewritten = [], []
+    while (chunk := primary.purge_next()) is not None:
+        freed.append(chunk.freed)
+        rewritten.append(chunk.rewritten)
+        replicate(primary, replica, position + 1)
+        position = primary.head()[0]
+        assert tables_dump(replica) == tables_dump(primary)
+    assert rewritten[:3] == [4, 4, 2]  # its 10 records, not the 100 of CHUNK_RECORDS
+    assert max(freed) == 4  # nor the 64 keys of CHUNK_KEYS
+    assert sum(freed) == rows > 300  # events, request and usage rows
+    assert rows_of(primary, sid) == 0
+    assert tables_dump(replica) == tables_dump(primary)
+    assert problems(replica) == []
+
+
+def test_a_purge_completes_beside_continuous_appends(
+    pair: tuple[Store, Store], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another session appended to without a pause never leaves the writer idle, yet the
+    purge runs to its end, its chunks riding in the appends' transactions."""
+    monkeypatch.setattr(purge, "CHUNK_KEYS", 8)
+    store, _ = pair
+    sid = write_long(store)
+    before = store.head()[0]
+    stop = threading.Event()
+
+    def appender() -> None:
+        while not stop.is_set():
+            store.append("busy", [user("meanwhile")])
+
+    thread = threading.Thread(target=appender)
+    thread.start()
+    try:
+        store.delete("long")
+        chunks = store.purge_all()
+    finally:
+        stop.set()
+        thread.join(30)
+    assert rows_of(store, sid) == 0
+    assert store.purging() == []
+    feed = [rpb.Change.FromString(raw) for raw in store.read_changes(before + 2)]
+    appended = {c.commit_time.ToNanoseconds() for c in feed if c.session_id == "busy"}
+    chunk_times = [c.commit_time.ToNanoseconds() for c in feed if not c.session_id]
+    assert len(chunk_times) == chunks > 320 // 8
+    assert sum(t in appended for t in chunk_times) > chunks // 2  # most shared a commit
     assert problems(store) == []

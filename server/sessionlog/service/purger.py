@@ -4,20 +4,19 @@ Who purges: whoever sweeps (``sweeper``): a process that takes writes, worker 0 
 N``. A replica never does: the primary's chunks reach it as change records. A new leader, or a
 restarted server, finds the marks its predecessor left and goes on from them.
 
-Each chunk waits its turn in the writer's queue like any append, and the task pauses after each
-as long as it took (``purge.paced``), so other sessions' writes find the writer free at least
-half the time; it looks for new marks every ``IDLE_SECONDS``.
+Each chunk is a background command of the writer (``Writer.submit_background``): it rides with
+the next group of other writes or runs when the writer is idle, and keeps its own time short
+(``purge.CHUNK_SECONDS``), so the task needs no pause of its own between chunks; it looks for
+new marks every ``IDLE_SECONDS``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import Callable
 
 from sessionlog import errors
-from sessionlog.storage import purge
 from sessionlog.storage.store import Store
 
 log = logging.getLogger(__name__)
@@ -31,7 +30,6 @@ async def keep_purged(store: Store, may_purge: Callable[[], bool]) -> None:
     while True:
         await asyncio.sleep(IDLE_SECONDS)
         while may_purge():
-            started = time.monotonic()
             try:
                 chunk = await asyncio.to_thread(store.purge_next)
             except errors.SessionLogError as error:
@@ -44,4 +42,3 @@ async def keep_purged(store: Store, may_purge: Callable[[], bool]) -> None:
                 break
             if chunk.done:
                 log.info("freed a deleted session's rows", extra={"session_id": chunk.session_id})
-            await asyncio.sleep(purge.paced(time.monotonic() - started))

@@ -272,20 +272,18 @@ class Eraser:
                 else ([], 0)
             )
         command = purge.PurgeCommand(self.tables, mark.sid, positions, reached)
-        done: purge.Purged = self.writer.submit(command).result()
+        done: purge.Purged = self.writer.submit_background(command).result()
         done.session_id = mark.session_id
         return done
 
     def purge_all(self) -> int:
-        """Free every purged session to the end, pausing after each chunk as long as it took
-        (``purge.paced``); blocks. How many chunks ran."""
+        """Free every purged session to the end, one chunk after another (each a background
+        command: the writer fits it beside other writes, ``purge``); blocks. How many chunks
+        ran."""
         chunks = 0
-        while True:
-            started = time.monotonic()
-            if self.purge_next() is None:
-                return chunks
+        while self.purge_next() is not None:
             chunks += 1
-            time.sleep(purge.paced(time.monotonic() - started))
+        return chunks
 
     def _scan(self, txn: Txn, ids: Sequence[str]) -> erasure.Scan:
         """The feed records of ``ids`` (``erasure.scan``), but of none that is long: its delete

@@ -20,6 +20,16 @@ travel as puts on the changes table, the removals as bounded key ranges, the mar
 a put. So replicas free the same bytes in the same small steps, and a restart (or a new leader)
 resumes from the mark, which moved in the same transaction as the chunk it records.
 
+A chunk must not make other sessions' appends wait (issue 35: their p99 unchanged while a long
+delete runs). Two things see to that. It is a *background* command (``Writer.
+submit_background``): it never has a transaction of its own while writes are coming, but rides
+at the end of their group, sharing its commit and sync, and runs alone only once the writer has
+been idle a few milliseconds. And it keeps time: it stops after ``CHUNK_SECONDS`` inside the
+transaction (checked every ``CHECK_EVERY`` keys or records), or at ``CHUNK_KEYS`` keys or
+``CHUNK_RECORDS`` records, whichever comes first, so what it adds to an append's group is a
+fraction of that append's own sync. What a chunk removed is recorded as the exact key range, so a
+replica removes the same keys whatever its clock says.
+
 Between the steps the old records of the session may still be read from the feed; ``admin
 verify`` knows the sids being purged and does not call their rows left over.
 """
@@ -28,6 +38,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 
@@ -52,18 +63,15 @@ CHUNK_KEYS = _tuning("CHUNK_KEYS", 2_000)
 """Event, request or usage keys one chunk removes at most."""
 CHUNK_RECORDS = _tuning("CHUNK_RECORDS", 500)
 """Change records one chunk rewrites at most."""
+CHUNK_SECONDS = _tuning("CHUNK_MICROSECONDS", 100) / 1e6
+"""How long one chunk works inside the write transaction at most (then it stops where it is,
+its commit still to come): what it may add to the group of appends it rides with."""
+CHECK_EVERY = 16
+"""Keys removed (or records rewritten) between two looks at the clock."""
 SCAN_SPAN = 20_000
 """Feed positions one chunk's scan (a read, outside the writer) looks at at most."""
-PAUSE_SHARE = 1.0
-"""After each chunk the purge pauses this many times as long as the chunk took, so that the
-writer is free (for other sessions' writes) at least half the time while a purge runs."""
 CHUNKED = ("events", "requests", "usage")
 """The per-session tables keyed by sid ranges, that a long session fills: freed by chunks."""
-
-
-def paced(chunk_seconds: float) -> float:
-    """How long to pause after a chunk that took ``chunk_seconds`` (see ``PAUSE_SHARE``)."""
-    return min(1.0, chunk_seconds * PAUSE_SHARE)
 
 
 @dataclass
@@ -168,12 +176,18 @@ class PurgeCommand:
     moving_in = True  # the session is gone already: no ownership to ask
 
     def __init__(
-        self, tables: Tables, sid: int, positions: Sequence[int] = (), reached: int = 0
+        self,
+        tables: Tables,
+        sid: int,
+        positions: Sequence[int] = (),
+        reached: int = 0,
+        seconds: float | None = None,
     ) -> None:
         self._tables = tables
         self._sid = sid
         self._positions = positions
         self._reached = reached
+        self._seconds = seconds
 
     def size(self) -> int:
         return 0
@@ -186,17 +200,21 @@ class PurgeCommand:
         raw = txn.get(schema.u64(self._sid), db=tables.purges)
         if raw is None:
             return Purged(done=True)
+        seconds = CHUNK_SECONDS if self._seconds is None else self._seconds
+        deadline = time.perf_counter() + seconds
         purge = Purge.decode(raw)
         if purge.scanned < purge.upto:
-            return self._rewrite(txn, purge)
+            return self._rewrite(txn, purge, deadline)
         for table in CHUNKED:
-            freed = _free_some(txn, tables.by_name[table], self._sid)
+            freed = _free_some(txn, tables.by_name[table], self._sid, deadline)
             if freed:
                 return Purged(freed=freed)
         txn.remove(schema.u64(self._sid), db=tables.purges)
         return Purged(done=True)
 
-    def _rewrite(self, txn: RecordingTxn, purge: Purge) -> Purged:
+    def _rewrite(self, txn: RecordingTxn, purge: Purge, deadline: float) -> Purged:
+        """Rewrite the positions in turn until the deadline; the mark moves to the last one
+        done (to ``reached`` when all are)."""
         tables = self._tables
         removals = purge.removal_keys()
 
@@ -204,7 +222,11 @@ class PurgeCommand:
             return put.table != "changes" and not changes.covered(removals, put.table, put.key)
 
         rewritten = 0
-        for position in self._positions:
+        reached = self._reached
+        for index, position in enumerate(self._positions):
+            if index and index % CHECK_EVERY == 0 and time.perf_counter() > deadline:
+                reached = self._positions[index - 1]  # the records before it are done
+                break
             if not purge.scanned < position <= purge.upto:
                 continue
             raw = txn.get(schema.u64(position), db=tables.changes)
@@ -213,27 +235,31 @@ class PurgeCommand:
             erased = changes.placeholder(txn, tables, bytes(raw), keep)
             txn.put(schema.u64(position), erased, db=tables.changes)
             rewritten += 1
-        purge.scanned = min(purge.upto, max(self._reached, purge.scanned))
+        purge.scanned = min(purge.upto, max(reached, purge.scanned))
         txn.put(schema.u64(self._sid), purge.encode(), db=tables.purges)
         return Purged(rewritten=rewritten)
 
 
-def _free_some(txn: RecordingTxn, db: object, sid: int) -> int:
-    """Remove the first ``CHUNK_KEYS`` keys of the sid's range in ``db`` (one recorded range);
-    how many were removed."""
+def _free_some(txn: RecordingTxn, db: object, sid: int, deadline: float) -> int:
+    """Remove the first keys of the sid's range in ``db``, ``CHUNK_KEYS`` at most and no more
+    once ``deadline`` (``time.perf_counter``) has passed, as one recorded range (its end the
+    first key kept); how many were removed."""
     start, end = schema.u64(sid), schema.u64(sid + 1)
     cursor = txn.cursor(db=db)
-    if not cursor.set_range(start):
+    if not cursor.set_range(start) or bytes(cursor.key()) >= end:
         return 0
-    stop, counted = end, 0
-    for found in cursor.iternext(values=False):
-        key = bytes(found)
-        if key >= end:
+    removed = 0
+    while True:
+        if not cursor.delete():  # deleting moves the cursor to the next key
+            stop = end
             break
-        if counted == CHUNK_KEYS:
+        removed += 1
+        key = bytes(cursor.key())
+        if not key or key >= end:
+            stop = end
+            break
+        if removed == CHUNK_KEYS or (removed % CHECK_EVERY == 0 and time.perf_counter() > deadline):
             stop = key
             break
-        counted += 1
-    if counted == 0:
-        return 0
-    return txn.delete(db, start, stop)
+    txn.record_deleted(db, start, stop, removed)
+    return removed

@@ -25,10 +25,10 @@ delete runs). Two things see to that. It is a *background* command (``Writer.
 submit_background``): it never has a transaction of its own while writes are coming, but rides
 at the end of their group, sharing its commit and sync, and runs alone only once the writer has
 been idle a few milliseconds. And it keeps time: it stops after ``CHUNK_SECONDS`` inside the
-transaction (checked every ``CHECK_EVERY`` keys or records), or at ``CHUNK_KEYS`` keys or
-``CHUNK_RECORDS`` records, whichever comes first, so what it adds to an append's group is a
-fraction of that append's own sync. What a chunk removed is recorded as the exact key range, so a
-replica removes the same keys whatever its clock says.
+transaction (looking at the clock every ``CHECK_EVERY`` keys, or every record), or at
+``CHUNK_KEYS`` keys or ``CHUNK_RECORDS`` records, whichever comes first, so what it adds to an
+append's group is a fraction of that append's own sync. What a chunk removed is recorded as the
+exact key range, so a replica removes the same keys whatever its clock says.
 
 Between the steps the old records of the session may still be read from the feed; ``admin
 verify`` knows the sids being purged and does not call their rows left over.
@@ -61,13 +61,19 @@ PURGE_FROM = _tuning("FROM", 10_000)
 """A session of this many events or more is deleted by tombstone and chunks."""
 CHUNK_KEYS = _tuning("CHUNK_KEYS", 2_000)
 """Event, request or usage keys one chunk removes at most."""
-CHUNK_RECORDS = _tuning("CHUNK_RECORDS", 500)
-"""Change records one chunk rewrites at most."""
+CHUNK_RECORDS = _tuning("CHUNK_RECORDS", 64)
+"""Change records one chunk rewrites at most (its time runs out sooner, at tens of µs each:
+this bounds what the read before it looks for, that the chunk may not get to)."""
 CHUNK_SECONDS = _tuning("CHUNK_MICROSECONDS", 100) / 1e6
 """How long one chunk works inside the write transaction at most (then it stops where it is,
 its commit still to come): what it may add to the group of appends it rides with."""
+ALONE_SECONDS = _tuning("ALONE_MICROSECONDS", 1_000) / 1e6
+"""The same for a chunk the writer runs alone (it was idle: no append to delay, unless one
+comes meanwhile); a record rewritten costs tens of µs, so this is what frees a session of many
+small appends at a pace when nothing else is written."""
 CHECK_EVERY = 16
-"""Keys removed (or records rewritten) between two looks at the clock."""
+"""Keys removed between two looks at the clock (a record rewritten costs enough to look after
+each)."""
 SCAN_SPAN = 20_000
 """Feed positions one chunk's scan (a read, outside the writer) looks at at most."""
 CHUNKED = ("events", "requests", "usage")
@@ -174,6 +180,9 @@ class PurgeCommand:
     kind = "update"  # names no session (like a reindex batch): feed followers show nothing
     session_id = ""
     moving_in = True  # the session is gone already: no ownership to ask
+    alone = False
+    """Set by the writer: it runs in a transaction of its own (``ALONE_SECONDS``), not at the
+    end of a group of appends (``CHUNK_SECONDS``)."""
 
     def __init__(
         self,
@@ -200,7 +209,9 @@ class PurgeCommand:
         raw = txn.get(schema.u64(self._sid), db=tables.purges)
         if raw is None:
             return Purged(done=True)
-        seconds = CHUNK_SECONDS if self._seconds is None else self._seconds
+        seconds = self._seconds
+        if seconds is None:
+            seconds = ALONE_SECONDS if self.alone else CHUNK_SECONDS
         deadline = time.perf_counter() + seconds
         purge = Purge.decode(raw)
         if purge.scanned < purge.upto:
@@ -224,7 +235,7 @@ class PurgeCommand:
         rewritten = 0
         reached = self._reached
         for index, position in enumerate(self._positions):
-            if index and index % CHECK_EVERY == 0 and time.perf_counter() > deadline:
+            if index and time.perf_counter() > deadline:  # a record costs tens of µs: look each
                 reached = self._positions[index - 1]  # the records before it are done
                 break
             if not purge.scanned < position <= purge.upto:

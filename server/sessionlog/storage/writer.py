@@ -281,7 +281,9 @@ class Writer:
         """Queue a command that must not hold up other writes (see the invariants): it runs at
         the end of the next group of other commands, or alone once the writer is idle. It
         must keep its own time inside the transaction short, since a group's writes wait for
-        it; the future holds its result once its transaction is durable."""
+        it; a command with an ``alone`` attribute finds it set to whether it runs alone (no
+        write waits on it then, unless one comes meanwhile). The future holds its result once
+        its transaction is durable."""
         future: Future[Any] = Future()
         self._queue_job(_Job(command, future, background=True))
         return future
@@ -392,7 +394,7 @@ class Writer:
                     job = self._queue.get()
             except queue.Empty:
                 if first:  # idle for the whole gap: the background job runs alone
-                    return self._with_background(group), False
+                    return self._with_background(group, alone=True), False
                 break
             if isinstance(job, _Stop):
                 return group + self._all_background(), True
@@ -407,11 +409,14 @@ class Writer:
                 first = True  # nothing taken yet: wait for the next job
         return self._with_background(group), False
 
-    def _with_background(self, group: list[_AnyJob]) -> list[_AnyJob]:
-        """``group`` and the oldest background job still wanted, if any, at its end."""
+    def _with_background(self, group: list[_AnyJob], alone: bool = False) -> list[_AnyJob]:
+        """``group`` and the oldest background job still wanted, if any, at its end; its
+        command's ``alone`` (when it has one) tells it whether it rides with nothing."""
         while self._background:
             job = self._background.popleft()
             if _claim(job.future):
+                if hasattr(job.command, "alone"):
+                    job.command.alone = alone
                 return [*group, job]
         return group
 

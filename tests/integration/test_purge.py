@@ -11,9 +11,9 @@ import pytest
 
 from sessionlog import errors
 from sessionlog.storage import purge, schema
-from sessionlog.storage.store import Store
+from sessionlog.storage.store import Store, prepare_append
 from sessionlog.v1 import replication_service_pb2 as rpb
-from tests.integration.helpers import opened, user
+from tests.integration.helpers import WriterGate, opened, user
 from tests.integration.test_erasure import SECRET, problems, replicate, tables_dump
 
 
@@ -229,3 +229,31 @@ def test_a_purge_completes_beside_continuous_appends(
     assert len(chunk_times) == chunks > 320 // 8
     assert sum(t in appended for t in chunk_times) > chunks // 2  # most shared a commit
     assert problems(store) == []
+
+
+def test_a_chunk_riding_with_an_append_keeps_the_shorter_time(
+    pair: tuple[Store, Store], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """At the end of an append's group a chunk has CHUNK_SECONDS (none here: it stops at its
+    first look at the clock); alone, with the writer idle, ALONE_SECONDS (plenty)."""
+    monkeypatch.setattr(purge, "CHUNK_SECONDS", 0.0)
+    monkeypatch.setattr(purge, "ALONE_SECONDS", 60.0)
+    monkeypatch.setattr(purge, "CHUNK_RECORDS", 100)
+    store, _ = pair
+    sid = write_long(store)
+    store.delete("long")
+    assert store.purge_next() is not None  # alone: the 10 records in one chunk
+    [mark] = store.purging()
+    assert mark.scanned == mark.upto
+    gate = WriterGate()
+    held = store.writer.submit(gate)
+    assert gate.entered.wait(30)
+    rider = store.writer.submit_background(purge.PurgeCommand(store.tables, sid))
+    appended = store.submit_append(prepare_append("other", [user("carrier")]))
+    gate.release.set()
+    held.result(30)
+    appended.result(30)
+    assert rider.result(30).freed == purge.CHECK_EVERY
+    alone = store.purge_next()
+    assert alone is not None
+    assert alone.freed == purge.CHUNK_KEYS

@@ -74,8 +74,9 @@ small appends at a pace when nothing else is written."""
 CHECK_EVERY = 16
 """Keys removed between two looks at the clock (a record rewritten costs enough to look after
 each)."""
-SCAN_SPAN = 20_000
-"""Feed positions one chunk's scan (a read, outside the writer) looks at at most."""
+SCAN_SPAN = 5_000
+"""Feed positions one chunk's scan (a read, outside the writer) looks at at most: a few ms of
+the interpreter's time, which the writer's thread shares."""
 CHUNKED = ("events", "requests", "usage")
 """The per-session tables keyed by sid ranges, that a long session fills: freed by chunks."""
 
@@ -146,6 +147,7 @@ def next_positions(txn: Txn, tables: Tables, purge: Purge) -> tuple[list[int], i
     found: list[int] = []
     reached = purge.scanned
     stop = min(purge.upto, purge.scanned + SCAN_SPAN)
+    name = purge.session_id.encode()
     cursor = txn.cursor(db=tables.changes)
     if not cursor.set_range(schema.u64(purge.scanned + 1)):
         return found, purge.upto
@@ -154,7 +156,10 @@ def next_positions(txn: Txn, tables: Tables, purge: Purge) -> tuple[list[int], i
         if position > stop or len(found) == CHUNK_RECORDS:
             break
         reached = position
-        if rpb.Change.FromString(bytes(value)).session_id == purge.session_id:
+        raw = bytes(value)
+        # A record that does not hold the id's bytes cannot name it: no parse (this thread
+        # shares the interpreter with the writer and the handlers).
+        if name in raw and rpb.Change.FromString(raw).session_id == purge.session_id:
             found.append(position)
     return found, reached if len(found) == CHUNK_RECORDS else stop
 

@@ -7,6 +7,7 @@ import threading
 import time
 from collections import defaultdict
 from concurrent.futures import Future
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -322,3 +323,28 @@ def test_background_commands_keep_running_under_continuous_appends(store: Store)
     assert len(ran) == 50
     rode = sum(now in appended for now in ran)
     assert rode >= 25  # most rode in an append's transaction
+
+
+class _Countdown(_Background):
+    """Says ``more`` until it has run ``times`` times, noting each group's clock."""
+
+    def __init__(self, times: int) -> None:
+        super().__init__()
+        self.left = times
+        self.clocks: list[int] = []
+
+    def apply(self, txn: Any, now_ns: int) -> Any:
+        self.left -= 1
+        self.clocks.append(now_ns)
+        return SimpleNamespace(more=self.left > 0, left=self.left)
+
+
+def test_a_repeated_background_command_runs_until_it_says_no_more(store: Store) -> None:
+    """With ``repeat`` the writer runs the command again, once per group, and gives only its
+    last result; appends keep going in between."""
+    countdown = _Countdown(5)
+    done = store.writer.submit_background(countdown, repeat=True)
+    for n in range(5):
+        store.append("between", [user(str(n))])
+    assert done.result(WAIT_SECONDS).left == 0
+    assert len(countdown.clocks) == len(set(countdown.clocks)) == 5  # five groups

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future
 from typing import Any
 
 import lmdb
@@ -276,13 +277,27 @@ class Eraser:
         done.session_id = mark.session_id
         return done
 
+    def start_purge(self) -> Future[purge.Purged] | None:
+        """Hand the oldest purge to the writer whole: one background command that it runs
+        again, chunk after chunk, until the session is freed (``Writer.submit_background``
+        with ``repeat``); its future holds the last chunk's result. None when no session is
+        being purged."""
+        with self.env.begin() as txn:
+            marks = purge.pending(txn, self.tables, limit=1)
+        if not marks:
+            return None
+        command = purge.PurgeCommand(self.tables, marks[0].sid, positions=None)
+        return self.writer.submit_background(command, repeat=True)
+
     def purge_all(self) -> int:
-        """Free every purged session to the end, one chunk after another (each a background
-        command: the writer fits it beside other writes, ``purge``); blocks. How many chunks
-        ran."""
+        """Free every purged session to the end (``start_purge``, one after another); blocks.
+        How many chunks ran."""
         chunks = 0
-        while self.purge_next() is not None:
-            chunks += 1
+        while (started := self.start_purge()) is not None:
+            done = started.result()
+            chunks += done.chunks
+            if not done.done:  # the writer stopped first
+                return chunks
         return chunks
 
     def _scan(self, txn: Txn, ids: Sequence[str]) -> erasure.Scan:

@@ -39,7 +39,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 
 from sessionlog.storage import changes, schema
@@ -175,6 +175,13 @@ class Purged(Written):
     """Keys removed."""
     done: bool = False
     """The mark is gone: nothing of the session is left."""
+    chunks: int = 1
+    """Chunks run (more than one for a command the writer ran again, ``more``)."""
+
+    @property
+    def more(self) -> bool:
+        """Whether the writer should run the command again (``Writer.submit_background``)."""
+        return not self.done
 
 
 class PurgeCommand:
@@ -193,15 +200,18 @@ class PurgeCommand:
         self,
         tables: Tables,
         sid: int,
-        positions: Sequence[int] = (),
+        positions: Sequence[int] | None = (),
         reached: int = 0,
         seconds: float | None = None,
     ) -> None:
         self._tables = tables
         self._sid = sid
         self._positions = positions
+        """The records to rewrite, found by a read before; None: the chunk finds them itself,
+        in the feed from the mark on (what a command the writer runs again does)."""
         self._reached = reached
         self._seconds = seconds
+        self._chunks = 0
 
     def size(self) -> int:
         return 0
@@ -210,6 +220,12 @@ class PurgeCommand:
         return ()
 
     def apply(self, txn: RecordingTxn, now_ns: int) -> Purged:
+        self._chunks += 1
+        done = self._chunk(txn)
+        done.chunks = self._chunks
+        return done
+
+    def _chunk(self, txn: RecordingTxn) -> Purged:
         tables = self._tables
         raw = txn.get(schema.u64(self._sid), db=tables.purges)
         if raw is None:
@@ -237,6 +253,8 @@ class PurgeCommand:
         def keep(put: rpb.StoragePut) -> bool:
             return put.table != "changes" and not changes.covered(removals, put.table, put.key)
 
+        if self._positions is None:
+            return self._find_and_rewrite(txn, purge, deadline, keep)
         rewritten = 0
         reached = self._reached
         for index, position in enumerate(self._positions):
@@ -251,6 +269,47 @@ class PurgeCommand:
             erased = changes.placeholder(txn, tables, bytes(raw), keep)
             txn.put(schema.u64(position), erased, db=tables.changes)
             rewritten += 1
+        purge.scanned = min(purge.upto, max(reached, purge.scanned))
+        txn.put(schema.u64(self._sid), purge.encode(), db=tables.purges)
+        return Purged(rewritten=rewritten)
+
+    def _find_and_rewrite(
+        self,
+        txn: RecordingTxn,
+        purge: Purge,
+        deadline: float,
+        keep: Callable[[rpb.StoragePut], bool],
+    ) -> Purged:
+        """Walk the feed from the mark, rewriting the session's records, until the deadline
+        (looked at every ``CHECK_EVERY`` records walked, and after each rewrite) or
+        ``CHUNK_RECORDS`` rewrites; the mark moves to the last record walked."""
+        tables = self._tables
+        name = purge.session_id.encode()
+        rewritten = walked = 0
+        reached = purge.upto
+        cursor = txn.cursor(db=tables.changes)
+        found = cursor.set_range(schema.u64(purge.scanned + 1))
+        while found:
+            position = schema.read_u64(cursor.key())
+            if position > purge.upto:
+                break
+            raw = bytes(cursor.value())
+            if name in raw and rpb.Change.FromString(raw).session_id == purge.session_id:
+                erased = changes.placeholder(txn, tables, raw, keep)
+                txn.put(schema.u64(position), erased, db=tables.changes)
+                rewritten += 1
+                walked += 1
+                if rewritten == CHUNK_RECORDS or time.perf_counter() > deadline:
+                    reached = position
+                    break
+                cursor = txn.cursor(db=tables.changes)  # seek again past what the put changed
+                found = cursor.set_range(schema.u64(position + 1))
+                continue
+            walked += 1
+            if walked % CHECK_EVERY == 0 and time.perf_counter() > deadline:
+                reached = position
+                break
+            found = cursor.next()
         purge.scanned = min(purge.upto, max(reached, purge.scanned))
         txn.put(schema.u64(self._sid), purge.encode(), db=tables.purges)
         return Purged(rewritten=rewritten)

@@ -160,6 +160,10 @@ class _Job:
     background: bool = False
     """Submitted with ``submit_background``: it joins a group of other commands, or runs when
     the writer is idle."""
+    repeat: bool = False
+    """A background job run again, in a later group, while its result says ``more``."""
+    claimed: bool = False
+    """Its future was marked running (a repeated job is claimed once)."""
 
 
 @dataclass(slots=True)
@@ -277,15 +281,18 @@ class Writer:
         self._queue_job(_Job(command, future))
         return future
 
-    def submit_background(self, command: Command) -> Future[Any]:
+    def submit_background(self, command: Command, repeat: bool = False) -> Future[Any]:
         """Queue a command that must not hold up other writes (see the invariants): it runs at
         the end of the next group of other commands, or alone once the writer is idle. It
         must keep its own time inside the transaction short, since a group's writes wait for
         it; a command with an ``alone`` attribute finds it set to whether it runs alone (no
         write waits on it then, unless one comes meanwhile). The future holds its result once
-        its transaction is durable."""
+        its transaction is durable. With ``repeat``, a result whose ``more`` is true is not
+        given: the writer runs the same command again in a later group (the same rules), and
+        gives only the last result, or the first refusal (no other thread runs between the
+        chunks of a long job, nor is woken for them)."""
         future: Future[Any] = Future()
-        self._queue_job(_Job(command, future, background=True))
+        self._queue_job(_Job(command, future, background=True, repeat=repeat))
         return future
 
     def barrier(self) -> Future[Any]:
@@ -414,7 +421,8 @@ class Writer:
         command's ``alone`` (when it has one) tells it whether it rides with nothing."""
         while self._background:
             job = self._background.popleft()
-            if _claim(job.future):
+            if job.claimed or _claim(job.future):
+                job.claimed = True
                 if hasattr(job.command, "alone"):
                     job.command.alone = alone
                 return [*group, job]
@@ -424,7 +432,7 @@ class Writer:
         """Every background job still wanted (the writer is stopping: they run in its last
         group, as every queued command does)."""
         jobs, self._background = self._background, deque()
-        return [job for job in jobs if _claim(job.future)]
+        return [job for job in jobs if job.claimed or _claim(job.future)]
 
     def _commit(self, group: list[_AnyJob]) -> None:
         outcomes: list[tuple[bool, Any]] = []
@@ -620,6 +628,9 @@ class Writer:
         for job, (ok, value) in zip(group, outcomes, strict=True):
             if ok:
                 changed.update(job.command.touched())
+            if ok and isinstance(job, _Job) and job.repeat and not self._closed and value.more:
+                self._background.appendleft(job)  # its next run, in a later group
+                continue
             self._settle(job, value, ok)
         self._deliver()
         if changed and self._on_commit is not None:

@@ -259,22 +259,16 @@ class Eraser:
             return purge.pending(txn, self.tables)
 
     def purge_next(self) -> purge.Purged | None:
-        """Run the next chunk of the oldest purge (``purge``), its records found by a read here,
-        outside the writer; None when no session is being purged. Blocks; call it where writes
-        are accepted."""
+        """Run the next chunk of the oldest purge (``purge``) and no more; None when no session
+        is being purged. Blocks; call it where writes are accepted (tests step through a purge
+        with it; the server hands a purge to the writer whole, ``start_purge``)."""
         with self.env.begin() as txn:
             marks = purge.pending(txn, self.tables, limit=1)
-            if not marks:
-                return None
-            mark = marks[0]
-            positions, reached = (
-                purge.next_positions(txn, self.tables, mark)
-                if mark.scanned < mark.upto
-                else ([], 0)
-            )
-        command = purge.PurgeCommand(self.tables, mark.sid, positions, reached)
+        if not marks:
+            return None
+        command = purge.PurgeCommand(self.tables, marks[0].sid)
         done: purge.Purged = self.writer.submit_background(command).result()
-        done.session_id = mark.session_id
+        done.session_id = marks[0].session_id
         return done
 
     def start_purge(self) -> Future[purge.Purged] | None:
@@ -286,7 +280,7 @@ class Eraser:
             marks = purge.pending(txn, self.tables, limit=1)
         if not marks:
             return None
-        command = purge.PurgeCommand(self.tables, marks[0].sid, positions=None)
+        command = purge.PurgeCommand(self.tables, marks[0].sid)
         return self.writer.submit_background(command, repeat=True)
 
     def purge_all(self) -> int:

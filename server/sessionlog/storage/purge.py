@@ -74,9 +74,6 @@ small appends at a pace when nothing else is written."""
 CHECK_EVERY = 16
 """Keys removed between two looks at the clock (a record rewritten costs enough to look after
 each)."""
-SCAN_SPAN = 5_000
-"""Feed positions one chunk's scan (a read, outside the writer) looks at at most: a few ms of
-the interpreter's time, which the writer's thread shares."""
 CHUNKED = ("events", "requests", "usage")
 """The per-session tables keyed by sid ranges, that a long session fills: freed by chunks."""
 
@@ -141,29 +138,6 @@ def purging_sids(txn: Txn, tables: Tables) -> set[int]:
     return {purge.sid for purge in pending(txn, tables)}
 
 
-def next_positions(txn: Txn, tables: Tables, purge: Purge) -> tuple[list[int], int]:
-    """The positions of the purged session's records the next chunk rewrites (at most
-    ``CHUNK_RECORDS``), and how far the scan went: a read, outside the writer."""
-    found: list[int] = []
-    reached = purge.scanned
-    stop = min(purge.upto, purge.scanned + SCAN_SPAN)
-    name = purge.session_id.encode()
-    cursor = txn.cursor(db=tables.changes)
-    if not cursor.set_range(schema.u64(purge.scanned + 1)):
-        return found, purge.upto
-    for key, value in cursor:
-        position = schema.read_u64(key)
-        if position > stop or len(found) == CHUNK_RECORDS:
-            break
-        reached = position
-        raw = bytes(value)
-        # A record that does not hold the id's bytes cannot name it: no parse (this thread
-        # shares the interpreter with the writer and the handlers).
-        if name in raw and rpb.Change.FromString(raw).session_id == purge.session_id:
-            found.append(position)
-    return found, reached if len(found) == CHUNK_RECORDS else stop
-
-
 @dataclass
 class Purged(Written):
     """What one chunk did."""
@@ -185,9 +159,10 @@ class Purged(Written):
 
 
 class PurgeCommand:
-    """One chunk of a session's purge (see the module doc): rewrite ``positions`` (those still
-    its records) and move the mark to ``reached``; or, once the records are done, remove up to
-    ``CHUNK_KEYS`` keys of one sid range; or, with none left, remove the mark."""
+    """One chunk of a session's purge (see the module doc): rewrite its next records, found in
+    the feed from the mark on, and move the mark past them; or, once the records are done,
+    remove keys of one sid range; or, with none left, remove the mark. The writer may run the
+    same command again for the next chunk (``Purged.more``)."""
 
     kind = "update"  # names no session (like a reindex batch): feed followers show nothing
     session_id = ""
@@ -200,16 +175,10 @@ class PurgeCommand:
         self,
         tables: Tables,
         sid: int,
-        positions: Sequence[int] | None = (),
-        reached: int = 0,
         seconds: float | None = None,
     ) -> None:
         self._tables = tables
         self._sid = sid
-        self._positions = positions
-        """The records to rewrite, found by a read before; None: the chunk finds them itself,
-        in the feed from the mark on (what a command the writer runs again does)."""
-        self._reached = reached
         self._seconds = seconds
         self._chunks = 0
 
@@ -245,33 +214,13 @@ class PurgeCommand:
         return Purged(done=True)
 
     def _rewrite(self, txn: RecordingTxn, purge: Purge, deadline: float) -> Purged:
-        """Rewrite the positions in turn until the deadline; the mark moves to the last one
-        done (to ``reached`` when all are)."""
-        tables = self._tables
+        """Rewrite the session's next records to placeholders (``_find_and_rewrite``)."""
         removals = purge.removal_keys()
 
         def keep(put: rpb.StoragePut) -> bool:
             return put.table != "changes" and not changes.covered(removals, put.table, put.key)
 
-        if self._positions is None:
-            return self._find_and_rewrite(txn, purge, deadline, keep)
-        rewritten = 0
-        reached = self._reached
-        for index, position in enumerate(self._positions):
-            if index and time.perf_counter() > deadline:  # a record costs tens of µs: look each
-                reached = self._positions[index - 1]  # the records before it are done
-                break
-            if not purge.scanned < position <= purge.upto:
-                continue
-            raw = txn.get(schema.u64(position), db=tables.changes)
-            if raw is None or rpb.Change.FromString(bytes(raw)).session_id != purge.session_id:
-                continue
-            erased = changes.placeholder(txn, tables, bytes(raw), keep)
-            txn.put(schema.u64(position), erased, db=tables.changes)
-            rewritten += 1
-        purge.scanned = min(purge.upto, max(reached, purge.scanned))
-        txn.put(schema.u64(self._sid), purge.encode(), db=tables.purges)
-        return Purged(rewritten=rewritten)
+        return self._find_and_rewrite(txn, purge, deadline, keep)
 
     def _find_and_rewrite(
         self,

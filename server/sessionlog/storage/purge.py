@@ -21,14 +21,18 @@ a put. So replicas free the same bytes in the same small steps, and a restart (o
 resumes from the mark, which moved in the same transaction as the chunk it records.
 
 A chunk must not make other sessions' appends wait (issue 35: their p99 unchanged while a long
-delete runs). Two things see to that. It is a *background* command (``Writer.
+delete runs). Three things see to that. It is a *background* command (``Writer.
 submit_background``): it never has a transaction of its own while writes are coming, but rides
 at the end of their group, sharing its commit and sync, and runs alone only once the writer has
-been idle a few milliseconds. And it keeps time: it stops after ``CHUNK_SECONDS`` inside the
-transaction (looking at the clock every ``CHECK_EVERY`` keys, or every record), or at
-``CHUNK_KEYS`` keys or ``CHUNK_RECORDS`` records, whichever comes first, so what it adds to an
-append's group is a fraction of that append's own sync. What a chunk removed is recorded as the
-exact key range, so a replica removes the same keys whatever its clock says.
+been idle a few milliseconds. It keeps time: it stops after ``CHUNK_SECONDS`` inside the
+transaction (``ALONE_SECONDS`` when it runs alone; looking at the clock every ``CHECK_EVERY``
+keys or records walked, and after each record rewritten), or at ``CHUNK_KEYS`` keys or
+``CHUNK_RECORDS`` records, whichever comes first, so what it adds to an append's group is a
+fraction of that append's own sync. And the writer runs the same command again for the next
+chunk (``repeat``; ``Purged.more``), finding the records itself in the feed from the mark, so no
+other thread of the process runs between two chunks (a round trip through one cost the appends
+as much again as the chunk: ``docs/benchmarks.md``, case 14). What a chunk removed is recorded
+as the exact key range, so a replica removes the same keys whatever its clock says.
 
 Between the steps the old records of the session may still be read from the feed; ``admin
 verify`` knows the sids being purged and does not call their rows left over.

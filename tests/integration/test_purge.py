@@ -257,3 +257,23 @@ def test_a_chunk_riding_with_an_append_keeps_the_shorter_time(
     alone = store.purge_next()
     assert alone is not None
     assert alone.freed == purge.CHUNK_KEYS
+
+
+def test_closing_the_store_mid_purge_ends_the_writers_command_and_keeps_the_mark(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The writer runs a purge's command again and again, but a close ends it after one more
+    chunk: its future holds that chunk (``more``), and the next start goes on from the mark."""
+    monkeypatch.setattr(purge, "ALONE_SECONDS", 0.0)  # a chunk a look at the clock: many
+    with opened(tmp_path / "s") as store:
+        sid = write_long(store)
+        store.delete("long")
+        started = store.start_purge()
+        assert started is not None
+    last = started.result(0)  # resolved by the close
+    assert last.more
+    with opened(tmp_path / "s") as store:
+        assert [mark.sid for mark in store.purging()] == [sid]
+        assert store.purge_all() > 0
+        assert rows_of(store, sid) == 0
+        assert problems(store) == []

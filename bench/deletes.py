@@ -7,7 +7,9 @@ event at a time (synced, as the server does) to other sessions while the main th
 the long session: at once (``PURGE_FROM`` above its length: what every delete did before issue
 35), or by tombstone and then every chunk to the end. The row is the appends made from the
 delete's start to its end (the last chunk's, for the chunked one): their p50 and p99, and the
-longest append, which is how long the writer was held.
+longest append, which is how long the writer was held. Beside them, in the same run, the
+appends of the ``quiet_s`` seconds before the delete and of as long after its end: the figures
+without a delete that the ones during it are read against (the two tell the noise).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import shutil
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 from bench.common import Measurement, Settings, percentile
 from bench.report import Row
@@ -77,7 +80,7 @@ def _measure(path: Path, label: str, chunked: bool, events: int, quiet_s: float)
         tombstone = time.perf_counter_ns() - started
         chunks = store.purge_all()
         ended = time.perf_counter_ns()
-        time.sleep(0.2)
+        time.sleep(quiet_s)
     finally:
         stop.set()
         if thread.is_alive():
@@ -86,12 +89,14 @@ def _measure(path: Path, label: str, chunked: bool, events: int, quiet_s: float)
         store.close()
     quiet = [(e - b) / 1e6 for b, e in spans if e < started]
     during = [(e - b) / 1e6 for b, e in spans if e >= started and b <= ended]
+    after = [(e - b) / 1e6 for b, e in spans if b > ended]
     seconds = (ended - started) / 1e9
     measurement = Measurement(
         name=label, events=len(during), calls=len(during), seconds=seconds, client_cpu_seconds=0.0
     )
     measurement.set_latencies(during)
     quiet.sort()
+    after.sort()
     measurement.details.update(
         long_events=events,
         delete_call_ms=round(tombstone / 1e6, 1),
@@ -99,6 +104,10 @@ def _measure(path: Path, label: str, chunked: bool, events: int, quiet_s: float)
         chunks=chunks,
         quiet_p50_ms=percentile(quiet, 0.5),
         quiet_p99_ms=percentile(quiet, 0.99),
+        quiet_max_ms=quiet[-1] if quiet else None,
+        after_p50_ms=percentile(after, 0.5),
+        after_p99_ms=percentile(after, 0.99),
+        after_max_ms=after[-1] if after else None,
     )
     return measurement
 
@@ -126,10 +135,18 @@ def run_deletes(settings: Settings, work: Path) -> list[Row]:
 def note(measurement: Measurement) -> str:
     """The figures of a case 14 row that the table has no column for."""
     d = measurement.details
+    during = {"during_p50_ms": measurement.p50_ms, "during_p99_ms": measurement.p99_ms}
+    during["during_max_ms"] = d.get("max_ms")
     return (
         f"case 14, {measurement.name}: {d['long_events']:,} events deleted; the delete call "
         f"{d['delete_call_ms']} ms, freed after {d['whole_delete_s']} s ({d['chunks']} chunks); "
-        f"appends meanwhile p50/p99/max {measurement.p50_ms:.1f}/{measurement.p99_ms:.1f}/"
-        f"{d['max_ms']:.1f} ms (before the delete p50/p99 {d['quiet_p50_ms']:.1f}/"
-        f"{d['quiet_p99_ms']:.1f} ms)"
+        f"appends to others p50/p99/max: before {_figures(d, 'quiet')}, during "
+        f"{_figures(during, 'during')}, "
+        f"after {_figures(d, 'after')} ms"
     )
+
+
+def _figures(details: dict[str, Any], when: str) -> str:
+    """p50/p99/max of one span's appends, in ms ("-" where it had none)."""
+    values = [details.get(f"{when}_{name}_ms") for name in ("p50", "p99", "max")]
+    return "/".join("-" if v is None else f"{v:.1f}" for v in values)

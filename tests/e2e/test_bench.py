@@ -241,7 +241,7 @@ def test_echo_via_thread_returns_each_request_unchanged(servers: Servers) -> Non
 
 def test_delete_case_times_appends_during_both_deletes(tmp_path: Path) -> None:
     """Case 14 deletes the same long session in one transaction and in chunks, timing the
-    appends to other sessions meanwhile, and leaves nothing behind."""
+    appends to other sessions before, during and after each, and leaves nothing behind."""
     tiny = replace(SETTINGS, duration=0.3, delete_events=5_000)
     [row] = deletes.run_deletes(tiny, tmp_path)
     assert row.kind == "one-step"
@@ -250,7 +250,10 @@ def test_delete_case_times_appends_during_both_deletes(tmp_path: Path) -> None:
     for measured in (row.sessionlog, row.ceiling):
         assert measured.calls > 0
         assert measured.details["long_events"] == 5_000
-        assert "p50/p99/max" in deletes.note(measured)
+        for span in ("quiet", "after"):  # the figures without a delete, before and after it
+            assert measured.details[f"{span}_p99_ms"] is not None
+        assert "p50/p99/max: before " in deletes.note(measured)
+        assert ", after " in deletes.note(measured)
     assert list(tmp_path.iterdir()) == []
 
 

@@ -7,6 +7,7 @@ hundred chunks, so the kill lands in the middle of them."""
 
 from __future__ import annotations
 
+import threading
 import time
 from pathlib import Path
 
@@ -124,3 +125,45 @@ def test_a_replica_frees_the_same_rows_in_the_same_chunks(tmp_path: Path) -> Non
         for node in (primary, replica):
             assert node.stop() == 0
             assert "secret" not in verified(node.data)
+
+
+def test_a_purge_ends_while_another_session_is_appended_to_without_pause(tmp_path: Path) -> None:
+    """The server's purge runs to its end beside a client that appends to another session
+    back to back the whole time (its chunks ride with those appends), and every append is
+    acknowledged and kept."""
+    data, address = tmp_path / "data", f"127.0.0.1:{free_port()}"
+    args = ["--data", str(data), "--listen", address]
+    with ServerProcess(args, tmp_path, env=small_chunks()) as server:
+        server.wait_serving(address)
+        with grpc.insecure_channel(address) as channel:
+            stub = pb_grpc.SessionLogServiceStub(channel)  # type: ignore[no-untyped-call]
+            for batch in range(20):
+                append(stub, "long", *[say(f"secret {batch}.{n}") for n in range(100)])
+            stop = threading.Event()
+            acknowledged: list[int] = []
+
+            def appender() -> None:
+                while not stop.is_set():
+                    append(stub, "busy", say(f"busy {len(acknowledged)}"))
+                    acknowledged.append(1)
+
+            thread = threading.Thread(target=appender)
+            thread.start()
+            try:
+                time.sleep(0.2)
+                at_delete = len(acknowledged)
+                stub.DeleteSession(pb.DeleteSessionRequest(session_id="long"), timeout=10)
+                deadline = time.monotonic() + 60
+                while marks(data) and time.monotonic() < deadline:
+                    time.sleep(0.05)
+                during = len(acknowledged)
+            finally:
+                stop.set()
+                thread.join(30)
+            assert marks(data) == []
+            assert during > at_delete  # appends went on while the chunks ran
+            assert [e.data["content"] for e in log(stub, "busy")] == [
+                f"busy {n}" for n in range(len(acknowledged))
+            ]
+        server.stop()
+    assert "secret" not in verified(data)

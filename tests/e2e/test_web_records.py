@@ -8,15 +8,16 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import grpc
 import pytest
 from google.protobuf.field_mask_pb2 import FieldMask
 from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
 from selenium.webdriver.support.ui import Select
 
-from sessionlog.testing import RunningServer
+from sessionlog.testing import RunningServer, error_info
 from sessionlog.v1 import session_log_service_pb2 as pb
-from tests.e2e._helpers import append, say
+from tests.e2e._helpers import append, check, failure, say
 from tests.e2e._proc import running_server
 from tests.e2e._web import get
 from tests.e2e.test_web_console import browser, url, wait  # noqa: F401  (one Chromium here too)
@@ -70,12 +71,38 @@ def test_api_filters_orders_and_refuses_bad_filters(console: RunningServer) -> N
         "INVALID_FILTER",
         {"position": "8"},
     )
-    for order in ("update_time desc", "newest"):  # not read as id order
-        status, refused = sessions(console, order=order)
-        assert (status, refused["reason"]) == (400, "INVALID_ORDER_BY")
+    status, refused = sessions(console, order="newest")  # not read as id order
+    assert (status, refused["reason"]) == (400, "INVALID_ORDER_BY")
     for limit in ("1_0", " 10", "\uff11\uff10", "1" * 5000):  # fullwidth; over int()'s limit
         status, refused = sessions(console, limit=limit)
         assert (status, refused["reason"]) == (400, "MALFORMED_REQUEST")
+
+
+def test_order_is_read_as_list_sessions_reads_order_by(console: RunningServer) -> None:
+    """order goes through ListSessions' parser: what it accepts lists the same, what it refuses
+    gets the same reason and metadata; "update_time" alone stays newest first."""
+    ids = ["w.first", "w.kid", "w.second"]
+    for order, expected in [
+        ("", ids),
+        ("session_id", ids),
+        ("session_id asc", ids),
+        ("update_time", ["w.kid", "w.first", "w.second"]),
+        ("update_time desc", ["w.kid", "w.first", "w.second"]),
+        ("UPDATE_TIME  DESC", ["w.kid", "w.first", "w.second"]),
+    ]:
+        status, body = sessions(console, prefix="w.", order=order)
+        assert status == 200, (order, body)
+        assert [r["session_id"] for r in body["sessions"]] == expected, order
+        if order != "update_time":  # the console's own word; ListSessions reads it as ascending
+            listed = console.stub().ListSessions(pb.ListSessionsRequest(order_by=order))
+            assert [s.session_id for s in listed.sessions if s.session_id in ids] == expected
+    for order in ("update_time asc", "session_id desc", "newest", "update_time desc, x"):
+        status, refused = sessions(console, order=order)
+        error = failure(console.stub().ListSessions, pb.ListSessionsRequest(order_by=order))
+        check(error, grpc.StatusCode.INVALID_ARGUMENT, "INVALID_ORDER_BY")
+        assert (status, refused["reason"]) == (400, "INVALID_ORDER_BY"), order
+        assert refused["metadata"] == dict(error_info(error).metadata), order
+        assert refused["message"] == error.details(), order
 
 
 def test_page_shows_records_and_follows_updates(

@@ -4,14 +4,18 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from collections import defaultdict
 from concurrent.futures import Future
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
 from sessionlog import errors
+from sessionlog.storage import writer
 from sessionlog.storage.store import AppendResult, Store, prepare_append
+from sessionlog.v1 import replication_service_pb2 as rpb
 from sessionlog.v1.event_pb2 import Event
 from tests.integration.helpers import WriterGate, decoded, read_all, user
 
@@ -241,3 +245,106 @@ def test_a_queued_write_is_admitted_in_its_transaction(store: Store) -> None:
     assert other.result(0).next_seq == 1
     assert copied.result(0).next_seq == 2
     assert [e.data["content"] for e in decoded(read_all(store, "frozen"))] == ["before", "copied"]
+
+
+class _Background:
+    """A command that writes nothing and notes when, and in which group (its ``now_ns``), it
+    ran."""
+
+    kind = "update"
+    session_id = ""
+    moving_in = True
+
+    def __init__(self) -> None:
+        self.now_ns = 0
+        self.ran_at = 0.0
+
+    def apply(self, txn: Any, now_ns: int) -> None:
+        self.now_ns, self.ran_at = now_ns, time.monotonic()
+
+    def size(self) -> int:
+        return 0
+
+    def touched(self) -> list[str]:
+        return []
+
+
+def test_a_background_command_rides_at_the_end_of_the_next_group(store: Store) -> None:
+    """Queued before another command, a background command still runs after it, in its
+    transaction: it adds no commit of its own."""
+    gate = WriterGate()
+    held = store.writer.submit(gate)
+    assert gate.entered.wait(WAIT_SECONDS)
+    background, foreground = _Background(), _Background()
+    done = store.writer.submit_background(background)
+    other = store.writer.submit(foreground)
+    commits_before = store.writer.stats.commits
+    gate.release.set()
+    held.result(WAIT_SECONDS)
+    other.result(WAIT_SECONDS)
+    done.result(WAIT_SECONDS)
+    assert background.now_ns == foreground.now_ns  # one group's clock
+    assert background.ran_at >= foreground.ran_at
+    assert store.writer.stats.commits - commits_before == 2  # the gate's, then theirs
+
+
+def test_a_background_command_alone_waits_for_the_writers_idle_gap(store: Store) -> None:
+    """With no write to ride with, it runs alone, but only once the writer has been idle
+    BACKGROUND_IDLE_SECONDS since its last commit."""
+    store.append("before", [user("x")])
+    committed = time.monotonic()
+    background = _Background()
+    store.writer.submit_background(background).result(WAIT_SECONDS)
+    assert background.ran_at - committed >= writer.BACKGROUND_IDLE_SECONDS * 0.9
+
+
+def test_background_commands_keep_running_under_continuous_appends(store: Store) -> None:
+    """A stream of appends never leaves the writer idle, yet one background command after
+    another runs, each beside an append (none starves)."""
+    stop = threading.Event()
+
+    def appender() -> None:
+        while not stop.is_set():
+            store.append("busy", [user("y")])
+
+    thread = threading.Thread(target=appender)
+    thread.start()
+    try:
+        ran = []
+        for _ in range(50):
+            background = _Background()
+            store.writer.submit_background(background).result(WAIT_SECONDS)
+            ran.append(background.now_ns)
+    finally:
+        stop.set()
+        thread.join(WAIT_SECONDS)
+    feed = [rpb.Change.FromString(raw) for raw in store.read_changes(1)]
+    appended = {c.commit_time.ToNanoseconds() for c in feed if c.session_id == "busy"}
+    assert len(ran) == 50
+    rode = sum(now in appended for now in ran)
+    assert rode >= 25  # most rode in an append's transaction
+
+
+class _Countdown(_Background):
+    """Says ``more`` until it has run ``times`` times, noting each group's clock."""
+
+    def __init__(self, times: int) -> None:
+        super().__init__()
+        self.left = times
+        self.clocks: list[int] = []
+
+    def apply(self, txn: Any, now_ns: int) -> Any:
+        self.left -= 1
+        self.clocks.append(now_ns)
+        return SimpleNamespace(more=self.left > 0, left=self.left)
+
+
+def test_a_repeated_background_command_runs_until_it_says_no_more(store: Store) -> None:
+    """With ``repeat`` the writer runs the command again, once per group, and gives only its
+    last result; appends keep going in between."""
+    countdown = _Countdown(5)
+    done = store.writer.submit_background(countdown, repeat=True)
+    for n in range(5):
+        store.append("between", [user(str(n))])
+    assert done.result(WAIT_SECONDS).left == 0
+    assert len(countdown.clocks) == len(set(countdown.clocks)) == 5  # five groups

@@ -3,6 +3,7 @@ that free its records and rows, each a change record a replica applies to the sa
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -10,9 +11,9 @@ import pytest
 
 from sessionlog import errors
 from sessionlog.storage import purge, schema
-from sessionlog.storage.store import Store
+from sessionlog.storage.store import Store, prepare_append
 from sessionlog.v1 import replication_service_pb2 as rpb
-from tests.integration.helpers import opened, user
+from tests.integration.helpers import WriterGate, opened, user
 from tests.integration.test_erasure import SECRET, problems, replicate, tables_dump
 
 
@@ -164,3 +165,115 @@ def test_a_long_forks_delete_removes_its_parents_fork_request_at_once(
     assert store.submit_fork("long", None, "child", request_id="fork-1").result()
     assert len(store.read_session("child", 0)) == 300
     assert problems(store) == []
+
+
+def test_a_chunk_stops_when_its_time_is_up_and_a_replica_removes_the_same_keys(
+    pair: tuple[Store, Store], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With no time at all, every chunk stops at its first look at the clock (CHECK_EVERY keys
+    or records); the ranges it records leave a replica with the same bytes."""
+    monkeypatch.setattr(purge, "CHUNK_SECONDS", 0.0)
+    monkeypatch.setattr(purge, "ALONE_SECONDS", 0.0)  # the writer is idle: they run alone
+    monkeypatch.setattr(purge, "CHUNK_RECORDS", 100)
+    monkeypatch.setattr(purge, "CHECK_EVERY", 4)
+    primary, replica = pair
+    sid = write_long(primary)
+    rows = rows_of(primary, sid)
+    replicate(primary, replica)
+    primary.delete("long")
+    position = primary.head()[0]
+    replicate(primary, replica, position)
+    freed, rewritten = [], []
+    while (chunk := primary.purge_next()) is not None:
+        freed.append(chunk.freed)
+        rewritten.append(chunk.rewritten)
+        replicate(primary, replica, position + 1)
+        position = primary.head()[0]
+        assert tables_dump(replica) == tables_dump(primary)
+    assert rewritten[:10] == [1] * 10  # one record each (it looks after every one), not 100
+    assert max(freed) == 4  # nor the 64 keys of CHUNK_KEYS
+    assert sum(freed) == rows > 300  # events, request and usage rows
+    assert rows_of(primary, sid) == 0
+    assert tables_dump(replica) == tables_dump(primary)
+    assert problems(replica) == []
+
+
+def test_a_purge_completes_beside_continuous_appends(
+    pair: tuple[Store, Store], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another session appended to without a pause never leaves the writer idle, yet the
+    purge runs to its end, its chunks riding in the appends' transactions."""
+    monkeypatch.setattr(purge, "CHUNK_KEYS", 8)
+    store, _ = pair
+    sid = write_long(store)
+    before = store.head()[0]
+    stop = threading.Event()
+
+    def appender() -> None:
+        while not stop.is_set():
+            store.append("busy", [user("meanwhile")])
+
+    thread = threading.Thread(target=appender)
+    thread.start()
+    try:
+        store.delete("long")
+        chunks = store.purge_all()
+    finally:
+        stop.set()
+        thread.join(30)
+    assert rows_of(store, sid) == 0
+    assert store.purging() == []
+    feed = [rpb.Change.FromString(raw) for raw in store.read_changes(before + 2)]
+    appended = {c.commit_time.ToNanoseconds() for c in feed if c.session_id == "busy"}
+    chunk_times = [c.commit_time.ToNanoseconds() for c in feed if not c.session_id]
+    assert len(chunk_times) == chunks > 320 // 8
+    assert sum(t in appended for t in chunk_times) > chunks // 2  # most shared a commit
+    assert problems(store) == []
+
+
+def test_a_chunk_riding_with_an_append_keeps_the_shorter_time(
+    pair: tuple[Store, Store], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """At the end of an append's group a chunk has CHUNK_SECONDS (none here: it stops at its
+    first look at the clock); alone, with the writer idle, ALONE_SECONDS (plenty)."""
+    monkeypatch.setattr(purge, "CHUNK_SECONDS", 0.0)
+    monkeypatch.setattr(purge, "ALONE_SECONDS", 60.0)
+    monkeypatch.setattr(purge, "CHUNK_RECORDS", 100)
+    store, _ = pair
+    sid = write_long(store)
+    store.delete("long")
+    assert store.purge_next() is not None  # alone: the 10 records in one chunk
+    [mark] = store.purging()
+    assert mark.scanned == mark.upto
+    gate = WriterGate()
+    held = store.writer.submit(gate)
+    assert gate.entered.wait(30)
+    rider = store.writer.submit_background(purge.PurgeCommand(store.tables, sid))
+    appended = store.submit_append(prepare_append("other", [user("carrier")]))
+    gate.release.set()
+    held.result(30)
+    appended.result(30)
+    assert rider.result(30).freed == purge.CHECK_EVERY
+    alone = store.purge_next()
+    assert alone is not None
+    assert alone.freed == purge.CHUNK_KEYS
+
+
+def test_closing_the_store_mid_purge_ends_the_writers_command_and_keeps_the_mark(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The writer runs a purge's command again and again, but a close ends it after one more
+    chunk: its future holds that chunk (``more``), and the next start goes on from the mark."""
+    monkeypatch.setattr(purge, "ALONE_SECONDS", 0.0)  # a chunk a look at the clock: many
+    with opened(tmp_path / "s") as store:
+        sid = write_long(store)
+        store.delete("long")
+        started = store.start_purge()
+        assert started is not None
+    last = started.result(0)  # resolved by the close
+    assert last.more
+    with opened(tmp_path / "s") as store:
+        assert [mark.sid for mark in store.purging()] == [sid]
+        assert store.purge_all() > 0
+        assert rows_of(store, sid) == 0
+        assert problems(store) == []

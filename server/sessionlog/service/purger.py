@@ -4,20 +4,21 @@ Who purges: whoever sweeps (``sweeper``): a process that takes writes, worker 0 
 N``. A replica never does: the primary's chunks reach it as change records. A new leader, or a
 restarted server, finds the marks its predecessor left and goes on from them.
 
-Each chunk waits its turn in the writer's queue like any append, and the task pauses after each
-as long as it took (``purge.paced``), so other sessions' writes find the writer free at least
-half the time; it looks for new marks every ``IDLE_SECONDS``.
+A session's purge is handed to the writer whole (``Store.start_purge``): one background command
+that the writer runs again, chunk after chunk, each riding with the next group of other writes
+or running when the writer is idle, each keeping its own time short (``purge.CHUNK_SECONDS``).
+No thread of this process runs between two chunks; the task only awaits the end, then looks for
+the next mark (every ``IDLE_SECONDS`` when there is none). A write refused (this process no
+longer takes writes) ends the purge's command; the next leader resumes from the mark.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import Callable
 
 from sessionlog import errors
-from sessionlog.storage import purge
 from sessionlog.storage.store import Store
 
 log = logging.getLogger(__name__)
@@ -31,17 +32,17 @@ async def keep_purged(store: Store, may_purge: Callable[[], bool]) -> None:
     while True:
         await asyncio.sleep(IDLE_SECONDS)
         while may_purge():
-            started = time.monotonic()
             try:
-                chunk = await asyncio.to_thread(store.purge_next)
+                started = await asyncio.to_thread(store.start_purge)
+                if started is None:
+                    break
+                chunk = await asyncio.wrap_future(started)  # no thread waits for it
             except errors.SessionLogError as error:
                 log.warning("purging a deleted session stopped", extra={"error": str(error)})
                 break
             except Exception:  # one failed chunk must not end purging for the server's life
                 log.exception("purging a deleted session failed; the next round tries again")
                 break
-            if chunk is None:
-                break
-            if chunk.done:
-                log.info("freed a deleted session's rows", extra={"session_id": chunk.session_id})
-            await asyncio.sleep(purge.paced(time.monotonic() - started))
+            if not chunk.done:
+                break  # the writer stopped first
+            log.info("freed a deleted session's rows", extra={"chunks": chunk.chunks})

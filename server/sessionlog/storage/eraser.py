@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future
 from typing import Any
 
 import lmdb
@@ -258,34 +259,40 @@ class Eraser:
             return purge.pending(txn, self.tables)
 
     def purge_next(self) -> purge.Purged | None:
-        """Run the next chunk of the oldest purge (``purge``), its records found by a read here,
-        outside the writer; None when no session is being purged. Blocks; call it where writes
-        are accepted."""
+        """Run the next chunk of the oldest purge (``purge``) and no more; None when no session
+        is being purged. Blocks; call it where writes are accepted (tests step through a purge
+        with it; the server hands a purge to the writer whole, ``start_purge``)."""
         with self.env.begin() as txn:
             marks = purge.pending(txn, self.tables, limit=1)
-            if not marks:
-                return None
-            mark = marks[0]
-            positions, reached = (
-                purge.next_positions(txn, self.tables, mark)
-                if mark.scanned < mark.upto
-                else ([], 0)
-            )
-        command = purge.PurgeCommand(self.tables, mark.sid, positions, reached)
-        done: purge.Purged = self.writer.submit(command).result()
-        done.session_id = mark.session_id
+        if not marks:
+            return None
+        command = purge.PurgeCommand(self.tables, marks[0].sid)
+        done: purge.Purged = self.writer.submit_background(command).result()
+        done.session_id = marks[0].session_id
         return done
 
+    def start_purge(self) -> Future[purge.Purged] | None:
+        """Hand the oldest purge to the writer whole: one background command that it runs
+        again, chunk after chunk, until the session is freed (``Writer.submit_background``
+        with ``repeat``); its future holds the last chunk's result. None when no session is
+        being purged."""
+        with self.env.begin() as txn:
+            marks = purge.pending(txn, self.tables, limit=1)
+        if not marks:
+            return None
+        command = purge.PurgeCommand(self.tables, marks[0].sid)
+        return self.writer.submit_background(command, repeat=True)
+
     def purge_all(self) -> int:
-        """Free every purged session to the end, pausing after each chunk as long as it took
-        (``purge.paced``); blocks. How many chunks ran."""
+        """Free every purged session to the end (``start_purge``, one after another); blocks.
+        How many chunks ran."""
         chunks = 0
-        while True:
-            started = time.monotonic()
-            if self.purge_next() is None:
+        while (started := self.start_purge()) is not None:
+            done = started.result()
+            chunks += done.chunks
+            if not done.done:  # the writer stopped first
                 return chunks
-            chunks += 1
-            time.sleep(purge.paced(time.monotonic() - started))
+        return chunks
 
     def _scan(self, txn: Txn, ids: Sequence[str]) -> erasure.Scan:
         """The feed records of ``ids`` (``erasure.scan``), but of none that is long: its delete

@@ -20,6 +20,20 @@ travel as puts on the changes table, the removals as bounded key ranges, the mar
 a put. So replicas free the same bytes in the same small steps, and a restart (or a new leader)
 resumes from the mark, which moved in the same transaction as the chunk it records.
 
+A chunk must not make other sessions' appends wait (issue 35: their p99 unchanged while a long
+delete runs). Three things see to that. It is a *background* command (``Writer.
+submit_background``): it never has a transaction of its own while writes are coming, but rides
+at the end of their group, sharing its commit and sync, and runs alone only once the writer has
+been idle a few milliseconds. It keeps time: it stops after ``CHUNK_SECONDS`` inside the
+transaction (``ALONE_SECONDS`` when it runs alone; looking at the clock every ``CHECK_EVERY``
+keys or records walked, and after each record rewritten), or at ``CHUNK_KEYS`` keys or
+``CHUNK_RECORDS`` records, whichever comes first, so what it adds to an append's group is a
+fraction of that append's own sync. And the writer runs the same command again for the next
+chunk (``repeat``; ``Purged.more``), finding the records itself in the feed from the mark, so no
+other thread of the process runs between two chunks (a round trip through one cost the appends
+as much again as the chunk: ``docs/benchmarks.md``, case 14). What a chunk removed is recorded
+as the exact key range, so a replica removes the same keys whatever its clock says.
+
 Between the steps the old records of the session may still be read from the feed; ``admin
 verify`` knows the sids being purged and does not call their rows left over.
 """
@@ -28,7 +42,8 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 
 from sessionlog.storage import changes, schema
@@ -50,20 +65,21 @@ PURGE_FROM = _tuning("FROM", 10_000)
 """A session of this many events or more is deleted by tombstone and chunks."""
 CHUNK_KEYS = _tuning("CHUNK_KEYS", 2_000)
 """Event, request or usage keys one chunk removes at most."""
-CHUNK_RECORDS = _tuning("CHUNK_RECORDS", 500)
-"""Change records one chunk rewrites at most."""
-SCAN_SPAN = 20_000
-"""Feed positions one chunk's scan (a read, outside the writer) looks at at most."""
-PAUSE_SHARE = 1.0
-"""After each chunk the purge pauses this many times as long as the chunk took, so that the
-writer is free (for other sessions' writes) at least half the time while a purge runs."""
+CHUNK_RECORDS = _tuning("CHUNK_RECORDS", 64)
+"""Change records one chunk rewrites at most (its time runs out sooner, at tens of µs each:
+this bounds what the read before it looks for, that the chunk may not get to)."""
+CHUNK_SECONDS = _tuning("CHUNK_MICROSECONDS", 100) / 1e6
+"""How long one chunk works inside the write transaction at most (then it stops where it is,
+its commit still to come): what it may add to the group of appends it rides with."""
+ALONE_SECONDS = _tuning("ALONE_MICROSECONDS", 1_000) / 1e6
+"""The same for a chunk the writer runs alone (it was idle: no append to delay, unless one
+comes meanwhile); a record rewritten costs tens of µs, so this is what frees a session of many
+small appends at a pace when nothing else is written."""
+CHECK_EVERY = 16
+"""Keys removed between two looks at the clock (a record rewritten costs enough to look after
+each)."""
 CHUNKED = ("events", "requests", "usage")
 """The per-session tables keyed by sid ranges, that a long session fills: freed by chunks."""
-
-
-def paced(chunk_seconds: float) -> float:
-    """How long to pause after a chunk that took ``chunk_seconds`` (see ``PAUSE_SHARE``)."""
-    return min(1.0, chunk_seconds * PAUSE_SHARE)
 
 
 @dataclass
@@ -126,25 +142,6 @@ def purging_sids(txn: Txn, tables: Tables) -> set[int]:
     return {purge.sid for purge in pending(txn, tables)}
 
 
-def next_positions(txn: Txn, tables: Tables, purge: Purge) -> tuple[list[int], int]:
-    """The positions of the purged session's records the next chunk rewrites (at most
-    ``CHUNK_RECORDS``), and how far the scan went: a read, outside the writer."""
-    found: list[int] = []
-    reached = purge.scanned
-    stop = min(purge.upto, purge.scanned + SCAN_SPAN)
-    cursor = txn.cursor(db=tables.changes)
-    if not cursor.set_range(schema.u64(purge.scanned + 1)):
-        return found, purge.upto
-    for key, value in cursor:
-        position = schema.read_u64(key)
-        if position > stop or len(found) == CHUNK_RECORDS:
-            break
-        reached = position
-        if rpb.Change.FromString(bytes(value)).session_id == purge.session_id:
-            found.append(position)
-    return found, reached if len(found) == CHUNK_RECORDS else stop
-
-
 @dataclass
 class Purged(Written):
     """What one chunk did."""
@@ -156,24 +153,38 @@ class Purged(Written):
     """Keys removed."""
     done: bool = False
     """The mark is gone: nothing of the session is left."""
+    chunks: int = 1
+    """Chunks run (more than one for a command the writer ran again, ``more``)."""
+
+    @property
+    def more(self) -> bool:
+        """Whether the writer should run the command again (``Writer.submit_background``)."""
+        return not self.done
 
 
 class PurgeCommand:
-    """One chunk of a session's purge (see the module doc): rewrite ``positions`` (those still
-    its records) and move the mark to ``reached``; or, once the records are done, remove up to
-    ``CHUNK_KEYS`` keys of one sid range; or, with none left, remove the mark."""
+    """One chunk of a session's purge (see the module doc): rewrite its next records, found in
+    the feed from the mark on, and move the mark past them; or, once the records are done,
+    remove keys of one sid range; or, with none left, remove the mark. The writer may run the
+    same command again for the next chunk (``Purged.more``)."""
 
     kind = "update"  # names no session (like a reindex batch): feed followers show nothing
     session_id = ""
     moving_in = True  # the session is gone already: no ownership to ask
+    alone = False
+    """Set by the writer: it runs in a transaction of its own (``ALONE_SECONDS``), not at the
+    end of a group of appends (``CHUNK_SECONDS``)."""
 
     def __init__(
-        self, tables: Tables, sid: int, positions: Sequence[int] = (), reached: int = 0
+        self,
+        tables: Tables,
+        sid: int,
+        seconds: float | None = None,
     ) -> None:
         self._tables = tables
         self._sid = sid
-        self._positions = positions
-        self._reached = reached
+        self._seconds = seconds
+        self._chunks = 0
 
     def size(self) -> int:
         return 0
@@ -182,58 +193,101 @@ class PurgeCommand:
         return ()
 
     def apply(self, txn: RecordingTxn, now_ns: int) -> Purged:
+        self._chunks += 1
+        done = self._chunk(txn)
+        done.chunks = self._chunks
+        return done
+
+    def _chunk(self, txn: RecordingTxn) -> Purged:
         tables = self._tables
         raw = txn.get(schema.u64(self._sid), db=tables.purges)
         if raw is None:
             return Purged(done=True)
+        seconds = self._seconds
+        if seconds is None:
+            seconds = ALONE_SECONDS if self.alone else CHUNK_SECONDS
+        deadline = time.perf_counter() + seconds
         purge = Purge.decode(raw)
         if purge.scanned < purge.upto:
-            return self._rewrite(txn, purge)
+            return self._rewrite(txn, purge, deadline)
         for table in CHUNKED:
-            freed = _free_some(txn, tables.by_name[table], self._sid)
+            freed = _free_some(txn, tables.by_name[table], self._sid, deadline)
             if freed:
                 return Purged(freed=freed)
         txn.remove(schema.u64(self._sid), db=tables.purges)
         return Purged(done=True)
 
-    def _rewrite(self, txn: RecordingTxn, purge: Purge) -> Purged:
-        tables = self._tables
+    def _rewrite(self, txn: RecordingTxn, purge: Purge, deadline: float) -> Purged:
+        """Rewrite the session's next records to placeholders (``_find_and_rewrite``)."""
         removals = purge.removal_keys()
 
         def keep(put: rpb.StoragePut) -> bool:
             return put.table != "changes" and not changes.covered(removals, put.table, put.key)
 
-        rewritten = 0
-        for position in self._positions:
-            if not purge.scanned < position <= purge.upto:
+        return self._find_and_rewrite(txn, purge, deadline, keep)
+
+    def _find_and_rewrite(
+        self,
+        txn: RecordingTxn,
+        purge: Purge,
+        deadline: float,
+        keep: Callable[[rpb.StoragePut], bool],
+    ) -> Purged:
+        """Walk the feed from the mark, rewriting the session's records, until the deadline
+        (looked at every ``CHECK_EVERY`` records walked, and after each rewrite) or
+        ``CHUNK_RECORDS`` rewrites; the mark moves to the last record walked."""
+        tables = self._tables
+        name = purge.session_id.encode()
+        rewritten = walked = 0
+        reached = purge.upto
+        cursor = txn.cursor(db=tables.changes)
+        found = cursor.set_range(schema.u64(purge.scanned + 1))
+        while found:
+            position = schema.read_u64(cursor.key())
+            if position > purge.upto:
+                break
+            raw = bytes(cursor.value())
+            if name in raw and rpb.Change.FromString(raw).session_id == purge.session_id:
+                erased = changes.placeholder(txn, tables, raw, keep)
+                txn.put(schema.u64(position), erased, db=tables.changes)
+                rewritten += 1
+                walked += 1
+                if rewritten == CHUNK_RECORDS or time.perf_counter() > deadline:
+                    reached = position
+                    break
+                cursor = txn.cursor(db=tables.changes)  # seek again past what the put changed
+                found = cursor.set_range(schema.u64(position + 1))
                 continue
-            raw = txn.get(schema.u64(position), db=tables.changes)
-            if raw is None or rpb.Change.FromString(bytes(raw)).session_id != purge.session_id:
-                continue
-            erased = changes.placeholder(txn, tables, bytes(raw), keep)
-            txn.put(schema.u64(position), erased, db=tables.changes)
-            rewritten += 1
-        purge.scanned = min(purge.upto, max(self._reached, purge.scanned))
+            walked += 1
+            if walked % CHECK_EVERY == 0 and time.perf_counter() > deadline:
+                reached = position
+                break
+            found = cursor.next()
+        purge.scanned = min(purge.upto, max(reached, purge.scanned))
         txn.put(schema.u64(self._sid), purge.encode(), db=tables.purges)
         return Purged(rewritten=rewritten)
 
 
-def _free_some(txn: RecordingTxn, db: object, sid: int) -> int:
-    """Remove the first ``CHUNK_KEYS`` keys of the sid's range in ``db`` (one recorded range);
-    how many were removed."""
+def _free_some(txn: RecordingTxn, db: object, sid: int, deadline: float) -> int:
+    """Remove the first keys of the sid's range in ``db``, ``CHUNK_KEYS`` at most and no more
+    once ``deadline`` (``time.perf_counter``) has passed, as one recorded range (its end the
+    first key kept); how many were removed."""
     start, end = schema.u64(sid), schema.u64(sid + 1)
     cursor = txn.cursor(db=db)
-    if not cursor.set_range(start):
+    if not cursor.set_range(start) or bytes(cursor.key()) >= end:
         return 0
-    stop, counted = end, 0
-    for found in cursor.iternext(values=False):
-        key = bytes(found)
-        if key >= end:
+    removed = 0
+    while True:
+        if not cursor.delete():  # deleting moves the cursor to the next key
+            stop = end
             break
-        if counted == CHUNK_KEYS:
+        removed += 1
+        key = bytes(cursor.key())
+        if not key or key >= end:
+            stop = end
+            break
+        if removed == CHUNK_KEYS or (removed % CHECK_EVERY == 0 and time.perf_counter() > deadline):
             stop = key
             break
-        counted += 1
-    if counted == 0:
-        return 0
-    return txn.delete(db, start, stop)
+    txn.record_deleted(db, start, stop, removed)
+    return removed

@@ -71,6 +71,13 @@ class RecordingTxn:
             self.deletes.append((self._names[id(db)], bytes(key), bytes(end_key)))
         return removed
 
+    def record_deleted(self, db: Any, key: bytes, end_key: bytes, removed: int) -> None:
+        """Record that the caller removed every key in [key, end_key) itself (``removed`` of
+        them), through a cursor of this transaction: a removal that stops where its time ran
+        out, so only the caller knows its end."""
+        if removed:
+            self.deletes.append((self._names[id(db)], bytes(key), bytes(end_key)))
+
     def remove(self, key: bytes, db: Any = None) -> bool:
         """Delete ``key`` (an index entry: events and records of other tables are never
         deleted); recorded for the feed only when it was there."""

@@ -447,6 +447,11 @@ class Store:
         Blocks; call it where writes are accepted, off the event loop."""
         return self.eraser.purge_next()
 
+    def start_purge(self) -> Future[purge.Purged] | None:
+        """The oldest purge, handed to the writer whole (``Eraser.start_purge``); None when
+        none is under way."""
+        return self.eraser.start_purge()
+
     def purge_all(self) -> int:
         """Run every purge to its end (``Eraser.purge_all``); blocks. The chunks run."""
         return self.eraser.purge_all()

@@ -49,7 +49,13 @@ Invariants:
 - an LMDB panic (a failed meta page write) leaves the environment unusable: the writer refuses
   every later command with STORAGE_IO_ERROR and tells ``on_broken``, once;
 - a write that meets a damaged page (LMDB then refuses the whole transaction) fails alone with
-  DATA_CORRUPTED, the others retried without it.
+  DATA_CORRUPTED, the others retried without it;
+- a *background* command (``submit_background``: a long delete's chunk, ``purge``) never makes
+  a write wait for a transaction of its own: it rides at the end of the next group of other
+  commands, sharing that group's commit and sync, or, when no command comes, runs alone once
+  the writer has been idle ``BACKGROUND_IDLE_SECONDS``. So under any load it runs within that
+  gap or the next group, whichever comes first (it cannot starve), one per group; the time it
+  adds to a group is what it does inside the transaction, which it bounds itself.
 """
 
 from __future__ import annotations
@@ -85,6 +91,9 @@ MAX_GROUP = 256
 MAX_GROUP_BYTES = 16 << 20
 #: How many of its latest commits the writer remembers the change positions of (``wrote``).
 OWN_COMMITS_KEPT = 4096
+#: A background command with no group to ride with runs alone once no command has come for
+#: this long since the last commit: a write arriving meanwhile then waits for it.
+BACKGROUND_IDLE_SECONDS = 0.005
 
 
 class _Queued(Protocol):
@@ -148,6 +157,13 @@ class _Job:
     future: Waiting
     settled: bool = False
     """Its outcome was given (a group retried one command at a time may meet it again)."""
+    background: bool = False
+    """Submitted with ``submit_background``: it joins a group of other commands, or runs when
+    the writer is idle."""
+    repeat: bool = False
+    """A background job run again, in a later group, while its result says ``more``."""
+    claimed: bool = False
+    """Its future was marked running (a repeated job is claimed once)."""
 
 
 @dataclass(slots=True)
@@ -251,6 +267,11 @@ class Writer:
         """While the writer waits in LMDB (for the write lock, which another process of the
         server may hold, or for a commit's sync): what it waits for, since when (monotonic).
         Read by the server's watchdog (``sessionlog.server``)."""
+        self._background: deque[_Job] = deque()
+        """Background jobs taken from the queue, waiting for a group or for the writer's idle
+        gap; the writer thread's own."""
+        self._busy_until = time.monotonic()
+        """When the writer last finished a group (monotonic): the idle gap counts from it."""
         self._thread = threading.Thread(target=self._run, name="sessionlog-writer", daemon=True)
         self._thread.start()
 
@@ -266,6 +287,20 @@ class Writer:
         leaves the command unwritten; after, the command is written and its outcome dropped."""
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._queue_job(_Job(command, future))
+        return future
+
+    def submit_background(self, command: Command, repeat: bool = False) -> Future[Any]:
+        """Queue a command that must not hold up other writes (see the invariants): it runs at
+        the end of the next group of other commands, or alone once the writer is idle. It
+        must keep its own time inside the transaction short, since a group's writes wait for
+        it; a command with an ``alone`` attribute finds it set to whether it runs alone (no
+        write waits on it then, unless one comes meanwhile). The future holds its result once
+        its transaction is durable. With ``repeat``, a result whose ``more`` is true is not
+        given: the writer runs the same command again in a later group (the same rules), and
+        gives only the last result, or the first refusal (no other thread runs between the
+        chunks of a long job, nor is woken for them)."""
+        future: Future[Any] = Future()
+        self._queue_job(_Job(command, future, background=True, repeat=repeat))
         return future
 
     def barrier(self) -> Future[Any]:
@@ -314,6 +349,7 @@ class Writer:
                     for job in group:
                         self._settle(job, RuntimeError("the write failed; see the server log"))
                     self._deliver()
+                self._busy_until = time.monotonic()
             if self._pending and (stop or self._queue.empty()):
                 self._sync_pending()  # no commit is coming to cover them: sync now
             if stop:
@@ -353,8 +389,10 @@ class Writer:
 
     def _take_group(self) -> tuple[list[_AnyJob], bool]:
         """Everything queued, up to the bounds, minus the jobs whose callers gave up before it
-        started (they are never written). Marking a thread's future running makes it
-        uncancellable, so its caller learns the outcome of what was written."""
+        started (they are never written), and one background job at the end; or a background
+        job alone once the writer has been idle ``BACKGROUND_IDLE_SECONDS``. Marking a thread's
+        future running makes it uncancellable, so its caller learns the outcome of what was
+        written."""
         group: list[_AnyJob] = []
         size = 0
         first = True
@@ -362,18 +400,47 @@ class Writer:
             if first and self._pending and self._queue.empty():
                 self._sync_pending()  # about to wait for work: no commit will cover them
             try:
-                job = self._queue.get() if first else self._queue.get_nowait()
+                if not first:
+                    job = self._queue.get_nowait()
+                elif self._background:
+                    idle_left = self._busy_until + BACKGROUND_IDLE_SECONDS - time.monotonic()
+                    job = self._queue.get(timeout=max(0.0, idle_left))
+                else:
+                    job = self._queue.get()
             except queue.Empty:
+                if first:  # idle for the whole gap: the background job runs alone
+                    return self._with_background(group, alone=True), False
                 break
-            first = False
             if isinstance(job, _Stop):
-                return group, True
+                return group + self._all_background(), True
+            if isinstance(job, _Job) and job.background:
+                self._background.append(job)
+                continue
+            first = False
             if _claim(job.future):
                 group.append(job)
                 size += job.command.size()
             elif not group:
                 first = True  # nothing taken yet: wait for the next job
-        return group, False
+        return self._with_background(group), False
+
+    def _with_background(self, group: list[_AnyJob], alone: bool = False) -> list[_AnyJob]:
+        """``group`` and the oldest background job still wanted, if any, at its end; its
+        command's ``alone`` (when it has one) tells it whether it rides with nothing."""
+        while self._background:
+            job = self._background.popleft()
+            if job.claimed or _claim(job.future):
+                job.claimed = True
+                if hasattr(job.command, "alone"):
+                    job.command.alone = alone
+                return [*group, job]
+        return group
+
+    def _all_background(self) -> list[_AnyJob]:
+        """Every background job still wanted (the writer is stopping: they run in its last
+        group, as every queued command does)."""
+        jobs, self._background = self._background, deque()
+        return [job for job in jobs if job.claimed or _claim(job.future)]
 
     def _commit(self, group: list[_AnyJob]) -> None:
         outcomes: list[tuple[bool, Any]] = []
@@ -569,6 +636,9 @@ class Writer:
         for job, (ok, value) in zip(group, outcomes, strict=True):
             if ok:
                 changed.update(job.command.touched())
+            if ok and isinstance(job, _Job) and job.repeat and not self._closed and value.more:
+                self._background.appendleft(job)  # its next run, in a later group
+                continue
             self._settle(job, value, ok)
         if self._on_loop_commit is not None:
             self._changed = changed

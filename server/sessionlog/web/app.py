@@ -52,7 +52,7 @@ from sessionlog.service.metrics import (
     version,
 )
 from sessionlog.service.notifier import Notifier
-from sessionlog.service.usecases import SessionLog, SessionQuery
+from sessionlog.service.usecases import SessionLog, SessionQuery, listing_order
 from sessionlog.shard.ownership import Ownership
 from sessionlog.storage.records import BY_UPDATE
 from sessionlog.storage.store import SessionView, Store
@@ -479,16 +479,18 @@ def _int(request: web.Request, name: str, default: int, low: int, high: int) -> 
     return value
 
 
+CONSOLE_NEWEST = "update_time"
+"""The console's own word for newest update first (its page's choice since before ``order``
+followed ListSessions' grammar, where a field alone is ascending): read as "update_time desc"."""
+
+
 def _listing_order(order: str) -> bool:
-    """Whether /api/sessions' ``order`` asks for newest update first; anything but "" (id order)
-    and "update_time" is refused rather than read as id order."""
-    if order not in ("", "update_time"):
-        raise errors.InvalidOrderBy(
-            f'order {order[:40]!r} is not offered; use "update_time" (newest update first) or '
-            "leave it out (session id order)",
-            order_by=order[:40],
-        )
-    return order == "update_time"
+    """Whether /api/sessions' ``order`` asks for newest update first. ``order`` is read by
+    ListSessions' parser (``usecases.listing_order``: the same grammar, the same
+    INVALID_ORDER_BY), except that "update_time" alone keeps its console meaning, newest first."""
+    if order.strip().lower() == CONSOLE_NEWEST:
+        order = BY_UPDATE
+    return listing_order(order) == BY_UPDATE
 
 
 def _json(body: dict[str, Any]) -> web.Response:

@@ -42,21 +42,44 @@ READY_SECONDS = 20.0
 STOP_SECONDS = 10.0
 
 
+def _below_the_ephemeral_ports() -> range:
+    """Ports below Linux's ephemeral range, which no bind to port 0 and no outgoing connection
+    is handed."""
+    try:
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
+    return range(max(10_000, low - 12_000), low)
+
+
+_PORTS = random.Random()
+
+
 def free_port() -> int:
-    """A port on 127.0.0.1 that was free a moment ago (bind to port 0, read it, close)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-    return port
+    """A port on 127.0.0.1 that was free a moment ago, picked at random below the ephemeral
+    range. A port from a bind to port 0 is free again once the probe closes, and the next bind
+    to port 0 anywhere on the machine may be handed it before the server this port is meant for
+    binds it (a member's --metrics-listen port went to a relay's listener that way, and the
+    member could not start). Below that range only another pick like this one can take it."""
+    ports = _below_the_ephemeral_ports()
+    for _ in range(200):
+        port = _PORTS.choice(ports)
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+            try:
+                probe.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        return port
+    raise AssertionError(f"no free port on 127.0.0.1 in {ports.start}-{ports.stop - 1}")
 
 
 def free_ports_in_a_row(count: int) -> int:
     """The first of ``count`` consecutive ports on 127.0.0.1 that were free a moment ago, for a
-    command that takes one port and uses the next ones too. Picked below Linux's ephemeral range
-    (32768 and up), where the neighbours of a port from ``free_port`` may be any connection's."""
-    rng = random.Random()
+    command that takes one port and uses the next ones too, below the ephemeral range as
+    ``free_port``'s."""
+    ports = _below_the_ephemeral_ports()
     for _ in range(200):
-        base = rng.randrange(20_000, 32_000 - count)
+        base = _PORTS.randrange(ports.start, ports.stop - count)
         try:
             with contextlib.ExitStack() as held:
                 for port in range(base, base + count):
@@ -65,7 +88,7 @@ def free_ports_in_a_row(count: int) -> int:
         except OSError:
             continue
         return base
-    raise AssertionError(f"no {count} free ports in a row below 32000")
+    raise AssertionError(f"no {count} free ports in a row below {ports.stop}")
 
 
 def workers_under_test() -> int:

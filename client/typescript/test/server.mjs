@@ -15,15 +15,25 @@ const ROOT = resolve(dirname(fileURLToPath(import.meta.url)), "..", "..", "..");
 /** The server binary: $SESSIONLOG_BIN (the Python test passes its venv's), else .venv's. */
 export const SESSIONLOG_BIN = process.env.SESSIONLOG_BIN ?? join(ROOT, ".venv", "bin", "sessionlog");
 
-export function freePort() {
-  return new Promise((done, fail) => {
+// A port on 127.0.0.1 that was free a moment ago, picked at random below Linux's ephemeral
+// range (32768 and up): a port from listen(0) is free again once the probe closes, and any
+// later listen(0) or outgoing connection on the machine may take it before the server meant
+// for it binds it. Below that range only another pick like this one can (tests/e2e/_proc.py's
+// free_port does the same).
+function probePort(port) {
+  return new Promise((done) => {
     const probe = createServer();
-    probe.once("error", fail);
-    probe.listen(0, "127.0.0.1", () => {
-      const { port } = probe.address();
-      probe.close(() => done(port));
-    });
+    probe.once("error", () => done(false));
+    probe.listen(port, "127.0.0.1", () => probe.close(() => done(true)));
   });
+}
+
+export async function freePort() {
+  for (let tries = 0; tries < 200; tries++) {
+    const port = 20768 + Math.floor(Math.random() * 12000);
+    if (await probePort(port)) return port;
+  }
+  throw new Error("no free port on 127.0.0.1 in 20768-32767");
 }
 
 export function tempDir(prefix = "sessionlog-ts-") {

@@ -44,12 +44,14 @@ STOP_SECONDS = 10.0
 
 def _below_the_ephemeral_ports() -> range:
     """Ports below Linux's ephemeral range, which no bind to port 0 and no outgoing connection
-    is handed."""
+    is handed (where the range leaves room for them)."""
     try:
         low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
     except (OSError, ValueError, IndexError):
         low = 32768
-    return range(max(10_000, low - 12_000), low)
+    below = range(max(10_000, low - 12_000), low)
+    # a range that starts low (1024 65535 in some containers) leaves too few: take 10000-32767
+    return below if len(below) >= 1_000 else range(10_000, 32_768)
 
 
 _PORTS = random.Random()

@@ -325,6 +325,40 @@ def test_background_commands_keep_running_under_continuous_appends(store: Store)
     assert rode >= 25  # most rode in an append's transaction
 
 
+class _Budget(_Background):
+    """Notes whether the writer ran it as alone (the longer budget) or riding."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.alone = False
+        self.ran_alone: bool | None = None
+
+    def apply(self, txn: Any, now_ns: int) -> None:
+        self.ran_alone = self.alone
+        super().apply(txn, now_ns)
+
+
+def _commit_as_another_process(store: Store) -> None:
+    """A commit that is not this writer's, as another worker's writer would make (the same
+    LMDB file, the same write lock)."""
+    with store.env.begin(write=True) as txn:  # a key of LMDB's main table, which no one reads
+        txn.put(b"test-another-writer", str(time.monotonic_ns()).encode())
+
+
+def test_a_lone_background_command_keeps_short_when_another_process_commits(store: Store) -> None:
+    """Idle in its own process, the writer runs a background command alone (the longer
+    budget), unless another process has committed since its own last commit: that process's
+    writes are waiting for the lock (`--workers N`), so it runs as if riding."""
+    store.append("before", [user("x")])
+    quiet = _Budget()
+    store.writer.submit_background(quiet).result(WAIT_SECONDS)
+    assert quiet.ran_alone is True
+    _commit_as_another_process(store)
+    busy = _Budget()
+    store.writer.submit_background(busy).result(WAIT_SECONDS)
+    assert busy.ran_alone is False
+
+
 class _Countdown(_Background):
     """Says ``more`` until it has run ``times`` times, noting each group's clock."""
 

@@ -272,6 +272,9 @@ class Writer:
         gap; the writer thread's own."""
         self._busy_until = time.monotonic()
         """When the writer last finished a group (monotonic): the idle gap counts from it."""
+        self._txnid_after_commit = -1
+        """LMDB's last transaction id right after this writer's latest commit: a higher one means
+        another process has committed since (a background job then never runs as if alone)."""
         self._thread = threading.Thread(target=self._run, name="sessionlog-writer", daemon=True)
         self._thread.start()
 
@@ -408,8 +411,11 @@ class Writer:
                 else:
                     job = self._queue.get()
             except queue.Empty:
-                if first:  # idle for the whole gap: the background job runs alone
-                    return self._with_background(group, alone=True), False
+                if first:  # idle for the whole gap: the background job runs alone, unless
+                    # another process (--workers N) committed since this writer last did: its
+                    # writers wait for LMDB's lock behind the chunk, so the chunk stays short
+                    alone = self._env.info()["last_txnid"] == self._txnid_after_commit
+                    return self._with_background(group, alone=alone), False
                 break
             if isinstance(job, _Stop):
                 return group + self._all_background(), True
@@ -440,7 +446,11 @@ class Writer:
         """Every background job still wanted (the writer is stopping: they run in its last
         group, as every queued command does)."""
         jobs, self._background = self._background, deque()
-        return [job for job in jobs if job.claimed or _claim(job.future)]
+        wanted: list[_AnyJob] = [job for job in jobs if job.claimed or _claim(job.future)]
+        for job in wanted:  # they ride with the last group's writes
+            if hasattr(job.command, "alone"):
+                job.command.alone = False
+        return wanted
 
     def _commit(self, group: list[_AnyJob]) -> None:
         outcomes: list[tuple[bool, Any]] = []
@@ -474,6 +484,7 @@ class Writer:
                 finally:
                     self.stalled = None
                 committed_in = time.perf_counter() - started
+                self._txnid_after_commit = self._env.info()["last_txnid"]
                 if fed:
                     with self._own_lock:
                         self._own.append((first, feed[0]))

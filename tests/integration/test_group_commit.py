@@ -359,6 +359,32 @@ def test_a_lone_background_command_keeps_short_when_another_process_commits(stor
     assert busy.ran_alone is False
 
 
+class _Failing(_Background):
+    """A background command that fails the way a bug would (not a refusal)."""
+
+    def apply(self, txn: Any, now_ns: int) -> None:
+        super().apply(txn, now_ns)
+        raise ValueError("a chunk met something it did not expect")
+
+
+def test_a_failing_background_job_costs_its_riders_one_retry_not_one_each(store: Store) -> None:
+    """A group whose background job fails is retried as the other commands in one
+    transaction, then the job alone: the appends are written, in one commit, and the job's
+    caller gets the failure."""
+    gate = WriterGate()
+    held = store.writer.submit(gate)
+    assert gate.entered.wait(WAIT_SECONDS)
+    failing = store.writer.submit_background(_Failing())
+    appends = [store.submit_append(prepare_append(f"s{i}", [user("x")])) for i in range(10)]
+    commits_before = store.writer.stats.commits
+    gate.release.set()
+    held.result(WAIT_SECONDS)
+    assert [a.result(WAIT_SECONDS).next_seq for a in appends] == [1] * 10
+    with pytest.raises(ValueError, match="did not expect"):
+        failing.result(WAIT_SECONDS)
+    assert store.writer.stats.commits - commits_before == 2  # the gate's, then the ten's
+
+
 class _Countdown(_Background):
     """Says ``more`` until it has run ``times`` times, noting each group's clock."""
 

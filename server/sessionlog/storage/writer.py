@@ -497,6 +497,13 @@ class Writer:
             self.stats.failed_commits += 1
             failure = storage_failure(exc, self._free_bytes(), _group_bytes(group))
             if len(group) > 1 and (failure is None or failure.retry_alone):
+                last = group[-1]
+                if len(group) > 2 and isinstance(last, _Job) and last.background:
+                    # The background job riding at the end first: the others keep one commit
+                    # (one of them failing splits them below, in their own retry).
+                    self._commit(group[:-1])
+                    self._commit([last])
+                    return
                 # Find the one that failed: every other command still deserves its commit.
                 for job in group:
                     self._commit([job])

@@ -75,6 +75,28 @@ def free_port() -> int:
     raise AssertionError(f"no free port on 127.0.0.1 in {ports.start}-{ports.stop - 1}")
 
 
+def _descendants(pid: int) -> list[int]:
+    """The PIDs of ``pid``'s children, theirs, and so on (Linux's /proc/PID/task/*/children)."""
+    found: list[int] = []
+    todo = [pid]
+    while todo:
+        for task in Path(f"/proc/{todo.pop()}/task").glob("*"):
+            with contextlib.suppress(OSError):
+                children = [int(child) for child in (task / "children").read_text().split()]
+                found += children
+                todo += children
+    return found
+
+
+def _gone(pid: int) -> bool:
+    """Exited (no longer in /proc, or a zombie, which holds no file)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True
+    return stat.rsplit(")", 1)[1].split()[0] == "Z"
+
+
 def free_ports_in_a_row(count: int) -> int:
     """The first of ``count`` consecutive ports on 127.0.0.1 that were free a moment ago, for a
     command that takes one port and uses the next ones too, below the ephemeral range as
@@ -270,9 +292,19 @@ class ServerProcess:
         return self.wait(timeout)
 
     def kill(self) -> int:
-        """SIGKILL (a crash) and reap."""
+        """SIGKILL (a crash) and reap; with ``--workers N``, also wait until the workers are gone
+        (they die with their supervisor, PR_SET_PDEATHSIG, a moment after it, and hold the data
+        folder's lock until then: a restart at once found the folder in use)."""
+        assert self.process is not None, "not started"
+        workers = _descendants(self.process.pid) if self.process.poll() is None else []
         self.signal(signal.SIGKILL)
-        return self.wait()
+        code = self.wait()
+        deadline = time.monotonic() + STOP_SECONDS
+        while not all(_gone(pid) for pid in workers):
+            if time.monotonic() > deadline:
+                raise AssertionError(f"workers {workers} outlived their killed supervisor")
+            time.sleep(0.01)
+        return code
 
     def __enter__(self) -> ServerProcess:
         return self.start()

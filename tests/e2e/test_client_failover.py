@@ -22,6 +22,7 @@ import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import grpc
 import pytest
 
 from bench.etcd import EtcdProcess, etcd_server
@@ -448,3 +449,82 @@ def test_clients_never_write_to_a_deposed_primary_once_they_saw_the_newer_epoch(
         assert client.current == new.address
         assert contents(client, "s") == [(n, f"n{n}") for n in range(4)]
         assert [e.seq for e in client.since("a")] == [0, 1, 2]
+
+
+def connected(client: Client, node: Node) -> None:
+    """Wait until ``client``'s channel to a restarted ``node`` is out of its reconnect backoff:
+    a stream is not retried, so one opened before would fail UNAVAILABLE."""
+    member = next(m for m in client._router.members if m.address == node.address)
+    grpc.channel_ready_future(member.channel).result(timeout=15)
+
+
+def test_append_streams_follow_hints_send_the_epoch_and_refuse_a_deposed_ack(
+    group: tuple[Cluster, Node, Node],
+) -> None:
+    """An append stream (sync, and asyncio for the late ack) does what unary writes do: a
+    replica's NOT_PRIMARY moves the client to the primary it names; the epoch is learnt from the
+    stream alone; after a promotion a stream to the deposed primary (restarted unfenced) carries
+    epoch 2 and is refused, its hint not followed; and an ack that primary gave a client that
+    learnt of epoch 2 meanwhile is LeadershipLost (committed), not an acknowledgement."""
+    _, old, new = group
+    with Client([new.address, old.address], retry=RETRY) as client:
+        with client.append_stream() as refused_by_replica:
+            sent = refused_by_replica.append_nowait("s", [note("nowhere")], request_id="r0")
+        with pytest.raises(errors.NotPrimary):
+            sent.result()
+        assert client.current == old.address  # the replica's hint, followed
+        with client.append_stream() as first:
+            assert first.append_nowait("s", [note("n0")], request_id="r0").result().next_seq == 1
+        assert client.epoch == 1, "learnt from the stream alone"
+        wait_position(new, old.status().position)
+        old.kill()
+        assert admin_promote(new) == 2
+        new.replica_of = ""
+        client.append("s", [note("n1")], request_id="r1")  # the old one is down: moves on
+        assert (client.current, client.epoch) == (new.address, 2)
+        old.start()  # unfenced, as a primary: it takes writes from anyone who knows no better
+        old_head = old.status().position
+
+        new.stop()
+        with client.append_stream() as broken:
+            lost = broken.append_nowait("s", [note("lost")], request_id="r2")
+        assert isinstance(lost.exception(), errors.Unavailable)
+        assert client.current == old.address  # moved on, as after a unary UNAVAILABLE
+        connected(client, old)
+        with client.append_stream() as deposed:
+            tries = [
+                deposed.append_nowait("s", [note("never")], request_id="r2"),
+                deposed.append_nowait("t", [note("never")]),
+            ]
+        for tried in tries:
+            refusal = tried.exception()
+            assert isinstance(refusal, errors.NotPrimary), refusal
+            assert refusal.metadata["epoch"] == "1"
+        assert client.current != old.address  # its hint (whom it follows) not taken
+        assert old.status().position == old_head  # nothing written there
+
+        async def late_ack() -> tuple[int, BaseException | None]:
+            async with AsyncClient(old.address, wait_for_ready=True) as unaware:
+                stream = unaware.append_stream()
+                async with stream:
+                    taken = (await stream.append_nowait("u", [note("taken")])).next_seq
+                    assert unaware.epoch == 1, "learnt from the stream's headers"
+                    member = unaware._router.members[0]  # a reply of the new primary, elsewhere
+                    unaware._router.accepted(member, [("sessionlog-epoch", "2")], "other")
+                    after = stream.append_nowait("u", [note("deposed")], request_id="r-u")
+                    await asyncio.wait([after])
+                return taken, after.exception()
+
+        taken, late = asyncio.run(late_ack())
+        assert taken == 1
+        assert isinstance(late, errors.LeadershipLost), late
+        assert late.committed is True
+
+        with Client(old.address) as direct:
+            assert contents(direct, "s") == [(0, "n0")]
+        new.start()
+        connected(client, new)
+        with client.append_stream() as again:
+            assert again.append_nowait("s", [note("n2")], request_id="r2").result().next_seq == 3
+        assert client.current == new.address
+        assert contents(client, "s") == [(0, "n0"), (1, "n1"), (2, "n2")]

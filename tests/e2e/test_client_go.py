@@ -105,6 +105,20 @@ def test_go_errors_carry_error_info(go_tree: GoTree, server: RunningServer) -> N
 
 
 @pytest.mark.timeout(BUILD_SECONDS + 60)
+def test_go_epochs_are_sent_learnt_and_judged(go_tree: GoTree, server: RunningServer) -> None:
+    """`go test` of client/go/epoch against a real server: a write's reply teaches the tracker
+    the epoch; past it (a newer one learnt) the server refuses NOT_PRIMARY naming its own and
+    stores nothing; an ack arriving once a newer epoch is known is LeadershipLost, committed."""
+    env = {**go_tree.env, "SESSIONLOG_TEST_ADDRESS": server.address}
+    result = run_go(env, go_tree.package, "test", "-v", "-count=1", "./epoch")
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output
+    for name in ("TestWritesLearnAndSendTheEpoch", "TestAnAckBelowTheEpochSeenIsLeadershipLost"):
+        assert f"--- PASS: {name}" in output, output
+    assert "SKIP" not in output, output
+
+
+@pytest.mark.timeout(BUILD_SECONDS + 60)
 def test_go_sessionheader_names_the_session_of_every_call(go_tree: GoTree) -> None:
     """`go test` of client/go/sessionheader: a real gRPC server in the test records that every
     SessionLogService call naming a session (a fork's source) arrives with x-session-id (UTF-8

@@ -30,6 +30,7 @@ from sessionlog_client._routing import (
     Member,
     Router,
     Step,
+    StreamEpochs,
     make_router,
     move_budget,
     replicas_unavailable,
@@ -475,7 +476,10 @@ class AsyncAppendStream:
     def __init__(self, client: AsyncClient, timeout: float | None) -> None:
         self._client = client
         self._timeout = timeout
+        self._member: Member | None = None
         self._pipe: io.AppendPipe | None = None
+        self._opening = io.call_guard()
+        """Held while the first append opens the call (appends from several threads)."""
 
     async def __aenter__(self) -> AsyncAppendStream:
         await self.open()
@@ -493,7 +497,8 @@ class AsyncAppendStream:
             self.cancel()
 
     async def open(self) -> None:
-        """Open the call on the member writes go to now (``async with`` does it)."""
+        """Pick the member writes go to now (``async with`` does it); the call opens there with
+        the first append, carrying the epoch of that append's group."""
         client = self._client
         if client._shards is not None:
             raise ValueError(
@@ -503,12 +508,15 @@ class AsyncAppendStream:
         member = await client._router.pick_async()
         if member is None:
             raise client._router.nobody()
-        connection = client.connection
-        self._pipe = io.AppendPipe(
+        self._member = member
+
+    def _open_pipe(self, member: Member, session_id: str) -> io.AppendPipe:
+        router, connection = self._client._router, self._client.connection
+        return io.AppendPipe(
             member.stubs[LOG].AppendStream,
-            on_headers=lambda headers: client._router.opened(member, headers),
+            StreamEpochs(router, member),
             timeout=self._timeout,
-            metadata=client._router.write_metadata(connection.call_metadata()),
+            metadata=router.stream_metadata(connection.call_metadata(), session_id),
             wait_for_ready=connection.wait_for_ready or None,
         )
 
@@ -525,7 +533,7 @@ class AsyncAppendStream:
     ) -> io.Pending[pb.AppendResponse]:
         """Send one append at once (see ``AppendStream.append_nowait``); await the future for
         its reply, the ``AppendResponse`` ``append`` returns, or its error."""
-        if self._pipe is None:
+        if self._member is None:
             raise RuntimeError("open the append stream first: async with client.append_stream()")
         request = c.append_request(
             session_id,
@@ -536,6 +544,9 @@ class AsyncAppendStream:
             lease_token=lease_token,
             lenient=lenient,
         )
+        with self._opening:
+            if self._pipe is None:
+                self._pipe = self._open_pipe(self._member, session_id)
         return self._pipe.send(request)
 
     async def aclose(self) -> None:

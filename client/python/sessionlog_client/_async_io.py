@@ -23,6 +23,8 @@ from sessionlog_client.v1 import session_log_service_pb2 as pb
 if TYPE_CHECKING:
     from collections.abc import Callable
 
+    from sessionlog_client._routing import StreamEpochs
+
 GENERATOR_RUNNING = RuntimeError
 """What closing a stream's generator raises while another task is inside it."""
 
@@ -71,19 +73,16 @@ Pending = asyncio.Future
 class AppendPipe:
     """One AppendStream call: requests go out in the order they are sent, as the call's flow
     control lets them, and each reply resolves its request's future (by correlation id). A call
-    that ends before a request's reply fails its future with the call's error."""
+    that ends before a request's reply fails its future with the call's error. ``epochs``
+    learns the server's epoch from the call's headers and judges every reply by it."""
 
     def __init__(
-        self,
-        open_call: Callable[..., Any],
-        on_headers: Callable[[Any], None] | None = None,
-        **call: Any,
+        self, open_call: Callable[..., Any], epochs: StreamEpochs | None = None, **call: Any
     ) -> None:
-        self._on_headers = on_headers
-        """Given the call's initial metadata (the server's epoch) before any reply is read."""
+        self._epochs = epochs
         self._call = open_call(**call)
         self._ids = itertools.count(1)
-        self._pending: dict[int, asyncio.Future[pb.AppendResponse]] = {}
+        self._pending: dict[int, tuple[asyncio.Future[pb.AppendResponse], str]] = {}
         self._outgoing: asyncio.Queue[pb.AppendStreamRequest | None] = asyncio.Queue()
         self._ended: errors.SessionLogError | None = None
         self._closing = False
@@ -98,7 +97,7 @@ class AppendPipe:
             raise RuntimeError("this append stream is closed: open another one")
         else:
             correlation_id = next(self._ids)
-            self._pending[correlation_id] = future
+            self._pending[correlation_id] = (future, request.session_id)
             sent = pb.AppendStreamRequest(correlation_id=correlation_id, append=request)
             self._outgoing.put_nowait(sent)
         return future
@@ -124,13 +123,17 @@ class AppendPipe:
         # a failed write ends the call: the reader reports why
 
     async def _read(self) -> None:
+        epochs = self._epochs
         try:
-            if self._on_headers is not None:
-                self._on_headers(await self._call.initial_metadata())
+            if epochs is not None:
+                epochs.opened(await self._call.initial_metadata())
             while (reply := await self._call.read()) is not grpc.aio.EOF:
-                _settle(self._pending.pop(reply.correlation_id, None), reply)
+                _settle(self._pending.pop(reply.correlation_id, None), reply, epochs)
+            if epochs is not None:
+                epochs.finished(await self._call.trailing_metadata())
         except grpc.RpcError as error:
-            self._end(_status.to_error(error))
+            moved = None if epochs is None else epochs.ended(error)
+            self._end(moved or _status.to_error(error))
         except asyncio.CancelledError:  # the call was cancelled (``cancel``)
             self._end(
                 _status.Cancelled("the append stream was cancelled before answering this append")
@@ -142,7 +145,7 @@ class AppendPipe:
         if self._ended is None:
             self._ended = error
         pending, self._pending = self._pending, {}
-        for future in pending.values():
+        for future, _ in pending.values():
             if not future.done():
                 future.set_exception(error)
         if not self._closing:
@@ -150,13 +153,23 @@ class AppendPipe:
             self._outgoing.put_nowait(None)
 
 
-def _settle(future: Any, reply: pb.AppendStreamResponse) -> None:
-    """Resolve a request's future with its reply: its AppendResponse, or its error."""
-    if future is None or future.done():
+def _settle(
+    pending: tuple[asyncio.Future[pb.AppendResponse], str] | None,
+    reply: pb.AppendStreamResponse,
+    epochs: StreamEpochs | None,
+) -> None:
+    """Resolve a request's future with its reply, judged by ``epochs``: its AppendResponse, or
+    its error (LeadershipLost for an acknowledgement from a deposed server)."""
+    if pending is None or pending[0].done():
         return
-    if reply.HasField("error"):
-        failed = reply.error
-        error = _status.stream_error(failed.code, failed.message, failed.reason, failed.metadata)
+    future, session_id = pending
+    error = _status.reply_error(reply)
+    if epochs is not None:
+        try:
+            epochs.judge(session_id, error)
+        except errors.SessionLogError as lost:
+            error = lost
+    if error is not None:
         future.set_exception(error)
     else:
         future.set_result(reply.append)

@@ -65,7 +65,7 @@ import asyncio
 import enum
 import re
 import threading
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -75,7 +75,13 @@ from sessionlog_client import _etcd
 from sessionlog_client._common import DEFAULT_TARGET, Retry
 from sessionlog_client._shards import WRONG_GROUP, slot_of
 from sessionlog_client._status import error_info, proxy_status, transport_end
-from sessionlog_client.errors import LeadershipLost, NotPrimary, ReplicasUnavailable, Unavailable
+from sessionlog_client.errors import (
+    LeadershipLost,
+    NotPrimary,
+    ReplicasUnavailable,
+    SessionLogError,
+    Unavailable,
+)
 
 SLOT_MOVING = "SLOT_MOVING"
 """The refusal of a write to a slot whose move is copying its last events (UNAVAILABLE)."""
@@ -240,7 +246,23 @@ class Router:
         """A write's request metadata: ``metadata`` and the highest epoch seen of the group
         that answers for ``session_id``, once there is one (a server below it refuses the
         write), with that group's name when it is a sharded group."""
+        return self._with_epoch(metadata, self._group_of(session_id))
+
+    def stream_metadata(
+        self, metadata: tuple[tuple[str, str], ...], session_id: str
+    ) -> tuple[tuple[str, str], ...]:
+        """An AppendStream's request metadata: the epoch of the group that answers for its
+        first append's session ``session_id``, else of the one group known when this client has
+        seen only one (a stream names no session of its own: it carries one group's epoch)."""
         group = self._group_of(session_id)
+        with self._lock:
+            if not group and "" not in self.epochs and len(self.epochs) == 1:
+                [group] = self.epochs
+        return self._with_epoch(metadata, group)
+
+    def _with_epoch(
+        self, metadata: tuple[tuple[str, str], ...], group: str
+    ) -> tuple[tuple[str, str], ...]:
         epoch = self.epochs.get(group, 0)
         if not epoch:
             return metadata
@@ -329,17 +351,8 @@ class Router:
                 raise self._unreachable(error, [member])
             return Step.LATER if retry and unavailable else Step.RAISE
         if info is not None and info.reason == NotPrimary.reason:
-            named = _whole(info.metadata.get("epoch", ""))
-            current = self.learn(member, named, group) and current
-            hint = info.metadata.get(PRIMARY_HINT, "")
-            if current and hint and hint != member.address:
-                with self._lock:
-                    self._current = self.members.index(self._member(hint))
-                return Step.AGAIN if hops < self.hop_limit else Step.LATER
-            self.moved(member)
-            if not current:  # a deposed member: try the next one now, as for one never reached
-                return Step.AGAIN if hops < self.hop_limit else Step.LATER
-            return Step.LATER
+            step = self.not_primary(member, info.metadata, group, current)
+            return step if step is not Step.AGAIN or hops < self.hop_limit else Step.LATER
         if code == grpc.StatusCode.DEADLINE_EXCEEDED and deadline_moves and info is None:
             self.moved(member)
             return Step.LATER
@@ -356,6 +369,22 @@ class Router:
             return Step.AGAIN if hops < self.hop_limit else Step.LATER
         self.moved(member)
         return Step.LATER if retry else Step.RAISE
+
+    def not_primary(
+        self, member: Member, metadata: Mapping[str, str], group: str = "", current: bool = True
+    ) -> Step:
+        """``member`` refused a write NOT_PRIMARY (ErrorInfo ``metadata``) in a reply that named
+        ``group``'s epoch (``current``: not below the highest seen): the primary it names becomes
+        current (AGAIN), unless that member or its reply is deposed, whose hint is not followed:
+        then the next address (AGAIN, at once), else the next after a backoff (LATER)."""
+        current = self.learn(member, _whole(metadata.get("epoch", "")), group) and current
+        hint = metadata.get(PRIMARY_HINT, "")
+        if current and hint and hint != member.address:
+            with self._lock:
+                self._current = self.members.index(self._member(hint))
+            return Step.AGAIN
+        self.moved(member)
+        return Step.LATER if current else Step.AGAIN
 
     def moved(self, member: Member) -> None:
         """``member`` failed as the current one: make the next address current (unless another
@@ -384,6 +413,64 @@ class Router:
     def channels(self) -> list[Any]:
         with self._lock:
             return [m.channel for m in self.members]
+
+
+@dataclass
+class StreamEpochs:
+    """What one AppendStream call on ``member`` makes of epochs, as unary writes do (module
+    docstring): the stream carries the epoch seen (``Router.stream_metadata``), its server names
+    its own in the headers (learnt before any reply), and each reply is judged by the headers'
+    epoch against the highest seen *when it arrives*:
+
+        an acknowledgement            LeadershipLost (committed) when the headers' epoch is below
+                                      the highest seen: a deposed primary took it
+        NOT_PRIMARY                   the router follows its hint (the next stream or call goes
+                                      to the named primary) unless the headers' epoch, or the
+                                      refusal's own, is below the highest seen: then the next
+                                      address. The append fails NotPrimary either way: it wrote
+                                      nothing, and a stream stays on its server
+        the call's end                the router moves as after a unary call's UNAVAILABLE
+
+    The trailers of a call that ends OK name the epoch again (a fresh store's first write makes
+    it 1) and are learnt too.
+    """
+
+    router: Router
+    member: Member
+    headers: list[tuple[str, Any]] = field(default_factory=list)
+
+    @property
+    def epoch(self) -> int:
+        """The epoch the stream's server named as it opened (0: none)."""
+        return trailing_epoch(self.headers)
+
+    def opened(self, headers: Iterable[tuple[str, Any]] | None) -> None:
+        self.headers = list(headers or ())
+        self.router.opened(self.member, self.headers)
+
+    def judge(self, session_id: str, error: SessionLogError | None) -> None:
+        """One reply for ``session_id`` (``error``: its refusal, None: acknowledged); raises
+        LeadershipLost for an acknowledgement that is none."""
+        self.member.reached = True
+        if error is None:
+            self.router.accepted(self.member, self.headers, session_id)
+        elif error.reason == NotPrimary.reason and self.router.several:
+            group = trailing_group(self.headers)
+            epoch = self.epoch
+            current = not epoch or epoch >= self.router.epochs.get(group, 0)
+            self.router.not_primary(self.member, error.metadata, group, current)
+
+    def ended(self, error: grpc.RpcError) -> SessionLogError | None:
+        """The call failed: the router moves as for a unary write; the error to report instead
+        of the call's own (Unavailable naming every address when none was ever reached)."""
+        try:
+            self.router.after(self.member, error, retry=False, hops=0, stream=True)
+        except Unavailable as unreachable:
+            return unreachable
+        return None
+
+    def finished(self, trailers: Iterable[tuple[str, Any]] | None) -> None:
+        self.router.opened(self.member, trailers)
 
 
 def trailing_group(trailers: Iterable[tuple[str, Any]] | None) -> str:

@@ -27,12 +27,15 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Mapping
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import grpc
 from google.rpc import error_details_pb2, status_pb2
 
 from sessionlog_client import errors
+
+if TYPE_CHECKING:
+    from sessionlog_client.v1 import session_log_service_pb2 as pb
 
 STATUS_DETAILS_KEY = "grpc-status-details-bin"
 PROXY_STATUSES = frozenset({502, 503, 504})
@@ -154,6 +157,15 @@ def stream_error(
     fallback = _DOMAIN_BY_CODE.get(status, errors.SessionLogError)(message, **metadata)
     fallback.reason = reason  # type: ignore[misc]
     return fallback
+
+
+def reply_error(reply: pb.AppendStreamResponse) -> errors.SessionLogError | None:
+    """An AppendStream reply's refusal as the exception a unary Append raises (None: it
+    acknowledged its append)."""
+    if not reply.HasField("error"):
+        return None
+    failed = reply.error
+    return stream_error(failed.code, failed.message, failed.reason, failed.metadata)
 
 
 _CODE_BY_NUMBER = {status.value[0]: status for status in grpc.StatusCode}

@@ -30,6 +30,7 @@ from sessionlog_client._routing import (
     Member,
     Router,
     Step,
+    StreamEpochs,
     make_router,
     move_budget,
     replicas_unavailable,
@@ -507,12 +508,25 @@ class AppendStream:
     request_id (each append gets one unless you give it) and it is never written twice. Nothing
     is resent by itself. A client with a shard map refuses it (ValueError): use one client per
     group.
+
+    Epochs, as for ``append``: the call opens with the first append and carries the highest
+    epoch the client has seen (of that append's group), so a deposed primary refuses every
+    append NOT_PRIMARY and writes nothing; the server's epoch, named in the stream's headers,
+    is learnt before any reply. An append acknowledged by a server below the epoch seen when
+    its reply arrives fails with LeadershipLost (``committed``: send it again with its
+    request_id). A NOT_PRIMARY reply fails its append (a stream stays on its server) and points
+    the client at the primary it names, unless that server is deposed: then at the next
+    address; the next stream, or call, goes there. A call that ends UNAVAILABLE moves the
+    client on as a unary call's would.
     """
 
     def __init__(self, client: Client, timeout: float | None) -> None:
         self._client = client
         self._timeout = timeout
+        self._member: Member | None = None
         self._pipe: io.AppendPipe | None = None
+        self._opening = io.call_guard()
+        """Held while the first append opens the call (appends from several threads)."""
 
     def __enter__(self) -> AppendStream:
         self.open()
@@ -540,12 +554,15 @@ class AppendStream:
         member = client._router.pick()
         if member is None:
             raise client._router.nobody()
-        connection = client.connection
-        self._pipe = io.AppendPipe(
+        self._member = member
+
+    def _open_pipe(self, member: Member, session_id: str) -> io.AppendPipe:
+        router, connection = self._client._router, self._client.connection
+        return io.AppendPipe(
             member.stubs[LOG].AppendStream,
-            on_headers=lambda headers: client._router.opened(member, headers),
+            StreamEpochs(router, member),
             timeout=self._timeout,
-            metadata=client._router.write_metadata(connection.call_metadata()),
+            metadata=router.stream_metadata(connection.call_metadata(), session_id),
             wait_for_ready=connection.wait_for_ready or None,
         )
 
@@ -562,7 +579,7 @@ class AppendStream:
     ) -> io.Pending[pb.AppendResponse]:
         """Send one append at once, with ``Client.append``'s arguments; the future's result is
         its ``AppendResponse`` (or it raises the append's error). Returns before the reply."""
-        if self._pipe is None:
+        if self._member is None:
             raise RuntimeError("open the append stream first: with client.append_stream()")
         request = c.append_request(
             session_id,
@@ -573,6 +590,9 @@ class AppendStream:
             lease_token=lease_token,
             lenient=lenient,
         )
+        with self._opening:
+            if self._pipe is None:
+                self._pipe = self._open_pipe(self._member, session_id)
         return self._pipe.send(request)
 
     def close(self) -> None:

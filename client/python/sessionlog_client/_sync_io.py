@@ -25,6 +25,8 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
     from concurrent.futures import Future
 
+    from sessionlog_client._routing import StreamEpochs
+
 GENERATOR_RUNNING = ValueError
 """What closing a stream's generator raises while another thread is inside it."""
 
@@ -119,19 +121,16 @@ class AppendPipe:
     """One AppendStream call: requests go out in the order they are sent (gRPC takes them from
     a queue in its own thread), and a reader thread resolves each request's future with its
     reply (by correlation id). A call that ends before a request's reply fails its future with
-    the call's error."""
+    the call's error. ``epochs`` learns the server's epoch from the call's headers and judges
+    every reply by it."""
 
     def __init__(
-        self,
-        open_call: Callable[..., Any],
-        on_headers: Callable[[Any], None] | None = None,
-        **call: Any,
+        self, open_call: Callable[..., Any], epochs: StreamEpochs | None = None, **call: Any
     ) -> None:
-        self._on_headers = on_headers
-        """Given the call's initial metadata (the server's epoch) before any reply is read."""
+        self._epochs = epochs
         self._ids = itertools.count(1)
         self._lock = threading.Lock()
-        self._pending: dict[int, Future[pb.AppendResponse]] = {}
+        self._pending: dict[int, tuple[Future[pb.AppendResponse], str]] = {}
         self._outgoing: queue.SimpleQueue[pb.AppendStreamRequest | None] = queue.SimpleQueue()
         self._ended: errors.SessionLogError | None = None
         self._closing = False
@@ -150,7 +149,7 @@ class AppendPipe:
             if self._closing:
                 raise RuntimeError("this append stream is closed: open another one")
             correlation_id = next(self._ids)
-            self._pending[correlation_id] = future
+            self._pending[correlation_id] = (future, request.session_id)
             self._outgoing.put(
                 pb.AppendStreamRequest(correlation_id=correlation_id, append=request)
             )
@@ -177,15 +176,19 @@ class AppendPipe:
             yield request
 
     def _read(self) -> None:
+        epochs = self._epochs
         try:
-            if self._on_headers is not None:
-                self._on_headers(self._call.initial_metadata())
+            if epochs is not None:
+                epochs.opened(self._call.initial_metadata())
             for reply in self._call:
                 with self._lock:
-                    future = self._pending.pop(reply.correlation_id, None)
-                _settle(future, reply)
+                    pending = self._pending.pop(reply.correlation_id, None)
+                _settle(pending, reply, epochs)
+            if epochs is not None:
+                epochs.finished(self._call.trailing_metadata())
         except grpc.RpcError as error:
-            self._end(_status.to_error(error))
+            moved = None if epochs is None else epochs.ended(error)
+            self._end(moved or _status.to_error(error))
         self._end(errors.Unavailable("the append stream ended before answering this append"))
 
     def _end(self, error: errors.SessionLogError) -> None:
@@ -196,19 +199,28 @@ class AppendPipe:
             if not self._closing:
                 self._closing = True
                 self._outgoing.put(None)
-        for future in pending.values():
+        for future, _ in pending.values():
             if not future.done():
                 future.set_exception(error)
 
 
-def _settle(future: Future[pb.AppendResponse] | None, reply: pb.AppendStreamResponse) -> None:
-    """Resolve a request's future with its reply: its AppendResponse, or its error."""
-    if future is None or future.done():
+def _settle(
+    pending: tuple[Future[pb.AppendResponse], str] | None,
+    reply: pb.AppendStreamResponse,
+    epochs: StreamEpochs | None,
+) -> None:
+    """Resolve a request's future with its reply, judged by ``epochs``: its AppendResponse, or
+    its error (LeadershipLost for an acknowledgement from a deposed server)."""
+    if pending is None or pending[0].done():
         return
-    if reply.HasField("error"):
-        failed = reply.error
-        future.set_exception(
-            _status.stream_error(failed.code, failed.message, failed.reason, failed.metadata)
-        )
+    future, session_id = pending
+    error = _status.reply_error(reply)
+    if epochs is not None:
+        try:
+            epochs.judge(session_id, error)
+        except errors.SessionLogError as lost:
+            error = lost
+    if error is not None:
+        future.set_exception(error)
     else:
         future.set_result(reply.append)

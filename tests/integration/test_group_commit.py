@@ -207,42 +207,10 @@ def test_a_loop_caller_that_gives_up_once_its_group_is_taken_still_has_it_writte
     ]
 
 
-def test_appends_of_one_loop_iteration_reach_an_idle_writer_as_one_group(store: Store) -> None:
-    """30 appends submitted in one iteration of the loop, the writer idle: one commit (they
-    are handed over together, so the first cannot wake the writer alone)."""
-
-    async def run() -> list[AppendResult]:
-        await asyncio.to_thread(store.writer.barrier().result, WAIT_SECONDS)
-        commits_before = store.writer.stats.commits
-        futures = [store.commit_append(prepare_append(f"it{i}", [user(str(i))])) for i in range(30)]
-        results = await asyncio.gather(*futures)
-        assert store.writer.stats.commits == commits_before + 1
-        return results
-
-    assert [r.next_seq for r in asyncio.run(run())] == [1] * 30
-
-
-def test_a_loop_batch_larger_than_a_group_is_written_in_order_over_two(store: Store) -> None:
-    """MAX_GROUP + 44 appends to one session from one loop iteration: two commits, the
-    session's seqs in submission order."""
-    count = writer.MAX_GROUP + 44
-
-    async def run() -> None:
-        await asyncio.to_thread(store.writer.barrier().result, WAIT_SECONDS)
-        commits_before = store.writer.stats.commits
-        futures = [store.commit_append(prepare_append("big", [user(str(i))])) for i in range(count)]
-        results = await asyncio.gather(*futures)
-        assert [r.next_seq for r in results] == list(range(1, count + 1))
-        assert store.writer.stats.commits == commits_before + 2
-
-    asyncio.run(run())
-    stored = decoded(read_all(store, "big"))
-    assert [e.data.fields["content"].string_value for e in stored] == [str(i) for i in range(count)]
-
-
 def test_a_barrier_from_the_loop_comes_after_the_appends_it_submitted_before(store: Store) -> None:
     """An append submitted on the loop, then a barrier from the same thread: the barrier is
-    resolved only once the append is committed (the loop's batch is handed over first)."""
+    resolved only once the append is committed (a loop-side batching of appends must hand its
+    batch over before any other submission from that thread)."""
 
     async def run() -> None:
         appended = store.commit_append(prepare_append("first", [user("a")]))

@@ -9,12 +9,7 @@ group), and only then resolves the futures and tells the subscribers which sessi
 A caller on an event loop (the gRPC handlers) gets a future of that loop instead
 (``submit_on_loop``): the writer hands the outcomes of a whole group to the loop in one
 ``call_soon_threadsafe``, so an append costs neither a ``concurrent.futures.Future`` (a lock and a
-condition) nor a chained loop future and a cross-thread wakeup of its own. The way in is batched
-the same way: the commands a loop submits during one of its iterations reach the writer as one
-queue item, handed over by a callback at the loop's next iteration (one put, at most one wakeup
-of the writer thread, however many appends that iteration's handlers made). A submission by any
-other path from that loop's thread (``submit``, ``barrier``, ``close``) first hands its batch
-over, so the writer still sees each thread's commands in the order it submitted them.
+condition) nor a chained loop future and a cross-thread wakeup of its own.
 
 Invariants:
 - a command either writes all of its changes or none: every check runs before its first put, and
@@ -248,14 +243,7 @@ class Writer:
         for fast refusals (another process of the server may have changed it since)."""
         self._checksums = checksums
         self._tables = tables
-        self._queue: queue.SimpleQueue[_AnyJob | list[_Job] | _Stop] = queue.SimpleQueue()
-        """Jobs one at a time (``submit``), or a loop's batch of one iteration (``submit_on_loop``)
-        as one list."""
-        self._taken: deque[_AnyJob] = deque()
-        """Jobs of a batch taken from the queue that the last group had no room for."""
-        self._batches: dict[asyncio.AbstractEventLoop, list[_Job]] = {}
-        """Each loop's jobs submitted during its current iteration, not yet queued (each loop
-        touches its own entry only)."""
+        self._queue: queue.SimpleQueue[_AnyJob | _Stop] = queue.SimpleQueue()
         self._on_commit = on_commit
         self._on_broken = on_broken
         self.stats = WriterStats()
@@ -300,39 +288,9 @@ class Writer:
         """``submit`` for a caller on the running event loop: the future is that loop's, resolved
         on it once the transaction is durable. Cancelling it before the command's group is taken
         leaves the command unwritten; after, the command is written and its outcome dropped."""
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future[Any] = loop.create_future()
-        job = _Job(command, future)
-        if self._closed or self.broken is not None:
-            self._queue_job(job)  # refused at once
-            return future
-        batch = self._batches.get(loop)
-        if batch is None:
-            self._batches[loop] = batch = []
-            loop.call_soon(self._hand_over, loop)
-        batch.append(job)
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._queue_job(_Job(command, future))
         return future
-
-    def _hand_over(self, loop: asyncio.AbstractEventLoop) -> None:
-        """On ``loop``, once per iteration that submitted: its commands, in submission order,
-        to the writer as one queue item (one put, at most one wakeup of the writer thread)."""
-        batch = self._batches.pop(loop, None)
-        if not batch:
-            return
-        if self._closed or self.broken is not None:
-            for job in batch:
-                self._queue_job(job)  # refused
-            return
-        self._queue.put(batch)
-
-    def _hand_over_here(self) -> None:
-        """Queue the running loop's batch, if any, now: what a caller on it submits by another
-        path (``submit``, ``barrier``) or a ``close`` there must come after it."""
-        try:
-            loop = asyncio.get_running_loop()
-        except RuntimeError:
-            return
-        self._hand_over(loop)
 
     def submit_background(self, command: Command, repeat: bool = False) -> Future[Any]:
         """Queue a command that must not hold up other writes (see the invariants): it runs at
@@ -366,7 +324,6 @@ class Writer:
         elif self.broken is not None:
             job.future.set_exception(self.broken.error())
         else:
-            self._hand_over_here()
             self._queue.put(job)
 
     def wrote(self, after: int) -> list[tuple[int, int]]:
@@ -380,7 +337,6 @@ class Writer:
         """Finish every queued command, then stop the thread."""
         if self._closed:
             return
-        self._hand_over_here()
         self._closed = True
         self._queue.put(_STOP)
         self._thread.join()
@@ -397,7 +353,7 @@ class Writer:
                         self._settle(job, RuntimeError("the write failed; see the server log"))
                     self._deliver()
                 self._busy_until = time.monotonic()
-            if self._pending and (stop or self._idle()):
+            if self._pending and (stop or self._queue.empty()):
                 self._sync_pending()  # no commit is coming to cover them: sync now
             if stop:
                 return
@@ -444,16 +400,16 @@ class Writer:
         size = 0
         first = True
         while len(group) < MAX_GROUP and size < MAX_GROUP_BYTES:
-            if first and self._pending and self._idle():
+            if first and self._pending and self._queue.empty():
                 self._sync_pending()  # about to wait for work: no commit will cover them
             try:
                 if not first:
-                    job = self._next_job(block=False)
+                    job = self._queue.get_nowait()
                 elif self._background:
                     idle_left = self._busy_until + BACKGROUND_IDLE_SECONDS - time.monotonic()
-                    job = self._next_job(timeout=max(0.0, idle_left))
+                    job = self._queue.get(timeout=max(0.0, idle_left))
                 else:
-                    job = self._next_job()
+                    job = self._queue.get()
             except queue.Empty:
                 if first:  # idle for the whole gap: the background job runs alone, unless
                     # another process (--workers N) committed since this writer last did: its
@@ -473,20 +429,6 @@ class Writer:
             elif not group:
                 first = True  # nothing taken yet: wait for the next job
         return self._with_background(group), False
-
-    def _idle(self) -> bool:
-        """Nothing queued, nor left over from a batch."""
-        return not self._taken and self._queue.empty()
-
-    def _next_job(self, block: bool = True, timeout: float | None = None) -> _AnyJob | _Stop:
-        """The next job in arrival order: a batch's jobs one by one. Raises queue.Empty."""
-        if self._taken:
-            return self._taken.popleft()
-        item = self._queue.get(block, timeout)
-        if isinstance(item, list):
-            self._taken.extend(item)
-            return self._taken.popleft()
-        return item
 
     def _with_background(self, group: list[_AnyJob], alone: bool = False) -> list[_AnyJob]:
         """``group`` and the oldest background job still wanted, if any, at its end; its

@@ -207,6 +207,21 @@ def test_a_loop_caller_that_gives_up_once_its_group_is_taken_still_has_it_writte
     ]
 
 
+def test_a_barrier_from_the_loop_comes_after_the_appends_it_submitted_before(store: Store) -> None:
+    """An append submitted on the loop, then a barrier from the same thread: the barrier is
+    resolved only once the append is committed (a loop-side batching of appends must hand its
+    batch over before any other submission from that thread)."""
+
+    async def run() -> None:
+        appended = store.commit_append(prepare_append("first", [user("a")]))
+        barrier = store.writer.barrier()
+        await asyncio.to_thread(barrier.result, WAIT_SECONDS)
+        assert store.next_seq("first") == 1  # committed before the barrier was resolved
+        assert (await appended).next_seq == 1
+
+    asyncio.run(run())
+
+
 def test_a_closed_store_refuses_a_loop_caller_at_once(store: Store) -> None:
     """After close, commit_append's future already holds UNAVAILABLE: nothing is queued."""
     store.writer.close()

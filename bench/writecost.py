@@ -1,0 +1,149 @@
+"""Writer and event-loop CPU per append in process, by commit-group size (issue 33).
+
+    .venv/bin/python -m bench.writecost                       # 1, 4 and 16 tasks, 3 s each
+    .venv/bin/python -m bench.writecost --durability sync --tasks 4,16 --seconds 5
+
+No gRPC and no other process: N asyncio tasks each await one single-event append after another
+through ``Store.commit_append`` on a store in a temp dir, so the writer's commit groups hold about
+N appends. The CPU of the writer thread and of the loop's thread (user + system, from
+``/proc/self/task``) is read around each run. Between task counts, what a commit group costs
+(taking it, the transaction, the sync, handing the replies to the loop, the loop's wakeup)
+separates from what each append costs: ``split`` fits ``cost per append = fixed / appends per
+commit + per append`` to two runs. docs/benchmarks.md (issue 33) has figures and what they say.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from bench.common import event
+from sessionlog.defaults import DURABILITY_MODES
+from sessionlog.storage.preparing import prepare_append
+from sessionlog.storage.store import Store, StoreConfig
+
+SWITCH_INTERVAL = 0.0005
+"""The server's GIL switch interval (``sessionlog.startup``), so the threads share it alike."""
+
+
+@dataclass(frozen=True)
+class WriteCost:
+    """One run: how many appends, in how many commits, and each thread's CPU per append."""
+
+    tasks: int
+    appends: int
+    commits: int
+    seconds: float
+    writer_us: float
+    """The writer thread's CPU per append, µs."""
+    loop_us: float
+    """The loop thread's CPU per append (preparing, submitting, resolving), µs."""
+
+    @property
+    def per_commit(self) -> float:
+        return self.appends / self.commits if self.commits else 0.0
+
+
+def split(small: WriteCost, large: WriteCost) -> tuple[float, float]:
+    """(µs per commit group, µs per append) of the writer thread, from two runs whose groups
+    differ in size: the line through (1 / appends per commit, CPU per append) of each."""
+    x1, x2 = 1 / small.per_commit, 1 / large.per_commit
+    if x1 == x2:
+        raise ValueError("the two runs have the same appends per commit")
+    fixed = (small.writer_us - large.writer_us) / (x1 - x2)
+    return fixed, small.writer_us - fixed * x1
+
+
+def _thread_cpu(native_id: int) -> float:
+    """A thread of this process: its user + system CPU seconds so far."""
+    text = Path(f"/proc/self/task/{native_id}/stat").read_text()
+    fields = text[text.rindex(")") + 2 :].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def _run(store: Store, tasks: int, seconds: float) -> WriteCost:
+    writer_thread = store.writer._thread.native_id
+    assert writer_thread is not None
+    loop_thread = _current_native_id()
+    await asyncio.gather(*(_append(store, f"w{i}") for i in range(tasks)))  # every session exists
+    appended = [0] * tasks
+    deadline = time.monotonic() + seconds
+
+    async def client(index: int) -> None:
+        while time.monotonic() < deadline:
+            await _append(store, f"w{index}")
+            appended[index] += 1
+
+    commits = store.writer.stats.commits
+    writer_cpu, loop_cpu = _thread_cpu(writer_thread), _thread_cpu(loop_thread)
+    started = time.perf_counter()
+    await asyncio.gather(*(client(i) for i in range(tasks)))
+    elapsed = time.perf_counter() - started
+    count = sum(appended)
+    return WriteCost(
+        tasks=tasks,
+        appends=count,
+        commits=store.writer.stats.commits - commits,
+        seconds=elapsed,
+        writer_us=(_thread_cpu(writer_thread) - writer_cpu) / max(1, count) * 1e6,
+        loop_us=(_thread_cpu(loop_thread) - loop_cpu) / max(1, count) * 1e6,
+    )
+
+
+async def _append(store: Store, session_id: str) -> None:
+    await store.commit_append(prepare_append(session_id, [event()]))
+
+
+def _current_native_id() -> int:
+    native = threading.current_thread().native_id
+    assert native is not None
+    return native
+
+
+def measure(tasks: int, seconds: float, durability: str, parent: str | None = None) -> WriteCost:
+    """One run of ``tasks`` appending tasks for ``seconds`` on a fresh store."""
+    previous = sys.getswitchinterval()
+    sys.setswitchinterval(SWITCH_INTERVAL)
+    try:
+        with tempfile.TemporaryDirectory(prefix="writecost-", dir=parent) as data:
+            store = Store(data, StoreConfig(durability=durability))
+            try:
+                return asyncio.run(_run(store, tasks, seconds))
+            finally:
+                store.close()
+    finally:
+        sys.setswitchinterval(previous)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tasks", default="1,4,16", help="comma-separated task counts")
+    parser.add_argument("--seconds", type=float, default=3.0, help="measured seconds per run")
+    parser.add_argument("--durability", choices=DURABILITY_MODES, default="nosync")
+    parser.add_argument("--tmp-dir", default=None, help="parent of the stores' temp dirs")
+    args = parser.parse_args(argv)
+    runs = [
+        measure(int(n), args.seconds, args.durability, args.tmp_dir) for n in args.tasks.split(",")
+    ]
+    print(f"--durability {args.durability}, {args.seconds:g} s per run")
+    print("tasks  appends/s  per commit  writer µs/append  loop µs/append")
+    for run in runs:
+        print(
+            f"{run.tasks:5d}  {run.appends / run.seconds:9.0f}  {run.per_commit:10.1f}  "
+            f"{run.writer_us:15.0f}  {run.loop_us:14.0f}"
+        )
+    if len(runs) >= 2 and runs[0].per_commit != runs[-1].per_commit:
+        fixed, each = split(runs[0], runs[-1])
+        print(f"writer thread: about {fixed:.0f} µs per commit group and {each:.0f} µs per append")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -882,6 +882,8 @@ class Client:
         lease_holder: str = "",
         lease_token: int = 0,
         lenient: bool = False,
+        title: str | None = None,
+        expected_uid: str = "",
         timeout: float | None = None,
     ) -> pb.AppendResponse:
         """Append events (Event protos or dicts for :func:`event_from_dict`) as one atomic batch.
@@ -905,6 +907,8 @@ class Client:
             lease_holder=lease_holder,
             lease_token=lease_token,
             lenient=lenient,
+            title=title,
+            expected_uid=expected_uid,
         )
         reply: pb.AppendResponse = self._call("Append", request, timeout, retry=bool(rid))
         return reply
@@ -1172,6 +1176,7 @@ class Client:
         *,
         reason: str | None = None,
         expected_seq: int | None = None,
+        expected_uid: str = "",
         timeout: float | None = None,
     ) -> pb.AppendResponse:
         """Hide the surface positions [start_seq, stop_seq] (inclusive) from the view, adding no
@@ -1185,6 +1190,7 @@ class Client:
             session_id,
             [c.hide_event(start_seq, stop_seq, reason)],
             expected_seq=expected_seq,
+            expected_uid=expected_uid,
             timeout=timeout,
         )
 

@@ -44,13 +44,18 @@ def encode_events(events: list[bytes]) -> bytes:
 
 
 def encode_append_response(result: AppendResult) -> bytes:
+    uid = "" if result.meta is None else result.meta.uid
     if not result.drops:  # the usual reply: a third cheaper without an empty drops argument
-        return _serialize(mirrors.AppendResponse(events=result.events, next_seq=result.next_seq))
+        return _serialize(
+            mirrors.AppendResponse(events=result.events, next_seq=result.next_seq, session_uid=uid)
+        )
     drops = [
         pb.AppendDrop(index=i, reason=reason, message=message)
         for i, reason, message in result.drops
     ]
-    reply = mirrors.AppendResponse(events=result.events, next_seq=result.next_seq, drops=drops)
+    reply = mirrors.AppendResponse(
+        events=result.events, next_seq=result.next_seq, drops=drops, session_uid=uid
+    )
     return _serialize(reply)
 
 
@@ -79,6 +84,7 @@ def session_message(
         session.last_append_time.CopyFrom(_timestamp(meta.last_append_time_ns))
         session.parent_session_id = meta.parent_id
         session.parent_event_count = meta.parent_length
+        session.uid = meta.uid
         session.update_time.CopyFrom(_timestamp(update_time(meta, record)))
     if meta is not None and record is not None:
         session.title = record.title

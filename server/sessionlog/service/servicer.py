@@ -511,7 +511,9 @@ class SessionLogServicer:
         )
         events = wire.length_delimited(_LIST_EVENTS, read.page.events)
         reply = pb.ListEventsResponse(
-            next_page_token=read.next_page_token, event_count=read.page.next_seq
+            next_page_token=read.next_page_token,
+            event_count=read.page.next_seq,
+            session_uid=read.page.uid,
         )
         return events + _serialize(reply)
 

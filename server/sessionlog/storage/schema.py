@@ -96,6 +96,7 @@ fixed-width sid keeps each session's events contiguous.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import struct
 from dataclasses import asdict, dataclass, field, replace
@@ -293,6 +294,15 @@ class SessionMeta:
     parent_length: int = 0
     imported: bool = False
     """Created by ImportSession (stored as the format byte META_FORMAT_IMPORTED)."""
+
+    @property
+    def uid(self) -> str:
+        """Session.uid: this incarnation's name, a hash of ``sid`` (from a counter that never
+        goes back, so a session deleted and made again gets another; the internal id itself
+        never leaves the store) and the creation time (which keeps it apart from a session
+        another shard group numbered alike)."""
+        packed = struct.pack(">QQ", self.sid, self.create_time_ns)
+        return hashlib.blake2b(packed, digest_size=12).hexdigest()
 
     def encode(self) -> bytes:
         # Packed, not JSON: this is read and written on every append.

@@ -19,6 +19,7 @@ from claude_agent_sdk.types import SessionKey
 
 from sessionlog.testing import RunningServer
 from sessionlog_client import AsyncClient
+from sessionlog_client._routing import LOG
 from sessionlog_client.claude_agent_sdk import SessionlogSessionStore, event_of_entry
 from sessionlog_client.claude_agent_sdk import _summary_title as summary_title
 from tests.e2e._examples import assert_example_prints_what_it_says
@@ -154,9 +155,11 @@ class Calls(AsyncClient):
         super().__init__(*args, **kwargs)
         self.calls: list[str] = []
 
-    async def _call(self, name: str, *args: Any, **kwargs: Any) -> Any:
-        self.calls.append(name)
-        return await super()._call(name, *args, **kwargs)
+    async def _call(  # noqa: ASYNC109 - the signature of the method it wraps
+        self, method: str, request: Any, timeout: float | None, *, retry: bool, stub: str = LOG
+    ) -> Any:
+        self.calls.append(method)
+        return await super()._call(method, request, timeout, retry=retry, stub=stub)
 
 
 def test_an_append_is_one_call_that_writes_entries_and_summary(running: RunningServer) -> None:
@@ -164,7 +167,8 @@ def test_an_append_is_one_call_that_writes_entries_and_summary(running: RunningS
     it sets is the summary of the whole transcript."""
 
     async def main() -> None:
-        async with Calls(running.address) as client:
+        client = Calls(running.address)
+        async with client:
             store = SessionlogSessionStore(client, prefix=new_prefix())
             await store.append(MAIN, [entry("u1", text="first question")])
             client.calls.clear()

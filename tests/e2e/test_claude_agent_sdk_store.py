@@ -155,8 +155,14 @@ class Calls(AsyncClient):
         super().__init__(*args, **kwargs)
         self.calls: list[str] = []
 
-    async def _call(  # noqa: ASYNC109 - the signature of the method it wraps
-        self, method: str, request: Any, timeout: float | None, *, retry: bool, stub: str = LOG
+    async def _call(
+        self,
+        method: str,
+        request: Any,
+        timeout: float | None,  # noqa: ASYNC109 - the signature of the method it wraps
+        *,
+        retry: bool,
+        stub: str = LOG,
     ) -> Any:
         self.calls.append(method)
         return await super()._call(method, request, timeout, retry=retry, stub=stub)

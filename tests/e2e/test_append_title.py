@@ -14,7 +14,7 @@ import pytest
 from sessionlog.testing import RunningServer
 from sessionlog.v1 import session_log_service_pb2 as pb
 from tests.e2e._helpers import Stub, append, check, failure, get, say, stats
-from tests.e2e._proc import running_server
+from tests.e2e._proc import run_cli_here, running_server
 
 pytestmark = pytest.mark.workers
 
@@ -140,3 +140,25 @@ def test_expected_uid_of_a_session_never_written_fails(stub: Stub, sid: Ids) -> 
     error = failure(append, stub, name, say("a"), expected_uid="0123abcd")
     check(error, grpc.StatusCode.ABORTED, "SESSION_UID_MISMATCH", uid="")
     assert not get(stub, name).exists
+
+
+def test_the_cli_appends_with_a_title_and_an_expected_uid(
+    running: RunningServer, stub: Stub, sid: Ids
+) -> None:
+    """`sessionlog append --title` sets the title; `--expected-uid` of another session fails
+    with SESSION_UID_MISMATCH and writes nothing."""
+    name = sid("s")
+    server = ["--server", running.address]
+    done = run_cli_here(
+        ["append", name, "user_message", "--content", "hi", "--title", "T", *server]
+    )
+    assert done.returncode == 0, done.stderr
+    session = get(stub, name)
+    assert (session.title, session.event_count) == ("T", 1)
+    uid = session.uid
+    ok = ["append", name, "user_message", "--content", "again", "--expected-uid", uid, *server]
+    assert run_cli_here(ok).returncode == 0
+    refused = run_cli_here([*ok[:-4], "--expected-uid", "not-it", *server])
+    assert refused.returncode == 1
+    assert "SESSION_UID_MISMATCH" in refused.stderr
+    assert get(stub, name).event_count == 2

@@ -892,7 +892,9 @@ class Client:
         when None is given), so the server writes it at most once whatever the retries; pass
         ``request_id=""`` for no idempotency and no retry. ``expected_seq`` fails the append
         with ``SeqConflict`` (``error.metadata["next_seq"]``) unless the first event gets that
-        seq.
+        seq; ``expected_uid`` fails it with ``SessionUidMismatch`` unless the session is the one
+        that uid names (``reply.session_uid`` of an earlier write: a session deleted and written
+        again has another). ``title`` sets the session's title in the same commit as the events.
 
         >>> reply = client.append("demo", [event("user_message", {"content": "hi"})])
         >>> reply.events[0].seq, reply.next_seq

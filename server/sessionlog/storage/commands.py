@@ -6,8 +6,8 @@ Only commands live here (with their inputs and results); what they read goes thr
 
 Each command runs every check before its first put, so a refused command leaves the
 transaction exactly as it found it (see ``writer``). Checks follow SPEC §3's order: session id
-(already checked by ``prepare_append``), replayed request_id, writer lease, expected_seq, then the
-events one by one.
+(already checked by ``prepare_append``), replayed request_id, writer lease, expected_uid (the
+session's incarnation, ``SessionMeta.uid``), expected_seq, then the events one by one.
 """
 
 from __future__ import annotations
@@ -86,7 +86,7 @@ class AppendBatch:
     """CreateSession: the parent of a sub-agent child (checked to exist here)."""
     title: str | None = None
     """Append: the session's new title, set in the same commit when events are written
-    (checked by ``prepare_append``)."""
+    (checked against the title rule by the service, ``records.check``)."""
     expected_uid: str = ""
     """Append: the Session.uid the session must have (empty: no check)."""
     moving_in: bool = False
@@ -246,7 +246,7 @@ def _set_title(txn: RecordingTxn, tables: Tables, session_id: str, title: str) -
     """An append's title: the record's title only (its update_time stays UpdateSession's: the
     append itself moves the session's update_time)."""
     current = indexes.load_record(txn, tables, session_id)
-    if current is not None and current.title == title:
+    if (current.title if current is not None else "") == title:
         return
     new = SessionRecord() if current is None else current.copy()
     new.title = title

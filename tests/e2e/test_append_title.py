@@ -5,6 +5,7 @@ refusing a write to another incarnation of the session with SESSION_UID_MISMATCH
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -13,6 +14,8 @@ import pytest
 
 from sessionlog.testing import RunningServer
 from sessionlog.v1 import session_log_service_pb2 as pb
+from sessionlog_client import AsyncClient, Client, event
+from sessionlog_client.errors import SessionUidMismatch
 from tests.e2e._helpers import Stub, append, check, failure, get, say, stats
 from tests.e2e._proc import run_cli_here, running_server
 
@@ -162,3 +165,34 @@ def test_the_cli_appends_with_a_title_and_an_expected_uid(
     assert refused.returncode == 1
     assert "SESSION_UID_MISMATCH" in refused.stderr
     assert get(stub, name).event_count == 2
+
+
+def test_the_python_clients_send_title_and_expected_uid(running: RunningServer, sid: Ids) -> None:
+    """Client and AsyncClient: ``append(title=, expected_uid=)`` and ``hide(expected_uid=)``;
+    a stale uid raises SessionUidMismatch; ``session_uid`` in the reply, ``uid`` on the session."""
+    name, other = sid("sync"), sid("async")
+    with Client(running.address) as client:
+        reply = client.append(name, [event("user_message", {"content": "a"})], title="sync")
+        assert client.get_session(name).session.title == "sync"
+        assert client.get_session(name).session.uid == reply.session_uid
+        with pytest.raises(SessionUidMismatch):
+            client.hide(name, 0, 0, expected_uid="stale")
+        client.hide(name, 0, 0, expected_uid=reply.session_uid)
+
+    async def run() -> None:
+        async with AsyncClient(running.address) as client:
+            reply = await client.append(other, [event("user_message", {"content": "a"})])
+            with pytest.raises(SessionUidMismatch):
+                await client.append(
+                    other, [event("user_message", {"content": "b"})], expected_uid="x"
+                )
+            done = await client.append(
+                other,
+                [event("user_message", {"content": "b"})],
+                expected_uid=reply.session_uid,
+                title="async",
+            )
+            assert done.next_seq == 2
+            assert (await client.get_session(other)).session.title == "async"
+
+    asyncio.run(run())

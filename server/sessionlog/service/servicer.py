@@ -316,7 +316,7 @@ class SessionLogServicer:
                 "lenient append dropped an event",
                 extra={"session_id": request.session_id, "index": index, "reason": reason},
             )
-        return encode_append_response(result)
+        return encode_append_response(result, request.session_id)
 
     async def append_stream(
         self, requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext

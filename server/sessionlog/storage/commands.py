@@ -7,7 +7,7 @@ Only commands live here (with their inputs and results); what they read goes thr
 Each command runs every check before its first put, so a refused command leaves the
 transaction exactly as it found it (see ``writer``). Checks follow SPEC §3's order: session id
 (already checked by ``prepare_append``), replayed request_id, writer lease, expected_uid (the
-session's incarnation, ``SessionMeta.uid``), expected_seq, then the events one by one.
+session's incarnation, ``schema.session_uid``), expected_seq, then the events one by one.
 """
 
 from __future__ import annotations
@@ -232,7 +232,7 @@ class AppendCommand:
 
 
 def _check_uid(session_id: str, expected: str, meta: SessionMeta | None) -> None:
-    uid = "" if meta is None else meta.uid
+    uid = schema.session_uid(session_id, meta)
     if uid != expected:
         raise errors.SessionUidMismatch(
             f"session '{session_id}' is not the one expected_uid names (it was deleted and "

@@ -281,6 +281,18 @@ def split_audit_key(key: bytes) -> tuple[str, int]:
     return key[:-9].decode("utf-8"), read_u64(key[-8:])
 
 
+def session_uid(session_id: str, meta: SessionMeta | None) -> str:
+    """Session.uid: the name of this incarnation of the session, a hash of its id and its
+    creation time; empty for a session not stored. A session deleted and written again is
+    created at another time, so it has another; a slot move, a replica and an import keep the
+    creation time (an import under another id has another uid). The internal id is left out:
+    a move gives the session a new one, and it never leaves the store."""
+    if meta is None:
+        return ""
+    packed = session_id.encode() + struct.pack(">Q", meta.create_time_ns)
+    return hashlib.blake2b(packed, digest_size=12).hexdigest()
+
+
 @dataclass
 class SessionMeta:
     """What the store knows about a session besides its events."""
@@ -294,15 +306,6 @@ class SessionMeta:
     parent_length: int = 0
     imported: bool = False
     """Created by ImportSession (stored as the format byte META_FORMAT_IMPORTED)."""
-
-    @property
-    def uid(self) -> str:
-        """Session.uid: this incarnation's name, a hash of ``sid`` (from a counter that never
-        goes back, so a session deleted and made again gets another; the internal id itself
-        never leaves the store) and the creation time (which keeps it apart from a session
-        another shard group numbered alike)."""
-        packed = struct.pack(">QQ", self.sid, self.create_time_ns)
-        return hashlib.blake2b(packed, digest_size=12).hexdigest()
 
     def encode(self) -> bytes:
         # Packed, not JSON: this is read and written on every append.

@@ -459,10 +459,11 @@ export interface Session {
    */
   pinned: boolean;
   /**
-   * Output only: names this incarnation of the session. Assigned when the session is created
-   * (first append, create, seed, fork or import), it never changes while the session lives; a
-   * session deleted and created again under the same id gets another. Opaque: compare it, never
-   * parse it. Empty for a session never written. AppendRequest.expected_uid checks it.
+   * Output only: names this incarnation of the session. Set when the session is created (first
+   * append, create, seed, fork or import), it never changes while the session lives, on its
+   * replicas and across a slot move; a session deleted and created again under the same id gets
+   * another. Opaque: compare it, never parse it. Empty for a session never written.
+   * AppendRequest.expected_uid checks it.
    */
   uid: string;
   /**

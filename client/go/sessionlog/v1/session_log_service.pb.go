@@ -1718,10 +1718,11 @@ type Session struct {
 	// A pinned session is kept whatever its expire_time and the server's --retention-idle
 	// policy say (a legal hold). Only DeleteSession and EraseSessions remove it. Default false.
 	Pinned bool `protobuf:"varint,17,opt,name=pinned,proto3" json:"pinned,omitempty"`
-	// Output only: names this incarnation of the session. Assigned when the session is created
-	// (first append, create, seed, fork or import), it never changes while the session lives; a
-	// session deleted and created again under the same id gets another. Opaque: compare it, never
-	// parse it. Empty for a session never written. AppendRequest.expected_uid checks it.
+	// Output only: names this incarnation of the session. Set when the session is created (first
+	// append, create, seed, fork or import), it never changes while the session lives, on its
+	// replicas and across a slot move; a session deleted and created again under the same id gets
+	// another. Opaque: compare it, never parse it. Empty for a session never written.
+	// AppendRequest.expected_uid checks it.
 	Uid string `protobuf:"bytes,19,opt,name=uid,proto3" json:"uid,omitempty"`
 	// Token usage totals per model over the whole log (as GetUsage's usage), in model order. Set
 	// by GetSession and ListSessions; empty in the replies of writes.

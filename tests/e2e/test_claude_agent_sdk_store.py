@@ -19,7 +19,9 @@ from claude_agent_sdk.types import SessionKey
 
 from sessionlog.testing import RunningServer
 from sessionlog_client import AsyncClient
-from sessionlog_client.claude_agent_sdk import SessionlogSessionStore
+from sessionlog_client._routing import LOG
+from sessionlog_client.claude_agent_sdk import SessionlogSessionStore, event_of_entry
+from sessionlog_client.claude_agent_sdk import _summary_title as summary_title
 from tests.e2e._examples import assert_example_prints_what_it_says
 from tests.e2e._proc import running_server
 
@@ -144,6 +146,90 @@ def test_appends_in_a_row_fold_the_summary_without_reading_it_back(
             assert summary["data"]["custom_title"] == "theirs"
 
     asyncio.run(main())
+
+
+class Calls(AsyncClient):
+    """An AsyncClient that counts its unary calls by name."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.calls: list[str] = []
+
+    async def _call(
+        self,
+        method: str,
+        request: Any,
+        timeout: float | None,  # noqa: ASYNC109 - the signature of the method it wraps
+        *,
+        retry: bool,
+        stub: str = LOG,
+    ) -> Any:
+        self.calls.append(method)
+        return await super()._call(method, request, timeout, retry=retry, stub=stub)
+
+
+def test_an_append_is_one_call_that_writes_entries_and_summary(running: RunningServer) -> None:
+    """After its first, each append of a store is one Append (one synced commit), and the title
+    it sets is the summary of the whole transcript."""
+
+    async def main() -> None:
+        client = Calls(running.address)
+        async with client:
+            store = SessionlogSessionStore(client, prefix=new_prefix())
+            await store.append(MAIN, [entry("u1", text="first question")])
+            client.calls.clear()
+            for n in range(3):
+                await store.append(MAIN, [entry(f"a{n}", kind="assistant", text=f"a{n}")])
+            assert client.calls == ["Append"] * 3
+            [summary] = await store.list_session_summaries(MAIN["project_key"])
+            [listed] = await store.list_sessions(MAIN["project_key"])
+            folded = fold_session_summary(None, MAIN, await store.load(MAIN) or [])
+            assert summary["data"] == folded["data"]
+            assert summary["mtime"] == listed["mtime"]
+
+    asyncio.run(main())
+
+
+def test_a_session_deleted_and_made_again_to_the_same_length_is_folded_anew(
+    running: RunningServer,
+) -> None:
+    """Another store deletes the session and writes as many entries again: this store's next
+    append does not fold onto the summary of the deleted transcript."""
+
+    async def test(store: SessionlogSessionStore, client: AsyncClient) -> None:
+        other = SessionlogSessionStore(client, prefix=store.prefix)
+        await store.append(MAIN, [entry("u1", text="the old question")])
+        await other.delete(MAIN)
+        await other.append(MAIN, [entry("u2", text="the new question")])
+        await store.append(MAIN, [entry("a2", kind="assistant", text="answer")])
+        [summary] = await store.list_session_summaries(MAIN["project_key"])
+        folded = fold_session_summary(None, MAIN, await store.load(MAIN) or [])
+        assert summary["data"] == folded["data"]
+        assert "the old question" not in str(summary["data"])
+
+    run(running, test)
+
+
+def test_sessions_written_by_the_two_call_store_load_and_list(running: RunningServer) -> None:
+    """A session the earlier store wrote (an Append, then UpdateSession of the title) loads and
+    lists as it did, and appending to it keeps its summary whole."""
+
+    async def test(store: SessionlogSessionStore, client: AsyncClient) -> None:
+        old = [entry("u1", text="asked before", customTitle="kept"), entry("a1", kind="assistant")]
+        log_id = store.session_log_id(MAIN)
+        reply = await client.append(log_id, [event_of_entry(e) for e in old])
+        summary = fold_session_summary(None, MAIN, old)
+        await client.update_session(log_id, title=summary_title(reply.next_seq, summary["data"]))
+        assert await store.load(MAIN) == old
+        [listed] = await store.list_session_summaries(MAIN["project_key"])
+        assert listed["data"] == summary["data"]
+        await store.append(MAIN, [entry("u2", text="asked now")])
+        [listed] = await store.list_session_summaries(MAIN["project_key"])
+        folded = fold_session_summary(None, MAIN, await store.load(MAIN) or [])
+        assert listed["data"] == folded["data"]
+        assert listed["data"]["custom_title"] == "kept"
+
+    run(running, test)
 
 
 def test_delete_erases_the_subagent_sessions(running: RunningServer) -> None:

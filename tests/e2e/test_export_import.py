@@ -57,8 +57,11 @@ def events_of(client: Client, session_id: str) -> list[event_pb2.Event]:
 
 
 def record_of(client: Client, session_id: str) -> pb.Session:
+    """The session as GetSession reports it, without its lease and its uid (an imported session
+    is a new incarnation: it has a uid of its own)."""
     session = client.get_session(session_id).session
     session.ClearField("lease")
+    session.ClearField("uid")
     return session
 
 

@@ -500,6 +500,27 @@ def test_a_pop_after_another_writers_append_pops_that_item(running: RunningServe
     asyncio.run(run())
 
 
+def test_a_pop_after_the_session_was_made_again_to_the_same_length_pops_the_new_item(
+    running: RunningServer,
+) -> None:
+    """Another writer deletes the session and writes as many items again: the session's
+    remembered end of the log names the old session (expected_uid), so its hide is refused and
+    it pops the new newest item, not the deleted one."""
+
+    async def run() -> None:
+        async with AsyncClient(running.address) as client, AsyncClient(running.address) as other:
+            sid = new_id()
+            session = SessionlogSession(sid, client)
+            await session.add_items(items(say("user", "a"), say("user", "b")))
+            assert await session.get_items(limit=1) == [say("user", "b")]
+            await other.delete_session(sid)
+            await SessionlogSession(sid, other).add_items(items(say("user", "x"), say("user", "y")))
+            assert await session.pop_item() == say("user", "y")
+            assert await session.get_items() == [say("user", "x")]
+
+    asyncio.run(run())
+
+
 def test_clear_empties_the_view_and_keeps_the_history(running: RunningServer) -> None:
     """clear_session hides everything; items added after it are the whole view; a fork at a
     seq before the clear still has the items."""

@@ -789,6 +789,8 @@ class AsyncClient:
         lease_holder: str = "",
         lease_token: int = 0,
         lenient: bool = False,
+        title: str | None = None,
+        expected_uid: str = "",
         timeout: float | None = None,
     ) -> pb.AppendResponse:
         """See :meth:`Client.append`: retried on UNAVAILABLE with one request_id."""
@@ -801,6 +803,8 @@ class AsyncClient:
             lease_holder=lease_holder,
             lease_token=lease_token,
             lenient=lenient,
+            title=title,
+            expected_uid=expected_uid,
         )
         reply: pb.AppendResponse = await self._call("Append", request, timeout, retry=bool(rid))
         return reply
@@ -1035,6 +1039,7 @@ class AsyncClient:
         *,
         reason: str | None = None,
         expected_seq: int | None = None,
+        expected_uid: str = "",
         timeout: float | None = None,
     ) -> pb.AppendResponse:
         """Hide the surface positions [start_seq, stop_seq] (inclusive) from the view, adding no
@@ -1043,6 +1048,7 @@ class AsyncClient:
             session_id,
             [c.hide_event(start_seq, stop_seq, reason)],
             expected_seq=expected_seq,
+            expected_uid=expected_uid,
             timeout=timeout,
         )
 

@@ -281,6 +281,8 @@ def append_request(
     lease_holder: str,
     lease_token: int,
     lenient: bool,
+    title: str | None = None,
+    expected_uid: str = "",
 ) -> pb.AppendRequest:
     request = pb.AppendRequest(
         session_id=session_id,
@@ -289,9 +291,12 @@ def append_request(
         lease_holder=lease_holder,
         lease_token=lease_token,
         lenient=lenient,
+        expected_uid=expected_uid,
     )
     if expected_seq is not None:
         request.expected_seq = whole("expected_seq", expected_seq)
+    if title is not None:
+        request.title = title
     return request
 
 

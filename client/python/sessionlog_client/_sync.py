@@ -902,6 +902,8 @@ class Client:
         lease_holder: str = "",
         lease_token: int = 0,
         lenient: bool = False,
+        title: str | None = None,
+        expected_uid: str = "",
         timeout: float | None = None,
     ) -> pb.AppendResponse:
         """Append events (Event protos or dicts for :func:`event_from_dict`) as one atomic batch.
@@ -910,7 +912,9 @@ class Client:
         when None is given), so the server writes it at most once whatever the retries; pass
         ``request_id=""`` for no idempotency and no retry. ``expected_seq`` fails the append
         with ``SeqConflict`` (``error.metadata["next_seq"]``) unless the first event gets that
-        seq.
+        seq; ``expected_uid`` fails it with ``SessionUidMismatch`` unless the session is the one
+        that uid names (``reply.session_uid`` of an earlier write: a session deleted and written
+        again has another). ``title`` sets the session's title in the same commit as the events.
 
         >>> reply = client.append("demo", [event("user_message", {"content": "hi"})])
         >>> reply.events[0].seq, reply.next_seq
@@ -925,6 +929,8 @@ class Client:
             lease_holder=lease_holder,
             lease_token=lease_token,
             lenient=lenient,
+            title=title,
+            expected_uid=expected_uid,
         )
         reply: pb.AppendResponse = self._call("Append", request, timeout, retry=bool(rid))
         return reply
@@ -1192,6 +1198,7 @@ class Client:
         *,
         reason: str | None = None,
         expected_seq: int | None = None,
+        expected_uid: str = "",
         timeout: float | None = None,
     ) -> pb.AppendResponse:
         """Hide the surface positions [start_seq, stop_seq] (inclusive) from the view, adding no
@@ -1205,6 +1212,7 @@ class Client:
             session_id,
             [c.hide_event(start_seq, stop_seq, reason)],
             expected_seq=expected_seq,
+            expected_uid=expected_uid,
             timeout=timeout,
         )
 

@@ -23,11 +23,15 @@ How transcripts live in sessionlog (also in client/python/README.md, "Claude Age
   derived view. An append carries a request id made from the uuids of its entries, so the SDK's
   retry of a batch (the same entries) is stored once.
 - The summary the SDK folds (``fold_session_summary``) is kept in the main session's record, as
-  its title: ``{"n": EVENTS_COVERED, "data": {...}}``. ``list_session_summaries`` and
-  ``list_sessions`` are one ListSessions walk over the project's prefix: no event is read. A
-  summary covering fewer events than the log holds (another writer appended meanwhile, or a
-  process stopped between the append and the record update) is reported one millisecond older
-  than the session, which makes the SDK re-fold that session from its entries.
+  its title: ``{"n": EVENTS_COVERED, "data": {...}}``, written by the Append of the entries
+  (``AppendRequest.title``): one call, one synced commit. The append names the log it folded
+  onto (``expected_seq``, and ``expected_uid`` for a session deleted and made again to the same
+  length); a refused one reads the title (GetSession) and folds again.
+  ``list_session_summaries`` and ``list_sessions`` are one ListSessions walk over the project's
+  prefix: no event is read. A summary covering fewer events than the log holds (another writer
+  appended without a title, or a session written by an older store, which updated the title in
+  a second call) is reported one millisecond older than the session, which makes the SDK re-fold
+  that session from its entries.
 - ``delete`` of a main transcript deletes its children first (ListSessions ``parent = ID``),
   then the session itself: DeleteSession, a real erasure.
 """
@@ -42,7 +46,13 @@ from typing import Any, cast
 
 from sessionlog_client._aio import AsyncClient
 from sessionlog_client._items import escape, get_exact, put_exact, text_of, unescape
-from sessionlog_client.errors import RequestIdReused, SessionAlreadyExists, SessionNotFound
+from sessionlog_client.errors import (
+    RequestIdReused,
+    SeqConflict,
+    SessionAlreadyExists,
+    SessionNotFound,
+    SessionUidMismatch,
+)
 from sessionlog_client.v1 import session_log_service_pb2 as pb
 from sessionlog_client.v1.event_pb2 import Event, EventType
 
@@ -184,6 +194,10 @@ def _read_summary(title: str) -> tuple[int, dict[str, Any] | None] | None:
     return held["n"], data if isinstance(data, dict) else None
 
 
+_Known = tuple[str, int, "dict[str, Any] | None"]
+"""A main session as the store knows it: (uid, event count, summary data over its entries)."""
+
+
 def _ms(session: pb.Session) -> int:
     return int(session.update_time.ToMilliseconds())
 
@@ -206,9 +220,10 @@ class SessionlogSessionStore(SessionStore):
         self.prefix = prefix
         self._children: set[str] = set()
         """Child sessions this store has made or seen made: no CreateSession for them again."""
-        self._written: dict[str, tuple[int, dict[str, Any] | None]] = {}
-        """The summary this store last wrote into each session's title (events covered, data):
-        an append right after it folds its entries in without reading the title back."""
+        self._written: dict[str, _Known] = {}
+        """What this store's last append left in each session: its uid, its length and the
+        summary data the title holds: the next append folds its entries in without reading the
+        title back (and names the uid and length, so a log changed meanwhile refuses it)."""
 
     async def close(self) -> None:
         """Close the client the store opened (not one it was given)."""
@@ -253,16 +268,14 @@ class SessionlogSessionStore(SessionStore):
         if not entries:
             return
         log_id = self.session_log_id(key)
-        if key.get("subpath"):
-            await self._ensure_child(key, log_id)
         events = [event_of_entry(e) for e in entries]
         rid = request_id_of(entries)
-        try:
-            reply = await self._client.append(log_id, events, request_id=rid)
-        except RequestIdReused:
-            return  # the same uuids were stored by an earlier batch: ignore the duplicate
-        if not key.get("subpath"):
-            await self._update_summary(key, log_id, entries, int(reply.next_seq))
+        if key.get("subpath"):
+            await self._ensure_child(key, log_id)
+            with contextlib.suppress(RequestIdReused):  # the same uuids were stored before
+                await self._client.append(log_id, events, request_id=rid)
+            return
+        await self._append_main(key, log_id, entries, events, rid)
 
     async def load(self, key: SessionKey) -> list[SessionStoreEntry] | None:
         loaded: list[SessionStoreEntry] = []
@@ -321,31 +334,62 @@ class SessionlogSessionStore(SessionStore):
         with contextlib.suppress(SessionAlreadyExists):
             await self._client.create_session(log_id, request_id="", **record)
 
-    async def _update_summary(
-        self, key: SessionKey, log_id: str, entries: list[SessionStoreEntry], next_seq: int
+    async def _append_main(
+        self,
+        key: SessionKey,
+        log_id: str,
+        entries: list[SessionStoreEntry],
+        events: list[Event],
+        rid: str | None,
     ) -> None:
-        """Fold ``entries`` into the summary in the session's title, or fold the whole
-        transcript when the title does not cover the events before them."""
-        before = next_seq - len(entries)
-        held = self._written.get(log_id)
-        if held is None or held[0] != before:  # another writer appended since: read the title
-            held = _read_summary((await self._client.get_session(log_id)).session.title)
-        if held is not None and held[0] >= next_seq:
-            return  # a replayed batch: the summary already covers it
-        if held is not None and held[1] is not None and held[0] == before:
-            prev: SessionSummaryEntry = {
-                "session_id": key["session_id"],
-                "mtime": 0,
-                "data": held[1],
-            }
+        """One Append: the entries, and the summary folded over them as the session's title, in
+        one synced commit. It names the log the summary was folded onto (``expected_seq`` and
+        ``expected_uid``): after another writer's append, or a delete and a new session of the
+        same length, it is refused, and the store reads the title again and folds anew."""
+        known = self._written.get(log_id)
+        while True:
+            if known is None:
+                known = await self._summary_now(key, log_id)
+            uid, covered, data = known
+            prev: SessionSummaryEntry | None = None
+            if data is not None:
+                prev = {"session_id": key["session_id"], "mtime": 0, "data": data}
             folded = fold_session_summary(prev, key, entries)
-        else:
-            whole = await self._entries_upto(log_id, next_seq)
-            folded = fold_session_summary(None, key, whole)
-        title = _summary_title(next_seq, folded["data"])
-        self._written.pop(log_id, None)
-        await self._client.update_session(log_id, title=title)
-        self._written[log_id] = _read_summary(title) or (next_seq, None)
+            title = _summary_title(covered + len(entries), folded["data"])
+            try:
+                reply = await self._client.append(
+                    log_id,
+                    events,
+                    request_id=rid,
+                    expected_seq=covered,
+                    expected_uid=uid,
+                    title=title,
+                )
+            except RequestIdReused:
+                return  # the same uuids were stored by an earlier batch: ignore the duplicate
+            except (SeqConflict, SessionUidMismatch):
+                self._written.pop(log_id, None)
+                known = None
+                continue
+            if reply.events and reply.events[0].seq == covered:
+                self._written[log_id] = (reply.session_uid, int(reply.next_seq), folded["data"])
+            else:  # a replayed batch (stored before): what the title holds is not known here
+                self._written.pop(log_id, None)
+            return
+
+    async def _summary_now(self, key: SessionKey, log_id: str) -> _Known:
+        """The session's uid, length, and the summary data over its entries (None: none yet),
+        read from its title; folded from its entries when the title does not cover them all."""
+        session = (await self._client.get_session(log_id)).session
+        if not session.exists:
+            return "", 0, None
+        length = int(session.event_count)
+        held = _read_summary(session.title)
+        if held is not None and held[0] == length and held[1] is not None:
+            return session.uid, length, held[1]
+        whole = await self._entries_upto(log_id, length)
+        data = fold_session_summary(None, key, whole)["data"] if whole else None
+        return session.uid, length, data
 
     async def _entries_upto(self, log_id: str, stop: int) -> list[SessionStoreEntry]:
         found: list[SessionStoreEntry] = []

@@ -55,6 +55,7 @@ status back into the same class with :func:`from_reason`.
     │   ├── FeedPositionAhead               FEED_POSITION_AHEAD (FollowSessions past the feed's end)
     │   └── FeedPositionGone                FEED_POSITION_GONE (before the feed's first position)
     ├── SeqConflict                         ABORTED
+    ├── SessionUidMismatch                  ABORTED (SESSION_UID_MISMATCH: expected_uid differs)
     ├── Unauthenticated                     UNAUTHENTICATED (no or unknown bearer token)
     ├── PermissionDenied                    PERMISSION_DENIED (token lacks the right or prefix)
     ├── TooManyStreams                      RESOURCE_EXHAUSTED (TOO_MANY_STREAMS)
@@ -488,6 +489,14 @@ class SeqConflict(SessionLogError):
     """expected_seq did not match; re-read and retry with the reported next_seq."""
 
     reason = "SEQ_CONFLICT"
+
+
+class SessionUidMismatch(SessionLogError):
+    """An append's expected_uid is not the session's uid: the session was deleted and created
+    again (or never existed) since the writer learnt its uid. Re-read the session and retry.
+    Metadata ``uid``: the session's uid now (empty when it does not exist)."""
+
+    reason = "SESSION_UID_MISMATCH"
 
 
 class StorageFull(SessionLogError):

@@ -58,7 +58,7 @@ from sessionlog_client._items import (
     text_of,
 )
 from sessionlog_client.convert import struct_to_dict
-from sessionlog_client.errors import SeqConflict
+from sessionlog_client.errors import SeqConflict, SessionUidMismatch
 from sessionlog_client.v1 import session_log_service_pb2 as pb
 from sessionlog_client.v1.event_pb2 import Event, EventType
 
@@ -122,23 +122,29 @@ class _Tail(NamedTuple):
     """The end of the log as this session last read or wrote it: ``events``, every event from
     the lowest seq among them to ``length - 1`` (newest first), and whether they start at seq 0.
 
-    Only a guess at the log: a write made on it names ``expected_seq=length``, so a log another
-    writer changed meanwhile refuses it (SEQ_CONFLICT) and the session reads again.
+    Only a guess at the log: a write made on it names ``expected_seq=length`` and
+    ``expected_uid=uid``, so a log another writer changed meanwhile (or deleted and wrote again
+    to the same length) refuses it (SEQ_CONFLICT, SESSION_UID_MISMATCH) and the session reads
+    again. ``uid`` is the session's Session.uid, empty when the read that made the tail did not
+    report it (Since): such a tail is not trusted for a write.
     """
 
     events: list[Event]
     length: int
     complete: bool
+    uid: str = ""
 
     def extended(self, reply: pb.AppendResponse) -> _Tail | None:
         """This tail with an append's stored events after it; None when they do not follow
         on (another writer appended in between: the tail is no longer known)."""
         if not reply.events or reply.events[0].seq != self.length:
             return None
+        if self.uid and reply.session_uid != self.uid:
+            return None  # another incarnation of the session (deleted and written again)
         events = [*reversed(reply.events), *self.events]
         if len(events) > TAIL_KEPT:
-            return _Tail(events[:TAIL_KEPT], int(reply.next_seq), False)
-        return _Tail(events, int(reply.next_seq), self.complete)
+            return _Tail(events[:TAIL_KEPT], int(reply.next_seq), False, self.uid)
+        return _Tail(events, int(reply.next_seq), self.complete, self.uid)
 
 
 # -- items -> events (pure) ---------------------------------------------------------------------
@@ -351,7 +357,8 @@ class SessionlogSession:
             token = page.next_page_token
             entries = latest(tail, bool(token), limit, visible_items)
             if entries is not None:
-                self._tail = _Tail(tail[:TAIL_KEPT], length, not token and len(tail) <= TAIL_KEPT)
+                complete = not token and len(tail) <= TAIL_KEPT
+                self._tail = _Tail(tail[:TAIL_KEPT], length, complete, page.session_uid)
                 return entries, tail, length
 
     async def get_entries(self, limit: int | None = None) -> list[SessionItem]:
@@ -390,7 +397,7 @@ class SessionlogSession:
         while True:
             known = self._tail
             entries = None
-            if known is not None:
+            if known is not None and known.uid:
                 entries = latest(known.events, not known.complete, 1, visible_items)
             if entries:  # an empty view is only believed when read now
                 events, length = known.events, known.length  # type: ignore[union-attr]
@@ -403,9 +410,14 @@ class SessionlogSession:
             where = next(position(e) for e in events if e.seq == newest.seq)
             try:
                 reply = await client.hide(
-                    self.session_id, where, where, reason="pop_item", expected_seq=length
+                    self.session_id,
+                    where,
+                    where,
+                    reason="pop_item",
+                    expected_seq=length,
+                    expected_uid=known.uid if known is not None else "",
                 )
-            except SeqConflict:
+            except (SeqConflict, SessionUidMismatch):
                 self._tail = None
                 continue
             self._tail = known.extended(reply) if known is not None else None

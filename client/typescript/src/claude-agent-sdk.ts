@@ -19,10 +19,12 @@
 //   so both listings are one ListSessions walk; a summary covering fewer events than the log is
 //   reported 1 ms older than the session (the SDK then re-folds it from its entries). The fold is
 //   the SDK's own `foldSessionSummary`, passed in: without it the store has no
-//   listSessionSummaries and the SDK loads each session instead. The store remembers the summary
-//   it last wrote per session, so an append right after its own folds in without reading the
-//   title back (Append and UpdateSession, no GetSession); it reads the title when another writer
-//   appended since;
+//   listSessionSummaries and the SDK loads each session instead. The title is set by the Append
+//   of the entries (its title field): one call, one synced commit. The store remembers what it
+//   last wrote per session, so an append right after its own folds in without reading the title
+//   back; the append names the log it folded onto (expectedSeq, expectedUid), and one refused
+//   (another writer appended, or the session was deleted and made again) reads the title
+//   (GetSession) and folds again;
 // - delete of a main transcript erases its children, then it (DeleteSession).
 
 import { createHash } from "node:crypto";
@@ -163,6 +165,9 @@ function summaryTitle(covered: number, data: Record<string, unknown>): string {
 /** A summary as a title holds it: the events it covers, and the fold's data (none when the
  * title had no room for it). */
 type Summary = { covered: number; data: Record<string, unknown> | undefined };
+/** A main session as the store knows it: its uid, its event count, the summary data over its
+ * entries (undefined: none yet). */
+type Known = Summary & { uid: string };
 
 function readSummary(title: string): Summary | undefined {
   let held;
@@ -185,10 +190,10 @@ export class SessionlogSessionStore {
   readonly prefix: string;
   private readonly ownClient: boolean;
   private readonly children: Set<string>;
-  /** The summary this store last wrote into each main session's title (events covered, data):
-   * the next append folds its entries into it without reading the title back, unless another
-   * writer appended since (the events before the batch are then not the ones it covers). */
-  private readonly written: Map<string, Summary>;
+  /** What this store's last append left in each main session (uid, length, the summary data
+   * its title holds): the next append folds its entries into it without reading the title back,
+   * and names the uid and length, so a log changed meanwhile refuses it. */
+  private readonly written: Map<string, Known>;
   private readonly fold: FoldSessionSummary | undefined;
   /** Present only when foldSessionSummary was given. */
   listSessionSummaries?: (projectKey: string) => Promise<SessionSummaryEntry[]>;
@@ -246,14 +251,14 @@ export class SessionlogSessionStore {
     const logId = this.sessionLogId(key);
     if (key.subpath) await this.ensureChild(key, logId);
     const requestId = requestIdOf(entries);
-    let reply;
+    const events = entries.map(eventOfEntry) as NewEvent[];
     try {
-      reply = await this.client.append(logId, entries.map(eventOfEntry) as NewEvent[], requestId ? { requestId } : {});
+      if (!key.subpath && this.fold) await this.appendMain(key, logId, entries, events, requestId);
+      else await this.client.append(logId, events, requestId ? { requestId } : {});
     } catch (error) {
       if (reasonOf(error) === "REQUEST_ID_REUSED") return; // those uuids are stored: a duplicate
       throw error;
     }
-    if (!key.subpath && this.fold) await this.updateSummary(key, logId, entries, reply.nextSeq);
   }
 
   async load(key: SessionKey): Promise<SessionStoreEntry[] | null> {
@@ -313,31 +318,68 @@ export class SessionlogSessionStore {
     this.children.add(logId);
   }
 
-  /** Fold `entries` into the summary in the title, or the whole transcript when the title does
-   * not cover the events before them. */
-  private async updateSummary(key: SessionKey, logId: string, entries: SessionStoreEntry[], nextSeq: number): Promise<void> {
+  /**
+   * One Append: the entries, and the summary folded over them as the session's title, in one
+   * synced commit. It names the log the summary was folded onto (expectedSeq and expectedUid):
+   * after another writer's append, or a delete and a new session of the same length, it is
+   * refused, and the store reads the title again and folds anew.
+   */
+  private async appendMain(
+    key: SessionKey,
+    logId: string,
+    entries: SessionStoreEntry[],
+    events: NewEvent[],
+    requestId: string | undefined,
+  ): Promise<void> {
     const fold = this.fold as FoldSessionSummary;
-    const before = nextSeq - entries.length;
-    let held = this.written.get(logId);
-    if (held?.covered !== before) held = readSummary((await this.client.getSession(logId)).session.title);
-    if (held && held.covered >= nextSeq) return; // a replayed batch
     const mainKey = { projectKey: key.projectKey, sessionId: key.sessionId };
-    let folded: SessionSummaryEntry;
-    if (held?.data && held.covered === before) {
-      folded = fold({ sessionId: key.sessionId, mtime: 0, data: held.data }, mainKey, entries);
-    } else {
-      const whole: SessionStoreEntry[] = [];
-      for await (const event of this.client.since(logId)) {
-        if (event.seq >= nextSeq) break;
-        const entry = entryOf(event);
-        if (entry !== undefined) whole.push(entry);
+    let known = this.written.get(logId);
+    for (;;) {
+      known ??= await this.summaryNow(mainKey, logId);
+      const prev = known.data ? { sessionId: key.sessionId, mtime: 0, data: known.data } : undefined;
+      const folded = fold(prev, mainKey, entries);
+      const title = summaryTitle(known.covered + entries.length, folded.data);
+      let reply;
+      try {
+        reply = await this.client.append(logId, events, {
+          ...(requestId ? { requestId } : {}),
+          expectedSeq: known.covered,
+          expectedUid: known.uid,
+          title,
+        });
+      } catch (error) {
+        const reason = reasonOf(error);
+        if (reason !== "SEQ_CONFLICT" && reason !== "SESSION_UID_MISMATCH") throw error;
+        this.written.delete(logId);
+        known = undefined;
+        continue;
       }
-      folded = fold(undefined, mainKey, whole);
+      if (reply.events.length && reply.events[0].seq === known.covered) {
+        this.written.set(logId, { uid: reply.sessionUid, covered: reply.nextSeq, data: folded.data });
+      } else {
+        this.written.delete(logId); // a replayed batch (stored before): the title is not known here
+      }
+      return;
     }
-    const title = summaryTitle(nextSeq, folded.data);
-    this.written.delete(logId); // an update that fails leaves nothing remembered
-    await this.client.updateSession(logId, { title });
-    this.written.set(logId, readSummary(title) ?? { covered: nextSeq, data: undefined });
+  }
+
+  /** The session's uid, length, and the summary data over its entries, read from its title;
+   * folded from its entries when the title does not cover them all. */
+  private async summaryNow(mainKey: { projectKey: string; sessionId: string }, logId: string): Promise<Known> {
+    const { session } = await this.client.getSession(logId);
+    if (!session.exists) return { uid: "", covered: 0, data: undefined };
+    const held = readSummary(session.title);
+    if (held?.data && held.covered === session.eventCount) {
+      return { uid: session.uid, covered: session.eventCount, data: held.data };
+    }
+    const whole: SessionStoreEntry[] = [];
+    for await (const event of this.client.since(logId)) {
+      if (event.seq >= session.eventCount) break;
+      const entry = entryOf(event);
+      if (entry !== undefined) whole.push(entry);
+    }
+    const data = whole.length ? (this.fold as FoldSessionSummary)(undefined, mainKey, whole).data : undefined;
+    return { uid: session.uid, covered: session.eventCount, data };
   }
 
   /** The project's main sessions holding entries, with their summaries, from ListSessions. */

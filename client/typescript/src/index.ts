@@ -311,6 +311,7 @@ function fromSession(raw: proto.Session | null | undefined): Session {
     lastAppendTime: fromTimestamp(raw.last_append_time),
     parentSessionId: raw.parent_session_id ?? "",
     parentEventCount: Number(raw.parent_event_count ?? 0),
+    uid: raw.uid ?? "",
     lease: fromLease(raw.lease),
     usage: fromModelUsages(raw.usage),
     title: raw.title ?? "",
@@ -1888,6 +1889,7 @@ export class SessionLogClient {
       events: (reply.events ?? []).map(fromEvent),
       nextPageToken: reply.next_page_token ?? "",
       eventCount: Number(reply.event_count ?? 0),
+      sessionUid: reply.session_uid ?? "",
     };
   }
 
@@ -1914,10 +1916,10 @@ export class SessionLogClient {
     sessionId: string,
     startSeq: number,
     stopSeq: number,
-    { reason, expectedSeq, timeoutMs }: { reason?: string; expectedSeq?: number } & CallOptions = {},
+    { reason, expectedSeq, expectedUid, timeoutMs }: { reason?: string; expectedSeq?: number; expectedUid?: string } & CallOptions = {},
   ): Promise<AppendResult> {
     const data: JsonObject = reason === undefined || reason === null ? {} : { reason };
-    return this.append(sessionId, [{ type: "hide", data, replace: [startSeq, stopSeq] }], { expectedSeq, timeoutMs });
+    return this.append(sessionId, [{ type: "hide", data, replace: [startSeq, stopSeq] }], { expectedSeq, expectedUid, timeoutMs });
   }
 
   /**

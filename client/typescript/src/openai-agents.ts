@@ -67,16 +67,18 @@ const MAX_PAGE_SIZE = 1000;
 /** The most events of a log's end a session remembers between calls (its _tail). */
 const TAIL_KEPT = 2000;
 
+/** The end of a log as a session last read or wrote it (see SessionlogSession._tail); uid is the
+ * session's Session.uid, "" when the read did not report it (Since): not trusted for a hide. */
+type Tail = { events: Event[]; length: number; complete: boolean; uid: string };
+
 /** A remembered tail with an append's stored events after it; undefined when they do not follow
- * on (another writer appended in between). */
-function extended(
-  known: { events: Event[]; length: number; complete: boolean },
-  reply: AppendResult,
-): { events: Event[]; length: number; complete: boolean } | undefined {
+ * on (another writer appended in between, or the session was deleted and made again). */
+function extended(known: Tail, reply: AppendResult): Tail | undefined {
   if (reply.events.length === 0 || reply.events[0].seq !== known.length) return undefined;
+  if (known.uid && reply.sessionUid !== known.uid) return undefined;
   const events = [...[...reply.events].reverse(), ...known.events];
-  if (events.length > TAIL_KEPT) return { events: events.slice(0, TAIL_KEPT), length: reply.nextSeq, complete: false };
-  return { events, length: reply.nextSeq, complete: known.complete };
+  if (events.length > TAIL_KEPT) return { events: events.slice(0, TAIL_KEPT), length: reply.nextSeq, complete: false, uid: known.uid };
+  return { events, length: reply.nextSeq, complete: known.complete, uid: known.uid };
 }
 
 const own = (object: object, key: string): boolean => Object.prototype.hasOwnProperty.call(object, key);
@@ -276,9 +278,10 @@ export class SessionlogSession implements Session, SessionHistoryTransactionAwar
   /**
    * The end of the log as this session last read or wrote it (every event from the lowest seq
    * held to length - 1, newest first; complete: from seq 0). Only a guess: popItem's hide names
-   * expectedSeq = length, so a log another writer changed refuses it and the session reads again.
+   * expectedSeq = length and expectedUid = uid, so a log another writer changed (or deleted and
+   * made again to the same length) refuses it and the session reads again.
    */
-  private _tail: { events: Event[]; length: number; complete: boolean } | undefined;
+  private _tail: Tail | undefined;
 
   constructor(sessionId: string, client?: SessionLogClient | string | string[], options: ClientOptions = {}) {
     if (typeof sessionId !== "string" || sessionId === "") throw new TypeError("sessionId must be a non-empty string");
@@ -300,16 +303,18 @@ export class SessionlogSession implements Session, SessionHistoryTransactionAwar
       const events: Event[] = [];
       for await (const event of this.client.since(this.sessionId)) events.push(event);
       const kept = events.slice(-TAIL_KEPT).reverse();
-      this._tail = { events: kept, length: events.length, complete: kept.length === events.length };
+      this._tail = { events: kept, length: events.length, complete: kept.length === events.length, uid: "" };
       return { entries: visibleEntries(events), length: events.length };
     }
     if (limit <= 0) return { entries: [], length: undefined };
     const tail: Event[] = [];
     let pageToken = "";
     let length: number | undefined;
+    let uid = "";
     const pageSize = Math.min(Math.max(limit + 1, 32), MAX_PAGE_SIZE);
     for (;;) {
       const page = await this.client.listEvents(this.sessionId, { pageSize, pageToken, orderBy: "seq desc" });
+      if (length === undefined) uid = page.sessionUid;
       length ??= page.eventCount;
       tail.push(...page.events);
       pageToken = page.nextPageToken;
@@ -317,7 +322,7 @@ export class SessionlogSession implements Session, SessionHistoryTransactionAwar
       const entries = visibleEntries(tail, from);
       if (from === 0 || entries.length >= limit) {
         const complete = !pageToken && tail.length <= TAIL_KEPT;
-        this._tail = { events: tail.slice(0, TAIL_KEPT), length: length ?? 0, complete };
+        this._tail = { events: tail.slice(0, TAIL_KEPT), length: length ?? 0, complete, uid };
         return { entries: entries.slice(-limit), length };
       }
     }
@@ -345,7 +350,7 @@ export class SessionlogSession implements Session, SessionHistoryTransactionAwar
     for (;;) {
       let known = this._tail;
       let found: { entries: SessionEntry[]; length: number | undefined } | undefined;
-      if (known) {
+      if (known?.uid) {
         const from = known.complete ? 0 : knownFrom(known.events);
         const shown = visibleEntries(known.events, from);
         if (shown.length > 0) found = { entries: shown, length: known.length }; // an empty view is only believed when read now
@@ -359,9 +364,11 @@ export class SessionlogSession implements Session, SessionHistoryTransactionAwar
       const where = position(newest.event);
       let reply: AppendResult;
       try {
-        reply = await this.client.hide(this.sessionId, where, where, { reason: "pop_item", expectedSeq: found.length });
+        const expectedUid = known?.uid ?? "";
+        reply = await this.client.hide(this.sessionId, where, where, { reason: "pop_item", expectedSeq: found.length, expectedUid });
       } catch (error) {
-        if ((error as { reason?: string } | null)?.reason === "SEQ_CONFLICT") {
+        const reason = (error as { reason?: string } | null)?.reason;
+        if (reason === "SEQ_CONFLICT" || reason === "SESSION_UID_MISMATCH") {
           this._tail = undefined;
           continue;
         }

@@ -47,8 +47,28 @@ export interface AppendRequest {
    * if holder names are reused. 0 checks the holder name only.
    */
   lease_token: number;
+  /**
+   * When set, the session's title becomes this value in the same commit as the events, as
+   * UpdateSession's "title" path would set it (at most 1024 bytes of UTF-8 without control
+   * characters, else INVALID_ARGUMENT / INVALID_SESSION_FIELD, and nothing is written); the
+   * empty string clears it. Set only when the append writes at least one event: an empty append
+   * or a replayed request_id (which returns the first result) leaves the title as it is. The
+   * request_id check compares the events only, not the title. Unset: the title is untouched.
+   */
+  title?: string;
+  /**
+   * When non-empty, the Session.uid the session must have (AppendResponse.session_uid of an
+   * earlier write, or GetSession's): a session deleted and created again under the same id has
+   * another uid, so a writer holding what it knew of the old one is refused with ABORTED /
+   * SESSION_UID_MISMATCH and nothing is written, even where expected_seq matches. A session
+   * that does not exist has no uid, so it fails too. Checked after the writer lease, before
+   * expected_seq. Empty: no check.
+   */
+  expected_uid: string;
   /** Which of the oneof's fields is set. */
   _expected_seq?: "expected_seq";
+  /** Which of the oneof's fields is set. */
+  _title?: "title";
 }
 
 /** AppendDrop reports one event that a lenient append dropped. */
@@ -69,6 +89,12 @@ export interface AppendResponse {
   next_seq: number;
   /** Events a lenient append dropped; always empty for a strict append. */
   drops: AppendDrop[];
+  /**
+   * The Session.uid of the session appended to (pass it as AppendRequest.expected_uid to write
+   * only to this incarnation of it); empty when the session does not exist (an empty append to a
+   * session never written).
+   */
+  session_uid: string;
 }
 
 /** AppendStreamRequest is one append sent over AppendStream. */
@@ -187,6 +213,8 @@ export interface ListEventsResponse {
   next_page_token: string;
   /** The session's event count when the page was read (its next seq). */
   event_count: number;
+  /** The session's Session.uid when the page was read; empty for a session never written. */
+  session_uid: string;
 }
 
 /** SurfaceRequest asks for the model-visible events of a session. */
@@ -430,6 +458,14 @@ export interface Session {
    * policy say (a legal hold). Only DeleteSession and EraseSessions remove it. Default false.
    */
   pinned: boolean;
+  /**
+   * Output only: names this incarnation of the session. Set when the session is created (first
+   * append, create, seed, fork or import), it never changes while the session lives, on its
+   * replicas and across a slot move; a session deleted and created again under the same id gets
+   * another. Opaque: compare it, never parse it. Empty for a session never written.
+   * AppendRequest.expected_uid checks it.
+   */
+  uid: string;
   /**
    * Token usage totals per model over the whole log (as GetUsage's usage), in model order. Set
    * by GetSession and ListSessions; empty in the replies of writes.

@@ -138,6 +138,8 @@ export interface Session {
   lastAppendTime?: Time;
   parentSessionId: string;
   parentEventCount: number;
+  /** Names this incarnation of the session: a session deleted and made again has another. */
+  uid: string;
   lease?: Lease;
   /** Usage totals per model (set by getSession and listSessions; empty from writes). */
   usage: ModelUsage[];
@@ -198,6 +200,8 @@ export interface AppendResult {
   events: Event[];
   nextSeq: number;
   drops: { index: number; reason: string; message: string }[];
+  /** The session's uid (Session.uid); "" when the session does not exist. */
+  sessionUid: string;
 }
 
 export interface SurfaceResult {
@@ -223,6 +227,8 @@ export interface EventPage {
   nextPageToken: string;
   /** The session's event count when the page was read. */
   eventCount: number;
+  /** The session's uid when the page was read ("" for a session never written). */
+  sessionUid: string;
 }
 
 export interface SessionPage {
@@ -335,6 +341,11 @@ export interface AppendOptions extends LeaseCallOptions {
   /** Idempotency key; a fresh UUID when absent, "" for none (and no retry). */
   requestId?: string;
   lenient?: boolean;
+  /** Set the session's title in the same commit as the events ("" clears it; absent: untouched). */
+  title?: string;
+  /** Fail with SESSION_UID_MISMATCH unless the session's uid is this (a session deleted and made
+   * again has another): the sessionUid of an earlier write or Session.uid. */
+  expectedUid?: string;
 }
 
 /** One committed write of a followed session (followSessions). */

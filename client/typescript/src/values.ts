@@ -164,7 +164,7 @@ export function usageCounts(raw: proto.Usage | proto.ModelUsage): Omit<Usage, "m
 /** An AppendRequest of client.append's arguments (its requestId as given: "" or absent for none). */
 /** @internal */
 export function appendRequest(sessionId: string, events: NewEvent[], options: AppendOptions = {}): Input<proto.AppendRequest> {
-  const { expectedSeq, requestId = "", leaseHolder = "", leaseToken = 0, lenient = false } = options;
+  const { expectedSeq, requestId = "", leaseHolder = "", leaseToken = 0, lenient = false, title, expectedUid = "" } = options;
   const request: Input<proto.AppendRequest> = {
     session_id: sessionId,
     events: events.map(toEvent),
@@ -172,8 +172,10 @@ export function appendRequest(sessionId: string, events: NewEvent[], options: Ap
     lease_holder: leaseHolder,
     lease_token: leaseToken,
     lenient,
+    expected_uid: expectedUid,
   };
   if (expectedSeq !== undefined && expectedSeq !== null) request.expected_seq = checkSeq(expectedSeq, "expectedSeq");
+  if (title !== undefined && title !== null) request.title = title;
   return request;
 }
 
@@ -184,5 +186,6 @@ export function appendResult(reply: proto.AppendResponse): AppendResult {
     events: (reply.events ?? []).map(fromEvent),
     nextSeq: Number(reply.next_seq ?? 0),
     drops: (reply.drops ?? []).map((d) => ({ index: d.index, reason: d.reason, message: d.message })),
+    sessionUid: reply.session_uid ?? "",
   };
 }

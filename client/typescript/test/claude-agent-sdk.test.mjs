@@ -174,7 +174,7 @@ describe("SessionlogSessionStore, the SDK's SessionStore contracts", () => {
     assert.equal(summary.mtime, (await store.listSessions("proj"))[0].mtime);
   });
 
-  test("the store folds its next batch into the summary it wrote, and reads the title when another writer appended", async () => {
+  test("an append is one Append (entries and summary in one commit); the title is read when another writer appended", async () => {
     const prefix = `ts${stores++}-${process.pid}.`;
     const client = new SessionLogClient(live.server.address);
     const calls = [];
@@ -190,21 +190,49 @@ describe("SessionlogSessionStore, the SDK's SessionStore contracts", () => {
       await store.append(key, [e({ uuid: "1", timestamp: "2024-01-01T00:00:00.000Z", customTitle: "one" })]);
       calls.length = 0;
       await store.append(key, [e({ uuid: "2", customTitle: "two" })]);
-      assert.deepEqual(calls, ["Append", "UpdateSession"], "no GetSession after its own summary");
+      assert.deepEqual(calls, ["Append"], "one call, no GetSession after its own summary");
       await other.append(key, [e({ uuid: "3", customTitle: "three" })]); // another writer, its own summary
       calls.length = 0;
       await store.append(key, [e({ uuid: "4" })]);
-      assert.deepEqual(calls, ["Append", "GetSession", "UpdateSession"], "the title read back");
+      assert.deepEqual(calls, ["Append", "GetSession", "Append"], "refused, the title read back");
       const [summary] = await store.listSessionSummaries("proj");
       assert.deepEqual(summary.data, { createdAt: Date.parse("2024-01-01T00:00:00.000Z"), customTitle: "three" });
       assert.equal(JSON.parse((await client.getSession(store.sessionLogId(key))).session.title).n, 4);
       calls.length = 0;
       await store.append(key, [e({ uuid: "5", customTitle: "five" })]);
-      assert.deepEqual(calls, ["Append", "UpdateSession"]);
+      assert.deepEqual(calls, ["Append"]);
       assert.equal((await store.listSessionSummaries("proj"))[0].data.customTitle, "five");
     } finally {
       client.close();
     }
+  });
+
+  test("a session deleted and made again to the same length is folded anew, not onto the old summary", async () => {
+    const store = fresh();
+    const other = new SessionlogSessionStore(live.client, { prefix: store.prefix, foldSessionSummary: fold });
+    await store.append(KEY, [e({ uuid: "1", customTitle: "old" })]);
+    await other.delete(KEY);
+    await other.append(KEY, [e({ uuid: "2", timestamp: "2024-01-01T00:00:00.000Z" })]);
+    await store.append(KEY, [e({ uuid: "3" })]);
+    const [summary] = await store.listSessionSummaries("proj");
+    assert.deepEqual(summary.data, { createdAt: Date.parse("2024-01-01T00:00:00.000Z") });
+  });
+
+  test("a session the two-call store wrote (Append, then UpdateSession) loads, lists and takes appends", async () => {
+    const store = fresh();
+    const logId = store.sessionLogId(KEY);
+    const old = [e({ uuid: "1", customTitle: "kept" }), e({ uuid: "2" })];
+    const reply = await live.client.append(logId, old.map(eventOfEntry));
+    const title = JSON.stringify({ n: reply.nextSeq, data: fold(undefined, KEY, old).data });
+    await live.client.updateSession(logId, { title });
+    assert.deepEqual(await store.load(KEY), old);
+    assert.equal((await store.listSessionSummaries("proj"))[0].data.customTitle, "kept");
+    await store.append(KEY, [e({ uuid: "3", customTitle: "new" })]);
+    const [summary] = await store.listSessionSummaries("proj");
+    const [listed] = await store.listSessions("proj");
+    assert.equal(summary.data.customTitle, "new");
+    assert.equal(summary.mtime, listed.mtime);
+    assert.equal(JSON.parse((await live.client.getSession(logId)).session.title).n, 3);
   });
 
   test("without the SDK's fold there is no listSessionSummaries (the SDK loads instead)", () => {

@@ -258,6 +258,16 @@ describe("SessionlogSession (OpenAI Agents SDK)", () => {
     }
   });
 
+  test("a pop after the session was deleted and made again to the same length pops the new item", async () => {
+    const s = session("remade");
+    await s.addItems([user("a"), user("b")]);
+    assert.deepEqual(await s.getItems(1), [user("b")]);
+    await live.client.deleteSession("remade");
+    await session("remade").addItems([user("x"), user("y")]);
+    assert.deepEqual(await s.popItem(), user("y"));
+    assert.deepEqual(await s.getItems(), [user("x")]);
+  });
+
   test("concurrent popItem calls each take a different item", async () => {
     const items = Array.from({ length: 8 }, (_, i) => user(`c${i}`));
     await session("concurrent").addItems(items);

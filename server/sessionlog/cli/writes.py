@@ -50,6 +50,13 @@ def add_commands(sub: Subcommand) -> None:
         "(default: a fresh one, kept across the client's own retries)",
     )
     p.add_argument("--lease-holder", default="", help="the writer lease holder to write as")
+    p.add_argument("--title", help="set the session's title in the same commit as the events")
+    p.add_argument(
+        "--expected-uid",
+        default="",
+        help="fail with SESSION_UID_MISMATCH unless the session's uid is this (a session deleted "
+        "and written again has another)",
+    )
 
     p = sub(
         "hide",
@@ -108,6 +115,8 @@ def _append(args: argparse.Namespace) -> int:
             expected_seq=args.expected_seq,
             request_id=args.request_id,
             lease_holder=args.lease_holder,
+            title=args.title,
+            expected_uid=args.expected_uid,
         )
     if args.json:
         _print_json(message_to_json(reply))

@@ -196,7 +196,7 @@ class AppendStreams:
         else:
             reason = OK
             reply = header + wire.message_field(
-                _RESULT_APPEND_FIELD, encode_append_response(result)
+                _RESULT_APPEND_FIELD, encode_append_response(result, request.session_id)
             )
             self._note_drops(request.session_id, result)
         self.counters.record(METHOD, reason, time.perf_counter() - request.started, 0)

@@ -11,7 +11,7 @@ from google.protobuf.timestamp_pb2 import Timestamp
 from sessionlog import errors, mirrors, wire
 from sessionlog.records import SessionRecord
 from sessionlog.storage.indexes import update_time
-from sessionlog.storage.schema import AuditRecord, LeaseRecord, SessionMeta
+from sessionlog.storage.schema import AuditRecord, LeaseRecord, SessionMeta, session_uid
 from sessionlog.storage.store import AppendResult
 from sessionlog.v1 import session_log_service_pb2 as pb
 
@@ -43,14 +43,19 @@ def encode_events(events: list[bytes]) -> bytes:
     return wire.length_delimited(_SINCE_EVENTS, events)
 
 
-def encode_append_response(result: AppendResult) -> bytes:
+def encode_append_response(result: AppendResult, session_id: str) -> bytes:
+    uid = session_uid(session_id, result.meta)
     if not result.drops:  # the usual reply: a third cheaper without an empty drops argument
-        return _serialize(mirrors.AppendResponse(events=result.events, next_seq=result.next_seq))
+        return _serialize(
+            mirrors.AppendResponse(events=result.events, next_seq=result.next_seq, session_uid=uid)
+        )
     drops = [
         pb.AppendDrop(index=i, reason=reason, message=message)
         for i, reason, message in result.drops
     ]
-    reply = mirrors.AppendResponse(events=result.events, next_seq=result.next_seq, drops=drops)
+    reply = mirrors.AppendResponse(
+        events=result.events, next_seq=result.next_seq, drops=drops, session_uid=uid
+    )
     return _serialize(reply)
 
 
@@ -79,6 +84,7 @@ def session_message(
         session.last_append_time.CopyFrom(_timestamp(meta.last_append_time_ns))
         session.parent_session_id = meta.parent_id
         session.parent_event_count = meta.parent_length
+        session.uid = session_uid(session_id, meta)
         session.update_time.CopyFrom(_timestamp(update_time(meta, record)))
     if meta is not None and record is not None:
         session.title = record.title

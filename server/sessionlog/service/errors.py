@@ -23,6 +23,7 @@ _CODES: dict[type[errors.SessionLogError], grpc.StatusCode] = {
     errors.SessionNotFound: grpc.StatusCode.NOT_FOUND,
     errors.FailedPrecondition: grpc.StatusCode.FAILED_PRECONDITION,
     errors.SeqConflict: grpc.StatusCode.ABORTED,
+    errors.SessionUidMismatch: grpc.StatusCode.ABORTED,
     errors.StorageFull: grpc.StatusCode.RESOURCE_EXHAUSTED,
     errors.ResponseTooLarge: grpc.StatusCode.RESOURCE_EXHAUSTED,
     errors.RequestTooLarge: grpc.StatusCode.RESOURCE_EXHAUSTED,

@@ -316,7 +316,7 @@ class SessionLogServicer:
                 "lenient append dropped an event",
                 extra={"session_id": request.session_id, "index": index, "reason": reason},
             )
-        return encode_append_response(result)
+        return encode_append_response(result, request.session_id)
 
     async def append_stream(
         self, requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext
@@ -511,7 +511,9 @@ class SessionLogServicer:
         )
         events = wire.length_delimited(_LIST_EVENTS, read.page.events)
         reply = pb.ListEventsResponse(
-            next_page_token=read.next_page_token, event_count=read.page.next_seq
+            next_page_token=read.next_page_token,
+            event_count=read.page.next_seq,
+            session_uid=read.page.uid,
         )
         return events + _serialize(reply)
 

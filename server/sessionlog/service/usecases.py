@@ -23,7 +23,7 @@ from typing import Any
 
 from google.protobuf.struct_pb2 import Struct
 
-from sessionlog import errors, fold
+from sessionlog import errors, fold, records
 from sessionlog.cluster.sync import SyncTracker
 from sessionlog.listing import Listing, decode_listing_token, encode_listing_token, order
 from sessionlog.records import SessionRecord, parse_filter
@@ -495,6 +495,10 @@ class SessionLog:
             keep_redacted=caller.move_copy,
         )
         batch.moving_in = caller.move_copy
+        if request.HasField("title"):
+            records.check(SessionRecord(title=request.title))
+            batch.title = request.title
+        batch.expected_uid = request.expected_uid
         self._check_reply_fits(batch.bodies)
         return self.store.commit_append(batch)
 

@@ -6,8 +6,8 @@ Only commands live here (with their inputs and results); what they read goes thr
 
 Each command runs every check before its first put, so a refused command leaves the
 transaction exactly as it found it (see ``writer``). Checks follow SPEC §3's order: session id
-(already checked by ``prepare_append``), replayed request_id, writer lease, expected_seq, then the
-events one by one.
+(already checked by ``prepare_append``), replayed request_id, writer lease, expected_uid (the
+session's incarnation, ``schema.session_uid``), expected_seq, then the events one by one.
 """
 
 from __future__ import annotations
@@ -84,6 +84,11 @@ class AppendBatch:
     """CreateSession: the new session's person-set fields (checked), parent_seq included."""
     parent_id: str = ""
     """CreateSession: the parent of a sub-agent child (checked to exist here)."""
+    title: str | None = None
+    """Append: the session's new title, set in the same commit when events are written
+    (checked against the title rule by the service, ``records.check``)."""
+    expected_uid: str = ""
+    """Append: the Session.uid the session must have (empty: no check)."""
     moving_in: bool = False
     """Events copied in by a slot move (``shard.move``): the writer's ``admits`` hook, which
     refuses writes to sessions this group does not own, lets it through."""
@@ -136,6 +141,8 @@ class AppendCommand:
             )
         lease = load_lease(txn, tables, batch.session_id)
         _check_lease(lease, batch.session_id, batch.lease_holder, batch.lease_token, now_ns)
+        if batch.expected_uid:
+            _check_uid(batch.session_id, batch.expected_uid, meta)
         next_seq = 0 if meta is None else meta.next_seq
         if batch.expected_seq is not None and batch.expected_seq != next_seq:
             raise errors.SeqConflict(
@@ -178,6 +185,8 @@ class AppendCommand:
                 indexes.put_record(txn, tables, batch.session_id, None, batch.record)
             if batch.parent_id:
                 indexes.link_child(txn, tables, batch.parent_id, batch.session_id)
+        if batch.title is not None:
+            _set_title(txn, tables, batch.session_id, batch.title)
         answer = None
         if batch.create_only:
             live = lease if lease is not None and lease.live(now_ns) else None
@@ -220,6 +229,28 @@ class AppendCommand:
         return AppendResult(
             events, record.next_seq, drops, answer.meta, answer.record, answer.lease
         )
+
+
+def _check_uid(session_id: str, expected: str, meta: SessionMeta | None) -> None:
+    uid = schema.session_uid(session_id, meta)
+    if uid != expected:
+        raise errors.SessionUidMismatch(
+            f"session '{session_id}' is not the one expected_uid names (it was deleted and "
+            "created again, or does not exist); read it again and retry",
+            expected_uid=expected[:80],
+            uid=uid,
+        )
+
+
+def _set_title(txn: RecordingTxn, tables: Tables, session_id: str, title: str) -> None:
+    """An append's title: the record's title only (its update_time stays UpdateSession's: the
+    append itself moves the session's update_time)."""
+    current = indexes.load_record(txn, tables, session_id)
+    if (current.title if current is not None else "") == title:
+        return
+    new = SessionRecord() if current is None else current.copy()
+    new.title = title
+    indexes.put_record(txn, tables, session_id, current, new)
 
 
 def _answer_now(

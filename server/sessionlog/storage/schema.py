@@ -96,6 +96,7 @@ fixed-width sid keeps each session's events contiguous.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import struct
 from dataclasses import asdict, dataclass, field, replace
@@ -278,6 +279,18 @@ def split_audit_key(key: bytes) -> tuple[str, int]:
     if len(key) < 10 or key[-9] != 0:
         raise ValueError("not an audit key")
     return key[:-9].decode("utf-8"), read_u64(key[-8:])
+
+
+def session_uid(session_id: str, meta: SessionMeta | None) -> str:
+    """Session.uid: the name of this incarnation of the session, a hash of its id and its
+    creation time; empty for a session not stored. A session deleted and written again is
+    created at another time, so it has another; a slot move, a replica and an import keep the
+    creation time (an import under another id has another uid). The internal id is left out:
+    a move gives the session a new one, and it never leaves the store."""
+    if meta is None:
+        return ""
+    packed = session_id.encode() + struct.pack(">Q", meta.create_time_ns)
+    return hashlib.blake2b(packed, digest_size=12).hexdigest()
 
 
 @dataclass

@@ -17,7 +17,7 @@ from sessionlog import errors
 from sessionlog.records import SessionRecord
 from sessionlog.storage import damage, indexes, schema
 from sessionlog.storage.reads import load_lease, load_meta, read_range, read_range_desc
-from sessionlog.storage.schema import AuditRecord, LeaseRecord, SessionMeta
+from sessionlog.storage.schema import AuditRecord, LeaseRecord, SessionMeta, session_uid
 from sessionlog.storage.tables import Tables
 
 
@@ -29,6 +29,8 @@ class EventsPage:
     first_seq: int
     """The seq of ``events[0]`` (the newest one, newest first)."""
     next_seq: int
+    uid: str = ""
+    """The session's uid at the read (empty: never written)."""
 
 
 @dataclass
@@ -171,12 +173,12 @@ def list_events(
             )
         stop = count if cursor is None else cursor
         raws = read_range_desc(txn, tables, meta.sid, stop, limit, max_bytes, session_id)
-        return EventsPage(raws, stop - 1, count)
+        return EventsPage(raws, stop - 1, count, session_uid(session_id, meta))
     start = cursor or 0
     raws = read_range(
         txn, tables, meta.sid, start, min(start + limit, count), max_bytes, session_id
     )
-    return EventsPage(raws, start, count)
+    return EventsPage(raws, start, count, session_uid(session_id, meta))
 
 
 def _walk(cursor: lmdb.Cursor, what: str) -> Iterator[tuple[bytes, bytes]]:

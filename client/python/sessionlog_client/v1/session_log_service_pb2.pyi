@@ -34,7 +34,7 @@ LEASE_AUDIT_KIND_TAKEOVER: LeaseAuditKind
 LEASE_AUDIT_KIND_FORCED_RELEASE: LeaseAuditKind
 
 class AppendRequest(_message.Message):
-    __slots__ = ("session_id", "events", "expected_seq", "request_id", "lease_holder", "lenient", "lease_token")
+    __slots__ = ("session_id", "events", "expected_seq", "request_id", "lease_holder", "lenient", "lease_token", "title", "expected_uid")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     EVENTS_FIELD_NUMBER: _ClassVar[int]
     EXPECTED_SEQ_FIELD_NUMBER: _ClassVar[int]
@@ -42,6 +42,8 @@ class AppendRequest(_message.Message):
     LEASE_HOLDER_FIELD_NUMBER: _ClassVar[int]
     LENIENT_FIELD_NUMBER: _ClassVar[int]
     LEASE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    TITLE_FIELD_NUMBER: _ClassVar[int]
+    EXPECTED_UID_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     events: _containers.RepeatedCompositeFieldContainer[_event_pb2.Event]
     expected_seq: int
@@ -49,7 +51,9 @@ class AppendRequest(_message.Message):
     lease_holder: str
     lenient: bool
     lease_token: int
-    def __init__(self, session_id: _Optional[str] = ..., events: _Optional[_Iterable[_Union[_event_pb2.Event, _Mapping]]] = ..., expected_seq: _Optional[int] = ..., request_id: _Optional[str] = ..., lease_holder: _Optional[str] = ..., lenient: _Optional[bool] = ..., lease_token: _Optional[int] = ...) -> None: ...
+    title: str
+    expected_uid: str
+    def __init__(self, session_id: _Optional[str] = ..., events: _Optional[_Iterable[_Union[_event_pb2.Event, _Mapping]]] = ..., expected_seq: _Optional[int] = ..., request_id: _Optional[str] = ..., lease_holder: _Optional[str] = ..., lenient: _Optional[bool] = ..., lease_token: _Optional[int] = ..., title: _Optional[str] = ..., expected_uid: _Optional[str] = ...) -> None: ...
 
 class AppendDrop(_message.Message):
     __slots__ = ("index", "reason", "message")
@@ -62,14 +66,16 @@ class AppendDrop(_message.Message):
     def __init__(self, index: _Optional[int] = ..., reason: _Optional[str] = ..., message: _Optional[str] = ...) -> None: ...
 
 class AppendResponse(_message.Message):
-    __slots__ = ("events", "next_seq", "drops")
+    __slots__ = ("events", "next_seq", "drops", "session_uid")
     EVENTS_FIELD_NUMBER: _ClassVar[int]
     NEXT_SEQ_FIELD_NUMBER: _ClassVar[int]
     DROPS_FIELD_NUMBER: _ClassVar[int]
+    SESSION_UID_FIELD_NUMBER: _ClassVar[int]
     events: _containers.RepeatedCompositeFieldContainer[_event_pb2.Event]
     next_seq: int
     drops: _containers.RepeatedCompositeFieldContainer[AppendDrop]
-    def __init__(self, events: _Optional[_Iterable[_Union[_event_pb2.Event, _Mapping]]] = ..., next_seq: _Optional[int] = ..., drops: _Optional[_Iterable[_Union[AppendDrop, _Mapping]]] = ...) -> None: ...
+    session_uid: str
+    def __init__(self, events: _Optional[_Iterable[_Union[_event_pb2.Event, _Mapping]]] = ..., next_seq: _Optional[int] = ..., drops: _Optional[_Iterable[_Union[AppendDrop, _Mapping]]] = ..., session_uid: _Optional[str] = ...) -> None: ...
 
 class AppendStreamRequest(_message.Message):
     __slots__ = ("append", "correlation_id")
@@ -143,14 +149,16 @@ class ListEventsRequest(_message.Message):
     def __init__(self, session_id: _Optional[str] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ..., order_by: _Optional[str] = ...) -> None: ...
 
 class ListEventsResponse(_message.Message):
-    __slots__ = ("events", "next_page_token", "event_count")
+    __slots__ = ("events", "next_page_token", "event_count", "session_uid")
     EVENTS_FIELD_NUMBER: _ClassVar[int]
     NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
     EVENT_COUNT_FIELD_NUMBER: _ClassVar[int]
+    SESSION_UID_FIELD_NUMBER: _ClassVar[int]
     events: _containers.RepeatedCompositeFieldContainer[_event_pb2.Event]
     next_page_token: str
     event_count: int
-    def __init__(self, events: _Optional[_Iterable[_Union[_event_pb2.Event, _Mapping]]] = ..., next_page_token: _Optional[str] = ..., event_count: _Optional[int] = ...) -> None: ...
+    session_uid: str
+    def __init__(self, events: _Optional[_Iterable[_Union[_event_pb2.Event, _Mapping]]] = ..., next_page_token: _Optional[str] = ..., event_count: _Optional[int] = ..., session_uid: _Optional[str] = ...) -> None: ...
 
 class SurfaceRequest(_message.Message):
     __slots__ = ("session_id", "at_seq")
@@ -257,7 +265,7 @@ class ModelUsage(_message.Message):
     def __init__(self, model: _Optional[str] = ..., input_tokens: _Optional[int] = ..., output_tokens: _Optional[int] = ..., cached_input_tokens: _Optional[int] = ..., reasoning_tokens: _Optional[int] = ..., event_count: _Optional[int] = ...) -> None: ...
 
 class Session(_message.Message):
-    __slots__ = ("session_id", "exists", "event_count", "replace_generation", "create_time", "last_append_time", "parent_session_id", "parent_event_count", "lease", "title", "labels", "owner", "status", "update_time", "parent_seq", "expire_time", "ttl", "pinned", "usage", "state")
+    __slots__ = ("session_id", "exists", "event_count", "replace_generation", "create_time", "last_append_time", "parent_session_id", "parent_event_count", "lease", "title", "labels", "owner", "status", "update_time", "parent_seq", "expire_time", "ttl", "pinned", "uid", "usage", "state")
     class LabelsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -283,6 +291,7 @@ class Session(_message.Message):
     EXPIRE_TIME_FIELD_NUMBER: _ClassVar[int]
     TTL_FIELD_NUMBER: _ClassVar[int]
     PINNED_FIELD_NUMBER: _ClassVar[int]
+    UID_FIELD_NUMBER: _ClassVar[int]
     USAGE_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     session_id: str
@@ -303,9 +312,10 @@ class Session(_message.Message):
     expire_time: _timestamp_pb2.Timestamp
     ttl: _duration_pb2.Duration
     pinned: bool
+    uid: str
     usage: _containers.RepeatedCompositeFieldContainer[ModelUsage]
     state: _struct_pb2.Struct
-    def __init__(self, session_id: _Optional[str] = ..., exists: _Optional[bool] = ..., event_count: _Optional[int] = ..., replace_generation: _Optional[int] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., last_append_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., parent_session_id: _Optional[str] = ..., parent_event_count: _Optional[int] = ..., lease: _Optional[_Union[Lease, _Mapping]] = ..., title: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ..., owner: _Optional[str] = ..., status: _Optional[str] = ..., update_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., parent_seq: _Optional[int] = ..., expire_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., ttl: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., pinned: _Optional[bool] = ..., usage: _Optional[_Iterable[_Union[ModelUsage, _Mapping]]] = ..., state: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ...) -> None: ...
+    def __init__(self, session_id: _Optional[str] = ..., exists: _Optional[bool] = ..., event_count: _Optional[int] = ..., replace_generation: _Optional[int] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., last_append_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., parent_session_id: _Optional[str] = ..., parent_event_count: _Optional[int] = ..., lease: _Optional[_Union[Lease, _Mapping]] = ..., title: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ..., owner: _Optional[str] = ..., status: _Optional[str] = ..., update_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., parent_seq: _Optional[int] = ..., expire_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., ttl: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., pinned: _Optional[bool] = ..., uid: _Optional[str] = ..., usage: _Optional[_Iterable[_Union[ModelUsage, _Mapping]]] = ..., state: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ...) -> None: ...
 
 class Lease(_message.Message):
     __slots__ = ("holder", "token", "acquire_time", "expire_time")

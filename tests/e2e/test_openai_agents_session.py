@@ -344,10 +344,31 @@ class CountingClient(AsyncClient):
         self.events_read += len(page.events)
         return page
 
-    async def since(self, *args: Any, **kwargs: Any) -> AsyncIterator[Any]:  # type: ignore[override]
-        async for found in super().since(*args, **kwargs):
-            self.events_read += 1
+    def since(self, *args: Any, **kwargs: Any) -> Any:
+        return CountedStream(super().since(*args, **kwargs), self)
+
+
+class CountedStream:
+    """A Since stream whose events, read one at a time or a batch at a time, are counted."""
+
+    def __init__(self, stream: Any, client: CountingClient) -> None:
+        self.stream, self.client = stream, client
+
+    async def __aenter__(self) -> CountedStream:
+        return self
+
+    async def __aexit__(self, *_: object) -> None:
+        await self.stream.aclose()
+
+    async def __aiter__(self) -> AsyncIterator[Any]:
+        async for found in self.stream:
+            self.client.events_read += 1
             yield found
+
+    async def batches(self) -> AsyncIterator[Any]:
+        async for batch in self.stream.batches():
+            self.client.events_read += len(batch)
+            yield batch
 
 
 def test_a_limit_reads_the_end_of_a_long_log_past_its_hides(running: RunningServer) -> None:

@@ -37,11 +37,11 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Iterable, Mapping
 from typing import Any, cast
 
 from sessionlog_client._aio import AsyncClient
-from sessionlog_client._items import escape, get_exact, put_exact, text_of, unescape
+from sessionlog_client._items import escape, get_exact, loads, put_exact, text_of, unescape
 from sessionlog_client.errors import RequestIdReused, SessionAlreadyExists, SessionNotFound
 from sessionlog_client.v1 import session_log_service_pb2 as pb
 from sessionlog_client.v1.event_pb2 import Event, EventType
@@ -64,6 +64,7 @@ except ImportError as exc:  # pragma: no cover - depends on the installed extras
 
 __all__ = [
     "SessionlogSessionStore",
+    "entries_of",
     "entry_of",
     "escape",
     "event_of_entry",
@@ -73,6 +74,7 @@ __all__ = [
 
 ENTRY_KEY = "entry"
 """The entry's JSON text is in the data key ``entry_json``."""
+_ENTRY_JSON = f"{ENTRY_KEY}_json"
 MAX_ID_BYTES = 235
 """sessionlog's longest session id (SPEC §7)."""
 MAX_TITLE_BYTES = 1024
@@ -161,6 +163,19 @@ def entry_of(event: Event) -> SessionStoreEntry | None:
     """The entry an event stores, or None for an event another writer appended."""
     found, stored = get_exact(event, ENTRY_KEY)
     return cast("SessionStoreEntry", stored) if found and isinstance(stored, dict) else None
+
+
+def entries_of(events: Iterable[Event]) -> list[SessionStoreEntry]:
+    """The entries ``events`` store, in order (:func:`entry_of` of each, the ones that store
+    none left out), in one loop: a resume reads every entry of a transcript."""
+    found: list[SessionStoreEntry] = []
+    for event in events:
+        text = event.data.fields.get(_ENTRY_JSON)
+        if text is not None and text.WhichOneof("kind") == "string_value":
+            stored = loads(text.string_value)
+            if isinstance(stored, dict):
+                found.append(cast("SessionStoreEntry", stored))
+    return found
 
 
 def _summary_title(covered: int, data: Mapping[str, Any]) -> str:
@@ -266,10 +281,9 @@ class SessionlogSessionStore(SessionStore):
 
     async def load(self, key: SessionKey) -> list[SessionStoreEntry] | None:
         loaded: list[SessionStoreEntry] = []
-        async for event in self._client.since(self.session_log_id(key)):
-            entry = entry_of(event)
-            if entry is not None:
-                loaded.append(entry)
+        async with self._client.since(self.session_log_id(key)) as stream:
+            async for batch in stream.batches():
+                loaded.extend(entries_of(batch))
         return loaded or None
 
     # -- optional --

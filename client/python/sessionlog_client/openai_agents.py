@@ -52,6 +52,7 @@ from sessionlog_client._items import (
     get_exact,
     in_view,
     latest,
+    loads,
     position,
     put_exact,
     tail_page_size,
@@ -86,6 +87,7 @@ ITEM_KEY = "item"
 """The item's JSON text is in the data key ``item_json``."""
 ITEM_TYPE_KEY = "item_type"
 """The data key naming the item's type ("message" for role messages without one)."""
+_ITEM_JSON = f"{ITEM_KEY}_json"
 SUMMARY_KEY = "items"
 """A compaction's summary event keeps the items it stands for as JSON text in ``items_json``."""
 SUMMARY_TYPE = "compaction_summary"
@@ -265,12 +267,18 @@ def visible_items(events: Iterable[Event], start: int = 0) -> list[SessionItem]:
     :func:`event_items`), so ``get_items`` shows what ``DeriveMessages`` shows; other events
     storing no item (a turn marker) are passed over.
     """
-    return [
-        SessionItem(e.seq, item)
-        for e in in_view(events)
-        if start == 0 or position(e) >= start
-        for item in event_items(e)
-    ]
+    shown: list[SessionItem] = []
+    for event in in_view(events):
+        if start and position(event) < start:
+            continue
+        text = event.data.fields.get(_ITEM_JSON)  # event_items inlined: the common case, fast
+        if text is not None and text.WhichOneof("kind") == "string_value":
+            item = loads(text.string_value)
+            if isinstance(item, dict):
+                shown.append(SessionItem(event.seq, item))
+                continue
+        shown.extend(SessionItem(event.seq, item) for item in event_items(event))
+    return shown
 
 
 # -- the session --------------------------------------------------------------------------------
@@ -333,7 +341,10 @@ class SessionlogSession:
         """
         client = self._client()
         if limit is None:
-            events = [e async for e in client.since(self.session_id)]
+            events: list[Event] = []
+            async with client.since(self.session_id) as stream:
+                async for batch in stream.batches():
+                    events.extend(batch)
             kept = events[-TAIL_KEPT:][::-1]
             self._tail = _Tail(kept, len(events), len(kept) == len(events))
             return visible_items(events), events, len(events)

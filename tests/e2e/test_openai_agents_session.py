@@ -31,7 +31,8 @@ from openai.types.responses.response_input_item_param import ResponseInputItemPa
 
 from sessionlog.testing import RunningServer
 from sessionlog_client import AsyncClient, errors, event, event_type
-from sessionlog_client.openai_agents import SessionlogSession, item_to_event
+from sessionlog_client._items import in_view
+from sessionlog_client.openai_agents import SessionlogSession, event_items, item_to_event
 from tests.e2e._proc import run_cli_here, running_server
 
 _ids = count()
@@ -290,6 +291,46 @@ def test_items_map_to_surface_and_bookkeeping_events(running: RunningServer) -> 
             types = [e.type async for e in client.since(sid)]
             assert types[2] == event_type("step_end")
             assert types[5] == event_type("tool_call")
+
+    asyncio.run(run())
+
+
+def test_a_whole_read_of_old_and_mixed_logs_reads_each_event_as_before(
+    running: RunningServer,
+) -> None:
+    """A log across more than one Since response as earlier releases wrote it (item events,
+    texts with ASCII escapes or whitespace around them, an item text that is not an object, a
+    foreign message, a summary, hides) reads back whole exactly as event_items read each event
+    in view one at a time, and the latest items agree with it."""
+
+    async def run() -> None:
+        async with AsyncClient(running.address) as client:
+            sid = new_id()
+            session = SessionlogSession(sid, client)
+            big = "x" * 3000
+            stored = [say("user", f"{i} {big}") for i in range(200)]  # about 600 kB of items
+            await session.add_items(items(*stored))
+            escaped = event("step_end", {"item_type": "reasoning", "item_json": '{"t": "\\u00e9"}'})
+            spaced = event("step_end", {"item_type": "x", "item_json": ' \n{"type": "x"} '})
+            listed = event("user_message", {"item_type": "x", "item_json": "[1]", "content": "l"})
+            foreign = event("assistant_message", {"content": "from elsewhere"})
+            summary = event("user_message", {"content": "[0-9]"}, replace=(0, 9))
+            await client.append(sid, [escaped, spaced, listed, foreign, summary])
+            await client.hide(sid, 50, 59)
+            await client.hide(sid, 150, 150)
+            events = [e async for e in client.since(sid)]
+            expected = [item for e in in_view(events) for item in event_items(e)]
+            whole = await session.get_items()
+            assert whole == expected
+            assert whole[0] == {"role": "user", "content": "[0-9]"}
+            assert {"t": "\u00e9"} in whole
+            assert {"type": "x"} in whole
+            assert {"role": "user", "content": "l"} in whole  # [1] is no item: the message shows
+            assert {"role": "assistant", "content": "from elsewhere"} in whole
+            assert stored[50] not in whole
+            assert stored[150] not in whole
+            assert len(whole) == 200 - 10 + 1 - 10 - 1 + 4
+            assert await session.get_items(limit=7) == whole[-7:]
 
     asyncio.run(run())
 

@@ -170,11 +170,14 @@ def entries_of(events: Iterable[Event]) -> list[SessionStoreEntry]:
     none left out), in one loop: a resume reads every entry of a transcript."""
     found: list[SessionStoreEntry] = []
     for event in events:
-        text = event.data.fields.get(_ENTRY_JSON)
-        if text is not None and text.WhichOneof("kind") == "string_value":
-            stored = loads(text.string_value)
+        held = event.data.fields.get(_ENTRY_JSON)
+        text = "" if held is None else held.string_value  # "": no text there (or not a string)
+        if text:
+            stored = loads(text)
             if isinstance(stored, dict):
                 found.append(cast("SessionStoreEntry", stored))
+        elif held is not None and (entry := entry_of(event)) is not None:
+            found.append(entry)  # an empty text: entry_of decides (it raises, as it always did)
     return found
 
 

@@ -271,9 +271,12 @@ def visible_items(events: Iterable[Event], start: int = 0) -> list[SessionItem]:
     for event in in_view(events):
         if start and position(event) < start:
             continue
-        text = event.data.fields.get(_ITEM_JSON)  # event_items inlined: the common case, fast
-        if text is not None and text.WhichOneof("kind") == "string_value":
-            item = loads(text.string_value)
+        # event_items inlined for the common event, an item's JSON text: "" when the key holds
+        # no text (or is absent), which event_items then reads as get_exact always did
+        stored = event.data.fields.get(_ITEM_JSON)
+        text = "" if stored is None else stored.string_value
+        if text:
+            item = loads(text)
             if isinstance(item, dict):
                 shown.append(SessionItem(event.seq, item))
                 continue

@@ -32,7 +32,13 @@ from openai.types.responses.response_input_item_param import ResponseInputItemPa
 from sessionlog.testing import RunningServer
 from sessionlog_client import AsyncClient, errors, event, event_type
 from sessionlog_client._items import in_view
-from sessionlog_client.openai_agents import SessionlogSession, event_items, item_to_event
+from sessionlog_client.openai_agents import (
+    SessionlogSession,
+    event_items,
+    item_to_event,
+    plain_items,
+    visible_items,
+)
 from tests.e2e._proc import run_cli_here, running_server
 
 _ids = count()
@@ -333,6 +339,27 @@ def test_a_whole_read_of_old_and_mixed_logs_reads_each_event_as_before(
             assert await session.get_items(limit=7) == whole[-7:]
 
     asyncio.run(run())
+
+
+def test_plain_items_reads_a_plain_log_and_leaves_any_other_to_visible_items() -> None:
+    """A log of item events alone reads as visible_items reads it; a hide, a replace, a
+    foreign message or an item text that is not an object makes it None (pure)."""
+
+    def stored(*events: Any) -> list[Any]:
+        return [type(e).FromString(e.SerializeToString()) for e in events]
+
+    made = [item_to_event(i) for i in (*SAMPLES.values(), UNKNOWN)]
+    for seq, one in enumerate(made):
+        one.seq = seq
+    plain = stored(*made)
+    assert plain_items(plain) == [e.item for e in visible_items(plain)]
+    assert plain_items(plain) == [*SAMPLES.values(), UNKNOWN]
+    assert plain_items([]) == []
+    hide = event("user_message", {"content": "s"}, replace=(0, 0))
+    foreign = event("user_message", {"content": "hi"})
+    not_object = event("step_end", {"item_json": "[1]"})
+    for other in (hide, foreign, not_object):
+        assert plain_items(stored(*made, other)) is None
 
 
 def test_separate_sessions_stay_separate(running: RunningServer) -> None:

@@ -126,3 +126,5 @@ def test_entries_of_reads_a_batch_as_entry_of_reads_each_event() -> None:
     assert found == [*stored, {"type": "y"}]
     assert found == [e for e in (entry_of(x) for x in batch) if e is not None]
     assert type(cast("dict[str, Any]", found[1])["n"]) is float
+    assert entries_of([batch[0], batch[3]]) == stored  # a batch of entries alone
+    assert entries_of([]) == []

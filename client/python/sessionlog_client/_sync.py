@@ -170,7 +170,7 @@ class EventStream(Iterator[Event]):
                 self.next_seq = event.seq + 1
                 yield event
 
-    def _run_batches(self) -> Generator[Sequence[Event], None, None]:
+    def _run_batches(self) -> Generator[Sequence[Event], None]:
         backoff = self._connection.retry.backoff()
         hops = 0
         while True:
@@ -416,7 +416,7 @@ class _ShardedStream(EventStream):
         self._router = client._router
         self._connection = client.connection
 
-    def _run_batches(self) -> Generator[Sequence[Event], None, None]:
+    def _run_batches(self) -> Generator[Sequence[Event], None]:
         self._use(self._shards.client_for(self.session_id))  # the map loads at the first read
         rerouted_at: int | None = None
         while True:

@@ -37,7 +37,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
-from collections.abc import AsyncIterator, Iterable, Mapping
+from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any, cast
 
 from sessionlog_client._aio import AsyncClient
@@ -165,18 +165,25 @@ def entry_of(event: Event) -> SessionStoreEntry | None:
     return cast("SessionStoreEntry", stored) if found and isinstance(stored, dict) else None
 
 
-def entries_of(events: Iterable[Event]) -> list[SessionStoreEntry]:
+def entries_of(events: Sequence[Event]) -> list[SessionStoreEntry]:
     """The entries ``events`` store, in order (:func:`entry_of` of each, the ones that store
-    none left out), in one loop: a resume reads every entry of a transcript."""
+    none left out): a resume reads every entry of a transcript, so a batch of events that all
+    store an entry (what this store writes) takes a few passes over it, not a call per event."""
+    held = [e.data.fields.get(_ENTRY_JSON) for e in events]
+    texts = ["" if stored is None else stored.string_value for stored in held]
+    if all(texts):
+        parsed = [loads(text) for text in texts]
+        if all(type(stored) is dict for stored in parsed):
+            return cast("list[SessionStoreEntry]", parsed)
     found: list[SessionStoreEntry] = []
     for event in events:
-        held = event.data.fields.get(_ENTRY_JSON)
-        text = "" if held is None else held.string_value  # "": no text there (or not a string)
+        value = event.data.fields.get(_ENTRY_JSON)
+        text = "" if value is None else value.string_value  # "": no text there (or not a string)
         if text:
             stored = loads(text)
             if isinstance(stored, dict):
                 found.append(cast("SessionStoreEntry", stored))
-        elif held is not None and (entry := entry_of(event)) is not None:
+        elif value is not None and (entry := entry_of(event)) is not None:
             found.append(entry)  # an empty text: entry_of decides (it raises, as it always did)
     return found
 

@@ -18,7 +18,7 @@ from claude_agent_sdk.testing import run_session_store_conformance, session_stor
 from claude_agent_sdk.types import SessionKey
 
 from sessionlog.testing import RunningServer
-from sessionlog_client import AsyncClient
+from sessionlog_client import AsyncClient, event
 from sessionlog_client._routing import LOG
 from sessionlog_client.claude_agent_sdk import SessionlogSessionStore, event_of_entry
 from sessionlog_client.claude_agent_sdk import _summary_title as summary_title
@@ -322,3 +322,17 @@ def test_the_sdk_lists_sessions_from_the_store(running: RunningServer, tmp_path:
 def test_the_readme_example_runs(running: RunningServer) -> None:
     """client/python/README.md's Claude Agent SDK example prints what its ``# ->`` lines say."""
     assert_example_prints_what_it_says("### Claude Agent SDK", running.address)
+
+
+def test_a_long_transcript_loads_whole_past_other_writers_events(running: RunningServer) -> None:
+    """load of a transcript longer than one Since response returns every entry in order, each
+    exactly as appended, and leaves out an event another writer appended to the session."""
+
+    async def test(store: SessionlogSessionStore, client: AsyncClient) -> None:
+        entries = [entry(f"u{i}", text=f"{i} " + "y" * 2000) for i in range(300)]
+        await store.append(MAIN, entries[:150])
+        await client.append(store.session_log_id(MAIN), [event("user_message", {"content": "x"})])
+        await store.append(MAIN, entries[150:])
+        assert await store.load(MAIN) == entries
+
+    run(running, test)

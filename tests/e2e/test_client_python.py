@@ -556,6 +556,56 @@ def test_async_client_appends_reads_and_follows_across_a_drop(
     assert asyncio.run(asyncio.wait_for(scenario(), 60)) == [0, 1, 2, 3]
 
 
+def test_since_batches_hold_the_events_one_at_a_time_reads(
+    server: RunningServer, client: Client
+) -> None:
+    """batches() of a log longer than one response: the same events, in order, in more than
+    one batch; from a seq on too (sync and async)."""
+    big = "x" * 2000
+    for _ in range(3):
+        client.append("batches", users(*[big] * 100))
+    whole = [e.seq for e in client.since("batches")]
+    with client.since("batches") as stream:
+        batches = [[e.seq for e in batch] for batch in stream.batches()]
+    assert len(batches) > 1
+    assert [seq for batch in batches for seq in batch] == whole == list(range(300))
+    with client.since("batches", 250) as stream:
+        assert [e.seq for b in stream.batches() for e in b] == list(range(250, 300))
+
+    async def read() -> list[int]:
+        async with AsyncClient(server.address) as aio, aio.since("batches", 5) as stream:
+            return [e.seq async for batch in stream.batches() for e in batch]
+
+    assert asyncio.run(asyncio.wait_for(read(), 60)) == list(range(5, 300))
+
+
+def test_follow_batches_resume_after_a_dropped_connection(
+    server: RunningServer, proxy: DropProxy, client: Client
+) -> None:
+    """A follow read a batch at a time: the cut connection is reopened from next_seq, with no
+    event missed or repeated (async)."""
+
+    async def scenario() -> list[int]:
+        seen: list[int] = []
+        async with (
+            AsyncClient(proxy.address, retry=FAST_RETRY) as through_proxy,
+            through_proxy.follow("fb") as stream,
+        ):
+            await asyncio.to_thread(client.append, "fb", users("0", "1"))
+            async for batch in stream.batches():
+                seen.extend(e.seq for e in batch)
+                if seen[-1] == 1:
+                    proxy.cut()
+                    await asyncio.to_thread(client.append, "fb", users("2", "3"))
+                if seen[-1] == 3:
+                    break
+            assert stream.reconnects >= 1
+            assert stream.next_seq == 4
+        return seen
+
+    assert asyncio.run(asyncio.wait_for(scenario(), 60)) == [0, 1, 2, 3]
+
+
 def test_async_follow_stops_when_cancelled(server: RunningServer) -> None:
     """cancel() from another task ends a pending async follow with no error."""
 

@@ -31,7 +31,14 @@ from openai.types.responses.response_input_item_param import ResponseInputItemPa
 
 from sessionlog.testing import RunningServer
 from sessionlog_client import AsyncClient, errors, event, event_type
-from sessionlog_client.openai_agents import SessionlogSession, item_to_event
+from sessionlog_client._items import in_view
+from sessionlog_client.openai_agents import (
+    SessionlogSession,
+    event_items,
+    item_to_event,
+    plain_items,
+    visible_items,
+)
 from tests.e2e._proc import run_cli_here, running_server
 
 _ids = count()
@@ -294,6 +301,67 @@ def test_items_map_to_surface_and_bookkeeping_events(running: RunningServer) -> 
     asyncio.run(run())
 
 
+def test_a_whole_read_of_old_and_mixed_logs_reads_each_event_as_before(
+    running: RunningServer,
+) -> None:
+    """A log across more than one Since response as earlier releases wrote it (item events,
+    texts with ASCII escapes or whitespace around them, an item text that is not an object, a
+    foreign message, a summary, hides) reads back whole exactly as event_items read each event
+    in view one at a time, and the latest items agree with it."""
+
+    async def run() -> None:
+        async with AsyncClient(running.address) as client:
+            sid = new_id()
+            session = SessionlogSession(sid, client)
+            big = "x" * 3000
+            stored = [say("user", f"{i} {big}") for i in range(200)]  # about 600 kB of items
+            await session.add_items(items(*stored))
+            escaped = event("step_end", {"item_type": "reasoning", "item_json": '{"t": "\\u00e9"}'})
+            spaced = event("step_end", {"item_type": "x", "item_json": ' \n{"type": "x"} '})
+            listed = event("user_message", {"item_type": "x", "item_json": "[1]", "content": "l"})
+            foreign = event("assistant_message", {"content": "from elsewhere"})
+            summary = event("user_message", {"content": "[0-9]"}, replace=(0, 9))
+            await client.append(sid, [escaped, spaced, listed, foreign, summary])
+            await client.hide(sid, 50, 59)
+            await client.hide(sid, 150, 150)
+            events = [e async for e in client.since(sid)]
+            expected = [item for e in in_view(events) for item in event_items(e)]
+            whole = await session.get_items()
+            assert whole == expected
+            assert whole[0] == {"role": "user", "content": "[0-9]"}
+            assert {"t": "\u00e9"} in whole
+            assert {"type": "x"} in whole
+            assert {"role": "user", "content": "l"} in whole  # [1] is no item: the message shows
+            assert {"role": "assistant", "content": "from elsewhere"} in whole
+            assert stored[50] not in whole
+            assert stored[150] not in whole
+            assert len(whole) == 200 - 10 + 1 - 10 - 1 + 4
+            assert await session.get_items(limit=7) == whole[-7:]
+
+    asyncio.run(run())
+
+
+def test_plain_items_reads_a_plain_log_and_leaves_any_other_to_visible_items() -> None:
+    """A log of item events alone reads as visible_items reads it; a hide, a replace, a
+    foreign message or an item text that is not an object makes it None (pure)."""
+
+    def stored(*events: Any) -> list[Any]:
+        return [type(e).FromString(e.SerializeToString()) for e in events]
+
+    made = [item_to_event(i) for i in (*SAMPLES.values(), UNKNOWN)]
+    for seq, one in enumerate(made):
+        one.seq = seq
+    plain = stored(*made)
+    assert plain_items(plain) == [e.item for e in visible_items(plain)]
+    assert plain_items(plain) == [*SAMPLES.values(), UNKNOWN]
+    assert plain_items([]) == []
+    hide = event("user_message", {"content": "s"}, replace=(0, 0))
+    foreign = event("user_message", {"content": "hi"})
+    not_object = event("step_end", {"item_json": "[1]"})
+    for other in (hide, foreign, not_object):
+        assert plain_items(stored(*made, other)) is None
+
+
 def test_separate_sessions_stay_separate(running: RunningServer) -> None:
     """Two sessions on one client see only their own items; clearing one leaves the other."""
 
@@ -344,10 +412,31 @@ class CountingClient(AsyncClient):
         self.events_read += len(page.events)
         return page
 
-    async def since(self, *args: Any, **kwargs: Any) -> AsyncIterator[Any]:  # type: ignore[override]
-        async for found in super().since(*args, **kwargs):
-            self.events_read += 1
+    def since(self, *args: Any, **kwargs: Any) -> Any:
+        return CountedStream(super().since(*args, **kwargs), self)
+
+
+class CountedStream:
+    """A Since stream whose events, read one at a time or a batch at a time, are counted."""
+
+    def __init__(self, stream: Any, client: CountingClient) -> None:
+        self.stream, self.client = stream, client
+
+    async def __aenter__(self) -> CountedStream:
+        return self
+
+    async def __aexit__(self, *_: object) -> None:
+        await self.stream.aclose()
+
+    async def __aiter__(self) -> AsyncIterator[Any]:
+        async for found in self.stream:
+            self.client.events_read += 1
             yield found
+
+    async def batches(self) -> AsyncIterator[Any]:
+        async for batch in self.stream.batches():
+            self.client.events_read += len(batch)
+            yield batch
 
 
 def test_a_limit_reads_the_end_of_a_long_log_past_its_hides(running: RunningServer) -> None:

@@ -4,7 +4,7 @@ in events the server accepts."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from hypothesis import given
@@ -14,12 +14,14 @@ from sessionlog.fold import check_event, check_session_id
 from sessionlog.v1.event_pb2 import Event
 from sessionlog_client.claude_agent_sdk import (
     SessionlogSessionStore,
+    entries_of,
     entry_of,
     escape,
     event_of_entry,
     request_id_of,
     unescape,
 )
+from sessionlog_client.v1.event_pb2 import Event as ClientEvent
 from sessionlog_client.v1.event_pb2 import EventType
 
 STORE = SessionlogSessionStore("127.0.0.1:1")
@@ -103,3 +105,26 @@ def test_entries_project_as_the_conversation() -> None:
     assert event_of_entry(said).type == EventType.EVENT_TYPE_ASSISTANT_MESSAGE
     assert event_of_entry(result).type == EventType.EVENT_TYPE_TOOL_RESULT
     assert event_of_entry({"type": "summary"}).type == EventType.EVENT_TYPE_STEP_END
+
+
+def test_entries_of_reads_a_batch_as_entry_of_reads_each_event() -> None:
+    """A load's batch reading: the entries entry_of finds, in order, other events left out
+    (a foreign message, an entry_json that is not an object, JSON with whitespace around)."""
+    stored: list[Any] = [
+        {"type": "user", "uuid": "a", "message": {"role": "user", "content": "hi"}},
+        {"type": "x", "n": 1.0, "big": 2**60},
+    ]
+    foreign = ClientEvent(type=EventType.EVENT_TYPE_USER_MESSAGE)
+    foreign.data.update({"content": "from elsewhere"})
+    listed = ClientEvent(type=EventType.EVENT_TYPE_STEP_END)
+    listed.data.update({"entry_json": "[1, 2]"})
+    spaced = ClientEvent(type=EventType.EVENT_TYPE_STEP_END)
+    spaced.data.update({"entry_json": ' {"type": "y"} '})
+    batch = [event_of_entry(stored[0]), foreign, listed, event_of_entry(stored[1]), spaced]
+    batch = [ClientEvent.FromString(e.SerializeToString()) for e in batch]
+    found = entries_of(batch)
+    assert found == [*stored, {"type": "y"}]
+    assert found == [e for e in (entry_of(x) for x in batch) if e is not None]
+    assert type(cast("dict[str, Any]", found[1])["n"]) is float
+    assert entries_of([batch[0], batch[3]]) == stored  # a batch of entries alone
+    assert entries_of([]) == []

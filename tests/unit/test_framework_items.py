@@ -3,15 +3,25 @@ view of a log that hides apply to, bookkeeping events included, agreeing with th
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sessionlog.fold import SURFACE_TYPES, fold_surface
 from sessionlog.fold import position as fold_position
 from sessionlog.v1.event_pb2 import Event
-from sessionlog_client._items import get_exact, in_view, known_from, position, put_exact, text_of
+from sessionlog_client._items import (
+    get_exact,
+    in_view,
+    known_from,
+    loads,
+    position,
+    put_exact,
+    text_of,
+)
 from sessionlog_client.v1.event_pb2 import Event as ClientEvent
 from tests.unit._events import HIDE, USER, ev
 from tests.unit.test_fold_property import logs
@@ -98,3 +108,27 @@ def test_text_of_joins_the_text_parts() -> None:
     assert text_of(content, parts) == "a\nb"
     assert text_of([{"type": "input_image"}], parts) is None
     assert text_of(None, parts) is None
+
+
+@given(st.text(max_size=40))
+def test_loads_agrees_with_json_loads(text: str) -> None:
+    """Any text: the same value, or the same error, as json.loads."""
+    try:
+        expected: Any = json.loads(text)
+    except json.JSONDecodeError as error:
+        expected = error.msg
+    try:
+        got: Any = loads(text)
+    except json.JSONDecodeError as error:
+        got = error.msg
+    assert got == expected or (got != got and expected != expected)  # NaN is not itself
+
+
+def test_loads_reads_what_json_dumps_wrote_and_what_it_did_not() -> None:
+    """Written JSON, JSON with whitespace around or inside, and non-JSON."""
+    value = {"role": "user", "content": "hé \u2028", "n": [1, 2.5, None, True]}
+    assert loads(json.dumps(value, ensure_ascii=False)) == value
+    assert loads(' \n{"a": [1, 2]}\t') == {"a": [1, 2]}
+    for bad in ("", "{", '{"a":1} x', "1,2", "[1] [2]"):
+        with pytest.raises(json.JSONDecodeError):
+            loads(bad)

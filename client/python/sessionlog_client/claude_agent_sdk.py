@@ -41,11 +41,11 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any, cast
 
 from sessionlog_client._aio import AsyncClient
-from sessionlog_client._items import escape, get_exact, put_exact, text_of, unescape
+from sessionlog_client._items import escape, get_exact, loads, put_exact, text_of, unescape
 from sessionlog_client.errors import (
     RequestIdReused,
     SeqConflict,
@@ -74,6 +74,7 @@ except ImportError as exc:  # pragma: no cover - depends on the installed extras
 
 __all__ = [
     "SessionlogSessionStore",
+    "entries_of",
     "entry_of",
     "escape",
     "event_of_entry",
@@ -83,6 +84,7 @@ __all__ = [
 
 ENTRY_KEY = "entry"
 """The entry's JSON text is in the data key ``entry_json``."""
+_ENTRY_JSON = f"{ENTRY_KEY}_json"
 MAX_ID_BYTES = 235
 """sessionlog's longest session id (SPEC §7)."""
 MAX_TITLE_BYTES = 1024
@@ -171,6 +173,29 @@ def entry_of(event: Event) -> SessionStoreEntry | None:
     """The entry an event stores, or None for an event another writer appended."""
     found, stored = get_exact(event, ENTRY_KEY)
     return cast("SessionStoreEntry", stored) if found and isinstance(stored, dict) else None
+
+
+def entries_of(events: Sequence[Event]) -> list[SessionStoreEntry]:
+    """The entries ``events`` store, in order (:func:`entry_of` of each, the ones that store
+    none left out): a resume reads every entry of a transcript, so a batch of events that all
+    store an entry (what this store writes) takes a few passes over it, not a call per event."""
+    held = [e.data.fields.get(_ENTRY_JSON) for e in events]
+    texts = ["" if stored is None else stored.string_value for stored in held]
+    if all(texts):
+        parsed = [loads(text) for text in texts]
+        if all(type(stored) is dict for stored in parsed):
+            return cast("list[SessionStoreEntry]", parsed)
+    found: list[SessionStoreEntry] = []
+    for event in events:
+        value = event.data.fields.get(_ENTRY_JSON)
+        text = "" if value is None else value.string_value  # "": no text there (or not a string)
+        if text:
+            stored = loads(text)
+            if isinstance(stored, dict):
+                found.append(cast("SessionStoreEntry", stored))
+        elif value is not None and (entry := entry_of(event)) is not None:
+            found.append(entry)  # an empty text: entry_of decides (it raises, as it always did)
+    return found
 
 
 def _summary_title(covered: int, data: Mapping[str, Any]) -> str:
@@ -279,10 +304,9 @@ class SessionlogSessionStore(SessionStore):
 
     async def load(self, key: SessionKey) -> list[SessionStoreEntry] | None:
         loaded: list[SessionStoreEntry] = []
-        async for event in self._client.since(self.session_log_id(key)):
-            entry = entry_of(event)
-            if entry is not None:
-                loaded.append(entry)
+        async with self._client.since(self.session_log_id(key)) as stream:
+            async for batch in stream.batches():
+                loaded.extend(entries_of(batch))
         return loaded or None
 
     # -- optional --

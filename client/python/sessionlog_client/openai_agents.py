@@ -52,6 +52,7 @@ from sessionlog_client._items import (
     get_exact,
     in_view,
     latest,
+    loads,
     position,
     put_exact,
     tail_page_size,
@@ -80,12 +81,20 @@ try:  # the SDK's private compaction hook (0.24): without it the SDK clears and 
 except ImportError:  # pragma: no cover - depends on the installed SDK
     _CompactionSnapshot = None  # type: ignore[assignment,misc]
 
-__all__ = ["SessionItem", "SessionlogSession", "event_items", "item_to_event", "visible_items"]
+__all__ = [
+    "SessionItem",
+    "SessionlogSession",
+    "event_items",
+    "item_to_event",
+    "plain_items",
+    "visible_items",
+]
 
 ITEM_KEY = "item"
 """The item's JSON text is in the data key ``item_json``."""
 ITEM_TYPE_KEY = "item_type"
 """The data key naming the item's type ("message" for role messages without one)."""
+_ITEM_JSON = f"{ITEM_KEY}_json"
 SUMMARY_KEY = "items"
 """A compaction's summary event keeps the items it stands for as JSON text in ``items_json``."""
 SUMMARY_TYPE = "compaction_summary"
@@ -261,6 +270,22 @@ def event_items(event: Event) -> list[dict[str, Any]]:
     return shown
 
 
+def plain_items(events: Sequence[Event]) -> list[dict[str, Any]] | None:
+    """The items of a log whose every event stores one item and none replaces or hides (what
+    this module writes until a pop, a clear or a compaction), in order: ``visible_items``
+    without the seqs, in a few passes over the log instead of one call per event; None for
+    any other log (then ``visible_items`` reads it).
+    """
+    if any(e.HasField("surface_op") for e in events):
+        return None
+    held = [e.data.fields.get(_ITEM_JSON) for e in events]
+    texts = ["" if stored is None else stored.string_value for stored in held]
+    if not all(texts):
+        return None
+    found = [loads(text) for text in texts]
+    return found if all(type(item) is dict for item in found) else None
+
+
 def visible_items(events: Iterable[Event], start: int = 0) -> list[SessionItem]:
     """The items of a log still in view, in position order; from position ``start`` on when
     ``events`` is a tail of the log (see ``known_from``).
@@ -271,12 +296,21 @@ def visible_items(events: Iterable[Event], start: int = 0) -> list[SessionItem]:
     :func:`event_items`), so ``get_items`` shows what ``DeriveMessages`` shows; other events
     storing no item (a turn marker) are passed over.
     """
-    return [
-        SessionItem(e.seq, item)
-        for e in in_view(events)
-        if start == 0 or position(e) >= start
-        for item in event_items(e)
-    ]
+    shown: list[SessionItem] = []
+    for event in in_view(events):
+        if start and position(event) < start:
+            continue
+        # event_items inlined for the common event, an item's JSON text: "" when the key holds
+        # no text (or is absent), which event_items then reads as get_exact always did
+        stored = event.data.fields.get(_ITEM_JSON)
+        text = "" if stored is None else stored.string_value
+        if text:
+            item = loads(text)
+            if isinstance(item, dict):
+                shown.append(SessionItem(event.seq, item))
+                continue
+        shown.extend(SessionItem(event.seq, item) for item in event_items(event))
+    return shown
 
 
 # -- the session --------------------------------------------------------------------------------
@@ -339,9 +373,7 @@ class SessionlogSession:
         """
         client = self._client()
         if limit is None:
-            events = [e async for e in client.since(self.session_id)]
-            kept = events[-TAIL_KEPT:][::-1]
-            self._tail = _Tail(kept, len(events), len(kept) == len(events))
+            events = await self._read_all()
             return visible_items(events), events, len(events)
         tail: list[Event] = []
         token, length = "", -1
@@ -361,11 +393,26 @@ class SessionlogSession:
                 self._tail = _Tail(tail[:TAIL_KEPT], length, complete, page.session_uid)
                 return entries, tail, length
 
-    async def get_entries(self, limit: int | None = None) -> list[SessionItem]:
-        """The items in view with the seq of the event storing each (the latest ``limit``)."""
+    async def _read_all(self) -> list[Event]:
+        """Every event of the log, from one Since stream read a response at a time; the end
+        of it is remembered (``_Tail``)."""
+        events: list[Event] = []
+        async with self._client().since(self.session_id) as stream:
+            async for batch in stream.batches():
+                events.extend(batch)
+        kept = events[-TAIL_KEPT:][::-1]
+        self._tail = _Tail(kept, len(events), len(kept) == len(events))
+        return events
+
+    def _limit(self, limit: int | None) -> int | None:
         limit = resolve_session_limit(limit, self.session_settings)
         if limit is not None and limit < 0:
-            limit = None  # as the SDK's SQLiteSession: a negative limit is no limit
+            return None  # as the SDK's SQLiteSession: a negative limit is no limit
+        return limit
+
+    async def get_entries(self, limit: int | None = None) -> list[SessionItem]:
+        """The items in view with the seq of the event storing each (the latest ``limit``)."""
+        limit = self._limit(limit)
         if limit == 0:
             return []
         entries, _, _ = await self._read(limit)
@@ -373,7 +420,17 @@ class SessionlogSession:
 
     async def get_items(self, limit: int | None = None) -> list[TResponseInputItem]:
         """The conversation, oldest first; with ``limit``, the latest ``limit`` items in order."""
-        return [cast("TResponseInputItem", e.item) for e in await self.get_entries(limit)]
+        limit = self._limit(limit)
+        if limit is None:
+            events = await self._read_all()
+            found = plain_items(events)
+            if found is None:
+                found = [e.item for e in visible_items(events)]
+            return cast("list[TResponseInputItem]", found)
+        if limit == 0:
+            return []
+        entries, _, _ = await self._read(limit)
+        return [cast("TResponseInputItem", e.item) for e in entries]
 
     async def add_items(self, items: list[TResponseInputItem]) -> None:
         """Append one event per item, all in one atomic append."""

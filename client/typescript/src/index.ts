@@ -94,42 +94,7 @@ export {
   WrongGroupError,
 } from "./errors.js";
 export type { Input } from "./proto.js";
-export type {
-  AppendOptions,
-  AppendResult,
-  CallOptions,
-  ChatMessage,
-  ChatMessageInput,
-  ClientOptions,
-  DerivedMessages,
-  Event,
-  EventPage,
-  EventTypeName,
-  FollowedChange,
-  ImportOptions,
-  Json,
-  JsonObject,
-  Lease,
-  LeaseAuditEntry,
-  LeaseAuditPage,
-  LeaseCallOptions,
-  LifecycleOptions,
-  ModelUsage,
-  NewEvent,
-  RetryOptions,
-  Role,
-  Session,
-  SessionFields,
-  SessionLeaseAuditEntry,
-  SessionPage,
-  ShardGroup,
-  StateResult,
-  SurfaceResult,
-  Time,
-  Usage,
-  UsageInput,
-  UsageReport,
-} from "./types.js";
+export type * from "./types.js";
 /** @internal */
 export { appendRequest, appendResult } from "./values.js";
 export {

@@ -186,6 +186,8 @@ def with_time(event_without_time: bytes, event_type: int, time_field: bytes) -> 
 
 
 _TYPE_TAG = tag(_EVENT["type"], VARINT)
+_DATA_TAG = tag(_EVENT["data"], LENGTH_DELIMITED)
+
 _SEQ_TAG = tag(_EVENT["seq"], VARINT)
 assert (
     _EVENT["seq"]
@@ -193,12 +195,32 @@ assert (
     < _EVENT["time"]
     < min(n for name, n in _EVENT.items() if name not in ("seq", "type", "time"))
 ), "with_seq and with_time rely on Event's field order: seq, type, time, then the rest"
-assert len(_TYPE_TAG) == 1
+assert len(_TYPE_TAG) == len(_DATA_TAG) == 1
+_TYPE_BYTE, _DATA_BYTE = _TYPE_TAG[0], _DATA_TAG[0]
 
 
 def with_seq(seq: int, event_without_seq: bytes) -> bytes:
     """The stored form of an event: its bytes with ``seq`` (field 1) set."""
     return _SEQ_TAG + varint(seq) + event_without_seq if seq else event_without_seq
+
+
+def plain_event_type(body: bytes) -> int:
+    """The type of a serialized event that holds a type (below 128) and at most data besides,
+    in that order and nothing else (no seq, time, surface_op, usage, state_delta, redaction or
+    unknown field); 0 for any other event. What lets the writer's caller check the common
+    event by its data alone (``fold.check_plain_event``) and stamp it with ``with_time``."""
+    size = len(body)
+    if size < 2 or body[0] != _TYPE_BYTE or body[1] >= 0x80:
+        return 0
+    if size == 2:
+        return body[1]
+    if body[2] != _DATA_BYTE:
+        return 0
+    try:
+        length, start = _read_varint(body, 3)
+    except ValueError:
+        return 0
+    return body[1] if start + length == size else 0
 
 
 def _read_varint(data: bytes, pos: int) -> tuple[int, int]:

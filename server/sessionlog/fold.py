@@ -237,6 +237,15 @@ def check_plain_event(
     as the caller knows from its bytes (``wire.plain_event_type``). The same verdict, with the
     rules such an event cannot break left out: the common event of an append, checked for
     about half the cost. ``size`` is its serialized size as stored."""
+    fields = data.fields
+    seen = {key: fields[key].WhichOneof("kind") for key in fields}
+    if (
+        _STRING_KIND_SET.issuperset(seen.values())
+        and _OBJECT_FIELDS.isdisjoint(seen)
+        and size <= limits.max_event_bytes
+        and limits.max_data_depth >= 1
+    ):
+        return None  # strings and nulls: JSON as they are, each projected field of its shape
     top, kinds = _top_values(data)
     problem = _data_problem(top, kinds, limits.max_data_depth)
     if problem:
@@ -427,6 +436,9 @@ _FIELD_SHAPES = {
     "metadata": "an object",
 }
 _STRING_KINDS = ("string_value", "null_value")
+_STRING_KIND_SET = frozenset(_STRING_KINDS)
+_OBJECT_FIELDS = frozenset(_FIELD_SHAPES) - frozenset(STRING_FIELDS)
+"""The projected fields that must not be strings (``tool_calls``, ``metadata``)."""
 
 
 def _misshapen_field(top: dict[str, Value], kinds: dict[str, str | None]) -> str | None:

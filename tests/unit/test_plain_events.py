@@ -151,3 +151,22 @@ def test_plain_event_type_reads_only_a_type_and_data() -> None:
     assert wire.plain_event_type(plain + b"\x08\x01") == 0
     assert wire.plain_event_type(plain[:3]) == 0
     assert wire.plain_event_type(b"") == 0
+
+
+@given(
+    st.integers(min_value=0, max_value=2**40),
+    st.lists(st.binary(max_size=4), max_size=300),
+)
+def test_with_seqs_matches_with_seq(first_seq: int, bodies: list[bytes]) -> None:
+    """``wire.with_seqs`` gives each event the bytes ``with_seq`` gives it, across the varint
+    lengths' edges too."""
+    expected = [wire.with_seq(first_seq + i, body) for i, body in enumerate(bodies)]
+    assert wire.with_seqs(first_seq, bodies) == expected
+
+
+@given(st.sampled_from([0, 1, 127, 128, 16_383, 16_384, 2**21 - 1, 2**35]), st.integers(1, 300))
+def test_with_seqs_across_varint_edges(first_seq: int, count: int) -> None:
+    """Runs that start at or cross a varint length's edge come out as ``with_seq``'s."""
+    bodies = [bytes((n % 256,)) for n in range(count)]
+    expected = [wire.with_seq(first_seq + i, body) for i, body in enumerate(bodies)]
+    assert wire.with_seqs(first_seq, bodies) == expected

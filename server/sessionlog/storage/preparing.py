@@ -79,6 +79,7 @@ def prepare_append(
     bodies: list[bytes] = []
     stamped: list[Event] = []
     replaces: list[tuple[int, int] | None] = []
+    spending: list[int] = []  # a plain event carries no usage
     plain_types, extra = fold.PLAIN_TYPES, len(time_field)
     for index, original in enumerate(events):
         number = index if indices is None else indices[index]
@@ -106,12 +107,15 @@ def prepare_append(
         prechecked.append(violation)
         bodies.append(b"" if violation else body)
         replaces.append(fold.replace_range(event))
+        if event.HasField("usage"):
+            spending.append(index)
     return AppendBatch(
         session_id=session_id,
         events=stamped,
         prechecked=prechecked,
         bodies=bodies,
         replaces=replaces,
+        spending=spending,
         expected_seq=expected_seq,
         request_id=request_id,
         fingerprint=fingerprint,

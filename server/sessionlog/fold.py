@@ -191,45 +191,17 @@ def check_event(
                 ),
             )
     # data's own values and their kinds, read once for rule 4's walk and rule 5's shapes
-    fields = event.data.fields
-    top: dict[str, Value] = {}
-    kinds: dict[str, str | None] = {}
-    for key in fields:
-        value = top[key] = fields[key]
-        kinds[key] = value.WhichOneof("kind")
+    top, kinds = _top_values(event.data)
     problem = _time_problem(event) or _data_problem(top, kinds, limits.max_data_depth)
     if problem is None and event.HasField("state_delta"):
         problem = _state_delta_problem(event.state_delta, limits.max_data_depth)
     if problem:
-        return Violation(
-            4,
-            errors.UnserializableEventData(
-                f"event {index} cannot be stored as JSON: {problem}", index=index
-            ),
-        )
+        return _unserializable(index, problem)
     if size is None:
         size = event.ByteSize()
-    if size > limits.max_event_bytes:
-        return Violation(
-            4,
-            errors.EventTooLarge(
-                f"event {index} is {size} bytes; the limit is {limits.max_event_bytes} bytes",
-                index=index,
-                size=size,
-                limit=limits.max_event_bytes,
-            ),
-        )
-    if surface:
-        field = _misshapen_field(top, kinds)
-        if field:
-            return Violation(
-                5,
-                errors.InvalidMessageField(
-                    f"event {index}: data.{field} has the wrong type ({_FIELD_SHAPES[field]})",
-                    index=index,
-                    field=field,
-                ),
-            )
+    violation = _size_and_shape(event_type, top, kinds, index, size, limits)
+    if violation is not None:
+        return violation
     if event.HasField("usage"):
         bad = usage_problem(event.usage)
         if bad is not None:
@@ -250,6 +222,87 @@ def check_event(
                 seq=seq,
             ),
         )
+    return None
+
+
+PLAIN_TYPES = KNOWN_TYPES - {HIDE}
+"""The types a plain event (``check_plain_event``) may have: a hide needs its surface_op."""
+
+
+def check_plain_event(
+    event_type: int, data: Struct, index: int, limits: Limits, size: int
+) -> Violation | None:
+    """:func:`check_event` for a plain event: one of ``PLAIN_TYPES``, maybe data, and no other
+    field at all (no seq, time, surface_op, usage, state_delta, redaction or unknown field),
+    as the caller knows from its bytes (``wire.plain_event_type``). The same verdict, with the
+    rules such an event cannot break left out: the common event of an append, checked for
+    about half the cost. ``size`` is its serialized size as stored."""
+    fields = data.fields
+    seen = {key: fields[key].WhichOneof("kind") for key in fields}
+    if (
+        _STRING_KIND_SET.issuperset(seen.values())
+        and _OBJECT_FIELDS.isdisjoint(seen)
+        and size <= limits.max_event_bytes
+        and limits.max_data_depth >= 1
+    ):
+        return None  # strings and nulls: JSON as they are, each projected field of its shape
+    top, kinds = _top_values(data)
+    problem = _data_problem(top, kinds, limits.max_data_depth)
+    if problem:
+        return _unserializable(index, problem)
+    return _size_and_shape(event_type, top, kinds, index, size, limits)
+
+
+def _top_values(data: Struct) -> tuple[dict[str, Value], dict[str, str | None]]:
+    """data's own values by key (in the map's order) and the kind of each."""
+    fields = data.fields
+    top: dict[str, Value] = {}
+    kinds: dict[str, str | None] = {}
+    for key in fields:
+        value = top[key] = fields[key]
+        kinds[key] = value.WhichOneof("kind")
+    return top, kinds
+
+
+def _unserializable(index: int, problem: str) -> Violation:
+    return Violation(
+        4,
+        errors.UnserializableEventData(
+            f"event {index} cannot be stored as JSON: {problem}", index=index
+        ),
+    )
+
+
+def _size_and_shape(
+    event_type: int,
+    top: dict[str, Value],
+    kinds: dict[str, str | None],
+    index: int,
+    size: int,
+    limits: Limits,
+) -> Violation | None:
+    """Rule 4's size limit, then rule 5's shapes of a surface event's projected fields."""
+    if size > limits.max_event_bytes:
+        return Violation(
+            4,
+            errors.EventTooLarge(
+                f"event {index} is {size} bytes; the limit is {limits.max_event_bytes} bytes",
+                index=index,
+                size=size,
+                limit=limits.max_event_bytes,
+            ),
+        )
+    if event_type in SURFACE_TYPES:
+        field = _misshapen_field(top, kinds)
+        if field:
+            return Violation(
+                5,
+                errors.InvalidMessageField(
+                    f"event {index}: data.{field} has the wrong type ({_FIELD_SHAPES[field]})",
+                    index=index,
+                    field=field,
+                ),
+            )
     return None
 
 
@@ -383,6 +436,9 @@ _FIELD_SHAPES = {
     "metadata": "an object",
 }
 _STRING_KINDS = ("string_value", "null_value")
+_STRING_KIND_SET = frozenset(_STRING_KINDS)
+_OBJECT_FIELDS = frozenset(_FIELD_SHAPES) - frozenset(STRING_FIELDS)
+"""The projected fields that must not be strings (``tool_calls``, ``metadata``)."""
 
 
 def _misshapen_field(top: dict[str, Value], kinds: dict[str, str | None]) -> str | None:

@@ -9,7 +9,7 @@ without it and get exactly the bytes ``SerializeToString`` would.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 from google.protobuf.timestamp_pb2 import Timestamp
 
@@ -186,6 +186,8 @@ def with_time(event_without_time: bytes, event_type: int, time_field: bytes) -> 
 
 
 _TYPE_TAG = tag(_EVENT["type"], VARINT)
+_DATA_TAG = tag(_EVENT["data"], LENGTH_DELIMITED)
+
 _SEQ_TAG = tag(_EVENT["seq"], VARINT)
 assert (
     _EVENT["seq"]
@@ -193,12 +195,56 @@ assert (
     < _EVENT["time"]
     < min(n for name, n in _EVENT.items() if name not in ("seq", "type", "time"))
 ), "with_seq and with_time rely on Event's field order: seq, type, time, then the rest"
-assert len(_TYPE_TAG) == 1
+assert len(_TYPE_TAG) == len(_DATA_TAG) == len(_SEQ_TAG) == 1
+_TYPE_BYTE, _DATA_BYTE = _TYPE_TAG[0], _DATA_TAG[0]
+_SEQ_LOW = [_SEQ_TAG + bytes((n | 0x80,)) for n in range(0x80)]
+"""The seq tag and a seq's first varint byte (of a seq of two bytes or more), by its low 7 bits."""
 
 
 def with_seq(seq: int, event_without_seq: bytes) -> bytes:
     """The stored form of an event: its bytes with ``seq`` (field 1) set."""
     return _SEQ_TAG + varint(seq) + event_without_seq if seq else event_without_seq
+
+
+def with_seqs(first_seq: int, events_without_seq: Sequence[bytes]) -> list[bytes]:
+    """``with_seq`` for events of consecutive seqs from ``first_seq`` on, in one pass: the seqs
+    of a run of 128 share every varint byte after the first, so each event costs a table
+    lookup and two concatenations rather than a varint encode."""
+    out: list[bytes] = []
+    seq, end = first_seq, first_seq + len(events_without_seq)
+    while seq < end:
+        if seq < 0x80:  # one varint byte (seq 0: no field at all)
+            stop = min(end, 0x80)
+            out.extend(with_seq(s, events_without_seq[s - first_seq]) for s in range(seq, stop))
+        else:
+            stop = min(end, (seq | 0x7F) + 1)
+            high, low = varint(seq >> 7), _SEQ_LOW
+            out.extend(
+                low[s & 0x7F] + high + events_without_seq[s - first_seq] for s in range(seq, stop)
+            )
+        seq = stop
+    return out
+
+
+def plain_event_type(body: bytes) -> int:
+    """The type of a serialized event that holds a type (below 128) and at most data besides,
+    in that order and nothing else (no seq, time, surface_op, usage, state_delta, redaction or
+    unknown field); 0 for any other event. What lets the writer's caller check the common
+    event by its data alone (``fold.check_plain_event``) and stamp it with ``with_time``."""
+    size = len(body)
+    if size < 2 or body[0] != _TYPE_BYTE or body[1] >= 0x80:
+        return 0
+    if size == 2:
+        return body[1]
+    if body[2] != _DATA_BYTE or size < 4:
+        return 0
+    if body[3] < 0x80:  # data under 128 bytes: its length is one byte
+        return body[1] if 4 + body[3] == size else 0
+    try:
+        length, start = _read_varint(body, 3)
+    except ValueError:
+        return 0
+    return body[1] if start + length == size else 0
 
 
 def _read_varint(data: bytes, pos: int) -> tuple[int, int]:

@@ -35,6 +35,21 @@ def test_rows_equal_a_fresh_fold_of_the_events(tmp_path: Path) -> None:
         assert integrity.verify(store.env, store.tables)[0] == []
 
 
+def test_a_lenient_append_counts_only_the_kept_events_usage(tmp_path: Path) -> None:
+    """Events a lenient append drops add no usage, whether plain events or other usage events
+    stand around them; the rows equal the fold of what was stored."""
+    with opened(tmp_path / "data") as store:
+        dropped = spent("a", 1000)
+        dropped.seq = 7  # refused: the server assigns seqs
+        batch = [Event(type=USER), dropped, spent("a", 10), Event(type=USER), spent("b", 2)]
+        result = store.append("s", batch, lenient=True)
+        assert [index for index, _, _ in result.drops] == [1]
+        events = store.decode_events(store.read_session("s", 0), 0, "s")
+        assert len(events) == 4
+        assert store.usage("s").totals == fold.fold_usage(events)
+        assert store.usage("s").totals["a"].input_tokens == 10
+
+
 def test_every_prefix_equals_a_fresh_fold(tmp_path: Path) -> None:
     """at_seq, whichever side of it is folded (the prefix, or the rest taken off the rows),
     gives the fold of events 0..at_seq, and a fork's own part from parent_event_count."""

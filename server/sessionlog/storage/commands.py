@@ -72,6 +72,8 @@ class AppendBatch:
     """Each event serialized as it will be stored, minus its seq."""
     replaces: Sequence[tuple[int, int] | None]
     """Each event's replace range (``fold.replace_range``), read once."""
+    spending: Sequence[int] = ()
+    """The indices of the events that carry usage, in order."""
     expected_seq: int | None = None
     request_id: str = ""
     fingerprint: str = ""
@@ -164,11 +166,14 @@ class AppendCommand:
         if meta is None:
             meta = _new_session(txn, tables, batch.session_id, now_ns)
             meta.parent_id = batch.parent_id
-        bodies, with_seq = batch.bodies, wire.with_seq
-        stored = [with_seq(seq, bodies[index]) for seq, index in enumerate(kept, meta.next_seq)]
+        bodies, spending = batch.bodies, batch.spending
+        if len(kept) != len(bodies):  # kept holds indices in order: all of them, or fewer
+            bodies, chosen = [bodies[index] for index in kept], set(kept)
+            spending = [index for index in spending if index in chosen]
+        stored = wire.with_seqs(meta.next_seq, bodies)
         txn.put_events(meta.sid, meta.next_seq, stored)  # one LMDB call for the batch
         events = batch.events
-        spent = [events[index] for index in kept if events[index].HasField("usage")]
+        spent = [events[index] for index in spending]
         if spent:
             ledger.record_appended(txn, tables, meta.sid, spent)
         meta.next_seq += len(stored)

@@ -78,43 +78,44 @@ def prepare_append(
     prechecked: list[fold.Violation | None] = []
     bodies: list[bytes] = []
     stamped: list[Event] = []
+    replaces: list[tuple[int, int] | None] = []
+    spending: list[int] = []  # a plain event carries no usage
+    plain_types, extra = fold.PLAIN_TYPES, len(time_field)
     for index, original in enumerate(events):
         number = index if indices is None else indices[index]
-        event = original
-        if not keep_redacted and original.HasField("redacted"):
-            event = Event()
-            event.CopyFrom(original)
-            event.ClearField("redacted")
-        stamp_it = not event.HasField("time")
-        body: bytes | None = None
-        if time_field or not stamp_it:
+        if time_field:
+            # The common event (a type, maybe data, nothing else: seen in its bytes) is checked
+            # by its data alone and stamped in place; any other takes the whole check below.
             try:
-                body = event.SerializeToString()
+                body = original.SerializeToString()
             except Exception:  # whatever the runtime refuses to encode is judged the reference way
-                body = None
-        if body is not None:
-            # Checked at the size it is stored with (the time field added when the server adds
-            # it), and stamped only once accepted: a refused event costs no copy of its bytes.
-            size = len(body) + (len(time_field) if stamp_it else 0)
-            violation = fold.check_event(event, number, limits, size=size)
-            if not violation and stamp_it:
-                body = wire.with_time(body, event.type, time_field) or None
-        if body is None:  # the reference path: a copy of the event with its time set
-            event = Event()
-            event.CopyFrom(original)  # never change the caller's event: a retry must match
-            if not event.HasField("time"):
-                event.time.FromNanoseconds(stamp)
-            violation = fold.check_event(event, number, limits)
-            body = b"" if violation else event.SerializeToString()
+                body = b""
+            event_type = wire.plain_event_type(body)
+            if event_type in plain_types:
+                violation = fold.check_plain_event(
+                    event_type, original.data, number, limits, len(body) + extra
+                )
+                stamped.append(original)
+                prechecked.append(violation)
+                bodies.append(b"" if violation else body[:2] + time_field + body[2:])
+                replaces.append(None)
+                continue
+        event, violation, body = _checked(
+            original, number, limits, stamp, time_field, keep_redacted
+        )
         stamped.append(event)
         prechecked.append(violation)
         bodies.append(b"" if violation else body)
+        replaces.append(fold.replace_range(event))
+        if event.HasField("usage"):
+            spending.append(index)
     return AppendBatch(
         session_id=session_id,
         events=stamped,
         prechecked=prechecked,
         bodies=bodies,
-        replaces=[fold.replace_range(event) for event in stamped],
+        replaces=replaces,
+        spending=spending,
         expected_seq=expected_seq,
         request_id=request_id,
         fingerprint=fingerprint,
@@ -123,6 +124,46 @@ def prepare_append(
         lenient=lenient,
         create_only=create_only,
     )
+
+
+def _checked(
+    original: Event,
+    number: int,
+    limits: fold.Limits,
+    stamp: int,
+    time_field: bytes,
+    keep_redacted: bool,
+) -> tuple[Event, fold.Violation | None, bytes]:
+    """Any event, checked by every rule: the event as checked (a copy when its redaction mark
+    was dropped or its time set), its violation, and its bytes as stored when it has none."""
+    event = original
+    if not keep_redacted and original.HasField("redacted"):
+        event = Event()
+        event.CopyFrom(original)
+        event.ClearField("redacted")
+    stamp_it = not event.HasField("time")
+    body: bytes | None = None
+    violation: fold.Violation | None = None
+    if time_field or not stamp_it:
+        try:
+            body = event.SerializeToString()
+        except Exception:  # whatever the runtime refuses to encode is judged the reference way
+            body = None
+    if body is not None:
+        # Checked at the size it is stored with (the time field added when the server adds
+        # it), and stamped only once accepted: a refused event costs no copy of its bytes.
+        size = len(body) + (len(time_field) if stamp_it else 0)
+        violation = fold.check_event(event, number, limits, size=size)
+        if not violation and stamp_it:
+            body = wire.with_time(body, event.type, time_field) or None
+    if body is None:  # the reference path: a copy of the event with its time set
+        event = Event()
+        event.CopyFrom(original)  # never change the caller's event: a retry must match
+        if not event.HasField("time"):
+            event.time.FromNanoseconds(stamp)
+        violation = fold.check_event(event, number, limits)
+        body = b"" if violation else event.SerializeToString()
+    return event, violation, body
 
 
 def prepare_seed(

@@ -346,6 +346,9 @@ def test_the_python_clients_refuse_a_bad_page_size_with_the_servers_error(
             assert refused.value.metadata == {"page_size": "-1"}, name
             call(2**40)
         assert len(client.list_events("pt.a", page_size=2**40).events) == 5
+        with pytest.raises(MalformedRequest) as malformed:
+            client.list_events("pt.a", page_size=1.5)  # type: ignore[arg-type]
+        assert malformed.value.metadata == {"field": "page_size"}
 
     async def refusals() -> list[str]:
         refused = []

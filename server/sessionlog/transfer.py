@@ -254,6 +254,8 @@ def _stopped(exc: errors.SessionLogError, target: str, written: int, total: int)
     """What a refusal or a lost connection midway left behind, and how to go on ("" when
     nothing can have been written)."""
     lost = isinstance(exc, errors.Unavailable | DeadlineExceeded)
+    if isinstance(exc, errors.SessionAlreadyExists):
+        return ""  # the target was not made by an import: its events are not this file's
     if not written and not lost:
         return ""
     how = (

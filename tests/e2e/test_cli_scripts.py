@@ -25,6 +25,8 @@ from pathlib import Path
 
 import pytest
 
+from sessionlog.cli import status
+from sessionlog.service import app
 from sessionlog.testing import RunningServer
 from sessionlog_client import Client, event
 from tests.e2e._proc import (
@@ -278,6 +280,19 @@ def test_get_of_a_missing_session_exits_1(server: RunningServer) -> None:
     assert result.returncode == 1
     assert result.stdout == ""
     assert result.stderr == "sessionlog: NOT_FOUND: no session 'ghost'\n"
+
+
+def test_health_of_an_unknown_service_says_which_names_there_are(server: RunningServer) -> None:
+    """`health --service` with a name the server does not know: exit 1 and a line naming the
+    service and the names it answers for (it was "NOT_FOUND: no details")."""
+    result = cli(server, "health", "--service", "no.such.Service")
+    assert result.returncode == 1
+    assert result.stdout == ""
+    assert "no.such.Service" in result.stderr
+    assert "sessionlog.v1.SessionLogService" in result.stderr
+    assert "no details" not in result.stderr
+    assert ok(server, "health", "--service", "sessionlog.v1.SessionLogService") == "SERVING\n"
+    assert status.HEALTH_NAMES == app.HEALTH_SERVICES  # the CLI's copy of the server's list
 
 
 def test_replication_status_text_and_json(server: RunningServer) -> None:

@@ -247,6 +247,27 @@ def test_import_resume_continues_an_import_that_stopped(
         assert events_of(cb, "tr-fresh") == events_of(ca, "tr-resume")
 
 
+def test_resume_onto_a_live_fork_of_the_source_is_refused_without_a_delete_hint(
+    servers: tuple[RunningServer, ...], tmp_path: Path
+) -> None:
+    """--resume onto a session that was not made by an import but holds the file's first events
+    (a fork of the source) is refused SESSION_ALREADY_EXISTS, and the error does not call its
+    events imported nor offer `sessionlog delete` for them (it did: an operator following it
+    would have erased a live session); nothing changes."""
+    a, _ = servers
+    with Client(a.address) as client:
+        client.append("tr-live", [event("user_message", {"content": f"l{n}"}) for n in range(9)])
+        whole = tmp_path / "live.jsonl"
+        assert cli(a, tmp_path, "export", "tr-live", "-o", str(whole)).returncode == 0
+        client.fork_session("tr-live", at_seq=4, session_id="tr-live-fork")
+        done = cli(a, tmp_path, "import", str(whole), "--resume", "--session-id", "tr-live-fork")
+        assert done.returncode == 1
+        assert "SESSION_ALREADY_EXISTS" in done.stderr
+        assert "delete" not in done.stderr, done.stderr
+        assert "are imported" not in done.stderr, done.stderr
+        assert record_of(client, "tr-live-fork").event_count == 5
+
+
 def test_the_python_clients_import_in_chunks(servers: tuple[RunningServer, ...]) -> None:
     """Sync and async import_session: numbered from first_seq, times kept, continued."""
     a, _ = servers

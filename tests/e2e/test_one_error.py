@@ -23,7 +23,7 @@ from sessionlog.v1 import admin_service_pb2 as apb
 from sessionlog.v1 import admin_service_pb2_grpc as apb_grpc
 from sessionlog.v1 import session_log_service_pb2 as pb
 from sessionlog_client import AsyncClient, Client
-from sessionlog_client.errors import MalformedRequest
+from sessionlog_client.errors import InvalidPageSize, MalformedRequest
 from tests.e2e._helpers import Stub, append, check, failure, get, say
 from tests.e2e._proc import running_server
 
@@ -324,3 +324,47 @@ def test_the_python_clients_other_refusals_are_typed_too(server: RunningServer) 
             client.create_session("pt.ttl", ttl=60, expire_time="2999-01-01T00:00:00Z")
         assert refused.value.metadata == {"field": "ttl"}
         assert not client.get_session("pt.ttl").session.exists
+
+
+def test_the_python_clients_refuse_a_bad_page_size_with_the_servers_error(
+    server: RunningServer,
+) -> None:
+    """A negative page_size is InvalidPageSize from every listing of both clients, as the server
+    says it (ListSessions' and ListLeaseAudit's unsigned fields made it protobuf's bare
+    ValueError), and one past the field's range asks for the most a page holds (it was a bare
+    ValueError from ListEvents and DeriveMessages)."""
+    with Client(server.address) as client:
+        calls: dict[str, Callable[[int], object]] = {
+            "list_sessions": lambda size: next(iter(client.list_sessions(page_size=size))),
+            "list_lease_audit": lambda size: next(iter(client.list_lease_audit(page_size=size))),
+            "list_events": lambda size: client.list_events("pt.a", page_size=size),
+            "derive_messages": lambda size: client.derive_messages("pt.a", page_size=size),
+        }
+        for name, call in calls.items():
+            with pytest.raises(InvalidPageSize) as refused:
+                call(-1)
+            assert refused.value.metadata == {"page_size": "-1"}, name
+            call(2**40)
+        assert len(client.list_events("pt.a", page_size=2**40).events) == 5
+        with pytest.raises(MalformedRequest) as malformed:
+            client.list_events("pt.a", page_size=1.5)  # type: ignore[arg-type]
+        assert malformed.value.metadata == {"field": "page_size"}
+
+    async def refusals() -> list[str]:
+        refused = []
+        async with AsyncClient(server.address) as client:
+            calls: list[Callable[[], Any]] = [
+                lambda: client.list_events("pt.a", page_size=-1),
+                lambda: client.derive_messages("pt.a", page_size=-1),
+                lambda: client.list_sessions(page_size=-1).__anext__(),
+                lambda: client.list_lease_audit(page_size=-1).__anext__(),
+            ]
+            for call in calls:
+                try:
+                    await call()
+                except InvalidPageSize as error:
+                    refused.append(error.metadata["page_size"])
+            await client.list_events("pt.a", page_size=2**40)
+        return refused
+
+    assert asyncio.run(refusals()) == ["-1"] * 4

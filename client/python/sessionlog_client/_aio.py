@@ -1228,7 +1228,7 @@ class AsyncClient:
         token = ""
         while True:
             request = apb.ListLeaseAuditRequest(
-                page_size=page_size, page_token=token, prefix=prefix
+                page_size=c.checked_page_size(page_size), page_token=token, prefix=prefix
             )
             page: apb.ListLeaseAuditResponse = await self._call(
                 "ListLeaseAudit", request, timeout, retry=True, stub=ADMIN

@@ -17,7 +17,7 @@ from google.protobuf.duration_pb2 import Duration
 from google.protobuf.field_mask_pb2 import FieldMask
 
 from sessionlog_client.convert import TimeLike, _timestamp, event_from_dict, messages_from_dicts
-from sessionlog_client.errors import MalformedRequest, Unavailable
+from sessionlog_client.errors import InvalidPageSize, MalformedRequest, Unavailable
 from sessionlog_client.v1 import session_log_service_pb2 as pb
 from sessionlog_client.v1.event_pb2 import Event, EventType
 from sessionlog_client.v1.message_pb2 import Message
@@ -398,7 +398,7 @@ def derive_request(
     page_token: str = "",
 ) -> pb.DeriveMessagesRequest:
     request = pb.DeriveMessagesRequest(
-        session_id=session_id, page_size=page_size, page_token=page_token
+        session_id=session_id, page_size=checked_page_size(page_size), page_token=page_token
     )
     if at_seq is not None:
         request.at_seq = whole("at_seq", at_seq)
@@ -411,12 +411,33 @@ def derive_request(
 MAX_PAGE_SIZE = 1000
 """The most a server puts in one page of ListEvents or of a paged DeriveMessages."""
 
+_PAGE_SIZE_END = 2**31
+"""Past every page_size field's range (int32 or uint32); a server caps a page far below it."""
+
+
+def checked_page_size(value: int) -> int:
+    """``value`` for a request's page_size: a negative one is InvalidPageSize, as the server
+    refuses it (an unsigned field would make it protobuf's bare ValueError), and one past the
+    field's range asks for the most a server gives (the server caps it anyway)."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise MalformedRequest(
+            f"page_size must be a whole number (got {value!r})", field="page_size"
+        )
+    if value < 0:
+        raise InvalidPageSize(
+            f"page_size must not be negative (got {value}); 0 means the default", page_size=value
+        )
+    return min(value, _PAGE_SIZE_END - 1)
+
 
 def list_events_request(
     session_id: str, page_size: int, page_token: str, order_by: str
 ) -> pb.ListEventsRequest:
     return pb.ListEventsRequest(
-        session_id=session_id, page_size=page_size, page_token=page_token, order_by=order_by
+        session_id=session_id,
+        page_size=checked_page_size(page_size),
+        page_token=page_token,
+        order_by=order_by,
     )
 
 
@@ -613,7 +634,7 @@ def list_request(
 ) -> pb.ListSessionsRequest:
     view = pb.SESSION_VIEW_FULL if with_state else pb.SESSION_VIEW_UNSPECIFIED
     return pb.ListSessionsRequest(
-        page_size=page_size,
+        page_size=checked_page_size(page_size),
         page_token=page_token,
         prefix=prefix,
         filter=filter,

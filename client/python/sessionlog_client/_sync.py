@@ -1412,7 +1412,7 @@ class Client:
         token = ""
         while True:
             request = apb.ListLeaseAuditRequest(
-                page_size=page_size, page_token=token, prefix=prefix
+                page_size=c.checked_page_size(page_size), page_token=token, prefix=prefix
             )
             page: apb.ListLeaseAuditResponse = self._call(
                 "ListLeaseAudit", request, timeout, retry=True, stub=ADMIN

@@ -67,6 +67,7 @@ import type {
 import {
   appendRequest,
   appendResult,
+  checkPageSize,
   checkSeq,
   fromEvent,
   fromStruct,
@@ -1799,7 +1800,7 @@ export class SessionLogClient {
       timeoutMs,
     }: { atSeq?: number; extra?: boolean; pageSize?: number; pageToken?: string } & CallOptions = {},
   ): Promise<DerivedMessages> {
-    const request: Input<proto.DeriveMessagesRequest> = { session_id: sessionId, page_size: pageSize, page_token: pageToken };
+    const request: Input<proto.DeriveMessagesRequest> = { session_id: sessionId, page_size: checkPageSize(pageSize), page_token: pageToken };
     if (atSeq !== undefined) request.at_seq = checkSeq(atSeq, "atSeq");
     const reply = await this._call("DeriveMessages", request, { timeoutMs, retry: true });
     return {
@@ -1848,7 +1849,7 @@ export class SessionLogClient {
       timeoutMs,
     }: { pageSize?: number; pageToken?: string; orderBy?: "seq" | "seq asc" | "seq desc" } & CallOptions = {},
   ): Promise<EventPage> {
-    const request = { session_id: sessionId, page_size: pageSize, page_token: pageToken, order_by: orderBy };
+    const request = { session_id: sessionId, page_size: checkPageSize(pageSize), page_token: pageToken, order_by: orderBy };
     const reply = await this._call("ListEvents", request, { timeoutMs, retry: true });
     return {
       events: (reply.events ?? []).map(fromEvent),
@@ -2017,7 +2018,7 @@ export class SessionLogClient {
   }: { prefix?: string; pageSize?: number } & CallOptions = {}): AsyncGenerator<LeaseAuditPage, void, undefined> {
     let page_token = "";
     for (;;) {
-      const request = { page_size: pageSize, page_token, prefix };
+      const request = { page_size: checkPageSize(pageSize), page_token, prefix };
       const reply = await this._call("ListLeaseAudit", request, { timeoutMs, retry: true, admin: true });
       const entries = (reply.entries ?? []).map((e) => ({
         sessionId: e.session_id,
@@ -2057,7 +2058,7 @@ export class SessionLogClient {
     let page_token = "";
     for (;;) {
       const request = {
-        page_size: pageSize,
+        page_size: checkPageSize(pageSize),
         page_token,
         prefix,
         filter,

@@ -37,6 +37,26 @@ export function checkSeq(value: number, name: string): number {
   return value;
 }
 
+/**
+ * A listing's pageSize, checked before it is sent: a negative one is INVALID_PAGE_SIZE, as the
+ * server refuses it (protobufjs sent -1 in an unsigned field as 4294967295, a full page), one
+ * that is not a whole number MALFORMED_REQUEST, and one past the field's range the largest it
+ * holds (a server caps a page far below it).
+ */
+/** @internal */
+export function checkPageSize(value: number): number {
+  if (!Number.isInteger(value)) throw refused("pageSize", `pageSize must be a whole number (got ${String(value)})`);
+  if (value < 0) {
+    throw new SessionLogError(`page_size must not be negative (got ${value}); 0 means the default`, {
+      code: 3,
+      reason: "INVALID_PAGE_SIZE",
+      domain: "sessionlog",
+      metadata: { page_size: String(value) },
+    });
+  }
+  return Math.min(value, 2 ** 31 - 1);
+}
+
 /** A plain JSON value -> google.protobuf.Value as proto-loader expects it. */
 function toValue(value: Json | undefined): Input<proto.Value> {
   if (value === null || value === undefined) return { nullValue: "NULL_VALUE" };

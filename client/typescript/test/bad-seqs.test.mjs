@@ -64,4 +64,17 @@ describe("bad seqs", () => {
     assert.deepEqual((await client.getState("ts-bad", { atSeq: 2 })).state, {});
     assert.deepEqual((await client.getState("ts-bad", { atSeq: 3n })).state, { k: 4 });
   });
+
+  test("every listing refuses a negative or fractional pageSize as the server does", async () => {
+    // protobufjs sent -1 in ListSessions' and ListLeaseAudit's uint32 as 4294967295: a full page.
+    const invalidPageSize = (error) =>
+      error instanceof SessionLogError && error.reason === "INVALID_PAGE_SIZE" && error.code === 3 && error.metadata.page_size === "-1";
+    const first = (pages) => pages.next();
+    await assert.rejects(first(client.listSessions({ pageSize: -1 })), invalidPageSize);
+    await assert.rejects(first(client.listLeaseAudit({ pageSize: -1 })), invalidPageSize);
+    await assert.rejects(client.listEvents("ts-bad", { pageSize: -1 }), invalidPageSize);
+    await assert.rejects(client.deriveMessages("ts-bad", { pageSize: -1 }), invalidPageSize);
+    await assert.rejects(first(client.listSessions({ pageSize: 1.5 })), refusedAs("pageSize"));
+    assert.equal((await client.listEvents("ts-bad", { pageSize: 2 ** 40 })).events.length, 4);
+  });
 });

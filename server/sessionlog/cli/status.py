@@ -19,6 +19,10 @@ from sessionlog_client.convert import (
     message_to_json,
 )
 
+HEALTH_NAMES = ("", "sessionlog.v1.SessionLogService", "sessionlog.v1.ReplicationService")
+"""The service names a server's health service answers for ("": the server as a whole); the
+server's own list is ``service.app.HEALTH_SERVICES``, which the CLI does not import."""
+
 
 def add_commands(commands: Any, sub: Subcommand) -> None:
     """Register `health` and `replication status` (``sub``: ``client.subcommands``)."""
@@ -54,6 +58,11 @@ def _health(args: argparse.Namespace) -> int:
             )
         except grpc.RpcError as error:
             details = " ".join((error.details() or "").split())
+            if error.code() == grpc.StatusCode.NOT_FOUND and not details:
+                details = (
+                    f"no health status for service {args.service!r}; a sessionlog server "
+                    f"answers for {', '.join(repr(name) for name in HEALTH_NAMES)}"
+                )
             print(f"{args.server}: {error.code().name}: {details or 'no details'}", file=sys.stderr)
             return 1
     status = health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)

@@ -45,6 +45,12 @@ MIN_SPAN_S = 0.2
 """No span is shorter than this (a one-transaction delete takes a fraction of a second)."""
 
 
+def budget_seconds(events: int) -> float:
+    """What case 14 adds to the run's time budget: its paced purge under continuous appends
+    takes about 0.1 ms an event, and the quiet spans after it NOISE_SPANS times as long."""
+    return events / 1_000
+
+
 def _event(text: str) -> Event:
     event = Event(type=EventType.EVENT_TYPE_USER_MESSAGE)
     event.data.update({"content": text + " " + "x" * 200})

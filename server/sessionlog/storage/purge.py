@@ -79,8 +79,8 @@ that group is mostly fixed (the pages it dirties, written and synced with theirs
 rides rarely (``PACE_SECONDS``) and does much when it does."""
 PACE_SECONDS = _tuning("PACE_MILLISECONDS", 200) / 1e3
 """While writes flow, a purge's chunks ride at most one group per this long (``Writer.
-submit_background``): with appends every millisecond, one append in 200 carries a chunk, too
-few for their p99 to see. Once the writer is idle, chunks run back to back."""
+submit_background``): with appends every millisecond, one append in 200 carries a chunk
+instead of nearly every one. Once the writer is idle, chunks run back to back."""
 ALONE_SECONDS = _tuning("ALONE_MICROSECONDS", 1_000) / 1e6
 """The same for a chunk the writer runs alone (it was idle: no append to delay, unless one
 comes meanwhile); a record rewritten costs tens of µs, so this is what frees a session of many

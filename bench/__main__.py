@@ -131,6 +131,9 @@ def settings_from(args: argparse.Namespace) -> Settings:
         settings = replace(settings, client_processes=min(max(args.client_procs, 1), 16))
     if args.stream_window is not None:
         settings = replace(settings, stream_window=min(max(args.stream_window, 1), 1024))
+    if "deletes" in args.only:
+        extra = deletes.budget_seconds(settings.delete_events)
+        settings = replace(settings, budget_seconds=settings.budget_seconds + extra)
     return settings
 
 

@@ -241,7 +241,9 @@ def test_echo_via_thread_returns_each_request_unchanged(servers: Servers) -> Non
 
 def test_delete_case_times_appends_during_both_deletes(tmp_path: Path) -> None:
     """Case 14 deletes the same long session in one transaction and in chunks, timing the
-    appends to other sessions before, during and after each, and leaves nothing behind."""
+    appends to other sessions before, during and after each (the quiet time cut into spans as
+    long as the delete, whose p99s the p99 during it is checked against), and leaves nothing
+    behind."""
     tiny = replace(SETTINGS, duration=0.3, delete_events=5_000)
     [row] = deletes.run_deletes(tiny, tmp_path)
     assert row.kind == "one-step"
@@ -254,6 +256,11 @@ def test_delete_case_times_appends_during_both_deletes(tmp_path: Path) -> None:
             assert measured.details[f"{span}_p99_ms"] is not None
         assert "p50/p99/max: before " in deletes.note(measured)
         assert ", after " in deletes.note(measured)
+        p99s = measured.details["noise_p99s_ms"]  # the quiet spans' p99s, measured
+        assert len(p99s) >= deletes.NOISE_SPANS
+        assert measured.details["met"] == (measured.p99_ms <= p99s[-1])
+        verdict = "not met" if not measured.details["met"] else "met"
+        assert deletes.note(measured).endswith(f"unchanged within noise {verdict}")
     assert list(tmp_path.iterdir()) == []
 
 

@@ -33,11 +33,13 @@ pytestmark = pytest.mark.workers
 
 
 def small_chunks() -> dict[str, str]:
-    """The server's environment: a session of 500 events is long, a chunk frees 10 keys."""
+    """The server's environment: a session of 500 events is long, a chunk frees 10 keys, and
+    rides one group per millisecond at most while writes flow."""
     return clean_env(
         SESSIONLOG_PURGE_FROM="500",
         SESSIONLOG_PURGE_CHUNK_KEYS="10",
         SESSIONLOG_PURGE_CHUNK_RECORDS="2",
+        SESSIONLOG_PURGE_PACE_MILLISECONDS="1",
     )
 
 

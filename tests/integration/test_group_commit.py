@@ -423,3 +423,147 @@ def test_a_repeated_background_command_runs_until_it_says_no_more(store: Store) 
         store.append("between", [user(str(n))])
     assert done.result(WAIT_SECONDS).left == 0
     assert len(countdown.clocks) == len(set(countdown.clocks)) == 5  # five groups
+
+
+class _Paced(_Countdown):
+    """A countdown noting when each run began (monotonic)."""
+
+    def __init__(self, times: int) -> None:
+        super().__init__(times)
+        self.ran: list[float] = []
+
+    def apply(self, txn: Any, now_ns: int) -> Any:
+        self.ran.append(time.monotonic())
+        return super().apply(txn, now_ns)
+
+
+def test_a_paced_background_command_rides_one_group_per_pace_while_appends_flow(
+    store: Store,
+) -> None:
+    """Under appends that never pause, a repeated command with a ``pace`` rides at most one
+    group per pace, not every group: most commits carry none of it."""
+    stop = threading.Event()
+    appended = [0]
+
+    def appender() -> None:
+        while not stop.is_set():
+            store.append("busy", [user("y")])
+            appended[0] += 1
+
+    thread = threading.Thread(target=appender)
+    thread.start()
+    try:
+        while appended[0] < 20:  # the writer is busy: no idle gap from here on
+            time.sleep(0.001)
+        paced = _Paced(6)
+        store.writer.submit_background(paced, repeat=True, pace=0.05).result(WAIT_SECONDS)
+    finally:
+        stop.set()
+        thread.join(WAIT_SECONDS)
+    gaps = [later - earlier for earlier, later in zip(paced.ran, paced.ran[1:], strict=False)]
+    assert min(gaps) >= 0.05 * 0.95, gaps
+    feed = [rpb.Change.FromString(raw) for raw in store.read_changes(1)]
+    commits = {c.commit_time.ToNanoseconds() for c in feed if c.session_id == "busy"}
+    assert sum(clock in commits for clock in paced.clocks) >= 3  # they rode with appends
+    assert len(commits) > 4 * len(paced.clocks)
+
+
+def test_an_idle_writer_runs_a_repeated_background_command_back_to_back(store: Store) -> None:
+    """With no other write, a repeated command's runs follow each other at once (each alone),
+    not one per idle gap: an idle server frees a long session at full speed."""
+    store.append("before", [user("x")])
+    paced = _Paced(40)  # its pace holds only while writes flow
+    store.writer.submit_background(paced, repeat=True, pace=60.0).result(WAIT_SECONDS)
+    gaps = sorted(later - earlier for earlier, later in zip(paced.ran, paced.ran[1:], strict=False))
+    assert gaps[len(gaps) // 2] < writer.BACKGROUND_IDLE_SECONDS / 2, gaps
+
+
+def test_a_repeated_background_command_goes_behind_the_jobs_waiting(store: Store) -> None:
+    """A repeated command's next run queues behind the background jobs already waiting: a job
+    submitted after it runs before it ends, not after its last run."""
+    gate = WriterGate()
+    held = store.writer.submit(gate)
+    assert gate.entered.wait(WAIT_SECONDS)
+    countdown = _Countdown(10)
+    repeated = store.writer.submit_background(countdown, repeat=True)
+    single = _Background()
+    once = store.writer.submit_background(single)
+    gate.release.set()
+    held.result(WAIT_SECONDS)
+    once.result(WAIT_SECONDS)
+    repeated.result(WAIT_SECONDS)
+    assert countdown.clocks[0] < single.now_ns < countdown.clocks[-1]
+
+
+class _CountingEnv:
+    """The store's real LMDB environment, counting the calls of ``info``."""
+
+    def __init__(self, env: Any) -> None:
+        self._env = env
+        self.infos = 0
+
+    def info(self) -> dict[str, int]:
+        self.infos += 1
+        info: dict[str, int] = self._env.info()
+        return info
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._env, name)
+
+
+def test_the_writer_asks_lmdb_for_its_info_only_while_a_background_job_waits(
+    store: Store,
+) -> None:
+    """Appends cost no ``env.info()``: the transaction id that tells whether another process
+    committed is read from the writer's own transaction, and compared only for background
+    jobs."""
+    counting = _CountingEnv(store.env)
+    store.writer._env = counting  # type: ignore[assignment]
+    for n in range(20):
+        store.append("plain", [user(str(n))])
+    assert counting.infos == 0
+    store.writer.submit_background(_Background()).result(WAIT_SECONDS)
+    assert counting.infos >= 1
+
+
+class _HalfDone:
+    """Writes a key, then refuses itself: what a bug in a command's checks would do."""
+
+    kind = "update"
+    session_id = ""
+    moving_in = True
+
+    def __init__(self, store: Store) -> None:
+        self._db = store.tables.counters
+
+    def apply(self, txn: Any, now_ns: int) -> None:
+        txn.put(b"test-half-done", b"written", db=self._db)
+        raise errors.InvalidArgument("refused after writing")
+
+    def size(self) -> int:
+        return 0
+
+    def touched(self) -> list[str]:
+        return []
+
+
+def test_a_command_refusing_itself_after_writing_leaves_nothing_and_the_others_commit(
+    store: Store,
+) -> None:
+    """A refusal after a write aborts the transaction (never a half-applied command
+    committed); the group is retried without it, and its caller gets the refusal."""
+    gate = WriterGate()
+    held = store.writer.submit(gate)
+    assert gate.entered.wait(WAIT_SECONDS)
+    before = store.submit_append(prepare_append("a", [user("x")]))
+    half = store.writer.submit(_HalfDone(store))
+    after = store.submit_append(prepare_append("b", [user("y")]))
+    gate.release.set()
+    held.result(WAIT_SECONDS)
+    assert before.result(WAIT_SECONDS).next_seq == after.result(WAIT_SECONDS).next_seq == 1
+    with pytest.raises(errors.InvalidArgument, match="refused after writing"):
+        half.result(WAIT_SECONDS)
+    with store.env.begin() as txn:
+        assert txn.get(b"test-half-done", db=store.tables.counters) is None
+    feed = [rpb.Change.FromString(raw) for raw in store.read_changes(1)]
+    assert [c.session_id for c in feed] == ["a", "b"]

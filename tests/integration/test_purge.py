@@ -19,8 +19,10 @@ from tests.integration.test_erasure import SECRET, problems, replicate, tables_d
 
 @pytest.fixture(autouse=True)
 def small_chunks(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A session of 100 events is long here, and a chunk frees 64 keys or 3 records."""
+    """A session of 100 events is long here, a chunk frees 64 keys or 3 records, and rides
+    one group per millisecond at most while writes flow."""
     monkeypatch.setattr(purge, "PURGE_FROM", 100)
+    monkeypatch.setattr(purge, "PACE_SECONDS", 0.001)
     monkeypatch.setattr(purge, "CHUNK_KEYS", 64)
     monkeypatch.setattr(purge, "CHUNK_RECORDS", 3)
 

@@ -25,24 +25,42 @@ log = logging.getLogger(__name__)
 
 IDLE_SECONDS = 0.5
 """How often a task with nothing to free looks for a mark."""
+MAX_BACKOFF_SECONDS = 60.0
+"""After a failed purge the task waits twice as long as before (from ``IDLE_SECONDS``) up to
+this, so a purge that keeps failing (a damaged record, a bug) neither spins nor floods the
+log; a purge that ends well resets the wait."""
 
 
 async def keep_purged(store: Store, may_purge: Callable[[], bool]) -> None:
     """Free the purged sessions until cancelled."""
+    wait = IDLE_SECONDS
     while True:
-        await asyncio.sleep(IDLE_SECONDS)
-        while may_purge():
-            try:
-                started = await asyncio.to_thread(store.start_purge)
-                if started is None:
-                    break
-                chunk = await asyncio.wrap_future(started)  # no thread waits for it
-            except errors.SessionLogError as error:
-                log.warning("purging a deleted session stopped", extra={"error": str(error)})
-                break
-            except Exception:  # one failed chunk must not end purging for the server's life
-                log.exception("purging a deleted session failed; the next round tries again")
-                break
-            if not chunk.done:
-                break  # the writer stopped first
-            log.info("freed a deleted session's rows", extra={"chunks": chunk.chunks})
+        await asyncio.sleep(wait)
+        failed = await _purge_while_allowed(store, may_purge, first_failure=wait == IDLE_SECONDS)
+        wait = min(wait * 2, MAX_BACKOFF_SECONDS) if failed else IDLE_SECONDS
+
+
+async def _purge_while_allowed(
+    store: Store, may_purge: Callable[[], bool], first_failure: bool
+) -> bool:
+    """Free the marked sessions one after another while ``may_purge``; whether one failed
+    (its traceback is logged for the first failure of a run of them, a line after that)."""
+    while may_purge():
+        try:
+            started = await asyncio.to_thread(store.start_purge)
+            if started is None:
+                return False
+            chunk = await asyncio.wrap_future(started)  # no thread waits for it
+        except errors.SessionLogError as error:
+            log.warning("purging a deleted session stopped", extra={"error": str(error)})
+            return True
+        except Exception as exc:  # one failed chunk must not end purging for the server's life
+            if first_failure:
+                log.exception("purging a deleted session failed; it is tried again later")
+            else:
+                log.warning("purging a deleted session failed again", extra={"error": str(exc)})
+            return True
+        if not chunk.done:
+            return False  # the writer stopped first
+        log.info("freed a deleted session's rows", extra={"chunks": chunk.chunks})
+    return False

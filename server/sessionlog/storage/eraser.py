@@ -275,13 +275,14 @@ class Eraser:
         """Hand the oldest purge to the writer whole: one background command that it runs
         again, chunk after chunk, until the session is freed (``Writer.submit_background``
         with ``repeat``); its future holds the last chunk's result. None when no session is
-        being purged."""
+        being purged. While writes flow, its chunks ride one group per ``purge.PACE_SECONDS``
+        at most."""
         with self.env.begin() as txn:
             marks = purge.pending(txn, self.tables, limit=1)
         if not marks:
             return None
         command = purge.PurgeCommand(self.tables, marks[0].sid)
-        return self.writer.submit_background(command, repeat=True)
+        return self.writer.submit_background(command, repeat=True, pace=purge.PACE_SECONDS)
 
     def purge_all(self) -> int:
         """Free every purged session to the end (``start_purge``, one after another); blocks.

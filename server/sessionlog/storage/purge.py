@@ -21,18 +21,22 @@ a put. So replicas free the same bytes in the same small steps, and a restart (o
 resumes from the mark, which moved in the same transaction as the chunk it records.
 
 A chunk must not make other sessions' appends wait (issue 35: their p99 unchanged while a long
-delete runs). Three things see to that. It is a *background* command (``Writer.
+delete runs). Four things see to that. It is a *background* command (``Writer.
 submit_background``): it never has a transaction of its own while writes are coming, but rides
 at the end of their group, sharing its commit and sync, and runs alone only once the writer has
-been idle a few milliseconds. It keeps time: it stops after ``CHUNK_SECONDS`` inside the
-transaction (``ALONE_SECONDS`` when it runs alone; looking at the clock every ``CHECK_EVERY``
-keys or records walked, and after each record rewritten), or at ``CHUNK_KEYS`` keys or
-``CHUNK_RECORDS`` records, whichever comes first, so what it adds to an append's group is a
-fraction of that append's own sync. And the writer runs the same command again for the next
-chunk (``repeat``; ``Purged.more``), finding the records itself in the feed from the mark, so no
-other thread of the process runs between two chunks (a round trip through one cost the appends
-as much again as the chunk: ``docs/benchmarks.md``, case 14). What a chunk removed is recorded
-as the exact key range, so a replica removes the same keys whatever its clock says.
+been idle a few milliseconds. It is paced: while writes flow it rides at most one group per
+``PACE_SECONDS``, since what it costs the group it rides is mostly fixed (the pages it dirties,
+written and synced with the group's) however short it is; once the writer is idle its chunks
+run back to back, so an idle server frees at full speed. It keeps time: it stops after
+``CHUNK_SECONDS`` inside the transaction (``ALONE_SECONDS`` when it runs alone; looking at the
+clock every ``CHECK_EVERY`` keys or records walked, and after each record it erases), or at
+``CHUNK_KEYS`` keys or ``CHUNK_RECORDS`` records, whichever comes first. And the writer runs the
+same command again for the next chunk (``repeat``; ``Purged.more``), finding the records itself
+in the feed from the mark, so no other thread of the process runs between two chunks (a round
+trip through one cost the appends as much again as the chunk: ``docs/benchmarks.md``, case
+14). What a chunk removed is recorded as the exact key range, so a replica removes the same keys
+whatever its clock says. A chunk is all or nothing: it makes every placeholder before its first
+put, so one that fails leaves nothing of the chunk written.
 
 Between the steps the old records of the session may still be read from the feed; ``admin
 verify`` knows the sids being purged and does not call their rows left over.
@@ -68,9 +72,15 @@ CHUNK_KEYS = _tuning("CHUNK_KEYS", 2_000)
 CHUNK_RECORDS = _tuning("CHUNK_RECORDS", 64)
 """Change records one chunk rewrites at most (its time runs out sooner, at tens of µs each:
 this bounds what the read before it looks for, that the chunk may not get to)."""
-CHUNK_SECONDS = _tuning("CHUNK_MICROSECONDS", 100) / 1e6
+CHUNK_SECONDS = _tuning("CHUNK_MICROSECONDS", 2_000) / 1e6
 """How long one chunk works inside the write transaction at most (then it stops where it is,
-its commit still to come): what it may add to the group of appends it rides with."""
+its commit still to come): what it may add to the group of appends it rides with. Its cost to
+that group is mostly fixed (the pages it dirties, written and synced with theirs), so a chunk
+rides rarely (``PACE_SECONDS``) and does much when it does."""
+PACE_SECONDS = _tuning("PACE_MILLISECONDS", 200) / 1e3
+"""While writes flow, a purge's chunks ride at most one group per this long (``Writer.
+submit_background``): with appends every millisecond, one append in 200 carries a chunk
+instead of nearly every one. Once the writer is idle, chunks run back to back."""
 ALONE_SECONDS = _tuning("ALONE_MICROSECONDS", 1_000) / 1e6
 """The same for a chunk the writer runs alone (it was idle: no append to delay, unless one
 comes meanwhile); a record rewritten costs tens of µs, so this is what frees a session of many
@@ -238,7 +248,8 @@ class PurgeCommand:
         ``CHUNK_RECORDS`` rewrites; the mark moves to the last record walked."""
         tables = self._tables
         name = purge.session_id.encode()
-        rewritten = walked = 0
+        erased: list[tuple[int, bytes]] = []
+        walked = 0
         reached = purge.upto
         cursor = txn.cursor(db=tables.changes)
         found = cursor.set_range(schema.u64(purge.scanned + 1))
@@ -247,25 +258,23 @@ class PurgeCommand:
             if position > purge.upto:
                 break
             raw = bytes(cursor.value())
+            walked += 1
             if name in raw and rpb.Change.FromString(raw).session_id == purge.session_id:
-                erased = changes.placeholder(txn, tables, raw, keep)
-                txn.put(schema.u64(position), erased, db=tables.changes)
-                rewritten += 1
-                walked += 1
-                if rewritten == CHUNK_RECORDS or time.perf_counter() > deadline:
+                erased.append((position, changes.placeholder(txn, tables, raw, keep)))
+                if len(erased) == CHUNK_RECORDS or time.perf_counter() > deadline:
                     reached = position
                     break
-                cursor = txn.cursor(db=tables.changes)  # seek again past what the put changed
-                found = cursor.set_range(schema.u64(position + 1))
-                continue
-            walked += 1
-            if walked % CHECK_EVERY == 0 and time.perf_counter() > deadline:
+            elif walked % CHECK_EVERY == 0 and time.perf_counter() > deadline:
                 reached = position
                 break
             found = cursor.next()
+        # Every placeholder is made before the first put: one that fails (a damaged record)
+        # leaves the chunk unwritten, not half done.
+        for position, placeholder in erased:
+            txn.put(schema.u64(position), placeholder, db=tables.changes)
         purge.scanned = min(purge.upto, max(reached, purge.scanned))
         txn.put(schema.u64(self._sid), purge.encode(), db=tables.purges)
-        return Purged(rewritten=rewritten)
+        return Purged(rewritten=len(erased))
 
 
 def _free_some(txn: RecordingTxn, db: object, sid: int, deadline: float) -> int:

@@ -51,11 +51,20 @@ Invariants:
 - a write that meets a damaged page (LMDB then refuses the whole transaction) fails alone with
   DATA_CORRUPTED, the others retried without it;
 - a *background* command (``submit_background``: a long delete's chunk, ``purge``) never makes
-  a write wait for a transaction of its own: it rides at the end of the next group of other
-  commands, sharing that group's commit and sync, or, when no command comes, runs alone once
-  the writer has been idle ``BACKGROUND_IDLE_SECONDS``. So under any load it runs within that
-  gap or the next group, whichever comes first (it cannot starve), one per group; the time it
-  adds to a group is what it does inside the transaction, which it bounds itself.
+  a write wait for a transaction of its own: it rides at the end of a group of other commands,
+  sharing that group's commit and sync, or, when no command comes, runs alone once the writer
+  has been idle ``BACKGROUND_IDLE_SECONDS`` since its last group of other commands. While
+  writes flow, a job submitted with a ``pace`` (seconds) rides at most one group per pace, so it
+  touches few of their commits (a chunk costs the commit it rides a fixed part of a sync, however
+  short the chunk: ``docs/benchmarks.md``, case 14); once the writer is idle, repeated runs go
+  back to back, each alone, until a write comes. So it cannot starve: under any load it runs
+  within its pace or the idle gap. When another process (``--workers N``) has committed since
+  this writer's last commit, its writes wait for LMDB's lock behind a lone run: the run is then
+  paced as a rider is, and told it is not alone. The time a run adds to a group is what it does
+  inside the transaction, which it bounds itself;
+- a command that fails with a refusal after it wrote (a bug: refusals come before the first
+  put) aborts the whole transaction, which is then retried without it: a half-applied command
+  is never committed.
 """
 
 from __future__ import annotations
@@ -91,8 +100,8 @@ MAX_GROUP = 256
 MAX_GROUP_BYTES = 16 << 20
 #: How many of its latest commits the writer remembers the change positions of (``wrote``).
 OWN_COMMITS_KEPT = 4096
-#: A background command with no group to ride with runs alone once no command has come for
-#: this long since the last commit: a write arriving meanwhile then waits for it.
+#: A background command with no group to ride with runs alone once no other command has come
+#: for this long since the last group of them: a write arriving meanwhile then waits for it.
 BACKGROUND_IDLE_SECONDS = 0.005
 
 
@@ -164,6 +173,11 @@ class _Job:
     """A background job run again, in a later group, while its result says ``more``."""
     claimed: bool = False
     """Its future was marked running (a repeated job is claimed once)."""
+    pace: float = 0.0
+    """While writes flow, a repeated background job rides one group per this long at most."""
+    not_before: float = 0.0
+    """While writes flow, it runs no sooner than this (monotonic): its last run plus its
+    ``pace``."""
 
 
 @dataclass(slots=True)
@@ -270,11 +284,13 @@ class Writer:
         self._background: deque[_Job] = deque()
         """Background jobs taken from the queue, waiting for a group or for the writer's idle
         gap; the writer thread's own."""
-        self._busy_until = time.monotonic()
-        """When the writer last finished a group (monotonic): the idle gap counts from it."""
+        self._last_foreground = time.monotonic()
+        """When the writer last finished a group of other than background commands (monotonic):
+        the idle gap counts from it, so lone background runs follow each other at once."""
         self._txnid_after_commit = -1
-        """LMDB's last transaction id right after this writer's latest commit: a higher one means
-        another process has committed since (a background job then never runs as if alone)."""
+        """LMDB's transaction id of this writer's latest commit that wrote (``txn.id()``): a
+        higher last one means another process has committed since (a background job then never
+        runs as if alone). Read by the writer only while a background job waits."""
         self._thread = threading.Thread(target=self._run, name="sessionlog-writer", daemon=True)
         self._thread.start()
 
@@ -292,18 +308,21 @@ class Writer:
         self._queue_job(_Job(command, future))
         return future
 
-    def submit_background(self, command: Command, repeat: bool = False) -> Future[Any]:
+    def submit_background(
+        self, command: Command, repeat: bool = False, pace: float = 0.0
+    ) -> Future[Any]:
         """Queue a command that must not hold up other writes (see the invariants): it runs at
         the end of the next group of other commands, or alone once the writer is idle. It
         must keep its own time inside the transaction short, since a group's writes wait for
         it; a command with an ``alone`` attribute finds it set to whether it runs alone (no
-        write waits on it then, unless one comes meanwhile). The future holds its result once
+        write waits on it then, unless one comes meanwhile). With a ``pace`` (seconds) it rides
+        at most one group per pace while writes flow. The future holds its result once
         its transaction is durable. With ``repeat``, a result whose ``more`` is true is not
         given: the writer runs the same command again in a later group (the same rules), and
         gives only the last result, or the first refusal (no other thread runs between the
         chunks of a long job, nor is woken for them)."""
         future: Future[Any] = Future()
-        self._queue_job(_Job(command, future, background=True, repeat=repeat))
+        self._queue_job(_Job(command, future, background=True, repeat=repeat, pace=pace))
         return future
 
     def barrier(self) -> Future[Any]:
@@ -352,7 +371,8 @@ class Writer:
                     for job in group:
                         self._settle(job, RuntimeError("the write failed; see the server log"))
                     self._deliver()
-                self._busy_until = time.monotonic()
+                if not _only_background(group):
+                    self._last_foreground = time.monotonic()
             if self._pending and (stop or self._queue.empty()):
                 self._sync_pending()  # no commit is coming to cover them: sync now
             if stop:
@@ -392,13 +412,14 @@ class Writer:
 
     def _take_group(self) -> tuple[list[_AnyJob], bool]:
         """Everything queued, up to the bounds, minus the jobs whose callers gave up before it
-        started (they are never written), and one background job at the end; or a background
-        job alone once the writer has been idle ``BACKGROUND_IDLE_SECONDS``. Marking a thread's
-        future running makes it uncancellable, so its caller learns the outcome of what was
-        written."""
+        started (they are never written), and one background job that is due at the end; or a
+        background job alone once the writer has been idle ``BACKGROUND_IDLE_SECONDS`` (see
+        ``_lone_wait``). Marking a thread's future running makes it uncancellable, so its caller
+        learns the outcome of what was written."""
         group: list[_AnyJob] = []
         size = 0
         first = True
+        wait, alone = 0.0, True
         while len(group) < MAX_GROUP and size < MAX_GROUP_BYTES:
             if first and self._pending and self._queue.empty():
                 self._sync_pending()  # about to wait for work: no commit will cover them
@@ -406,17 +427,19 @@ class Writer:
                 if not first:
                     job = self._queue.get_nowait()
                 elif self._background:
-                    idle_left = self._busy_until + BACKGROUND_IDLE_SECONDS - time.monotonic()
-                    job = self._queue.get(timeout=max(0.0, idle_left))
+                    wait, alone = self._lone_wait()
+                    job = self._queue.get(timeout=wait)
                 else:
                     job = self._queue.get()
             except queue.Empty:
-                if first:  # idle for the whole gap: the background job runs alone, unless
-                    # another process (--workers N) committed since this writer last did: its
-                    # writers wait for LMDB's lock behind the chunk, so the chunk stays short
-                    alone = self._env.info()["last_txnid"] == self._txnid_after_commit
-                    return self._with_background(group, alone=alone), False
-                break
+                if not first:
+                    break
+                if wait > 0:
+                    continue  # the idle gap (or the job's pace) has passed: look again
+                lone = self._with_background(group, alone=alone)  # idle: a job runs alone
+                if lone:
+                    return lone, False
+                continue
             if isinstance(job, _Stop):
                 return group + self._all_background(), True
             if isinstance(job, _Job) and job.background:
@@ -430,15 +453,38 @@ class Writer:
                 first = True  # nothing taken yet: wait for the next job
         return self._with_background(group), False
 
+    def _lone_wait(self) -> tuple[float, bool]:
+        """How long to wait for a command before a background job runs alone, and whether it
+        would run as alone. The writer is idle once ``BACKGROUND_IDLE_SECONDS`` have passed
+        since its last group of other commands; then a job runs at once (back to back with its
+        previous run), unless another process (``--workers N``) has committed since this
+        writer's last commit: that process's writes wait for LMDB's lock behind the run, so it
+        waits for its pace and keeps a rider's budget."""
+        now = time.monotonic()
+        idle_left = self._last_foreground + BACKGROUND_IDLE_SECONDS - now
+        if idle_left > 0:
+            return idle_left, True
+        if self._env.info()["last_txnid"] == self._txnid_after_commit:
+            return 0.0, True
+        due = min(job.not_before for job in self._background)
+        return max(0.0, due - now), False
+
     def _with_background(self, group: list[_AnyJob], alone: bool = False) -> list[_AnyJob]:
-        """``group`` and the oldest background job still wanted, if any, at its end; its
-        command's ``alone`` (when it has one) tells it whether it rides with nothing."""
-        while self._background:
-            job = self._background.popleft()
+        """``group`` and the oldest background job still wanted and due (its pace: any job when
+        it runs alone), if any, at its end; its command's ``alone`` (when it has one) tells it
+        whether it rides with nothing."""
+        if not self._background:
+            return group
+        now = time.monotonic()
+        for job in list(self._background):
+            if job.not_before > now and not (alone and not group):
+                continue
+            self._background.remove(job)
             if job.claimed or _claim(job.future):
                 job.claimed = True
                 if hasattr(job.command, "alone"):
                     job.command.alone = alone
+                job.not_before = now + job.pace
                 return [*group, job]
         return group
 
@@ -477,6 +523,7 @@ class Writer:
                     fed = fed or after != feed
                     feed = after
                     outcomes.append((ok, value))
+                txn_id = txn.id()
                 started = time.perf_counter()
                 self.stalled = ("committing (writing and syncing to disk)", time.monotonic())
                 try:
@@ -484,8 +531,8 @@ class Writer:
                 finally:
                     self.stalled = None
                 committed_in = time.perf_counter() - started
-                self._txnid_after_commit = self._env.info()["last_txnid"]
-                if fed:
+                if fed:  # a commit that wrote nothing leaves LMDB's last transaction id as it was
+                    self._txnid_after_commit = txn_id
                     with self._own_lock:
                         self._own.append((first, feed[0]))
                 outcomes = self._unless_deposed(group, outcomes)
@@ -507,6 +554,13 @@ class Writer:
                 # Find the one that failed: every other command still deserves its commit.
                 for job in group:
                     self._commit([job])
+                return
+            if isinstance(exc, _HalfWritten):  # alone now: it is refused, writing nothing
+                log.error(
+                    "a command refused itself after writing: its transaction was aborted",
+                    extra={"kind": group[0].command.kind, "error": str(exc)},
+                )
+                self._finish(group, [(False, exc.refusal)], False)
                 return
             if outcomes and not outcomes[0][0]:
                 # Refused (the damage it read breaks the transaction): the refusal stands.
@@ -607,6 +661,8 @@ class Writer:
         try:
             result = command.apply(recording, now_ns)
         except errors.SessionLogError as exc:
+            if recording.wrote:  # its writes cannot be taken back but with the transaction's
+                raise _HalfWritten(exc) from exc
             return False, exc, feed
         if not recording.wrote:
             if isinstance(result, Written):
@@ -655,7 +711,7 @@ class Writer:
             if ok:
                 changed.update(job.command.touched())
             if ok and isinstance(job, _Job) and job.repeat and not self._closed and value.more:
-                self._background.appendleft(job)  # its next run, in a later group
+                self._background.append(job)  # its next run, behind the jobs already waiting
                 continue
             self._settle(job, value, ok)
         if self._on_loop_commit is not None:
@@ -715,6 +771,21 @@ def _apply_replicated(
 
 def _always() -> bool:
     return True
+
+
+def _only_background(group: list[_AnyJob]) -> bool:
+    """Whether the group is background jobs only (a lone run, or the stopping group's): they
+    come after every other command of a group, so its first job tells."""
+    first = group[0]
+    return isinstance(first, _Job) and first.background
+
+
+class _HalfWritten(Exception):
+    """A command refused itself after it had written: the transaction is aborted."""
+
+    def __init__(self, refusal: errors.SessionLogError) -> None:
+        super().__init__(str(refusal))
+        self.refusal = refusal
 
 
 PAUSE_ENV = "SESSIONLOG_TEST_PAUSE_BEFORE_SYNC"

@@ -26,6 +26,8 @@ import pytest
 from sessionlog.testing import error_info
 from sessionlog.v1 import session_log_service_pb2 as pb
 from sessionlog.v1 import session_log_service_pb2_grpc as pb_grpc
+from sessionlog_client import Client
+from sessionlog_client.errors import DataCorrupted
 from tests.e2e._helpers import user
 from tests.e2e._proc import ServerProcess, free_port, run_cli
 
@@ -304,3 +306,30 @@ def test_verify_is_never_clean_about_a_free_list_the_server_refuses(tmp_path: Pa
     done = run_cli(verify, tmp_path)
     assert done.returncode == 1, done.stdout + done.stderr
     assert f"free list page {root}" in done.stdout, done.stdout
+
+
+def test_a_damaged_event_streamed_as_stored_is_data_corrupted_in_the_python_client(
+    data: Path,
+) -> None:
+    """Since sends events as they are stored, unparsed: bytes of one event made invalid UTF-8
+    reach the Python client as a reply it cannot decode, which it raises as DataCorrupted
+    (naming `admin verify`), not a bare TransportError; the other sessions read whole."""
+    path = data / "data.mdb"
+    content = bytearray(path.read_bytes())
+    marker = b"marker-3-7 "
+    found = [at for at in range(len(content)) if content.startswith(marker, at)]
+    assert found, "the marker is not in the data file"
+    for at in found:
+        content[at : at + len(marker)] = b"\xff" * len(marker)
+    path.write_bytes(bytes(content))
+    listen = _listen()
+    with ServerProcess(["--data", str(data), "--listen", listen], data.parent) as server:
+        server.wait_serving(listen)
+        with Client(listen) as client:
+            with pytest.raises(DataCorrupted) as refused:
+                list(client.since("s3"))
+            assert "admin verify" in str(refused.value)
+            assert len(list(client.since("s4"))) == EVENTS
+        assert server.process is not None
+        assert server.process.poll() is None, server.log()
+        assert server.stop() == 0

@@ -9,6 +9,8 @@ ErrorInfo come from the transport (a refused connection, a deadline) and map by 
     ├── Unavailable                  UNAVAILABLE, with or without ErrorInfo
     ├── Unauthenticated              UNAUTHENTICATED, with or without ErrorInfo
     ├── PermissionDenied             PERMISSION_DENIED, with or without ErrorInfo
+    ├── DataCorrupted                INTERNAL from this client's own failure to parse a reply
+    │                                (a damaged stored event that a stream sent as stored)
     └── TransportError               any other status without ErrorInfo; ``.code`` is its code
         ├── DeadlineExceeded         DEADLINE_EXCEEDED
         └── Cancelled                CANCELLED
@@ -114,6 +116,10 @@ def error_info(trailers: Iterable[tuple[str, Any]] | None) -> error_details_pb2.
     return None
 
 
+UNDECODABLE_REPLY = "Exception deserializing response!"
+"""The details of the INTERNAL status gRPC Python gives a reply its stub could not parse."""
+
+
 def to_error(error: grpc.RpcError) -> errors.SessionLogError:
     """The sessionlog exception for a failed call (sync or asyncio)."""
     code: grpc.StatusCode = error.code()
@@ -130,6 +136,13 @@ def to_error(error: grpc.RpcError) -> errors.SessionLogError:
         oversized = _oversized(code, message)
         if oversized is not None:
             return oversized
+        if code == grpc.StatusCode.INTERNAL and message == UNDECODABLE_REPLY:
+            return errors.DataCorrupted(
+                "a reply from the server could not be decoded: a streamed read (Since, "
+                "Follow) sends the events as they are stored, so a damaged record of this "
+                "session reaches the client as bytes that are not an Event; run `sessionlog "
+                f"admin verify` on the server's data folder ({message})"
+            )
         cls = _BY_CODE.get(code)
         if cls is not None:
             return cls(message)

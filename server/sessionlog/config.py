@@ -96,9 +96,13 @@ def _seconds(value: Any) -> float:
 
 
 def _positive_seconds(value: Any) -> float:
-    number = _seconds(value)
+    # One message for 0 and for a negative: "non-negative" would be wrong here.
+    try:
+        number = _seconds(value)
+    except ValueError:
+        number = 0.0
     if number == 0:
-        raise ValueError(f"must be a number of seconds above 0, not {value!r}")
+        raise ValueError(f"must be a finite number of seconds above 0, not {value!r}")
     return number
 
 

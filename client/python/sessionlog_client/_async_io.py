@@ -163,12 +163,7 @@ def _settle(
     if pending is None or pending[0].done():
         return
     future, session_id = pending
-    error = _status.reply_error(reply)
-    if epochs is not None:
-        try:
-            epochs.judge(session_id, error)
-        except errors.SessionLogError as lost:
-            error = lost
+    error = _status.judged_reply_error(reply, session_id, epochs)
     if error is not None:
         future.set_exception(error)
     else:

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Mapping
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 import grpc
 from google.rpc import error_details_pb2, status_pb2
@@ -179,6 +179,26 @@ def reply_error(reply: pb.AppendStreamResponse) -> errors.SessionLogError | None
         return None
     failed = reply.error
     return stream_error(failed.code, failed.message, failed.reason, failed.metadata)
+
+
+class ReplyJudge(Protocol):
+    """What judges an AppendStream reply by its stream's epoch (``_routing.StreamEpochs``)."""
+
+    def judge(self, session_id: str, error: errors.SessionLogError | None) -> None: ...
+
+
+def judged_reply_error(
+    reply: pb.AppendStreamResponse, session_id: str, epochs: ReplyJudge | None
+) -> errors.SessionLogError | None:
+    """``reply_error``, then judged by ``epochs``: LeadershipLost in place of an
+    acknowledgement from a deposed server (None: the append stands acknowledged)."""
+    error = reply_error(reply)
+    if epochs is not None:
+        try:
+            epochs.judge(session_id, error)
+        except errors.SessionLogError as lost:
+            error = lost
+    return error
 
 
 _CODE_BY_NUMBER = {status.value[0]: status for status in grpc.StatusCode}

@@ -97,7 +97,7 @@ def prepare_append(
                 )
                 stamped.append(original)
                 prechecked.append(violation)
-                bodies.append(b"" if violation else body[:2] + time_field + body[2:])
+                bodies.append(b"" if violation else wire.with_time(body, event_type, time_field))
                 replaces.append(None)
                 continue
         event, violation, body = _checked(

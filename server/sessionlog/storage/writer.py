@@ -545,7 +545,7 @@ class Writer:
             failure = storage_failure(exc, self._free_bytes(), _group_bytes(group))
             if len(group) > 1 and (failure is None or failure.retry_alone):
                 last = group[-1]
-                if len(group) > 2 and isinstance(last, _Job) and last.background:
+                if isinstance(last, _Job) and last.background:
                     # The background job riding at the end first: the others keep one commit
                     # (one of them failing splits them below, in their own retry).
                     self._commit(group[:-1])

@@ -91,9 +91,9 @@ frameworks = 12 (the framework backends' calls per call beside SQLite, Redis and
 ``bench.frameworks``), stream = 13 (AppendStream and unary Append through the compiled appendload
 at --workers 1 and 2, beside etcd's Put and Txn: see ``bench.streams``), durability = cases 1
 and 2 through h2load on a server per --durability mode, each beside sync (``bench.durability``),
-deletes = 14 (appends to other sessions while a long session is deleted, in chunks beside in
-one transaction: see ``bench.deletes``; its fill takes a minute or more at full size, so it runs
-when asked for)."""
+deletes = 14 (appends to other sessions while long sessions are deleted one after another, in
+chunks beside in one transaction: see ``bench.deletes``; its fill takes a minute or more at full
+size, so it runs when asked for)."""
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -282,7 +282,10 @@ def run_all(settings: Settings, work: Path, groups: list[str]) -> Results:
             measured("without", row.ceiling)
             results.rows.append(row)
     if "deletes" in groups:
-        progress(f"case 14 appends during a delete (filling {settings.delete_events:,} events)")
+        progress(
+            f"case 14 appends during deletes (filling {settings.delete_sessions} sessions, "
+            f"{settings.delete_events:,} events in all)"
+        )
         for row in deletes.run_deletes(settings, work):
             for m in (row.sessionlog, row.ceiling):
                 measured(m.name, m)

@@ -79,7 +79,10 @@ class Settings:
     stream_window: int = 16
     """Appends each AppendStream stream keeps in flight (case 13, ``bench.streams``)."""
     delete_events: int = 1_000_000
-    """Events in the session case 14 deletes while others append."""
+    """Events case 14 deletes while others append, in all: ``delete_sessions`` long sessions of
+    an equal share."""
+    delete_sessions: int = 6
+    """Long sessions case 14 deletes one after another, each followed by as long a quiet span."""
 
     @classmethod
     def default(cls) -> Settings:

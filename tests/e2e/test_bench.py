@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import re
 import shutil
-import statistics
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -263,14 +262,37 @@ def test_delete_case_times_appends_during_both_deletes(tmp_path: Path) -> None:
         assert len(p99s) >= 3  # one after each delete, and those that fit before the first
         mine = measured.details["deletes_p99s_ms"]
         assert len(mine) == 3
-        median = measured.details["deletes_p99_median_ms"]
-        assert median == round(statistics.median(mine), 2)
-        assert measured.details["met"] == (median <= p99s[-1])
-        share = sum(d > q for d in mine for q in p99s) / (len(mine) * len(p99s))
+        p_value = measured.details["p_value"]
+        assert p_value == round(deletes.rank_p(mine, p99s), 3)
+        assert measured.details["met"] == (p_value >= deletes.LEVEL)
+        share = deletes.above(mine, p99s) / (len(mine) * len(p99s))
         assert measured.details["above_share"] == round(share, 2)
         verdict = "not met" if not measured.details["met"] else "met"
         assert deletes.note(measured).endswith(f"unchanged within noise {verdict}")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_the_rank_test_of_case_14_counts_the_labellings_as_high() -> None:
+    """Case 14's verdict: the share of the ways of labelling the spans whose deletes rank as
+    high as the measured ones, counted (or, past EXACT_LABELLINGS, drawn with a seed)."""
+    # Three deletes above three quiet spans: 1 labelling of C(6, 3) = 20 is as high.
+    assert deletes.rank_p([5.0, 6.0, 7.0], [1.0, 2.0, 3.0]) == 1 / 20
+    assert deletes.above([5.0, 6.0, 7.0], [1.0, 2.0, 3.0]) == 9
+    # All below: every labelling is at least as high.
+    assert deletes.rank_p([1.0, 2.0], [5.0, 6.0, 7.0]) == 1.0
+    # Deletes ranked 2 and 4 of 4 (rank sum 6): of the C(4, 2) = 6 labellings, {2, 4} (6)
+    # and {3, 4} (7) rank as high; {1, 4} and {2, 3} (5) do not.
+    assert deletes.rank_p([2.0, 4.0], [1.0, 3.0]) == 2 / 6
+    # Tied values share their mean rank (1, 2.5, 2.5, 4): deletes {2.5, 4} sum 6.5, and so
+    # do {2.5, 4} the other way: 2 of 6 again, with {2.5, 2.5} (5) and the rest below.
+    assert deletes.rank_p([3.0, 5.0], [3.0, 1.0]) == 2 / 6
+    assert deletes.above([3.0, 5.0], [3.0, 1.0]) == 3.5  # 3 > 1, 3 = 3 (half), 5 > both
+    # Past EXACT_LABELLINGS the labellings are drawn, reproducibly, near the exact share.
+    quiet = [float(v) for v in range(40)]
+    mine = [35.5, 36.5, 37.5, 38.5, 20.5, 10.5]
+    drawn = deletes.rank_p(mine, quiet)
+    assert drawn == deletes.rank_p(mine, quiet)
+    assert 0.0 < drawn < 0.2
 
 
 def test_checksum_case_measures_both_ways_and_writes_the_records_accordingly(

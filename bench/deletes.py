@@ -13,24 +13,32 @@ chunked one): their p50 and p99, and the longest append, which is how long the w
 beside them, the appends of the ``quiet_s`` seconds before the first delete and those of the
 quiet spans after each.
 
-The noise is measured, not assumed: each delete span's p99 is read against the p99s of the
-quiet spans, each as long as a delete (the ``quiet_s`` before the first delete is cut into spans
-as long as the deletes' mean). Interleaving them in time puts a drift of the machine's load on
-both sides alike. The verdict is a rank test (Mann-Whitney's, one-sided): U counts the
-(delete, quiet) pairs of spans in which the delete's p99 is the higher (a tie half), and p is
-the share of all ways of labelling the same p99s "delete" or "quiet" whose U is at least as
-high (every way when there are at most ``EXACT_LABELLINGS``, else ``SAMPLED_LABELLINGS`` drawn
-with a fixed seed). "Unchanged within noise" is *met* when p >= ``LEVEL``: the deletes' p99s do
-not stand above the quiet ones more than chance puts them; *not met* otherwise (the deletes
-raise the p99, at that level). With no effect at all, it misses one time in twenty. The note
-gives U as a share of the pairs (about 0.5 when the deletes change nothing, 1.0 when every
-delete span is worse than every quiet one) and p. It cannot tell "unchanged" from "too noisy to
-see": on a busy machine the quiet spans' p99s spread over milliseconds, and only a delete that
-stands out of that spread is seen.
+The noise is measured, not assumed: the p99 of each delete span is read against the p99s of
+the quiet spans, each as long as a delete: one after each delete, and as many as fit in the
+quiet time before the first delete (at least ``LEAD_MS_PER_EVENT`` per event of a long session,
+so that some fit before any page was freed). Interleaving them in time puts a drift of the
+machine's load on both sides alike. Two questions are asked of those p99s, both by a rank test
+(Mann-Whitney's), which assumes nothing of their distribution:
+- do the deletes raise the p99? U counts the (delete, quiet) pairs of spans in which the
+  delete's p99 is the higher (a tie half), and p is the share of all the ways of labelling the
+  same p99s "delete" or "quiet" whose U is at least as high (every way when there are at most
+  ``EXACT_LABELLINGS``, else ``SAMPLED_LABELLINGS`` drawn with a fixed seed). p < ``LEVEL``:
+  they do, and the verdict is *not met*;
+- by how much at most? The ratio of the deletes' p99 to the quiet spans' (Hodges-Lehmann's
+  estimate: the median of the pairs' ratios) and its upper confidence bound at 1 - ``LEVEL``
+  (the largest ratio the same test would not refuse). The verdict is *met* when that bound is
+  at most ``MARGIN`` (the deletes raise the p99 by 20% at most, at that confidence), and
+  *inconclusive* when neither holds: the spans spread too much to tell (a busy machine).
+With no effect at all the first question answers "not met" one time in twenty. The note also
+gives U as a share of the pairs: about 0.5 when the deletes change nothing, 1.0 when every
+delete span is worse than every quiet one. The one-transaction deletes, in the same run, show
+what the test sees when a delete holds appends (their spans are only as long as the delete,
+which holds the one append that waits for it).
 """
 
 from __future__ import annotations
 
+import bisect
 import itertools
 import math
 import random
@@ -57,7 +65,14 @@ MIN_SPAN_S = 0.2
 """No span is shorter than this (a one-transaction delete takes a fraction of a second)."""
 LEVEL = 0.05
 """The rank test's level: "not met" when chance alone would put the deletes' p99s this high
-less often than this."""
+less often than this; also 1 - the confidence of the bound on their ratio."""
+MARGIN = 1.2
+"""The most the deletes may raise the appends' p99 (a ratio) and still read as unchanged: "met"
+needs the ratio's upper confidence bound at or below it."""
+LEAD_MS_PER_EVENT = 0.25
+"""The quiet time before the first delete is at least this much per event of a long session
+(about as long as one paced delete under appends takes), so that a quiet span or more fits
+before any delete has freed a page."""
 EXACT_LABELLINGS = 200_000
 """Up to this many ways of labelling the spans, the rank test counts them all."""
 SAMPLED_LABELLINGS = 20_000
@@ -126,7 +141,7 @@ def _measure(
         for n in range(200):  # warm: the appender's path and the fold cache
             store.append(f"other-{n % 20}", [_event("warm")])
         thread.start()
-        time.sleep(quiet_s)
+        time.sleep(max(quiet_s, events * LEAD_MS_PER_EVENT / 1e3))
         for k in range(sessions):
             started = time.perf_counter_ns()
             store.delete(long_id(k))
@@ -150,10 +165,10 @@ def _measure(
     before = _latencies(appends, first, first_delete)
     during = sorted((e - b) / 1e6 for b, e in appends if any(e >= s and b <= t for s, t in deletes))
     after = sorted(lat for s, t in quiets for lat in _latencies(appends, s, t))
-    during_p99s = [_p99(appends, s, t + 1, overlapping=True) for s, t in deletes]
+    during_p99s = [_p99(appends, s, t + 1) for s, t in deletes]
     quiet_p99s = [_p99(appends, s, t) for s, t in leading + quiets]
-    deletes_p99s = [round(p, 2) for p in during_p99s if p is not None]
-    noise_p99s = sorted(round(p, 2) for p in quiet_p99s if p is not None)
+    deletes_p99s = [p for p in during_p99s if p is not None]
+    noise_p99s = sorted(p for p in quiet_p99s if p is not None)
     seconds = sum(e - s for s, e in deletes) / 1e9
     measurement = Measurement(
         name=label, events=len(during), calls=len(during), seconds=seconds, client_cpu_seconds=0.0
@@ -161,6 +176,13 @@ def _measure(
     measurement.set_latencies(during)
     pairs = len(deletes_p99s) * len(noise_p99s)
     p_value = rank_p(deletes_p99s, noise_p99s) if pairs else None
+    ratio, bound = ratio_bound(deletes_p99s, noise_p99s) if pairs else (None, None)
+    if p_value is None or ratio is None or bound is None:
+        verdict = "not measured"
+    elif p_value < LEVEL:
+        verdict = "not met"
+    else:
+        verdict = "met" if bound <= MARGIN else "inconclusive"
     measurement.details.update(
         long_events=events,
         long_sessions=sessions,
@@ -174,11 +196,15 @@ def _measure(
         after_p99_ms=percentile(after, 0.99),
         after_max_ms=after[-1] if after else None,
         span_s=round(span_ns / 1e9, 2),
-        deletes_p99s_ms=deletes_p99s,
-        noise_p99s_ms=noise_p99s,
+        deletes_p99s_ms=[round(p, 2) for p in deletes_p99s],
+        noise_p99s_ms=[round(p, 2) for p in noise_p99s],
+        leading_spans=len(leading),
         above_share=round(above(deletes_p99s, noise_p99s) / pairs, 2) if pairs else None,
-        p_value=None if p_value is None else round(p_value, 3),
-        met=p_value is not None and p_value >= LEVEL,
+        p_value=None if p_value is None else round(p_value, 4),
+        ratio=None if ratio is None else round(ratio, 2),
+        ratio_bound=None if bound is None else round(bound, 2),
+        verdict=verdict,
+        met=verdict == "met",
     )
     return measurement
 
@@ -200,10 +226,36 @@ def rank_p(deletes: Sequence[float], quiet: Sequence[float]) -> float:
     k, n = len(deletes), len(pooled)
     if math.comb(n, k) <= EXACT_LABELLINGS:
         sums = [sum(chosen) for chosen in itertools.combinations(ranks, k)]
-    else:
-        draw = random.Random(14)
-        sums = [sum(draw.sample(ranks, k)) for _ in range(SAMPLED_LABELLINGS)]
-    return sum(total >= observed - 1e-9 for total in sums) / len(sums)
+        return sum(total >= observed - 1e-9 for total in sums) / len(sums)
+    draw = random.Random(14)
+    sums = [sum(draw.sample(ranks, k)) for _ in range(SAMPLED_LABELLINGS)]
+    # Drawn: the observed labelling counts as one more, so p is never 0 (at least 1 / 20,001).
+    return (sum(total >= observed - 1e-9 for total in sums) + 1) / (len(sums) + 1)
+
+
+def ratio_bound(deletes: Sequence[float], quiet: Sequence[float]) -> tuple[float, float]:
+    """How many times the quiet spans' p99 the deletes' is, and the upper confidence bound of
+    that ratio at 1 - ``LEVEL`` (both from the rank test, on logs: Hodges-Lehmann's estimate,
+    the median of the pairs' log ratios, and the bound where the test would start to refuse a
+    larger ratio: the u-th largest log ratio, u the largest U that chance alone stays under
+    with probability ``LEVEL`` at most; infinity when no u does)."""
+    logs = sorted(math.log(d) - math.log(q) for d in deletes for q in quiet)
+    null = sorted(_null_u(len(deletes), len(quiet)))
+    u = 0
+    while u < len(logs) and bisect.bisect_right(null, u) / len(null) <= LEVEL:
+        u += 1  # P(U <= u - 1) <= LEVEL still: a bound at the u-th largest holds
+    estimate = math.exp(statistics.median(logs))
+    return estimate, math.exp(logs[len(logs) - u]) if u else math.inf
+
+
+def _null_u(k: int, m: int) -> list[int]:
+    """U of every way of picking which k of k + m distinct values are the deletes (drawn, with
+    a seed, past ``EXACT_LABELLINGS``)."""
+    least = k * (k - 1) // 2
+    if math.comb(k + m, k) <= EXACT_LABELLINGS:
+        return [sum(c) - least for c in itertools.combinations(range(k + m), k)]
+    draw = random.Random(14)
+    return [sum(draw.sample(range(k + m), k)) - least for _ in range(SAMPLED_LABELLINGS)]
 
 
 def _midranks(ordered: Sequence[float]) -> list[float]:
@@ -225,13 +277,9 @@ def _latencies(appends: list[tuple[int, int]], start: int, stop: int) -> list[fl
     return sorted((e - b) / 1e6 for b, e in appends if start <= b and e < stop)
 
 
-def _p99(
-    appends: list[tuple[int, int]], start: int, stop: int, overlapping: bool = False
-) -> float | None:
-    """The p99 of the appends within [start, stop), or with ``overlapping`` of every append
-    that overlapped it (a delete's: the append it held began before it)."""
-    if not overlapping:
-        return percentile(_latencies(appends, start, stop), 0.99)
+def _p99(appends: list[tuple[int, int]], start: int, stop: int) -> float | None:
+    """The p99 of every append that overlapped [start, stop) (a delete's span holds the append
+    that began before it; a quiet span is read the same way)."""
     return percentile(sorted((e - b) / 1e6 for b, e in appends if e >= start and b < stop), 0.99)
 
 
@@ -272,7 +320,7 @@ def note(measurement: Measurement) -> str:
     p99s, mine = d["noise_p99s_ms"], d["deletes_p99s_ms"]
     spread = f"{p99s[0]:.2f}-{p99s[-1]:.2f}" if p99s else "-"
     times = ", ".join(f"{s}" for s in d["whole_delete_s"])
-    verdict = "met" if d["met"] else "not met"
+    verdict = d["verdict"]
     return (
         f"case 14, {measurement.name}: {d['long_sessions']} sessions of {d['long_events']:,} "
         f"events deleted one after another; the longest delete call {d['delete_call_ms']} ms, "
@@ -281,7 +329,8 @@ def note(measurement: Measurement) -> str:
         f"after {_figures(d, 'after')} ms; noise: the p99s of {len(p99s)} quiet spans of "
         f"{d['span_s']} s {spread} ms, of the deletes {', '.join(f'{p:.2f}' for p in mine)} ms "
         f"(above a quiet span's in {d['above_share']} of the pairs; rank test p = "
-        f"{d['p_value']}): p99 unchanged within noise {verdict}"
+        f"{d['p_value']}; the deletes' p99 {d['ratio']}x the quiet spans', at most "
+        f"{d['ratio_bound']}x at {1 - LEVEL:.0%}): p99 unchanged within noise {verdict}"
     )
 
 

@@ -262,12 +262,18 @@ def test_delete_case_times_appends_during_both_deletes(tmp_path: Path) -> None:
         assert len(p99s) >= 3  # one after each delete, and those that fit before the first
         mine = measured.details["deletes_p99s_ms"]
         assert len(mine) == 3
-        p_value = measured.details["p_value"]
-        assert p_value == round(deletes.rank_p(mine, p99s), 3)
-        assert measured.details["met"] == (p_value >= deletes.LEVEL)
-        share = deletes.above(mine, p99s) / (len(mine) * len(p99s))
-        assert measured.details["above_share"] == round(share, 2)
-        verdict = "not met" if not measured.details["met"] else "met"
+        p_value, bound = measured.details["p_value"], measured.details["ratio_bound"]
+        assert 0 < p_value <= 1
+        assert 0 < measured.details["ratio"] <= bound
+        verdict = measured.details["verdict"]
+        if p_value < deletes.LEVEL:
+            assert verdict == "not met"
+        elif bound <= deletes.MARGIN:
+            assert verdict == "met"
+        else:
+            assert verdict == "inconclusive"
+        assert measured.details["met"] == (verdict == "met")
+        assert 0 <= measured.details["above_share"] <= 1
         assert deletes.note(measured).endswith(f"unchanged within noise {verdict}")
     assert list(tmp_path.iterdir()) == []
 
@@ -287,12 +293,29 @@ def test_the_rank_test_of_case_14_counts_the_labellings_as_high() -> None:
     # do {2.5, 4} the other way: 2 of 6 again, with {2.5, 2.5} (5) and the rest below.
     assert deletes.rank_p([3.0, 5.0], [3.0, 1.0]) == 2 / 6
     assert deletes.above([3.0, 5.0], [3.0, 1.0]) == 3.5  # 3 > 1, 3 = 3 (half), 5 > both
-    # Past EXACT_LABELLINGS the labellings are drawn, reproducibly, near the exact share.
+    # Past EXACT_LABELLINGS the labellings are drawn, reproducibly, near the exact share; the
+    # measured labelling counts among them, so a drawn p is never 0.
     quiet = [float(v) for v in range(40)]
     mine = [35.5, 36.5, 37.5, 38.5, 20.5, 10.5]
     drawn = deletes.rank_p(mine, quiet)
     assert drawn == deletes.rank_p(mine, quiet)
     assert 0.0 < drawn < 0.2
+    assert deletes.rank_p([100.0 + v for v in range(6)], quiet) == 1 / 20_001
+
+
+def test_the_ratio_bound_of_case_14_is_the_rank_tests_confidence_bound() -> None:
+    """The deletes' p99 as a ratio of the quiet spans' (the median of the pairs' ratios) and its
+    upper bound at 95%: for 6 and 6 spans, chance alone keeps U at 7 or below with a
+    probability of 0.047 (at 8 or below, 0.066), so the bound is the 8th largest pair ratio."""
+    quiet = [1.0, 1.02, 1.04, 1.06, 1.08, 1.10]
+    mine = [q * 1.5 for q in quiet]
+    ratio, bound = deletes.ratio_bound(mine, quiet)
+    ratios = sorted(d / q for d in mine for q in quiet)
+    assert abs(ratio - (ratios[17] * ratios[18]) ** 0.5) < 1e-9  # the median of 36, on logs
+    assert abs(bound - ratios[36 - 8]) < 1e-9
+    assert bound >= ratio >= 1.4
+    # One span of each: no U is that unlikely, so no bound holds.
+    assert deletes.ratio_bound([2.0], [1.0]) == (2.0, float("inf"))
 
 
 def test_checksum_case_measures_both_ways_and_writes_the_records_accordingly(

@@ -5,8 +5,11 @@
 
 No gRPC and no other process: N asyncio tasks each await one single-event append after another
 through ``Store.commit_append`` on a store in a temp dir, so the writer's commit groups hold about
-N appends. The CPU of the writer thread and of the loop's thread (user + system, from
-``/proc/self/task``) is read around each run. Between task counts, what a commit group costs
+N appends. The loop is the server's (uvloop, where installed: ``sessionlog.startup``): on
+asyncio's own loop the writer's ``call_soon_threadsafe`` is a socket send that lets the loop's
+thread take the GIL in the middle of the writer's hand-off, which the server never pays. The
+CPU of the writer thread and of the loop's thread (user + system, from ``/proc/self/task``) is
+read around each run. Between task counts, what a commit group costs
 (taking it, the transaction, the sync, handing the replies to the loop, the loop's wakeup)
 separates from what each append costs: ``split`` fits ``cost per append = fixed / appends per
 commit + per append`` to two runs. docs/benchmarks.md (issue 33) has figures and what they say.
@@ -21,6 +24,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -101,6 +105,15 @@ async def _append(store: Store, session_id: str) -> None:
     await store.commit_append(prepare_append(session_id, [event()]))
 
 
+def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
+    """The server's event loop: uvloop's where it is installed, else asyncio's (None)."""
+    try:
+        import uvloop
+    except ImportError:
+        return None
+    return uvloop.new_event_loop
+
+
 def _current_native_id() -> int:
     native = threading.current_thread().native_id
     assert native is not None
@@ -115,7 +128,8 @@ def measure(tasks: int, seconds: float, durability: str, parent: str | None = No
         with tempfile.TemporaryDirectory(prefix="writecost-", dir=parent) as data:
             store = Store(data, StoreConfig(durability=durability))
             try:
-                return asyncio.run(_run(store, tasks, seconds))
+                with asyncio.Runner(loop_factory=_loop_factory()) as runner:
+                    return runner.run(_run(store, tasks, seconds))
             finally:
                 store.close()
     finally:

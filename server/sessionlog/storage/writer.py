@@ -423,6 +423,8 @@ class Writer:
         while len(group) < MAX_GROUP and size < MAX_GROUP_BYTES:
             if first and self._pending and self._queue.empty():
                 self._sync_pending()  # about to wait for work: no commit will cover them
+            if not first and self._queue.empty():
+                break  # (asked, not raised: a lone append's group ends here every time)
             try:
                 if not first:
                     job = self._queue.get_nowait()
@@ -714,14 +716,14 @@ class Writer:
                 self._background.append(job)  # its next run, behind the jobs already waiting
                 continue
             self._settle(job, value, ok)
-        if self._on_loop_commit is not None:
-            self._changed = changed
-        self._deliver()
         if changed and self._on_commit is not None:
             try:
                 self._on_commit(changed)
             except Exception:
                 log.exception("commit subscriber failed")
+        if self._on_loop_commit is not None:
+            self._changed = changed
+        self._deliver()  # last: the loop it wakes finds the GIL free as soon as the writer waits
 
     def _settle(self, job: _AnyJob, value: Any, ok: bool = False) -> None:
         """Give a job its outcome once; a second one (after a failed retry) is dropped. A

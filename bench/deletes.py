@@ -200,7 +200,7 @@ def _measure(
         noise_p99s_ms=[round(p, 2) for p in noise_p99s],
         leading_spans=len(leading),
         above_share=round(above(deletes_p99s, noise_p99s) / pairs, 2) if pairs else None,
-        p_value=None if p_value is None else round(p_value, 4),
+        p_value=p_value,
         ratio=None if ratio is None else round(ratio, 2),
         ratio_bound=None if bound is None else round(bound, 2),
         verdict=verdict,
@@ -328,10 +328,17 @@ def note(measurement: Measurement) -> str:
         f"p50/p99/max: before {_figures(d, 'quiet')}, during {_figures(during, 'during')}, "
         f"after {_figures(d, 'after')} ms; noise: the p99s of {len(p99s)} quiet spans of "
         f"{d['span_s']} s {spread} ms, of the deletes {', '.join(f'{p:.2f}' for p in mine)} ms "
-        f"(above a quiet span's in {d['above_share']} of the pairs; rank test p = "
-        f"{d['p_value']}; the deletes' p99 {d['ratio']}x the quiet spans', at most "
+        f"(above a quiet span's in {d['above_share']} of the pairs; rank test p "
+        f"{_p_text(d['p_value'])}; the deletes' p99 {d['ratio']}x the quiet spans', at most "
         f"{d['ratio_bound']}x at {1 - LEVEL:.0%}): p99 unchanged within noise {verdict}"
     )
+
+
+def _p_text(p_value: float | None) -> str:
+    """``= p`` to 4 places, or ``< 0.0001`` (a drawn p is never 0, but can be that small)."""
+    if p_value is None:
+        return "-"
+    return "< 0.0001" if p_value < 0.0001 else f"= {p_value:.4f}"
 
 
 def _figures(details: dict[str, Any], when: str) -> str:

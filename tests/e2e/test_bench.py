@@ -275,6 +275,7 @@ def test_delete_case_times_appends_during_both_deletes(tmp_path: Path) -> None:
         assert measured.details["met"] == (verdict == "met")
         assert 0 <= measured.details["above_share"] <= 1
         assert deletes.note(measured).endswith(f"unchanged within noise {verdict}")
+        assert ("rank test p < 0.0001" in deletes.note(measured)) == (p_value < 0.0001)
     assert list(tmp_path.iterdir()) == []
 
 

@@ -53,6 +53,7 @@ from sessionlog_client._items import (
     in_view,
     latest,
     loads,
+    newest,
     position,
     put_exact,
     tail_page_size,
@@ -300,8 +301,7 @@ def visible_items(events: Iterable[Event], start: int = 0) -> list[SessionItem]:
     for event in in_view(events):
         if start and position(event) < start:
             continue
-        # event_items inlined for the common event, an item's JSON text: "" when the key holds
-        # no text (or is absent), which event_items then reads as get_exact always did
+        # entries_of inlined: a whole-history read of a log with hides comes through here
         stored = event.data.fields.get(_ITEM_JSON)
         text = "" if stored is None else stored.string_value
         if text:
@@ -311,6 +311,27 @@ def visible_items(events: Iterable[Event], start: int = 0) -> list[SessionItem]:
                 continue
         shown.extend(SessionItem(event.seq, item) for item in event_items(event))
     return shown
+
+
+def entries_of(event: Event) -> list[SessionItem]:
+    """The items an event in view shows, each with its seq (:func:`event_items`)."""
+    # event_items inlined for the common event, an item's JSON text: "" when the key holds no
+    # text (or is absent), which event_items then reads as get_exact always did
+    stored = event.data.fields.get(_ITEM_JSON)
+    text = "" if stored is None else stored.string_value
+    if text:
+        item = loads(text)
+        if isinstance(item, dict):
+            return [SessionItem(event.seq, item)]
+    return [SessionItem(event.seq, item) for item in event_items(event)]
+
+
+def latest_items(tail: Sequence[Event], more: bool, limit: int) -> list[SessionItem] | None:
+    """The latest ``limit`` items in view from ``tail``, the log's newest events read newest
+    first (``more`` when older ones are unread); None when only an older page can tell. Only the
+    events that decide them are decoded (``_items.newest``), else ``_items.latest``."""
+    found = newest(tail, more, limit, entries_of)
+    return found if found is not None else latest(tail, more, limit, visible_items)
 
 
 # -- the session --------------------------------------------------------------------------------
@@ -387,7 +408,7 @@ class SessionlogSession:
             length = page.event_count if length < 0 else length
             tail.extend(page.events)
             token = page.next_page_token
-            entries = latest(tail, bool(token), limit, visible_items)
+            entries = latest_items(tail, bool(token), limit)
             if entries is not None:
                 complete = not token and len(tail) <= TAIL_KEPT
                 self._tail = _Tail(tail[:TAIL_KEPT], length, complete, page.session_uid)
@@ -455,7 +476,7 @@ class SessionlogSession:
             known = self._tail
             entries = None
             if known is not None and known.uid:
-                entries = latest(known.events, not known.complete, 1, visible_items)
+                entries = latest_items(known.events, not known.complete, 1)
             if entries:  # an empty view is only believed when read now
                 events, length = known.events, known.length  # type: ignore[union-attr]
             else:

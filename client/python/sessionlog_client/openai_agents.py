@@ -49,6 +49,8 @@ from typing import Any, NamedTuple, cast
 
 from sessionlog_client._aio import AsyncClient
 from sessionlog_client._items import (
+    TAIL_PAGE_MAX,
+    TAIL_PAGE_MIN,
     get_exact,
     in_view,
     latest,
@@ -243,17 +245,17 @@ def event_items(event: Event) -> list[dict[str, Any]]:
     found, summary = get_exact(event, SUMMARY_KEY)
     if found and isinstance(summary, list):
         return [i for i in summary if isinstance(i, dict)]
-    fields = struct_to_dict(event.data)
-    content = fields.get("content")
-    text = content if isinstance(content, str) else ""
-    role = _ROLE_OF_TYPE.get(event.type)
     if event.type == EventType.EVENT_TYPE_TOOL_RESULT:
+        fields = struct_to_dict(event.data)
         call_id = fields.get("tool_call_id")
         if not isinstance(call_id, str):
             return []
-        return [{"type": "function_call_output", "call_id": call_id, "output": text}]
+        return [{"type": "function_call_output", "call_id": call_id, "output": _text(fields)}]
+    role = _ROLE_OF_TYPE.get(event.type)
     if role is None:
-        return []
+        return []  # a hide, a turn marker: no message to read items from, data not decoded
+    fields = struct_to_dict(event.data)
+    text = _text(fields)
     shown: list[dict[str, Any]] = []
     if text or role != "assistant" or not fields.get("tool_calls"):
         shown.append({"role": role, "content": text})
@@ -269,6 +271,11 @@ def event_items(event: Event) -> list[dict[str, Any]]:
                 }
             )
     return shown
+
+
+def _text(fields: dict[str, Any]) -> str:
+    content = fields.get("content")
+    return content if isinstance(content, str) else ""
 
 
 def plain_items(events: Sequence[Event]) -> list[dict[str, Any]] | None:
@@ -383,14 +390,17 @@ class SessionlogSession:
         if opened is not None:
             await opened.close()
 
-    async def _read(self, limit: int | None) -> tuple[list[SessionItem], list[Event], int]:
+    async def _read(
+        self, limit: int | None, page_size: int = 0
+    ) -> tuple[list[SessionItem], list[Event], int]:
         """The items in view (with ``limit``, the latest ``limit`` of them), the events read,
         and the log's length as read.
 
         Without a limit the whole log; with one, pages of ListEvents "seq desc" (pinned to the
-        log as the first page saw it) until the latest ``limit`` items are known: a hide near
-        the end may cover items further back, so a page can add fewer items than it holds
-        (``_items.latest`` tells when the pages read so far decide them).
+        log as the first page saw it; ``page_size`` events each, 0: ``tail_page_size(limit)``)
+        until the latest ``limit`` items are known: a hide near the end may cover items further
+        back, so a page can add fewer items than it holds (``_items.latest`` tells when the
+        pages read so far decide them).
         """
         client = self._client()
         if limit is None:
@@ -401,7 +411,7 @@ class SessionlogSession:
         while True:
             page = await client.list_events(
                 self.session_id,
-                page_size=tail_page_size(limit),
+                page_size=min(page_size or tail_page_size(limit), TAIL_PAGE_MAX),
                 page_token=token,
                 order_by="seq desc",
             )
@@ -480,7 +490,10 @@ class SessionlogSession:
             if entries:  # an empty view is only believed when read now
                 events, length = known.events, known.length  # type: ignore[union-attr]
             else:
-                entries, events, length = await self._read(1)
+                # hides at the end (pops) cover as many items before them: read past what the
+                # tail held, so that a run of pops reads again once per doubling, not per page
+                deeper = 0 if known is None else len(known.events) + TAIL_PAGE_MIN
+                entries, events, length = await self._read(1, deeper)
                 known = self._tail
             if not entries:
                 return None

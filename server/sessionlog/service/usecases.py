@@ -386,9 +386,9 @@ class SessionLog:
             (cursor,) = paging.decode(page_token, kind, session_id, "ListEvents", sid=sid)
         budget = self.max_message_bytes - FRAMING_BYTES - STORED_EVENT_OVERHEAD * size
         page = self.store.list_events(session_id, cursor, size, descending=desc, max_bytes=budget)
-        if page_token and page.sid != sid:  # deleted and written again since the token's check
+        if page_token and page.log_number != sid:  # written again since the token's check
             raise paging.invalid("ListEvents", session_id)
-        sid = page.sid  # a first page's token binds the log it read, in its transaction
+        sid = page.log_number  # a first page's token binds the log it read, in its transaction
         if desc:
             after = page.first_seq - len(page.events) + 1  # the oldest seq of this page
             more = bool(page.events) and after > 0

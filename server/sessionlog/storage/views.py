@@ -31,8 +31,8 @@ class EventsPage:
     next_seq: int
     uid: str = ""
     """The session's uid at the read (empty: never written)."""
-    sid: int = 0
-    """The session's internal id at the read (0: never written), which a page token binds."""
+    log_number: int = 0
+    """``Store.log_number`` at the read (0: never written), which a page token binds."""
 
 
 @dataclass

@@ -396,12 +396,60 @@ def test_state_scopes_across_sessions_and_users(running: RunningServer) -> None:
 
         listed = await service.list_sessions(app_name=app, user_id="bob")
         assert listed.sessions[0].state == {"app:theme": "dark", "app:count": 2}
+        everyone = await service.list_sessions(app_name=app)
+        assert {(s.user_id, s.id): s.state for s in everyone.sessions} == {
+            ("ann", "a1"): await state_of("ann", "a1"),
+            ("ann", "a2"): await state_of("ann", "a2"),
+            ("bob", "b1"): await state_of("bob", "b1"),
+        }
         log_state = await client.get_state(service.session_log_id(app, "ann", "a2"))
         assert log_state["here"] == "a2"
         assert "app:count" not in log_state
         assert await client.get_state(service.app_log_id(app)) == {"theme": "dark", "count": 2}
 
     run(running, test)
+
+
+class CallCounter(AsyncClient):
+    """An AsyncClient that counts the GetState and ListSessions calls made through it."""
+
+    def __init__(self, address: str) -> None:
+        super().__init__(address)
+        self.states = self.listings = 0
+
+    async def get_state_with_count(self, *args: Any, **kwargs: Any) -> Any:
+        self.states += 1
+        return await super().get_state_with_count(*args, **kwargs)
+
+    async def list_sessions(self, *args: Any, **kwargs: Any) -> Any:
+        self.listings += 1
+        async for page in super().list_sessions(*args, **kwargs):
+            yield page
+
+
+def test_listing_every_user_reads_the_scopes_once_not_per_user(running: RunningServer) -> None:
+    """list_sessions of an app whose 30 sessions belong to 30 users reads the app state once
+    and the user states from one listing, not two GetState calls per user; each session
+    still shows its own user's state."""
+
+    async def main() -> None:
+        client = CallCounter(running.address)
+        async with client:
+            service, app = SessionlogSessionService(client), new_app()
+            for n in range(30):
+                state = {"user:n": n, "app:k": "a"} if n == 0 else {"user:n": n}
+                await service.create_session(
+                    app_name=app, user_id=f"u{n}", session_id="s", state=state
+                )
+            client.states = client.listings = 0
+            everyone = await service.list_sessions(app_name=app)
+            assert sorted((s.user_id, s.state["user:n"]) for s in everyone.sessions) == sorted(
+                (f"u{n}", n) for n in range(30)
+            )
+            assert all(s.state["app:k"] == "a" for s in everyone.sessions)
+            assert (client.states, client.listings) == (1, 2)
+
+    asyncio.run(main())
 
 
 def test_append_event_updates_last_update_time_and_skips_partial(running: RunningServer) -> None:

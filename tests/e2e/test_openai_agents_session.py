@@ -566,6 +566,28 @@ def test_pops_after_a_read_or_an_add_are_one_call_each(running: RunningServer) -
     asyncio.run(run())
 
 
+def test_a_run_of_pops_reads_the_log_again_once_per_doubling(running: RunningServer) -> None:
+    """100 pops in a row on a log another session wrote: each hide covers an item, so the
+    newest item in view sinks twice as deep per pop; a read that runs out of the remembered
+    end reads past it (a page twice as deep), not one page further, so the reads stay few."""
+
+    async def run() -> None:
+        client = CallCounter(running.address)
+        async with client:
+            sid = new_id()
+            stored = [say("user", f"m{i}") for i in range(120)]
+            await SessionlogSession(sid, client).add_items(items(*stored))
+            session = SessionlogSession(sid, client)
+            client.calls.clear()
+            popped = [await session.pop_item() for _ in range(100)]
+            assert popped == stored[::-1][:100]
+            assert client.calls["Append"] == 100
+            assert client.calls["ListEvents"] <= 4
+            assert await session.get_items() == stored[:20]
+
+    asyncio.run(run())
+
+
 def test_a_pop_after_another_writers_append_pops_that_item(running: RunningServer) -> None:
     """A session whose remembered end of the log is stale (another writer appended) has its
     hide refused by expected_seq, reads again and pops the other writer's item."""

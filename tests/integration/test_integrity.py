@@ -240,6 +240,29 @@ def test_missing_events_are_data_corrupted(store: Store) -> None:
         store.surface("s2")
 
 
+def test_a_newest_first_page_over_missing_events_names_the_first_one(store: Store) -> None:
+    """ListEvents newest first over a gap raises DataCorrupted naming the missing seq, at the
+    session's oldest event too (where the walk leaves the session's keys); a page that stops
+    before the gap reads as stored; a byte budget keeps the first event, then what fits."""
+    s0, s2 = sid_of(store, "s0"), sid_of(store, "s2")
+    with store.env.begin(write=True) as txn:
+        txn.delete(schema.event_key(s2, 30), db=store.tables.events)
+        txn.delete(schema.event_key(s0, 0), db=store.tables.events)
+    with pytest.raises(errors.DataCorrupted, match="events 30 to 30 of session 's2'"):
+        store.list_events("s2", None, 20, descending=True)
+    with pytest.raises(errors.DataCorrupted, match="events 0 to 0 of session 's0'"):
+        store.list_events("s0", None, 40, descending=True)
+    assert len(store.list_events("s2", None, 9, descending=True).events) == 9
+    whole = store.list_events("s1", None, 20, descending=True).events
+    budgets = {1: 1, len(whole[0]) + len(whole[1]): 2, sum(map(len, whole)) - 1: 19}
+    for budget, fits in budgets.items():
+        assert (
+            store.list_events("s1", None, 20, descending=True, max_bytes=budget).events
+            == (whole[:fits])
+        )
+    assert len(store.list_events("s0", None, 39, descending=True).events) == 39
+
+
 # -- verify -------------------------------------------------------------------------------------
 
 

@@ -145,3 +145,9 @@ def test_memo_is_bounded_by_bytes(tmp_path: Path) -> None:
         assert sum(small._fold_bytes.values()) <= 20_000
         for n in range(6):
             assert [e.seq for e in small.surface(f"s{n}").surface] == list(range(8))
+        small.redact("s1", [0])  # a memo made stale, then forgotten
+        small.delete("s2")
+        for n in (0, 1, 3):
+            small.append(f"s{n}", [user("y" * 500)])
+            small.surface(f"s{n}")
+        assert small.folds.held_bytes == sum(small._fold_bytes.values()) <= 20_000

@@ -17,7 +17,9 @@ from sessionlog_client._items import (
     get_exact,
     in_view,
     known_from,
+    latest,
     loads,
+    newest,
     position,
     put_exact,
     text_of,
@@ -69,6 +71,50 @@ def test_a_tail_decides_the_view_from_known_from_on(events: list[Event], cut: in
         e.seq for e in in_view(whole) if position(e) >= start
     ]
     assert known_from(whole) == 0
+
+
+def entries_by_type(event: ClientEvent) -> list[tuple[int, int]]:
+    """What each event shows in the tests of ``newest``: none (bookkeeping), one, or two."""
+    return [(event.seq, n) for n in range(int(event.type) % 3)]
+
+
+@settings(max_examples=400, deadline=None)
+@given(logs(), st.integers(min_value=0, max_value=60), st.integers(min_value=0, max_value=8))
+def test_newest_is_the_end_of_the_whole_view_or_none(
+    events: list[Event], cut: int, limit: int
+) -> None:
+    """From any tail, ``newest`` gives the latest ``limit`` entries of the whole log's view, or
+    None only when it walked the whole tail with older events unread (``latest``, which the
+    backends ask then, agrees wherever it answers)."""
+    whole = client_events(events)
+    every = [entry for e in in_view(whole) for entry in entries_by_type(e)]
+    expected = every[-limit:] if limit > 0 else []
+    newest_first = whole[::-1]
+    for tail in (newest_first[: max(1, len(whole) - cut)], newest_first):
+        more = len(tail) < len(whole)
+        found = newest(tail, more, limit, entries_by_type)
+        assert found is None or found == expected
+        if found is None:
+            assert more
+
+        def shown(page: Any, start: int) -> list[tuple[int, int]]:
+            return [x for e in in_view(page) if position(e) >= start for x in entries_by_type(e)]
+
+        decided = latest(tail, more, limit, shown)
+        assert decided is None or decided == expected
+
+
+def test_newest_stops_at_the_newest_items_of_a_plain_log() -> None:
+    """A log without replaces or hides: only the newest ``limit`` events are looked at."""
+    log = client_events([ev(USER, {"content": str(n)}, seq=n) for n in range(10)])
+    looked: list[int] = []
+
+    def entries(event: ClientEvent) -> list[int]:
+        looked.append(event.seq)
+        return [event.seq]
+
+    assert newest(log[::-1], True, 3, entries) == [7, 8, 9]
+    assert looked == [9, 8, 7]
 
 
 def test_a_hide_over_a_bookkeeping_event_takes_it_out_of_view() -> None:

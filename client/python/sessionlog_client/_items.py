@@ -151,6 +151,63 @@ def latest(
     return None
 
 
+def newest(
+    tail: Sequence[Event], more: bool, limit: int, entries_of: Callable[[Event], list[T]]
+) -> list[T] | None:
+    """``latest`` looking at as few events as decide the answer: the latest ``limit`` entries
+    of the log from ``tail``, its newest events read newest first (none missing between them;
+    ``more`` when older ones are unread); None when the whole of ``tail`` was walked and older
+    events may still count (``latest`` then decides what it can from ``known_from``).
+
+    ``entries_of(event)`` is what an event in view shows, in order (none, one or several). The
+    walk goes back from the newest event: an event's view is final once it is passed, since
+    only a later event can cover it, and an unread event sits at a position no higher than its
+    seq, so it sorts before every entry at a position from that seq on (a tie goes to the
+    higher seq). Once ``limit`` entries sit there, they are the latest. A log without replaces
+    or hides stops after its newest ``limit`` item events, and the events before them are never
+    decoded; a run of hides at the end is walked once, without sorting.
+    """
+    if limit <= 0:
+        return []
+    if not tail:
+        return None if more else []
+    covered = _Covered()
+    final: list[tuple[int, int, list[T]]] = []  # (position, seq, entries), after every unread
+    waiting: list[tuple[int, int, list[T]]] = []  # a replace's, which an older event may follow
+    count, merged = 0, False
+    last = len(tail) - 1
+    for index, event in enumerate(tail):
+        seq = int(event.seq)
+        if event.HasField("surface_op") and _replaces(event):
+            low, high = _range(event)
+            if not covered.holds(low) and (shown := entries_of(event)):
+                waiting.append((low, seq, shown))
+            covered.add(low, high)
+        elif not covered.holds(seq) and (shown := entries_of(event)):
+            final.append((seq, seq, shown))  # at its seq: after every older event
+            count += len(shown)
+        if index == last:
+            if more:
+                return None
+            final.extend(waiting)  # nothing older: every entry in view is known
+            merged = merged or bool(waiting)
+            break
+        if waiting:
+            below = int(tail[index + 1].seq)
+            settled = [held for held in waiting if held[0] >= below]
+            if settled:
+                waiting = [held for held in waiting if held[0] < below]
+                final.extend(settled)
+                count += sum(len(held[2]) for held in settled)
+                merged = True
+        if count >= limit:
+            break
+    if merged:
+        final.sort(key=lambda held: (held[0], held[1]), reverse=True)
+    found = [entry for held in reversed(final) for entry in held[2]]
+    return found[-limit:]
+
+
 class _Covered:
     """A union of inclusive integer intervals, kept merged and sorted by start."""
 

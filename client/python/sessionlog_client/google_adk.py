@@ -97,6 +97,11 @@ _LIST_PAGE = 1000
 """ListSessions' largest page: a listing is a few calls, each session's state in its reply."""
 
 
+def _prefixed(prefix: str, state: dict[str, Any]) -> dict[str, Any]:
+    """A scope's state as a session's state holds it: each key with the scope's prefix."""
+    return {prefix + key: value for key, value in state.items()}
+
+
 # -- ids (pure) ---------------------------------------------------------------------------------
 
 
@@ -255,9 +260,7 @@ class SessionlogSessionService(BaseSessionService):
             client.get_state(self.app_log_id(app_name)),
             client.get_state(self.user_log_id(app_name, user_id)),
         )
-        merged = {State.APP_PREFIX + k: v for k, v in app.items()}
-        merged.update({State.USER_PREFIX + k: v for k, v in user.items()})
-        return merged
+        return {**_prefixed(State.APP_PREFIX, app), **_prefixed(State.USER_PREFIX, user)}
 
     async def _write_scoped(
         self, app_name: str, user_id: str, deltas: dict[str, dict[str, Any]]
@@ -418,36 +421,73 @@ class SessionlogSessionService(BaseSessionService):
     ) -> ListSessionsResponse:
         """The sessions of ``app_name`` (of ``user_id`` only, when given), without events,
         with their merged state, oldest update first: ListSessions pages that carry each
-        session's state (SESSION_VIEW_FULL), so no GetState per session."""
-        client = self._client()
-        of_app = f"{self.prefix}s.{escape(app_name)}."
-        under = of_app if user_id is None else f"{of_app}{escape(user_id)}."
-        names: list[tuple[str, str]] = []
-        states: list[dict[str, Any]] = []
-        async for page in client.list_sessions(prefix=under, page_size=_LIST_PAGE, with_state=True):
-            for held in page.sessions:
-                owner, dot, sid = held.session_id.removeprefix(of_app).partition(".")
-                if dot and "." not in sid:  # skip what this service did not name
-                    names.append((unescape(owner), unescape(sid)))
-                    states.append(struct_to_dict(held.state))
-        scoped: dict[str, dict[str, Any]] = {}
+        session's state (SESSION_VIEW_FULL), so no GetState per session. The app and user
+        state are read beside the listing, not after it: for one user, its two GetState calls
+        at once with the pages; for every user, the app's state once and each user's from
+        listed pages of the user state logs."""
+        listed, (app_state, user_states) = await asyncio.gather(
+            self._listed(app_name, user_id), self._scopes(app_name, user_id)
+        )
         found: list[Session] = []
-        for (owner, sid), state in zip(names, states, strict=True):
+        for owner, sid, state in listed:
             if not state or state.get(DELETED):
                 continue
-            if owner not in scoped:
-                scoped[owner] = await self._scoped_state(app_name, owner)
             found.append(
                 Session(
                     id=sid,
                     app_name=app_name,
                     user_id=owner,
-                    state={**_session_state(state), **scoped[owner]},
+                    state={**_session_state(state), **app_state, **user_states.get(owner, {})},
                     last_update_time=float(state.get(UPDATE_TIME, 0.0)),
                 )
             )
         found.sort(key=lambda s: (s.last_update_time, s.user_id, s.id))
         return ListSessionsResponse(sessions=found)
+
+    async def _listed(
+        self, app_name: str, user_id: str | None
+    ) -> list[tuple[str, str, dict[str, Any]]]:
+        """(user id, session id, its sessionlog state) of every listed session of the app (of
+        ``user_id``'s alone, when given)."""
+        of_app = f"{self.prefix}s.{escape(app_name)}."
+        under = of_app if user_id is None else f"{of_app}{escape(user_id)}."
+        listed: list[tuple[str, str, dict[str, Any]]] = []
+        pages = self._client().list_sessions(prefix=under, page_size=_LIST_PAGE, with_state=True)
+        async for page in pages:
+            for held in page.sessions:
+                owner, dot, sid = held.session_id.removeprefix(of_app).partition(".")
+                if dot and "." not in sid:  # skip what this service did not name
+                    listed.append((unescape(owner), unescape(sid), struct_to_dict(held.state)))
+        return listed
+
+    async def _scopes(
+        self, app_name: str, user_id: str | None
+    ) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
+        """The app state and each user's (``user_id``'s alone, when given), with their
+        prefixes, as ADK merges them into a session's state; a user with no state log is not
+        in the map (its state is empty)."""
+        client = self._client()
+        if user_id is not None:
+            app, user = await asyncio.gather(
+                client.get_state(self.app_log_id(app_name)),
+                client.get_state(self.user_log_id(app_name, user_id)),
+            )
+            return _prefixed(State.APP_PREFIX, app), {user_id: _prefixed(State.USER_PREFIX, user)}
+        of_users = f"{self.prefix}u.{escape(app_name)}."
+
+        async def each_user() -> dict[str, dict[str, Any]]:
+            users: dict[str, dict[str, Any]] = {}
+            pages = client.list_sessions(prefix=of_users, page_size=_LIST_PAGE, with_state=True)
+            async for page in pages:
+                for held in page.sessions:
+                    owner = held.session_id.removeprefix(of_users)
+                    if "." not in owner:  # skip what this service did not name
+                        state = struct_to_dict(held.state)
+                        users[unescape(owner)] = _prefixed(State.USER_PREFIX, state)
+            return users
+
+        app, users = await asyncio.gather(client.get_state(self.app_log_id(app_name)), each_user())
+        return _prefixed(State.APP_PREFIX, app), users
 
     async def delete_session(self, *, app_name: str, user_id: str, session_id: str) -> None:
         """Erase the session (a no-op for one that is not there; see :func:`_erase`)."""

@@ -49,10 +49,13 @@ from typing import Any, NamedTuple, cast
 
 from sessionlog_client._aio import AsyncClient
 from sessionlog_client._items import (
+    TAIL_PAGE_MAX,
+    TAIL_PAGE_MIN,
     get_exact,
     in_view,
     latest,
     loads,
+    newest,
     position,
     put_exact,
     tail_page_size,
@@ -242,17 +245,17 @@ def event_items(event: Event) -> list[dict[str, Any]]:
     found, summary = get_exact(event, SUMMARY_KEY)
     if found and isinstance(summary, list):
         return [i for i in summary if isinstance(i, dict)]
-    fields = struct_to_dict(event.data)
-    content = fields.get("content")
-    text = content if isinstance(content, str) else ""
-    role = _ROLE_OF_TYPE.get(event.type)
     if event.type == EventType.EVENT_TYPE_TOOL_RESULT:
+        fields = struct_to_dict(event.data)
         call_id = fields.get("tool_call_id")
         if not isinstance(call_id, str):
             return []
-        return [{"type": "function_call_output", "call_id": call_id, "output": text}]
+        return [{"type": "function_call_output", "call_id": call_id, "output": _text(fields)}]
+    role = _ROLE_OF_TYPE.get(event.type)
     if role is None:
-        return []
+        return []  # a hide, a turn marker: no message to read items from, data not decoded
+    fields = struct_to_dict(event.data)
+    text = _text(fields)
     shown: list[dict[str, Any]] = []
     if text or role != "assistant" or not fields.get("tool_calls"):
         shown.append({"role": role, "content": text})
@@ -268,6 +271,11 @@ def event_items(event: Event) -> list[dict[str, Any]]:
                 }
             )
     return shown
+
+
+def _text(fields: dict[str, Any]) -> str:
+    content = fields.get("content")
+    return content if isinstance(content, str) else ""
 
 
 def plain_items(events: Sequence[Event]) -> list[dict[str, Any]] | None:
@@ -300,8 +308,7 @@ def visible_items(events: Iterable[Event], start: int = 0) -> list[SessionItem]:
     for event in in_view(events):
         if start and position(event) < start:
             continue
-        # event_items inlined for the common event, an item's JSON text: "" when the key holds
-        # no text (or is absent), which event_items then reads as get_exact always did
+        # entries_of inlined: a whole-history read of a log with hides comes through here
         stored = event.data.fields.get(_ITEM_JSON)
         text = "" if stored is None else stored.string_value
         if text:
@@ -311,6 +318,27 @@ def visible_items(events: Iterable[Event], start: int = 0) -> list[SessionItem]:
                 continue
         shown.extend(SessionItem(event.seq, item) for item in event_items(event))
     return shown
+
+
+def entries_of(event: Event) -> list[SessionItem]:
+    """The items an event in view shows, each with its seq (:func:`event_items`)."""
+    # event_items inlined for the common event, an item's JSON text: "" when the key holds no
+    # text (or is absent), which event_items then reads as get_exact always did
+    stored = event.data.fields.get(_ITEM_JSON)
+    text = "" if stored is None else stored.string_value
+    if text:
+        item = loads(text)
+        if isinstance(item, dict):
+            return [SessionItem(event.seq, item)]
+    return [SessionItem(event.seq, item) for item in event_items(event)]
+
+
+def latest_items(tail: Sequence[Event], more: bool, limit: int) -> list[SessionItem] | None:
+    """The latest ``limit`` items in view from ``tail``, the log's newest events read newest
+    first (``more`` when older ones are unread); None when only an older page can tell. Only the
+    events that decide them are decoded (``_items.newest``), else ``_items.latest``."""
+    found = newest(tail, more, limit, entries_of)
+    return found if found is not None else latest(tail, more, limit, visible_items)
 
 
 # -- the session --------------------------------------------------------------------------------
@@ -362,14 +390,17 @@ class SessionlogSession:
         if opened is not None:
             await opened.close()
 
-    async def _read(self, limit: int | None) -> tuple[list[SessionItem], list[Event], int]:
+    async def _read(
+        self, limit: int | None, page_size: int = 0
+    ) -> tuple[list[SessionItem], list[Event], int]:
         """The items in view (with ``limit``, the latest ``limit`` of them), the events read,
         and the log's length as read.
 
         Without a limit the whole log; with one, pages of ListEvents "seq desc" (pinned to the
-        log as the first page saw it) until the latest ``limit`` items are known: a hide near
-        the end may cover items further back, so a page can add fewer items than it holds
-        (``_items.latest`` tells when the pages read so far decide them).
+        log as the first page saw it; ``page_size`` events each, 0: ``tail_page_size(limit)``)
+        until the latest ``limit`` items are known: a hide near the end may cover items further
+        back, so a page can add fewer items than it holds (``_items.latest`` tells when the
+        pages read so far decide them).
         """
         client = self._client()
         if limit is None:
@@ -380,14 +411,14 @@ class SessionlogSession:
         while True:
             page = await client.list_events(
                 self.session_id,
-                page_size=tail_page_size(limit),
+                page_size=min(page_size or tail_page_size(limit), TAIL_PAGE_MAX),
                 page_token=token,
                 order_by="seq desc",
             )
             length = page.event_count if length < 0 else length
             tail.extend(page.events)
             token = page.next_page_token
-            entries = latest(tail, bool(token), limit, visible_items)
+            entries = latest_items(tail, bool(token), limit)
             if entries is not None:
                 complete = not token and len(tail) <= TAIL_KEPT
                 self._tail = _Tail(tail[:TAIL_KEPT], length, complete, page.session_uid)
@@ -455,11 +486,14 @@ class SessionlogSession:
             known = self._tail
             entries = None
             if known is not None and known.uid:
-                entries = latest(known.events, not known.complete, 1, visible_items)
+                entries = latest_items(known.events, not known.complete, 1)
             if entries:  # an empty view is only believed when read now
                 events, length = known.events, known.length  # type: ignore[union-attr]
             else:
-                entries, events, length = await self._read(1)
+                # hides at the end (pops) cover as many items before them: read past what the
+                # tail held, so that a run of pops reads again once per doubling, not per page
+                deeper = 0 if known is None else len(known.events) + TAIL_PAGE_MIN
+                entries, events, length = await self._read(1, deeper)
                 known = self._tail
             if not entries:
                 return None

@@ -282,6 +282,8 @@ class SessionLogServicer:
     # -- who calls ---------------------------------------------------------------------------
 
     def _principal(self, context: grpc.aio.ServicerContext) -> Principal | None:
+        if self.authorizer is None:
+            return None  # auth off: the call's metadata is not read (it is built per call)
         return access.principal_of(self.authorizer, context.invocation_metadata())
 
     def _caller(self, context: grpc.aio.ServicerContext) -> usecases.Caller:

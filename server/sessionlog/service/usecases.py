@@ -380,12 +380,15 @@ class SessionLog:
         size = paging.page_size(page_size)
         desc = paging.descending(order_by)
         kind = paging.DESCENDING if desc else paging.ASCENDING
-        sid = self._sid(session_id)
-        cursor = None
+        sid, cursor = 0, None
         if page_token:
+            sid = self._sid(session_id)
             (cursor,) = paging.decode(page_token, kind, session_id, "ListEvents", sid=sid)
         budget = self.max_message_bytes - FRAMING_BYTES - STORED_EVENT_OVERHEAD * size
         page = self.store.list_events(session_id, cursor, size, descending=desc, max_bytes=budget)
+        if page_token and page.log_number != sid:  # written again since the token's check
+            raise paging.invalid("ListEvents", session_id)
+        sid = page.log_number  # a first page's token binds the log it read, in its transaction
         if desc:
             after = page.first_seq - len(page.events) + 1  # the oldest seq of this page
             more = bool(page.events) and after > 0

@@ -95,6 +95,10 @@ class FoldCache:
         """The memos by sid, least recently read first."""
         self.fold_bytes: dict[int, int] = {}
         """Per memoized sid: the stored bytes its fold has read."""
+        self.held_bytes = 0
+        """The sum of ``fold_bytes``, kept as it changes: a listing with each session's state
+        folds many sessions in a row, and summing every memo's bytes at each would cost a step
+        per memo per session."""
         self.marks: dict[int, int] = {}
         """Per memoized sid: its redaction count when the memo was made (``_fold`` checks it:
         a redaction by any process of the server leaves the count of events unchanged)."""
@@ -104,7 +108,7 @@ class FoldCache:
         """Drop a session's memoized fold (a redaction or delete made it stale)."""
         with self.lock:
             if self.folds.pop(sid, None) is not None:
-                del self.fold_bytes[sid]
+                self.held_bytes -= self.fold_bytes.pop(sid)
             self.marks.pop(sid, None)
 
     def meta_and_mark(self, session_id: str) -> tuple[SessionMeta | None, int]:
@@ -315,7 +319,7 @@ class FoldCache:
         cached = self.folds.get(meta.sid)
         if cached is not None and self.marks.get(meta.sid, 0) != mark:
             self.folds.pop(meta.sid)
-            del self.fold_bytes[meta.sid]
+            self.held_bytes -= self.fold_bytes.pop(meta.sid)
             cached = None
         if cached is None or cached.count > target:
             cached = fold.SurfaceFold()
@@ -333,20 +337,23 @@ class FoldCache:
                 raise damage.missing_events(session_id, cached.count + len(new), target)
             cached.extend(damage.decode_events(new, cached.count, session_id))
             if meta.sid in self.folds:
-                self.fold_bytes[meta.sid] += sum(map(len, new))
+                read = sum(map(len, new))
+                self.fold_bytes[meta.sid] += read
+                self.held_bytes += read
                 self._evict()
         return cached
 
     def _remember(self, sid: int, surface: fold.SurfaceFold) -> None:
         self.folds[sid] = surface
+        self.held_bytes -= self.fold_bytes.get(sid, 0)
         self.fold_bytes[sid] = 0
 
     def _evict(self) -> None:
         """Drop least recently read folds past the session count or the byte budget (counted
         as the stored bytes each fold has read; the most recent fold always stays)."""
         while len(self.folds) > 1 and (
-            len(self.folds) > self.sessions or sum(self.fold_bytes.values()) > self.max_bytes
+            len(self.folds) > self.sessions or self.held_bytes > self.max_bytes
         ):
             sid, _ = self.folds.popitem(last=False)
-            del self.fold_bytes[sid]
+            self.held_bytes -= self.fold_bytes.pop(sid)
             self.marks.pop(sid, None)

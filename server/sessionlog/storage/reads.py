@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from itertools import islice
-from typing import Any
+from typing import Any, cast
 
 import lmdb
 
@@ -171,12 +171,27 @@ def read_range_desc(
         return out
     name = f"session '{session_id}'" if session_id else f"the session of internal id {sid}"
     with damage.reading(f"events before seq {stop} of {name}", session_id=session_id, seq=stop):
-        total = 0
-        for _, value in walk_desc(txn, tables, sid, stop, session_id):
-            total += len(value)
-            if out and (total > max_bytes or len(out) == count):
-                break
-            out.append(value)
+        cursor = txn.cursor(db=tables.events)
+        if not cursor.set_key(schema.event_key(sid, stop - 1)):
+            raise damage.missing_events(session_id or str(sid), stop - 1, stop)
+        walked = list(islice(cursor.iterprev(keys=False), min(count, stop)))
+        # Keys are of one width and unique, so the keys walked back from seq stop - 1 are dense
+        # exactly when the last is seq stop - len(out)'s (a walk off the table ends on no key):
+        # one comparison, not one a key
+        if cursor.key() != schema.event_key(sid, stop - len(walked)):
+            for _ in islice(walk_desc(txn, tables, sid, stop, session_id), len(walked) + 1):
+                pass  # walked again key by key, to name the first missing seq
+            raise damage.missing_events(session_id or str(sid), stop - len(walked), stop)
+    if type(walked[0]) is bytes:  # a transaction without buffers: the values are bytes
+        out = cast("list[bytes]", walked)
+    else:
+        out = [bytes(value) for value in walked]
+    if len(out) > 1 and sum(map(len, out)) > max_bytes:  # keep the first, then what fits
+        kept, total = 1, len(out[0])
+        while total + len(out[kept]) <= max_bytes:
+            total += len(out[kept])
+            kept += 1
+        del out[kept:]
     return out
 
 

@@ -31,6 +31,8 @@ class EventsPage:
     next_seq: int
     uid: str = ""
     """The session's uid at the read (empty: never written)."""
+    log_number: int = 0
+    """``Store.log_number`` at the read (0: never written), which a page token binds."""
 
 
 @dataclass
@@ -173,12 +175,12 @@ def list_events(
             )
         stop = count if cursor is None else cursor
         raws = read_range_desc(txn, tables, meta.sid, stop, limit, max_bytes, session_id)
-        return EventsPage(raws, stop - 1, count, session_uid(session_id, meta))
+        return EventsPage(raws, stop - 1, count, session_uid(session_id, meta), meta.sid)
     start = cursor or 0
     raws = read_range(
         txn, tables, meta.sid, start, min(start + limit, count), max_bytes, session_id
     )
-    return EventsPage(raws, start, count, session_uid(session_id, meta))
+    return EventsPage(raws, start, count, session_uid(session_id, meta), meta.sid)
 
 
 def _walk(cursor: lmdb.Cursor, what: str) -> Iterator[tuple[bytes, bytes]]:

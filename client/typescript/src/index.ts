@@ -24,6 +24,8 @@ import {
   SessionLogError,
   type SessionLogErrorOptions,
   toError,
+  undecodable,
+  undecodableReply,
   whole,
 } from "./errors.js";
 import type * as proto from "./proto.js";
@@ -83,6 +85,7 @@ import {
 // append-stream, index, then the framework adapters (claude-agent-sdk, langgraph, openai-agents).
 export { AppendStream, type AppendStreamOptions, DEFAULT_MAX_IN_FLIGHT, type StreamAppendOptions } from "./append-stream.js";
 export {
+  DataCorruptedError,
   errorFor,
   errorInfo,
   LeadershipLostError,
@@ -181,7 +184,7 @@ const TRANSPORT_ENDS = new Set<number | undefined>([grpc.status.UNAVAILABLE, grp
  * closed by this client never gets this far.
  */
 function transportEnd(error: Failure): boolean {
-  return TRANSPORT_ENDS.has(error?.code) && !errorInfo(error) && !(error instanceof SessionLogError);
+  return TRANSPORT_ENDS.has(error?.code) && !errorInfo(error) && !(error instanceof SessionLogError) && !undecodableReply(error);
 }
 
 // -- values -----------------------------------------------------------------------------------
@@ -961,6 +964,9 @@ export class EventStream implements AsyncIterable<Event> {
         return;
       } catch (error) {
         if (this.closed) return;
+        if (undecodableReply(error)) {
+          throw undecodable(error, `an event of session '${this.sessionId}' from seq ${this.nextSeq} on`);
+        }
         let step = LATER;
         if (dead) {
           this.deadStreams += 1;

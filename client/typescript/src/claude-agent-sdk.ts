@@ -263,9 +263,11 @@ export class SessionlogSessionStore {
 
   async load(key: SessionKey): Promise<SessionStoreEntry[] | null> {
     const loaded: SessionStoreEntry[] = [];
-    for await (const event of this.client.since(this.sessionLogId(key))) {
-      const entry = entryOf(event);
-      if (entry !== undefined) loaded.push(entry);
+    for await (const batch of this.client.since(this.sessionLogId(key)).batches()) {
+      for (const event of batch) {
+        const entry = entryOf(event);
+        if (entry !== undefined) loaded.push(entry);
+      }
     }
     return loaded.length ? loaded : null;
   }

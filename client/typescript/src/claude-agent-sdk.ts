@@ -24,7 +24,8 @@
 //   last wrote per session, so an append right after its own folds in without reading the title
 //   back; the append names the log it folded onto (expectedSeq, expectedUid), and one refused
 //   (another writer appended, or the session was deleted and made again) reads the title
-//   (GetSession) and folds again;
+//   (GetSession) and folds again. A store's first append to a session folds onto nothing with
+//   expectedSeq 0: one call for a new session, a refusal and a read for one holding events;
 // - delete of a main transcript erases its children, then it (DeleteSession).
 
 import { createHash } from "node:crypto";
@@ -168,6 +169,11 @@ type Summary = { covered: number; data: Record<string, unknown> | undefined };
 /** A main session as the store knows it: its uid, its event count, the summary data over its
  * entries (undefined: none yet). */
 type Known = Summary & { uid: string };
+
+/** What a store's first append to a session assumes: none there yet (or an empty one). Its
+ * expectedSeq 0 makes that a checked guess: a log holding events refuses it (SEQ_CONFLICT) and
+ * the store reads the title then, so a new session costs one call, not a GetSession too. */
+const NEW: Known = { uid: "", covered: 0, data: undefined };
 
 function readSummary(title: string): Summary | undefined {
   let held;
@@ -324,7 +330,8 @@ export class SessionlogSessionStore {
    * One Append: the entries, and the summary folded over them as the session's title, in one
    * synced commit. It names the log the summary was folded onto (expectedSeq and expectedUid):
    * after another writer's append, or a delete and a new session of the same length, it is
-   * refused, and the store reads the title again and folds anew.
+   * refused, and the store reads the title again and folds anew. The first append to a
+   * session this store has not written folds onto nothing (NEW).
    */
   private async appendMain(
     key: SessionKey,
@@ -335,9 +342,8 @@ export class SessionlogSessionStore {
   ): Promise<void> {
     const fold = this.fold as FoldSessionSummary;
     const mainKey = { projectKey: key.projectKey, sessionId: key.sessionId };
-    let known = this.written.get(logId);
+    let known = this.written.get(logId) ?? NEW;
     for (;;) {
-      known ??= await this.summaryNow(mainKey, logId);
       const prev = known.data ? { sessionId: key.sessionId, mtime: 0, data: known.data } : undefined;
       const folded = fold(prev, mainKey, entries);
       const title = summaryTitle(known.covered + entries.length, folded.data);
@@ -353,7 +359,7 @@ export class SessionlogSessionStore {
         const reason = reasonOf(error);
         if (reason !== "SEQ_CONFLICT" && reason !== "SESSION_UID_MISMATCH") throw error;
         this.written.delete(logId);
-        known = undefined;
+        known = await this.summaryNow(mainKey, logId);
         continue;
       }
       if (reply.events.length && reply.events[0].seq === known.covered) {

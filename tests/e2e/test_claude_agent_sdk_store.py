@@ -190,6 +190,31 @@ def test_an_append_is_one_call_that_writes_entries_and_summary(running: RunningS
     asyncio.run(main())
 
 
+def test_a_first_append_to_a_new_session_is_one_append(running: RunningServer) -> None:
+    """A store's first append to a session is one Append, no GetSession (it names expected_seq
+    0); a fresh store's first append to a session holding events is refused, reads the title
+    and appends, and the summary covers both stores' entries."""
+
+    async def main() -> None:
+        prefix = new_prefix()
+        first, second = Calls(running.address), Calls(running.address)
+        async with first, second:
+            store = SessionlogSessionStore(first, prefix=prefix)
+            await store.append(MAIN, [entry("u1", text="first question", customTitle="one")])
+            assert first.calls == ["Append"]
+            resumed = SessionlogSessionStore(second, prefix=prefix)
+            await resumed.append(MAIN, [entry("a1", kind="assistant", text="answer")])
+            assert second.calls == ["Append", "GetSession", "Append"]
+            [summary] = await resumed.list_session_summaries(MAIN["project_key"])
+            folded = fold_session_summary(None, MAIN, await resumed.load(MAIN) or [])
+            assert summary["data"] == folded["data"]
+            assert summary["data"]["custom_title"] == "one"
+            session = (await second.get_session(resumed.session_log_id(MAIN))).session
+            assert session.event_count == 2
+
+    asyncio.run(main())
+
+
 def test_a_session_deleted_and_made_again_to_the_same_length_is_folded_anew(
     running: RunningServer,
 ) -> None:

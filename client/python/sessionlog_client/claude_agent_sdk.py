@@ -26,7 +26,9 @@ How transcripts live in sessionlog (also in client/python/README.md, "Claude Age
   its title: ``{"n": EVENTS_COVERED, "data": {...}}``, written by the Append of the entries
   (``AppendRequest.title``): one call, one synced commit. The append names the log it folded
   onto (``expected_seq``, and ``expected_uid`` for a session deleted and made again to the same
-  length); a refused one reads the title (GetSession) and folds again.
+  length); a refused one reads the title (GetSession) and folds again. A store's first append
+  to a session folds onto nothing and names ``expected_seq`` 0: one call for a new session; a
+  session that already holds events (resumed by another process) refuses it, and is read then.
   ``list_session_summaries`` and ``list_sessions`` are one ListSessions walk over the project's
   prefix: no event is read. A summary covering fewer events than the log holds (another writer
   appended without a title, or a session written by an older store, which updated the title in
@@ -221,6 +223,10 @@ def _read_summary(title: str) -> tuple[int, dict[str, Any] | None] | None:
 
 _Known = tuple[str, int, "dict[str, Any] | None"]
 """A main session as the store knows it: (uid, event count, summary data over its entries)."""
+_NEW: _Known = ("", 0, None)
+"""What a store's first append to a session assumes: none there yet (or an empty one). Its
+``expected_seq`` 0 makes that a checked guess: a log holding events refuses it (SEQ_CONFLICT)
+and the store reads the title then, so a new session costs one call, not a GetSession too."""
 
 
 def _ms(session: pb.Session) -> int:
@@ -369,11 +375,10 @@ class SessionlogSessionStore(SessionStore):
         """One Append: the entries, and the summary folded over them as the session's title, in
         one synced commit. It names the log the summary was folded onto (``expected_seq`` and
         ``expected_uid``): after another writer's append, or a delete and a new session of the
-        same length, it is refused, and the store reads the title again and folds anew."""
-        known = self._written.get(log_id)
+        same length, it is refused, and the store reads the title again and folds anew. The
+        first append to a session this store has not written folds onto nothing (``_NEW``)."""
+        known = self._written.get(log_id, _NEW)
         while True:
-            if known is None:
-                known = await self._summary_now(key, log_id)
             uid, covered, data = known
             prev: SessionSummaryEntry | None = None
             if data is not None:
@@ -393,7 +398,7 @@ class SessionlogSessionStore(SessionStore):
                 return  # the same uuids were stored by an earlier batch: ignore the duplicate
             except (SeqConflict, SessionUidMismatch):
                 self._written.pop(log_id, None)
-                known = None
+                known = await self._summary_now(key, log_id)
                 continue
             if reply.events and reply.events[0].seq == covered:
                 self._written[log_id] = (reply.session_uid, int(reply.next_seq), folded["data"])

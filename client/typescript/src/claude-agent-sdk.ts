@@ -24,7 +24,8 @@
 //   last wrote per session, so an append right after its own folds in without reading the title
 //   back; the append names the log it folded onto (expectedSeq, expectedUid), and one refused
 //   (another writer appended, or the session was deleted and made again) reads the title
-//   (GetSession) and folds again;
+//   (GetSession) and folds again. A store's first append to a session folds onto nothing with
+//   expectedSeq 0: one call for a new session, a refusal and a read for one holding events;
 // - delete of a main transcript erases its children, then it (DeleteSession).
 
 import { createHash } from "node:crypto";
@@ -169,6 +170,11 @@ type Summary = { covered: number; data: Record<string, unknown> | undefined };
  * entries (undefined: none yet). */
 type Known = Summary & { uid: string };
 
+/** What a store's first append to a session assumes: none there yet (or an empty one). Its
+ * expectedSeq 0 makes that a checked guess: a log holding events refuses it (SEQ_CONFLICT) and
+ * the store reads the title then, so a new session costs one call, not a GetSession too. */
+const NEW: Known = { uid: "", covered: 0, data: undefined };
+
 function readSummary(title: string): Summary | undefined {
   let held;
   try {
@@ -263,9 +269,11 @@ export class SessionlogSessionStore {
 
   async load(key: SessionKey): Promise<SessionStoreEntry[] | null> {
     const loaded: SessionStoreEntry[] = [];
-    for await (const event of this.client.since(this.sessionLogId(key))) {
-      const entry = entryOf(event);
-      if (entry !== undefined) loaded.push(entry);
+    for await (const batch of this.client.since(this.sessionLogId(key)).batches()) {
+      for (const event of batch) {
+        const entry = entryOf(event);
+        if (entry !== undefined) loaded.push(entry);
+      }
     }
     return loaded.length ? loaded : null;
   }
@@ -322,7 +330,8 @@ export class SessionlogSessionStore {
    * One Append: the entries, and the summary folded over them as the session's title, in one
    * synced commit. It names the log the summary was folded onto (expectedSeq and expectedUid):
    * after another writer's append, or a delete and a new session of the same length, it is
-   * refused, and the store reads the title again and folds anew.
+   * refused, and the store reads the title again and folds anew. The first append to a
+   * session this store has not written folds onto nothing (NEW).
    */
   private async appendMain(
     key: SessionKey,
@@ -333,9 +342,8 @@ export class SessionlogSessionStore {
   ): Promise<void> {
     const fold = this.fold as FoldSessionSummary;
     const mainKey = { projectKey: key.projectKey, sessionId: key.sessionId };
-    let known = this.written.get(logId);
+    let known = this.written.get(logId) ?? NEW;
     for (;;) {
-      known ??= await this.summaryNow(mainKey, logId);
       const prev = known.data ? { sessionId: key.sessionId, mtime: 0, data: known.data } : undefined;
       const folded = fold(prev, mainKey, entries);
       const title = summaryTitle(known.covered + entries.length, folded.data);
@@ -351,7 +359,7 @@ export class SessionlogSessionStore {
         const reason = reasonOf(error);
         if (reason !== "SEQ_CONFLICT" && reason !== "SESSION_UID_MISMATCH") throw error;
         this.written.delete(logId);
-        known = undefined;
+        known = await this.summaryNow(mainKey, logId);
         continue;
       }
       if (reply.events.length && reply.events[0].seq === known.covered) {

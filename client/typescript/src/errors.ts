@@ -186,7 +186,51 @@ export class WrongGroupError extends SessionLogError {
   }
 }
 
+/**
+ * DATA_CORRUPTED (DATA_LOSS): a stored record could not be read back, so the data file is damaged.
+ * The server says so for what it parses (Surface, DeriveMessages, a write); a stream (since(),
+ * follow()) sends events as they are stored, so this client is the one to find an event that
+ * does not decode, and says it with this class too. Nothing is guessed: `sessionlog admin
+ * verify` lists the damage; restore from a backup or a replica.
+ */
+export class DataCorruptedError extends SessionLogError {
+  constructor(message: string, options: SessionLogErrorOptions = {}) {
+    super(message, { code: grpc.status.DATA_LOSS, ...options, reason: "DATA_CORRUPTED" });
+    this.name = "DataCorruptedError";
+  }
+}
+
+/** The start of the details of the INTERNAL status grpc-js gives a reply it could not decode. */
+const UNDECODABLE_REPLY = "Response message parsing error";
+
+/**
+ * Whether a failure is this client's own failure to decode a reply (grpc-js's INTERNAL "Response
+ * message parsing error: ..."), not a server's answer or the transport's end: sent again, the
+ * same stored bytes fail the same way.
+ */
+export function undecodableReply(error: unknown): boolean {
+  const failure = error as Failure | null;
+  return (
+    failure?.code === grpc.status.INTERNAL &&
+    String(failure.details ?? "").startsWith(UNDECODABLE_REPLY) &&
+    !(error instanceof SessionLogError) &&
+    !errorInfo(error)
+  );
+}
+
+/** An undecodable reply (see undecodableReply) as a DataCorruptedError; what: what it held. */
+export function undecodable(error: unknown, what = "a reply from the server"): DataCorruptedError {
+  const details = String((error as Failure | null)?.details ?? "");
+  return new DataCorruptedError(
+    `${what} could not be decoded: a streamed read (since(), follow()) sends the events as they ` +
+      "are stored, so a damaged record reaches the client as bytes that are not an Event; run " +
+      `\`sessionlog admin verify\` on the server's data folder (${details})`,
+    { cause: error },
+  );
+}
+
 const ERROR_CLASSES: Record<string, typeof SessionLogError> = {
+  DATA_CORRUPTED: DataCorruptedError,
   NOT_PRIMARY: NotPrimaryError,
   WRONG_GROUP: WrongGroupError,
   LEADERSHIP_LOST: LeadershipLostError,
@@ -210,6 +254,7 @@ export function toError(thrown: unknown): unknown {
   }
   const oversized = info ? null : oversizedMessage(error);
   if (oversized !== null) return oversized;
+  if (undecodableReply(error)) return undecodable(error);
   return errorFor(error.details || error.message || "", {
     code: error.code,
     reason: info?.reason,

@@ -24,6 +24,8 @@ import {
   SessionLogError,
   type SessionLogErrorOptions,
   toError,
+  undecodable,
+  undecodableReply,
   whole,
 } from "./errors.js";
 import type * as proto from "./proto.js";
@@ -83,6 +85,7 @@ import {
 // append-stream, index, then the framework adapters (claude-agent-sdk, langgraph, openai-agents).
 export { AppendStream, type AppendStreamOptions, DEFAULT_MAX_IN_FLIGHT, type StreamAppendOptions } from "./append-stream.js";
 export {
+  DataCorruptedError,
   errorFor,
   errorInfo,
   LeadershipLostError,
@@ -181,7 +184,7 @@ const TRANSPORT_ENDS = new Set<number | undefined>([grpc.status.UNAVAILABLE, grp
  * closed by this client never gets this far.
  */
 function transportEnd(error: Failure): boolean {
-  return TRANSPORT_ENDS.has(error?.code) && !errorInfo(error) && !(error instanceof SessionLogError);
+  return TRANSPORT_ENDS.has(error?.code) && !errorInfo(error) && !(error instanceof SessionLogError) && !undecodableReply(error);
 }
 
 // -- values -----------------------------------------------------------------------------------
@@ -833,6 +836,7 @@ function loadServices(protoDir: string): { log: ServiceClass; admin: ServiceClas
  * for DEAD_AFTER_HEARTBEATS of the intervals it asked for (a dead link), it reconnects from
  * nextSeq, the seq after the last event it delivered: no gap, no duplicate. close() or breaking
  * out of the loop ends it. Time the caller spends on an event does not count as silence.
+ * batches() reads the same events a reply at a time.
  */
 export class EventStream implements AsyncIterable<Event> {
   readonly sessionId: string;
@@ -851,6 +855,7 @@ export class EventStream implements AsyncIterable<Event> {
   private _call: grpc.ClientReadableStream<unknown> | null;
   private _wake: (() => void) | null;
   private _iterator: AsyncGenerator<Event, void, undefined> | null;
+  private _batches: AsyncGenerator<Event[], void, undefined> | null;
   /** @internal */
   _forget: (() => void) | null;
 
@@ -876,15 +881,37 @@ export class EventStream implements AsyncIterable<Event> {
     this._call = null;
     this._wake = null;
     this._iterator = null;
+    this._batches = null;
     this._forget = null;
   }
 
   [Symbol.asyncIterator](): AsyncIterator<Event> {
-    this._iterator ??= this._iterate();
+    this._iterator ??= this._events();
     return this._iterator;
   }
 
-  private async *_iterate(): AsyncGenerator<Event, void, undefined> {
+  /**
+   * The same events a reply at a time (`for await (const batch of stream.batches())`), in seq
+   * order, each array a few hundred events, never empty; it reconnects as the event iterator
+   * does. A whole read costs one step of the loop per reply instead of one per event. Read a
+   * stream one way, not both.
+   */
+  batches(): AsyncIterable<Event[]> {
+    this._batches ??= this._iterate();
+    const batches = this._batches;
+    return { [Symbol.asyncIterator]: () => batches };
+  }
+
+  private async *_events(): AsyncGenerator<Event, void, undefined> {
+    for await (const batch of this.batches()) {
+      for (const event of batch) {
+        this.nextSeq = event.seq + 1;
+        yield event;
+      }
+    }
+  }
+
+  private async *_iterate(): AsyncGenerator<Event[], void, undefined> {
     try {
       yield* this._run();
     } finally {
@@ -900,8 +927,8 @@ export class EventStream implements AsyncIterable<Event> {
     this._wake?.();
   }
 
-  /** @internal */
-  async *_run(): AsyncGenerator<Event, void, undefined> {
+  /** @internal The events, a reply's at a time. */
+  async *_run(): AsyncGenerator<Event[], void, undefined> {
     const client = this._client;
     const backoff = new Backoff(client.retry);
     let hops = 0;
@@ -950,17 +977,23 @@ export class EventStream implements AsyncIterable<Event> {
           hops = 0;
           member.reached = true;
           if (response.caught_up) this.caughtUp = true;
+          const batch: Event[] = [];
           for (const raw of response.events ?? []) {
             const event = fromEvent(raw);
-            if (event.seq < this.nextSeq) continue; // already delivered before a reconnect
-            this.nextSeq = event.seq + 1;
-            yield event;
+            if (event.seq >= this.nextSeq) batch.push(event); // else delivered before a reconnect
+          }
+          if (batch.length) {
+            this.nextSeq = batch[batch.length - 1].seq + 1;
+            yield batch;
           }
           arm();
         }
         return;
       } catch (error) {
         if (this.closed) return;
+        if (undecodableReply(error)) {
+          throw undecodable(error, `an event of session '${this.sessionId}' from seq ${this.nextSeq} on`);
+        }
         let step = LATER;
         if (dead) {
           this.deadStreams += 1;
@@ -1170,7 +1203,7 @@ class ShardedStream extends EventStream {
     this._shards = shards;
   }
 
-  override async *_run(): AsyncGenerator<Event, void, undefined> {
+  override async *_run(): AsyncGenerator<Event[], void, undefined> {
     this._client = await this._shards.clientFor(this.sessionId);
     let reroutedAt: number | null = null;
     for (;;) {

@@ -301,7 +301,7 @@ export class SessionlogSession implements Session, SessionHistoryTransactionAwar
   async entries(limit?: number | null): Promise<{ entries: SessionEntry[]; length: number | undefined }> {
     if (limit === undefined || limit === null) {
       const events: Event[] = [];
-      for await (const event of this.client.since(this.sessionId)) events.push(event);
+      for await (const batch of this.client.since(this.sessionId).batches()) events.push(...batch);
       const kept = events.slice(-TAIL_KEPT).reverse();
       this._tail = { events: kept, length: events.length, complete: kept.length === events.length, uid: "" };
       return { entries: visibleEntries(events), length: events.length };

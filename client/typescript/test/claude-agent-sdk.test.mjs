@@ -207,6 +207,39 @@ describe("SessionlogSessionStore, the SDK's SessionStore contracts", () => {
     }
   });
 
+  test("a store's first append to a new session is one Append; to one holding events, refused, read, appended", async () => {
+    const prefix = `ts${stores++}-${process.pid}.`;
+    /** A client that records the names of its unary calls. */
+    const counted = () => {
+      const client = new SessionLogClient(live.server.address);
+      client.calls = [];
+      const send = client._call.bind(client);
+      client._call = (method, ...rest) => {
+        client.calls.push(method);
+        return send(method, ...rest);
+      };
+      return client;
+    };
+    const [first, second] = [counted(), counted()];
+    const key = { projectKey: "proj", sessionId: "first-append" };
+    try {
+      const store = new SessionlogSessionStore(first, { prefix, foldSessionSummary: fold });
+      await store.append(key, [e({ uuid: "1", timestamp: "2024-01-01T00:00:00.000Z", customTitle: "one" })]);
+      assert.deepEqual(first.calls, ["Append"], "a new session: no GetSession");
+      const resumed = new SessionlogSessionStore(second, { prefix, foldSessionSummary: fold });
+      await resumed.append(key, [e({ uuid: "2" })]);
+      assert.deepEqual(second.calls, ["Append", "GetSession", "Append"], "a session holding events: refused, then read");
+      const [summary] = await resumed.listSessionSummaries("proj");
+      assert.deepEqual(summary.data, { createdAt: Date.parse("2024-01-01T00:00:00.000Z"), customTitle: "one" });
+      const { session } = await live.client.getSession(resumed.sessionLogId(key));
+      assert.equal(session.eventCount, 2);
+      assert.equal(JSON.parse(session.title).n, 2);
+    } finally {
+      first.close();
+      second.close();
+    }
+  });
+
   test("a session deleted and made again to the same length is folded anew, not onto the old summary", async () => {
     const store = fresh();
     const other = new SessionlogSessionStore(live.client, { prefix: store.prefix, foldSessionSummary: fold });

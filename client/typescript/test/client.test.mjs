@@ -162,6 +162,41 @@ describe("against one server", () => {
     assert.equal(closing.closed, true);
   });
 
+  test("since().batches() yields the events a reply at a time, in order, none empty", async () => {
+    const many = Array.from({ length: 3000 }, (_, i) => user(`event ${i} `.padEnd(120, "x")));
+    await live.client.append("batched", many);
+    const stream = live.client.since("batched");
+    const batches = [];
+    for await (const batch of stream.batches()) batches.push(batch);
+    assert.ok(batches.length > 1, `3000 events of 120 bytes in more than one reply: ${batches.length}`);
+    assert.ok(batches.every((batch) => Array.isArray(batch) && batch.length > 0));
+    const events = batches.flat();
+    assert.deepEqual(events.map((e) => e.seq), many.map((_, i) => i));
+    assert.equal(events[2999].data.content, many[2999].data.content);
+    assert.equal(stream.nextSeq, 3000);
+    assert.equal(stream.closed, true);
+    const one = [];
+    for await (const event of live.client.since("batched", { seq: 2990 })) one.push(event);
+    assert.deepEqual(one, events.slice(2990), "the event iterator reads the same events");
+  });
+
+  test("follow().batches() yields stored then live batches, and close() ends it", async () => {
+    await live.client.append("live-batches", [user("0"), user("1")]);
+    const stream = live.client.follow("live-batches");
+    const seen = [];
+    const reading = (async () => {
+      for await (const batch of stream.batches()) {
+        seen.push(batch.map((e) => e.seq));
+        if (seen.flat().length >= 5) stream.close();
+      }
+    })();
+    while (!stream.caughtUp) await new Promise((done) => setTimeout(done, 10));
+    await live.client.append("live-batches", [user("2"), user("3"), user("4")]);
+    await reading;
+    assert.deepEqual(seen, [[0, 1], [2, 3, 4]]);
+    assert.equal(stream.closed, true);
+  });
+
   test("closing the client ends the streams it opened", async () => {
     const other = new SessionLogClient(live.server.address);
     const stream = other.follow("live", { seq: 4 });
@@ -324,6 +359,39 @@ test("follow survives a server restart with no gap and no duplicate", async () =
     assert.deepEqual(events.map((e) => e.seq), [0, 1, 2, 3, 4, 5]);
     assert.deepEqual(events.map((e) => e.data.content), ["0", "1", "2", "3", "4", "5"]);
     assert.ok(stream.reconnects >= 1);
+  } finally {
+    client.close();
+    await server.stop();
+    server.remove();
+  }
+});
+
+test("follow().batches() survives a server restart with no gap and no duplicate", async () => {
+  const root = tempDir();
+  let server = await startServer({ root });
+  const { port } = server;
+  const client = new SessionLogClient(server.address, { retry: FAST });
+  try {
+    const stream = client.follow("restart-batches");
+    const seen = [];
+    const reading = (async () => {
+      for await (const batch of stream.batches()) {
+        seen.push(...batch);
+        if (seen.length >= 6) break;
+      }
+    })();
+    await client.append("restart-batches", [user("0"), user("1"), user("2")]);
+    while (stream.nextSeq < 3) await new Promise((done) => setTimeout(done, 10));
+    assert.equal(await server.stop(), 0);
+    server = await startServer({ root, port });
+    await client.append("restart-batches", [user("3")]);
+    await client.append("restart-batches", [user("4"), user("5")]);
+    const timer = setTimeout(() => stream.close(), 30_000);
+    await reading;
+    clearTimeout(timer);
+    assert.deepEqual(seen.map((e) => e.seq), [0, 1, 2, 3, 4, 5]);
+    assert.ok(stream.reconnects >= 1);
+    assert.equal(stream.closed, true);
   } finally {
     client.close();
     await server.stop();

@@ -58,9 +58,8 @@ async def follow(
     """Stream ``read(cursor)`` batches (payload, how far they advance the cursor, whether more
     may follow it) until there is nothing left; with ``live``, then ``marker(True)`` once
     (caught up), then new batches as commits to ``key`` wake it, and ``marker(False)`` (a
-    heartbeat) after each idle interval. Once caught up, the reads of two responses are at least
-    ``pace()`` seconds apart (counted from read to read, so a write held up does not lengthen
-    the turn): what commits land in between goes out together in the next one.
+    heartbeat) after each idle interval. Once caught up, two responses are at least ``pace()``
+    seconds apart: what commits land in between goes out together in the next one.
 
     A refusal, and shutdown (UNAVAILABLE with the position to resume from), end the stream
     through ``refuse``: the same loop serves gRPC streams and the web console's live tail."""
@@ -87,15 +86,11 @@ async def follow(
             if notifier.closed:
                 await refuse(shutting_down(subject, cursor))
                 return
-            read_at = loop.time()
             payload, advance, more = read(cursor)
             if advance:
                 cursor += advance
                 yield payload, cursor
-                # The turn counts from the read, not from the end of the write: a write held
-                # up (by a burst of followers ahead of it in the loop) would otherwise add its
-                # wait to every turn, and the events read next would wait for both.
-                sent_at, spoke_at = read_at, loop.time()
+                sent_at = spoke_at = loop.time()
                 if more:
                     continue
                 # That batch reached the end as of its read. A commit since then has resolved

@@ -5,7 +5,8 @@
 
 What a live follower costs the server per response, apart from reading and pacing: one gRPC
 server in this process streams small responses (a few events' worth) to a blocking client in a
-thread, as fast as the client reads them, and the loop thread's CPU (``time.thread_time``, user +
+thread, as fast as the client reads them, on the server's event loop (uvloop, through
+``sessionlog.startup``), and the loop thread's CPU (``time.thread_time``, user +
 system) is read around the handler. ``bare`` awaits ``context.write`` in the handler;
 ``guarded`` writes through ``StreamLimiter``'s write, as every follow stream does (Since,
 FollowSessions, Changes), with a notifier so that shutdown could interrupt it. The rounds
@@ -18,22 +19,24 @@ from __future__ import annotations
 import argparse
 import asyncio
 import statistics
+import sys
 import time
 
 import grpc
 
 from sessionlog.service.limits import StreamLimiter
 from sessionlog.service.notifier import Notifier
+from sessionlog.startup import run_event_loop
 
 PAYLOAD = b"x" * 400
 """About the size of a response carrying a few short events."""
 MODES = ("bare", "guarded")
 
 
-async def _stream(mode: str, responses: int) -> float:
-    """The loop thread's CPU seconds for streaming ``responses`` responses in ``mode``."""
+async def _stream(mode: str, responses: int, spent: list[float]) -> None:
+    """Stream ``responses`` responses in ``mode``; the loop thread's CPU seconds go to
+    ``spent``."""
     limiter = StreamLimiter(notifier=Notifier())
-    spent: list[float] = []
 
     async def handler(raw: bytes, context: grpc.aio.ServicerContext) -> None:
         started = time.thread_time()
@@ -55,7 +58,6 @@ async def _stream(mode: str, responses: int) -> float:
         await asyncio.to_thread(_read_all, f"127.0.0.1:{port}")
     finally:
         await server.stop(None)
-    return spent[0]
 
 
 def _read_all(target: str) -> None:
@@ -67,9 +69,15 @@ def _read_all(target: str) -> None:
 def measure(responses: int, rounds: int) -> dict[str, list[float]]:
     """Microseconds of loop CPU per response, per mode, one figure per round."""
     found: dict[str, list[float]] = {mode: [] for mode in MODES}
-    for _ in range(rounds):
-        for mode in MODES:
-            found[mode].append(asyncio.run(_stream(mode, responses)) / responses * 1e6)
+    previous = sys.getswitchinterval()  # the server's, which run_event_loop sets
+    try:
+        for _ in range(rounds):
+            for mode in MODES:
+                spent: list[float] = []
+                run_event_loop(_stream(mode, responses, spent))  # uvloop, as the server runs
+                found[mode].append(spent[0] / responses * 1e6)
+    finally:
+        sys.setswitchinterval(previous)
     return found
 
 

@@ -76,3 +76,17 @@ def test_a_row_without_etcd_has_no_peer_target_and_the_table_shows_each_peer_onc
     assert shown.count("  etcd Put 1 key, 16 clients (h2load)") == 1
     assert shown.count("  etcd Txn of 100 Puts, 4 clients (h2load)") == 1
     assert "AppendStream 1 ev, 16 streams x 16 in flight" in shown
+
+
+def test_the_live_tail_targets_are_issue_33s_5_ms_for_one_follower_and_20_for_100() -> None:
+    """Case 5 on the main server is held to issue 33's goals: a p99 of 12 ms misses with one
+    follower and meets with 100."""
+    tails = [
+        measured("5 tail, 1", 1_000, 1_000, followers=1, ack_to_arrival_p99_ms=12.0),
+        measured("5 tail, 100", 1_000, 1_000, followers=100, ack_to_arrival_p99_ms=12.0),
+    ]
+    found = {t.what: t for t in targets(Results(rows=[], tails=tails, derives=[], notes=[]))}
+    one = found["live tail p99 ack->arrival, 1 follower(s)"]
+    many = found["live tail p99 ack->arrival, 100 follower(s)"]
+    assert (one.goal, one.met) == ("<= 5 ms", False)
+    assert (many.goal, many.met) == ("<= 20 ms", True)

@@ -75,38 +75,62 @@ def prepare_append(
     # The server's time as a serialized `time` field, built once and put in place in the bytes
     # of each event that has none: no copy of the event, no Timestamp per event.
     time_field = wire.event_time_field(stamp)
-    prechecked: list[fold.Violation | None] = []
-    bodies: list[bytes] = []
-    stamped: list[Event] = []
-    replaces: list[tuple[int, int] | None] = []
+    count = len(events)
+    serialized = _serialized(events) if time_field else None
+    if serialized is None:
+        doubtful: Sequence[int] = range(count)
+    else:
+        doubtful = fold.doubtful_events(serialized, limits, len(time_field))
+        if not doubtful:  # the common batch: plain events only, every one accepted
+            return AppendBatch(
+                session_id=session_id,
+                events=list(events),
+                prechecked=[None] * count,
+                bodies=[body[:2] + time_field + body[2:] for body in serialized],
+                replaces=[None] * count,
+                spending=[],
+                expected_seq=expected_seq,
+                request_id=request_id,
+                fingerprint=fingerprint,
+                lease_holder=lease_holder,
+                lease_token=lease_token,
+                lenient=lenient,
+                create_only=create_only,
+            )
+    # The events doubtful_events vouches for are plain and accepted: stamped in place. The
+    # doubtful ones are checked one by one.
+    prechecked: list[fold.Violation | None] = [None] * count
+    bodies: list[bytes] = (
+        [b""] * count
+        if serialized is None
+        else [body[:2] + time_field + body[2:] for body in serialized]
+    )
+    stamped: list[Event] = list(events)
+    replaces: list[tuple[int, int] | None] = [None] * count
     spending: list[int] = []  # a plain event carries no usage
     plain_types, extra = fold.PLAIN_TYPES, len(time_field)
-    for index, original in enumerate(events):
+    for index in doubtful:
+        original = events[index]
         number = index if indices is None else indices[index]
         if time_field:
-            # The common event (a type, maybe data, nothing else: seen in its bytes) is checked
+            # A plain event (a type, maybe data, nothing else: seen in its bytes) is checked
             # by its data alone and stamped in place; any other takes the whole check below.
-            try:
-                body = original.SerializeToString()
-            except Exception:  # whatever the runtime refuses to encode is judged the reference way
-                body = b""
+            body = b"" if serialized is None else serialized[index]
             event_type = wire.plain_event_type(body)
             if event_type in plain_types:
                 violation = fold.check_plain_event(
                     event_type, original.data, number, limits, len(body) + extra
                 )
-                stamped.append(original)
-                prechecked.append(violation)
-                bodies.append(b"" if violation else wire.with_time(body, event_type, time_field))
-                replaces.append(None)
+                prechecked[index] = violation
+                bodies[index] = b"" if violation else wire.with_time(body, event_type, time_field)
                 continue
         event, violation, body = _checked(
             original, number, limits, stamp, time_field, keep_redacted
         )
-        stamped.append(event)
-        prechecked.append(violation)
-        bodies.append(b"" if violation else body)
-        replaces.append(fold.replace_range(event))
+        stamped[index] = event
+        prechecked[index] = violation
+        bodies[index] = b"" if violation else body
+        replaces[index] = fold.replace_range(event)
         if event.HasField("usage"):
             spending.append(index)
     return AppendBatch(
@@ -124,6 +148,15 @@ def prepare_append(
         lenient=lenient,
         create_only=create_only,
     )
+
+
+def _serialized(events: Sequence[Event]) -> list[bytes] | None:
+    """Each event's bytes; None when the runtime refuses to encode one (the events are then
+    checked one by one, the reference way)."""
+    try:
+        return [event.SerializeToString() for event in events]
+    except Exception:
+        return None
 
 
 def _checked(

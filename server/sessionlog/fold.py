@@ -28,6 +28,7 @@ stay hidden (shadowing is a union), so nothing ever needs to come back.
 from __future__ import annotations
 
 import math
+import operator
 import re
 import unicodedata
 from bisect import bisect_left, bisect_right
@@ -282,12 +283,12 @@ def doubtful_events(bodies: Sequence[bytes], limits: Limits, extra: int) -> list
     if plain.ByteSize() != len(joined):
         sizes = [event.ByteSize() for event in plain.events]
         doubts.update(i for i, body in enumerate(bodies) if sizes[i] != len(body))
-    if not _PLAIN_PREFIXES.issuperset({body[:2] for body in bodies}):
+    if not _PLAIN_PREFIXES.issuperset(map(_FIRST_TWO, bodies)):
         doubts.update(i for i, body in enumerate(bodies) if body[:2] not in _PLAIN_PREFIXES)
     largest = limits.max_event_bytes - extra
     if max(map(len, bodies)) > largest:
         doubts.update(i for i, body in enumerate(bodies) if len(body) > largest)
-    for marker in _DOUBTFUL_BYTES:
+    for marker in _DOUBTFUL_BYTES if b"\x00" in joined else _DOUBTFUL_NAMES:
         if marker in joined:
             doubts.update(i for i, body in enumerate(bodies) if marker in body)
     return sorted(doubts)
@@ -483,13 +484,20 @@ _OBJECT_FIELDS = frozenset(_FIELD_SHAPES) - frozenset(STRING_FIELDS)
 
 _PLAIN_EVENTS_FIELD = mirrors.PlainEvents.DESCRIPTOR.fields_by_name["events"].number
 _PLAIN_PREFIXES = frozenset(
-    Event(type=event_type).SerializeToString() for event_type in PLAIN_TYPES if event_type < 0x80
+    Event(type=EventType.Name(event_type)).SerializeToString()
+    for event_type in PLAIN_TYPES
+    if event_type < 0x80
 )
 """The first two bytes of a plain event of each type below 128: the type's tag and value."""
 _EMPTY_VALUE = Struct(fields={"k": Value()}).SerializeToString()[-2:]
 """A data entry's value of no kind, as it ends the entry: the value's tag and a zero length."""
 assert all(len(prefix) == 2 for prefix in _PLAIN_PREFIXES), "the time goes after two bytes"
-_DOUBTFUL_BYTES = (*sorted(name.encode() for name in _OBJECT_FIELDS), _EMPTY_VALUE)
+_DOUBTFUL_NAMES = tuple(sorted(name.encode() for name in _OBJECT_FIELDS))
+_DOUBTFUL_BYTES = (*_DOUBTFUL_NAMES, _EMPTY_VALUE)
+"""What ``doubtful_events`` looks for in a batch's bytes: the empty value only where a zero byte
+occurs at all (``in`` looks for one byte much faster than for two)."""
+assert _EMPTY_VALUE.endswith(b"\x00")
+_FIRST_TWO = operator.itemgetter(slice(0, 2))
 
 
 def _misshapen_field(top: dict[str, Value], kinds: dict[str, str | None]) -> str | None:

@@ -14,7 +14,8 @@ mirror wherever the generated encoder was not slower (Since batches stay with ``
 Mirrors live in their own file of the default descriptor pool, package
 ``sessionlog.mirror``, which no service names: reflection never shows them.
 
-One mirror reads rather than writes: ``PlainEvents`` parses a batch of serialized events with
+Two mirrors read rather than write. ``AppendRequest`` takes a request's events out of its
+bytes as they are (``event_bodies``). ``PlainEvents`` parses a batch of serialized events with
 only what a plain event may hold declared (a type, and data whose values are strings or nulls),
 so that anything else in any event (a time, a usage, a number, a nested object, an unknown
 field) is an unknown field to it. ``fold.doubtful_events`` finds those in a few calls into the
@@ -41,6 +42,7 @@ MIRRORED: dict[str, tuple[Any, tuple[str, ...]]] = {
     "SeedSessionResponse": (pb.SeedSessionResponse.DESCRIPTOR, ("events",)),
     "DeriveMessagesResponse": (pb.DeriveMessagesResponse.DESCRIPTOR, ("messages",)),
     "ChangesResponse": (rpb.ChangesResponse.DESCRIPTOR, ("changes",)),
+    "AppendRequest": (pb.AppendRequest.DESCRIPTOR, ("events",)),
 }
 """Each mirror's name, the real message it mirrors, and the fields that carry stored bytes."""
 
@@ -84,6 +86,15 @@ CreateSessionResponse: Any = _CLASSES["CreateSessionResponse"]
 SeedSessionResponse: Any = _CLASSES["SeedSessionResponse"]
 DeriveMessagesResponse: Any = _CLASSES["DeriveMessagesResponse"]
 ChangesResponse: Any = _CLASSES["ChangesResponse"]
+AppendRequest: Any = _CLASSES["AppendRequest"]
+"""Read, not written: a serialized AppendRequest parsed as this holds each event's bytes."""
+
+
+def event_bodies(request: pb.AppendRequest) -> list[bytes]:
+    """Each event of a request as its own ``SerializeToString`` gives it, taken from the
+    request serialized whole: one call into the runtime, not one per event (a message's bytes
+    hold each of its events' bytes as they are)."""
+    return list(AppendRequest.FromString(request.SerializeToString()).events)
 
 
 # -- PlainEvents: a batch of events read as plain events ----------------------------------------

@@ -11,9 +11,10 @@ from google.protobuf.struct_pb2 import Value
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sessionlog import fold, wire
+from sessionlog import fold, mirrors, wire
 from sessionlog.storage import preparing
 from sessionlog.storage.preparing import prepare_append
+from sessionlog.v1 import session_log_service_pb2 as pb
 from sessionlog.v1.event_pb2 import Event
 from tests.unit._events import BOOKKEEPING, HIDE, SURFACE, USER, ev, nested
 
@@ -190,6 +191,25 @@ def test_bulk_check_agrees_with_the_full_check(batch: list[Event], lenient: bool
     assert refused <= doubtful
     assert not any(_is_simply_plain(batch[index]) for index in doubtful)
     assert prepared.spending == [i for i, event in enumerate(batch) if event.HasField("usage")]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.one_of(events(), mostly_plain_events()), max_size=8), st.text(max_size=5))
+def test_event_bodies_are_each_events_own_bytes(batch: list[Event], title: str) -> None:
+    """``mirrors.event_bodies`` takes from a request serialized whole the bytes each event's own
+    ``SerializeToString`` gives (data of several keys, in whatever order the runtime writes
+    them, too), and ``prepare_append`` given them prepares what it prepares without them."""
+    request = pb.AppendRequest(session_id="s", events=batch, request_id="r", title=title)
+    bodies = mirrors.event_bodies(request)
+    assert bodies == [event.SerializeToString() for event in request.events]
+    given_bodies = prepare_append("s", request.events, now_ns=NOW_NS, serialized=bodies)
+    serialized_here = prepare_append("s", request.events, now_ns=NOW_NS)
+    for name in ("prechecked", "bodies", "replaces", "spending"):
+        got, expected = getattr(given_bodies, name), getattr(serialized_here, name)
+        if name == "prechecked":
+            got = [None if v is None else (v.rule, str(v.error)) for v in got]
+            expected = [None if v is None else (v.rule, str(v.error)) for v in expected]
+        assert list(got) == list(expected), name
 
 
 def test_bulk_check_doubts_what_a_plain_event_cannot_hold() -> None:

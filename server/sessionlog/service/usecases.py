@@ -23,7 +23,7 @@ from typing import Any
 
 from google.protobuf.struct_pb2 import Struct
 
-from sessionlog import errors, fold, records
+from sessionlog import errors, fold, mirrors, records
 from sessionlog.cluster.sync import SyncTracker
 from sessionlog.listing import Listing, decode_listing_token, encode_listing_token, order
 from sessionlog.records import SessionRecord, parse_filter
@@ -493,6 +493,7 @@ class SessionLog:
             lease_token=request.lease_token,
             lenient=request.lenient,
             keep_redacted=caller.move_copy,
+            serialized=mirrors.event_bodies(request),
         )
         batch.moving_in = caller.move_copy
         if request.HasField("title"):

@@ -51,6 +51,7 @@ def prepare_append(
     now_ns: int | None = None,
     indices: Sequence[int] | None = None,
     keep_redacted: bool = False,
+    serialized: Sequence[bytes] | None = None,
 ) -> AppendBatch:
     """Validate what needs no state, stamp missing times with now, serialize the events.
 
@@ -60,7 +61,9 @@ def prepare_append(
     The batch's ``bodies`` carry the stamped times; its ``events`` are the caller's events (left
     unchanged, so possibly without a time), which the writer reads only for their surface ops.
     An event's ``redacted`` mark is dropped (only RedactEvents sets it) unless ``keep_redacted``:
-    a slot move's copy of stored events keeps them as they are.
+    a slot move's copy of stored events keeps them as they are. ``serialized``, when the caller
+    has them in bulk (``mirrors.event_bodies``), are the events' bytes as each one's
+    ``SerializeToString`` gives them; without them each event is serialized here.
     """
     fold.check_session_id(session_id)
     check_request_id(request_id)
@@ -76,7 +79,10 @@ def prepare_append(
     # of each event that has none: no copy of the event, no Timestamp per event.
     time_field = wire.event_time_field(stamp)
     count = len(events)
-    serialized = _serialized(events) if time_field else None
+    if not time_field:
+        serialized = None
+    elif serialized is None:
+        serialized = _serialized(events)
     if serialized is None:
         doubtful: Sequence[int] = range(count)
     else:
@@ -84,7 +90,7 @@ def prepare_append(
         if not doubtful:  # the common batch: plain events only, every one accepted
             return AppendBatch(
                 session_id=session_id,
-                events=list(events),
+                events=events,
                 prechecked=[None] * count,
                 bodies=[body[:2] + time_field + body[2:] for body in serialized],
                 replaces=[None] * count,

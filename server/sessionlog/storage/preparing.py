@@ -25,6 +25,9 @@ MAX_REQUEST_ID_BYTES = 256
 MIN_LEASE_TTL_NS = 1_000_000
 MAX_LEASE_TTL_NS = 24 * 3600 * 1_000_000_000
 MAX_HOLDER_BYTES = 256
+BULK_CHECK_FROM = 3
+"""Batches of this many events or more are checked in bulk (``fold.doubtful_events``) before
+one by one; a single event is checked faster alone."""
 
 
 def check_request_id(request_id: str) -> None:
@@ -79,41 +82,59 @@ def prepare_append(
     # of each event that has none: no copy of the event, no Timestamp per event.
     time_field = wire.event_time_field(stamp)
     count = len(events)
-    if not time_field:
-        serialized = None
-    elif serialized is None:
-        serialized = _serialized(events)
-    if serialized is None:
-        doubtful: Sequence[int] = range(count)
-    else:
-        doubtful = fold.doubtful_events(serialized, limits, len(time_field))
-        if not doubtful:  # the common batch: plain events only, every one accepted
-            return AppendBatch(
-                session_id=session_id,
-                events=events,
-                prechecked=[None] * count,
-                bodies=[body[:2] + time_field + body[2:] for body in serialized],
-                replaces=[None] * count,
-                spending=[],
-                expected_seq=expected_seq,
-                request_id=request_id,
-                fingerprint=fingerprint,
-                lease_holder=lease_holder,
-                lease_token=lease_token,
-                lenient=lenient,
-                create_only=create_only,
-            )
-    # The events doubtful_events vouches for are plain and accepted: stamped in place. The
-    # doubtful ones are checked one by one.
+    bodies: list[bytes] = []
+    doubtful: Sequence[int] = range(count)
+    if time_field and count >= BULK_CHECK_FROM:
+        serialized = _serialized(events) if serialized is None else serialized
+        if serialized is not None:
+            doubtful = fold.doubtful_events(serialized, limits, len(time_field))
+            # the events doubtful_events vouches for are plain and accepted: stamped in place
+            bodies = [body[:2] + time_field + body[2:] for body in serialized]
     prechecked: list[fold.Violation | None] = [None] * count
-    bodies: list[bytes] = (
-        [b""] * count
-        if serialized is None
-        else [body[:2] + time_field + body[2:] for body in serialized]
-    )
-    stamped: list[Event] = list(events)
     replaces: list[tuple[int, int] | None] = [None] * count
     spending: list[int] = []  # a plain event carries no usage
+    if not bodies:
+        bodies = [b""] * count
+    if doubtful:
+        events = _check_each(
+            events, doubtful, serialized, prechecked, bodies, replaces, spending,
+            limits, stamp, time_field, indices, keep_redacted,
+        )  # fmt: skip
+    return AppendBatch(
+        session_id=session_id,
+        events=events,
+        prechecked=prechecked,
+        bodies=bodies,
+        replaces=replaces,
+        spending=spending,
+        expected_seq=expected_seq,
+        request_id=request_id,
+        fingerprint=fingerprint,
+        lease_holder=lease_holder,
+        lease_token=lease_token,
+        lenient=lenient,
+        create_only=create_only,
+    )
+
+
+def _check_each(
+    events: Sequence[Event],
+    doubtful: Sequence[int],
+    serialized: Sequence[bytes] | None,
+    prechecked: list[fold.Violation | None],
+    bodies: list[bytes],
+    replaces: list[tuple[int, int] | None],
+    spending: list[int],
+    limits: fold.Limits,
+    stamp: int,
+    time_field: bytes,
+    indices: Sequence[int] | None,
+    keep_redacted: bool,
+) -> list[Event]:
+    """Check the ``doubtful`` events one by one: their verdicts, bodies, replace ranges and
+    usage go into the lists given. Returns the events as checked (some may be copies).
+    ``serialized``: the events' bytes, when known."""
+    stamped: list[Event] = list(events)
     plain_types, extra = fold.PLAIN_TYPES, len(time_field)
     for index in doubtful:
         original = events[index]
@@ -121,7 +142,13 @@ def prepare_append(
         if time_field:
             # A plain event (a type, maybe data, nothing else: seen in its bytes) is checked
             # by its data alone and stamped in place; any other takes the whole check below.
-            body = b"" if serialized is None else serialized[index]
+            if serialized is not None:
+                body = serialized[index]
+            else:
+                try:
+                    body = original.SerializeToString()
+                except Exception:  # what the runtime refuses to encode is judged the reference way
+                    body = b""
             event_type = wire.plain_event_type(body)
             if event_type in plain_types:
                 violation = fold.check_plain_event(
@@ -139,21 +166,7 @@ def prepare_append(
         replaces[index] = fold.replace_range(event)
         if event.HasField("usage"):
             spending.append(index)
-    return AppendBatch(
-        session_id=session_id,
-        events=stamped,
-        prechecked=prechecked,
-        bodies=bodies,
-        replaces=replaces,
-        spending=spending,
-        expected_seq=expected_seq,
-        request_id=request_id,
-        fingerprint=fingerprint,
-        lease_holder=lease_holder,
-        lease_token=lease_token,
-        lenient=lenient,
-        create_only=create_only,
-    )
+    return stamped
 
 
 def _serialized(events: Sequence[Event]) -> list[bytes] | None:

@@ -27,7 +27,7 @@ MAX_LEASE_TTL_NS = 24 * 3600 * 1_000_000_000
 MAX_HOLDER_BYTES = 256
 BULK_CHECK_FROM = 3
 """Batches of this many events or more are checked in bulk (``fold.doubtful_events``) before
-one by one; a single event is checked faster alone."""
+one by one; one or two events are checked faster alone."""
 
 
 def check_request_id(request_id: str) -> None:

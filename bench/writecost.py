@@ -2,14 +2,15 @@
 
     .venv/bin/python -m bench.writecost                       # 1, 4 and 16 tasks, 3 s each
     .venv/bin/python -m bench.writecost --durability sync --tasks 4,16 --seconds 5
+    .venv/bin/python -m bench.writecost --events 100 --tasks 4     # case 3's appends, in process
 
-No gRPC and no other process: N asyncio tasks each await one single-event append after another
-through ``Store.commit_append`` on a store in a temp dir, so the writer's commit groups hold about
-N appends. The loop is the server's (uvloop, where installed: ``sessionlog.startup``): on
-asyncio's own loop the writer's ``call_soon_threadsafe`` is a socket send that lets the loop's
-thread take the GIL in the middle of the writer's hand-off, which the server never pays. The
-CPU of the writer thread and of the loop's thread (user + system, from ``/proc/self/task``) is
-read around each run. Between task counts, what a commit group costs
+No gRPC and no other process: N asyncio tasks each await one append (of one event, or of
+``--events``) after another through ``Store.commit_append`` on a store in a temp dir, so the
+writer's commit groups hold about N appends. The loop is the server's (uvloop, where installed:
+``sessionlog.startup``): on asyncio's own loop the writer's ``call_soon_threadsafe`` is a socket
+send that lets the loop's thread take the GIL in the middle of the writer's hand-off, which the
+server never pays. The CPU of the writer thread and of the loop's thread (user + system, from
+``/proc/self/task``) is read around each run. Between task counts, what a commit group costs
 (taking it, the transaction, the sync, handing the replies to the loop, the loop's wakeup)
 separates from what each append costs: ``split`` fits ``cost per append = fixed / appends per
 commit + per append`` to two runs. docs/benchmarks.md (issue 33) has figures and what they say.
@@ -32,6 +33,7 @@ from bench.common import event
 from sessionlog.defaults import DURABILITY_MODES
 from sessionlog.storage.preparing import prepare_append
 from sessionlog.storage.store import Store, StoreConfig
+from sessionlog.v1.event_pb2 import Event
 
 SWITCH_INTERVAL = 0.0005
 """The server's GIL switch interval (``sessionlog.startup``), so the threads share it alike."""
@@ -72,17 +74,18 @@ def _thread_cpu(native_id: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-async def _run(store: Store, tasks: int, seconds: float) -> WriteCost:
+async def _run(store: Store, tasks: int, seconds: float, events: int) -> WriteCost:
     writer_thread = store.writer._thread.native_id
     assert writer_thread is not None
     loop_thread = _current_native_id()
-    await asyncio.gather(*(_append(store, f"w{i}") for i in range(tasks)))  # every session exists
+    batch = [event()] * events
+    await asyncio.gather(*(_append(store, f"w{i}", batch) for i in range(tasks)))  # they exist
     appended = [0] * tasks
     deadline = time.monotonic() + seconds
 
     async def client(index: int) -> None:
         while time.monotonic() < deadline:
-            await _append(store, f"w{index}")
+            await _append(store, f"w{index}", batch)
             appended[index] += 1
 
     commits = store.writer.stats.commits
@@ -101,8 +104,8 @@ async def _run(store: Store, tasks: int, seconds: float) -> WriteCost:
     )
 
 
-async def _append(store: Store, session_id: str) -> None:
-    await store.commit_append(prepare_append(session_id, [event()]))
+async def _append(store: Store, session_id: str, batch: list[Event]) -> None:
+    await store.commit_append(prepare_append(session_id, batch))
 
 
 def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
@@ -120,8 +123,11 @@ def _current_native_id() -> int:
     return native
 
 
-def measure(tasks: int, seconds: float, durability: str, parent: str | None = None) -> WriteCost:
-    """One run of ``tasks`` appending tasks for ``seconds`` on a fresh store."""
+def measure(
+    tasks: int, seconds: float, durability: str, parent: str | None = None, events: int = 1
+) -> WriteCost:
+    """One run of ``tasks`` appending tasks for ``seconds`` on a fresh store, ``events`` events
+    per append."""
     previous = sys.getswitchinterval()
     sys.setswitchinterval(SWITCH_INTERVAL)
     try:
@@ -129,7 +135,7 @@ def measure(tasks: int, seconds: float, durability: str, parent: str | None = No
             store = Store(data, StoreConfig(durability=durability))
             try:
                 with asyncio.Runner(loop_factory=_loop_factory()) as runner:
-                    return runner.run(_run(store, tasks, seconds))
+                    return runner.run(_run(store, tasks, seconds, events))
             finally:
                 store.close()
     finally:
@@ -142,11 +148,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=3.0, help="measured seconds per run")
     parser.add_argument("--durability", choices=DURABILITY_MODES, default="nosync")
     parser.add_argument("--tmp-dir", default=None, help="parent of the stores' temp dirs")
+    parser.add_argument("--events", type=int, default=1, help="events per append")
     args = parser.parse_args(argv)
     runs = [
-        measure(int(n), args.seconds, args.durability, args.tmp_dir) for n in args.tasks.split(",")
+        measure(int(n), args.seconds, args.durability, args.tmp_dir, args.events)
+        for n in args.tasks.split(",")
     ]
-    print(f"--durability {args.durability}, {args.seconds:g} s per run")
+    print(
+        f"--durability {args.durability}, {args.events} events per append, "
+        f"{args.seconds:g} s per run"
+    )
     print("tasks  appends/s  per commit  writer µs/append  loop µs/append")
     for run in runs:
         print(

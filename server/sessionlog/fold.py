@@ -28,6 +28,7 @@ stay hidden (shadowing is a union), so nothing ever needs to come back.
 from __future__ import annotations
 
 import math
+import operator
 import re
 import unicodedata
 from bisect import bisect_left, bisect_right
@@ -36,9 +37,10 @@ from dataclasses import dataclass
 from heapq import heappush, heapreplace
 from typing import NamedTuple
 
+from google.protobuf.message import DecodeError
 from google.protobuf.struct_pb2 import ListValue, Struct, Value
 
-from sessionlog import errors
+from sessionlog import errors, mirrors, wire
 from sessionlog.v1.event_pb2 import Event, EventType, Usage
 from sessionlog.v1.message_pb2 import Message, Role
 
@@ -253,6 +255,45 @@ def check_plain_event(
     return _size_and_shape(event_type, top, kinds, index, size, limits)
 
 
+def doubtful_events(bodies: Sequence[bytes], limits: Limits, extra: int) -> list[int]:
+    """The events of a batch, given as serialized (``SerializeToString``), that are not shown in
+    bulk to be plain events :func:`check_plain_event` accepts at once; their indices, in order.
+    Every other event is such an event (a type of ``PLAIN_TYPES`` below 128, data of strings and
+    nulls and no ``tool_calls`` or ``metadata`` key, nothing else, at most the size limit with
+    ``extra`` bytes of time added), so its verdict is None, as ``check_event``'s would be.
+
+    What shows it, for the whole batch at once: the batch parsed as ``mirrors.PlainEvents``
+    keeps everything (nothing of the event is unknown to a plain event, no value of another
+    kind), each event starts with its type's two bytes, the largest is within the limit, and
+    none of a few byte strings occurs anywhere in the batch: the names of the object fields
+    (bytes that hold no such key hold no such field) and an empty Value's bytes (a value of no
+    kind, the one value that parses as a plain one and is refused). A doubt about the batch is
+    narrowed to the events it concerns; a false doubt (such bytes inside a string) only costs
+    the caller the check of that event one by one."""
+    count = len(bodies)
+    if not count or limits.max_data_depth < 1:
+        return list(range(count))
+    joined = wire.length_delimited(_PLAIN_EVENTS_FIELD, bodies)
+    try:
+        plain = mirrors.PlainEvents.FromString(joined)
+    except DecodeError:
+        return list(range(count))
+    plain.DiscardUnknownFields()
+    doubts: set[int] = set()
+    if plain.ByteSize() != len(joined):
+        sizes = [event.ByteSize() for event in plain.events]
+        doubts.update(i for i, body in enumerate(bodies) if sizes[i] != len(body))
+    if not _PLAIN_PREFIXES.issuperset(map(_FIRST_TWO, bodies)):
+        doubts.update(i for i, body in enumerate(bodies) if body[:2] not in _PLAIN_PREFIXES)
+    largest = limits.max_event_bytes - extra
+    if max(map(len, bodies)) > largest:
+        doubts.update(i for i, body in enumerate(bodies) if len(body) > largest)
+    for marker in _DOUBTFUL_BYTES if b"\x00" in joined else _DOUBTFUL_NAMES:
+        if marker in joined:
+            doubts.update(i for i, body in enumerate(bodies) if marker in body)
+    return sorted(doubts)
+
+
 def _top_values(data: Struct) -> tuple[dict[str, Value], dict[str, str | None]]:
     """data's own values by key (in the map's order) and the kind of each."""
     fields = data.fields
@@ -439,6 +480,24 @@ _STRING_KINDS = ("string_value", "null_value")
 _STRING_KIND_SET = frozenset(_STRING_KINDS)
 _OBJECT_FIELDS = frozenset(_FIELD_SHAPES) - frozenset(STRING_FIELDS)
 """The projected fields that must not be strings (``tool_calls``, ``metadata``)."""
+
+
+_PLAIN_EVENTS_FIELD = mirrors.PlainEvents.DESCRIPTOR.fields_by_name["events"].number
+_PLAIN_PREFIXES = frozenset(
+    Event(type=EventType.Name(event_type)).SerializeToString()
+    for event_type in PLAIN_TYPES
+    if event_type < 0x80
+)
+"""The first two bytes of a plain event of each type below 128: the type's tag and value."""
+_EMPTY_VALUE = Struct(fields={"k": Value()}).SerializeToString()[-2:]
+"""A data entry's value of no kind, as it ends the entry: the value's tag and a zero length."""
+assert all(len(prefix) == 2 for prefix in _PLAIN_PREFIXES), "the time goes after two bytes"
+_DOUBTFUL_NAMES = tuple(sorted(name.encode() for name in _OBJECT_FIELDS))
+_DOUBTFUL_BYTES = (*_DOUBTFUL_NAMES, _EMPTY_VALUE)
+"""What ``doubtful_events`` looks for in a batch's bytes: the empty value only where a zero byte
+occurs at all (``in`` looks for one byte much faster than for two)."""
+assert _EMPTY_VALUE.endswith(b"\x00")
+_FIRST_TWO = operator.itemgetter(slice(0, 2))
 
 
 def _misshapen_field(top: dict[str, Value], kinds: dict[str, str | None]) -> str | None:

@@ -20,6 +20,15 @@ def test_a_run_counts_appends_commits_and_each_threads_cpu(tmp_path: Path) -> No
     assert run.loop_us > 0
 
 
+def test_a_run_of_many_events_per_append_writes_them_all(tmp_path: Path) -> None:
+    """``events``: each append carries that many events, and the run still counts appends and
+    the commits that wrote them (case 3's appends, in process)."""
+    one = measure(2, 0.3, "nosync", str(tmp_path))
+    many = measure(2, 0.3, "nosync", str(tmp_path), events=100)
+    assert 0 < many.commits <= many.appends
+    assert many.writer_us > one.writer_us  # a hundred events' puts cost the writer more
+
+
 def test_split_recovers_the_fixed_and_per_append_costs() -> None:
     """Runs made from 90 µs per group and 45 µs per append give those two figures back."""
 

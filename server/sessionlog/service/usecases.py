@@ -23,7 +23,7 @@ from typing import Any
 
 from google.protobuf.struct_pb2 import Struct
 
-from sessionlog import errors, fold, records
+from sessionlog import errors, fold, mirrors, records
 from sessionlog.cluster.sync import SyncTracker
 from sessionlog.listing import Listing, decode_listing_token, encode_listing_token, order
 from sessionlog.records import SessionRecord, parse_filter
@@ -39,6 +39,7 @@ from sessionlog.storage.ledger import SessionUsage
 from sessionlog.storage.records import BY_ID, BY_UPDATE, Updated, given_record
 from sessionlog.storage.schema import LeaseRecord
 from sessionlog.storage.store import (
+    BULK_CHECK_FROM,
     AppendResult,
     EventsPage,
     MessagesPage,
@@ -486,6 +487,8 @@ class SessionLog:
         self._copying(caller, request.session_id, expected)
         access.scope(caller.principal, request.session_id)
         self._check_count(len(request.events))
+        # Many events: their bytes taken from the request's in one piece (each one's otherwise).
+        many = len(request.events) >= BULK_CHECK_FROM
         batch = prepare_append(
             request.session_id,
             request.events,
@@ -496,6 +499,7 @@ class SessionLog:
             lease_token=request.lease_token,
             lenient=request.lenient,
             keep_redacted=caller.move_copy,
+            serialized=mirrors.event_bodies(request) if many else None,
         )
         batch.moving_in = caller.move_copy
         if request.HasField("title"):

@@ -25,6 +25,9 @@ MAX_REQUEST_ID_BYTES = 256
 MIN_LEASE_TTL_NS = 1_000_000
 MAX_LEASE_TTL_NS = 24 * 3600 * 1_000_000_000
 MAX_HOLDER_BYTES = 256
+BULK_CHECK_FROM = 3
+"""Batches of this many events or more are checked in bulk (``fold.doubtful_events``) before
+one by one; one or two events are checked faster alone."""
 
 
 def check_request_id(request_id: str) -> None:
@@ -51,6 +54,7 @@ def prepare_append(
     now_ns: int | None = None,
     indices: Sequence[int] | None = None,
     keep_redacted: bool = False,
+    serialized: Sequence[bytes] | None = None,
 ) -> AppendBatch:
     """Validate what needs no state, stamp missing times with now, serialize the events.
 
@@ -60,7 +64,9 @@ def prepare_append(
     The batch's ``bodies`` carry the stamped times; its ``events`` are the caller's events (left
     unchanged, so possibly without a time), which the writer reads only for their surface ops.
     An event's ``redacted`` mark is dropped (only RedactEvents sets it) unless ``keep_redacted``:
-    a slot move's copy of stored events keeps them as they are.
+    a slot move's copy of stored events keeps them as they are. ``serialized``, when the caller
+    has them in bulk (``mirrors.event_bodies``), are the events' bytes as each one's
+    ``SerializeToString`` gives them; without them each event is serialized here.
     """
     fold.check_session_id(session_id)
     check_request_id(request_id)
@@ -75,43 +81,28 @@ def prepare_append(
     # The server's time as a serialized `time` field, built once and put in place in the bytes
     # of each event that has none: no copy of the event, no Timestamp per event.
     time_field = wire.event_time_field(stamp)
-    prechecked: list[fold.Violation | None] = []
+    count = len(events)
     bodies: list[bytes] = []
-    stamped: list[Event] = []
-    replaces: list[tuple[int, int] | None] = []
+    doubtful: Sequence[int] = range(count)
+    if time_field and count >= BULK_CHECK_FROM:
+        serialized = _serialized(events) if serialized is None else serialized
+        if serialized is not None:
+            doubtful = fold.doubtful_events(serialized, limits, len(time_field))
+            # the events doubtful_events vouches for are plain and accepted: stamped in place
+            bodies = [body[:2] + time_field + body[2:] for body in serialized]
+    prechecked: list[fold.Violation | None] = [None] * count
+    replaces: list[tuple[int, int] | None] = [None] * count
     spending: list[int] = []  # a plain event carries no usage
-    plain_types, extra = fold.PLAIN_TYPES, len(time_field)
-    for index, original in enumerate(events):
-        number = index if indices is None else indices[index]
-        if time_field:
-            # The common event (a type, maybe data, nothing else: seen in its bytes) is checked
-            # by its data alone and stamped in place; any other takes the whole check below.
-            try:
-                body = original.SerializeToString()
-            except Exception:  # whatever the runtime refuses to encode is judged the reference way
-                body = b""
-            event_type = wire.plain_event_type(body)
-            if event_type in plain_types:
-                violation = fold.check_plain_event(
-                    event_type, original.data, number, limits, len(body) + extra
-                )
-                stamped.append(original)
-                prechecked.append(violation)
-                bodies.append(b"" if violation else wire.with_time(body, event_type, time_field))
-                replaces.append(None)
-                continue
-        event, violation, body = _checked(
-            original, number, limits, stamp, time_field, keep_redacted
-        )
-        stamped.append(event)
-        prechecked.append(violation)
-        bodies.append(b"" if violation else body)
-        replaces.append(fold.replace_range(event))
-        if event.HasField("usage"):
-            spending.append(index)
+    if not bodies:
+        bodies = [b""] * count
+    if doubtful:
+        events = _check_each(
+            events, doubtful, serialized, prechecked, bodies, replaces, spending,
+            limits, stamp, time_field, indices, keep_redacted,
+        )  # fmt: skip
     return AppendBatch(
         session_id=session_id,
-        events=stamped,
+        events=events,
         prechecked=prechecked,
         bodies=bodies,
         replaces=replaces,
@@ -124,6 +115,67 @@ def prepare_append(
         lenient=lenient,
         create_only=create_only,
     )
+
+
+def _check_each(
+    events: Sequence[Event],
+    doubtful: Sequence[int],
+    serialized: Sequence[bytes] | None,
+    prechecked: list[fold.Violation | None],
+    bodies: list[bytes],
+    replaces: list[tuple[int, int] | None],
+    spending: list[int],
+    limits: fold.Limits,
+    stamp: int,
+    time_field: bytes,
+    indices: Sequence[int] | None,
+    keep_redacted: bool,
+) -> list[Event]:
+    """Check the ``doubtful`` events one by one: their verdicts, bodies, replace ranges and
+    usage go into the lists given. Returns the events as checked (some may be copies).
+    ``serialized``: the events' bytes, when known."""
+    stamped: list[Event] = list(events)
+    plain_types, extra = fold.PLAIN_TYPES, len(time_field)
+    for index in doubtful:
+        original = events[index]
+        number = index if indices is None else indices[index]
+        if time_field:
+            # A plain event (a type, maybe data, nothing else: seen in its bytes) is checked
+            # by its data alone and stamped in place; any other takes the whole check below.
+            if serialized is not None:
+                body = serialized[index]
+            else:
+                try:
+                    body = original.SerializeToString()
+                except Exception:  # what the runtime refuses to encode is judged the reference way
+                    body = b""
+            event_type = wire.plain_event_type(body)
+            if event_type in plain_types:
+                violation = fold.check_plain_event(
+                    event_type, original.data, number, limits, len(body) + extra
+                )
+                prechecked[index] = violation
+                bodies[index] = b"" if violation else wire.with_time(body, event_type, time_field)
+                continue
+        event, violation, body = _checked(
+            original, number, limits, stamp, time_field, keep_redacted
+        )
+        stamped[index] = event
+        prechecked[index] = violation
+        bodies[index] = b"" if violation else body
+        replaces[index] = fold.replace_range(event)
+        if event.HasField("usage"):
+            spending.append(index)
+    return stamped
+
+
+def _serialized(events: Sequence[Event]) -> list[bytes] | None:
+    """Each event's bytes; None when the runtime refuses to encode one (the events are then
+    checked one by one, the reference way)."""
+    try:
+        return [event.SerializeToString() for event in events]
+    except Exception:
+        return None
 
 
 def _checked(

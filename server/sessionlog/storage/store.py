@@ -67,6 +67,7 @@ from sessionlog.storage.leadership import Change as LeadershipChange
 from sessionlog.storage.leadership import Leadership
 from sessionlog.storage.opening import open_folder
 from sessionlog.storage.preparing import (
+    BULK_CHECK_FROM,
     MAX_HOLDER_BYTES,
     MAX_LEASE_TTL_NS,
     MAX_REQUEST_ID_BYTES,
@@ -82,6 +83,7 @@ from sessionlog.storage.writer import LoopCommit, Writer
 from sessionlog.v1.event_pb2 import Event
 
 __all__ = [
+    "BULK_CHECK_FROM",
     "ERASE_BATCH",
     "MAX_HOLDER_BYTES",
     "MAX_LEASE_TTL_NS",

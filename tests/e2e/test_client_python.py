@@ -881,7 +881,7 @@ def test_a_listing_with_state_past_the_message_limit_reads_smaller_pages(
             held.state_delta.update({"big": f"{n}" + "x" * 100_000})
             small.append(f"big.{n:02}", [held])
         listed = [
-            (s.session_id, s.state["big"][:3])
+            (s.session_id, s.state.fields["big"].string_value[:3])
             for page in small.list_sessions(prefix="big.", with_state=True)
             for s in page.sessions
         ]

@@ -868,3 +868,21 @@ def test_incremental_derive_through_the_client(server: RunningServer) -> None:
         tail = client.derive_messages("inc", known=first)
         assert tail.incremental
         assert [m.content for m in tail.messages] == ["two"]
+
+
+def test_a_listing_with_state_past_the_message_limit_reads_smaller_pages(
+    server: RunningServer,
+) -> None:
+    """Sessions whose states together pass the client's message limit are all listed with
+    their state: a page too large is asked again with fewer sessions, from the same token."""
+    with Client(server.address, retry=FAST_RETRY, max_message_bytes=1 << 20) as small:
+        for n in range(12):
+            held = Event(type="EVENT_TYPE_STEP_END")
+            held.state_delta.update({"big": f"{n}" + "x" * 100_000})
+            small.append(f"big.{n:02}", [held])
+        listed = [
+            (s.session_id, s.state.fields["big"].string_value[:3])
+            for page in small.list_sessions(prefix="big.", with_state=True)
+            for s in page.sessions
+        ]
+        assert listed == [(f"big.{n:02}", f"{n}xx"[:3]) for n in range(12)]

@@ -452,6 +452,29 @@ def test_listing_every_user_reads_the_scopes_once_not_per_user(running: RunningS
     asyncio.run(main())
 
 
+def test_listing_every_user_fits_large_user_states_in_the_client_limit(
+    running: RunningServer,
+) -> None:
+    """Users whose states together pass the client's message limit are still all listed: the
+    listing of the user state logs reads smaller pages (each user's state alone fits, as a
+    GetState per user did)."""
+
+    async def main() -> None:
+        async with AsyncClient(running.address, max_message_bytes=1 << 20) as client:
+            service, app = SessionlogSessionService(client), new_app()
+            for n in range(12):
+                state = {"user:big": f"{n}" + "x" * 100_000}
+                await service.create_session(
+                    app_name=app, user_id=f"u{n}", session_id="s", state=state
+                )
+            everyone = await service.list_sessions(app_name=app)
+            assert sorted(
+                (s.user_id, s.state["user:big"][:2]) for s in everyone.sessions
+            ) == sorted((f"u{n}", f"{n}x"[:2]) for n in range(12))
+
+    asyncio.run(main())
+
+
 def test_append_event_updates_last_update_time_and_skips_partial(running: RunningServer) -> None:
     """last_update_time becomes the event's timestamp, in the object and as stored; a partial
     event is not stored."""

@@ -45,7 +45,7 @@ from sessionlog_client._shards import (
 )
 from sessionlog_client._status import to_error
 from sessionlog_client.convert import TimeLike, messages_to_dicts, struct_to_dict
-from sessionlog_client.errors import LeadershipLost, SeqConflict, SessionLogError
+from sessionlog_client.errors import LeadershipLost, ResponseTooLarge, SeqConflict, SessionLogError
 from sessionlog_client.v1 import admin_service_pb2 as apb
 from sessionlog_client.v1 import admin_service_pb2_grpc as apb_grpc
 from sessionlog_client.v1 import replication_service_pb2 as rpb
@@ -1210,12 +1210,19 @@ class AsyncClient:
         """Every page of sessions in id order (``async for page in client.list_sessions()``);
         ``with_state``: each session's state (``Session.state``, as ``get_state`` returns it)
         in the same call (SESSION_VIEW_FULL)."""
-        token = ""
+        token, size = "", page_size
         while True:
-            request = c.list_request(page_size, token, prefix, filter, order_by, with_state)
-            page: pb.ListSessionsResponse = await self._call(
-                "ListSessions", request, timeout, retry=True
-            )
+            request = c.list_request(size, token, prefix, filter, order_by, with_state)
+            try:
+                page: pb.ListSessionsResponse = await self._call(
+                    "ListSessions", request, timeout, retry=True
+                )
+            except ResponseTooLarge:
+                smaller = c.smaller_listing_page(size, with_state)
+                if smaller is None:
+                    raise
+                size = smaller  # the same token, a page of fewer sessions
+                continue
             yield page
             token = page.next_page_token
             if not token:

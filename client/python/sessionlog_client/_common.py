@@ -411,6 +411,20 @@ def derive_request(
 MAX_PAGE_SIZE = 1000
 """The most a server puts in one page of ListEvents or of a paged DeriveMessages."""
 
+LISTING_PAGE_SIZE = 100
+"""The page size a server gives ListSessions when none is asked for."""
+
+
+def smaller_listing_page(page_size: int, with_state: bool) -> int | None:
+    """The page size to ask for again after a page of ``page_size`` sessions came back too
+    large for this client's message limit; None when a smaller page cannot help. Only a page
+    with each session's state (SESSION_VIEW_FULL) grows with what the sessions hold: the
+    server does not bound such a page by bytes, so the client halves it, down to one session
+    (which fits whenever that session's GetState would)."""
+    size = page_size or LISTING_PAGE_SIZE
+    return size // 2 if with_state and size > 1 else None
+
+
 _PAGE_SIZE_END = 2**31
 """Past every page_size field's range (int32 or uint32); a server caps a page far below it."""
 

@@ -6,6 +6,7 @@ gives it, whatever the event holds."""
 from __future__ import annotations
 
 import math
+from typing import Any
 
 from google.protobuf.struct_pb2 import Value
 from hypothesis import given, settings
@@ -82,14 +83,10 @@ def _reference(batch: list[Event], keep_redacted: bool) -> list[tuple[object, ..
     return out
 
 
-@settings(max_examples=300, deadline=None)
-@given(st.lists(events(), max_size=6), st.booleans())
-def test_plain_path_agrees_with_the_full_check(batch: list[Event], keep_redacted: bool) -> None:
-    """Verdicts (rule, reason and message), stored bytes and replace ranges match the full
-    check's for every event, plain or not, and the caller's events are left unchanged."""
-    before = [event.SerializeToString() for event in batch]
-    prepared = prepare_append("s", batch, limits=LIMITS, now_ns=NOW_NS, keep_redacted=keep_redacted)
-    got = [
+def _outcomes(prepared: Any) -> list[tuple[Any, ...]]:
+    """Each event's verdict (rule and reason; message and metadata), stored bytes and replace
+    range, as a prepared append holds them."""
+    return [
         (
             None if v is None else (v.rule, v.error.reason),
             None if v is None else (str(v.error), v.error.metadata),
@@ -100,6 +97,16 @@ def test_plain_path_agrees_with_the_full_check(batch: list[Event], keep_redacted
             prepared.prechecked, prepared.bodies, prepared.replaces, strict=True
         )
     ]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(events(), max_size=6), st.booleans())
+def test_plain_path_agrees_with_the_full_check(batch: list[Event], keep_redacted: bool) -> None:
+    """Verdicts (rule, reason and message), stored bytes and replace ranges match the full
+    check's for every event, plain or not, and the caller's events are left unchanged."""
+    before = [event.SerializeToString() for event in batch]
+    prepared = prepare_append("s", batch, limits=LIMITS, now_ns=NOW_NS, keep_redacted=keep_redacted)
+    got = _outcomes(prepared)
     assert got == _reference(batch, keep_redacted)
     assert [event.SerializeToString() for event in batch] == before
 
@@ -171,17 +178,7 @@ def test_bulk_check_agrees_with_the_full_check(batch: list[Event], lenient: bool
     range are the full check's; the bulk check doubts every event the full check refuses and
     none of the simply plain ones (so the bulk path is the one these batches take)."""
     prepared = prepare_append("s", batch, limits=LIMITS, now_ns=NOW_NS, lenient=lenient)
-    got = [
-        (
-            None if v is None else (v.rule, v.error.reason),
-            None if v is None else (str(v.error), v.error.metadata),
-            body,
-            rng,
-        )
-        for v, body, rng in zip(
-            prepared.prechecked, prepared.bodies, prepared.replaces, strict=True
-        )
-    ]
+    got = _outcomes(prepared)
     reference = _reference(batch, keep_redacted=False)
     assert got == reference
     serialized = [event.SerializeToString() for event in batch]

@@ -308,15 +308,7 @@ def visible_items(events: Iterable[Event], start: int = 0) -> list[SessionItem]:
     for event in in_view(events):
         if start and position(event) < start:
             continue
-        # entries_of inlined: a whole-history read of a log with hides comes through here
-        stored = event.data.fields.get(_ITEM_JSON)
-        text = "" if stored is None else stored.string_value
-        if text:
-            item = loads(text)
-            if isinstance(item, dict):
-                shown.append(SessionItem(event.seq, item))
-                continue
-        shown.extend(SessionItem(event.seq, item) for item in event_items(event))
+        shown.extend(entries_of(event))
     return shown
 
 

@@ -89,7 +89,7 @@ def prepare_append(
         if serialized is not None:
             doubtful = fold.doubtful_events(serialized, limits, len(time_field))
             # the events doubtful_events vouches for are plain and accepted: stamped in place
-            bodies = [body[:2] + time_field + body[2:] for body in serialized]
+            bodies = [wire.put_time(body, time_field) for body in serialized]
     prechecked: list[fold.Violation | None] = [None] * count
     replaces: list[tuple[int, int] | None] = [None] * count
     spending: list[int] = []  # a plain event carries no usage

@@ -33,7 +33,7 @@ from typing import Any
 import lmdb
 
 from sessionlog import errors, wire
-from sessionlog.storage import damage, leadership, schema
+from sessionlog.storage import damage, feed_index, leadership, schema
 from sessionlog.storage.reads import Txn, read_range
 from sessionlog.storage.recording import RecordingTxn, delete_keys
 from sessionlog.storage.tables import Tables
@@ -435,6 +435,7 @@ class ApplyChangesCommand:
                 key = schema.event_key(change.internal_id, change.first_seq + offset)
                 txn.put(key, event, db=tables.events)
             txn.put(schema.u64(change.position), received.record, db=tables.changes)
+            feed_index.note(txn, tables, change.position, change.session_id)
             last.last_position = change.position
             last.last_commit_ns = change.commit_time.ToNanoseconds()
             last.last_checksum = fingerprint
@@ -475,7 +476,11 @@ def apply_writes(txn: lmdb.Transaction, tables: Tables, change: rpb.Change) -> N
         erase_earlier(txn, tables, change.kind, change.erased_positions, removals, rewrite)
     by_name = tables.by_name
     for put in change.puts:
+        before = txn.get(put.key, db=tables.changes) if put.table == "changes" else None
         apply_put(txn, put, by_name)
+        if before is not None and not put.remove:  # a purge's placeholder
+            named = rpb.Change.FromString(bytes(before)).session_id
+            feed_index.rewritten(txn, tables, schema.read_u64(put.key), named, put.value)
     for removal in change.deletes:
         delete_keys(txn, by_name[removal.table], removal.key, removal.end_key)
 
@@ -525,6 +530,7 @@ def erase_earlier(
                 continue
             erased = placeholder(txn, tables, record)
         write(position, erased)
+        feed_index.rewritten(txn, tables, position, change.session_id, erased)
         rewritten += 1
     return rewritten
 

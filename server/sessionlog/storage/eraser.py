@@ -2,9 +2,10 @@
 and the retention sweep.
 
 The commands themselves and the feed rule are ``erasure``'s; this module finds what to erase
-(a scan of the change feed in a read transaction, O(feed): callers run it off the event loop),
-queues the commands on the single writer thread, and drops the fold memo of every session it
-erased once the erase is durable, so no erased content stays in this process's memory.
+(its records, looked up through ``feed_index`` in a read transaction: callers run it off the
+event loop), queues the commands on the single writer thread, and drops the fold memo of every
+session it erased once the erase is durable, so no erased content stays in this process's
+memory.
 """
 
 from __future__ import annotations
@@ -54,8 +55,8 @@ class Eraser:
         actor: str = "",
         reason: str = "",
     ) -> erasure.DeleteCommand:
-        """A delete of ``session_id``, its feed records found by a scan in a read transaction
-        (O(feed): call it off the event loop); submit it with ``writer.submit``."""
+        """A delete of ``session_id``, its feed records found in a read transaction (through
+        ``feed_index``: call it off the event loop); submit it with ``writer.submit``."""
         fold.check_session_id(session_id)
         if lease_holder:
             check_holder(lease_holder)
@@ -97,8 +98,8 @@ class Eraser:
         actor: str = "",
     ) -> erasure.RedactCommand:
         """A redaction of events ``seqs`` of ``session_id``, its feed records found by a scan
-        in a read transaction (O(feed): call it off the event loop); submit it with
-        ``writer.submit``."""
+        in a read transaction (through ``feed_index``: call it off the event loop); submit it
+        with ``writer.submit``."""
         fold.check_session_id(session_id)
         if lease_holder:
             check_holder(lease_holder)

@@ -23,8 +23,9 @@ positions it rewrote (``Change.erased_positions``) and ``changes.erase_earlier``
 both sides apply, so a caught-up replica rewrites its own copies to the same bytes; a replica
 behind the erase has received the placeholders already, leaves them, and ends the same.
 
-The feed is searched for a session's records once per erase, outside the writer (``scan``), and
-the command itself looks only at the records written since that scan.
+A session's records are found through the feed's index (``feed_index``: its records' positions,
+so an erase costs what the session wrote, not what the whole feed holds), once per erase outside
+the writer (``scan``); the command itself looks only at the records written since that scan.
 
 Every erase leaves an ``ErasureRecord`` (table ``erasures``) without content.
 """
@@ -36,7 +37,7 @@ from dataclasses import dataclass, field
 
 from sessionlog import errors
 from sessionlog.records import SessionRecord
-from sessionlog.storage import changes, damage, indexes, purge, schema
+from sessionlog.storage import changes, damage, feed_index, indexes, purge, schema
 from sessionlog.storage.commands import Written, _check_lease
 from sessionlog.storage.reads import Txn, load_lease, load_meta
 from sessionlog.storage.recording import RecordingTxn
@@ -87,8 +88,30 @@ class Scan:
 
 
 def scan(txn: Txn, tables: Tables, session_ids: Iterable[str], after: int = 0) -> Scan:
-    """The feed positions (after ``after``) of the records of ``session_ids``."""
+    """The feed positions (after ``after``) of the records of ``session_ids``: read from the
+    feed's index (``feed_index``), or, in a store whose index is behind, by walking the feed."""
     wanted = set(session_ids)
+    if not feed_index.complete(txn, tables):
+        return _walk(txn, tables, wanted, after)
+    found = Scan(positions={}, upto=max(after, feed_index.newest(txn, tables)))
+    for session_id in wanted:
+        found.positions[session_id] = [
+            position
+            for position in feed_index.positions(txn, tables, session_id, after)
+            if _names(txn, tables, position, session_id)
+        ]
+    return found
+
+
+def _names(txn: Txn, tables: Tables, position: int, session_id: str) -> bool:
+    """Whether the record at ``position`` names ``session_id`` still (an erased one may not)."""
+    with damage.reading(f"change-feed record {position}", position=position):
+        raw = txn.get(schema.u64(position), db=tables.changes)
+        return raw is not None and rpb.Change.FromString(bytes(raw)).session_id == session_id
+
+
+def _walk(txn: Txn, tables: Tables, wanted: set[str], after: int) -> Scan:
+    """``scan`` by reading every record after ``after``."""
     found = Scan(positions={session_id: [] for session_id in wanted}, upto=after)
     cursor = txn.cursor(db=tables.changes)
     with damage.reading("the change feed, for an erase"):
@@ -207,7 +230,7 @@ class DeleteCommand:
         if meta.next_seq >= purge.PURGE_FROM:
             rewritten = _tombstone(txn, tables, session_id, meta.sid, position, removals)
         else:
-            # a session the scan left out (it was long then) is looked for in the whole feed
+            # a session the scan left out (it was long then) is looked up from position 1
             scanned = session_id in self._found.positions
             later = scan(txn, tables, [session_id], self._found.upto if scanned else 0)
             olds = [*self._found.positions.get(session_id, []), *later.positions[session_id]]

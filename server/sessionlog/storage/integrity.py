@@ -35,7 +35,7 @@ import lmdb
 
 from sessionlog import errors, fold
 from sessionlog.records import SessionRecord
-from sessionlog.storage import damage, indexes, purge, schema
+from sessionlog.storage import damage, feed_index, indexes, purge, schema
 from sessionlog.storage.schema import (
     AuditRecord,
     ErasureRecord,
@@ -407,6 +407,7 @@ def _walk_tables(
         ("erasures", _records("erasures", ErasureRecord.decode, _position_where)),
         ("counters", _counters),
         ("records", _indexes),
+        ("feed_index", _feed_index),
     ):
         walk.counts[name] = 0
         try:
@@ -762,10 +763,43 @@ def _indexes(walk: _Walk, txn: lmdb.Transaction, tables: Tables) -> None:
             walk.add(table, _index_where(table, key), missing)
 
 
+def _feed_index(walk: _Walk, txn: lmdb.Transaction, tables: Tables) -> None:
+    """``feed_index`` holds a key for each record that names a session, up to the position it
+    says it has reached, and no other (``feed_index``'s invariant)."""
+    if tables.feed_index is None:  # schema.OPTIONAL_DBS, on a read-only older store
+        return
+    upto = feed_index.indexed(txn, tables)
+    for key, value in txn.cursor(db=tables.changes):
+        position = schema.read_u64(key) if len(key) == 8 else 0
+        session_id = _named(value) if 0 < position <= upto else ""
+        key = feed_index.key(session_id, position) if session_id else b""
+        if key and txn.get(key, db=tables.feed_index) is None:
+            where = f"'{session_id}' at position {position}"
+            walk.add("feed_index", where, "missing: the key of a record that names the session")
+    for key, _ in _items(walk, txn, tables.feed_index, "feed_index"):
+        session, number = key[:-9], key[-8:]
+        record = txn.get(number, db=tables.changes) if key[-9:-8] == b"\x00" else None
+        named = "" if record is None else _named(record)
+        if not named or named.encode() != session or schema.read_u64(number) > upto:
+            where = _index_where("feed_index", key)
+            walk.add("feed_index", where, "left over: no record names the session there")
+
+
+def _named(record: Any) -> str:
+    """The session a stored change record names ("" for none, or one that does not decode:
+    the changes step reports that)."""
+    try:
+        return rpb.Change.FromString(bytes(record)).session_id
+    except damage.UNDECODABLE:
+        return ""
+
+
 def _index_where(table: str, key: bytes) -> str:
     if table == "recent" and len(key) > 8:
         update_ns, session_id = schema.recent_key_parts(key)
         return f"'{session_id}' at {update_ns} ns"
+    if table == "feed_index" and len(key) > 9 and key[-9] == 0:
+        return f"{_text_key(key[:-9])} at position {schema.read_u64(key[-8:])}"
     return key.replace(b"\x00", b" ").decode("utf-8", "replace")
 
 

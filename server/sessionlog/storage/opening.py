@@ -3,23 +3,27 @@
 The order is the invariant: the folder's lock first (FolderInUse when another server holds it),
 then the checks that refuse a folder that lost its data or is damaged, then LMDB, then the
 history (``identity.reconcile``, or only a read of it when the lock's owner has reconciled
-already). Whatever fails closes what was opened before it, and gives up a lock taken here.
+already), then the change feed's index of a store from before it (``feed_index.catch_up``).
+Whatever fails closes what was opened before it, and gives up a lock taken here.
 """
 
 from __future__ import annotations
 
 import errno
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 import lmdb
 
 from sessionlog.defaults import NOSYNC, SYNC
-from sessionlog.storage import compaction, folder, identity, integrity, schema
+from sessionlog.storage import compaction, feed_index, folder, identity, integrity, schema
 from sessionlog.storage.tables import Tables
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -73,7 +77,11 @@ def open_folder(
                 env.reader_check()
                 found = _identity(env, tables)
             else:
-                found = _reconcile(env, tables, path, marker, replica_of, elected)
+                found = _writing(
+                    path,
+                    lambda: identity.reconcile(env, tables, path, marker, replica_of, elected),
+                )
+                _writing(path, lambda: feed_index.catch_up(env, tables))
         except BaseException:
             env.close()
             raise
@@ -117,18 +125,11 @@ def _identity(env: lmdb.Environment, tables: Tables) -> identity.Identity:
     return identity.Identity(history_id, start, identity.OPENED)
 
 
-def _reconcile(
-    env: lmdb.Environment,
-    tables: Tables,
-    path: Path,
-    marker: folder.Marker | None,
-    replica_of: str,
-    elected: bool,
-) -> identity.Identity:
-    """``identity.reconcile``, with a full disk (it writes the marker and one transaction)
-    turned into one line that says what to do."""
+def _writing(path: Path, write: Callable[[], T]) -> T:
+    """``write`` (the history's reconciling, the feed index's catch-up: each writes the store),
+    with a full disk turned into one line that says what to do."""
     try:
-        return identity.reconcile(env, tables, path, marker, replica_of, elected)
+        return write()
     except (OSError, lmdb.Error) as exc:
         if not _disk_full(exc):
             raise

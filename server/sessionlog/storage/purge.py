@@ -9,11 +9,12 @@ session of ``PURGE_FROM`` events or more is deleted in two steps:
    (table ``purges``, keyed by its sid) says what is left. Its id is free at once: a new session
    of that id gets a new sid, which never meets the old keys.
 2. **The chunks** (``PurgeCommand``, run by ``service.purger`` where writes are accepted): first
-   the session's change records up to the tombstone are rewritten to erased placeholders
-   (``changes.placeholder``, the rule of a DELETE), at most ``CHUNK_RECORDS`` a chunk; then its
-   events, request and usage rows are removed, at most ``CHUNK_KEYS`` keys a chunk; the last
-   chunk removes the mark. Records first: a record from before checksums needs its events to
-   keep its fingerprint, and a feed reader never meets a record whose events are gone.
+   the session's change records up to the tombstone (found through ``feed_index``) are
+   rewritten to erased placeholders (``changes.placeholder``, the rule of a DELETE), at most
+   ``CHUNK_RECORDS`` a chunk; then its events, request and usage rows are removed, at most
+   ``CHUNK_KEYS`` keys a chunk; the last chunk removes the mark. Records first: a record from
+   before checksums needs its events to keep its fingerprint, and a feed reader never meets a
+   record whose events are gone.
 
 Each chunk is a write command like any other, with its own change record: the placeholders
 travel as puts on the changes table, the removals as bounded key ranges, the mark's progress as
@@ -47,10 +48,10 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 
-from sessionlog.storage import changes, schema
+from sessionlog.storage import changes, feed_index, schema
 from sessionlog.storage.commands import Written
 from sessionlog.storage.reads import Txn
 from sessionlog.storage.recording import RecordingTxn
@@ -243,22 +244,14 @@ class PurgeCommand:
         deadline: float,
         keep: Callable[[rpb.StoragePut], bool],
     ) -> Purged:
-        """Walk the feed from the mark, rewriting the session's records, until the deadline
-        (looked at every ``CHECK_EVERY`` records walked, and after each rewrite) or
+        """Walk the session's records from the mark (``_records``), rewriting them, until the
+        deadline (looked at every ``CHECK_EVERY`` records walked, and after each rewrite) or
         ``CHUNK_RECORDS`` rewrites; the mark moves to the last record walked."""
         tables = self._tables
         name = purge.session_id.encode()
         erased: list[tuple[int, bytes]] = []
-        walked = 0
         reached = purge.upto
-        cursor = txn.cursor(db=tables.changes)
-        found = cursor.set_range(schema.u64(purge.scanned + 1))
-        while found:
-            position = schema.read_u64(cursor.key())
-            if position > purge.upto:
-                break
-            raw = bytes(cursor.value())
-            walked += 1
+        for walked, (position, raw) in enumerate(_records(txn, tables, purge), start=1):
             if name in raw and rpb.Change.FromString(raw).session_id == purge.session_id:
                 erased.append((position, changes.placeholder(txn, tables, raw, keep)))
                 if len(erased) == CHUNK_RECORDS or time.perf_counter() > deadline:
@@ -267,14 +260,36 @@ class PurgeCommand:
             elif walked % CHECK_EVERY == 0 and time.perf_counter() > deadline:
                 reached = position
                 break
-            found = cursor.next()
         # Every placeholder is made before the first put: one that fails (a damaged record)
         # leaves the chunk unwritten, not half done.
         for position, placeholder in erased:
             txn.put(schema.u64(position), placeholder, db=tables.changes)
+            feed_index.rewritten(txn, tables, position, purge.session_id, placeholder)
         purge.scanned = min(purge.upto, max(reached, purge.scanned))
         txn.put(schema.u64(self._sid), purge.encode(), db=tables.purges)
         return Purged(rewritten=len(erased))
+
+
+def _records(txn: Txn, tables: Tables, purge: Purge) -> Iterator[tuple[int, bytes]]:
+    """(position, stored bytes) of the records after the mark up to ``upto`` that may be the
+    session's: those the feed's index names (``feed_index``), or, in a store whose index is
+    behind, every one."""
+    if feed_index.complete(txn, tables):
+        for position in feed_index.positions(txn, tables, purge.session_id, purge.scanned):
+            if position > purge.upto:
+                return
+            raw = txn.get(schema.u64(position), db=tables.changes)
+            if raw is not None:
+                yield position, bytes(raw)
+        return
+    cursor = txn.cursor(db=tables.changes)
+    found = cursor.set_range(schema.u64(purge.scanned + 1))
+    while found:
+        position = schema.read_u64(cursor.key())
+        if position > purge.upto:
+            return
+        yield position, bytes(cursor.value())
+        found = cursor.next()
 
 
 def _free_some(txn: RecordingTxn, db: object, sid: int, deadline: float) -> int:

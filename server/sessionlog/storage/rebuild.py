@@ -27,7 +27,7 @@ from typing import Any
 
 import lmdb
 
-from sessionlog.storage import changes, damage, folder, schema
+from sessionlog.storage import changes, damage, feed_index, folder, schema
 from sessionlog.storage.reads import read_range
 from sessionlog.storage.tables import Tables
 from sessionlog.v1 import replication_service_pb2 as rpb
@@ -161,6 +161,7 @@ def _copy(
                     key = schema.event_key(change.internal_id, change.first_seq + offset)
                     target.put(key, event, db=new_tables.events)
                 target.put(schema.u64(at), record, db=new_tables.changes)
+                feed_index.note(target, new_tables, at, change.session_id)
         position = stop + 1
 
 

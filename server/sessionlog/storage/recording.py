@@ -113,6 +113,12 @@ class RecordingTxn:
         self.events.extend(values)
 
     @property
+    def local(self) -> lmdb.Transaction:
+        """The transaction itself, for writes of this store's own that no record carries
+        (``feed_index``: every copy keeps its own)."""
+        return self._txn
+
+    @property
     def wrote(self) -> bool:
         return bool(self.puts or self.deletes or self.erased_positions) or self.event_count > 0
 

@@ -20,7 +20,8 @@ One environment holds every session. Named databases:
                history_id (text), history_start (u64), instance (text), replica_of (text):
                the folder's history identity (see ``identity``); leadership (JSON text): its
                epoch, role and epoch history (see ``leadership``); rejoined (JSON text): what
-               the last rejoin discarded. Never in the change feed.
+               the last rejoin discarded; feed_indexed (u64): how far ``feed_index`` goes.
+               Never in the change feed.
     leases     session id (UTF-8)            -> LeaseRecord (JSON)
                Keyed by id, not sid: a lease may be taken before the session's first write.
     changes    position (u64 BE)             -> serialized sessionlog.v1.Change, minus its events
@@ -67,6 +68,11 @@ One environment holds every session. Named databases:
                A long session deleted in chunks: its tombstone removed what readers see at
                once, and the mark says what its chunks still have to free (its feed records
                to rewrite, then its events, request and usage rows). Removed by the last chunk.
+    feed_index session id + 0x00 + position (u64 BE) -> empty
+               The change records that named each session when stored (see ``feed_index``):
+               an erase reads its session's records from here, not by walking the feed. Put
+               with each record on every copy, never carried in the feed; the counter
+               feed_indexed says how far it goes.
 
 Invariants (the single writer thread keeps them; every change commits in one transaction):
 - seq is dense from 0 per session: events holds exactly the keys (sid, 0) .. (sid, next_seq - 1);
@@ -122,6 +128,7 @@ LABELS = b"labels"
 CHILDREN = b"children"
 EXPIRY = b"expiry"
 PURGES = b"purges"
+FEED_INDEX = b"feed_index"
 INDEX_DBS = (RECORDS, RECENT, LABELS, CHILDREN)
 """The session record tables (issue 17): a folder written before them lacks them until a
 server opens it for writing (which creates them; a static primary then fills the indexes)."""
@@ -143,8 +150,9 @@ ALL_DBS = (
     CHILDREN,
     EXPIRY,
     PURGES,
+    FEED_INDEX,
 )
-OPTIONAL_DBS = frozenset({USAGE, ERASURES, REDACTIONS, EXPIRY, PURGES})
+OPTIONAL_DBS = frozenset({USAGE, ERASURES, REDACTIONS, EXPIRY, PURGES, FEED_INDEX})
 """Tables added after stores were first written: a folder no server of this version has opened
 for writing lacks them (a server creates them, empty, on open, which is what they would hold). A
 read-only open (``sessionlog admin``, ``verify``, a rejoin's old store) has no handle for them
@@ -158,6 +166,8 @@ FOLLOWS = b"replica_of"
 """Set while the folder is opened as a replica: the primary it follows."""
 LEADERSHIP = b"leadership"
 """The folder's epoch, role and epoch history (JSON text; see ``leadership``)."""
+FEED_INDEXED = b"feed_indexed"
+"""The newest change position whose record ``feed_index`` holds (see ``feed_index``)."""
 REJOINED = b"rejoined"
 """What the folder's last rejoin discarded, in short (JSON text; see ``cluster.rejoin``)."""
 TEXT_COUNTERS = frozenset({HISTORY_ID, INSTANCE, FOLLOWS, LEADERSHIP, REJOINED})

@@ -334,8 +334,8 @@ class Store:
         actor: str = "",
         reason: str = "",
     ) -> erasure.DeleteCommand:
-        """A delete of ``session_id``, its feed records found by a scan in a read transaction
-        (O(feed): call it off the event loop); submit it with ``writer.submit``."""
+        """A delete of ``session_id``, its feed records found in a read transaction (through
+        ``feed_index``: call it off the event loop); submit it with ``writer.submit``."""
         return self.eraser.delete_command(
             session_id,
             expected_seq=expected_seq,
@@ -364,8 +364,8 @@ class Store:
         actor: str = "",
     ) -> erasure.RedactCommand:
         """A redaction of events ``seqs`` of ``session_id``, its feed records found by a scan
-        in a read transaction (O(feed): call it off the event loop); submit it with
-        ``writer.submit``."""
+        in a read transaction (through ``feed_index``: call it off the event loop); submit it
+        with ``writer.submit``."""
         return self.eraser.redact_command(
             session_id, seqs, reason=reason, lease_holder=lease_holder, actor=actor
         )

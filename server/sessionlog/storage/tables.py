@@ -45,6 +45,7 @@ class Tables:
         self.redactions = self.by_name["redactions"]
         self.expiry = self.by_name["expiry"]
         self.purges = self.by_name["purges"]
+        self.feed_index = self.by_name["feed_index"]
         self.names: dict[int, str] = {
             id(db): name for name, db in self.by_name.items() if db is not None
         }

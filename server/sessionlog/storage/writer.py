@@ -87,7 +87,7 @@ import lmdb
 
 from sessionlog import errors
 from sessionlog.stats import GROUP_BUCKETS, SECONDS_BUCKETS, Histogram
-from sessionlog.storage import changes, damage, leadership, schema
+from sessionlog.storage import changes, damage, feed_index, leadership, schema
 from sessionlog.storage.commands import Written
 from sessionlog.storage.recording import RecordingTxn
 from sessionlog.storage.tables import Tables
@@ -685,6 +685,7 @@ class Writer:
         else:
             stored, checksum = record, b""
         txn.put(schema.u64(position), stored, db=self._tables.changes)
+        feed_index.note(txn, self._tables, position, command.session_id)
         self._group_events += recording.event_count
         return True, result, (position, checksum)
 

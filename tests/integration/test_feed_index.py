@@ -1,0 +1,177 @@
+"""The change feed's index by session (``feed_index``) against a real LMDB: it names exactly the
+records that name each session, on a primary, a replica and through erasures and purges; a store
+from before it is indexed at open; a reader whose index is behind walks the feed and finds the
+same records; ``admin verify`` reports a key missing or left over."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import lmdb
+import pytest
+
+from sessionlog.storage import erasure, feed_index, purge, schema
+from sessionlog.storage.store import Store
+from sessionlog.v1 import replication_service_pb2 as rpb
+from tests.integration.helpers import opened, user
+from tests.integration.test_erasure import problems, replicate, tables_dump, write_some
+
+
+@pytest.fixture
+def pair(tmp_path: Path) -> Iterator[tuple[Store, Store]]:
+    with opened(tmp_path / "primary") as primary, opened(tmp_path / "replica") as replica:
+        yield primary, replica
+
+
+def index_keys(store: Store) -> list[tuple[str, int]]:
+    with store.env.begin() as txn:
+        keys = [bytes(key) for key, _ in txn.cursor(db=store.tables.feed_index)]
+    return [(key[:-9].decode(), schema.read_u64(key[-8:])) for key in keys]
+
+
+def naming(store: Store, kind: int = 0) -> list[tuple[str, int]]:
+    """(session id, position) of every record that names a session (of ``kind``, or any), as
+    the feed says."""
+    feed = [rpb.Change.FromString(raw) for raw in store.read_changes(1)]
+    return sorted((c.session_id, c.position) for c in feed if c.session_id and kind in (0, c.kind))
+
+
+def left_of(store: Store, *session_ids: str) -> list[tuple[str, int]]:
+    """The records that still name these sessions but are not their deletes' own."""
+    deletes = naming(store, rpb.CHANGE_KIND_DELETE)
+    return [c for c in naming(store) if c[0] in session_ids and c not in deletes]
+
+
+def test_the_index_names_each_record_of_a_session_through_erasures_and_on_a_replica(
+    pair: tuple[Store, Store], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Appends, a lease, a fork, a redaction, a delete, and a long session's purge in chunks:
+    after each, the index holds (session, position) for exactly the records naming a session,
+    on the primary and on a replica applying the same records, and verify finds nothing."""
+    monkeypatch.setattr(purge, "PURGE_FROM", 50)
+    monkeypatch.setattr(purge, "CHUNK_RECORDS", 2)
+    primary, replica = pair
+    write_some(primary)
+    for batch in range(6):
+        primary.append("long", [user(f"long {batch}.{n}") for n in range(10)])
+        primary.append("keep", [user(f"between {batch}")])
+    assert index_keys(primary) == naming(primary)
+    assert len(naming(primary)) > 10
+    primary.redact("keep", [1])
+    primary.delete("gone")
+    primary.delete("long")  # a tombstone; chunks rewrite its records
+    assert primary.purge_all() > 1
+    assert left_of(primary, "gone", "long") == []
+    assert index_keys(primary) == naming(primary)
+    replicate(primary, replica)
+    assert index_keys(replica) == naming(replica) == naming(primary)
+    assert tables_dump(replica) == tables_dump(primary)
+    assert problems(primary) == problems(replica) == []
+
+
+def test_a_replica_caught_up_before_an_erase_drops_the_same_keys(
+    pair: tuple[Store, Store], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A replica that holds a session's records when the delete (and a purge's chunks) arrive
+    rewrites them and drops their keys as the primary did."""
+    monkeypatch.setattr(purge, "PURGE_FROM", 50)
+    monkeypatch.setattr(purge, "CHUNK_RECORDS", 2)
+    primary, replica = pair
+    write_some(primary)
+    for batch in range(6):
+        primary.append("long", [user(f"long {batch}.{n}") for n in range(10)])
+    replicate(primary, replica)
+    start = replica.tail()[0] + 1
+    primary.delete("gone")
+    primary.delete("long")
+    primary.purge_all()
+    replicate(primary, replica, start)
+    assert index_keys(replica) == index_keys(primary) == naming(primary)
+    assert problems(replica) == []
+
+
+def test_a_session_recreated_under_a_deleted_id_finds_only_the_records_naming_it(
+    store: Store,
+) -> None:
+    """The first life's records lost their keys with their names; what names the id now is
+    the delete's own record and the second life's."""
+    store.append("again", [user("first life")])
+    store.delete("again")
+    store.append("again", [user("second life")], request_id="r")
+    named = [p for s, p in naming(store) if s == "again"]
+    assert [p for s, p in index_keys(store) if s == "again"] == named
+    with store.env.begin() as txn:
+        found = erasure.scan(txn, store.tables, ["again"])
+    assert found.positions == {"again": named}
+    assert len(named) == 2
+    assert store.delete("again").feed_records == 2
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[Store]:
+    with opened(tmp_path / "primary") as opened_store:
+        yield opened_store
+
+
+def forget_the_index(path: Path) -> None:
+    """Make the folder a store from before the index: no table, no counter."""
+    env = lmdb.open(str(path), max_dbs=len(schema.ALL_DBS))
+    try:
+        with env.begin(write=True) as txn:
+            txn.drop(env.open_db(schema.FEED_INDEX, txn=txn), delete=True)
+            txn.delete(schema.FEED_INDEXED, db=env.open_db(schema.COUNTERS, txn=txn))
+    finally:
+        env.close()
+
+
+def test_a_store_from_before_the_index_is_indexed_when_opened(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """In batches (each its own transaction), before the store serves; a delete then erases
+    every record of its session."""
+    monkeypatch.setattr(feed_index, "CATCH_UP_RECORDS", 4)
+    path = tmp_path / "old"
+    with opened(path) as store:
+        write_some(store)
+        for n in range(7):
+            store.append(f"s{n}", [user("x")])
+        expected = naming(store)
+    forget_the_index(path)
+    with opened(path) as store:
+        assert index_keys(store) == expected
+        with store.env.begin() as txn:
+            assert feed_index.indexed(txn, store.tables) == feed_index.newest(txn, store.tables)
+        assert store.delete("gone").feed_records == 4
+        assert left_of(store, "gone") == []
+        assert problems(store) == []
+
+
+def test_a_reader_whose_index_is_behind_walks_the_feed(store: Store) -> None:
+    """With the counter behind the feed (an older version wrote the newest records), the scan
+    walks every record, and finds what the index would have found."""
+    write_some(store)
+    with store.env.begin() as txn:
+        by_index = erasure.scan(txn, store.tables, ["gone", "keep", "none"])
+    with store.env.begin(write=True) as txn:
+        txn.put(schema.FEED_INDEXED, schema.u64(2), db=store.tables.counters)
+        txn.drop(store.tables.feed_index, delete=False)
+        assert not feed_index.complete(txn, store.tables)
+        walked = erasure.scan(txn, store.tables, ["gone", "keep", "none"])
+        txn.abort()
+    assert walked == by_index
+    assert by_index.positions["gone"]
+    assert by_index.positions["none"] == []
+
+
+def test_verify_reports_a_key_missing_or_left_over(store: Store) -> None:
+    write_some(store)
+    (first, *_) = [p for s, p in naming(store) if s == "gone"]
+    with store.env.begin(write=True) as txn:
+        txn.delete(feed_index.key("gone", first), db=store.tables.feed_index)
+        txn.put(feed_index.key("keep", first), b"", db=store.tables.feed_index)
+    found = {(p.table, p.where, p.what.split(":")[0]) for p in problems(store)}
+    assert found == {
+        ("feed_index", f"'gone' at position {first}", "missing"),
+        ("feed_index", f"'keep' at position {first}", "left over"),
+    }

@@ -86,9 +86,10 @@ class StreamLimiter:
         """Streams admitted since start (for metrics)."""
         self.sent_bytes = 0
         """Bytes the guarded streams have sent (for metrics)."""
-        self._writing: set[asyncio.Task[Any]] = set()
-        """Stream tasks waiting on a write."""
-        self._interrupted: set[asyncio.Task[Any]] = set()
+        self._writing: dict[asyncio.Task[Any], tuple[Any, ...]] = {}
+        """Stream tasks waiting on a write: its call, request, subject and resume point."""
+        self._ended: dict[asyncio.Task[Any], asyncio.Future[None]] = {}
+        """Stream tasks whose call shutdown ended during a write, with the task ending it."""
         self._interrupting = False
         self.elsewhere: Callable[[], int] = lambda: 0
         """Streams open in the other processes of this server (its other workers)."""
@@ -142,8 +143,8 @@ class StreamLimiter:
     ) -> Callable[[bytes, grpc.aio.ServicerContext], Awaitable[None]]:
         """Wrap a streaming handler: check (auth scope), count it while open, always release.
 
-        The wrapper writes each response itself, racing the write against shutdown: a follower
-        held back by flow control still gets UNAVAILABLE with the seq to resume from (the
+        The wrapper writes each response itself, and shutdown ends a stream caught in a write
+        (a follower held back by flow control) with UNAVAILABLE and the seq to resume from (the
         resume point the stream gave with the response: where a client stands once it has read
         it, since gRPC delivers a message already handed to it before the status), not a bare
         cancellation.
@@ -166,68 +167,76 @@ class StreamLimiter:
                 await context.send_initial_metadata(())
                 async for payload, resume in stream(raw, context):
                     self.sent_bytes += len(payload)
-                    if not await self._write(context, payload):
-                        await abort(context, shutting_down(subject(raw), resume))
-                        return
+                    await self._write(context, payload, raw, subject, resume)
             finally:
                 self.release(peer)
 
         return guarded
 
-    async def _write(self, context: grpc.aio.ServicerContext, payload: bytes) -> bool:
-        """Send one response; False when shutdown came first (the write is abandoned).
+    async def _write(
+        self,
+        context: grpc.aio.ServicerContext,
+        payload: bytes,
+        raw: bytes,
+        subject: Callable[[bytes], str],
+        resume: int,
+    ) -> None:
+        """Send one response. Shutdown while it waits ends the call (UNAVAILABLE with
+        ``resume``), and the write then raises AbortError, as gRPC's abort does.
 
-        The write runs as its own task, so abandoning it never cancels it: the message is
-        already handed to gRPC, which sends it before the status that follows (cancelling could
-        drop it and leave the client a gap). Shutdown interrupts the wait instead: it cancels the
-        streams' own tasks while they wait (see ``_interrupt``), which costs nothing per write.
+        The write runs in the stream's own task, and shutdown never cancels it: a write
+        cancelled could drop its message and leave the client a gap. Shutdown ends the call
+        instead, from a task of its own (``_interrupt``); gRPC sends that status after the
+        message in flight, and the write then finishes, or fails with the call. A write in the
+        stream's task costs one await, where a task per write cost a quarter of the send.
         """
         notifier = self.notifier
         if notifier is None:
             await context.write(payload)
-            return True
-        write = asyncio.ensure_future(context.write(payload))
+            return
         task = asyncio.current_task()
         if task is None or notifier.closed:
-            return await self._abandon(write)
+            await self._last_write(context, payload, shutting_down(subject(raw), resume))
+            return
         if not self._interrupting:
             self._interrupting = True
             notifier.closing().add_done_callback(self._interrupt)
-        self._writing.add(task)
+        self._writing[task] = (context, raw, subject, resume)
         try:
-            await asyncio.shield(write)
-        except asyncio.CancelledError:
-            if task not in self._interrupted:
-                # The client went away, or grpc is ending the call: the write then fails on
-                # its own, and nobody is left to hear it (else asyncio logs it as an error).
-                write.add_done_callback(_ignore_outcome)
+            await context.write(payload)
+        except Exception:
+            if task not in self._ended:
                 raise
-            self._interrupted.discard(task)
-            if task.uncancel():
-                write.add_done_callback(_ignore_outcome)
-                raise  # the client's own cancellation came in the same turn: it stands
-            return await self._abandon(write)
         finally:
-            self._writing.discard(task)
-        return True
+            self._writing.pop(task, None)
+        ending = self._ended.pop(task, None)
+        if ending is not None:
+            # Shutdown ended the call while this write waited. Its status may not be sent yet
+            # (the write finished first): returning before it is, the handler would end the
+            # call OK. Its AbortError then ends the handler as an abort in it would.
+            await ending
 
     def _interrupt(self, closing: asyncio.Future[None]) -> None:
-        """Shutdown began: stop every stream that waits on a write (flow control may hold it
-        for as long as its client does not read)."""
-        for task in self._writing:
-            self._interrupted.add(task)
-            task.cancel()
+        """Shutdown began: end every stream that waits on a write (flow control may hold it
+        for as long as its client does not read) with the position to resume from."""
+        for task, (context, raw, subject, resume) in self._writing.items():
+            ending = asyncio.ensure_future(abort(context, shutting_down(subject(raw), resume)))
+            ending.add_done_callback(_ignore_outcome)  # the stream hears of it, or is gone
+            self._ended[task] = ending  # kept until then (the loop holds tasks weakly)
 
     @staticmethod
-    async def _abandon(write: asyncio.Future[None]) -> bool:
-        """Leave a write to finish on its own. One turn of the loop first: the write's task
-        then has handed its message to gRPC before the caller sends the status."""
+    async def _last_write(
+        context: grpc.aio.ServicerContext, payload: bytes, ending: errors.SessionLogError
+    ) -> None:
+        """Hand a response to gRPC, then end the call with ``ending``: one turn of the loop
+        lets the write hand its message over before the status that follows it."""
+        write = asyncio.ensure_future(context.write(payload))
         await asyncio.sleep(0)
         if write.done():
             write.result()
-            return True
-        write.add_done_callback(_ignore_outcome)
-        return False
+        else:
+            write.add_done_callback(_ignore_outcome)
+        await abort(context, ending)
 
 
 def _ignore_outcome(write: asyncio.Future[None]) -> None:

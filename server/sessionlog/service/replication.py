@@ -250,7 +250,7 @@ class ReplicationServicer:
             ),
             read=read,
             marker=marker,
-            pace=self.streams.pace,
+            budget=self.streams.budget,
         )
         async for response in stream:
             yield response

@@ -399,7 +399,7 @@ class SessionLogServicer:
             ),
             read=read,
             marker=marker,
-            pace=self.streams.pace,
+            budget=self.streams.budget,
         )
         async for response in stream:
             yield response
@@ -426,7 +426,7 @@ class SessionLogServicer:
                 request.heartbeat_interval, self.heartbeat_seconds
             ),
             max_bytes=self.since_batch_bytes,
-            pace=self.streams.pace,
+            budget=self.streams.budget,
         )
         async for response in stream:
             yield response

@@ -20,7 +20,6 @@ from google.protobuf.duration_pb2 import Duration
 
 from sessionlog import errors
 from sessionlog.service.errors import refusal_level
-from sessionlog.service.limits import Place, SendBudget
 from sessionlog.service.notifier import Notifier, shutting_down
 
 log = logging.getLogger(__name__)
@@ -54,14 +53,14 @@ async def follow(
     heartbeat_seconds: float,
     read: Callable[[int], tuple[bytes, int, bool]],
     marker: Callable[[bool], bytes],
-    budget: SendBudget | None = None,
+    pace: Callable[[], float] = lambda: 0.0,
 ) -> AsyncIterator[tuple[bytes, int]]:
     """Stream ``read(cursor)`` batches (payload, how far they advance the cursor, whether more
     may follow it) until there is nothing left; with ``live``, then ``marker(True)`` once
     (caught up), then new batches as commits to ``key`` wake it, and ``marker(False)`` (a
-    heartbeat) after each idle interval. Once caught up, a commit's wakeup waits for a send
-    of the process's ``budget`` before the read, and holds it until the response is written:
-    what commits land in between goes out together in that response.
+    heartbeat) after each idle interval. Once caught up, a commit's wakeup waits ``pace()``
+    seconds (a turn of the process's send budget) before the read: what commits land in
+    between goes out together in the next response.
 
     A refusal, and shutdown (UNAVAILABLE with the position to resume from), end the stream
     through ``refuse``: the same loop serves gRPC streams and the web console's live tail."""
@@ -70,7 +69,6 @@ async def follow(
     loop = asyncio.get_running_loop()
     spoke_at = loop.time()  # the last response of any kind: the heartbeat counts from it
     paced = False
-    place: Place | None = None  # the budget's, from the paced read to the end of its write
     try:
         while True:
             woken = waiter is not None and waiter.done()
@@ -83,23 +81,21 @@ async def follow(
                 # budget has a send for it. (A stream behind, reading batch after batch, is never
                 # held: pacing bounds the sends, it must not cap how fast a stream catches up.)
                 paced = False
-                if budget is not None:
-                    place = await budget.take(notifier)
+                delay = pace()
+                if delay > 0:
+                    await notifier.pause(delay)
             if notifier.closed:
                 await refuse(shutting_down(subject, cursor))
                 return
             payload, advance, more = read(cursor)
             if advance:
                 cursor += advance
-                yield payload, cursor  # back here once the response is written
+                yield payload, cursor
                 spoke_at = loop.time()
-            if place is not None:
-                place.give_back()
-                place = None
-            if advance and more:
-                continue
-            # A batch sent reached the end as of its read. A commit since then has resolved the
-            # waiter (registered before the read), so no second read is needed to know.
+                if more:
+                    continue
+                # That batch reached the end as of its read. A commit since then has resolved
+                # the waiter (registered before the read), so no second read is needed to know.
             if not live or waiter is None:
                 return
             if not caught_up:
@@ -136,7 +132,5 @@ async def follow(
         log.exception("unexpected failure following %s", subject)
         await refuse(errors.SessionLogError("internal error; see the server log"))
     finally:
-        if place is not None:
-            place.give_back()
         if waiter is not None:
             notifier.discard(key, waiter)

@@ -19,7 +19,6 @@ from dataclasses import dataclass
 from sessionlog import errors
 from sessionlog.records import Filter
 from sessionlog.service.follow import Refuse, follow
-from sessionlog.service.limits import SendBudget
 from sessionlog.service.notifier import Notifier
 from sessionlog.storage.changes import FEED_KEY
 from sessionlog.storage.following import encode_response
@@ -79,7 +78,7 @@ async def follow_sessions(
     query: Filter,
     heartbeat_seconds: float,
     max_bytes: int,
-    budget: SendBudget | None = None,
+    pace: Callable[[], float] = lambda: 0.0,
 ) -> AsyncIterator[tuple[bytes, int]]:
     """The responses of one FollowSessions stream from feed position ``start``, each with the
     position the client resumes after once it has it."""
@@ -111,7 +110,7 @@ async def follow_sessions(
         heartbeat_seconds=heartbeat_seconds,
         read=read,
         marker=marker,
-        budget=budget,
+        pace=pace,
     )
     async for response, cursor in stream:
         yield response, cursor - 1

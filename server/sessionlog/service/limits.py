@@ -4,7 +4,6 @@ of live follow responses that one process's caught-up streams share."""
 from __future__ import annotations
 
 import asyncio
-import collections
 import math
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -30,10 +29,6 @@ BURST_SECONDS = 0.005
 may go back to back (about 2 ms of the loop) before the others wait for their share."""
 
 
-PLACE_SECONDS = 0.25
-"""The longest a response holds its place in flight (see ``Place``)."""
-
-
 class SendBudget:
     """A token bucket of live follow responses, refilled at ``rate`` per second and holding at
     most ``burst`` (at least one): every caught-up follow stream of one process draws from it.
@@ -42,14 +37,7 @@ class SendBudget:
     responses per second are bounded, not each stream's turn, so what a cheaper response saves
     is not spent on more of them. Tokens are handed out in the order they are asked for, each
     at its own time (GCRA: the bucket is the time the next token comes due, no queue to keep).
-
-    A token is a response per second; a *place* bounds the responses in flight (from the
-    token to the end of the write) at ``burst`` too, and places go first come, first served.
-    On a loop with time to spare a response is in flight for well under a millisecond and
-    the places never bind; on a saturated one a write takes as long as the loop is behind, so
-    the followers back off as much and leave the appends their turn (as a stream's own turn,
-    counted from the end of its write, did before the budget). A client slow to read holds
-    its place at most ``PLACE_SECONDS``, and its stream asks again only once its write ended.
+    A stream asks again only after its previous write ended, so a slow client holds no tokens.
     """
 
     def __init__(
@@ -62,11 +50,6 @@ class SendBudget:
         self._clock = clock
         self._due = -math.inf
         """When the next token comes due; the bucket is full when that is ``burst`` tokens ago."""
-        self.in_flight = 0
-        """Places held: responses between their token and the end of their write."""
-        self._waiting: collections.deque[asyncio.Future[None]] = collections.deque()
-        """Streams waiting for a place, first come first served; a place is handed over by
-        resolving one (so ``in_flight`` stays), a waiter that left is cancelled and skipped."""
 
     def reserve(self) -> float:
         """Take the next token: the seconds to wait until it is due (0 when one is at hand).
@@ -75,64 +58,6 @@ class SendBudget:
         due = max(self._due, now - (self.burst - 1) * self.interval)
         self._due = due + self.interval
         return max(0.0, due - now)
-
-    async def take(self, notifier: Notifier) -> Place | None:
-        """Wait for a token, then for a place: the place, to give back once the response is
-        written; None when shutdown came first (``notifier.closed``), holding nothing then."""
-        delay = self.reserve()
-        if delay > 0:
-            await notifier.pause(delay)
-        if notifier.closed:
-            return None
-        if self.in_flight < self.burst:
-            # Nobody waits while a place is free: ``_free`` hands each one to a waiter.
-            self.in_flight += 1
-            return Place(self)
-        turn: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._waiting.append(turn)
-        try:
-            await asyncio.wait((turn, notifier.closing()), return_when=asyncio.FIRST_COMPLETED)
-        except BaseException:  # the stream itself was cancelled meanwhile
-            self._leave(turn)
-            raise
-        if turn.done() and not notifier.closed:
-            return Place(self)
-        self._leave(turn)
-        return None
-
-    def _free(self) -> None:
-        """A place is free: to the longest waiter still there, else to nobody."""
-        while self._waiting:
-            turn = self._waiting.popleft()
-            if not turn.done():
-                turn.set_result(None)
-                return
-        self.in_flight -= 1
-
-    def _leave(self, turn: asyncio.Future[None]) -> None:
-        """A waiter leaves the line: a place already handed to it is passed on."""
-        if turn.done() and not turn.cancelled():
-            self._free()
-        else:
-            turn.cancel()
-
-
-class Place:
-    """One response's place in flight, given back when its write has ended, or after
-    ``PLACE_SECONDS`` in any case: a client slow to read (flow control holds its write) then
-    holds up only its own stream, not the others' places."""
-
-    __slots__ = ("_budget", "_expiry")
-
-    def __init__(self, budget: SendBudget) -> None:
-        self._budget: SendBudget | None = budget
-        self._expiry = asyncio.get_running_loop().call_later(PLACE_SECONDS, self.give_back)
-
-    def give_back(self) -> None:
-        budget, self._budget = self._budget, None
-        if budget is not None:
-            self._expiry.cancel()
-            budget._free()
 
 
 class StreamLimiter:
@@ -153,11 +78,6 @@ class StreamLimiter:
     ) -> None:
         self.notifier = notifier
         self.budget = SendBudget(send_rate)
-        """Live follow responses: what every caught-up follow stream of this process draws on.
-        A commit wakes every follower of its session; with many of them, sending each commit
-        to each one on its own would take all the time there is, appends starve and followers
-        fall behind. Paced, a follower gets the events of the commits that landed while it
-        waited in one response: fewer sends, the same events, in order."""
         self.max_total = max_total
         self.max_per_connection = max_per_connection
         self.total = 0
@@ -175,6 +95,15 @@ class StreamLimiter:
         """Streams open in the other processes of this server (its other workers)."""
         self.published: Callable[[int], None] = lambda total: None
         """Called with this process's open streams whenever they change (for the others)."""
+
+    def pace(self) -> float:
+        """The seconds a caught-up follow stream waits before its next live response: one token
+        of this process's send budget (--follow-send-rate). A commit wakes every follower of its
+        session; with many of them, sending each commit to each one on its own would take all
+        the time there is, appends starve and followers fall behind. Paced, a follower gets the
+        events of the commits that landed while it waited in one response: fewer sends, the
+        same events, in order."""
+        return self.budget.reserve()
 
     def acquire(self, peer: str) -> None:
         """Count one more stream of ``peer``, or refuse it (TOO_MANY_STREAMS)."""

@@ -250,7 +250,7 @@ class ReplicationServicer:
             ),
             read=read,
             marker=marker,
-            budget=self.streams.budget,
+            pace=self.streams.pace,
         )
         async for response in stream:
             yield response

@@ -399,7 +399,7 @@ class SessionLogServicer:
             ),
             read=read,
             marker=marker,
-            budget=self.streams.budget,
+            pace=self.streams.pace,
         )
         async for response in stream:
             yield response
@@ -426,7 +426,7 @@ class SessionLogServicer:
                 request.heartbeat_interval, self.heartbeat_seconds
             ),
             max_bytes=self.since_batch_bytes,
-            budget=self.streams.budget,
+            pace=self.streams.pace,
         )
         async for response in stream:
             yield response

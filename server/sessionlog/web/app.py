@@ -433,7 +433,7 @@ class Console:
                 heartbeat_seconds=self.server.heartbeat_seconds,
                 read=lambda start: self._owned_read_from(session_id, start),
                 marker=lambda caught_up: self._marker(session_id, caught_up),
-                budget=streams.budget,
+                pace=streams.pace,
             )
             async for payload, _ in stream:
                 await _write(response, streams, payload)

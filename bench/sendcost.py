@@ -44,7 +44,7 @@ async def _stream(mode: str, responses: int, spent: list[float]) -> None:
             if mode == "bare":
                 await context.write(PAYLOAD)
             else:
-                await limiter._write(context, PAYLOAD, raw, lambda raw: "the stream", 0)
+                await limiter._write(context, PAYLOAD)
         spent.append(time.thread_time() - started)
 
     server = grpc.aio.server()

@@ -364,10 +364,9 @@ class ServerConfig:
         "follow_send_rate",
         _positive_int,
         DEFAULT_FOLLOW_SEND_RATE,
-        "live follow-stream responses per second the server sends at most, all its caught-up "
-        "streams drawing from one budget (a short burst goes at once): with few followers each "
-        "commit goes out at once, with many they share the rate and a response holds the "
-        "events that landed while its stream waited",
+        "live follow-stream responses per second the server aims to stay under in total: with "
+        "many followers, each stream gets at most one response per followers/rate seconds, "
+        "holding more events",
         "N",
     )
     shutdown_grace_seconds: float = _setting(

@@ -21,9 +21,8 @@ DEFAULT_MAX_STREAMS = 10_000
 DEFAULT_MAX_STREAMS_PER_CONNECTION = 1_000
 DEFAULT_HEARTBEAT_SECONDS = 15.0
 DEFAULT_FOLLOW_SEND_RATE = 5_000
-"""Live follow responses per second, all caught-up streams drawing from one budget, that one
-server sends at most: about what one Python process sends while leaving time for appends (see
-``limits.SendBudget``)."""
+"""Live follow responses per second, all streams together, that one server paces itself to:
+about what one Python process sends while leaving time for appends (see ``StreamLimiter.pace``)."""
 DEFAULT_SHUTDOWN_GRACE_SECONDS = 10.0
 DEFAULT_RETENTION_SWEEP_INTERVAL_SECONDS = 60.0
 DEFAULT_REPLICA_TIMEOUT_SECONDS = 5.0

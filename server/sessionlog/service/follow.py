@@ -58,30 +58,29 @@ async def follow(
     """Stream ``read(cursor)`` batches (payload, how far they advance the cursor, whether more
     may follow it) until there is nothing left; with ``live``, then ``marker(True)`` once
     (caught up), then new batches as commits to ``key`` wake it, and ``marker(False)`` (a
-    heartbeat) after each idle interval. Once caught up, a commit's wakeup waits ``pace()``
-    seconds (a turn of the process's send budget) before the read: what commits land in
-    between goes out together in the next response.
+    heartbeat) after each idle interval. Once caught up, two responses are at least ``pace()``
+    seconds apart: what commits land in between goes out together in the next one.
 
     A refusal, and shutdown (UNAVAILABLE with the position to resume from), end the stream
     through ``refuse``: the same loop serves gRPC streams and the web console's live tail."""
     waiter: asyncio.Future[None] | None = None
     caught_up = False
     loop = asyncio.get_running_loop()
+    sent_at = 0.0
     spoke_at = loop.time()  # the last response of any kind: the heartbeat counts from it
     paced = False
     try:
         while True:
-            woken = waiter is not None and waiter.done()
-            if live and (waiter is None or woken):
+            if live and (waiter is None or waiter.done()):
                 if waiter is not None:
                     notifier.discard(key, waiter)
                 waiter = notifier.register(key)
-            if paced and woken:
-                # The stream reached the end and a commit woke it: hold the read until the
-                # budget has a send for it. (A stream behind, reading batch after batch, is never
-                # held: pacing bounds the sends, it must not cap how fast a stream catches up.)
+            if paced:
+                # The stream reached the end and a commit woke it: hold the read until its turn
+                # comes round. (A stream behind, reading batch after batch, is never held:
+                # pacing spreads the sends out, it must not cap how fast a stream catches up.)
                 paced = False
-                delay = pace()
+                delay = sent_at + pace() - loop.time()
                 if delay > 0:
                     await notifier.pause(delay)
             if notifier.closed:
@@ -91,18 +90,18 @@ async def follow(
             if advance:
                 cursor += advance
                 yield payload, cursor
-                spoke_at = loop.time()
+                sent_at = spoke_at = loop.time()
                 if more:
                     continue
                 # That batch reached the end as of its read. A commit since then has resolved
                 # the waiter (registered before the read), so no second read is needed to know.
+            paced = caught_up  # at the end: the next wake-up waits for this stream's turn
             if not live or waiter is None:
                 return
             if not caught_up:
                 caught_up = True
                 yield marker(True), cursor
                 spoke_at = loop.time()
-            paced = True  # at the end: the next wake-up waits for a send of the budget
             # Silent since the last response, whatever woke the stream meanwhile: commits it
             # had nothing to send for (a filtered feed on a busy server) must not hold off the
             # heartbeat, or the client takes the stream for dead.

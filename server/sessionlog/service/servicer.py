@@ -331,7 +331,7 @@ class SessionLogServicer:
         peer = context.peer() or ""
         try:
             caller = self._caller(context)
-            self.streams.acquire(peer)
+            self.streams.acquire(peer, follows=False)
         except errors.SessionLogError as error:
             await abort(context, error, _epoch_metadata(self))
             return
@@ -341,7 +341,7 @@ class SessionLogServicer:
                 requests, context, caller, functools.partial(_epoch_metadata, self)
             )
         finally:
-            self.streams.release(peer)
+            self.streams.release(peer, follows=False)
 
     @staticmethod
     def _since_subject(raw: bytes) -> str:

@@ -421,7 +421,9 @@ class SessionLog:
     ) -> SessionPage:
         """A page of the caller's sessions with their usage; on a sharded server every group's
         (``shard.scatter``, asked with ``forward``, the caller's metadata, within ``within``
-        seconds) unless ``forward`` asks for this group's own only."""
+        seconds) unless ``forward`` asks for this group's own only. The page fits in one reply
+        under --max-message-size (``queries.fitting``): it holds fewer sessions than asked
+        for when they are large, and a merged page of several groups is cut the same way."""
         self.ownership.check()  # sharded: a map must be held; the page keeps my group's own
         prefix = access.listing_prefix(principal, query.prefix)
         size = min(query.page_size or DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE)
@@ -431,11 +433,14 @@ class SessionLog:
         after = decode_listing_token(query.page_token, listing) or query.after.encode()
         store, ownership, spread = self.store, self.ownership, self.scatter
         full = query.view == pb.SESSION_VIEW_FULL
+        limit = self.max_message_bytes  # a page holds fewer sessions than size rather than more
         if spread is not None and not scattering.local_only(forward) and order == BY_UPDATE:
 
             def recent(after: bytes, prefix: str, size: int) -> tuple[list[pb.Session], bytes]:
                 mine = Listing(prefix, query.filter_text, order)
-                return queries.local_page(store, ownership, after, mine, filtered, size, full)
+                return queries.local_page(
+                    store, ownership, after, mine, filtered, size, full, limit
+                )
 
             sessions, cursor = await spread.list_recent(
                 recent,
@@ -447,11 +452,15 @@ class SessionLog:
                 filter_text=query.filter_text,
                 view=query.view,
             )
+            kept = queries.fitting(sessions, limit)
+            if kept < len(sessions):
+                del sessions[kept:]
+                cursor = scattering.recent_key(sessions[-1])
         elif spread is not None and not scattering.local_only(forward):
 
             def local(after: str, prefix: str, size: int) -> tuple[list[pb.Session], str]:
                 return queries.local_sessions(
-                    store, ownership, after, prefix, size, filtered, query.filter_text, full
+                    store, ownership, after, prefix, size, filtered, query.filter_text, full, limit
                 )
 
             sessions, last = await spread.list(
@@ -464,10 +473,14 @@ class SessionLog:
                 filter_text=query.filter_text,
                 view=query.view,
             )
+            kept = queries.fitting(sessions, limit)
+            if kept < len(sessions):
+                del sessions[kept:]
+                last = sessions[-1].session_id
             cursor = last.encode()
         else:
             sessions, cursor = queries.local_page(
-                store, ownership, after, listing, filtered, size, full
+                store, ownership, after, listing, filtered, size, full, limit
             )
         token = encode_listing_token(cursor, listing) if cursor else ""
         return SessionPage(sessions, token)

@@ -115,3 +115,50 @@ def test_a_session_whose_state_alone_cannot_fit_is_response_too_large(
     assert "'huge.b'" in str(raised.value.details())
     basic = stub.ListSessions(pb.ListSessionsRequest(prefix="huge."))
     assert [s.session_id for s in basic.sessions] == ["huge.a", "huge.b"]
+
+
+def every_message_page(
+    stub: pb_grpc.SessionLogServiceStub, request: pb.DeriveMessagesRequest
+) -> list[pb.DeriveMessagesResponse]:
+    pages: list[pb.DeriveMessagesResponse] = []
+    for _ in range(100):  # bounded: far more pages than any view here has
+        page = stub.DeriveMessages(request)
+        pages.append(page)
+        if not page.next_page_token:
+            return pages
+        request.page_token = page.next_page_token
+    raise AssertionError("the paging never ended")
+
+
+@pytest.mark.parametrize("replaced", [False, True])
+@pytest.mark.parametrize("walked", [False, True])
+def test_derive_messages_pages_of_large_messages_fit_the_message_limit(
+    stub: pb_grpc.SessionLogServiceStub, replaced: bool, walked: bool
+) -> None:
+    """80 messages of 4 KiB (320 KiB) paged with page_size 100: each page holds fewer, fits the
+    limit, and the pages, last first, give back the whole view in order; with a replace in it
+    too, and for a view the memo does not hold (at_seq), whose walk back each page resumes."""
+    session_id = f"msgs.{replaced}.{walked}"
+    for batch in range(8):
+        append(stub, session_id, *(say(f"{batch}.{n}" + "m" * (4 << 10)) for n in range(10)))
+    if replaced:
+        summary = say("summary")
+        summary.surface_op.replace.start_seq, summary.surface_op.replace.stop_seq = 10, 19
+        append(stub, session_id, summary)
+    whole = stub.DeriveMessages(pb.DeriveMessagesRequest(session_id=session_id, at_seq=9))
+    assert len(whole.messages) == 10  # a view that fits is still read whole
+    request = pb.DeriveMessagesRequest(session_id=session_id, page_size=100)
+    if walked:  # the view before this last message: walked back, not served by the memo
+        request.at_seq = append(stub, session_id, say("after the view")).next_seq - 2
+    pages = every_message_page(stub, request)
+    assert len(pages) >= 2
+    assert all(page.ByteSize() <= LIMIT for page in pages)
+    assert all(page.messages for page in pages)
+    seqs = [seq for page in reversed(pages) for seq in page.seqs]
+    expected = list(range(80))
+    if replaced:
+        expected = [*range(10), 80, *range(20, 80)]
+    assert seqs == expected
+    contents = [m.content for page in reversed(pages) for m in page.messages]
+    assert contents[9].startswith("0.9")
+    assert contents[-1].startswith("7.9")

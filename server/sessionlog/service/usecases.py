@@ -338,8 +338,8 @@ class SessionLog:
         page_size: int,
         page_token: str,
     ) -> MessagesPageRead:
-        """The last ``page_size`` messages of a pinned view (see ``Store.derive_page``), and
-        the token of the page before them."""
+        """The last ``page_size`` messages of a pinned view (see ``Store.derive_page``), fewer
+        when they would not fit in one reply, and the token of the page before them."""
         self.reading(principal, session_id)
         size = paging.page_size(page_size)
         sid = self._sid(session_id)
@@ -353,6 +353,7 @@ class SessionLog:
             pinned=None if cursor is None else cursor.pinned,
             before=None if cursor is None else cursor.before,
             resume=None if cursor is None else cursor.walk,
+            max_bytes=self.max_message_bytes - FRAMING_BYTES,
         )
         if cursor is not None:
             generation = cursor.generation

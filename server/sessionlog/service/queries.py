@@ -31,7 +31,7 @@ def local_page(
     ``with_state``: each with its state (``Session.state``, SESSION_VIEW_FULL), from the same
     memoized fold GetState reads. With ``message_limit`` (--max-message-size), the page ends
     early at the last session that still fits in a reply (``fitting``), and its cursor is that
-    session's: the sessions after it are not read at all."""
+    session's: the states of the sessions after it are not folded."""
     page, more = store.list_records(
         after=after, prefix=listing.prefix, query=query, order=listing.order, limit=size
     )

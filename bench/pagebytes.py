@@ -24,7 +24,6 @@ import argparse
 import contextlib
 import json
 import statistics
-import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -185,4 +184,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

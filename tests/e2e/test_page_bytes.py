@@ -58,6 +58,7 @@ def every_page(
     raise AssertionError("the listing never ended")
 
 
+@pytest.mark.workers  # each page may be read by another worker: a short page's token is theirs too
 @pytest.mark.parametrize("order_by", ["", "update_time desc"])
 def test_full_view_pages_of_large_states_fit_the_message_limit(
     stub: pb_grpc.SessionLogServiceStub, order_by: str
@@ -130,6 +131,7 @@ def every_message_page(
     raise AssertionError("the paging never ended")
 
 
+@pytest.mark.workers  # a page cut short resumes its walk on whichever worker takes the next call
 @pytest.mark.parametrize("replaced", [False, True])
 @pytest.mark.parametrize("walked", [False, True])
 def test_derive_messages_pages_of_large_messages_fit_the_message_limit(

@@ -112,8 +112,8 @@ def _show_bytes(size: float) -> str:
 
 @dataclass(frozen=True)
 class Bounded:
-    """The one parser of every duration and size setting: ``read`` turns the text (or a TOML
-    number) into a number of seconds or bytes, which must lie from ``least`` to ``most``, or be
+    """The one parser of every duration, size and count setting: ``read`` turns the text (or a
+    TOML number) into seconds, bytes or a count, which must lie from ``least`` to ``most``, or be
     0 when ``off`` (the setting is then off; "forever", "off" and "never" say so too). Anything
     else, an absurd or non-finite value (1e9 seconds, inf, nan, a negative) included, is refused
     with one message naming the range; ``resolve`` adds the setting and where the value came
@@ -123,7 +123,7 @@ class Bounded:
     least: float
     most: float
     kind: str
-    """What a value is, for the message: "duration" or "size"."""
+    """What a value is, for the message: "duration", "size" or "whole number"."""
     show: Callable[[float], str]
     hint: str
     off: bool = False
@@ -150,6 +150,19 @@ def _seconds(least: float, most: float, *, off: bool = False) -> Bounded:
     """A duration setting's parser: seconds from ``least`` to ``most`` (``Bounded``)."""
     hint = "a number of seconds, or with a unit: 500ms, 90s, 30m, 12h, 7d"
     return Bounded(_read_seconds, least, most, "duration", _show_seconds, hint, off)
+
+
+def _whole(value: Any) -> int:
+    """A whole number: an int, its text, or a float without a fraction (TOML 2.0); a bool, a
+    fraction (2.5) or anything else is ValueError, never truncated."""
+    if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
+        raise ValueError(f"not a whole number: {value!r}")
+    return int(value)
+
+
+def _count(most: int) -> Bounded:
+    """A count setting's parser: a whole number from 1 to ``most`` (``Bounded``)."""
+    return Bounded(_whole, 1, most, "whole number", lambda n: f"{int(n):,}", "no fraction, no unit")
 
 
 def _bytes(least: int, most: int) -> Bounded:
@@ -353,7 +366,7 @@ class ServerConfig:
                 ),
                 Setting(
                     "max_data_depth",
-                    _positive_int,
+                    _count(100),
                     fold.DEFAULT_LIMITS.max_data_depth,
                     "deepest nesting of objects and lists in event data; data itself is level 1",
                     "N",
@@ -364,14 +377,14 @@ class ServerConfig:
     )
     max_events_per_append: int = _setting(
         "max_events_per_append",
-        _positive_int,
+        _count(1_000_000),
         DEFAULT_MAX_EVENTS_PER_APPEND,
         "most events in one Append, CreateSession or SeedSession (TOO_MANY_EVENTS)",
         "N",
     )
     append_stream_window: int = _setting(
         "append_stream_window",
-        _positive_int,
+        _count(100_000),
         DEFAULT_APPEND_STREAM_WINDOW,
         "most requests of one AppendStream in flight (read, not yet answered); past it the "
         "server stops reading that stream until replies go out",
@@ -379,14 +392,14 @@ class ServerConfig:
     )
     max_streams: int = _setting(
         "max_streams",
-        _positive_int,
+        _count(1_000_000),
         DEFAULT_MAX_STREAMS,
         "most open Since/Changes/AppendStream streams in total (TOO_MANY_STREAMS)",
         "N",
     )
     max_streams_per_connection: int = _setting(
         "max_streams_per_connection",
-        _positive_int,
+        _count(1_000_000),
         DEFAULT_MAX_STREAMS_PER_CONNECTION,
         "most open Since/Changes/AppendStream streams on one connection",
         "N",
@@ -400,7 +413,7 @@ class ServerConfig:
     )
     follow_send_rate: int = _setting(
         "follow_send_rate",
-        _positive_int,
+        _count(10_000_000),
         DEFAULT_FOLLOW_SEND_RATE,
         "live follow-stream responses per second the server aims to stay under in total: with "
         "many followers, each stream gets at most one response per followers/rate seconds, "
@@ -457,7 +470,7 @@ class ServerConfig:
     )
     sync_replicas: int = _setting(
         "sync_replicas",
-        _positive_int,
+        _count(100),
         1,
         "with --ack replica: how many replicas must hold a write before it is acknowledged "
         "(a --cluster leader: every member of its synchronous set, at least K; see High "

@@ -214,12 +214,16 @@ ABSURD_VALUES: list[tuple[str, str, str]] = [
     ("--map-size", "999999TiB", "from 1MiB to 128TiB"),
     ("--max-event-size", "10", "from 1KiB to 1GiB"),
     ("--max-message-size", "1KiB", "from 64KiB to 2GiB less one byte"),
+    ("--max-streams", "1e9", "from 1 to 1,000,000"),
+    ("--max-events-per-append", "99999999999999", "from 1 to 1,000,000"),
+    ("--max-data-depth", "1000", "from 1 to 100"),
 ]
 
 
 def test_absurd_durations_and_sizes_are_refused_naming_the_range(tmp_path: Path) -> None:
-    """A duration or size flag out of its range (1e9 seconds, inf, nan, a negative, 999999TiB):
-    exit 2 and one line naming the flag, the range and the value."""
+    """A duration, size or count flag out of its range (1e9 seconds, inf, nan, a negative,
+    999999TiB, a billion streams): exit 2 and one line naming the flag, the range and the
+    value."""
     cases: list[Case] = [([f"{flag}={value}"], {}) for flag, value, _ in ABSURD_VALUES]
     results = run_print_config(tmp_path, cases)
     for (flag, value, span), result in zip(ABSURD_VALUES, results, strict=True):

@@ -108,11 +108,13 @@ def test_booleans_refuse_other_words(text: str) -> None:
 
 
 def test_counts_are_whole_numbers_of_at_least_one() -> None:
-    """max_streams takes "5", 5 and 5.0; refuses 0, negatives, fractions, booleans and words."""
+    """max_streams takes "5", 5 and 5.0, up to a million; refuses 0, negatives, fractions,
+    booleans, words, 1e9 and more than a million, naming the range."""
     parse = config.BY_NAME["max_streams"].parse
     assert parse("5") == parse(5) == parse(5.0) == 5
-    for bad in ("0", 0, "-3", 2.5, "2.5", True, "many"):
-        with pytest.raises(ValueError, match=r"whole number|invalid literal"):
+    assert parse("1000000") == 1_000_000
+    for bad in ("0", 0, "-3", 2.5, "2.5", True, "many", "1e9", 10**14, float("inf")):
+        with pytest.raises(ValueError, match="must be a whole number from 1 to 1,000,000, not"):
             parse(bad)
 
 

@@ -46,6 +46,7 @@ from sessionlog.defaults import (
     DEFAULT_SYNC_TIMEOUT_SECONDS,
     DEFAULT_WORKERS,
     DURABILITY_MODES,
+    MIN_HEARTBEAT_SECONDS,
     SYNC,
 )
 from sessionlog.defaults import ConfigError as ConfigError
@@ -71,13 +72,6 @@ _GRPC_MAX_MESSAGE = (1 << 31) - 1
 """gRPC message lengths are 32-bit signed integers."""
 
 
-def _message_size(value: Any) -> int:
-    size = parse_size(value)
-    if size > _GRPC_MAX_MESSAGE:
-        raise ValueError(f"must be below 2GiB (gRPC's largest message), not {value!r}")
-    return size
-
-
 def _positive_int(value: Any) -> int:
     # A fractional number (TOML 2.5) is refused, not truncated; a bool is not a number here.
     if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
@@ -88,36 +82,93 @@ def _positive_int(value: Any) -> int:
     return number
 
 
-def _seconds(value: Any) -> float:
-    number = float(value)
-    if isinstance(value, bool) or not math.isfinite(number) or number < 0:
-        raise ValueError(f"must be a finite, non-negative number of seconds, not {value!r}")
-    return number
+_OFF_WORDS = ("forever", "off", "never")
+_MINUTE, _HOUR, _DAY = 60.0, 3600.0, 86400.0
+_UNITS_SHOWN: tuple[tuple[str, float], ...] = (("d", _DAY), ("h", _HOUR), ("m", _MINUTE), ("s", 1))
 
 
-def _positive_seconds(value: Any) -> float:
-    # One message for 0 and for a negative: "non-negative" would be wrong here.
-    try:
-        number = _seconds(value)
-    except ValueError:
-        number = 0.0
-    if number == 0:
-        raise ValueError(f"must be a finite number of seconds above 0, not {value!r}")
-    return number
-
-
-def _duration_seconds(value: Any) -> float:
-    """A duration ("90s", "12h", "7d", or a number of seconds) as seconds; 0 or "forever": off."""
-    if str(value).strip().lower() in ("forever", "off", "never"):
-        return 0.0
+def _read_seconds(value: Any) -> float:
+    """A duration as seconds: a number of seconds, or one with a unit ("500ms", "90s", "12h")."""
     return retention.parse_duration(value) / retention.NS
 
 
-def _positive_duration_seconds(value: Any) -> float:
-    seconds = _duration_seconds(value)
-    if seconds <= 0:
-        raise ValueError(f"must be a duration above 0 (such as 60s), not {value!r}")
-    return seconds
+def _show_seconds(seconds: float) -> str:
+    """A bound of a duration setting, for people: 0.3s, 1h, 30d."""
+    for unit, scale in _UNITS_SHOWN:
+        if seconds >= scale and seconds % scale == 0:
+            return f"{seconds / scale:g}{unit}"
+    return f"{seconds:g}s"
+
+
+def _show_bytes(size: float) -> str:
+    """A bound of a size setting, for people: 64KiB, 128TiB, 2GiB less one byte."""
+    if int(size) % 1024 == 1023:
+        return f"{_show_bytes(size + 1)} less one byte"
+    for unit, scale in (("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if size >= scale and size % scale == 0:
+            return f"{int(size) // scale}{unit}"
+    return f"{int(size)} bytes"
+
+
+@dataclass(frozen=True)
+class Bounded:
+    """The one parser of every duration, size and count setting: ``read`` turns the text (or a
+    TOML number) into seconds, bytes or a count, which must lie from ``least`` to ``most``, or be
+    0 when ``off`` (the setting is then off; "forever", "off" and "never" say so too). Anything
+    else, an absurd or non-finite value (1e9 seconds, inf, nan, a negative) included, is refused
+    with one message naming the range; ``resolve`` adds the setting and where the value came
+    from."""
+
+    read: Callable[[Any], float]
+    least: float
+    most: float
+    kind: str
+    """What a value is, for the message: "duration", "size" or "whole number"."""
+    show: Callable[[float], str]
+    hint: str
+    off: bool = False
+
+    def __call__(self, value: Any) -> Any:
+        if self.off and str(value).strip().lower() in _OFF_WORDS:
+            return 0.0
+        try:
+            number = self.read(value)
+        except (ValueError, OverflowError):
+            number = math.nan
+        if (self.off and number == 0) or self.least <= number <= self.most:
+            return number
+        raise ValueError(f"must be a {self.kind} from {self.range}, not {value!r} ({self.hint})")
+
+    @property
+    def range(self) -> str:
+        """The values accepted, for people: "0.3s to 1h", "1s to 36500d or 0 (off)"."""
+        span = f"{self.show(self.least)} to {self.show(self.most)}"
+        return f"{span} or 0 (off)" if self.off else span
+
+
+def _seconds(least: float, most: float, *, off: bool = False) -> Bounded:
+    """A duration setting's parser: seconds from ``least`` to ``most`` (``Bounded``)."""
+    hint = "a number of seconds, or with a unit: 500ms, 90s, 30m, 12h, 7d"
+    return Bounded(_read_seconds, least, most, "duration", _show_seconds, hint, off)
+
+
+def _whole(value: Any) -> int:
+    """A whole number: an int, its text, or a float without a fraction (TOML 2.0); a bool, a
+    fraction (2.5) or anything else is ValueError, never truncated."""
+    if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
+        raise ValueError(f"not a whole number: {value!r}")
+    return int(value)
+
+
+def _count(most: int) -> Bounded:
+    """A count setting's parser: a whole number from 1 to ``most`` (``Bounded``)."""
+    return Bounded(_whole, 1, most, "whole number", lambda n: f"{int(n):,}", "no fraction, no unit")
+
+
+def _bytes(least: int, most: int) -> Bounded:
+    """A size setting's parser: bytes from ``least`` to ``most`` (``Bounded``)."""
+    hint = "a number of bytes, or with a unit: 64KiB, 512MiB, 8GiB"
+    return Bounded(parse_size, least, most, "size", _show_bytes, hint)
 
 
 def _workers(value: Any) -> str | int:
@@ -220,7 +271,7 @@ SHARD_MAP_ETCD = "etcd"
 """``--shard-map etcd``: the map is read from the cluster's etcd (any other value is a file)."""
 MAX_WORKERS = 256
 REPLICA_TIMEOUT_FLOOR_SECONDS = 0.3
-"""Three times the shortest heartbeat a server sends (``service.follow.MIN_HEARTBEAT_SECONDS``)."""
+"""Three times the shortest heartbeat a server sends (``MIN_HEARTBEAT_SECONDS``)."""
 
 
 @dataclass(frozen=True)
@@ -275,7 +326,7 @@ class ServerConfig:
     )
     map_size: int = _setting(
         "map_size",
-        parse_size,
+        _bytes(1 << 20, 128 << 40),
         DEFAULT_MAP_SIZE,
         "largest size the data file may reach (e.g. 8GiB); a full map answers STORAGE_FULL: "
         "raise it and restart",
@@ -294,7 +345,7 @@ class ServerConfig:
     )
     max_message_bytes: int = _setting(
         "max_message_size",
-        _message_size,
+        _bytes(64 << 10, _GRPC_MAX_MESSAGE),
         DEFAULT_MAX_MESSAGE_BYTES,
         "largest gRPC request, and largest unary reply; clients must accept replies this "
         "large too (gRPC's default is 4MiB)",
@@ -307,7 +358,7 @@ class ServerConfig:
             _SETTINGS_KEY: (
                 Setting(
                     "max_event_size",
-                    parse_size,
+                    _bytes(1 << 10, 1 << 30),
                     fold.DEFAULT_LIMITS.max_event_bytes,
                     "largest serialized event (EVENT_TOO_LARGE above it)",
                     "SIZE",
@@ -315,7 +366,7 @@ class ServerConfig:
                 ),
                 Setting(
                     "max_data_depth",
-                    _positive_int,
+                    _count(100),
                     fold.DEFAULT_LIMITS.max_data_depth,
                     "deepest nesting of objects and lists in event data; data itself is level 1",
                     "N",
@@ -326,14 +377,14 @@ class ServerConfig:
     )
     max_events_per_append: int = _setting(
         "max_events_per_append",
-        _positive_int,
+        _count(1_000_000),
         DEFAULT_MAX_EVENTS_PER_APPEND,
         "most events in one Append, CreateSession or SeedSession (TOO_MANY_EVENTS)",
         "N",
     )
     append_stream_window: int = _setting(
         "append_stream_window",
-        _positive_int,
+        _count(100_000),
         DEFAULT_APPEND_STREAM_WINDOW,
         "most requests of one AppendStream in flight (read, not yet answered); past it the "
         "server stops reading that stream until replies go out",
@@ -341,28 +392,28 @@ class ServerConfig:
     )
     max_streams: int = _setting(
         "max_streams",
-        _positive_int,
+        _count(1_000_000),
         DEFAULT_MAX_STREAMS,
         "most open Since/Changes/AppendStream streams in total (TOO_MANY_STREAMS)",
         "N",
     )
     max_streams_per_connection: int = _setting(
         "max_streams_per_connection",
-        _positive_int,
+        _count(1_000_000),
         DEFAULT_MAX_STREAMS_PER_CONNECTION,
         "most open Since/Changes/AppendStream streams on one connection",
         "N",
     )
     heartbeat_seconds: float = _setting(
         "heartbeat",
-        _positive_seconds,
+        _seconds(MIN_HEARTBEAT_SECONDS, _HOUR),
         DEFAULT_HEARTBEAT_SECONDS,
         "seconds between heartbeats on an idle follow stream",
         "SECONDS",
     )
     follow_send_rate: int = _setting(
         "follow_send_rate",
-        _positive_int,
+        _count(10_000_000),
         DEFAULT_FOLLOW_SEND_RATE,
         "live follow-stream responses per second the server aims to stay under in total: with "
         "many followers, each stream gets at most one response per followers/rate seconds, "
@@ -371,14 +422,14 @@ class ServerConfig:
     )
     shutdown_grace_seconds: float = _setting(
         "shutdown_grace",
-        _seconds,
+        _seconds(0, _HOUR),
         DEFAULT_SHUTDOWN_GRACE_SECONDS,
         "seconds in-flight calls get to finish on SIGTERM",
         "SECONDS",
     )
     retention_idle_seconds: float = _setting(
         "retention_idle",
-        _duration_seconds,
+        _seconds(1, 36500 * _DAY, off=True),
         0.0,
         "delete unpinned sessions whose last append or update is older than this (such as 90d); "
         "0 or forever (the default): keep them",
@@ -386,7 +437,7 @@ class ServerConfig:
     )
     retention_sweep_interval_seconds: float = _setting(
         "retention_sweep_interval",
-        _positive_duration_seconds,
+        _seconds(0.1, 7 * _DAY),
         DEFAULT_RETENTION_SWEEP_INTERVAL_SECONDS,
         "how often the retention sweeper deletes expired sessions (and idle ones, with "
         "--retention-idle)",
@@ -394,7 +445,7 @@ class ServerConfig:
     )
     request_id_ttl_seconds: int = _setting(
         "request_id_ttl",
-        _seconds,
+        _seconds(0, 30 * _DAY),
         float(DEFAULT_REQUEST_ID_TTL_SECONDS),
         "seconds a request_id is remembered for idempotent retries",
         "SECONDS",
@@ -419,7 +470,7 @@ class ServerConfig:
     )
     sync_replicas: int = _setting(
         "sync_replicas",
-        _positive_int,
+        _count(100),
         1,
         "with --ack replica: how many replicas must hold a write before it is acknowledged "
         "(a --cluster leader: every member of its synchronous set, at least K; see High "
@@ -428,7 +479,7 @@ class ServerConfig:
     )
     sync_timeout_seconds: float = _setting(
         "sync_timeout",
-        _positive_seconds,
+        _seconds(0.01, _HOUR),
         DEFAULT_SYNC_TIMEOUT_SECONDS,
         "with --ack replica: seconds a write waits for its replicas before it fails "
         "REPLICAS_UNAVAILABLE",
@@ -480,7 +531,7 @@ class ServerConfig:
     )
     replica_timeout_seconds: float = _setting(
         "replica_timeout",
-        _positive_seconds,
+        _seconds(REPLICA_TIMEOUT_FLOOR_SECONDS, _HOUR),
         DEFAULT_REPLICA_TIMEOUT_SECONDS,
         "seconds a replica waits for any frame from its primary (it asks for heartbeats at a "
         "third of this) before it deems the link dead, shows connected false and reconnects",
@@ -735,7 +786,8 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
     )
     for setting in SETTINGS:
         shown = "off" if setting.default in ("", False) else setting.default
-        help_text = f"{setting.help} [env {setting.env}; default {shown}]"
+        bounds = f"; range {setting.parse.range}" if isinstance(setting.parse, Bounded) else ""
+        help_text = f"{setting.help} [env {setting.env}; default {shown}{bounds}]"
         if setting.flag_only_switch:
             parser.add_argument(setting.flag, dest=setting.name, action="store_const", const=True)
             parser._actions[-1].help = help_text
@@ -854,10 +906,13 @@ def markdown_table() -> str:
     for setting in SETTINGS:
         flag = setting.flag + ("" if setting.flag_only_switch else f" {setting.metavar}")
         default = setting.default
-        if isinstance(default, int) and setting.parse is parse_size:
+        bounded = setting.parse if isinstance(setting.parse, Bounded) else None
+        if isinstance(default, int) and bounded is not None and bounded.kind == "size":
             default = _human_size(default)
         shown = "(off)" if default in ("", False) else f"`{default}`"
         meaning = setting.help.replace("|", "\\|")
+        if bounded is not None:
+            meaning += f"; range {bounded.range}"
         rows.append(f"| `{flag}` | `{setting.env}` / `{setting.name}` | {shown} | {meaning} |")
     return "\n".join(rows)
 

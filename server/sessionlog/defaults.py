@@ -20,6 +20,8 @@ DEFAULT_APPEND_STREAM_WINDOW = 256
 DEFAULT_MAX_STREAMS = 10_000
 DEFAULT_MAX_STREAMS_PER_CONNECTION = 1_000
 DEFAULT_HEARTBEAT_SECONDS = 15.0
+MIN_HEARTBEAT_SECONDS = 0.1
+"""The shortest heartbeat a follow stream gets, and the least --heartbeat takes."""
 DEFAULT_FOLLOW_SEND_RATE = 5_000
 """Live follow responses per second, all streams together, that one server paces itself to:
 about what one Python process sends while leaving time for appends (see ``StreamLimiter.pace``)."""

@@ -200,6 +200,70 @@ def test_a_bad_value_names_the_setting_and_its_source(tmp_path: Path) -> None:
         assert line.startswith(f"sessionlog: {setting} from {source}"), (name, line)
 
 
+ABSURD_VALUES: list[tuple[str, str, str]] = [
+    # (flag, value, the range its refusal names)
+    ("--replica-timeout", "1e9", "from 0.3s to 1h"),
+    ("--replica-timeout", "inf", "from 0.3s to 1h"),
+    ("--heartbeat", "nan", "from 0.1s to 1h"),
+    ("--heartbeat", "2h", "from 0.1s to 1h"),
+    ("--shutdown-grace", "-1", "from 0s to 1h"),
+    ("--sync-timeout", "-inf", "from 0.01s to 1h"),
+    ("--request-id-ttl", "1e9", "from 0s to 30d"),
+    ("--retention-idle", "1e9", "from 1s to 36500d or 0 (off)"),
+    ("--retention-sweep-interval", "0", "from 0.1s to 7d"),
+    ("--map-size", "999999TiB", "from 1MiB to 128TiB"),
+    ("--max-event-size", "10", "from 1KiB to 1GiB"),
+    ("--max-message-size", "1KiB", "from 64KiB to 2GiB less one byte"),
+    ("--max-streams", "1e9", "from 1 to 1,000,000"),
+    ("--max-events-per-append", "99999999999999", "from 1 to 1,000,000"),
+    ("--max-data-depth", "1000", "from 1 to 100"),
+]
+
+
+def test_absurd_durations_and_sizes_are_refused_naming_the_range(tmp_path: Path) -> None:
+    """A duration, size or count flag out of its range (1e9 seconds, inf, nan, a negative,
+    999999TiB, a billion streams): exit 2 and one line naming the flag, the range and the
+    value."""
+    cases: list[Case] = [([f"{flag}={value}"], {}) for flag, value, _ in ABSURD_VALUES]
+    results = run_print_config(tmp_path, cases)
+    for (flag, value, span), result in zip(ABSURD_VALUES, results, strict=True):
+        line = refusal_line(result)
+        assert f"from flag {flag}: must be a " in line, line
+        assert f"{span}, not {value!r}" in line, line
+
+
+def test_the_bounds_themselves_are_accepted(tmp_path: Path) -> None:
+    """The ends of each range are values the settings take (in seconds or with a unit)."""
+    settings, result = print_config(
+        tmp_path,
+        *("--replica-timeout", "1h", "--heartbeat", "0.1", "--shutdown-grace", "0"),
+        *("--request-id-ttl", "30d", "--retention-idle", "forever", "--map-size", "1MiB"),
+        SESSIONLOG_RETENTION_SWEEP_INTERVAL="7d",
+    )
+    assert result.returncode == 0, result.stderr
+    assert settings["replica_timeout"][0] == "3600.0"
+    assert settings["heartbeat"][0] == "0.1"
+    assert settings["request_id_ttl"][0] == "2592000.0"
+    assert settings["retention_idle"][0] == "0.0"
+    assert settings["retention_sweep_interval"] == (
+        "604800.0",
+        "env SESSIONLOG_RETENTION_SWEEP_INTERVAL",
+    )
+    assert settings["map_size"][0] == str(1 << 20)
+
+
+def test_a_server_is_not_started_with_an_absurd_replica_timeout(tmp_path: Path) -> None:
+    """`sessionlog serve --replica-timeout 1e9` (the defect) exits 2 at once, naming the flag
+    and its range, and creates no data folder."""
+    data = tmp_path / "never"
+    args = ["serve", "--data", str(data), "--listen", f"127.0.0.1:{free_port()}"]
+    result = run_cli([*args, "--replica-timeout", "1e9"], tmp_path)
+    line = refusal_line(result)
+    assert "--replica-timeout" in line
+    assert "from 0.3s to 1h" in line
+    assert not data.exists()
+
+
 def test_an_unreadable_or_invalid_file_is_refused(tmp_path: Path) -> None:
     """A missing config file, or one that is not TOML, stops the command with one line."""
     missing = tmp_path / "missing.toml"

@@ -123,3 +123,35 @@ def test_a_full_view_listing_carries_the_state_of_every_groups_sessions(
         reply = groups.stub1.ListSessions(request, timeout=TIMEOUT)
         got = {s.session_id: dict(s.state) for s in reply.sessions}
         assert got == {f"stv{n}": {"n": float(n)} for n in range(40)}
+
+
+def test_a_merged_full_view_page_fits_the_message_limit(groups: Groups) -> None:  # noqa: F811
+    """Sessions of both groups with 700 KiB of state each (8.4 MiB in all), listed through g1
+    with page_size 100: the merged page of the groups' pages is cut to fit the 4 MiB message
+    limit too, and the pages list every session once, in either order."""
+    stubs = {"g1": groups.stub1, "g2": groups.stub2}
+    ids = [f"bigst{n:03}" for n in range(200)]
+    owned = {g: [s for s in ids if groups.shard_map.owner(s).name == g][:6] for g in stubs}
+    made = {}
+    for n, session_id in enumerate(sorted(owned["g1"] + owned["g2"])):
+        event = user("x")
+        event.state_delta.update({"blob": f"{n}" + "b" * (700 << 10)})
+        append(stubs[groups.shard_map.owner(session_id).name], session_id, event)
+        made[session_id] = event.state_delta["blob"]
+    assert len(made) == 12
+    for order in ("", "update_time desc"):
+        request = pb.ListSessionsRequest(
+            prefix="bigst", page_size=100, order_by=order, view=pb.SESSION_VIEW_FULL
+        )
+        listed: dict[str, str] = {}
+        for _ in range(20):  # bounded: twelve sessions take far fewer pages
+            reply = groups.stub1.ListSessions(request, timeout=TIMEOUT)
+            assert reply.ByteSize() <= 4 << 20
+            assert reply.sessions
+            for session in reply.sessions:
+                assert session.session_id not in listed
+                listed[session.session_id] = session.state["blob"]
+            request.page_token = reply.next_page_token
+            if not request.page_token:
+                break
+        assert listed == made

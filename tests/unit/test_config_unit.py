@@ -108,27 +108,42 @@ def test_booleans_refuse_other_words(text: str) -> None:
 
 
 def test_counts_are_whole_numbers_of_at_least_one() -> None:
-    """max_streams takes "5", 5 and 5.0; refuses 0, negatives, fractions, booleans and words."""
+    """max_streams takes "5", 5 and 5.0, up to a million; refuses 0, negatives, fractions,
+    booleans, words, 1e9 and more than a million, naming the range."""
     parse = config.BY_NAME["max_streams"].parse
     assert parse("5") == parse(5) == parse(5.0) == 5
-    for bad in ("0", 0, "-3", 2.5, "2.5", True, "many"):
-        with pytest.raises(ValueError, match=r"whole number|invalid literal"):
+    assert parse("1000000") == 1_000_000
+    for bad in ("0", 0, "-3", 2.5, "2.5", True, "many", "1e9", 10**14, float("inf")):
+        with pytest.raises(ValueError, match="must be a whole number from 1 to 1,000,000, not"):
             parse(bad)
 
 
-def test_durations_are_finite_and_not_negative() -> None:
-    """Seconds accept 0 and fractions (except the heartbeat, which must be above 0) and refuse
-    negatives, NaN, infinity and booleans."""
+def test_durations_are_finite_and_within_their_range() -> None:
+    """Seconds accept 0 and fractions (except the heartbeat, 0.1s at least) and units; they
+    refuse negatives, NaN, infinity, booleans, words and 1e9, each with the one message that
+    names the range."""
     grace = config.BY_NAME["shutdown_grace"].parse
     heartbeat = config.BY_NAME["heartbeat"].parse
     assert grace("0") == 0.0
     assert grace("2.5") == heartbeat(2.5) == 2.5
-    for bad in ("-1", "nan", "inf", "-inf", True, "soon"):
-        with pytest.raises(ValueError, match=r"number of seconds|could not convert"):
+    assert grace("500ms") == 0.5
+    assert heartbeat("1h") == 3600.0
+    for bad in ("-1", "nan", "inf", "-inf", True, "soon", "1e9", "61m", 1e9, float("inf")):
+        with pytest.raises(ValueError, match=r"must be a duration from 0s to 1h, not"):
             grace(bad)
-    for bad in ("0", "-1", "nan", "soon", True):  # one message, never "non-negative"
-        with pytest.raises(ValueError, match="finite number of seconds above 0"):
+    for bad in ("0", "0.09", "-1", "nan", "soon", True):
+        with pytest.raises(ValueError, match=r"must be a duration from 0\.1s to 1h, not"):
             heartbeat(bad)
+
+
+def test_sizes_are_within_their_range() -> None:
+    """map_size takes 1MiB to 128TiB; less, more and what is not a size name that range."""
+    parse = config.BY_NAME["map_size"].parse
+    assert parse("1MiB") == 1 << 20
+    assert parse("128TiB") == 128 << 40
+    for bad in ("1023KiB", "129TiB", "999999TiB", "1e9", "-1", 2.5, True):
+        with pytest.raises(ValueError, match="must be a size from 1MiB to 128TiB, not"):
+            parse(bad)
 
 
 def test_retention_durations_take_units() -> None:
@@ -140,11 +155,12 @@ def test_retention_durations_take_units() -> None:
     assert idle("12h") == interval("12h") == 43200.0
     assert idle("forever") == idle("0") == 0.0
     assert interval("0.2") == 0.2
-    for bad in ("-1d", "soon", True):
-        with pytest.raises(ValueError, match="not a duration"):
+    for bad in ("-1d", "soon", True, "0.5", "36501d"):
+        with pytest.raises(ValueError, match=r"from 1s to 36500d or 0 \(off\), not"):
             idle(bad)
-    with pytest.raises(ValueError, match="above 0"):
-        interval("0")
+    for bad in ("0", "8d"):
+        with pytest.raises(ValueError, match=r"from 0\.1s to 7d, not"):
+            interval(bad)
 
 
 def test_choices_refuse_unknown_values() -> None:

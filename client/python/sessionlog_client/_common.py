@@ -418,9 +418,11 @@ LISTING_PAGE_SIZE = 100
 def smaller_listing_page(page_size: int, with_state: bool) -> int | None:
     """The page size to ask for again after a page of ``page_size`` sessions came back too
     large for this client's message limit; None when a smaller page cannot help. Only a page
-    with each session's state (SESSION_VIEW_FULL) grows with what the sessions hold: the
-    server does not bound such a page by bytes, so the client halves it, down to one session
-    (which fits whenever that session's GetState would)."""
+    with each session's state (SESSION_VIEW_FULL) grows with what the sessions hold. The
+    server keeps every page within its own --max-message-size (fewer sessions than asked for
+    when they are large), so this is needed only by a client whose ``max_message_bytes`` is
+    below the server's: it halves the page, down to one session (which fits whenever that
+    session's GetState would)."""
     size = page_size or LISTING_PAGE_SIZE
     return size // 2 if with_state and size > 1 else None
 

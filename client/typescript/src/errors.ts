@@ -272,7 +272,7 @@ export function errorFor(message: string, options: SessionLogErrorOptions): Sess
 
 /**
  * gRPC's own bare refusal of a message over a size limit ("Sent/Received message larger than max
- * (SIZE vs. LIMIT)") said with the setting to change: a request this client would not send
+ * (SIZE vs. LIMIT)"; grpc-js writes "vs" without the period) said with the setting to change: a request this client would not send
  * (its `maxMessageBytes`) or the server's transport would not read ("SERVER: ...", far over its
  * --max-message-size) is REQUEST_TOO_LARGE; a reply this client would not read,
  * RESPONSE_TOO_LARGE. Null for any other error.
@@ -291,7 +291,7 @@ function oversizedMessage(error: Failure): SessionLogError | null {
       options("REQUEST_TOO_LARGE", { limit: unsent[1] }),
     );
   }
-  const found = /(SERVER: )?(Sent|Received) message larger than max \((\d+) vs\. (\d+)\)/.exec(details);
+  const found = /(SERVER: )?(Sent|Received) message larger than max \((\d+) vs\.? (\d+)\)/.exec(details);
   if (!found) return null;
   const [, server, direction, size, limit] = found;
   const metadata: Record<string, string> = { size, limit };

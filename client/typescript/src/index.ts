@@ -191,6 +191,20 @@ function transportEnd(error: Failure): boolean {
 
 /** The most a server puts in one page of ListEvents or of a paged DeriveMessages. */
 const MAX_PAGE_SIZE = 1000;
+/** The page size a server gives ListSessions when none is asked for. */
+const LISTING_PAGE_SIZE = 100;
+
+/**
+ * The page size to ask ListSessions for again, with the same token, after a page of `pageSize`
+ * sessions came back over this client's maxMessageBytes; null when a smaller page cannot help.
+ * The server keeps each page within its own --max-message-size, fewer sessions than asked when
+ * they are large; a client that reads less than that halves the page, down to one session.
+ * Only a page with each session's state (view "full") grows with what the sessions hold.
+ */
+function smallerListingPage(pageSize: number, full: boolean): number | null {
+  const size = pageSize || LISTING_PAGE_SIZE;
+  return full && size > 1 ? Math.floor(size / 2) : null;
+}
 
 function checkCount(n: number): void {
   if (!Number.isInteger(n) || n < 0) throw refused("n", `n must be a whole number, 0 or more (got ${n})`);
@@ -2068,7 +2082,10 @@ export class SessionLogClient {
    * Every page of sessions: `for await (const page of client.listSessions())`. `filter` is the
    * server's AIP-160 subset (`labels.team = "core" AND owner = "ana"`), `orderBy` is
    * "session_id" (default) or "update_time desc". `view` "full" puts each session's state
-   * (as getState returns it) in `session.state`, in the same call.
+   * (as getState returns it) in `session.state`, in the same call. A page may hold fewer
+   * sessions than pageSize (the server keeps each reply within its --max-message-size): only an
+   * empty nextPageToken ends the listing, and the generator follows it. A page over this
+   * client's own maxMessageBytes is asked for again with half the sessions.
    */
   async *listSessions({
     prefix = "",
@@ -2089,16 +2106,25 @@ export class SessionLogClient {
     undefined
   > {
     let page_token = "";
+    let size = checkPageSize(pageSize);
     for (;;) {
       const request = {
-        page_size: checkPageSize(pageSize),
+        page_size: size,
         page_token,
         prefix,
         filter,
         order_by: orderBy,
         view: (view === "full" ? "SESSION_VIEW_FULL" : "SESSION_VIEW_BASIC") as proto.SessionView,
       };
-      const reply = await this._call("ListSessions", request, { timeoutMs, retry: true });
+      let reply: proto.ListSessionsResponse;
+      try {
+        reply = await this._call("ListSessions", request, { timeoutMs, retry: true });
+      } catch (error) {
+        const smaller = (error as SessionLogError)?.reason === "RESPONSE_TOO_LARGE" ? smallerListingPage(size, view === "full") : null;
+        if (smaller === null) throw error;
+        size = smaller; // the same token: a page of fewer sessions
+        continue;
+      }
       yield {
         sessions: (reply.sessions ?? []).map(fromSession),
         nextPageToken: reply.next_page_token ?? "",

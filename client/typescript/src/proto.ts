@@ -261,7 +261,8 @@ export interface DeriveMessagesRequest {
   known_replace_generation: number;
   /**
    * When set (above 0), the reply holds only the LAST page_size messages of the view (at most
-   * 1000), in view order, with next_page_token for the messages before them. The view is
+   * 1000; fewer when they would not fit within the message size limit), in view order, with
+   * next_page_token for the messages before them. The view is
    * pinned to the event count of the first page, so later pages stay consistent while the
    * session grows or is compacted. The server walks the log backwards and stops once the page
    * is certain: the cost is the events from the end of the view back to the page's first
@@ -641,7 +642,12 @@ export interface GetSessionResponse {
 
 /** ListSessionsRequest asks for a page of sessions. */
 export interface ListSessionsRequest {
-  /** At most this many sessions; 0 means 100; values above 1000 are treated as 1000. */
+  /**
+   * At most this many sessions; 0 means 100; values above 1000 are treated as 1000. A page may
+   * hold fewer (with SESSION_VIEW_FULL, large states: it stays within the message size limit;
+   * a session that alone cannot fit is RESPONSE_TOO_LARGE); only an empty next_page_token means
+   * the end.
+   */
   page_size: number;
   /**
    * From a previous response's next_page_token; empty starts at the beginning. A token stays

@@ -19,12 +19,11 @@ import grpc
 from google.protobuf.duration_pb2 import Duration
 
 from sessionlog import errors
+from sessionlog.defaults import MIN_HEARTBEAT_SECONDS
 from sessionlog.service.errors import refusal_level
 from sessionlog.service.notifier import Notifier, shutting_down
 
 log = logging.getLogger(__name__)
-
-MIN_HEARTBEAT_SECONDS = 0.1
 
 
 def heartbeat_interval(requested: Duration, ceiling: float) -> float:

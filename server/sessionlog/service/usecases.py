@@ -338,8 +338,8 @@ class SessionLog:
         page_size: int,
         page_token: str,
     ) -> MessagesPageRead:
-        """The last ``page_size`` messages of a pinned view (see ``Store.derive_page``), and
-        the token of the page before them."""
+        """The last ``page_size`` messages of a pinned view (see ``Store.derive_page``), fewer
+        when they would not fit in one reply, and the token of the page before them."""
         self.reading(principal, session_id)
         size = paging.page_size(page_size)
         sid = self._sid(session_id)
@@ -353,6 +353,7 @@ class SessionLog:
             pinned=None if cursor is None else cursor.pinned,
             before=None if cursor is None else cursor.before,
             resume=None if cursor is None else cursor.walk,
+            max_bytes=self.max_message_bytes - FRAMING_BYTES,
         )
         if cursor is not None:
             generation = cursor.generation
@@ -421,7 +422,9 @@ class SessionLog:
     ) -> SessionPage:
         """A page of the caller's sessions with their usage; on a sharded server every group's
         (``shard.scatter``, asked with ``forward``, the caller's metadata, within ``within``
-        seconds) unless ``forward`` asks for this group's own only."""
+        seconds) unless ``forward`` asks for this group's own only. The page fits in one reply
+        under --max-message-size (``queries.fitting``): it holds fewer sessions than asked
+        for when they are large, and a merged page of several groups is cut the same way."""
         self.ownership.check()  # sharded: a map must be held; the page keeps my group's own
         prefix = access.listing_prefix(principal, query.prefix)
         size = min(query.page_size or DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE)
@@ -431,11 +434,14 @@ class SessionLog:
         after = decode_listing_token(query.page_token, listing) or query.after.encode()
         store, ownership, spread = self.store, self.ownership, self.scatter
         full = query.view == pb.SESSION_VIEW_FULL
+        limit = self.max_message_bytes  # a page holds fewer sessions than size rather than more
         if spread is not None and not scattering.local_only(forward) and order == BY_UPDATE:
 
             def recent(after: bytes, prefix: str, size: int) -> tuple[list[pb.Session], bytes]:
                 mine = Listing(prefix, query.filter_text, order)
-                return queries.local_page(store, ownership, after, mine, filtered, size, full)
+                return queries.local_page(
+                    store, ownership, after, mine, filtered, size, full, limit
+                )
 
             sessions, cursor = await spread.list_recent(
                 recent,
@@ -447,11 +453,15 @@ class SessionLog:
                 filter_text=query.filter_text,
                 view=query.view,
             )
+            kept = queries.fitting(sessions, limit)
+            if kept < len(sessions):
+                del sessions[kept:]
+                cursor = scattering.recent_key(sessions[-1])
         elif spread is not None and not scattering.local_only(forward):
 
             def local(after: str, prefix: str, size: int) -> tuple[list[pb.Session], str]:
                 return queries.local_sessions(
-                    store, ownership, after, prefix, size, filtered, query.filter_text, full
+                    store, ownership, after, prefix, size, filtered, query.filter_text, full, limit
                 )
 
             sessions, last = await spread.list(
@@ -464,10 +474,14 @@ class SessionLog:
                 filter_text=query.filter_text,
                 view=query.view,
             )
+            kept = queries.fitting(sessions, limit)
+            if kept < len(sessions):
+                del sessions[kept:]
+                last = sessions[-1].session_id
             cursor = last.encode()
         else:
             sessions, cursor = queries.local_page(
-                store, ownership, after, listing, filtered, size, full
+                store, ownership, after, listing, filtered, size, full, limit
             )
         token = encode_listing_token(cursor, listing) if cursor else ""
         return SessionPage(sessions, token)

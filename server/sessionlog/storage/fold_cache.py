@@ -207,8 +207,12 @@ class FoldCache:
         pinned: int | None = None,
         before: int | None = None,
         resume: Resume | None = None,
+        max_bytes: int | None = None,
     ) -> MessagesPage:
-        """The last ``limit`` messages of a view, before position ``before`` (None: the end).
+        """The last ``limit`` messages of a view, before position ``before`` (None: the end);
+        with ``max_bytes``, only the last of them whose serialized bytes, each with
+        ``MESSAGE_OVERHEAD``, fit in it (at least one: the caller answers one that alone does
+        not fit with ResponseTooLarge). The ones left out belong to the pages before.
 
         The view is the fold of events 0..pinned-1; without ``pinned`` (a first page), of
         0..at_seq, or of the whole log. The memo serves it when it holds exactly that view;
@@ -255,11 +259,15 @@ class FoldCache:
                     txn, meta.sid, session_id, pinned, limit, before, resume
                 )
                 projected = [fold.project(e).SerializeToString(deterministic=True) for e in entries]
-        more = len(entries) > limit
+        cut = len(entries) - limit if len(entries) > limit else 0
+        if max_bytes is not None:
+            cut = max(cut, _overflow(projected, max_bytes))
+        more = cut > 0
         if more:
-            if walked is not None:  # the entry that showed there is more belongs to the next page
-                walked = Resume(walked.next_seq, walked.hidden, (*walked.pending, entries[0].seq))
-            entries, projected = entries[1:], projected[1:]
+            if walked is not None:  # the entries left out belong to the pages before
+                left = tuple(e.seq for e in entries[:cut])
+                walked = Resume(walked.next_seq, walked.hidden, (*walked.pending, *left))
+            entries, projected = entries[cut:], projected[cut:]
         first = fold.position(entries[0]) if entries else 0
         seqs = [e.seq for e in entries]
         page = MessagesPage(pinned, seqs, projected, first, more, served is not None, generation)
@@ -357,3 +365,19 @@ class FoldCache:
             sid, _ = self.folds.popitem(last=False)
             self.held_bytes -= self.fold_bytes.pop(sid)
             self.marks.pop(sid, None)
+
+
+MESSAGE_OVERHEAD = 16
+"""Bytes a message may add to a DeriveMessages reply besides its own: its tag and length, and
+its seq in the packed ``seqs``."""
+
+
+def _overflow(projected: list[bytes], max_bytes: int) -> int:
+    """How many of the first ``projected`` messages to leave out so that the rest, each with
+    ``MESSAGE_OVERHEAD``, fit in ``max_bytes``; never all of them."""
+    used = 0
+    for kept, message in enumerate(reversed(projected)):
+        used += len(message) + MESSAGE_OVERHEAD
+        if used > max_bytes:
+            return len(projected) - max(kept, 1)
+    return 0

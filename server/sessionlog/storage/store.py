@@ -841,9 +841,17 @@ class Store:
         pinned: int | None = None,
         before: int | None = None,
         resume: Resume | None = None,
+        max_bytes: int | None = None,
     ) -> MessagesPage:
-        """The last ``limit`` messages of a view, before position ``before`` (None: the end):
-        from the memo when it holds the view, else walked back (``FoldCache.derive_page``)."""
+        """The last ``limit`` messages of a view, before position ``before`` (None: the end),
+        as many of them as fit in ``max_bytes``: from the memo when it holds the view, else
+        walked back (``FoldCache.derive_page``)."""
         return self.folds.derive_page(
-            session_id, limit, at_seq=at_seq, pinned=pinned, before=before, resume=resume
+            session_id,
+            limit,
+            at_seq=at_seq,
+            pinned=pinned,
+            before=before,
+            resume=resume,
+            max_bytes=max_bytes,
         )

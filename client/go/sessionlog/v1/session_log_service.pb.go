@@ -1105,7 +1105,8 @@ type DeriveMessagesRequest struct {
 	// The replace_generation of that previous response.
 	KnownReplaceGeneration uint64 `protobuf:"varint,4,opt,name=known_replace_generation,json=knownReplaceGeneration,proto3" json:"known_replace_generation,omitempty"`
 	// When set (above 0), the reply holds only the LAST page_size messages of the view (at most
-	// 1000), in view order, with next_page_token for the messages before them. The view is
+	// 1000; fewer when they would not fit within the message size limit), in view order, with
+	// next_page_token for the messages before them. The view is
 	// pinned to the event count of the first page, so later pages stay consistent while the
 	// session grows or is compacted. The server walks the log backwards and stops once the page
 	// is certain: the cost is the events from the end of the view back to the page's first
@@ -2686,7 +2687,10 @@ type ListSessionsRequest struct {
 	sizeCache     protoimpl.SizeCache
 	unknownFields protoimpl.UnknownFields
 
-	// At most this many sessions; 0 means 100; values above 1000 are treated as 1000.
+	// At most this many sessions; 0 means 100; values above 1000 are treated as 1000. A page may
+	// hold fewer (with SESSION_VIEW_FULL, large states: it stays within the message size limit;
+	// a session that alone cannot fit is RESPONSE_TOO_LARGE); only an empty next_page_token means
+	// the end.
 	PageSize uint32 `protobuf:"varint,1,opt,name=page_size,json=pageSize,proto3" json:"page_size,omitempty"`
 	// From a previous response's next_page_token; empty starts at the beginning. A token stays
 	// valid across writes: sessions created meanwhile after it are included, none is repeated.

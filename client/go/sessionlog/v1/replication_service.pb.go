@@ -936,7 +936,8 @@ type GetReplicationStatusResponse struct {
 	LagPositions uint64 `protobuf:"varint,5,opt,name=lag_positions,json=lagPositions,proto3" json:"lag_positions,omitempty"`
 	// On a replica: how far behind in commit time the newest stored change is (zero when current).
 	Lag *durationpb.Duration `protobuf:"bytes,6,opt,name=lag,proto3" json:"lag,omitempty"`
-	// On a replica: true once it has caught up with the primary at least once.
+	// On a replica: true from catching up with the primary until its link has been down longer
+	// than --replica-timeout (health is NOT_SERVING while false).
 	CaughtUp bool `protobuf:"varint,7,opt,name=caught_up,json=caughtUp,proto3" json:"caught_up,omitempty"`
 	// On a replica: true while its change stream to the primary is open.
 	Connected bool `protobuf:"varint,8,opt,name=connected,proto3" json:"connected,omitempty"`

@@ -23,10 +23,9 @@ import grpc
 from sessionlog.v1 import event_pb2
 from sessionlog.v1 import session_log_service_pb2 as pb
 from sessionlog.v1 import session_log_service_pb2_grpc as pb_grpc
-from tests.e2e._proc import SESSIONLOG, clean_env, free_port, health_status, run_cli
+from tests.e2e._proc import READY_SECONDS, SESSIONLOG, clean_env, free_port, health_status, run_cli
 
 SECRET = "replica-token-7d0c5e1a9b3f"
-READY_SECONDS = 20.0
 STOP_SECONDS = 15.0
 
 

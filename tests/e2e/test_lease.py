@@ -1,7 +1,10 @@
 """The single-writer lease end to end: acquire, renew, release, takeover, fencing and audit.
 
-Short TTLs (200 ms) stand in for a crashed worker; every wait polls with a deadline. One server
-for the module; each test names its sessions through the ``sid`` fixture, so no two share one.
+Short TTLs (1 s) stand in for a crashed worker; every wait polls with a deadline. A test that
+shows a lease still held calls the server again after acquiring it, so the TTL must outlast
+what a busy machine can hold a process up between two calls (200 ms did not: a 20 ms sleep
+overran by up to 0.3 s at load 15). One server for the module; each test names its sessions
+through the ``sid`` fixture, so no two share one.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ FORCED_RELEASE = pb.LeaseAuditKind.LEASE_AUDIT_KIND_FORCED_RELEASE
 
 PRECONDITION = grpc.StatusCode.FAILED_PRECONDITION
 INVALID = grpc.StatusCode.INVALID_ARGUMENT
-SHORT_MS = 200
+SHORT_MS = 1000
 Sid = Callable[[str], str]
 
 pytestmark = pytest.mark.workers

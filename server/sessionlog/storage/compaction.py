@@ -191,7 +191,11 @@ def _swap_pending(path: Path) -> Compacted | None:
         return None
     data = path / folder.DATA_FILE
     before = data.stat().st_size
-    live = lmdb.open(str(path), max_dbs=len(schema.ALL_DBS), readonly=True, readahead=False)
+    # map_size=0: the folder's own map size. Not given, LMDB's 10 MiB default (raised to the
+    # file's size) is what info() reports, and the copy's catch-up ran out of map with it.
+    live = lmdb.open(
+        str(path), map_size=0, max_dbs=len(schema.ALL_DBS), readonly=True, readahead=False
+    )
     try:
         new = lmdb.open(str(pending), map_size=live.info()["map_size"], max_dbs=len(schema.ALL_DBS))
         try:

@@ -6,12 +6,13 @@ same records; ``admin verify`` reports a key missing or left over."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from contextlib import closing
 from pathlib import Path
 
 import lmdb
 import pytest
 
-from sessionlog.storage import erasure, feed_index, purge, schema
+from sessionlog.storage import compaction, erasure, feed_index, purge, schema
 from sessionlog.storage.store import Store
 from sessionlog.v1 import replication_service_pb2 as rpb
 from tests.integration.helpers import opened, user
@@ -175,3 +176,27 @@ def test_verify_reports_a_key_missing_or_left_over(store: Store) -> None:
         ("feed_index", f"'gone' at position {first}", "missing"),
         ("feed_index", f"'keep' at position {first}", "left over"),
     }
+
+
+def test_an_online_copy_of_a_store_from_before_the_index_is_indexed_when_swapped_in(
+    tmp_path: Path,
+) -> None:
+    """A copy taken online of a store without the index (an older server ran it), swapped in
+    at the next start after that server wrote more: the records the swap applies move the
+    counter, and it must not pass the copy's own records unindexed (a delete then finds them
+    all)."""
+    path = tmp_path / "old"
+    with opened(path) as store:
+        write_some(store)
+    forget_the_index(path)
+    compaction.copy_online(path)
+    # The older server writes on (no swap at its start; its records unindexed).
+    with closing(Store(path, prepared=True)) as store:
+        store.append("keep", [user("written after the copy")])
+    forget_the_index(path)
+    with opened(path) as store:
+        assert not (path / compaction.PENDING).exists()  # swapped in
+        assert index_keys(store) == naming(store)
+        assert store.delete("gone").feed_records == 4
+        assert left_of(store, "gone") == []
+        assert problems(store) == []

@@ -105,7 +105,8 @@ def positions(txn: Txn, tables: Tables, session_id: str, after: int = 0) -> Iter
 def catch_up(env: lmdb.Environment, tables: Tables) -> int:
     """Index every record after ``feed_indexed`` (a store from before the index, or written
     by a version without it), ``CATCH_UP_RECORDS`` per transaction; how many were read. Call
-    before anything else writes."""
+    before anything else writes: ``note`` moves the counter to the record it indexes, past any
+    unindexed before it (so a compaction's copy is caught up before the records it applies)."""
     started = time.monotonic()
     done = 0
     while True:

@@ -27,7 +27,8 @@ def pair(tmp_path: Path) -> Iterator[tuple[Store, Store]]:
 
 def index_keys(store: Store) -> list[tuple[str, int]]:
     with store.env.begin() as txn:
-        keys = [bytes(key) for key, _ in txn.cursor(db=store.tables.feed_index)]
+        cursor = txn.cursor(db=store.tables.feed_index)
+        keys = [bytes(key) for key, _ in cursor if key != feed_index.PROGRESS]
     return [(key[:-9].decode(), schema.read_u64(key[-8:])) for key in keys]
 
 
@@ -116,12 +117,11 @@ def store(tmp_path: Path) -> Iterator[Store]:
 
 
 def forget_the_index(path: Path) -> None:
-    """Make the folder a store from before the index: no table, no counter."""
+    """Make the folder a store from before the index: no table (nor its progress)."""
     env = lmdb.open(str(path), max_dbs=len(schema.ALL_DBS))
     try:
         with env.begin(write=True) as txn:
             txn.drop(env.open_db(schema.FEED_INDEX, txn=txn), delete=True)
-            txn.delete(schema.FEED_INDEXED, db=env.open_db(schema.COUNTERS, txn=txn))
     finally:
         env.close()
 
@@ -155,8 +155,8 @@ def test_a_reader_whose_index_is_behind_walks_the_feed(store: Store) -> None:
     with store.env.begin() as txn:
         by_index = erasure.scan(txn, store.tables, ["gone", "keep", "none"])
     with store.env.begin(write=True) as txn:
-        txn.put(schema.FEED_INDEXED, schema.u64(2), db=store.tables.counters)
         txn.drop(store.tables.feed_index, delete=False)
+        txn.put(feed_index.PROGRESS, schema.u64(2), db=store.tables.feed_index)
         assert not feed_index.complete(txn, store.tables)
         walked = erasure.scan(txn, store.tables, ["gone", "keep", "none"])
         txn.abort()
@@ -197,6 +197,27 @@ def test_an_online_copy_of_a_store_from_before_the_index_is_indexed_when_swapped
     with opened(path) as store:
         assert not (path / compaction.PENDING).exists()  # swapped in
         assert index_keys(store) == naming(store)
+        assert store.delete("gone").feed_records == 4
+        assert left_of(store, "gone") == []
+        assert problems(store) == []
+
+
+def test_a_copy_by_a_version_without_the_index_is_indexed_again_when_opened(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An older version's ``admin compact`` copies the tables it knows (no ``feed_index``) and
+    the counters whole: the index's progress must not outlive the index (a delete then finds
+    every record of its session)."""
+    path = tmp_path / "store"
+    with opened(path) as store:
+        write_some(store)
+        expected = naming(store)
+    older = tuple(name for name in schema.ALL_DBS if name != schema.FEED_INDEX)
+    with monkeypatch.context() as older_version:
+        older_version.setattr(schema, "ALL_DBS", older)
+        compaction.compact(path)
+    with opened(path) as store:
+        assert index_keys(store) == expected
         assert store.delete("gone").feed_records == 4
         assert left_of(store, "gone") == []
         assert problems(store) == []

@@ -14,11 +14,14 @@ session's first write has no sid yet. A record rewritten to a DELETE's placehold
 session any more, and loses its key in the same transaction (``rewritten``: wherever an erase
 rewrites a record, on a primary, a replica or a rebuild), so every copy holds the same keys.
 
-``feed_indexed`` (a counter) is the newest position indexed, moved with every record stored:
-every record at or before it has its key. A store written before this table (or by a version
-without it) is behind, and ``catch_up`` indexes the rest when a server opens it for writing,
-before it serves. A reader that finds the index behind the feed (a read-only open of an older
-store) walks the feed instead (``complete``).
+Its progress (``PROGRESS``, a key of the table itself: the newest position indexed) moves with
+every record stored: every record at or before it has its key. Kept in the table, not among the
+counters, so that the progress never outlives the keys: a copy made by a version without the
+table (an older ``admin compact`` copies the tables it knows, and the counters whole) has
+neither. A store written before this table (or by a version without it) is behind, and
+``catch_up`` indexes the rest when a server opens it for writing, before it serves. A reader
+that finds the index behind the feed (a read-only open of an older store) walks the feed
+instead (``complete``).
 """
 
 from __future__ import annotations
@@ -44,6 +47,11 @@ CATCH_UP_RECORDS = int(_BATCH) if _BATCH.isdigit() and int(_BATCH) > 0 else 50_0
 the environment's ``SESSIONLOG_FEED_INDEX_BATCH`` sets it (tests make it small)."""
 
 
+PROGRESS = b"\x00"
+"""The table's one key that names no record (a session id is never empty and holds no NUL):
+the newest position indexed (u64)."""
+
+
 def key(session_id: str, position: int) -> bytes:
     return session_id.encode() + b"\x00" + schema.u64(position)
 
@@ -52,7 +60,7 @@ def note(txn: lmdb.Transaction, tables: Tables, position: int, session_id: str) 
     """Index the record just stored at ``position`` (naming ``session_id``, or no session)."""
     if session_id:
         txn.put(key(session_id, position), b"", db=tables.feed_index)
-    txn.put(schema.FEED_INDEXED, schema.u64(position), db=tables.counters)
+    txn.put(PROGRESS, schema.u64(position), db=tables.feed_index)
 
 
 def rewritten(txn: Txn, tables: Tables, position: int, before: str, record: bytes) -> None:
@@ -70,7 +78,9 @@ def rewritten(txn: Txn, tables: Tables, position: int, before: str, record: byte
 
 def indexed(txn: Txn, tables: Tables) -> int:
     """The newest position whose record (and every one before it) is indexed."""
-    raw = txn.get(schema.FEED_INDEXED, db=tables.counters)
+    if tables.feed_index is None:
+        return 0
+    raw = txn.get(PROGRESS, db=tables.feed_index)
     return 0 if raw is None else schema.read_u64(raw)
 
 
@@ -103,7 +113,7 @@ def positions(txn: Txn, tables: Tables, session_id: str, after: int = 0) -> Iter
 
 
 def catch_up(env: lmdb.Environment, tables: Tables) -> int:
-    """Index every record after ``feed_indexed`` (a store from before the index, or written
+    """Index every record after ``PROGRESS`` (a store from before the index, or written
     by a version without it), ``CATCH_UP_RECORDS`` per transaction; how many were read. Call
     before anything else writes: ``note`` moves the counter to the record it indexes, past any
     unindexed before it (so a compaction's copy is caught up before the records it applies)."""

@@ -776,7 +776,11 @@ def _feed_index(walk: _Walk, txn: lmdb.Transaction, tables: Tables) -> None:
         if key and txn.get(key, db=tables.feed_index) is None:
             where = f"'{session_id}' at position {position}"
             walk.add("feed_index", where, "missing: the key of a record that names the session")
-    for key, _ in _items(walk, txn, tables.feed_index, "feed_index"):
+    for key, value in _items(walk, txn, tables.feed_index, "feed_index"):
+        if key == feed_index.PROGRESS:
+            if len(value) != 8:
+                walk.add("feed_index", "its progress", "the value is not a u64")
+            continue
         session, number = key[:-9], key[-8:]
         record = txn.get(number, db=tables.changes) if key[-9:-8] == b"\x00" else None
         named = "" if record is None else _named(record)

@@ -13,9 +13,9 @@ import lmdb
 import pytest
 
 from sessionlog.storage import compaction, erasure, feed_index, purge, schema
-from sessionlog.storage.store import Store
+from sessionlog.storage.store import Store, prepare_append
 from sessionlog.v1 import replication_service_pb2 as rpb
-from tests.integration.helpers import opened, user
+from tests.integration.helpers import WriterGate, opened, user
 from tests.integration.test_erasure import problems, replicate, tables_dump, write_some
 
 
@@ -25,10 +25,12 @@ def pair(tmp_path: Path) -> Iterator[tuple[Store, Store]]:
         yield primary, replica
 
 
-def index_keys(store: Store) -> list[tuple[str, int]]:
-    with store.env.begin() as txn:
-        cursor = txn.cursor(db=store.tables.feed_index)
-        keys = [bytes(key) for key, _ in cursor if key != feed_index.PROGRESS]
+def index_keys(store: Store, txn: lmdb.Transaction | None = None) -> list[tuple[str, int]]:
+    if txn is None:
+        with store.env.begin() as reading:
+            return index_keys(store, reading)
+    cursor = txn.cursor(db=store.tables.feed_index)
+    keys = [bytes(key) for key, _ in cursor if key != feed_index.PROGRESS]
     return [(key[:-9].decode(), schema.read_u64(key[-8:])) for key in keys]
 
 
@@ -149,13 +151,16 @@ def test_a_store_from_before_the_index_is_indexed_when_opened(
 
 
 def test_a_reader_whose_index_is_behind_walks_the_feed(store: Store) -> None:
-    """With the counter behind the feed (an older version wrote the newest records), the scan
-    walks every record, and finds what the index would have found."""
+    """With the progress behind the feed (an older version wrote the newest records, with no
+    key), the scan takes the index up to it and walks the records after it, and finds what the
+    whole index would have found."""
     write_some(store)
     with store.env.begin() as txn:
         by_index = erasure.scan(txn, store.tables, ["gone", "keep", "none"])
     with store.env.begin(write=True) as txn:
-        txn.drop(store.tables.feed_index, delete=False)
+        for session_id, position in index_keys(store, txn):
+            if position > 2:
+                txn.delete(feed_index.key(session_id, position), db=store.tables.feed_index)
         txn.put(feed_index.PROGRESS, schema.u64(2), db=store.tables.feed_index)
         assert not feed_index.complete(txn, store.tables)
         walked = erasure.scan(txn, store.tables, ["gone", "keep", "none"])
@@ -221,3 +226,46 @@ def test_a_copy_by_a_version_without_the_index_is_indexed_again_when_opened(
         assert store.delete("gone").feed_records == 4
         assert left_of(store, "gone") == []
         assert problems(store) == []
+
+
+def test_a_delete_in_the_commit_group_of_its_sessions_last_appends_erases_them(
+    store: Store,
+) -> None:
+    """The index's progress moves once a group: a delete behind appends of its session in the
+    same group walks the group's records, and rewrites them too."""
+    store.append("grouped", [user("before the group")])
+    gate = WriterGate()
+    held = store.writer.submit(gate)
+    assert gate.entered.wait(30)
+    appends = [
+        store.submit_append(prepare_append("grouped", [user(f"in the group {n}")]))
+        for n in range(3)
+    ]
+    delete = store.writer.submit(store.delete_command("grouped"))
+    gate.release.set()
+    held.result(30)
+    assert [a.result(30).position for a in appends] == [2, 3, 4]
+    assert delete.result(30).feed_records == 4
+    assert left_of(store, "grouped") == []
+    assert index_keys(store) == naming(store)
+    assert problems(store) == []
+
+
+def test_records_stored_while_the_index_is_behind_leave_its_progress_there(
+    tmp_path: Path,
+) -> None:
+    """Written past a store from before the index without its catch-up (a worker's open): the
+    progress stays, a reader walks what is not indexed, and the next open indexes it all."""
+    path = tmp_path / "old"
+    with opened(path) as store:
+        write_some(store)
+    forget_the_index(path)
+    with closing(Store(path, prepared=True)) as store:
+        store.append("keep", [user("past the index")])
+        with store.env.begin() as txn:
+            assert feed_index.indexed(txn, store.tables) == 0
+            assert len(erasure.scan(txn, store.tables, ["gone"]).positions["gone"]) == 4
+    with opened(path) as store:
+        assert index_keys(store) == naming(store)
+        assert store.delete("gone").feed_records == 4
+        assert left_of(store, "gone") == []

@@ -32,6 +32,7 @@ Every erase leaves an ``ErasureRecord`` (table ``erasures``) without content.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
@@ -89,15 +90,19 @@ class Scan:
 
 def scan(txn: Txn, tables: Tables, session_ids: Iterable[str], after: int = 0) -> Scan:
     """The feed positions (after ``after``) of the records of ``session_ids``: read from the
-    feed's index (``feed_index``), or, in a store whose index is behind, by walking the feed."""
+    feed's index (``feed_index``) as far as it goes, and by walking the records after that."""
     wanted = set(session_ids)
-    if not feed_index.complete(txn, tables):
-        return _walk(txn, tables, wanted, after)
-    found = Scan(positions={}, upto=max(after, feed_index.newest(txn, tables)))
+    indexed = feed_index.walked_from(txn, tables)
+    found = _walk(txn, tables, wanted, max(after, indexed))
+    if indexed <= after:
+        return found
     for session_id in wanted:
-        found.positions[session_id] = [
+        found.positions[session_id][:0] = [
             position
-            for position in feed_index.positions(txn, tables, session_id, after)
+            for position in itertools.takewhile(
+                lambda position: position <= indexed,
+                feed_index.positions(txn, tables, session_id, after),
+            )
             if _names(txn, tables, position, session_id)
         ]
     return found

@@ -269,3 +269,23 @@ def test_records_stored_while_the_index_is_behind_leave_its_progress_there(
         assert index_keys(store) == naming(store)
         assert store.delete("gone").feed_records == 4
         assert left_of(store, "gone") == []
+
+
+def test_a_purge_on_a_store_whose_index_stops_partway_rewrites_every_record(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A long session's chunks take the index up to its progress and walk the records after
+    it (an older version wrote them, with no key): none is left naming the session."""
+    monkeypatch.setattr(purge, "PURGE_FROM", 50)
+    monkeypatch.setattr(purge, "CHUNK_RECORDS", 2)
+    for batch in range(6):
+        store.append("long", [user(f"long {batch}.{n}") for n in range(10)])
+        store.append("keep", [user(f"between {batch}")])
+    with store.env.begin(write=True) as txn:
+        for session_id, position in index_keys(store, txn):
+            if position > 5:
+                txn.delete(feed_index.key(session_id, position), db=store.tables.feed_index)
+        txn.put(feed_index.PROGRESS, schema.u64(5), db=store.tables.feed_index)
+    store.delete("long")
+    assert store.purge_all() > 1
+    assert left_of(store, "long") == []

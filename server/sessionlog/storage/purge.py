@@ -275,12 +275,13 @@ def _records(txn: Txn, tables: Tables, purge: Purge) -> Iterator[tuple[int, byte
     session's: those the feed's index names (``feed_index``), as far as it goes, then every one
     after that."""
     indexed = min(feed_index.walked_from(txn, tables), purge.upto)
-    for position in feed_index.positions(txn, tables, purge.session_id, purge.scanned):
-        if position > indexed:
-            break
-        raw = txn.get(schema.u64(position), db=tables.changes)
-        if raw is not None:
-            yield position, bytes(raw)
+    if indexed > purge.scanned:
+        for position in feed_index.positions(txn, tables, purge.session_id, purge.scanned):
+            if position > indexed:
+                break
+            raw = txn.get(schema.u64(position), db=tables.changes)
+            if raw is not None:
+                yield position, bytes(raw)
     cursor = txn.cursor(db=tables.changes)
     found = cursor.set_range(schema.u64(max(purge.scanned, indexed) + 1))
     while found:

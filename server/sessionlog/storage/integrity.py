@@ -765,7 +765,8 @@ def _indexes(walk: _Walk, txn: lmdb.Transaction, tables: Tables) -> None:
 
 def _feed_index(walk: _Walk, txn: lmdb.Transaction, tables: Tables) -> None:
     """``feed_index`` holds a key for each record that names a session, up to the position it
-    says it has reached, and no other (``feed_index``'s invariant)."""
+    says it has reached, and no other (``feed_index``'s invariant; past that position, records
+    stored while it was behind may have theirs)."""
     if tables.feed_index is None:  # schema.OPTIONAL_DBS, on a read-only older store
         return
     upto = feed_index.indexed(txn, tables)
@@ -784,7 +785,7 @@ def _feed_index(walk: _Walk, txn: lmdb.Transaction, tables: Tables) -> None:
         session, number = key[:-9], key[-8:]
         record = txn.get(number, db=tables.changes) if key[-9:-8] == b"\x00" else None
         named = "" if record is None else _named(record)
-        if not named or named.encode() != session or schema.read_u64(number) > upto:
+        if not named or named.encode() != session:  # one past ``upto`` may be right
             where = _index_where("feed_index", key)
             walk.add("feed_index", where, "left over: no record names the session there")
 

@@ -229,10 +229,11 @@ def test_a_copy_by_a_version_without_the_index_is_indexed_again_when_opened(
 
 
 def test_a_delete_in_the_commit_group_of_its_sessions_last_appends_erases_them(
-    store: Store,
+    pair: tuple[Store, Store],
 ) -> None:
     """The index's progress moves once a group: a delete behind appends of its session in the
-    same group walks the group's records, and rewrites them too."""
+    same group walks the group's records, and rewrites them too; a replica ends the same."""
+    store, replica = pair
     store.append("grouped", [user("before the group")])
     gate = WriterGate()
     held = store.writer.submit(gate)
@@ -249,6 +250,8 @@ def test_a_delete_in_the_commit_group_of_its_sessions_last_appends_erases_them(
     assert left_of(store, "grouped") == []
     assert index_keys(store) == naming(store)
     assert problems(store) == []
+    replicate(store, replica)
+    assert tables_dump(replica) == tables_dump(store)
 
 
 def test_records_stored_while_the_index_is_behind_leave_its_progress_there(
@@ -290,3 +293,16 @@ def test_a_purge_on_a_store_whose_index_stops_partway_rewrites_every_record(
     store.delete("long")
     assert store.purge_all() > 1
     assert left_of(store, "long") == []
+
+
+def test_a_lease_taken_before_the_sessions_first_write_is_found_by_its_delete(
+    store: Store,
+) -> None:
+    """The lease's record names the session by id before it has a sid: the index keys it by
+    that id, and the delete rewrites it with the rest."""
+    store.submit_lease("acquire", "early", "worker", 60_000_000_000).result()
+    store.append("early", [user("after the lease")], lease_holder="worker")
+    store.submit_lease("release", "early", "worker").result()
+    assert [s for s, _ in index_keys(store)].count("early") == 3
+    assert store.delete("early").feed_records == 3
+    assert left_of(store, "early") == []

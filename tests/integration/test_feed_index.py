@@ -306,3 +306,23 @@ def test_a_lease_taken_before_the_sessions_first_write_is_found_by_its_delete(
     assert [s for s, _ in index_keys(store)].count("early") == 3
     assert store.delete("early").feed_records == 3
     assert left_of(store, "early") == []
+
+
+def test_an_online_copy_swapped_in_after_an_erase_holds_the_keys_the_folder_held(
+    tmp_path: Path,
+) -> None:
+    """A delete after the copy was taken rewrites records the copy holds: the swap applies it
+    to the copy, whose keys then follow the records as the folder's did."""
+    path = tmp_path / "store"
+    with opened(path) as store:
+        write_some(store)
+    compaction.copy_online(path)
+    with closing(Store(path, prepared=True)) as store:  # the server runs on: no swap yet
+        store.delete("gone")
+        store.append("keep", [user("after the delete")])
+        before = index_keys(store)
+    with opened(path) as store:
+        assert not (path / compaction.PENDING).exists()  # swapped in
+        assert index_keys(store) == before == naming(store)
+        assert left_of(store, "gone") == []
+        assert problems(store) == []

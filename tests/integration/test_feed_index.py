@@ -326,3 +326,27 @@ def test_an_online_copy_swapped_in_after_an_erase_holds_the_keys_the_folder_held
         assert index_keys(store) == before == naming(store)
         assert left_of(store, "gone") == []
         assert problems(store) == []
+
+
+def test_a_new_life_deleted_before_the_old_lifes_purge_leaves_its_records_to_the_purge(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A long session deleted (a tombstone), a new session under its id, deleted at once: the
+    old life's records still name the id, but they are its purge's to rewrite (with its own
+    removals), so none keeps a put of the old life (its request records)."""
+    monkeypatch.setattr(purge, "PURGE_FROM", 50)
+    store.append("again", [user(f"first life {n}") for n in range(60)], request_id="first")
+    old_sid = store.delete("again").meta.sid
+    store.append("again", [user("second life")])
+    store.delete("again")
+    store.purge_all()
+    feed = [rpb.Change.FromString(raw) for raw in store.read_changes(1)]
+    kept = [
+        (c.position, put.table)
+        for c in feed
+        for put in c.puts
+        if put.table == "requests" and put.key.startswith(schema.u64(old_sid))
+    ]
+    assert kept == []
+    assert left_of(store, "again") == []
+    assert problems(store) == []

@@ -239,6 +239,8 @@ class DeleteCommand:
             scanned = session_id in self._found.positions
             later = scan(txn, tables, [session_id], self._found.upto if scanned else 0)
             olds = [*self._found.positions.get(session_id, []), *later.positions[session_id]]
+            earlier = _earlier_life(txn, tables, session_id)
+            olds = [position for position in olds if position > earlier]
             rewritten = changes.erase_earlier(
                 txn, tables, rpb.CHANGE_KIND_DELETE, sorted(olds), removals, txn.erase_record
             )
@@ -258,6 +260,14 @@ class DeleteCommand:
         txn.put(schema.u64(position), audit.encode(), db=tables.erasures)
         self._touched.append(session_id)
         return DeleteResult(session_id, meta, meta.next_seq, rewritten, record, live)
+
+
+def _earlier_life(txn: Txn, tables: Tables, session_id: str) -> int:
+    """The newest position of an earlier session of this id whose purge is pending (0: none):
+    its records, which still name the id, are that purge's to rewrite with that session's
+    removals; rewritten here with this one's, they would keep that session's puts."""
+    lives = [mark.upto for mark in purge.pending(txn, tables) if mark.session_id == session_id]
+    return max(lives, default=0)
 
 
 def _tombstone(

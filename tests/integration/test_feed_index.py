@@ -6,15 +6,16 @@ same records; ``admin verify`` reports a key missing or left over."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from contextlib import closing
 from pathlib import Path
 
 import lmdb
 import pytest
 
-from sessionlog.storage import erasure, feed_index, purge, schema
-from sessionlog.storage.store import Store
+from sessionlog.storage import compaction, erasure, feed_index, purge, schema
+from sessionlog.storage.store import Store, prepare_append
 from sessionlog.v1 import replication_service_pb2 as rpb
-from tests.integration.helpers import opened, user
+from tests.integration.helpers import WriterGate, opened, user
 from tests.integration.test_erasure import problems, replicate, tables_dump, write_some
 
 
@@ -24,9 +25,12 @@ def pair(tmp_path: Path) -> Iterator[tuple[Store, Store]]:
         yield primary, replica
 
 
-def index_keys(store: Store) -> list[tuple[str, int]]:
-    with store.env.begin() as txn:
-        keys = [bytes(key) for key, _ in txn.cursor(db=store.tables.feed_index)]
+def index_keys(store: Store, txn: lmdb.Transaction | None = None) -> list[tuple[str, int]]:
+    if txn is None:
+        with store.env.begin() as reading:
+            return index_keys(store, reading)
+    cursor = txn.cursor(db=store.tables.feed_index)
+    keys = [bytes(key) for key, _ in cursor if key != feed_index.PROGRESS]
     return [(key[:-9].decode(), schema.read_u64(key[-8:])) for key in keys]
 
 
@@ -115,12 +119,11 @@ def store(tmp_path: Path) -> Iterator[Store]:
 
 
 def forget_the_index(path: Path) -> None:
-    """Make the folder a store from before the index: no table, no counter."""
+    """Make the folder a store from before the index: no table (nor its progress)."""
     env = lmdb.open(str(path), max_dbs=len(schema.ALL_DBS))
     try:
         with env.begin(write=True) as txn:
             txn.drop(env.open_db(schema.FEED_INDEX, txn=txn), delete=True)
-            txn.delete(schema.FEED_INDEXED, db=env.open_db(schema.COUNTERS, txn=txn))
     finally:
         env.close()
 
@@ -148,14 +151,17 @@ def test_a_store_from_before_the_index_is_indexed_when_opened(
 
 
 def test_a_reader_whose_index_is_behind_walks_the_feed(store: Store) -> None:
-    """With the counter behind the feed (an older version wrote the newest records), the scan
-    walks every record, and finds what the index would have found."""
+    """With the progress behind the feed (an older version wrote the newest records, with no
+    key), the scan takes the index up to it and walks the records after it, and finds what the
+    whole index would have found."""
     write_some(store)
     with store.env.begin() as txn:
         by_index = erasure.scan(txn, store.tables, ["gone", "keep", "none"])
     with store.env.begin(write=True) as txn:
-        txn.put(schema.FEED_INDEXED, schema.u64(2), db=store.tables.counters)
-        txn.drop(store.tables.feed_index, delete=False)
+        for session_id, position in index_keys(store, txn):
+            if position > 2:
+                txn.delete(feed_index.key(session_id, position), db=store.tables.feed_index)
+        txn.put(feed_index.PROGRESS, schema.u64(2), db=store.tables.feed_index)
         assert not feed_index.complete(txn, store.tables)
         walked = erasure.scan(txn, store.tables, ["gone", "keep", "none"])
         txn.abort()
@@ -175,3 +181,172 @@ def test_verify_reports_a_key_missing_or_left_over(store: Store) -> None:
         ("feed_index", f"'gone' at position {first}", "missing"),
         ("feed_index", f"'keep' at position {first}", "left over"),
     }
+
+
+def test_an_online_copy_of_a_store_from_before_the_index_is_indexed_when_swapped_in(
+    tmp_path: Path,
+) -> None:
+    """A copy taken online of a store without the index (an older server ran it), swapped in
+    at the next start after that server wrote more: the records the swap applies move the
+    counter, and it must not pass the copy's own records unindexed (a delete then finds them
+    all)."""
+    path = tmp_path / "old"
+    with opened(path) as store:
+        write_some(store)
+    forget_the_index(path)
+    compaction.copy_online(path)
+    # The older server writes on (no swap at its start; its records unindexed).
+    with closing(Store(path, prepared=True)) as store:
+        store.append("keep", [user("written after the copy")])
+    forget_the_index(path)
+    with opened(path) as store:
+        assert not (path / compaction.PENDING).exists()  # swapped in
+        assert index_keys(store) == naming(store)
+        assert store.delete("gone").feed_records == 4
+        assert left_of(store, "gone") == []
+        assert problems(store) == []
+
+
+def test_a_copy_by_a_version_without_the_index_is_indexed_again_when_opened(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An older version's ``admin compact`` copies the tables it knows (no ``feed_index``) and
+    the counters whole: the index's progress must not outlive the index (a delete then finds
+    every record of its session)."""
+    path = tmp_path / "store"
+    with opened(path) as store:
+        write_some(store)
+        expected = naming(store)
+    older = tuple(name for name in schema.ALL_DBS if name != schema.FEED_INDEX)
+    with monkeypatch.context() as older_version:
+        older_version.setattr(schema, "ALL_DBS", older)
+        compaction.compact(path)
+    with opened(path) as store:
+        assert index_keys(store) == expected
+        assert store.delete("gone").feed_records == 4
+        assert left_of(store, "gone") == []
+        assert problems(store) == []
+
+
+def test_a_delete_in_the_commit_group_of_its_sessions_last_appends_erases_them(
+    pair: tuple[Store, Store],
+) -> None:
+    """The index's progress moves once a group: a delete behind appends of its session in the
+    same group walks the group's records, and rewrites them too; a replica ends the same."""
+    store, replica = pair
+    store.append("grouped", [user("before the group")])
+    gate = WriterGate()
+    held = store.writer.submit(gate)
+    assert gate.entered.wait(30)
+    appends = [
+        store.submit_append(prepare_append("grouped", [user(f"in the group {n}")]))
+        for n in range(3)
+    ]
+    delete = store.writer.submit(store.delete_command("grouped"))
+    gate.release.set()
+    held.result(30)
+    assert [a.result(30).position for a in appends] == [2, 3, 4]
+    assert delete.result(30).feed_records == 4
+    assert left_of(store, "grouped") == []
+    assert index_keys(store) == naming(store)
+    assert problems(store) == []
+    replicate(store, replica)
+    assert tables_dump(replica) == tables_dump(store)
+
+
+def test_records_stored_while_the_index_is_behind_leave_its_progress_there(
+    tmp_path: Path,
+) -> None:
+    """Written past a store from before the index without its catch-up (a worker's open): the
+    progress stays, a reader walks what is not indexed, and the next open indexes it all."""
+    path = tmp_path / "old"
+    with opened(path) as store:
+        write_some(store)
+    forget_the_index(path)
+    with closing(Store(path, prepared=True)) as store:
+        store.append("keep", [user("past the index")])
+        with store.env.begin() as txn:
+            assert feed_index.indexed(txn, store.tables) == 0
+            assert len(erasure.scan(txn, store.tables, ["gone"]).positions["gone"]) == 4
+        assert problems(store) == []  # the key past the progress is no left-over
+    with opened(path) as store:
+        assert index_keys(store) == naming(store)
+        assert store.delete("gone").feed_records == 4
+        assert left_of(store, "gone") == []
+
+
+def test_a_purge_on_a_store_whose_index_stops_partway_rewrites_every_record(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A long session's chunks take the index up to its progress and walk the records after
+    it (an older version wrote them, with no key): none is left naming the session."""
+    monkeypatch.setattr(purge, "PURGE_FROM", 50)
+    monkeypatch.setattr(purge, "CHUNK_RECORDS", 2)
+    for batch in range(6):
+        store.append("long", [user(f"long {batch}.{n}") for n in range(10)])
+        store.append("keep", [user(f"between {batch}")])
+    with store.env.begin(write=True) as txn:
+        for session_id, position in index_keys(store, txn):
+            if position > 5:
+                txn.delete(feed_index.key(session_id, position), db=store.tables.feed_index)
+        txn.put(feed_index.PROGRESS, schema.u64(5), db=store.tables.feed_index)
+    store.delete("long")
+    assert store.purge_all() > 1
+    assert left_of(store, "long") == []
+
+
+def test_a_lease_taken_before_the_sessions_first_write_is_found_by_its_delete(
+    store: Store,
+) -> None:
+    """The lease's record names the session by id before it has a sid: the index keys it by
+    that id, and the delete rewrites it with the rest."""
+    store.submit_lease("acquire", "early", "worker", 60_000_000_000).result()
+    store.append("early", [user("after the lease")], lease_holder="worker")
+    store.submit_lease("release", "early", "worker").result()
+    assert [s for s, _ in index_keys(store)].count("early") == 3
+    assert store.delete("early").feed_records == 3
+    assert left_of(store, "early") == []
+
+
+def test_an_online_copy_swapped_in_after_an_erase_holds_the_keys_the_folder_held(
+    tmp_path: Path,
+) -> None:
+    """A delete after the copy was taken rewrites records the copy holds: the swap applies it
+    to the copy, whose keys then follow the records as the folder's did."""
+    path = tmp_path / "store"
+    with opened(path) as store:
+        write_some(store)
+    compaction.copy_online(path)
+    with closing(Store(path, prepared=True)) as store:  # the server runs on: no swap yet
+        store.delete("gone")
+        store.append("keep", [user("after the delete")])
+        before = index_keys(store)
+    with opened(path) as store:
+        assert not (path / compaction.PENDING).exists()  # swapped in
+        assert index_keys(store) == before == naming(store)
+        assert left_of(store, "gone") == []
+        assert problems(store) == []
+
+
+def test_a_new_life_deleted_before_the_old_lifes_purge_leaves_its_records_to_the_purge(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A long session deleted (a tombstone), a new session under its id, deleted at once: the
+    old life's records still name the id, but they are its purge's to rewrite (with its own
+    removals), so none keeps a put of the old life (its request records)."""
+    monkeypatch.setattr(purge, "PURGE_FROM", 50)
+    store.append("again", [user(f"first life {n}") for n in range(60)], request_id="first")
+    old_sid = store.delete("again").meta.sid
+    store.append("again", [user("second life")])
+    store.delete("again")
+    store.purge_all()
+    feed = [rpb.Change.FromString(raw) for raw in store.read_changes(1)]
+    kept = [
+        (c.position, put.table)
+        for c in feed
+        for put in c.puts
+        if put.table == "requests" and put.key.startswith(schema.u64(old_sid))
+    ]
+    assert kept == []
+    assert left_of(store, "again") == []
+    assert problems(store) == []

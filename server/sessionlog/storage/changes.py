@@ -440,6 +440,8 @@ class ApplyChangesCommand:
             last.last_commit_ns = change.commit_time.ToNanoseconds()
             last.last_checksum = fingerprint
             last.sessions.add(change.session_id)
+        if last.last_position:
+            feed_index.advance(txn, tables, self._changes[0].change.position, last.last_position)
         self._touched.extend(last.sessions)
         return last
 

@@ -50,7 +50,7 @@ from typing import Any
 
 import lmdb
 
-from sessionlog.storage import changes, folder, schema
+from sessionlog.storage import changes, feed_index, folder, schema
 from sessionlog.storage.tables import Tables
 
 BUILDING = "compact-building"
@@ -255,6 +255,9 @@ def _catch_up(live: lmdb.Environment, new: lmdb.Environment) -> int | None:
         theirs = changes.fingerprint_at(reading, live_tables, position)
         if position and (ours is None or theirs is None or ours != theirs):
             return None
+    # A copy of a store from before the index: index its own records first, or the records
+    # applied below would move the counter past them, unindexed (a delete would miss them).
+    feed_index.catch_up(new, new_tables)
     applied = 0
     while True:
         with live.begin() as reading:

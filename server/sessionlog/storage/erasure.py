@@ -32,6 +32,7 @@ Every erase leaves an ``ErasureRecord`` (table ``erasures``) without content.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
@@ -89,15 +90,19 @@ class Scan:
 
 def scan(txn: Txn, tables: Tables, session_ids: Iterable[str], after: int = 0) -> Scan:
     """The feed positions (after ``after``) of the records of ``session_ids``: read from the
-    feed's index (``feed_index``), or, in a store whose index is behind, by walking the feed."""
+    feed's index (``feed_index``) as far as it goes, and by walking the records after that."""
     wanted = set(session_ids)
-    if not feed_index.complete(txn, tables):
-        return _walk(txn, tables, wanted, after)
-    found = Scan(positions={}, upto=max(after, feed_index.newest(txn, tables)))
+    indexed = feed_index.walked_from(txn, tables)
+    found = _walk(txn, tables, wanted, max(after, indexed))
+    if indexed <= after:
+        return found
     for session_id in wanted:
-        found.positions[session_id] = [
+        found.positions[session_id][:0] = [
             position
-            for position in feed_index.positions(txn, tables, session_id, after)
+            for position in itertools.takewhile(
+                lambda position: position <= indexed,
+                feed_index.positions(txn, tables, session_id, after),
+            )
             if _names(txn, tables, position, session_id)
         ]
     return found
@@ -234,6 +239,8 @@ class DeleteCommand:
             scanned = session_id in self._found.positions
             later = scan(txn, tables, [session_id], self._found.upto if scanned else 0)
             olds = [*self._found.positions.get(session_id, []), *later.positions[session_id]]
+            earlier = _earlier_life(txn, tables, session_id)
+            olds = [position for position in olds if position > earlier]
             rewritten = changes.erase_earlier(
                 txn, tables, rpb.CHANGE_KIND_DELETE, sorted(olds), removals, txn.erase_record
             )
@@ -253,6 +260,14 @@ class DeleteCommand:
         txn.put(schema.u64(position), audit.encode(), db=tables.erasures)
         self._touched.append(session_id)
         return DeleteResult(session_id, meta, meta.next_seq, rewritten, record, live)
+
+
+def _earlier_life(txn: Txn, tables: Tables, session_id: str) -> int:
+    """The newest position of an earlier session of this id whose purge is pending (0: none):
+    its records, which still name the id, are that purge's to rewrite with that session's
+    removals; rewritten here with this one's, they would keep that session's puts."""
+    lives = [mark.upto for mark in purge.pending(txn, tables) if mark.session_id == session_id]
+    return max(lives, default=0)
 
 
 def _tombstone(

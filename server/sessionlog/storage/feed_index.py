@@ -14,11 +14,15 @@ session's first write has no sid yet. A record rewritten to a DELETE's placehold
 session any more, and loses its key in the same transaction (``rewritten``: wherever an erase
 rewrites a record, on a primary, a replica or a rebuild), so every copy holds the same keys.
 
-``feed_indexed`` (a counter) is the newest position indexed, moved with every record stored:
-every record at or before it has its key. A store written before this table (or by a version
-without it) is behind, and ``catch_up`` indexes the rest when a server opens it for writing,
-before it serves. A reader that finds the index behind the feed (a read-only open of an older
-store) walks the feed instead (``complete``).
+Its progress (``PROGRESS``, a key of the table itself: the newest position indexed) moves once
+per transaction that stores records (``advance``), and only from where it stands: every record
+at or before it has its key. A reader takes the index up to it and walks the records after it
+(``walked_from``): inside a commit group, the group's own few. Kept in the table, not among the
+counters, so that the progress never outlives the keys: a copy made by a version without the
+table (an older ``admin compact`` copies the tables it knows, and the counters whole) has
+neither. A store written before this table (or by a version without it) is behind, and
+``catch_up`` indexes the rest when a server opens it for writing, before it serves; a reader
+of it meanwhile (a read-only open) walks what is not indexed.
 """
 
 from __future__ import annotations
@@ -44,15 +48,28 @@ CATCH_UP_RECORDS = int(_BATCH) if _BATCH.isdigit() and int(_BATCH) > 0 else 50_0
 the environment's ``SESSIONLOG_FEED_INDEX_BATCH`` sets it (tests make it small)."""
 
 
+PROGRESS = b"\x00"
+"""The table's one key that names no record (a session id is never empty and holds no NUL):
+the newest position indexed (u64)."""
+
+
 def key(session_id: str, position: int) -> bytes:
     return session_id.encode() + b"\x00" + schema.u64(position)
 
 
 def note(txn: lmdb.Transaction, tables: Tables, position: int, session_id: str) -> None:
-    """Index the record just stored at ``position`` (naming ``session_id``, or no session)."""
+    """Index the record just stored at ``position`` (naming ``session_id``, or no session);
+    ``advance`` moves the progress past it, once for all the records of a transaction."""
     if session_id:
         txn.put(key(session_id, position), b"", db=tables.feed_index)
-    txn.put(schema.FEED_INDEXED, schema.u64(position), db=tables.counters)
+
+
+def advance(txn: lmdb.Transaction, tables: Tables, first: int, last: int) -> None:
+    """The records ``first`` .. ``last`` were just stored and noted: the progress moves to
+    ``last`` if it had reached ``first - 1``; else records before them are not indexed (an older
+    version wrote them) and it stays, for ``catch_up``."""
+    if indexed(txn, tables) >= first - 1:
+        txn.put(PROGRESS, schema.u64(last), db=tables.feed_index)
 
 
 def rewritten(txn: Txn, tables: Tables, position: int, before: str, record: bytes) -> None:
@@ -70,7 +87,9 @@ def rewritten(txn: Txn, tables: Tables, position: int, before: str, record: byte
 
 def indexed(txn: Txn, tables: Tables) -> int:
     """The newest position whose record (and every one before it) is indexed."""
-    raw = txn.get(schema.FEED_INDEXED, db=tables.counters)
+    if tables.feed_index is None:
+        return 0
+    raw = txn.get(PROGRESS, db=tables.feed_index)
     return 0 if raw is None else schema.read_u64(raw)
 
 
@@ -81,15 +100,21 @@ def newest(txn: Txn, tables: Tables) -> int:
 
 
 def complete(txn: Txn, tables: Tables) -> bool:
-    """Whether every record in the feed is indexed (else a reader walks the feed)."""
-    if tables.feed_index is None:
-        return False
-    return indexed(txn, tables) >= newest(txn, tables)
+    """Whether every record in the feed is indexed (else a reader walks the rest)."""
+    return walked_from(txn, tables) >= newest(txn, tables)
+
+
+def walked_from(txn: Txn, tables: Tables) -> int:
+    """The position after which a reader walks the feed: the index names the records of each
+    session up to it. Behind the feed in a store an older version wrote (or has not indexed
+    yet: a read-only open), and inside a commit group, whose records move it at its end."""
+    return min(indexed(txn, tables), newest(txn, tables))
 
 
 def positions(txn: Txn, tables: Tables, session_id: str, after: int = 0) -> Iterator[int]:
     """The indexed positions after ``after`` of records that named ``session_id`` when stored,
-    oldest first (an erased one among them names it no more: check the record)."""
+    oldest first (an erased one among them names it no more: check the record). Only those up
+    to ``indexed`` are sure to be all: a reader walks the records after it (``walked_from``)."""
     prefix = session_id.encode() + b"\x00"
     cursor = txn.cursor(db=tables.feed_index)
     with damage.reading(f"the feed index of session '{session_id}'"):
@@ -103,9 +128,10 @@ def positions(txn: Txn, tables: Tables, session_id: str, after: int = 0) -> Iter
 
 
 def catch_up(env: lmdb.Environment, tables: Tables) -> int:
-    """Index every record after ``feed_indexed`` (a store from before the index, or written
+    """Index every record after ``PROGRESS`` (a store from before the index, or written
     by a version without it), ``CATCH_UP_RECORDS`` per transaction; how many were read. Call
-    before anything else writes."""
+    before the store serves: until then, records others store leave the progress where it is
+    (``advance``), and a reader walks them."""
     started = time.monotonic()
     done = 0
     while True:
@@ -115,7 +141,7 @@ def catch_up(env: lmdb.Environment, tables: Tables) -> int:
                 break
             cursor = txn.cursor(db=tables.changes)
             found = cursor.set_range(schema.u64(start + 1))
-            count = 0
+            count = position = 0
             while found and count < CATCH_UP_RECORDS:
                 position = schema.read_u64(cursor.key())
                 with damage.reading(f"change-feed record {position}", position=position):
@@ -123,6 +149,7 @@ def catch_up(env: lmdb.Environment, tables: Tables) -> int:
                 note(txn, tables, position, change.session_id)
                 count += 1
                 found = cursor.next()
+            advance(txn, tables, start + 1, position)
         done += count
     if done:
         log.warning(

@@ -765,7 +765,8 @@ def _indexes(walk: _Walk, txn: lmdb.Transaction, tables: Tables) -> None:
 
 def _feed_index(walk: _Walk, txn: lmdb.Transaction, tables: Tables) -> None:
     """``feed_index`` holds a key for each record that names a session, up to the position it
-    says it has reached, and no other (``feed_index``'s invariant)."""
+    says it has reached, and no other (``feed_index``'s invariant; past that position, records
+    stored while it was behind may have theirs)."""
     if tables.feed_index is None:  # schema.OPTIONAL_DBS, on a read-only older store
         return
     upto = feed_index.indexed(txn, tables)
@@ -776,11 +777,15 @@ def _feed_index(walk: _Walk, txn: lmdb.Transaction, tables: Tables) -> None:
         if key and txn.get(key, db=tables.feed_index) is None:
             where = f"'{session_id}' at position {position}"
             walk.add("feed_index", where, "missing: the key of a record that names the session")
-    for key, _ in _items(walk, txn, tables.feed_index, "feed_index"):
+    for key, value in _items(walk, txn, tables.feed_index, "feed_index"):
+        if key == feed_index.PROGRESS:
+            if len(value) != 8:
+                walk.add("feed_index", "its progress", "the value is not a u64")
+            continue
         session, number = key[:-9], key[-8:]
         record = txn.get(number, db=tables.changes) if key[-9:-8] == b"\x00" else None
         named = "" if record is None else _named(record)
-        if not named or named.encode() != session or schema.read_u64(number) > upto:
+        if not named or named.encode() != session:  # one past ``upto`` may be right
             where = _index_where("feed_index", key)
             walk.add("feed_index", where, "left over: no record names the session there")
 

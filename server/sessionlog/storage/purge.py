@@ -272,18 +272,18 @@ class PurgeCommand:
 
 def _records(txn: Txn, tables: Tables, purge: Purge) -> Iterator[tuple[int, bytes]]:
     """(position, stored bytes) of the records after the mark up to ``upto`` that may be the
-    session's: those the feed's index names (``feed_index``), or, in a store whose index is
-    behind, every one."""
-    if feed_index.complete(txn, tables):
+    session's: those the feed's index names (``feed_index``), as far as it goes, then every one
+    after that."""
+    indexed = min(feed_index.walked_from(txn, tables), purge.upto)
+    if indexed > purge.scanned:
         for position in feed_index.positions(txn, tables, purge.session_id, purge.scanned):
-            if position > purge.upto:
-                return
+            if position > indexed:
+                break
             raw = txn.get(schema.u64(position), db=tables.changes)
             if raw is not None:
                 yield position, bytes(raw)
-        return
     cursor = txn.cursor(db=tables.changes)
-    found = cursor.set_range(schema.u64(purge.scanned + 1))
+    found = cursor.set_range(schema.u64(max(purge.scanned, indexed) + 1))
     while found:
         position = schema.read_u64(cursor.key())
         if position > purge.upto:

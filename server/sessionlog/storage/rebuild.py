@@ -162,6 +162,7 @@ def _copy(
                     target.put(key, event, db=new_tables.events)
                 target.put(schema.u64(at), record, db=new_tables.changes)
                 feed_index.note(target, new_tables, at, change.session_id)
+            feed_index.advance(target, new_tables, position, stop)
         position = stop + 1
 
 

@@ -20,8 +20,7 @@ One environment holds every session. Named databases:
                history_id (text), history_start (u64), instance (text), replica_of (text):
                the folder's history identity (see ``identity``); leadership (JSON text): its
                epoch, role and epoch history (see ``leadership``); rejoined (JSON text): what
-               the last rejoin discarded; feed_indexed (u64): how far ``feed_index`` goes.
-               Never in the change feed.
+               the last rejoin discarded. Never in the change feed.
     leases     session id (UTF-8)            -> LeaseRecord (JSON)
                Keyed by id, not sid: a lease may be taken before the session's first write.
     changes    position (u64 BE)             -> serialized sessionlog.v1.Change, minus its events
@@ -71,8 +70,9 @@ One environment holds every session. Named databases:
     feed_index session id + 0x00 + position (u64 BE) -> empty
                The change records that named each session when stored (see ``feed_index``):
                an erase reads its session's records from here, not by walking the feed. Put
-               with each record on every copy, never carried in the feed; the counter
-               feed_indexed says how far it goes.
+               with each record on every copy, never carried in the feed. Its key 0x00
+               (no session id begins with it) -> u64: how far it goes, kept in the table so
+               that a copy without the table has no progress either.
 
 Invariants (the single writer thread keeps them; every change commits in one transaction):
 - seq is dense from 0 per session: events holds exactly the keys (sid, 0) .. (sid, next_seq - 1);
@@ -166,8 +166,6 @@ FOLLOWS = b"replica_of"
 """Set while the folder is opened as a replica: the primary it follows."""
 LEADERSHIP = b"leadership"
 """The folder's epoch, role and epoch history (JSON text; see ``leadership``)."""
-FEED_INDEXED = b"feed_indexed"
-"""The newest change position whose record ``feed_index`` holds (see ``feed_index``)."""
 REJOINED = b"rejoined"
 """What the folder's last rejoin discarded, in short (JSON text; see ``cluster.rejoin``)."""
 TEXT_COUNTERS = frozenset({HISTORY_ID, INSTANCE, FOLLOWS, LEADERSHIP, REJOINED})

@@ -525,6 +525,8 @@ class Writer:
                     fed = fed or after != feed
                     feed = after
                     outcomes.append((ok, value))
+                if fed:  # the group's records are noted: the index's progress moves once
+                    feed_index.advance(txn, self._tables, first, feed[0])
                 txn_id = txn.id()
                 started = time.perf_counter()
                 self.stalled = ("committing (writing and syncing to disk)", time.monotonic())

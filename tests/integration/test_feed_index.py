@@ -47,19 +47,26 @@ def left_of(store: Store, *session_ids: str) -> list[tuple[str, int]]:
     return [c for c in naming(store) if c[0] in session_ids and c not in deletes]
 
 
+def write_with_long(store: Store, monkeypatch: pytest.MonkeyPatch, between: bool = False) -> None:
+    """``write_some``, then "long": 60 events in 6 appends, a long session here (its delete is a
+    purge of 2 records a chunk); ``between``: an append to "keep" after each."""
+    monkeypatch.setattr(purge, "PURGE_FROM", 50)
+    monkeypatch.setattr(purge, "CHUNK_RECORDS", 2)
+    write_some(store)
+    for batch in range(6):
+        store.append("long", [user(f"long {batch}.{n}") for n in range(10)])
+        if between:
+            store.append("keep", [user(f"between {batch}")])
+
+
 def test_the_index_names_each_record_of_a_session_through_erasures_and_on_a_replica(
     pair: tuple[Store, Store], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Appends, a lease, a fork, a redaction, a delete, and a long session's purge in chunks:
     after each, the index holds (session, position) for exactly the records naming a session,
     on the primary and on a replica applying the same records, and verify finds nothing."""
-    monkeypatch.setattr(purge, "PURGE_FROM", 50)
-    monkeypatch.setattr(purge, "CHUNK_RECORDS", 2)
     primary, replica = pair
-    write_some(primary)
-    for batch in range(6):
-        primary.append("long", [user(f"long {batch}.{n}") for n in range(10)])
-        primary.append("keep", [user(f"between {batch}")])
+    write_with_long(primary, monkeypatch, between=True)
     assert index_keys(primary) == naming(primary)
     assert len(naming(primary)) > 10
     primary.redact("keep", [1])
@@ -79,12 +86,8 @@ def test_a_replica_caught_up_before_an_erase_drops_the_same_keys(
 ) -> None:
     """A replica that holds a session's records when the delete (and a purge's chunks) arrive
     rewrites them and drops their keys as the primary did."""
-    monkeypatch.setattr(purge, "PURGE_FROM", 50)
-    monkeypatch.setattr(purge, "CHUNK_RECORDS", 2)
     primary, replica = pair
-    write_some(primary)
-    for batch in range(6):
-        primary.append("long", [user(f"long {batch}.{n}") for n in range(10)])
+    write_with_long(primary, monkeypatch)
     replicate(primary, replica)
     start = replica.tail()[0] + 1
     primary.delete("gone")

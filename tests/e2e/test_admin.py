@@ -167,3 +167,17 @@ def test_backup_refuses_an_unusable_destination_or_source(tmp_path: Path) -> Non
     assert "not an empty folder" in busy.stderr
     assert "no sessionlog store" in missing.stderr
     assert not (tmp_path / "fresh").exists()
+
+
+def test_a_snapshot_file_given_as_data_is_refused_in_one_line(tmp_path: Path) -> None:
+    """`admin snapshot save` writes a file; stats, verify and erasures given that file as
+    --data say it is a file, not a data folder, in one line with exit 1 (no traceback)."""
+    Store(tmp_path / "data").close()
+    snapshot = tmp_path / "snapshot.mdb"
+    snapshot.write_bytes((tmp_path / "data" / "data.mdb").read_bytes())
+    for command in (["stats"], ["verify"], ["erasures"]):
+        result = run_cli(["admin", *command, "--data", str(snapshot)], tmp_path)
+        assert result.returncode == 1, command
+        assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+        assert "is a file, not a data folder" in result.stderr
+        assert "admin restore FILE" in result.stderr

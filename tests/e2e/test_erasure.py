@@ -281,7 +281,7 @@ def test_cli_delete_redact_erase_and_tail_prefix(server: RunningServer) -> None:
     refused = run_cli_here(["delete", "cli-e.one", "--server", server.address])
     assert refused.returncode == 1
     assert "SESSION_NOT_FOUND" in refused.stderr
-    assert "erased 1 sessions" in cli("admin", "erase", "--prefix", "cli-e.")
+    assert "erased 1 session (" in cli("admin", "erase", "--prefix", "cli-e.")
     by_filter = cli("admin", "erase", "--filter", 'owner = "nobody"', "--reason", "none")
     assert "erased 0 sessions (0 events) matching 'owner = \"nobody\"'" in by_filter
     tailed = cli(*tail)

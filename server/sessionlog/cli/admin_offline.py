@@ -205,6 +205,12 @@ def fail(message: str, command: str = "admin") -> int:
 
 
 def open_folder(data: str) -> tuple[lmdb.Environment, Any]:
+    if Path(data).exists() and not Path(data).is_dir():
+        raise lmdb.Error(
+            f"{data!r} is a file, not a data folder: --data names the folder that holds "
+            f"{DATA_FILE} (a snapshot file is read by restoring it into a folder first: "
+            "sessionlog admin restore FILE --data DIR)"
+        )
     try:  # a folder that held data but lost it says so, as `serve` does
         folder.check_not_emptied(Path(data), folder.read_marker(Path(data)))
     except folder.FolderDamaged as exc:

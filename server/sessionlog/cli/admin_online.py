@@ -345,11 +345,17 @@ def _erase(args: argparse.Namespace) -> int:
         )
     else:
         print(
-            f"erased {reply.session_count} sessions ({reply.event_count} events) "
+            f"erased {_many(reply.session_count, 'session')} "
+            f"({_many(reply.event_count, 'event')}) "
             f"{_erase_scope(args.prefix, args.filter)}; the last erase is at position "
             f"{reply.position}"
         )
     return 0
+
+
+def _many(count: int, thing: str) -> str:
+    """``1 session``, ``2 sessions``."""
+    return f"{count} {thing}" if count == 1 else f"{count} {thing}s"
 
 
 def _erase_scope(prefix: str | None, query: str | None) -> str:

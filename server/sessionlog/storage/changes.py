@@ -306,7 +306,7 @@ def tail(txn: lmdb.Transaction, tables: Tables) -> tuple[int, bytes]:
         return 0, b""
     record = bytes(cursor.value())
     change = rpb.Change.FromString(record)
-    return change.position, _fingerprint(txn, tables, record, change)
+    return change.position, fingerprint(txn, tables, record, change)
 
 
 def fingerprint_at(txn: lmdb.Transaction, tables: Tables, position: int) -> bytes | None:
@@ -315,10 +315,10 @@ def fingerprint_at(txn: lmdb.Transaction, tables: Tables, position: int) -> byte
     if raw is None:
         return None
     record = bytes(raw)
-    return _fingerprint(txn, tables, record, rpb.Change.FromString(record))
+    return fingerprint(txn, tables, record, rpb.Change.FromString(record))
 
 
-def _fingerprint(txn: Txn, tables: Tables, record: bytes, change: rpb.Change) -> bytes:
+def fingerprint(txn: Txn, tables: Tables, record: bytes, change: rpb.Change) -> bytes:
     """A record's checksum; for a record written before checksums, the same hash of it and its
     events with no previous checksum (what a replica computes for the same record)."""
     if change.checksum:
@@ -549,7 +549,7 @@ def placeholder(
     stored checksum is kept (for a record from before checksums, its fingerprint, computed now
     while its events are still there), so the chain after it verifies unchanged."""
     change = rpb.Change.FromString(record)
-    checksum = _fingerprint(txn, tables, record, change)
+    checksum = fingerprint(txn, tables, record, change)
     if keep_put is not None:
         kept = [put for put in change.puts if keep_put(put)]
         change = rpb.Change(

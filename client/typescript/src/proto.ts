@@ -1072,14 +1072,14 @@ export interface FollowSessionsRequest {
    */
   heartbeat_interval: Duration | null;
   /**
-   * The position_checksum of the response whose position is after_position. When set, the
-   * server first checks that its own change at after_position has this checksum; if it has
-   * another, or none (past the feed's end, or not in this store), the stream fails with
-   * FAILED_PRECONDITION / HISTORY_DIVERGED: this server's history is not the one the follower
-   * read (a server restored from an older backup and written since, or another store), and
-   * resuming by position would skip or repeat changes. Resume from a position this server
-   * sent, or from_start. Empty: no check (clients that do not send it resume as before).
-   * Ignored with after_position 0.
+   * The position_checksum of the response whose position is after_position. When set, the server
+   * first checks that its own change at after_position has this checksum (a store that begins
+   * right after it checks that its first change's checksum chains over this one); if it has
+   * another, or none to check, the stream fails with FAILED_PRECONDITION / HISTORY_DIVERGED: this
+   * server's history is not the one the follower read (a server restored from an older backup and
+   * written since, or another store), and resuming by position would skip or repeat changes.
+   * Resume from a position this server sent, or from_start. Empty: no check (clients that do not
+   * send it resume as before). Ignored with after_position 0.
    */
   after_checksum: Buffer;
 }

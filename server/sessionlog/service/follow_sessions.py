@@ -64,7 +64,7 @@ def start_position(store: Store, request: pb.FollowSessionsRequest) -> int:
             after_position=after,
             first_position=oldest,
         )
-    if request.after_checksum and store.checksum_at(after) != request.after_checksum:
+    if request.after_checksum and not store.holds_feed_at(after, request.after_checksum):
         raise errors.HistoryDiverged(
             f"this server's change at position {after} is not the one your stream read there: "
             "its history is not the one you followed (a server restored from an older backup "

@@ -330,6 +330,27 @@ def fingerprint(txn: Txn, tables: Tables, record: bytes, change: rpb.Change) -> 
     return chain(b"", record, events)
 
 
+def holds_after(txn: lmdb.Transaction, tables: Tables, position: int, checksum: bytes) -> bool:
+    """Whether this store's history holds, at ``position``, a change whose fingerprint is
+    ``checksum``: its own change there has it, or (a store that begins right after it, restored
+    or rebuilt from another's) its first change's checksum chains over it."""
+    mine = fingerprint_at(txn, tables, position)
+    if mine is not None:
+        return mine == checksum
+    raw = txn.get(schema.u64(position + 1), db=tables.changes)
+    if raw is None:
+        return False
+    record = bytes(raw)
+    change = rpb.Change.FromString(record)
+    if change.erased or not change.checksum:  # nothing chains over the change before it
+        return False
+    events: list[bytes] = []
+    if change.event_count:
+        stop = change.first_seq + change.event_count
+        events = read_range(txn, tables, change.internal_id, change.first_seq, stop)
+    return chain(checksum, without_checksum(record, change.checksum), events) == change.checksum
+
+
 def check_after(txn: lmdb.Transaction, tables: Tables, start: int, checksum: bytes) -> None:
     """Refuse a feed reader whose change at ``start - 1`` is not this store's: HistoryDiverged.
 

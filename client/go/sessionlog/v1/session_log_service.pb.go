@@ -4594,14 +4594,14 @@ type FollowSessionsRequest struct {
 	// position it has read to, so an idle filtered stream still advances its cursor. Unset or
 	// zero: the server's --heartbeat. Clamped to [0.1 s, the server's --heartbeat].
 	HeartbeatInterval *durationpb.Duration `protobuf:"bytes,5,opt,name=heartbeat_interval,json=heartbeatInterval,proto3" json:"heartbeat_interval,omitempty"`
-	// The position_checksum of the response whose position is after_position. When set, the
-	// server first checks that its own change at after_position has this checksum; if it has
-	// another, or none (past the feed's end, or not in this store), the stream fails with
-	// FAILED_PRECONDITION / HISTORY_DIVERGED: this server's history is not the one the follower
-	// read (a server restored from an older backup and written since, or another store), and
-	// resuming by position would skip or repeat changes. Resume from a position this server
-	// sent, or from_start. Empty: no check (clients that do not send it resume as before).
-	// Ignored with after_position 0.
+	// The position_checksum of the response whose position is after_position. When set, the server
+	// first checks that its own change at after_position has this checksum (a store that begins
+	// right after it checks that its first change's checksum chains over this one); if it has
+	// another, or none to check, the stream fails with FAILED_PRECONDITION / HISTORY_DIVERGED: this
+	// server's history is not the one the follower read (a server restored from an older backup and
+	// written since, or another store), and resuming by position would skip or repeat changes.
+	// Resume from a position this server sent, or from_start. Empty: no check (clients that do not
+	// send it resume as before). Ignored with after_position 0.
 	AfterChecksum []byte `protobuf:"bytes,6,opt,name=after_checksum,json=afterChecksum,proto3" json:"after_checksum,omitempty"`
 }
 

@@ -23,7 +23,13 @@ from sessionlog.v1 import session_log_service_pb2 as pb
 from sessionlog_client import Client, Retry
 from tests.e2e._helpers import check, failure
 from tests.e2e._proc import SESSIONLOG, clean_env, free_port, run_cli
-from tests.e2e._replication_cluster import Cluster, Node, changes_raw, conversation_batch
+from tests.e2e._replication_cluster import (
+    Cluster,
+    Node,
+    changes_raw,
+    conversation_batch,
+    wait_position,
+)
 
 EVENTS_PER_APPEND = 3
 
@@ -219,3 +225,24 @@ def test_a_heartbeat_past_changes_not_followed_carries_their_checksum(tmp_path: 
             assert next(resumed).caught_up
         finally:
             resumed.cancel()
+
+
+def test_resume_on_a_promoted_replica_passes(tmp_path: Path) -> None:
+    """A replica promoted after its primary stopped holds the same records: a position and
+    checksum read on the primary resume on it with the changes written since."""
+    with Cluster(tmp_path) as cluster:
+        primary = cluster.primary()
+        write(primary, "p", 3)
+        replica = cluster.replica(primary, "replica")
+        _, position, checksum = read_to_end(primary, from_start=True)
+        wait_position(replica, position)
+        primary.stop()
+        replica.stop()
+        promoted = Node(tmp_path, "replica", port=replica.port).start()
+        cluster.nodes.append(promoted)
+        write(promoted, "q", 2)
+        resumed, _, _ = read_to_end(promoted, after_position=position, after_checksum=checksum)
+        assert [(c.session_id, c.position) for c in resumed] == [
+            ("q", position + 1),
+            ("q", position + 2),
+        ]

@@ -56,6 +56,30 @@ def test_start_positions_and_their_errors(tmp_path: Path) -> None:
         assert gone.value.metadata["first_position"] == "3"
 
 
+def test_a_resume_with_a_checksum_is_held_against_this_stores_history(tmp_path: Path) -> None:
+    """after_checksum passes where this store's change has it (or its first change, in a store
+    that begins right after the position, chains over it) and is HISTORY_DIVERGED otherwise;
+    a walk names the checksum of the last record it read."""
+    with opened(tmp_path / "d") as store:
+        for i in range(5):
+            store.append("s", [user(str(i))])
+        ask = pb.FollowSessionsRequest
+        at = {position: store.checksum_at(position) or b"" for position in range(1, 6)}
+        assert start_position(store, ask(after_position=3, after_checksum=at[3])) == 4
+        with pytest.raises(errors.HistoryDiverged) as diverged:
+            start_position(store, ask(after_position=3, after_checksum=at[2]))
+        assert diverged.value.metadata["after_position"] == "3"
+        assert start_position(store, ask(after_position=3)) == 4  # no checksum: no check
+        read = store.read_followed(2, lambda _: True, Filter(), max_records=2, max_bytes=1 << 20)
+        assert (read.last, read.checksum) == (3, at[3])
+        with store.env.begin(write=True) as txn:  # as a store restored to a later start holds it
+            for position in (1, 2):
+                txn.delete(schema.u64(position), db=store.tables.changes)
+        assert start_position(store, ask(after_position=2, after_checksum=at[2])) == 3
+        with pytest.raises(errors.HistoryDiverged):
+            start_position(store, ask(after_position=2, after_checksum=at[4]))
+
+
 def test_a_walk_keeps_its_sessions_and_marks_deletions_without_their_events(
     tmp_path: Path,
 ) -> None:

@@ -221,7 +221,9 @@ class AsyncEventStream(AsyncIterator[Event]):
 
 class AsyncSessionsStream(AsyncIterator[pb.FollowedChange]):
     """The asyncio twin of :class:`SessionsStream` (``AsyncClient.follow_sessions``): resumes
-    after the last position the server sent when the call drops or goes silent."""
+    after the last position the server sent when the call drops or goes silent, with that
+    position's checksum, so a server whose history is not the one read (restored from an older
+    backup) raises HistoryDiverged instead of resuming in the middle of another history."""
 
     def __init__(
         self,
@@ -237,6 +239,7 @@ class AsyncSessionsStream(AsyncIterator[pb.FollowedChange]):
         self.prefix = prefix
         self.filter = filter_text
         self.position = after
+        self.checksum = b""
         self.caught_up = False
         self.reconnects = 0
         self._router = router
@@ -293,7 +296,7 @@ class AsyncSessionsStream(AsyncIterator[pb.FollowedChange]):
             if self._closed.is_set():
                 return None
             request = c.follow_sessions_request(
-                self.prefix, self.filter, self.position, self._heartbeat
+                self.prefix, self.filter, self.position, self._heartbeat, self.checksum
             )
             self._call = member.stubs[LOG].FollowSessions(
                 request,
@@ -331,9 +334,11 @@ class AsyncSessionsStream(AsyncIterator[pb.FollowedChange]):
                     member.reached = True
                     for change in response.changes:
                         self.position = change.position
+                        self.checksum = c.checksum_at(response, change.position)
                         yield change
                     if response.position:
                         self.position = max(self.position or 0, response.position)
+                        self.checksum = c.checksum_at(response, self.position)
                     if response.caught_up:
                         self.caught_up = True
                         if not self._follow:

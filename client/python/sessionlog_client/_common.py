@@ -312,16 +312,24 @@ def since_request(
 
 
 def follow_sessions_request(
-    prefix: str, filter_text: str, after: int | None, heartbeat: float | None
+    prefix: str, filter_text: str, after: int | None, heartbeat: float | None, checksum: bytes
 ) -> pb.FollowSessionsRequest:
-    """A FollowSessions request resuming after ``after`` (None: from now; 0: from the start)."""
+    """A FollowSessions request resuming after ``after`` (None: from now; 0: from the start),
+    on the history whose change there has ``checksum`` (empty: not checked)."""
     return pb.FollowSessionsRequest(
         prefix=prefix,
         filter=filter_text,
         after_position=after or 0,
         from_start=after == 0,
         heartbeat_interval=duration(heartbeat),
+        after_checksum=checksum if after else b"",
     )
+
+
+def checksum_at(response: pb.FollowSessionsResponse, position: int) -> bytes:
+    """The checksum a FollowSessions response gives for the change at ``position``: its
+    position_checksum when that is its position, else none known (a change inside a batch)."""
+    return response.position_checksum if position == response.position else b""
 
 
 def dead_stream(silence: float | None) -> Unavailable:

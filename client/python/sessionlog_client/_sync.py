@@ -235,13 +235,17 @@ class SessionsStream(Iterator[pb.FollowedChange]):
     the server's change-feed order, surviving dropped connections like ``EventStream``: after
     UNAVAILABLE, another end of the transport (as ``EventStream``) or a dead link it
     reconnects and asks for the changes after ``position``, the last position the server sent
-    (heartbeats included), so no change is skipped or repeated.
+    (heartbeats included), so no change is skipped or repeated. It sends that position's
+    checksum too: a server whose change there is another (restored from an older backup and
+    written since, or another store) raises HistoryDiverged instead of resuming in the middle
+    of another history.
 
     Each item is a ``FollowedChange``: ``session_id``, ``position``, ``events`` (a redaction's
     rewritten events are sent again, redacted) and ``deleted``.
 
     Attributes:
         position: the change-feed position read to; pass it as ``after`` to resume elsewhere.
+        checksum: the server's checksum of the change at ``position`` (empty inside a batch).
         caught_up: True once the changes stored when it opened were delivered.
         reconnects: how many times it reconnected.
     """
@@ -260,6 +264,7 @@ class SessionsStream(Iterator[pb.FollowedChange]):
         self.prefix = prefix
         self.filter = filter_text
         self.position = after
+        self.checksum = b""
         self.caught_up = False
         self.reconnects = 0
         self._router = router
@@ -316,7 +321,7 @@ class SessionsStream(Iterator[pb.FollowedChange]):
             if self._closed.is_set():
                 return None
             request = c.follow_sessions_request(
-                self.prefix, self.filter, self.position, self._heartbeat
+                self.prefix, self.filter, self.position, self._heartbeat, self.checksum
             )
             self._call = member.stubs[LOG].FollowSessions(
                 request,
@@ -354,9 +359,11 @@ class SessionsStream(Iterator[pb.FollowedChange]):
                     member.reached = True
                     for change in response.changes:
                         self.position = change.position
+                        self.checksum = c.checksum_at(response, change.position)
                         yield change
                     if response.position:
                         self.position = max(self.position or 0, response.position)
+                        self.checksum = c.checksum_at(response, self.position)
                     if response.caught_up:
                         self.caught_up = True
                         if not self._follow:

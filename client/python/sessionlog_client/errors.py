@@ -480,7 +480,10 @@ class FeedPositionGone(FailedPrecondition):
 
 class HistoryDiverged(FailedPrecondition):
     """The caller's change-feed position is not on this server's history: its record there is
-    missing or differs (another primary, or one restored from an older backup)."""
+    missing or differs (another primary, or one restored from an older backup). A replica's
+    ChangesRequest.after_checksum (metadata ``position``, ``head_position``, ``history_id``), or
+    a FollowSessions resume's after_checksum (metadata ``after_position``, ``head_position``):
+    the follower resumes from a position this server sent, or from_start."""
 
     reason = "HISTORY_DIVERGED"
 

@@ -1043,17 +1043,28 @@ export class EventStream implements AsyncIterable<Event> {
   }
 }
 
+/** The checksum a FollowSessions response gives for the change at `position` (none inside a batch). */
+function checksumAt(response: proto.FollowSessionsResponse, position: number): Buffer {
+  const checksum = response.position_checksum;
+  return position === Number(response.position ?? 0) && checksum ? checksum : Buffer.alloc(0);
+}
+
 /**
  * The changes of every followed session (client.followSessions), as an async iterator of
  * { sessionId, position, events, deleted }, in the server's change-feed order. On UNAVAILABLE,
  * another end of the transport (as EventStream) or a dead link it reconnects and asks for the changes after `position`, the last position the
- * server sent (heartbeats included): no gap, no duplicate. close() or breaking out ends it.
+ * server sent (heartbeats included): no gap, no duplicate. It sends that position's checksum too: a
+ * server whose change there is another (restored from an older backup and written since, or
+ * another store) fails it with HistoryDiverged instead of resuming in the middle of another
+ * history. close() or breaking out ends it.
  */
 export class SessionsStream implements AsyncIterable<FollowedChange> {
   readonly prefix: string;
   readonly filter: string;
   /** The change-feed position read to (null until the server named one, when started from now). */
   position: number | null;
+  /** The server's checksum of the change at `position` (empty inside a batch, or before one). */
+  checksum: Buffer;
   caughtUp: boolean;
   reconnects: number;
   closed: boolean;
@@ -1080,6 +1091,7 @@ export class SessionsStream implements AsyncIterable<FollowedChange> {
     this.prefix = prefix;
     this.filter = filter;
     this.position = after;
+    this.checksum = Buffer.alloc(0);
     this.caughtUp = false;
     this.reconnects = 0;
     this.closed = false;
@@ -1121,6 +1133,7 @@ export class SessionsStream implements AsyncIterable<FollowedChange> {
       from_start: this.position === 0,
     };
     if (this._heartbeatMs) request.heartbeat_interval = duration(this._heartbeatMs);
+    if (this.position && this.checksum.length) request.after_checksum = this.checksum;
     return request;
   }
 
@@ -1165,10 +1178,14 @@ export class SessionsStream implements AsyncIterable<FollowedChange> {
               deleted: Boolean(raw.deleted),
             };
             this.position = change.position;
+            this.checksum = checksumAt(response, change.position);
             yield change;
           }
           const position = Number(response.position ?? 0);
-          if (position) this.position = Math.max(this.position ?? 0, position);
+          if (position) {
+            this.position = Math.max(this.position ?? 0, position);
+            this.checksum = checksumAt(response, this.position);
+          }
           if (response.caught_up) {
             this.caughtUp = true;
             if (!this._follow) return;

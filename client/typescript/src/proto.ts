@@ -1071,6 +1071,17 @@ export interface FollowSessionsRequest {
    * zero: the server's --heartbeat. Clamped to [0.1 s, the server's --heartbeat].
    */
   heartbeat_interval: Duration | null;
+  /**
+   * The position_checksum of the response whose position is after_position. When set, the server
+   * first checks that its own change at after_position has this checksum (a store that begins
+   * right after it checks that its first change's checksum chains over this one); if it has
+   * another, or none to check, the stream fails with FAILED_PRECONDITION / HISTORY_DIVERGED: this
+   * server's history is not the one the follower read (a server restored from an older backup and
+   * written since, or another store), and resuming by position would skip or repeat changes.
+   * Resume from a position this server sent, or from_start. Empty: no check (clients that do not
+   * send it resume as before). Ignored with after_position 0.
+   */
+  after_checksum: Buffer;
 }
 
 /** FollowSessionsResponse is a batch of followed changes, a caught-up marker or a heartbeat. */
@@ -1093,6 +1104,12 @@ export interface FollowSessionsResponse {
   caught_up: boolean;
   /** True on a response sent because the stream was idle for the heartbeat interval. */
   heartbeat: boolean;
+  /**
+   * The checksum of this server's change at position (the chained checksum a replica checks,
+   * so equal checksums mean the same history up to position); empty when position is 0. Send
+   * it back as after_checksum with after_position to resume only on the same history.
+   */
+  position_checksum: Buffer;
 }
 
 /** FollowedChange is one committed write of one followed session. */

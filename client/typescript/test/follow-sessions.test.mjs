@@ -1,10 +1,13 @@
 // followSessions against real servers: a prefix and a label filter, follow false ending when
-// caught up, a deletion marker, a bad filter, and a resume across a server restart.
+// caught up, a deletion marker, a bad filter, a resume across a server restart, and one refused
+// on a server restored from an older backup.
 import assert from "node:assert/strict";
+import { spawnSync } from "node:child_process";
+import { join } from "node:path";
 import { test } from "node:test";
 
 import { SessionLogClient } from "sessionlog-client";
-import { startServer, tempDir } from "./server.mjs";
+import { SESSIONLOG_BIN, freePort, startServer, tempDir } from "./server.mjs";
 
 const user = (content) => ({ type: "user_message", data: { content } });
 const FAST = { giveUpAfterMs: 20_000, initialBackoffMs: 20, maxBackoffMs: 200 };
@@ -69,6 +72,46 @@ test("followSessions resumes after its last position across a server restart", a
     assert.ok(stream.reconnects >= 1);
     assert.equal(stream.position, next[1].position);
     stream.close();
+  } finally {
+    client.close();
+    await server.stop();
+    server.remove();
+  }
+});
+
+function admin(...args) {
+  const env = Object.fromEntries(Object.entries(process.env).filter(([key]) => !key.startsWith("SESSIONLOG_")));
+  const done = spawnSync(SESSIONLOG_BIN, ["admin", ...args], { env, encoding: "utf8" });
+  assert.equal(done.status, 0, done.stderr);
+}
+
+test("followSessions fails with HISTORY_DIVERGED on a server restored from an older backup", async () => {
+  const root = tempDir();
+  const data = join(root, "data");
+  const backup = join(root, "backup");
+  let server = await startServer({ root });
+  const { port } = server;
+  const client = new SessionLogClient(server.address, { retry: FAST });
+  try {
+    await client.append("rb.a", [user("0")]);
+    admin("backup", backup, "--data", data);
+    await client.append("rb.a", [user("1")]);
+    await client.append("rb.a", [user("2")]);
+    const stream = client.followSessions({ prefix: "rb.", after: 0 });
+    const iterator = stream[Symbol.asyncIterator]();
+    for (let i = 0; i < 3; i++) await iterator.next();
+    assert.ok(stream.position > 0);
+    assert.ok(stream.checksum.length > 0);
+    assert.equal(await server.stop(), 0);
+    admin("restore", backup, "--data", data, "--force");
+    // The new history runs past position 3 on another port, before the stream can reconnect.
+    server = await startServer({ root, port: await freePort() });
+    const elsewhere = new SessionLogClient(server.address);
+    for (let i = 0; i < 4; i++) await elsewhere.append("rb.b", [user(`b${i}`)]);
+    elsewhere.close();
+    assert.equal(await server.stop(), 0);
+    server = await startServer({ root, port });
+    await assert.rejects(iterator.next(), (error) => error.reason === "HISTORY_DIVERGED");
   } finally {
     client.close();
     await server.stop();

@@ -9,6 +9,13 @@ in commit order, on a primary, a replica (which stores the same feed) and every 
 server (each worker's doorbell wakes FEED_KEY for the commits of the others). A walk that finds
 nothing to send does not send: it remembers how far it read (``Walk.skipped``), and the next
 heartbeat carries that position, so an idle filtered stream still advances its client's cursor.
+
+Every response carries the fingerprint of the change at its position (``position_checksum``, the
+chained checksum a replica checks), and a resume that sends it back (``after_checksum``) is
+refused with HISTORY_DIVERGED when this store's change there differs or is missing: a position
+alone cannot tell a server restored from an older backup and written since from the one the
+follower read, and would resume in the middle of a new history, skipping what came before it.
+A promoted replica holds the same records, so its followers resume on it.
 """
 
 from __future__ import annotations
@@ -57,6 +64,16 @@ def start_position(store: Store, request: pb.FollowSessionsRequest) -> int:
             after_position=after,
             first_position=oldest,
         )
+    if request.after_checksum and not store.holds_feed_at(after, request.after_checksum):
+        raise errors.HistoryDiverged(
+            f"this server's change at position {after} is not the one your stream read there: "
+            "its history is not the one you followed (a server restored from an older backup "
+            "and written since, or another store), so resuming by position would skip or repeat "
+            "changes. Resume from a position this server sent, or from_start (or 0 for only "
+            "new changes)",
+            after_position=after,
+            head_position=head,
+        )
     return after + 1
 
 
@@ -66,6 +83,8 @@ class Walk:
 
     skipped: int = 0
     """The position after the last record a read walked without finding anything to send."""
+    checksum: bytes = b""
+    """The fingerprint of the record at ``skipped - 1`` (empty at position 0)."""
 
 
 async def follow_sessions(
@@ -82,7 +101,8 @@ async def follow_sessions(
 ) -> AsyncIterator[tuple[bytes, int]]:
     """The responses of one FollowSessions stream from feed position ``start``, each with the
     position the client resumes after once it has it."""
-    walk = Walk(skipped=start)
+    known = store.checksum_at(start - 1) if start > 1 else None
+    walk = Walk(skipped=start, checksum=known or b"")
 
     def read(cursor: int) -> tuple[bytes, int, bool]:
         begin = max(cursor, walk.skipped)
@@ -92,13 +112,21 @@ async def follow_sessions(
         if found.changes or found.more:
             # A read stopped at a limit answers even when it found nothing, so that the loop
             # reads on at once (with a response that advances the position).
-            walk.skipped = found.last + 1
-            return encode_response(found.changes, found.last), found.last + 1 - cursor, found.more
-        walk.skipped = max(walk.skipped, found.last + 1)
+            walk.skipped, walk.checksum = found.last + 1, found.checksum
+            response = encode_response(found.changes, found.last, found.checksum)
+            return response, found.last + 1 - cursor, found.more
+        if found.last + 1 > walk.skipped:
+            walk.skipped, walk.checksum = found.last + 1, found.checksum
         return b"", 0, False
 
     def marker(caught_up: bool) -> bytes:
-        return encode_response([], walk.skipped - 1, caught_up=caught_up, heartbeat=not caught_up)
+        return encode_response(
+            [],
+            walk.skipped - 1,
+            walk.checksum,
+            caught_up=caught_up,
+            heartbeat=not caught_up,
+        )
 
     stream = follow(
         refuse,

@@ -306,7 +306,7 @@ def tail(txn: lmdb.Transaction, tables: Tables) -> tuple[int, bytes]:
         return 0, b""
     record = bytes(cursor.value())
     change = rpb.Change.FromString(record)
-    return change.position, _fingerprint(txn, tables, record, change)
+    return change.position, fingerprint(txn, tables, record, change)
 
 
 def fingerprint_at(txn: lmdb.Transaction, tables: Tables, position: int) -> bytes | None:
@@ -315,10 +315,10 @@ def fingerprint_at(txn: lmdb.Transaction, tables: Tables, position: int) -> byte
     if raw is None:
         return None
     record = bytes(raw)
-    return _fingerprint(txn, tables, record, rpb.Change.FromString(record))
+    return fingerprint(txn, tables, record, rpb.Change.FromString(record))
 
 
-def _fingerprint(txn: Txn, tables: Tables, record: bytes, change: rpb.Change) -> bytes:
+def fingerprint(txn: Txn, tables: Tables, record: bytes, change: rpb.Change) -> bytes:
     """A record's checksum; for a record written before checksums, the same hash of it and its
     events with no previous checksum (what a replica computes for the same record)."""
     if change.checksum:
@@ -328,6 +328,27 @@ def _fingerprint(txn: Txn, tables: Tables, record: bytes, change: rpb.Change) ->
         stop = change.first_seq + change.event_count
         events = read_range(txn, tables, change.internal_id, change.first_seq, stop)
     return chain(b"", record, events)
+
+
+def holds_after(txn: lmdb.Transaction, tables: Tables, position: int, checksum: bytes) -> bool:
+    """Whether this store's history holds, at ``position``, a change whose fingerprint is
+    ``checksum``: its own change there has it, or (a store that begins right after it, restored
+    or rebuilt from another's) its first change's checksum chains over it."""
+    mine = fingerprint_at(txn, tables, position)
+    if mine is not None:
+        return mine == checksum
+    raw = txn.get(schema.u64(position + 1), db=tables.changes)
+    if raw is None:
+        return False
+    record = bytes(raw)
+    change = rpb.Change.FromString(record)
+    if change.erased or not change.checksum:  # nothing chains over the change before it
+        return False
+    events: list[bytes] = []
+    if change.event_count:
+        stop = change.first_seq + change.event_count
+        events = read_range(txn, tables, change.internal_id, change.first_seq, stop)
+    return chain(checksum, without_checksum(record, change.checksum), events) == change.checksum
 
 
 def check_after(txn: lmdb.Transaction, tables: Tables, start: int, checksum: bytes) -> None:
@@ -549,7 +570,7 @@ def placeholder(
     stored checksum is kept (for a record from before checksums, its fingerprint, computed now
     while its events are still there), so the chain after it verifies unchanged."""
     change = rpb.Change.FromString(record)
-    checksum = _fingerprint(txn, tables, record, change)
+    checksum = fingerprint(txn, tables, record, change)
     if keep_put is not None:
         kept = [put for put in change.puts if keep_put(put)]
         change = rpb.Change(

@@ -27,6 +27,7 @@ import lmdb
 
 from sessionlog import wire
 from sessionlog.records import Filter
+from sessionlog.storage import changes as feed
 from sessionlog.storage import damage, schema
 from sessionlog.storage.indexes import load_record, update_time
 from sessionlog.storage.reads import load_meta, read_range
@@ -48,6 +49,9 @@ class FollowedRead:
     """The last position read (the start minus one when nothing was there)."""
     more: bool = False
     """Whether the walk stopped at a limit with records left after ``last``."""
+    checksum: bytes = b""
+    """The fingerprint of the record at ``last`` (``changes.fingerprint``); empty when the walk
+    read nothing."""
 
 
 def encode_followed(session_id: str, position: int, events: list[bytes], deleted: bool) -> bytes:
@@ -66,15 +70,22 @@ def encode_followed(session_id: str, position: int, events: list[bytes], deleted
 
 
 def encode_response(
-    changes: list[bytes], position: int, *, caught_up: bool = False, heartbeat: bool = False
+    changes: list[bytes],
+    position: int,
+    checksum: bytes,
+    *,
+    caught_up: bool = False,
+    heartbeat: bool = False,
 ) -> bytes:
-    """A FollowSessionsResponse holding serialized FollowedChange messages."""
+    """A FollowSessionsResponse holding serialized FollowedChange messages, with the
+    fingerprint of the change at ``position``."""
     return b"".join(
         (
             wire.length_delimited(_RESPONSE["changes"], changes),
             wire.uint_field(_RESPONSE["position"], position),
             wire.uint_field(_RESPONSE["caught_up"], int(caught_up)),
             wire.uint_field(_RESPONSE["heartbeat"], int(heartbeat)),
+            wire.length_delimited(_RESPONSE["position_checksum"], [checksum] if checksum else []),
         )
     )
 
@@ -96,26 +107,31 @@ def read_followed(
     with damage.reading(f"change-feed record {start}", position=start):
         if not cursor.set_range(schema.u64(max(start, 1))):
             return out
+    last: tuple[bytes, rpb.Change] | None = None
     scanned = 0
     while True:
         position = schema.read_u64(cursor.key())
         with damage.reading(f"change-feed record {position}", position=position):
-            change = rpb.Change.FromString(bytes(cursor.value()))
+            record = bytes(cursor.value())
+            change = rpb.Change.FromString(record)
         kept = _kept(txn, tables, change, admits, query)
         if kept is not None:
             if out.changes and total + len(kept) > max_bytes:
                 out.more = True
-                return out
+                break
             total += len(kept)
             out.changes.append(kept)
-        out.last = position
+        out.last, last = position, (record, change)
         scanned += 1
         with damage.reading(f"change-feed record {position + 1}", position=position + 1):
             if not cursor.next():
-                return out
+                break
         if scanned >= max_records or total >= max_bytes:
             out.more = True
-            return out
+            break
+    if last is not None:  # once per walk: a record from before checksums hashes its events
+        out.checksum = feed.fingerprint(txn, tables, *last)
+    return out
 
 
 def _kept(

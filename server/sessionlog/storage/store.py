@@ -601,6 +601,12 @@ class Store:
                 max_bytes=max_bytes,
             )
 
+    def holds_feed_at(self, position: int, checksum: bytes) -> bool:
+        """Whether this store's feed is the history whose change at ``position`` has
+        ``checksum`` (``changes.holds_after``)."""
+        with self.env.begin() as txn:
+            return changes.holds_after(txn, self.tables, position, checksum)
+
     def check_feed_after(self, start: int, checksum: bytes) -> None:
         """HistoryDiverged unless this store's change at ``start - 1`` has ``checksum``."""
         with self.env.begin() as txn:

@@ -711,30 +711,34 @@ class GetSessionRecordsResponse(_message.Message):
     def __init__(self, session: _Optional[_Union[Session, _Mapping]] = ..., request_records: _Optional[_Iterable[_Union[SessionRequestRecord, _Mapping]]] = ..., lease: _Optional[_Union[SessionLeaseRecord, _Mapping]] = ..., lease_audit: _Optional[_Iterable[_Union[LeaseAuditEntry, _Mapping]]] = ...) -> None: ...
 
 class FollowSessionsRequest(_message.Message):
-    __slots__ = ("prefix", "filter", "after_position", "from_start", "heartbeat_interval")
+    __slots__ = ("prefix", "filter", "after_position", "from_start", "heartbeat_interval", "after_checksum")
     PREFIX_FIELD_NUMBER: _ClassVar[int]
     FILTER_FIELD_NUMBER: _ClassVar[int]
     AFTER_POSITION_FIELD_NUMBER: _ClassVar[int]
     FROM_START_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_INTERVAL_FIELD_NUMBER: _ClassVar[int]
+    AFTER_CHECKSUM_FIELD_NUMBER: _ClassVar[int]
     prefix: str
     filter: str
     after_position: int
     from_start: bool
     heartbeat_interval: _duration_pb2.Duration
-    def __init__(self, prefix: _Optional[str] = ..., filter: _Optional[str] = ..., after_position: _Optional[int] = ..., from_start: _Optional[bool] = ..., heartbeat_interval: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ...) -> None: ...
+    after_checksum: bytes
+    def __init__(self, prefix: _Optional[str] = ..., filter: _Optional[str] = ..., after_position: _Optional[int] = ..., from_start: _Optional[bool] = ..., heartbeat_interval: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., after_checksum: _Optional[bytes] = ...) -> None: ...
 
 class FollowSessionsResponse(_message.Message):
-    __slots__ = ("changes", "position", "caught_up", "heartbeat")
+    __slots__ = ("changes", "position", "caught_up", "heartbeat", "position_checksum")
     CHANGES_FIELD_NUMBER: _ClassVar[int]
     POSITION_FIELD_NUMBER: _ClassVar[int]
     CAUGHT_UP_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_FIELD_NUMBER: _ClassVar[int]
+    POSITION_CHECKSUM_FIELD_NUMBER: _ClassVar[int]
     changes: _containers.RepeatedCompositeFieldContainer[FollowedChange]
     position: int
     caught_up: bool
     heartbeat: bool
-    def __init__(self, changes: _Optional[_Iterable[_Union[FollowedChange, _Mapping]]] = ..., position: _Optional[int] = ..., caught_up: _Optional[bool] = ..., heartbeat: _Optional[bool] = ...) -> None: ...
+    position_checksum: bytes
+    def __init__(self, changes: _Optional[_Iterable[_Union[FollowedChange, _Mapping]]] = ..., position: _Optional[int] = ..., caught_up: _Optional[bool] = ..., heartbeat: _Optional[bool] = ..., position_checksum: _Optional[bytes] = ...) -> None: ...
 
 class FollowedChange(_message.Message):
     __slots__ = ("session_id", "position", "events", "deleted")

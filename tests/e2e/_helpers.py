@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import queue
+import subprocess
+import threading
 from typing import Any
 
 import grpc
@@ -179,3 +182,17 @@ class StreamingStub:
         (reply,) = stream_appends(self._stub, [request], **call)
         assert reply.correlation_id == 1
         return result(reply)
+
+
+def stdout_lines(process: subprocess.Popen[str]) -> tuple[queue.Queue[str], threading.Thread]:
+    """The lines ``process`` prints on stdout, read by a thread as they come."""
+    lines: queue.Queue[str] = queue.Queue()
+
+    def read() -> None:
+        assert process.stdout is not None
+        for line in process.stdout:
+            lines.put(line)
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    return lines, reader

@@ -13,11 +13,9 @@ from __future__ import annotations
 import json
 import os
 import pty
-import queue
 import select
 import signal
 import subprocess
-import threading
 import time
 from pathlib import Path
 
@@ -25,6 +23,7 @@ import pytest
 
 from sessionlog.testing import RunningServer
 from sessionlog_client import Client, event
+from tests.e2e._helpers import stdout_lines
 from tests.e2e._proc import SESSIONLOG, clean_env, free_port, run_cli, run_cli_here
 
 COMMANDS = (
@@ -116,15 +115,7 @@ def test_tail_follows_live_events_until_interrupted(server: RunningServer, tmp_p
         stderr=subprocess.PIPE,
         text=True,
     )
-    lines: queue.Queue[str] = queue.Queue()
-
-    def read() -> None:
-        assert process.stdout is not None
-        for line in process.stdout:
-            lines.put(line)
-
-    reader = threading.Thread(target=read, daemon=True)
-    reader.start()
+    lines, reader = stdout_lines(process)
     try:
         assert json.loads(lines.get(timeout=15))["data"]["content"] == "before"
         seed(server, "live", "during")

@@ -9,9 +9,7 @@ Real `sessionlog serve` processes on 127.0.0.1, each on its own LMDB folder.
 
 from __future__ import annotations
 
-import queue
 import subprocess
-import threading
 from pathlib import Path
 
 import grpc
@@ -21,7 +19,7 @@ from google.protobuf.duration_pb2 import Duration
 from sessionlog.v1 import replication_service_pb2 as rpb
 from sessionlog.v1 import session_log_service_pb2 as pb
 from sessionlog_client import Client, Retry
-from tests.e2e._helpers import check, failure
+from tests.e2e._helpers import check, failure, stdout_lines
 from tests.e2e._proc import SESSIONLOG, clean_env, free_port, run_cli
 from tests.e2e._replication_cluster import (
     Cluster,
@@ -119,7 +117,7 @@ def test_tail_prefix_stops_with_one_line_when_the_primary_was_restored(tmp_path:
             text=True,
         ) as tail:
             try:
-                lines, reader = _lines(tail)
+                lines, reader = stdout_lines(tail)
                 shown = [lines.get(timeout=30) for _ in range(8 * EVENTS_PER_APPEND)]
                 assert sum("t-late" in line for line in shown) == 6 * EVENTS_PER_APPEND, shown
 
@@ -142,20 +140,6 @@ def test_tail_prefix_stops_with_one_line_when_the_primary_was_restored(tmp_path:
         assert len(stderr) == 1, stderr
         assert stderr[0].startswith("sessionlog: HISTORY_DIVERGED: "), stderr
         assert lines.empty(), "nothing of the new history is printed"
-
-
-def _lines(process: subprocess.Popen[str]) -> tuple[queue.Queue[str], threading.Thread]:
-    """The lines ``process`` prints on stdout, read by a thread as they come."""
-    lines: queue.Queue[str] = queue.Queue()
-
-    def read() -> None:
-        assert process.stdout is not None
-        for line in process.stdout:
-            lines.put(line)
-
-    reader = threading.Thread(target=read, daemon=True)
-    reader.start()
-    return lines, reader
 
 
 def test_resume_on_the_same_server_restarted_has_no_gap_or_duplicate(tmp_path: Path) -> None:
